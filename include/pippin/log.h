@@ -1,0 +1,42 @@
+/* Logging: the only way the library prints anything.
+ *
+ * By default messages at PP_LOG_WARN and above go to stderr. An embedding
+ * service installs its own handler to route them elsewhere. */
+#ifndef PIPPIN_LOG_H
+#define PIPPIN_LOG_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum pp_log_level {
+    PP_LOG_DEBUG = 0,
+    PP_LOG_INFO = 1,
+    PP_LOG_WARN = 2,
+    PP_LOG_ERROR = 3,
+    PP_LOG_OFF = 4
+} pp_log_level;
+
+typedef void (*pp_log_handler)(pp_log_level level, const char *msg, void *user);
+
+/* Messages below level are dropped. The initial level comes from the
+ * PIPPIN_LOG environment variable (debug, info, warn, error, off). */
+void pp_log_set_level(pp_log_level level);
+pp_log_level pp_log_get_level(void);
+
+/* NULL restores the default stderr handler. Not thread-safe with logging
+ * calls in flight: install it before starting workers. */
+void pp_log_set_handler(pp_log_handler handler, void *user);
+
+void pp_log(pp_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+#define pp_debug(...) pp_log(PP_LOG_DEBUG, __VA_ARGS__)
+#define pp_info(...) pp_log(PP_LOG_INFO, __VA_ARGS__)
+#define pp_warn(...) pp_log(PP_LOG_WARN, __VA_ARGS__)
+#define pp_log_error(...) pp_log(PP_LOG_ERROR, __VA_ARGS__)
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,254 @@
+/* Tensor allocation, reference counting, element access and conversion. */
+#include "pippin/tensor.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Data buffers are 64-byte aligned for vector kernels and BLAS. */
+#define PP_ALIGN 64
+
+static void aligned_free(void *data, void *hint) {
+    (void)hint;
+    free(data);
+}
+
+int64_t pp_shape_numel(int ndim, const int64_t *shape) {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    return n;
+}
+
+int64_t pp_tensor_numel(const pp_tensor *t) { return pp_shape_numel(t->ndim, t->shape); }
+
+pp_status pp_shape_bytes(pp_dtype dt, int ndim, const int64_t *shape, size_t *nbytes) {
+    size_t esize = pp_dtype_size(dt);
+    if (!esize) return pp_error(PP_ERR_INVALID, "unknown dtype code %d", (int)dt);
+    if (ndim < 0 || ndim > PP_MAX_DIMS)
+        return pp_error(PP_ERR_INVALID, "%d dims (at most %d supported)", ndim, PP_MAX_DIMS);
+    size_t n = esize;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0) return pp_error(PP_ERR_SHAPE, "negative dimension %" PRId64, shape[i]);
+        if (shape[i] > 0 && n > SIZE_MAX / (size_t)shape[i])
+            return pp_error(PP_ERR_NOMEM, "tensor size overflows");
+        n *= (size_t)shape[i];
+    }
+    if (pp_shape_numel(ndim, shape) == 0) n = 0;
+    *nbytes = n;
+    return PP_OK;
+}
+
+static pp_status tensor_alloc(pp_dtype dt, int ndim, const int64_t *shape, int zero,
+                              pp_tensor **out) {
+    size_t nbytes;
+    PP_TRY(pp_shape_bytes(dt, ndim, shape, &nbytes));
+    pp_tensor *t = calloc(1, sizeof *t);
+    if (!t) return pp_error(PP_ERR_NOMEM, "out of memory allocating a tensor");
+    if (nbytes) {
+        size_t rounded = (nbytes + PP_ALIGN - 1) / PP_ALIGN * PP_ALIGN;
+        t->data = aligned_alloc(PP_ALIGN, rounded);
+        if (!t->data) {
+            free(t);
+            return pp_error(PP_ERR_NOMEM, "out of memory allocating %zu bytes", nbytes);
+        }
+        if (zero) memset(t->data, 0, nbytes);
+        t->free_fn = aligned_free;
+    }
+    t->dtype = dt;
+    t->ndim = ndim;
+    for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
+    t->nbytes = nbytes;
+    atomic_init((atomic_int *)&t->refcount, 1);
+    *out = t;
+    return PP_OK;
+}
+
+pp_status pp_tensor_new(pp_dtype dt, int ndim, const int64_t *shape, pp_tensor **out) {
+    return tensor_alloc(dt, ndim, shape, 1, out);
+}
+
+pp_status pp_tensor_empty(pp_dtype dt, int ndim, const int64_t *shape, pp_tensor **out) {
+    return tensor_alloc(dt, ndim, shape, 0, out);
+}
+
+pp_status pp_tensor_wrap(pp_dtype dt, int ndim, const int64_t *shape, void *data,
+                         pp_free_fn free_fn, void *hint, pp_tensor **out) {
+    size_t nbytes;
+    PP_TRY(pp_shape_bytes(dt, ndim, shape, &nbytes));
+    if (nbytes && !data) return pp_error(PP_ERR_INVALID, "wrapping NULL data of %zu bytes", nbytes);
+    pp_tensor *t = calloc(1, sizeof *t);
+    if (!t) return pp_error(PP_ERR_NOMEM, "out of memory allocating a tensor");
+    t->dtype = dt;
+    t->ndim = ndim;
+    for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
+    t->data = data;
+    t->nbytes = nbytes;
+    t->free_fn = free_fn;
+    t->free_hint = hint;
+    atomic_init((atomic_int *)&t->refcount, 1);
+    *out = t;
+    return PP_OK;
+}
+
+pp_status pp_tensor_clone(const pp_tensor *src, pp_tensor **out) {
+    PP_TRY(pp_tensor_empty(src->dtype, src->ndim, src->shape, out));
+    if (src->nbytes) memcpy((*out)->data, src->data, src->nbytes);
+    return PP_OK;
+}
+
+/* A view keeps its source alive through a reference held as the free hint. */
+static void release_source(void *data, void *hint) {
+    (void)data;
+    pp_tensor_free(hint);
+}
+
+pp_status pp_tensor_view(pp_tensor *src, int ndim, const int64_t *shape, pp_tensor **out) {
+    if (ndim < 0 || ndim > PP_MAX_DIMS)
+        return pp_error(PP_ERR_INVALID, "%d dims (at most %d supported)", ndim, PP_MAX_DIMS);
+    if (pp_shape_numel(ndim, shape) != pp_tensor_numel(src)) {
+        char a[128], b[128];
+        return pp_error(PP_ERR_SHAPE, "cannot view %s as %s",
+                        pp_shape_str(src->ndim, src->shape, a, sizeof a),
+                        pp_shape_str(ndim, shape, b, sizeof b));
+    }
+    PP_TRY(pp_tensor_wrap(src->dtype, ndim, shape, src->data, release_source, src, out));
+    pp_tensor_retain(src);
+    return PP_OK;
+}
+
+pp_tensor *pp_tensor_retain(pp_tensor *t) {
+    if (t) atomic_fetch_add((atomic_int *)&t->refcount, 1);
+    return t;
+}
+
+void pp_tensor_free(pp_tensor *t) {
+    if (!t) return;
+    if (atomic_fetch_sub((atomic_int *)&t->refcount, 1) != 1) return;
+    if (t->free_fn) t->free_fn(t->data, t->free_hint);
+    free(t);
+}
+
+double pp_tensor_get_f64(const pp_tensor *t, int64_t i) {
+    const void *p = t->data;
+    switch (t->dtype) {
+    case PP_F32: return ((const float *)p)[i];
+    case PP_F64: return ((const double *)p)[i];
+    case PP_F16: return pp_f16_to_f32(((const uint16_t *)p)[i]);
+    case PP_BF16: return pp_bf16_to_f32(((const uint16_t *)p)[i]);
+    case PP_I64: return (double)((const int64_t *)p)[i];
+    case PP_I32: return ((const int32_t *)p)[i];
+    case PP_I8: return ((const int8_t *)p)[i];
+    case PP_U8: return ((const uint8_t *)p)[i];
+    case PP_BOOL: return ((const uint8_t *)p)[i] != 0;
+    default: return 0;
+    }
+}
+
+int64_t pp_tensor_get_i64(const pp_tensor *t, int64_t i) {
+    switch (t->dtype) {
+    case PP_I64: return ((const int64_t *)t->data)[i];
+    case PP_I32: return ((const int32_t *)t->data)[i];
+    default: {
+        double v = pp_tensor_get_f64(t, i);
+        if (v != v) return 0;
+        if (v >= 9.2233720368547758e18) return INT64_MAX;
+        if (v <= -9.2233720368547758e18) return INT64_MIN;
+        return (int64_t)v;
+    }
+    }
+}
+
+void pp_tensor_set_f64(pp_tensor *t, int64_t i, double v) {
+    void *p = t->data;
+    switch (t->dtype) {
+    case PP_F32: ((float *)p)[i] = (float)v; break;
+    case PP_F64: ((double *)p)[i] = v; break;
+    case PP_F16: ((uint16_t *)p)[i] = pp_f32_to_f16((float)v); break;
+    case PP_BF16: ((uint16_t *)p)[i] = pp_f32_to_bf16((float)v); break;
+    case PP_I64: ((int64_t *)p)[i] = (v != v) ? 0 : (int64_t)v; break;
+    case PP_I32: ((int32_t *)p)[i] = (v != v) ? 0 : (int32_t)v; break;
+    case PP_I8: ((int8_t *)p)[i] = (v != v) ? 0 : (int8_t)v; break;
+    case PP_U8: ((uint8_t *)p)[i] = (v != v) ? 0 : (uint8_t)v; break;
+    case PP_BOOL: ((uint8_t *)p)[i] = v != 0; break;
+    default: break;
+    }
+}
+
+pp_status pp_tensor_cast(const pp_tensor *src, pp_dtype dt, pp_tensor **out) {
+    if (!pp_dtype_is_valid(dt)) return pp_error(PP_ERR_INVALID, "cast to unknown dtype %d", (int)dt);
+    PP_TRY(pp_tensor_empty(dt, src->ndim, src->shape, out));
+    pp_tensor *t = *out;
+    int64_t n = pp_tensor_numel(src);
+    if (dt == src->dtype) {
+        if (src->nbytes) memcpy(t->data, src->data, src->nbytes);
+    } else if ((dt == PP_I64 || dt == PP_I32) && !pp_dtype_is_float(src->dtype)) {
+        for (int64_t i = 0; i < n; i++) {
+            int64_t v = pp_tensor_get_i64(src, i);
+            if (dt == PP_I64) ((int64_t *)t->data)[i] = v;
+            else ((int32_t *)t->data)[i] = (int32_t)v;
+        }
+    } else if (src->dtype == PP_F32 && dt == PP_F64) {
+        for (int64_t i = 0; i < n; i++) ((double *)t->data)[i] = ((const float *)src->data)[i];
+    } else {
+        for (int64_t i = 0; i < n; i++) pp_tensor_set_f64(t, i, pp_tensor_get_f64(src, i));
+    }
+    return PP_OK;
+}
+
+pp_status pp_tensor_scalar_f32(float v, pp_tensor **out) {
+    PP_TRY(pp_tensor_empty(PP_F32, 0, NULL, out));
+    *(float *)(*out)->data = v;
+    return PP_OK;
+}
+
+pp_status pp_tensor_scalar_i64(int64_t v, pp_tensor **out) {
+    PP_TRY(pp_tensor_empty(PP_I64, 0, NULL, out));
+    *(int64_t *)(*out)->data = v;
+    return PP_OK;
+}
+
+int pp_shape_equal(int na, const int64_t *a, int nb, const int64_t *b) {
+    if (na != nb) return 0;
+    for (int i = 0; i < na; i++)
+        if (a[i] != b[i]) return 0;
+    return 1;
+}
+
+const char *pp_shape_str(int ndim, const int64_t *shape, char *buf, size_t cap) {
+    size_t len = 0;
+    if (cap == 0) return buf;
+    buf[0] = '\0';
+    len += (size_t)snprintf(buf + len, cap - len, "[");
+    for (int i = 0; i < ndim && len < cap; i++)
+        len += (size_t)snprintf(buf + len, cap - len, "%s%" PRId64, i ? "," : "", shape[i]);
+    if (len < cap) snprintf(buf + len, cap - len, "]");
+    return buf;
+}
+
+int pp_tensor_allclose(const pp_tensor *a, const pp_tensor *b, double rtol, double atol,
+                       char *why, size_t why_cap) {
+    char sa[128], sb[128];
+    if (a->dtype != b->dtype || !pp_shape_equal(a->ndim, a->shape, b->ndim, b->shape)) {
+        if (why)
+            snprintf(why, why_cap, "%s%s vs %s%s", pp_dtype_name(a->dtype),
+                     pp_shape_str(a->ndim, a->shape, sa, sizeof sa), pp_dtype_name(b->dtype),
+                     pp_shape_str(b->ndim, b->shape, sb, sizeof sb));
+        return 0;
+    }
+    int64_t n = pp_tensor_numel(a);
+    for (int64_t i = 0; i < n; i++) {
+        double x = pp_tensor_get_f64(a, i), y = pp_tensor_get_f64(b, i);
+        if (isnan(x) && isnan(y)) continue;
+        if (x == y) continue; /* also equal infinities */
+        if (!(fabs(x - y) <= atol + rtol * fabs(y))) {
+            if (why)
+                snprintf(why, why_cap, "element %" PRId64 ": %.9g vs %.9g (|diff| %.3g)", i, x,
+                         y, fabs(x - y));
+            return 0;
+        }
+    }
+    return 1;
+}

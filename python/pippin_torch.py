@@ -1,0 +1,116 @@
+"""pippin_torch: PyTorch (1.13) side of pippin.
+
+Provides
+
+* ``pipe_split(x)``   -- the custom op ``pippin::pipe_split(Tensor) -> Tensor``.
+  In eager mode it is the identity (it returns a copy of ``x``; gradients pass
+  through unchanged).  When a model is exported to ONNX it becomes one node
+  ``PipeSplit`` in domain ``pippin`` with one input and one output; its place
+  in the graph's topological order is a stage boundary for pippin.
+* ``register_onnx()`` -- registers the ONNX symbolic for the op (called by
+  ``export`` automatically; call it yourself if you use torch.onnx.export).
+* ``export(model, args, path, ...)`` -- torch.onnx.export with the settings
+  pippin expects: opset 17 (the highest PyTorch 1.13 writes), TRAINING mode
+  (so equal-valued parameters are not merged into Identity nodes and
+  parameters stay initializers named after their torch names), no constant
+  folding, and ``custom_opsets={"pippin": 1}``.
+
+Usage::
+
+    import pippin_torch as pp
+    class Net(nn.Module):
+        def forward(self, x):
+            h = self.stage0(x)
+            h = pp.pipe_split(h)       # cut here
+            return self.stage1(h)
+    pp.export(Net(), (x,), "model.onnx", input_names=["x"],
+              output_names=["y"], dynamic_axes={"x": {0: "batch"}})
+"""
+
+import torch
+
+__all__ = ["pipe_split", "register_onnx", "export", "OPSET", "DOMAIN"]
+
+OPSET = 17          # highest opset torch.onnx supports in PyTorch 1.13
+DOMAIN = "pippin"
+DOMAIN_VERSION = 1
+
+_lib = None
+_onnx_registered = False
+
+
+def _define_op():
+    """Define pippin::pipe_split once per process."""
+    global _lib
+    if _lib is not None:
+        return
+    try:
+        # Already defined (e.g. this module was loaded twice under two names).
+        torch.ops.pippin.pipe_split
+        return
+    except (AttributeError, RuntimeError):
+        pass
+    _lib = torch.library.Library("pippin", "DEF")
+    _lib.define("pipe_split(Tensor x) -> Tensor")
+    # CompositeImplicitAutograd: autograd differentiates through clone()
+    # (identity gradient), and the JIT tracer (which sits above autograd in
+    # the dispatcher) records a single pippin::pipe_split node, which the
+    # symbolic below turns into pippin::PipeSplit.  clone() rather than
+    # returning x itself because the schema declares no aliasing.
+    _lib.impl("pipe_split", lambda x: x.clone(), "CompositeImplicitAutograd")
+
+
+_define_op()
+
+
+def pipe_split(x):
+    """Pipeline stage boundary marker: identity on ``x``."""
+    return torch.ops.pippin.pipe_split(x)
+
+
+def _pipe_split_symbolic(g, x):
+    out = g.op(DOMAIN + "::PipeSplit", x)
+    # Same type/shape as the input: keeps the exporter's shape inference happy.
+    out.setType(x.type())
+    return out
+
+
+def register_onnx():
+    """Register the ONNX symbolic for pippin::pipe_split (idempotent)."""
+    global _onnx_registered
+    if _onnx_registered:
+        return
+    torch.onnx.register_custom_op_symbolic(
+        "pippin::pipe_split", _pipe_split_symbolic, 1)
+    _onnx_registered = True
+
+
+def export(model, args, path, input_names=None, output_names=None,
+           dynamic_axes=None, opset_version=OPSET, verbose=False):
+    """Export ``model`` to ONNX at ``path`` the way pippin wants it.
+
+    ``args`` is a tuple of example inputs (or a single tensor).  Parameters
+    become initializers named by their torch names (``blocks.0.ln_1.weight``);
+    buffers become initializers too.  The model is put back in the training
+    state it had before the call.
+    """
+    register_onnx()
+    was_training = model.training
+    model.train()
+    try:
+        torch.onnx.export(
+            model, args, path,
+            export_params=True,
+            verbose=verbose,
+            training=torch.onnx.TrainingMode.TRAINING,
+            input_names=list(input_names) if input_names else None,
+            output_names=list(output_names) if output_names else None,
+            opset_version=opset_version,
+            do_constant_folding=False,
+            dynamic_axes=dynamic_axes,
+            keep_initializers_as_inputs=False,
+            custom_opsets={DOMAIN: DOMAIN_VERSION},
+        )
+    finally:
+        model.train(was_training)
+    return path

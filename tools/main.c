@@ -1,0 +1,58 @@
+/* pippin: the command-line front end; dispatches to a subcommand. */
+#include <stdio.h>
+#include <string.h>
+
+#include "commands.h"
+#include "pippin/status.h"
+
+static const pp_command commands[] = {
+#ifdef PP_HAVE_CMD_INSPECT
+    {"inspect", cmd_inspect, "show a model's inputs, outputs, ops, parameters and stages"},
+#endif
+#ifdef PP_HAVE_CMD_INFER
+    {"infer", cmd_infer, "run a model on .npy inputs and write its outputs"},
+#endif
+#ifdef PP_HAVE_CMD_SCHEDULE
+    {"schedule", cmd_schedule, "print a pipeline schedule's per-rank action lists"},
+#endif
+#ifdef PP_HAVE_CMD_SIMULATE
+    {"simulate", cmd_simulate, "simulate a schedule: makespan, bubble, peak memory"},
+#endif
+#ifdef PP_HAVE_CMD_KEYGEN
+    {"keygen", cmd_keygen, "make a CURVE key pair for encrypted links"},
+#endif
+    {NULL, NULL, NULL},
+};
+
+int pp_cli_fail(const char *cmd) {
+    fprintf(stderr, "pippin %s: %s\n", cmd, pp_last_error());
+    return 1;
+}
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: pippin COMMAND [ARGS...]\n\ncommands:\n");
+    for (const pp_command *c = commands; c->name; c++)
+        fprintf(f, "  %-10s %s\n", c->name, c->summary);
+    fprintf(f, "\n'pippin COMMAND --help' describes one command.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("pippin " PP_VERSION "\n");
+        return 0;
+    }
+    for (const pp_command *c = commands; c->name; c++)
+        if (strcmp(argv[1], c->name) == 0) return c->run(argc - 1, argv + 1);
+    fprintf(stderr, "pippin: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
