@@ -75,13 +75,32 @@ def _pipe_split_symbolic(g, x):
     return out
 
 
+def _mse_loss_symbolic(g, input, target, reduction):
+    # PyTorch 1.13 has no ONNX export for aten::mse_loss; write it as
+    # Sub, Mul, ReduceMean/ReduceSum (no Pow, so the backward stays simple).
+    from torch.onnx import symbolic_helper as sh
+    red = sh._maybe_get_const(reduction, "i")
+    d = g.op("Sub", input, target)
+    sq = g.op("Mul", d, d)
+    if red == 0:                                  # 'none'
+        return sq
+    if red == 1:                                  # 'mean'
+        return g.op("ReduceMean", sq, keepdims_i=0)
+    if red == 2:                                  # 'sum'
+        return g.op("ReduceSum", sq, keepdims_i=0)
+    return sh._unimplemented("mse_loss", "reduction %r" % (red,))
+
+
 def register_onnx():
-    """Register the ONNX symbolic for pippin::pipe_split (idempotent)."""
+    """Register pippin's ONNX symbolics (idempotent): pippin::pipe_split,
+    and aten::mse_loss (missing from PyTorch 1.13's exporter)."""
     global _onnx_registered
     if _onnx_registered:
         return
     torch.onnx.register_custom_op_symbolic(
         "pippin::pipe_split", _pipe_split_symbolic, 1)
+    torch.onnx.register_custom_op_symbolic(
+        "::mse_loss", _mse_loss_symbolic, 9)
     _onnx_registered = True
 
 

@@ -1,0 +1,161 @@
+/* Graph IR: SSA values and nodes in topological order.
+ *
+ * Values and nodes are addressed by index (arrays grow, so never keep a
+ * pointer across a call that adds to the graph). A value is a graph input, a
+ * parameter (trainable initializer), a constant, or a node output. Nodes
+ * reference an op from the registry (pippin/op.h) and carry ONNX-style
+ * attributes. Backward nodes built by autodiff carry a region tag. */
+#ifndef PIPPIN_GRAPH_H
+#define PIPPIN_GRAPH_H
+
+#include <stdint.h>
+
+#include "pippin/status.h"
+#include "pippin/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum pp_value_kind {
+    PP_VALUE_INPUT = 0, /* fed at run time */
+    PP_VALUE_PARAM = 1, /* initializer that may be trained */
+    PP_VALUE_CONST = 2, /* Constant node output or non-trainable initializer */
+    PP_VALUE_NODE = 3   /* computed by a node */
+} pp_value_kind;
+
+typedef struct pp_value {
+    char *name;
+    pp_value_kind kind;
+    pp_dtype dtype;                 /* PP_DTYPE_UNDEFINED if not known yet */
+    int ndim;                       /* -1 if the rank is not known */
+    int64_t shape[PP_MAX_DIMS];     /* -1 for a dynamic dimension */
+    char *dim_names[PP_MAX_DIMS];   /* symbolic names ("batch"), may be NULL */
+    pp_tensor *data;                /* PARAM and CONST values; owned */
+    int producer;                   /* node index for NODE values, else -1 */
+    int producer_output;            /* which output of the producer */
+} pp_value;
+
+/* Attribute types use ONNX AttributeProto codes. */
+typedef enum pp_attr_type {
+    PP_ATTR_FLOAT = 1,
+    PP_ATTR_INT = 2,
+    PP_ATTR_STRING = 3,
+    PP_ATTR_TENSOR = 4,
+    PP_ATTR_GRAPH = 5, /* recorded, never supported */
+    PP_ATTR_FLOATS = 6,
+    PP_ATTR_INTS = 7,
+    PP_ATTR_STRINGS = 8
+} pp_attr_type;
+
+typedef struct pp_attr {
+    char *name;
+    pp_attr_type type;
+    int64_t i;
+    float f;
+    char *s;          /* STRING */
+    pp_tensor *t;     /* TENSOR, owned */
+    int n;            /* length of ints / floats / strings */
+    int64_t *ints;
+    float *floats;
+    char **strings;
+} pp_attr;
+
+/* Where a node belongs in a training graph (DESIGN.md, "Symbolic backward"). */
+typedef enum pp_region {
+    PP_REGION_FORWARD = 0,
+    PP_REGION_BACKWARD_INPUT = 1,  /* I: needed for some input gradient */
+    PP_REGION_BACKWARD_WEIGHT = 2  /* W: needed only for parameter gradients */
+} pp_region;
+
+struct pp_op;
+
+typedef struct pp_node {
+    char *name;
+    char *op_type;
+    char *domain;      /* "" for the default ONNX domain */
+    int n_in;
+    int *in;           /* value indices; -1 for an omitted optional input */
+    int n_out;
+    int *out;          /* value indices; -1 for an omitted optional output */
+    int n_attr;
+    pp_attr *attrs;
+    const struct pp_op *op; /* resolved from the registry; NULL if unknown */
+    pp_region region;
+    int stage;         /* pipeline stage, -1 if not assigned */
+} pp_node;
+
+typedef struct pp_graph {
+    char *name;
+    int n_values, cap_values;
+    pp_value *values;
+    int n_nodes, cap_nodes;
+    pp_node *nodes;
+    int n_inputs, cap_inputs;
+    int *inputs;       /* value indices of graph inputs, in order */
+    int n_outputs, cap_outputs;
+    int *outputs;      /* value indices of graph outputs, in order */
+    int opset;         /* default-domain opset the model was written for */
+    char *source;      /* file it was loaded from, for messages (may be NULL) */
+    void *name_index;  /* private: name -> value hash */
+    int name_counter;  /* private: for generated names */
+} pp_graph;
+
+pp_status pp_graph_new(const char *name, pp_graph **out);
+void pp_graph_free(pp_graph *g);
+
+/* Value index by name, or -1. */
+int pp_graph_find_value(const pp_graph *g, const char *name);
+/* Node index by name, or -1. */
+int pp_graph_find_node(const pp_graph *g, const char *name);
+
+/* Adds a graph input. shape entries may be -1 (dynamic); ndim -1: unknown. */
+pp_status pp_graph_add_input(pp_graph *g, const char *name, pp_dtype dt, int ndim,
+                             const int64_t *shape, int *value_id);
+/* Adds a parameter or constant; takes ownership of data (also on failure). */
+pp_status pp_graph_add_initializer(pp_graph *g, const char *name, pp_value_kind kind,
+                                   pp_tensor *data, int *value_id);
+/* Adds a node and its output values. out_names may be NULL (names are made
+ * up from the node name); an out_names entry "" makes an omitted output.
+ * name may be NULL (made up from op_type). in entries may be -1. */
+pp_status pp_graph_add_node(pp_graph *g, const char *op_type, const char *domain,
+                            const char *name, int n_in, const int *in, int n_out,
+                            const char *const *out_names, int *node_id);
+pp_status pp_graph_add_output(pp_graph *g, int value_id);
+
+/* A fresh value name with the given prefix, unique in g. Returned string is
+ * valid until the next call on this thread. */
+const char *pp_graph_unique_name(pp_graph *g, const char *prefix);
+
+/* Attributes. The setters copy their arguments. */
+pp_status pp_node_set_int(pp_graph *g, int node, const char *name, int64_t v);
+pp_status pp_node_set_float(pp_graph *g, int node, const char *name, float v);
+pp_status pp_node_set_string(pp_graph *g, int node, const char *name, const char *v);
+pp_status pp_node_set_ints(pp_graph *g, int node, const char *name, int n, const int64_t *v);
+pp_status pp_node_set_floats(pp_graph *g, int node, const char *name, int n, const float *v);
+/* Takes ownership of t (also on failure). */
+pp_status pp_node_set_tensor(pp_graph *g, int node, const char *name, pp_tensor *t);
+/* Moves a fully built attribute (used by importers); takes ownership. */
+pp_status pp_node_add_attr(pp_graph *g, int node, pp_attr *attr);
+
+const pp_attr *pp_node_attr(const pp_node *n, const char *name);
+int64_t pp_node_attr_int(const pp_node *n, const char *name, int64_t def);
+float pp_node_attr_float(const pp_node *n, const char *name, float def);
+const char *pp_node_attr_string(const pp_node *n, const char *name, const char *def);
+/* Number of ints (and *vals) or -1 if absent. */
+int pp_node_attr_ints(const pp_node *n, const char *name, const int64_t **vals);
+
+/* Human-readable node label for messages: "node 'name' (OpType)". */
+const char *pp_node_label(const pp_node *n, char *buf, size_t cap);
+
+/* Checks structure: inputs defined before use, arity against the op, every op
+ * known. Resolves node->op. Errors name the node. */
+pp_status pp_graph_resolve(pp_graph *g);
+
+/* Parameter count and bytes (PARAM values only). */
+void pp_graph_param_stats(const pp_graph *g, int64_t *count, int64_t *bytes);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

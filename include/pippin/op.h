@@ -1,0 +1,62 @@
+/* Op registry: each op is a table entry with its arity, an attribute check,
+ * and a CPU kernel. Symbolic backward rules live apart, keyed by op name
+ * (pippin/autodiff.h), so kernels and their derivatives stay separate concerns.
+ *
+ * Kernels compute output shapes from the actual input tensors and allocate
+ * their outputs, so a dynamic batch dimension needs nothing special. */
+#ifndef PIPPIN_OP_H
+#define PIPPIN_OP_H
+
+#include "pippin/graph.h"
+#include "pippin/status.h"
+#include "pippin/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct pp_kernel_ctx {
+    const pp_graph *graph;
+    const pp_node *node;
+    int n_in;
+    pp_tensor *const *in; /* in[i] NULL for an omitted optional input */
+    int n_out;
+    pp_tensor **out;      /* the kernel sets out[i] (new reference) for each
+                             output whose node->out[i] >= 0 */
+} pp_kernel_ctx;
+
+typedef struct pp_op {
+    const char *name;   /* ONNX op_type */
+    const char *domain; /* "" for the default domain, "pippin" for ours */
+    int min_in, max_in;
+    int min_out, max_out;
+    /* Validates attributes at load time (may be NULL). Errors name the node. */
+    pp_status (*check)(const pp_graph *g, const pp_node *n);
+    /* CPU kernel. */
+    pp_status (*run)(pp_kernel_ctx *ctx);
+} pp_op;
+
+/* Registry lookup; domain "" and "ai.onnx" are the same. NULL if unknown. */
+const pp_op *pp_op_find(const char *domain, const char *name);
+/* All registered ops, terminated by an entry with name NULL. Call with i = 0,
+ * 1, ... until NULL. */
+const pp_op *pp_op_at(int i);
+
+/* Error helper for kernels: "node 'x' (Op): message". */
+pp_status pp_kernel_error(const pp_kernel_ctx *ctx, pp_status code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+pp_status pp_node_error(const pp_node *n, pp_status code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Op families (lib/ops/<family>.c), each an array terminated by {NULL}. */
+extern const pp_op pp_ops_elementwise[]; /* binary arithmetic, unary math, activations */
+extern const pp_op pp_ops_reduce[];      /* reductions, softmax, norms, losses */
+extern const pp_op pp_ops_shape[];       /* reshape/transpose/concat/slice/gather/cast... */
+extern const pp_op pp_ops_matmul[];      /* MatMul, Gemm */
+extern const pp_op pp_ops_pippin[];      /* PipeSplit */
+extern const pp_op pp_ops_grad[];        /* pippin-domain helper ops emitted by autodiff */
+
+#ifdef __cplusplus
+}
+#endif
+#endif

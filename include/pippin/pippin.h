@@ -1,0 +1,15 @@
+/* pippin: pipeline-parallel stage executor. Including this header includes
+ * every public module. */
+#ifndef PIPPIN_H
+#define PIPPIN_H
+
+#include "pippin/status.h"
+#include "pippin/log.h"
+#include "pippin/tensor.h"
+#include "pippin/npy.h"
+#include "pippin/graph.h"
+#include "pippin/op.h"
+#include "pippin/exec.h"
+#include "pippin/onnx.h"
+
+#endif

@@ -1,0 +1,260 @@
+/* Graph executor: runs nodes in order, frees buffers after their last use,
+ * and caches the integer shape sub-graphs per input signature. */
+#include "pippin/exec.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "pippin/log.h"
+#include "pippin/op.h"
+
+struct pp_exec {
+    pp_graph *g;
+    int *all_nodes;         /* 0..n_nodes-1 */
+    uint8_t *is_output;     /* per value: a graph output (never freed early) */
+    uint8_t *static_node;   /* per node: depends only on constants and input shapes */
+    pp_tensor **cache;      /* per value: cached output of a static node */
+    int n_sig;
+    int64_t *sig;           /* dtype, ndim, dims of each input at the last run */
+};
+
+static pp_status alloc_zeroed(void **p, size_t n, size_t size) {
+    *p = calloc(n ? n : 1, size);
+    return *p ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory planning execution");
+}
+
+/* Static nodes: Shape/Size read only the input's shape; everything else is
+ * static if all its inputs are constants or outputs of static nodes. */
+static void mark_static(pp_exec *ex) {
+    const pp_graph *g = ex->g;
+    uint8_t *static_value = calloc((size_t)g->n_values + 1, 1);
+    if (!static_value) return; /* caching is an optimisation only */
+    for (int v = 0; v < g->n_values; v++)
+        static_value[v] = g->values[v].kind == PP_VALUE_CONST;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const pp_node *n = &g->nodes[i];
+        int is_static = 1;
+        if (strcmp(n->op_type, "Shape") == 0 || strcmp(n->op_type, "Size") == 0) {
+            is_static = 1;
+        } else if (n->domain[0] && strcmp(n->domain, "ai.onnx") != 0) {
+            is_static = 0;
+        } else if (strncmp(n->op_type, "Random", 6) == 0 || strcmp(n->op_type, "Dropout") == 0 ||
+                   strcmp(n->op_type, "Bernoulli") == 0) {
+            is_static = 0;
+        } else {
+            for (int k = 0; k < n->n_in; k++)
+                if (n->in[k] >= 0 && !static_value[n->in[k]]) is_static = 0;
+        }
+        ex->static_node[i] = (uint8_t)is_static;
+        for (int k = 0; k < n->n_out; k++)
+            if (n->out[k] >= 0) static_value[n->out[k]] = (uint8_t)is_static;
+    }
+    free(static_value);
+}
+
+pp_status pp_exec_new(pp_graph *g, pp_exec **out) {
+    PP_TRY(pp_graph_resolve(g));
+    pp_exec *ex = calloc(1, sizeof *ex);
+    if (!ex) return pp_error(PP_ERR_NOMEM, "out of memory planning execution");
+    ex->g = g;
+    pp_status s = alloc_zeroed((void **)&ex->all_nodes, (size_t)g->n_nodes, sizeof(int));
+    if (!s) s = alloc_zeroed((void **)&ex->is_output, (size_t)g->n_values, 1);
+    if (!s) s = alloc_zeroed((void **)&ex->static_node, (size_t)g->n_nodes, 1);
+    if (!s) s = alloc_zeroed((void **)&ex->cache, (size_t)g->n_values, sizeof(pp_tensor *));
+    if (!s) s = alloc_zeroed((void **)&ex->sig, (size_t)g->n_inputs * (PP_MAX_DIMS + 2), sizeof(int64_t));
+    if (s) {
+        pp_exec_free(ex);
+        return s;
+    }
+    for (int i = 0; i < g->n_nodes; i++) ex->all_nodes[i] = i;
+    for (int i = 0; i < g->n_outputs; i++) ex->is_output[g->outputs[i]] = 1;
+    mark_static(ex);
+    *out = ex;
+    return PP_OK;
+}
+
+static void clear_cache(pp_exec *ex) {
+    for (int v = 0; v < ex->g->n_values; v++) {
+        pp_tensor_free(ex->cache[v]);
+        ex->cache[v] = NULL;
+    }
+}
+
+void pp_exec_free(pp_exec *ex) {
+    if (!ex) return;
+    if (ex->cache) clear_cache(ex);
+    free(ex->cache);
+    free(ex->all_nodes);
+    free(ex->is_output);
+    free(ex->static_node);
+    free(ex->sig);
+    free(ex);
+}
+
+/* Runs node i reading env; stores outputs in env. */
+static pp_status run_node(pp_exec *ex, int i, pp_tensor **env) {
+    const pp_graph *g = ex->g;
+    const pp_node *n = &g->nodes[i];
+    pp_tensor *ins[64], *outs[64];
+    if (n->n_in > 64 || n->n_out > 64)
+        return pp_node_error(n, PP_ERR_UNSUPPORTED, "more than 64 inputs or outputs");
+    int cached = ex->cache && ex->static_node[i];
+    for (int k = 0; cached && k < n->n_out; k++)
+        if (n->out[k] >= 0 && !ex->cache[n->out[k]]) cached = 0;
+    if (cached && n->n_out > 0) {
+        for (int k = 0; k < n->n_out; k++)
+            if (n->out[k] >= 0) env[n->out[k]] = pp_tensor_retain(ex->cache[n->out[k]]);
+        return PP_OK;
+    }
+    for (int k = 0; k < n->n_in; k++) {
+        int v = n->in[k];
+        ins[k] = NULL;
+        if (v < 0) continue;
+        if (!env[v]) {
+            const pp_value *val = &g->values[v];
+            if ((val->kind == PP_VALUE_PARAM || val->kind == PP_VALUE_CONST) && val->data)
+                env[v] = pp_tensor_retain(val->data);
+            else
+                return pp_node_error(n, PP_ERR_STATE, "input '%s' has no value", val->name);
+        }
+        ins[k] = env[v];
+    }
+    memset(outs, 0, sizeof(pp_tensor *) * (size_t)n->n_out);
+    pp_kernel_ctx ctx = {g, n, n->n_in, ins, n->n_out, outs};
+    pp_status s = n->op->run(&ctx);
+    for (int k = 0; k < n->n_out && s == PP_OK; k++)
+        if (n->out[k] >= 0 && !outs[k])
+            s = pp_node_error(n, PP_ERR_INTERNAL, "kernel left output %d unset", k);
+    if (s != PP_OK) {
+        for (int k = 0; k < n->n_out; k++) pp_tensor_free(outs[k]);
+        return s;
+    }
+    for (int k = 0; k < n->n_out; k++) {
+        int v = n->out[k];
+        if (v < 0) {
+            pp_tensor_free(outs[k]);
+            continue;
+        }
+        pp_tensor_free(env[v]);
+        env[v] = outs[k];
+        if (ex->cache && ex->static_node[i]) {
+            pp_tensor_free(ex->cache[v]);
+            ex->cache[v] = pp_tensor_retain(outs[k]);
+        }
+    }
+    return PP_OK;
+}
+
+static pp_status run_list(pp_exec *ex, const int *nodes, int n_nodes, pp_tensor **env,
+                          const uint8_t *keep) {
+    const pp_graph *g = ex->g;
+    int *last = malloc(sizeof(int) * (size_t)(g->n_values ? g->n_values : 1));
+    if (!last) return pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int v = 0; v < g->n_values; v++) last[v] = -1;
+    for (int p = 0; p < n_nodes; p++) {
+        const pp_node *n = &g->nodes[nodes[p]];
+        for (int k = 0; k < n->n_in; k++)
+            if (n->in[k] >= 0) last[n->in[k]] = p;
+    }
+    pp_status s = PP_OK;
+    for (int p = 0; p < n_nodes && s == PP_OK; p++) {
+        int i = nodes[p];
+        if (i < 0 || i >= g->n_nodes) {
+            s = pp_error(PP_ERR_INVALID, "node index %d out of range", i);
+            break;
+        }
+        s = run_node(ex, i, env);
+        const pp_node *n = &g->nodes[i];
+        for (int k = 0; k < n->n_in && s == PP_OK; k++) {
+            int v = n->in[k];
+            if (v >= 0 && last[v] == p && !(keep && keep[v])) {
+                pp_tensor_free(env[v]);
+                env[v] = NULL;
+            }
+        }
+    }
+    free(last);
+    return s;
+}
+
+pp_status pp_exec_run_nodes(pp_exec *ex, const int *nodes, int n_nodes, pp_tensor **env,
+                            const uint8_t *keep) {
+    return run_list(ex, nodes, n_nodes, env, keep);
+}
+
+/* Checks the fed tensors against the declared inputs and refreshes the
+ * shape cache when the signature changed. */
+static pp_status check_inputs(pp_exec *ex, pp_tensor *const *inputs) {
+    const pp_graph *g = ex->g;
+    int changed = 0;
+    for (int i = 0; i < g->n_inputs; i++) {
+        const pp_value *v = &g->values[g->inputs[i]];
+        const pp_tensor *t = inputs[i];
+        char a[128], b[128];
+        if (!t) return pp_error(PP_ERR_INVALID, "input '%s' was not given", v->name);
+        if (v->dtype != PP_DTYPE_UNDEFINED && t->dtype != v->dtype)
+            return pp_error(PP_ERR_SHAPE, "input '%s': expected %s, got %s", v->name,
+                            pp_dtype_name(v->dtype), pp_dtype_name(t->dtype));
+        if (v->ndim >= 0) {
+            int ok = t->ndim == v->ndim;
+            for (int d = 0; ok && d < v->ndim; d++)
+                if (v->shape[d] >= 0 && v->shape[d] != t->shape[d]) ok = 0;
+            if (!ok)
+                return pp_error(PP_ERR_SHAPE, "input '%s': expected shape %s, got %s", v->name,
+                                pp_shape_str(v->ndim, v->shape, a, sizeof a),
+                                pp_shape_str(t->ndim, t->shape, b, sizeof b));
+        }
+        int64_t *sig = ex->sig + (size_t)i * (PP_MAX_DIMS + 2);
+        if (sig[0] != t->dtype || sig[1] != t->ndim) changed = 1;
+        for (int d = 0; d < t->ndim; d++)
+            if (sig[2 + d] != t->shape[d]) changed = 1;
+        sig[0] = t->dtype;
+        sig[1] = t->ndim;
+        for (int d = 0; d < t->ndim; d++) sig[2 + d] = t->shape[d];
+    }
+    if (changed) clear_cache(ex);
+    return PP_OK;
+}
+
+pp_status pp_exec_run(pp_exec *ex, pp_tensor *const *inputs, pp_tensor **outputs) {
+    pp_graph *g = ex->g;
+    PP_TRY(check_inputs(ex, inputs));
+    pp_tensor **env = calloc((size_t)g->n_values + 1, sizeof *env);
+    if (!env) return pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < g->n_inputs; i++) {
+        pp_tensor_free(env[g->inputs[i]]);
+        env[g->inputs[i]] = pp_tensor_retain(inputs[i]);
+    }
+    pp_status s = run_list(ex, ex->all_nodes, g->n_nodes, env, ex->is_output);
+    for (int i = 0; i < g->n_outputs && s == PP_OK; i++) {
+        int v = g->outputs[i];
+        if (!env[v] && g->values[v].data) env[v] = pp_tensor_retain(g->values[v].data);
+        if (!env[v]) s = pp_error(PP_ERR_STATE, "output '%s' was not computed", g->values[v].name);
+    }
+    if (s == PP_OK)
+        for (int i = 0; i < g->n_outputs; i++) outputs[i] = pp_tensor_retain(env[g->outputs[i]]);
+    for (int v = 0; v < g->n_values; v++) pp_tensor_free(env[v]);
+    free(env);
+    return s;
+}
+
+pp_status pp_exec_node(const pp_graph *g, int node, pp_tensor *const *inputs,
+                       pp_tensor **outputs) {
+    const pp_node *n = &g->nodes[node];
+    const pp_op *op = n->op ? n->op : pp_op_find(n->domain, n->op_type);
+    if (!op) return pp_node_error(n, PP_ERR_UNSUPPORTED, "unsupported op");
+    pp_tensor *outs[64] = {0};
+    if (n->n_out > 64) return pp_node_error(n, PP_ERR_UNSUPPORTED, "more than 64 outputs");
+    pp_kernel_ctx ctx = {g, n, n->n_in, inputs, n->n_out, outs};
+    PP_TRY(op->run(&ctx));
+    for (int k = 0; k < n->n_out; k++) outputs[k] = outs[k];
+    return PP_OK;
+}
+
+pp_status pp_graph_run(pp_graph *g, pp_tensor *const *inputs, pp_tensor **outputs) {
+    pp_exec *ex;
+    PP_TRY(pp_exec_new(g, &ex));
+    pp_status s = pp_exec_run(ex, inputs, outputs);
+    pp_exec_free(ex);
+    return s;
+}

@@ -1,0 +1,316 @@
+/* ONNX model -> pp_graph. Decoding is done by protobuf-c from the system's
+ * onnx.proto; this file maps the messages onto the IR and checks them. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "onnx.pb-c.h"
+#include "onnx_tensor.h"
+#include "pippin/log.h"
+#include "pippin/onnx.h"
+#include "pippin/op.h"
+
+#define PP_OPSET_MIN 13
+#define PP_OPSET_MAX 17
+
+/* Reads a whole file into memory. */
+static pp_status read_file(const char *path, unsigned char **buf, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return pp_error(PP_ERR_IO, "%s: %s", path, strerror(errno));
+    long size;
+    if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        fclose(f);
+        return pp_error(PP_ERR_IO, "%s: cannot determine size", path);
+    }
+    *buf = malloc(size ? (size_t)size : 1);
+    if (!*buf) {
+        fclose(f);
+        return pp_error(PP_ERR_NOMEM, "%s: out of memory", path);
+    }
+    size_t got = fread(*buf, 1, (size_t)size, f);
+    fclose(f);
+    if (got != (size_t)size) {
+        free(*buf);
+        return pp_error(PP_ERR_IO, "%s: read failed", path);
+    }
+    *len = (size_t)size;
+    return PP_OK;
+}
+
+static pp_status convert_attr(const Onnx__AttributeProto *ap, const char *where, pp_attr *a) {
+    memset(a, 0, sizeof *a);
+    if (!ap->name) return pp_error(PP_ERR_PARSE, "%s: attribute without a name", where);
+    if (ap->ref_attr_name)
+        return pp_error(PP_ERR_UNSUPPORTED, "%s: attribute '%s' refers to a function attribute",
+                        where, ap->name);
+    a->name = strdup(ap->name);
+    if (!a->name) return pp_error(PP_ERR_NOMEM, "out of memory");
+    a->type = (pp_attr_type)ap->type;
+    switch (ap->type) {
+    case ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT: a->f = ap->f; break;
+    case ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT: a->i = ap->i; break;
+    case ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRING:
+        a->s = malloc(ap->s.len + 1);
+        if (!a->s) return pp_error(PP_ERR_NOMEM, "out of memory");
+        if (ap->s.len) memcpy(a->s, ap->s.data, ap->s.len);
+        a->s[ap->s.len] = '\0';
+        break;
+    case ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TENSOR: {
+        if (!ap->t) return pp_error(PP_ERR_PARSE, "%s: attribute '%s' has no tensor", where, ap->name);
+        char what[1200];
+        snprintf(what, sizeof what, "%s: attribute '%s'", where, ap->name);
+        PP_TRY(pp_onnx_tensor_from_proto(ap->t, what, &a->t));
+        break;
+    }
+    case ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOATS:
+        a->n = (int)ap->n_floats;
+        a->floats = malloc(sizeof(float) * (ap->n_floats ? ap->n_floats : 1));
+        if (!a->floats) return pp_error(PP_ERR_NOMEM, "out of memory");
+        if (ap->n_floats) memcpy(a->floats, ap->floats, sizeof(float) * ap->n_floats);
+        break;
+    case ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS:
+        a->n = (int)ap->n_ints;
+        a->ints = malloc(sizeof(int64_t) * (ap->n_ints ? ap->n_ints : 1));
+        if (!a->ints) return pp_error(PP_ERR_NOMEM, "out of memory");
+        if (ap->n_ints) memcpy(a->ints, ap->ints, sizeof(int64_t) * ap->n_ints);
+        break;
+    case ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRINGS:
+        a->n = (int)ap->n_strings;
+        a->strings = calloc(ap->n_strings ? ap->n_strings : 1, sizeof(char *));
+        if (!a->strings) return pp_error(PP_ERR_NOMEM, "out of memory");
+        for (size_t i = 0; i < ap->n_strings; i++) {
+            a->strings[i] = malloc(ap->strings[i].len + 1);
+            if (!a->strings[i]) return pp_error(PP_ERR_NOMEM, "out of memory");
+            if (ap->strings[i].len) memcpy(a->strings[i], ap->strings[i].data, ap->strings[i].len);
+            a->strings[i][ap->strings[i].len] = '\0';
+        }
+        break;
+    case ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__GRAPH:
+    case ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__GRAPHS:
+        a->type = PP_ATTR_GRAPH; /* rejected by pp_graph_resolve with the node's name */
+        break;
+    default:
+        return pp_error(PP_ERR_UNSUPPORTED, "%s: attribute '%s' has unsupported type %d", where,
+                        ap->name, (int)ap->type);
+    }
+    return PP_OK;
+}
+
+static void free_attr_fields(pp_attr *a) {
+    free(a->name);
+    free(a->s);
+    pp_tensor_free(a->t);
+    free(a->ints);
+    free(a->floats);
+    for (int i = 0; a->strings && i < a->n; i++) free(a->strings[i]);
+    free(a->strings);
+}
+
+/* Declared input types: tensor element type and shape with dim_params. */
+static pp_status add_graph_input(pp_graph *g, const Onnx__ValueInfoProto *vi, const char *file) {
+    if (!vi->name || !vi->name[0]) return pp_error(PP_ERR_PARSE, "%s: graph input without a name", file);
+    pp_dtype dt = PP_DTYPE_UNDEFINED;
+    int ndim = -1;
+    int64_t shape[PP_MAX_DIMS];
+    const char *dim_names[PP_MAX_DIMS] = {0};
+    const Onnx__TypeProto *tp = vi->type;
+    if (tp && tp->value_case != ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE &&
+        tp->value_case != ONNX__TYPE_PROTO__VALUE__NOT_SET)
+        return pp_error(PP_ERR_UNSUPPORTED, "%s: input '%s' is not a tensor", file, vi->name);
+    if (tp && tp->value_case == ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE && tp->tensor_type) {
+        const Onnx__TypeProto__Tensor *tt = tp->tensor_type;
+        if (tt->has_elem_type) {
+            dt = (pp_dtype)tt->elem_type;
+            if (!pp_dtype_is_valid(dt))
+                return pp_error(PP_ERR_UNSUPPORTED, "%s: input '%s' has unsupported element type %d",
+                                file, vi->name, tt->elem_type);
+        }
+        if (tt->shape) {
+            if (tt->shape->n_dim > PP_MAX_DIMS)
+                return pp_error(PP_ERR_UNSUPPORTED, "%s: input '%s' has %zu dims (at most %d)", file,
+                                vi->name, tt->shape->n_dim, PP_MAX_DIMS);
+            ndim = (int)tt->shape->n_dim;
+            for (int d = 0; d < ndim; d++) {
+                const Onnx__TensorShapeProto__Dimension *dim = tt->shape->dim[d];
+                shape[d] = -1;
+                if (dim->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE &&
+                    dim->dim_value >= 0)
+                    shape[d] = dim->dim_value;
+                else if (dim->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM)
+                    dim_names[d] = dim->dim_param;
+            }
+        }
+    }
+    int id;
+    PP_TRY(pp_graph_add_input(g, vi->name, dt, ndim, shape, &id));
+    for (int d = 0; d < ndim; d++)
+        if (dim_names[d]) g->values[id].dim_names[d] = strdup(dim_names[d]);
+    return PP_OK;
+}
+
+static pp_status add_node(pp_graph *g, const Onnx__NodeProto *np, int index, const char *file) {
+    char where[768];
+    const char *op = np->op_type ? np->op_type : "";
+    snprintf(where, sizeof where, "%s: node '%s' (%s)", file,
+             np->name && np->name[0] ? np->name : "(unnamed)", op);
+    if (!op[0]) return pp_error(PP_ERR_PARSE, "%s: node %d has no op_type", file, index);
+    if (np->n_input > 64 || np->n_output > 64)
+        return pp_error(PP_ERR_UNSUPPORTED, "%s: more than 64 inputs or outputs", where);
+    int in[64];
+    for (size_t i = 0; i < np->n_input; i++) {
+        const char *name = np->input[i];
+        in[i] = -1;
+        if (!name || !name[0]) continue;
+        in[i] = pp_graph_find_value(g, name);
+        if (in[i] < 0)
+            return pp_error(PP_ERR_NOT_FOUND,
+                            "%s: input '%s' is not defined by any earlier node, initializer or "
+                            "graph input", where, name);
+    }
+    for (size_t i = 0; i < np->n_output; i++)
+        if (np->output[i] && np->output[i][0] && pp_graph_find_value(g, np->output[i]) >= 0)
+            return pp_error(PP_ERR_INVALID, "%s: output '%s' is already defined", where, np->output[i]);
+    char name_buf[64];
+    const char *name = np->name;
+    if (!name || !name[0]) {
+        snprintf(name_buf, sizeof name_buf, "%s_%d", op, index);
+        name = name_buf;
+    }
+    int nid;
+    pp_status s = pp_graph_add_node(g, op, np->domain ? np->domain : "", name, (int)np->n_input, in,
+                                    (int)np->n_output, (const char *const *)np->output, &nid);
+    if (s != PP_OK) return pp_error_context(s, "%s", where);
+    for (size_t a = 0; a < np->n_attribute; a++) {
+        pp_attr attr;
+        s = convert_attr(np->attribute[a], where, &attr);
+        if (s != PP_OK) {
+            free_attr_fields(&attr);
+            return s;
+        }
+        PP_TRY(pp_node_add_attr(g, nid, &attr));
+    }
+    return PP_OK;
+}
+
+static pp_status check_opsets(const Onnx__ModelProto *m, const char *file, int *opset) {
+    *opset = 0;
+    for (size_t i = 0; i < m->n_opset_import; i++) {
+        const Onnx__OperatorSetIdProto *o = m->opset_import[i];
+        const char *d = o->domain ? o->domain : "";
+        if (d[0] == '\0' || strcmp(d, "ai.onnx") == 0) *opset = (int)o->version;
+    }
+    if (*opset == 0) return pp_error(PP_ERR_UNSUPPORTED, "%s: no default-domain opset import", file);
+    if (*opset < PP_OPSET_MIN || *opset > PP_OPSET_MAX)
+        return pp_error(PP_ERR_UNSUPPORTED, "%s: opset %d is not supported (pippin reads %d to %d)",
+                        file, *opset, PP_OPSET_MIN, PP_OPSET_MAX);
+    return PP_OK;
+}
+
+/* PyTorch's eval-mode export merges equal initializers into one plus
+ * Identity nodes, silently tying separate parameters (DESIGN.md). */
+static void warn_identity_params(const pp_graph *g) {
+    for (int i = 0; i < g->n_nodes; i++) {
+        const pp_node *n = &g->nodes[i];
+        if (strcmp(n->op_type, "Identity") != 0 || n->n_in != 1 || n->in[0] < 0) continue;
+        const pp_value *src = &g->values[n->in[0]];
+        if (src->kind == PP_VALUE_PARAM && n->n_out == 1 && n->out[0] >= 0)
+            pp_warn("%s: '%s' is an Identity of parameter '%s': the exporter tied them (export "
+                    "with training=TrainingMode.TRAINING to keep them separate)",
+                    g->source ? g->source : g->name, g->values[n->out[0]].name, src->name);
+    }
+}
+
+static pp_status build_graph(const Onnx__ModelProto *m, const char *file, pp_graph **out) {
+    const Onnx__GraphProto *gp = m->graph;
+    if (!gp) return pp_error(PP_ERR_PARSE, "%s: model has no graph", file);
+    int opset;
+    PP_TRY(check_opsets(m, file, &opset));
+    if (gp->n_sparse_initializer)
+        return pp_error(PP_ERR_UNSUPPORTED, "%s: sparse initializers are not supported", file);
+    pp_graph *g;
+    PP_TRY(pp_graph_new(gp->name, &g));
+    g->opset = opset;
+    g->source = strdup(file);
+    pp_status s = PP_OK;
+    for (size_t i = 0; i < gp->n_initializer && s == PP_OK; i++) {
+        const Onnx__TensorProto *tp = gp->initializer[i];
+        char what[600];
+        if (!tp->name || !tp->name[0]) {
+            s = pp_error(PP_ERR_PARSE, "%s: initializer %zu has no name", file, i);
+            break;
+        }
+        snprintf(what, sizeof what, "%s: initializer '%s'", file, tp->name);
+        pp_tensor *t;
+        s = pp_onnx_tensor_from_proto(tp, what, &t);
+        if (s != PP_OK) break;
+        pp_value_kind kind = pp_dtype_is_float(t->dtype) ? PP_VALUE_PARAM : PP_VALUE_CONST;
+        s = pp_graph_add_initializer(g, tp->name, kind, t, NULL);
+        if (s != PP_OK) s = pp_error_context(s, "%s", file);
+    }
+    for (size_t i = 0; i < gp->n_input && s == PP_OK; i++) {
+        /* Older exporters list initializers as inputs too. */
+        if (gp->input[i]->name && pp_graph_find_value(g, gp->input[i]->name) >= 0) continue;
+        s = add_graph_input(g, gp->input[i], file);
+    }
+    for (size_t i = 0; i < gp->n_node && s == PP_OK; i++) s = add_node(g, gp->node[i], (int)i, file);
+    for (size_t i = 0; i < gp->n_output && s == PP_OK; i++) {
+        const char *name = gp->output[i]->name;
+        int v = name ? pp_graph_find_value(g, name) : -1;
+        if (v < 0) s = pp_error(PP_ERR_NOT_FOUND, "%s: graph output '%s' is never computed", file,
+                                name ? name : "");
+        else s = pp_graph_add_output(g, v);
+    }
+    if (s == PP_OK) {
+        s = pp_graph_resolve(g);
+        if (s != PP_OK) s = pp_error_context(s, "%s", file);
+    }
+    if (s != PP_OK) {
+        pp_graph_free(g);
+        return s;
+    }
+    warn_identity_params(g);
+    *out = g;
+    return PP_OK;
+}
+
+pp_status pp_onnx_parse(const void *bytes, size_t len, const char *name, pp_graph **out) {
+    *out = NULL;
+    Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, len, bytes);
+    if (!m) return pp_error(PP_ERR_PARSE, "%s: not an ONNX model (protobuf decoding failed)", name);
+    pp_status s = build_graph(m, name, out);
+    onnx__model_proto__free_unpacked(m, NULL);
+    return s;
+}
+
+pp_status pp_onnx_load(const char *path, pp_graph **out) {
+    unsigned char *buf;
+    size_t len;
+    *out = NULL;
+    PP_TRY(read_file(path, &buf, &len));
+    pp_status s = pp_onnx_parse(buf, len, path, out);
+    free(buf);
+    return s;
+}
+
+pp_status pp_onnx_tensor_parse(const void *bytes, size_t len, const char *name, pp_tensor **out,
+                               char **tensor_name) {
+    *out = NULL;
+    if (tensor_name) *tensor_name = NULL;
+    Onnx__TensorProto *tp = onnx__tensor_proto__unpack(NULL, len, bytes);
+    if (!tp) return pp_error(PP_ERR_PARSE, "%s: not an ONNX TensorProto", name);
+    pp_status s = pp_onnx_tensor_from_proto(tp, name, out);
+    if (s == PP_OK && tensor_name && tp->name) *tensor_name = strdup(tp->name);
+    onnx__tensor_proto__free_unpacked(tp, NULL);
+    return s;
+}
+
+pp_status pp_onnx_tensor_load(const char *path, pp_tensor **out, char **tensor_name) {
+    unsigned char *buf;
+    size_t len;
+    *out = NULL;
+    PP_TRY(read_file(path, &buf, &len));
+    pp_status s = pp_onnx_tensor_parse(buf, len, path, out, tensor_name);
+    free(buf);
+    return s;
+}

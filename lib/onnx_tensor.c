@@ -1,0 +1,68 @@
+/* TensorProto <-> pp_tensor. ONNX stores data either as little-endian
+ * raw_data or in a typed repeated field; both are accepted. */
+#include "onnx_tensor.h"
+
+#include <string.h>
+
+#include "pippin/status.h"
+
+pp_status pp_onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *what, pp_tensor **out) {
+    *out = NULL;
+    pp_dtype dt = (pp_dtype)tp->data_type;
+    if (!pp_dtype_is_valid(dt))
+        return pp_error(PP_ERR_UNSUPPORTED, "%s: unsupported data type %d", what, tp->data_type);
+    if (tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL)
+        return pp_error(PP_ERR_UNSUPPORTED, "%s: external data files are not supported", what);
+    if (tp->segment) return pp_error(PP_ERR_UNSUPPORTED, "%s: segmented tensors are not supported", what);
+    if (tp->n_dims > PP_MAX_DIMS)
+        return pp_error(PP_ERR_UNSUPPORTED, "%s: %zu dims (at most %d)", what, tp->n_dims, PP_MAX_DIMS);
+    int64_t shape[PP_MAX_DIMS];
+    for (size_t i = 0; i < tp->n_dims; i++) {
+        if (tp->dims[i] < 0) return pp_error(PP_ERR_PARSE, "%s: negative dimension", what);
+        shape[i] = tp->dims[i];
+    }
+    size_t nbytes;
+    if (pp_shape_bytes(dt, (int)tp->n_dims, shape, &nbytes) != PP_OK)
+        return pp_error_context(PP_ERR_PARSE, "%s", what);
+    int64_t numel = pp_shape_numel((int)tp->n_dims, shape);
+    size_t have = 0;
+    if (tp->has_raw_data) have = tp->raw_data.len;
+    else if (dt == PP_F32) have = tp->n_float_data;
+    else if (dt == PP_F64) have = tp->n_double_data;
+    else if (dt == PP_I64) have = tp->n_int64_data;
+    else have = tp->n_int32_data;
+    if (tp->has_raw_data ? have != nbytes : have != (size_t)numel)
+        return pp_error(PP_ERR_PARSE, "%s: holds %zu %s, shape needs %zu", what, have,
+                        tp->has_raw_data ? "bytes" : "values",
+                        tp->has_raw_data ? nbytes : (size_t)numel);
+    PP_TRY(pp_tensor_empty(dt, (int)tp->n_dims, shape, out));
+    pp_tensor *t = *out;
+    if (tp->has_raw_data) {
+        if (nbytes) memcpy(t->data, tp->raw_data.data, nbytes);
+        return PP_OK;
+    }
+    for (int64_t i = 0; i < numel; i++) {
+        switch (dt) {
+        case PP_F32: ((float *)t->data)[i] = tp->float_data[i]; break;
+        case PP_F64: ((double *)t->data)[i] = tp->double_data[i]; break;
+        case PP_I64: ((int64_t *)t->data)[i] = tp->int64_data[i]; break;
+        case PP_I32: ((int32_t *)t->data)[i] = tp->int32_data[i]; break;
+        case PP_F16: case PP_BF16: ((uint16_t *)t->data)[i] = (uint16_t)tp->int32_data[i]; break;
+        case PP_I8: ((int8_t *)t->data)[i] = (int8_t)tp->int32_data[i]; break;
+        default: ((uint8_t *)t->data)[i] = (uint8_t)tp->int32_data[i]; break;
+        }
+    }
+    return PP_OK;
+}
+
+pp_status pp_onnx_tensor_to_proto(const pp_tensor *t, const char *name, Onnx__TensorProto *tp) {
+    tp->n_dims = (size_t)t->ndim;
+    tp->dims = (int64_t *)t->shape;
+    tp->has_data_type = 1;
+    tp->data_type = (int32_t)t->dtype;
+    tp->name = (char *)name;
+    tp->has_raw_data = 1;
+    tp->raw_data.len = t->nbytes;
+    tp->raw_data.data = t->data;
+    return PP_OK;
+}

@@ -1,0 +1,15 @@
+/* Internal: conversions between ONNX TensorProto and pp_tensor, shared by
+ * the importer and the exporter. */
+#ifndef PIPPIN_LIB_ONNX_TENSOR_H
+#define PIPPIN_LIB_ONNX_TENSOR_H
+
+#include "onnx.pb-c.h"
+#include "pippin/tensor.h"
+
+/* Decodes tp; what names it in messages ("initializer 'w'"). */
+pp_status pp_onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *what, pp_tensor **out);
+/* Fills tp (already initialised with onnx__tensor_proto__init) pointing at
+ * t's data (raw_data borrows t->data; keep t alive while tp is used). */
+pp_status pp_onnx_tensor_to_proto(const pp_tensor *t, const char *name, Onnx__TensorProto *tp);
+
+#endif
