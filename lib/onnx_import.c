@@ -221,6 +221,28 @@ static void warn_identity_params(const pp_graph *g) {
     }
 }
 
+/* Keeps the declared type of a graph output (for inspect) when the value
+ * has none of its own yet. */
+static void record_declared_type(pp_value *v, const Onnx__ValueInfoProto *vi) {
+    const Onnx__TypeProto *tp = vi->type;
+    if (v->dtype != PP_DTYPE_UNDEFINED || !tp ||
+        tp->value_case != ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE || !tp->tensor_type)
+        return;
+    const Onnx__TypeProto__Tensor *tt = tp->tensor_type;
+    if (tt->has_elem_type && pp_dtype_is_valid((pp_dtype)tt->elem_type)) v->dtype = (pp_dtype)tt->elem_type;
+    if (!tt->shape || tt->shape->n_dim > PP_MAX_DIMS) return;
+    v->ndim = (int)tt->shape->n_dim;
+    for (int d = 0; d < v->ndim; d++) {
+        const Onnx__TensorShapeProto__Dimension *dim = tt->shape->dim[d];
+        v->shape[d] = -1;
+        if (dim->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE)
+            v->shape[d] = dim->dim_value;
+        else if (dim->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM &&
+                 dim->dim_param && !v->dim_names[d])
+            v->dim_names[d] = strdup(dim->dim_param);
+    }
+}
+
 static pp_status build_graph(const Onnx__ModelProto *m, const char *file, pp_graph **out) {
     const Onnx__GraphProto *gp = m->graph;
     if (!gp) return pp_error(PP_ERR_PARSE, "%s: model has no graph", file);
@@ -260,6 +282,7 @@ static pp_status build_graph(const Onnx__ModelProto *m, const char *file, pp_gra
         if (v < 0) s = pp_error(PP_ERR_NOT_FOUND, "%s: graph output '%s' is never computed", file,
                                 name ? name : "");
         else s = pp_graph_add_output(g, v);
+        if (s == PP_OK) record_declared_type(&g->values[v], gp->output[i]);
     }
     if (s == PP_OK) {
         s = pp_graph_resolve(g);

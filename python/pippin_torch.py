@@ -27,6 +27,9 @@ Usage::
               output_names=["y"], dynamic_axes={"x": {0: "batch"}})
 """
 
+import os
+import warnings
+
 import torch
 
 __all__ = ["pipe_split", "register_onnx", "export", "OPSET", "DOMAIN"]
@@ -70,8 +73,7 @@ def pipe_split(x):
 
 def _pipe_split_symbolic(g, x):
     out = g.op(DOMAIN + "::PipeSplit", x)
-    # Same type/shape as the input: keeps the exporter's shape inference happy.
-    out.setType(x.type())
+    out.setType(x.type())   # same dtype; torch knows no shape here anyway
     return out
 
 
@@ -117,19 +119,82 @@ def export(model, args, path, input_names=None, output_names=None,
     was_training = model.training
     model.train()
     try:
-        torch.onnx.export(
-            model, args, path,
-            export_params=True,
-            verbose=verbose,
-            training=torch.onnx.TrainingMode.TRAINING,
-            input_names=list(input_names) if input_names else None,
-            output_names=list(output_names) if output_names else None,
-            opset_version=opset_version,
-            do_constant_folding=False,
-            dynamic_axes=dynamic_axes,
-            keep_initializers_as_inputs=False,
-            custom_opsets={DOMAIN: DOMAIN_VERSION},
-        )
+        with warnings.catch_warnings():
+            # PyTorch cannot infer shapes through a custom-domain op and says
+            # so once per PipeSplit; _fix_shapes() below repairs the result.
+            warnings.filterwarnings(
+                "ignore", message=".*shape inference of pippin::PipeSplit.*")
+            torch.onnx.export(
+                model, args, path,
+                export_params=True,
+                verbose=verbose,
+                training=torch.onnx.TrainingMode.TRAINING,
+                input_names=list(input_names) if input_names else None,
+                output_names=list(output_names) if output_names else None,
+                opset_version=opset_version,
+                do_constant_folding=False,
+                dynamic_axes=dynamic_axes,
+                keep_initializers_as_inputs=False,
+                custom_opsets={DOMAIN: DOMAIN_VERSION},
+            )
     finally:
         model.train(was_training)
+    if isinstance(path, (str, os.PathLike)):
+        _fix_shapes(os.fspath(path))
     return path
+
+
+def _dims(vi):
+    return vi.type.tensor_type.shape.dim
+
+
+def _fix_shapes(path):
+    """Repair the shapes PyTorch writes downstream of PipeSplit.
+
+    torch.onnx cannot see through a custom-domain op, so every PipeSplit
+    output and every graph output after one gets made-up dims
+    ('Gemmlogits_dim_1' where 10 is meant).  Re-infer them with ONNX's shape
+    inference with PipeSplit read as Identity, keep the dynamic-axis names
+    PyTorch wrote for the graph outputs, and write the PipeSplit outputs'
+    value_info.  Leaves the file alone if anything goes wrong.
+    """
+    import copy
+    import onnx
+    try:
+        m = onnx.load(path)
+        t = copy.deepcopy(m)
+        for n in t.graph.node:
+            if n.domain == DOMAIN and n.op_type == "PipeSplit":
+                n.domain, n.op_type = "", "Identity"
+        del t.graph.value_info[:]
+        for o in t.graph.output:
+            o.type.tensor_type.ClearField("shape")
+        t = onnx.shape_inference.infer_shapes(t, strict_mode=False,
+                                              data_prop=True)
+    except Exception as e:   # pragma: no cover - best effort only
+        warnings.warn("pippin_torch: shape repair skipped: %s" % e)
+        return
+    dyn = {d.dim_param for i in m.graph.input for d in _dims(i)
+           if d.HasField("dim_param")}
+    rename = {}
+    for o, io in zip(m.graph.output, t.graph.output):
+        if not io.type.tensor_type.HasField("shape"):
+            continue
+        od, nd = list(_dims(o)), list(_dims(io))
+        if od and len(od) != len(nd):
+            continue
+        for i, d in enumerate(nd):
+            if d.HasField("dim_param") and od and od[i].dim_param in dyn:
+                rename[d.dim_param] = od[i].dim_param
+        o.type.CopyFrom(io.type)
+    split_outs = {n.output[0] for n in m.graph.node
+                  if n.domain == DOMAIN and n.op_type == "PipeSplit"}
+    del m.graph.value_info[:]
+    for v in t.graph.value_info:
+        if v.name in split_outs:
+            m.graph.value_info.append(v)
+    for v in list(m.graph.value_info) + list(m.graph.output):
+        for d in _dims(v):
+            if d.HasField("dim_param") and d.dim_param in rename:
+                d.dim_param = rename[d.dim_param]
+    onnx.save(m, path)

@@ -1,0 +1,113 @@
+/* The transport's wire envelope: encoding, decoding and validation.
+ *
+ * A transport message is multipart. Frame 0 is a packed protobuf `Envelope`
+ * (lib/proto/pippin.proto); the bytes of each tensor follow as raw frames,
+ * tensor after tensor, `nframes` frames per tensor. This module is pure: it
+ * knows nothing of sockets, so the fuzzer (fuzz/fuzz_envelope.c) and the
+ * transport share exactly the same checks.
+ *
+ * Decoding validates every field before anything else looks at it: protocol
+ * version, kind, dtype codes, ranks of 0..8 with dims >= 0, shape product x
+ * dtype size == nbytes without overflow, the total size limit, frame counts,
+ * stage and rank ranges, names (printable, bounded). A message that passes
+ * pp_envelope_decode and pp_envelope_check_frames can be turned into tensors
+ * without further checks. */
+#ifndef PIPPIN_ENVELOPE_H
+#define PIPPIN_ENVELOPE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pippin/status.h"
+#include "pippin/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PP_PROTOCOL_VERSION 1u
+/* Largest frame 0 a receiver accepts. */
+#define PP_ENVELOPE_MAX_BYTES 65536u
+/* Longest value name (bytes, without the terminating NUL). */
+#define PP_ENVELOPE_MAX_NAME 255u
+/* Longest abort reason / control text. */
+#define PP_ENVELOPE_MAX_TEXT 1024u
+
+/* Message kinds; values equal the protobuf enum pippin.Kind. */
+typedef enum pp_msg_kind {
+    PP_MSG_ACTIVATION = 1,
+    PP_MSG_GRADIENT = 2,
+    PP_MSG_CONTROL = 3,
+    PP_MSG_HEARTBEAT = 4,
+    PP_MSG_ABORT = 5
+} pp_msg_kind;
+
+/* "activation", "gradient", ...; "unknown" for other values. */
+const char *pp_msg_kind_name(int kind);
+
+/* One tensor's metadata. */
+typedef struct pp_wire_tensor {
+    const char *name;   /* owned by the envelope (decode) or the caller (encode) */
+    pp_dtype dtype;
+    int ndim;
+    int64_t shape[PP_MAX_DIMS];
+    uint64_t nbytes;
+    uint32_t nframes;
+} pp_wire_tensor;
+
+typedef struct pp_envelope {
+    uint32_t version;
+    pp_msg_kind kind;
+    uint64_t run_id;
+    int64_t step;
+    int32_t microbatch;
+    int32_t src_stage;
+    int32_t dst_stage;
+    int32_t src_rank;
+    uint64_t seq;
+    int ntensors;
+    pp_wire_tensor *tensors;
+    const char *text;   /* "" when absent */
+    /* private: decoded storage, released by pp_envelope_clear */
+    void *priv_;
+} pp_envelope;
+
+/* What a receiver accepts. Zero fields take the defaults noted. */
+typedef struct pp_envelope_limits {
+    uint64_t max_message_bytes; /* sum of tensor bytes; 0: 2 GiB */
+    uint32_t max_tensors;       /* 0: 256 */
+    uint32_t max_frames;        /* data frames per message; 0: 65536 */
+    int nstages;                /* src/dst stage must be < nstages; 0: unchecked */
+    int nranks;                 /* src_rank must be < nranks; 0: unchecked */
+} pp_envelope_limits;
+
+/* Size of the packed envelope, and packing into buf (cap >= that size).
+ * The envelope is not validated here; the receiver does that. */
+size_t pp_envelope_packed_size(const pp_envelope *env);
+pp_status pp_envelope_pack(const pp_envelope *env, void *buf, size_t cap, size_t *len);
+
+/* Decodes frame 0 and validates every field against lim (NULL: defaults).
+ * On success *out holds the envelope; release it with pp_envelope_clear.
+ * On failure nothing needs releasing and the error message says which check
+ * failed. */
+pp_status pp_envelope_decode(const void *data, size_t len, const pp_envelope_limits *lim,
+                             pp_envelope *out);
+
+/* Checks the data frames against a decoded envelope: their count equals the
+ * sum of nframes, no frame is empty, and each tensor's frames add up to its
+ * nbytes. */
+pp_status pp_envelope_check_frames(const pp_envelope *env, size_t nframes,
+                                   const size_t *frame_sizes);
+
+/* Builds tensor i of a checked message by copying its frames (frames and
+ * sizes point at that tensor's nframes frames). */
+pp_status pp_envelope_tensor_copy(const pp_wire_tensor *wt, const void *const *frames,
+                                  const size_t *sizes, pp_tensor **out);
+
+/* Releases what pp_envelope_decode allocated; safe on a zeroed envelope. */
+void pp_envelope_clear(pp_envelope *env);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,73 @@
+/* Timed simulation of a schedule against a cost model.
+ *
+ * Each rank runs its actions in order; an action starts when the rank is
+ * free and its inputs are there: F(s,m) needs F(s-1,m)'s output, I/B(s,m)
+ * needs the input gradient from I/B(s+1,m), each delayed by the link
+ * (latency + bytes / bandwidth) when the two stages are on different
+ * ranks. Transfers overlap with compute and with each other. In a lowered
+ * schedule the explicit SEND/RECV actions carry these dependencies instead:
+ * SEND is asynchronous, RECV blocks until the data has arrived.
+ * libc only. */
+#ifndef PIPPIN_SCHED_SIM_H
+#define PIPPIN_SCHED_SIM_H
+
+#include "pippin/sched_trace.h"
+#include "pippin/schedule.h"
+#include "pippin/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct pp_cost_model {
+    int nstages;
+    double *f;            /* [nstages] forward time */
+    double *i;            /* [nstages] backward-input time */
+    double *w;            /* [nstages] backward-weight time; B = I + W */
+    double latency;       /* per transfer between ranks */
+    double bandwidth;     /* bytes per time unit; 0 = infinite */
+    double *edge_bytes;   /* [nstages] bytes per microbatch from stage s to
+                             s+1 (its gradient goes back with the same size) */
+    double *stash_bytes;  /* [nstages] bytes kept per microbatch from F until I/B */
+    double *wstash_bytes; /* [nstages] bytes kept from I until W */
+} pp_cost_model;
+
+/* F = I = W = 1 on every stage, no communication cost, no bytes. */
+pp_status pp_cost_model_new(int nstages, pp_cost_model **out);
+void pp_cost_model_free(pp_cost_model *c);
+/* Parses "F=1,I=1,W=1,c=0": keys F, I, W, B (full backward: I = B - W, or
+ * I = W = B/2 when neither is given), c (latency), bw (bandwidth), bytes
+ * (edge_bytes), mem (stash_bytes), wmem (wstash_bytes). A value is a number
+ * or a colon-separated list with one number per stage ("F=1:2:1:1"). Keys
+ * not given keep the defaults of pp_cost_model_new. */
+pp_status pp_cost_model_parse(const char *spec, int nstages, pp_cost_model **out);
+/* Time to move one microbatch's activation (or gradient) across the edge
+ * from stage s to s+1 when the two are on different ranks. */
+double pp_cost_model_xfer(const pp_cost_model *c, int s);
+
+typedef struct pp_sim_result {
+    int nranks;
+    double makespan;     /* end of the last action */
+    double total_busy;
+    double *busy;        /* [nranks] compute time */
+    double *bubble;      /* [nranks] 1 - busy / makespan */
+    double *first_start; /* [nranks] start of the first compute action */
+    double *last_end;    /* [nranks] end of the last compute action */
+    int *peak_act;       /* [nranks] most microbatch-stages between F and I/B */
+    int *peak_wpend;     /* [nranks] most backward-weights waiting (I done, W not) */
+    double *peak_bytes;  /* [nranks] most stash + wstash bytes held at once */
+} pp_sim_result;
+
+/* Simulates s (costs NULL: unit costs, no comm). With trace != NULL every
+ * action and transfer is appended to it. Fails on a deadlock, naming the
+ * stuck rank and action. */
+pp_status pp_simulate(const pp_schedule *s, const pp_cost_model *costs, pp_trace *trace,
+                      pp_sim_result **out);
+void pp_sim_result_free(pp_sim_result *r);
+/* Longest per-rank span (last_end - first_start). */
+double pp_sim_result_span(const pp_sim_result *r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
