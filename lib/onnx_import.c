@@ -181,6 +181,11 @@ static pp_status add_node(pp_graph *g, const Onnx__NodeProto *np, int index, con
     pp_status s = pp_graph_add_node(g, op, np->domain ? np->domain : "", name, (int)np->n_input, in,
                                     (int)np->n_output, (const char *const *)np->output, &nid);
     if (s != PP_OK) return pp_error_context(s, "%s", where);
+    /* Regions written by pp_onnx_save come back (training graphs round-trip). */
+    if (np->doc_string && strcmp(np->doc_string, "pippin.region=I") == 0)
+        g->nodes[nid].region = PP_REGION_BACKWARD_INPUT;
+    else if (np->doc_string && strcmp(np->doc_string, "pippin.region=W") == 0)
+        g->nodes[nid].region = PP_REGION_BACKWARD_WEIGHT;
     for (size_t a = 0; a < np->n_attribute; a++) {
         pp_attr attr;
         s = convert_attr(np->attribute[a], where, &attr);

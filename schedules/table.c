@@ -1,5 +1,4 @@
 /* torch-style text grid of a schedule: steps down, ranks across. */
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 

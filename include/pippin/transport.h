@@ -1,0 +1,235 @@
+/* ZeroMQ transport: activations and gradients between pipeline ranks.
+ *
+ * Every rank binds one PULL socket at its endpoint and connects one PUSH
+ * socket to every other rank whose endpoint it knows, so each direction of
+ * each pair of ranks is a PUSH->PULL link. Endpoints are `inproc://` (ranks
+ * as threads of one process: they must share one ZeroMQ context, which
+ * pippin's process-wide context gives them), `ipc://` or `tcp://`.
+ *
+ * A message is multipart: frame 0 is a packed protobuf envelope
+ * (pippin/envelope.h), then the raw bytes of each tensor. Tensors of at
+ * least `zero_copy_min` bytes are sent without copying, in frames of
+ * `frame_bytes`; smaller ones are copied. Received tensors are filed in a
+ * mailbox by (kind, step, microbatch, source stage, destination stage,
+ * value name); pp_transport_recv takes one out by key, whatever the order
+ * of arrival.
+ *
+ * Never hang: every send and receive has a deadline; peers are watched with
+ * ZMTP heartbeats and socket monitors, so a peer that exits, crashes or goes
+ * silent is reported (PP_ERR_PEER, naming its rank and endpoint) within the
+ * heartbeat timeout; messages are never queued to a peer that has not
+ * connected (ZMQ_IMMEDIATE); linger is bounded, so pp_transport_close
+ * returns. Never crash: every incoming message is validated before a tensor
+ * is built; a bad one is dropped, logged (pp_log) and counted.
+ *
+ * Security: with a CURVE secret key the links are encrypted and a ZAP
+ * handler admits only the listed client public keys; a peer with any other
+ * key, or none, cannot deliver a message.
+ *
+ * THREADING CONTRACT. libzmq sockets are not thread-safe, so a transport
+ * belongs to one thread at a time: all of its functions except
+ * pp_transport_stats and pp_transport_peer_state must be called from that
+ * thread (typically the rank's executor thread). It may be handed to another
+ * thread only with a happens-before edge between the two (a mutex, a thread
+ * join), never used by two threads at once. There is no background thread
+ * per transport: incoming messages are moved from the socket into the
+ * mailbox whenever the owner calls recv, send or poll (libzmq's own I/O
+ * thread keeps reading the network meanwhile, up to the receive high-water
+ * mark). pp_transport_stats and pp_transport_peer_state may be called from
+ * any thread. Several transports (ranks) may live in one process, one per
+ * thread; they share the process-wide context and its ZAP handler thread.
+ *
+ * TENSOR CONTRACT. pp_transport_send does not copy large tensors: it keeps a
+ * reference until libzmq has written the bytes, which can be after send
+ * returns. The caller must not modify a tensor's data after sending it (it
+ * may drop its own reference at once). Received tensors belong to the
+ * caller; free them with pp_tensor_free. */
+#ifndef PIPPIN_TRANSPORT_H
+#define PIPPIN_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pippin/envelope.h"
+#include "pippin/status.h"
+#include "pippin/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Z85 text of a CURVE key (32 bytes) is 40 characters. */
+#define PP_CURVE_KEY_CHARS 40
+
+typedef struct pp_transport_options {
+    int rank;                     /* this rank, 0 <= rank < nranks */
+    int nranks;
+    /* nranks endpoints. endpoints[rank] is bound and may use a wildcard
+     * ("tcp://127.0.0.1:*", "ipc://*"; see pp_transport_endpoint); a peer's
+     * entry may be NULL or "" when not known yet (pp_transport_connect_peer). */
+    const char *const *endpoints;
+    /* Address to bind instead of endpoints[rank] (e.g. "tcp://*:5555" when
+     * peers connect to "tcp://node3:5555"). NULL: endpoints[rank]. */
+    const char *bind_endpoint;
+    /* Stage -> rank map: stage s runs on rank stage_ranks[s]. NULL: stage r
+     * on rank r (nstages = nranks). */
+    int nstages;
+    const int *stage_ranks;
+    uint64_t run_id;              /* messages of another run id are dropped */
+
+    int timeout_ms;               /* default send/receive deadline; default 10000 */
+    int heartbeat_ivl_ms;         /* ZMTP PING interval; default min(1000, timeout/4) */
+    int heartbeat_timeout_ms;     /* peer silent this long = dead; default timeout_ms */
+    int linger_ms;                /* close waits at most this for unsent data; default 1000 */
+    int sndhwm;                   /* messages queued per peer; default 64 */
+    int rcvhwm;                   /* messages queued on the receive socket; default 64 */
+    int sndbuf, rcvbuf;           /* kernel socket buffers in bytes; 0: OS default */
+    uint64_t max_message_bytes;   /* larger incoming messages are dropped; default 2 GiB */
+    size_t frame_bytes;           /* large tensors go in frames of this size; default 1 MiB */
+    size_t zero_copy_min;         /* tensors at least this big are not copied; default 64 KiB */
+    /* Step window: messages of a step below the current one (see
+     * pp_transport_set_step) are dropped; with step_window > 0 so are
+     * messages more than step_window steps ahead. */
+    int64_t step_window;
+
+    /* CURVE. With curve_secret_key set (Z85, 40 chars) every link is
+     * encrypted: this rank's receive socket is a CURVE server and admits only
+     * clients whose public key is in curve_allowed_keys (NULL: the
+     * curve_rank_keys); its sends use curve_rank_keys[peer] as the server
+     * key. curve_rank_keys (nranks Z85 public keys) is then required. */
+    const char *curve_secret_key;
+    const char *const *curve_rank_keys;
+    const char *const *curve_allowed_keys;
+    int n_curve_allowed_keys;
+
+    /* ZeroMQ context to use; NULL: pippin's process-wide context (created on
+     * first use with io_threads I/O threads, terminated when the last
+     * transport using it closes). A caller's context is never terminated. */
+    void *zmq_context;
+    int io_threads;               /* default 1 */
+} pp_transport_options;
+
+/* Fills o with the defaults above (rank 0 of 1, no endpoints). */
+void pp_transport_options_init(pp_transport_options *o);
+
+/* What a send is addressed to and a receive waits for. kind is
+ * PP_MSG_ACTIVATION, PP_MSG_GRADIENT or PP_MSG_CONTROL. */
+typedef struct pp_transport_key {
+    pp_msg_kind kind;
+    int64_t step;         /* >= 0 */
+    int32_t microbatch;   /* >= 0 */
+    int32_t src_stage;    /* the sending stage (must run on the sending rank) */
+    int32_t dst_stage;    /* the receiving stage (decides the destination rank) */
+    const char *name;     /* graph value name (1..255 printable bytes) */
+} pp_transport_key;
+
+typedef struct pp_transport_stats {
+    uint64_t messages_sent;
+    uint64_t messages_received;   /* accepted (filed) messages */
+    uint64_t bytes_sent;          /* tensor payload bytes */
+    uint64_t bytes_received;
+    uint64_t dropped;             /* invalid, stale, foreign or unroutable incoming messages */
+    uint64_t retries;             /* sends that had to wait for a peer (queue full, not connected) */
+    uint64_t timeouts;            /* sends and receives that missed their deadline */
+    uint64_t peer_failures;       /* connections to peers lost */
+    uint64_t auth_failures;       /* CURVE clients the ZAP handler refused */
+    uint64_t pending;             /* tensors waiting in the mailbox */
+    uint64_t pending_bytes;
+} pp_transport_stats;
+
+typedef enum pp_peer_state {
+    PP_PEER_UNKNOWN = 0,   /* no endpoint known */
+    PP_PEER_CONNECTING,    /* connecting or handshaking (inproc peers stay here) */
+    PP_PEER_UP,            /* connected and handshake done */
+    PP_PEER_DOWN,          /* connection lost: exit, crash or heartbeat timeout */
+    PP_PEER_REJECTED,      /* handshake failed: our CURVE key refused, or a mechanism mismatch */
+    PP_PEER_CLOSED,        /* the peer closed its transport */
+    PP_PEER_SELF
+} pp_peer_state;
+
+const char *pp_peer_state_name(pp_peer_state s);
+
+typedef struct pp_transport pp_transport;
+
+/* Binds this rank's endpoint and connects to every peer whose endpoint is
+ * known. Does not wait for peers (see pp_transport_wait_peers). */
+pp_status pp_transport_create(const pp_transport_options *opts, pp_transport **out);
+
+/* The endpoint this rank is bound to, wildcards resolved
+ * ("tcp://127.0.0.1:41235"). Valid until close. */
+const char *pp_transport_endpoint(const pp_transport *t);
+
+/* Sets or changes a peer's endpoint and connects to it. */
+pp_status pp_transport_connect_peer(pp_transport *t, int rank, const char *endpoint);
+
+/* Waits until every peer with a known tcp/ipc endpoint has connected
+ * (inproc peers are not waited for). PP_ERR_TIMEOUT names the missing
+ * ranks; PP_ERR_PEER names a peer that refused us. timeout_ms < 0: the
+ * transport's timeout. */
+pp_status pp_transport_wait_peers(pp_transport *t, int timeout_ms);
+
+/* Sends tensor, filed at the receiver under key, to the rank running
+ * key->dst_stage (a stage on this rank is served from the local mailbox
+ * without copying). Waits at most the transport's timeout for the peer to
+ * accept it; PP_ERR_TIMEOUT or PP_ERR_PEER name the rank and endpoint.
+ * Keeps a reference to tensor until sent (see TENSOR CONTRACT). */
+pp_status pp_transport_send(pp_transport *t, const pp_transport_key *key, pp_tensor *tensor);
+
+/* Sends n tensors in one message; tensor i is filed under key with
+ * name names[i] (key->name is ignored). Names must differ. */
+pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n,
+                             const char *const *names, pp_tensor *const *tensors);
+
+/* Takes the tensor filed under key, waiting until it arrives. timeout_ms < 0:
+ * the transport's timeout; 0: do not wait. Errors: PP_ERR_TIMEOUT (names the
+ * key and the source rank and endpoint), PP_ERR_PEER (that rank died, went
+ * silent, closed, or some rank aborted the run). On success *out is a new
+ * reference owned by the caller. */
+pp_status pp_transport_recv(pp_transport *t, const pp_transport_key *key, int timeout_ms,
+                            pp_tensor **out);
+
+/* Moves whatever has arrived into the mailbox, waiting at most timeout_ms
+ * for the first message (0: do not wait). */
+pp_status pp_transport_poll(pp_transport *t, int timeout_ms);
+
+/* Starts step `step`: later messages of older steps are dropped, and those
+ * still in the mailbox are freed. */
+pp_status pp_transport_set_step(pp_transport *t, int64_t step);
+
+/* Tells every peer that this rank gives up the run (best effort, does not
+ * wait). Their pending and later sends and receives fail with PP_ERR_PEER
+ * quoting reason; so do this transport's. */
+pp_status pp_transport_abort(pp_transport *t, const char *reason);
+
+/* Counters; callable from any thread. */
+void pp_transport_stats_get(const pp_transport *t, pp_transport_stats *out);
+
+/* A peer's connection state; callable from any thread. */
+pp_peer_state pp_transport_peer_state(const pp_transport *t, int rank);
+
+/* Says goodbye to the peers, closes the sockets (waiting at most linger_ms
+ * for unsent data) and frees everything, including tensors left in the
+ * mailbox. NULL is ignored. */
+void pp_transport_close(pp_transport *t);
+
+/* ---- CURVE keys ---- */
+
+/* A new key pair as Z85 text (41 bytes each with the NUL). */
+pp_status pp_curve_keypair(char public_z85[PP_CURVE_KEY_CHARS + 1],
+                           char secret_z85[PP_CURVE_KEY_CHARS + 1]);
+/* The public key of a secret key. */
+pp_status pp_curve_public_key(const char *secret_z85, char public_z85[PP_CURVE_KEY_CHARS + 1]);
+/* Checks that s is 40 characters of Z85 text. */
+int pp_curve_key_valid(const char *s);
+/* Writes a new key pair: PREFIX.key (secret, mode 0600) and PREFIX.pub.
+ * Existing files are an error unless overwrite. Fills public_z85 if not NULL. */
+pp_status pp_curve_write_keypair(const char *prefix, int overwrite,
+                                 char public_z85[PP_CURVE_KEY_CHARS + 1]);
+/* Reads a key file (.pub or .key: '#' comment lines, then the Z85 key on a
+ * line of its own). Warns when a secret key file is readable by others. */
+pp_status pp_curve_read_key(const char *path, char z85[PP_CURVE_KEY_CHARS + 1]);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,234 @@
+/* pp_graph -> ONNX model file. The messages point into the graph's own
+ * memory (no copies); only the arrays of pointers are allocated here. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "onnx.pb-c.h"
+#include "onnx_tensor.h"
+#include "pippin/onnx.h"
+
+/* Everything allocated while building the message, freed in one go. */
+typedef struct {
+    void **ptrs;
+    size_t n, cap;
+    int failed;
+} arena;
+
+static void *arena_alloc(arena *a, size_t size) {
+    if (a->failed) return NULL;
+    if (a->n == a->cap) {
+        size_t cap = a->cap ? a->cap * 2 : 256;
+        void **p = realloc(a->ptrs, cap * sizeof *p);
+        if (!p) {
+            a->failed = 1;
+            return NULL;
+        }
+        a->ptrs = p;
+        a->cap = cap;
+    }
+    void *m = calloc(1, size ? size : 1);
+    if (!m) {
+        a->failed = 1;
+        return NULL;
+    }
+    a->ptrs[a->n++] = m;
+    return m;
+}
+
+static void arena_free(arena *a) {
+    for (size_t i = 0; i < a->n; i++) free(a->ptrs[i]);
+    free(a->ptrs);
+}
+
+static const char *region_doc(pp_region r) {
+    switch (r) {
+    case PP_REGION_BACKWARD_INPUT: return "pippin.region=I";
+    case PP_REGION_BACKWARD_WEIGHT: return "pippin.region=W";
+    default: return NULL;
+    }
+}
+
+static Onnx__ValueInfoProto *value_info(arena *a, const pp_value *v) {
+    Onnx__ValueInfoProto *vi = arena_alloc(a, sizeof *vi);
+    Onnx__TypeProto *tp = arena_alloc(a, sizeof *tp);
+    Onnx__TypeProto__Tensor *tt = arena_alloc(a, sizeof *tt);
+    if (!vi || !tp || !tt) return NULL;
+    onnx__value_info_proto__init(vi);
+    onnx__type_proto__init(tp);
+    onnx__type_proto__tensor__init(tt);
+    vi->name = v->name;
+    vi->type = tp;
+    tp->value_case = ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE;
+    tp->tensor_type = tt;
+    if (v->dtype != PP_DTYPE_UNDEFINED) {
+        tt->has_elem_type = 1;
+        tt->elem_type = (int32_t)v->dtype;
+    }
+    if (v->ndim >= 0) {
+        Onnx__TensorShapeProto *sp = arena_alloc(a, sizeof *sp);
+        Onnx__TensorShapeProto__Dimension **dims = arena_alloc(a, sizeof *dims * (size_t)(v->ndim + 1));
+        if (!sp || !dims) return NULL;
+        onnx__tensor_shape_proto__init(sp);
+        sp->n_dim = (size_t)v->ndim;
+        sp->dim = dims;
+        for (int d = 0; d < v->ndim; d++) {
+            dims[d] = arena_alloc(a, sizeof **dims);
+            if (!dims[d]) return NULL;
+            onnx__tensor_shape_proto__dimension__init(dims[d]);
+            if (v->dim_names[d]) {
+                dims[d]->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM;
+                dims[d]->dim_param = v->dim_names[d];
+            } else if (v->shape[d] >= 0) {
+                dims[d]->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE;
+                dims[d]->dim_value = v->shape[d];
+            }
+        }
+        tt->shape = sp;
+    }
+    return vi;
+}
+
+static Onnx__AttributeProto *attr_proto(arena *a, const pp_attr *at) {
+    Onnx__AttributeProto *ap = arena_alloc(a, sizeof *ap);
+    if (!ap) return NULL;
+    onnx__attribute_proto__init(ap);
+    ap->name = at->name;
+    ap->has_type = 1;
+    ap->type = (Onnx__AttributeProto__AttributeType)at->type;
+    switch (at->type) {
+    case PP_ATTR_FLOAT: ap->has_f = 1; ap->f = at->f; break;
+    case PP_ATTR_INT: ap->has_i = 1; ap->i = at->i; break;
+    case PP_ATTR_STRING:
+        ap->has_s = 1;
+        ap->s.data = (uint8_t *)at->s;
+        ap->s.len = at->s ? strlen(at->s) : 0;
+        break;
+    case PP_ATTR_TENSOR:
+        ap->t = arena_alloc(a, sizeof *ap->t);
+        if (!ap->t) return NULL;
+        onnx__tensor_proto__init(ap->t);
+        pp_onnx_tensor_to_proto(at->t, NULL, ap->t);
+        break;
+    case PP_ATTR_FLOATS: ap->n_floats = (size_t)at->n; ap->floats = at->floats; break;
+    case PP_ATTR_INTS: ap->n_ints = (size_t)at->n; ap->ints = at->ints; break;
+    case PP_ATTR_STRINGS:
+        ap->n_strings = (size_t)at->n;
+        ap->strings = arena_alloc(a, sizeof *ap->strings * (size_t)(at->n + 1));
+        if (!ap->strings) return NULL;
+        for (int i = 0; i < at->n; i++) {
+            ap->strings[i].data = (uint8_t *)at->strings[i];
+            ap->strings[i].len = strlen(at->strings[i]);
+        }
+        break;
+    default: return NULL;
+    }
+    return ap;
+}
+
+static char empty_name[] = "";
+
+static Onnx__NodeProto *node_proto(arena *a, const pp_graph *g, const pp_node *n) {
+    Onnx__NodeProto *np = arena_alloc(a, sizeof *np);
+    if (!np) return NULL;
+    onnx__node_proto__init(np);
+    np->name = n->name;
+    np->op_type = n->op_type;
+    np->domain = n->domain && n->domain[0] ? n->domain : NULL;
+    np->doc_string = (char *)region_doc(n->region);
+    np->n_input = (size_t)n->n_in;
+    np->input = arena_alloc(a, sizeof(char *) * (size_t)(n->n_in + 1));
+    np->n_output = (size_t)n->n_out;
+    np->output = arena_alloc(a, sizeof(char *) * (size_t)(n->n_out + 1));
+    np->n_attribute = (size_t)n->n_attr;
+    np->attribute = arena_alloc(a, sizeof(void *) * (size_t)(n->n_attr + 1));
+    if (!np->input || !np->output || !np->attribute) return NULL;
+    for (int i = 0; i < n->n_in; i++) np->input[i] = n->in[i] >= 0 ? g->values[n->in[i]].name : empty_name;
+    for (int i = 0; i < n->n_out; i++)
+        np->output[i] = n->out[i] >= 0 ? g->values[n->out[i]].name : empty_name;
+    for (int i = 0; i < n->n_attr; i++) {
+        if (n->attrs[i].type == PP_ATTR_GRAPH) return NULL;
+        if (!(np->attribute[i] = attr_proto(a, &n->attrs[i]))) return NULL;
+    }
+    return np;
+}
+
+static pp_status build_model(arena *a, const pp_graph *g, Onnx__ModelProto *m) {
+    Onnx__GraphProto *gp = arena_alloc(a, sizeof *gp);
+    Onnx__OperatorSetIdProto *ops[2] = {arena_alloc(a, sizeof *ops[0]), arena_alloc(a, sizeof *ops[1])};
+    Onnx__OperatorSetIdProto **opset = arena_alloc(a, sizeof *opset * 2);
+    if (!gp || !ops[0] || !ops[1] || !opset) return pp_error(PP_ERR_NOMEM, "out of memory exporting");
+    onnx__model_proto__init(m);
+    onnx__graph_proto__init(gp);
+    m->has_ir_version = 1;
+    m->ir_version = 8;
+    m->producer_name = (char *)"pippin";
+    m->graph = gp;
+    for (int i = 0; i < 2; i++) {
+        onnx__operator_set_id_proto__init(ops[i]);
+        ops[i]->has_version = 1;
+        opset[i] = ops[i];
+    }
+    ops[0]->domain = empty_name;
+    ops[0]->version = g->opset;
+    ops[1]->domain = (char *)"pippin";
+    ops[1]->version = 1;
+    m->n_opset_import = 2;
+    m->opset_import = opset;
+    gp->name = g->name;
+
+    gp->node = arena_alloc(a, sizeof(void *) * (size_t)(g->n_nodes + 1));
+    gp->initializer = arena_alloc(a, sizeof(void *) * (size_t)(g->n_values + 1));
+    gp->input = arena_alloc(a, sizeof(void *) * (size_t)(g->n_inputs + 1));
+    gp->output = arena_alloc(a, sizeof(void *) * (size_t)(g->n_outputs + 1));
+    if (!gp->node || !gp->initializer || !gp->input || !gp->output)
+        return pp_error(PP_ERR_NOMEM, "out of memory exporting");
+    for (int i = 0; i < g->n_nodes; i++) {
+        gp->node[gp->n_node] = node_proto(a, g, &g->nodes[i]);
+        if (!gp->node[gp->n_node++])
+            return pp_error(a->failed ? PP_ERR_NOMEM : PP_ERR_UNSUPPORTED,
+                            "node '%s': cannot be exported", g->nodes[i].name);
+    }
+    for (int v = 0; v < g->n_values; v++) {
+        const pp_value *val = &g->values[v];
+        if ((val->kind != PP_VALUE_PARAM && val->kind != PP_VALUE_CONST) || !val->data) continue;
+        Onnx__TensorProto *tp = arena_alloc(a, sizeof *tp);
+        if (!tp) return pp_error(PP_ERR_NOMEM, "out of memory exporting");
+        onnx__tensor_proto__init(tp);
+        pp_onnx_tensor_to_proto(val->data, val->name, tp);
+        gp->initializer[gp->n_initializer++] = tp;
+    }
+    for (int i = 0; i < g->n_inputs; i++)
+        if (!(gp->input[gp->n_input++] = value_info(a, &g->values[g->inputs[i]])))
+            return pp_error(PP_ERR_NOMEM, "out of memory exporting");
+    for (int i = 0; i < g->n_outputs; i++)
+        if (!(gp->output[gp->n_output++] = value_info(a, &g->values[g->outputs[i]])))
+            return pp_error(PP_ERR_NOMEM, "out of memory exporting");
+    return PP_OK;
+}
+
+pp_status pp_onnx_save(const pp_graph *g, const char *path) {
+    arena a = {0};
+    Onnx__ModelProto m;
+    pp_status s = build_model(&a, g, &m);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    if (s == PP_OK) {
+        len = onnx__model_proto__get_packed_size(&m);
+        if (len >= (size_t)INT32_MAX) s = pp_error(PP_ERR_UNSUPPORTED, "%s: model over 2 GiB", path);
+        else if (!(buf = malloc(len ? len : 1))) s = pp_error(PP_ERR_NOMEM, "out of memory exporting");
+        else onnx__model_proto__pack(&m, buf);
+    }
+    arena_free(&a);
+    if (s != PP_OK) return s;
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        free(buf);
+        return pp_error(PP_ERR_IO, "%s: %s", path, strerror(errno));
+    }
+    int ok = fwrite(buf, 1, len, f) == len;
+    if (fclose(f) != 0) ok = 0;
+    free(buf);
+    return ok ? PP_OK : pp_error(PP_ERR_IO, "%s: write failed", path);
+}

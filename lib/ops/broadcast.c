@@ -1,0 +1,167 @@
+/* numpy-style broadcasting plans and their row iterator. */
+#include "broadcast.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* "shapes [2,3] and [4]" / "shapes [2], [3] and [4]" into buf. */
+static const char *shapes_str(int n, const int *ndims, const int64_t *const *shapes, char *buf,
+                              size_t cap) {
+    size_t len = (size_t)snprintf(buf, cap, "shapes ");
+    for (int k = 0; k < n && len < cap; k++) {
+        char s[160];
+        const char *sep = k == 0 ? "" : (k == n - 1 ? " and " : ", ");
+        len += (size_t)snprintf(buf + len, cap - len, "%s%s", sep,
+                                pp_shape_str(ndims[k], shapes[k], s, sizeof s));
+    }
+    return buf;
+}
+
+static pp_status shape_error(int n, const int *ndims, const int64_t *const *shapes) {
+    char buf[800];
+    return pp_error(PP_ERR_SHAPE, "%s do not broadcast", shapes_str(n, ndims, shapes, buf, sizeof buf));
+}
+
+pp_status pp_broadcast_shape(int na, const int64_t *a, int nb, const int64_t *b, int *nout,
+                             int64_t *out) {
+    const int ndims[2] = {na, nb};
+    const int64_t *const shapes[2] = {a, b};
+    pp_bcast plan;
+    PP_TRY(pp_bcast_init_shapes(&plan, 2, ndims, shapes));
+    *nout = plan.ndim;
+    for (int d = 0; d < plan.ndim; d++) out[d] = plan.shape[d];
+    return PP_OK;
+}
+
+pp_status pp_bcast_init_shapes(pp_bcast *b, int n, const int *ndims,
+                               const int64_t *const *shapes) {
+    if (n < 1 || n > PP_BCAST_MAX)
+        return pp_error(PP_ERR_INTERNAL, "broadcast of %d operands (1 to %d supported)", n,
+                        PP_BCAST_MAX);
+    memset(b, 0, sizeof *b);
+    b->n = n;
+    int nd = 0;
+    for (int k = 0; k < n; k++) {
+        if (ndims[k] < 0 || ndims[k] > PP_MAX_DIMS)
+            return pp_error(PP_ERR_INVALID, "operand %d has rank %d", k, ndims[k]);
+        if (ndims[k] > nd) nd = ndims[k];
+    }
+    b->ndim = nd;
+    /* Output shape: right-aligned; each dim is 1 or the one size > 1. A 0
+     * broadcasts like any size against 1 only. */
+    for (int d = 0; d < nd; d++) {
+        int64_t size = 1;
+        for (int k = 0; k < n; k++) {
+            int j = d - (nd - ndims[k]);
+            if (j < 0) continue;
+            int64_t s = shapes[k][j];
+            if (s < 0) return pp_error(PP_ERR_SHAPE, "operand %d has a negative dimension", k);
+            if (s == 1) continue;
+            if (size != 1 && size != s) return shape_error(n, ndims, shapes);
+            size = s;
+        }
+        b->shape[d] = size;
+    }
+    b->numel = pp_shape_numel(nd, b->shape);
+
+    /* Per-operand element strides on the output dims, then size-1 dims
+     * dropped and mergeable neighbours merged. */
+    int64_t stride[PP_BCAST_MAX][PP_MAX_DIMS];
+    for (int k = 0; k < n; k++) {
+        int64_t st = 1;
+        for (int d = nd - 1; d >= 0; d--) {
+            int j = d - (nd - ndims[k]);
+            if (j < 0 || shapes[k][j] == 1) {
+                stride[k][d] = 0;
+            } else {
+                stride[k][d] = st;
+                st *= shapes[k][j];
+            }
+        }
+    }
+    int c = 0;
+    for (int d = 0; d < nd; d++) {
+        if (b->shape[d] == 1) continue;
+        int merge = c > 0;
+        for (int k = 0; k < n && merge; k++)
+            if (b->cstride[k][c - 1] != stride[k][d] * b->shape[d]) merge = 0;
+        if (merge) {
+            b->cshape[c - 1] *= b->shape[d];
+            for (int k = 0; k < n; k++) b->cstride[k][c - 1] = stride[k][d];
+        } else {
+            b->cshape[c] = b->shape[d];
+            for (int k = 0; k < n; k++) b->cstride[k][c] = stride[k][d];
+            c++;
+        }
+    }
+    b->cdim = c;
+    b->inner = c ? b->cshape[c - 1] : 1;
+    for (int k = 0; k < n; k++) b->inner_stride[k] = c ? b->cstride[k][c - 1] : 0;
+    b->rows = b->numel == 0 ? 0 : b->numel / b->inner;
+    return PP_OK;
+}
+
+pp_status pp_bcast_init(pp_bcast *b, int n, const pp_tensor *const *ts) {
+    int ndims[PP_BCAST_MAX];
+    const int64_t *shapes[PP_BCAST_MAX];
+    if (n < 1 || n > PP_BCAST_MAX)
+        return pp_error(PP_ERR_INTERNAL, "broadcast of %d operands (1 to %d supported)", n,
+                        PP_BCAST_MAX);
+    for (int k = 0; k < n; k++) {
+        ndims[k] = ts[k]->ndim;
+        shapes[k] = ts[k]->shape;
+    }
+    return pp_bcast_init_shapes(b, n, ndims, shapes);
+}
+
+void pp_bcast_iter_init(pp_bcast_iter *it, const pp_bcast *b) {
+    memset(it, 0, sizeof *it);
+    it->b = b;
+}
+
+int pp_bcast_iter_next(pp_bcast_iter *it) {
+    const pp_bcast *b = it->b;
+    if (++it->row >= b->rows) return 0;
+    /* Odometer over the outer merged dims, innermost first. */
+    for (int d = b->cdim - 2; d >= 0; d--) {
+        for (int k = 0; k < b->n; k++) it->off[k] += b->cstride[k][d];
+        if (++it->idx[d] < b->cshape[d]) break;
+        for (int k = 0; k < b->n; k++) it->off[k] -= b->cstride[k][d] * b->cshape[d];
+        it->idx[d] = 0;
+    }
+    return 1;
+}
+
+pp_status pp_broadcast_to(const pp_tensor *src, int ndim, const int64_t *shape,
+                          pp_tensor **out) {
+    const int ndims[2] = {src->ndim, ndim};
+    const int64_t *const shapes[2] = {src->shape, shape};
+    pp_bcast b;
+    PP_TRY(pp_bcast_init_shapes(&b, 2, ndims, shapes));
+    if (!pp_shape_equal(b.ndim, b.shape, ndim, shape)) {
+        char s1[160], s2[160];
+        return pp_error(PP_ERR_SHAPE, "shape %s does not broadcast to %s",
+                        pp_shape_str(src->ndim, src->shape, s1, sizeof s1),
+                        pp_shape_str(ndim, shape, s2, sizeof s2));
+    }
+    pp_tensor *t;
+    PP_TRY(pp_tensor_empty(src->dtype, ndim, shape, &t));
+    size_t es = pp_dtype_size(src->dtype);
+    if (b.rows > 0) {
+        const char *s = src->data;
+        char *o = t->data;
+        pp_bcast_iter it;
+        pp_bcast_iter_init(&it, &b);
+        do {
+            char *dst = o + (size_t)(it.row * b.inner) * es;
+            const char *from = s + (size_t)it.off[0] * es;
+            if (b.inner_stride[0]) {
+                memcpy(dst, from, (size_t)b.inner * es);
+            } else {
+                for (int64_t i = 0; i < b.inner; i++) memcpy(dst + (size_t)i * es, from, es);
+            }
+        } while (pp_bcast_iter_next(&it));
+    }
+    *out = t;
+    return PP_OK;
+}

@@ -1,0 +1,35 @@
+/* Private to schedules/: generator entry points, the execution engine
+ * shared by the validator and the simulator, and table helpers. */
+#ifndef PIPPIN_SCHED_INTERNAL_H
+#define PIPPIN_SCHED_INTERNAL_H
+
+#include "pippin/sched_sim.h"
+#include "pippin/schedule.h"
+
+/* Generators append compute actions to s, which the dispatcher created
+ * with the right ranks, stages, microbatches and placement. */
+pp_status pp_gen_gpipe(pp_schedule *s);
+pp_status pp_gen_1f1b(pp_schedule *s);
+pp_status pp_gen_looped_bfs(pp_schedule *s);
+/* Interleaved 1F1B (zb = 0) and interleaved zero bubble (zb = 1). */
+pp_status pp_gen_interleaved(pp_schedule *s, int zb);
+pp_status pp_gen_zb_h1(pp_schedule *s);
+pp_status pp_gen_zb_h2(pp_schedule *s);
+pp_status pp_gen_zbv(pp_schedule *s);
+pp_status pp_gen_dualpipev(pp_schedule *s);
+pp_status pp_gen_auto(pp_schedule *s, const pp_sched_params *params);
+
+/* Table of steps first..last (clamped), marking err_step. */
+pp_status pp_sched_table_range(const pp_schedule *s, long first, long last, long err_step,
+                               char **out);
+
+/* Runs every rank's list in dependency order (see sched_sim.h for the
+ * model). costs NULL means unit costs, no communication cost. With
+ * res != NULL its per-rank arrays (allocated by the caller) are filled;
+ * with trace != NULL events are appended. On a deadlock or a dependency
+ * that cannot be met, fails naming the rank, step and action; *err_rank
+ * and *err_step (if given) locate it. */
+pp_status pp_sched_run(const pp_schedule *s, const pp_cost_model *costs, pp_trace *trace,
+                       pp_sim_result *res, int *err_rank, long *err_step);
+
+#endif

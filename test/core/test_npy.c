@@ -1,0 +1,135 @@
+/* .npy reading and writing, including every malformed-file error path. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "test_util.h"
+
+static char tmpdir[256];
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/pippin-npy-XXXXXX");
+    return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    return system(cmd);
+}
+
+/* Builds a v1 .npy image with the given header dict and payload. */
+static size_t make_npy(unsigned char *buf, int major, const char *dict, const void *data, size_t n) {
+    size_t pre = major == 1 ? 10 : 12;
+    size_t dlen = strlen(dict);
+    size_t hlen = (pre + dlen + 1 + 63) / 64 * 64 - pre;
+    memcpy(buf, "\x93NUMPY", 6);
+    buf[6] = (unsigned char)major;
+    buf[7] = 0;
+    buf[8] = hlen & 0xff;
+    buf[9] = (hlen >> 8) & 0xff;
+    if (major > 1) buf[10] = buf[11] = 0;
+    memcpy(buf + pre, dict, dlen);
+    memset(buf + pre + dlen, ' ', hlen - dlen - 1);
+    buf[pre + hlen - 1] = '\n';
+    memcpy(buf + pre + hlen, data, n);
+    return pre + hlen + n;
+}
+
+static void test_round_trip_all_dtypes(void **state) {
+    (void)state;
+    pp_dtype dts[] = {PP_F32, PP_F64, PP_F16, PP_I64, PP_I32, PP_I8, PP_U8, PP_BOOL};
+    for (size_t k = 0; k < sizeof dts / sizeof dts[0]; k++) {
+        int64_t shape[] = {2, 3, 1};
+        pp_tensor *t, *back;
+        TU_OK(pp_tensor_new(dts[k], 3, shape, &t));
+        for (int i = 0; i < 6; i++) pp_tensor_set_f64(t, i, i % 2);
+        char path[400];
+        snprintf(path, sizeof path, "%s/t%zu.npy", tmpdir, k);
+        TU_OK(pp_npy_save(path, t));
+        TU_OK(pp_npy_load(path, &back));
+        tu_assert_close(back, t, 0, 0, pp_dtype_name(dts[k]));
+        pp_tensor_free(t);
+        pp_tensor_free(back);
+    }
+}
+
+static void test_scalar_and_1d(void **state) {
+    (void)state;
+    pp_tensor *s, *back;
+    TU_OK(pp_tensor_scalar_f32(3.5f, &s));
+    char path[400];
+    snprintf(path, sizeof path, "%s/s.npy", tmpdir);
+    TU_OK(pp_npy_save(path, s));
+    TU_OK(pp_npy_load(path, &back));
+    assert_int_equal(back->ndim, 0);
+    assert_true(*(float *)back->data == 3.5f);
+    pp_tensor_free(s);
+    pp_tensor_free(back);
+}
+
+static void test_versions_2_and_3(void **state) {
+    (void)state;
+    unsigned char buf[512];
+    float data[2] = {1, 2};
+    for (int major = 2; major <= 3; major++) {
+        size_t n = make_npy(buf, major, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", data, 8);
+        pp_tensor *t;
+        TU_OK(pp_npy_parse(buf, n, "v2", &t));
+        assert_int_equal(pp_tensor_numel(t), 2);
+        assert_true(((float *)t->data)[1] == 2.0f);
+        pp_tensor_free(t);
+    }
+}
+
+static void expect_error(const char *dict, size_t data_len, pp_status code, const char *needle) {
+    unsigned char buf[512];
+    unsigned char data[64] = {0};
+    size_t n = make_npy(buf, 1, dict, data, data_len);
+    pp_tensor *t = NULL;
+    pp_status s = pp_npy_parse(buf, n, "bad.npy", &t);
+    assert_null(t);
+    if (s != code) fail_msg("%s: expected %d got %d (%s)", dict, code, s, pp_last_error());
+    if (!strstr(pp_last_error(), needle)) fail_msg("'%s' lacks '%s'", pp_last_error(), needle);
+    assert_non_null(strstr(pp_last_error(), "bad.npy"));
+}
+
+static void test_errors(void **state) {
+    (void)state;
+    expect_error("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 2), }", 16, PP_ERR_UNSUPPORTED, "Fortran");
+    expect_error("{'descr': '>f4', 'fortran_order': False, 'shape': (2,), }", 8, PP_ERR_UNSUPPORTED, "big-endian");
+    expect_error("{'descr': '|O', 'fortran_order': False, 'shape': (2,), }", 16, PP_ERR_UNSUPPORTED, "object");
+    expect_error("{'descr': '<c8', 'fortran_order': False, 'shape': (2,), }", 16, PP_ERR_UNSUPPORTED, "dtype");
+    expect_error("{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }", 8, PP_ERR_PARSE, "truncated");
+    expect_error("{'descr': '<f4', 'shape': (4,), }", 16, PP_ERR_PARSE, "lacks");
+    expect_error("{'descr': '<f4', 'fortran_order': False, 'shape': (-4,), }", 16, PP_ERR_PARSE, "shape");
+    expect_error("{'descr': '<f4', 'fortran_order': False, 'shape': (1,1,1,1,1,1,1,1,1), }", 4,
+                 PP_ERR_UNSUPPORTED, "dims");
+    expect_error("[1, 2]", 0, PP_ERR_PARSE, "dict");
+}
+
+static void test_bad_magic_and_truncation(void **state) {
+    (void)state;
+    pp_tensor *t = NULL;
+    assert_int_equal(pp_npy_parse("hello world", 11, "x.npy", &t), PP_ERR_PARSE);
+    assert_non_null(strstr(pp_last_error(), "magic"));
+    unsigned char buf[512];
+    float data[2] = {1, 2};
+    size_t n = make_npy(buf, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", data, 8);
+    for (size_t cut = 0; cut < n; cut++) assert_int_not_equal(pp_npy_parse(buf, cut, "cut.npy", &t), PP_OK);
+    assert_int_equal(pp_npy_load("/nonexistent/x.npy", &t), PP_ERR_IO);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_round_trip_all_dtypes),
+        cmocka_unit_test(test_scalar_and_1d),
+        cmocka_unit_test(test_versions_2_and_3),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_bad_magic_and_truncation),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

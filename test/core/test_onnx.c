@@ -1,0 +1,223 @@
+/* ONNX import/export: round trip, and every kind of bad model gives an error
+ * naming the node or file, never a crash. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "onnx.pb-c.h"
+#include "test_util.h"
+
+static char tmp_model[256];
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(tmp_model, sizeof tmp_model, "/tmp/pippin-onnx-%d.onnx", (int)getpid());
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    unlink(tmp_model);
+    return 0;
+}
+
+/* y = x + w, with x [batch, 3]. op lets a test swap in another op type. */
+static pp_graph *small_graph(const char *op) {
+    pp_graph *g;
+    TU_OK(pp_graph_new("small", &g));
+    int64_t xs[] = {-1, 3}, ws[] = {3};
+    float wv[] = {1, 2, 3};
+    int x, w, n;
+    TU_OK(pp_graph_add_input(g, "x", PP_F32, 2, xs, &x));
+    g->values[x].dim_names[0] = strdup("batch");
+    TU_OK(pp_graph_add_initializer(g, "w", PP_VALUE_PARAM, tu_f32(1, ws, wv), &w));
+    int in[] = {x, w};
+    const char *outs[] = {"y"};
+    TU_OK(pp_graph_add_node(g, op, "", "/layer/add", 2, in, 1, outs, &n));
+    TU_OK(pp_node_set_int(g, n, "some_attr", 7));
+    TU_OK(pp_graph_add_output(g, g->nodes[n].out[0]));
+    return g;
+}
+
+static unsigned char *read_all(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    *len = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *buf = malloc(*len);
+    assert_int_equal(fread(buf, 1, *len, f), *len);
+    fclose(f);
+    return buf;
+}
+
+static void test_round_trip(void **state) {
+    (void)state;
+    pp_graph *g = small_graph("Add");
+    g->nodes[0].region = PP_REGION_BACKWARD_WEIGHT;
+    TU_OK(pp_onnx_save(g, tmp_model));
+    pp_graph_free(g);
+    pp_graph *h;
+    pp_status s = pp_onnx_load(tmp_model, &h);
+    if (s == PP_ERR_UNSUPPORTED) skip(); /* Add kernel not built */
+    TU_OK(s);
+    assert_int_equal(h->n_inputs, 1);
+    assert_int_equal(h->n_nodes, 1);
+    assert_string_equal(h->nodes[0].name, "/layer/add");
+    assert_int_equal(pp_node_attr_int(&h->nodes[0], "some_attr", 0), 7);
+    assert_int_equal(h->nodes[0].region, PP_REGION_BACKWARD_WEIGHT);
+    const pp_value *x = &h->values[h->inputs[0]];
+    assert_string_equal(x->dim_names[0], "batch");
+    assert_int_equal(x->shape[1], 3);
+    int w = pp_graph_find_value(h, "w");
+    assert_int_equal(h->values[w].kind, PP_VALUE_PARAM);
+    int64_t count, bytes;
+    pp_graph_param_stats(h, &count, &bytes);
+    assert_int_equal(count, 3);
+    assert_int_equal(bytes, 12);
+    pp_graph_free(h);
+}
+
+static void expect_load_error(const void *bytes, size_t len, pp_status code, const char *n1,
+                              const char *n2) {
+    pp_graph *g = NULL;
+    pp_status s = pp_onnx_parse(bytes, len, "bad.onnx", &g);
+    assert_null(g);
+    if (s != code) fail_msg("expected %d, got %d: %s", code, s, pp_last_error());
+    if (n1 && !strstr(pp_last_error(), n1)) fail_msg("'%s' lacks '%s'", pp_last_error(), n1);
+    if (n2 && !strstr(pp_last_error(), n2)) fail_msg("'%s' lacks '%s'", pp_last_error(), n2);
+    assert_non_null(strstr(pp_last_error(), "bad.onnx"));
+}
+
+static void test_unknown_op(void **state) {
+    (void)state;
+    pp_graph *g = small_graph("FooBar");
+    TU_OK(pp_onnx_save(g, tmp_model));
+    pp_graph_free(g);
+    size_t len;
+    unsigned char *buf = read_all(tmp_model, &len);
+    expect_load_error(buf, len, PP_ERR_UNSUPPORTED, "/layer/add", "FooBar");
+    free(buf);
+}
+
+/* Rewrites the saved model through protobuf-c to make it bad in one way. */
+typedef void (*mutator)(Onnx__ModelProto *m);
+
+static unsigned char *mutated(mutator fn, size_t *len) {
+    pp_graph *g = small_graph("Add");
+    TU_OK(pp_onnx_save(g, tmp_model));
+    pp_graph_free(g);
+    unsigned char *buf = read_all(tmp_model, len);
+    Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, *len, buf);
+    assert_non_null(m);
+    free(buf);
+    fn(m);
+    *len = onnx__model_proto__get_packed_size(m);
+    buf = malloc(*len);
+    onnx__model_proto__pack(m, buf);
+    onnx__model_proto__free_unpacked(m, NULL);
+    return buf;
+}
+
+/* Strings are edited in place: protobuf-c frees what it allocated. */
+static void drop_initializer(Onnx__ModelProto *m) { m->graph->node[0]->input[1][0] = 'q'; }
+static void old_opset(Onnx__ModelProto *m) {
+    for (size_t i = 0; i < m->n_opset_import; i++)
+        if (!m->opset_import[i]->domain || !m->opset_import[i]->domain[0]) m->opset_import[i]->version = 9;
+}
+static void bad_tensor(Onnx__ModelProto *m) { m->graph->initializer[0]->raw_data.len = 5; }
+static void bad_dtype(Onnx__ModelProto *m) { m->graph->initializer[0]->data_type = 8; /* string */ }
+static void bad_output(Onnx__ModelProto *m) { m->graph->output[0]->name[0] = 'z'; }
+
+static void test_bad_models(void **state) {
+    (void)state;
+    size_t len;
+    unsigned char *buf;
+    buf = mutated(drop_initializer, &len);
+    expect_load_error(buf, len, PP_ERR_NOT_FOUND, "input 'q'", "/layer/add");
+    free(buf);
+    buf = mutated(old_opset, &len);
+    expect_load_error(buf, len, PP_ERR_UNSUPPORTED, "opset 9", NULL);
+    free(buf);
+    buf = mutated(bad_tensor, &len);
+    expect_load_error(buf, len, PP_ERR_PARSE, "initializer 'w'", "bytes");
+    free(buf);
+    buf = mutated(bad_dtype, &len);
+    expect_load_error(buf, len, PP_ERR_UNSUPPORTED, "initializer 'w'", "data type");
+    free(buf);
+    buf = mutated(bad_output, &len);
+    expect_load_error(buf, len, PP_ERR_NOT_FOUND, "output 'z'", NULL);
+    free(buf);
+}
+
+static void test_garbage_and_truncation(void **state) {
+    (void)state;
+    const char garbage[] = "\xff\xff\xff\xff this is not protobuf \x00\x01";
+    expect_load_error(garbage, sizeof garbage, PP_ERR_PARSE, "not an ONNX model", NULL);
+    pp_graph *g = small_graph("Add");
+    TU_OK(pp_onnx_save(g, tmp_model));
+    pp_graph_free(g);
+    size_t len;
+    unsigned char *buf = read_all(tmp_model, &len);
+    /* Every prefix either fails cleanly or is a valid smaller model. */
+    for (size_t cut = 0; cut < len; cut++) {
+        pp_graph *h = NULL;
+        pp_status s = pp_onnx_parse(buf, cut, "cut.onnx", &h);
+        if (s == PP_OK) pp_graph_free(h);
+        else assert_null(h);
+    }
+    free(buf);
+    assert_int_equal(pp_onnx_load("/nonexistent/model.onnx", &g), PP_ERR_IO);
+}
+
+static void test_dtype_mismatch_names_node(void **state) {
+    (void)state;
+    pp_graph *g = small_graph("Add");
+    if (pp_graph_resolve(g) != PP_OK) {
+        pp_graph_free(g);
+        skip();
+    }
+    int64_t xs[] = {2, 3};
+    pp_tensor *x, *y = NULL;
+    TU_OK(pp_tensor_new(PP_I64, 2, xs, &x));
+    /* The declared input type catches it first... */
+    assert_int_equal(pp_graph_run(g, &x, &y), PP_ERR_SHAPE);
+    assert_non_null(strstr(pp_last_error(), "'x'"));
+    /* ...and without a declared type the kernel does, naming the node. */
+    g->values[g->inputs[0]].dtype = PP_DTYPE_UNDEFINED;
+    assert_int_not_equal(pp_graph_run(g, &x, &y), PP_OK);
+    assert_non_null(strstr(pp_last_error(), "/layer/add"));
+    assert_null(y);
+    pp_tensor_free(x);
+    pp_graph_free(g);
+}
+
+static void test_missing_and_misshaped_inputs(void **state) {
+    (void)state;
+    pp_graph *g = small_graph("Add");
+    if (pp_graph_resolve(g) != PP_OK) {
+        pp_graph_free(g);
+        skip();
+    }
+    int64_t xs[] = {2, 4};
+    pp_tensor *x, *y = NULL, *none = NULL;
+    TU_OK(pp_tensor_new(PP_F32, 2, xs, &x));
+    assert_int_equal(pp_graph_run(g, &x, &y), PP_ERR_SHAPE);
+    assert_non_null(strstr(pp_last_error(), "[2,4]"));
+    assert_int_equal(pp_graph_run(g, &none, &y), PP_ERR_INVALID);
+    pp_tensor_free(x);
+    pp_graph_free(g);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_unknown_op),
+        cmocka_unit_test(test_bad_models),
+        cmocka_unit_test(test_garbage_and_truncation),
+        cmocka_unit_test(test_dtype_mismatch_names_node),
+        cmocka_unit_test(test_missing_and_misshaped_inputs),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
