@@ -90,7 +90,7 @@ pp_status pp_graph_new(const char *name, pp_graph **out) {
     return PP_OK;
 }
 
-static void attr_clear(pp_attr *a) {
+void pp_attr_clear(pp_attr *a) {
     free(a->name);
     free(a->s);
     pp_tensor_free(a->t);
@@ -115,7 +115,7 @@ void pp_graph_free(pp_graph *g) {
         free(n->domain);
         free(n->in);
         free(n->out);
-        for (int a = 0; a < n->n_attr; a++) attr_clear(&n->attrs[a]);
+        for (int a = 0; a < n->n_attr; a++) pp_attr_clear(&n->attrs[a]);
         free(n->attrs);
     }
     name_index *ix = g->name_index;
@@ -260,14 +260,14 @@ pp_status pp_node_add_attr(pp_graph *g, int node, pp_attr *attr) {
     pp_node *n = &g->nodes[node];
     pp_attr *a = realloc(n->attrs, sizeof *a * (size_t)(n->n_attr + 1));
     if (!a) {
-        attr_clear(attr);
+        pp_attr_clear(attr);
         return pp_error(PP_ERR_NOMEM, "out of memory adding an attribute");
     }
     n->attrs = a;
     /* A later attribute of the same name replaces the earlier one. */
     for (int i = 0; i < n->n_attr; i++)
         if (strcmp(a[i].name, attr->name) == 0) {
-            attr_clear(&a[i]);
+            pp_attr_clear(&a[i]);
             a[i] = *attr;
             return PP_OK;
         }
@@ -309,7 +309,7 @@ pp_status pp_node_set_ints(pp_graph *g, int node, const char *name, int n, const
     a.n = n;
     a.ints = malloc(sizeof *a.ints * (size_t)(n ? n : 1));
     if (!a.ints) {
-        attr_clear(&a);
+        pp_attr_clear(&a);
         return pp_error(PP_ERR_NOMEM, "out of memory");
     }
     for (int i = 0; i < n; i++) a.ints[i] = v[i];
@@ -322,7 +322,7 @@ pp_status pp_node_set_floats(pp_graph *g, int node, const char *name, int n, con
     a.n = n;
     a.floats = malloc(sizeof *a.floats * (size_t)(n ? n : 1));
     if (!a.floats) {
-        attr_clear(&a);
+        pp_attr_clear(&a);
         return pp_error(PP_ERR_NOMEM, "out of memory");
     }
     for (int i = 0; i < n; i++) a.floats[i] = v[i];
@@ -338,6 +338,63 @@ pp_status pp_node_set_tensor(pp_graph *g, int node, const char *name, pp_tensor 
     }
     a.t = t;
     return pp_node_add_attr(g, node, &a);
+}
+
+pp_status pp_attr_clone(const pp_attr *src, pp_attr *dst) {
+    memset(dst, 0, sizeof *dst);
+    *dst = *src;
+    dst->name = dup_str(src->name);
+    dst->s = dup_str(src->s);
+    dst->t = pp_tensor_retain(src->t); /* attribute tensors are never written */
+    dst->ints = NULL;
+    dst->floats = NULL;
+    dst->strings = NULL;
+    int ok = dst->name && (!src->s || dst->s);
+    if (ok && src->ints) {
+        dst->ints = malloc(sizeof *dst->ints * (size_t)(src->n ? src->n : 1));
+        if ((ok = dst->ints != NULL)) memcpy(dst->ints, src->ints, sizeof *dst->ints * (size_t)src->n);
+    }
+    if (ok && src->floats) {
+        dst->floats = malloc(sizeof *dst->floats * (size_t)(src->n ? src->n : 1));
+        if ((ok = dst->floats != NULL)) memcpy(dst->floats, src->floats, sizeof *dst->floats * (size_t)src->n);
+    }
+    if (ok && src->strings) {
+        dst->strings = calloc((size_t)(src->n ? src->n : 1), sizeof(char *));
+        ok = dst->strings != NULL;
+        for (int i = 0; ok && i < src->n; i++) ok = (dst->strings[i] = dup_str(src->strings[i])) != NULL;
+    }
+    if (!ok) {
+        pp_attr_clear(dst);
+        return pp_error(PP_ERR_NOMEM, "out of memory copying attribute");
+    }
+    return PP_OK;
+}
+
+pp_status pp_graph_copy_node(pp_graph *dst, const pp_graph *src, int node, const int *in_map,
+                             int *new_node) {
+    const pp_node *n = &src->nodes[node];
+    const char *names[64];
+    if (n->n_out > 64) return pp_node_error(n, PP_ERR_UNSUPPORTED, "more than 64 outputs");
+    for (int k = 0; k < n->n_out; k++) names[k] = n->out[k] >= 0 ? src->values[n->out[k]].name : "";
+    int nid;
+    PP_TRY(pp_graph_add_node(dst, n->op_type, n->domain, n->name, n->n_in, in_map, n->n_out, names, &nid));
+    dst->nodes[nid].region = n->region;
+    for (int a = 0; a < n->n_attr; a++) {
+        pp_attr copy;
+        PP_TRY(pp_attr_clone(&n->attrs[a], &copy));
+        PP_TRY(pp_node_add_attr(dst, nid, &copy));
+    }
+    for (int k = 0; k < n->n_out; k++) {
+        int sv = n->out[k], dv = dst->nodes[nid].out[k];
+        if (sv < 0 || dv < 0) continue;
+        dst->values[dv].dtype = src->values[sv].dtype;
+        dst->values[dv].ndim = src->values[sv].ndim;
+        memcpy(dst->values[dv].shape, src->values[sv].shape, sizeof dst->values[dv].shape);
+        for (int d = 0; d < PP_MAX_DIMS; d++)
+            if (src->values[sv].dim_names[d]) dst->values[dv].dim_names[d] = dup_str(src->values[sv].dim_names[d]);
+    }
+    if (new_node) *new_node = nid;
+    return PP_OK;
 }
 
 const pp_attr *pp_node_attr(const pp_node *n, const char *name) {

@@ -1,5 +1,6 @@
 /* Schedule kinds by name, their constraints, and the generator dispatch. */
 #include <ctype.h>
+#include <strings.h>
 #include <stdio.h>
 #include <string.h>
 

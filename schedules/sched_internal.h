@@ -23,6 +23,11 @@ pp_status pp_gen_auto(pp_schedule *s, const pp_sched_params *params);
 pp_status pp_sched_table_range(const pp_schedule *s, long first, long last, long err_step,
                                char **out);
 
+/* The validator's rules without the dry run: per-action checks and
+ * completeness. *err_rank/*err_step locate a per-action failure (-1 if
+ * none or not applicable). */
+pp_status pp_sched_check_static(const pp_schedule *s, int *err_rank, long *err_step);
+
 /* Runs every rank's list in dependency order (see sched_sim.h for the
  * model). costs NULL means unit costs, no communication cost. With
  * res != NULL its per-rank arrays (allocated by the caller) are filled;

@@ -20,5 +20,6 @@ int cmd_infer(int argc, char **argv);
 int cmd_schedule(int argc, char **argv);
 int cmd_simulate(int argc, char **argv);
 int cmd_keygen(int argc, char **argv);
+int cmd_split(int argc, char **argv);
 
 #endif

@@ -21,6 +21,9 @@ static const pp_command commands[] = {
 #ifdef PP_HAVE_CMD_KEYGEN
     {"keygen", cmd_keygen, "make a CURVE key pair for encrypted links"},
 #endif
+#ifdef PP_HAVE_CMD_SPLIT
+    {"split", cmd_split, "cut a model into stage files and pipe.json"},
+#endif
     {NULL, NULL, NULL},
 };
 

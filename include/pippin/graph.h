@@ -138,6 +138,15 @@ pp_status pp_node_set_tensor(pp_graph *g, int node, const char *name, pp_tensor 
 /* Moves a fully built attribute (used by importers); takes ownership. */
 pp_status pp_node_add_attr(pp_graph *g, int node, pp_attr *attr);
 
+/* Deep copy of an attribute into dst (caller frees with pp_attr_clear). */
+pp_status pp_attr_clone(const pp_attr *src, pp_attr *dst);
+void pp_attr_clear(pp_attr *a);
+/* Appends a copy of src's node (op, name, attributes, region) to dst with
+ * inputs in_map[k] (dst value ids, -1 omitted) and outputs of the same
+ * names. */
+pp_status pp_graph_copy_node(pp_graph *dst, const pp_graph *src, int node, const int *in_map,
+                             int *new_node);
+
 const pp_attr *pp_node_attr(const pp_node *n, const char *name);
 int64_t pp_node_attr_int(const pp_node *n, const char *name, int64_t def);
 float pp_node_attr_float(const pp_node *n, const char *name, float def);

@@ -1,3 +1,664 @@
-/* Placeholder until the elementwise kernels land. */
+/* Elementwise ops: broadcasting arithmetic, comparisons and logic, unary math
+ * and activations, Where, Clip, and the variadic Max/Min/Sum/Mean.
+ *
+ * Every kernel is a table of typed loops picked by dtype. Binary loops come
+ * in three forms (vector-vector, vector-scalar, scalar-vector) so that a
+ * broadcast row (pp_bcast) runs as one tight loop; see broadcast.h. Signed
+ * integer arithmetic wraps (done in unsigned) instead of being undefined. */
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
 #include "pippin/op.h"
-const pp_op pp_ops_elementwise[] = {{NULL}};
+#include "broadcast.h"
+#include "vec.h"
+
+/* ------------------------------------------------------------------------ */
+/* Binary loops                                                              */
+
+typedef void (*bin_fn)(int64_t n, const void *a, const void *b, void *o);
+typedef struct bin_impl {
+    pp_dtype dt;
+    bin_fn vv, vs, sv;
+} bin_impl;
+
+/* The typed loops take restrict parameters (gcc ignores restrict on local
+ * pointers when deciding whether a loop needs alias checks); the void*
+ * wrappers go into the dispatch tables. */
+#define DEF_BIN(NAME, TI, TO, EXPR)                                                      \
+    static inline void NAME##_vv_t(int64_t n, const TI *restrict a, const TI *restrict b, \
+                                   TO *restrict o) {                                     \
+        PP_VFOR(i, n, TI x = a[i]; TI y = b[i]; o[i] = (TO)(EXPR););                     \
+    }                                                                                    \
+    static inline void NAME##_vs_t(int64_t n, const TI *restrict a, const TI y,          \
+                                   TO *restrict o) {                                     \
+        PP_VFOR(i, n, TI x = a[i]; o[i] = (TO)(EXPR););                                  \
+    }                                                                                    \
+    static inline void NAME##_sv_t(int64_t n, const TI x, const TI *restrict b,          \
+                                   TO *restrict o) {                                     \
+        PP_VFOR(i, n, TI y = b[i]; o[i] = (TO)(EXPR););                                  \
+    }                                                                                    \
+    static void NAME##_vv(int64_t n, const void *a, const void *b, void *o) {            \
+        NAME##_vv_t(n, a, b, o);                                                         \
+    }                                                                                    \
+    static void NAME##_vs(int64_t n, const void *a, const void *b, void *o) {            \
+        NAME##_vs_t(n, a, *(const TI *)b, o);                                            \
+    }                                                                                    \
+    static void NAME##_sv(int64_t n, const void *a, const void *b, void *o) {            \
+        NAME##_sv_t(n, *(const TI *)a, b, o);                                            \
+    }
+
+#define BIN(DT, NAME) {DT, NAME##_vv, NAME##_vs, NAME##_sv}
+
+/* Same-type ops over the numeric dtypes; IEXPR is used for integers. */
+#define DEF_BIN_NUM(NAME, FEXPR, IEXPR)                           \
+    DEF_BIN(NAME##_f32, float, float, FEXPR)                      \
+    DEF_BIN(NAME##_f64, double, double, FEXPR)                    \
+    DEF_BIN(NAME##_i32, int32_t, int32_t, IEXPR(int32_t, uint32_t)) \
+    DEF_BIN(NAME##_i64, int64_t, int64_t, IEXPR(int64_t, uint64_t)) \
+    DEF_BIN(NAME##_i8, int8_t, int8_t, IEXPR(int8_t, uint8_t))     \
+    DEF_BIN(NAME##_u8, uint8_t, uint8_t, IEXPR(uint8_t, uint8_t))  \
+    static const bin_impl NAME##_impls[] = {                      \
+        BIN(PP_F32, NAME##_f32), BIN(PP_F64, NAME##_f64), BIN(PP_I32, NAME##_i32), \
+        BIN(PP_I64, NAME##_i64), BIN(PP_I8, NAME##_i8),   BIN(PP_U8, NAME##_u8),   \
+        {PP_DTYPE_UNDEFINED, NULL, NULL, NULL}};
+
+#define WADD(T, U) (T)(U)((U)x + (U)y)
+#define WSUB(T, U) (T)(U)((U)x - (U)y)
+#define WMUL(T, U) (T)(U)((U)x * (U)y)
+#define IMAX(T, U) (x > y ? x : y)
+#define IMIN(T, U) (x < y ? x : y)
+#define IDIV(T, U) idiv_##T(x, y)
+#define IPOW(T, U) ipow_##T(x, y)
+
+/* Integer division truncates (as C and ONNX's reference do); division by
+ * zero gives 0 and MIN / -1 wraps, instead of trapping. */
+static inline int32_t idiv_int32_t(int32_t x, int32_t y) {
+    return y == 0 ? 0 : y == -1 ? (int32_t)(0u - (uint32_t)x) : x / y;
+}
+static inline int64_t idiv_int64_t(int64_t x, int64_t y) {
+    return y == 0 ? 0 : y == -1 ? (int64_t)(0u - (uint64_t)x) : x / y;
+}
+static inline int8_t idiv_int8_t(int8_t x, int8_t y) { return y == 0 ? 0 : (int8_t)(x / y); }
+static inline uint8_t idiv_uint8_t(uint8_t x, uint8_t y) { return y == 0 ? 0 : (uint8_t)(x / y); }
+
+/* x^y by squaring, wrapping on overflow; a negative y gives the truncated
+ * 1 / x^|y|, which is 0 unless |x| == 1. */
+#define DEF_IPOW(T, U)                                      \
+    static inline T ipow_##T(T x, T y) {                    \
+        if (y < 0) return x == 1 ? 1 : x == -1 ? ((y & 1) ? -1 : 1) : 0; \
+        U r = 1, b = (U)x;                                  \
+        for (T e = y; e > 0; e >>= 1) {                     \
+            if (e & 1) r = (U)(r * b);                      \
+            b = (U)(b * b);                                 \
+        }                                                   \
+        return (T)r;                                        \
+    }
+DEF_IPOW(int32_t, uint32_t)
+DEF_IPOW(int64_t, uint64_t)
+
+DEF_BIN_NUM(add, x + y, WADD)
+DEF_BIN_NUM(sub, x - y, WSUB)
+DEF_BIN_NUM(mul, x * y, WMUL)
+DEF_BIN_NUM(div, x / y, IDIV)
+/* Float max/min propagate NaN from either side, as numpy and PyTorch do. */
+DEF_BIN_NUM(max, (x > y || x != x) ? x : y, IMAX)
+DEF_BIN_NUM(min, (x < y || x != x) ? x : y, IMIN)
+
+DEF_BIN(pow_f32, float, float, powf(x, y))
+DEF_BIN(pow_f64, double, double, pow(x, y))
+DEF_BIN(pow_i32, int32_t, int32_t, IPOW(int32_t, uint32_t))
+DEF_BIN(pow_i64, int64_t, int64_t, IPOW(int64_t, uint64_t))
+static const bin_impl pow_impls[] = {
+    BIN(PP_F32, pow_f32), BIN(PP_F64, pow_f64), BIN(PP_I32, pow_i32), BIN(PP_I64, pow_i64),
+    {PP_DTYPE_UNDEFINED, NULL, NULL, NULL}};
+
+/* Comparisons give bool (one byte, 0 or 1). */
+#define DEF_BIN_CMP(NAME, OP)                                     \
+    DEF_BIN(NAME##_f32, float, uint8_t, x OP y)                   \
+    DEF_BIN(NAME##_f64, double, uint8_t, x OP y)                  \
+    DEF_BIN(NAME##_i32, int32_t, uint8_t, x OP y)                 \
+    DEF_BIN(NAME##_i64, int64_t, uint8_t, x OP y)                 \
+    DEF_BIN(NAME##_i8, int8_t, uint8_t, x OP y)                   \
+    DEF_BIN(NAME##_u8, uint8_t, uint8_t, x OP y)                  \
+    static const bin_impl NAME##_impls[] = {                      \
+        BIN(PP_F32, NAME##_f32), BIN(PP_F64, NAME##_f64), BIN(PP_I32, NAME##_i32), \
+        BIN(PP_I64, NAME##_i64), BIN(PP_I8, NAME##_i8),   BIN(PP_U8, NAME##_u8),   \
+        BIN(PP_BOOL, NAME##_u8), {PP_DTYPE_UNDEFINED, NULL, NULL, NULL}};
+
+DEF_BIN_CMP(eq, ==)
+DEF_BIN_CMP(lt, <)
+DEF_BIN_CMP(gt, >)
+DEF_BIN_CMP(le, <=)
+DEF_BIN_CMP(ge, >=)
+
+DEF_BIN(and_b, uint8_t, uint8_t, (x != 0) & (y != 0))
+DEF_BIN(or_b, uint8_t, uint8_t, (x | y) != 0)
+DEF_BIN(xor_b, uint8_t, uint8_t, (x != 0) ^ (y != 0))
+static const bin_impl and_impls[] = {BIN(PP_BOOL, and_b), {PP_DTYPE_UNDEFINED, NULL, NULL, NULL}};
+static const bin_impl or_impls[] = {BIN(PP_BOOL, or_b), {PP_DTYPE_UNDEFINED, NULL, NULL, NULL}};
+static const bin_impl xor_impls[] = {BIN(PP_BOOL, xor_b), {PP_DTYPE_UNDEFINED, NULL, NULL, NULL}};
+
+static const bin_impl *find_bin(const bin_impl *impls, pp_dtype dt) {
+    for (; impls->vv; impls++)
+        if (impls->dt == dt) return impls;
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Binary driver                                                             */
+
+static pp_status input(const pp_kernel_ctx *ctx, int i, const pp_tensor **t) {
+    if (i >= ctx->n_in || !ctx->in[i])
+        return pp_kernel_error(ctx, PP_ERR_INVALID, "input %d is missing", i);
+    *t = ctx->in[i];
+    return PP_OK;
+}
+
+static pp_status unsupported_dtype(const pp_kernel_ctx *ctx, pp_dtype dt) {
+    return pp_kernel_error(ctx, PP_ERR_UNSUPPORTED, "dtype %s is not supported",
+                           pp_dtype_name(dt));
+}
+
+/* Runs loops l over a (op) b with broadcasting into a new tensor of dtype odt. */
+static pp_status run_bin(const pp_kernel_ctx *ctx, const pp_tensor *a, const pp_tensor *b,
+                         pp_dtype odt, const bin_impl *l, pp_tensor **out) {
+    const pp_tensor *ops[2] = {a, b};
+    pp_bcast bc;
+    if (pp_bcast_init(&bc, 2, ops) != PP_OK)
+        return pp_kernel_error(ctx, PP_ERR_SHAPE, "%s", pp_last_error());
+    pp_tensor *o;
+    PP_TRY(pp_tensor_empty(odt, bc.ndim, bc.shape, &o));
+    if (bc.rows > 0) {
+        size_t ea = pp_dtype_size(a->dtype), eb = pp_dtype_size(b->dtype);
+        size_t eo = pp_dtype_size(odt);
+        const char *pa = a->data, *pb = b->data;
+        char *po = o->data;
+        /* Both inner strides 0 only happens for rows of one element. */
+        bin_fn f = bc.inner_stride[0] && bc.inner_stride[1] ? l->vv
+                   : bc.inner_stride[0]                     ? l->vs
+                   : bc.inner_stride[1]                     ? l->sv
+                                                            : l->vs;
+        pp_bcast_iter it;
+        pp_bcast_iter_init(&it, &bc);
+        do {
+            f(bc.inner, pa + (size_t)it.off[0] * ea, pb + (size_t)it.off[1] * eb,
+              po + (size_t)(it.row * bc.inner) * eo);
+        } while (pp_bcast_iter_next(&it));
+    }
+    *out = o;
+    return PP_OK;
+}
+
+/* Checks both inputs share a dtype that impls supports. */
+static pp_status bin_pick(const pp_kernel_ctx *ctx, const pp_tensor *a, const pp_tensor *b,
+                          const bin_impl *impls, const bin_impl **l) {
+    if (a->dtype != b->dtype)
+        return pp_kernel_error(ctx, PP_ERR_SHAPE, "input dtypes %s and %s differ",
+                               pp_dtype_name(a->dtype), pp_dtype_name(b->dtype));
+    *l = find_bin(impls, a->dtype);
+    return *l ? PP_OK : unsupported_dtype(ctx, a->dtype);
+}
+
+static pp_status binary(pp_kernel_ctx *ctx, const bin_impl *impls, int bool_out) {
+    const pp_tensor *a = NULL, *b = NULL;
+    const bin_impl *l;
+    PP_TRY(input(ctx, 0, &a));
+    PP_TRY(input(ctx, 1, &b));
+    PP_TRY(bin_pick(ctx, a, b, impls, &l));
+    return run_bin(ctx, a, b, bool_out ? PP_BOOL : a->dtype, l, &ctx->out[0]);
+}
+
+#define BIN_KERNEL(FN, IMPLS, BOOL_OUT) \
+    static pp_status FN(pp_kernel_ctx *ctx) { return binary(ctx, IMPLS, BOOL_OUT); }
+
+BIN_KERNEL(add_run, add_impls, 0)
+BIN_KERNEL(sub_run, sub_impls, 0)
+BIN_KERNEL(mul_run, mul_impls, 0)
+BIN_KERNEL(div_run, div_impls, 0)
+BIN_KERNEL(equal_run, eq_impls, 1)
+BIN_KERNEL(less_run, lt_impls, 1)
+BIN_KERNEL(greater_run, gt_impls, 1)
+BIN_KERNEL(less_equal_run, le_impls, 1)
+BIN_KERNEL(greater_equal_run, ge_impls, 1)
+BIN_KERNEL(and_run, and_impls, 1)
+BIN_KERNEL(or_run, or_impls, 1)
+BIN_KERNEL(xor_run, xor_impls, 1)
+
+/* ------------------------------------------------------------------------ */
+/* Unary loops                                                               */
+
+typedef struct un_param {
+    float alpha;
+} un_param;
+typedef void (*un_fn)(int64_t n, const void *a, void *o, const un_param *p);
+typedef struct un_impl {
+    pp_dtype dt;
+    un_fn f;
+} un_impl;
+
+#define DEF_UN(NAME, TI, TO, EXPR)                                                    \
+    static inline void NAME##_t(int64_t n, const TI *restrict a, TO *restrict o,        \
+                                const float alpha) {                                    \
+        (void)alpha;                                                                    \
+        PP_VFOR(i, n, TI x = a[i]; o[i] = (TO)(EXPR););                                 \
+    }                                                                                   \
+    static void NAME(int64_t n, const void *a, void *o, const un_param *p) {            \
+        NAME##_t(n, a, o, p ? p->alpha : 0.0f);                                         \
+    }
+
+#define DEF_UN_FLOAT(NAME, FEXPR, DEXPR)        \
+    DEF_UN(NAME##_f32, float, float, FEXPR)     \
+    DEF_UN(NAME##_f64, double, double, DEXPR)   \
+    static const un_impl NAME##_impls[] = {     \
+        {PP_F32, NAME##_f32}, {PP_F64, NAME##_f64}, {PP_DTYPE_UNDEFINED, NULL}};
+
+/* Float ops plus the signed integers; IEXPR(T, U) for the integers. */
+#define DEF_UN_SIGNED(NAME, FEXPR, DEXPR, IEXPR)                    \
+    DEF_UN(NAME##_f32, float, float, FEXPR)                         \
+    DEF_UN(NAME##_f64, double, double, DEXPR)                       \
+    DEF_UN(NAME##_i32, int32_t, int32_t, IEXPR(int32_t, uint32_t))  \
+    DEF_UN(NAME##_i64, int64_t, int64_t, IEXPR(int64_t, uint64_t))  \
+    DEF_UN(NAME##_i8, int8_t, int8_t, IEXPR(int8_t, uint8_t))       \
+    static const un_impl NAME##_impls[] = {                         \
+        {PP_F32, NAME##_f32}, {PP_F64, NAME##_f64}, {PP_I32, NAME##_i32}, \
+        {PP_I64, NAME##_i64}, {PP_I8, NAME##_i8},   {PP_DTYPE_UNDEFINED, NULL}};
+
+#define INEG(T, U) (T)(U)((U)0 - (U)x)
+#define IABS(T, U) (x < 0 ? (T)(U)((U)0 - (U)x) : x)
+#define IRELU(T, U) (x < 0 ? 0 : x)
+
+static inline float gelu_tanh_scalar_f32(float x) {
+    return 0.5f * x * (1.0f + pp_vtanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+static inline double gelu_tanh_scalar_f64(double x) {
+    return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+
+DEF_UN_SIGNED(neg, -x, -x, INEG)
+DEF_UN_SIGNED(relu, x < 0 ? 0.0f : x, x < 0 ? 0.0 : x, IRELU)
+DEF_UN(abs_f32, float, float, fabsf(x))
+DEF_UN(abs_f64, double, double, fabs(x))
+DEF_UN(abs_i32, int32_t, int32_t, IABS(int32_t, uint32_t))
+DEF_UN(abs_i64, int64_t, int64_t, IABS(int64_t, uint64_t))
+DEF_UN(abs_i8, int8_t, int8_t, IABS(int8_t, uint8_t))
+DEF_UN(abs_u8, uint8_t, uint8_t, x)
+static const un_impl abs_impls[] = {{PP_F32, abs_f32}, {PP_F64, abs_f64}, {PP_I32, abs_i32},
+                                    {PP_I64, abs_i64}, {PP_I8, abs_i8},   {PP_U8, abs_u8},
+                                    {PP_DTYPE_UNDEFINED, NULL}};
+DEF_UN_FLOAT(sqrt, sqrtf(x), sqrt(x))
+DEF_UN_FLOAT(exp, pp_vexpf(x), exp(x))
+DEF_UN_FLOAT(log, logf(x), log(x))
+DEF_UN_FLOAT(erf, pp_verff(x), erf(x))
+DEF_UN_FLOAT(tanh, pp_vtanhf(x), tanh(x))
+DEF_UN_FLOAT(sigmoid, 1.0f / (1.0f + pp_vexpf(-x)), 1.0 / (1.0 + exp(-x)))
+DEF_UN_FLOAT(reciprocal, 1.0f / x, 1.0 / x)
+DEF_UN_FLOAT(leaky_relu, x < 0 ? x * alpha : x, x < 0 ? x * (double)alpha : x)
+DEF_UN_FLOAT(gelu, 0.5f * x * (1.0f + pp_verff(x * 0.70710678118654752f)),
+             0.5 * x * (1.0 + erf(x * 0.70710678118654752)))
+DEF_UN_FLOAT(gelu_tanh, gelu_tanh_scalar_f32(x), gelu_tanh_scalar_f64(x))
+DEF_UN(not_b, uint8_t, uint8_t, x == 0)
+static const un_impl not_impls[] = {{PP_BOOL, not_b}, {PP_DTYPE_UNDEFINED, NULL}};
+
+static pp_status unary_with(pp_kernel_ctx *ctx, const un_impl *impls, const un_param *p) {
+    const pp_tensor *a = NULL;
+    PP_TRY(input(ctx, 0, &a));
+    const un_impl *l = impls;
+    while (l->f && l->dt != a->dtype) l++;
+    if (!l->f) return unsupported_dtype(ctx, a->dtype);
+    pp_tensor *o;
+    PP_TRY(pp_tensor_empty(a->dtype, a->ndim, a->shape, &o));
+    l->f(pp_tensor_numel(a), a->data, o->data, p);
+    ctx->out[0] = o;
+    return PP_OK;
+}
+
+#define UN_KERNEL(FN, IMPLS) \
+    static pp_status FN(pp_kernel_ctx *ctx) { return unary_with(ctx, IMPLS, NULL); }
+
+UN_KERNEL(neg_run, neg_impls)
+UN_KERNEL(relu_run, relu_impls)
+UN_KERNEL(abs_run, abs_impls)
+UN_KERNEL(sqrt_run, sqrt_impls)
+UN_KERNEL(exp_run, exp_impls)
+UN_KERNEL(log_run, log_impls)
+UN_KERNEL(erf_run, erf_impls)
+UN_KERNEL(tanh_run, tanh_impls)
+UN_KERNEL(sigmoid_run, sigmoid_impls)
+UN_KERNEL(reciprocal_run, reciprocal_impls)
+UN_KERNEL(not_run, not_impls)
+UN_KERNEL(gelu_ms_run, gelu_impls)
+
+static pp_status float_attr_check(const pp_node *n, const char *name) {
+    const pp_attr *a = pp_node_attr(n, name);
+    if (a && a->type != PP_ATTR_FLOAT && a->type != PP_ATTR_INT)
+        return pp_node_error(n, PP_ERR_INVALID, "attribute '%s' must be a float", name);
+    return PP_OK;
+}
+
+static pp_status leaky_relu_check(const pp_graph *g, const pp_node *n) {
+    (void)g;
+    return float_attr_check(n, "alpha");
+}
+
+static pp_status leaky_relu_run(pp_kernel_ctx *ctx) {
+    un_param p = {pp_node_attr_float(ctx->node, "alpha", 0.01f)};
+    return unary_with(ctx, leaky_relu_impls, &p);
+}
+
+static pp_status gelu_check(const pp_graph *g, const pp_node *n) {
+    (void)g;
+    const pp_attr *a = pp_node_attr(n, "approximate");
+    if (a && (a->type != PP_ATTR_STRING || !a->s ||
+              (strcmp(a->s, "none") != 0 && strcmp(a->s, "tanh") != 0)))
+        return pp_node_error(n, PP_ERR_INVALID,
+                             "attribute 'approximate' must be \"none\" or \"tanh\"");
+    return PP_OK;
+}
+
+static pp_status gelu_run(pp_kernel_ctx *ctx) {
+    const char *approx = pp_node_attr_string(ctx->node, "approximate", "none");
+    if (strcmp(approx, "tanh") == 0) return unary_with(ctx, gelu_tanh_impls, NULL);
+    if (strcmp(approx, "none") == 0) return unary_with(ctx, gelu_impls, NULL);
+    return pp_kernel_error(ctx, PP_ERR_UNSUPPORTED, "approximate=\"%s\" is not supported", approx);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Pow: the exponent may have another dtype than the base                   */
+
+static void pow_f32_scalar(int64_t n, const float *restrict a, float e, float *restrict o) {
+    /* The common exponents as exact products (GELU's tanh form uses x^3). */
+    if (e == 2.0f) PP_VFOR(i, n, o[i] = a[i] * a[i];);
+    else if (e == 3.0f) PP_VFOR(i, n, o[i] = a[i] * a[i] * a[i];);
+    else if (e == 1.0f) PP_VFOR(i, n, o[i] = a[i];);
+    else if (e == 0.5f) PP_VFOR(i, n, o[i] = sqrtf(a[i]););
+    else for (int64_t i = 0; i < n; i++) o[i] = powf(a[i], e);
+}
+
+static pp_status pow_same(pp_kernel_ctx *ctx, const pp_tensor *a, const pp_tensor *b,
+                          pp_tensor **out) {
+    const bin_impl *l;
+    PP_TRY(bin_pick(ctx, a, b, pow_impls, &l));
+    if (a->dtype == PP_F32 && pp_tensor_numel(b) == 1 && b->ndim <= a->ndim) {
+        pp_tensor *o;
+        PP_TRY(pp_tensor_empty(a->dtype, a->ndim, a->shape, &o));
+        pow_f32_scalar(pp_tensor_numel(a), a->data, *(const float *)b->data, o->data);
+        *out = o;
+        return PP_OK;
+    }
+    return run_bin(ctx, a, b, a->dtype, l, out);
+}
+
+static pp_status pow_run(pp_kernel_ctx *ctx) {
+    const pp_tensor *a = NULL, *b = NULL;
+    PP_TRY(input(ctx, 0, &a));
+    PP_TRY(input(ctx, 1, &b));
+    if (!find_bin(pow_impls, a->dtype)) return unsupported_dtype(ctx, a->dtype);
+    if (a->dtype == b->dtype) return pow_same(ctx, a, b, &ctx->out[0]);
+    int af = pp_dtype_is_float(a->dtype), bf = pp_dtype_is_float(b->dtype);
+    pp_tensor *ca = NULL, *cb = NULL, *r = NULL;
+    pp_status s;
+    if (af || !bf) {
+        /* Float base, or two integer types: the exponent takes the base's type. */
+        s = pp_tensor_cast(b, a->dtype, &cb);
+        if (s == PP_OK) s = pow_same(ctx, a, cb, &ctx->out[0]);
+    } else {
+        /* Integer base, float exponent: compute in double and truncate back,
+         * like numpy's power(x, y).astype(x.dtype). */
+        s = pp_tensor_cast(a, PP_F64, &ca);
+        if (s == PP_OK) s = pp_tensor_cast(b, PP_F64, &cb);
+        if (s == PP_OK) s = pow_same(ctx, ca, cb, &r);
+        if (s == PP_OK) s = pp_tensor_cast(r, a->dtype, &ctx->out[0]);
+    }
+    pp_tensor_free(ca);
+    pp_tensor_free(cb);
+    pp_tensor_free(r);
+    return s;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Variadic Max / Min / Sum / Mean                                           */
+
+static pp_status fold(pp_kernel_ctx *ctx, const bin_impl *impls, pp_tensor **out) {
+    if (ctx->n_in < 1 || !ctx->in[0])
+        return pp_kernel_error(ctx, PP_ERR_INVALID, "needs at least one input");
+    pp_tensor *acc = pp_tensor_retain(ctx->in[0]);
+    if (!find_bin(impls, acc->dtype)) {
+        pp_tensor_free(acc);
+        return unsupported_dtype(ctx, ctx->in[0]->dtype);
+    }
+    for (int i = 1; i < ctx->n_in; i++) {
+        const pp_tensor *b = NULL;
+        const bin_impl *l;
+        pp_tensor *next = NULL;
+        pp_status s = input(ctx, i, &b);
+        if (s == PP_OK) s = bin_pick(ctx, acc, b, impls, &l);
+        if (s == PP_OK) s = run_bin(ctx, acc, b, acc->dtype, l, &next);
+        pp_tensor_free(acc);
+        if (s != PP_OK) return s;
+        acc = next;
+    }
+    *out = acc;
+    return PP_OK;
+}
+
+static pp_status max_run(pp_kernel_ctx *ctx) { return fold(ctx, max_impls, &ctx->out[0]); }
+static pp_status min_run(pp_kernel_ctx *ctx) { return fold(ctx, min_impls, &ctx->out[0]); }
+
+static pp_status require_float(const pp_kernel_ctx *ctx) {
+    for (int i = 0; i < ctx->n_in; i++)
+        if (ctx->in[i] && ctx->in[i]->dtype != PP_F32 && ctx->in[i]->dtype != PP_F64)
+            return unsupported_dtype(ctx, ctx->in[i]->dtype);
+    return PP_OK;
+}
+
+static pp_status sum_run(pp_kernel_ctx *ctx) {
+    PP_TRY(require_float(ctx));
+    return fold(ctx, add_impls, &ctx->out[0]);
+}
+
+static void scale_f32(int64_t n, const float *restrict x, float k, float *restrict y) {
+    PP_VFOR(i, n, y[i] = x[i] * k;);
+}
+static void scale_f64(int64_t n, const double *restrict x, double k, double *restrict y) {
+    PP_VFOR(i, n, y[i] = x[i] * k;);
+}
+
+static pp_status mean_run(pp_kernel_ctx *ctx) {
+    PP_TRY(require_float(ctx));
+    pp_tensor *sum;
+    PP_TRY(fold(ctx, add_impls, &sum));
+    pp_tensor *o;
+    pp_status s = pp_tensor_empty(sum->dtype, sum->ndim, sum->shape, &o);
+    if (s == PP_OK) {
+        int64_t n = pp_tensor_numel(sum);
+        if (sum->dtype == PP_F32)
+            scale_f32(n, sum->data, 1.0f / (float)ctx->n_in, o->data);
+        else
+            scale_f64(n, sum->data, 1.0 / ctx->n_in, o->data);
+        ctx->out[0] = o;
+    }
+    pp_tensor_free(sum);
+    return s;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Clip                                                                      */
+
+#define DEF_CLIP(NAME, T)                                                                 \
+    static inline void NAME##_t(int64_t n, const T *restrict a, T *restrict o, const T lo,   \
+                                const T hi) {                                                \
+        PP_VFOR(i, n, T v = a[i]; v = v < lo ? lo : v; o[i] = v > hi ? hi : v;);             \
+    }                                                                                        \
+    static void NAME(int64_t n, const void *a, void *o, const void *lo, const void *hi) {    \
+        NAME##_t(n, a, o, *(const T *)lo, *(const T *)hi);                                   \
+    }
+DEF_CLIP(clip_f32, float)
+DEF_CLIP(clip_f64, double)
+DEF_CLIP(clip_i32, int32_t)
+DEF_CLIP(clip_i64, int64_t)
+DEF_CLIP(clip_i8, int8_t)
+DEF_CLIP(clip_u8, uint8_t)
+
+typedef union clip_bound_u {
+    float f32;
+    double f64;
+    int32_t i32;
+    int64_t i64;
+    int8_t i8;
+    uint8_t u8;
+} clip_bound_u;
+
+/* The bound from input idx, else from attribute name (Clip before opset 11,
+ * float types only), else the dtype's extreme. */
+static pp_status clip_bound(pp_kernel_ctx *ctx, int idx, const char *name, int upper, pp_dtype dt,
+                            clip_bound_u *b) {
+    const pp_tensor *t = idx < ctx->n_in ? ctx->in[idx] : NULL;
+    if (t) {
+        if (t->dtype != dt)
+            return pp_kernel_error(ctx, PP_ERR_SHAPE, "%s has dtype %s, input has %s", name,
+                                   pp_dtype_name(t->dtype), pp_dtype_name(dt));
+        if (pp_tensor_numel(t) != 1)
+            return pp_kernel_error(ctx, PP_ERR_SHAPE, "%s must be a scalar", name);
+        memcpy(b, t->data, pp_dtype_size(dt));
+        return PP_OK;
+    }
+    const pp_attr *attr = pp_node_attr(ctx->node, name);
+    float v = attr ? pp_node_attr_float(ctx->node, name, 0.0f) : (upper ? INFINITY : -INFINITY);
+    switch (dt) {
+    case PP_F32: b->f32 = v; break;
+    case PP_F64: b->f64 = v; break;
+    case PP_I32: b->i32 = upper ? INT32_MAX : INT32_MIN; break;
+    case PP_I64: b->i64 = upper ? INT64_MAX : INT64_MIN; break;
+    case PP_I8: b->i8 = upper ? INT8_MAX : INT8_MIN; break;
+    case PP_U8: b->u8 = upper ? UINT8_MAX : 0; break;
+    default: return unsupported_dtype(ctx, dt);
+    }
+    return PP_OK;
+}
+
+static pp_status clip_run(pp_kernel_ctx *ctx) {
+    const pp_tensor *a = NULL;
+    PP_TRY(input(ctx, 0, &a));
+    void (*f)(int64_t, const void *, void *, const void *, const void *);
+    switch (a->dtype) {
+    case PP_F32: f = clip_f32; break;
+    case PP_F64: f = clip_f64; break;
+    case PP_I32: f = clip_i32; break;
+    case PP_I64: f = clip_i64; break;
+    case PP_I8: f = clip_i8; break;
+    case PP_U8: f = clip_u8; break;
+    default: return unsupported_dtype(ctx, a->dtype);
+    }
+    clip_bound_u lo, hi;
+    PP_TRY(clip_bound(ctx, 1, "min", 0, a->dtype, &lo));
+    PP_TRY(clip_bound(ctx, 2, "max", 1, a->dtype, &hi));
+    pp_tensor *o;
+    PP_TRY(pp_tensor_empty(a->dtype, a->ndim, a->shape, &o));
+    f(pp_tensor_numel(a), a->data, o->data, &lo, &hi);
+    ctx->out[0] = o;
+    return PP_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Where                                                                     */
+
+#define DEF_WHERE(NAME, T)                                                          \
+    static void NAME(int64_t n, const uint8_t *c, int64_t sc, const void *x_, int64_t sx, \
+                     const void *y_, int64_t sy, void *o_) {                        \
+        const T *x = x_, *y = y_;                                                   \
+        T *restrict o = o_;                                                         \
+        if (sc && sx && sy) {                                                       \
+            for (int64_t i = 0; i < n; i++) o[i] = c[i] ? x[i] : y[i];              \
+        } else {                                                                    \
+            for (int64_t i = 0; i < n; i++) o[i] = c[i * sc] ? x[i * sx] : y[i * sy]; \
+        }                                                                           \
+    }
+DEF_WHERE(where_1, uint8_t)
+DEF_WHERE(where_2, uint16_t)
+DEF_WHERE(where_4, uint32_t)
+DEF_WHERE(where_8, uint64_t)
+
+static pp_status where_run(pp_kernel_ctx *ctx) {
+    const pp_tensor *c = NULL, *x = NULL, *y = NULL;
+    PP_TRY(input(ctx, 0, &c));
+    PP_TRY(input(ctx, 1, &x));
+    PP_TRY(input(ctx, 2, &y));
+    if (c->dtype != PP_BOOL)
+        return pp_kernel_error(ctx, PP_ERR_SHAPE, "condition has dtype %s, not bool",
+                               pp_dtype_name(c->dtype));
+    if (x->dtype != y->dtype)
+        return pp_kernel_error(ctx, PP_ERR_SHAPE, "input dtypes %s and %s differ",
+                               pp_dtype_name(x->dtype), pp_dtype_name(y->dtype));
+    size_t es = pp_dtype_size(x->dtype);
+    void (*f)(int64_t, const uint8_t *, int64_t, const void *, int64_t, const void *, int64_t,
+              void *);
+    switch (es) {
+    case 1: f = where_1; break;
+    case 2: f = where_2; break;
+    case 4: f = where_4; break;
+    case 8: f = where_8; break;
+    default: return unsupported_dtype(ctx, x->dtype);
+    }
+    const pp_tensor *ops[3] = {c, x, y};
+    pp_bcast bc;
+    if (pp_bcast_init(&bc, 3, ops) != PP_OK)
+        return pp_kernel_error(ctx, PP_ERR_SHAPE, "%s", pp_last_error());
+    pp_tensor *o;
+    PP_TRY(pp_tensor_empty(x->dtype, bc.ndim, bc.shape, &o));
+    if (bc.rows > 0) {
+        const uint8_t *pc = c->data;
+        const char *px = x->data, *py = y->data;
+        char *po = o->data;
+        pp_bcast_iter it;
+        pp_bcast_iter_init(&it, &bc);
+        do {
+            f(bc.inner, pc + it.off[0], bc.inner_stride[0], px + (size_t)it.off[1] * es,
+              bc.inner_stride[1], py + (size_t)it.off[2] * es, bc.inner_stride[2],
+              po + (size_t)(it.row * bc.inner) * es);
+        } while (pp_bcast_iter_next(&it));
+    }
+    ctx->out[0] = o;
+    return PP_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+
+const pp_op pp_ops_elementwise[] = {
+    {"Add", "", 2, 2, 1, 1, NULL, add_run},
+    {"Sub", "", 2, 2, 1, 1, NULL, sub_run},
+    {"Mul", "", 2, 2, 1, 1, NULL, mul_run},
+    {"Div", "", 2, 2, 1, 1, NULL, div_run},
+    {"Pow", "", 2, 2, 1, 1, NULL, pow_run},
+    {"Equal", "", 2, 2, 1, 1, NULL, equal_run},
+    {"Less", "", 2, 2, 1, 1, NULL, less_run},
+    {"Greater", "", 2, 2, 1, 1, NULL, greater_run},
+    {"LessOrEqual", "", 2, 2, 1, 1, NULL, less_equal_run},
+    {"GreaterOrEqual", "", 2, 2, 1, 1, NULL, greater_equal_run},
+    {"And", "", 2, 2, 1, 1, NULL, and_run},
+    {"Or", "", 2, 2, 1, 1, NULL, or_run},
+    {"Xor", "", 2, 2, 1, 1, NULL, xor_run},
+    {"Not", "", 1, 1, 1, 1, NULL, not_run},
+    {"Neg", "", 1, 1, 1, 1, NULL, neg_run},
+    {"Abs", "", 1, 1, 1, 1, NULL, abs_run},
+    {"Sqrt", "", 1, 1, 1, 1, NULL, sqrt_run},
+    {"Exp", "", 1, 1, 1, 1, NULL, exp_run},
+    {"Log", "", 1, 1, 1, 1, NULL, log_run},
+    {"Erf", "", 1, 1, 1, 1, NULL, erf_run},
+    {"Tanh", "", 1, 1, 1, 1, NULL, tanh_run},
+    {"Sigmoid", "", 1, 1, 1, 1, NULL, sigmoid_run},
+    {"Reciprocal", "", 1, 1, 1, 1, NULL, reciprocal_run},
+    {"Relu", "", 1, 1, 1, 1, NULL, relu_run},
+    {"LeakyRelu", "", 1, 1, 1, 1, leaky_relu_check, leaky_relu_run},
+    {"Gelu", "", 1, 1, 1, 1, gelu_check, gelu_run},
+    {"Gelu", "com.microsoft", 1, 1, 1, 1, NULL, gelu_ms_run},
+    {"Clip", "", 1, 3, 1, 1, NULL, clip_run},
+    {"Where", "", 3, 3, 1, 1, NULL, where_run},
+    {"Max", "", 1, 64, 1, 1, NULL, max_run},
+    {"Min", "", 1, 64, 1, 1, NULL, min_run},
+    {"Sum", "", 1, 64, 1, 1, NULL, sum_run},
+    {"Mean", "", 1, 64, 1, 1, NULL, mean_run},
+    {NULL},
+};

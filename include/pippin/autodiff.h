@@ -1,0 +1,147 @@
+/* Symbolic reverse-mode autodiff on the graph IR, with the I/W split.
+ *
+ * pp_autodiff appends the backward of a graph as ordinary nodes (built by
+ * per-op rules that emit nodes, never compute), so a training graph can be
+ * run, printed and exported like any other. Every appended node is tagged:
+ *   F  a small forward-side helper (the Shape of an activation that the
+ *      backward needs, so the activation itself need not be kept),
+ *   I  needed for some requested input gradient (the critical path between
+ *      pipeline stages),
+ *   W  needed only for parameter gradients (movable into pipeline bubbles).
+ * No W node feeds an I node, so running I then W computes exactly the same
+ * thing, bit for bit, as running all backward nodes in order.
+ *
+ * Gradients are float32. Values read more than once accumulate their
+ * gradients with Add nodes in a fixed order; broadcasting is undone by
+ * pippin::SumToShape at run time (shapes are dynamic). */
+#ifndef PIPPIN_AUTODIFF_H
+#define PIPPIN_AUTODIFF_H
+
+#include <stdint.h>
+
+#include "pippin/graph.h"
+#include "pippin/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What a gradient rule sees. The rule emits nodes with the pp_grad_* helpers
+ * below (or the graph builder) and sets dx[k] for each input k with need[k]
+ * (leaving -1 means "zero gradient"). */
+typedef struct pp_grad_ctx {
+    pp_graph *g;
+    int node;            /* the forward node */
+    const int *dy;       /* per output of node: gradient value id, or -1 if none flows */
+    int *dx;             /* per input: the rule sets the gradient value id (init -1 = none) */
+    const uint8_t *need; /* per input: 1 if a gradient is wanted */
+    void *priv;          /* private to the pass */
+} pp_grad_ctx;
+
+typedef pp_status (*pp_grad_rule)(pp_grad_ctx *c);
+
+/* The rule for an op; NULL when the op is not differentiable. */
+pp_grad_rule pp_grad_rule_find(const char *domain, const char *op_type);
+/* Bit k set: input k of the op may carry a gradient (index and shape inputs
+ * never do). 0 when the op has no rule. */
+uint32_t pp_grad_rule_inputs(const char *domain, const char *op_type);
+/* 1 for ops whose gradient is zero almost everywhere or whose outputs are
+ * integers (Shape, Equal, ArgMax, Floor, ...): no gradient flows through them
+ * and that is not an error. */
+int pp_grad_op_is_constant(const char *domain, const char *op_type);
+
+/* Helpers for rules. Every node they add is named after the forward node
+ * ("<node>/grad/<Op>_<n>") and becomes part of the backward. */
+/* Adds op_type(in...) with n_out outputs; out[i] receives the value ids
+ * (out may be NULL; then n_out must be 1 and the id goes to *node's output
+ * 0 only). node may be NULL. */
+pp_status pp_grad_emit(pp_grad_ctx *c, const char *op_type, const char *domain, int n_in,
+                       const int *in, int n_out, int *out, int *node);
+/* One output, no attributes: *out = op_type(a[, b]). b < -1 means unary. */
+pp_status pp_grad_op1(pp_grad_ctx *c, const char *op_type, const char *domain, int a, int b,
+                      int *out);
+/* A scalar float32 constant value. */
+pp_status pp_grad_const_f32(pp_grad_ctx *c, float v, int *out);
+/* A 1-D int64 constant value. */
+pp_status pp_grad_const_i64(pp_grad_ctx *c, int n, const int64_t *vals, int *out);
+/* A value holding v's shape at run time (1-D int64): a constant for
+ * parameters and constants, else a Shape node run with the forward, so the
+ * backward keeps a few bytes instead of the whole activation. Cached per v. */
+pp_status pp_grad_shape_of(pp_grad_ctx *c, int v, int *out);
+/* *out = grad summed over the dims along which `like` was broadcast
+ * (pippin::SumToShape); grad itself when the shapes are known equal. */
+pp_status pp_grad_sum_to(pp_grad_ctx *c, int grad, int like, int *out);
+
+/* What to differentiate. */
+typedef struct pp_backward_spec {
+    int loss;                        /* scalar loss value id, or -1 */
+    int n_seeds; const int *seeds;   /* forward values whose incoming gradients are given
+                                        (outputs of a non-final stage) */
+    int n_wrt; const int *wrt;       /* graph inputs to produce gradients for (may be 0) */
+    /* every float PARAM reached by a gradient gets one */
+} pp_backward_spec;
+
+/* What pp_autodiff built (value and node ids of the graph). */
+typedef struct pp_backward {
+    /* seed_grads[i]: NEW graph input carrying dL/d(seed_values[i]). For the
+     * loss (listed first) it is a float32 scalar the caller feeds with 1/M
+     * for M microbatches (1 for a whole batch). */
+    int n_seeds; int *seed_values; int *seed_grads;
+    int n_wrt; int *wrt_values; int *wrt_grads;        /* requested input gradients */
+    int n_params; int *params; int *param_grads;        /* PARAMs that got gradients */
+    int n_forward; int *forward_nodes;                  /* region F, in order */
+    int n_i; int *i_nodes;                              /* region I, in order */
+    int n_w; int *w_nodes;                              /* region W, in order */
+    /* Forward values (graph inputs and F-node outputs) that I or W read and
+     * so must be kept per microbatch. stash_static[i] = 1 when the value
+     * depends on parameters and constants only (e.g. a transposed weight):
+     * the same for every microbatch of a step. */
+    int n_stash; int *stash; uint8_t *stash_static;
+    /* Values made by I that W reads: keep them between the two. */
+    int n_handoff; int *handoff;
+    /* PARAM values that no gradient reaches (buffers such as a causal mask):
+     * not trainable. */
+    int n_frozen; int *frozen;
+    int n_values_before;                                /* graph size before the pass */
+} pp_backward;
+
+/* Appends the backward of g's existing nodes to g and tags node->region.
+ * The gradient values are also appended to g's outputs (input gradients,
+ * then parameter gradients) and the seed gradients to its inputs, so
+ * pp_exec_run on g runs a whole training step. Errors: a loss that is not a
+ * float scalar, a gradient asked for an integer input, an op without a rule
+ * on a gradient path (named). On failure g may hold some added nodes. */
+pp_status pp_autodiff(pp_graph *g, const pp_backward_spec *spec, pp_backward **out);
+void pp_backward_free(pp_backward *b);
+
+/* The loss output of a model: the output named loss_name, or (NULL) the
+ * output called "loss", else the only float scalar output. */
+pp_status pp_autodiff_find_loss(const pp_graph *g, const char *loss_name, int *value);
+/* Training graph of a whole model: pp_autodiff with the loss found as above
+ * and, if wrt_float_inputs, the gradients of every float graph input (which
+ * makes region I non-empty, as for a pipeline stage). For `pippin inspect
+ * --backward`: call this, then pp_onnx_save. */
+pp_status pp_autodiff_model(pp_graph *g, const char *loss_name, int wrt_float_inputs,
+                            pp_backward **out);
+
+/* Stashed bytes for one forward run on the given inputs (inputs[i] feeds
+ * g->inputs[i] for the inputs that existed before pp_autodiff). */
+pp_status pp_backward_stash_bytes(pp_graph *g, const pp_backward *b, pp_tensor *const *inputs,
+                                  int64_t *bytes);
+/* Stashed bytes per sample: runs the forward on zero inputs with a batch
+ * (dim 0 of inputs whose dim 0 is dynamic) of 1 and of 2 and takes the
+ * difference; other dynamic dims get other_dims (1 if <= 0). *fixed gets
+ * the batch-independent part (may be NULL). */
+pp_status pp_backward_stash_per_sample(pp_graph *g, const pp_backward *b, int64_t other_dims,
+                                       int64_t *per_sample, int64_t *fixed);
+
+/* Keep masks (one byte per graph value, caller frees) for running the
+ * regions apart with pp_exec_run_nodes: keep_f after F (stash and graph
+ * outputs), keep_i after I (what W still reads, and I's results). */
+pp_status pp_backward_keep_masks(const pp_graph *g, const pp_backward *b, uint8_t **keep_f,
+                                 uint8_t **keep_i);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

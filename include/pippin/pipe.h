@@ -1,0 +1,86 @@
+/* The pipe: a graph cut into stages at pipe-split markers or at a split
+ * spec, with the values that cross between stages (DESIGN.md, "Pipe-split
+ * markers").
+ *
+ * Each stage is a graph of its own: its inputs are the values it receives
+ * (from other stages or the data loader), its outputs the values it sends on
+ * plus the model outputs it computes. A value used by a later stage than the
+ * next goes straight from its producer to every consumer (no hops). Constant
+ * sub-graphs used by several stages are copied into each. A parameter used by
+ * several stages is replicated (each holds a copy; gradients are summed
+ * across them before the optimizer step) or transmitted (the first user
+ * sends it as an activation). */
+#ifndef PIPPIN_PIPE_H
+#define PIPPIN_PIPE_H
+
+#include "pippin/graph.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct pp_split_spec {
+    int n_before;
+    const char *const *before; /* cut before the first node whose name starts with each */
+    int n_after;
+    const char *const *after;  /* cut after the last node whose name starts with each */
+    int transmit_shared;       /* 0: replicate shared parameters (default); 1: transmit */
+    int ignore_markers;        /* 1: do not cut at PipeSplit nodes */
+} pp_split_spec;
+
+/* A value crossing stages. */
+typedef struct pp_pipe_edge {
+    char *value;        /* value name (the same in producer and consumer graphs) */
+    int producer;       /* stage index; -1 for a model input fed by the data loader */
+    int n_consumers;
+    int *consumers;     /* stage indices, ascending */
+    pp_dtype dtype;     /* PP_DTYPE_UNDEFINED until shapes are probed */
+    int ndim;           /* -1 if unknown */
+    char *dims[PP_MAX_DIMS]; /* "batch", "4", "batch*seq", ... (NULL: unknown) */
+    int64_t bytes_per_sample; /* -1 if unknown */
+} pp_pipe_edge;
+
+/* A parameter replicated in several stages. */
+typedef struct pp_pipe_shared {
+    char *name;
+    int n_stages;
+    int *stages;
+} pp_pipe_shared;
+
+typedef struct pp_pipe {
+    int n_stages;
+    pp_graph **stages;   /* owned */
+    int n_edges;
+    pp_pipe_edge *edges;
+    int n_shared;
+    pp_pipe_shared *shared;
+    int n_outputs;       /* model outputs, in the model's order */
+    char **outputs;
+    int *output_stage;   /* stage computing each model output */
+    char *loss;          /* name of the scalar loss output, NULL if none */
+    int loss_stage;      /* -1 if none */
+    char **cut_names;    /* what made each cut (marker node or prefix), n_stages-1 */
+} pp_pipe;
+
+/* Cuts g. g is not modified; stage graphs copy what they need. Errors name
+ * the marker or prefix (an empty stage, a prefix that matches nothing). */
+pp_status pp_pipe_split(const pp_graph *g, const pp_split_spec *spec, pp_pipe **out);
+void pp_pipe_free(pp_pipe *p);
+
+/* Edge lookup by value name; -1 if absent. */
+int pp_pipe_find_edge(const pp_pipe *p, const char *value);
+
+/* Fills edge dtypes, symbolic shapes and bytes per sample by running the
+ * whole pipe on small made-up inputs. dims_given lists "name=N" settings for
+ * symbolic input dims (may be NULL); others default to small values. */
+pp_status pp_pipe_probe_shapes(pp_pipe *p, int n_dims_given, const char *const *dims_given);
+
+/* Writes DIR/stage_K.onnx for every stage and DIR/pipe.json. */
+pp_status pp_pipe_save(const pp_pipe *p, const char *dir);
+/* Reads DIR/pipe.json and the stage files. */
+pp_status pp_pipe_load(const char *dir, pp_pipe **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

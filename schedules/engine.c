@@ -1,0 +1,479 @@
+/* The execution engine behind the simulator and the validator's deadlock
+ * check.
+ *
+ * Each rank runs its list in order. A rank runs until its next action waits
+ * for something not done yet, then sleeps; finishing an action wakes the
+ * rank that consumes its result. Start times are max(rank free, inputs
+ * ready), so the result is the timed execution whatever order ranks are
+ * visited in, in time linear in the number of actions. Ranks still asleep
+ * when nothing is left to wake are deadlocked. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sched_internal.h"
+
+enum { RECVF_DONE = 1, RECVB_DONE = 2 };
+
+typedef struct eng {
+    const pp_schedule *s;
+    const pp_cost_model *c;
+    pp_trace *trace;
+    int p, S, m;
+    int lowered;
+    double *tF, *tI;   /* [S*m] end of F / of I or B; -1 before */
+    double *tSF, *tSB; /* [S*m] arrival of SEND_F(s) at s+1 / SEND_B(s) at s-1 */
+    uint8_t *rflag;    /* [S*m] RECV_F / RECV_B done at (s, mb) */
+    double *xfer;      /* [S] edge s -> s+1 transfer time, 0 on one rank */
+    size_t *pc;
+    double *clock, *busy, *first, *last, *bytes, *peak_bytes;
+    int *act, *wpend, *peak_act, *peak_wpend;
+    uint8_t *queued;
+    int *work;
+    int nwork;
+} eng;
+
+static double cost_of(const eng *e, int kind, int s) {
+    if (!e->c) return kind == PP_ACT_B ? 2.0 : 1.0;
+    switch (kind) {
+    case PP_ACT_F: return e->c->f[s];
+    case PP_ACT_I: return e->c->i[s];
+    case PP_ACT_W: return e->c->w[s];
+    case PP_ACT_B: return e->c->i[s] + e->c->w[s];
+    default: return 0.0;
+    }
+}
+
+static double stash_of(const eng *e, int s) {
+    return e->c && e->c->stash_bytes ? e->c->stash_bytes[s] : 0.0;
+}
+
+static double wstash_of(const eng *e, int s) {
+    return e->c && e->c->wstash_bytes ? e->c->wstash_bytes[s] : 0.0;
+}
+
+static void wake(eng *e, int rank) {
+    if (rank < 0 || e->queued[rank]) return;
+    if (e->pc[rank] >= e->s->len[rank]) return;
+    e->queued[rank] = 1;
+    e->work[e->nwork++] = rank;
+}
+
+static int needs_mb(int kind) {
+    return kind != PP_ACT_UNSHARD && kind != PP_ACT_RESHARD && kind != PP_ACT_REDUCE_GRAD &&
+           kind != PP_ACT_IDLE;
+}
+
+static pp_status where(const eng *e, int rank, const pp_action *a, pp_status code,
+                       const char *detail) {
+    char buf[PP_ACTION_STR_MAX];
+    pp_action_format(e->s, a, buf, sizeof buf);
+    return pp_error(code, "rank %d step %zu action %s: %s", rank, e->pc[rank], buf, detail);
+}
+
+/* Checks a plain action's numbers and owner. */
+static pp_status check_action(const eng *e, int rank, const pp_action *x, const pp_action *top) {
+    char msg[160];
+    if (x->kind <= PP_ACT_IDLE || x->kind >= PP_ACT_OVERLAP_F_B)
+        return where(e, rank, top, PP_ERR_INVALID, "not a plain action");
+    if (x->stage < 0 || x->stage >= e->S) {
+        snprintf(msg, sizeof msg, "stage %d out of range (%d stages)", (int)x->stage, e->S);
+        return where(e, rank, top, PP_ERR_INVALID, msg);
+    }
+    if (needs_mb(x->kind) && (x->mb < 0 || x->mb >= e->m)) {
+        snprintf(msg, sizeof msg, "microbatch %d out of range (%d microbatches)", (int)x->mb,
+                 e->m);
+        return where(e, rank, top, PP_ERR_INVALID, msg);
+    }
+    if (e->s->stage_rank[x->stage] != rank) {
+        snprintf(msg, sizeof msg, "stage %d belongs to rank %d", (int)x->stage,
+                 e->s->stage_rank[x->stage]);
+        return where(e, rank, top, PP_ERR_INVALID, msg);
+    }
+    return PP_OK;
+}
+
+/* 1 if x can start (*ready: earliest start its inputs allow), 0 if it must
+ * wait, negative on an error. */
+static int readiness(eng *e, int rank, const pp_action *x, const pp_action *top, double *ready) {
+    int s = x->stage;
+    size_t id = (size_t)s * (size_t)e->m + (size_t)(x->mb < 0 ? 0 : x->mb);
+    const int *sr = e->s->stage_rank;
+    *ready = 0.0;
+    switch (x->kind) {
+    case PP_ACT_F:
+        if (s == 0) return 1;
+        if (sr[s - 1] == rank || !e->lowered) {
+            double t = e->tF[id - (size_t)e->m];
+            if (t < 0) return 0;
+            *ready = t + (sr[s - 1] == rank ? 0.0 : e->xfer[s - 1]);
+            return 1;
+        }
+        if (!(e->rflag[id] & RECVF_DONE))
+            return where(e, rank, top, PP_ERR_INVALID,
+                         "forward input from another rank was never received (no RECV_F before it)");
+        return 1;
+    case PP_ACT_I:
+    case PP_ACT_B:
+        if (e->tF[id] < 0) return 0;
+        *ready = e->tF[id];
+        if (s == e->S - 1) return 1;
+        if (sr[s + 1] == rank || !e->lowered) {
+            double t = e->tI[id + (size_t)e->m];
+            if (t < 0) return 0;
+            t += sr[s + 1] == rank ? 0.0 : e->xfer[s];
+            if (t > *ready) *ready = t;
+            return 1;
+        }
+        if (!(e->rflag[id] & RECVB_DONE))
+            return where(e, rank, top, PP_ERR_INVALID,
+                         "output gradient from another rank was never received (no RECV_B before it)");
+        return 1;
+    case PP_ACT_W:
+        if (e->tI[id] < 0) return 0;
+        *ready = e->tI[id];
+        return 1;
+    case PP_ACT_SEND_F:
+        if (s == e->S - 1)
+            return where(e, rank, top, PP_ERR_INVALID, "SEND_F from the last stage");
+        if (e->tF[id] < 0) return 0;
+        return 1;
+    case PP_ACT_SEND_B:
+        if (s == 0) return where(e, rank, top, PP_ERR_INVALID, "SEND_B from stage 0");
+        if (e->tI[id] < 0) return 0;
+        return 1;
+    case PP_ACT_RECV_F:
+        if (s == 0) return where(e, rank, top, PP_ERR_INVALID, "RECV_F at stage 0");
+        if (e->tSF[id - (size_t)e->m] < 0) return 0;
+        *ready = e->tSF[id - (size_t)e->m];
+        return 1;
+    case PP_ACT_RECV_B:
+        if (s == e->S - 1)
+            return where(e, rank, top, PP_ERR_INVALID, "RECV_B at the last stage");
+        if (e->tSB[id + (size_t)e->m] < 0) return 0;
+        *ready = e->tSB[id + (size_t)e->m];
+        return 1;
+    default: return 1; /* UNSHARD, RESHARD, REDUCE_GRAD: local bookkeeping */
+    }
+}
+
+static pp_status trace_add(eng *e, int rank, int kind, int lane, int st, int mb, int st2,
+                           int mb2, double t0, double t1) {
+    pp_trace_event ev = {rank, st, mb, (uint8_t)kind, (uint8_t)lane, st2, mb2, t0, t1};
+    return pp_trace_add(e->trace, &ev);
+}
+
+/* Runs x on rank from time start; returns its end. */
+static pp_status commit(eng *e, int rank, const pp_action *x, double start, double *end) {
+    int s = x->stage, kind = x->kind;
+    size_t id = (size_t)s * (size_t)e->m + (size_t)(x->mb < 0 ? 0 : x->mb);
+    const int *sr = e->s->stage_rank;
+    double t1 = start + cost_of(e, kind, s);
+    *end = t1;
+    switch (kind) {
+    case PP_ACT_F:
+        if (++e->act[rank] > e->peak_act[rank]) e->peak_act[rank] = e->act[rank];
+        e->bytes[rank] += stash_of(e, s);
+        if (e->bytes[rank] > e->peak_bytes[rank]) e->peak_bytes[rank] = e->bytes[rank];
+        e->tF[id] = t1;
+        if (s + 1 < e->S && sr[s + 1] != rank && !e->lowered) {
+            if (e->trace && e->xfer[s] > 0)
+                PP_TRY(trace_add(e, rank, PP_ACT_SEND_F, PP_LANE_COMM, s, x->mb, -1, -1, t1,
+                                 t1 + e->xfer[s]));
+            wake(e, sr[s + 1]);
+        }
+        break;
+    case PP_ACT_I:
+    case PP_ACT_B:
+        e->act[rank]--;
+        e->bytes[rank] -= stash_of(e, s);
+        if (kind == PP_ACT_I) {
+            if (++e->wpend[rank] > e->peak_wpend[rank]) e->peak_wpend[rank] = e->wpend[rank];
+            e->bytes[rank] += wstash_of(e, s);
+            if (e->bytes[rank] > e->peak_bytes[rank]) e->peak_bytes[rank] = e->bytes[rank];
+        }
+        e->tI[id] = t1;
+        if (s > 0 && sr[s - 1] != rank && !e->lowered) {
+            if (e->trace && e->xfer[s - 1] > 0)
+                PP_TRY(trace_add(e, rank, PP_ACT_SEND_B, PP_LANE_COMM, s, x->mb, -1, -1, t1,
+                                 t1 + e->xfer[s - 1]));
+            wake(e, sr[s - 1]);
+        }
+        break;
+    case PP_ACT_W:
+        e->wpend[rank]--;
+        e->bytes[rank] -= wstash_of(e, s);
+        break;
+    case PP_ACT_SEND_F:
+        e->tSF[id] = start + e->xfer[s];
+        if (e->trace && e->xfer[s] > 0)
+            PP_TRY(trace_add(e, rank, PP_ACT_SEND_F, PP_LANE_COMM, s, x->mb, -1, -1, start,
+                             start + e->xfer[s]));
+        wake(e, sr[s + 1]);
+        break;
+    case PP_ACT_SEND_B:
+        e->tSB[id] = start + e->xfer[s - 1];
+        if (e->trace && e->xfer[s - 1] > 0)
+            PP_TRY(trace_add(e, rank, PP_ACT_SEND_B, PP_LANE_COMM, s, x->mb, -1, -1, start,
+                             start + e->xfer[s - 1]));
+        wake(e, sr[s - 1]);
+        break;
+    case PP_ACT_RECV_F: e->rflag[id] |= RECVF_DONE; break;
+    case PP_ACT_RECV_B: e->rflag[id] |= RECVB_DONE; break;
+    default: break;
+    }
+    if (pp_act_is_compute((pp_act_kind)kind)) {
+        double d = t1 - start;
+        e->busy[rank] += d;
+        if (e->first[rank] < 0) e->first[rank] = start;
+        if (t1 > e->last[rank]) e->last[rank] = t1;
+    }
+    return PP_OK;
+}
+
+/* Runs rank until it waits or finishes. */
+static pp_status run_rank(eng *e, int rank) {
+    const pp_schedule *s = e->s;
+    const pp_action *list = s->acts[rank];
+    while (e->pc[rank] < s->len[rank]) {
+        const pp_action *a = &list[e->pc[rank]];
+        if (a->kind == PP_ACT_IDLE) {
+            e->pc[rank]++;
+            continue;
+        }
+        double ready, start, end;
+        if (a->kind != PP_ACT_OVERLAP_F_B) {
+            PP_TRY(check_action(e, rank, a, a));
+            int ok = readiness(e, rank, a, a, &ready);
+            if (ok < 0) return (pp_status)ok;
+            if (!ok) return PP_OK;
+            start = ready > e->clock[rank] ? ready : e->clock[rank];
+            PP_TRY(commit(e, rank, a, start, &end));
+            e->clock[rank] = end;
+            if (e->trace && pp_act_is_compute((pp_act_kind)a->kind))
+                PP_TRY(trace_add(e, rank, a->kind, PP_LANE_COMPUTE, a->stage, a->mb, -1, -1,
+                                 start, end));
+        } else {
+            /* A compound starts once every sub-action's inputs are there
+             * and runs them back to back. */
+            const pp_action *sub = pp_schedule_subs(s, a);
+            if (!sub) return where(e, rank, a, PP_ERR_INVALID, "broken compound action");
+            start = e->clock[rank];
+            for (int k = 0; k < a->nsub; k++) {
+                PP_TRY(check_action(e, rank, &sub[k], a));
+                int ok = readiness(e, rank, &sub[k], a, &ready);
+                if (ok < 0) return (pp_status)ok;
+                if (!ok) return PP_OK;
+                if (ready > start) start = ready;
+            }
+            double t = start;
+            for (int k = 0; k < a->nsub; k++) {
+                /* A sub-action may feed the next one (same rank). */
+                int ok = readiness(e, rank, &sub[k], a, &ready);
+                if (ok <= 0)
+                    return where(e, rank, a, PP_ERR_INVALID,
+                                 "sub-actions of a compound depend on each other out of order");
+                PP_TRY(commit(e, rank, &sub[k], t, &end));
+                t = end;
+            }
+            e->clock[rank] = t;
+            if (e->trace) {
+                int st2 = a->nsub > 1 ? sub[1].stage : -1, mb2 = a->nsub > 1 ? sub[1].mb : -1;
+                PP_TRY(trace_add(e, rank, PP_ACT_OVERLAP_F_B, PP_LANE_COMPUTE, sub[0].stage,
+                                 sub[0].mb, st2, mb2, start, t));
+            }
+        }
+        e->pc[rank]++;
+    }
+    return PP_OK;
+}
+
+/* What the action a (stuck on rank) waits for, as text. */
+static void describe_wait(const eng *e, int rank, const pp_action *a, char *out, size_t n) {
+    const pp_action *x = a;
+    const pp_action *sub = pp_schedule_subs(e->s, a);
+    double ready;
+    if (sub) /* the first sub-action that cannot start */
+        for (int k = 0; k < a->nsub; k++)
+            if (readiness((eng *)e, rank, &sub[k], a, &ready) == 0) {
+                x = &sub[k];
+                break;
+            }
+    pp_action need = *x;
+    int s = x->stage;
+    switch (x->kind) {
+    case PP_ACT_F:
+        need = pp_act(PP_ACT_F, s - 1, x->mb);
+        break;
+    case PP_ACT_I:
+    case PP_ACT_B: {
+        size_t id = (size_t)s * (size_t)e->m + (size_t)x->mb;
+        if (e->tF[id] < 0)
+            need = pp_act(PP_ACT_F, s, x->mb);
+        else
+            need = pp_act(PP_ACT_I, s + 1, x->mb); /* or B */
+        break;
+    }
+    case PP_ACT_W: need = pp_act(PP_ACT_I, s, x->mb); break;
+    case PP_ACT_SEND_F: need = pp_act(PP_ACT_F, s, x->mb); break;
+    case PP_ACT_SEND_B: need = pp_act(PP_ACT_I, s, x->mb); break;
+    case PP_ACT_RECV_F: need = pp_act(PP_ACT_SEND_F, s - 1, x->mb); break;
+    case PP_ACT_RECV_B: need = pp_act(PP_ACT_SEND_B, s + 1, x->mb); break;
+    default: break;
+    }
+    char nb[PP_ACTION_STR_MAX];
+    pp_action_format(NULL, &need, nb, sizeof nb);
+    if ((need.kind == PP_ACT_I) && x->kind != PP_ACT_W && x->kind != PP_ACT_SEND_B)
+        snprintf(nb + strlen(nb), sizeof nb - strlen(nb), " (or %dB%d)", (int)need.stage,
+                 (int)need.mb);
+    int owner = need.stage >= 0 && need.stage < e->S ? e->s->stage_rank[need.stage] : -1;
+    if (owner < 0) {
+        snprintf(out, n, "waits for %s, whose stage no rank holds", nb);
+    } else if (e->pc[owner] >= e->s->len[owner]) {
+        snprintf(out, n, "waits for %s, which rank %d never runs (its list has ended)", nb,
+                 owner);
+    } else {
+        char ob[PP_ACTION_STR_MAX];
+        pp_action_format(e->s, &e->s->acts[owner][e->pc[owner]], ob, sizeof ob);
+        if (owner == rank)
+            snprintf(out, n, "waits for %s, which comes later on the same rank", nb);
+        else
+            snprintf(out, n, "waits for %s on rank %d, which is itself stuck at step %zu (%s)",
+                     nb, owner, e->pc[owner], ob);
+    }
+}
+
+static void *xcalloc(size_t n, size_t sz, int *oom) {
+    void *p = calloc(n ? n : 1, sz);
+    if (!p) *oom = 1;
+    return p;
+}
+
+static double *times_array(size_t n, int *oom) {
+    double *t = malloc((n ? n : 1) * sizeof *t);
+    if (!t) {
+        *oom = 1;
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++) t[i] = -1.0;
+    return t;
+}
+
+static void eng_free(eng *e) {
+    free(e->tF);
+    free(e->tI);
+    free(e->tSF);
+    free(e->tSB);
+    free(e->rflag);
+    free(e->xfer);
+    free(e->pc);
+    free(e->clock);
+    free(e->busy);
+    free(e->first);
+    free(e->last);
+    free(e->bytes);
+    free(e->peak_bytes);
+    free(e->act);
+    free(e->wpend);
+    free(e->peak_act);
+    free(e->peak_wpend);
+    free(e->queued);
+    free(e->work);
+}
+
+pp_status pp_sched_run(const pp_schedule *s, const pp_cost_model *costs, pp_trace *trace,
+                       pp_sim_result *res, int *err_rank, long *err_step) {
+    if (err_rank) *err_rank = -1;
+    if (err_step) *err_step = -1;
+    if (!s->stage_rank || s->nstages <= 0 || s->nmb <= 0)
+        return pp_error(PP_ERR_INVALID, "schedule has no stages or microbatches");
+    if (costs && costs->nstages < s->nstages)
+        return pp_error(PP_ERR_INVALID, "cost model covers %d stages, schedule has %d",
+                        costs->nstages, s->nstages);
+    eng e = {0};
+    e.s = s;
+    e.c = costs;
+    e.trace = trace;
+    e.p = s->nranks;
+    e.S = s->nstages;
+    e.m = s->nmb;
+    e.lowered = pp_schedule_has_comms(s);
+    size_t n = (size_t)e.S * (size_t)e.m, p = (size_t)e.p;
+    int oom = 0;
+    e.tF = times_array(n, &oom);
+    e.tI = times_array(n, &oom);
+    if (e.lowered) {
+        e.tSF = times_array(n, &oom);
+        e.tSB = times_array(n, &oom);
+        e.rflag = xcalloc(n, 1, &oom);
+    }
+    e.xfer = xcalloc((size_t)e.S, sizeof *e.xfer, &oom);
+    e.pc = xcalloc(p, sizeof *e.pc, &oom);
+    e.clock = xcalloc(p, sizeof(double), &oom);
+    e.busy = xcalloc(p, sizeof(double), &oom);
+    e.first = xcalloc(p, sizeof(double), &oom);
+    e.last = xcalloc(p, sizeof(double), &oom);
+    e.bytes = xcalloc(p, sizeof(double), &oom);
+    e.peak_bytes = xcalloc(p, sizeof(double), &oom);
+    e.act = xcalloc(p, sizeof(int), &oom);
+    e.wpend = xcalloc(p, sizeof(int), &oom);
+    e.peak_act = xcalloc(p, sizeof(int), &oom);
+    e.peak_wpend = xcalloc(p, sizeof(int), &oom);
+    e.queued = xcalloc(p, 1, &oom);
+    e.work = xcalloc(p, sizeof(int), &oom);
+    if (oom) {
+        eng_free(&e);
+        return pp_error(PP_ERR_NOMEM, "schedule engine: out of memory (%d stages x %d microbatches)",
+                        e.S, e.m);
+    }
+    for (int st = 0; st + 1 < e.S; st++)
+        if (s->stage_rank[st] != s->stage_rank[st + 1])
+            e.xfer[st] = costs ? pp_cost_model_xfer(costs, st) : 0.0;
+    for (int r = e.p - 1; r >= 0; r--) {
+        e.first[r] = -1.0;
+        wake(&e, r);
+    }
+    pp_status st = PP_OK;
+    while (e.nwork > 0 && st == PP_OK) {
+        int r = e.work[--e.nwork];
+        e.queued[r] = 0;
+        st = run_rank(&e, r);
+        if (st != PP_OK) {
+            if (err_rank) *err_rank = r;
+            if (err_step) *err_step = (long)e.pc[r];
+        }
+    }
+    if (st == PP_OK)
+        for (int r = 0; r < e.p; r++) {
+            if (e.pc[r] >= s->len[r]) continue;
+            char why[512], ab[PP_ACTION_STR_MAX];
+            const pp_action *a = &s->acts[r][e.pc[r]];
+            describe_wait(&e, r, a, why, sizeof why);
+            pp_action_format(s, a, ab, sizeof ab);
+            st = pp_error(PP_ERR_INVALID, "deadlock: rank %d step %zu action %s %s", r, e.pc[r],
+                          ab, why);
+            if (err_rank) *err_rank = r;
+            if (err_step) *err_step = (long)e.pc[r];
+            break;
+        }
+    if (st == PP_OK && res) {
+        double mk = 0, tot = 0;
+        for (int r = 0; r < e.p; r++) {
+            if (e.clock[r] > mk) mk = e.clock[r];
+            tot += e.busy[r];
+        }
+        res->makespan = mk;
+        res->total_busy = tot;
+        for (int r = 0; r < e.p; r++) {
+            res->busy[r] = e.busy[r];
+            res->bubble[r] = mk > 0 ? 1.0 - e.busy[r] / mk : 0.0;
+            res->first_start[r] = e.first[r] < 0 ? 0.0 : e.first[r];
+            res->last_end[r] = e.last[r];
+            res->peak_act[r] = e.peak_act[r];
+            res->peak_wpend[r] = e.peak_wpend[r];
+            res->peak_bytes[r] = e.peak_bytes[r];
+        }
+    }
+    eng_free(&e);
+    return st;
+}

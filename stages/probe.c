@@ -1,0 +1,177 @@
+/* Shape probing: runs the pipe's forward on small made-up inputs to learn
+ * each edge's dtype and shape, with symbolic input dims kept symbolic.
+ *
+ * Every symbolic dim name gets a base size; one more run per name doubles
+ * it. An edge dim that doubles with exactly the names n1..nk is written
+ * "c*n1*...*nk" (c dropped when 1); a dim that never changes is a number. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pippin/exec.h"
+#include "pippin/pipe.h"
+
+#define MAX_SYMS 8
+
+typedef struct {
+    int n;
+    const char *names[MAX_SYMS];
+    int64_t base[MAX_SYMS];
+} symbols;
+
+/* Records a symbolic name once; its base size is given or a small prime,
+ * so products of names stay distinguishable. */
+static void add_symbol(symbols *sy, const char *name, int n_given, const char *const *given) {
+    for (int i = 0; i < sy->n; i++)
+        if (strcmp(sy->names[i], name) == 0) return;
+    if (sy->n == MAX_SYMS) return;
+    static const int64_t primes[MAX_SYMS] = {2, 3, 5, 7, 11, 13, 17, 19};
+    int64_t size = primes[sy->n];
+    size_t len = strlen(name);
+    for (int k = 0; k < n_given; k++)
+        if (strncmp(given[k], name, len) == 0 && given[k][len] == '=') size = atoll(given[k] + len + 1);
+    sy->names[sy->n] = name;
+    sy->base[sy->n++] = size;
+}
+
+/* Runs every stage in order; env_names/env_vals is a small name->tensor map
+ * that receives each stage's outputs (edges and model outputs). */
+typedef struct {
+    int n, cap;
+    char **names;
+    pp_tensor **vals;
+} tensor_map;
+
+static pp_tensor *map_get(const tensor_map *m, const char *name) {
+    for (int i = 0; i < m->n; i++)
+        if (strcmp(m->names[i], name) == 0) return m->vals[i];
+    return NULL;
+}
+
+static pp_status map_put(tensor_map *m, const char *name, pp_tensor *t) {
+    if (m->n == m->cap) {
+        int cap = m->cap ? m->cap * 2 : 32;
+        char **n = realloc(m->names, sizeof *n * (size_t)cap);
+        if (n) m->names = n;
+        pp_tensor **v = realloc(m->vals, sizeof *v * (size_t)cap);
+        if (v) m->vals = v;
+        if (!n || !v) return pp_error(PP_ERR_NOMEM, "out of memory");
+        m->cap = cap;
+    }
+    m->names[m->n] = strdup(name);
+    m->vals[m->n++] = t;
+    return PP_OK;
+}
+
+static void map_free(tensor_map *m) {
+    for (int i = 0; i < m->n; i++) {
+        free(m->names[i]);
+        pp_tensor_free(m->vals[i]);
+    }
+    free(m->names);
+    free(m->vals);
+    memset(m, 0, sizeof *m);
+}
+
+/* A zero tensor for a model input with symbolic dims set from sizes. */
+static pp_status made_up_input(const pp_value *v, const symbols *sy, const int64_t *sizes, pp_tensor **out) {
+    int64_t shape[PP_MAX_DIMS];
+    if (v->ndim < 0 || v->dtype == PP_DTYPE_UNDEFINED)
+        return pp_error(PP_ERR_UNSUPPORTED, "input '%s' has no declared type; cannot probe shapes", v->name);
+    for (int d = 0; d < v->ndim; d++) {
+        shape[d] = v->shape[d] >= 0 ? v->shape[d] : 1;
+        for (int i = 0; i < sy->n && v->dim_names[d]; i++)
+            if (strcmp(sy->names[i], v->dim_names[d]) == 0) shape[d] = sizes[i];
+    }
+    return pp_tensor_new(v->dtype, v->ndim, shape, out);
+}
+
+static pp_status run_pipe(const pp_pipe *p, const symbols *sy, const int64_t *sizes, tensor_map *m) {
+    for (int s = 0; s < p->n_stages; s++) {
+        pp_graph *g = p->stages[s];
+        pp_tensor **ins = calloc((size_t)g->n_inputs + 1, sizeof *ins);
+        pp_tensor **outs = calloc((size_t)g->n_outputs + 1, sizeof *outs);
+        pp_status st = (ins && outs) ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
+        for (int i = 0; i < g->n_inputs && st == PP_OK; i++) {
+            const pp_value *v = &g->values[g->inputs[i]];
+            pp_tensor *t = map_get(m, v->name);
+            if (t) {
+                ins[i] = pp_tensor_retain(t);
+                continue;
+            }
+            st = made_up_input(v, sy, sizes, &ins[i]);
+            if (st == PP_OK) st = map_put(m, v->name, pp_tensor_retain(ins[i]));
+        }
+        if (st == PP_OK) st = pp_graph_run(g, ins, outs);
+        if (st != PP_OK) st = pp_error_context(st, "probing stage %d", s);
+        for (int o = 0; o < g->n_outputs && st == PP_OK; o++)
+            if (!map_get(m, g->values[g->outputs[o]].name)) st = map_put(m, g->values[g->outputs[o]].name, outs[o]);
+            else pp_tensor_free(outs[o]);
+        for (int i = 0; ins && i < g->n_inputs; i++) pp_tensor_free(ins[i]);
+        free(ins);
+        free(outs);
+        if (st != PP_OK) return st;
+    }
+    return PP_OK;
+}
+
+static char *dim_expr(const symbols *sy, int64_t base_val, const int64_t *doubled_vals) {
+    char buf[256];
+    int64_t denom = 1;
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < sy->n; i++) {
+        if (doubled_vals[i] != 2 * base_val) continue;
+        denom *= sy->base[i];
+        n += (size_t)snprintf(buf + n, sizeof buf - n, "%s%s", n ? "*" : "", sy->names[i]);
+    }
+    if (n == 0) {
+        snprintf(buf, sizeof buf, "%lld", (long long)base_val);
+    } else if (base_val != denom && denom > 0 && base_val % denom == 0) {
+        char tmp[256];
+        snprintf(tmp, sizeof tmp, "%lld*%s", (long long)(base_val / denom), buf);
+        snprintf(buf, sizeof buf, "%s", tmp);
+    }
+    return strdup(buf);
+}
+
+pp_status pp_pipe_probe_shapes(pp_pipe *p, int n_dims_given, const char *const *dims_given) {
+    symbols sy = {0};
+    for (int s = 0; s < p->n_stages; s++) {
+        const pp_graph *g = p->stages[s];
+        for (int i = 0; i < g->n_inputs; i++) {
+            const pp_value *v = &g->values[g->inputs[i]];
+            for (int d = 0; d < v->ndim; d++)
+                if (v->dim_names[d] && pp_pipe_find_edge(p, v->name) >= 0 && p->edges[pp_pipe_find_edge(p, v->name)].producer < 0)
+                    add_symbol(&sy, v->dim_names[d], n_dims_given, dims_given);
+        }
+    }
+    tensor_map runs[MAX_SYMS + 1] = {{0}};
+    int64_t sizes[MAX_SYMS];
+    pp_status st = PP_OK;
+    for (int r = 0; r <= sy.n && st == PP_OK; r++) {
+        for (int i = 0; i < sy.n; i++) sizes[i] = sy.base[i] * (i + 1 == r ? 2 : 1);
+        st = run_pipe(p, &sy, sizes, &runs[r]);
+    }
+    /* The batch symbol: the first dim name of the first model input. */
+    int batch = sy.n ? 0 : -1;
+    for (int e = 0; e < p->n_edges && st == PP_OK; e++) {
+        pp_pipe_edge *ed = &p->edges[e];
+        const pp_tensor *t = map_get(&runs[0], ed->value);
+        if (!t) continue;
+        ed->dtype = t->dtype;
+        ed->ndim = t->ndim;
+        for (int d = 0; d < t->ndim; d++) {
+            int64_t doubled[MAX_SYMS];
+            for (int i = 0; i < sy.n; i++) {
+                const pp_tensor *u = map_get(&runs[i + 1], ed->value);
+                doubled[i] = u && u->ndim == t->ndim ? u->shape[d] : t->shape[d];
+            }
+            free(ed->dims[d]);
+            ed->dims[d] = dim_expr(&sy, t->shape[d], doubled);
+        }
+        ed->bytes_per_sample = batch >= 0 ? (int64_t)t->nbytes / sy.base[batch] : (int64_t)t->nbytes;
+    }
+    for (int r = 0; r <= sy.n; r++) map_free(&runs[r]);
+    return st;
+}
