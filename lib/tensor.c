@@ -119,6 +119,21 @@ pp_status pp_tensor_view(pp_tensor *src, int ndim, const int64_t *shape, pp_tens
     return PP_OK;
 }
 
+pp_status pp_tensor_slice0(pp_tensor *src, int64_t start, int64_t len, pp_tensor **out) {
+    if (src->ndim < 1) return pp_error(PP_ERR_SHAPE, "cannot slice a scalar along dim 0");
+    if (start < 0 || len < 0 || start + len > src->shape[0])
+        return pp_error(PP_ERR_SHAPE, "rows %lld..%lld out of range (dim 0 is %lld)", (long long)start,
+                        (long long)(start + len), (long long)src->shape[0]);
+    int64_t shape[PP_MAX_DIMS];
+    memcpy(shape, src->shape, sizeof shape);
+    shape[0] = len;
+    size_t row = src->shape[0] ? src->nbytes / (size_t)src->shape[0] : 0;
+    char *base = (char *)src->data + (size_t)start * row;
+    PP_TRY(pp_tensor_wrap(src->dtype, src->ndim, shape, len && row ? base : NULL, release_source, src, out));
+    pp_tensor_retain(src);
+    return PP_OK;
+}
+
 pp_tensor *pp_tensor_retain(pp_tensor *t) {
     if (t) atomic_fetch_add((atomic_int *)&t->refcount, 1);
     return t;
@@ -161,6 +176,15 @@ int64_t pp_tensor_get_i64(const pp_tensor *t, int64_t i) {
     }
 }
 
+/* Float to integer: truncation toward zero, NaN -> 0, saturating at the
+ * target's range (C leaves out-of-range conversions undefined). */
+static int64_t float_to_int(double v, double lo, double hi) {
+    if (v != v) return 0;
+    if (v <= lo) return (int64_t)lo;
+    if (v >= hi) return (int64_t)hi;
+    return (int64_t)v;
+}
+
 void pp_tensor_set_f64(pp_tensor *t, int64_t i, double v) {
     void *p = t->data;
     switch (t->dtype) {
@@ -168,10 +192,10 @@ void pp_tensor_set_f64(pp_tensor *t, int64_t i, double v) {
     case PP_F64: ((double *)p)[i] = v; break;
     case PP_F16: ((uint16_t *)p)[i] = pp_f32_to_f16((float)v); break;
     case PP_BF16: ((uint16_t *)p)[i] = pp_f32_to_bf16((float)v); break;
-    case PP_I64: ((int64_t *)p)[i] = (v != v) ? 0 : (int64_t)v; break;
-    case PP_I32: ((int32_t *)p)[i] = (v != v) ? 0 : (int32_t)v; break;
-    case PP_I8: ((int8_t *)p)[i] = (v != v) ? 0 : (int8_t)v; break;
-    case PP_U8: ((uint8_t *)p)[i] = (v != v) ? 0 : (uint8_t)v; break;
+    case PP_I64: ((int64_t *)p)[i] = float_to_int(v, -9223372036854775808.0, 9223372036854774784.0); break;
+    case PP_I32: ((int32_t *)p)[i] = (int32_t)float_to_int(v, -2147483648.0, 2147483647.0); break;
+    case PP_I8: ((int8_t *)p)[i] = (int8_t)float_to_int(v, -128.0, 127.0); break;
+    case PP_U8: ((uint8_t *)p)[i] = (uint8_t)float_to_int(v, 0.0, 255.0); break;
     case PP_BOOL: ((uint8_t *)p)[i] = v != 0; break;
     default: break;
     }
@@ -184,11 +208,15 @@ pp_status pp_tensor_cast(const pp_tensor *src, pp_dtype dt, pp_tensor **out) {
     int64_t n = pp_tensor_numel(src);
     if (dt == src->dtype) {
         if (src->nbytes) memcpy(t->data, src->data, src->nbytes);
-    } else if ((dt == PP_I64 || dt == PP_I32) && !pp_dtype_is_float(src->dtype)) {
+    } else if (!pp_dtype_is_float(dt) && dt != PP_BOOL && !pp_dtype_is_float(src->dtype)) {
+        /* Integer to integer: exact through int64, wrapping like numpy. */
         for (int64_t i = 0; i < n; i++) {
-            int64_t v = pp_tensor_get_i64(src, i);
-            if (dt == PP_I64) ((int64_t *)t->data)[i] = v;
-            else ((int32_t *)t->data)[i] = (int32_t)v;
+            uint64_t v = (uint64_t)pp_tensor_get_i64(src, i);
+            switch (dt) {
+            case PP_I64: ((int64_t *)t->data)[i] = (int64_t)v; break;
+            case PP_I32: ((uint32_t *)t->data)[i] = (uint32_t)v; break;
+            default: ((uint8_t *)t->data)[i] = (uint8_t)v; break;
+            }
         }
     } else if (src->dtype == PP_F32 && dt == PP_F64) {
         for (int64_t i = 0; i < n; i++) ((double *)t->data)[i] = ((const float *)src->data)[i];

@@ -446,7 +446,7 @@ pp_status pp_sched_run(const pp_schedule *s, const pp_cost_model *costs, pp_trac
     if (st == PP_OK)
         for (int r = 0; r < e.p; r++) {
             if (e.pc[r] >= s->len[r]) continue;
-            char why[512], ab[PP_ACTION_STR_MAX];
+            char why[4 * PP_ACTION_STR_MAX], ab[PP_ACTION_STR_MAX];
             const pp_action *a = &s->acts[r][e.pc[r]];
             describe_wait(&e, r, a, why, sizeof why);
             pp_action_format(s, a, ab, sizeof ab);

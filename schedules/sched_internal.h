@@ -24,7 +24,7 @@ pp_status pp_sched_table_range(const pp_schedule *s, long first, long last, long
                                char **out);
 
 /* The validator's rules without the dry run: per-action checks and
- * completeness. *err_rank/*err_step locate a per-action failure (-1 if
+ * completeness. err_rank and err_step locate a per-action failure (-1 if
  * none or not applicable). */
 pp_status pp_sched_check_static(const pp_schedule *s, int *err_rank, long *err_step);
 

@@ -9,6 +9,7 @@
 #ifndef PIPPIN_TRANSPORT_CONTEXT_H
 #define PIPPIN_TRANSPORT_CONTEXT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "pippin/status.h"

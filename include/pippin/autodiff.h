@@ -53,10 +53,10 @@ int pp_grad_op_is_constant(const char *domain, const char *op_type);
 /* Helpers for rules. Every node they add is named after the forward node
  * ("<node>/grad/<Op>_<n>") and becomes part of the backward. */
 /* Adds op_type(in...) with n_out outputs; out[i] receives the value ids
- * (out may be NULL; then n_out must be 1 and the id goes to *node's output
- * 0 only). node may be NULL. */
+ * (-1 for an output left out: want[i] == 0; want may be NULL for all).
+ * node (may be NULL) receives the node id, for setting attributes. */
 pp_status pp_grad_emit(pp_grad_ctx *c, const char *op_type, const char *domain, int n_in,
-                       const int *in, int n_out, int *out, int *node);
+                       const int *in, int n_out, const uint8_t *want, int *out, int *node);
 /* One output, no attributes: *out = op_type(a[, b]). b < -1 means unary. */
 pp_status pp_grad_op1(pp_grad_ctx *c, const char *op_type, const char *domain, int a, int b,
                       int *out);
@@ -102,7 +102,9 @@ typedef struct pp_backward {
     /* PARAM values that no gradient reaches (buffers such as a causal mask):
      * not trainable. */
     int n_frozen; int *frozen;
-    int n_values_before;                                /* graph size before the pass */
+    /* Graph sizes before the pass: the first n_inputs_before inputs are the
+     * model's own, the first n_outputs_before outputs too. */
+    int n_values_before, n_inputs_before, n_outputs_before;
 } pp_backward;
 
 /* Appends the backward of g's existing nodes to g and tags node->region.

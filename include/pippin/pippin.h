@@ -11,5 +11,6 @@
 #include "pippin/op.h"
 #include "pippin/exec.h"
 #include "pippin/onnx.h"
+#include "pippin/autodiff.h"
 
 #endif

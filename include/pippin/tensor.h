@@ -68,6 +68,8 @@ pp_status pp_tensor_wrap(pp_dtype dt, int ndim, const int64_t *shape, void *data
 pp_status pp_tensor_clone(const pp_tensor *src, pp_tensor **out);
 /* New tensor of another shape sharing src's data (numel must match). */
 pp_status pp_tensor_view(pp_tensor *src, int ndim, const int64_t *shape, pp_tensor **out);
+/* Rows [start, start+len) along dim 0 as a view sharing src's data. */
+pp_status pp_tensor_slice0(pp_tensor *src, int64_t start, int64_t len, pp_tensor **out);
 /* Converts to another dtype (float<->int truncates toward zero, as numpy). */
 pp_status pp_tensor_cast(const pp_tensor *src, pp_dtype dt, pp_tensor **out);
 /* A 0-d f32 / i64 tensor. */

@@ -65,11 +65,12 @@ typedef struct pp_transport_options {
     int rank;                     /* this rank, 0 <= rank < nranks */
     int nranks;
     /* nranks endpoints. endpoints[rank] is bound and may use a wildcard
-     * ("tcp://127.0.0.1:*", "ipc://*"; see pp_transport_endpoint); a peer's
+     * (port "*" for tcp, path "*" for ipc; see pp_transport_endpoint); a peer's
      * entry may be NULL or "" when not known yet (pp_transport_connect_peer). */
     const char *const *endpoints;
-    /* Address to bind instead of endpoints[rank] (e.g. "tcp://*:5555" when
-     * peers connect to "tcp://node3:5555"). NULL: endpoints[rank]. */
+    /* Address to bind instead of endpoints[rank], e.g. all interfaces
+     * ("tcp://" "*:5555") while peers connect to "tcp://node3:5555".
+     * NULL: endpoints[rank]. */
     const char *bind_endpoint;
     /* Stage -> rank map: stage s runs on rank stage_ranks[s]. NULL: stage r
      * on rank r (nstages = nranks). */

@@ -42,6 +42,7 @@
  * that n = -149..128 never builds an invalid exponent. */
 static inline float pp_vexpf(float x) {
     float xc = x < -104.0f ? -104.0f : (x > 88.8f ? 88.8f : x);
+    xc = x != x ? 0.0f : xc; /* keeps the int conversion below defined */
     const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
     float n = (xc * 1.44269504088896341f + magic) - magic;
     float r = xc - n * 0.693359375f;
@@ -83,8 +84,10 @@ static inline float pp_vtanhf(float x) {
     q = q * x2 + 2.26843463243900e-03f;
     q = q * x2 + 4.89352518554385e-03f;
     float y = p / q;
-    /* Tiny inputs return themselves (keeps -0 and denormals exact). */
+    /* Tiny inputs return themselves (keeps -0 and denormals exact); beyond
+     * 9, tanhf rounds to exactly +-1. */
     y = (x < 0.0004f && x > -0.0004f) ? x : y;
+    y = x > 9.0f ? 1.0f : (x < -9.0f ? -1.0f : y);
     return x != x ? x : y;
 }
 

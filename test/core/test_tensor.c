@@ -95,6 +95,34 @@ static void test_cast(void **state) {
     pp_tensor_free(b);
 }
 
+/* Regression: out-of-range float -> int casts were undefined behaviour. */
+static void test_cast_saturates(void **state) {
+    (void)state;
+    int64_t shape[] = {4};
+    float vals[] = {-1.0f, 300.0f, NAN, 1e20f};
+    pp_tensor *t = tu_f32(1, shape, vals), *u8, *i32;
+    TU_OK(pp_tensor_cast(t, PP_U8, &u8));
+    TU_OK(pp_tensor_cast(t, PP_I32, &i32));
+    const uint8_t *a = u8->data;
+    const int32_t *b = i32->data;
+    assert_int_equal(a[0], 0);
+    assert_int_equal(a[1], 255);
+    assert_int_equal(a[2], 0);
+    assert_int_equal(b[3], INT32_MAX);
+    /* int64 -> uint8 wraps exactly, as numpy does. */
+    int64_t big[] = {257, -1};
+    int64_t two[] = {2};
+    pp_tensor *i = tu_i64(1, two, big), *w;
+    TU_OK(pp_tensor_cast(i, PP_U8, &w));
+    assert_int_equal(((uint8_t *)w->data)[0], 1);
+    assert_int_equal(((uint8_t *)w->data)[1], 255);
+    pp_tensor_free(t);
+    pp_tensor_free(u8);
+    pp_tensor_free(i32);
+    pp_tensor_free(i);
+    pp_tensor_free(w);
+}
+
 static void test_half_round_trip(void **state) {
     (void)state;
     /* Every finite f16 survives f16 -> f32 -> f16. */
@@ -135,7 +163,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_new_is_zeroed),     cmocka_unit_test(test_scalar_and_empty),
         cmocka_unit_test(test_bad_shapes),        cmocka_unit_test(test_wrap_borrowed),
-        cmocka_unit_test(test_view_shares_and_keeps_source), cmocka_unit_test(test_cast),
+        cmocka_unit_test(test_view_shares_and_keeps_source), cmocka_unit_test(test_cast), cmocka_unit_test(test_cast_saturates),
         cmocka_unit_test(test_half_round_trip),   cmocka_unit_test(test_allclose),
         cmocka_unit_test(test_dtype_names),
     };

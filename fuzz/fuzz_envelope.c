@@ -1,0 +1,174 @@
+/* libFuzzer target: envelope decoding and validation, frame checks and
+ * tensor reassembly, as the transport runs them on every incoming message.
+ *
+ * Input: 2 bytes (little endian) give the length of frame 0 (the envelope,
+ * cut to what is there); the rest is data frames, each a 2-byte length then
+ * that many bytes (cut likewise). Build: scripts/run-fuzz, which also sets
+ * PIPPIN_FUZZ_SEEDS to a directory where this target writes a few valid
+ * messages to start from. */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pippin/envelope.h"
+#include "pippin/log.h"
+
+#define MAX_FRAMES 64
+
+static void check(int cond) {
+    if (!cond) __builtin_trap();
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+
+/* Appends one seed message (envelope + frames in the input format). */
+static void write_seed(const char *dir, const char *name, const pp_envelope *env, int nframes,
+                       const size_t *frame_sizes) {
+    uint8_t buf[4096];
+    size_t len = 0;
+    if (pp_envelope_pack(env, buf + 2, sizeof buf - 2, &len) != PP_OK) return;
+    buf[0] = (uint8_t)len;
+    buf[1] = (uint8_t)(len >> 8);
+    size_t off = len + 2;
+    for (int i = 0; i < nframes && off + 2 + frame_sizes[i] <= sizeof buf; i++) {
+        buf[off++] = (uint8_t)frame_sizes[i];
+        buf[off++] = (uint8_t)(frame_sizes[i] >> 8);
+        memset(buf + off, 0x40 + i, frame_sizes[i]);
+        off += frame_sizes[i];
+    }
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f) return;
+    fwrite(buf, 1, off, f);
+    fclose(f);
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    (void)argc;
+    (void)argv;
+    const char *dir = getenv("PIPPIN_FUZZ_SEEDS");
+    if (!dir || !dir[0]) return 0;
+    pp_wire_tensor wt[2] = {
+        {"/blocks.0/Add_output_0", PP_F32, 2, {2, 3}, 24, 2},
+        {"mask", PP_BOOL, 1, {5}, 5, 1},
+    };
+    pp_envelope env = {0};
+    env.version = PP_PROTOCOL_VERSION;
+    env.kind = PP_MSG_ACTIVATION;
+    env.run_id = 1;
+    env.step = 2;
+    env.microbatch = 3;
+    env.src_stage = 0;
+    env.dst_stage = 1;
+    env.src_rank = 0;
+    env.seq = 9;
+    env.ntensors = 2;
+    env.tensors = wt;
+    env.text = "";
+    size_t sizes[3] = {16, 8, 5};
+    write_seed(dir, "seed-activation", &env, 3, sizes);
+    env.kind = PP_MSG_GRADIENT;
+    env.ntensors = 1;
+    wt[0].nframes = 1;
+    sizes[0] = 24;
+    write_seed(dir, "seed-gradient", &env, 1, sizes);
+    env.kind = PP_MSG_ABORT;
+    env.ntensors = 0;
+    env.text = "loss is NaN";
+    write_seed(dir, "seed-abort", &env, 0, NULL);
+    env.kind = PP_MSG_CONTROL;
+    env.text = "bye";
+    write_seed(dir, "seed-bye", &env, 0, NULL);
+    return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    static int quiet;
+    if (!quiet) {
+        pp_log_set_level(PP_LOG_OFF);
+        quiet = 1;
+    }
+    if (size < 2) return 0;
+    size_t env_len = (size_t)data[0] | (size_t)data[1] << 8;
+    data += 2;
+    size -= 2;
+    if (env_len > size) env_len = size;
+    const uint8_t *env_data = data;
+    data += env_len;
+    size -= env_len;
+
+    const void *frames[MAX_FRAMES];
+    size_t sizes[MAX_FRAMES];
+    size_t nframes = 0;
+    while (size >= 2 && nframes < MAX_FRAMES) {
+        size_t n = (size_t)data[0] | (size_t)data[1] << 8;
+        data += 2;
+        size -= 2;
+        if (n > size) n = size;
+        frames[nframes] = data;
+        sizes[nframes++] = n;
+        data += n;
+        size -= n;
+    }
+
+    pp_envelope_limits lim = {1u << 20, 16, MAX_FRAMES, 8, 8};
+    pp_envelope env;
+    if (pp_envelope_decode(env_data, env_len, &lim, &env) != PP_OK) return 0;
+
+    /* a decoded envelope satisfies every documented invariant */
+    check(env.version == PP_PROTOCOL_VERSION);
+    check(env.kind >= PP_MSG_ACTIVATION && env.kind <= PP_MSG_ABORT);
+    check(env.step >= 0 && env.microbatch >= 0);
+    check(env.src_stage >= 0 && env.src_stage < 8 && env.dst_stage >= 0 && env.dst_stage < 8);
+    check(env.ntensors >= 0 && env.ntensors <= 16);
+    check(strlen(env.text) <= PP_ENVELOPE_MAX_TEXT);
+    uint64_t total = 0;
+    for (int i = 0; i < env.ntensors; i++) {
+        const pp_wire_tensor *wt = &env.tensors[i];
+        check(wt->ndim >= 0 && wt->ndim <= PP_MAX_DIMS);
+        check(pp_dtype_size(wt->dtype) > 0);
+        size_t nb = 0;
+        check(pp_shape_bytes(wt->dtype, wt->ndim, wt->shape, &nb) == PP_OK);
+        check(nb == wt->nbytes);
+        total += wt->nbytes;
+    }
+    check(total <= lim.max_message_bytes);
+
+    /* packing it again gives an envelope that decodes to the same thing */
+    uint8_t buf[PP_ENVELOPE_MAX_BYTES];
+    size_t len = 0;
+    if (pp_envelope_pack(&env, buf, sizeof buf, &len) == PP_OK) {
+        pp_envelope again;
+        check(pp_envelope_decode(buf, len, &lim, &again) == PP_OK);
+        check(again.kind == env.kind && again.step == env.step && again.seq == env.seq &&
+              again.ntensors == env.ntensors && strcmp(again.text, env.text) == 0);
+        for (int i = 0; i < env.ntensors; i++)
+            check(strcmp(again.tensors[i].name, env.tensors[i].name) == 0 &&
+                  again.tensors[i].nbytes == env.tensors[i].nbytes);
+        pp_envelope_clear(&again);
+    }
+
+    if (pp_envelope_check_frames(&env, nframes, sizes) == PP_OK) {
+        size_t f = 0;
+        for (int i = 0; i < env.ntensors; i++) {
+            const pp_wire_tensor *wt = &env.tensors[i];
+            pp_tensor *t = NULL;
+            check(pp_envelope_tensor_copy(wt, frames + f, sizes + f, &t) == PP_OK);
+            check(t->nbytes == wt->nbytes);
+            size_t off = 0;
+            for (uint32_t k = 0; k < wt->nframes; k++) {
+                check(memcmp((char *)t->data + off, frames[f + k], sizes[f + k]) == 0);
+                off += sizes[f + k];
+            }
+            pp_tensor_free(t);
+            f += wt->nframes;
+        }
+        check(f == nframes);
+    }
+    pp_envelope_clear(&env);
+    return 0;
+}

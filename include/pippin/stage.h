@@ -1,0 +1,91 @@
+/* Stage objects: one pipeline stage that runs one microbatch at a time.
+ *
+ * forward(mb) stashes what the backward needs; backward_input(mb) takes the
+ * gradients of the stage's outputs and returns those of its inputs (region
+ * I); backward_weight(mb) computes the parameter gradients (region W) and
+ * adds them into the stage's flat gradient buffer, then frees the
+ * microbatch's stash. backward(mb) is both. Trainable parameters live in one
+ * contiguous float32 buffer, their gradients in another (views per tensor,
+ * like FSDP's flat parameter). */
+#ifndef PIPPIN_STAGE_H
+#define PIPPIN_STAGE_H
+
+#include <stddef.h>
+
+#include "pippin/graph.h"
+#include "pippin/pipe.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct pp_stage pp_stage;
+
+typedef struct pp_stage_spec {
+    int index;                /* stage number, for messages */
+    int training;             /* build the backward */
+    const char *loss;         /* the loss output of this stage, or NULL */
+    int n_seeds;              /* outputs whose gradients come from later stages */
+    const char *const *seeds;
+    int n_wrt;                /* inputs whose gradients go back to earlier stages */
+    const char *const *wrt;
+} pp_stage_spec;
+
+/* Takes ownership of g (also on failure). */
+pp_status pp_stage_new(pp_graph *g, const pp_stage_spec *spec, pp_stage **out);
+/* Stage `index` of a pipe whose edges have been probed: seeds are the float
+ * values it sends on, wrt the float values it receives from other stages,
+ * loss the pipe's loss if computed here. Moves the stage graph out of the
+ * pipe (p->stages[index] becomes NULL). */
+pp_status pp_stage_from_pipe(pp_pipe *p, int index, int training, pp_stage **out);
+void pp_stage_free(pp_stage *st);
+
+const pp_graph *pp_stage_graph(const pp_stage *st);
+int pp_stage_index(const pp_stage *st);
+/* Forward inputs/outputs (the stage graph's, before the backward was added). */
+int pp_stage_n_inputs(const pp_stage *st);
+const char *pp_stage_input_name(const pp_stage *st, int i);
+int pp_stage_n_outputs(const pp_stage *st);
+const char *pp_stage_output_name(const pp_stage *st, int i);
+/* Seeds (output gradients expected by backward_input, loss excluded) and
+ * wrt (input gradients it returns), by name. */
+int pp_stage_n_grad_outputs(const pp_stage *st);
+const char *pp_stage_grad_output_name(const pp_stage *st, int i);
+int pp_stage_n_grad_inputs(const pp_stage *st);
+const char *pp_stage_grad_input_name(const pp_stage *st, int i);
+/* 1 if this stage computes the loss. */
+int pp_stage_has_loss(const pp_stage *st);
+
+/* The backward of the loss is seeded with scale (1/M for M microbatches). */
+void pp_stage_set_loss_scale(pp_stage *st, float scale);
+
+/* inputs[i] feeds forward input i (borrowed); outputs[o] gets a new
+ * reference to forward output o. When training, the stash for mb is kept
+ * until its backward. */
+pp_status pp_stage_forward(pp_stage *st, int mb, pp_tensor *const *inputs, pp_tensor **outputs);
+/* out_grads[k]: gradient of grad output k (borrowed; NULL = zero);
+ * in_grads[k] gets a new reference to the gradient of grad input k. */
+pp_status pp_stage_backward_input(pp_stage *st, int mb, pp_tensor *const *out_grads,
+                                  pp_tensor **in_grads);
+pp_status pp_stage_backward_weight(pp_stage *st, int mb);
+pp_status pp_stage_backward(pp_stage *st, int mb, pp_tensor *const *out_grads, pp_tensor **in_grads);
+/* Microbatches whose forward ran and whose backward has not finished. */
+int pp_stage_pending(const pp_stage *st);
+/* Bytes held in stashes right now. */
+size_t pp_stage_stash_bytes(const pp_stage *st);
+
+/* Trainable parameters (float32, in the flat buffers). */
+int pp_stage_n_params(const pp_stage *st);
+const char *pp_stage_param_name(const pp_stage *st, int i);
+/* Index of a parameter by name, -1 if absent. */
+int pp_stage_find_param(const pp_stage *st, const char *name);
+/* Offset and length (in floats) of parameter i in the flat buffers. */
+void pp_stage_param_range(const pp_stage *st, int i, size_t *offset, size_t *count);
+float *pp_stage_flat_params(pp_stage *st, size_t *count);
+float *pp_stage_flat_grads(pp_stage *st, size_t *count);
+void pp_stage_zero_grad(pp_stage *st);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,66 @@
+/* Internal: state shared by the autodiff pass (autodiff.c), the rule
+ * helpers (grad_build.c) and the rules (grad_rules*.c). */
+#ifndef PIPPIN_AUTODIFF_INTERNAL_H
+#define PIPPIN_AUTODIFF_INTERNAL_H
+
+#include "pippin/autodiff.h"
+#include "pippin/op.h"
+
+typedef struct pp_ad_state {
+    int n_fwd_nodes;   /* nodes of the graph before the pass */
+    int n_fwd_values;  /* values of the graph before the pass */
+    int *shape_of;     /* per forward value: the value holding its shape, or -1 */
+    uint8_t *side;     /* per node: added for the forward (region F) */
+    int cap_side;
+    int n_consts;      /* cache of scalar float constants */
+    uint32_t const_bits[16];
+    int const_ids[16];
+} pp_ad_state;
+
+pp_status pp_ad_state_init(pp_ad_state *st, const pp_graph *g);
+void pp_ad_state_clear(pp_ad_state *st);
+/* 1 if node was added as a forward-side helper. */
+int pp_ad_is_side(const pp_ad_state *st, int node);
+
+/* The forward node's input k and output k, -1 if absent. (Rules read ids
+ * through these rather than keep a node pointer: adding nodes moves the
+ * node array.) */
+static inline int pp_ad_in(const pp_grad_ctx *c, int k) {
+    const pp_node *n = &c->g->nodes[c->node];
+    return k < n->n_in ? n->in[k] : -1;
+}
+static inline int pp_ad_out(const pp_grad_ctx *c, int k) {
+    const pp_node *n = &c->g->nodes[c->node];
+    return k < n->n_out ? n->out[k] : -1;
+}
+
+/* Rules (grad_rules_*.c), looked up through the table in grad_rules.c. */
+#define PP_GRAD_RULE(name) pp_status pp_grad_rule_##name(pp_grad_ctx *c)
+PP_GRAD_RULE(add);
+PP_GRAD_RULE(sub);
+PP_GRAD_RULE(mul);
+PP_GRAD_RULE(div);
+PP_GRAD_RULE(pow);
+PP_GRAD_RULE(neg);
+PP_GRAD_RULE(exp);
+PP_GRAD_RULE(log);
+PP_GRAD_RULE(unary_y);   /* Tanh Sigmoid Relu Sqrt: pippin::<Op>Grad(dy, y) */
+PP_GRAD_RULE(unary_x);   /* Erf Gelu LeakyRelu: pippin::<Op>Grad(dy, x) */
+PP_GRAD_RULE(reduce);    /* ReduceSum ReduceMean */
+PP_GRAD_RULE(where);
+PP_GRAD_RULE(matmul);
+PP_GRAD_RULE(gemm);
+PP_GRAD_RULE(softmax);   /* Softmax LogSoftmax */
+PP_GRAD_RULE(layer_norm);
+PP_GRAD_RULE(sce_loss);
+PP_GRAD_RULE(identity);  /* Identity PipeSplit Dropout: dx[k] = dy[k] */
+PP_GRAD_RULE(reshape);   /* Reshape Flatten Squeeze Unsqueeze */
+PP_GRAD_RULE(expand);
+PP_GRAD_RULE(transpose);
+PP_GRAD_RULE(concat);
+PP_GRAD_RULE(split);
+PP_GRAD_RULE(slice);
+PP_GRAD_RULE(gather);
+PP_GRAD_RULE(cast);
+
+#endif

@@ -1,0 +1,133 @@
+/* Using a pp_backward: finding a model's loss, keep masks for running the
+ * F/I/W regions apart, and measuring the stash. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "pippin/autodiff.h"
+#include "pippin/exec.h"
+
+pp_status pp_autodiff_find_loss(const pp_graph *g, const char *loss_name, int *value) {
+    const char *want = loss_name ? loss_name : "loss";
+    for (int i = 0; i < g->n_outputs; i++)
+        if (strcmp(g->values[g->outputs[i]].name, want) == 0) {
+            *value = g->outputs[i];
+            return PP_OK;
+        }
+    if (loss_name) return pp_error(PP_ERR_NOT_FOUND, "the model has no output '%s'", loss_name);
+    int found = -1, count = 0;
+    for (int i = 0; i < g->n_outputs; i++) {
+        const pp_value *v = &g->values[g->outputs[i]];
+        if (v->ndim == 0 && pp_dtype_is_float(v->dtype)) {
+            found = g->outputs[i];
+            count++;
+        }
+    }
+    if (count != 1)
+        return pp_error(PP_ERR_NOT_FOUND,
+                        "cannot tell which output is the loss (no output 'loss', %d float scalar "
+                        "outputs); name it",
+                        count);
+    *value = found;
+    return PP_OK;
+}
+
+pp_status pp_autodiff_model(pp_graph *g, const char *loss_name, int wrt_float_inputs,
+                            pp_backward **out) {
+    int loss;
+    PP_TRY(pp_autodiff_find_loss(g, loss_name, &loss));
+    int *wrt = malloc(sizeof(int) * (size_t)(g->n_inputs + 1)), n_wrt = 0;
+    if (!wrt) return pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int i = 0; wrt_float_inputs && i < g->n_inputs; i++)
+        if (pp_dtype_is_float(g->values[g->inputs[i]].dtype)) wrt[n_wrt++] = g->inputs[i];
+    pp_backward_spec spec = {loss, 0, NULL, n_wrt, wrt};
+    pp_status s = pp_autodiff(g, &spec, out);
+    free(wrt);
+    return s;
+}
+
+pp_status pp_backward_keep_masks(const pp_graph *g, const pp_backward *b, uint8_t **keep_f,
+                                 uint8_t **keep_i) {
+    uint8_t *f = calloc((size_t)g->n_values + 1, 1), *i = calloc((size_t)g->n_values + 1, 1);
+    if (!f || !i) {
+        free(f);
+        free(i);
+        return pp_error(PP_ERR_NOMEM, "out of memory");
+    }
+    for (int k = 0; k < b->n_stash; k++) f[b->stash[k]] = 1;
+    for (int k = 0; k < g->n_outputs; k++) f[g->outputs[k]] = i[g->outputs[k]] = 1;
+    /* After I: whatever W reads that I might otherwise free. */
+    for (int k = 0; k < b->n_w; k++) {
+        const pp_node *n = &g->nodes[b->w_nodes[k]];
+        for (int j = 0; j < n->n_in; j++)
+            if (n->in[j] >= 0) i[n->in[j]] = 1;
+    }
+    *keep_f = f;
+    *keep_i = i;
+    return PP_OK;
+}
+
+pp_status pp_backward_stash_bytes(pp_graph *g, const pp_backward *b, pp_tensor *const *inputs,
+                                  int64_t *bytes) {
+    pp_exec *ex;
+    PP_TRY(pp_exec_new(g, &ex));
+    pp_tensor **env = calloc((size_t)g->n_values + 1, sizeof *env);
+    uint8_t *keep = calloc((size_t)g->n_values + 1, 1);
+    pp_status s = env && keep ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int k = 0; s == PP_OK && k < b->n_inputs_before; k++)
+        env[g->inputs[k]] = pp_tensor_retain(inputs[k]);
+    for (int k = 0; s == PP_OK && k < b->n_stash; k++) keep[b->stash[k]] = 1;
+    if (s == PP_OK) s = pp_exec_run_nodes(ex, b->forward_nodes, b->n_forward, env, keep);
+    int64_t total = 0;
+    for (int k = 0; s == PP_OK && k < b->n_stash; k++) {
+        const pp_tensor *t = env[b->stash[k]];
+        if (!t) continue;
+        int shared = 0; /* views (Reshape, Identity) share one buffer */
+        for (int j = 0; j < k && !shared; j++)
+            shared = env[b->stash[j]] && env[b->stash[j]]->data == t->data && t->data;
+        if (!shared) total += (int64_t)t->nbytes;
+    }
+    for (int v = 0; env && v < g->n_values; v++) pp_tensor_free(env[v]);
+    free(env);
+    free(keep);
+    pp_exec_free(ex);
+    if (s == PP_OK) *bytes = total;
+    return s;
+}
+
+/* Zero-filled model inputs with the given batch size and other dynamic dims. */
+static pp_status zero_inputs(const pp_graph *g, int n, int64_t batch, int64_t other,
+                             pp_tensor **ins) {
+    for (int k = 0; k < n; k++) {
+        const pp_value *v = &g->values[g->inputs[k]];
+        if (v->ndim < 0)
+            return pp_error(PP_ERR_INVALID, "input '%s' has an unknown rank", v->name);
+        int64_t shape[PP_MAX_DIMS];
+        for (int d = 0; d < v->ndim; d++)
+            shape[d] = v->shape[d] >= 0 ? v->shape[d] : (d == 0 ? batch : other);
+        pp_dtype dt = v->dtype == PP_DTYPE_UNDEFINED ? PP_F32 : v->dtype;
+        PP_TRY(pp_tensor_new(dt, v->ndim, shape, &ins[k]));
+    }
+    return PP_OK;
+}
+
+pp_status pp_backward_stash_per_sample(pp_graph *g, const pp_backward *b, int64_t other_dims,
+                                       int64_t *per_sample, int64_t *fixed) {
+    int n = b->n_inputs_before;
+    pp_tensor **ins = calloc((size_t)n + 1, sizeof *ins);
+    if (!ins) return pp_error(PP_ERR_NOMEM, "out of memory");
+    int64_t bytes[2] = {0, 0};
+    pp_status s = PP_OK;
+    for (int batch = 1; batch <= 2 && s == PP_OK; batch++) {
+        s = zero_inputs(g, n, batch, other_dims > 0 ? other_dims : 1, ins);
+        if (s == PP_OK) s = pp_backward_stash_bytes(g, b, ins, &bytes[batch - 1]);
+        for (int k = 0; k < n; k++) {
+            pp_tensor_free(ins[k]);
+            ins[k] = NULL;
+        }
+    }
+    free(ins);
+    PP_TRY(s);
+    *per_sample = bytes[1] - bytes[0];
+    if (fixed) *fixed = bytes[0] - *per_sample;
+    return PP_OK;
+}

@@ -1,0 +1,349 @@
+/* Gradient helper ops for the layers: MatMul (input and weight halves kept
+ * apart for the I/W split), Softmax, LogSoftmax, LayerNormalization (input
+ * half and weight half) and SoftmaxCrossEntropyLoss. Statistics the forward
+ * computed (softmax of the scores, LayerNorm mean and 1/std) are recomputed
+ * from the stashed input: cheaper than keeping them per microbatch. */
+#include <cblas.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grad_kernels.h"
+
+/* ------------------------------------------------------------------------ */
+/* MatMul: y = a @ b with numpy batch broadcasting and 1-D promotion. */
+
+typedef struct mm_plan {
+    int64_t M, K, N, P;            /* P: number of output batch matrices */
+    int nb;                        /* output batch rank */
+    int64_t by[PP_MAX_DIMS];       /* output batch dims */
+    int64_t sa[PP_MAX_DIMS], sb[PP_MAX_DIMS]; /* batch strides (in matrices), 0 = broadcast */
+    int64_t Pa, Pb;                /* matrices in a and b */
+} mm_plan;
+
+static pp_status mm_plan_make(const pp_kernel_ctx *ctx, int ra, const int64_t *as, int rb,
+                              const int64_t *bs, mm_plan *p) {
+    if (ra < 1 || rb < 1) return pp_kernel_error(ctx, PP_ERR_SHAPE, "MatMul of a scalar");
+    int64_t K2;
+    p->M = ra == 1 ? 1 : as[ra - 2];
+    p->K = as[ra - 1];
+    K2 = rb == 1 ? bs[0] : bs[rb - 2];
+    p->N = rb == 1 ? 1 : bs[rb - 1];
+    if (p->K != K2) return pp_kernel_error(ctx, PP_ERR_SHAPE, "inner dimensions differ");
+    int na = ra > 2 ? ra - 2 : 0, nbb = rb > 2 ? rb - 2 : 0;
+    p->nb = na > nbb ? na : nbb;
+    int64_t st_a = 1, st_b = 1;
+    p->P = 1;
+    for (int d = p->nb - 1; d >= 0; d--) {
+        int ja = d - (p->nb - na), jb = d - (p->nb - nbb);
+        int64_t da = ja >= 0 ? as[ja] : 1, db = jb >= 0 ? bs[jb] : 1;
+        if (da != db && da != 1 && db != 1)
+            return pp_kernel_error(ctx, PP_ERR_SHAPE, "batch dimensions do not broadcast");
+        p->by[d] = da > db ? da : db;
+        if (da == 0 || db == 0) p->by[d] = 0;
+        p->sa[d] = da == 1 ? 0 : st_a;
+        p->sb[d] = db == 1 ? 0 : st_b;
+        st_a *= da;
+        st_b *= db;
+        p->P *= p->by[d];
+    }
+    p->Pa = st_a;
+    p->Pb = st_b;
+    if (p->M > INT_MAX || p->N > INT_MAX || p->K > INT_MAX || p->P * p->M > INT_MAX)
+        return pp_kernel_error(ctx, PP_ERR_UNSUPPORTED, "matrix too large for BLAS");
+    return PP_OK;
+}
+
+/* Matrix offsets into a and b of output batch matrix q (row-major walk). */
+static void mm_offsets(const mm_plan *p, int64_t q, int64_t *oa, int64_t *ob) {
+    int64_t a = 0, b = 0;
+    for (int d = p->nb - 1; d >= 0; d--) {
+        int64_t i = q % p->by[d];
+        q /= p->by[d];
+        a += i * p->sa[d];
+        b += i * p->sb[d];
+    }
+    *oa = a;
+    *ob = b;
+}
+
+static pp_status mm_grad(pp_kernel_ctx *ctx, int want_a) {
+    PP_TRY(pp_grad_k_f32(ctx, 0, "dy"));
+    PP_TRY(pp_grad_k_f32(ctx, 1, want_a ? "b" : "a"));
+    const pp_tensor *dy = ctx->in[0], *other = ctx->in[1];
+    int rs;
+    int64_t ss[PP_MAX_DIMS];
+    PP_TRY(pp_grad_k_shape(ctx, 2, &rs, ss));
+    mm_plan p;
+    if (want_a) PP_TRY(mm_plan_make(ctx, rs, ss, other->ndim, other->shape, &p));
+    else PP_TRY(mm_plan_make(ctx, other->ndim, other->shape, rs, ss, &p));
+    if (pp_tensor_numel(dy) != p.P * p.M * p.N)
+        return pp_kernel_error(ctx, PP_ERR_SHAPE, "dy does not match the product's shape");
+    pp_tensor *out;
+    PP_TRY(pp_tensor_new(PP_F32, rs, ss, &out));
+    ctx->out[0] = out;
+    if (p.P == 0 || p.M == 0 || p.N == 0 || p.K == 0) return PP_OK;
+    const float *g = dy->data, *o = other->data;
+    float *r = out->data;
+    int M = (int)p.M, N = (int)p.N, K = (int)p.K;
+    if (want_a) {
+        /* da = dy @ b^T; one tall gemm when b has no batch and a is not broadcast */
+        if (p.Pb == 1 && p.Pa == p.P) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(p.P * p.M), K, N, 1.0f, g,
+                        N, o, N, 0.0f, r, K);
+            return PP_OK;
+        }
+        for (int64_t q = 0; q < p.P; q++) {
+            int64_t qa, qb;
+            mm_offsets(&p, q, &qa, &qb);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, K, N, 1.0f, g + q * p.M * p.N,
+                        N, o + qb * p.K * p.N, N, 1.0f, r + qa * p.M * p.K, K);
+        }
+    } else {
+        /* db = a^T @ dy, summed over broadcast batch dims; one gemm over all
+         * rows when b has no batch dims (a linear layer's weight) */
+        if (p.Pb == 1 && p.Pa == p.P) {
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, K, N, (int)(p.P * p.M), 1.0f, o,
+                        K, g, N, 0.0f, r, N);
+            return PP_OK;
+        }
+        for (int64_t q = 0; q < p.P; q++) {
+            int64_t qa, qb;
+            mm_offsets(&p, q, &qa, &qb);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, K, N, M, 1.0f, o + qa * p.M * p.K,
+                        K, g + q * p.M * p.N, N, 1.0f, r + qb * p.K * p.N, N);
+        }
+    }
+    return PP_OK;
+}
+
+pp_status pp_grad_matmul_a_run(pp_kernel_ctx *ctx) { return mm_grad(ctx, 1); }
+pp_status pp_grad_matmul_b_run(pp_kernel_ctx *ctx) { return mm_grad(ctx, 0); }
+
+/* ------------------------------------------------------------------------ */
+/* Softmax and LogSoftmax along one axis (or, with coerce2d = 1, over all
+ * dims from axis on, as opset < 13 defines them). */
+
+typedef struct axis_split {
+    int64_t outer, n, inner;
+} axis_split;
+
+static pp_status split_at_axis(const pp_kernel_ctx *ctx, const pp_tensor *t, axis_split *s) {
+    int r = t->ndim;
+    s->outer = s->n = s->inner = 1;
+    int64_t axis = pp_node_attr_int(ctx->node, "axis", -1);
+    if (axis < 0) axis += r;
+    if (axis < 0 || axis >= (r ? r : 1))
+        return pp_kernel_error(ctx, PP_ERR_INVALID, "axis out of range");
+    if (r == 0) return PP_OK;
+    s->outer = pp_shape_numel((int)axis, t->shape);
+    if (pp_node_attr_int(ctx->node, "coerce2d", 0)) {
+        s->n = pp_shape_numel(r - (int)axis, t->shape + axis);
+        s->inner = 1;
+    } else {
+        s->n = t->shape[axis];
+        s->inner = pp_shape_numel(r - (int)axis - 1, t->shape + axis + 1);
+    }
+    return PP_OK;
+}
+
+static pp_status softmax_like_grad(pp_kernel_ctx *ctx, int log) {
+    PP_TRY(pp_grad_k_f32(ctx, 0, "dy"));
+    PP_TRY(pp_grad_k_f32(ctx, 1, "y"));
+    const pp_tensor *dy = ctx->in[0], *y = ctx->in[1];
+    if (!pp_shape_equal(dy->ndim, dy->shape, y->ndim, y->shape))
+        return pp_kernel_error(ctx, PP_ERR_SHAPE, "dy and y differ in shape");
+    axis_split s;
+    PP_TRY(split_at_axis(ctx, y, &s));
+    pp_tensor *out;
+    PP_TRY(pp_tensor_empty(PP_F32, y->ndim, y->shape, &out));
+    const float *g = dy->data, *v = y->data;
+    float *dx = out->data;
+    for (int64_t o = 0; o < s.outer; o++)
+        for (int64_t k = 0; k < s.inner; k++) {
+            int64_t base = o * s.n * s.inner + k, st = s.inner;
+            double acc = 0;
+            if (log)
+                for (int64_t i = 0; i < s.n; i++) acc += g[base + i * st];
+            else
+                for (int64_t i = 0; i < s.n; i++) acc += (double)g[base + i * st] * v[base + i * st];
+            float sum = (float)acc;
+            if (log)
+                for (int64_t i = 0; i < s.n; i++)
+                    dx[base + i * st] = g[base + i * st] - expf(v[base + i * st]) * sum;
+            else
+                for (int64_t i = 0; i < s.n; i++)
+                    dx[base + i * st] = v[base + i * st] * (g[base + i * st] - sum);
+        }
+    ctx->out[0] = out;
+    return PP_OK;
+}
+
+pp_status pp_grad_softmax_run(pp_kernel_ctx *ctx) { return softmax_like_grad(ctx, 0); }
+pp_status pp_grad_log_softmax_run(pp_kernel_ctx *ctx) { return softmax_like_grad(ctx, 1); }
+
+/* ------------------------------------------------------------------------ */
+/* LayerNormalization: rows of n elements normalised over dims axis.. */
+
+static pp_status ln_rows(const pp_kernel_ctx *ctx, const pp_tensor *x, int64_t *rows, int64_t *n,
+                         int *axis) {
+    int64_t a = pp_node_attr_int(ctx->node, "axis", -1);
+    if (a < 0) a += x->ndim;
+    if (a < 0 || a >= x->ndim) return pp_kernel_error(ctx, PP_ERR_INVALID, "axis out of range");
+    *axis = (int)a;
+    *rows = pp_shape_numel((int)a, x->shape);
+    *n = pp_shape_numel(x->ndim - (int)a, x->shape + a);
+    return PP_OK;
+}
+
+/* Mean and 1/sqrt(var + eps) of one row, as the forward computes them. */
+static void ln_stats(const float *x, int64_t n, float eps, float *mean, float *rstd) {
+    double s = 0, q = 0;
+    for (int64_t i = 0; i < n; i++) s += x[i];
+    double m = n ? s / (double)n : 0;
+    for (int64_t i = 0; i < n; i++) q += ((double)x[i] - m) * ((double)x[i] - m);
+    double var = n ? q / (double)n : 0;
+    *mean = (float)m;
+    *rstd = (float)(1.0 / sqrt(var + (double)eps));
+}
+
+static pp_status ln_inputs(pp_kernel_ctx *ctx, int64_t *rows, int64_t *n, int *axis) {
+    PP_TRY(pp_grad_k_f32(ctx, 0, "dy"));
+    PP_TRY(pp_grad_k_f32(ctx, 1, "x"));
+    const pp_tensor *dy = ctx->in[0], *x = ctx->in[1];
+    if (!pp_shape_equal(dy->ndim, dy->shape, x->ndim, x->shape))
+        return pp_kernel_error(ctx, PP_ERR_SHAPE, "dy and x differ in shape");
+    return ln_rows(ctx, x, rows, n, axis);
+}
+
+pp_status pp_grad_layer_norm_input_run(pp_kernel_ctx *ctx) {
+    int64_t rows, n;
+    int axis;
+    PP_TRY(ln_inputs(ctx, &rows, &n, &axis));
+    PP_TRY(pp_grad_k_f32(ctx, 2, "scale"));
+    if (pp_tensor_numel(ctx->in[2]) != n)
+        return pp_kernel_error(ctx, PP_ERR_SHAPE, "scale does not match the normalised shape");
+    float eps = pp_node_attr_float(ctx->node, "epsilon", 1e-5f);
+    const pp_tensor *x = ctx->in[1];
+    pp_tensor *out;
+    PP_TRY(pp_tensor_empty(PP_F32, x->ndim, x->shape, &out));
+    const float *g = ctx->in[0]->data, *xv = x->data, *w = ctx->in[2]->data;
+    float *dx = out->data;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = xv + r * n, *gr = g + r * n;
+        float *dr = dx + r * n;
+        float mean, rstd;
+        ln_stats(xr, n, eps, &mean, &rstd);
+        /* dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), gw = dy * scale */
+        double a = 0, b = 0;
+        for (int64_t i = 0; i < n; i++) {
+            float gw = gr[i] * w[i], xh = (xr[i] - mean) * rstd;
+            a += gw;
+            b += (double)gw * xh;
+        }
+        float ma = (float)(a / (double)n), mb = (float)(b / (double)n);
+        for (int64_t i = 0; i < n; i++) {
+            float xh = (xr[i] - mean) * rstd;
+            dr[i] = rstd * (gr[i] * w[i] - ma - xh * mb);
+        }
+    }
+    ctx->out[0] = out;
+    return PP_OK;
+}
+
+pp_status pp_grad_layer_norm_weight_run(pp_kernel_ctx *ctx) {
+    int64_t rows, n;
+    int axis;
+    PP_TRY(ln_inputs(ctx, &rows, &n, &axis));
+    float eps = pp_node_attr_float(ctx->node, "epsilon", 1e-5f);
+    const pp_tensor *x = ctx->in[1];
+    double *acc = calloc((size_t)(2 * n + 1), sizeof *acc);
+    if (!acc) return pp_error(PP_ERR_NOMEM, "out of memory");
+    double *ds = acc, *db = acc + n;
+    const float *g = ctx->in[0]->data, *xv = x->data;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = xv + r * n, *gr = g + r * n;
+        float mean, rstd;
+        ln_stats(xr, n, eps, &mean, &rstd);
+        for (int64_t i = 0; i < n; i++) {
+            ds[i] += (double)gr[i] * ((xr[i] - mean) * rstd);
+            db[i] += gr[i];
+        }
+    }
+    pp_status s = PP_OK;
+    for (int k = 0; k < 2 && s == PP_OK; k++) {
+        if (k >= ctx->n_out || ctx->node->out[k] < 0) continue;
+        pp_tensor *o;
+        s = pp_tensor_empty(PP_F32, x->ndim - axis, x->shape + axis, &o);
+        if (s != PP_OK) break;
+        float *d = o->data;
+        for (int64_t i = 0; i < n; i++) d[i] = (float)acc[k * n + i];
+        ctx->out[k] = o;
+    }
+    free(acc);
+    return s;
+}
+
+/* ------------------------------------------------------------------------ */
+/* SoftmaxCrossEntropyLoss: scores [N, C, d...], labels [N, d...]. */
+
+pp_status pp_grad_sce_loss_run(pp_kernel_ctx *ctx) {
+    PP_TRY(pp_grad_k_f32(ctx, 0, "dloss"));
+    PP_TRY(pp_grad_k_f32(ctx, 1, "scores"));
+    const pp_tensor *dl = ctx->in[0], *sc = ctx->in[1], *lb = ctx->in[2];
+    const pp_tensor *wt = ctx->n_in > 3 ? ctx->in[3] : NULL;
+    if (wt) PP_TRY(pp_grad_k_f32(ctx, 3, "weights"));
+    if (!lb || (lb->dtype != PP_I64 && lb->dtype != PP_I32))
+        return pp_kernel_error(ctx, PP_ERR_INVALID, "labels must be int32 or int64");
+    if (sc->ndim < 2) return pp_kernel_error(ctx, PP_ERR_SHAPE, "scores need rank >= 2");
+    int64_t N = sc->shape[0], C = sc->shape[1];
+    int64_t inner = pp_shape_numel(sc->ndim - 2, sc->shape + 2), rows = N * inner;
+    if (pp_tensor_numel(lb) != rows)
+        return pp_kernel_error(ctx, PP_ERR_SHAPE, "labels do not match the scores");
+    if (wt && pp_tensor_numel(wt) != C)
+        return pp_kernel_error(ctx, PP_ERR_SHAPE, "weights must have C entries");
+    const char *red = pp_node_attr_string(ctx->node, "reduction", "mean");
+    int mode = strcmp(red, "none") == 0 ? 0 : (strcmp(red, "sum") == 0 ? 1 : 2);
+    if (mode == 2 && strcmp(red, "mean") != 0)
+        return pp_kernel_error(ctx, PP_ERR_INVALID, "unknown reduction '%s'", red);
+    if (pp_tensor_numel(dl) != (mode == 0 ? rows : 1))
+        return pp_kernel_error(ctx, PP_ERR_SHAPE, "dloss has the wrong size");
+    int has_ignore = pp_node_attr(ctx->node, "ignore_index") != NULL;
+    int64_t ignore = pp_node_attr_int(ctx->node, "ignore_index", 0);
+    const float *w = wt ? wt->data : NULL;
+    /* Mean divides by the summed weight of the rows not ignored. */
+    double denom = 0;
+    for (int64_t j = 0; j < rows; j++) {
+        int64_t l = pp_tensor_get_i64(lb, j);
+        if (has_ignore && l == ignore) continue;
+        if (l < 0 || l >= C)
+            return pp_kernel_error(ctx, PP_ERR_INVALID, "label %lld out of range [0,%lld)",
+                                   (long long)l, (long long)C);
+        denom += w ? w[l] : 1.0;
+    }
+    pp_tensor *out;
+    PP_TRY(pp_tensor_new(PP_F32, sc->ndim, sc->shape, &out));
+    const float *s = sc->data, *g = dl->data;
+    float *dx = out->data;
+    for (int64_t j = 0; j < rows; j++) {
+        int64_t l = pp_tensor_get_i64(lb, j);
+        if (has_ignore && l == ignore) continue;
+        int64_t nn = j / inner, k = j % inner, base = nn * C * inner + k;
+        float coef = mode == 0 ? g[j] : (mode == 1 ? g[0] : (float)(g[0] / denom));
+        if (w) coef *= w[l];
+        float mx = -INFINITY;
+        for (int64_t c = 0; c < C; c++) mx = fmaxf(mx, s[base + c * inner]);
+        double z = 0;
+        for (int64_t c = 0; c < C; c++) {
+            float e = expf(s[base + c * inner] - mx);
+            dx[base + c * inner] = e;
+            z += e;
+        }
+        float inv = (float)(1.0 / z);
+        for (int64_t c = 0; c < C; c++) dx[base + c * inner] *= inv * coef;
+        dx[base + l * inner] -= coef;
+    }
+    ctx->out[0] = out;
+    return PP_OK;
+}

@@ -1,0 +1,165 @@
+/* Flat parameter and gradient buffers with per-tensor views. */
+#include "pippin/params.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ALIGN_ELEMS 16 /* 64 bytes of float32 */
+
+/* One allocation holding both buffers; freed when the pp_flat_params and
+ * every view made of it are gone. */
+typedef struct block {
+    atomic_int refs;
+    float *mem;
+} block;
+
+static void block_unref(void *data, void *hint) {
+    (void)data;
+    block *b = hint;
+    if (atomic_fetch_sub(&b->refs, 1) == 1) {
+        free(b->mem);
+        free(b);
+    }
+}
+
+static pp_status view(pp_flat_params *fp, int i, float *base, pp_tensor **out) {
+    if (i < 0 || i >= fp->n) return pp_error(PP_ERR_INVALID, "parameter index %d out of range", i);
+    block *b = fp->block;
+    atomic_fetch_add(&b->refs, 1);
+    pp_status s = pp_tensor_wrap(PP_F32, fp->ndims[i], fp->shapes + (size_t)i * PP_MAX_DIMS,
+                                 base + fp->offset[i], block_unref, b, out);
+    if (s != PP_OK) atomic_fetch_sub(&b->refs, 1);
+    return s;
+}
+
+pp_status pp_flat_params_data_view(pp_flat_params *fp, int i, pp_tensor **out) {
+    return view(fp, i, fp->data, out);
+}
+
+pp_status pp_flat_params_grad_view(pp_flat_params *fp, int i, pp_tensor **out) {
+    return view(fp, i, fp->grad, out);
+}
+
+void pp_flat_params_free(pp_flat_params *fp) {
+    if (!fp) return;
+    for (int i = 0; fp->names && i < fp->n; i++) free(fp->names[i]);
+    free(fp->names);
+    free(fp->values);
+    free(fp->offset);
+    free(fp->numel);
+    free(fp->ndims);
+    free(fp->shapes);
+    if (fp->block) block_unref(NULL, fp->block);
+    free(fp);
+}
+
+static pp_status layout(const pp_graph *g, int n, const int *values, pp_flat_params *fp) {
+    int64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        int v = values[i];
+        if (v < 0 || v >= g->n_values) return pp_error(PP_ERR_INVALID, "bad parameter value id %d", v);
+        const pp_value *val = &g->values[v];
+        if (val->kind != PP_VALUE_PARAM || !val->data || val->data->dtype != PP_F32)
+            return pp_error(PP_ERR_INVALID, "'%s' is not a float32 parameter", val->name);
+        fp->values[i] = v;
+        fp->names[i] = strdup(val->name);
+        if (!fp->names[i]) return pp_error(PP_ERR_NOMEM, "out of memory");
+        fp->numel[i] = pp_tensor_numel(val->data);
+        fp->ndims[i] = val->data->ndim;
+        memcpy(fp->shapes + (size_t)i * PP_MAX_DIMS, val->data->shape,
+               sizeof(int64_t) * (size_t)val->data->ndim);
+        fp->offset[i] = off;
+        off += (fp->numel[i] + ALIGN_ELEMS - 1) / ALIGN_ELEMS * ALIGN_ELEMS;
+    }
+    fp->total = off;
+    return PP_OK;
+}
+
+pp_status pp_flat_params_new(pp_graph *g, int n, const int *values, pp_flat_params **out) {
+    *out = NULL;
+    pp_flat_params *fp = calloc(1, sizeof *fp);
+    if (!fp) return pp_error(PP_ERR_NOMEM, "out of memory");
+    size_t m = (size_t)(n ? n : 1);
+    fp->n = n;
+    fp->values = calloc(m, sizeof(int));
+    fp->names = calloc(m, sizeof(char *));
+    fp->offset = calloc(m, sizeof(int64_t));
+    fp->numel = calloc(m, sizeof(int64_t));
+    fp->ndims = calloc(m, sizeof(int));
+    fp->shapes = calloc(m * PP_MAX_DIMS, sizeof(int64_t));
+    block *b = calloc(1, sizeof *b);
+    pp_status s = fp->values && fp->names && fp->offset && fp->numel && fp->ndims && fp->shapes && b
+                      ? PP_OK
+                      : pp_error(PP_ERR_NOMEM, "out of memory");
+    if (s == PP_OK) {
+        atomic_init(&b->refs, 1);
+        fp->block = b;
+        b = NULL;
+        s = layout(g, n, values, fp);
+    }
+    free(b);
+    block *blk = fp->block;
+    if (s == PP_OK) {
+        size_t bytes = sizeof(float) * (size_t)(2 * fp->total + ALIGN_ELEMS);
+        blk->mem = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        if (!blk->mem) s = pp_error(PP_ERR_NOMEM, "out of memory for %lld parameters",
+                                    (long long)fp->total);
+    }
+    if (s != PP_OK) {
+        pp_flat_params_free(fp);
+        return s;
+    }
+    memset(blk->mem, 0, sizeof(float) * (size_t)(2 * fp->total));
+    fp->data = blk->mem;
+    fp->grad = blk->mem + fp->total;
+    /* Copy each parameter in, then point the graph at the view. */
+    for (int i = 0; i < n && s == PP_OK; i++) {
+        pp_value *val = &g->values[fp->values[i]];
+        memcpy(fp->data + fp->offset[i], val->data->data, sizeof(float) * (size_t)fp->numel[i]);
+        pp_tensor *t;
+        s = pp_flat_params_data_view(fp, i, &t);
+        if (s == PP_OK) {
+            pp_tensor_free(val->data);
+            val->data = t;
+        }
+    }
+    if (s != PP_OK) {
+        pp_flat_params_free(fp);
+        return s;
+    }
+    *out = fp;
+    return PP_OK;
+}
+
+int pp_flat_params_find(const pp_flat_params *fp, const char *name) {
+    for (int i = 0; i < fp->n; i++)
+        if (strcmp(fp->names[i], name) == 0) return i;
+    return -1;
+}
+
+void pp_flat_params_zero_grad(pp_flat_params *fp) {
+    memset(fp->grad, 0, sizeof(float) * (size_t)fp->total);
+}
+
+static pp_status check_src(const pp_flat_params *fp, int i, const pp_tensor *t, const char *what) {
+    if (i < 0 || i >= fp->n) return pp_error(PP_ERR_INVALID, "parameter index %d out of range", i);
+    if (!t || t->dtype != PP_F32 || pp_tensor_numel(t) != fp->numel[i])
+        return pp_error(PP_ERR_SHAPE, "%s for parameter '%s' must be float32 with %lld elements",
+                        what, fp->names[i], (long long)fp->numel[i]);
+    return PP_OK;
+}
+
+pp_status pp_flat_params_accumulate(pp_flat_params *fp, int i, const pp_tensor *g) {
+    PP_TRY(check_src(fp, i, g, "gradient"));
+    float *restrict dst = fp->grad + fp->offset[i];
+    const float *restrict src = g->data;
+    for (int64_t k = 0; k < fp->numel[i]; k++) dst[k] += src[k];
+    return PP_OK;
+}
+
+pp_status pp_flat_params_set(pp_flat_params *fp, int i, const pp_tensor *src) {
+    PP_TRY(check_src(fp, i, src, "value"));
+    memcpy(fp->data + fp->offset[i], src->data, sizeof(float) * (size_t)fp->numel[i]);
+    return PP_OK;
+}

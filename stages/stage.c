@@ -1,0 +1,406 @@
+/* A pipeline stage: forward / backward-input / backward-weight per
+ * microbatch over the stage graph and its symbolic backward, with
+ * per-microbatch stashes and flat parameter and gradient buffers. */
+#include "pippin/stage.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pippin/autodiff.h"
+#include "pippin/exec.h"
+#include "pippin/log.h"
+
+typedef struct {
+    int mb;
+    int backward_input_done;
+    pp_tensor **env; /* one slot per graph value: the stash */
+} mb_state;
+
+struct pp_stage {
+    pp_graph *g;
+    int index;
+    int training;
+    pp_exec *ex;
+    pp_backward *bw;
+    uint8_t *keep_f, *keep_i, *keep_w;
+    uint8_t *stash_mask; /* per value: kept from forward to backward */
+    int n_fwd_inputs, n_fwd_outputs;
+    int loss_seed; /* index into bw->seed_values of the loss, -1 if none */
+    float loss_scale;
+    int n_out_grads; /* seeds other than the loss */
+    int *out_grad_seed; /* [n_out_grads]: index into bw seeds */
+    mb_state *mbs;
+    int n_mbs, cap_mbs;
+    /* flat parameters: trainable PARAM values of the graph, in bw->params order */
+    float *flat_params, *flat_grads;
+    size_t n_flat;
+    size_t *param_off;
+};
+
+static pp_status stage_error(const pp_stage *st, pp_status code, const char *fmt, const char *a, int mb) {
+    char msg[512];
+    snprintf(msg, sizeof msg, fmt, a, mb);
+    return pp_error(code, "stage %d: %s", st->index, msg);
+}
+
+/* Moves every trainable parameter into the flat buffer; the graph's
+ * tensors become views into it. */
+static pp_status flatten_params(pp_stage *st) {
+    pp_backward *b = st->bw;
+    st->param_off = calloc((size_t)b->n_params + 1, sizeof *st->param_off);
+    if (!st->param_off) return pp_error(PP_ERR_NOMEM, "out of memory");
+    size_t total = 0;
+    for (int i = 0; i < b->n_params; i++) {
+        const pp_tensor *t = st->g->values[b->params[i]].data;
+        if (!t || t->dtype != PP_F32)
+            return pp_error(PP_ERR_UNSUPPORTED, "stage %d: parameter '%s' is not float32", st->index,
+                            st->g->values[b->params[i]].name);
+        st->param_off[i] = total;
+        /* Keep each tensor 16-float aligned for vector kernels. */
+        total += ((size_t)pp_tensor_numel(t) + 15) / 16 * 16;
+    }
+    st->n_flat = total;
+    st->flat_params = aligned_alloc(64, (total ? total : 16) * sizeof(float));
+    st->flat_grads = aligned_alloc(64, (total ? total : 16) * sizeof(float));
+    if (!st->flat_params || !st->flat_grads) return pp_error(PP_ERR_NOMEM, "out of memory for parameters");
+    memset(st->flat_params, 0, total * sizeof(float));
+    memset(st->flat_grads, 0, total * sizeof(float));
+    for (int i = 0; i < b->n_params; i++) {
+        pp_value *v = &st->g->values[b->params[i]];
+        float *dst = st->flat_params + st->param_off[i];
+        memcpy(dst, v->data->data, v->data->nbytes);
+        pp_tensor *view;
+        PP_TRY(pp_tensor_wrap(PP_F32, v->data->ndim, v->data->shape, dst, NULL, NULL, &view));
+        pp_tensor_free(v->data);
+        v->data = view;
+    }
+    return PP_OK;
+}
+
+static int find_value_index(const pp_graph *g, const int *ids, int n, int v) {
+    for (int i = 0; i < n; i++)
+        if (ids[i] == v) return i;
+    (void)g;
+    return -1;
+}
+
+static pp_status build_backward(pp_stage *st, const pp_stage_spec *spec) {
+    pp_graph *g = st->g;
+    int *seeds = calloc((size_t)spec->n_seeds + 1, sizeof(int));
+    int *wrt = calloc((size_t)spec->n_wrt + 1, sizeof(int));
+    pp_status s = seeds && wrt ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
+    int loss = -1;
+    if (s == PP_OK && spec->loss && (loss = pp_graph_find_value(g, spec->loss)) < 0)
+        s = pp_error(PP_ERR_NOT_FOUND, "stage %d: no loss value '%s'", st->index, spec->loss);
+    for (int i = 0; s == PP_OK && i < spec->n_seeds; i++)
+        if ((seeds[i] = pp_graph_find_value(g, spec->seeds[i])) < 0)
+            s = pp_error(PP_ERR_NOT_FOUND, "stage %d: no output '%s'", st->index, spec->seeds[i]);
+    for (int i = 0; s == PP_OK && i < spec->n_wrt; i++)
+        if ((wrt[i] = pp_graph_find_value(g, spec->wrt[i])) < 0)
+            s = pp_error(PP_ERR_NOT_FOUND, "stage %d: no input '%s'", st->index, spec->wrt[i]);
+    if (s == PP_OK) {
+        pp_backward_spec bs = {loss, spec->n_seeds, seeds, spec->n_wrt, wrt};
+        s = pp_autodiff(g, &bs, &st->bw);
+        if (s != PP_OK) s = pp_error_context(s, "stage %d backward", st->index);
+    }
+    free(seeds);
+    free(wrt);
+    PP_TRY(s);
+    pp_backward *b = st->bw;
+    st->loss_seed = loss >= 0 ? find_value_index(g, b->seed_values, b->n_seeds, loss) : -1;
+    st->out_grad_seed = calloc((size_t)b->n_seeds + 1, sizeof(int));
+    if (!st->out_grad_seed) return pp_error(PP_ERR_NOMEM, "out of memory");
+    /* Output gradients come in the order the spec listed the seeds. */
+    for (int i = 0; i < spec->n_seeds; i++) {
+        int k = find_value_index(g, b->seed_values, b->n_seeds, pp_graph_find_value(g, spec->seeds[i]));
+        if (k < 0) return pp_error(PP_ERR_INTERNAL, "stage %d: seed '%s' lost", st->index, spec->seeds[i]);
+        st->out_grad_seed[st->n_out_grads++] = k;
+    }
+    PP_TRY(pp_backward_keep_masks(g, b, &st->keep_f, &st->keep_i));
+    st->keep_w = calloc((size_t)g->n_values + 1, 1);
+    if (!st->keep_w) return pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < b->n_params; i++)
+        if (b->param_grads[i] >= 0) st->keep_w[b->param_grads[i]] = 1;
+    st->stash_mask = calloc((size_t)g->n_values + 1, 1);
+    if (!st->stash_mask) return pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int k = 0; k < b->n_stash; k++) st->stash_mask[b->stash[k]] = 1;
+    return flatten_params(st);
+}
+
+pp_status pp_stage_new(pp_graph *g, const pp_stage_spec *spec, pp_stage **out) {
+    *out = NULL;
+    pp_stage *st = calloc(1, sizeof *st);
+    if (!st) {
+        pp_graph_free(g);
+        return pp_error(PP_ERR_NOMEM, "out of memory");
+    }
+    st->g = g;
+    st->index = spec->index;
+    st->training = spec->training;
+    st->loss_seed = -1;
+    st->loss_scale = 1.0f;
+    st->n_fwd_inputs = g->n_inputs;
+    st->n_fwd_outputs = g->n_outputs;
+    pp_status s = pp_graph_resolve(g);
+    if (s == PP_OK && spec->training) s = build_backward(st, spec);
+    if (s == PP_OK) s = pp_exec_new(g, &st->ex);
+    if (s != PP_OK) {
+        pp_stage_free(st);
+        return s;
+    }
+    *out = st;
+    return PP_OK;
+}
+
+pp_status pp_stage_from_pipe(pp_pipe *p, int index, int training, pp_stage **out) {
+    *out = NULL;
+    if (index < 0 || index >= p->n_stages || !p->stages[index])
+        return pp_error(PP_ERR_INVALID, "stage %d is not in the pipe (or was taken)", index);
+    pp_graph *g = p->stages[index];
+    const char **seeds = calloc((size_t)g->n_outputs + 1, sizeof(char *));
+    const char **wrt = calloc((size_t)g->n_inputs + 1, sizeof(char *));
+    if (!seeds || !wrt) {
+        free(seeds);
+        free(wrt);
+        return pp_error(PP_ERR_NOMEM, "out of memory");
+    }
+    pp_stage_spec spec = {index, training, NULL, 0, seeds, 0, wrt};
+    if (training && p->loss_stage == index) spec.loss = p->loss;
+    for (int e = 0; training && e < p->n_edges; e++) {
+        const pp_pipe_edge *ed = &p->edges[e];
+        int is_float = pp_dtype_is_float(ed->dtype);
+        if (ed->dtype == PP_DTYPE_UNDEFINED) {
+            free(seeds);
+            free(wrt);
+            return pp_error(PP_ERR_STATE, "edge '%s' has no dtype: probe the pipe's shapes first", ed->value);
+        }
+        if (!is_float) continue;
+        if (ed->producer == index) seeds[spec.n_seeds++] = ed->value;
+        for (int k = 0; k < ed->n_consumers; k++)
+            if (ed->consumers[k] == index && ed->producer >= 0) wrt[spec.n_wrt++] = ed->value;
+    }
+    p->stages[index] = NULL;
+    pp_status s = pp_stage_new(g, &spec, out);
+    free(seeds);
+    free(wrt);
+    return s;
+}
+
+static void free_env(const pp_graph *g, pp_tensor **env) {
+    if (!env) return;
+    for (int v = 0; v < g->n_values; v++) pp_tensor_free(env[v]);
+    free(env);
+}
+
+void pp_stage_free(pp_stage *st) {
+    if (!st) return;
+    for (int i = 0; i < st->n_mbs; i++) free_env(st->g, st->mbs[i].env);
+    free(st->mbs);
+    pp_exec_free(st->ex);
+    pp_backward_free(st->bw);
+    free(st->keep_f);
+    free(st->keep_i);
+    free(st->keep_w);
+    free(st->stash_mask);
+    free(st->out_grad_seed);
+    free(st->param_off);
+    pp_graph_free(st->g); /* drops the views before the buffers go */
+    free(st->flat_params);
+    free(st->flat_grads);
+    free(st);
+}
+
+const pp_graph *pp_stage_graph(const pp_stage *st) { return st->g; }
+int pp_stage_index(const pp_stage *st) { return st->index; }
+int pp_stage_n_inputs(const pp_stage *st) { return st->n_fwd_inputs; }
+const char *pp_stage_input_name(const pp_stage *st, int i) { return st->g->values[st->g->inputs[i]].name; }
+int pp_stage_n_outputs(const pp_stage *st) { return st->n_fwd_outputs; }
+const char *pp_stage_output_name(const pp_stage *st, int i) { return st->g->values[st->g->outputs[i]].name; }
+int pp_stage_n_grad_outputs(const pp_stage *st) { return st->n_out_grads; }
+const char *pp_stage_grad_output_name(const pp_stage *st, int i) {
+    return st->g->values[st->bw->seed_values[st->out_grad_seed[i]]].name;
+}
+int pp_stage_n_grad_inputs(const pp_stage *st) { return st->bw ? st->bw->n_wrt : 0; }
+const char *pp_stage_grad_input_name(const pp_stage *st, int i) { return st->g->values[st->bw->wrt_values[i]].name; }
+int pp_stage_has_loss(const pp_stage *st) { return st->loss_seed >= 0; }
+void pp_stage_set_loss_scale(pp_stage *st, float scale) { st->loss_scale = scale; }
+int pp_stage_pending(const pp_stage *st) { return st->n_mbs; }
+
+size_t pp_stage_stash_bytes(const pp_stage *st) {
+    size_t total = 0;
+    for (int i = 0; i < st->n_mbs; i++)
+        for (int v = 0; v < st->g->n_values; v++)
+            if (st->mbs[i].env[v] && st->g->values[v].kind != PP_VALUE_PARAM &&
+                st->g->values[v].kind != PP_VALUE_CONST)
+                total += st->mbs[i].env[v]->nbytes;
+    return total;
+}
+
+static mb_state *find_mb(pp_stage *st, int mb) {
+    for (int i = 0; i < st->n_mbs; i++)
+        if (st->mbs[i].mb == mb) return &st->mbs[i];
+    return NULL;
+}
+
+static void drop_mb(pp_stage *st, mb_state *m) {
+    free_env(st->g, m->env);
+    *m = st->mbs[--st->n_mbs];
+}
+
+pp_status pp_stage_forward(pp_stage *st, int mb, pp_tensor *const *inputs, pp_tensor **outputs) {
+    pp_graph *g = st->g;
+    if (!st->training) {
+        /* No stash: the executor frees every buffer after its last use. */
+        pp_tensor **outs = calloc((size_t)g->n_outputs + 1, sizeof *outs);
+        if (!outs) return pp_error(PP_ERR_NOMEM, "out of memory");
+        pp_status s = pp_exec_run(st->ex, inputs, outs);
+        if (s != PP_OK) s = pp_error_context(s, "stage %d forward of microbatch %d", st->index, mb);
+        for (int o = 0; s == PP_OK && o < st->n_fwd_outputs; o++) outputs[o] = outs[o];
+        free(outs);
+        return s;
+    }
+    if (find_mb(st, mb)) return stage_error(st, PP_ERR_STATE, "%sforward of microbatch %d ran twice", "", mb);
+    if (st->n_mbs == st->cap_mbs) {
+        int cap = st->cap_mbs ? st->cap_mbs * 2 : 8;
+        mb_state *m = realloc(st->mbs, sizeof *m * (size_t)cap);
+        if (!m) return pp_error(PP_ERR_NOMEM, "out of memory");
+        st->mbs = m;
+        st->cap_mbs = cap;
+    }
+    pp_tensor **env = calloc((size_t)g->n_values + 1, sizeof *env);
+    if (!env) return pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < st->n_fwd_inputs; i++) {
+        if (!inputs[i]) {
+            free_env(g, env);
+            return stage_error(st, PP_ERR_INVALID, "input '%s' not given for microbatch %d",
+                               g->values[g->inputs[i]].name, mb);
+        }
+        env[g->inputs[i]] = pp_tensor_retain(inputs[i]);
+    }
+    pp_backward *b = st->bw;
+    pp_status s = pp_exec_run_nodes(st->ex, b->forward_nodes, b->n_forward, env, st->keep_f);
+    for (int o = 0; s == PP_OK && o < st->n_fwd_outputs; o++)
+        if (!env[g->outputs[o]] && !(env[g->outputs[o]] = pp_tensor_retain(g->values[g->outputs[o]].data)))
+            s = stage_error(st, PP_ERR_INTERNAL, "output '%s' not computed (microbatch %d)",
+                            g->values[g->outputs[o]].name, mb);
+    if (s != PP_OK) {
+        free_env(g, env);
+        return pp_error_context(s, "stage %d forward of microbatch %d", st->index, mb);
+    }
+    for (int o = 0; o < st->n_fwd_outputs; o++) outputs[o] = pp_tensor_retain(env[g->outputs[o]]);
+    /* Keep only the stash. */
+    for (int v = 0; v < g->n_values; v++) {
+        if (env[v] && !st->stash_mask[v]) {
+            pp_tensor_free(env[v]);
+            env[v] = NULL;
+        }
+    }
+    st->mbs[st->n_mbs++] = (mb_state){mb, 0, env};
+    return PP_OK;
+}
+
+pp_status pp_stage_backward_input(pp_stage *st, int mb, pp_tensor *const *out_grads, pp_tensor **in_grads) {
+    if (!st->training) return stage_error(st, PP_ERR_STATE, "%sbackward of microbatch %d: not built for training", "", mb);
+    mb_state *m = find_mb(st, mb);
+    if (!m) return stage_error(st, PP_ERR_STATE, "%sbackward of microbatch %d before its forward", "", mb);
+    if (m->backward_input_done)
+        return stage_error(st, PP_ERR_STATE, "%sbackward-input of microbatch %d ran twice", "", mb);
+    pp_graph *g = st->g;
+    pp_backward *b = st->bw;
+    pp_tensor **env = m->env;
+    if (st->loss_seed >= 0) {
+        pp_tensor *scale;
+        PP_TRY(pp_tensor_scalar_f32(st->loss_scale, &scale));
+        env[b->seed_grads[st->loss_seed]] = scale;
+    }
+    for (int k = 0; k < st->n_out_grads; k++) {
+        int seed = st->out_grad_seed[k];
+        pp_tensor *gt = out_grads ? out_grads[k] : NULL;
+        if (!gt) {
+            /* No consumer sent a gradient: it is zero, shaped like the output. */
+            const pp_value *sv = &g->values[b->seed_values[seed]];
+            return stage_error(st, PP_ERR_INVALID, "no gradient given for output '%s' (microbatch %d)", sv->name, mb);
+        }
+        env[b->seed_grads[seed]] = pp_tensor_retain(gt);
+    }
+    pp_status s = pp_exec_run_nodes(st->ex, b->i_nodes, b->n_i, env, st->keep_i);
+    for (int k = 0; s == PP_OK && k < b->n_wrt; k++) {
+        int gv = b->wrt_grads[k];
+        const pp_tensor *x = env[b->wrt_values[k]];
+        if (gv >= 0 && env[gv]) {
+            in_grads[k] = pp_tensor_retain(env[gv]);
+        } else if (x) {
+            s = pp_tensor_new(PP_F32, x->ndim, x->shape, &in_grads[k]); /* no path: zero */
+        } else {
+            s = stage_error(st, PP_ERR_INTERNAL, "gradient of '%s' missing (microbatch %d)",
+                            g->values[b->wrt_values[k]].name, mb);
+        }
+    }
+    if (s != PP_OK) return pp_error_context(s, "stage %d backward-input of microbatch %d", st->index, mb);
+    for (int v = 0; v < g->n_values; v++) /* W needs only what keep_i marks */
+        if (env[v] && !st->keep_i[v]) {
+            pp_tensor_free(env[v]);
+            env[v] = NULL;
+        }
+    m->backward_input_done = 1;
+    return PP_OK;
+}
+
+pp_status pp_stage_backward_weight(pp_stage *st, int mb) {
+    if (!st->training) return stage_error(st, PP_ERR_STATE, "%sbackward of microbatch %d: not built for training", "", mb);
+    mb_state *m = find_mb(st, mb);
+    if (!m || !m->backward_input_done)
+        return stage_error(st, PP_ERR_STATE, "%sbackward-weight of microbatch %d before its backward-input", "", mb);
+    pp_backward *b = st->bw;
+    pp_status s = pp_exec_run_nodes(st->ex, b->w_nodes, b->n_w, m->env, st->keep_w);
+    for (int i = 0; s == PP_OK && i < b->n_params; i++) {
+        const pp_tensor *gt = b->param_grads[i] >= 0 ? m->env[b->param_grads[i]] : NULL;
+        if (!gt) continue;
+        if (gt->dtype != PP_F32 || pp_tensor_numel(gt) != pp_tensor_numel(st->g->values[b->params[i]].data)) {
+            s = stage_error(st, PP_ERR_INTERNAL, "gradient of '%s' has the wrong shape (microbatch %d)",
+                            st->g->values[b->params[i]].name, mb);
+            break;
+        }
+        float *acc = st->flat_grads + st->param_off[i];
+        const float *src = gt->data;
+        int64_t n = pp_tensor_numel(gt);
+        for (int64_t k = 0; k < n; k++) acc[k] += src[k];
+    }
+    if (s != PP_OK) return pp_error_context(s, "stage %d backward-weight of microbatch %d", st->index, mb);
+    drop_mb(st, m);
+    return PP_OK;
+}
+
+pp_status pp_stage_backward(pp_stage *st, int mb, pp_tensor *const *out_grads, pp_tensor **in_grads) {
+    PP_TRY(pp_stage_backward_input(st, mb, out_grads, in_grads));
+    return pp_stage_backward_weight(st, mb);
+}
+
+int pp_stage_n_params(const pp_stage *st) { return st->bw ? st->bw->n_params : 0; }
+const char *pp_stage_param_name(const pp_stage *st, int i) { return st->g->values[st->bw->params[i]].name; }
+
+int pp_stage_find_param(const pp_stage *st, const char *name) {
+    for (int i = 0; i < pp_stage_n_params(st); i++)
+        if (strcmp(pp_stage_param_name(st, i), name) == 0) return i;
+    return -1;
+}
+
+void pp_stage_param_range(const pp_stage *st, int i, size_t *offset, size_t *count) {
+    *offset = st->param_off[i];
+    *count = (size_t)pp_tensor_numel(st->g->values[st->bw->params[i]].data);
+}
+
+float *pp_stage_flat_params(pp_stage *st, size_t *count) {
+    if (count) *count = st->n_flat;
+    return st->flat_params;
+}
+
+float *pp_stage_flat_grads(pp_stage *st, size_t *count) {
+    if (count) *count = st->n_flat;
+    return st->flat_grads;
+}
+
+void pp_stage_zero_grad(pp_stage *st) {
+    if (st->flat_grads) memset(st->flat_grads, 0, st->n_flat * sizeof(float));
+}

@@ -1,0 +1,394 @@
+/* Autodiff against PyTorch autograd (the fixtures' grad_*.npy), the I/W
+ * split (I then W equals the whole backward bit for bit), stash analysis and
+ * the errors for bad requests. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pippin/pipe.h"
+#include "test_util.h"
+
+/* Loads test/fixtures/<model>/<file>. */
+static pp_tensor *load_fixture(const char *model, const char *file) {
+    char rel[512];
+    snprintf(rel, sizeof rel, "test/fixtures/%s/%s", model, file);
+    pp_tensor *t = NULL;
+    TU_OK(pp_npy_load(tu_src_path(rel), &t));
+    return t;
+}
+
+static pp_graph *load_model(const char *model) {
+    char rel[512];
+    snprintf(rel, sizeof rel, "test/fixtures/%s/model.onnx", model);
+    pp_graph *g = NULL;
+    TU_OK(pp_onnx_load(tu_src_path(rel), &g));
+    return g;
+}
+
+/* Runs the training graph: model inputs from <model>/<input>.npy, loss seed
+ * 1; outputs[] receives every graph output (caller frees). */
+static pp_tensor **run_training(pp_graph *g, const pp_backward *b, const char *model) {
+    pp_tensor **ins = calloc((size_t)g->n_inputs, sizeof *ins);
+    pp_tensor **outs = calloc((size_t)g->n_outputs, sizeof *outs);
+    assert_non_null(ins);
+    assert_non_null(outs);
+    for (int i = 0; i < b->n_inputs_before; i++) {
+        char file[300];
+        snprintf(file, sizeof file, "%s.npy", g->values[g->inputs[i]].name);
+        ins[i] = load_fixture(model, file);
+    }
+    for (int i = b->n_inputs_before; i < g->n_inputs; i++) TU_OK(pp_tensor_scalar_f32(1.0f, &ins[i]));
+    TU_OK(pp_graph_run(g, ins, outs));
+    for (int i = 0; i < g->n_inputs; i++) pp_tensor_free(ins[i]);
+    free(ins);
+    return outs;
+}
+
+static void free_outputs(const pp_graph *g, pp_tensor **outs) {
+    for (int i = 0; i < g->n_outputs; i++) pp_tensor_free(outs[i]);
+    free(outs);
+}
+
+/* Output index of value v, or fails. */
+static int output_index(const pp_graph *g, int v) {
+    for (int i = 0; i < g->n_outputs; i++)
+        if (g->outputs[i] == v) return i;
+    fail_msg("value %d is not an output", v);
+    return -1;
+}
+
+/* Loss and every parameter gradient against torch. */
+static void check_against_torch(const char *model, int n_params, int n_frozen, double rtol,
+                                double atol) {
+    pp_graph *g = load_model(model);
+    pp_backward *b = NULL;
+    TU_OK(pp_autodiff_model(g, NULL, 0, &b));
+    assert_int_equal(b->n_params, n_params);
+    assert_int_equal(b->n_frozen, n_frozen);
+    assert_int_equal(b->n_seeds, 1);
+    pp_tensor **outs = run_training(g, b, model);
+    int loss = pp_graph_find_value(g, "loss");
+    pp_tensor *want = load_fixture(model, "out_loss.npy");
+    tu_assert_close(outs[output_index(g, loss)], want, 1e-5, 1e-6, "loss");
+    pp_tensor_free(want);
+    double worst = 0, worst_abs = 0; /* share of the tolerance used, largest error */
+    for (int i = 0; i < b->n_params; i++) {
+        const char *name = g->values[b->params[i]].name;
+        char file[300];
+        snprintf(file, sizeof file, "grad_%s.npy", name);
+        want = load_fixture(model, file);
+        const pp_tensor *got = outs[output_index(g, b->param_grads[i])];
+        tu_assert_close(got, want, rtol, atol, name);
+        for (int64_t k = 0; k < pp_tensor_numel(want); k++) {
+            double w = pp_tensor_get_f64(want, k), d = pp_tensor_get_f64(got, k) - w;
+            double ad = d < 0 ? -d : d, r = ad / (atol + rtol * (w < 0 ? -w : w));
+            if (r > worst) worst = r;
+            if (ad > worst_abs) worst_abs = ad;
+        }
+        pp_tensor_free(want);
+    }
+    print_message("# %s: max |got-torch| %.3g; at most %.3g of the tolerance (rtol %g, atol %g)\n",
+                  model, worst_abs, worst, rtol, atol);
+    free_outputs(g, outs);
+    pp_backward_free(b);
+    pp_graph_free(g);
+}
+
+static void test_mlp_matches_torch(void **state) {
+    (void)state;
+    check_against_torch("mlp", 6, 0, 1e-4, 1e-6);
+}
+
+static void test_skip_matches_torch(void **state) {
+    (void)state;
+    check_against_torch("skip", 8, 0, 1e-4, 1e-6);
+}
+
+/* 52 parameters (the head is tied to tok_emb: one gradient, both uses);
+ * the 4 causal masks get no gradient and are frozen. */
+static void test_gpt_matches_torch(void **state) {
+    (void)state;
+    check_against_torch("gpt", 52, 4, 1e-4, 1e-6);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Region structure: every added node is in exactly one region list, W never
+ * feeds I, stash holds forward values only. */
+
+static void check_regions(const pp_graph *g, const pp_backward *b, int n_fwd_nodes) {
+    uint8_t *where = calloc((size_t)g->n_nodes, 1);
+    uint8_t *made_by_w = calloc((size_t)g->n_values, 1);
+    for (int i = 0; i < b->n_forward; i++) where[b->forward_nodes[i]] |= 1;
+    for (int i = 0; i < b->n_i; i++) where[b->i_nodes[i]] |= 2;
+    for (int i = 0; i < b->n_w; i++) where[b->w_nodes[i]] |= 4;
+    for (int j = 0; j < g->n_nodes; j++) {
+        assert_true(where[j] == 1 || where[j] == 2 || where[j] == 4);
+        if (j < n_fwd_nodes) assert_int_equal(where[j], 1);
+        pp_region want = where[j] == 1 ? PP_REGION_FORWARD
+                         : where[j] == 2 ? PP_REGION_BACKWARD_INPUT : PP_REGION_BACKWARD_WEIGHT;
+        assert_int_equal(g->nodes[j].region, want);
+    }
+    for (int i = 0; i < b->n_w; i++) {
+        const pp_node *n = &g->nodes[b->w_nodes[i]];
+        for (int k = 0; k < n->n_out; k++)
+            if (n->out[k] >= 0) made_by_w[n->out[k]] = 1;
+    }
+    for (int i = 0; i < b->n_i; i++) {
+        const pp_node *n = &g->nodes[b->i_nodes[i]];
+        for (int k = 0; k < n->n_in; k++)
+            if (n->in[k] >= 0) assert_false(made_by_w[n->in[k]]);
+    }
+    for (int i = 0; i < b->n_stash; i++) {
+        pp_value_kind k = g->values[b->stash[i]].kind;
+        assert_true(k == PP_VALUE_INPUT || k == PP_VALUE_NODE);
+    }
+    free(where);
+    free(made_by_w);
+}
+
+static void test_regions_mlp(void **state) {
+    (void)state;
+    pp_graph *g = load_model("mlp");
+    int nf = g->n_nodes;
+    pp_backward *b = NULL;
+    TU_OK(pp_autodiff_model(g, NULL, 1, &b)); /* d/dx too: region I is not empty */
+    assert_int_equal(b->n_wrt, 1);
+    assert_true(b->n_i > 0);
+    assert_true(b->n_w > 0);
+    check_regions(g, b, nf);
+    /* x feeds only fc1's weight gradient, so it is stashed; the loss input
+     * y feeds the loss gradient. */
+    int x = pp_graph_find_value(g, "x"), found = 0;
+    for (int i = 0; i < b->n_stash; i++) found |= b->stash[i] == x;
+    assert_true(found);
+    pp_backward_free(b);
+    pp_graph_free(g);
+}
+
+/* ------------------------------------------------------------------------ */
+/* I then W equals the whole backward, bit for bit. */
+
+static pp_tensor **run_split(pp_graph *g, const pp_backward *b, pp_tensor *const *ins,
+                             int split) {
+    pp_exec *ex;
+    TU_OK(pp_exec_new(g, &ex));
+    pp_tensor **env = calloc((size_t)g->n_values, sizeof *env);
+    for (int i = 0; i < g->n_inputs; i++) env[g->inputs[i]] = pp_tensor_retain(ins[i]);
+    uint8_t *kf, *ki;
+    TU_OK(pp_backward_keep_masks(g, b, &kf, &ki));
+    TU_OK(pp_exec_run_nodes(ex, b->forward_nodes, b->n_forward, env, kf));
+    /* Everything the forward did not stash is gone. */
+    for (int v = 0; v < b->n_values_before; v++) {
+        int kept = kf[v] || g->values[v].kind == PP_VALUE_PARAM ||
+                   g->values[v].kind == PP_VALUE_CONST || !env[v];
+        assert_true(kept);
+    }
+    if (split) {
+        TU_OK(pp_exec_run_nodes(ex, b->i_nodes, b->n_i, env, ki));
+        TU_OK(pp_exec_run_nodes(ex, b->w_nodes, b->n_w, env, kf));
+    } else {
+        int n = b->n_i + b->n_w;
+        int *all = malloc(sizeof(int) * (size_t)(n + 1)), k = 0;
+        /* the whole backward in graph order */
+        for (int j = b->n_values_before ? 0 : 0; j < g->n_nodes; j++)
+            if (g->nodes[j].region != PP_REGION_FORWARD) all[k++] = j;
+        assert_int_equal(k, n);
+        TU_OK(pp_exec_run_nodes(ex, all, n, env, kf));
+        free(all);
+    }
+    pp_tensor **outs = calloc((size_t)g->n_outputs, sizeof *outs);
+    for (int i = 0; i < g->n_outputs; i++) {
+        int v = g->outputs[i];
+        if (!env[v] && g->values[v].data) env[v] = pp_tensor_retain(g->values[v].data);
+        assert_non_null(env[v]);
+        outs[i] = pp_tensor_retain(env[v]);
+    }
+    for (int v = 0; v < g->n_values; v++) pp_tensor_free(env[v]);
+    free(env);
+    free(kf);
+    free(ki);
+    pp_exec_free(ex);
+    return outs;
+}
+
+static void check_bitwise(pp_graph *g, const pp_backward *b, pp_tensor *const *ins) {
+    pp_tensor **whole = run_split(g, b, ins, 0), **split = run_split(g, b, ins, 1);
+    for (int i = 0; i < g->n_outputs; i++) {
+        assert_int_equal(whole[i]->nbytes, split[i]->nbytes);
+        assert_memory_equal(whole[i]->data, split[i]->data, whole[i]->nbytes);
+    }
+    free_outputs(g, whole);
+    free_outputs(g, split);
+}
+
+static void test_i_then_w_bitwise_mlp(void **state) {
+    (void)state;
+    pp_graph *g = load_model("mlp");
+    pp_backward *b = NULL;
+    TU_OK(pp_autodiff_model(g, NULL, 1, &b));
+    pp_tensor *ins[3] = {load_fixture("mlp", "x.npy"), load_fixture("mlp", "y.npy"), NULL};
+    TU_OK(pp_tensor_scalar_f32(0.25f, &ins[2]));
+    assert_int_equal(g->n_inputs, 3);
+    check_bitwise(g, b, ins);
+    for (int i = 0; i < 3; i++) pp_tensor_free(ins[i]);
+    pp_backward_free(b);
+    pp_graph_free(g);
+}
+
+/* Each stage of the GPT pipe as a zero-bubble schedule runs it: gradients
+ * of the stage's outputs given, gradients of its float inputs wanted. */
+static void test_i_then_w_bitwise_gpt_stages(void **state) {
+    (void)state;
+    pp_graph *g = load_model("gpt");
+    pp_pipe *pipe = NULL;
+    pp_split_spec spec = {0};
+    TU_OK(pp_pipe_split(g, &spec, &pipe));
+    assert_int_equal(pipe->n_stages, 4);
+    for (int s = 0; s < pipe->n_stages; s++) {
+        pp_graph *sg = pipe->stages[s];
+        int nf = sg->n_nodes, loss = pp_graph_find_value(sg, "loss");
+        int seeds[8], n_seeds = 0, wrt[8], n_wrt = 0;
+        for (int i = 0; i < sg->n_outputs; i++) {
+            const pp_value *v = &sg->values[sg->outputs[i]];
+            if (strcmp(v->name, "loss") != 0 && strcmp(v->name, "logits") != 0)
+                seeds[n_seeds++] = sg->outputs[i];
+        }
+        for (int i = 0; i < sg->n_inputs; i++)
+            if (sg->values[sg->inputs[i]].dtype != PP_I64) wrt[n_wrt++] = sg->inputs[i];
+        pp_backward_spec bs = {loss, n_seeds, seeds, n_wrt, wrt};
+        pp_backward *b = NULL;
+        TU_OK(pp_autodiff(sg, &bs, &b));
+        check_regions(sg, b, nf);
+        if (s > 0) assert_true(b->n_i > 0);
+        /* Inputs: the fixture's idx/targets, or random activations [2,16,32];
+         * seed gradients random too. */
+        pp_tensor **ins = calloc((size_t)sg->n_inputs, sizeof *ins);
+        unsigned seed = 7;
+        for (int i = 0; i < sg->n_inputs; i++) {
+            const pp_value *v = &sg->values[sg->inputs[i]];
+            if (v->dtype == PP_I64) {
+                char file[300];
+                snprintf(file, sizeof file, "%s.npy", v->name);
+                ins[i] = load_fixture("gpt", file);
+                continue;
+            }
+            int64_t shape[3] = {2, 16, 32};
+            int nd = v->ndim == 0 ? 0 : 3;
+            TU_OK(pp_tensor_empty(PP_F32, nd, shape, &ins[i]));
+            float *d = ins[i]->data;
+            for (int64_t k = 0; k < pp_tensor_numel(ins[i]); k++) {
+                seed = seed * 1103515245u + 12345u;
+                d[k] = (float)((seed >> 8) & 0xffff) / 65536.0f - 0.5f;
+            }
+            if (nd == 0) d[0] = 1.0f;
+        }
+        check_bitwise(sg, b, ins);
+        for (int i = 0; i < sg->n_inputs; i++) pp_tensor_free(ins[i]);
+        free(ins);
+        pp_backward_free(b);
+    }
+    pp_pipe_free(pipe);
+    pp_graph_free(g);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Stash: bytes per sample, and the values kept. */
+
+static void test_stash_per_sample(void **state) {
+    (void)state;
+    pp_graph *g = load_model("gpt");
+    pp_backward *b = NULL;
+    TU_OK(pp_autodiff_model(g, NULL, 0, &b));
+    int64_t per = 0, fixed = 0;
+    TU_OK(pp_backward_stash_per_sample(g, b, 16, &per, &fixed));
+    print_message("# gpt: %d stashed values, %lld bytes per sample (T=16), %lld fixed\n",
+                  b->n_stash, (long long)per, (long long)fixed);
+    /* At least the activations every layer's weight gradient needs (4 of
+     * [T,C] per block) and at most everything the forward made. */
+    assert_true(per >= 4 * 4 * 16 * 32 * 4);
+    assert_true(per < 4 * 1024 * 1024);
+    /* Per-sample bytes scale with the sample: twice the data, twice the bytes. */
+    for (int i = 0; i < b->n_stash; i++)
+        assert_int_not_equal(g->values[b->stash[i]].kind, PP_VALUE_PARAM);
+    pp_backward_free(b);
+    pp_graph_free(g);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Errors. */
+
+static void test_error_int_input(void **state) {
+    (void)state;
+    pp_graph *g = load_model("gpt");
+    int loss = pp_graph_find_value(g, "loss"), idx = pp_graph_find_value(g, "idx");
+    pp_backward_spec spec = {loss, 0, NULL, 1, &idx};
+    pp_backward *b = NULL;
+    assert_int_equal(pp_autodiff(g, &spec, &b), PP_ERR_INVALID);
+    assert_null(b);
+    assert_non_null(strstr(pp_last_error(), "'idx'"));
+    assert_non_null(strstr(pp_last_error(), "int64"));
+    pp_graph_free(g);
+}
+
+static void test_error_non_scalar_loss(void **state) {
+    (void)state;
+    pp_graph *g = load_model("mlp");
+    int logits = pp_graph_find_value(g, "logits");
+    pp_backward_spec spec = {logits, 0, NULL, 0, NULL};
+    pp_backward *b = NULL;
+    assert_int_equal(pp_autodiff(g, &spec, &b), PP_ERR_INVALID);
+    assert_non_null(strstr(pp_last_error(), "'logits'"));
+    assert_non_null(strstr(pp_last_error(), "scalar"));
+    /* The wrong output named explicitly: not found. */
+    assert_int_equal(pp_autodiff_model(g, "nope", 0, &b), PP_ERR_NOT_FOUND);
+    pp_graph_free(g);
+}
+
+/* An op without a rule on the gradient path is named. */
+static void test_error_no_rule(void **state) {
+    (void)state;
+    pp_graph *g;
+    TU_OK(pp_graph_new("t", &g));
+    int x, w, y, loss, node;
+    int64_t s2[1] = {4};
+    TU_OK(pp_graph_add_input(g, "x", PP_F32, 1, s2, &x));
+    pp_tensor *wt;
+    TU_OK(pp_tensor_new(PP_F32, 1, s2, &wt));
+    TU_OK(pp_graph_add_initializer(g, "w", PP_VALUE_PARAM, wt, &w));
+    int in[2] = {x, w};
+    TU_OK(pp_graph_add_node(g, "Mul", "", "mul", 2, in, 1, NULL, &node));
+    y = g->nodes[node].out[0];
+    TU_OK(pp_graph_add_node(g, "Cos", "", "cos", 1, &y, 1, NULL, &node));
+    int c = g->nodes[node].out[0];
+    TU_OK(pp_graph_add_node(g, "ReduceSum", "", "sum", 1, &c, 1, NULL, &node));
+    TU_OK(pp_node_set_int(g, node, "keepdims", 0));
+    loss = g->nodes[node].out[0];
+    TU_OK(pp_graph_add_output(g, loss));
+    pp_backward_spec spec = {loss, 0, NULL, 0, NULL};
+    pp_backward *b = NULL;
+    pp_status s = pp_autodiff(g, &spec, &b);
+    if (s == PP_ERR_UNSUPPORTED && strstr(pp_last_error(), "unsupported op")) {
+        /* No Cos kernel in this build: resolve refuses first. */
+    } else {
+        assert_int_equal(s, PP_ERR_UNSUPPORTED);
+        assert_non_null(strstr(pp_last_error(), "'cos'"));
+        assert_non_null(strstr(pp_last_error(), "no gradient rule"));
+    }
+    pp_graph_free(g);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_mlp_matches_torch),
+        cmocka_unit_test(test_skip_matches_torch),
+        cmocka_unit_test(test_gpt_matches_torch),
+        cmocka_unit_test(test_regions_mlp),
+        cmocka_unit_test(test_i_then_w_bitwise_mlp),
+        cmocka_unit_test(test_i_then_w_bitwise_gpt_stages),
+        cmocka_unit_test(test_stash_per_sample),
+        cmocka_unit_test(test_error_int_input),
+        cmocka_unit_test(test_error_non_scalar_loss),
+        cmocka_unit_test(test_error_no_rule),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,276 @@
+/* Crafted bad messages from a raw ZeroMQ PUSH socket: each is dropped,
+ * logged and counted, and the link keeps working. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "pippin.pb-c.h"
+#include "tt_util.h"
+
+typedef struct fixture {
+    pp_transport *t[2];  /* rank 0 sends good messages, rank 1 receives */
+    void *ctx, *raw;     /* a stranger's PUSH socket connected to rank 1 */
+    uint64_t dropped;    /* rank 1's count so far */
+    int good;            /* good messages sent so far */
+    pp_tensor *x;
+} fixture;
+
+#define MAX_MSG (1u << 20)
+
+static int setup(void **state) {
+    fixture *f = calloc(1, sizeof *f);
+    pp_transport_options o;
+    pp_transport_options_init(&o);
+    o.timeout_ms = 2000;
+    o.linger_ms = 100;
+    o.run_id = 77;
+    o.max_message_bytes = MAX_MSG;
+    tt_make_ranks("tcp", 2, &o, f->t);
+    f->ctx = zmq_ctx_new();
+    f->raw = zmq_socket(f->ctx, ZMQ_PUSH);
+    int zero = 0;
+    zmq_setsockopt(f->raw, ZMQ_LINGER, &zero, sizeof zero);
+    assert_int_equal(zmq_connect(f->raw, pp_transport_endpoint(f->t[1])), 0);
+    int64_t s[2] = {2, 3};
+    f->x = tt_f32_seq(2, s, 1);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state) {
+    fixture *f = *state;
+    zmq_close(f->raw);
+    zmq_ctx_term(f->ctx);
+    tt_close_ranks(2, f->t);
+    pp_tensor_free(f->x);
+    free(f);
+    return 0;
+}
+
+/* A valid envelope from rank 0 to rank 1 with one f32 [2,3] tensor. */
+typedef struct crafted {
+    Pippin__Envelope env;
+    Pippin__TensorMeta meta[2];
+    Pippin__TensorMeta *ptrs[2];
+    int64_t shape[2][12];
+} crafted;
+
+static void craft(crafted *c) {
+    memset(c, 0, sizeof *c);
+    pippin__envelope__init(&c->env);
+    c->env.version = 1;
+    c->env.kind = PIPPIN__KIND__KIND_ACTIVATION;
+    c->env.run_id = 77;
+    c->env.step = 0;
+    c->env.microbatch = 1000;
+    c->env.src_stage = 0;
+    c->env.dst_stage = 1;
+    c->env.src_rank = 0;
+    c->env.seq = 1;
+    for (int i = 0; i < 2; i++) {
+        pippin__tensor_meta__init(&c->meta[i]);
+        c->ptrs[i] = &c->meta[i];
+        c->meta[i].shape = c->shape[i];
+        c->meta[i].name = i ? "y" : "x";
+        c->meta[i].dtype = PP_F32;
+        c->meta[i].n_shape = 2;
+        c->shape[i][0] = 2;
+        c->shape[i][1] = 3;
+        c->meta[i].nbytes = 24;
+        c->meta[i].nframes = 1;
+    }
+    c->env.n_tensors = 1;
+    c->env.tensors = c->ptrs;
+}
+
+/* Sends frames (NULL data: zeros) as one multipart message from the raw socket. */
+static void raw_send(fixture *f, int n, const void *const *data, const size_t *sizes) {
+    for (int i = 0; i < n; i++) {
+        void *buf = calloc(1, sizes[i] ? sizes[i] : 1);
+        if (data && data[i]) memcpy(buf, data[i], sizes[i]);
+        assert_true(zmq_send(f->raw, buf, sizes[i], i + 1 < n ? ZMQ_SNDMORE : 0) >= 0);
+        free(buf);
+    }
+}
+
+/* Envelope c then data frames of the given sizes. */
+static void raw_send_crafted(fixture *f, crafted *c, int ndata, const size_t *data_sizes) {
+    size_t sizes[80000];
+    assert_true(ndata + 1 <= (int)(sizeof sizes / sizeof sizes[0]));
+    sizes[0] = pippin__envelope__get_packed_size(&c->env);
+    uint8_t *env = malloc(sizes[0] + 1);
+    pippin__envelope__pack(&c->env, env);
+    for (int i = 0; i < ndata; i++) sizes[i + 1] = data_sizes[i];
+    const void **data = calloc((size_t)ndata + 1, sizeof *data);
+    data[0] = env;
+    raw_send(f, ndata + 1, data, sizes);
+    free(data);
+    free(env);
+}
+
+/* Waits until rank 1 counted one more dropped message; then checks a good
+ * message from rank 0 still arrives. */
+static void expect_dropped(fixture *f, const char *what) {
+    pp_transport_stats st;
+    int64_t deadline = tt_now_ms() + 3000;
+    do {
+        TT_OK(pp_transport_poll(f->t[1], 20));
+        pp_transport_stats_get(f->t[1], &st);
+    } while (st.dropped == f->dropped && tt_now_ms() < deadline);
+    if (st.dropped != f->dropped + 1)
+        fail_msg("%s: dropped count went from %llu to %llu, expected +1", what,
+                 (unsigned long long)f->dropped, (unsigned long long)st.dropped);
+    f->dropped = st.dropped;
+    assert_int_equal(st.pending, 0); /* nothing was filed */
+    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, f->good++, 0, 1, "x");
+    TT_OK(pp_transport_send(f->t[0], &k, f->x));
+    pp_tensor *got;
+    TT_OK(pp_transport_recv(f->t[1], &k, 2000, &got));
+    tt_assert_same(got, f->x);
+    pp_tensor_free(got);
+}
+
+static const size_t one_frame[1] = {24};
+
+static void test_crafted_valid_is_accepted(void **state) {
+    fixture *f = *state;
+    crafted c;
+    craft(&c);
+    raw_send_crafted(f, &c, 1, one_frame);
+    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, 1000, 0, 1, "x");
+    pp_tensor *got;
+    TT_OK(pp_transport_recv(f->t[1], &k, 2000, &got));
+    assert_int_equal(got->nbytes, 24);
+    pp_tensor_free(got);
+}
+
+static void test_garbage(void **state) {
+    fixture *f = *state;
+    const char junk[] = "\xff\xfe this is not a protobuf \x01\x02\x03";
+    const void *d[1] = {junk};
+    size_t n[1] = {sizeof junk};
+    raw_send(f, 1, d, n);
+    expect_dropped(f, "garbage");
+    /* garbage followed by data frames */
+    const void *d2[3] = {junk, junk, junk};
+    size_t n2[3] = {sizeof junk, 10, 20};
+    raw_send(f, 3, d2, n2);
+    expect_dropped(f, "garbage + frames");
+    /* an empty frame */
+    size_t n3[1] = {0};
+    raw_send(f, 1, NULL, n3);
+    expect_dropped(f, "empty frame");
+    /* an envelope frame over the envelope limit */
+    size_t n4[1] = {PP_ENVELOPE_MAX_BYTES + 1};
+    raw_send(f, 1, NULL, n4);
+    expect_dropped(f, "huge envelope frame");
+}
+
+static void test_truncated(void **state) {
+    fixture *f = *state;
+    crafted c;
+    craft(&c);
+    uint8_t buf[256];
+    size_t len = pippin__envelope__pack(&c.env, buf);
+    /* cut inside the tensor metadata: protobuf-c rejects it */
+    const void *d[2] = {buf, NULL};
+    size_t n[2] = {len - 3, 24};
+    raw_send(f, 2, d, n);
+    expect_dropped(f, "truncated protobuf");
+}
+
+static void test_bad_fields(void **state) {
+    fixture *f = *state;
+    crafted c;
+    craft(&c); c.env.version = 3; raw_send_crafted(f, &c, 1, one_frame); expect_dropped(f, "version");
+    craft(&c); c.env.kind = 17; raw_send_crafted(f, &c, 1, one_frame); expect_dropped(f, "kind");
+    craft(&c); c.meta[0].dtype = 1234; raw_send_crafted(f, &c, 1, one_frame); expect_dropped(f, "dtype");
+    craft(&c); c.meta[0].nbytes = 32;
+    size_t thirty_two[1] = {32};
+    raw_send_crafted(f, &c, 1, thirty_two); expect_dropped(f, "nbytes");
+    craft(&c); c.meta[0].n_shape = 9;
+    for (int i = 0; i < 9; i++) c.shape[0][i] = 1;
+    c.meta[0].nbytes = 4;
+    size_t four[1] = {4};
+    raw_send_crafted(f, &c, 1, four); expect_dropped(f, "9 dims");
+    craft(&c); c.shape[0][0] = -2; raw_send_crafted(f, &c, 1, one_frame); expect_dropped(f, "negative dim");
+    /* huge dims whose product overflows, with a small payload */
+    craft(&c); c.shape[0][0] = INT64_MAX / 2; c.shape[0][1] = INT64_MAX / 2; c.meta[0].nbytes = 24;
+    raw_send_crafted(f, &c, 1, one_frame); expect_dropped(f, "huge dims");
+    /* huge but representable dims: over the size limit, never allocated */
+    craft(&c); c.shape[0][0] = 1 << 30; c.shape[0][1] = 1 << 30; c.meta[0].nbytes = (uint64_t)4 << 60;
+    raw_send_crafted(f, &c, 1, one_frame); expect_dropped(f, "4 EiB tensor");
+    craft(&c); c.shape[0][0] = 1 << 20; c.meta[0].nbytes = (uint64_t)12 << 20; c.meta[0].nframes = 12;
+    size_t mib[12];
+    for (int i = 0; i < 12; i++) mib[i] = 1 << 20;
+    raw_send_crafted(f, &c, 12, mib); expect_dropped(f, "over max_message_bytes");
+    craft(&c); c.meta[0].name = "bad\tname"; raw_send_crafted(f, &c, 1, one_frame); expect_dropped(f, "name");
+    craft(&c); c.env.n_tensors = 2; c.meta[1].name = "x";
+    size_t two[2] = {24, 24};
+    raw_send_crafted(f, &c, 2, two); expect_dropped(f, "duplicate names");
+    craft(&c); c.env.step = -5; raw_send_crafted(f, &c, 1, one_frame); expect_dropped(f, "negative step");
+}
+
+static void test_wrong_frames(void **state) {
+    fixture *f = *state;
+    crafted c;
+    craft(&c); raw_send_crafted(f, &c, 0, NULL); expect_dropped(f, "missing data frame");
+    size_t extra[2] = {24, 8};
+    craft(&c); raw_send_crafted(f, &c, 2, extra); expect_dropped(f, "extra data frame");
+    size_t short_frame[1] = {20};
+    craft(&c); raw_send_crafted(f, &c, 1, short_frame); expect_dropped(f, "short frame");
+    size_t split[2] = {12, 12}; /* right total, wrong count */
+    craft(&c); raw_send_crafted(f, &c, 2, split); expect_dropped(f, "split frames");
+    craft(&c); c.meta[0].nframes = 2; raw_send_crafted(f, &c, 1, one_frame); expect_dropped(f, "nframes 2");
+    size_t zero_split[2] = {24, 0};
+    craft(&c); c.meta[0].nframes = 2; raw_send_crafted(f, &c, 2, zero_split); expect_dropped(f, "empty frame");
+    /* more data frames than any message may have */
+    static size_t many[70000];
+    for (int i = 0; i < 70000; i++) many[i] = 0;
+    craft(&c); raw_send_crafted(f, &c, 70000, many); expect_dropped(f, "70000 frames");
+}
+
+static void test_routing(void **state) {
+    fixture *f = *state;
+    crafted c;
+    craft(&c); c.env.dst_stage = 7; raw_send_crafted(f, &c, 1, one_frame); expect_dropped(f, "unknown stage");
+    craft(&c); c.env.dst_stage = 0; raw_send_crafted(f, &c, 1, one_frame); expect_dropped(f, "stage elsewhere");
+    craft(&c); c.env.src_rank = 1; raw_send_crafted(f, &c, 1, one_frame); expect_dropped(f, "from self");
+    craft(&c); c.env.src_rank = 5; raw_send_crafted(f, &c, 1, one_frame); expect_dropped(f, "unknown rank");
+    craft(&c); c.env.src_stage = 1; raw_send_crafted(f, &c, 1, one_frame); expect_dropped(f, "src stage/rank");
+    craft(&c); c.env.run_id = 78; raw_send_crafted(f, &c, 1, one_frame); expect_dropped(f, "run id");
+    craft(&c); c.env.kind = PIPPIN__KIND__KIND_CONTROL; c.env.n_tensors = 0; c.env.text = "reboot";
+    raw_send_crafted(f, &c, 0, NULL); expect_dropped(f, "unknown control");
+    craft(&c); c.env.kind = PIPPIN__KIND__KIND_ABORT;
+    raw_send_crafted(f, &c, 1, one_frame); expect_dropped(f, "abort with tensors");
+}
+
+/* A frame over ZMQ_MAXMSGSIZE makes libzmq drop the stranger's connection;
+ * other links are unaffected. */
+static void test_oversize_frame(void **state) {
+    fixture *f = *state;
+    size_t n[1] = {MAX_MSG + 1};
+    raw_send(f, 1, NULL, n);
+    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, f->good++, 0, 1, "x");
+    TT_OK(pp_transport_send(f->t[0], &k, f->x));
+    pp_tensor *got;
+    TT_OK(pp_transport_recv(f->t[1], &k, 2000, &got));
+    pp_tensor_free(got);
+    pp_transport_stats st;
+    pp_transport_stats_get(f->t[1], &st);
+    assert_int_equal(st.dropped, f->dropped);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_crafted_valid_is_accepted),
+        cmocka_unit_test(test_garbage),
+        cmocka_unit_test(test_truncated),
+        cmocka_unit_test(test_bad_fields),
+        cmocka_unit_test(test_wrong_frames),
+        cmocka_unit_test(test_routing),
+        cmocka_unit_test(test_oversize_frame),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,276 @@
+/* Envelope packing, decoding and validation of every field. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "pippin.pb-c.h"
+#include "tt_util.h"
+
+/* A valid protobuf envelope with one f32 [2,3] tensor in one frame. */
+typedef struct crafted {
+    Pippin__Envelope env;
+    Pippin__TensorMeta meta[4];
+    Pippin__TensorMeta *ptrs[4];
+    int64_t shape[4][12];
+} crafted;
+
+static void craft(crafted *c) {
+    memset(c, 0, sizeof *c);
+    pippin__envelope__init(&c->env);
+    c->env.version = 1;
+    c->env.kind = PIPPIN__KIND__KIND_ACTIVATION;
+    c->env.run_id = 7;
+    c->env.step = 3;
+    c->env.microbatch = 2;
+    c->env.src_stage = 0;
+    c->env.dst_stage = 1;
+    c->env.src_rank = 0;
+    c->env.seq = 1;
+    for (int i = 0; i < 4; i++) {
+        pippin__tensor_meta__init(&c->meta[i]);
+        c->ptrs[i] = &c->meta[i];
+        c->meta[i].shape = c->shape[i];
+    }
+    c->meta[0].name = "x";
+    c->meta[0].dtype = PP_F32;
+    c->meta[0].n_shape = 2;
+    c->shape[0][0] = 2;
+    c->shape[0][1] = 3;
+    c->meta[0].nbytes = 24;
+    c->meta[0].nframes = 1;
+    c->env.n_tensors = 1;
+    c->env.tensors = c->ptrs;
+}
+
+static pp_status decode_crafted(crafted *c, const pp_envelope_limits *lim, pp_envelope *out) {
+    size_t n = pippin__envelope__get_packed_size(&c->env);
+    uint8_t *buf = malloc(n + 1);
+    pippin__envelope__pack(&c->env, buf);
+    pp_status s = pp_envelope_decode(buf, n, lim, out);
+    free(buf);
+    return s;
+}
+
+static void expect_bad(crafted *c, const pp_envelope_limits *lim, const char *mention) {
+    pp_envelope e;
+    TT_FAILS(PP_ERR_PARSE, decode_crafted(c, lim, &e), mention);
+}
+
+static void test_roundtrip(void **state) {
+    (void)state;
+    pp_wire_tensor wt[2] = {
+        {"a", PP_F32, 2, {4, 5}, 80, 1},
+        {"/blocks.0/Add_output_0", PP_I64, 0, {0}, 8, 1},
+    };
+    pp_envelope env = {0};
+    env.version = PP_PROTOCOL_VERSION;
+    env.kind = PP_MSG_GRADIENT;
+    env.run_id = 99;
+    env.step = 12;
+    env.microbatch = 3;
+    env.src_stage = 2;
+    env.dst_stage = 1;
+    env.src_rank = 2;
+    env.seq = 1234567;
+    env.ntensors = 2;
+    env.tensors = wt;
+    env.text = "";
+    uint8_t buf[512];
+    size_t len = 0;
+    assert_int_equal(pp_envelope_packed_size(&env) > 0, 1);
+    TT_OK(pp_envelope_pack(&env, buf, sizeof buf, &len));
+    assert_int_equal(len, pp_envelope_packed_size(&env));
+    pp_envelope d;
+    pp_envelope_limits lim = {0, 0, 0, 3, 3};
+    TT_OK(pp_envelope_decode(buf, len, &lim, &d));
+    assert_int_equal(d.kind, PP_MSG_GRADIENT);
+    assert_int_equal(d.run_id, 99);
+    assert_int_equal(d.step, 12);
+    assert_int_equal(d.microbatch, 3);
+    assert_int_equal(d.src_stage, 2);
+    assert_int_equal(d.dst_stage, 1);
+    assert_int_equal(d.src_rank, 2);
+    assert_int_equal(d.seq, 1234567);
+    assert_int_equal(d.ntensors, 2);
+    assert_string_equal(d.tensors[0].name, "a");
+    assert_int_equal(d.tensors[0].ndim, 2);
+    assert_int_equal(d.tensors[0].shape[1], 5);
+    assert_int_equal(d.tensors[0].nbytes, 80);
+    assert_string_equal(d.tensors[1].name, "/blocks.0/Add_output_0");
+    assert_int_equal(d.tensors[1].dtype, PP_I64);
+    assert_int_equal(d.tensors[1].ndim, 0);
+    size_t sizes[2] = {80, 8};
+    TT_OK(pp_envelope_check_frames(&d, 2, sizes));
+    pp_envelope_clear(&d);
+    pp_envelope_clear(&d); /* twice is harmless */
+    /* too small a buffer */
+    TT_FAILS(PP_ERR_INVALID, pp_envelope_pack(&env, buf, 3, &len), "buffer");
+}
+
+static void test_valid_crafted(void **state) {
+    (void)state;
+    crafted c;
+    craft(&c);
+    pp_envelope e;
+    TT_OK(decode_crafted(&c, NULL, &e));
+    assert_int_equal(e.tensors[0].nbytes, 24);
+    pp_envelope_clear(&e);
+}
+
+static void test_bad_header(void **state) {
+    (void)state;
+    crafted c;
+    pp_envelope_limits lim = {0, 0, 0, 2, 2};
+    craft(&c); c.env.version = 2; expect_bad(&c, NULL, "version 2");
+    craft(&c); c.env.version = 0; expect_bad(&c, NULL, "version 0");
+    craft(&c); c.env.kind = 0; expect_bad(&c, NULL, "kind 0");
+    craft(&c); c.env.kind = 6; expect_bad(&c, NULL, "kind 6");
+    craft(&c); c.env.kind = -3; expect_bad(&c, NULL, "kind -3");
+    craft(&c); c.env.step = -1; expect_bad(&c, NULL, "negative step");
+    craft(&c); c.env.microbatch = -1; expect_bad(&c, NULL, "negative microbatch");
+    craft(&c); c.env.src_stage = 2; expect_bad(&c, &lim, "source stage 2");
+    craft(&c); c.env.dst_stage = -1; expect_bad(&c, NULL, "destination stage -1");
+    craft(&c); c.env.dst_stage = 5; expect_bad(&c, &lim, "destination stage 5");
+    craft(&c); c.env.src_rank = 9; expect_bad(&c, &lim, "source rank 9");
+    craft(&c); c.env.src_rank = -1; expect_bad(&c, NULL, "source rank -1");
+    craft(&c); c.env.text = "bad\x01text"; expect_bad(&c, NULL, "text");
+    char longtext[PP_ENVELOPE_MAX_TEXT + 2];
+    memset(longtext, 'a', sizeof longtext - 1);
+    longtext[sizeof longtext - 1] = 0;
+    craft(&c); c.env.text = longtext; expect_bad(&c, NULL, "text");
+    craft(&c); c.env.n_tensors = 0; expect_bad(&c, NULL, "without tensors");
+    craft(&c); c.env.kind = PIPPIN__KIND__KIND_ABORT; expect_bad(&c, NULL, "abort message with 1 tensors");
+    craft(&c); c.env.kind = PIPPIN__KIND__KIND_HEARTBEAT; expect_bad(&c, NULL, "heartbeat");
+    /* control messages may carry tensors or none */
+    pp_envelope e;
+    craft(&c); c.env.kind = PIPPIN__KIND__KIND_CONTROL; c.env.n_tensors = 0;
+    TT_OK(decode_crafted(&c, NULL, &e));
+    pp_envelope_clear(&e);
+}
+
+static void test_bad_tensors(void **state) {
+    (void)state;
+    crafted c;
+    craft(&c); c.meta[0].dtype = 99; expect_bad(&c, NULL, "unknown dtype code 99");
+    craft(&c); c.meta[0].dtype = 0; expect_bad(&c, NULL, "unknown dtype code 0");
+    craft(&c); c.meta[0].dtype = 8; expect_bad(&c, NULL, "unknown dtype code 8"); /* string */
+    craft(&c); c.meta[0].n_shape = 9; expect_bad(&c, NULL, "9 dims");
+    craft(&c); c.shape[0][1] = -3; expect_bad(&c, NULL, "negative");
+    craft(&c); c.meta[0].nbytes = 25; expect_bad(&c, NULL, "envelope says 25");
+    craft(&c); c.meta[0].nbytes = 0; expect_bad(&c, NULL, "envelope says 0");
+    /* huge dims: the product overflows 64 bits */
+    craft(&c); c.meta[0].n_shape = 3; c.shape[0][0] = INT64_MAX; c.shape[0][1] = INT64_MAX;
+    c.shape[0][2] = 4; expect_bad(&c, NULL, "overflows");
+    /* a zero dim makes the tensor empty even with huge others */
+    craft(&c); c.meta[0].n_shape = 3; c.shape[0][0] = INT64_MAX; c.shape[0][1] = 0;
+    c.shape[0][2] = INT64_MAX; c.meta[0].nbytes = 0; c.meta[0].nframes = 0;
+    pp_envelope e;
+    TT_OK(decode_crafted(&c, NULL, &e));
+    assert_int_equal(e.tensors[0].nbytes, 0);
+    pp_envelope_clear(&e);
+    /* large but representable: over the size limit */
+    craft(&c); c.meta[0].n_shape = 2; c.shape[0][0] = 1 << 20; c.shape[0][1] = 1 << 20;
+    c.meta[0].nbytes = (uint64_t)4 << 40; c.meta[0].nframes = 4;
+    expect_bad(&c, NULL, "limit");
+    pp_envelope_limits small = {50, 0, 0, 0, 0};
+    craft(&c); c.shape[0][0] = 5; c.meta[0].nbytes = 60; expect_bad(&c, &small, "limit of 50");
+    craft(&c); c.meta[0].nframes = 0; expect_bad(&c, NULL, "24 bytes in 0 frames");
+    craft(&c); c.meta[0].nframes = 25; expect_bad(&c, NULL, "25 frames for 24 bytes");
+    craft(&c); c.meta[0].name = ""; expect_bad(&c, NULL, "name");
+    craft(&c); c.meta[0].name = "a\nb"; expect_bad(&c, NULL, "name");
+    char longname[300];
+    memset(longname, 'n', sizeof longname - 1);
+    longname[sizeof longname - 1] = 0;
+    craft(&c); c.meta[0].name = longname; expect_bad(&c, NULL, "name");
+    /* duplicate names */
+    craft(&c); c.env.n_tensors = 2; c.meta[1] = c.meta[0]; c.meta[1].shape = c.shape[1];
+    memcpy(c.shape[1], c.shape[0], sizeof c.shape[0]);
+    expect_bad(&c, NULL, "twice");
+    /* too many tensors */
+    pp_envelope_limits few = {0, 1, 0, 0, 0};
+    craft(&c); c.env.n_tensors = 2; c.meta[1] = c.meta[0]; c.meta[1].name = "y";
+    expect_bad(&c, &few, "2 tensors");
+    /* too many frames */
+    pp_envelope_limits frames = {0, 0, 10, 0, 0};
+    craft(&c); c.meta[0].nframes = 11; c.shape[0][0] = 100; c.meta[0].nbytes = 1200;
+    expect_bad(&c, &frames, "data frames");
+}
+
+static void test_garbage(void **state) {
+    (void)state;
+    pp_envelope e;
+    uint8_t junk[64];
+    for (size_t i = 0; i < sizeof junk; i++) junk[i] = (uint8_t)(i * 37 + 11);
+    TT_FAILS(PP_ERR_PARSE, pp_envelope_decode(junk, sizeof junk, NULL, &e), "protobuf");
+    TT_FAILS(PP_ERR_PARSE, pp_envelope_decode(junk, 0, NULL, &e), "empty");
+    uint8_t *big = calloc(1, PP_ENVELOPE_MAX_BYTES + 1);
+    TT_FAILS(PP_ERR_PARSE, pp_envelope_decode(big, PP_ENVELOPE_MAX_BYTES + 1, NULL, &e), "bytes");
+    free(big);
+    /* every truncation of a valid envelope is rejected or still valid, never a crash */
+    crafted c;
+    craft(&c);
+    uint8_t buf[256];
+    size_t n = pippin__envelope__pack(&c.env, buf);
+    int rejected = 0;
+    for (size_t k = 1; k < n; k++) {
+        if (pp_envelope_decode(buf, k, NULL, &e) == PP_OK) pp_envelope_clear(&e);
+        else rejected++;
+    }
+    assert_true(rejected > 0);
+    /* every single-byte corruption likewise */
+    for (size_t k = 0; k < n; k++)
+        for (int bit = 0; bit < 8; bit++) {
+            buf[k] ^= (uint8_t)(1 << bit);
+            if (pp_envelope_decode(buf, n, NULL, &e) == PP_OK) pp_envelope_clear(&e);
+            buf[k] ^= (uint8_t)(1 << bit);
+        }
+}
+
+static void test_check_frames(void **state) {
+    (void)state;
+    pp_wire_tensor wt[3] = {
+        {"a", PP_F32, 1, {10}, 40, 2},
+        {"b", PP_U8, 1, {0}, 0, 0},
+        {"c", PP_U8, 1, {5}, 5, 1},
+    };
+    pp_envelope env = {0};
+    env.ntensors = 3;
+    env.tensors = wt;
+    size_t ok[3] = {16, 24, 5};
+    TT_OK(pp_envelope_check_frames(&env, 3, ok));
+    TT_FAILS(PP_ERR_PARSE, pp_envelope_check_frames(&env, 2, ok), "data frames");
+    size_t extra[4] = {16, 24, 5, 1};
+    TT_FAILS(PP_ERR_PARSE, pp_envelope_check_frames(&env, 4, extra), "4 data frames");
+    size_t wrong[3] = {16, 20, 9};
+    TT_FAILS(PP_ERR_PARSE, pp_envelope_check_frames(&env, 3, wrong), "'a'", "36 bytes");
+    size_t over[3] = {30, 24, 5};
+    TT_FAILS(PP_ERR_PARSE, pp_envelope_check_frames(&env, 3, over), "at least");
+    size_t empty[3] = {0, 40, 5};
+    TT_FAILS(PP_ERR_PARSE, pp_envelope_check_frames(&env, 3, empty), "empty");
+    /* copying the frames into a tensor */
+    float vals[10];
+    for (int i = 0; i < 10; i++) vals[i] = (float)i;
+    const void *frames[2] = {vals, (const char *)vals + 16};
+    pp_tensor *t;
+    TT_OK(pp_envelope_tensor_copy(&wt[0], frames, ok, &t));
+    assert_int_equal(t->nbytes, 40);
+    assert_memory_equal(t->data, vals, 40);
+    pp_tensor_free(t);
+    TT_FAILS(PP_ERR_PARSE, pp_envelope_tensor_copy(&wt[0], frames, over, &t), "overrun");
+}
+
+static void test_kind_names(void **state) {
+    (void)state;
+    assert_string_equal(pp_msg_kind_name(PP_MSG_ACTIVATION), "activation");
+    assert_string_equal(pp_msg_kind_name(PP_MSG_ABORT), "abort");
+    assert_string_equal(pp_msg_kind_name(42), "unknown");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_roundtrip),   cmocka_unit_test(test_valid_crafted),
+        cmocka_unit_test(test_bad_header),  cmocka_unit_test(test_bad_tensors),
+        cmocka_unit_test(test_garbage),     cmocka_unit_test(test_check_frames),
+        cmocka_unit_test(test_kind_names),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

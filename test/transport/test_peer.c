@@ -1,0 +1,207 @@
+/* Dead and silent peers (separate processes): errors name the rank and the
+ * endpoint within a few heartbeat timeouts; nothing hangs. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tt_util.h"
+
+#define TIMEOUT_MS 300
+
+typedef struct peer_proc {
+    pid_t pid;
+    char endpoint[256];
+    pp_transport *me;   /* rank 0, in this process */
+} peer_proc;
+
+static pp_transport_options opts(void) {
+    pp_transport_options o;
+    pp_transport_options_init(&o);
+    o.timeout_ms = TIMEOUT_MS;
+    o.linger_ms = 200;
+    o.nranks = 2;
+    return o;
+}
+
+static void write_line(int fd, const char *s) {
+    size_t n = strlen(s) + 1;
+    if (write(fd, s, n) != (ssize_t)n) _exit(3);
+}
+
+static void read_line(int fd, char *buf, size_t cap) {
+    size_t n = 0;
+    while (n + 1 < cap) {
+        if (read(fd, buf + n, 1) != 1) break;
+        if (buf[n] == 0) return;
+        n++;
+    }
+    buf[n] = 0;
+}
+
+/* The child: rank 1. It receives `receive` activations (if > 0) and then
+ * idles until killed (20 s at most). */
+static void child_main(int to_parent, int from_parent, int receive) {
+    alarm(20);
+    pp_transport_options o = opts();
+    const char *eps[2] = {NULL, "tcp://127.0.0.1:*"};
+    o.rank = 1;
+    o.endpoints = eps;
+    o.timeout_ms = 5000;
+    pp_transport *t;
+    if (pp_transport_create(&o, &t) != PP_OK) _exit(2);
+    write_line(to_parent, pp_transport_endpoint(t));
+    char ep[256];
+    read_line(from_parent, ep, sizeof ep);
+    if (pp_transport_connect_peer(t, 0, ep) != PP_OK) _exit(2);
+    for (int m = 0; m < receive; m++) {
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x");
+        pp_tensor *got;
+        if (pp_transport_recv(t, &k, 10000, &got) != PP_OK) break;
+        pp_tensor_free(got);
+    }
+    for (;;) pause();
+}
+
+static void start_peer(peer_proc *p, int receive) {
+    int up[2], down[2];
+    assert_int_equal(pipe(up), 0);
+    assert_int_equal(pipe(down), 0);
+    p->pid = fork();
+    assert_true(p->pid >= 0);
+    if (p->pid == 0) {
+        close(up[0]);
+        close(down[1]);
+        child_main(up[1], down[0], receive);
+        _exit(0);
+    }
+    close(up[1]);
+    close(down[0]);
+    read_line(up[0], p->endpoint, sizeof p->endpoint);
+    assert_true(strncmp(p->endpoint, "tcp://", 6) == 0);
+    pp_transport_options o = opts();
+    const char *eps[2] = {"tcp://127.0.0.1:*", p->endpoint};
+    o.endpoints = eps;
+    TT_OK(pp_transport_create(&o, &p->me));
+    write_line(down[1], pp_transport_endpoint(p->me));
+    close(up[0]);
+    close(down[1]);
+    TT_OK(pp_transport_wait_peers(p->me, 5000));
+    assert_int_equal(pp_transport_peer_state(p->me, 1), PP_PEER_UP);
+}
+
+static void stop_peer(peer_proc *p) {
+    if (p->pid > 0) {
+        kill(p->pid, SIGKILL);
+        waitpid(p->pid, NULL, 0);
+        p->pid = 0;
+    }
+    int64_t t0 = tt_now_ms();
+    pp_transport_close(p->me);
+    assert_true(tt_now_ms() - t0 < 2000);
+}
+
+/* Waits for a gradient from rank 1 with a long deadline; the peer's failure
+ * must cut it short. */
+static void expect_peer_error(peer_proc *p, const char *why) {
+    pp_transport_key k = tt_key(PP_MSG_GRADIENT, 0, 0, 1, 0, "g");
+    pp_tensor *got;
+    int64_t t0 = tt_now_ms();
+    TT_FAILS(PP_ERR_PEER, pp_transport_recv(p->me, &k, 30000, &got), "rank 1", p->endpoint, why);
+    int64_t dt = tt_now_ms() - t0;
+    if (dt >= 5 * TIMEOUT_MS) fail_msg("peer failure reported after %lld ms", (long long)dt);
+}
+
+static void test_killed_peer(void **state) {
+    (void)state;
+    peer_proc p;
+    start_peer(&p, 0);
+    kill(p.pid, SIGKILL);
+    waitpid(p.pid, NULL, 0);
+    p.pid = 0;
+    expect_peer_error(&p, "unreachable");
+    assert_int_equal(pp_transport_peer_state(p.me, 1), PP_PEER_DOWN);
+    /* sending to it fails fast too */
+    int64_t s[1] = {16};
+    pp_tensor *x = tt_f32_seq(1, s, 0);
+    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, 0, 0, 1, "x");
+    int64_t t0 = tt_now_ms();
+    TT_FAILS(PP_ERR_PEER, pp_transport_send(p.me, &k, x), "rank 1", p.endpoint);
+    assert_true(tt_now_ms() - t0 < 5 * TIMEOUT_MS);
+    pp_transport_stats st;
+    pp_transport_stats_get(p.me, &st);
+    assert_int_equal(st.peer_failures, 1);
+    pp_tensor_free(x);
+    stop_peer(&p);
+}
+
+/* SIGSTOP: the process is there, its sockets are open, it just says
+ * nothing. Only heartbeats can tell. */
+static void test_silent_peer(void **state) {
+    (void)state;
+    peer_proc p;
+    start_peer(&p, 0);
+    kill(p.pid, SIGSTOP);
+    expect_peer_error(&p, "unreachable");
+    stop_peer(&p);
+}
+
+/* The peer dies while big messages stream to it: the sender gets an error
+ * within the timeout, never a hang. */
+static void test_peer_dies_mid_stream(void **state) {
+    (void)state;
+    peer_proc p;
+    start_peer(&p, 1000);
+    int64_t s[1] = {4 << 20}; /* 16 MiB */
+    pp_tensor *x = tt_f32_seq(1, s, 0);
+    pp_status st = PP_OK;
+    int m = 0;
+    int64_t t_fail = 0;
+    for (; m < 1000 && st == PP_OK; m++) {
+        if (m == 3) {
+            kill(p.pid, SIGKILL);
+            waitpid(p.pid, NULL, 0);
+            p.pid = 0;
+            t_fail = tt_now_ms();
+        }
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x");
+        st = pp_transport_send(p.me, &k, x);
+    }
+    assert_true(st == PP_ERR_PEER || st == PP_ERR_TIMEOUT);
+    tt_assert_mentions(pp_last_error(), "rank 1", p.endpoint, NULL);
+    assert_true(tt_now_ms() - t_fail < 5 * TIMEOUT_MS);
+    pp_tensor_free(x);
+    stop_peer(&p);
+}
+
+/* Close returns within linger even with data queued to a stopped peer. */
+static void test_close_with_stopped_peer(void **state) {
+    (void)state;
+    peer_proc p;
+    start_peer(&p, 0);
+    kill(p.pid, SIGSTOP);
+    int64_t s[1] = {1 << 18};
+    pp_tensor *x = tt_f32_seq(1, s, 0);
+    for (int m = 0; m < 200; m++) {
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x");
+        if (pp_transport_send(p.me, &k, x) != PP_OK) break;
+    }
+    pp_tensor_free(x);
+    int64_t t0 = tt_now_ms();
+    pp_transport_close(p.me);
+    assert_true(tt_now_ms() - t0 < 2000);
+    kill(p.pid, SIGKILL);
+    waitpid(p.pid, NULL, 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_killed_peer),
+        cmocka_unit_test(test_silent_peer),
+        cmocka_unit_test(test_peer_dies_mid_stream),
+        cmocka_unit_test(test_close_with_stopped_peer),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,596 @@
+/* Transport links over inproc, ipc and tcp: delivery in any order, sizes
+ * from empty to multi-frame, deadlines, abort, goodbye, step window, stats,
+ * flow control without deadlock, bounded close. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tt_util.h"
+
+static pp_transport_options base_opts(int timeout_ms) {
+    pp_transport_options o;
+    pp_transport_options_init(&o);
+    o.timeout_ms = timeout_ms;
+    o.linger_ms = 200;
+    return o;
+}
+
+static void roundtrip(const char *kind) {
+    pp_transport_options o = base_opts(2000);
+    pp_transport *t[2];
+    tt_make_ranks(kind, 2, &o, t);
+    if (strcmp(kind, "inproc") != 0) TT_OK(pp_transport_wait_peers(t[0], 2000));
+    int64_t s_scalar[1] = {0}, s_empty[2] = {0, 3}, s_small[1] = {100}, s_zc[2] = {130, 256},
+            s_multi[2] = {7, 131072}; /* 3.5 MiB: four frames */
+    pp_tensor *in[5] = {tt_f32_seq(0, s_scalar, 5), tt_f32_seq(2, s_empty, 0), tt_f32_seq(1, s_small, 1),
+                        tt_f32_seq(2, s_zc, 2), tt_f32_seq(2, s_multi, 3)};
+    const char *names[5] = {"scalar", "empty", "small", "zero_copy", "multi_frame"};
+    for (int m = 0; m < 3; m++)
+        for (int i = 0; i < 5; i++) {
+            pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, names[i]);
+            TT_OK(pp_transport_send(t[0], &k, in[i]));
+        }
+    /* receive in the opposite order */
+    for (int m = 2; m >= 0; m--)
+        for (int i = 4; i >= 0; i--) {
+            pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, names[i]);
+            pp_tensor *got;
+            TT_OK(pp_transport_recv(t[1], &k, 2000, &got));
+            tt_assert_same(got, in[i]);
+            pp_tensor_free(got);
+        }
+    /* and a gradient back */
+    pp_transport_key g = tt_key(PP_MSG_GRADIENT, 0, 0, 1, 0, "grad");
+    TT_OK(pp_transport_send(t[1], &g, in[3]));
+    pp_tensor *got;
+    TT_OK(pp_transport_recv(t[0], &g, 2000, &got));
+    tt_assert_same(got, in[3]);
+    pp_tensor_free(got);
+
+    pp_transport_stats st;
+    pp_transport_stats_get(t[0], &st);
+    assert_int_equal(st.messages_sent, 15);
+    uint64_t bytes = 0;
+    for (int i = 0; i < 5; i++) bytes += in[i]->nbytes;
+    assert_int_equal(st.bytes_sent, 3 * bytes);
+    assert_int_equal(st.messages_received, 1);
+    pp_transport_stats_get(t[1], &st);
+    assert_int_equal(st.messages_received, 15);
+    assert_int_equal(st.bytes_received, 3 * bytes);
+    assert_int_equal(st.dropped, 0);
+    assert_int_equal(st.pending, 0);
+    for (int i = 0; i < 5; i++) pp_tensor_free(in[i]);
+    tt_close_ranks(2, t);
+}
+
+static void test_roundtrip_inproc(void **state) { (void)state; roundtrip("inproc"); }
+static void test_roundtrip_ipc(void **state) { (void)state; roundtrip("ipc"); }
+static void test_roundtrip_tcp(void **state) { (void)state; roundtrip("tcp"); }
+
+static void test_sendv(void **state) {
+    (void)state;
+    pp_transport_options o = base_opts(2000);
+    pp_transport *t[2];
+    tt_make_ranks("tcp", 2, &o, t);
+    int64_t s1[1] = {10}, s2[2] = {300, 300};
+    pp_tensor *x[2] = {tt_f32_seq(1, s1, 1), tt_f32_seq(2, s2, 2)};
+    const char *names[2] = {"a", "b"};
+    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, 0, 0, 1, NULL);
+    TT_OK(pp_transport_sendv(t[0], &k, 2, names, x));
+    for (int i = 1; i >= 0; i--) {
+        k.name = names[i];
+        pp_tensor *got;
+        TT_OK(pp_transport_recv(t[1], &k, 2000, &got));
+        tt_assert_same(got, x[i]);
+        pp_tensor_free(got);
+    }
+    pp_transport_stats st;
+    pp_transport_stats_get(t[1], &st);
+    assert_int_equal(st.messages_received, 1);
+    /* duplicate names in one message are refused */
+    const char *dup[2] = {"a", "a"};
+    TT_FAILS(PP_ERR_INVALID, pp_transport_sendv(t[0], &k, 2, dup, x), "twice");
+    pp_tensor_free(x[0]);
+    pp_tensor_free(x[1]);
+    tt_close_ranks(2, t);
+}
+
+/* Over inproc a large single-frame tensor arrives without a copy. */
+static void test_inproc_zero_copy(void **state) {
+    (void)state;
+    pp_transport_options o = base_opts(2000);
+    pp_transport *t[2];
+    tt_make_ranks("inproc", 2, &o, t);
+    int64_t s[1] = {1 << 20};
+    pp_tensor *x = tt_f32_seq(1, s, 0);
+    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, 0, 0, 1, "big");
+    TT_OK(pp_transport_send(t[0], &k, x));
+    pp_tensor *got;
+    TT_OK(pp_transport_recv(t[1], &k, 2000, &got));
+    assert_ptr_equal(got->data, x->data);
+    tt_assert_same(got, x);
+    pp_tensor_free(x);
+    pp_tensor_free(got);
+    tt_close_ranks(2, t);
+}
+
+/* The sender may drop its reference right after send. */
+static void test_sender_frees_early(void **state) {
+    (void)state;
+    pp_transport_options o = base_opts(2000);
+    pp_transport *t[2];
+    tt_make_ranks("tcp", 2, &o, t);
+    int64_t s[1] = {3 << 20};
+    pp_tensor *ref = tt_f32_seq(1, s, 9);
+    for (int m = 0; m < 4; m++) {
+        pp_tensor *x;
+        TT_OK(pp_tensor_clone(ref, &x));
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x");
+        TT_OK(pp_transport_send(t[0], &k, x));
+        pp_tensor_free(x);
+    }
+    for (int m = 0; m < 4; m++) {
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x");
+        pp_tensor *got;
+        TT_OK(pp_transport_recv(t[1], &k, 3000, &got));
+        tt_assert_same(got, ref);
+        pp_tensor_free(got);
+    }
+    pp_tensor_free(ref);
+    tt_close_ranks(2, t);
+}
+
+static void test_local_stages(void **state) {
+    (void)state;
+    pp_transport_options o = base_opts(500);
+    int stage_ranks[2] = {0, 0};
+    const char *eps[1];
+    char ep[128];
+    tt_endpoint("inproc", 0, ep, sizeof ep);
+    eps[0] = ep;
+    o.nranks = 1;
+    o.endpoints = eps;
+    o.nstages = 2;
+    o.stage_ranks = stage_ranks;
+    pp_transport *t;
+    TT_OK(pp_transport_create(&o, &t));
+    int64_t s[1] = {1000};
+    pp_tensor *x = tt_f32_seq(1, s, 0);
+    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, 0, 0, 1, "h");
+    TT_OK(pp_transport_send(t, &k, x));
+    pp_tensor *got;
+    TT_OK(pp_transport_recv(t, &k, 0, &got));
+    assert_ptr_equal(got, x); /* same tensor, no copy */
+    pp_tensor_free(got);
+    pp_tensor_free(x);
+    /* stage 1 is not a sending stage of... every stage is here: a key naming a
+     * stage out of range is refused */
+    k.dst_stage = 2;
+    TT_FAILS(PP_ERR_INVALID, pp_transport_recv(t, &k, 0, &got), "stages");
+    pp_transport_close(t);
+}
+
+static void test_recv_timeout_names_peer(void **state) {
+    (void)state;
+    pp_transport_options o = base_opts(300);
+    pp_transport *t[2];
+    tt_make_ranks("tcp", 2, &o, t);
+    TT_OK(pp_transport_wait_peers(t[1], 2000));
+    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 4, 2, 0, 1, "never");
+    pp_tensor *got;
+    int64_t t0 = tt_now_ms();
+    TT_FAILS(PP_ERR_TIMEOUT, pp_transport_recv(t[1], &k, -1, &got), "rank 0",
+             pp_transport_endpoint(t[0]), "step 4", "microbatch 2", "'never'", "timed out");
+    int64_t dt = tt_now_ms() - t0;
+    assert_true(dt >= 250 && dt < 1500);
+    assert_null(got);
+    /* a zero deadline does not wait */
+    t0 = tt_now_ms();
+    TT_FAILS(PP_ERR_TIMEOUT, pp_transport_recv(t[1], &k, 0, &got), "rank 0");
+    assert_true(tt_now_ms() - t0 < 250);
+    pp_transport_stats st;
+    pp_transport_stats_get(t[1], &st);
+    assert_int_equal(st.timeouts, 2);
+    /* keys this rank cannot receive */
+    pp_transport_key bad = tt_key(PP_MSG_ACTIVATION, 0, 0, 1, 0, "x");
+    TT_FAILS(PP_ERR_INVALID, pp_transport_recv(t[1], &bad, 0, &got), "stage 0 runs on rank 0");
+    bad = tt_key(PP_MSG_ABORT, 0, 0, 0, 1, "x");
+    TT_FAILS(PP_ERR_INVALID, pp_transport_recv(t[1], &bad, 0, &got), "abort");
+    bad = tt_key(PP_MSG_ACTIVATION, -1, 0, 0, 1, "x");
+    TT_FAILS(PP_ERR_INVALID, pp_transport_recv(t[1], &bad, 0, &got), "negative");
+    bad = tt_key(PP_MSG_ACTIVATION, 0, 0, 0, 1, "");
+    TT_FAILS(PP_ERR_INVALID, pp_transport_recv(t[1], &bad, 0, &got), "name");
+    tt_close_ranks(2, t);
+}
+
+/* A peer that never comes up: sends and receives end at the deadline with
+ * its rank and endpoint. */
+static void test_absent_peer(void **state) {
+    (void)state;
+    const char *dir = tt_tmpdir();
+    char ep0[256], ep1[256];
+    snprintf(ep0, sizeof ep0, "ipc://%s/r0", dir);
+    snprintf(ep1, sizeof ep1, "ipc://%s/nobody", dir);
+    const char *eps[2] = {ep0, ep1};
+    pp_transport_options o = base_opts(300);
+    o.nranks = 2;
+    o.endpoints = eps;
+    pp_transport *t;
+    TT_OK(pp_transport_create(&o, &t));
+    assert_int_equal(pp_transport_peer_state(t, 1), PP_PEER_CONNECTING);
+    assert_int_equal(pp_transport_peer_state(t, 0), PP_PEER_SELF);
+    int64_t s[1] = {4};
+    pp_tensor *x = tt_f32_seq(1, s, 0);
+    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, 0, 0, 1, "x");
+    int64_t t0 = tt_now_ms();
+    TT_FAILS(PP_ERR_TIMEOUT, pp_transport_send(t, &k, x), "rank 1", ep1, "has not connected");
+    int64_t dt = tt_now_ms() - t0;
+    assert_true(dt >= 250 && dt < 1500);
+    TT_FAILS(PP_ERR_TIMEOUT, pp_transport_wait_peers(t, 200), "1 (", ep1);
+    pp_transport_key g = tt_key(PP_MSG_GRADIENT, 0, 0, 1, 0, "g");
+    pp_tensor *got;
+    TT_FAILS(PP_ERR_TIMEOUT, pp_transport_recv(t, &g, 200, &got), "rank 1", ep1);
+    pp_transport_stats st;
+    pp_transport_stats_get(t, &st);
+    assert_int_equal(st.retries, 1);
+    assert_int_equal(st.messages_sent, 0);
+    pp_tensor_free(x);
+    t0 = tt_now_ms();
+    pp_transport_close(t);
+    assert_true(tt_now_ms() - t0 < 1000);
+    tt_rmdir_all(dir);
+}
+
+static void test_unknown_endpoint(void **state) {
+    (void)state;
+    char ep0[128];
+    tt_endpoint("inproc", 0, ep0, sizeof ep0);
+    const char *eps[2] = {ep0, NULL};
+    pp_transport_options o = base_opts(300);
+    o.nranks = 2;
+    o.endpoints = eps;
+    pp_transport *t;
+    TT_OK(pp_transport_create(&o, &t));
+    assert_int_equal(pp_transport_peer_state(t, 1), PP_PEER_UNKNOWN);
+    int64_t s[1] = {4};
+    pp_tensor *x = tt_f32_seq(1, s, 0);
+    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, 0, 0, 1, "x");
+    TT_FAILS(PP_ERR_STATE, pp_transport_send(t, &k, x), "no endpoint known for rank 1");
+    TT_FAILS(PP_ERR_INVALID, pp_transport_connect_peer(t, 1, "tcp://127.0.0.1:*"), "not an endpoint");
+    TT_FAILS(PP_ERR_INVALID, pp_transport_connect_peer(t, 0, ep0), "rank 0");
+    pp_tensor_free(x);
+    pp_transport_close(t);
+}
+
+static void test_bad_options(void **state) {
+    (void)state;
+    pp_transport_options o;
+    pp_transport_options_init(&o);
+    pp_transport *t;
+    TT_FAILS(PP_ERR_INVALID, pp_transport_create(&o, &t), "endpoints");
+    const char *eps[2] = {"inproc://x-bad-opts", "inproc://y"};
+    o.endpoints = eps;
+    o.nranks = 2;
+    o.rank = 2;
+    TT_FAILS(PP_ERR_INVALID, pp_transport_create(&o, &t), "rank 2");
+    o.rank = 0;
+    o.nstages = 3;
+    TT_FAILS(PP_ERR_INVALID, pp_transport_create(&o, &t), "stage_ranks");
+    int sr[3] = {0, 1, 5};
+    o.stage_ranks = sr;
+    TT_FAILS(PP_ERR_INVALID, pp_transport_create(&o, &t), "stage 2 on rank 5");
+    o.stage_ranks = NULL;
+    o.nstages = 0;
+    const char *bad_eps[2] = {"bogus://nowhere", NULL};
+    o.endpoints = bad_eps;
+    TT_FAILS(PP_ERR_IO, pp_transport_create(&o, &t), "cannot bind", "bogus://nowhere");
+    o.endpoints = eps;
+    o.curve_secret_key = "too short";
+    TT_FAILS(PP_ERR_INVALID, pp_transport_create(&o, &t), "secret key");
+    /* two ranks cannot bind one endpoint */
+    o.curve_secret_key = NULL;
+    pp_transport *a;
+    TT_OK(pp_transport_create(&o, &a));
+    TT_FAILS(PP_ERR_IO, pp_transport_create(&o, &t), "cannot bind", "inproc://x-bad-opts");
+    pp_transport_close(a);
+    pp_transport_close(NULL);
+}
+
+static void test_abort(void **state) {
+    (void)state;
+    pp_transport_options o = base_opts(2000);
+    pp_transport *t[3];
+    tt_make_ranks("tcp", 3, &o, t);
+    TT_OK(pp_transport_wait_peers(t[0], 2000));
+    TT_OK(pp_transport_abort(t[0], "loss is NaN\n at step 3"));
+    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, 0, 0, 1, "x");
+    pp_tensor *got;
+    int64_t t0 = tt_now_ms();
+    TT_FAILS(PP_ERR_PEER, pp_transport_recv(t[1], &k, 5000, &got), "rank 0", "aborted",
+             "loss is NaN  at step 3", pp_transport_endpoint(t[0]));
+    assert_true(tt_now_ms() - t0 < 2000);
+    /* a rank that does not even wait for rank 0 learns it too */
+    pp_transport_key k2 = tt_key(PP_MSG_ACTIVATION, 0, 0, 1, 2, "y");
+    TT_FAILS(PP_ERR_PEER, pp_transport_recv(t[2], &k2, 5000, &got), "rank 0", "aborted");
+    /* and so does the aborting rank itself */
+    int64_t s[1] = {1};
+    pp_tensor *x = tt_f32_seq(1, s, 0);
+    TT_FAILS(PP_ERR_PEER, pp_transport_send(t[0], &k, x), "this rank aborted");
+    TT_FAILS(PP_ERR_PEER, pp_transport_send(t[1], &k2, x), "rank 0");
+    pp_tensor_free(x);
+    tt_close_ranks(3, t);
+}
+
+/* A peer that closes says goodbye: whoever waits for it fails fast. */
+static void test_goodbye(void **state) {
+    (void)state;
+    const char *kinds[3] = {"inproc", "ipc", "tcp"};
+    for (int i = 0; i < 3; i++) {
+        pp_transport_options o = base_opts(5000);
+        pp_transport *t[2];
+        tt_make_ranks(kinds[i], 2, &o, t);
+        if (i) TT_OK(pp_transport_wait_peers(t[1], 2000));
+        /* something sent before the goodbye is still delivered */
+        int64_t s[1] = {3};
+        pp_tensor *x = tt_f32_seq(1, s, 0);
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, 0, 0, 1, "x");
+        TT_OK(pp_transport_send(t[0], &k, x));
+        char ep0[256];
+        snprintf(ep0, sizeof ep0, "%s", pp_transport_endpoint(t[0]));
+        pp_transport_close(t[0]);
+        pp_tensor *got;
+        TT_OK(pp_transport_recv(t[1], &k, 2000, &got));
+        tt_assert_same(got, x);
+        pp_tensor_free(got);
+        k.microbatch = 1;
+        int64_t t0 = tt_now_ms();
+        TT_FAILS(PP_ERR_PEER, pp_transport_recv(t[1], &k, 5000, &got), "rank 0", ep0, "closed");
+        assert_true(tt_now_ms() - t0 < 2000);
+        assert_int_equal(pp_transport_peer_state(t[1], 0), PP_PEER_CLOSED);
+        pp_tensor_free(x);
+        pp_transport_close(t[1]);
+    }
+}
+
+static void test_step_window(void **state) {
+    (void)state;
+    pp_transport_options o = base_opts(300);
+    o.step_window = 1;
+    pp_transport *t[2];
+    tt_make_ranks("inproc", 2, &o, t);
+    int64_t s[1] = {2};
+    pp_tensor *x = tt_f32_seq(1, s, 0);
+    TT_OK(pp_transport_set_step(t[1], 5));
+    int64_t steps[4] = {4, 5, 6, 7};
+    for (int i = 0; i < 4; i++) {
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, steps[i], 0, 0, 1, "x");
+        TT_OK(pp_transport_send(t[0], &k, x));
+    }
+    pp_tensor *got;
+    for (int i = 0; i < 4; i++) {
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, steps[i], 0, 0, 1, "x");
+        if (steps[i] == 5 || steps[i] == 6) {
+            TT_OK(pp_transport_recv(t[1], &k, 1000, &got));
+            pp_tensor_free(got);
+        } else {
+            TT_FAILS(PP_ERR_TIMEOUT, pp_transport_recv(t[1], &k, 50, &got), "timed out");
+        }
+    }
+    pp_transport_stats st;
+    pp_transport_stats_get(t[1], &st);
+    assert_int_equal(st.dropped, 2);
+    /* moving on frees what an old step left behind */
+    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 6, 1, 0, 1, "x");
+    TT_OK(pp_transport_send(t[0], &k, x));
+    TT_OK(pp_transport_poll(t[1], 500));
+    pp_transport_stats_get(t[1], &st);
+    assert_int_equal(st.pending, 1);
+    TT_OK(pp_transport_set_step(t[1], 7));
+    pp_transport_stats_get(t[1], &st);
+    assert_int_equal(st.pending, 0);
+    assert_int_equal(st.dropped, 3);
+    TT_FAILS(PP_ERR_INVALID, pp_transport_set_step(t[1], -1), "negative");
+    pp_tensor_free(x);
+    tt_close_ranks(2, t);
+}
+
+static void test_run_id(void **state) {
+    (void)state;
+    char ep[2][128];
+    tt_endpoint("inproc", 0, ep[0], sizeof ep[0]);
+    tt_endpoint("inproc", 1, ep[1], sizeof ep[1]);
+    const char *eps[2] = {ep[0], ep[1]};
+    pp_transport_options o = base_opts(300);
+    o.nranks = 2;
+    o.endpoints = eps;
+    o.run_id = 1;
+    pp_transport *a, *b;
+    TT_OK(pp_transport_create(&o, &a));
+    o.rank = 1;
+    o.run_id = 2;
+    TT_OK(pp_transport_create(&o, &b));
+    int64_t s[1] = {2};
+    pp_tensor *x = tt_f32_seq(1, s, 0);
+    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, 0, 0, 1, "x");
+    TT_OK(pp_transport_send(a, &k, x));
+    pp_tensor *got;
+    TT_FAILS(PP_ERR_TIMEOUT, pp_transport_recv(b, &k, 100, &got), "timed out");
+    pp_transport_stats st;
+    pp_transport_stats_get(b, &st);
+    assert_int_equal(st.dropped, 1);
+    pp_tensor_free(x);
+    pp_transport_close(a);
+    pp_transport_close(b);
+}
+
+/* A receiver that does not receive: the sender's queue fills and send fails
+ * at its deadline instead of hanging; nothing that was accepted is lost. */
+static void test_backpressure(void **state) {
+    (void)state;
+    pp_transport_options o = base_opts(200);
+    o.sndhwm = 1;
+    o.rcvhwm = 1;
+    o.sndbuf = 1 << 16;
+    o.rcvbuf = 1 << 16;
+    pp_transport *t[2];
+    tt_make_ranks("tcp", 2, &o, t);
+    TT_OK(pp_transport_wait_peers(t[0], 2000));
+    int64_t s[1] = {1 << 18}; /* 1 MiB */
+    pp_tensor *x = tt_f32_seq(1, s, 0);
+    int sent = 0;
+    pp_status st = PP_OK;
+    for (; sent < 200; sent++) {
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, sent, 0, 1, "x");
+        int64_t t0 = tt_now_ms();
+        st = pp_transport_send(t[0], &k, x);
+        if (st != PP_OK) {
+            assert_int_equal(st, PP_ERR_TIMEOUT);
+            tt_assert_mentions(pp_last_error(), "rank 1", "not receiving", NULL);
+            assert_true(tt_now_ms() - t0 < 1000);
+            break;
+        }
+    }
+    assert_int_equal(st, PP_ERR_TIMEOUT);
+    assert_true(sent >= 1);
+    for (int m = 0; m < sent; m++) {
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x");
+        pp_tensor *got;
+        TT_OK(pp_transport_recv(t[1], &k, 2000, &got));
+        tt_assert_same(got, x);
+        pp_tensor_free(got);
+    }
+    pp_transport_stats stats;
+    pp_transport_stats_get(t[0], &stats);
+    assert_true(stats.retries >= 1);
+    assert_int_equal(stats.timeouts, 1);
+    /* close with a full queue towards a live peer returns within linger */
+    for (int m = 0; m < 50; m++) {
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 1, m, 0, 1, "x");
+        if (pp_transport_send(t[0], &k, x) != PP_OK) break;
+    }
+    int64_t t0 = tt_now_ms();
+    pp_transport_close(t[0]);
+    assert_true(tt_now_ms() - t0 < 2000);
+    pp_tensor_free(x);
+    pp_transport_close(t[1]);
+}
+
+/* Two ranks that both send a lot before receiving anything, with tiny
+ * queues: sends keep receiving while they wait, so neither blocks forever. */
+typedef struct bidi_arg {
+    pp_transport *t;
+    int me, other, n;
+    pp_status result;
+    char error[512];
+} bidi_arg;
+
+static void *bidi_thread(void *p) {
+    bidi_arg *a = p;
+    int64_t s[1] = {1 << 18};
+    pp_tensor *x = tt_f32_seq(1, s, (float)a->me);
+    pp_msg_kind kind = a->me == 0 ? PP_MSG_ACTIVATION : PP_MSG_GRADIENT;
+    pp_msg_kind other_kind = a->me == 0 ? PP_MSG_GRADIENT : PP_MSG_ACTIVATION;
+    a->result = PP_OK;
+    for (int m = 0; m < a->n && a->result == PP_OK; m++) {
+        pp_transport_key k = tt_key(kind, 0, m, a->me, a->other, "x");
+        a->result = pp_transport_send(a->t, &k, x);
+    }
+    for (int m = 0; m < a->n && a->result == PP_OK; m++) {
+        pp_transport_key k = tt_key(other_kind, 0, m, a->other, a->me, "x");
+        pp_tensor *got = NULL;
+        a->result = pp_transport_recv(a->t, &k, -1, &got);
+        if (got && ((float *)got->data)[0] != (float)a->other) a->result = PP_ERR_INTERNAL;
+        pp_tensor_free(got);
+    }
+    if (a->result != PP_OK) snprintf(a->error, sizeof a->error, "%s", pp_last_error());
+    pp_tensor_free(x);
+    return NULL;
+}
+
+static void test_bidirectional_no_deadlock(void **state) {
+    (void)state;
+    pp_transport_options o = base_opts(5000);
+    o.sndhwm = 2;
+    o.rcvhwm = 2;
+    o.sndbuf = 1 << 16;
+    o.rcvbuf = 1 << 16;
+    pp_transport *t[2];
+    tt_make_ranks("tcp", 2, &o, t);
+    bidi_arg a[2] = {{t[0], 0, 1, 40, PP_OK, ""}, {t[1], 1, 0, 40, PP_OK, ""}};
+    pthread_t th[2];
+    /* each transport now belongs to its thread (pthread_create orders it) */
+    for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, bidi_thread, &a[i]);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 2; i++)
+        if (a[i].result != PP_OK) fail_msg("rank %d: %s", i, a[i].error);
+    tt_close_ranks(2, t);
+}
+
+static void test_control_messages(void **state) {
+    (void)state;
+    pp_transport_options o = base_opts(1000);
+    pp_transport *t[2];
+    tt_make_ranks("ipc", 2, &o, t);
+    pp_tensor *cmd;
+    TT_OK(pp_tensor_scalar_i64(42, &cmd));
+    pp_transport_key k = tt_key(PP_MSG_CONTROL, 0, 0, 1, 0, "request");
+    TT_OK(pp_transport_send(t[1], &k, cmd));
+    TT_OK(pp_transport_send(t[1], &k, cmd)); /* equal keys: first in, first out */
+    pp_tensor *got;
+    for (int i = 0; i < 2; i++) {
+        TT_OK(pp_transport_recv(t[0], &k, 1000, &got));
+        assert_int_equal(((int64_t *)got->data)[0], 42);
+        pp_tensor_free(got);
+    }
+    pp_tensor_free(cmd);
+    tt_close_ranks(2, t);
+}
+
+static void test_many_ranks_inproc_threads(void **state) {
+    (void)state;
+    /* four ranks in one process: a ring of activations */
+    pp_transport_options o = base_opts(2000);
+    pp_transport *t[4];
+    tt_make_ranks("inproc", 4, &o, t);
+    int64_t s[1] = {5000};
+    pp_tensor *x = tt_f32_seq(1, s, 1);
+    for (int r = 0; r < 4; r++) {
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, 0, r, (r + 1) % 4, "ring");
+        TT_OK(pp_transport_send(t[r], &k, x));
+    }
+    for (int r = 0; r < 4; r++) {
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, 0, (r + 3) % 4, r, "ring");
+        pp_tensor *got;
+        TT_OK(pp_transport_recv(t[r], &k, 2000, &got));
+        tt_assert_same(got, x);
+        pp_tensor_free(got);
+    }
+    pp_tensor_free(x);
+    tt_close_ranks(4, t);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_roundtrip_inproc),
+        cmocka_unit_test(test_roundtrip_ipc),
+        cmocka_unit_test(test_roundtrip_tcp),
+        cmocka_unit_test(test_sendv),
+        cmocka_unit_test(test_inproc_zero_copy),
+        cmocka_unit_test(test_sender_frees_early),
+        cmocka_unit_test(test_local_stages),
+        cmocka_unit_test(test_recv_timeout_names_peer),
+        cmocka_unit_test(test_absent_peer),
+        cmocka_unit_test(test_unknown_endpoint),
+        cmocka_unit_test(test_bad_options),
+        cmocka_unit_test(test_abort),
+        cmocka_unit_test(test_goodbye),
+        cmocka_unit_test(test_step_window),
+        cmocka_unit_test(test_run_id),
+        cmocka_unit_test(test_backpressure),
+        cmocka_unit_test(test_bidirectional_no_deadlock),
+        cmocka_unit_test(test_control_messages),
+        cmocka_unit_test(test_many_ranks_inproc_threads),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,54 @@
+/* pippin keygen: make a CURVE key pair for encrypted links. */
+#include <stdio.h>
+#include <string.h>
+
+#include "commands.h"
+#include "pippin/transport.h"
+
+static void keygen_usage(FILE *f) {
+    fprintf(f,
+            "usage: pippin keygen [-f] -o PREFIX\n"
+            "\n"
+            "Makes a CURVE key pair for encrypted links between ranks and writes\n"
+            "PREFIX.key (the secret key, mode 0600: keep it on the rank that owns it)\n"
+            "and PREFIX.pub (the public key: give it to every other rank). Both hold\n"
+            "the key as 40 characters of Z85 text after a '#' comment line.\n"
+            "\n"
+            "  -o, --output PREFIX  path and base name of the two files\n"
+            "  -f, --force          overwrite existing files\n"
+            "  -h, --help           show this help\n");
+}
+
+int cmd_keygen(int argc, char **argv) {
+    const char *prefix = NULL;
+    int force = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            keygen_usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "-f") || !strcmp(a, "--force")) {
+            force = 1;
+        } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "pippin keygen: %s needs a path prefix\n", a);
+                return 2;
+            }
+            prefix = argv[++i];
+        } else if (!strncmp(a, "--output=", 9)) {
+            prefix = a + 9;
+        } else {
+            fprintf(stderr, "pippin keygen: unexpected argument '%s'\n", a);
+            keygen_usage(stderr);
+            return 2;
+        }
+    }
+    if (!prefix || !prefix[0]) {
+        keygen_usage(stderr);
+        return 2;
+    }
+    char pub[PP_CURVE_KEY_CHARS + 1];
+    if (pp_curve_write_keypair(prefix, force, pub) != PP_OK) return pp_cli_fail("keygen");
+    printf("wrote %s.key (secret) and %s.pub (public key %s)\n", prefix, prefix, pub);
+    return 0;
+}

@@ -1,0 +1,1146 @@
+/* The transport: one PULL socket per rank, one PUSH per peer, messages in a
+ * mailbox, deadlines everywhere. See include/pippin/transport.h for the
+ * threading and tensor contracts. */
+#include "pippin/transport.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <zmq.h>
+
+#include "context.h"
+#include "mailbox.h"
+#include "pippin/log.h"
+
+#define DEFAULT_TIMEOUT_MS 10000
+#define DEFAULT_LINGER_MS 1000
+#define DEFAULT_HWM 64
+#define DEFAULT_MAX_MESSAGE (UINT64_C(2) << 30)
+#define DEFAULT_FRAME_BYTES ((size_t)1 << 20)
+#define DEFAULT_ZERO_COPY_MIN ((size_t)64 << 10)
+#define MAX_ENDPOINT 256
+/* Messages moved from the socket per pass before peer states are re-read. */
+#define DRAIN_BATCH 256
+/* Stack space for this many tensors' metadata when sending. */
+#define SEND_STACK_TENSORS 16
+
+typedef struct peer {
+    char *endpoint;         /* NULL: not known */
+    void *push;             /* owned by the transport's thread */
+    void *mon;              /* PAIR reading push's monitor events (tcp/ipc only) */
+    int inproc;
+    atomic_int state;       /* pp_peer_state */
+    int64_t down_since;     /* monotonic ms when state became DOWN */
+    const char *why;        /* last failure, for messages */
+    uint64_t seq;
+} peer;
+
+typedef struct stat_counters {
+    atomic_ullong messages_sent, messages_received, bytes_sent, bytes_received, dropped,
+        retries, timeouts, peer_failures, pending, pending_bytes;
+} stat_counters;
+
+struct pp_transport {
+    int rank, nranks, nstages;
+    int *stage_ranks;
+    uint64_t run_id;
+    int timeout_ms, hb_ivl_ms, hb_timeout_ms, linger_ms, grace_ms;
+    int sndhwm, rcvhwm, sndbuf, rcvbuf;
+    uint64_t max_message_bytes;
+    size_t frame_bytes, zero_copy_min;
+    int64_t step_window, cur_step;
+
+    pp_zctx *zctx;
+    void *ctx;
+    void *pull;
+    char endpoint[MAX_ENDPOINT];
+    peer *peers;
+    pp_mailbox *mbox;
+    pp_envelope_limits lim;
+
+    int aborted, abort_rank;
+    char abort_text[PP_ENVELOPE_MAX_TEXT + 1];
+
+    int curve;
+    char secret_z85[PP_CURVE_KEY_CHARS + 1], public_z85[PP_CURVE_KEY_CHARS + 1];
+    char (*rank_keys)[PP_CURVE_KEY_CHARS + 1];
+    pp_zap_domain *zap_domain;
+    char zap_name[64];
+
+    zmq_msg_t *frames;      /* receive scratch: frame 0 and the data frames */
+    size_t *sizes;
+    size_t frames_cap;
+    zmq_pollitem_t *items;  /* poll scratch: 1 + pull + monitors */
+
+    stat_counters st;
+};
+
+static atomic_uint monitor_counter;
+
+/* ---- small helpers ---- */
+
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void stat_add(atomic_ullong *c, uint64_t n) {
+    /* one writer (the owner thread): a relaxed load and store, no lock prefix */
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + n,
+                          memory_order_relaxed);
+}
+
+const char *pp_peer_state_name(pp_peer_state s) {
+    switch (s) {
+    case PP_PEER_UNKNOWN: return "endpoint unknown";
+    case PP_PEER_CONNECTING: return "connecting";
+    case PP_PEER_UP: return "connected";
+    case PP_PEER_DOWN: return "disconnected";
+    case PP_PEER_REJECTED: return "handshake refused";
+    case PP_PEER_CLOSED: return "closed";
+    case PP_PEER_SELF: return "self";
+    }
+    return "unknown";
+}
+
+/* Mirrors the mailbox size into the counters other threads may read. */
+static void sync_pending(pp_transport *t) {
+    atomic_store_explicit(&t->st.pending, pp_mailbox_count(t->mbox), memory_order_relaxed);
+    atomic_store_explicit(&t->st.pending_bytes, pp_mailbox_bytes(t->mbox), memory_order_relaxed);
+}
+
+static const char *peer_ep(const pp_transport *t, int r) {
+    if (r == t->rank) return t->endpoint;
+    return t->peers[r].endpoint ? t->peers[r].endpoint : "(endpoint unknown)";
+}
+
+static pp_peer_state peer_state(const peer *p) { return (pp_peer_state)atomic_load(&((peer *)p)->state); }
+
+static void set_state(peer *p, pp_peer_state s) { atomic_store(&p->state, (int)s); }
+
+static int setopt_int(void *s, int opt, int v) { return zmq_setsockopt(s, opt, &v, sizeof v); }
+
+static void close_socket(void *s) {
+    if (!s) return;
+    setopt_int(s, ZMQ_LINGER, 0);
+    zmq_close(s);
+}
+
+static int endpoint_usable(const char *ep) { return ep && ep[0] && !strchr(ep, '*'); }
+
+static int name_ok(const char *s) {
+    if (!s || !s[0]) return 0;
+    size_t n = 0;
+    for (; s[n]; n++)
+        if ((unsigned char)s[n] < 0x20 || s[n] == 0x7f || n >= PP_ENVELOPE_MAX_NAME) return 0;
+    return 1;
+}
+
+/* Warns about a dropped message: the first ten, then every power of two. */
+static void drop_msg(pp_transport *t, zmq_msg_t *m0, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void drop_msg(pp_transport *t, zmq_msg_t *m0, const char *fmt, ...) {
+    uint64_t n = atomic_load_explicit(&t->st.dropped, memory_order_relaxed) + 1;
+    stat_add(&t->st.dropped, 1);
+    if (n > 10 && (n & (n - 1)) != 0) return;
+    char why[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    const char *addr = m0 ? zmq_msg_gets(m0, "Peer-Address") : NULL;
+    pp_warn("transport rank %d (%s): dropped a message%s%s: %s (%" PRIu64 " dropped so far)", t->rank,
+            t->endpoint, addr ? " from " : "", addr ? addr : "", why, n);
+}
+
+/* ---- options ---- */
+
+void pp_transport_options_init(pp_transport_options *o) {
+    memset(o, 0, sizeof *o);
+    o->nranks = 1;
+    o->timeout_ms = DEFAULT_TIMEOUT_MS;
+    o->linger_ms = DEFAULT_LINGER_MS;
+    o->sndhwm = DEFAULT_HWM;
+    o->rcvhwm = DEFAULT_HWM;
+    o->max_message_bytes = DEFAULT_MAX_MESSAGE;
+    o->frame_bytes = DEFAULT_FRAME_BYTES;
+    o->zero_copy_min = DEFAULT_ZERO_COPY_MIN;
+    o->io_threads = 1;
+}
+
+static pp_status copy_options(pp_transport *t, const pp_transport_options *o) {
+    if (o->nranks < 1) return pp_error(PP_ERR_INVALID, "transport: nranks %d < 1", o->nranks);
+    if (o->rank < 0 || o->rank >= o->nranks)
+        return pp_error(PP_ERR_INVALID, "transport: rank %d not in [0, %d)", o->rank, o->nranks);
+    if (!o->endpoints) return pp_error(PP_ERR_INVALID, "transport: no endpoints given");
+    const char *own = o->bind_endpoint ? o->bind_endpoint : o->endpoints[o->rank];
+    if (!own || !own[0])
+        return pp_error(PP_ERR_INVALID, "transport: rank %d has no endpoint to bind", o->rank);
+    t->rank = o->rank;
+    t->nranks = o->nranks;
+    t->run_id = o->run_id;
+    t->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : DEFAULT_TIMEOUT_MS;
+    t->hb_timeout_ms = o->heartbeat_timeout_ms > 0 ? o->heartbeat_timeout_ms : t->timeout_ms;
+    t->hb_ivl_ms = o->heartbeat_ivl_ms > 0 ? o->heartbeat_ivl_ms
+                                           : (t->hb_timeout_ms / 4 < 1000 ? t->hb_timeout_ms / 4 : 1000);
+    if (t->hb_ivl_ms < 10) t->hb_ivl_ms = 10;
+    t->grace_ms = t->hb_ivl_ms < 200 ? t->hb_ivl_ms : 200;
+    t->linger_ms = o->linger_ms > 0 ? o->linger_ms : (o->linger_ms < 0 ? 0 : DEFAULT_LINGER_MS);
+    t->sndhwm = o->sndhwm > 0 ? o->sndhwm : DEFAULT_HWM;
+    t->rcvhwm = o->rcvhwm > 0 ? o->rcvhwm : DEFAULT_HWM;
+    t->sndbuf = o->sndbuf > 0 ? o->sndbuf : 0;
+    t->rcvbuf = o->rcvbuf > 0 ? o->rcvbuf : 0;
+    t->max_message_bytes = o->max_message_bytes ? o->max_message_bytes : DEFAULT_MAX_MESSAGE;
+    if (t->max_message_bytes > (uint64_t)INT64_MAX) t->max_message_bytes = (uint64_t)INT64_MAX;
+    t->frame_bytes = o->frame_bytes ? o->frame_bytes : DEFAULT_FRAME_BYTES;
+    if (t->frame_bytes < 4096) t->frame_bytes = 4096;
+    t->zero_copy_min = o->zero_copy_min ? o->zero_copy_min : DEFAULT_ZERO_COPY_MIN;
+    t->step_window = o->step_window > 0 ? o->step_window : 0;
+
+    if (o->stage_ranks) {
+        if (o->nstages < 1) return pp_error(PP_ERR_INVALID, "transport: stage_ranks given with nstages %d", o->nstages);
+        t->nstages = o->nstages;
+    } else {
+        t->nstages = o->nstages > 0 ? o->nstages : o->nranks;
+        if (t->nstages != o->nranks)
+            return pp_error(PP_ERR_INVALID, "transport: %d stages on %d ranks need stage_ranks",
+                            t->nstages, o->nranks);
+    }
+    t->stage_ranks = malloc((size_t)t->nstages * sizeof *t->stage_ranks);
+    if (!t->stage_ranks) return pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int s = 0; s < t->nstages; s++) {
+        int r = o->stage_ranks ? o->stage_ranks[s] : s;
+        if (r < 0 || r >= o->nranks)
+            return pp_error(PP_ERR_INVALID, "transport: stage %d on rank %d, not in [0, %d)", s, r,
+                            o->nranks);
+        t->stage_ranks[s] = r;
+    }
+    t->lim.max_message_bytes = t->max_message_bytes;
+    t->lim.nstages = t->nstages;
+    t->lim.nranks = t->nranks;
+
+    if (o->curve_secret_key) {
+        if (!zmq_has("curve"))
+            return pp_error(PP_ERR_UNSUPPORTED, "transport: CURVE requested but libzmq lacks it");
+        if (!pp_curve_key_valid(o->curve_secret_key))
+            return pp_error(PP_ERR_INVALID, "transport: CURVE secret key is not 40 characters of Z85");
+        if (!o->curve_rank_keys)
+            return pp_error(PP_ERR_INVALID, "transport: CURVE needs the public key of every rank");
+        t->curve = 1;
+        memcpy(t->secret_z85, o->curve_secret_key, sizeof t->secret_z85);
+        PP_TRY(pp_curve_public_key(t->secret_z85, t->public_z85));
+        t->rank_keys = calloc((size_t)t->nranks, sizeof *t->rank_keys);
+        if (!t->rank_keys) return pp_error(PP_ERR_NOMEM, "out of memory");
+        for (int r = 0; r < t->nranks; r++) {
+            if (!pp_curve_key_valid(o->curve_rank_keys[r]))
+                return pp_error(PP_ERR_INVALID, "transport: CURVE public key of rank %d is not 40 "
+                                "characters of Z85", r);
+            memcpy(t->rank_keys[r], o->curve_rank_keys[r], PP_CURVE_KEY_CHARS + 1);
+        }
+        if (strcmp(t->rank_keys[t->rank], t->public_z85) != 0)
+            return pp_error(PP_ERR_INVALID, "transport: rank %d's public key in the key list does "
+                            "not belong to its secret key", t->rank);
+    }
+    return PP_OK;
+}
+
+/* ---- sockets ---- */
+
+static pp_status common_sockopts(pp_transport *t, void *s, const char *what) {
+    int hb_ttl = t->hb_timeout_ms < 100 ? 100 : (t->hb_timeout_ms > 65000 ? 65000 : t->hb_timeout_ms);
+    if (setopt_int(s, ZMQ_HEARTBEAT_IVL, t->hb_ivl_ms) || setopt_int(s, ZMQ_HEARTBEAT_TIMEOUT, t->hb_timeout_ms) ||
+        setopt_int(s, ZMQ_HEARTBEAT_TTL, hb_ttl) || setopt_int(s, ZMQ_HANDSHAKE_IVL, t->hb_timeout_ms) ||
+        (t->sndbuf && setopt_int(s, ZMQ_SNDBUF, t->sndbuf)) || (t->rcvbuf && setopt_int(s, ZMQ_RCVBUF, t->rcvbuf)))
+        return pp_error(PP_ERR_IO, "transport rank %d: %s socket options: %s", t->rank, what,
+                        zmq_strerror(zmq_errno()));
+    return PP_OK;
+}
+
+static pp_status open_pull(pp_transport *t, const char *bind_ep) {
+    t->pull = zmq_socket(t->ctx, ZMQ_PULL);
+    if (!t->pull)
+        return pp_error(PP_ERR_IO, "transport rank %d: zmq_socket: %s", t->rank, zmq_strerror(zmq_errno()));
+    int64_t maxmsg = (int64_t)t->max_message_bytes;
+    PP_TRY(common_sockopts(t, t->pull, "receive"));
+    if (setopt_int(t->pull, ZMQ_RCVHWM, t->rcvhwm) || setopt_int(t->pull, ZMQ_LINGER, 0) ||
+        zmq_setsockopt(t->pull, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg))
+        return pp_error(PP_ERR_IO, "transport rank %d: receive socket options: %s", t->rank,
+                        zmq_strerror(zmq_errno()));
+    if (t->curve) {
+        if (setopt_int(t->pull, ZMQ_CURVE_SERVER, 1) ||
+            zmq_setsockopt(t->pull, ZMQ_CURVE_SECRETKEY, t->secret_z85, PP_CURVE_KEY_CHARS) ||
+            zmq_setsockopt(t->pull, ZMQ_ZAP_DOMAIN, t->zap_name, strlen(t->zap_name)))
+            return pp_error(PP_ERR_IO, "transport rank %d: CURVE server options: %s", t->rank,
+                            zmq_strerror(zmq_errno()));
+    }
+    if (zmq_bind(t->pull, bind_ep) != 0)
+        return pp_error(PP_ERR_IO, "transport rank %d: cannot bind %s: %s", t->rank, bind_ep,
+                        zmq_strerror(zmq_errno()));
+    size_t len = sizeof t->endpoint;
+    if (zmq_getsockopt(t->pull, ZMQ_LAST_ENDPOINT, t->endpoint, &len) != 0 || !t->endpoint[0])
+        snprintf(t->endpoint, sizeof t->endpoint, "%s", bind_ep);
+    return PP_OK;
+}
+
+static void peer_close(peer *p) {
+    if (p->mon) {
+        if (p->push) zmq_socket_monitor(p->push, NULL, 0);
+        close_socket(p->mon);
+        p->mon = NULL;
+    }
+    if (p->push) {
+        zmq_close(p->push); /* linger was set at creation */
+        p->push = NULL;
+    }
+}
+
+static pp_status open_push(pp_transport *t, int r) {
+    peer *p = &t->peers[r];
+    p->push = zmq_socket(t->ctx, ZMQ_PUSH);
+    if (!p->push)
+        return pp_error(PP_ERR_IO, "transport rank %d: zmq_socket: %s", t->rank, zmq_strerror(zmq_errno()));
+    PP_TRY(common_sockopts(t, p->push, "send"));
+    if (setopt_int(p->push, ZMQ_SNDHWM, t->sndhwm) || setopt_int(p->push, ZMQ_LINGER, t->linger_ms) ||
+        setopt_int(p->push, ZMQ_IMMEDIATE, 1) || setopt_int(p->push, ZMQ_RECONNECT_IVL, 100) ||
+        setopt_int(p->push, ZMQ_RECONNECT_IVL_MAX, 1000))
+        return pp_error(PP_ERR_IO, "transport rank %d: send socket options: %s", t->rank,
+                        zmq_strerror(zmq_errno()));
+    if (t->curve) {
+        if (zmq_setsockopt(p->push, ZMQ_CURVE_SERVERKEY, t->rank_keys[r], PP_CURVE_KEY_CHARS) ||
+            zmq_setsockopt(p->push, ZMQ_CURVE_PUBLICKEY, t->public_z85, PP_CURVE_KEY_CHARS) ||
+            zmq_setsockopt(p->push, ZMQ_CURVE_SECRETKEY, t->secret_z85, PP_CURVE_KEY_CHARS))
+            return pp_error(PP_ERR_IO, "transport rank %d: CURVE client options: %s", t->rank,
+                            zmq_strerror(zmq_errno()));
+    }
+    return PP_OK;
+}
+
+static pp_status connect_peer(pp_transport *t, int r, const char *ep) {
+    peer *p = &t->peers[r];
+    if (p->push && p->endpoint && strcmp(p->endpoint, ep) == 0) return PP_OK;
+    char *copy = strdup(ep);
+    if (!copy) return pp_error(PP_ERR_NOMEM, "out of memory");
+    if (p->push && p->endpoint) zmq_disconnect(p->push, p->endpoint);
+    free(p->endpoint);
+    p->endpoint = copy;
+    p->inproc = strncmp(ep, "inproc://", 9) == 0;
+    if (!p->push) {
+        pp_status s = open_push(t, r);
+        if (s == PP_OK && !p->inproc) {
+            char mon_ep[64];
+            snprintf(mon_ep, sizeof mon_ep, "inproc://pippin-monitor-%u",
+                     atomic_fetch_add(&monitor_counter, 1) + 1);
+            int events = ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+                         ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                         ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+            if (zmq_socket_monitor(p->push, mon_ep, events) != 0 ||
+                !(p->mon = zmq_socket(t->ctx, ZMQ_PAIR)) || zmq_connect(p->mon, mon_ep) != 0)
+                s = pp_error(PP_ERR_IO, "transport rank %d: monitor for rank %d: %s", t->rank, r,
+                             zmq_strerror(zmq_errno()));
+        }
+        if (s != PP_OK) {
+            peer_close(p);
+            return s;
+        }
+    }
+    if (zmq_connect(p->push, ep) != 0)
+        return pp_error(PP_ERR_IO, "transport rank %d: cannot connect to rank %d at %s: %s", t->rank, r,
+                        ep, zmq_strerror(zmq_errno()));
+    set_state(p, PP_PEER_CONNECTING);
+    return PP_OK;
+}
+
+/* ---- monitors ---- */
+
+static void peer_event(pp_transport *t, int r, uint16_t ev) {
+    peer *p = &t->peers[r];
+    pp_peer_state s = peer_state(p);
+    switch (ev) {
+    case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
+        if (s != PP_PEER_CLOSED) set_state(p, PP_PEER_UP);
+        pp_debug("transport rank %d: connected to rank %d (%s)", t->rank, r, peer_ep(t, r));
+        break;
+    case ZMQ_EVENT_DISCONNECTED:
+        if (s == PP_PEER_UP || s == PP_PEER_CONNECTING) {
+            if (s == PP_PEER_UP) stat_add(&t->st.peer_failures, 1);
+            set_state(p, PP_PEER_DOWN);
+            p->down_since = now_ms();
+            p->why = "connection lost (process exited, crashed, or silent past the heartbeat timeout)";
+            pp_info("transport rank %d: lost connection to rank %d (%s)", t->rank, r, peer_ep(t, r));
+        }
+        break;
+    case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
+        set_state(p, PP_PEER_REJECTED);
+        p->down_since = now_ms();
+        p->why = "the peer refused our CURVE key";
+        break;
+    case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
+        set_state(p, PP_PEER_REJECTED);
+        p->down_since = now_ms();
+        p->why = "handshake protocol error (security settings differ?)";
+        break;
+    case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+        if (s == PP_PEER_UP || s == PP_PEER_CONNECTING) {
+            if (s == PP_PEER_UP) stat_add(&t->st.peer_failures, 1);
+            set_state(p, PP_PEER_DOWN);
+            p->down_since = now_ms();
+            p->why = "handshake failed or timed out";
+        }
+        break;
+    default:
+        break;
+    }
+}
+
+static void read_monitor(pp_transport *t, int r) {
+    peer *p = &t->peers[r];
+    for (;;) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, p->mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            return;
+        }
+        uint16_t ev = 0;
+        if (zmq_msg_size(&m) >= 6) memcpy(&ev, zmq_msg_data(&m), 2);
+        int more = zmq_msg_more(&m);
+        zmq_msg_close(&m);
+        while (more) { /* the endpoint frame */
+            zmq_msg_init(&m);
+            if (zmq_msg_recv(&m, p->mon, 0) < 0) {
+                zmq_msg_close(&m);
+                break;
+            }
+            more = zmq_msg_more(&m);
+            zmq_msg_close(&m);
+        }
+        peer_event(t, r, ev);
+    }
+}
+
+static void read_monitors(pp_transport *t) {
+    for (int r = 0; r < t->nranks; r++)
+        if (t->peers[r].mon) read_monitor(t, r);
+}
+
+/* ---- receiving ---- */
+
+static void free_zmq_msg(void *data, void *hint) {
+    (void)data;
+    zmq_msg_close(hint);
+    free(hint);
+}
+
+static pp_status grow_frames(pp_transport *t, size_t need) {
+    if (need <= t->frames_cap) return PP_OK;
+    size_t cap = t->frames_cap ? t->frames_cap : 16;
+    while (cap < need) cap *= 2;
+    zmq_msg_t *f = realloc(t->frames, cap * sizeof *f);
+    if (!f) return pp_error(PP_ERR_NOMEM, "out of memory");
+    t->frames = f;
+    size_t *sz = realloc(t->sizes, cap * sizeof *sz);
+    if (!sz) return pp_error(PP_ERR_NOMEM, "out of memory");
+    t->sizes = sz;
+    t->frames_cap = cap;
+    return PP_OK;
+}
+
+/* Builds tensor i of a checked message from its frames (first frame f0). */
+static pp_status build_tensor(pp_transport *t, const pp_wire_tensor *wt, size_t f0, pp_tensor **out) {
+    if (wt->nframes == 1 && wt->nbytes >= t->zero_copy_min) {
+        void *data = zmq_msg_data(&t->frames[f0]);
+        size_t align = pp_dtype_size(wt->dtype);
+        if (align < 8) align = 8;
+        if (((uintptr_t)data & (align - 1)) == 0) {
+            zmq_msg_t *keep = malloc(sizeof *keep);
+            if (!keep) return pp_error(PP_ERR_NOMEM, "out of memory");
+            zmq_msg_init(keep);
+            zmq_msg_move(keep, &t->frames[f0]);
+            pp_status s = pp_tensor_wrap(wt->dtype, wt->ndim, wt->shape, zmq_msg_data(keep),
+                                         free_zmq_msg, keep, out);
+            if (s != PP_OK) free_zmq_msg(NULL, keep);
+            return s;
+        }
+    }
+    const void *stack_ptrs[8];
+    const void **ptrs = wt->nframes <= 8 ? stack_ptrs : malloc(wt->nframes * sizeof *ptrs);
+    if (!ptrs) return pp_error(PP_ERR_NOMEM, "out of memory");
+    for (uint32_t k = 0; k < wt->nframes; k++) ptrs[k] = zmq_msg_data(&t->frames[f0 + k]);
+    pp_status s = pp_envelope_tensor_copy(wt, ptrs, &t->sizes[f0], out);
+    if (ptrs != stack_ptrs) free(ptrs);
+    return s;
+}
+
+static int key_matches(const pp_mbox_key *want, const pp_envelope *env, const char *name) {
+    return want && want->kind == (int)env->kind && want->step == env->step &&
+           want->microbatch == env->microbatch && want->src_stage == env->src_stage &&
+           want->dst_stage == env->dst_stage && strcmp(want->name, name) == 0;
+}
+
+/* Handles a complete message in t->frames[0..n): validate, then file. */
+static void handle_message(pp_transport *t, size_t n, int too_many, const pp_mbox_key *want,
+                           int *found) {
+    zmq_msg_t *m0 = &t->frames[0];
+    if (too_many) {
+        drop_msg(t, m0, "more than %u data frames", t->lim.max_frames ? t->lim.max_frames : 65536u);
+        return;
+    }
+    pp_envelope env;
+    if (pp_envelope_decode(zmq_msg_data(m0), zmq_msg_size(m0), &t->lim, &env) != PP_OK) {
+        drop_msg(t, m0, "%s", pp_last_error());
+        return;
+    }
+    for (size_t i = 1; i < n; i++) t->sizes[i] = zmq_msg_size(&t->frames[i]);
+    int r = env.src_rank;
+    if (pp_envelope_check_frames(&env, n - 1, t->sizes + 1) != PP_OK) {
+        drop_msg(t, m0, "claims rank %d: %s", r, pp_last_error());
+        goto done;
+    }
+    if (env.run_id != t->run_id) {
+        drop_msg(t, m0, "claims rank %d: run id %" PRIu64 ", this run is %" PRIu64, r, env.run_id,
+                 t->run_id);
+        goto done;
+    }
+    if (r == t->rank) {
+        drop_msg(t, m0, "claims to come from this rank (%d)", r);
+        goto done;
+    }
+    if (t->curve) {
+        const char *uid = zmq_msg_gets(m0, "User-Id");
+        if (!uid || strcmp(uid, t->rank_keys[r]) != 0) {
+            drop_msg(t, m0, "claims rank %d but was sent with CURVE key %s", r, uid ? uid : "(none)");
+            goto done;
+        }
+    }
+    peer *p = &t->peers[r];
+    if (peer_state(p) == PP_PEER_CLOSED) /* a new incarnation of that rank */
+        set_state(p, p->inproc ? PP_PEER_CONNECTING : PP_PEER_UP);
+    if (env.kind == PP_MSG_ABORT) {
+        if (!t->aborted) {
+            t->aborted = 1;
+            t->abort_rank = r;
+            snprintf(t->abort_text, sizeof t->abort_text, "%s", env.text);
+            pp_log_error("transport rank %d: rank %d (%s) aborted the run: %s", t->rank, r,
+                         peer_ep(t, r), env.text);
+        }
+        goto done;
+    }
+    if (env.kind == PP_MSG_HEARTBEAT) goto done;
+    if (env.kind == PP_MSG_CONTROL && env.ntensors == 0) {
+        if (strcmp(env.text, "bye") == 0) {
+            set_state(p, PP_PEER_CLOSED);
+            pp_debug("transport rank %d: rank %d (%s) closed its transport", t->rank, r, peer_ep(t, r));
+        } else {
+            drop_msg(t, m0, "claims rank %d: unknown control command '%s'", r, env.text);
+        }
+        goto done;
+    }
+    if (t->stage_ranks[env.dst_stage] != t->rank) {
+        drop_msg(t, m0, "claims rank %d: destination stage %d does not run on this rank", r,
+                 env.dst_stage);
+        goto done;
+    }
+    if (t->stage_ranks[env.src_stage] != r) {
+        drop_msg(t, m0, "claims rank %d: source stage %d runs on rank %d", r, env.src_stage,
+                 t->stage_ranks[env.src_stage]);
+        goto done;
+    }
+    if (env.step < t->cur_step || (t->step_window > 0 && env.step > t->cur_step + t->step_window)) {
+        drop_msg(t, m0, "claims rank %d: step %" PRId64 " outside the window [%" PRId64 ", %s%" PRId64 "]",
+                 r, env.step, t->cur_step, t->step_window > 0 ? "" : "inf ",
+                 t->step_window > 0 ? t->cur_step + t->step_window : (int64_t)0);
+        goto done;
+    }
+    size_t f = 1;
+    uint64_t bytes = 0;
+    for (int i = 0; i < env.ntensors; i++) {
+        const pp_wire_tensor *wt = &env.tensors[i];
+        pp_tensor *tensor = NULL;
+        pp_status s = build_tensor(t, wt, f, &tensor);
+        f += wt->nframes;
+        if (s != PP_OK) {
+            drop_msg(t, m0, "claims rank %d: tensor '%s': %s", r, wt->name, pp_last_error());
+            continue;
+        }
+        pp_mbox_key key = {(int)env.kind, env.step, env.microbatch, env.src_stage, env.dst_stage, wt->name};
+        bytes += wt->nbytes;
+        if (pp_mailbox_put(t->mbox, &key, tensor) != PP_OK) {
+            drop_msg(t, m0, "%s", pp_last_error());
+            continue;
+        }
+        if (key_matches(want, &env, wt->name)) *found = 1;
+    }
+    stat_add(&t->st.messages_received, 1);
+    stat_add(&t->st.bytes_received, bytes);
+    sync_pending(t);
+done:
+    pp_envelope_clear(&env);
+}
+
+/* Receives one whole message if one is waiting. Returns 1 if it handled a
+ * message, 0 if none was waiting. */
+static int receive_one(pp_transport *t, const pp_mbox_key *want, int *found) {
+    if (grow_frames(t, 16) != PP_OK) return 0;
+    zmq_msg_init(&t->frames[0]);
+    if (zmq_msg_recv(&t->frames[0], t->pull, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&t->frames[0]);
+        return 0;
+    }
+    size_t n = 1, max_frames = (t->lim.max_frames ? t->lim.max_frames : 65536u) + 1;
+    int too_many = 0, more = zmq_msg_more(&t->frames[0]);
+    while (more) {
+        /* the rest of a multipart message is already here: recv cannot block */
+        zmq_msg_t scratch, *m = &scratch;
+        if (n < max_frames && grow_frames(t, n + 1) == PP_OK) m = &t->frames[n];
+        zmq_msg_init(m);
+        if (zmq_msg_recv(m, t->pull, 0) < 0) {
+            zmq_msg_close(m);
+            too_many = 1; /* cannot happen; treat the message as bad */
+            break;
+        }
+        more = zmq_msg_more(m);
+        if (m == &scratch) {
+            zmq_msg_close(m);
+            too_many = 1;
+        } else {
+            n++;
+        }
+    }
+    handle_message(t, n, too_many, want, found);
+    for (size_t i = 0; i < n; i++) zmq_msg_close(&t->frames[i]);
+    return 1;
+}
+
+/* Moves waiting messages into the mailbox, at most DRAIN_BATCH. Returns the
+ * number handled; stops early when want arrived. */
+static int drain(pp_transport *t, const pp_mbox_key *want, int *found) {
+    int k = 0;
+    while (k < DRAIN_BATCH && !(found && *found)) {
+        int dummy = 0;
+        if (!receive_one(t, want, found ? found : &dummy)) break;
+        k++;
+    }
+    return k;
+}
+
+/* Waits up to timeout ms for the receive socket, a monitor, or (if out_peer
+ * is given) room to send to that peer. Returns 1 if the send socket is
+ * writable. */
+static int wait_events(pp_transport *t, int64_t timeout, peer *out_peer) {
+    int n = 0;
+    zmq_pollitem_t *it = t->items;
+    if (out_peer) it[n++] = (zmq_pollitem_t){out_peer->push, 0, ZMQ_POLLOUT, 0};
+    it[n++] = (zmq_pollitem_t){t->pull, 0, ZMQ_POLLIN, 0};
+    for (int r = 0; r < t->nranks; r++)
+        if (t->peers[r].mon) it[n++] = (zmq_pollitem_t){t->peers[r].mon, 0, ZMQ_POLLIN, 0};
+    if (timeout < 0) timeout = 0;
+    if (timeout > 60000) timeout = 60000;
+    if (zmq_poll(it, n, (long)timeout) < 0) return 0;
+    int k = 0, writable = 0;
+    if (out_peer) writable = (it[k++].revents & ZMQ_POLLOUT) != 0;
+    k++; /* the receive socket: drained by the caller */
+    for (; k < n; k++)
+        if (it[k].revents & ZMQ_POLLIN) {
+            read_monitors(t);
+            break;
+        }
+    return writable;
+}
+
+static pp_status abort_error(pp_transport *t) {
+    if (t->abort_rank == t->rank)
+        return pp_error(PP_ERR_PEER, "transport rank %d: this rank aborted the run: %s", t->rank,
+                        t->abort_text);
+    return pp_error(PP_ERR_PEER, "transport rank %d: rank %d (%s) aborted the run: %s", t->rank,
+                    t->abort_rank, peer_ep(t, t->abort_rank), t->abort_text);
+}
+
+/* PP_OK while peer r can still be expected to deliver; an error naming it
+ * once it is gone (disconnected for longer than the grace period, refused
+ * us when sending, or closed). *wake is lowered to when that would change. */
+static pp_status check_peer(pp_transport *t, int r, int sending, const char *doing, int64_t now,
+                            int64_t *wake) {
+    if (r == t->rank) return PP_OK;
+    peer *p = &t->peers[r];
+    pp_peer_state s = peer_state(p);
+    if (s == PP_PEER_CLOSED)
+        return pp_error(PP_ERR_PEER, "transport rank %d: %s: rank %d (%s) has closed its transport",
+                        t->rank, doing, r, peer_ep(t, r));
+    if (s == PP_PEER_REJECTED && sending)
+        return pp_error(PP_ERR_PEER, "transport rank %d: %s: rank %d (%s): %s", t->rank, doing, r,
+                        peer_ep(t, r), p->why);
+    if (s == PP_PEER_DOWN) {
+        if (now - p->down_since >= t->grace_ms)
+            return pp_error(PP_ERR_PEER, "transport rank %d: %s: rank %d (%s) is unreachable: %s",
+                            t->rank, doing, r, peer_ep(t, r), p->why);
+        if (p->down_since + t->grace_ms < *wake) *wake = p->down_since + t->grace_ms;
+    }
+    return PP_OK;
+}
+
+/* ---- public: lifecycle ---- */
+
+pp_status pp_transport_create(const pp_transport_options *opts, pp_transport **out) {
+    *out = NULL;
+    if (!opts) return pp_error(PP_ERR_INVALID, "transport: no options");
+    pp_transport *t = calloc(1, sizeof *t);
+    if (!t) return pp_error(PP_ERR_NOMEM, "out of memory");
+    t->zap_domain = NULL;
+    pp_status s = copy_options(t, opts);
+    if (s == PP_OK) {
+        t->peers = calloc((size_t)t->nranks, sizeof *t->peers);
+        t->items = calloc((size_t)t->nranks + 2, sizeof *t->items);
+        if (!t->peers || !t->items) s = pp_error(PP_ERR_NOMEM, "out of memory");
+    }
+    if (s == PP_OK) s = pp_mailbox_new(&t->mbox);
+    if (s == PP_OK) s = pp_zctx_acquire(opts->zmq_context, opts->io_threads, &t->zctx);
+    if (s == PP_OK) {
+        t->ctx = pp_zctx_handle(t->zctx);
+        for (int r = 0; r < t->nranks; r++)
+            atomic_init(&t->peers[r].state, r == t->rank ? PP_PEER_SELF : PP_PEER_UNKNOWN);
+    }
+    if (s == PP_OK && t->curve) {
+        int nkeys = opts->curve_allowed_keys ? opts->n_curve_allowed_keys : t->nranks;
+        uint8_t (*keys)[32] = calloc(nkeys > 0 ? (size_t)nkeys : 1, sizeof *keys);
+        if (!keys) s = pp_error(PP_ERR_NOMEM, "out of memory");
+        for (int i = 0; s == PP_OK && i < nkeys; i++) {
+            const char *k = opts->curve_allowed_keys ? opts->curve_allowed_keys[i] : t->rank_keys[i];
+            if (!pp_curve_key_valid(k))
+                s = pp_error(PP_ERR_INVALID, "transport: allowed CURVE key %d is not 40 characters of Z85", i);
+            else
+                zmq_z85_decode(keys[i], k);
+        }
+        if (s == PP_OK)
+            s = pp_zctx_add_domain(t->zctx, (const uint8_t(*)[32])keys, nkeys, &t->zap_domain,
+                                   t->zap_name, sizeof t->zap_name);
+        free(keys);
+    }
+    if (s == PP_OK) s = open_pull(t, opts->bind_endpoint ? opts->bind_endpoint : opts->endpoints[opts->rank]);
+    for (int r = 0; s == PP_OK && r < t->nranks; r++)
+        if (r != t->rank && endpoint_usable(opts->endpoints[r])) s = connect_peer(t, r, opts->endpoints[r]);
+    if (s != PP_OK) {
+        pp_status keep = s;
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", pp_last_error());
+        t->nranks = t->peers ? t->nranks : 0;
+        pp_transport_close(t);
+        return pp_error(keep, "%s", msg);
+    }
+    pp_debug("transport rank %d: bound %s", t->rank, t->endpoint);
+    *out = t;
+    return PP_OK;
+}
+
+const char *pp_transport_endpoint(const pp_transport *t) { return t->endpoint; }
+
+pp_status pp_transport_connect_peer(pp_transport *t, int rank, const char *endpoint) {
+    if (rank < 0 || rank >= t->nranks || rank == t->rank)
+        return pp_error(PP_ERR_INVALID, "transport rank %d: cannot connect to rank %d", t->rank, rank);
+    if (!endpoint_usable(endpoint))
+        return pp_error(PP_ERR_INVALID, "transport rank %d: '%s' is not an endpoint to connect to",
+                        t->rank, endpoint ? endpoint : "(null)");
+    return connect_peer(t, rank, endpoint);
+}
+
+pp_status pp_transport_wait_peers(pp_transport *t, int timeout_ms) {
+    int64_t deadline = now_ms() + (timeout_ms < 0 ? t->timeout_ms : timeout_ms);
+    for (;;) {
+        read_monitors(t);
+        drain(t, NULL, NULL);
+        int64_t now = now_ms();
+        char missing[512] = "";
+        size_t len = 0;
+        for (int r = 0; r < t->nranks; r++) {
+            peer *p = &t->peers[r];
+            if (r == t->rank || !p->push || p->inproc) continue;
+            pp_peer_state s = peer_state(p);
+            if (s == PP_PEER_REJECTED)
+                return pp_error(PP_ERR_PEER, "transport rank %d: rank %d (%s): %s", t->rank, r,
+                                peer_ep(t, r), p->why);
+            if (s != PP_PEER_UP && len < sizeof missing - 1)
+                len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d (%s, %s)",
+                                        len ? ", " : "", r, peer_ep(t, r), pp_peer_state_name(s));
+        }
+        if (!len) return PP_OK;
+        if (len >= sizeof missing) len = sizeof missing - 1;
+        if (now >= deadline) {
+            stat_add(&t->st.timeouts, 1);
+            return pp_error(PP_ERR_TIMEOUT, "transport rank %d: ranks not connected after %d ms: %s",
+                            t->rank, timeout_ms < 0 ? t->timeout_ms : timeout_ms, missing);
+        }
+        wait_events(t, deadline - now, NULL);
+    }
+}
+
+static void send_simple(pp_transport *t, int r, pp_msg_kind kind, const char *text) {
+    peer *p = &t->peers[r];
+    if (!p->push) return;
+    pp_envelope env = {0};
+    env.version = PP_PROTOCOL_VERSION;
+    env.kind = kind;
+    env.run_id = t->run_id;
+    env.step = t->cur_step;
+    env.src_rank = t->rank;
+    env.seq = ++p->seq;
+    env.text = text;
+    uint8_t buf[PP_ENVELOPE_MAX_TEXT + 128];
+    size_t len;
+    if (pp_envelope_pack(&env, buf, sizeof buf, &len) != PP_OK) return;
+    zmq_send(p->push, buf, len, ZMQ_DONTWAIT);
+}
+
+void pp_transport_close(pp_transport *t) {
+    if (!t) return;
+    if (t->peers) {
+        /* goodbye to every connected peer (a send to one that is not
+         * connected fails at once: ZMQ_IMMEDIATE) */
+        for (int r = 0; r < t->nranks; r++)
+            if (r != t->rank && t->peers[r].push) send_simple(t, r, PP_MSG_CONTROL, "bye");
+        for (int r = 0; r < t->nranks; r++) {
+            peer_close(&t->peers[r]);
+            free(t->peers[r].endpoint);
+        }
+    }
+    close_socket(t->pull);
+    if (t->frames_cap) {
+        free(t->frames);
+        free(t->sizes);
+    }
+    pp_mailbox_free(t->mbox);
+    if (t->zctx) {
+        pp_zctx_remove_domain(t->zctx, t->zap_domain);
+        pp_zctx_release(t->zctx); /* may terminate the context: waits at most linger */
+    }
+    free(t->peers);
+    free(t->items);
+    free(t->stage_ranks);
+    if (t->rank_keys) {
+        memset(t->rank_keys, 0, (size_t)t->nranks * sizeof *t->rank_keys);
+        free(t->rank_keys);
+    }
+    memset(t->secret_z85, 0, sizeof t->secret_z85);
+    free(t);
+}
+
+/* ---- public: sending ---- */
+
+static void release_tensor(void *data, void *hint) {
+    (void)data;
+    pp_tensor_free(hint);
+}
+
+static pp_status check_key(const pp_transport *t, const pp_transport_key *k, int sending) {
+    if (!k) return pp_error(PP_ERR_INVALID, "transport rank %d: no key", t->rank);
+    if (k->kind != PP_MSG_ACTIVATION && k->kind != PP_MSG_GRADIENT && k->kind != PP_MSG_CONTROL)
+        return pp_error(PP_ERR_INVALID, "transport rank %d: cannot %s %s messages", t->rank,
+                        sending ? "send" : "receive", pp_msg_kind_name((int)k->kind));
+    if (k->step < 0 || k->microbatch < 0)
+        return pp_error(PP_ERR_INVALID, "transport rank %d: negative step or microbatch", t->rank);
+    if (k->src_stage < 0 || k->src_stage >= t->nstages || k->dst_stage < 0 || k->dst_stage >= t->nstages)
+        return pp_error(PP_ERR_INVALID, "transport rank %d: stages %d->%d not in [0, %d)", t->rank,
+                        k->src_stage, k->dst_stage, t->nstages);
+    int own = sending ? k->src_stage : k->dst_stage;
+    if (t->stage_ranks[own] != t->rank)
+        return pp_error(PP_ERR_INVALID, "transport rank %d: stage %d runs on rank %d, not here",
+                        t->rank, own, t->stage_ranks[own]);
+    return PP_OK;
+}
+
+static pp_status send_local(pp_transport *t, const pp_transport_key *key, int n,
+                            const char *const *names, pp_tensor *const *tensors) {
+    for (int i = 0; i < n; i++) {
+        pp_mbox_key k = {(int)key->kind, key->step, key->microbatch, key->src_stage, key->dst_stage, names[i]};
+        PP_TRY(pp_mailbox_put(t->mbox, &k, pp_tensor_retain(tensors[i])));
+        stat_add(&t->st.bytes_sent, tensors[i]->nbytes);
+    }
+    stat_add(&t->st.messages_sent, 1);
+    sync_pending(t);
+    return PP_OK;
+}
+
+/* Sends frame 0, waiting (and receiving meanwhile) until the peer takes it
+ * or the deadline passes. On failure m0 is closed. */
+static pp_status send_first(pp_transport *t, int r, zmq_msg_t *m0, int more, const char *doing) {
+    peer *p = &t->peers[r];
+    int flags = ZMQ_DONTWAIT | (more ? ZMQ_SNDMORE : 0);
+    int64_t deadline = -1;
+    for (;;) {
+        if (zmq_msg_send(m0, p->push, flags) >= 0) return PP_OK;
+        if (zmq_errno() != EAGAIN) {
+            zmq_msg_close(m0);
+            return pp_error(PP_ERR_IO, "transport rank %d: %s: rank %d (%s): %s", t->rank, doing, r,
+                            peer_ep(t, r), zmq_strerror(zmq_errno()));
+        }
+        int64_t now = now_ms();
+        if (deadline < 0) {
+            deadline = now + t->timeout_ms;
+            stat_add(&t->st.retries, 1);
+        }
+        read_monitors(t);
+        int found = 0;
+        drain(t, NULL, &found);
+        int64_t wake = deadline;
+        pp_status s = t->aborted ? abort_error(t) : check_peer(t, r, 1, doing, now, &wake);
+        if (s == PP_OK && now >= deadline) {
+            stat_add(&t->st.timeouts, 1);
+            pp_peer_state ps = peer_state(p);
+            s = pp_error(PP_ERR_TIMEOUT, "transport rank %d: %s: rank %d (%s) did not accept it within "
+                         "%d ms (%s)", t->rank, doing, r, peer_ep(t, r), t->timeout_ms,
+                         ps == PP_PEER_UP ? "its queue is full: it is not receiving"
+                                          : ps == PP_PEER_CONNECTING && !p->inproc
+                                                ? "it has not connected"
+                                                : pp_peer_state_name(ps));
+        }
+        if (s != PP_OK) {
+            zmq_msg_close(m0);
+            return s;
+        }
+        wait_events(t, wake - now, p);
+    }
+}
+
+pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n,
+                             const char *const *names, pp_tensor *const *tensors) {
+    PP_TRY(check_key(t, key, 1));
+    if (n < 1 || (uint32_t)n > (t->lim.max_tensors ? t->lim.max_tensors : 256u) || !names || !tensors)
+        return pp_error(PP_ERR_INVALID, "transport rank %d: %d tensors in one message", t->rank, n);
+    uint64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        if (!name_ok(names[i]))
+            return pp_error(PP_ERR_INVALID, "transport rank %d: tensor name must be 1..%u printable "
+                            "bytes", t->rank, PP_ENVELOPE_MAX_NAME);
+        if (!tensors[i] || !pp_dtype_size(tensors[i]->dtype))
+            return pp_error(PP_ERR_INVALID, "transport rank %d: tensor '%s' is missing or has no "
+                            "dtype", t->rank, names[i]);
+        for (int j = 0; j < i; j++)
+            if (strcmp(names[i], names[j]) == 0)
+                return pp_error(PP_ERR_INVALID, "transport rank %d: tensor '%s' twice in one message",
+                                t->rank, names[i]);
+        total += tensors[i]->nbytes;
+    }
+    if (total > t->max_message_bytes)
+        return pp_error(PP_ERR_INVALID, "transport rank %d: message of %" PRIu64 " bytes exceeds the "
+                        "limit of %" PRIu64, t->rank, total, t->max_message_bytes);
+    if (t->aborted) return abort_error(t);
+    int r = t->stage_ranks[key->dst_stage];
+    if (r == t->rank) return send_local(t, key, n, names, tensors);
+    peer *p = &t->peers[r];
+    char doing[384];
+    snprintf(doing, sizeof doing, "sending %s step %" PRId64 " microbatch %d stage %d->%d '%s'%s",
+             pp_msg_kind_name((int)key->kind), key->step, key->microbatch, key->src_stage,
+             key->dst_stage, names[0], n > 1 ? " ..." : "");
+    if (!p->push)
+        return pp_error(PP_ERR_STATE, "transport rank %d: %s: no endpoint known for rank %d",
+                        t->rank, doing, r);
+
+    size_t frame_bytes = p->inproc ? SIZE_MAX : t->frame_bytes;
+    pp_wire_tensor wt_stack[SEND_STACK_TENSORS];
+    pp_wire_tensor *wt = n <= SEND_STACK_TENSORS ? wt_stack : calloc((size_t)n, sizeof *wt);
+    if (!wt) return pp_error(PP_ERR_NOMEM, "out of memory");
+    size_t nframes = 0;
+    for (int i = 0; i < n; i++) {
+        const pp_tensor *x = tensors[i];
+        wt[i].name = names[i];
+        wt[i].dtype = x->dtype;
+        wt[i].ndim = x->ndim;
+        memcpy(wt[i].shape, x->shape, sizeof wt[i].shape);
+        wt[i].nbytes = x->nbytes;
+        if (x->nbytes == 0) wt[i].nframes = 0;
+        else if (x->nbytes < t->zero_copy_min) wt[i].nframes = 1;
+        else wt[i].nframes = (uint32_t)(x->nbytes / frame_bytes + (x->nbytes % frame_bytes != 0));
+        nframes += wt[i].nframes;
+    }
+    pp_envelope env = {0};
+    env.version = PP_PROTOCOL_VERSION;
+    env.kind = key->kind;
+    env.run_id = t->run_id;
+    env.step = key->step;
+    env.microbatch = key->microbatch;
+    env.src_stage = key->src_stage;
+    env.dst_stage = key->dst_stage;
+    env.src_rank = t->rank;
+    env.seq = p->seq + 1;
+    env.ntensors = n;
+    env.tensors = wt;
+    env.text = "";
+    zmq_msg_t m0;
+    size_t len = pp_envelope_packed_size(&env);
+    pp_status s = PP_OK;
+    if (len == 0 || zmq_msg_init_size(&m0, len) != 0) s = pp_error(PP_ERR_NOMEM, "out of memory");
+    else if ((s = pp_envelope_pack(&env, zmq_msg_data(&m0), len, &len)) != PP_OK) zmq_msg_close(&m0);
+    if (wt != wt_stack) free(wt);
+    PP_TRY(s);
+    PP_TRY(send_first(t, r, &m0, nframes > 0, doing));
+    p->seq++;
+
+    /* Data frames: after frame 0 went in, the rest of the message cannot
+     * hit the high-water mark; a failure means the connection died. */
+    size_t sent = 0;
+    int lost = 0, lost_more = 0;
+    for (int i = 0; i < n && !lost; i++) {
+        pp_tensor *x = tensors[i];
+        if (x->nbytes == 0) continue;
+        size_t off = 0;
+        while (off < x->nbytes && !lost) {
+            zmq_msg_t m;
+            size_t chunk;
+            if (x->nbytes < t->zero_copy_min) {
+                chunk = x->nbytes;
+                if (zmq_msg_init_size(&m, chunk) != 0) {
+                    lost = 1;
+                    lost_more = 1;
+                    break;
+                }
+                memcpy(zmq_msg_data(&m), x->data, chunk);
+            } else {
+                chunk = x->nbytes - off < frame_bytes ? x->nbytes - off : frame_bytes;
+                pp_tensor_retain(x);
+                if (zmq_msg_init_data(&m, (char *)x->data + off, chunk, release_tensor, x) != 0) {
+                    pp_tensor_free(x);
+                    lost = 1;
+                    lost_more = 1;
+                    break;
+                }
+            }
+            int more = sent + 1 < nframes;
+            if (zmq_msg_send(&m, p->push, ZMQ_DONTWAIT | (more ? ZMQ_SNDMORE : 0)) < 0) {
+                zmq_msg_close(&m);
+                lost = 1;
+                lost_more = more;
+                break;
+            }
+            off += chunk;
+            sent++;
+        }
+    }
+    if (lost) {
+        /* End the half-sent message. After a failed send libzmq drops the
+         * parts it still gets; after a failed allocation the receiver gets a
+         * message with an empty last frame and drops it. */
+        if (lost_more) zmq_send(p->push, "", 0, ZMQ_DONTWAIT);
+        stat_add(&t->st.peer_failures, 1);
+        return pp_error(PP_ERR_PEER, "transport rank %d: %s: connection to rank %d (%s) lost "
+                        "mid-message", t->rank, doing, r, peer_ep(t, r));
+    }
+    stat_add(&t->st.messages_sent, 1);
+    stat_add(&t->st.bytes_sent, total);
+    return PP_OK;
+}
+
+pp_status pp_transport_send(pp_transport *t, const pp_transport_key *key, pp_tensor *tensor) {
+    if (!key) return pp_error(PP_ERR_INVALID, "transport: no key");
+    const char *names[1] = {key->name};
+    pp_tensor *ts[1] = {tensor};
+    return pp_transport_sendv(t, key, 1, names, ts);
+}
+
+/* ---- public: receiving ---- */
+
+pp_status pp_transport_recv(pp_transport *t, const pp_transport_key *key, int timeout_ms,
+                            pp_tensor **out) {
+    *out = NULL;
+    PP_TRY(check_key(t, key, 0));
+    if (!name_ok(key->name))
+        return pp_error(PP_ERR_INVALID, "transport rank %d: tensor name must be 1..%u printable bytes",
+                        t->rank, PP_ENVELOPE_MAX_NAME);
+    if (t->aborted) return abort_error(t);
+    pp_mbox_key k = {(int)key->kind, key->step, key->microbatch, key->src_stage, key->dst_stage, key->name};
+    if ((*out = pp_mailbox_take(t->mbox, &k))) {
+        sync_pending(t);
+        return PP_OK;
+    }
+    int timeout = timeout_ms < 0 ? t->timeout_ms : timeout_ms;
+    int64_t deadline = now_ms() + timeout;
+    int r = t->stage_ranks[key->src_stage];
+    for (;;) {
+        int found = 0;
+        int handled = drain(t, &k, &found);
+        if (found && (*out = pp_mailbox_take(t->mbox, &k))) {
+            sync_pending(t);
+            return PP_OK;
+        }
+        if (t->aborted) return abort_error(t);
+        int64_t now = now_ms(), wake = deadline;
+        if (handled == DRAIN_BATCH) read_monitors(t);
+        char what[384];
+        pp_mbox_key_str(&k, what, sizeof what);
+        char doing[448];
+        snprintf(doing, sizeof doing, "waiting for %s", what);
+        PP_TRY(check_peer(t, r, 0, doing, now, &wake));
+        if (now >= deadline) {
+            stat_add(&t->st.timeouts, 1);
+            pp_peer_state ps = r == t->rank ? PP_PEER_SELF : peer_state(&t->peers[r]);
+            return pp_error(PP_ERR_TIMEOUT, "transport rank %d: timed out after %d ms %s from rank %d "
+                            "(%s, %s)", t->rank, timeout, doing, r, peer_ep(t, r),
+                            pp_peer_state_name(ps));
+        }
+        if (handled < DRAIN_BATCH) wait_events(t, wake - now, NULL);
+    }
+}
+
+pp_status pp_transport_poll(pp_transport *t, int timeout_ms) {
+    read_monitors(t);
+    if (drain(t, NULL, NULL) == 0 && timeout_ms > 0) {
+        wait_events(t, timeout_ms, NULL);
+        drain(t, NULL, NULL);
+    }
+    return t->aborted ? abort_error(t) : PP_OK;
+}
+
+pp_status pp_transport_set_step(pp_transport *t, int64_t step) {
+    if (step < 0) return pp_error(PP_ERR_INVALID, "transport rank %d: negative step", t->rank);
+    t->cur_step = step;
+    size_t n = pp_mailbox_drop_before(t->mbox, step);
+    sync_pending(t);
+    if (n) {
+        stat_add(&t->st.dropped, n);
+        pp_warn("transport rank %d: step %" PRId64 ": dropped %zu unclaimed tensors of earlier steps",
+                t->rank, step, n);
+    }
+    return PP_OK;
+}
+
+pp_status pp_transport_abort(pp_transport *t, const char *reason) {
+    if (!reason) reason = "";
+    if (!t->aborted) {
+        t->aborted = 1;
+        t->abort_rank = t->rank;
+        /* keep it printable and bounded, as receivers will check */
+        size_t j = 0;
+        for (size_t i = 0; reason[i] && j < PP_ENVELOPE_MAX_TEXT; i++)
+            t->abort_text[j++] = ((unsigned char)reason[i] < 0x20 || reason[i] == 0x7f) ? ' ' : reason[i];
+        t->abort_text[j] = 0;
+    }
+    for (int r = 0; r < t->nranks; r++)
+        if (r != t->rank) send_simple(t, r, PP_MSG_ABORT, t->abort_text);
+    return PP_OK;
+}
+
+/* ---- public: introspection ---- */
+
+void pp_transport_stats_get(const pp_transport *t, pp_transport_stats *out) {
+    stat_counters *c = (stat_counters *)&t->st;
+    memset(out, 0, sizeof *out);
+    out->messages_sent = atomic_load_explicit(&c->messages_sent, memory_order_relaxed);
+    out->messages_received = atomic_load_explicit(&c->messages_received, memory_order_relaxed);
+    out->bytes_sent = atomic_load_explicit(&c->bytes_sent, memory_order_relaxed);
+    out->bytes_received = atomic_load_explicit(&c->bytes_received, memory_order_relaxed);
+    out->dropped = atomic_load_explicit(&c->dropped, memory_order_relaxed);
+    out->retries = atomic_load_explicit(&c->retries, memory_order_relaxed);
+    out->timeouts = atomic_load_explicit(&c->timeouts, memory_order_relaxed);
+    out->peer_failures = atomic_load_explicit(&c->peer_failures, memory_order_relaxed);
+    out->auth_failures = pp_zap_domain_refused(t->zap_domain);
+    out->pending = atomic_load_explicit(&c->pending, memory_order_relaxed);
+    out->pending_bytes = atomic_load_explicit(&c->pending_bytes, memory_order_relaxed);
+}
+
+pp_peer_state pp_transport_peer_state(const pp_transport *t, int rank) {
+    if (rank < 0 || rank >= t->nranks) return PP_PEER_UNKNOWN;
+    return peer_state(&t->peers[rank]);
+}
