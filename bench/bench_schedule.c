@@ -63,13 +63,82 @@ static int scale(pp_sched_kind kind, int p, int m) {
 /* Bubble as the paper measures it: (T - m(F+I+W)) / T, T the global
  * makespan for 1F1B and ZB-H1 and the longest per-rank span for ZB-H2 and
  * ZB-2p (its zb.py and iclr_bubble_rates). */
+typedef struct setting {
+    int p, m;
+    double F, I, W, c, h, a; /* h, a: the model's hidden size and heads */
+    double zb2p;             /* the paper's published ZB-2p bubble */
+} setting;
+
+/* W keeps 32h of the 34h+5as bytes an activation holds (the paper's
+ * memory model, s = 1024). */
+static double w_frac_of(const setting *st) {
+    return 32.0 * st->h / (34.0 * st->h + 5.0 * st->a * 1024);
+}
+
+static pp_cost_model *costs_of(const setting *st) {
+    pp_cost_model *cm;
+    if (pp_cost_model_new(st->p, &cm) != PP_OK) return NULL;
+    for (int j = 0; j < st->p; j++) {
+        cm->f[j] = st->F;
+        cm->i[j] = st->I;
+        cm->w[j] = st->W;
+    }
+    cm->latency = st->c;
+    return cm;
+}
+
+/* Runs one schedule; returns its bubble (span or makespan based). */
+static int run(const setting *st, pp_sched_kind kind, unsigned search, pp_sched_objective obj,
+               int use_span, double *bubble, double *T, int *peak, double *secs) {
+    pp_cost_model *cm = costs_of(st);
+    if (!cm) return die("costs");
+    pp_sched_params pr = {0};
+    pr.kind = kind;
+    pr.nranks = st->p;
+    pr.nmb = st->m;
+    pr.costs = cm;
+    pr.mem_cap = 2 * st->p;
+    pr.w_frac = w_frac_of(st);
+    pr.objective = obj;
+    pr.auto_search = search;
+    pp_schedule *s;
+    pp_sim_result *r;
+    double t0 = now();
+    if (pp_schedule_generate(&pr, &s) != PP_OK) return die(pp_sched_kind_name(kind));
+    if (secs) *secs = now() - t0;
+    if (pp_simulate(s, cm, NULL, &r) != PP_OK) return die(pp_sched_kind_name(kind));
+    double expected = st->m * (st->F + st->I + st->W);
+    *T = use_span ? pp_sim_result_span(r) : r->makespan;
+    *bubble = (*T - expected) / *T;
+    if (peak) {
+        *peak = 0;
+        for (int j = 0; j < st->p; j++)
+            if (r->peak_act[j] > *peak) *peak = r->peak_act[j];
+    }
+    pp_sim_result_free(r);
+    pp_schedule_free(s);
+    pp_cost_model_free(cm);
+    return 0;
+}
+
+/* Lower bounds for one stage per rank and uniform costs: rank 0 cannot end
+ * before the last rank has run every F and I and the last gradient has
+ * climbed back (span); the last rank cannot start before p-1 forwards and
+ * then has all its work to do (makespan). */
+static double lb_span(const setting *st) {
+    double work = st->m * (st->F + st->I + st->W);
+    double chain = (st->p - 1) * (st->F + st->I + 2 * st->c) + st->m * (st->F + st->I) + st->W;
+    return work > chain ? work : chain;
+}
+
+static double lb_makespan(const setting *st) {
+    double a = st->m * (st->F + st->I + st->W);
+    double b = st->m * (st->F + st->I) + (st->p - 1) * (st->I + st->c) + st->W;
+    return (st->p - 1) * (st->F + st->c) + (a > b ? a : b);
+}
+
 static int quality(void) {
-    const int p = 8, m = 24;
-    const double F = 18522, I = 18086, W = 9337, c = 601;
-    /* Paper's memory model for this row (h=2304, a=24, s=1024): W keeps
-     * 32h of the 34h+5as an activation holds. */
-    const double w_frac = 32.0 * 2304 / (34.0 * 2304 + 5.0 * 24 * 1024);
-    const double expected = m * (F + I + W);
+    const setting paper = {8, 24, 18522, 18086, 9337, 601, 2304, 24, 0.0433};
     static const struct {
         pp_sched_kind kind;
         const char *label;
@@ -79,53 +148,58 @@ static int quality(void) {
                 {PP_SCHED_ZB_H1, "ZB-H1", 0.1585, 0},
                 {PP_SCHED_ZB_H2, "ZB-H2", 0.1083, 1},
                 {PP_SCHED_AUTO, "auto (ZB-2p)", 0.0433, 1}};
-    pp_cost_model *cm;
-    if (pp_cost_model_new(p, &cm) != PP_OK) return die("costs");
-    for (int j = 0; j < p; j++) {
-        cm->f[j] = F;
-        cm->i[j] = I;
-        cm->w[j] = W;
-    }
-    cm->latency = c;
-    printf("\nzero-bubble paper setting: p=%d m=%d F=%g I=%g W=%g c=%g (auto: cap 2p=%d "
-           "activations, W keeps %.3f of one)\n",
-           p, m, F, I, W, c, 2 * p, w_frac);
-    printf("%-13s %12s %12s %10s %10s %8s %8s\n", "schedule", "makespan", "span", "bubble",
-           "paper", "ratio", "peak_act");
-    double auto_bubble = 0, h2_bubble = 0, t_auto = 0;
+    const setting *st = &paper;
+    double expected = st->m * (st->F + st->I + st->W);
+    printf("\nzero-bubble paper setting: p=%d m=%d F=%g I=%g W=%g c=%g; auto with a cap of 2p=%d "
+           "activations, W keeping %.3f of one\n",
+           st->p, st->m, st->F, st->I, st->W, st->c, 2 * st->p, w_frac_of(st));
+    printf("bubble = (T - m(F+I+W)) / T with T the makespan (1F1B, ZB-H1) or the longest "
+           "per-rank span (ZB-H2, ZB-2p), as the paper measures\n");
+    printf("%-14s %12s %10s %10s %8s %8s\n", "schedule", "T", "bubble", "paper", "ratio",
+           "peak_act");
+    double auto_b = 0, h2_b = 0, secs = 0;
     for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++) {
-        pp_sched_params pr = {0};
-        pr.kind = rows[k].kind;
-        pr.nranks = p;
-        pr.nmb = m;
-        pr.costs = cm;
-        pr.mem_cap = 2 * p;
-        pr.w_frac = w_frac;
-        pr.objective = PP_OBJ_SPAN;
-        pp_schedule *s;
-        pp_sim_result *r;
-        double t0 = now();
-        if (pp_schedule_generate(&pr, &s) != PP_OK) return die(rows[k].label);
-        if (rows[k].kind == PP_SCHED_AUTO) t_auto = now() - t0;
-        if (pp_simulate(s, cm, NULL, &r) != PP_OK) return die(rows[k].label);
-        double span = pp_sim_result_span(r);
-        double T = rows[k].span ? span : r->makespan;
-        double bubble = (T - expected) / T;
-        int peak = 0;
-        for (int j = 0; j < p; j++)
-            if (r->peak_act[j] > peak) peak = r->peak_act[j];
-        printf("%-13s %12.0f %12.0f %10.4f %10.4f %8.3f %8d\n", rows[k].label, r->makespan, span,
-               bubble, rows[k].paper, bubble / rows[k].paper, peak);
-        if (rows[k].kind == PP_SCHED_AUTO) auto_bubble = bubble;
-        if (rows[k].kind == PP_SCHED_ZB_H2) h2_bubble = bubble;
-        pp_sim_result_free(r);
-        pp_schedule_free(s);
+        double b, T;
+        int peak;
+        if (run(st, rows[k].kind, 0, PP_OBJ_SPAN, rows[k].span, &b, &T, &peak,
+                rows[k].kind == PP_SCHED_AUTO ? &secs : NULL))
+            return 1;
+        printf("%-14s %12.0f %10.4f %10.4f %8.3f %8d\n", rows[k].label, T, b, rows[k].paper,
+               b / rows[k].paper, peak);
+        if (rows[k].kind == PP_SCHED_AUTO) auto_b = b;
+        if (rows[k].kind == PP_SCHED_ZB_H2) h2_b = b;
     }
-    printf("auto vs paper's ZB-2p: %.4f / %.4f = %.3f (below 1 beats the paper's heuristic); "
-           "auto vs ZB-H2: %.3f; auto search took %.3f s\n",
-           auto_bubble, 0.0433, auto_bubble / 0.0433, h2_bubble > 0 ? auto_bubble / h2_bubble : 0,
-           t_auto);
-    pp_cost_model_free(cm);
+    double lbs = lb_span(st);
+    printf("lower bound on the span: %.0f (bubble %.4f), so no schedule beats %.4f here\n", lbs,
+           (lbs - expected) / lbs, (lbs - expected) / lbs);
+    printf("auto / paper ZB-2p bubble = %.4f / %.4f = %.3f; auto / ZB-H2 = %.3f; search %.3f s\n",
+           auto_b, st->zb2p, auto_b / st->zb2p, h2_b > 0 ? auto_b / h2_b : 0, secs);
+    double bm, Tm;
+    if (run(st, PP_SCHED_AUTO, 0, PP_OBJ_MAKESPAN, 0, &bm, &Tm, NULL, NULL)) return 1;
+    printf("auto minimising the makespan instead: %.0f (bubble %.4f), lower bound %.0f\n", Tm,
+           bm, lb_makespan(st));
+
+    /* The paper's other rows: its heuristic (ported) against the full search. */
+    static const setting more[] = {
+        {8, 32, 18513, 18086, 9331, 626, 2304, 24, 0.0039},
+        {8, 64, 18546, 18097, 9321, 762, 2304, 24, 0.0026},
+        {8, 24, 29718, 29444, 19927, 527, 4096, 32, 0.0029},
+        {8, 32, 29802, 29428, 19530, 577, 4096, 32, 0.0022},
+        {16, 48, 11347, 11248, 8132, 377, 5120, 40, 0.0066},
+        {16, 64, 11307, 11254, 8101, 379, 5120, 40, 0.0054},
+    };
+    printf("\nspan bubble at the paper's other settings (cap 2p):\n");
+    printf("%4s %4s %12s %12s %12s %12s %8s %8s\n", "p", "m", "paper pub.", "heuristic",
+           "auto", "lower bnd", "auto/pub", "auto/heur");
+    for (size_t k = 0; k < sizeof more / sizeof more[0]; k++) {
+        const setting *q = &more[k];
+        double bh, ba, T;
+        if (run(q, PP_SCHED_AUTO, PP_AUTO_PAPER, PP_OBJ_SPAN, 1, &bh, &T, NULL, NULL)) return 1;
+        if (run(q, PP_SCHED_AUTO, 0, PP_OBJ_SPAN, 1, &ba, &T, NULL, NULL)) return 1;
+        double lb = lb_span(q), e = q->m * (q->F + q->I + q->W);
+        printf("%4d %4d %12.4f %12.4f %12.4f %12.4f %8.3f %8.3f\n", q->p, q->m, q->zb2p, bh, ba,
+               (lb - e) / lb, ba / q->zb2p, bh > 0 ? ba / bh : 0);
+    }
     return 0;
 }
 

@@ -14,6 +14,10 @@
 #include "sched_internal.h"
 
 enum { RECVF_DONE = 1, RECVB_DONE = 2 };
+/* What a sleeping rank waits for: an entry of one of the time arrays. */
+enum { WAIT_NONE = 0, WAIT_TF, WAIT_TI, WAIT_TSF, WAIT_TSB };
+
+#define IS_COMPUTE(k) ((k) == PP_ACT_F || (k) == PP_ACT_I || (k) == PP_ACT_W || (k) == PP_ACT_B)
 
 typedef struct eng {
     const pp_schedule *s;
@@ -29,8 +33,11 @@ typedef struct eng {
     double *clock, *busy, *first, *last, *bytes, *peak_bytes;
     int *act, *wpend, *peak_act, *peak_wpend;
     uint8_t *queued;
+    uint8_t *wkind; /* [p] WAIT_* */
+    size_t *wid;    /* [p] index the rank waits on */
     int *work;
     int nwork;
+    int checked;    /* actions already checked (ranges, owners) */
 } eng;
 
 static double cost_of(const eng *e, int kind, int s) {
@@ -56,7 +63,20 @@ static void wake(eng *e, int rank) {
     if (rank < 0 || e->queued[rank]) return;
     if (e->pc[rank] >= e->s->len[rank]) return;
     e->queued[rank] = 1;
+    e->wkind[rank] = WAIT_NONE;
     e->work[e->nwork++] = rank;
+}
+
+/* Wakes rank only if it sleeps on exactly this entry, so a rank is not
+ * re-run for results it does not need yet. */
+static inline void wake_on(eng *e, int rank, int kind, size_t id) {
+    if (e->wkind[rank] == kind && e->wid[rank] == id) wake(e, rank);
+}
+
+static inline int wait_for(eng *e, int rank, int kind, size_t id) {
+    e->wkind[rank] = (uint8_t)kind;
+    e->wid[rank] = id;
+    return 0;
 }
 
 static int needs_mb(int kind) {
@@ -105,7 +125,7 @@ static int readiness(eng *e, int rank, const pp_action *x, const pp_action *top,
         if (s == 0) return 1;
         if (sr[s - 1] == rank || !e->lowered) {
             double t = e->tF[id - (size_t)e->m];
-            if (t < 0) return 0;
+            if (t < 0) return wait_for(e, rank, WAIT_TF, id - (size_t)e->m);
             *ready = t + (sr[s - 1] == rank ? 0.0 : e->xfer[s - 1]);
             return 1;
         }
@@ -115,12 +135,12 @@ static int readiness(eng *e, int rank, const pp_action *x, const pp_action *top,
         return 1;
     case PP_ACT_I:
     case PP_ACT_B:
-        if (e->tF[id] < 0) return 0;
+        if (e->tF[id] < 0) return wait_for(e, rank, WAIT_TF, id);
         *ready = e->tF[id];
         if (s == e->S - 1) return 1;
         if (sr[s + 1] == rank || !e->lowered) {
             double t = e->tI[id + (size_t)e->m];
-            if (t < 0) return 0;
+            if (t < 0) return wait_for(e, rank, WAIT_TI, id + (size_t)e->m);
             t += sr[s + 1] == rank ? 0.0 : e->xfer[s];
             if (t > *ready) *ready = t;
             return 1;
@@ -130,27 +150,27 @@ static int readiness(eng *e, int rank, const pp_action *x, const pp_action *top,
                          "output gradient from another rank was never received (no RECV_B before it)");
         return 1;
     case PP_ACT_W:
-        if (e->tI[id] < 0) return 0;
+        if (e->tI[id] < 0) return wait_for(e, rank, WAIT_TI, id);
         *ready = e->tI[id];
         return 1;
     case PP_ACT_SEND_F:
         if (s == e->S - 1)
             return where(e, rank, top, PP_ERR_INVALID, "SEND_F from the last stage");
-        if (e->tF[id] < 0) return 0;
+        if (e->tF[id] < 0) return wait_for(e, rank, WAIT_TF, id);
         return 1;
     case PP_ACT_SEND_B:
         if (s == 0) return where(e, rank, top, PP_ERR_INVALID, "SEND_B from stage 0");
-        if (e->tI[id] < 0) return 0;
+        if (e->tI[id] < 0) return wait_for(e, rank, WAIT_TI, id);
         return 1;
     case PP_ACT_RECV_F:
         if (s == 0) return where(e, rank, top, PP_ERR_INVALID, "RECV_F at stage 0");
-        if (e->tSF[id - (size_t)e->m] < 0) return 0;
+        if (e->tSF[id - (size_t)e->m] < 0) return wait_for(e, rank, WAIT_TSF, id - (size_t)e->m);
         *ready = e->tSF[id - (size_t)e->m];
         return 1;
     case PP_ACT_RECV_B:
         if (s == e->S - 1)
             return where(e, rank, top, PP_ERR_INVALID, "RECV_B at the last stage");
-        if (e->tSB[id + (size_t)e->m] < 0) return 0;
+        if (e->tSB[id + (size_t)e->m] < 0) return wait_for(e, rank, WAIT_TSB, id + (size_t)e->m);
         *ready = e->tSB[id + (size_t)e->m];
         return 1;
     default: return 1; /* UNSHARD, RESHARD, REDUCE_GRAD: local bookkeeping */
@@ -180,7 +200,7 @@ static pp_status commit(eng *e, int rank, const pp_action *x, double start, doub
             if (e->trace && e->xfer[s] > 0)
                 PP_TRY(trace_add(e, rank, PP_ACT_SEND_F, PP_LANE_COMM, s, x->mb, -1, -1, t1,
                                  t1 + e->xfer[s]));
-            wake(e, sr[s + 1]);
+            wake_on(e, sr[s + 1], WAIT_TF, id);
         }
         break;
     case PP_ACT_I:
@@ -197,7 +217,7 @@ static pp_status commit(eng *e, int rank, const pp_action *x, double start, doub
             if (e->trace && e->xfer[s - 1] > 0)
                 PP_TRY(trace_add(e, rank, PP_ACT_SEND_B, PP_LANE_COMM, s, x->mb, -1, -1, t1,
                                  t1 + e->xfer[s - 1]));
-            wake(e, sr[s - 1]);
+            wake_on(e, sr[s - 1], WAIT_TI, id);
         }
         break;
     case PP_ACT_W:
@@ -209,20 +229,20 @@ static pp_status commit(eng *e, int rank, const pp_action *x, double start, doub
         if (e->trace && e->xfer[s] > 0)
             PP_TRY(trace_add(e, rank, PP_ACT_SEND_F, PP_LANE_COMM, s, x->mb, -1, -1, start,
                              start + e->xfer[s]));
-        wake(e, sr[s + 1]);
+        wake_on(e, sr[s + 1], WAIT_TSF, id);
         break;
     case PP_ACT_SEND_B:
         e->tSB[id] = start + e->xfer[s - 1];
         if (e->trace && e->xfer[s - 1] > 0)
             PP_TRY(trace_add(e, rank, PP_ACT_SEND_B, PP_LANE_COMM, s, x->mb, -1, -1, start,
                              start + e->xfer[s - 1]));
-        wake(e, sr[s - 1]);
+        wake_on(e, sr[s - 1], WAIT_TSB, id);
         break;
     case PP_ACT_RECV_F: e->rflag[id] |= RECVF_DONE; break;
     case PP_ACT_RECV_B: e->rflag[id] |= RECVB_DONE; break;
     default: break;
     }
-    if (pp_act_is_compute((pp_act_kind)kind)) {
+    if (IS_COMPUTE(kind)) {
         double d = t1 - start;
         e->busy[rank] += d;
         if (e->first[rank] < 0) e->first[rank] = start;
@@ -243,14 +263,14 @@ static pp_status run_rank(eng *e, int rank) {
         }
         double ready, start, end;
         if (a->kind != PP_ACT_OVERLAP_F_B) {
-            PP_TRY(check_action(e, rank, a, a));
+            if (!e->checked) PP_TRY(check_action(e, rank, a, a));
             int ok = readiness(e, rank, a, a, &ready);
             if (ok < 0) return (pp_status)ok;
             if (!ok) return PP_OK;
             start = ready > e->clock[rank] ? ready : e->clock[rank];
             PP_TRY(commit(e, rank, a, start, &end));
             e->clock[rank] = end;
-            if (e->trace && pp_act_is_compute((pp_act_kind)a->kind))
+            if (e->trace && IS_COMPUTE(a->kind))
                 PP_TRY(trace_add(e, rank, a->kind, PP_LANE_COMPUTE, a->stage, a->mb, -1, -1,
                                  start, end));
         } else {
@@ -378,11 +398,13 @@ static void eng_free(eng *e) {
     free(e->peak_act);
     free(e->peak_wpend);
     free(e->queued);
+    free(e->wkind);
+    free(e->wid);
     free(e->work);
 }
 
 pp_status pp_sched_run(const pp_schedule *s, const pp_cost_model *costs, pp_trace *trace,
-                       pp_sim_result *res, int *err_rank, long *err_step) {
+                       int checked, pp_sim_result *res, int *err_rank, long *err_step) {
     if (err_rank) *err_rank = -1;
     if (err_step) *err_step = -1;
     if (!s->stage_rank || s->nstages <= 0 || s->nmb <= 0)
@@ -398,6 +420,7 @@ pp_status pp_sched_run(const pp_schedule *s, const pp_cost_model *costs, pp_trac
     e.S = s->nstages;
     e.m = s->nmb;
     e.lowered = pp_schedule_has_comms(s);
+    e.checked = checked;
     size_t n = (size_t)e.S * (size_t)e.m, p = (size_t)e.p;
     int oom = 0;
     e.tF = times_array(n, &oom);
@@ -420,6 +443,8 @@ pp_status pp_sched_run(const pp_schedule *s, const pp_cost_model *costs, pp_trac
     e.peak_act = xcalloc(p, sizeof(int), &oom);
     e.peak_wpend = xcalloc(p, sizeof(int), &oom);
     e.queued = xcalloc(p, 1, &oom);
+    e.wkind = xcalloc(p, 1, &oom);
+    e.wid = xcalloc(p, sizeof(size_t), &oom);
     e.work = xcalloc(p, sizeof(int), &oom);
     if (oom) {
         eng_free(&e);

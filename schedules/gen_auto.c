@@ -9,7 +9,6 @@
  * simulation. Memory is counted in activations: F adds 1, I releases
  * 1 - w_frac, W the remaining w_frac. */
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,8 +25,6 @@ typedef struct actx {
     const double *F, *I, *W;
     double *c;         /* [p] transfer time on edge j -> j+1 */
     pp_cost_model *cm; /* costs plus memory units as bytes */
-    pp_schedule *work; /* reused for evaluations */
-    pp_sim_result res;
     double spent;      /* simulated actions so far */
     /* fast evaluator state */
     double *tF, *tI, *clock, *mem, *first;
@@ -316,7 +313,6 @@ out:
 typedef struct lsched {
     double theta;  /* fill a gap with W only if it is at least theta * W long */
     int prefer_f;  /* F before I when both are ready */
-    const int *fcap; /* per rank: most F ahead of their I (NULL: no limit) */
 } lsched;
 
 static int list_order(actx *x, lsched v, pp_action *ord) {
@@ -336,7 +332,7 @@ static int list_order(actx *x, lsched v, pp_action *ord) {
             int haveI = iN[j] < fN[j] &&
                         (j == p - 1 || tI[(size_t)(j + 1) * m + (size_t)iN[j]] >= 0);
             int haveF = fN[j] < m && (j == 0 || tF[(size_t)(j - 1) * m + (size_t)fN[j]] >= 0);
-            int memok = mem[j] + 1.0 <= x->cap + 1e-9 && (!v.fcap || fN[j] - iN[j] < v.fcap[j]);
+            int memok = mem[j] + 1.0 <= x->cap + 1e-9;
             int haveW = wN[j] < iN[j];
             double rI = INFINITY, rF = INFINITY;
             if (haveI) {
@@ -359,7 +355,7 @@ static int list_order(actx *x, lsched v, pp_action *ord) {
             int kind = nk;
             double at = nt;
             if (haveW && nt > t0) {
-                int forced = haveF && mem[j] + 1.0 > x->cap + 1e-9 && x->wf > 0;
+                int forced = haveF && !memok && x->wf > 0;
                 if (forced || nt - t0 >= v.theta * x->W[j]) {
                     kind = 2;
                     at = t0;
@@ -508,10 +504,6 @@ static pp_status setup(actx *x, pp_schedule *s, const pp_sched_params *pr) {
         x->cm->latency = pr->costs->latency;
         x->cm->bandwidth = pr->costs->bandwidth;
     }
-    for (int j = 0; j < p; j++) {
-        x->cm->stash_bytes[j] = 1.0;
-        x->cm->wstash_bytes[j] = x->wf;
-    }
     x->F = x->cm->f;
     x->I = x->cm->i;
     x->W = x->cm->w;
@@ -530,21 +522,6 @@ static pp_status setup(actx *x, pp_schedule *s, const pp_sched_params *pr) {
     if (!x->tF || !x->tI || !x->clock || !x->mem || !x->first || !x->pc || !x->stack ||
         !x->queued)
         return pp_error(PP_ERR_NOMEM, "auto: out of memory");
-    PP_TRY(pp_schedule_new(p, p, m, &x->work));
-    PP_TRY(pp_schedule_place(x->work, PP_PLACE_LOOP));
-    for (int j = 0; j < p; j++) PP_TRY(pp_schedule_reserve(x->work, j, x->n));
-    size_t pz = (size_t)p;
-    x->res.nranks = p;
-    x->res.busy = calloc(pz, sizeof(double));
-    x->res.bubble = calloc(pz, sizeof(double));
-    x->res.first_start = calloc(pz, sizeof(double));
-    x->res.last_end = calloc(pz, sizeof(double));
-    x->res.peak_act = calloc(pz, sizeof(int));
-    x->res.peak_wpend = calloc(pz, sizeof(int));
-    x->res.peak_bytes = calloc(pz, sizeof(double));
-    if (!x->res.busy || !x->res.bubble || !x->res.first_start || !x->res.last_end ||
-        !x->res.peak_act || !x->res.peak_wpend || !x->res.peak_bytes)
-        return pp_error(PP_ERR_NOMEM, "auto: out of memory");
     return PP_OK;
 }
 
@@ -558,19 +535,21 @@ static void teardown(actx *x) {
     free(x->stack);
     free(x->queued);
     pp_cost_model_free(x->cm);
-    pp_schedule_free(x->work);
     free(x->c);
-    free(x->res.busy);
-    free(x->res.bubble);
-    free(x->res.first_start);
-    free(x->res.last_end);
-    free(x->res.peak_act);
-    free(x->res.peak_wpend);
-    free(x->res.peak_bytes);
+}
+
+/* Keeps cand in best when it scores better. */
+static void consider(actx *x, const pp_action *cand, pp_action *best, score *bs) {
+    score sc = evaluate(x, cand);
+    if (better(sc, *bs)) {
+        *bs = sc;
+        memcpy(best, cand, x->n * (size_t)x->p * sizeof *cand);
+    }
 }
 
 pp_status pp_gen_auto(pp_schedule *s, const pp_sched_params *pr) {
     actx x = {0};
+    unsigned search = pr->auto_search ? pr->auto_search : PP_AUTO_ALL;
     pp_status st = setup(&x, s, pr);
     size_t total = x.n * (size_t)x.p;
     pp_action *best = NULL, *cand = NULL;
@@ -581,45 +560,26 @@ pp_status pp_gen_auto(pp_schedule *s, const pp_sched_params *pr) {
     }
     score bs = {0, 0, 0, 0};
     if (st == PP_OK) {
-        for (int v = 0; v < 8; v++)
-            if (paper_order(&x, v & 1, (v >> 1) & 1, (v >> 2) & 1, cand)) {
-                score sc = evaluate(&x, cand);
-                fprintf(stderr, "cand ok=%d obj=%.0f tie=%.0f spent=%g\n", sc.ok, sc.obj, sc.tie, x.spent);
-                if (better(sc, bs)) {
-                    bs = sc;
-                    memcpy(best, cand, total * sizeof *cand);
-                }
-            }
+        if (search & PP_AUTO_PAPER)
+            for (int v = 0; v < 8; v++)
+                if (paper_order(&x, v & 1, (v >> 1) & 1, (v >> 2) & 1, cand))
+                    consider(&x, cand, best, &bs);
         static const double thetas[4] = {0.0, 0.5, 1.0, 1e300};
-        for (int v = 0; v < 8; v++) {
-            lsched ls = {thetas[v & 3], v >> 2, NULL};
-            if (list_order(&x, ls, cand)) {
-                score sc = evaluate(&x, cand);
-                fprintf(stderr, "cand ok=%d obj=%.0f tie=%.0f spent=%g\n", sc.ok, sc.obj, sc.tie, x.spent);
-                if (better(sc, bs)) {
-                    bs = sc;
-                    memcpy(best, cand, total * sizeof *cand);
-                }
+        if (search & PP_AUTO_LIST)
+            for (int v = 0; v < 8; v++) {
+                lsched ls = {thetas[v & 3], v >> 2};
+                if (list_order(&x, ls, cand)) consider(&x, cand, best, &bs);
             }
-        }
-        for (int h2 = 0; h2 < 2; h2++)
-            if (hand_order(&x, h2, cand)) {
-                score sc = evaluate(&x, cand);
-                fprintf(stderr, "cand ok=%d obj=%.0f tie=%.0f spent=%g\n", sc.ok, sc.obj, sc.tie, x.spent);
-                if (better(sc, bs)) {
-                    bs = sc;
-                    memcpy(best, cand, total * sizeof *cand);
-                }
-            }
+        if (search & PP_AUTO_HAND)
+            for (int h2 = 0; h2 < 2; h2++)
+                if (hand_order(&x, h2, cand)) consider(&x, cand, best, &bs);
         if (!bs.ok)
             st = pp_error(PP_ERR_INVALID,
                           "auto: no schedule fits %g activations per rank (try a larger cap)",
                           x.cap);
     }
     if (st == PP_OK) {
-        fprintf(stderr, "before climb obj=%.0f tie=%.0f tie2=%.0f\n", bs.obj, bs.tie, bs.tie2);
-        bs = climb(&x, best, bs);
-        fprintf(stderr, "climb obj=%.0f tie=%.0f tie2=%.0f spent=%g\n", bs.obj, bs.tie, bs.tie2, x.spent);
+        if (search & PP_AUTO_CLIMB) bs = climb(&x, best, bs);
         for (int j = 0; j < x.p && st == PP_OK; j++) {
             st = pp_schedule_reserve(s, j, x.n);
             for (size_t k = 0; k < x.n && st == PP_OK; k++)

@@ -31,10 +31,12 @@ pp_status pp_sched_check_static(const pp_schedule *s, int *err_rank, long *err_s
 /* Runs every rank's list in dependency order (see sched_sim.h for the
  * model). costs NULL means unit costs, no communication cost. With
  * res != NULL its per-rank arrays (allocated by the caller) are filled;
- * with trace != NULL events are appended. On a deadlock or a dependency
+ * with trace != NULL events are appended. checked says the
+ * schedule passed pp_sched_check_static (ranges and owners are then not
+ * checked again). On a deadlock or a dependency
  * that cannot be met, fails naming the rank, step and action; *err_rank
  * and *err_step (if given) locate it. */
 pp_status pp_sched_run(const pp_schedule *s, const pp_cost_model *costs, pp_trace *trace,
-                       pp_sim_result *res, int *err_rank, long *err_step);
+                       int checked, pp_sim_result *res, int *err_rank, long *err_step);
 
 #endif

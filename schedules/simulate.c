@@ -44,7 +44,7 @@ pp_status pp_simulate(const pp_schedule *s, const pp_cost_model *costs, pp_trace
         return pp_error(PP_ERR_NOMEM, "simulate: out of memory");
     }
     pp_status st = pp_sched_check_static(s, NULL, NULL);
-    if (st == PP_OK) st = pp_sched_run(s, costs, trace, r, NULL, NULL);
+    if (st == PP_OK) st = pp_sched_run(s, costs, trace, 1, r, NULL, NULL);
     if (st != PP_OK) {
         pp_sim_result_free(r);
         return st;

@@ -274,7 +274,7 @@ pp_status pp_schedule_validate(const pp_schedule *s, char **table) {
     int er;
     long es;
     pp_status st = pp_sched_check_static(s, &er, &es);
-    if (st == PP_OK) st = pp_sched_run(s, NULL, NULL, NULL, &er, &es);
+    if (st == PP_OK) st = pp_sched_run(s, NULL, NULL, 1, NULL, &er, &es);
     if (st != PP_OK && table && es >= 0) make_table(s, es, table);
     return st;
 }

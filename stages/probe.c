@@ -1,8 +1,9 @@
 /* Shape probing: runs the pipe's forward on small made-up inputs to learn
  * each edge's dtype and shape, with symbolic input dims kept symbolic.
  *
- * Every symbolic dim name gets a base size; one more run per name doubles
- * it. An edge dim that doubles with exactly the names n1..nk is written
+ * Every symbolic dim name gets a base size b; one more run per name sets it
+ * to a = b-1 (b+1 when b <= 2: a dim such as seq may have an upper bound).
+ * An edge dim that scales by a/b with exactly the names n1..nk is written
  * "c*n1*...*nk" (c dropped when 1); a dim that never changes is a number. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,13 +116,15 @@ static pp_status run_pipe(const pp_pipe *p, const symbols *sy, const int64_t *si
     return PP_OK;
 }
 
-static char *dim_expr(const symbols *sy, int64_t base_val, const int64_t *doubled_vals) {
+static int64_t alt_size(int64_t base) { return base > 2 ? base - 1 : base + 1; }
+
+static char *dim_expr(const symbols *sy, int64_t base_val, const int64_t *alt_vals) {
     char buf[256];
     int64_t denom = 1;
     size_t n = 0;
     buf[0] = '\0';
     for (int i = 0; i < sy->n; i++) {
-        if (doubled_vals[i] != 2 * base_val) continue;
+        if (base_val == 0 || alt_vals[i] * sy->base[i] != base_val * alt_size(sy->base[i])) continue;
         denom *= sy->base[i];
         n += (size_t)snprintf(buf + n, sizeof buf - n, "%s%s", n ? "*" : "", sy->names[i]);
     }
@@ -150,7 +153,7 @@ pp_status pp_pipe_probe_shapes(pp_pipe *p, int n_dims_given, const char *const *
     int64_t sizes[MAX_SYMS];
     pp_status st = PP_OK;
     for (int r = 0; r <= sy.n && st == PP_OK; r++) {
-        for (int i = 0; i < sy.n; i++) sizes[i] = sy.base[i] * (i + 1 == r ? 2 : 1);
+        for (int i = 0; i < sy.n; i++) sizes[i] = i + 1 == r ? alt_size(sy.base[i]) : sy.base[i];
         st = run_pipe(p, &sy, sizes, &runs[r]);
     }
     /* The batch symbol: the first dim name of the first model input. */
@@ -162,13 +165,13 @@ pp_status pp_pipe_probe_shapes(pp_pipe *p, int n_dims_given, const char *const *
         ed->dtype = t->dtype;
         ed->ndim = t->ndim;
         for (int d = 0; d < t->ndim; d++) {
-            int64_t doubled[MAX_SYMS];
+            int64_t alt[MAX_SYMS];
             for (int i = 0; i < sy.n; i++) {
                 const pp_tensor *u = map_get(&runs[i + 1], ed->value);
-                doubled[i] = u && u->ndim == t->ndim ? u->shape[d] : t->shape[d];
+                alt[i] = u && u->ndim == t->ndim ? u->shape[d] : t->shape[d];
             }
             free(ed->dims[d]);
-            ed->dims[d] = dim_expr(&sy, t->shape[d], doubled);
+            ed->dims[d] = dim_expr(&sy, t->shape[d], alt);
         }
         ed->bytes_per_sample = batch >= 0 ? (int64_t)t->nbytes / sy.base[batch] : (int64_t)t->nbytes;
     }

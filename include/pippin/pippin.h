@@ -12,5 +12,8 @@
 #include "pippin/exec.h"
 #include "pippin/onnx.h"
 #include "pippin/autodiff.h"
+#include "pippin/params.h"
+#include "pippin/optim.h"
+#include "pippin/trainer.h"
 
 #endif

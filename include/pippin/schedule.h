@@ -179,7 +179,17 @@ typedef struct pp_sched_params {
     double mem_cap;  /* activations in flight per rank; 0: 2 * nranks */
     double w_frac;   /* share of an activation held from I until W (0..1) */
     pp_sched_objective objective;
+    unsigned auto_search; /* PP_AUTO_* bits; 0: all of them */
 } pp_sched_params;
+
+/* What the auto scheduler tries (pp_sched_params.auto_search). */
+enum {
+    PP_AUTO_PAPER = 1, /* the zero-bubble paper's greedy heuristic, 8 variants */
+    PP_AUTO_LIST = 2,  /* an event-driven list scheduler, 8 variants */
+    PP_AUTO_HAND = 4,  /* ZB-H1 and ZB-H2 */
+    PP_AUTO_CLIMB = 8, /* hill climbing from the best of the above */
+    PP_AUTO_ALL = 15
+};
 
 /* Compute-only schedule (F/I/W/B and OVERLAP_F_B, no idle steps). */
 pp_status pp_schedule_generate(const pp_sched_params *params, pp_schedule **out);

@@ -14,6 +14,7 @@
 #include "pippin/op.h"
 #include "broadcast.h"
 #include "vec.h"
+#include "widen.h"
 
 /* ------------------------------------------------------------------------ */
 /* Binary loops                                                              */
@@ -106,6 +107,36 @@ DEF_BIN_NUM(div, x / y, IDIV)
 /* Float max/min propagate NaN from either side, as numpy and PyTorch do. */
 DEF_BIN_NUM(max, (x > y || x != x) ? x : y, IMAX)
 DEF_BIN_NUM(min, (x < y || x != x) ? x : y, IMIN)
+
+/* Mod: fmod=1 keeps the dividend's sign (C, np.fmod); fmod=0 the divisor's
+ * (Python, np.mod; integers only). x mod 0 gives 0 for integers. */
+static inline int32_t irem_int32_t(int32_t x, int32_t y) { return y == 0 || y == -1 ? 0 : x % y; }
+static inline int64_t irem_int64_t(int64_t x, int64_t y) { return y == 0 || y == -1 ? 0 : x % y; }
+static inline int8_t irem_int8_t(int8_t x, int8_t y) { return y == 0 ? 0 : (int8_t)(x % y); }
+static inline uint8_t irem_uint8_t(uint8_t x, uint8_t y) { return y == 0 ? 0 : (uint8_t)(x % y); }
+#define IFMOD(T, U) irem_##T(x, y)
+#define IPYMOD(T, U) pymod_##T(x, y)
+#define DEF_PYMOD(T)                                             \
+    static inline T pymod_##T(T x, T y) {                        \
+        T r = irem_##T(x, y);                                    \
+        return (T)(r != 0 && ((r < 0) != (y < 0)) ? r + y : r);  \
+    }
+DEF_PYMOD(int32_t)
+DEF_PYMOD(int64_t)
+DEF_PYMOD(int8_t)
+static inline uint8_t pymod_uint8_t(uint8_t x, uint8_t y) { return irem_uint8_t(x, y); }
+DEF_BIN_NUM(fmod, fmod(x, y), IFMOD)
+DEF_BIN_NUM(pymod, fmod(x, y), IPYMOD)
+
+/* PRelu: y is the slope. */
+#define IPRELU(T, U) (x < 0 ? (T)(U)((U)x * (U)y) : x)
+DEF_BIN(prelu_f32, float, float, x < 0 ? x * y : x)
+DEF_BIN(prelu_f64, double, double, x < 0 ? x * y : x)
+DEF_BIN(prelu_i32, int32_t, int32_t, IPRELU(int32_t, uint32_t))
+DEF_BIN(prelu_i64, int64_t, int64_t, IPRELU(int64_t, uint64_t))
+static const bin_impl prelu_impls[] = {BIN(PP_F32, prelu_f32), BIN(PP_F64, prelu_f64),
+                                       BIN(PP_I32, prelu_i32), BIN(PP_I64, prelu_i64),
+                                       {PP_DTYPE_UNDEFINED, NULL, NULL, NULL}};
 
 DEF_BIN(pow_f32, float, float, powf(x, y))
 DEF_BIN(pow_f64, double, double, pow(x, y))
@@ -227,11 +258,43 @@ BIN_KERNEL(and_run, and_impls, 1)
 BIN_KERNEL(or_run, or_impls, 1)
 BIN_KERNEL(xor_run, xor_impls, 1)
 
+static pp_status mod_check(const pp_graph *g, const pp_node *n) {
+    (void)g;
+    const pp_attr *a = pp_node_attr(n, "fmod");
+    if (a && (a->type != PP_ATTR_INT || (a->i != 0 && a->i != 1)))
+        return pp_node_error(n, PP_ERR_INVALID, "attribute 'fmod' must be 0 or 1");
+    return PP_OK;
+}
+
+static pp_status mod_run(pp_kernel_ctx *ctx) {
+    int fmod_ = pp_node_attr_int(ctx->node, "fmod", 0) != 0;
+    if (!fmod_ && ctx->n_in > 0 && ctx->in[0] && pp_dtype_is_float(ctx->in[0]->dtype))
+        return pp_kernel_error(ctx, PP_ERR_INVALID, "floating-point Mod needs fmod=1");
+    return binary(ctx, fmod_ ? fmod_impls : pymod_impls, 0);
+}
+
+/* PRelu broadcasts the slope to X's shape only (unidirectionally). */
+static pp_status prelu_run(pp_kernel_ctx *ctx) {
+    const pp_tensor *x = NULL, *slope = NULL;
+    PP_TRY(input(ctx, 0, &x));
+    PP_TRY(input(ctx, 1, &slope));
+    int nd;
+    int64_t shape[PP_MAX_DIMS];
+    char s1[160], s2[160];
+    if (pp_broadcast_shape(x->ndim, x->shape, slope->ndim, slope->shape, &nd, shape) != PP_OK ||
+        !pp_shape_equal(nd, shape, x->ndim, x->shape))
+        return pp_kernel_error(ctx, PP_ERR_SHAPE, "slope shape %s does not broadcast to X shape %s",
+                               pp_shape_str(slope->ndim, slope->shape, s1, sizeof s1),
+                               pp_shape_str(x->ndim, x->shape, s2, sizeof s2));
+    return binary(ctx, prelu_impls, 0);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Unary loops                                                               */
 
+/* Attribute values a unary op reads (alpha, beta / gamma). */
 typedef struct un_param {
-    float alpha;
+    float alpha, beta;
 } un_param;
 typedef void (*un_fn)(int64_t n, const void *a, void *o, const un_param *p);
 typedef struct un_impl {
@@ -241,12 +304,13 @@ typedef struct un_impl {
 
 #define DEF_UN(NAME, TI, TO, EXPR)                                                    \
     static inline void NAME##_t(int64_t n, const TI *restrict a, TO *restrict o,        \
-                                const float alpha) {                                    \
+                                const float alpha, const float beta) {                  \
         (void)alpha;                                                                    \
+        (void)beta;                                                                     \
         PP_VFOR(i, n, TI x = a[i]; o[i] = (TO)(EXPR););                                 \
     }                                                                                   \
     static void NAME(int64_t n, const void *a, void *o, const un_param *p) {            \
-        NAME##_t(n, a, o, p ? p->alpha : 0.0f);                                         \
+        NAME##_t(n, a, o, p ? p->alpha : 0.0f, p ? p->beta : 0.0f);                     \
     }
 
 #define DEF_UN_FLOAT(NAME, FEXPR, DEXPR)        \
@@ -302,6 +366,39 @@ DEF_UN_FLOAT(gelu_tanh, gelu_tanh_scalar_f32(x), gelu_tanh_scalar_f64(x))
 DEF_UN(not_b, uint8_t, uint8_t, x == 0)
 static const un_impl not_impls[] = {{PP_BOOL, not_b}, {PP_DTYPE_UNDEFINED, NULL}};
 
+DEF_UN_FLOAT(cos, cosf(x), cos(x))
+DEF_UN_FLOAT(sin, sinf(x), sin(x))
+DEF_UN_FLOAT(floor, floorf(x), floor(x))
+DEF_UN_FLOAT(ceil, ceilf(x), ceil(x))
+/* rint rounds half to even in the default rounding mode, as ONNX Round. */
+DEF_UN_FLOAT(round, rintf(x), rint(x))
+#define ISIGN(T, U) (T)((x > 0) - (x < 0))
+DEF_UN_SIGNED(sign, x > 0 ? 1.0f : (x < 0 ? -1.0f : x), x > 0 ? 1.0 : (x < 0 ? -1.0 : x), ISIGN)
+DEF_UN(isnan_f32, float, uint8_t, x != x)
+DEF_UN(isnan_f64, double, uint8_t, x != x)
+static const un_impl isnan_impls[] = {{PP_F32, isnan_f32}, {PP_F64, isnan_f64},
+                                      {PP_DTYPE_UNDEFINED, NULL}};
+/* alpha / beta: detect_positive / detect_negative as 0 or 1. */
+DEF_UN(isinf_f32, float, uint8_t, (alpha != 0 && x == INFINITY) || (beta != 0 && x == -INFINITY))
+DEF_UN(isinf_f64, double, uint8_t, (alpha != 0 && x == INFINITY) || (beta != 0 && x == -INFINITY))
+static const un_impl isinf_impls[] = {{PP_F32, isinf_f32}, {PP_F64, isinf_f64},
+                                      {PP_DTYPE_UNDEFINED, NULL}};
+static inline float clamp01f(float v) { return v < 0 ? 0.0f : (v > 1 ? 1.0f : v); }
+static inline double clamp01(double v) { return v < 0 ? 0.0 : (v > 1 ? 1.0 : v); }
+DEF_UN_FLOAT(hard_sigmoid, clamp01f(alpha * x + beta), clamp01((double)alpha * x + (double)beta))
+DEF_UN_FLOAT(hard_swish, x * clamp01f(x * (1.0f / 6) + 0.5f), x * clamp01(x / 6 + 0.5))
+/* log(1 + e^x) without overflow for large x. */
+DEF_UN_FLOAT(softplus, (x > 0 ? x : 0.0f) + log1pf(expf(-fabsf(x))),
+             (x > 0 ? x : 0.0) + log1p(exp(-fabs(x))))
+DEF_UN_FLOAT(softsign, x / (1.0f + fabsf(x)), x / (1.0 + fabs(x)))
+DEF_UN_FLOAT(elu, x < 0 ? alpha * expm1f(x) : x, x < 0 ? (double)alpha * expm1(x) : x)
+/* beta holds gamma. */
+DEF_UN_FLOAT(selu, x <= 0 ? beta * alpha * expm1f(x) : beta * x,
+             x <= 0 ? (double)beta * (double)alpha * expm1(x) : (double)beta * x)
+DEF_UN_FLOAT(celu, (x > 0 ? x : 0.0f) + (x < 0 ? alpha * expm1f(x / alpha) : 0.0f),
+             (x > 0 ? x : 0.0) + (x < 0 ? (double)alpha * expm1(x / (double)alpha) : 0.0))
+DEF_UN_FLOAT(thresholded_relu, x > alpha ? x : 0.0f, x > (double)alpha ? x : 0.0)
+
 static pp_status unary_with(pp_kernel_ctx *ctx, const un_impl *impls, const un_param *p) {
     const pp_tensor *a = NULL;
     PP_TRY(input(ctx, 0, &a));
@@ -330,6 +427,15 @@ UN_KERNEL(sigmoid_run, sigmoid_impls)
 UN_KERNEL(reciprocal_run, reciprocal_impls)
 UN_KERNEL(not_run, not_impls)
 UN_KERNEL(gelu_ms_run, gelu_impls)
+UN_KERNEL(cos_run, cos_impls)
+UN_KERNEL(sin_run, sin_impls)
+UN_KERNEL(floor_run, floor_impls)
+UN_KERNEL(ceil_run, ceil_impls)
+UN_KERNEL(round_run, round_impls)
+UN_KERNEL(sign_run, sign_impls)
+UN_KERNEL(hard_swish_run, hard_swish_impls)
+UN_KERNEL(softplus_run, softplus_impls)
+UN_KERNEL(softsign_run, softsign_impls)
 
 static pp_status float_attr_check(const pp_node *n, const char *name) {
     const pp_attr *a = pp_node_attr(n, name);
@@ -338,13 +444,56 @@ static pp_status float_attr_check(const pp_node *n, const char *name) {
     return PP_OK;
 }
 
+/* IsNaN / IsInf give bool. */
+static pp_status unary_bool(pp_kernel_ctx *ctx, const un_impl *impls, const un_param *p) {
+    const pp_tensor *a = NULL;
+    PP_TRY(input(ctx, 0, &a));
+    const un_impl *l = impls;
+    while (l->f && l->dt != a->dtype) l++;
+    if (!l->f) return unsupported_dtype(ctx, a->dtype);
+    pp_tensor *o;
+    PP_TRY(pp_tensor_empty(PP_BOOL, a->ndim, a->shape, &o));
+    l->f(pp_tensor_numel(a), a->data, o->data, p);
+    ctx->out[0] = o;
+    return PP_OK;
+}
+
+static pp_status isnan_run(pp_kernel_ctx *ctx) { return unary_bool(ctx, isnan_impls, NULL); }
+
+static pp_status isinf_run(pp_kernel_ctx *ctx) {
+    un_param p = {pp_node_attr_int(ctx->node, "detect_positive", 1) != 0 ? 1.0f : 0.0f,
+                  pp_node_attr_int(ctx->node, "detect_negative", 1) != 0 ? 1.0f : 0.0f};
+    return unary_bool(ctx, isinf_impls, &p);
+}
+
+/* Unary ops whose attributes are alpha (and beta), with their defaults. */
+#define UN_ATTR_KERNEL(FN, IMPLS, ALPHA, BETA_NAME, BETA)                           \
+    static pp_status FN(pp_kernel_ctx *ctx) {                                       \
+        un_param p = {pp_node_attr_float(ctx->node, "alpha", ALPHA),                \
+                      BETA_NAME ? pp_node_attr_float(ctx->node, BETA_NAME, BETA) : 0}; \
+        return unary_with(ctx, IMPLS, &p);                                          \
+    }
+UN_ATTR_KERNEL(hard_sigmoid_run, hard_sigmoid_impls, 0.2f, "beta", 0.5f)
+UN_ATTR_KERNEL(elu_run, elu_impls, 1.0f, NULL, 0)
+UN_ATTR_KERNEL(selu_run, selu_impls, 1.67326319217681884765625f, "gamma",
+               1.05070102214813232421875f)
+UN_ATTR_KERNEL(celu_run, celu_impls, 1.0f, NULL, 0)
+UN_ATTR_KERNEL(thresholded_relu_run, thresholded_relu_impls, 1.0f, NULL, 0)
+
+static pp_status alpha_beta_check(const pp_graph *g, const pp_node *n) {
+    (void)g;
+    PP_TRY(float_attr_check(n, "alpha"));
+    PP_TRY(float_attr_check(n, "beta"));
+    return float_attr_check(n, "gamma");
+}
+
 static pp_status leaky_relu_check(const pp_graph *g, const pp_node *n) {
     (void)g;
     return float_attr_check(n, "alpha");
 }
 
 static pp_status leaky_relu_run(pp_kernel_ctx *ctx) {
-    un_param p = {pp_node_attr_float(ctx->node, "alpha", 0.01f)};
+    un_param p = {pp_node_attr_float(ctx->node, "alpha", 0.01f), 0.0f};
     return unary_with(ctx, leaky_relu_impls, &p);
 }
 
@@ -625,40 +774,112 @@ static pp_status where_run(pp_kernel_ctx *ctx) {
 }
 
 /* ------------------------------------------------------------------------ */
+/* float16 / bfloat16 through float32 (widen.h)                             */
+
+#define WIDEN(FN)                                                                   \
+    static pp_status FN##_w(pp_kernel_ctx *ctx) {                                   \
+        return pp_kernel_half_dtype(ctx) ? pp_kernel_run_widened(ctx, FN, 1u) : FN(ctx); \
+    }
+WIDEN(add_run)
+WIDEN(sub_run)
+WIDEN(mul_run)
+WIDEN(div_run)
+WIDEN(pow_run)
+WIDEN(mod_run)
+WIDEN(prelu_run)
+WIDEN(equal_run)
+WIDEN(less_run)
+WIDEN(greater_run)
+WIDEN(less_equal_run)
+WIDEN(greater_equal_run)
+WIDEN(neg_run)
+WIDEN(abs_run)
+WIDEN(sqrt_run)
+WIDEN(exp_run)
+WIDEN(log_run)
+WIDEN(erf_run)
+WIDEN(tanh_run)
+WIDEN(sigmoid_run)
+WIDEN(reciprocal_run)
+WIDEN(relu_run)
+WIDEN(leaky_relu_run)
+WIDEN(gelu_run)
+WIDEN(gelu_ms_run)
+WIDEN(cos_run)
+WIDEN(sin_run)
+WIDEN(floor_run)
+WIDEN(ceil_run)
+WIDEN(round_run)
+WIDEN(sign_run)
+WIDEN(isnan_run)
+WIDEN(isinf_run)
+WIDEN(hard_sigmoid_run)
+WIDEN(hard_swish_run)
+WIDEN(softplus_run)
+WIDEN(softsign_run)
+WIDEN(elu_run)
+WIDEN(selu_run)
+WIDEN(celu_run)
+WIDEN(thresholded_relu_run)
+WIDEN(clip_run)
+WIDEN(max_run)
+WIDEN(min_run)
+WIDEN(sum_run)
+WIDEN(mean_run)
+
+/* ------------------------------------------------------------------------ */
 
 const pp_op pp_ops_elementwise[] = {
-    {"Add", "", 2, 2, 1, 1, NULL, add_run},
-    {"Sub", "", 2, 2, 1, 1, NULL, sub_run},
-    {"Mul", "", 2, 2, 1, 1, NULL, mul_run},
-    {"Div", "", 2, 2, 1, 1, NULL, div_run},
-    {"Pow", "", 2, 2, 1, 1, NULL, pow_run},
-    {"Equal", "", 2, 2, 1, 1, NULL, equal_run},
-    {"Less", "", 2, 2, 1, 1, NULL, less_run},
-    {"Greater", "", 2, 2, 1, 1, NULL, greater_run},
-    {"LessOrEqual", "", 2, 2, 1, 1, NULL, less_equal_run},
-    {"GreaterOrEqual", "", 2, 2, 1, 1, NULL, greater_equal_run},
+    {"Add", "", 2, 2, 1, 1, NULL, add_run_w},
+    {"Sub", "", 2, 2, 1, 1, NULL, sub_run_w},
+    {"Mul", "", 2, 2, 1, 1, NULL, mul_run_w},
+    {"Div", "", 2, 2, 1, 1, NULL, div_run_w},
+    {"Pow", "", 2, 2, 1, 1, NULL, pow_run_w},
+    {"Mod", "", 2, 2, 1, 1, mod_check, mod_run_w},
+    {"PRelu", "", 2, 2, 1, 1, NULL, prelu_run_w},
+    {"Equal", "", 2, 2, 1, 1, NULL, equal_run_w},
+    {"Less", "", 2, 2, 1, 1, NULL, less_run_w},
+    {"Greater", "", 2, 2, 1, 1, NULL, greater_run_w},
+    {"LessOrEqual", "", 2, 2, 1, 1, NULL, less_equal_run_w},
+    {"GreaterOrEqual", "", 2, 2, 1, 1, NULL, greater_equal_run_w},
     {"And", "", 2, 2, 1, 1, NULL, and_run},
     {"Or", "", 2, 2, 1, 1, NULL, or_run},
     {"Xor", "", 2, 2, 1, 1, NULL, xor_run},
     {"Not", "", 1, 1, 1, 1, NULL, not_run},
-    {"Neg", "", 1, 1, 1, 1, NULL, neg_run},
-    {"Abs", "", 1, 1, 1, 1, NULL, abs_run},
-    {"Sqrt", "", 1, 1, 1, 1, NULL, sqrt_run},
-    {"Exp", "", 1, 1, 1, 1, NULL, exp_run},
-    {"Log", "", 1, 1, 1, 1, NULL, log_run},
-    {"Erf", "", 1, 1, 1, 1, NULL, erf_run},
-    {"Tanh", "", 1, 1, 1, 1, NULL, tanh_run},
-    {"Sigmoid", "", 1, 1, 1, 1, NULL, sigmoid_run},
-    {"Reciprocal", "", 1, 1, 1, 1, NULL, reciprocal_run},
-    {"Relu", "", 1, 1, 1, 1, NULL, relu_run},
-    {"LeakyRelu", "", 1, 1, 1, 1, leaky_relu_check, leaky_relu_run},
-    {"Gelu", "", 1, 1, 1, 1, gelu_check, gelu_run},
-    {"Gelu", "com.microsoft", 1, 1, 1, 1, NULL, gelu_ms_run},
-    {"Clip", "", 1, 3, 1, 1, NULL, clip_run},
+    {"Neg", "", 1, 1, 1, 1, NULL, neg_run_w},
+    {"Abs", "", 1, 1, 1, 1, NULL, abs_run_w},
+    {"Sqrt", "", 1, 1, 1, 1, NULL, sqrt_run_w},
+    {"Exp", "", 1, 1, 1, 1, NULL, exp_run_w},
+    {"Log", "", 1, 1, 1, 1, NULL, log_run_w},
+    {"Erf", "", 1, 1, 1, 1, NULL, erf_run_w},
+    {"Tanh", "", 1, 1, 1, 1, NULL, tanh_run_w},
+    {"Sigmoid", "", 1, 1, 1, 1, NULL, sigmoid_run_w},
+    {"Reciprocal", "", 1, 1, 1, 1, NULL, reciprocal_run_w},
+    {"Relu", "", 1, 1, 1, 1, NULL, relu_run_w},
+    {"LeakyRelu", "", 1, 1, 1, 1, leaky_relu_check, leaky_relu_run_w},
+    {"Gelu", "", 1, 1, 1, 1, gelu_check, gelu_run_w},
+    {"Gelu", "com.microsoft", 1, 1, 1, 1, NULL, gelu_ms_run_w},
+    {"Cos", "", 1, 1, 1, 1, NULL, cos_run_w},
+    {"Sin", "", 1, 1, 1, 1, NULL, sin_run_w},
+    {"Floor", "", 1, 1, 1, 1, NULL, floor_run_w},
+    {"Ceil", "", 1, 1, 1, 1, NULL, ceil_run_w},
+    {"Round", "", 1, 1, 1, 1, NULL, round_run_w},
+    {"Sign", "", 1, 1, 1, 1, NULL, sign_run_w},
+    {"IsNaN", "", 1, 1, 1, 1, NULL, isnan_run_w},
+    {"IsInf", "", 1, 1, 1, 1, NULL, isinf_run_w},
+    {"HardSigmoid", "", 1, 1, 1, 1, alpha_beta_check, hard_sigmoid_run_w},
+    {"HardSwish", "", 1, 1, 1, 1, NULL, hard_swish_run_w},
+    {"Softplus", "", 1, 1, 1, 1, NULL, softplus_run_w},
+    {"Softsign", "", 1, 1, 1, 1, NULL, softsign_run_w},
+    {"Elu", "", 1, 1, 1, 1, alpha_beta_check, elu_run_w},
+    {"Selu", "", 1, 1, 1, 1, alpha_beta_check, selu_run_w},
+    {"Celu", "", 1, 1, 1, 1, alpha_beta_check, celu_run_w},
+    {"ThresholdedRelu", "", 1, 1, 1, 1, alpha_beta_check, thresholded_relu_run_w},
+    {"Clip", "", 1, 3, 1, 1, NULL, clip_run_w},
     {"Where", "", 3, 3, 1, 1, NULL, where_run},
-    {"Max", "", 1, 64, 1, 1, NULL, max_run},
-    {"Min", "", 1, 64, 1, 1, NULL, min_run},
-    {"Sum", "", 1, 64, 1, 1, NULL, sum_run},
-    {"Mean", "", 1, 64, 1, 1, NULL, mean_run},
+    {"Max", "", 1, 64, 1, 1, NULL, max_run_w},
+    {"Min", "", 1, 64, 1, 1, NULL, min_run_w},
+    {"Sum", "", 1, 64, 1, 1, NULL, sum_run_w},
+    {"Mean", "", 1, 64, 1, 1, NULL, mean_run_w},
     {NULL},
 };

@@ -134,7 +134,7 @@ DEF_ROW_PRIMS(double, f64, exp, log)
 /* ------------------------------------------------------------------------ */
 /* Reduce*                                                                   */
 
-typedef enum rkind { R_SUM, R_MEAN, R_MAX, R_MIN, R_PROD, R_SUMSQ, R_L1, R_L2 } rkind;
+typedef enum rkind { R_SUM, R_MEAN, R_MAX, R_MIN, R_PROD, R_SUMSQ, R_L1, R_L2, R_LOGSUM } rkind;
 
 /* One reducer per (kind family, dtype): init fills the output, row folds a
  * contiguous row into one output element, cols folds a row element-wise
@@ -248,7 +248,8 @@ static const red_impl *find_red(rkind k, pp_dtype dt) {
     switch (k) {
     case R_SUM:
         return f32 ? &red_sum_f32 : f64 ? &red_sum_f64 : i32 ? &red_sum_i32 : i64 ? &red_sum_i64 : NULL;
-    case R_MEAN: return f32 ? &red_sum_f32 : f64 ? &red_sum_f64 : NULL;
+    case R_MEAN:
+    case R_LOGSUM: return f32 ? &red_sum_f32 : f64 ? &red_sum_f64 : NULL;
     case R_SUMSQ:
     case R_L2: return f32 ? &red_sumsq_f32 : f64 ? &red_sumsq_f64 : NULL;
     case R_L1: return f32 ? &red_l1_f32 : f64 ? &red_l1_f64 : NULL;
@@ -299,12 +300,120 @@ static void finalize(rkind k, pp_tensor *o, int64_t count) {
             for (int64_t i = 0; i < n; i++) ((float *)o->data)[i] /= (float)count;
         else
             for (int64_t i = 0; i < n; i++) ((double *)o->data)[i] /= (double)count;
-    } else if (k == R_L2) {
+    } else if (k == R_L2 || k == R_LOGSUM) {
+        double (*f)(double) = k == R_L2 ? sqrt : log;
         if (o->dtype == PP_F32)
-            for (int64_t i = 0; i < n; i++) ((float *)o->data)[i] = sqrtf(((float *)o->data)[i]);
+            for (int64_t i = 0; i < n; i++)
+                ((float *)o->data)[i] = (float)f(((float *)o->data)[i]);
         else
-            for (int64_t i = 0; i < n; i++) ((double *)o->data)[i] = sqrt(((double *)o->data)[i]);
+            for (int64_t i = 0; i < n; i++) ((double *)o->data)[i] = f(((double *)o->data)[i]);
     }
+}
+
+/* A reduction's iteration space: the input dims merged into alternating
+ * kept / reduced groups (size-1 dims dropped). Rows of the innermost group
+ * are contiguous; gstride gives each group's step in the output. */
+typedef struct rwalk {
+    int ng;
+    int64_t gsize[PP_MAX_DIMS], gstride[PP_MAX_DIMS];
+    uint8_t gred[PP_MAX_DIMS];
+} rwalk;
+
+static void rwalk_init(rwalk *w, const pp_tensor *x, const uint8_t *mask) {
+    w->ng = 0;
+    for (int d = 0; d < x->ndim; d++) {
+        if (x->shape[d] == 1) continue;
+        if (w->ng > 0 && w->gred[w->ng - 1] == mask[d]) {
+            w->gsize[w->ng - 1] *= x->shape[d];
+        } else {
+            w->gsize[w->ng] = x->shape[d];
+            w->gred[w->ng] = mask[d];
+            w->ng++;
+        }
+    }
+    if (w->ng == 0) { /* one element */
+        w->gsize[0] = 1;
+        w->gred[0] = 0;
+        w->ng = 1;
+    }
+    int64_t st = 1;
+    for (int g = w->ng - 1; g >= 0; g--) {
+        w->gstride[g] = w->gred[g] ? 0 : st;
+        if (!w->gred[g]) st *= w->gsize[g];
+    }
+}
+
+/* Calls fn(user, r, len, reduced, off) for every row r (input elements
+ * r*len .. r*len+len-1); off is the output element the row folds into
+ * (reduced) or the first of len output elements (kept). */
+typedef void (*rwalk_fn)(void *user, int64_t r, int64_t len, int reduced, int64_t off);
+
+static void rwalk_run(const rwalk *w, int64_t numel, rwalk_fn fn, void *user) {
+    if (numel == 0) return;
+    int ng = w->ng;
+    int64_t inner = w->gsize[ng - 1], rows = numel / inner, off = 0;
+    int64_t idx[PP_MAX_DIMS] = {0};
+    for (int64_t r = 0; r < rows; r++) {
+        fn(user, r, inner, w->gred[ng - 1], off);
+        for (int g = ng - 2; g >= 0; g--) {
+            off += w->gstride[g];
+            if (++idx[g] < w->gsize[g]) break;
+            off -= w->gstride[g] * w->gsize[g];
+            idx[g] = 0;
+        }
+    }
+}
+
+typedef struct red_walk {
+    const red_impl *impl;
+    const char *x;
+    char *o;
+    size_t es;
+} red_walk;
+
+static void red_row(void *user, int64_t r, int64_t len, int reduced, int64_t off) {
+    red_walk *w = user;
+    const char *row = w->x + (size_t)(r * len) * w->es;
+    if (reduced) w->impl->row(len, row, w->o + (size_t)off * w->es);
+    else w->impl->cols(len, row, w->o + (size_t)off * w->es);
+}
+
+/* Folds x into o (already shaped) with impl over the mask. */
+static void reduce_into(const pp_tensor *x, const uint8_t *mask, const red_impl *impl,
+                        pp_tensor *o) {
+    rwalk w;
+    rwalk_init(&w, x, mask);
+    impl->init(pp_tensor_numel(o), o->data);
+    red_walk rw = {impl, x->data, o->data, pp_dtype_size(x->dtype)};
+    rwalk_run(&w, pp_tensor_numel(x), red_row, &rw);
+}
+
+/* Resolves the axes of a Reduce* node into mask and the output shape.
+ * *noop is set when the node asks for its input back unchanged. */
+static pp_status reduce_shape(pp_kernel_ctx *ctx, const pp_tensor *x, uint8_t *mask, int *ond,
+                              int64_t *oshape, int64_t *count, int *noop) {
+    int n_axes = 0;
+    PP_TRY(reduce_axes(ctx, x->ndim, mask, &n_axes));
+    int keepdims = pp_node_attr_int(ctx->node, "keepdims", 1) != 0;
+    *noop = 0;
+    if (n_axes == 0) {
+        if (pp_node_attr_int(ctx->node, "noop_with_empty_axes", 0)) {
+            *noop = 1;
+            return PP_OK;
+        }
+        memset(mask, 1, PP_MAX_DIMS);
+    }
+    *ond = 0;
+    *count = 1;
+    for (int d = 0; d < x->ndim; d++) {
+        if (mask[d]) {
+            *count *= x->shape[d];
+            if (keepdims) oshape[(*ond)++] = 1;
+        } else {
+            oshape[(*ond)++] = x->shape[d];
+        }
+    }
+    return PP_OK;
 }
 
 static pp_status reduce_run(pp_kernel_ctx *ctx, rkind kind) {
@@ -313,77 +422,16 @@ static pp_status reduce_run(pp_kernel_ctx *ctx, rkind kind) {
     const red_impl *impl = find_red(kind, x->dtype);
     if (!impl) return unsupported_dtype(ctx, x->dtype);
     uint8_t mask[PP_MAX_DIMS];
-    int n_axes = 0;
-    PP_TRY(reduce_axes(ctx, x->ndim, mask, &n_axes));
-    int keepdims = pp_node_attr_int(ctx->node, "keepdims", 1) != 0;
-    if (n_axes == 0) {
-        if (pp_node_attr_int(ctx->node, "noop_with_empty_axes", 0)) {
-            ctx->out[0] = pp_tensor_retain(ctx->in[0]);
-            return PP_OK;
-        }
-        memset(mask, 1, PP_MAX_DIMS);
-    }
-    int ond = 0;
+    int ond = 0, noop = 0;
     int64_t oshape[PP_MAX_DIMS], count = 1;
-    for (int d = 0; d < x->ndim; d++) {
-        if (mask[d]) {
-            count *= x->shape[d];
-            if (keepdims) oshape[ond++] = 1;
-        } else {
-            oshape[ond++] = x->shape[d];
-        }
+    PP_TRY(reduce_shape(ctx, x, mask, &ond, oshape, &count, &noop));
+    if (noop) {
+        ctx->out[0] = pp_tensor_retain(ctx->in[0]);
+        return PP_OK;
     }
     pp_tensor *o;
     PP_TRY(pp_tensor_empty(x->dtype, ond, oshape, &o));
-    int64_t on = pp_tensor_numel(o);
-    impl->init(on, o->data);
-
-    /* Merge the input dims into alternating kept / reduced groups (size-1
-     * dims dropped), then walk rows of the innermost group. */
-    int ng = 0;
-    int64_t gsize[PP_MAX_DIMS], gstride[PP_MAX_DIMS];
-    uint8_t gred[PP_MAX_DIMS];
-    for (int d = 0; d < x->ndim; d++) {
-        if (x->shape[d] == 1) continue;
-        if (ng > 0 && gred[ng - 1] == mask[d]) {
-            gsize[ng - 1] *= x->shape[d];
-        } else {
-            gsize[ng] = x->shape[d];
-            gred[ng] = mask[d];
-            ng++;
-        }
-    }
-    if (ng == 0) { /* one element */
-        gsize[0] = 1;
-        gred[0] = 0;
-        ng = 1;
-    }
-    int64_t st = 1;
-    for (int g = ng - 1; g >= 0; g--) {
-        gstride[g] = gred[g] ? 0 : st;
-        if (!gred[g]) st *= gsize[g];
-    }
-    int64_t numel = pp_tensor_numel(x);
-    if (numel > 0) {
-        size_t es = pp_dtype_size(x->dtype);
-        const char *px = x->data;
-        char *po = o->data;
-        int64_t inner = gsize[ng - 1], rows = numel / inner, off = 0;
-        int64_t idx[PP_MAX_DIMS] = {0};
-        for (int64_t r = 0; r < rows; r++) {
-            const char *row = px + (size_t)(r * inner) * es;
-            if (gred[ng - 1])
-                impl->row(inner, row, po + (size_t)off * es);
-            else
-                impl->cols(inner, row, po + (size_t)off * es);
-            for (int g = ng - 2; g >= 0; g--) {
-                off += gstride[g];
-                if (++idx[g] < gsize[g]) break;
-                off -= gstride[g] * gsize[g];
-                idx[g] = 0;
-            }
-        }
-    }
+    reduce_into(x, mask, impl, o);
     finalize(kind, o, count);
     ctx->out[0] = o;
     return PP_OK;
@@ -409,6 +457,7 @@ REDUCE_KERNEL(reduce_prod_run, R_PROD)
 REDUCE_KERNEL(reduce_sumsq_run, R_SUMSQ)
 REDUCE_KERNEL(reduce_l1_run, R_L1)
 REDUCE_KERNEL(reduce_l2_run, R_L2)
+REDUCE_KERNEL(reduce_log_sum_run, R_LOGSUM)
 
 /* ------------------------------------------------------------------------ */
 /* ArgMax / ArgMin                                                          */

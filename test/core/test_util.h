@@ -9,6 +9,7 @@
 #include <cmocka.h>
 
 #include "pippin/pippin.h"
+#include "pippin/schedule.h"
 
 /* Path under the source tree (PIPPIN_SOURCE_ROOT, set by meson test). */
 const char *tu_src_path(const char *rel);

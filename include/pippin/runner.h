@@ -1,0 +1,55 @@
+/* The local pipeline runner: every stage of a pipe in one process, no
+ * transport. It executes any schedule's per-rank action lists (ranks
+ * interleaved as if they ran concurrently with blocking receives), routing
+ * activations forward and gradients back in memory. Results do not depend on
+ * the schedule. */
+#ifndef PIPPIN_RUNNER_H
+#define PIPPIN_RUNNER_H
+
+#include "pippin/pipe.h"
+#include "pippin/schedule.h"
+#include "pippin/stage.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct pp_runner pp_runner;
+
+/* Builds a stage object for every stage of p (probing edge shapes first if
+ * needed). The stage graphs move out of p; p must outlive the runner. */
+pp_status pp_runner_new(pp_pipe *p, int training, pp_runner **out);
+void pp_runner_free(pp_runner *r);
+
+int pp_runner_n_stages(const pp_runner *r);
+pp_stage *pp_runner_stage(pp_runner *r, int i);
+
+/* One step over a batch: inputs[i] is the model input named names[i] (a
+ * whole batch, split along dim 0 into m microbatches). sched holds the
+ * action lists (its stage count must equal the pipe's; NULL: GPipe order).
+ * When training, parameter gradients accumulate into each stage's flat
+ * gradient buffer (the loss is seeded with 1/m, so they equal the
+ * full-batch gradient) and replicated parameters' gradients are summed
+ * across their stages at the end. outputs[o] receives model output o merged
+ * over microbatches (the loss: the mean of the microbatch losses); it may be
+ * NULL. */
+pp_status pp_runner_step(pp_runner *r, int m, const pp_schedule *sched, int n_inputs,
+                         const char *const *names, pp_tensor *const *inputs, pp_tensor **outputs);
+void pp_runner_zero_grad(pp_runner *r);
+
+/* Model outputs, in the model's order. */
+int pp_runner_n_outputs(const pp_runner *r);
+const char *pp_runner_output_name(const pp_runner *r, int o);
+/* Index of the loss output, -1 if none. */
+int pp_runner_loss_output(const pp_runner *r);
+
+/* The gradient of a parameter (a copy; from its first stage) or NULL if
+ * no stage trains it. */
+pp_status pp_runner_param_grad(pp_runner *r, const char *name, pp_tensor **out);
+/* The value of a parameter (a copy, from its first stage). */
+pp_status pp_runner_param(pp_runner *r, const char *name, pp_tensor **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,503 @@
+/* Local pipeline runner: executes a schedule's action lists for all ranks in
+ * one process, moving activations and gradients between stages in memory. */
+#include "pippin/runner.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pippin/microbatch.h"
+
+typedef struct {
+    int *in_edge;      /* per forward input: edge index */
+    int *out_edge;     /* per forward output: edge it feeds, or -1 */
+    int *out_model;    /* per forward output: model output index, or -1 */
+    int *gout_edge;    /* per gradient output (seed): edge */
+    int *gin_edge;     /* per gradient input (wrt): edge */
+} stage_links;
+
+struct pp_runner {
+    pp_pipe *p;
+    int training;
+    int n_stages;
+    pp_stage **stages;
+    stage_links *links;
+};
+
+/* Per-step state. */
+typedef struct {
+    int m;
+    pp_tensor **acts;   /* [edge * m + mb] */
+    int *act_left;      /* consumers whose F has not read it yet */
+    pp_tensor **grads;  /* [edge * m + mb], summed over consumers */
+    int *grad_count;
+    uint8_t *done_f, *done_i, *done_w; /* [stage * m + mb] */
+    pp_tensor **outs;   /* [output * m + mb] */
+} step_state;
+
+static pp_status link_stage(pp_runner *r, int s) {
+    const pp_pipe *p = r->p;
+    pp_stage *st = r->stages[s];
+    stage_links *l = &r->links[s];
+    int ni = pp_stage_n_inputs(st), no = pp_stage_n_outputs(st);
+    int ng = pp_stage_n_grad_outputs(st), nw = pp_stage_n_grad_inputs(st);
+    l->in_edge = calloc((size_t)ni + 1, sizeof(int));
+    l->out_edge = calloc((size_t)no + 1, sizeof(int));
+    l->out_model = calloc((size_t)no + 1, sizeof(int));
+    l->gout_edge = calloc((size_t)ng + 1, sizeof(int));
+    l->gin_edge = calloc((size_t)nw + 1, sizeof(int));
+    if (!l->in_edge || !l->out_edge || !l->out_model || !l->gout_edge || !l->gin_edge)
+        return pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < ni; i++)
+        if ((l->in_edge[i] = pp_pipe_find_edge(p, pp_stage_input_name(st, i))) < 0)
+            return pp_error(PP_ERR_INTERNAL, "stage %d input '%s' has no edge", s, pp_stage_input_name(st, i));
+    for (int o = 0; o < no; o++) {
+        const char *name = pp_stage_output_name(st, o);
+        int e = pp_pipe_find_edge(p, name);
+        l->out_edge[o] = (e >= 0 && p->edges[e].producer == s) ? e : -1;
+        l->out_model[o] = -1;
+        for (int k = 0; k < p->n_outputs; k++)
+            if (p->output_stage[k] == s && strcmp(p->outputs[k], name) == 0) l->out_model[o] = k;
+    }
+    for (int k = 0; k < ng; k++) l->gout_edge[k] = pp_pipe_find_edge(p, pp_stage_grad_output_name(st, k));
+    for (int k = 0; k < nw; k++) l->gin_edge[k] = pp_pipe_find_edge(p, pp_stage_grad_input_name(st, k));
+    return PP_OK;
+}
+
+pp_status pp_runner_new(pp_pipe *p, int training, pp_runner **out) {
+    *out = NULL;
+    int probed = 1;
+    for (int e = 0; e < p->n_edges; e++)
+        if (p->edges[e].dtype == PP_DTYPE_UNDEFINED) probed = 0;
+    if (!probed) PP_TRY(pp_pipe_probe_shapes(p, 0, NULL));
+    pp_runner *r = calloc(1, sizeof *r);
+    if (!r) return pp_error(PP_ERR_NOMEM, "out of memory");
+    r->p = p;
+    r->training = training;
+    r->n_stages = p->n_stages;
+    r->stages = calloc((size_t)p->n_stages, sizeof *r->stages);
+    r->links = calloc((size_t)p->n_stages, sizeof *r->links);
+    pp_status s = r->stages && r->links ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < p->n_stages && s == PP_OK; i++) {
+        s = pp_stage_from_pipe(p, i, training, &r->stages[i]);
+        if (s == PP_OK) s = link_stage(r, i);
+    }
+    if (s != PP_OK) {
+        pp_runner_free(r);
+        return s;
+    }
+    *out = r;
+    return PP_OK;
+}
+
+void pp_runner_free(pp_runner *r) {
+    if (!r) return;
+    for (int i = 0; i < r->n_stages; i++) {
+        if (r->stages) pp_stage_free(r->stages[i]);
+        if (r->links) {
+            free(r->links[i].in_edge);
+            free(r->links[i].out_edge);
+            free(r->links[i].out_model);
+            free(r->links[i].gout_edge);
+            free(r->links[i].gin_edge);
+        }
+    }
+    free(r->stages);
+    free(r->links);
+    free(r);
+}
+
+int pp_runner_n_stages(const pp_runner *r) { return r->n_stages; }
+pp_stage *pp_runner_stage(pp_runner *r, int i) { return r->stages[i]; }
+int pp_runner_n_outputs(const pp_runner *r) { return r->p->n_outputs; }
+const char *pp_runner_output_name(const pp_runner *r, int o) { return r->p->outputs[o]; }
+
+int pp_runner_loss_output(const pp_runner *r) {
+    for (int o = 0; r->p->loss && o < r->p->n_outputs; o++)
+        if (strcmp(r->p->outputs[o], r->p->loss) == 0) return o;
+    return -1;
+}
+
+void pp_runner_zero_grad(pp_runner *r) {
+    for (int i = 0; i < r->n_stages; i++) pp_stage_zero_grad(r->stages[i]);
+}
+
+/* ---- one step ---- */
+
+static void step_free(const pp_runner *r, step_state *ss) {
+    size_t ne = (size_t)r->p->n_edges * (size_t)ss->m, no = (size_t)r->p->n_outputs * (size_t)ss->m;
+    for (size_t i = 0; ss->acts && i < ne; i++) pp_tensor_free(ss->acts[i]);
+    for (size_t i = 0; ss->grads && i < ne; i++) pp_tensor_free(ss->grads[i]);
+    for (size_t i = 0; ss->outs && i < no; i++) pp_tensor_free(ss->outs[i]);
+    free(ss->acts);
+    free(ss->act_left);
+    free(ss->grads);
+    free(ss->grad_count);
+    free(ss->done_f);
+    free(ss->done_i);
+    free(ss->done_w);
+    free(ss->outs);
+}
+
+static pp_status step_init(const pp_runner *r, int m, step_state *ss) {
+    size_t ne = (size_t)r->p->n_edges * (size_t)m + 1, ns = (size_t)r->n_stages * (size_t)m + 1;
+    memset(ss, 0, sizeof *ss);
+    ss->m = m;
+    ss->acts = calloc(ne, sizeof *ss->acts);
+    ss->act_left = calloc(ne, sizeof *ss->act_left);
+    ss->grads = calloc(ne, sizeof *ss->grads);
+    ss->grad_count = calloc(ne, sizeof *ss->grad_count);
+    ss->done_f = calloc(ns, 1);
+    ss->done_i = calloc(ns, 1);
+    ss->done_w = calloc(ns, 1);
+    ss->outs = calloc((size_t)r->p->n_outputs * (size_t)m + 1, sizeof *ss->outs);
+    if (!ss->acts || !ss->act_left || !ss->grads || !ss->grad_count || !ss->done_f || !ss->done_i ||
+        !ss->done_w || !ss->outs)
+        return pp_error(PP_ERR_NOMEM, "out of memory");
+    return PP_OK;
+}
+
+static int forward_ready(const pp_runner *r, const step_state *ss, int s, int mb) {
+    const stage_links *l = &r->links[s];
+    if (ss->done_f[s * ss->m + mb]) return 1; /* reported as an error by run_forward */
+    for (int i = 0; i < pp_stage_n_inputs(r->stages[s]); i++)
+        if (!ss->acts[l->in_edge[i] * ss->m + mb]) return 0;
+    return 1;
+}
+
+static int backward_ready(const pp_runner *r, const step_state *ss, int s, int mb) {
+    const stage_links *l = &r->links[s];
+    if (!ss->done_f[s * ss->m + mb]) return 0;
+    for (int k = 0; k < pp_stage_n_grad_outputs(r->stages[s]); k++) {
+        int e = l->gout_edge[k];
+        if (ss->grad_count[e * ss->m + mb] < r->p->edges[e].n_consumers) return 0;
+    }
+    return 1;
+}
+
+static pp_status run_forward(pp_runner *r, step_state *ss, int s, int mb) {
+    pp_stage *st = r->stages[s];
+    const stage_links *l = &r->links[s];
+    int m = ss->m;
+    if (ss->done_f[s * m + mb]) return pp_error(PP_ERR_STATE, "stage %d: forward of microbatch %d scheduled twice", s, mb);
+    int ni = pp_stage_n_inputs(st), no = pp_stage_n_outputs(st);
+    pp_tensor **ins = calloc((size_t)ni + 1, sizeof *ins), **outs = calloc((size_t)no + 1, sizeof *outs);
+    if (!ins || !outs) {
+        free(ins);
+        free(outs);
+        return pp_error(PP_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < ni; i++) ins[i] = ss->acts[l->in_edge[i] * m + mb];
+    pp_status status = pp_stage_forward(st, mb, ins, outs);
+    if (status == PP_OK) {
+        ss->done_f[s * m + mb] = 1;
+        for (int i = 0; i < ni; i++) { /* drop activations every consumer has read */
+            int slot = l->in_edge[i] * m + mb;
+            if (--ss->act_left[slot] == 0) {
+                pp_tensor_free(ss->acts[slot]);
+                ss->acts[slot] = NULL;
+            }
+        }
+        for (int o = 0; o < no; o++) {
+            if (l->out_edge[o] >= 0) {
+                int slot = l->out_edge[o] * m + mb;
+                ss->acts[slot] = pp_tensor_retain(outs[o]);
+                ss->act_left[slot] = r->p->edges[l->out_edge[o]].n_consumers;
+            }
+            if (l->out_model[o] >= 0) ss->outs[l->out_model[o] * m + mb] = pp_tensor_retain(outs[o]);
+            pp_tensor_free(outs[o]);
+        }
+    }
+    free(ins);
+    free(outs);
+    return status;
+}
+
+/* Adds an input gradient from a consumer into the producer's slot. */
+static pp_status add_grad(step_state *ss, int slot, pp_tensor *g) {
+    if (!ss->grads[slot]) {
+        ss->grads[slot] = g;
+        ss->grad_count[slot]++;
+        return PP_OK;
+    }
+    pp_tensor *acc = ss->grads[slot], *sum;
+    if (acc->dtype != PP_F32 || g->dtype != PP_F32 || pp_tensor_numel(acc) != pp_tensor_numel(g)) {
+        pp_tensor_free(g);
+        return pp_error(PP_ERR_SHAPE, "gradients from two consumers do not match");
+    }
+    pp_status s = pp_tensor_clone(acc, &sum); /* acc may be shared with a stash */
+    if (s == PP_OK) {
+        float *d = sum->data;
+        const float *x = g->data;
+        for (int64_t i = 0; i < pp_tensor_numel(g); i++) d[i] += x[i];
+        pp_tensor_free(acc);
+        ss->grads[slot] = sum;
+        ss->grad_count[slot]++;
+    }
+    pp_tensor_free(g);
+    return s;
+}
+
+static pp_status run_backward_input(pp_runner *r, step_state *ss, int s, int mb) {
+    pp_stage *st = r->stages[s];
+    const stage_links *l = &r->links[s];
+    int m = ss->m, ng = pp_stage_n_grad_outputs(st), nw = pp_stage_n_grad_inputs(st);
+    pp_tensor **gout = calloc((size_t)ng + 1, sizeof *gout), **gin = calloc((size_t)nw + 1, sizeof *gin);
+    if (!gout || !gin) {
+        free(gout);
+        free(gin);
+        return pp_error(PP_ERR_NOMEM, "out of memory");
+    }
+    for (int k = 0; k < ng; k++) gout[k] = ss->grads[l->gout_edge[k] * m + mb];
+    pp_status status = pp_stage_backward_input(st, mb, gout, gin);
+    if (status == PP_OK) {
+        ss->done_i[s * m + mb] = 1;
+        for (int k = 0; k < ng; k++) { /* the stage has used them */
+            pp_tensor_free(ss->grads[l->gout_edge[k] * m + mb]);
+            ss->grads[l->gout_edge[k] * m + mb] = NULL;
+        }
+        for (int k = 0; k < nw; k++) { /* add_grad takes ownership */
+            if (status == PP_OK) status = add_grad(ss, l->gin_edge[k] * m + mb, gin[k]);
+            else pp_tensor_free(gin[k]);
+        }
+    }
+    free(gout);
+    free(gin);
+    return status;
+}
+
+/* Runs one plain compute action; *ran is 0 when its inputs are not there
+ * yet (another rank must act first). */
+static pp_status run_action(pp_runner *r, step_state *ss, const pp_action *a, int *ran) {
+    int s = a->stage, mb = a->mb, m = ss->m;
+    *ran = 0;
+    if (a->kind == PP_ACT_F || a->kind == PP_ACT_I || a->kind == PP_ACT_B || a->kind == PP_ACT_W) {
+        if (s < 0 || s >= r->n_stages || mb < 0 || mb >= m)
+            return pp_error(PP_ERR_INVALID, "action names stage %d microbatch %d (pipe has %d stages, step %d microbatches)",
+                            s, mb, r->n_stages, m);
+    }
+    switch ((pp_act_kind)a->kind) {
+    case PP_ACT_F:
+        if (!forward_ready(r, ss, s, mb)) return PP_OK;
+        *ran = 1;
+        return run_forward(r, ss, s, mb);
+    case PP_ACT_I:
+    case PP_ACT_B:
+        if (!r->training) { /* inference runs only a schedule's forwards */
+            *ran = 1;
+            return PP_OK;
+        }
+        if (ss->done_i[s * m + mb]) return pp_error(PP_ERR_STATE, "stage %d: backward of microbatch %d scheduled twice", s, mb);
+        if (!backward_ready(r, ss, s, mb)) return PP_OK;
+        *ran = 1;
+        PP_TRY(run_backward_input(r, ss, s, mb));
+        if (a->kind == PP_ACT_I) return PP_OK;
+        /* fall through: B is I then W */
+        /* FALLTHROUGH */
+    case PP_ACT_W:
+        if (!r->training) {
+            *ran = 1;
+            return PP_OK;
+        }
+        if (!ss->done_i[s * m + mb]) return PP_OK;
+        if (ss->done_w[s * m + mb]) return pp_error(PP_ERR_STATE, "stage %d: weight gradient of microbatch %d scheduled twice", s, mb);
+        *ran = 1;
+        ss->done_w[s * m + mb] = 1;
+        return pp_stage_backward_weight(r->stages[s], mb);
+    default: /* SEND/RECV, REDUCE_GRAD, UNSHARD, RESHARD: nothing to do in one process */
+        *ran = 1;
+        return PP_OK;
+    }
+}
+
+static pp_status sync_shared_grads(pp_runner *r) {
+    const pp_pipe *p = r->p;
+    for (int i = 0; i < p->n_shared; i++) {
+        const pp_pipe_shared *sh = &p->shared[i];
+        size_t off0, n0;
+        float *sum = NULL;
+        for (int k = 0; k < sh->n_stages; k++) {
+            pp_stage *st = r->stages[sh->stages[k]];
+            int pi = pp_stage_find_param(st, sh->name);
+            if (pi < 0) continue; /* no gradient reaches it in this stage */
+            size_t off, n;
+            pp_stage_param_range(st, pi, &off, &n);
+            float *g = pp_stage_flat_grads(st, NULL) + off;
+            if (!sum) {
+                sum = g;
+                off0 = off;
+                n0 = n;
+                continue;
+            }
+            if (n != n0) return pp_error(PP_ERR_INTERNAL, "replicas of '%s' differ in size", sh->name);
+            for (size_t j = 0; j < n; j++) sum[j] += g[j];
+        }
+        (void)off0;
+        for (int k = 0; sum && k < sh->n_stages; k++) { /* every replica gets the total */
+            pp_stage *st = r->stages[sh->stages[k]];
+            int pi = pp_stage_find_param(st, sh->name);
+            if (pi < 0) continue;
+            size_t off, n;
+            pp_stage_param_range(st, pi, &off, &n);
+            float *g = pp_stage_flat_grads(st, NULL) + off;
+            if (g != sum) memcpy(g, sum, n * sizeof(float));
+        }
+    }
+    return PP_OK;
+}
+
+static pp_status default_schedule(const pp_runner *r, int m, pp_schedule **out) {
+    pp_sched_params sp = {0};
+    sp.kind = PP_SCHED_GPIPE;
+    sp.nranks = r->n_stages;
+    sp.nmb = m;
+    sp.stages_per_rank = 1;
+    return pp_schedule_generate(&sp, out);
+}
+
+/* Interleaves the ranks' lists as concurrent ranks with blocking receives
+ * would: each rank runs its next action once that action's inputs exist. */
+static pp_status run_schedule(pp_runner *r, step_state *ss, const pp_schedule *sched) {
+    int nr = sched->nranks;
+    size_t *pos = calloc((size_t)nr + 1, sizeof *pos), *sub = calloc((size_t)nr + 1, sizeof *sub);
+    if (!pos || !sub) {
+        free(pos);
+        free(sub);
+        return pp_error(PP_ERR_NOMEM, "out of memory");
+    }
+    pp_status status = PP_OK;
+    for (;;) {
+        int progressed = 0, remaining = 0;
+        for (int rk = 0; rk < nr && status == PP_OK; rk++) {
+            while (pos[rk] < sched->len[rk] && status == PP_OK) {
+                const pp_action *a = &sched->acts[rk][pos[rk]];
+                int ran = 0;
+                if (a->kind == PP_ACT_OVERLAP_F_B) {
+                    const pp_action *subs = pp_schedule_subs(sched, a);
+                    status = run_action(r, ss, &subs[sub[rk]], &ran);
+                    if (ran && ++sub[rk] == a->nsub) {
+                        sub[rk] = 0;
+                        pos[rk]++;
+                    }
+                } else if (a->kind == PP_ACT_IDLE) {
+                    ran = 1;
+                    pos[rk]++;
+                } else {
+                    status = run_action(r, ss, a, &ran);
+                    if (ran) pos[rk]++;
+                }
+                if (status != PP_OK) {
+                    char text[PP_ACTION_STR_MAX];
+                    pp_action_format(sched, a, text, sizeof text);
+                    status = pp_error_context(status, "rank %d action %zu (%s)", rk, pos[rk], text);
+                }
+                if (!ran) break;
+                progressed = 1;
+            }
+            if (pos[rk] < sched->len[rk]) remaining = 1;
+        }
+        if (status != PP_OK || !remaining) break;
+        if (!progressed) {
+            char msg[1024];
+            size_t n = 0;
+            for (int rk = 0; rk < nr && n < sizeof msg; rk++) {
+                if (pos[rk] >= sched->len[rk]) continue;
+                char text[PP_ACTION_STR_MAX];
+                pp_action_format(sched, &sched->acts[rk][pos[rk]], text, sizeof text);
+                n += (size_t)snprintf(msg + n, sizeof msg - n, "%srank %d waits at %s", n ? ", " : "", rk, text);
+            }
+            status = pp_error(PP_ERR_STATE, "schedule deadlocks: %s", msg);
+        }
+    }
+    free(pos);
+    free(sub);
+    return status;
+}
+
+static pp_status check_complete(const pp_runner *r, const step_state *ss) {
+    for (int s = 0; s < r->n_stages; s++)
+        for (int mb = 0; mb < ss->m; mb++) {
+            int i = s * ss->m + mb;
+            if (!ss->done_f[i]) return pp_error(PP_ERR_INVALID, "schedule never runs the forward of stage %d microbatch %d", s, mb);
+            if (r->training && (!ss->done_i[i] || !ss->done_w[i]))
+                return pp_error(PP_ERR_INVALID, "schedule never finishes the backward of stage %d microbatch %d", s, mb);
+        }
+    return PP_OK;
+}
+
+static pp_status feed_inputs(pp_runner *r, step_state *ss, int n_inputs, const char *const *names,
+                             pp_tensor *const *inputs) {
+    const pp_pipe *p = r->p;
+    for (int e = 0; e < p->n_edges; e++) {
+        const pp_pipe_edge *ed = &p->edges[e];
+        if (ed->producer >= 0) continue;
+        int k = 0;
+        while (k < n_inputs && strcmp(names[k], ed->value) != 0) k++;
+        if (k == n_inputs) return pp_error(PP_ERR_INVALID, "model input '%s' not given", ed->value);
+        pp_tensor **chunks = calloc((size_t)ss->m, sizeof *chunks);
+        if (!chunks) return pp_error(PP_ERR_NOMEM, "out of memory");
+        pp_status s = pp_microbatch_split(inputs[k], ss->m, ed->value, chunks);
+        for (int mb = 0; s == PP_OK && mb < ss->m; mb++) {
+            ss->acts[e * ss->m + mb] = chunks[mb];
+            ss->act_left[e * ss->m + mb] = ed->n_consumers;
+        }
+        free(chunks);
+        PP_TRY(s);
+    }
+    return PP_OK;
+}
+
+pp_status pp_runner_step(pp_runner *r, int m, const pp_schedule *sched, int n_inputs,
+                         const char *const *names, pp_tensor *const *inputs, pp_tensor **outputs) {
+    if (sched && sched->nstages != r->n_stages)
+        return pp_error(PP_ERR_INVALID, "schedule has %d stages, the pipe %d", sched->nstages, r->n_stages);
+    if (sched && sched->nmb != m)
+        return pp_error(PP_ERR_INVALID, "schedule is for %d microbatches, the step has %d", sched->nmb, m);
+    pp_schedule *own = NULL;
+    if (!sched) {
+        PP_TRY(default_schedule(r, m, &own));
+        sched = own;
+    }
+    step_state ss;
+    pp_status s = step_init(r, m, &ss);
+    for (int i = 0; i < r->n_stages && s == PP_OK; i++) {
+        pp_stage_set_loss_scale(r->stages[i], 1.0f / (float)m);
+        if (pp_stage_pending(r->stages[i]))
+            s = pp_error(PP_ERR_STATE, "stage %d holds microbatches from an unfinished step", i);
+    }
+    if (s == PP_OK) s = feed_inputs(r, &ss, n_inputs, names, inputs);
+    if (s == PP_OK) s = run_schedule(r, &ss, sched);
+    if (s == PP_OK) s = check_complete(r, &ss);
+    if (s == PP_OK && r->training) s = sync_shared_grads(r);
+    for (int o = 0; s == PP_OK && outputs && o < r->p->n_outputs; o++)
+        s = pp_microbatch_merge(&ss.outs[o * m], m, r->p->outputs[o], &outputs[o]);
+    step_free(r, &ss);
+    pp_schedule_free(own);
+    return s;
+}
+
+static pp_status param_copy(pp_runner *r, const char *name, int grads, pp_tensor **out) {
+    *out = NULL;
+    for (int i = 0; i < r->n_stages; i++) {
+        pp_stage *st = r->stages[i];
+        int pi = pp_stage_find_param(st, name);
+        if (pi < 0) continue;
+        size_t off, n;
+        pp_stage_param_range(st, pi, &off, &n);
+        const pp_graph *g = pp_stage_graph(st);
+        const pp_tensor *like = g->values[pp_graph_find_value(g, name)].data;
+        PP_TRY(pp_tensor_empty(PP_F32, like->ndim, like->shape, out));
+        const float *src = (grads ? pp_stage_flat_grads(st, NULL) : pp_stage_flat_params(st, NULL)) + off;
+        memcpy((*out)->data, src, n * sizeof(float));
+        return PP_OK;
+    }
+    return pp_error(PP_ERR_NOT_FOUND, "no stage trains a parameter '%s'", name);
+}
+
+pp_status pp_runner_param_grad(pp_runner *r, const char *name, pp_tensor **out) {
+    return param_copy(r, name, 1, out);
+}
+
+pp_status pp_runner_param(pp_runner *r, const char *name, pp_tensor **out) {
+    return param_copy(r, name, 0, out);
+}

@@ -1,0 +1,108 @@
+/* Whole-model training step: one executor runs forward and backward of the
+ * training graph; gradients are added into the flat buffer. */
+#include "pippin/trainer.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "pippin/exec.h"
+
+struct pp_trainer {
+    pp_graph *g;
+    pp_backward *b;
+    pp_flat_params *fp;
+    pp_exec *ex;
+    int loss_out;        /* index of the loss among the graph outputs */
+    int *grad_out;       /* per flat parameter: index of its gradient output */
+    pp_tensor **ins, **outs;
+};
+
+void pp_trainer_free(pp_trainer *t) {
+    if (!t) return;
+    pp_exec_free(t->ex);
+    pp_flat_params_free(t->fp);
+    pp_backward_free(t->b);
+    free(t->grad_out);
+    free(t->ins);
+    free(t->outs);
+    free(t);
+}
+
+static int output_index(const pp_graph *g, int v) {
+    for (int i = 0; i < g->n_outputs; i++)
+        if (g->outputs[i] == v) return i;
+    return -1;
+}
+
+pp_status pp_trainer_new(pp_graph *g, const char *loss_name, pp_trainer **out) {
+    *out = NULL;
+    pp_trainer *t = calloc(1, sizeof *t);
+    if (!t) return pp_error(PP_ERR_NOMEM, "out of memory");
+    t->g = g;
+    pp_status s = pp_autodiff_model(g, loss_name, 0, &t->b);
+    if (s == PP_OK) s = pp_flat_params_new(g, t->b->n_params, t->b->params, &t->fp);
+    if (s == PP_OK) s = pp_exec_new(g, &t->ex);
+    if (s == PP_OK) {
+        t->grad_out = calloc((size_t)t->b->n_params + 1, sizeof(int));
+        t->ins = calloc((size_t)g->n_inputs + 1, sizeof *t->ins);
+        t->outs = calloc((size_t)g->n_outputs + 1, sizeof *t->outs);
+        if (!t->grad_out || !t->ins || !t->outs) s = pp_error(PP_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; s == PP_OK && i < t->b->n_params; i++)
+        t->grad_out[i] = output_index(g, t->b->param_grads[i]);
+    if (s == PP_OK) t->loss_out = output_index(g, t->b->seed_values[0]);
+    if (s == PP_OK && t->loss_out < 0)
+        s = pp_error(PP_ERR_INTERNAL, "the loss is not a graph output");
+    if (s != PP_OK) {
+        pp_trainer_free(t);
+        return s;
+    }
+    *out = t;
+    return PP_OK;
+}
+
+pp_status pp_trainer_backward(pp_trainer *t, pp_tensor *const *inputs, float loss_scale,
+                              float *loss) {
+    pp_graph *g = t->g;
+    int n = t->b->n_inputs_before;
+    for (int i = 0; i < n; i++) t->ins[i] = inputs[i];
+    pp_tensor *seed;
+    PP_TRY(pp_tensor_scalar_f32(loss_scale, &seed));
+    t->ins[n] = seed; /* the loss seed is the one input autodiff added */
+    pp_status s = pp_exec_run(t->ex, t->ins, t->outs);
+    pp_tensor_free(seed);
+    PP_TRY(s);
+    const pp_tensor *l = t->outs[t->loss_out];
+    if (pp_tensor_numel(l) != 1 || l->dtype != PP_F32)
+        s = pp_error(PP_ERR_INVALID, "loss '%s' is not a float32 scalar (%lld elements)",
+                     g->values[g->outputs[t->loss_out]].name, (long long)pp_tensor_numel(l));
+    if (s == PP_OK && loss) *loss = ((const float *)l->data)[0];
+    for (int i = 0; s == PP_OK && i < t->fp->n; i++)
+        s = pp_flat_params_accumulate(t->fp, i, t->outs[t->grad_out[i]]);
+    for (int i = 0; i < g->n_outputs; i++) {
+        pp_tensor_free(t->outs[i]);
+        t->outs[i] = NULL;
+    }
+    return s;
+}
+
+pp_flat_params *pp_trainer_params(pp_trainer *t) { return t->fp; }
+const pp_backward *pp_trainer_autodiff(const pp_trainer *t) { return t->b; }
+int pp_trainer_n_inputs(const pp_trainer *t) { return t->b->n_inputs_before; }
+
+pp_status pp_data_batch(const pp_tensor *data, int64_t step, int64_t batch, pp_tensor **out) {
+    if (data->ndim < 1 || data->shape[0] < 1)
+        return pp_error(PP_ERR_SHAPE, "training data needs at least one row along dim 0");
+    if (batch < 1) return pp_error(PP_ERR_INVALID, "batch size %lld", (long long)batch);
+    int64_t shape[PP_MAX_DIMS], rows = data->shape[0];
+    memcpy(shape, data->shape, sizeof(int64_t) * (size_t)data->ndim);
+    shape[0] = batch;
+    PP_TRY(pp_tensor_empty(data->dtype, data->ndim, shape, out));
+    size_t row_bytes = data->nbytes / (size_t)rows;
+    for (int64_t j = 0; j < batch && row_bytes; j++) {
+        int64_t r = ((step % rows) * (batch % rows) + j) % rows;
+        memcpy((char *)(*out)->data + (size_t)j * row_bytes,
+               (const char *)data->data + (size_t)r * row_bytes, row_bytes);
+    }
+    return PP_OK;
+}

@@ -1,0 +1,156 @@
+/* Flat parameter and gradient buffers: layout, views, lifetime,
+ * accumulation; microbatch accumulation equals the full-batch gradient. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pippin/microbatch.h"
+#include "test_util.h"
+
+/* A graph y = (x * a + b) @ c with three parameters of odd sizes. */
+static pp_graph *small_graph(int *ids) {
+    pp_graph *g;
+    TU_OK(pp_graph_new("t", &g));
+    int64_t sa[1] = {3}, sc[2] = {3, 5};
+    float va[3] = {1, 2, 3}, vb[1] = {-1}, vc[15];
+    for (int i = 0; i < 15; i++) vc[i] = (float)i * 0.5f;
+    int x;
+    TU_OK(pp_graph_add_input(g, "x", PP_F32, 2, (int64_t[]){-1, 3}, &x));
+    TU_OK(pp_graph_add_initializer(g, "a", PP_VALUE_PARAM, tu_f32(1, sa, va), &ids[0]));
+    TU_OK(pp_graph_add_initializer(g, "b", PP_VALUE_PARAM, tu_f32(0, NULL, vb), &ids[1]));
+    TU_OK(pp_graph_add_initializer(g, "c", PP_VALUE_PARAM, tu_f32(2, sc, vc), &ids[2]));
+    int n1, n2, n3;
+    TU_OK(pp_graph_add_node(g, "Mul", "", "mul", 2, (int[]){x, ids[0]}, 1, NULL, &n1));
+    TU_OK(pp_graph_add_node(g, "Add", "", "add", 2, (int[]){g->nodes[n1].out[0], ids[1]}, 1, NULL, &n2));
+    TU_OK(pp_graph_add_node(g, "MatMul", "", "mm", 2, (int[]){g->nodes[n2].out[0], ids[2]}, 1, NULL, &n3));
+    TU_OK(pp_graph_add_output(g, g->nodes[n3].out[0]));
+    return g;
+}
+
+static void test_layout_and_views(void **state) {
+    (void)state;
+    int ids[3];
+    pp_graph *g = small_graph(ids);
+    pp_flat_params *fp;
+    TU_OK(pp_flat_params_new(g, 3, ids, &fp));
+    assert_int_equal(fp->n, 3);
+    assert_int_equal(fp->offset[0], 0);
+    assert_int_equal(fp->offset[1], 16);
+    assert_int_equal(fp->offset[2], 32);
+    assert_int_equal(fp->total, 48);
+    assert_int_equal((uintptr_t)fp->data % 64, 0);
+    /* The graph's parameters are views into the flat buffer. */
+    for (int i = 0; i < 3; i++) assert_ptr_equal(g->values[ids[i]].data->data, fp->data + fp->offset[i]);
+    assert_true(fp->data[2] == 3.0f && fp->data[16] == -1.0f && fp->data[33] == 0.5f);
+    assert_int_equal(g->values[ids[2]].data->ndim, 2);
+    assert_int_equal(pp_flat_params_find(fp, "c"), 2);
+    assert_int_equal(pp_flat_params_find(fp, "zz"), -1);
+    /* Padding is zero. */
+    for (int64_t k = 3; k < 16; k++) assert_true(fp->data[k] == 0.0f && fp->grad[k] == 0.0f);
+    /* An update through the buffer is what the graph computes with. */
+    fp->data[fp->offset[1]] = 10.0f;
+    pp_tensor *x = tu_f32(2, (int64_t[]){1, 3}, (float[]){1, 1, 1}), *y = NULL;
+    TU_OK(pp_graph_run(g, &x, &y));
+    /* (1*[1,2,3] + 10) @ c, column 0 = 11*0 + 12*2.5 + 13*5 */
+    assert_float_equal(((float *)y->data)[0], 12 * 2.5f + 13 * 5.0f, 1e-4);
+    pp_tensor_free(x);
+    pp_tensor_free(y);
+    /* The graph outlives the flat buffers: views keep the memory. */
+    pp_tensor *gv;
+    TU_OK(pp_flat_params_grad_view(fp, 2, &gv));
+    assert_int_equal(gv->ndim, 2);
+    assert_int_equal(gv->shape[1], 5);
+    pp_flat_params_free(fp);
+    assert_true(((float *)g->values[ids[1]].data->data)[0] == 10.0f);
+    ((float *)gv->data)[0] = 1.0f;
+    pp_tensor_free(gv);
+    pp_graph_free(g);
+}
+
+static void test_accumulate_and_zero(void **state) {
+    (void)state;
+    int ids[3];
+    pp_graph *g = small_graph(ids);
+    pp_flat_params *fp;
+    TU_OK(pp_flat_params_new(g, 3, ids, &fp));
+    pp_graph_free(g); /* the other order: graph first */
+    pp_tensor *d = tu_f32(1, (int64_t[]){3}, (float[]){1, 2, 3});
+    TU_OK(pp_flat_params_accumulate(fp, 0, d));
+    TU_OK(pp_flat_params_accumulate(fp, 0, d));
+    assert_true(fp->grad[0] == 2.0f && fp->grad[2] == 6.0f);
+    pp_tensor *v;
+    TU_OK(pp_flat_params_grad_view(fp, 0, &v));
+    assert_true(((float *)v->data)[1] == 4.0f);
+    pp_flat_params_zero_grad(fp);
+    assert_true(((float *)v->data)[1] == 0.0f);
+    pp_tensor_free(v);
+    /* Wrong size and wrong index are errors naming the parameter. */
+    assert_int_equal(pp_flat_params_accumulate(fp, 2, d), PP_ERR_SHAPE);
+    assert_non_null(strstr(pp_last_error(), "'c'"));
+    assert_int_equal(pp_flat_params_accumulate(fp, 5, d), PP_ERR_INVALID);
+    TU_OK(pp_flat_params_set(fp, 0, d));
+    assert_true(fp->data[1] == 2.0f);
+    TU_OK(pp_flat_params_data_view(fp, 0, &v));
+    assert_true(((float *)v->data)[2] == 3.0f);
+    pp_tensor_free(v);
+    pp_tensor_free(d);
+    pp_flat_params_free(fp);
+}
+
+static void test_not_a_parameter(void **state) {
+    (void)state;
+    int ids[3];
+    pp_graph *g = small_graph(ids);
+    int x = pp_graph_find_value(g, "x");
+    pp_flat_params *fp = NULL;
+    assert_int_equal(pp_flat_params_new(g, 1, &x, &fp), PP_ERR_INVALID);
+    assert_null(fp);
+    assert_non_null(strstr(pp_last_error(), "'x'"));
+    pp_graph_free(g);
+}
+
+/* Gradients of two half batches seeded with 1/2 add up to the gradient of
+ * the whole batch (MLP fixture, batch 4). */
+static void test_microbatch_accumulation(void **state) {
+    (void)state;
+    pp_graph *g;
+    TU_OK(pp_onnx_load(tu_src_path("test/fixtures/mlp/model.onnx"), &g));
+    pp_trainer *t;
+    TU_OK(pp_trainer_new(g, NULL, &t));
+    pp_flat_params *fp = pp_trainer_params(t);
+    pp_tensor *x, *y;
+    TU_OK(pp_npy_load(tu_src_path("test/fixtures/mlp/x.npy"), &x));
+    TU_OK(pp_npy_load(tu_src_path("test/fixtures/mlp/y.npy"), &y));
+    float loss;
+    TU_OK(pp_trainer_backward(t, (pp_tensor *[]){x, y}, 1.0f, &loss));
+    float *whole = malloc(sizeof(float) * (size_t)fp->total);
+    memcpy(whole, fp->grad, sizeof(float) * (size_t)fp->total);
+    pp_flat_params_zero_grad(fp);
+    pp_tensor *xc[2], *yc[2];
+    TU_OK(pp_microbatch_split(x, 2, "x", xc));
+    TU_OK(pp_microbatch_split(y, 2, "y", yc));
+    float l0, l1;
+    TU_OK(pp_trainer_backward(t, (pp_tensor *[]){xc[0], yc[0]}, 0.5f, &l0));
+    TU_OK(pp_trainer_backward(t, (pp_tensor *[]){xc[1], yc[1]}, 0.5f, &l1));
+    assert_float_equal((l0 + l1) / 2, loss, 1e-6);
+    for (int64_t k = 0; k < fp->total; k++) assert_float_equal(fp->grad[k], whole[k], 1e-6);
+    for (int i = 0; i < 2; i++) {
+        pp_tensor_free(xc[i]);
+        pp_tensor_free(yc[i]);
+    }
+    free(whole);
+    pp_tensor_free(x);
+    pp_tensor_free(y);
+    pp_trainer_free(t);
+    pp_graph_free(g);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_layout_and_views),
+        cmocka_unit_test(test_accumulate_and_zero),
+        cmocka_unit_test(test_not_a_parameter),
+        cmocka_unit_test(test_microbatch_accumulation),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

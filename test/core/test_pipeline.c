@@ -1,0 +1,371 @@
+/* The partitioner, stage objects and the local pipeline runner against the
+ * unsplit graph and PyTorch's references (test/fixtures). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pippin/pipe.h"
+#include "pippin/runner.h"
+#include "test_util.h"
+
+typedef struct {
+    const char *name;
+    int n_inputs;
+    const char *inputs[2];
+} fixture;
+
+static const fixture fixtures[] = {
+    {"mlp", 2, {"x", "y"}},
+    {"skip", 2, {"x", "y"}},
+    {"gpt", 2, {"idx", "targets"}},
+};
+
+static pp_graph *load_model(const char *fx, const char *file) {
+    char rel[256];
+    snprintf(rel, sizeof rel, "test/fixtures/%s/%s", fx, file);
+    pp_graph *g;
+    TU_OK(pp_onnx_load(tu_src_path(rel), &g));
+    return g;
+}
+
+static pp_tensor *load_npy(const char *fx, const char *file) {
+    char rel[512];
+    snprintf(rel, sizeof rel, "test/fixtures/%s/%s", fx, file);
+    pp_tensor *t;
+    TU_OK(pp_npy_load(tu_src_path(rel), &t));
+    return t;
+}
+
+static pp_pipe *split_model(const char *fx, const char *file, const pp_split_spec *spec) {
+    pp_graph *g = load_model(fx, file);
+    pp_pipe *p;
+    TU_OK(pp_pipe_split(g, spec, &p));
+    pp_graph_free(g);
+    return p;
+}
+
+/* ---- partitioning ---- */
+
+static void test_split_markers(void **state) {
+    (void)state;
+    pp_pipe *p = split_model("mlp", "model.onnx", NULL);
+    assert_int_equal(p->n_stages, 3);
+    assert_string_equal(p->loss, "loss");
+    assert_int_equal(p->loss_stage, 2);
+    /* y goes straight to the loss stage, from the data loader */
+    int y = pp_pipe_find_edge(p, "y");
+    assert_true(y >= 0);
+    assert_int_equal(p->edges[y].producer, -1);
+    assert_int_equal(p->edges[y].n_consumers, 1);
+    assert_int_equal(p->edges[y].consumers[0], 2);
+    /* no PipeSplit node survives in a stage */
+    for (int s = 0; s < p->n_stages; s++)
+        for (int i = 0; i < p->stages[s]->n_nodes; i++)
+            assert_string_not_equal(p->stages[s]->nodes[i].op_type, "PipeSplit");
+    pp_pipe_free(p);
+}
+
+static void test_skip_connection_goes_direct(void **state) {
+    (void)state;
+    pp_pipe *p = split_model("skip", "model.onnx", NULL);
+    assert_int_equal(p->n_stages, 4);
+    int e = pp_pipe_find_edge(p, "/Relu_output_0");
+    assert_true(e >= 0);
+    assert_int_equal(p->edges[e].producer, 0);
+    assert_int_equal(p->edges[e].n_consumers, 2);
+    assert_int_equal(p->edges[e].consumers[0], 1);
+    assert_int_equal(p->edges[e].consumers[1], 3);
+    /* stage 2 neither receives nor forwards it */
+    const pp_graph *s2 = p->stages[2];
+    assert_int_equal(pp_graph_find_value(s2, "/Relu_output_0"), -1);
+    pp_pipe_free(p);
+}
+
+static void test_tied_embedding_replicated(void **state) {
+    (void)state;
+    pp_pipe *p = split_model("gpt", "model.onnx", NULL);
+    assert_int_equal(p->n_stages, 4);
+    int found = 0;
+    for (int i = 0; i < p->n_shared; i++)
+        if (strcmp(p->shared[i].name, "tok_emb.weight") == 0) {
+            found = 1;
+            assert_int_equal(p->shared[i].n_stages, 2);
+            assert_int_equal(p->shared[i].stages[0], 0);
+            assert_int_equal(p->shared[i].stages[1], 3);
+        }
+    assert_true(found);
+    /* each replica is its own copy */
+    int v0 = pp_graph_find_value(p->stages[0], "tok_emb.weight");
+    int v3 = pp_graph_find_value(p->stages[3], "tok_emb.weight");
+    assert_ptr_not_equal(p->stages[0]->values[v0].data->data, p->stages[3]->values[v3].data->data);
+    /* constants used by later stages are copied, never sent */
+    for (int e = 0; e < p->n_edges; e++) {
+        int v = pp_graph_find_value(p->stages[p->edges[e].consumers[0]], p->edges[e].value);
+        assert_true(v >= 0);
+        assert_int_equal(p->stages[p->edges[e].consumers[0]]->values[v].kind, PP_VALUE_INPUT);
+    }
+    pp_pipe_free(p);
+}
+
+static void test_transmit_shared(void **state) {
+    (void)state;
+    pp_split_spec spec = {0};
+    spec.transmit_shared = 1;
+    pp_pipe *p = split_model("gpt", "model.onnx", &spec);
+    assert_int_equal(p->n_shared, 0);
+    int e = pp_pipe_find_edge(p, "tok_emb.weight");
+    assert_true(e >= 0);
+    assert_int_equal(p->edges[e].producer, 0);
+    assert_int_equal(p->edges[e].consumers[0], 3);
+    pp_pipe_free(p);
+}
+
+static void test_split_spec_matches_markers(void **state) {
+    (void)state;
+    const char *before[] = {"/blocks.1/", "/blocks.2/", "/blocks.3/"};
+    pp_split_spec spec = {3, before, 0, NULL, 0, 0};
+    pp_pipe *a = split_model("gpt", "model_nosplit.onnx", &spec);
+    pp_pipe *b = split_model("gpt", "model.onnx", NULL);
+    assert_int_equal(a->n_stages, b->n_stages);
+    for (int s = 0; s < a->n_stages; s++) {
+        int na = 0, nb = 0;
+        for (int i = 0; i < a->stages[s]->n_nodes; i++) na += strcmp(a->stages[s]->nodes[i].op_type, "Constant") != 0;
+        for (int i = 0; i < b->stages[s]->n_nodes; i++) nb += strcmp(b->stages[s]->nodes[i].op_type, "Constant") != 0;
+        assert_int_equal(na, nb);
+    }
+    pp_pipe_free(a);
+    pp_pipe_free(b);
+    /* --split-after gives the same cuts */
+    const char *after[] = {"/blocks.0/", "/blocks.1/", "/blocks.2/"};
+    pp_split_spec spec2 = {0, NULL, 3, after, 0, 0};
+    pp_pipe *c = split_model("gpt", "model_nosplit.onnx", &spec2);
+    assert_int_equal(c->n_stages, 4);
+    pp_pipe_free(c);
+}
+
+static void test_split_errors(void **state) {
+    (void)state;
+    pp_graph *g = load_model("mlp", "model_nosplit.onnx");
+    pp_pipe *p = NULL;
+    const char *nomatch[] = {"/nope/"};
+    pp_split_spec s1 = {1, nomatch, 0, NULL, 0, 0};
+    assert_int_equal(pp_pipe_split(g, &s1, &p), PP_ERR_NOT_FOUND);
+    assert_non_null(strstr(pp_last_error(), "/nope/"));
+    const char *first[] = {"/fc1/"};
+    pp_split_spec s2 = {1, first, 0, NULL, 0, 0};
+    assert_int_equal(pp_pipe_split(g, &s2, &p), PP_ERR_INVALID);
+    assert_non_null(strstr(pp_last_error(), "/fc1/"));
+    assert_non_null(strstr(pp_last_error(), "empty"));
+    const char *last[] = {"/SoftmaxCrossEntropyLoss"};
+    pp_split_spec s3 = {0, NULL, 1, last, 0, 0};
+    assert_int_equal(pp_pipe_split(g, &s3, &p), PP_ERR_INVALID);
+    assert_non_null(strstr(pp_last_error(), "last stage empty"));
+    /* the same cut twice collapses into one */
+    const char *twice[] = {"/fc2/", "/fc2/"};
+    pp_split_spec s4 = {2, twice, 0, NULL, 0, 0};
+    TU_OK(pp_pipe_split(g, &s4, &p));
+    assert_int_equal(p->n_stages, 2);
+    pp_pipe_free(p);
+    assert_null(NULL);
+    pp_graph_free(g);
+}
+
+static void test_pipe_files_round_trip(void **state) {
+    (void)state;
+    pp_pipe *p = split_model("gpt", "model.onnx", NULL);
+    const char *dims[] = {"seq=16"};
+    TU_OK(pp_pipe_probe_shapes(p, 1, dims));
+    char dir[] = "/tmp/pippin-pipe-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    TU_OK(pp_pipe_save(p, dir));
+    pp_pipe *q;
+    TU_OK(pp_pipe_load(dir, &q));
+    assert_int_equal(q->n_stages, p->n_stages);
+    assert_int_equal(q->n_edges, p->n_edges);
+    assert_int_equal(q->n_shared, 1);
+    int e = -1;
+    for (int k = 0; k < q->n_edges; k++)
+        if (q->edges[k].producer == 0 && q->edges[k].dtype == PP_F32) e = k;
+    assert_true(e >= 0);
+    assert_int_equal(q->edges[e].ndim, 3);
+    assert_string_equal(q->edges[e].dims[0], "batch");
+    assert_string_equal(q->edges[e].dims[1], "seq");
+    assert_string_equal(q->edges[e].dims[2], "32");
+    assert_int_equal(q->edges[e].bytes_per_sample, 16 * 32 * 4);
+    assert_string_equal(q->loss, "loss");
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+    pp_pipe_free(p);
+    pp_pipe_free(q);
+}
+
+/* ---- running ---- */
+
+/* Runs the unsplit graph (markers as identities). */
+static void run_unsplit(const char *fx, pp_tensor **outs) {
+    pp_graph *g = load_model(fx, "model.onnx");
+    const fixture *f = NULL;
+    for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++)
+        if (strcmp(fixtures[i].name, fx) == 0) f = &fixtures[i];
+    pp_tensor *ins[2];
+    for (int i = 0; i < g->n_inputs; i++) {
+        char file[128];
+        snprintf(file, sizeof file, "%s.npy", g->values[g->inputs[i]].name);
+        ins[i] = load_npy(fx, file);
+    }
+    (void)f;
+    TU_OK(pp_graph_run(g, ins, outs));
+    for (int i = 0; i < g->n_inputs; i++) pp_tensor_free(ins[i]);
+    pp_graph_free(g);
+}
+
+static void run_pipeline(const fixture *f, int training, int m, const pp_schedule *sched, pp_runner **r_out,
+                         pp_pipe **p_out, pp_tensor **outs) {
+    pp_pipe *p = split_model(f->name, "model.onnx", NULL);
+    pp_runner *r;
+    TU_OK(pp_runner_new(p, training, &r));
+    pp_tensor *ins[2];
+    for (int i = 0; i < f->n_inputs; i++) {
+        char file[128];
+        snprintf(file, sizeof file, "%s.npy", f->inputs[i]);
+        ins[i] = load_npy(f->name, file);
+    }
+    TU_OK(pp_runner_step(r, m, sched, f->n_inputs, f->inputs, ins, outs));
+    for (int i = 0; i < f->n_inputs; i++) pp_tensor_free(ins[i]);
+    *r_out = r;
+    *p_out = p;
+}
+
+static void test_inference_matches_unsplit(void **state) {
+    (void)state;
+    for (size_t k = 0; k < sizeof fixtures / sizeof fixtures[0]; k++) {
+        const fixture *f = &fixtures[k];
+        pp_tensor *want[2] = {0};
+        run_unsplit(f->name, want);
+        for (int m = 1; m <= 2; m++) {
+            pp_runner *r;
+            pp_pipe *p;
+            pp_tensor *got[2] = {0};
+            run_pipeline(f, 0, m, NULL, &r, &p, got);
+            for (int o = 0; o < pp_runner_n_outputs(r); o++) {
+                char what[128];
+                snprintf(what, sizeof what, "%s m=%d output %s", f->name, m, pp_runner_output_name(r, o));
+                tu_assert_close(got[o], want[o], 1e-5, 1e-6, what);
+                pp_tensor_free(got[o]);
+            }
+            pp_runner_free(r);
+            pp_pipe_free(p);
+        }
+        pp_tensor_free(want[0]);
+        pp_tensor_free(want[1]);
+    }
+}
+
+static void test_too_few_samples(void **state) {
+    (void)state;
+    pp_runner *r;
+    pp_pipe *p = split_model("mlp", "model.onnx", NULL);
+    TU_OK(pp_runner_new(p, 0, &r));
+    pp_tensor *ins[2] = {load_npy("mlp", "x.npy"), load_npy("mlp", "y.npy")};
+    const char *names[] = {"x", "y"};
+    assert_int_equal(pp_runner_step(r, 5, NULL, 2, names, ins, NULL), PP_ERR_SHAPE);
+    assert_non_null(strstr(pp_last_error(), "too few"));
+    pp_tensor_free(ins[0]);
+    pp_tensor_free(ins[1]);
+    pp_runner_free(r);
+    pp_pipe_free(p);
+}
+
+static pp_schedule *make_schedule(pp_sched_kind kind, int ranks, int m, int spr) {
+    pp_sched_params sp = {0};
+    sp.kind = kind;
+    sp.nranks = ranks;
+    sp.nmb = m;
+    sp.stages_per_rank = spr;
+    pp_schedule *s;
+    TU_OK(pp_schedule_generate(&sp, &s));
+    return s;
+}
+
+/* Training through the pipe under several schedules: loss and every
+ * parameter gradient match PyTorch. */
+static void check_training(const fixture *f, int m, const pp_schedule *sched, const char *label) {
+    pp_runner *r;
+    pp_pipe *p;
+    pp_tensor *outs[2] = {0};
+    run_pipeline(f, 1, m, sched, &r, &p, outs);
+    int lo = pp_runner_loss_output(r);
+    assert_true(lo >= 0);
+    pp_tensor *want = load_npy(f->name, "out_loss.npy");
+    char what[256];
+    snprintf(what, sizeof what, "%s %s m=%d loss", f->name, label, m);
+    tu_assert_close(outs[lo], want, 1e-5, 1e-6, what);
+    pp_tensor_free(want);
+    int checked = 0;
+    for (int s = 0; s < pp_runner_n_stages(r); s++) {
+        pp_stage *st = pp_runner_stage(r, s);
+        for (int i = 0; i < pp_stage_n_params(st); i++) {
+            const char *name = pp_stage_param_name(st, i);
+            char file[256];
+            snprintf(file, sizeof file, "grad_%s.npy", name);
+            pp_tensor *ref = load_npy(f->name, file), *got;
+            TU_OK(pp_runner_param_grad(r, name, &got));
+            snprintf(what, sizeof what, "%s %s m=%d grad %s (stage %d)", f->name, label, m, name, s);
+            tu_assert_close(got, ref, 1e-4, 1e-6, what);
+            pp_tensor_free(ref);
+            pp_tensor_free(got);
+            checked++;
+        }
+    }
+    assert_true(checked > 0);
+    for (int o = 0; o < pp_runner_n_outputs(r); o++) pp_tensor_free(outs[o]);
+    pp_runner_free(r);
+    pp_pipe_free(p);
+}
+
+static void test_training_gpipe_1f1b_zb(void **state) {
+    (void)state;
+    for (size_t k = 0; k < sizeof fixtures / sizeof fixtures[0]; k++) {
+        const fixture *f = &fixtures[k];
+        pp_pipe *p = split_model(f->name, "model.onnx", NULL);
+        int S = p->n_stages;
+        pp_pipe_free(p);
+        check_training(f, 1, NULL, "gpipe");
+        check_training(f, 2, NULL, "gpipe");
+        pp_schedule *s1 = make_schedule(PP_SCHED_1F1B, S, 2, 1);
+        check_training(f, 2, s1, "1f1b");
+        pp_schedule_free(s1);
+        pp_schedule *zb = make_schedule(PP_SCHED_ZB_H1, S, 2, 1);
+        check_training(f, 2, zb, "zb-h1 (F/I/W)");
+        pp_schedule_free(zb);
+    }
+}
+
+static void test_interleaved_and_v(void **state) {
+    (void)state;
+    const fixture *f = &fixtures[2]; /* gpt: 4 stages on 2 ranks */
+    pp_schedule *s = make_schedule(PP_SCHED_INTERLEAVED_1F1B, 2, 2, 2);
+    check_training(f, 2, s, "interleaved-1f1b");
+    pp_schedule_free(s);
+    s = make_schedule(PP_SCHED_ZBV, 2, 2, 2);
+    check_training(f, 2, s, "zbv");
+    pp_schedule_free(s);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_split_markers),
+        cmocka_unit_test(test_skip_connection_goes_direct),
+        cmocka_unit_test(test_tied_embedding_replicated),
+        cmocka_unit_test(test_transmit_shared),
+        cmocka_unit_test(test_split_spec_matches_markers),
+        cmocka_unit_test(test_split_errors),
+        cmocka_unit_test(test_pipe_files_round_trip),
+        cmocka_unit_test(test_inference_matches_unsplit),
+        cmocka_unit_test(test_too_few_samples),
+        cmocka_unit_test(test_training_gpipe_1f1b_zb),
+        cmocka_unit_test(test_interleaved_and_v),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
