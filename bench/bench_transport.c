@@ -8,7 +8,7 @@
  * would have. Each figure is the best of a few repetitions, alternating
  * pippin and raw so both see the same machine.
  *
- *   pippin-bench-transport [--json] [--reps N] [--quick]
+ *   pippin-bench-transport [--json] [--reps N] [--quick] [--endpoint E] [--size BYTES]
  *
  * --json prints one object per line:
  *   {"endpoint": "tcp", "bytes": N, "pippin_gbps": x, "raw_gbps": y, "ratio": r}
@@ -31,6 +31,8 @@
 static int json;
 static int reps = 3;
 static int quick;
+static const char *only_endpoint; /* --endpoint: run just this one (tcp, ipc, tcp+curve, latency) */
+static size_t only_size;          /* --size: just this many bytes */
 static char ipc_dir[256];
 
 static double now_s(void) {
@@ -360,12 +362,14 @@ static void report(const char *endpoint, size_t bytes, double pip, double raw, d
 
 static void throughput_suite(const char *endpoint, const char *kind, int curve, const size_t *sizes,
                              int nsizes) {
+    if (only_endpoint && strcmp(only_endpoint, endpoint) != 0) return;
     pip_pair pp;
     raw_pair rp;
     pip_open(&pp, kind, curve);
     raw_open(&rp, kind, curve);
     for (int s = 0; s < nsizes; s++) {
         size_t bytes = sizes[s];
+        if (only_size && bytes != only_size) continue;
         int n = count_for(bytes);
         pip_throughput(&pp, bytes, n < 20 ? 1 : n / 20); /* warm up */
         raw_throughput(&rp, bytes, n < 20 ? 1 : n / 20);
@@ -387,8 +391,11 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--json")) json = 1;
         else if (!strcmp(argv[i], "--quick")) quick = 1, reps = 1;
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--endpoint") && i + 1 < argc) only_endpoint = argv[++i];
+        else if (!strcmp(argv[i], "--size") && i + 1 < argc) only_size = (size_t)atoll(argv[++i]);
         else {
-            fprintf(stderr, "usage: pippin-bench-transport [--json] [--reps N] [--quick]\n");
+            fprintf(stderr, "usage: pippin-bench-transport [--json] [--reps N] [--quick] "
+                            "[--endpoint tcp|ipc|tcp+curve|latency] [--size BYTES]\n");
             return 2;
         }
     }
@@ -410,7 +417,7 @@ int main(int argc, char **argv) {
 
     const char *kinds[2] = {"tcp", "ipc"};
     int n = quick ? 2000 : 10000;
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 2 && (!only_endpoint || !strcmp(only_endpoint, "latency")); k++) {
         double best_pip = 1e9, best_raw = 1e9;
         for (int r = 0; r < reps; r++) {
             double a = pip_latency_us(kinds[k], n), b = raw_latency_us(kinds[k], n);

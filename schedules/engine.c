@@ -19,16 +19,24 @@ enum { WAIT_NONE = 0, WAIT_TF, WAIT_TI, WAIT_TSF, WAIT_TSB };
 
 #define IS_COMPUTE(k) ((k) == PP_ACT_F || (k) == PP_ACT_I || (k) == PP_ACT_W || (k) == PP_ACT_B)
 
+/* End times of F and of I (or B) for one (stage, microbatch), side by
+ * side: the engine mostly reads one right after the other. */
+typedef struct tpair {
+    double f, i;
+} tpair;
+
 typedef struct eng {
     const pp_schedule *s;
     const pp_cost_model *c;
     pp_trace *trace;
     int p, S, m;
     int lowered;
-    double *tF, *tI;   /* [S*m] end of F / of I or B; -1 before */
+    tpair *t;          /* [S*m] end of F and of I or B; -1 before */
     double *tSF, *tSB; /* [S*m] arrival of SEND_F(s) at s+1 / SEND_B(s) at s-1 */
     uint8_t *rflag;    /* [S*m] RECV_F / RECV_B done at (s, mb) */
     double *xfer;      /* [S] edge s -> s+1 transfer time, 0 on one rank */
+    double *cf, *ci, *cw, *cst, *cwst; /* [S] costs and stash bytes */
+    int fast;          /* compute-only, checked, no trace: fast_run applies */
     size_t *pc;
     double *clock, *busy, *first, *last, *bytes, *peak_bytes;
     int *act, *wpend, *peak_act, *peak_wpend;
@@ -41,23 +49,18 @@ typedef struct eng {
 } eng;
 
 static double cost_of(const eng *e, int kind, int s) {
-    if (!e->c) return kind == PP_ACT_B ? 2.0 : 1.0;
     switch (kind) {
-    case PP_ACT_F: return e->c->f[s];
-    case PP_ACT_I: return e->c->i[s];
-    case PP_ACT_W: return e->c->w[s];
-    case PP_ACT_B: return e->c->i[s] + e->c->w[s];
+    case PP_ACT_F: return e->cf[s];
+    case PP_ACT_I: return e->ci[s];
+    case PP_ACT_W: return e->cw[s];
+    case PP_ACT_B: return e->ci[s] + e->cw[s];
     default: return 0.0;
     }
 }
 
-static double stash_of(const eng *e, int s) {
-    return e->c && e->c->stash_bytes ? e->c->stash_bytes[s] : 0.0;
-}
+static double stash_of(const eng *e, int s) { return e->cst[s]; }
 
-static double wstash_of(const eng *e, int s) {
-    return e->c && e->c->wstash_bytes ? e->c->wstash_bytes[s] : 0.0;
-}
+static double wstash_of(const eng *e, int s) { return e->cwst[s]; }
 
 static void wake(eng *e, int rank) {
     if (rank < 0 || e->queued[rank]) return;
@@ -124,7 +127,7 @@ static int readiness(eng *e, int rank, const pp_action *x, const pp_action *top,
     case PP_ACT_F:
         if (s == 0) return 1;
         if (sr[s - 1] == rank || !e->lowered) {
-            double t = e->tF[id - (size_t)e->m];
+            double t = e->t[id - (size_t)e->m].f;
             if (t < 0) return wait_for(e, rank, WAIT_TF, id - (size_t)e->m);
             *ready = t + (sr[s - 1] == rank ? 0.0 : e->xfer[s - 1]);
             return 1;
@@ -135,11 +138,11 @@ static int readiness(eng *e, int rank, const pp_action *x, const pp_action *top,
         return 1;
     case PP_ACT_I:
     case PP_ACT_B:
-        if (e->tF[id] < 0) return wait_for(e, rank, WAIT_TF, id);
-        *ready = e->tF[id];
+        if (e->t[id].f < 0) return wait_for(e, rank, WAIT_TF, id);
+        *ready = e->t[id].f;
         if (s == e->S - 1) return 1;
         if (sr[s + 1] == rank || !e->lowered) {
-            double t = e->tI[id + (size_t)e->m];
+            double t = e->t[id + (size_t)e->m].i;
             if (t < 0) return wait_for(e, rank, WAIT_TI, id + (size_t)e->m);
             t += sr[s + 1] == rank ? 0.0 : e->xfer[s];
             if (t > *ready) *ready = t;
@@ -150,17 +153,17 @@ static int readiness(eng *e, int rank, const pp_action *x, const pp_action *top,
                          "output gradient from another rank was never received (no RECV_B before it)");
         return 1;
     case PP_ACT_W:
-        if (e->tI[id] < 0) return wait_for(e, rank, WAIT_TI, id);
-        *ready = e->tI[id];
+        if (e->t[id].i < 0) return wait_for(e, rank, WAIT_TI, id);
+        *ready = e->t[id].i;
         return 1;
     case PP_ACT_SEND_F:
         if (s == e->S - 1)
             return where(e, rank, top, PP_ERR_INVALID, "SEND_F from the last stage");
-        if (e->tF[id] < 0) return wait_for(e, rank, WAIT_TF, id);
+        if (e->t[id].f < 0) return wait_for(e, rank, WAIT_TF, id);
         return 1;
     case PP_ACT_SEND_B:
         if (s == 0) return where(e, rank, top, PP_ERR_INVALID, "SEND_B from stage 0");
-        if (e->tI[id] < 0) return wait_for(e, rank, WAIT_TI, id);
+        if (e->t[id].i < 0) return wait_for(e, rank, WAIT_TI, id);
         return 1;
     case PP_ACT_RECV_F:
         if (s == 0) return where(e, rank, top, PP_ERR_INVALID, "RECV_F at stage 0");
@@ -195,7 +198,7 @@ static pp_status commit(eng *e, int rank, const pp_action *x, double start, doub
         if (++e->act[rank] > e->peak_act[rank]) e->peak_act[rank] = e->act[rank];
         e->bytes[rank] += stash_of(e, s);
         if (e->bytes[rank] > e->peak_bytes[rank]) e->peak_bytes[rank] = e->bytes[rank];
-        e->tF[id] = t1;
+        e->t[id].f = t1;
         if (s + 1 < e->S && sr[s + 1] != rank && !e->lowered) {
             if (e->trace && e->xfer[s] > 0)
                 PP_TRY(trace_add(e, rank, PP_ACT_SEND_F, PP_LANE_COMM, s, x->mb, -1, -1, t1,
@@ -212,7 +215,7 @@ static pp_status commit(eng *e, int rank, const pp_action *x, double start, doub
             e->bytes[rank] += wstash_of(e, s);
             if (e->bytes[rank] > e->peak_bytes[rank]) e->peak_bytes[rank] = e->bytes[rank];
         }
-        e->tI[id] = t1;
+        e->t[id].i = t1;
         if (s > 0 && sr[s - 1] != rank && !e->lowered) {
             if (e->trace && e->xfer[s - 1] > 0)
                 PP_TRY(trace_add(e, rank, PP_ACT_SEND_B, PP_LANE_COMM, s, x->mb, -1, -1, t1,
@@ -251,11 +254,114 @@ static pp_status commit(eng *e, int rank, const pp_action *x, double start, doub
     return PP_OK;
 }
 
+/* The common case, inlined: plain F/I/W/B of a checked compute-only
+ * schedule, per-rank state in registers. Returns 1 when the next action
+ * needs the general path, 0 when the rank finished or waits. */
+static int fast_run(eng *e, int rank) {
+    const pp_action *list = e->s->acts[rank];
+    const int *sr = e->s->stage_rank;
+    const size_t m = (size_t)e->m, len = e->s->len[rank];
+    const int S = e->S;
+    tpair *t = e->t;
+    size_t pc = e->pc[rank];
+    double clock = e->clock[rank], busy = e->busy[rank], first = e->first[rank];
+    double bytes = e->bytes[rank], pbytes = e->peak_bytes[rank];
+    int act = e->act[rank], wp = e->wpend[rank], pact = e->peak_act[rank];
+    int pwp = e->peak_wpend[rank], slow = 0;
+    while (pc < len) {
+        const pp_action *a = &list[pc];
+        int k = a->kind;
+        if (k == PP_ACT_IDLE) {
+            pc++;
+            continue;
+        }
+        if (k < PP_ACT_F || k > PP_ACT_B) {
+            slow = 1;
+            break;
+        }
+        int st = a->stage;
+        size_t id = (size_t)st * m + (size_t)a->mb;
+        double ready = 0, start, end;
+        if (k == PP_ACT_F) {
+            if (st > 0) {
+                double tp = t[id - m].f;
+                if (tp < 0) {
+                    wait_for(e, rank, WAIT_TF, id - m);
+                    break;
+                }
+                ready = tp + e->xfer[st - 1];
+            }
+            start = ready > clock ? ready : clock;
+            end = start + e->cf[st];
+            if (++act > pact) pact = act;
+            bytes += e->cst[st];
+            if (bytes > pbytes) pbytes = bytes;
+            t[id].f = end;
+            if (st + 1 < S && sr[st + 1] != rank) wake_on(e, sr[st + 1], WAIT_TF, id);
+        } else if (k != PP_ACT_W) {
+            ready = t[id].f;
+            if (ready < 0) {
+                wait_for(e, rank, WAIT_TF, id);
+                break;
+            }
+            if (st + 1 < S) {
+                double tn = t[id + m].i;
+                if (tn < 0) {
+                    wait_for(e, rank, WAIT_TI, id + m);
+                    break;
+                }
+                tn += e->xfer[st];
+                if (tn > ready) ready = tn;
+            }
+            start = ready > clock ? ready : clock;
+            end = start + e->ci[st];
+            act--;
+            bytes -= e->cst[st];
+            if (k == PP_ACT_I) {
+                if (++wp > pwp) pwp = wp;
+                bytes += e->cwst[st];
+                if (bytes > pbytes) pbytes = bytes;
+            } else {
+                end += e->cw[st];
+            }
+            t[id].i = end;
+            if (st > 0 && sr[st - 1] != rank) wake_on(e, sr[st - 1], WAIT_TI, id);
+        } else {
+            ready = t[id].i;
+            if (ready < 0) {
+                wait_for(e, rank, WAIT_TI, id);
+                break;
+            }
+            start = ready > clock ? ready : clock;
+            end = start + e->cw[st];
+            wp--;
+            bytes -= e->cwst[st];
+        }
+        busy += end - start;
+        if (first < 0) first = start;
+        clock = end;
+        pc++;
+    }
+    e->pc[rank] = pc;
+    e->clock[rank] = clock;
+    e->busy[rank] = busy;
+    e->first[rank] = first;
+    if (clock > e->last[rank]) e->last[rank] = clock;
+    e->bytes[rank] = bytes;
+    e->peak_bytes[rank] = pbytes;
+    e->act[rank] = act;
+    e->wpend[rank] = wp;
+    e->peak_act[rank] = pact;
+    e->peak_wpend[rank] = pwp;
+    return slow;
+}
+
 /* Runs rank until it waits or finishes. */
 static pp_status run_rank(eng *e, int rank) {
     const pp_schedule *s = e->s;
     const pp_action *list = s->acts[rank];
     while (e->pc[rank] < s->len[rank]) {
+        if (e->fast && !fast_run(e, rank)) return PP_OK;
         const pp_action *a = &list[e->pc[rank]];
         if (a->kind == PP_ACT_IDLE) {
             e->pc[rank]++;
@@ -328,7 +434,7 @@ static void describe_wait(const eng *e, int rank, const pp_action *a, char *out,
     case PP_ACT_I:
     case PP_ACT_B: {
         size_t id = (size_t)s * (size_t)e->m + (size_t)x->mb;
-        if (e->tF[id] < 0)
+        if (e->t[id].f < 0)
             need = pp_act(PP_ACT_F, s, x->mb);
         else
             need = pp_act(PP_ACT_I, s + 1, x->mb); /* or B */
@@ -380,12 +486,16 @@ static double *times_array(size_t n, int *oom) {
 }
 
 static void eng_free(eng *e) {
-    free(e->tF);
-    free(e->tI);
+    free(e->t);
     free(e->tSF);
     free(e->tSB);
     free(e->rflag);
     free(e->xfer);
+    free(e->cf);
+    free(e->ci);
+    free(e->cw);
+    free(e->cst);
+    free(e->cwst);
     free(e->pc);
     free(e->clock);
     free(e->busy);
@@ -423,14 +533,20 @@ pp_status pp_sched_run(const pp_schedule *s, const pp_cost_model *costs, pp_trac
     e.checked = checked;
     size_t n = (size_t)e.S * (size_t)e.m, p = (size_t)e.p;
     int oom = 0;
-    e.tF = times_array(n, &oom);
-    e.tI = times_array(n, &oom);
+    e.t = malloc((n ? n : 1) * sizeof *e.t);
+    if (!e.t) oom = 1;
+    for (size_t k = 0; e.t && k < n; k++) e.t[k].f = e.t[k].i = -1.0;
     if (e.lowered) {
         e.tSF = times_array(n, &oom);
         e.tSB = times_array(n, &oom);
         e.rflag = xcalloc(n, 1, &oom);
     }
     e.xfer = xcalloc((size_t)e.S, sizeof *e.xfer, &oom);
+    e.cf = xcalloc((size_t)e.S, sizeof(double), &oom);
+    e.ci = xcalloc((size_t)e.S, sizeof(double), &oom);
+    e.cw = xcalloc((size_t)e.S, sizeof(double), &oom);
+    e.cst = xcalloc((size_t)e.S, sizeof(double), &oom);
+    e.cwst = xcalloc((size_t)e.S, sizeof(double), &oom);
     e.pc = xcalloc(p, sizeof *e.pc, &oom);
     e.clock = xcalloc(p, sizeof(double), &oom);
     e.busy = xcalloc(p, sizeof(double), &oom);
@@ -454,6 +570,14 @@ pp_status pp_sched_run(const pp_schedule *s, const pp_cost_model *costs, pp_trac
     for (int st = 0; st + 1 < e.S; st++)
         if (s->stage_rank[st] != s->stage_rank[st + 1])
             e.xfer[st] = costs ? pp_cost_model_xfer(costs, st) : 0.0;
+    for (int st = 0; st < e.S; st++) {
+        e.cf[st] = costs ? costs->f[st] : 1.0;
+        e.ci[st] = costs ? costs->i[st] : 1.0;
+        e.cw[st] = costs ? costs->w[st] : 1.0;
+        e.cst[st] = costs && costs->stash_bytes ? costs->stash_bytes[st] : 0.0;
+        e.cwst[st] = costs && costs->wstash_bytes ? costs->wstash_bytes[st] : 0.0;
+    }
+    e.fast = !e.lowered && !trace && checked;
     for (int r = e.p - 1; r >= 0; r--) {
         e.first[r] = -1.0;
         wake(&e, r);

@@ -138,6 +138,36 @@ static char *dim_expr(const symbols *sy, int64_t base_val, const int64_t *alt_va
     return strdup(buf);
 }
 
+/* Copies each edge's type onto the stage graphs' inputs and outputs, so
+ * stage files declare them (symbolic dims as dim names). */
+static void type_stage_values(pp_pipe *p) {
+    for (int s = 0; s < p->n_stages; s++) {
+        pp_graph *g = p->stages[s];
+        if (!g) continue;
+        for (int v = 0; v < g->n_values; v++) {
+            pp_value *val = &g->values[v];
+            if (val->kind != PP_VALUE_INPUT && val->kind != PP_VALUE_NODE) continue;
+            int e = pp_pipe_find_edge(p, val->name);
+            if (e < 0 || p->edges[e].ndim < 0) continue;
+            const pp_pipe_edge *ed = &p->edges[e];
+            val->dtype = ed->dtype;
+            val->ndim = ed->ndim;
+            for (int d = 0; d < ed->ndim; d++) {
+                char *end;
+                long long n = strtoll(ed->dims[d], &end, 10);
+                free(val->dim_names[d]);
+                val->dim_names[d] = NULL;
+                if (*end == '\0') {
+                    val->shape[d] = n;
+                } else {
+                    val->shape[d] = -1;
+                    val->dim_names[d] = strdup(ed->dims[d]);
+                }
+            }
+        }
+    }
+}
+
 pp_status pp_pipe_probe_shapes(pp_pipe *p, int n_dims_given, const char *const *dims_given) {
     symbols sy = {0};
     for (int s = 0; s < p->n_stages; s++) {
@@ -176,5 +206,6 @@ pp_status pp_pipe_probe_shapes(pp_pipe *p, int n_dims_given, const char *const *
         ed->bytes_per_sample = batch >= 0 ? (int64_t)t->nbytes / sy.base[batch] : (int64_t)t->nbytes;
     }
     for (int r = 0; r <= sy.n; r++) map_free(&runs[r]);
+    if (st == PP_OK) type_stage_values(p);
     return st;
 }

@@ -484,8 +484,10 @@ static int key_matches(const pp_mbox_key *want, const pp_envelope *env, const ch
 }
 
 /* Handles a complete message in t->frames[0..n): validate, then file. */
+/* A tensor matching want is handed to *got instead of being filed (the
+ * caller checked the mailbox holds nothing under that key). */
 static void handle_message(pp_transport *t, size_t n, int too_many, const pp_mbox_key *want,
-                           int *found) {
+                           pp_tensor **got) {
     zmq_msg_t *m0 = &t->frames[0];
     if (too_many) {
         drop_msg(t, m0, "more than %u data frames", t->lim.max_frames ? t->lim.max_frames : 65536u);
@@ -568,13 +570,13 @@ static void handle_message(pp_transport *t, size_t n, int too_many, const pp_mbo
             drop_msg(t, m0, "claims rank %d: tensor '%s': %s", r, wt->name, pp_last_error());
             continue;
         }
-        pp_mbox_key key = {(int)env.kind, env.step, env.microbatch, env.src_stage, env.dst_stage, wt->name};
         bytes += wt->nbytes;
-        if (pp_mailbox_put(t->mbox, &key, tensor) != PP_OK) {
-            drop_msg(t, m0, "%s", pp_last_error());
+        if (got && !*got && key_matches(want, &env, wt->name)) {
+            *got = tensor;
             continue;
         }
-        if (key_matches(want, &env, wt->name)) *found = 1;
+        pp_mbox_key key = {(int)env.kind, env.step, env.microbatch, env.src_stage, env.dst_stage, wt->name};
+        if (pp_mailbox_put(t->mbox, &key, tensor) != PP_OK) drop_msg(t, m0, "%s", pp_last_error());
     }
     stat_add(&t->st.messages_received, 1);
     stat_add(&t->st.bytes_received, bytes);
@@ -585,7 +587,7 @@ done:
 
 /* Receives one whole message if one is waiting. Returns 1 if it handled a
  * message, 0 if none was waiting. */
-static int receive_one(pp_transport *t, const pp_mbox_key *want, int *found) {
+static int receive_one(pp_transport *t, const pp_mbox_key *want, pp_tensor **got) {
     if (grow_frames(t, 16) != PP_OK) return 0;
     zmq_msg_init(&t->frames[0]);
     if (zmq_msg_recv(&t->frames[0], t->pull, ZMQ_DONTWAIT) < 0) {
@@ -612,18 +614,17 @@ static int receive_one(pp_transport *t, const pp_mbox_key *want, int *found) {
             n++;
         }
     }
-    handle_message(t, n, too_many, want, found);
+    handle_message(t, n, too_many, want, got);
     for (size_t i = 0; i < n; i++) zmq_msg_close(&t->frames[i]);
     return 1;
 }
 
 /* Moves waiting messages into the mailbox, at most DRAIN_BATCH. Returns the
- * number handled; stops early when want arrived. */
-static int drain(pp_transport *t, const pp_mbox_key *want, int *found) {
+ * number handled; stops early when a tensor under want arrived (in *got). */
+static int drain(pp_transport *t, const pp_mbox_key *want, pp_tensor **got) {
     int k = 0;
-    while (k < DRAIN_BATCH && !(found && *found)) {
-        int dummy = 0;
-        if (!receive_one(t, want, found ? found : &dummy)) break;
+    while (k < DRAIN_BATCH && !(got && *got)) {
+        if (!receive_one(t, want, got)) break;
         k++;
     }
     return k;
@@ -661,14 +662,32 @@ static pp_status abort_error(pp_transport *t) {
                     t->abort_rank, peer_ep(t, t->abort_rank), t->abort_text);
 }
 
+/* What a send or receive is doing, turned into text only for errors. */
+typedef struct action {
+    int sending;
+    const pp_mbox_key *key;
+    int ntensors;
+} action;
+
+static const char *action_str(const action *a, char *buf, size_t cap) {
+    char k[400];
+    pp_mbox_key_str(a->key, k, sizeof k);
+    snprintf(buf, cap, "%s %s%s", a->sending ? "sending" : "waiting for", k,
+             a->ntensors > 1 ? " (and more)" : "");
+    return buf;
+}
+
 /* PP_OK while peer r can still be expected to deliver; an error naming it
  * once it is gone (disconnected for longer than the grace period, refused
  * us when sending, or closed). *wake is lowered to when that would change. */
-static pp_status check_peer(pp_transport *t, int r, int sending, const char *doing, int64_t now,
-                            int64_t *wake) {
+static pp_status check_peer(pp_transport *t, int r, const action *act, int64_t now, int64_t *wake) {
     if (r == t->rank) return PP_OK;
     peer *p = &t->peers[r];
     pp_peer_state s = peer_state(p);
+    int sending = act->sending;
+    char doing[512];
+    if (s == PP_PEER_CLOSED || s == PP_PEER_REJECTED || s == PP_PEER_DOWN)
+        action_str(act, doing, sizeof doing);
     if (s == PP_PEER_CLOSED)
         return pp_error(PP_ERR_PEER, "transport rank %d: %s: rank %d (%s) has closed its transport",
                         t->rank, doing, r, peer_ep(t, r));
@@ -866,16 +885,18 @@ static pp_status send_local(pp_transport *t, const pp_transport_key *key, int n,
 
 /* Sends frame 0, waiting (and receiving meanwhile) until the peer takes it
  * or the deadline passes. On failure m0 is closed. */
-static pp_status send_first(pp_transport *t, int r, zmq_msg_t *m0, int more, const char *doing) {
+static pp_status send_first(pp_transport *t, int r, zmq_msg_t *m0, int more, const action *act) {
     peer *p = &t->peers[r];
+    char doing[512];
     int flags = ZMQ_DONTWAIT | (more ? ZMQ_SNDMORE : 0);
     int64_t deadline = -1;
     for (;;) {
         if (zmq_msg_send(m0, p->push, flags) >= 0) return PP_OK;
         if (zmq_errno() != EAGAIN) {
+            int e = zmq_errno();
             zmq_msg_close(m0);
-            return pp_error(PP_ERR_IO, "transport rank %d: %s: rank %d (%s): %s", t->rank, doing, r,
-                            peer_ep(t, r), zmq_strerror(zmq_errno()));
+            return pp_error(PP_ERR_IO, "transport rank %d: %s: rank %d (%s): %s", t->rank,
+                            action_str(act, doing, sizeof doing), r, peer_ep(t, r), zmq_strerror(e));
         }
         int64_t now = now_ms();
         if (deadline < 0) {
@@ -883,15 +904,15 @@ static pp_status send_first(pp_transport *t, int r, zmq_msg_t *m0, int more, con
             stat_add(&t->st.retries, 1);
         }
         read_monitors(t);
-        int found = 0;
-        drain(t, NULL, &found);
+        drain(t, NULL, NULL);
         int64_t wake = deadline;
-        pp_status s = t->aborted ? abort_error(t) : check_peer(t, r, 1, doing, now, &wake);
+        pp_status s = t->aborted ? abort_error(t) : check_peer(t, r, act, now, &wake);
         if (s == PP_OK && now >= deadline) {
             stat_add(&t->st.timeouts, 1);
             pp_peer_state ps = peer_state(p);
             s = pp_error(PP_ERR_TIMEOUT, "transport rank %d: %s: rank %d (%s) did not accept it within "
-                         "%d ms (%s)", t->rank, doing, r, peer_ep(t, r), t->timeout_ms,
+                         "%d ms (%s)", t->rank, action_str(act, doing, sizeof doing), r,
+                         peer_ep(t, r), t->timeout_ms,
                          ps == PP_PEER_UP ? "its queue is full: it is not receiving"
                                           : ps == PP_PEER_CONNECTING && !p->inproc
                                                 ? "it has not connected"
@@ -931,13 +952,12 @@ pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n
     int r = t->stage_ranks[key->dst_stage];
     if (r == t->rank) return send_local(t, key, n, names, tensors);
     peer *p = &t->peers[r];
-    char doing[384];
-    snprintf(doing, sizeof doing, "sending %s step %" PRId64 " microbatch %d stage %d->%d '%s'%s",
-             pp_msg_kind_name((int)key->kind), key->step, key->microbatch, key->src_stage,
-             key->dst_stage, names[0], n > 1 ? " ..." : "");
+    pp_mbox_key mk = {(int)key->kind, key->step, key->microbatch, key->src_stage, key->dst_stage, names[0]};
+    action act = {1, &mk, n};
+    char doing[512];
     if (!p->push)
         return pp_error(PP_ERR_STATE, "transport rank %d: %s: no endpoint known for rank %d",
-                        t->rank, doing, r);
+                        t->rank, action_str(&act, doing, sizeof doing), r);
 
     size_t frame_bytes = p->inproc ? SIZE_MAX : t->frame_bytes;
     pp_wire_tensor wt_stack[SEND_STACK_TENSORS];
@@ -976,7 +996,7 @@ pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n
     else if ((s = pp_envelope_pack(&env, zmq_msg_data(&m0), len, &len)) != PP_OK) zmq_msg_close(&m0);
     if (wt != wt_stack) free(wt);
     PP_TRY(s);
-    PP_TRY(send_first(t, r, &m0, nframes > 0, doing));
+    PP_TRY(send_first(t, r, &m0, nframes > 0, &act));
     p->seq++;
 
     /* Data frames: after frame 0 went in, the rest of the message cannot
@@ -1026,7 +1046,7 @@ pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n
         if (lost_more) zmq_send(p->push, "", 0, ZMQ_DONTWAIT);
         stat_add(&t->st.peer_failures, 1);
         return pp_error(PP_ERR_PEER, "transport rank %d: %s: connection to rank %d (%s) lost "
-                        "mid-message", t->rank, doing, r, peer_ep(t, r));
+                        "mid-message", t->rank, action_str(&act, doing, sizeof doing), r, peer_ep(t, r));
     }
     stat_add(&t->st.messages_sent, 1);
     stat_add(&t->st.bytes_sent, total);
@@ -1059,25 +1079,23 @@ pp_status pp_transport_recv(pp_transport *t, const pp_transport_key *key, int ti
     int64_t deadline = now_ms() + timeout;
     int r = t->stage_ranks[key->src_stage];
     for (;;) {
-        int found = 0;
-        int handled = drain(t, &k, &found);
-        if (found && (*out = pp_mailbox_take(t->mbox, &k))) {
+        int handled = drain(t, &k, out);
+        if (*out) {
             sync_pending(t);
             return PP_OK;
         }
         if (t->aborted) return abort_error(t);
         int64_t now = now_ms(), wake = deadline;
         if (handled == DRAIN_BATCH) read_monitors(t);
-        char what[384];
-        pp_mbox_key_str(&k, what, sizeof what);
-        char doing[448];
-        snprintf(doing, sizeof doing, "waiting for %s", what);
-        PP_TRY(check_peer(t, r, 0, doing, now, &wake));
+        action act = {0, &k, 1};
+        PP_TRY(check_peer(t, r, &act, now, &wake));
         if (now >= deadline) {
             stat_add(&t->st.timeouts, 1);
             pp_peer_state ps = r == t->rank ? PP_PEER_SELF : peer_state(&t->peers[r]);
+            char doing[512];
             return pp_error(PP_ERR_TIMEOUT, "transport rank %d: timed out after %d ms %s from rank %d "
-                            "(%s, %s)", t->rank, timeout, doing, r, peer_ep(t, r),
+                            "(%s, %s)", t->rank, timeout, action_str(&act, doing, sizeof doing), r,
+                            peer_ep(t, r),
                             pp_peer_state_name(ps));
         }
         if (handled < DRAIN_BATCH) wait_events(t, wake - now, NULL);

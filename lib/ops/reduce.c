@@ -1,6 +1,7 @@
 /* Reductions and the ops built on them: Reduce{Sum,Mean,Max,Min,Prod,
- * SumSquare,L1,L2}, ArgMax/ArgMin, Softmax/LogSoftmax, LayerNormalization
- * and SoftmaxCrossEntropyLoss.
+ * SumSquare,L1,L2,LogSum,LogSumExp}, ArgMax/ArgMin, Softmax/LogSoftmax/
+ * Hardmax, LayerNormalization, BatchNormalization, and the losses
+ * SoftmaxCrossEntropyLoss and NegativeLogLikelihoodLoss.
  *
  * Float sums run in PP_VEC_BLOCK partial accumulators over chunks of at
  * most SUM_CHUNK elements, and the chunk totals are added in double: that
@@ -14,6 +15,7 @@
 
 #include "pippin/op.h"
 #include "vec.h"
+#include "widen.h"
 
 #define SUM_CHUNK 4096
 
@@ -667,6 +669,97 @@ static pp_status softmax_check(const pp_graph *g, const pp_node *n) {
 }
 
 /* ------------------------------------------------------------------------ */
+/* ReduceLogSumExp: max first, then log(sum(exp(x - max))) + max            */
+
+typedef struct lse_walk {
+    const void *x, *shift;
+    void *s;
+    pp_dtype dt;
+} lse_walk;
+
+static void lse_row(void *user, int64_t r, int64_t len, int reduced, int64_t off) {
+    lse_walk *w = user;
+    if (w->dt == PP_F32) {
+        const float *x = (const float *)w->x + r * len, *m = (const float *)w->shift + off;
+        float *s = (float *)w->s + off;
+        if (reduced) *s += (float)sum_exp_f32(len, x, *m);
+        else cols_sumexp_f32(len, x, m, s);
+    } else {
+        const double *x = (const double *)w->x + r * len, *m = (const double *)w->shift + off;
+        double *s = (double *)w->s + off;
+        if (reduced) *s += sum_exp_f64(len, x, *m);
+        else cols_sumexp_f64(len, x, m, s);
+    }
+}
+
+static pp_status reduce_log_sum_exp_run(pp_kernel_ctx *ctx) {
+    const pp_tensor *x = NULL;
+    PP_TRY(input(ctx, 0, &x));
+    if (x->dtype != PP_F32 && x->dtype != PP_F64) return unsupported_dtype(ctx, x->dtype);
+    uint8_t mask[PP_MAX_DIMS];
+    int ond = 0, noop = 0;
+    int64_t oshape[PP_MAX_DIMS], count = 1;
+    PP_TRY(reduce_shape(ctx, x, mask, &ond, oshape, &count, &noop));
+    if (noop) {
+        ctx->out[0] = pp_tensor_retain(ctx->in[0]);
+        return PP_OK;
+    }
+    pp_tensor *m = NULL, *o = NULL;
+    pp_status st = pp_tensor_empty(x->dtype, ond, oshape, &m);
+    if (st == PP_OK) st = pp_tensor_new(x->dtype, ond, oshape, &o);
+    if (st != PP_OK) {
+        pp_tensor_free(m);
+        return st;
+    }
+    reduce_into(x, mask, find_red(R_MAX, x->dtype), m);
+    /* Shift by the max where it is finite; an infinite or NaN max shifts by
+     * 0 so that exp() yields 0, inf or NaN as the plain formula would. */
+    int64_t on = pp_tensor_numel(m);
+    for (int64_t i = 0; i < on; i++)
+        if (!isfinite(pp_tensor_get_f64(m, i))) pp_tensor_set_f64(m, i, 0);
+    rwalk w;
+    rwalk_init(&w, x, mask);
+    lse_walk lw = {x->data, m->data, o->data, x->dtype};
+    rwalk_run(&w, pp_tensor_numel(x), lse_row, &lw);
+    for (int64_t i = 0; i < on; i++)
+        pp_tensor_set_f64(o, i, pp_tensor_get_f64(m, i) + log(pp_tensor_get_f64(o, i)));
+    pp_tensor_free(m);
+    ctx->out[0] = o;
+    return PP_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Hardmax (opset 13): 1 at the first maximum along axis, else 0            */
+
+static pp_status hardmax_run(pp_kernel_ctx *ctx) {
+    const pp_tensor *x = NULL;
+    PP_TRY(input(ctx, 0, &x));
+    if (x->dtype != PP_F32 && x->dtype != PP_F64) return unsupported_dtype(ctx, x->dtype);
+    if (x->ndim == 0) return pp_kernel_error(ctx, PP_ERR_SHAPE, "input must have rank >= 1");
+    int axis = 0;
+    PP_TRY(norm_axis(ctx, pp_node_attr_int(ctx->node, "axis", -1), x->ndim, &axis));
+    int64_t outer, len, inner;
+    split_at(x, axis, &outer, &len, &inner);
+    pp_tensor *y;
+    PP_TRY(pp_tensor_new(x->dtype, x->ndim, x->shape, &y));
+    for (int64_t o = 0; o < outer && len > 0; o++)
+        for (int64_t j = 0; j < inner; j++) {
+            int64_t base = o * len * inner + j, best = 0;
+            double b = pp_tensor_get_f64(x, base);
+            for (int64_t l = 1; l < len; l++) {
+                double v = pp_tensor_get_f64(x, base + l * inner);
+                if (v > b) {
+                    b = v;
+                    best = l;
+                }
+            }
+            pp_tensor_set_f64(y, base + best * inner, 1);
+        }
+    ctx->out[0] = y;
+    return PP_OK;
+}
+
+/* ------------------------------------------------------------------------ */
 /* LayerNormalization (opset 17)                                            */
 
 #define DEF_LAYERNORM(T, SUF)                                                               \
@@ -815,23 +908,23 @@ static pp_status layernorm_run(pp_kernel_ctx *ctx) {
 }
 
 /* ------------------------------------------------------------------------ */
-/* SoftmaxCrossEntropyLoss                                                  */
+/* SoftmaxCrossEntropyLoss and NegativeLogLikelihoodLoss                  */
 
-typedef enum sce_reduction { SCE_NONE, SCE_SUM, SCE_MEAN } sce_reduction;
+typedef enum loss_reduction { LOSS_NONE, LOSS_SUM, LOSS_MEAN } loss_reduction;
 
-static int sce_parse_reduction(const char *s, sce_reduction *r) {
-    if (strcmp(s, "mean") == 0) *r = SCE_MEAN;
-    else if (strcmp(s, "sum") == 0) *r = SCE_SUM;
-    else if (strcmp(s, "none") == 0) *r = SCE_NONE;
+static int parse_reduction(const char *s, loss_reduction *r) {
+    if (strcmp(s, "mean") == 0) *r = LOSS_MEAN;
+    else if (strcmp(s, "sum") == 0) *r = LOSS_SUM;
+    else if (strcmp(s, "none") == 0) *r = LOSS_NONE;
     else return 0;
     return 1;
 }
 
-static pp_status sce_check(const pp_graph *g, const pp_node *n) {
+static pp_status loss_check(const pp_graph *g, const pp_node *n) {
     (void)g;
-    sce_reduction r;
+    loss_reduction r;
     const pp_attr *a = pp_node_attr(n, "reduction");
-    if (a && (a->type != PP_ATTR_STRING || !a->s || !sce_parse_reduction(a->s, &r)))
+    if (a && (a->type != PP_ATTR_STRING || !a->s || !parse_reduction(a->s, &r)))
         return pp_node_error(n, PP_ERR_INVALID,
                              "attribute 'reduction' must be \"mean\", \"sum\" or \"none\"");
     const pp_attr *ii = pp_node_attr(n, "ignore_index");
@@ -840,7 +933,11 @@ static pp_status sce_check(const pp_graph *g, const pp_node *n) {
     return PP_OK;
 }
 
-static pp_status sce_run(pp_kernel_ctx *ctx) {
+/* Both losses: scores (SCE: logits; NLL: log-probabilities) [N, C, d...],
+ * labels [N, d...], optional class weights [C]. loss = -lp[n, t, d] * w[t]
+ * for labels t other than ignore_index; mean divides by the summed weights
+ * of the labels that count (their number without weights). */
+static pp_status loss_run(pp_kernel_ctx *ctx, int softmax) {
     const pp_tensor *x = NULL, *lab = NULL;
     PP_TRY(input(ctx, 0, &x));
     PP_TRY(input(ctx, 1, &lab));
@@ -867,9 +964,9 @@ static pp_status sce_run(pp_kernel_ctx *ctx) {
         return pp_kernel_error(ctx, PP_ERR_SHAPE, "weights must be %s [%lld], got %s %s",
                                pp_dtype_name(x->dtype), (long long)c, pp_dtype_name(w->dtype),
                                pp_shape_str(w->ndim, w->shape, s1, sizeof s1));
-    sce_reduction red;
+    loss_reduction red;
     const char *rs = pp_node_attr_string(ctx->node, "reduction", "mean");
-    if (!sce_parse_reduction(rs, &red))
+    if (!parse_reduction(rs, &red))
         return pp_kernel_error(ctx, PP_ERR_INVALID, "unknown reduction \"%s\"", rs);
     const pp_attr *ii_attr = pp_node_attr(ctx->node, "ignore_index");
     int has_ii = ii_attr != NULL;
@@ -887,11 +984,10 @@ static pp_status sce_run(pp_kernel_ctx *ctx) {
     }
 
     pp_tensor *lp = NULL, *loss = NULL;
-    PP_TRY(softmax_tensor(ctx, x, n, c, inner, 1, &lp));
-    int64_t lshape[PP_MAX_DIMS];
-    for (int d = 0; d < lab->ndim; d++) lshape[d] = lab->shape[d];
-    pp_status s = red == SCE_NONE ? pp_tensor_empty(x->dtype, lab->ndim, lshape, &loss)
-                                  : pp_tensor_empty(x->dtype, 0, NULL, &loss);
+    if (softmax) PP_TRY(softmax_tensor(ctx, x, n, c, inner, 1, &lp));
+    else lp = pp_tensor_retain(ctx->in[0]);
+    pp_status s = red == LOSS_NONE ? pp_tensor_empty(x->dtype, lab->ndim, lab->shape, &loss)
+                                   : pp_tensor_empty(x->dtype, 0, NULL, &loss);
     if (s != PP_OK) {
         pp_tensor_free(lp);
         return s;
@@ -906,34 +1002,170 @@ static pp_status sce_run(pp_kernel_ctx *ctx) {
                 wt = w ? pp_tensor_get_f64(w, t) : 1.0;
                 l = -pp_tensor_get_f64(lp, (i * c + t) * inner + j) * wt;
             }
-            if (red == SCE_NONE) pp_tensor_set_f64(loss, pos, l);
+            if (red == LOSS_NONE) pp_tensor_set_f64(loss, pos, l);
             total += l;
             denom += wt;
         }
-    if (red == SCE_SUM) pp_tensor_set_f64(loss, 0, total);
-    if (red == SCE_MEAN) pp_tensor_set_f64(loss, 0, total / denom);
+    /* All labels ignored: mean is 0/0 = NaN, as in PyTorch. */
+    if (red == LOSS_SUM) pp_tensor_set_f64(loss, 0, total);
+    if (red == LOSS_MEAN) pp_tensor_set_f64(loss, 0, total / denom);
     ctx->out[0] = loss;
-    if (wants_output(ctx, 1)) ctx->out[1] = lp;
+    if (softmax && wants_output(ctx, 1)) ctx->out[1] = lp;
     else pp_tensor_free(lp);
     return PP_OK;
 }
 
+static pp_status sce_run(pp_kernel_ctx *ctx) { return loss_run(ctx, 1); }
+static pp_status nll_run(pp_kernel_ctx *ctx) { return loss_run(ctx, 0); }
+
+/* ------------------------------------------------------------------------ */
+/* BatchNormalization (opset 15)                                            */
+
+#define DEF_AFFINE(T, SUF)                                                                   \
+    static void affine_##SUF(int64_t n, const T *restrict x, T a, T b, T *restrict y) {      \
+        PP_VFOR(i, n, y[i] = x[i] * a + b;);                                                 \
+    }
+DEF_AFFINE(float, f32)
+DEF_AFFINE(double, f64)
+
+static pp_status batchnorm_check(const pp_graph *g, const pp_node *n) {
+    (void)g;
+    PP_TRY(int_attr_check(n, "training_mode", 0, 1));
+    const pp_attr *e = pp_node_attr(n, "epsilon");
+    if (e && e->type != PP_ATTR_FLOAT)
+        return pp_node_error(n, PP_ERR_INVALID, "attribute 'epsilon' must be a float");
+    const pp_attr *m = pp_node_attr(n, "momentum");
+    if (m && m->type != PP_ATTR_FLOAT)
+        return pp_node_error(n, PP_ERR_INVALID, "attribute 'momentum' must be a float");
+    return PP_OK;
+}
+
+/* X [N, C, d...] normalised per channel with (inference) the given mean and
+ * var, or (training_mode=1) the batch's own mean and biased variance; then
+ * outputs 1 and 2 are the updated running mean and variance. */
+static pp_status batchnorm_run(pp_kernel_ctx *ctx) {
+    const pp_tensor *x = NULL, *sc = NULL, *bias = NULL, *mean = NULL, *var = NULL;
+    PP_TRY(input(ctx, 0, &x));
+    PP_TRY(input(ctx, 1, &sc));
+    PP_TRY(input(ctx, 2, &bias));
+    PP_TRY(input(ctx, 3, &mean));
+    PP_TRY(input(ctx, 4, &var));
+    if (x->dtype != PP_F32 && x->dtype != PP_F64) return unsupported_dtype(ctx, x->dtype);
+    if (x->ndim < 2) return pp_kernel_error(ctx, PP_ERR_SHAPE, "X must be [N, C, ...]");
+    int64_t n = x->shape[0], c = x->shape[1], inner = pp_shape_numel(x->ndim - 2, x->shape + 2);
+    const pp_tensor *params[4] = {sc, bias, mean, var};
+    static const char *const names[4] = {"scale", "B", "input_mean", "input_var"};
+    for (int k = 0; k < 4; k++)
+        if (pp_tensor_numel(params[k]) != c || params[k]->ndim != 1 ||
+            !pp_dtype_is_float(params[k]->dtype))
+            return pp_kernel_error(ctx, PP_ERR_SHAPE, "%s must be a float vector of %lld channels",
+                                   names[k], (long long)c);
+    double eps = pp_node_attr_float(ctx->node, "epsilon", 1e-5f);
+    double momentum = pp_node_attr_float(ctx->node, "momentum", 0.9f);
+    int training = pp_node_attr_int(ctx->node, "training_mode", 0) != 0;
+    if (!training && (wants_output(ctx, 1) || wants_output(ctx, 2)))
+        return pp_kernel_error(ctx, PP_ERR_INVALID,
+                               "running mean and variance outputs need training_mode=1");
+    pp_tensor *y = NULL, *rm = NULL, *rv = NULL;
+    pp_status s = pp_tensor_empty(x->dtype, x->ndim, x->shape, &y);
+    if (s == PP_OK && training && wants_output(ctx, 1))
+        s = pp_tensor_empty(mean->dtype, 1, &c, &rm);
+    if (s == PP_OK && training && wants_output(ctx, 2)) s = pp_tensor_empty(var->dtype, 1, &c, &rv);
+    if (s != PP_OK) {
+        pp_tensor_free(y);
+        pp_tensor_free(rm);
+        return s;
+    }
+    size_t es = pp_dtype_size(x->dtype);
+    for (int64_t ch = 0; ch < c; ch++) {
+        double m = pp_tensor_get_f64(mean, ch), v = pp_tensor_get_f64(var, ch);
+        if (training) {
+            double sum = 0, sq = 0, cnt = (double)(n * inner);
+            for (int pass = 0; pass < 2; pass++) {
+                for (int64_t i = 0; i < n; i++) {
+                    const char *row = (const char *)x->data + (size_t)((i * c + ch) * inner) * es;
+                    if (pass == 0)
+                        sum += x->dtype == PP_F32 ? row_sum_f32(inner, (const float *)row, 0, 0)
+                                                  : row_sum_f64(inner, (const double *)row, 0, 0);
+                    else
+                        sq += x->dtype == PP_F32
+                                  ? row_sum_f32(inner, (const float *)row, (float)(sum / cnt), 1)
+                                  : row_sum_f64(inner, (const double *)row, sum / cnt, 1);
+                }
+            }
+            m = sum / cnt;
+            v = sq / cnt;
+            if (rm) pp_tensor_set_f64(rm, ch, pp_tensor_get_f64(mean, ch) * momentum + m * (1 - momentum));
+            if (rv) pp_tensor_set_f64(rv, ch, pp_tensor_get_f64(var, ch) * momentum + v * (1 - momentum));
+        }
+        double a = pp_tensor_get_f64(sc, ch) / sqrt(v + eps);
+        double b = pp_tensor_get_f64(bias, ch) - m * a;
+        for (int64_t i = 0; i < n; i++) {
+            size_t off = (size_t)((i * c + ch) * inner) * es;
+            if (x->dtype == PP_F32)
+                affine_f32(inner, (const float *)((const char *)x->data + off), (float)a, (float)b,
+                           (float *)((char *)y->data + off));
+            else
+                affine_f64(inner, (const double *)((const char *)x->data + off), a, b,
+                           (double *)((char *)y->data + off));
+        }
+    }
+    ctx->out[0] = y;
+    if (ctx->n_out > 1) ctx->out[1] = rm;
+    else pp_tensor_free(rm);
+    if (ctx->n_out > 2) ctx->out[2] = rv;
+    else pp_tensor_free(rv);
+    return PP_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* float16 / bfloat16 through float32 (widen.h)                             */
+
+#define WIDEN(FN, NARROW)                                                                   \
+    static pp_status FN##_w(pp_kernel_ctx *ctx) {                                           \
+        return pp_kernel_half_dtype(ctx) ? pp_kernel_run_widened(ctx, FN, NARROW) : FN(ctx); \
+    }
+WIDEN(reduce_sum_run, 1u)
+WIDEN(reduce_mean_run, 1u)
+WIDEN(reduce_max_run, 1u)
+WIDEN(reduce_min_run, 1u)
+WIDEN(reduce_prod_run, 1u)
+WIDEN(reduce_sumsq_run, 1u)
+WIDEN(reduce_l1_run, 1u)
+WIDEN(reduce_l2_run, 1u)
+WIDEN(reduce_log_sum_run, 1u)
+WIDEN(reduce_log_sum_exp_run, 1u)
+WIDEN(argmax_run, 0u)
+WIDEN(argmin_run, 0u)
+WIDEN(softmax_run, 1u)
+WIDEN(log_softmax_run, 1u)
+WIDEN(hardmax_run, 1u)
+WIDEN(layernorm_run, 1u) /* Mean and InvStdDev keep stash_type */
+WIDEN(sce_run, 3u)
+WIDEN(nll_run, 1u)
+WIDEN(batchnorm_run, 7u)
+
 /* ------------------------------------------------------------------------ */
 
 const pp_op pp_ops_reduce[] = {
-    {"ReduceSum", "", 1, 2, 1, 1, reduce_check, reduce_sum_run},
-    {"ReduceMean", "", 1, 2, 1, 1, reduce_check, reduce_mean_run},
-    {"ReduceMax", "", 1, 2, 1, 1, reduce_check, reduce_max_run},
-    {"ReduceMin", "", 1, 2, 1, 1, reduce_check, reduce_min_run},
-    {"ReduceProd", "", 1, 2, 1, 1, reduce_check, reduce_prod_run},
-    {"ReduceSumSquare", "", 1, 2, 1, 1, reduce_check, reduce_sumsq_run},
-    {"ReduceL1", "", 1, 2, 1, 1, reduce_check, reduce_l1_run},
-    {"ReduceL2", "", 1, 2, 1, 1, reduce_check, reduce_l2_run},
-    {"ArgMax", "", 1, 1, 1, 1, arg_check, argmax_run},
-    {"ArgMin", "", 1, 1, 1, 1, arg_check, argmin_run},
-    {"Softmax", "", 1, 1, 1, 1, softmax_check, softmax_run},
-    {"LogSoftmax", "", 1, 1, 1, 1, softmax_check, log_softmax_run},
-    {"LayerNormalization", "", 2, 3, 1, 3, layernorm_check, layernorm_run},
-    {"SoftmaxCrossEntropyLoss", "", 2, 3, 1, 2, sce_check, sce_run},
+    {"ReduceSum", "", 1, 2, 1, 1, reduce_check, reduce_sum_run_w},
+    {"ReduceMean", "", 1, 2, 1, 1, reduce_check, reduce_mean_run_w},
+    {"ReduceMax", "", 1, 2, 1, 1, reduce_check, reduce_max_run_w},
+    {"ReduceMin", "", 1, 2, 1, 1, reduce_check, reduce_min_run_w},
+    {"ReduceProd", "", 1, 2, 1, 1, reduce_check, reduce_prod_run_w},
+    {"ReduceSumSquare", "", 1, 2, 1, 1, reduce_check, reduce_sumsq_run_w},
+    {"ReduceL1", "", 1, 2, 1, 1, reduce_check, reduce_l1_run_w},
+    {"ReduceL2", "", 1, 2, 1, 1, reduce_check, reduce_l2_run_w},
+    {"ReduceLogSum", "", 1, 2, 1, 1, reduce_check, reduce_log_sum_run_w},
+    {"ReduceLogSumExp", "", 1, 2, 1, 1, reduce_check, reduce_log_sum_exp_run_w},
+    {"ArgMax", "", 1, 1, 1, 1, arg_check, argmax_run_w},
+    {"ArgMin", "", 1, 1, 1, 1, arg_check, argmin_run_w},
+    {"Softmax", "", 1, 1, 1, 1, softmax_check, softmax_run_w},
+    {"LogSoftmax", "", 1, 1, 1, 1, softmax_check, log_softmax_run_w},
+    {"Hardmax", "", 1, 1, 1, 1, softmax_check, hardmax_run_w},
+    {"LayerNormalization", "", 2, 3, 1, 3, layernorm_check, layernorm_run_w},
+    {"BatchNormalization", "", 5, 5, 1, 3, batchnorm_check, batchnorm_run_w},
+    {"SoftmaxCrossEntropyLoss", "", 2, 3, 1, 2, loss_check, sce_run_w},
+    {"NegativeLogLikelihoodLoss", "", 2, 3, 1, 1, loss_check, nll_run_w},
     {NULL},
 };

@@ -1,0 +1,58 @@
+#!/bin/sh
+# The pippin command: bad input gives a clear message naming what and where
+# and a non-zero exit (2 for usage, 1 for failures); good input works. TAP.
+PIPPIN=$1
+SRC=${PIPPIN_SOURCE_ROOT:-.}
+FX=$SRC/test/fixtures
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+n=0
+fails=0
+
+# expect CODE NEEDLE DESCRIPTION -- ARGS...
+expect() {
+    code=$1
+    needle=$2
+    desc=$3
+    shift 4
+    n=$((n + 1))
+    "$PIPPIN" "$@" >"$tmp/out" 2>"$tmp/err"
+    rc=$?
+    if [ "$rc" -ne "$code" ]; then
+        echo "not ok $n - $desc: exit $rc, wanted $code: $(head -c 300 "$tmp/err")"
+        fails=$((fails + 1))
+    elif [ -n "$needle" ] && ! grep -qF -- "$needle" "$tmp/err" "$tmp/out"; then
+        echo "not ok $n - $desc: output lacks '$needle': $(head -c 300 "$tmp/err")"
+        fails=$((fails + 1))
+    else
+        echo "ok $n - $desc"
+    fi
+}
+
+head -c 300 /bin/sh >"$tmp/garbage.onnx"
+printf 'not numpy' >"$tmp/bad.npy"
+
+expect 2 "usage" "no command" --
+expect 2 "unknown command" "unknown command" -- frobnicate
+expect 0 "inspect" "help lists commands" -- --help
+expect 1 "No such file" "missing model" -- inspect "$tmp/none.onnx"
+expect 1 "not an ONNX model" "garbage model" -- inspect "$tmp/garbage.onnx"
+expect 2 "" "inspect without model" -- inspect
+expect 0 "pipe-split markers: 2" "inspect shows markers" -- inspect "$FX/mlp/model.onnx"
+expect 0 "\"parameters\"" "inspect --json" -- inspect --json "$FX/gpt/model.onnx"
+expect 1 "input 'y' not given" "infer with a missing input" -- infer "$FX/mlp/model.onnx" --input "x=$FX/mlp/x.npy" --output-dir "$tmp/o"
+expect 1 "no input 'z'" "infer with an unknown input" -- infer "$FX/mlp/model.onnx" --input "z=$FX/mlp/x.npy" --output-dir "$tmp/o"
+expect 1 "bad.npy" "infer with a bad .npy" -- infer "$FX/mlp/model.onnx" --input "x=$tmp/bad.npy" --output-dir "$tmp/o"
+expect 1 "expected NAME=FILE.npy" "infer with a malformed --input" -- infer "$FX/mlp/model.onnx" --input "x" --output-dir "$tmp/o"
+expect 1 "expected int64, got float32" "infer with the wrong dtype" -- infer "$FX/mlp/model.onnx" --input "x=$FX/mlp/x.npy" --input "y=$FX/mlp/x.npy" --output-dir "$tmp/o"
+expect 0 "logits" "infer mlp" -- infer "$FX/mlp/model.onnx" --input "x=$FX/mlp/x.npy" --input "y=$FX/mlp/y.npy" --output-dir "$tmp/o"
+n=$((n + 1))
+if [ -f "$tmp/o/logits.npy" ] && [ -f "$tmp/o/loss.npy" ]; then echo "ok $n - infer wrote logits.npy and loss.npy"; else echo "not ok $n - infer outputs missing"; fi
+expect 0 "" "infer through 3 stages, 2 microbatches" -- infer "$FX/mlp/model.onnx" --microbatches 2 --input "x=$FX/mlp/x.npy" --input "y=$FX/mlp/y.npy" --output-dir "$tmp/o2"
+expect 1 "too few" "more microbatches than samples" -- infer "$FX/mlp/model.onnx" --microbatches 9 --input "x=$FX/mlp/x.npy" --input "y=$FX/mlp/y.npy" --output-dir "$tmp/o3"
+expect 1 "--split-before '/nope/' matches no node" "split with a bad prefix" -- split "$FX/mlp/model_nosplit.onnx" --split-before /nope/ -o "$tmp/s"
+expect 1 "leaves stage 0 empty" "split before the first node" -- split "$FX/mlp/model_nosplit.onnx" --split-before /fc1/ -o "$tmp/s"
+expect 0 "3 stages" "split at markers" -- split "$FX/mlp/model.onnx" -o "$tmp/s"
+expect 2 "NAME=N" "split with a bad --dim" -- split "$FX/mlp/model.onnx" --dim seq -o "$tmp/s"
+echo "1..$n"
+exit 0

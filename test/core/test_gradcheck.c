@@ -1,0 +1,321 @@
+/* Finite-difference checks of every gradient rule.
+ *
+ * Each case is one op. Its float outputs y_k are seeded with random R_k, so
+ * autodiff computes the gradient of L = sum_k <y_k, R_k>; central
+ * differences of L (summed in double from the float32 forward) check it for
+ * every element of every differentiable input, graph inputs ('x') and
+ * parameters ('p') alike. Constants ('c') get no gradient. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_util.h"
+
+#define MAX_IN 6
+#define MAX_OUT 4
+
+typedef struct gc_case {
+    const char *op;
+    const char *kinds;   /* per input: x (graph input), p (parameter), c (constant), - (omitted) */
+    pp_tensor *in[MAX_IN];
+    int n_out;
+    const char *attrs;   /* "axis=1 perm=1,0 alpha=f:0.5 reduction=s:sum" */
+    const char *domain;
+    double tol;          /* 0: 2e-3 */
+} gc_case;
+
+static unsigned rng_state = 12345;
+static float frand(float lo, float hi) {
+    rng_state = rng_state * 1664525u + 1013904223u;
+    return lo + (hi - lo) * (float)(rng_state >> 8) / 16777216.0f;
+}
+
+/* Random f32 tensor in [lo, hi], entries kept at least `gap` away from 0. */
+static pp_tensor *rnd(int ndim, const int64_t *shape, float lo, float hi, float gap) {
+    pp_tensor *t;
+    TU_OK(pp_tensor_empty(PP_F32, ndim, shape, &t));
+    float *d = t->data;
+    for (int64_t i = 0; i < pp_tensor_numel(t); i++) {
+        float v;
+        do v = frand(lo, hi);
+        while (fabsf(v) < gap);
+        d[i] = v;
+    }
+    return t;
+}
+#define R(...) rnd(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t), (int64_t[]){__VA_ARGS__}, -1, 1, 0)
+#define RPOS(...) rnd(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t), (int64_t[]){__VA_ARGS__}, 0.5f, 2, 0)
+#define RGAP(...) rnd(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t), (int64_t[]){__VA_ARGS__}, -1, 1, 0.1f)
+static pp_tensor *i64s(int n, const int64_t *v) { return tu_i64(1, (int64_t[]){n}, v); }
+#define I64(...) i64s(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t), (int64_t[]){__VA_ARGS__})
+
+/* Parses "name=value ..." into node attributes. */
+static void set_attrs(pp_graph *g, int node, const char *spec) {
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", spec ? spec : "");
+    for (char *tok = strtok(buf, " "); tok; tok = strtok(NULL, " ")) {
+        char *eq = strchr(tok, '=');
+        assert_non_null(eq);
+        *eq = 0;
+        const char *v = eq + 1;
+        if (strncmp(v, "f:", 2) == 0) TU_OK(pp_node_set_float(g, node, tok, strtof(v + 2, NULL)));
+        else if (strncmp(v, "s:", 2) == 0) TU_OK(pp_node_set_string(g, node, tok, v + 2));
+        else if (strchr(v, ',') || strncmp(v, "l:", 2) == 0) {
+            int64_t ints[8];
+            int n = 0;
+            char copy[64];
+            snprintf(copy, sizeof copy, "%s", strncmp(v, "l:", 2) == 0 ? v + 2 : v);
+            for (char *s = copy; *s && n < 8;) {
+                ints[n++] = strtoll(s, &s, 10);
+                if (*s == ',') s++;
+            }
+            TU_OK(pp_node_set_ints(g, node, tok, n, ints));
+        } else TU_OK(pp_node_set_int(g, node, tok, strtoll(v, NULL, 10)));
+    }
+}
+
+typedef struct built {
+    pp_graph *g;
+    int node;
+    int in_ids[MAX_IN];
+    int n_x;
+    pp_tensor *feed[MAX_IN + MAX_OUT]; /* borrowed */
+} built;
+
+/* The case as a graph; x inputs come first among the graph inputs. */
+static void build(const gc_case *c, built *b) {
+    memset(b, 0, sizeof *b);
+    TU_OK(pp_graph_new(c->op, &b->g));
+    int n_in = (int)strlen(c->kinds);
+    char name[32];
+    for (int k = 0; k < n_in; k++) {
+        snprintf(name, sizeof name, "in%d", k);
+        pp_tensor *t = c->in[k];
+        switch (c->kinds[k]) {
+        case 'x':
+            TU_OK(pp_graph_add_input(b->g, name, t->dtype, t->ndim, t->shape, &b->in_ids[k]));
+            b->feed[b->n_x++] = t;
+            break;
+        case 'p':
+        case 'c': {
+            pp_tensor *copy;
+            TU_OK(pp_tensor_clone(t, &copy));
+            TU_OK(pp_graph_add_initializer(b->g, name,
+                                           c->kinds[k] == 'p' ? PP_VALUE_PARAM : PP_VALUE_CONST, copy,
+                                           &b->in_ids[k]));
+            break;
+        }
+        default:
+            b->in_ids[k] = -1;
+        }
+    }
+    TU_OK(pp_graph_add_node(b->g, c->op, c->domain ? c->domain : "", "op", n_in, b->in_ids,
+                            c->n_out, NULL, &b->node));
+    set_attrs(b->g, b->node, c->attrs);
+    for (int k = 0; k < c->n_out; k++) TU_OK(pp_graph_add_output(b->g, b->g->nodes[b->node].out[k]));
+}
+
+/* L = sum_k <y_k, R_k> in double (R_k NULL: output not float, skipped). */
+static double loss_of(built *b, int n_out, pp_tensor *const *r) {
+    pp_tensor *outs[MAX_OUT] = {0};
+    TU_OK(pp_graph_run(b->g, b->feed, outs));
+    double l = 0;
+    for (int k = 0; k < n_out; k++) {
+        for (int64_t i = 0; r[k] && i < pp_tensor_numel(r[k]); i++)
+            l += (double)((float *)outs[k]->data)[i] * ((float *)r[k]->data)[i];
+        pp_tensor_free(outs[k]);
+    }
+    return l;
+}
+
+static void gradcheck(const gc_case *c) {
+    if (!pp_op_find(c->domain ? c->domain : "", c->op)) {
+        print_message("# %s: no kernel in this build, skipped\n", c->op);
+        return;
+    }
+    double tol = c->tol > 0 ? c->tol : 2e-3;
+    int n_in = (int)strlen(c->kinds);
+    /* Forward once for the output shapes, then the seeds R_k. */
+    built fwd;
+    build(c, &fwd);
+    pp_tensor *outs[MAX_OUT] = {0}, *r[MAX_OUT] = {0};
+    TU_OK(pp_graph_run(fwd.g, fwd.feed, outs));
+    for (int k = 0; k < c->n_out; k++) {
+        if (outs[k]->dtype == PP_F32) r[k] = rnd(outs[k]->ndim, outs[k]->shape, -1, 1, 0);
+        pp_tensor_free(outs[k]);
+    }
+    /* Analytic gradients. */
+    built bw;
+    build(c, &bw);
+    int seeds[MAX_OUT], n_seeds = 0, wrt[MAX_IN], n_wrt = 0;
+    for (int k = 0; k < c->n_out; k++)
+        if (r[k]) seeds[n_seeds++] = bw.g->nodes[bw.node].out[k];
+    for (int k = 0; k < n_in; k++)
+        if (c->kinds[k] == 'x' && c->in[k]->dtype == PP_F32) wrt[n_wrt++] = bw.in_ids[k];
+    pp_backward_spec spec = {-1, n_seeds, seeds, n_wrt, wrt};
+    pp_backward *b;
+    TU_OK(pp_autodiff(bw.g, &spec, &b));
+    int nf = bw.n_x;
+    for (int k = 0, j = 0; k < c->n_out; k++)
+        if (r[k]) bw.feed[nf + j++] = r[k];
+    pp_tensor **all = calloc((size_t)bw.g->n_outputs, sizeof *all);
+    TU_OK(pp_graph_run(bw.g, bw.feed, all));
+    /* Numeric gradients, input by input. */
+    int checked = 0;
+    for (int k = 0; k < n_in; k++) {
+        char kind = c->kinds[k];
+        if ((kind != 'x' && kind != 'p') || c->in[k]->dtype != PP_F32) continue;
+        int grad_v = -1;
+        for (int i = 0; i < b->n_wrt; i++)
+            if (b->wrt_values[i] == bw.in_ids[k]) grad_v = b->wrt_grads[i];
+        for (int i = 0; i < b->n_params; i++)
+            if (b->params[i] == bw.in_ids[k]) grad_v = b->param_grads[i];
+        if (grad_v < 0) fail_msg("%s: input %d got no gradient", c->op, k);
+        const pp_tensor *ga = NULL;
+        for (int i = 0; i < bw.g->n_outputs; i++)
+            if (bw.g->outputs[i] == grad_v) ga = all[i];
+        assert_non_null(ga);
+        pp_tensor *t = kind == 'x' ? c->in[k] : fwd.g->values[fwd.in_ids[k]].data;
+        if (pp_tensor_numel(ga) != pp_tensor_numel(t))
+            fail_msg("%s: gradient of input %d has %lld elements, input %lld", c->op, k,
+                     (long long)pp_tensor_numel(ga), (long long)pp_tensor_numel(t));
+        float *d = t->data;
+        for (int64_t e = 0; e < pp_tensor_numel(t); e++) {
+            float keep = d[e], eps = 1e-3f * fmaxf(1.0f, fabsf(keep));
+            d[e] = keep + eps;
+            double lp = loss_of(&fwd, c->n_out, r);
+            d[e] = keep - eps;
+            double lm = loss_of(&fwd, c->n_out, r);
+            d[e] = keep;
+            double num = (lp - lm) / (2.0 * (double)eps), an = ((const float *)ga->data)[e];
+            if (fabs(an - num) > tol * (1 + fabs(num)))
+                fail_msg("%s [%s]: d/d input %d [%lld]: autodiff %.6f, finite difference %.6f",
+                         c->op, c->attrs ? c->attrs : "", k, (long long)e, an, num);
+            checked++;
+        }
+    }
+    assert_true(checked > 0);
+    for (int i = 0; i < bw.g->n_outputs; i++) pp_tensor_free(all[i]);
+    free(all);
+    pp_backward_free(b);
+    pp_graph_free(bw.g);
+    pp_graph_free(fwd.g);
+    for (int k = 0; k < MAX_OUT; k++) pp_tensor_free(r[k]);
+}
+
+/* Runs the case and frees its tensors. */
+static void check(gc_case c) {
+    gradcheck(&c);
+    for (int k = 0; k < MAX_IN; k++) pp_tensor_free(c.in[k]);
+}
+
+static void test_arithmetic(void **state) {
+    (void)state;
+    check((gc_case){"Add", "xx", {R(2, 3), R(3)}, 1});
+    check((gc_case){"Add", "px", {R(4, 1, 3), R(2, 1)}, 1});
+    check((gc_case){"Sub", "xp", {R(2, 1), R(2, 3)}, 1});
+    check((gc_case){"Mul", "xx", {R(2, 3), R(2, 3)}, 1});
+    check((gc_case){"Mul", "xc", {R(2, 3), R(1)}, 1});
+    check((gc_case){"Mul", "px", {R(3), R(2, 2, 3)}, 1});
+    check((gc_case){"Div", "xx", {R(2, 3), RPOS(3)}, 1});
+    check((gc_case){"Pow", "xx", {RPOS(2, 3), RPOS(3)}, 1});
+    check((gc_case){"Pow", "xc", {RPOS(4), tu_f32(0, NULL, (float[]){3})}, 1});
+    check((gc_case){"Neg", "x", {R(5)}, 1});
+}
+
+static void test_unary(void **state) {
+    (void)state;
+    check((gc_case){"Sqrt", "x", {RPOS(2, 3)}, 1});
+    check((gc_case){"Exp", "x", {R(2, 3)}, 1});
+    check((gc_case){"Log", "x", {RPOS(2, 3)}, 1});
+    check((gc_case){"Erf", "x", {R(2, 3)}, 1});
+    check((gc_case){"Tanh", "x", {R(2, 3)}, 1});
+    check((gc_case){"Sigmoid", "x", {R(2, 3)}, 1});
+    check((gc_case){"Relu", "x", {RGAP(2, 4)}, 1});
+    check((gc_case){"LeakyRelu", "x", {RGAP(2, 4)}, 1, "alpha=f:0.2"});
+    check((gc_case){"Gelu", "x", {R(2, 4)}, 1});
+    check((gc_case){"Gelu", "x", {R(2, 4)}, 1, "approximate=s:tanh"});
+}
+
+static void test_matmul(void **state) {
+    (void)state;
+    check((gc_case){"MatMul", "xp", {R(2, 3, 4), R(4, 5)}, 1});
+    check((gc_case){"MatMul", "xx", {R(4), R(4, 5)}, 1});
+    check((gc_case){"MatMul", "xx", {R(3, 4), R(4)}, 1});
+    check((gc_case){"MatMul", "xx", {R(2, 1, 3, 4), R(2, 4, 2)}, 1});
+    check((gc_case){"MatMul", "xx", {R(2, 3, 4), R(2, 4, 5)}, 1});
+    check((gc_case){"Gemm", "xpp", {R(3, 4), R(5, 4), R(5)}, 1, "transB=1"});
+    check((gc_case){"Gemm", "xpp", {R(4, 3), R(4, 5), R(3, 1)}, 1, "transA=1 alpha=f:0.5 beta=f:2"});
+    check((gc_case){"Gemm", "xx", {R(4, 3), R(5, 4)}, 1, "transA=1 transB=1"});
+    check((gc_case){"Gemm", "xxx", {R(3, 4), R(4, 5), R(3, 5)}, 1});
+}
+
+static void test_normalization(void **state) {
+    (void)state;
+    check((gc_case){"Softmax", "x", {R(3, 5)}, 1});
+    check((gc_case){"Softmax", "x", {R(2, 3, 4)}, 1, "axis=1"});
+    check((gc_case){"LogSoftmax", "x", {R(3, 5)}, 1});
+    check((gc_case){"LogSoftmax", "x", {R(2, 3, 2)}, 1, "axis=0"});
+    check((gc_case){"LayerNormalization", "xpp", {R(2, 3, 4), R(4), R(4)}, 1});
+    check((gc_case){"LayerNormalization", "xp", {R(2, 3, 2), R(3, 2)}, 1, "axis=1 epsilon=f:0.01"});
+    check((gc_case){"SoftmaxCrossEntropyLoss", "xc", {R(4, 5), I64(1, 0, 4, 2)}, 1});
+    check((gc_case){"SoftmaxCrossEntropyLoss", "xc", {R(4, 5), I64(1, 0, 4, 2)}, 2,
+                    "reduction=s:sum"});
+    check((gc_case){"SoftmaxCrossEntropyLoss", "xcc", {R(3, 4, 2), tu_i64(2, (int64_t[]){3, 2},
+                    (int64_t[]){0, 3, 1, 1, 2, 0}), RPOS(4)}, 1, "ignore_index=1"});
+    check((gc_case){"SoftmaxCrossEntropyLoss", "xc", {R(3, 4), I64(0, 3, 1)}, 1,
+                    "reduction=s:none"});
+}
+
+static void test_reductions(void **state) {
+    (void)state;
+    check((gc_case){"ReduceMean", "x", {R(2, 3, 4)}, 1, "axes=l:1 keepdims=0"});
+    check((gc_case){"ReduceMean", "x", {R(2, 3)}, 1, "keepdims=0"});
+    check((gc_case){"ReduceMean", "x", {R(2, 3, 2)}, 1, "axes=0,-1"});
+    check((gc_case){"ReduceSum", "xc", {R(2, 3, 4), I64(-1)}, 1, "keepdims=0"});
+    check((gc_case){"ReduceSum", "x", {R(2, 3)}, 1});
+    check((gc_case){"ReduceSum", "xc", {R(2, 3), I64(0)}, 1});
+}
+
+static void test_shape_ops(void **state) {
+    (void)state;
+    check((gc_case){"Reshape", "xc", {R(2, 6), I64(3, -1)}, 1});
+    check((gc_case){"Transpose", "x", {R(2, 3, 4)}, 1, "perm=1,2,0"});
+    check((gc_case){"Transpose", "x", {R(2, 3)}, 1});
+    check((gc_case){"Concat", "xcx", {R(2, 1), R(2, 3), R(2, 2)}, 1, "axis=1"});
+    check((gc_case){"Split", "xc", {R(2, 6), I64(1, 2, 3)}, 3, "axis=1"});
+    check((gc_case){"Slice", "xccc", {R(4, 5), I64(1, 0), I64(4, 5), I64(0, 1)}, 1});
+    check((gc_case){"Slice", "xcccc", {R(4, 6), I64(-1, 1), I64(0, 1000), I64(0, 1), I64(-2, 2)}, 1});
+    check((gc_case){"Gather", "pc", {R(5, 3), tu_i64(2, (int64_t[]){2, 2}, (int64_t[]){1, 4, 1, -1})}, 1});
+    check((gc_case){"Gather", "xc", {R(2, 4, 3), I64(3, 0, 3)}, 1, "axis=1"});
+    check((gc_case){"Unsqueeze", "xc", {R(2, 3), I64(0, 3)}, 1});
+    check((gc_case){"Squeeze", "xc", {R(2, 1, 3), I64(1)}, 1});
+    check((gc_case){"Flatten", "x", {R(2, 3, 2)}, 1, "axis=2"});
+    check((gc_case){"Expand", "xc", {R(3, 1), I64(2, 3, 4)}, 1});
+    check((gc_case){"Identity", "x", {R(3)}, 1});
+    check((gc_case){"Dropout", "x", {R(3, 2)}, 1});
+    check((gc_case){"Cast", "x", {R(3)}, 1, "to=1"});
+    check((gc_case){"PipeSplit", "xx", {R(3), R(2, 2)}, 2, NULL, "pippin"});
+}
+
+/* Where's condition is boolean: build it separately (the helpers make
+ * float and int64 tensors). */
+static void test_where_mask(void **state) {
+    (void)state;
+    pp_tensor *cond;
+    TU_OK(pp_tensor_empty(PP_BOOL, 2, (int64_t[]){2, 3}, &cond));
+    uint8_t m[6] = {1, 0, 1, 1, 0, 0};
+    memcpy(cond->data, m, 6);
+    check((gc_case){"Where", "cxp", {cond, R(2, 3), R(1, 3)}, 1});
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_arithmetic),     cmocka_unit_test(test_unary),
+        cmocka_unit_test(test_matmul),         cmocka_unit_test(test_normalization),
+        cmocka_unit_test(test_reductions),     cmocka_unit_test(test_shape_ops),
+        cmocka_unit_test(test_where_mask),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,57 @@
+/* Command-line glue for the local pipeline runner. */
+#include "pipe_cli.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int pp_cli_has_markers(const pp_graph *g) {
+    for (int i = 0; i < g->n_nodes; i++)
+        if (strcmp(g->nodes[i].op_type, "PipeSplit") == 0 && strcmp(g->nodes[i].domain, "pippin") == 0) return 1;
+    return 0;
+}
+
+pp_status pp_cli_open_pipeline(const pp_graph *g, const pp_split_args *sa, int training, pp_pipe **pipe,
+                               pp_runner **runner) {
+    pp_split_spec spec = pp_split_args_spec(sa);
+    *runner = NULL;
+    PP_TRY(pp_pipe_split(g, &spec, pipe));
+    pp_status s = pp_pipe_probe_shapes(*pipe, sa->n_dims, sa->dims);
+    if (s == PP_OK) s = pp_runner_new(*pipe, training, runner);
+    if (s != PP_OK) {
+        pp_pipe_free(*pipe);
+        *pipe = NULL;
+    }
+    return s;
+}
+
+pp_status pp_cli_schedule(const char *kind, int n_stages, int m, pp_schedule **out) {
+    *out = NULL;
+    if (!kind) return PP_OK;
+    if (strncmp(kind, "csv:", 4) == 0) {
+        PP_TRY(pp_schedule_load_csv(kind + 4, out));
+    } else {
+        pp_sched_params sp = {0};
+        PP_TRY(pp_sched_kind_parse(kind, &sp.kind));
+        int spr = pp_sched_default_stages_per_rank(sp.kind);
+        if (n_stages % spr != 0)
+            return pp_error(PP_ERR_INVALID, "schedule '%s' puts %d stages on each rank; the pipe has %d stages",
+                            kind, spr, n_stages);
+        sp.nranks = n_stages / spr;
+        sp.nmb = m;
+        sp.stages_per_rank = spr;
+        PP_TRY(pp_schedule_generate(&sp, out));
+    }
+    pp_status s = pp_schedule_validate(*out, NULL);
+    if (s == PP_OK && (*out)->nstages != n_stages)
+        s = pp_error(PP_ERR_INVALID, "schedule '%s' has %d stages; the pipe has %d", kind, (*out)->nstages, n_stages);
+    if (s != PP_OK) {
+        pp_schedule_free(*out);
+        *out = NULL;
+    }
+    return s;
+}
+
+pp_status pp_cli_runner_step(pp_runner *r, int m, const pp_schedule *sched, const pp_named_tensors *in,
+                             pp_tensor **outputs) {
+    return pp_runner_step(r, m, sched, in->n, (const char *const *)in->names, in->tensors, outputs);
+}
