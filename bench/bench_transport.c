@@ -33,7 +33,7 @@ static int reps = 3;
 static int quick;
 static const char *only_endpoint; /* --endpoint: run just this one (tcp, ipc, tcp+curve, latency) */
 static size_t only_size;          /* --size: just this many bytes */
-static char ipc_dir[256];
+static char ipc_dir[200];
 
 static double now_s(void) {
     struct timespec ts;

@@ -32,6 +32,21 @@ static int output_may_be_float(const pp_graph *g, const pp_node *n, int k) {
     return 1;
 }
 
+/* "[batch,10]" (dim names where known), "" for an unknown rank. */
+static const char *dims_str(const pp_value *v, char *buf, size_t cap) {
+    size_t n = 0;
+    buf[0] = 0;
+    for (int d = 0; d < v->ndim && n + 24 < cap; d++) {
+        const char *sep = d ? "," : "[";
+        if (v->dim_names[d]) n += (size_t)snprintf(buf + n, cap - n, "%s%.20s", sep, v->dim_names[d]);
+        else if (v->shape[d] < 0) n += (size_t)snprintf(buf + n, cap - n, "%s?", sep);
+        else n += (size_t)snprintf(buf + n, cap - n, "%s%lld", sep, (long long)v->shape[d]);
+    }
+    if (v->ndim == 0) snprintf(buf, cap, "[]");
+    else if (v->ndim > 0 && n + 1 < cap) snprintf(buf + n, cap - n, "]");
+    return buf;
+}
+
 static pp_status check_spec(const pp_graph *g, const pp_backward_spec *spec) {
     char buf[160];
     if (spec->loss < 0 && spec->n_seeds == 0)
@@ -45,8 +60,7 @@ static pp_status check_spec(const pp_graph *g, const pp_backward_spec *spec) {
         if (!value_is_float(v) || !scalar)
             return pp_error(PP_ERR_INVALID,
                             "loss '%s' is %s%s: training needs a float scalar loss", v->name,
-                            pp_dtype_name(v->dtype),
-                            v->ndim >= 0 ? pp_shape_str(v->ndim, v->shape, buf, sizeof buf) : "");
+                            pp_dtype_name(v->dtype), dims_str(v, buf, sizeof buf));
     }
     for (int i = 0; i < spec->n_seeds; i++)
         if (spec->seeds[i] < 0 || spec->seeds[i] >= g->n_values)

@@ -254,105 +254,135 @@ static pp_status commit(eng *e, int rank, const pp_action *x, double start, doub
     return PP_OK;
 }
 
-/* The common case, inlined: plain F/I/W/B of a checked compute-only
- * schedule, per-rank state in registers. Returns 1 when the next action
- * needs the general path, 0 when the rank finished or waits. */
+/* Per-rank state of the fast path, held in locals while a rank runs. */
+typedef struct fstate {
+    double clock, busy, first, bytes, pbytes;
+    int act, wp, pact, pwp;
+} fstate;
+
+/* Earliest start of a plain F/I/W/B given its inputs, or -1 (after noting
+ * what the rank waits for) when an input is missing. */
+static inline double fast_ready(eng *e, int rank, const pp_action *a) {
+    const size_t m = (size_t)e->m;
+    int st = a->stage, k = a->kind;
+    size_t id = (size_t)st * m + (size_t)a->mb;
+    const tpair *t = e->t;
+    if (k == PP_ACT_F) {
+        if (st == 0) return 0;
+        double tp = t[id - m].f;
+        if (tp < 0) return wait_for(e, rank, WAIT_TF, id - m), -1;
+        return tp + e->xfer[st - 1];
+    }
+    if (k == PP_ACT_W) {
+        double ti = t[id].i;
+        if (ti < 0) return wait_for(e, rank, WAIT_TI, id), -1;
+        return ti;
+    }
+    double ready = t[id].f;
+    if (ready < 0) return wait_for(e, rank, WAIT_TF, id), -1;
+    if (st + 1 < e->S) {
+        double tn = t[id + m].i;
+        if (tn < 0) return wait_for(e, rank, WAIT_TI, id + m), -1;
+        tn += e->xfer[st];
+        if (tn > ready) ready = tn;
+    }
+    return ready;
+}
+
+/* Runs a plain F/I/W/B from start; returns its end. */
+static inline double fast_commit(eng *e, int rank, const pp_action *a, double start,
+                                 fstate *f) {
+    const size_t m = (size_t)e->m;
+    const int *sr = e->s->stage_rank;
+    int st = a->stage, k = a->kind;
+    size_t id = (size_t)st * m + (size_t)a->mb;
+    double end;
+    if (k == PP_ACT_F) {
+        end = start + e->cf[st];
+        if (++f->act > f->pact) f->pact = f->act;
+        f->bytes += e->cst[st];
+        if (f->bytes > f->pbytes) f->pbytes = f->bytes;
+        e->t[id].f = end;
+        if (st + 1 < e->S && sr[st + 1] != rank) wake_on(e, sr[st + 1], WAIT_TF, id);
+    } else if (k != PP_ACT_W) {
+        end = start + e->ci[st];
+        f->act--;
+        f->bytes -= e->cst[st];
+        if (k == PP_ACT_I) {
+            if (++f->wp > f->pwp) f->pwp = f->wp;
+            f->bytes += e->cwst[st];
+            if (f->bytes > f->pbytes) f->pbytes = f->bytes;
+        } else {
+            end += e->cw[st];
+        }
+        e->t[id].i = end;
+        if (st > 0 && sr[st - 1] != rank) wake_on(e, sr[st - 1], WAIT_TI, id);
+    } else {
+        end = start + e->cw[st];
+        f->wp--;
+        f->bytes -= e->cwst[st];
+    }
+    f->busy += end - start;
+    if (f->first < 0) f->first = start;
+    return end;
+}
+
+/* The common case, inlined: F/I/W/B and compounds of them in a checked
+ * compute-only schedule. Returns 1 when the next action needs the general
+ * path, 0 when the rank finished or waits. */
 static int fast_run(eng *e, int rank) {
     const pp_action *list = e->s->acts[rank];
-    const int *sr = e->s->stage_rank;
-    const size_t m = (size_t)e->m, len = e->s->len[rank];
-    const int S = e->S;
-    tpair *t = e->t;
+    const pp_action *subs = e->s->sub;
+    const size_t len = e->s->len[rank];
     size_t pc = e->pc[rank];
-    double clock = e->clock[rank], busy = e->busy[rank], first = e->first[rank];
-    double bytes = e->bytes[rank], pbytes = e->peak_bytes[rank];
-    int act = e->act[rank], wp = e->wpend[rank], pact = e->peak_act[rank];
-    int pwp = e->peak_wpend[rank], slow = 0;
+    fstate f = {e->clock[rank], e->busy[rank], e->first[rank], e->bytes[rank],
+                e->peak_bytes[rank], e->act[rank], e->wpend[rank], e->peak_act[rank],
+                e->peak_wpend[rank]};
+    int slow = 0;
     while (pc < len) {
         const pp_action *a = &list[pc];
         int k = a->kind;
-        if (k == PP_ACT_IDLE) {
-            pc++;
-            continue;
-        }
-        if (k < PP_ACT_F || k > PP_ACT_B) {
+        if (k >= PP_ACT_F && k <= PP_ACT_B) {
+            double ready = fast_ready(e, rank, a);
+            if (ready < 0) break;
+            f.clock = fast_commit(e, rank, a, ready > f.clock ? ready : f.clock, &f);
+        } else if (k == PP_ACT_OVERLAP_F_B) {
+            /* All inputs first, then the sub-actions back to back. */
+            const pp_action *sub = subs + a->mb;
+            double start = f.clock;
+            int n = a->nsub, ok = 1;
+            for (int j = 0; j < n; j++) {
+                if (sub[j].kind < PP_ACT_F || sub[j].kind > PP_ACT_B) {
+                    slow = 1;
+                    break;
+                }
+                double r = fast_ready(e, rank, &sub[j]);
+                if (r < 0) {
+                    ok = 0;
+                    break;
+                }
+                if (r > start) start = r;
+            }
+            if (slow || !ok) break;
+            for (int j = 0; j < n; j++) start = fast_commit(e, rank, &sub[j], start, &f);
+            f.clock = start;
+        } else if (k != PP_ACT_IDLE) {
             slow = 1;
             break;
         }
-        int st = a->stage;
-        size_t id = (size_t)st * m + (size_t)a->mb;
-        double ready = 0, start, end;
-        if (k == PP_ACT_F) {
-            if (st > 0) {
-                double tp = t[id - m].f;
-                if (tp < 0) {
-                    wait_for(e, rank, WAIT_TF, id - m);
-                    break;
-                }
-                ready = tp + e->xfer[st - 1];
-            }
-            start = ready > clock ? ready : clock;
-            end = start + e->cf[st];
-            if (++act > pact) pact = act;
-            bytes += e->cst[st];
-            if (bytes > pbytes) pbytes = bytes;
-            t[id].f = end;
-            if (st + 1 < S && sr[st + 1] != rank) wake_on(e, sr[st + 1], WAIT_TF, id);
-        } else if (k != PP_ACT_W) {
-            ready = t[id].f;
-            if (ready < 0) {
-                wait_for(e, rank, WAIT_TF, id);
-                break;
-            }
-            if (st + 1 < S) {
-                double tn = t[id + m].i;
-                if (tn < 0) {
-                    wait_for(e, rank, WAIT_TI, id + m);
-                    break;
-                }
-                tn += e->xfer[st];
-                if (tn > ready) ready = tn;
-            }
-            start = ready > clock ? ready : clock;
-            end = start + e->ci[st];
-            act--;
-            bytes -= e->cst[st];
-            if (k == PP_ACT_I) {
-                if (++wp > pwp) pwp = wp;
-                bytes += e->cwst[st];
-                if (bytes > pbytes) pbytes = bytes;
-            } else {
-                end += e->cw[st];
-            }
-            t[id].i = end;
-            if (st > 0 && sr[st - 1] != rank) wake_on(e, sr[st - 1], WAIT_TI, id);
-        } else {
-            ready = t[id].i;
-            if (ready < 0) {
-                wait_for(e, rank, WAIT_TI, id);
-                break;
-            }
-            start = ready > clock ? ready : clock;
-            end = start + e->cw[st];
-            wp--;
-            bytes -= e->cwst[st];
-        }
-        busy += end - start;
-        if (first < 0) first = start;
-        clock = end;
         pc++;
     }
     e->pc[rank] = pc;
-    e->clock[rank] = clock;
-    e->busy[rank] = busy;
-    e->first[rank] = first;
-    if (clock > e->last[rank]) e->last[rank] = clock;
-    e->bytes[rank] = bytes;
-    e->peak_bytes[rank] = pbytes;
-    e->act[rank] = act;
-    e->wpend[rank] = wp;
-    e->peak_act[rank] = pact;
-    e->peak_wpend[rank] = pwp;
+    e->clock[rank] = f.clock;
+    e->busy[rank] = f.busy;
+    e->first[rank] = f.first;
+    if (f.clock > e->last[rank]) e->last[rank] = f.clock;
+    e->bytes[rank] = f.bytes;
+    e->peak_bytes[rank] = f.pbytes;
+    e->act[rank] = f.act;
+    e->wpend[rank] = f.wp;
+    e->peak_act[rank] = f.pact;
+    e->peak_wpend[rank] = f.pwp;
     return slow;
 }
 

@@ -5,7 +5,7 @@
 
 #include "sched_internal.h"
 
-#define ADD(r, k, st, mb) PP_TRY(pp_schedule_append(s, (r), pp_act((k), (st), (mb))))
+#define ADD(r, k, st, mb) PP_TRY(pp_sched_push(s, (r), pp_act((k), (st), (mb))))
 
 typedef struct ilv {
     int p, r, L, mpr, warmup;

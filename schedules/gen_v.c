@@ -8,7 +8,7 @@
  * max(2p-1, m) microbatches and drops the extra ones). */
 static pp_status add_lt(pp_schedule *s, int r, pp_act_kind k, int st, int mb) {
     if (mb >= s->nmb) return PP_OK;
-    return pp_schedule_append(s, r, pp_act(k, st, mb));
+    return pp_sched_push(s, r, pp_act(k, st, mb));
 }
 
 #define ADDV(k, st, mb) PP_TRY(add_lt(s, r, (k), (st), (mb)))
@@ -69,14 +69,14 @@ typedef struct dpv {
 
 static pp_status dpv_add(dpv *d, int loc, pp_act_kind k) {
     int st = d->st[loc];
-    if (k == PP_ACT_F) return pp_schedule_append(d->s, d->r, pp_act(k, st, d->fcnt[loc]++));
+    if (k == PP_ACT_F) return pp_sched_push(d->s, d->r, pp_act(k, st, d->fcnt[loc]++));
     int mb = d->icnt[loc]++;
     if (k == PP_ACT_I) {
         d->wq[2 * d->wq_tail] = loc;
         d->wq[2 * d->wq_tail + 1] = mb;
         d->wq_tail++;
     }
-    return pp_schedule_append(d->s, d->r, pp_act(k, st, mb));
+    return pp_sched_push(d->s, d->r, pp_act(k, st, mb));
 }
 
 static pp_status dpv_overlap(dpv *d, int floc, int bloc) {
@@ -89,7 +89,7 @@ static pp_status dpv_weight(dpv *d) {
     if (d->wq_head == d->wq_tail) return PP_OK; /* nothing pending */
     int loc = d->wq[2 * d->wq_head], mb = d->wq[2 * d->wq_head + 1];
     d->wq_head++;
-    return pp_schedule_append(d->s, d->r, pp_act(PP_ACT_W, d->st[loc], mb));
+    return pp_sched_push(d->s, d->r, pp_act(PP_ACT_W, d->st[loc], mb));
 }
 
 /* torch's ScheduleDualPipeV, itself DeepSeek's DualPipe folded into a V:

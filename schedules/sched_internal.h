@@ -19,6 +19,16 @@ pp_status pp_gen_zbv(pp_schedule *s);
 pp_status pp_gen_dualpipev(pp_schedule *s);
 pp_status pp_gen_auto(pp_schedule *s, const pp_sched_params *params);
 
+/* Appends to a list reserved beforehand without a call (the generators'
+ * inner loops); falls back to pp_schedule_append when full. */
+static inline pp_status pp_sched_push(pp_schedule *s, int rank, pp_action a) {
+    if (s->len[rank] < s->cap_[rank]) {
+        s->acts[rank][s->len[rank]++] = a;
+        return PP_OK;
+    }
+    return pp_schedule_append(s, rank, a);
+}
+
 /* Table of steps first..last (clamped), marking err_step. */
 pp_status pp_sched_table_range(const pp_schedule *s, long first, long last, long err_step,
                                char **out);

@@ -377,6 +377,11 @@ pp_status pp_stage_backward(pp_stage *st, int mb, pp_tensor *const *out_grads, p
     return pp_stage_backward_weight(st, mb);
 }
 
+pp_status pp_stage_stash_per_sample(pp_stage *st, int64_t other_dims, int64_t *per_sample) {
+    if (!st->bw) return pp_error(PP_ERR_STATE, "stage %d was not built for training", st->index);
+    return pp_backward_stash_per_sample(st->g, st->bw, other_dims, per_sample, NULL);
+}
+
 int pp_stage_n_params(const pp_stage *st) { return st->bw ? st->bw->n_params : 0; }
 const char *pp_stage_param_name(const pp_stage *st, int i) { return st->g->values[st->bw->params[i]].name; }
 

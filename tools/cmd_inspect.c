@@ -8,7 +8,10 @@
 
 #include "cli_util.h"
 #include "commands.h"
+#include "pipe_cli.h"
+#include "pippin/autodiff.h"
 #include "pippin/pippin.h"
+#include "pippin/stage.h"
 
 typedef struct {
     const char *op;
@@ -102,28 +105,179 @@ static void print_text(const pp_graph *g, const op_count *ops, int n_ops) {
         if (is_pipe_split(&g->nodes[i])) printf("  %s (node %d)\n", g->nodes[i].name, i);
 }
 
+/* The largest --dim value: the size given to dynamic dims other than the
+ * batch when measuring stashes (e.g. --dim seq=16). */
+static int64_t other_dim_size(const pp_split_args *sa) {
+    int64_t best = 1;
+    for (int i = 0; i < sa->n_dims; i++) {
+        long long v = atoll(strchr(sa->dims[i], '=') + 1);
+        if (v > best) best = v;
+    }
+    return best;
+}
+
+static void human_bytes(int64_t b, char *buf, size_t cap) {
+    if (b < 0) snprintf(buf, cap, "?");
+    else if (b < 10 * 1024) snprintf(buf, cap, "%lld B", (long long)b);
+    else if (b < 10 * 1024 * 1024) snprintf(buf, cap, "%.1f KiB", (double)b / 1024);
+    else snprintf(buf, cap, "%.1f MiB", (double)b / (1024.0 * 1024.0));
+}
+
+/* The stage table: nodes, parameters, stash per sample, edges. */
+static int print_stages(const pp_graph *g, const pp_split_args *sa, int json) {
+    pp_pipe *p = NULL;
+    pp_split_spec spec = pp_split_args_spec(sa);
+    if (pp_pipe_split(g, &spec, &p) != PP_OK || pp_pipe_probe_shapes(p, sa->n_dims, sa->dims) != PP_OK) {
+        pp_pipe_free(p);
+        return 1;
+    }
+    int n = p->n_stages, rc = 0;
+    int64_t *nodes = calloc((size_t)n, sizeof *nodes), *pbytes = calloc((size_t)n, sizeof *pbytes);
+    int64_t *stash = calloc((size_t)n, sizeof *stash);
+    for (int s = 0; s < n; s++) {
+        nodes[s] = p->stages[s]->n_nodes;
+        pp_graph_param_stats(p->stages[s], NULL, &pbytes[s]);
+        pp_stage *st = NULL;
+        stash[s] = -1;
+        /* Training stages need a loss downstream; without one, no stash. */
+        if (p->loss && pp_stage_from_pipe(p, s, 1, &st) == PP_OK) {
+            if (pp_stage_stash_per_sample(st, other_dim_size(sa), &stash[s]) != PP_OK) stash[s] = -1;
+        }
+        pp_stage_free(st);
+    }
+    if (json) {
+        json_object *root = json_object_new_object(), *arr = json_object_new_array();
+        for (int s = 0; s < n; s++) {
+            json_object *o = json_object_new_object();
+            json_object_object_add(o, "stage", json_object_new_int(s));
+            json_object_object_add(o, "nodes", json_object_new_int64(nodes[s]));
+            json_object_object_add(o, "parameter_bytes", json_object_new_int64(pbytes[s]));
+            json_object_object_add(o, "stash_bytes_per_sample", stash[s] >= 0 ? json_object_new_int64(stash[s]) : NULL);
+            json_object_array_add(arr, o);
+        }
+        json_object_object_add(root, "stages", arr);
+        json_object *edges = json_object_new_array();
+        for (int e = 0; e < p->n_edges; e++) {
+            const pp_pipe_edge *ed = &p->edges[e];
+            json_object *o = json_object_new_object();
+            json_object_object_add(o, "value", json_object_new_string(ed->value));
+            json_object_object_add(o, "producer", ed->producer >= 0 ? json_object_new_int(ed->producer) : NULL);
+            json_object *c = json_object_new_array();
+            for (int k = 0; k < ed->n_consumers; k++) json_object_array_add(c, json_object_new_int(ed->consumers[k]));
+            json_object_object_add(o, "consumers", c);
+            json_object_object_add(o, "bytes_per_sample", json_object_new_int64(ed->bytes_per_sample));
+            json_object_array_add(edges, o);
+        }
+        json_object_object_add(root, "edges", edges);
+        printf("%s\n", json_object_to_json_string_ext(root, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_NOSLASHESCAPE));
+        json_object_put(root);
+    } else {
+        char a[32], b[32];
+        printf("stages: %d\n  %-6s %6s %12s %16s\n", n, "stage", "nodes", "parameters", "stash/sample");
+        for (int s = 0; s < n; s++) {
+            human_bytes(pbytes[s], a, sizeof a);
+            human_bytes(stash[s], b, sizeof b);
+            printf("  %-6d %6lld %12s %16s\n", s, (long long)nodes[s], a, b);
+        }
+        printf("edges (bytes per sample):\n");
+        for (int e = 0; e < p->n_edges; e++) {
+            const pp_pipe_edge *ed = &p->edges[e];
+            char from[16], to[128];
+            size_t k = 0;
+            if (ed->producer >= 0) snprintf(from, sizeof from, "%d", ed->producer);
+            else snprintf(from, sizeof from, "input");
+            to[0] = '\0';
+            for (int c = 0; c < ed->n_consumers && k < sizeof to; c++)
+                k += (size_t)snprintf(to + k, sizeof to - k, "%s%d", c ? "," : "", ed->consumers[c]);
+            human_bytes(ed->bytes_per_sample, a, sizeof a);
+            printf("  %-5s -> %-8s %10s  %s\n", from, to, a, ed->value);
+        }
+        for (int i = 0; i < p->n_shared; i++) {
+            printf("  shared parameter %s in stages", p->shared[i].name);
+            for (int k = 0; k < p->shared[i].n_stages; k++) printf(" %d", p->shared[i].stages[k]);
+            printf(" (replicated; gradients summed)\n");
+        }
+    }
+    free(nodes);
+    free(pbytes);
+    free(stash);
+    pp_pipe_free(p);
+    return rc;
+}
+
+static void copy_type(pp_graph *g, int from, int to) {
+    if (from < 0 || to < 0 || g->values[to].dtype != PP_DTYPE_UNDEFINED) return;
+    const pp_value *f = &g->values[from];
+    pp_value *t = &g->values[to];
+    t->dtype = f->dtype;
+    t->ndim = f->ndim;
+    memcpy(t->shape, f->shape, sizeof t->shape);
+    for (int d = 0; d < f->ndim; d++)
+        if (f->dim_names[d] && !t->dim_names[d]) t->dim_names[d] = strdup(f->dim_names[d]);
+}
+
+/* The whole model's training graph: stash per sample, and the graph
+ * written as ONNX when asked. */
+static int print_backward(pp_graph *g, const pp_split_args *sa, const char *out_path) {
+    pp_backward *b = NULL;
+    if (pp_autodiff_model(g, NULL, 0, &b) != PP_OK) return 1;
+    int64_t per = 0;
+    int rc = 0;
+    if (pp_backward_stash_per_sample(g, b, other_dim_size(sa), &per, NULL) == PP_OK) {
+        char a[32];
+        human_bytes(per, a, sizeof a);
+        printf("training graph: %d forward (F), %d backward-input (I), %d backward-weight (W) nodes; "
+               "%d trainable parameters; stash %s per sample\n",
+               b->n_forward, b->n_i, b->n_w, b->n_params, a);
+    }
+    if (out_path) {
+        /* A gradient has its value's type: declare it so the file checks. */
+        for (int i = 0; i < b->n_params; i++) copy_type(g, b->params[i], b->param_grads[i]);
+        for (int i = 0; i < b->n_wrt; i++) copy_type(g, b->wrt_values[i], b->wrt_grads[i]);
+        if (pp_onnx_save(g, out_path) != PP_OK) rc = 1;
+        else printf("training graph written to %s\n", out_path);
+    }
+    pp_backward_free(b);
+    return rc;
+}
+
 static void inspect_usage(FILE *f) {
-    fprintf(f, "usage: pippin inspect MODEL.onnx [--json]\n"
+    fprintf(f, "usage: pippin inspect MODEL.onnx [--json] [--backward [-o OUT.onnx]]\n"
+               "                      [--split-before PREFIX]... [--split-after PREFIX]... [--dim NAME=N]...\n"
                "Shows inputs and outputs (dtype, shape), op counts, parameter count and bytes,\n"
-               "and the pipe-split markers found.\n");
+               "and the pipe-split markers found. With markers (or a split spec): a stage table\n"
+               "(nodes, parameter bytes, stashed bytes per sample) and the values crossing\n"
+               "stages with their bytes per sample. --backward derives the training graph and\n"
+               "reports its stash per sample; -o writes it as ONNX (regions in doc_string).\n"
+               "--dim NAME=N sizes a dynamic dim (e.g. seq=16) for the byte counts.\n");
 }
 
 int cmd_inspect(int argc, char **argv) {
     static const struct option opts[] = {
+        PP_SPLIT_LONG_OPTIONS,
         {"json", no_argument, NULL, 'j'},
+        {"backward", no_argument, NULL, 'b'},
+        {"output", required_argument, NULL, 'o'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    int c, json = 0;
+    int c, json = 0, backward = 0;
+    const char *out_path = NULL;
+    pp_split_args sa = {0};
     optind = 1;
-    while ((c = getopt_long(argc, argv, "jh", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "jbo:h", opts, NULL)) != -1) {
+        int handled = pp_split_args_handle(&sa, c, optarg, "inspect");
+        if (handled < 0) return 2;
+        if (handled) continue;
         switch (c) {
         case 'j': json = 1; break;
+        case 'b': backward = 1; break;
+        case 'o': out_path = optarg; break;
         case 'h': inspect_usage(stdout); return 0;
         default: inspect_usage(stderr); return 2;
         }
     }
-    if (optind != argc - 1) {
+    if (optind != argc - 1 || (out_path && !backward)) {
         inspect_usage(stderr);
         return 2;
     }
@@ -134,10 +288,13 @@ int cmd_inspect(int argc, char **argv) {
         pp_graph_free(g);
         return 1;
     }
-    int n_ops = count_ops(g, ops);
+    int n_ops = count_ops(g, ops), rc = 0;
     if (json) print_json(g, ops, n_ops);
     else print_text(g, ops, n_ops);
+    if (pp_cli_has_markers(g) || pp_split_args_any(&sa)) rc = print_stages(g, &sa, json);
+    if (!rc && backward) rc = print_backward(g, &sa, out_path);
+    if (rc) pp_cli_fail("inspect");
     free(ops);
     pp_graph_free(g);
-    return 0;
+    return rc;
 }

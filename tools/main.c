@@ -24,6 +24,12 @@ static const pp_command commands[] = {
 #ifdef PP_HAVE_CMD_SPLIT
     {"split", cmd_split, "cut a model into stage files and pipe.json"},
 #endif
+#ifdef PP_HAVE_CMD_GRAD
+    {"grad", cmd_grad, "loss and parameter gradients of a model on one batch"},
+#endif
+#ifdef PP_HAVE_CMD_TRAIN
+    {"train", cmd_train, "train a model on .npy data with SGD or AdamW (one process)"},
+#endif
     {NULL, NULL, NULL},
 };
 

@@ -74,6 +74,11 @@ int pp_stage_pending(const pp_stage *st);
 /* Bytes held in stashes right now. */
 size_t pp_stage_stash_bytes(const pp_stage *st);
 
+/* Bytes the forward stashes for the backward, per sample (from runs at
+ * batch 1 and 2; other dynamic input dims set to other_dims). Training
+ * stages only. */
+pp_status pp_stage_stash_per_sample(pp_stage *st, int64_t other_dims, int64_t *per_sample);
+
 /* Trainable parameters (float32, in the flat buffers). */
 int pp_stage_n_params(const pp_stage *st);
 const char *pp_stage_param_name(const pp_stage *st, int i);

@@ -11,7 +11,7 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 n=0
-echo "1..4"
+echo "1..6"
 for case in "mlp model.onnx" "skip model.onnx" "gpt model.onnx --dim seq=16" \
             "gpt model_nosplit.onnx --split-before /blocks.2/ --transmit-shared"; do
     set -- $case
@@ -41,5 +41,16 @@ PYEOF
         echo "ok $n - $fx $model $*: $(ls "$out" | grep -c onnx) stage files pass onnx.checker"
     else
         echo "not ok $n - $fx $model $*: $(tail -3 "$tmp/log")"
+    fi
+done
+# The training graph `pippin inspect --backward -o` writes is valid ONNX too.
+for fx in mlp gpt; do
+    n=$((n + 1))
+    if ! "$PIPPIN" inspect "$SRC/test/fixtures/$fx/model.onnx" --backward -o "$tmp/$fx-train.onnx" >"$tmp/log" 2>&1; then
+        echo "not ok $n - inspect --backward $fx: $(tail -3 "$tmp/log")"
+    elif $PY -c "import onnx, sys; m = onnx.load(sys.argv[1]); onnx.checker.check_model(m); assert any(n.doc_string == 'pippin.region=W' for n in m.graph.node)" "$tmp/$fx-train.onnx" >"$tmp/log" 2>&1; then
+        echo "ok $n - $fx training graph passes onnx.checker, W region tagged"
+    else
+        echo "not ok $n - $fx training graph: $(tail -3 "$tmp/log")"
     fi
 done

@@ -554,6 +554,80 @@ static void test_max_min_sum_mean(void **state) {
     on_free(&t);
 }
 
+static double ref_hard_sigmoid(double x) { return fmax(0, fmin(1, (double)0.2f * x + 0.5)); }
+static double ref_hard_swish(double x) { return x * fmax(0, fmin(1, x / 6 + 0.5)); }
+static double ref_softplus(double x) { return log1p(exp(x)); }
+static double ref_softsign(double x) { return x / (1 + fabs(x)); }
+static double ref_elu(double x) { return x < 0 ? expm1(x) : x; }
+static double ref_selu(double x) {
+    const double a = 1.67326319217681884765625f, g = 1.05070102214813232421875f;
+    return x <= 0 ? g * a * expm1(x) : g * x;
+}
+static double ref_celu(double x) { return fmax(0, x) + fmin(0, expm1(x)); }
+static double ref_thresholded_relu(double x) { return x > 1 ? x : 0; }
+
+static void test_unary_more(void **state) {
+    (void)state;
+    check_unary("Cos", cos, -10, 10, 1e-6, 1e-7);
+    check_unary("Sin", sin, -10, 10, 1e-6, 1e-7);
+    check_unary("Floor", floor, -5.5, 5.5, 0, 0);
+    check_unary("Ceil", ceil, -5.5, 5.5, 0, 0);
+    check_unary("HardSigmoid", ref_hard_sigmoid, -5, 5, 1e-6, 1e-7);
+    check_unary("HardSwish", ref_hard_swish, -5, 5, 1e-6, 1e-7);
+    check_unary("Softplus", ref_softplus, -50, 50, 1e-6, 1e-30);
+    check_unary("Softsign", ref_softsign, -5, 5, 1e-6, 0);
+    check_unary("Elu", ref_elu, -5, 5, 1e-6, 0);
+    check_unary("Selu", ref_selu, -5, 5, 1e-6, 0);
+    check_unary("Celu", ref_celu, -5, 5, 1e-6, 0);
+    check_unary("ThresholdedRelu", ref_thresholded_relu, -3, 3, 0, 0);
+    const int64_t *s = SHAPE(6);
+    expect(RUN("Round", F32(1, s, 0.5f, 1.5f, 2.5f, -0.5f, -1.5f, 2.4f)),
+           F32(1, s, 0, 2, 2, -0.0f, -2, 2), 0, 0, "Round half to even");
+    expect(RUN("Sign", F32(1, s, -2, 0, 3, NAN, -0.0f, INFINITY)), F32(1, s, -1, 0, 1, NAN, 0, 1),
+           0, 0, "Sign f32");
+    expect_exact(RUN("Sign", I64(1, SHAPE(3), -7, 0, 9)), I64(1, SHAPE(3), -1, 0, 1), "Sign i64");
+    expect_exact(RUN("IsNaN", F32(1, SHAPE(3), NAN, 1, INFINITY)), B(1, SHAPE(3), 1, 0, 0), "IsNaN");
+    expect_exact(RUN("IsInf", F32(1, SHAPE(3), NAN, -INFINITY, INFINITY)), B(1, SHAPE(3), 0, 1, 1),
+                 "IsInf");
+    one_node t;
+    on_init(&t, "IsInf", 1, (pp_tensor *[]){F32(1, SHAPE(3), NAN, -INFINITY, INFINITY)});
+    TU_OK(pp_node_set_int(t.g, t.node, "detect_negative", 0));
+    pp_tensor *y;
+    TU_OK(on_run(&t, &y));
+    expect_exact(y, B(1, SHAPE(3), 0, 0, 1), "IsInf positive only");
+    on_free(&t);
+    on_init(&t, "Elu", 1, (pp_tensor *[]){F32(1, SHAPE(2), -1, 2)});
+    TU_OK(pp_node_set_float(t.g, t.node, "alpha", 2));
+    TU_OK(on_run(&t, &y));
+    expect(y, F32(1, SHAPE(2), 2 * expm1f(-1), 2), 1e-6, 0, "Elu alpha");
+    on_free(&t);
+}
+
+static void test_mod_prelu(void **state) {
+    (void)state;
+    const int64_t *s = SHAPE(4);
+    /* fmod=0 (default): the result takes the divisor's sign */
+    expect_exact(RUN("Mod", I64(1, s, 7, -7, 7, -7), I64(1, s, 3, 3, -3, -3)),
+                 I64(1, s, 1, 2, -2, -1), "Mod int64");
+    expect_exact(RUN("Mod", T(PP_I32, 1, SHAPE(2), 5, 5), T(PP_I32, 1, SHAPE(2), 0, -1)),
+                 T(PP_I32, 1, SHAPE(2), 0, 0), "Mod by 0 and -1");
+    one_node t;
+    on_init(&t, "Mod", 2, (pp_tensor *[]){F32(1, s, 7, -7, 7.5f, -7), F32(1, s, 3, 3, -2, -3)});
+    TU_OK(pp_node_set_int(t.g, t.node, "fmod", 1));
+    pp_tensor *y;
+    TU_OK(on_run(&t, &y));
+    expect(y, F32(1, s, 1, -1, 1.5f, -1), 0, 0, "Mod fmod=1 f32");
+    on_free(&t);
+    on_init(&t, "Mod", 2, (pp_tensor *[]){F32(1, SHAPE(1), 1), F32(1, SHAPE(1), 1)});
+    expect_error_msg(&t, PP_ERR_INVALID, "fmod=1");
+    on_free(&t);
+    expect(RUN("PRelu", F32(2, SHAPE(2, 2), -1, 2, -3, 4), F32(1, SHAPE(2), 0.5f, 0.25f)),
+           F32(2, SHAPE(2, 2), -0.5f, 2, -1.5f, 4), 0, 0, "PRelu channel slope");
+    on_init(&t, "PRelu", 2, (pp_tensor *[]){F32(1, SHAPE(2), -1, 2), F32(2, SHAPE(2, 2), 1, 1, 1, 1)});
+    expect_error_msg(&t, PP_ERR_SHAPE, "does not broadcast to X shape");
+    on_free(&t);
+}
+
 /* float16 / bfloat16 run through float32 and come back in their dtype. */
 static void test_half_types(void **state) {
     (void)state;
@@ -653,6 +727,8 @@ int main(void) {
         cmocka_unit_test(test_where),
         cmocka_unit_test(test_clip),
         cmocka_unit_test(test_max_min_sum_mean),
+        cmocka_unit_test(test_unary_more),
+        cmocka_unit_test(test_mod_prelu),
         cmocka_unit_test(test_half_types),
         cmocka_unit_test(test_zero_size),
         cmocka_unit_test(test_errors),

@@ -681,6 +681,93 @@ static void test_sce_errors(void **state) {
     on_free(&t);
 }
 
+static void test_nll(void **state) {
+    (void)state;
+    /* log-probs [2,3]; labels 2 and 0 (ignored via ignore_index 0) */
+    one_node t;
+    on_init(&t, "NegativeLogLikelihoodLoss", 3,
+            (pp_tensor *[]){F32(2, SHAPE(2, 3), -1, -2, -3, -4, -5, -6), I64(1, SHAPE(2), 2, 0),
+                            F32(1, SHAPE(3), 1, 2, 4)});
+    TU_OK(pp_node_set_int(t.g, t.node, "ignore_index", 0));
+    expect(run_one(&t), F32(0, NULL, 3), 0, 0, "nll mean weight ii"); /* (3*4)/4 */
+    TU_OK(pp_node_set_string(t.g, t.node, "reduction", "none"));
+    expect(run_one(&t), F32(1, SHAPE(2), 12, 0), 0, 0, "nll none");
+    on_free(&t);
+    on_init(&t, "NegativeLogLikelihoodLoss", 2,
+            (pp_tensor *[]){F32(3, SHAPE(1, 2, 2), -1, -2, -3, -4), I64(2, SHAPE(1, 2), 1, 0)});
+    TU_OK(pp_node_set_string(t.g, t.node, "reduction", "sum"));
+    expect(run_one(&t), F32(0, NULL, 5), 0, 0, "nll NCd sum"); /* -(-3) + -(-2) */
+    on_free(&t);
+}
+
+static void test_reduce_log_sum_exp_hardmax(void **state) {
+    (void)state;
+    const int64_t *s = SHAPE(2, 3);
+    expect(reduce_attr("ReduceLogSumExp", F32(2, s, 1, 2, 3, 1000, 1000, -INFINITY), AXES(1), 0),
+           F32(1, SHAPE(2), 3.40760596f, 1000.693147f), 1e-6, 0, "logsumexp stable");
+    expect(reduce_attr("ReduceLogSumExp", F32(2, s, 1, 2, 3, 4, 5, 6), AXES(0), 1),
+           F32(2, SHAPE(1, 3), 4.04858735f, 5.04858735f, 6.04858735f), 1e-6, 0, "logsumexp axis 0");
+    expect(reduce_attr("ReduceLogSumExp", F32(1, SHAPE(2), -INFINITY, -INFINITY), AXES(0), 0),
+           F32(0, NULL, -INFINITY), 0, 0, "logsumexp of -inf");
+    expect(reduce_attr("ReduceLogSum", F32(2, s, 1, 2, 3, 4, 5, 6), AXES(1), 0),
+           F32(1, SHAPE(2), logf(6), logf(15)), 1e-6, 0, "logsum");
+    one_node t;
+    on_init(&t, "Hardmax", 1, (pp_tensor *[]){F32(2, s, 1, 3, 3, 7, 2, 1)});
+    expect(run_one(&t), F32(2, s, 0, 1, 0, 1, 0, 0), 0, 0, "hardmax last axis");
+    TU_OK(pp_node_set_int(t.g, t.node, "axis", 0));
+    expect(run_one(&t), F32(2, s, 0, 1, 1, 1, 0, 0), 0, 0, "hardmax axis 0");
+    on_free(&t);
+}
+
+static void test_batchnorm(void **state) {
+    (void)state;
+    /* x [2,2,2]: channel 0 holds 1,2,5,6; channel 1 holds 3,4,7,8 */
+    pp_tensor *ins[5] = {F32(3, SHAPE(2, 2, 2), 1, 2, 3, 4, 5, 6, 7, 8), F32(1, SHAPE(2), 1, 2),
+                         F32(1, SHAPE(2), 0, 1), F32(1, SHAPE(2), 1, 2), F32(1, SHAPE(2), 4, 1)};
+    one_node t;
+    on_init(&t, "BatchNormalization", 5, ins);
+    TU_OK(pp_node_set_float(t.g, t.node, "epsilon", 0));
+    /* inference: (x - mean) / sqrt(var) * scale + B */
+    expect(run_one(&t), F32(3, SHAPE(2, 2, 2), 0, 0.5f, 3, 5, 2, 2.5f, 11, 13), 1e-6, 0,
+           "batchnorm inference");
+    on_free(&t);
+    pp_tensor *ins2[5] = {F32(3, SHAPE(2, 2, 2), 1, 2, 3, 4, 5, 6, 7, 8), F32(1, SHAPE(2), 1, 1),
+                          F32(1, SHAPE(2), 0, 0), F32(1, SHAPE(2), 0, 0), F32(1, SHAPE(2), 1, 1)};
+    on_init_out(&t, "BatchNormalization", 5, ins2, 3, NULL);
+    TU_OK(pp_node_set_int(t.g, t.node, "training_mode", 1));
+    TU_OK(pp_node_set_float(t.g, t.node, "epsilon", 0));
+    pp_tensor *out[3];
+    TU_OK(on_run(&t, out));
+    /* batch mean 3.5 / 5.5, biased var 4.25 for both */
+    float r = 1 / sqrtf(4.25f);
+    expect(out[0], F32(3, SHAPE(2, 2, 2), -2.5f * r, -1.5f * r, -2.5f * r, -1.5f * r, 1.5f * r,
+                       2.5f * r, 1.5f * r, 2.5f * r),
+           1e-6, 1e-7, "batchnorm training y");
+    expect(out[1], F32(1, SHAPE(2), 0.35f, 0.55f), 1e-6, 0, "running mean");
+    expect(out[2], F32(1, SHAPE(2), 0.9f + 0.425f, 0.9f + 0.425f), 1e-6, 0, "running var");
+    on_free(&t);
+}
+
+static void test_half_types(void **state) {
+    (void)state;
+    one_node t;
+    on_init(&t, "LayerNormalization", 2,
+            (pp_tensor *[]){T(PP_F16, 2, SHAPE(1, 2), 1, 3), T(PP_F16, 1, SHAPE(2), 1, 1)});
+    TU_OK(pp_node_set_float(t.g, t.node, "epsilon", 0));
+    pp_tensor *y = run_one(&t);
+    assert_int_equal(y->dtype, PP_F16);
+    expect(y, T(PP_F16, 2, SHAPE(1, 2), -1, 1), 0, 0, "layernorm f16");
+    on_free(&t);
+    on_init(&t, "Softmax", 1, (pp_tensor *[]){T(PP_BF16, 1, SHAPE(2), 0, 0)});
+    y = run_one(&t);
+    assert_int_equal(y->dtype, PP_BF16);
+    expect(y, T(PP_BF16, 1, SHAPE(2), 0.5, 0.5), 0, 0, "softmax bf16");
+    on_free(&t);
+    on_init(&t, "ArgMax", 1, (pp_tensor *[]){T(PP_F16, 1, SHAPE(3), 1, 5, 2)});
+    expect(run_one(&t), I64(1, SHAPE(1), 1), 0, 0, "argmax f16");
+    on_free(&t);
+}
+
 static void test_registry(void **state) {
     (void)state;
     static const char *names[] = {"ReduceMean", "ReduceSum", "ReduceMax", "Softmax", "LogSoftmax",
@@ -704,6 +791,10 @@ int main(void) {
         cmocka_unit_test(test_layernorm_errors),
         cmocka_unit_test(test_sce),
         cmocka_unit_test(test_sce_errors),
+        cmocka_unit_test(test_nll),
+        cmocka_unit_test(test_reduce_log_sum_exp_hardmax),
+        cmocka_unit_test(test_batchnorm),
+        cmocka_unit_test(test_half_types),
         cmocka_unit_test(test_registry),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

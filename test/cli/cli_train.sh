@@ -1,0 +1,107 @@
+#!/bin/sh
+# pippin grad and pippin train: outputs, torch's loss trajectories
+# (train_ref.json), exit codes and messages. TAP.
+PIPPIN=$1
+SRC=${PIPPIN_SOURCE_ROOT:-.}
+FX=$SRC/test/fixtures
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+n=0
+fails=0
+
+ok() {
+    n=$((n + 1))
+    if [ "$1" = 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; fails=$((fails + 1)); fi
+}
+
+# expect CODE NEEDLE DESCRIPTION -- ARGS...
+expect() {
+    code=$1 needle=$2 desc=$3
+    shift 4
+    "$PIPPIN" "$@" >"$tmp/out" 2>"$tmp/err"
+    rc=$?
+    if [ "$rc" -ne "$code" ]; then
+        ok 1 "$desc: exit $rc, wanted $code: $(head -c 300 "$tmp/err")"
+    elif [ -n "$needle" ] && ! grep -qF -- "$needle" "$tmp/err" "$tmp/out"; then
+        ok 1 "$desc: output lacks '$needle': $(head -c 300 "$tmp/err")"
+    else
+        ok 0 "$desc"
+    fi
+}
+
+# The losses of optimizer $2 in $1/train_ref.json, one per line.
+ref_losses() {
+    awk -v opt="\"$2\": {" '
+        index($0, opt) { inopt = 1 }
+        inopt && /"losses"/ { inl = 1; next }
+        inl && /\]/ { exit }
+        inl { gsub(/[ ,]/, ""); print }' "$1/train_ref.json"
+}
+
+# Compares the {"step": i, "loss": x} lines in $tmp/out with ref_losses.
+check_losses() {
+    grep -o '"loss": [-0-9.e]*' "$tmp/out" | sed 's/"loss": //' >"$tmp/got"
+    ref_losses "$1" "$2" >"$tmp/want"
+    [ -s "$tmp/want" ] && [ "$(wc -l <"$tmp/got")" -eq "$(wc -l <"$tmp/want")" ] &&
+        paste "$tmp/got" "$tmp/want" |
+        awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-4) bad = 1 } END { exit bad }'
+}
+
+# grad
+expect 0 "gradients of 6 parameters" "grad mlp" -- grad "$FX/mlp/model.onnx" \
+    --input "x=$FX/mlp/x.npy" --input "y=$FX/mlp/y.npy" --out "$tmp/g"
+count=$(ls "$tmp/g" | grep -c '^grad_fc[123]\.\(weight\|bias\)\.npy$')
+[ "$count" -eq 6 ] && [ -f "$tmp/g/loss.npy" ]
+ok $? "grad wrote loss.npy and one grad_<initializer>.npy per parameter"
+expect 0 "not trainable (no gradient reaches it): blocks.0.attn.mask" "grad gpt names frozen buffers" -- \
+    grad "$FX/gpt/model.onnx" --input "idx=$FX/gpt/idx.npy" --input "targets=$FX/gpt/targets.npy" --out "$tmp/gg"
+[ "$(ls "$tmp/gg" | grep -c '^grad_')" -eq 52 ] && [ -f "$tmp/gg/grad_tok_emb.weight.npy" ]
+ok $? "grad gpt wrote 52 gradients (tied embedding once)"
+expect 1 "training needs a float scalar loss" "grad with a non-scalar loss" -- grad "$FX/mlp/model.onnx" \
+    --input "x=$FX/mlp/x.npy" --input "y=$FX/mlp/y.npy" --out "$tmp/g" --loss logits
+expect 1 "no output 'nope'" "grad with an unknown loss" -- grad "$FX/mlp/model.onnx" \
+    --input "x=$FX/mlp/x.npy" --input "y=$FX/mlp/y.npy" --out "$tmp/g" --loss nope
+expect 1 "input 'y' not given" "grad with a missing input" -- grad "$FX/mlp/model.onnx" \
+    --input "x=$FX/mlp/x.npy" --out "$tmp/g"
+expect 2 "" "grad without --out" -- grad "$FX/mlp/model.onnx" --input "x=$FX/mlp/x.npy"
+
+# train: torch's trajectories
+for m in mlp gpt skip; do
+    if [ $m = gpt ]; then data="--data idx=$FX/gpt/train_idx.npy --data targets=$FX/gpt/train_targets.npy"
+    else data="--data x=$FX/$m/train_x.npy --data y=$FX/$m/train_y.npy"; fi
+    bs=$(awk '/"batch_size"/ { gsub(/[^0-9]/, ""); print }' "$FX/$m/train_ref.json")
+    # shellcheck disable=SC2086
+    "$PIPPIN" train "$FX/$m/model.onnx" $data --batch-size "$bs" --steps 3 --json \
+        --optimizer sgd --lr 0.1 --momentum 0.9 --weight-decay 0.01 >"$tmp/out" 2>"$tmp/err"
+    check_losses "$FX/$m" sgd
+    ok $? "train $m sgd (momentum, weight decay) matches torch"
+    # shellcheck disable=SC2086
+    "$PIPPIN" train "$FX/$m/model.onnx" $data --batch-size "$bs" --steps 3 --json \
+        --optimizer sgd --lr 0.1 --momentum 0.9 --nesterov >"$tmp/out" 2>"$tmp/err"
+    check_losses "$FX/$m" sgd_nesterov
+    ok $? "train $m sgd nesterov matches torch"
+    # shellcheck disable=SC2086
+    "$PIPPIN" train "$FX/$m/model.onnx" $data --batch-size "$bs" --steps 3 --json \
+        --optimizer adamw --lr 0.01 --beta1 0.9 --beta2 0.999 --eps 1e-8 --weight-decay 0.01 \
+        --microbatches 2 >"$tmp/out" 2>"$tmp/err"
+    check_losses "$FX/$m" adamw
+    ok $? "train $m adamw with 2 microbatches matches torch"
+done
+expect 0 "step 1: loss" "train prints one line per step" -- train "$FX/mlp/model.onnx" \
+    --data "x=$FX/mlp/train_x.npy" --data "y=$FX/mlp/train_y.npy" --batch-size 3 --steps 2 \
+    --save "$tmp/p"
+[ -f "$tmp/p/fc1.weight.npy" ]
+ok $? "train --save wrote the parameters"
+expect 2 "unknown optimizer 'adam'" "train with an unknown optimizer" -- train "$FX/mlp/model.onnx" \
+    --data "x=$FX/mlp/train_x.npy" --data "y=$FX/mlp/train_y.npy" --batch-size 4 --steps 1 --optimizer adam
+expect 2 "nesterov" "train nesterov without momentum" -- train "$FX/mlp/model.onnx" \
+    --data "x=$FX/mlp/train_x.npy" --data "y=$FX/mlp/train_y.npy" --batch-size 4 --steps 1 --nesterov
+expect 2 "--lr expects a number" "train with a bad number" -- train "$FX/mlp/model.onnx" \
+    --data "x=$FX/mlp/train_x.npy" --batch-size 4 --steps 1 --lr fast
+expect 2 "" "train without --batch-size" -- train "$FX/mlp/model.onnx" --data "x=$FX/mlp/train_x.npy" --steps 1
+expect 1 "no input 'z'" "train with unknown data" -- train "$FX/mlp/model.onnx" \
+    --data "z=$FX/mlp/train_x.npy" --batch-size 4 --steps 1
+expect 0 "usage: pippin train" "train --help" -- train --help
+
+echo "1..$n"
+[ "$fails" -eq 0 ]

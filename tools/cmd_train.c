@@ -1,0 +1,221 @@
+/* pippin train: trains a model on .npy data with SGD or AdamW, one process,
+ * printing each step's loss (computed before that step's update). */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli_util.h"
+#include "commands.h"
+#include "pippin/microbatch.h"
+#include "pippin/pippin.h"
+
+static void train_usage(FILE *f) {
+    fprintf(f,
+            "usage: pippin train MODEL.onnx --data NAME=FILE.npy ... --batch-size B --steps S\n"
+            "                    [--optimizer sgd|adamw] [--lr X] [--momentum X] [--dampening X]\n"
+            "                    [--nesterov] [--weight-decay X] [--beta1 X] [--beta2 X] [--eps X]\n"
+            "                    [--microbatches M] [--loss NAME] [--save DIR] [--json]\n"
+            "Step i trains on rows (i*B + j) mod N, j < B, of every data file (N rows along\n"
+            "dim 0), and prints the loss of that batch before the update; --json prints\n"
+            "{\"step\": i, \"loss\": x} per line. With --microbatches M each batch is split in\n"
+            "M parts whose gradients are accumulated (same result, less memory). --save\n"
+            "writes the trained parameters as DIR/<name>.npy. Defaults as torch.optim:\n"
+            "adamw lr 1e-3, betas 0.9 0.999, eps 1e-8, weight decay 1e-2; sgd lr 1e-3.\n");
+}
+
+typedef struct train_args {
+    pp_named_tensors data;
+    const char *loss, *save;
+    long long batch, steps;
+    int microbatches, json;
+    pp_optim_config opt;
+} train_args;
+
+/* Parses a number option; 0 on success. */
+static int num(const char *opt, const char *s, double *out) {
+    char *end;
+    *out = strtod(s, &end);
+    if (end == s || *end) {
+        fprintf(stderr, "pippin train: %s expects a number, got '%s'\n", opt, s);
+        return -1;
+    }
+    return 0;
+}
+
+/* 0 ok, 1 failure (message set), 2 usage error (printed), 3 --help. */
+static int parse(int argc, char **argv, train_args *a) {
+    static const struct option opts[] = {
+        {"data", required_argument, NULL, 'd'},   {"batch-size", required_argument, NULL, 'b'},
+        {"steps", required_argument, NULL, 's'},  {"optimizer", required_argument, NULL, 'O'},
+        {"lr", required_argument, NULL, 'r'},     {"momentum", required_argument, NULL, 'm'},
+        {"dampening", required_argument, NULL, 'D'}, {"nesterov", no_argument, NULL, 'n'},
+        {"weight-decay", required_argument, NULL, 'w'}, {"beta1", required_argument, NULL, '1'},
+        {"beta2", required_argument, NULL, '2'},  {"eps", required_argument, NULL, 'e'},
+        {"microbatches", required_argument, NULL, 'M'}, {"loss", required_argument, NULL, 'l'},
+        {"save", required_argument, NULL, 'S'},   {"json", no_argument, NULL, 'j'},
+        {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
+    };
+    /* Hyperparameters are collected first: --optimizer may come last. */
+    double v, lr = -1, mom = 0, damp = 0, wd = -1, b1 = 0.9, b2 = 0.999, eps = 1e-8, x;
+    int nesterov = 0, c, li = -1;
+    const char *opt_name = "sgd";
+    a->microbatches = 1;
+    a->steps = -1;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "d:b:s:h", opts, &li)) != -1) {
+        double *dst = NULL;
+        char opt[40];
+        snprintf(opt, sizeof opt, "--%s", li >= 0 ? opts[li].name : "?");
+        li = -1;
+        switch (c) {
+        case 'd':
+            if (pp_cli_add_named_npy(&a->data, optarg) != PP_OK) return 1;
+            continue;
+        case 'b':
+        case 's':
+        case 'M':
+            if (num(c == 'b' ? "--batch-size" : c == 's' ? "--steps" : "--microbatches", optarg, &x) ||
+                x != (long long)x || x < (c == 's' ? 0 : 1)) {
+                fprintf(stderr, "pippin train: bad count '%s'\n", optarg);
+                return 2;
+            }
+            if (c == 'b') a->batch = (long long)x;
+            else if (c == 's') a->steps = (long long)x;
+            else a->microbatches = (int)x;
+            continue;
+        case 'O': opt_name = optarg; continue;
+        case 'n': nesterov = 1; continue;
+        case 'l': a->loss = optarg; continue;
+        case 'S': a->save = optarg; continue;
+        case 'j': a->json = 1; continue;
+        case 'h': return 3;
+        case 'r': dst = &lr; break;
+        case 'm': dst = &mom; break;
+        case 'D': dst = &damp; break;
+        case 'w': dst = &wd; break;
+        case '1': dst = &b1; break;
+        case '2': dst = &b2; break;
+        case 'e': dst = &eps; break;
+        default: return 2;
+        }
+        if (num(opt, optarg, &v)) return 2;
+        *dst = v;
+    }
+    if (optind != argc - 1 || a->batch < 1 || a->steps < 0 || a->data.n == 0) {
+        fprintf(stderr, "pippin train: need one MODEL.onnx, --data, --batch-size and --steps\n");
+        return 2;
+    }
+    if (a->batch % a->microbatches != 0) {
+        fprintf(stderr, "pippin train: --batch-size must be a multiple of --microbatches\n");
+        return 2;
+    }
+    pp_optim_kind kind;
+    if (pp_optim_kind_parse(opt_name, &kind) != PP_OK) {
+        fprintf(stderr, "pippin train: %s\n", pp_last_error());
+        return 2;
+    }
+    pp_optim_config_init(&a->opt, kind);
+    if (lr != -1) a->opt.lr = lr;
+    if (wd != -1) a->opt.weight_decay = wd;
+    a->opt.momentum = mom;
+    a->opt.dampening = damp;
+    a->opt.nesterov = nesterov;
+    a->opt.beta1 = b1;
+    a->opt.beta2 = b2;
+    a->opt.eps = eps;
+    pp_optim *probe; /* checks the hyperparameters as torch does */
+    if (pp_optim_new(&a->opt, 0, &probe) != PP_OK) {
+        fprintf(stderr, "pippin train: %s\n", pp_last_error());
+        return 2;
+    }
+    pp_optim_free(probe);
+    return 0;
+}
+
+/* One step: the batch, split in microbatches; returns the batch loss. */
+static pp_status train_step(pp_trainer *t, pp_tensor *const *data, int n, const train_args *a,
+                            long long step, float *loss) {
+    pp_tensor *batch[64] = {0}, *chunks[64][16] = {{0}};
+    int m = a->microbatches;
+    pp_status s = n <= 64 && m <= 16 ? PP_OK : pp_error(PP_ERR_UNSUPPORTED, "too many inputs");
+    for (int i = 0; i < n && s == PP_OK; i++) {
+        s = pp_data_batch(data[i], step, a->batch, &batch[i]);
+        if (s == PP_OK) s = pp_microbatch_split(batch[i], m, "batch", chunks[i]);
+    }
+    pp_flat_params_zero_grad(pp_trainer_params(t));
+    double sum = 0;
+    for (int k = 0; k < m && s == PP_OK; k++) {
+        pp_tensor *ins[64];
+        for (int i = 0; i < n; i++) ins[i] = chunks[i][k];
+        float l;
+        s = pp_trainer_backward(t, ins, 1.0f / (float)m, &l);
+        sum += l;
+    }
+    if (s == PP_OK) *loss = m == 1 ? (float)sum : (float)(sum / m);
+    for (int i = 0; i < n; i++) {
+        pp_tensor_free(batch[i]);
+        for (int k = 0; k < m; k++) pp_tensor_free(chunks[i][k]);
+    }
+    return s;
+}
+
+static pp_status save_params(pp_flat_params *fp, const char *dir) {
+    PP_TRY(pp_cli_mkdirs(dir));
+    for (int i = 0; i < fp->n; i++) {
+        char safe[512], path[4096];
+        pp_cli_file_safe(fp->names[i], safe, sizeof safe);
+        snprintf(path, sizeof path, "%s/%s.npy", dir, safe);
+        pp_tensor *t;
+        PP_TRY(pp_flat_params_data_view(fp, i, &t));
+        pp_status s = pp_npy_save(path, t);
+        pp_tensor_free(t);
+        PP_TRY(s);
+    }
+    return PP_OK;
+}
+
+int cmd_train(int argc, char **argv) {
+    train_args a = {0};
+    int p = parse(argc, argv, &a);
+    if (p != 0) {
+        if (p == 1) pp_cli_fail("train");
+        else train_usage(p == 3 ? stdout : stderr);
+        pp_cli_named_free(&a.data);
+        return p == 3 ? 0 : p;
+    }
+    int rc = 1;
+    pp_graph *g = NULL;
+    pp_trainer *t = NULL;
+    pp_optim *o = NULL;
+    pp_tensor **data = NULL;
+    if (pp_onnx_load(argv[optind], &g) != PP_OK) goto done;
+    int n = g->n_inputs;
+    data = calloc((size_t)n + 1, sizeof *data);
+    if (!data) {
+        pp_error(PP_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    if (pp_cli_match_inputs(g, &a.data, data) != PP_OK) goto done;
+    if (pp_trainer_new(g, a.loss, &t) != PP_OK) goto done;
+    pp_flat_params *fp = pp_trainer_params(t);
+    if (pp_optim_new(&a.opt, fp->total, &o) != PP_OK) goto done;
+    for (long long step = 0; step < a.steps; step++) {
+        float loss;
+        if (train_step(t, data, n, &a, step, &loss) != PP_OK) goto done;
+        if (pp_optim_step(o, fp->data, fp->grad, fp->total) != PP_OK) goto done;
+        if (a.json) printf("{\"step\": %lld, \"loss\": %.9g}\n", step, loss);
+        else printf("step %lld: loss %.6f\n", step, loss);
+        fflush(stdout);
+    }
+    if (a.save && save_params(fp, a.save) != PP_OK) goto done;
+    rc = 0;
+done:
+    if (rc) pp_cli_fail("train");
+    pp_optim_free(o);
+    pp_trainer_free(t);
+    free(data);
+    pp_graph_free(g);
+    pp_cli_named_free(&a.data);
+    return rc;
+}
