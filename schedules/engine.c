@@ -25,6 +25,18 @@ typedef struct tpair {
     double f, i;
 } tpair;
 
+/* One rank's state, kept together: the engine hops between ranks. */
+typedef struct rstate {
+    size_t pc;                 /* next action */
+    double clock;              /* when the rank is free */
+    double busy, first, last;  /* compute time, first start, last end */
+    double bytes, pbytes;      /* stash bytes held now / at most */
+    int act, wp, pact, pwp;    /* activations and pending W, now / at most */
+    size_t wid;                /* index the rank waits on */
+    uint8_t wkind;             /* WAIT_* */
+    uint8_t queued;
+} rstate;
+
 typedef struct eng {
     const pp_schedule *s;
     const pp_cost_model *c;
@@ -37,12 +49,7 @@ typedef struct eng {
     double *xfer;      /* [S] edge s -> s+1 transfer time, 0 on one rank */
     double *cf, *ci, *cw, *cst, *cwst; /* [S] costs and stash bytes */
     int fast;          /* compute-only, checked, no trace: fast_run applies */
-    size_t *pc;
-    double *clock, *busy, *first, *last, *bytes, *peak_bytes;
-    int *act, *wpend, *peak_act, *peak_wpend;
-    uint8_t *queued;
-    uint8_t *wkind; /* [p] WAIT_* */
-    size_t *wid;    /* [p] index the rank waits on */
+    rstate *rs;        /* [p] */
     int *work;
     int nwork;
     int checked;    /* actions already checked (ranges, owners) */
@@ -63,22 +70,22 @@ static double stash_of(const eng *e, int s) { return e->cst[s]; }
 static double wstash_of(const eng *e, int s) { return e->cwst[s]; }
 
 static void wake(eng *e, int rank) {
-    if (rank < 0 || e->queued[rank]) return;
-    if (e->pc[rank] >= e->s->len[rank]) return;
-    e->queued[rank] = 1;
-    e->wkind[rank] = WAIT_NONE;
+    if (rank < 0 || e->rs[rank].queued) return;
+    if (e->rs[rank].pc >= e->s->len[rank]) return;
+    e->rs[rank].queued = 1;
+    e->rs[rank].wkind = WAIT_NONE;
     e->work[e->nwork++] = rank;
 }
 
 /* Wakes rank only if it sleeps on exactly this entry, so a rank is not
  * re-run for results it does not need yet. */
 static inline void wake_on(eng *e, int rank, int kind, size_t id) {
-    if (e->wkind[rank] == kind && e->wid[rank] == id) wake(e, rank);
+    if (e->rs[rank].wkind == kind && e->rs[rank].wid == id) wake(e, rank);
 }
 
 static inline int wait_for(eng *e, int rank, int kind, size_t id) {
-    e->wkind[rank] = (uint8_t)kind;
-    e->wid[rank] = id;
+    e->rs[rank].wkind = (uint8_t)kind;
+    e->rs[rank].wid = id;
     return 0;
 }
 
@@ -91,7 +98,7 @@ static pp_status where(const eng *e, int rank, const pp_action *a, pp_status cod
                        const char *detail) {
     char buf[PP_ACTION_STR_MAX];
     pp_action_format(e->s, a, buf, sizeof buf);
-    return pp_error(code, "rank %d step %zu action %s: %s", rank, e->pc[rank], buf, detail);
+    return pp_error(code, "rank %d step %zu action %s: %s", rank, e->rs[rank].pc, buf, detail);
 }
 
 /* Checks a plain action's numbers and owner. */
@@ -195,9 +202,9 @@ static pp_status commit(eng *e, int rank, const pp_action *x, double start, doub
     *end = t1;
     switch (kind) {
     case PP_ACT_F:
-        if (++e->act[rank] > e->peak_act[rank]) e->peak_act[rank] = e->act[rank];
-        e->bytes[rank] += stash_of(e, s);
-        if (e->bytes[rank] > e->peak_bytes[rank]) e->peak_bytes[rank] = e->bytes[rank];
+        if (++e->rs[rank].act > e->rs[rank].pact) e->rs[rank].pact = e->rs[rank].act;
+        e->rs[rank].bytes += stash_of(e, s);
+        if (e->rs[rank].bytes > e->rs[rank].pbytes) e->rs[rank].pbytes = e->rs[rank].bytes;
         e->t[id].f = t1;
         if (s + 1 < e->S && sr[s + 1] != rank && !e->lowered) {
             if (e->trace && e->xfer[s] > 0)
@@ -208,12 +215,12 @@ static pp_status commit(eng *e, int rank, const pp_action *x, double start, doub
         break;
     case PP_ACT_I:
     case PP_ACT_B:
-        e->act[rank]--;
-        e->bytes[rank] -= stash_of(e, s);
+        e->rs[rank].act--;
+        e->rs[rank].bytes -= stash_of(e, s);
         if (kind == PP_ACT_I) {
-            if (++e->wpend[rank] > e->peak_wpend[rank]) e->peak_wpend[rank] = e->wpend[rank];
-            e->bytes[rank] += wstash_of(e, s);
-            if (e->bytes[rank] > e->peak_bytes[rank]) e->peak_bytes[rank] = e->bytes[rank];
+            if (++e->rs[rank].wp > e->rs[rank].pwp) e->rs[rank].pwp = e->rs[rank].wp;
+            e->rs[rank].bytes += wstash_of(e, s);
+            if (e->rs[rank].bytes > e->rs[rank].pbytes) e->rs[rank].pbytes = e->rs[rank].bytes;
         }
         e->t[id].i = t1;
         if (s > 0 && sr[s - 1] != rank && !e->lowered) {
@@ -224,8 +231,8 @@ static pp_status commit(eng *e, int rank, const pp_action *x, double start, doub
         }
         break;
     case PP_ACT_W:
-        e->wpend[rank]--;
-        e->bytes[rank] -= wstash_of(e, s);
+        e->rs[rank].wp--;
+        e->rs[rank].bytes -= wstash_of(e, s);
         break;
     case PP_ACT_SEND_F:
         e->tSF[id] = start + e->xfer[s];
@@ -247,9 +254,9 @@ static pp_status commit(eng *e, int rank, const pp_action *x, double start, doub
     }
     if (IS_COMPUTE(kind)) {
         double d = t1 - start;
-        e->busy[rank] += d;
-        if (e->first[rank] < 0) e->first[rank] = start;
-        if (t1 > e->last[rank]) e->last[rank] = t1;
+        e->rs[rank].busy += d;
+        if (e->rs[rank].first < 0) e->rs[rank].first = start;
+        if (t1 > e->rs[rank].last) e->rs[rank].last = t1;
     }
     return PP_OK;
 }
@@ -334,10 +341,10 @@ static int fast_run(eng *e, int rank) {
     const pp_action *list = e->s->acts[rank];
     const pp_action *subs = e->s->sub;
     const size_t len = e->s->len[rank];
-    size_t pc = e->pc[rank];
-    fstate f = {e->clock[rank], e->busy[rank], e->first[rank], e->bytes[rank],
-                e->peak_bytes[rank], e->act[rank], e->wpend[rank], e->peak_act[rank],
-                e->peak_wpend[rank]};
+    rstate *rs = &e->rs[rank];
+    size_t pc = rs->pc;
+    fstate f = {rs->clock, rs->busy, rs->first, rs->bytes, rs->pbytes,
+                rs->act,   rs->wp,   rs->pact,  rs->pwp};
     int slow = 0;
     while (pc < len) {
         const pp_action *a = &list[pc];
@@ -372,17 +379,19 @@ static int fast_run(eng *e, int rank) {
         }
         pc++;
     }
-    e->pc[rank] = pc;
-    e->clock[rank] = f.clock;
-    e->busy[rank] = f.busy;
-    e->first[rank] = f.first;
-    if (f.clock > e->last[rank]) e->last[rank] = f.clock;
-    e->bytes[rank] = f.bytes;
-    e->peak_bytes[rank] = f.pbytes;
-    e->act[rank] = f.act;
-    e->wpend[rank] = f.wp;
-    e->peak_act[rank] = f.pact;
-    e->peak_wpend[rank] = f.pwp;
+    rs->pc = pc;
+    rs->clock = f.clock;
+    rs->busy = f.busy;
+    rs->first = f.first;
+    if (f.clock > rs->last) rs->last = f.clock;
+    rs->bytes = f.bytes;
+    rs->pbytes = f.pbytes;
+    rs->act = f.act;
+    rs->wp = f.wp;
+    rs->pact = f.pact;
+    rs->pwp = f.pwp;
+    /* The rank comes back later: have its next actions in cache by then. */
+    if (pc + 5 < len) __builtin_prefetch(&list[pc + 5]);
     return slow;
 }
 
@@ -390,11 +399,11 @@ static int fast_run(eng *e, int rank) {
 static pp_status run_rank(eng *e, int rank) {
     const pp_schedule *s = e->s;
     const pp_action *list = s->acts[rank];
-    while (e->pc[rank] < s->len[rank]) {
+    while (e->rs[rank].pc < s->len[rank]) {
         if (e->fast && !fast_run(e, rank)) return PP_OK;
-        const pp_action *a = &list[e->pc[rank]];
+        const pp_action *a = &list[e->rs[rank].pc];
         if (a->kind == PP_ACT_IDLE) {
-            e->pc[rank]++;
+            e->rs[rank].pc++;
             continue;
         }
         double ready, start, end;
@@ -403,9 +412,9 @@ static pp_status run_rank(eng *e, int rank) {
             int ok = readiness(e, rank, a, a, &ready);
             if (ok < 0) return (pp_status)ok;
             if (!ok) return PP_OK;
-            start = ready > e->clock[rank] ? ready : e->clock[rank];
+            start = ready > e->rs[rank].clock ? ready : e->rs[rank].clock;
             PP_TRY(commit(e, rank, a, start, &end));
-            e->clock[rank] = end;
+            e->rs[rank].clock = end;
             if (e->trace && IS_COMPUTE(a->kind))
                 PP_TRY(trace_add(e, rank, a->kind, PP_LANE_COMPUTE, a->stage, a->mb, -1, -1,
                                  start, end));
@@ -414,7 +423,7 @@ static pp_status run_rank(eng *e, int rank) {
              * and runs them back to back. */
             const pp_action *sub = pp_schedule_subs(s, a);
             if (!sub) return where(e, rank, a, PP_ERR_INVALID, "broken compound action");
-            start = e->clock[rank];
+            start = e->rs[rank].clock;
             for (int k = 0; k < a->nsub; k++) {
                 PP_TRY(check_action(e, rank, &sub[k], a));
                 int ok = readiness(e, rank, &sub[k], a, &ready);
@@ -432,14 +441,14 @@ static pp_status run_rank(eng *e, int rank) {
                 PP_TRY(commit(e, rank, &sub[k], t, &end));
                 t = end;
             }
-            e->clock[rank] = t;
+            e->rs[rank].clock = t;
             if (e->trace) {
                 int st2 = a->nsub > 1 ? sub[1].stage : -1, mb2 = a->nsub > 1 ? sub[1].mb : -1;
                 PP_TRY(trace_add(e, rank, PP_ACT_OVERLAP_F_B, PP_LANE_COMPUTE, sub[0].stage,
                                  sub[0].mb, st2, mb2, start, t));
             }
         }
-        e->pc[rank]++;
+        e->rs[rank].pc++;
     }
     return PP_OK;
 }
@@ -485,17 +494,17 @@ static void describe_wait(const eng *e, int rank, const pp_action *a, char *out,
     int owner = need.stage >= 0 && need.stage < e->S ? e->s->stage_rank[need.stage] : -1;
     if (owner < 0) {
         snprintf(out, n, "waits for %s, whose stage no rank holds", nb);
-    } else if (e->pc[owner] >= e->s->len[owner]) {
+    } else if (e->rs[owner].pc >= e->s->len[owner]) {
         snprintf(out, n, "waits for %s, which rank %d never runs (its list has ended)", nb,
                  owner);
     } else {
         char ob[PP_ACTION_STR_MAX];
-        pp_action_format(e->s, &e->s->acts[owner][e->pc[owner]], ob, sizeof ob);
+        pp_action_format(e->s, &e->s->acts[owner][e->rs[owner].pc], ob, sizeof ob);
         if (owner == rank)
             snprintf(out, n, "waits for %s, which comes later on the same rank", nb);
         else
             snprintf(out, n, "waits for %s on rank %d, which is itself stuck at step %zu (%s)",
-                     nb, owner, e->pc[owner], ob);
+                     nb, owner, e->rs[owner].pc, ob);
     }
 }
 
@@ -526,20 +535,7 @@ static void eng_free(eng *e) {
     free(e->cw);
     free(e->cst);
     free(e->cwst);
-    free(e->pc);
-    free(e->clock);
-    free(e->busy);
-    free(e->first);
-    free(e->last);
-    free(e->bytes);
-    free(e->peak_bytes);
-    free(e->act);
-    free(e->wpend);
-    free(e->peak_act);
-    free(e->peak_wpend);
-    free(e->queued);
-    free(e->wkind);
-    free(e->wid);
+    free(e->rs);
     free(e->work);
 }
 
@@ -577,20 +573,7 @@ pp_status pp_sched_run(const pp_schedule *s, const pp_cost_model *costs, pp_trac
     e.cw = xcalloc((size_t)e.S, sizeof(double), &oom);
     e.cst = xcalloc((size_t)e.S, sizeof(double), &oom);
     e.cwst = xcalloc((size_t)e.S, sizeof(double), &oom);
-    e.pc = xcalloc(p, sizeof *e.pc, &oom);
-    e.clock = xcalloc(p, sizeof(double), &oom);
-    e.busy = xcalloc(p, sizeof(double), &oom);
-    e.first = xcalloc(p, sizeof(double), &oom);
-    e.last = xcalloc(p, sizeof(double), &oom);
-    e.bytes = xcalloc(p, sizeof(double), &oom);
-    e.peak_bytes = xcalloc(p, sizeof(double), &oom);
-    e.act = xcalloc(p, sizeof(int), &oom);
-    e.wpend = xcalloc(p, sizeof(int), &oom);
-    e.peak_act = xcalloc(p, sizeof(int), &oom);
-    e.peak_wpend = xcalloc(p, sizeof(int), &oom);
-    e.queued = xcalloc(p, 1, &oom);
-    e.wkind = xcalloc(p, 1, &oom);
-    e.wid = xcalloc(p, sizeof(size_t), &oom);
+    e.rs = xcalloc(p, sizeof *e.rs, &oom);
     e.work = xcalloc(p, sizeof(int), &oom);
     if (oom) {
         eng_free(&e);
@@ -609,48 +592,48 @@ pp_status pp_sched_run(const pp_schedule *s, const pp_cost_model *costs, pp_trac
     }
     e.fast = !e.lowered && !trace && checked;
     for (int r = e.p - 1; r >= 0; r--) {
-        e.first[r] = -1.0;
+        e.rs[r].first = -1.0;
         wake(&e, r);
     }
     pp_status st = PP_OK;
     while (e.nwork > 0 && st == PP_OK) {
         int r = e.work[--e.nwork];
-        e.queued[r] = 0;
+        e.rs[r].queued = 0;
         st = run_rank(&e, r);
         if (st != PP_OK) {
             if (err_rank) *err_rank = r;
-            if (err_step) *err_step = (long)e.pc[r];
+            if (err_step) *err_step = (long)e.rs[r].pc;
         }
     }
     if (st == PP_OK)
         for (int r = 0; r < e.p; r++) {
-            if (e.pc[r] >= s->len[r]) continue;
+            if (e.rs[r].pc >= s->len[r]) continue;
             char why[4 * PP_ACTION_STR_MAX], ab[PP_ACTION_STR_MAX];
-            const pp_action *a = &s->acts[r][e.pc[r]];
+            const pp_action *a = &s->acts[r][e.rs[r].pc];
             describe_wait(&e, r, a, why, sizeof why);
             pp_action_format(s, a, ab, sizeof ab);
-            st = pp_error(PP_ERR_INVALID, "deadlock: rank %d step %zu action %s %s", r, e.pc[r],
+            st = pp_error(PP_ERR_INVALID, "deadlock: rank %d step %zu action %s %s", r, e.rs[r].pc,
                           ab, why);
             if (err_rank) *err_rank = r;
-            if (err_step) *err_step = (long)e.pc[r];
+            if (err_step) *err_step = (long)e.rs[r].pc;
             break;
         }
     if (st == PP_OK && res) {
         double mk = 0, tot = 0;
         for (int r = 0; r < e.p; r++) {
-            if (e.clock[r] > mk) mk = e.clock[r];
-            tot += e.busy[r];
+            if (e.rs[r].clock > mk) mk = e.rs[r].clock;
+            tot += e.rs[r].busy;
         }
         res->makespan = mk;
         res->total_busy = tot;
         for (int r = 0; r < e.p; r++) {
-            res->busy[r] = e.busy[r];
-            res->bubble[r] = mk > 0 ? 1.0 - e.busy[r] / mk : 0.0;
-            res->first_start[r] = e.first[r] < 0 ? 0.0 : e.first[r];
-            res->last_end[r] = e.last[r];
-            res->peak_act[r] = e.peak_act[r];
-            res->peak_wpend[r] = e.peak_wpend[r];
-            res->peak_bytes[r] = e.peak_bytes[r];
+            res->busy[r] = e.rs[r].busy;
+            res->bubble[r] = mk > 0 ? 1.0 - e.rs[r].busy / mk : 0.0;
+            res->first_start[r] = e.rs[r].first < 0 ? 0.0 : e.rs[r].first;
+            res->last_end[r] = e.rs[r].last;
+            res->peak_act[r] = e.rs[r].pact;
+            res->peak_wpend[r] = e.rs[r].pwp;
+            res->peak_bytes[r] = e.rs[r].pbytes;
         }
     }
     eng_free(&e);
