@@ -238,7 +238,7 @@ static pp_status load_rest(const ctx_t *c, json_object *root, pp_pipe *p) {
     return PP_OK;
 }
 
-pp_status pp_pipe_load(const char *dir, pp_pipe **out) {
+static pp_status load_pipe(const char *dir, int only, pp_pipe **out) {
     char path[4096];
     *out = NULL;
     snprintf(path, sizeof path, "%s/pipe.json", dir);
@@ -270,11 +270,14 @@ pp_status pp_pipe_load(const char *dir, pp_pipe **out) {
                 s = pp_error(PP_ERR_PARSE, "%s: %s: file must be a plain name", path, where);
             if (s != PP_OK) break;
             snprintf(spath, sizeof spath, "%s/%s", dir, file);
-            s = pp_onnx_load(spath, &p->stages[i]);
+            /* A worker loads only its own stage file. */
+            if (only < 0 || only == (int)i) s = pp_onnx_load(spath, &p->stages[i]);
             if (s == PP_OK) p->n_stages++;
             if (i > 0 && json_object_object_get_ex(o, "cut", &cutv)) p->cut_names[i - 1] = strdup(json_object_get_string(cutv));
         }
     }
+    if (s == PP_OK && only >= p->n_stages)
+        s = pp_error(PP_ERR_NOT_FOUND, "%s: there is no stage %d (%d stages)", path, only, p->n_stages);
     if (s == PP_OK) s = load_edges(&c, root, p);
     if (s == PP_OK) s = load_rest(&c, root, p);
     json_object_put(root);
@@ -284,4 +287,11 @@ pp_status pp_pipe_load(const char *dir, pp_pipe **out) {
     }
     *out = p;
     return PP_OK;
+}
+
+pp_status pp_pipe_load(const char *dir, pp_pipe **out) { return load_pipe(dir, -1, out); }
+
+pp_status pp_pipe_load_stage(const char *dir, int index, pp_pipe **out) {
+    if (index < 0) return pp_error(PP_ERR_INVALID, "stage %d: stage indices start at 0", index);
+    return load_pipe(dir, index, out);
 }

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <zmq.h>
 
+#include "bufpool.h"
 #include "context.h"
 #include "mailbox.h"
 #include "pippin/log.h"
@@ -23,6 +24,9 @@
 #define DEFAULT_MAX_MESSAGE (UINT64_C(2) << 30)
 #define DEFAULT_FRAME_BYTES ((size_t)1 << 20)
 #define DEFAULT_ZERO_COPY_MIN ((size_t)64 << 10)
+#define DEFAULT_RECV_CACHE ((int64_t)512 << 20)
+/* Reassembled tensors at least this big come from the buffer pool. */
+#define POOL_MIN_BYTES ((size_t)1 << 20)
 #define MAX_ENDPOINT 256
 /* Messages moved from the socket per pass before peer states are re-read. */
 #define DRAIN_BATCH 256
@@ -61,6 +65,7 @@ struct pp_transport {
     char endpoint[MAX_ENDPOINT];
     peer *peers;
     pp_mailbox *mbox;
+    pp_bufpool *pool;
     pp_envelope_limits lim;
 
     int aborted, abort_rank;
@@ -469,6 +474,15 @@ static pp_status build_tensor(pp_transport *t, const pp_wire_tensor *wt, size_t 
             return s;
         }
     }
+    if (wt->nframes > 1 && wt->nbytes >= POOL_MIN_BYTES && t->pool) {
+        PP_TRY(pp_bufpool_tensor(t->pool, wt->dtype, wt->ndim, wt->shape, out));
+        char *dst = (*out)->data;
+        for (uint32_t k = 0; k < wt->nframes; k++) {
+            memcpy(dst, zmq_msg_data(&t->frames[f0 + k]), t->sizes[f0 + k]);
+            dst += t->sizes[f0 + k];
+        }
+        return PP_OK;
+    }
     const void *stack_ptrs[8];
     const void **ptrs = wt->nframes <= 8 ? stack_ptrs : malloc(wt->nframes * sizeof *ptrs);
     if (!ptrs) return pp_error(PP_ERR_NOMEM, "out of memory");
@@ -725,6 +739,9 @@ pp_status pp_transport_create(const pp_transport_options *opts, pp_transport **o
         if (!t->peers || !t->items) s = pp_error(PP_ERR_NOMEM, "out of memory");
     }
     if (s == PP_OK) s = pp_mailbox_new(&t->mbox);
+    if (s == PP_OK && opts->recv_cache_bytes >= 0)
+        s = pp_bufpool_new(opts->recv_cache_bytes ? (size_t)opts->recv_cache_bytes
+                                                  : (size_t)DEFAULT_RECV_CACHE, &t->pool);
     if (s == PP_OK) s = pp_zctx_acquire(opts->zmq_context, opts->io_threads, &t->zctx);
     if (s == PP_OK) {
         t->ctx = pp_zctx_handle(t->zctx);
@@ -839,6 +856,7 @@ void pp_transport_close(pp_transport *t) {
         free(t->sizes);
     }
     pp_mailbox_free(t->mbox);
+    pp_bufpool_release(t->pool);
     if (t->zctx) {
         pp_zctx_remove_domain(t->zctx, t->zap_domain);
         pp_zctx_release(t->zctx); /* may terminate the context: waits at most linger */

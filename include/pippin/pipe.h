@@ -79,6 +79,9 @@ pp_status pp_pipe_probe_shapes(pp_pipe *p, int n_dims_given, const char *const *
 pp_status pp_pipe_save(const pp_pipe *p, const char *dir);
 /* Reads DIR/pipe.json and the stage files. */
 pp_status pp_pipe_load(const char *dir, pp_pipe **out);
+/* Reads DIR/pipe.json and only DIR/stage_<index>.onnx (other stages' graphs
+ * stay NULL): what a worker for one stage needs (pp_stage_from_pipe). */
+pp_status pp_pipe_load_stage(const char *dir, int index, pp_pipe **out);
 
 #ifdef __cplusplus
 }

@@ -88,6 +88,10 @@ typedef struct pp_transport_options {
     uint64_t max_message_bytes;   /* larger incoming messages are dropped; default 2 GiB */
     size_t frame_bytes;           /* large tensors go in frames of this size; default 1 MiB */
     size_t zero_copy_min;         /* tensors at least this big are not copied; default 64 KiB */
+    /* Tensors that arrive in several frames are reassembled into buffers
+     * that are kept for reuse after the tensor is freed, up to this many
+     * bytes (saves the page faults of fresh memory). 0: 512 MiB; < 0: off. */
+    int64_t recv_cache_bytes;
     /* Step window: messages of a step below the current one (see
      * pp_transport_set_step) are dropped; with step_window > 0 so are
      * messages more than step_window steps ahead. */

@@ -353,6 +353,91 @@ static void test_interleaved_and_v(void **state) {
     pp_schedule_free(s);
 }
 
+/* Stage files: a runner over the pipe loaded back from disk trains the same,
+ * and a single stage loads on its own with the same interface. */
+static void test_stage_files_run(void **state) {
+    (void)state;
+    pp_pipe *p = split_model("skip", "model.onnx", NULL);
+    TU_OK(pp_pipe_probe_shapes(p, 0, NULL));
+    char dir[] = "/tmp/pippin-stages-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    TU_OK(pp_pipe_save(p, dir));
+    pp_pipe_free(p);
+    pp_pipe *q;
+    TU_OK(pp_pipe_load(dir, &q));
+    pp_runner *r;
+    TU_OK(pp_runner_new(q, 1, &r));
+    pp_tensor *ins[2] = {load_npy("skip", "x.npy"), load_npy("skip", "y.npy")};
+    const char *names[] = {"x", "y"};
+    pp_tensor *outs[2] = {0};
+    TU_OK(pp_runner_step(r, 2, NULL, 2, names, ins, outs));
+    pp_tensor *want = load_npy("skip", "out_loss.npy"), *g, *gref = load_npy("skip", "grad_lin0.weight.npy");
+    tu_assert_close(outs[pp_runner_loss_output(r)], want, 1e-5, 1e-6, "loss from stage files");
+    TU_OK(pp_runner_param_grad(r, "lin0.weight", &g));
+    tu_assert_close(g, gref, 1e-4, 1e-6, "lin0.weight grad from stage files");
+    pp_tensor_free(g);
+    pp_tensor_free(gref);
+    pp_tensor_free(want);
+    for (int o = 0; o < 2; o++) pp_tensor_free(outs[o]);
+    pp_runner_free(r);
+    pp_pipe_free(q);
+    /* one stage alone */
+    pp_pipe *one;
+    TU_OK(pp_pipe_load_stage(dir, 3, &one));
+    assert_null(one->stages[0]);
+    pp_stage *st;
+    TU_OK(pp_stage_from_pipe(one, 3, 1, &st));
+    assert_true(pp_stage_has_loss(st));
+    assert_int_equal(pp_stage_n_grad_inputs(st), 2); /* both activations it receives */
+    assert_int_equal(pp_stage_n_params(st), 2);
+    pp_stage_free(st);
+    pp_pipe_free(one);
+    assert_int_equal(pp_pipe_load_stage(dir, 7, &one), PP_ERR_NOT_FOUND);
+    pp_tensor_free(ins[0]);
+    pp_tensor_free(ins[1]);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* Stage misuse gives errors naming the stage and microbatch. */
+static void test_stage_misuse(void **state) {
+    (void)state;
+    pp_pipe *p = split_model("mlp", "model.onnx", NULL);
+    TU_OK(pp_pipe_probe_shapes(p, 0, NULL));
+    pp_stage *st;
+    TU_OK(pp_stage_from_pipe(p, 1, 1, &st));
+    pp_stage *again = NULL;
+    assert_int_equal(pp_stage_from_pipe(p, 1, 1, &again), PP_ERR_INVALID); /* taken */
+    pp_stage_free(st);
+    pp_pipe_free(p);
+    p = split_model("mlp", "model.onnx", NULL);
+    TU_OK(pp_pipe_probe_shapes(p, 0, NULL));
+    TU_OK(pp_stage_from_pipe(p, 1, 1, &st));
+    pp_tensor *g = NULL, *in_g = NULL;
+    assert_int_equal(pp_stage_backward_input(st, 0, &g, &in_g), PP_ERR_STATE);
+    assert_non_null(strstr(pp_last_error(), "stage 1"));
+    assert_non_null(strstr(pp_last_error(), "microbatch 0"));
+    assert_int_equal(pp_stage_backward_weight(st, 0), PP_ERR_STATE);
+    int64_t shape[] = {2, 32};
+    pp_tensor *x, *y = NULL;
+    TU_OK(pp_tensor_new(PP_F32, 2, shape, &x));
+    TU_OK(pp_stage_forward(st, 0, &x, &y));
+    assert_int_equal(pp_stage_pending(st), 1);
+    assert_true(pp_stage_stash_bytes(st) > 0);
+    pp_tensor *y2 = NULL;
+    assert_int_equal(pp_stage_forward(st, 0, &x, &y2), PP_ERR_STATE);
+    assert_int_equal(pp_stage_backward_weight(st, 0), PP_ERR_STATE); /* W before I */
+    TU_OK(pp_stage_backward(st, 0, &y, &in_g));
+    assert_int_equal(pp_stage_pending(st), 0);
+    assert_int_equal(pp_stage_stash_bytes(st), 0);
+    pp_tensor_free(x);
+    pp_tensor_free(y);
+    pp_tensor_free(in_g);
+    pp_stage_free(st);
+    pp_pipe_free(p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_split_markers),
@@ -366,6 +451,8 @@ int main(void) {
         cmocka_unit_test(test_too_few_samples),
         cmocka_unit_test(test_training_gpipe_1f1b_zb),
         cmocka_unit_test(test_interleaved_and_v),
+        cmocka_unit_test(test_stage_files_run),
+        cmocka_unit_test(test_stage_misuse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

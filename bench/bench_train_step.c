@@ -1,0 +1,153 @@
+/* One training step (forward + backward, all parameter gradients) of the GPT
+ * fixture against PyTorch 1.13 on the same number of threads, and the peak
+ * resident memory of both processes.
+ *
+ *   pippin-bench-train [--threads N] [--batch B] [--iters K] [--model DIR] [--no-torch]
+ *
+ * The torch side is bench/torch_forward.py, run with /usr/bin/python3. */
+#include <cblas.h>
+#include <getopt.h>
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "pippin/pippin.h"
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static double peak_rss_mb(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_maxrss / 1024.0;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Random token ids in [0, vocab). */
+static pp_tensor *tokens(int64_t batch, int64_t seq, int64_t vocab, unsigned *seed) {
+    pp_tensor *t;
+    if (pp_tensor_empty(PP_I64, 2, (int64_t[]){batch, seq}, &t) != PP_OK) return NULL;
+    int64_t *d = t->data;
+    for (int64_t i = 0; i < batch * seq; i++) {
+        *seed = *seed * 1103515245u + 12345u;
+        d[i] = (int64_t)((*seed >> 8) % (unsigned)vocab);
+    }
+    return t;
+}
+
+/* Runs the torch script; fills *ms and *rss (MB). 0 on success. */
+static int torch_numbers(const char *src, const char *model_dir, int threads, int batch, int iters,
+                         double *ms, double *rss) {
+    if (access("/usr/bin/python3", X_OK) != 0) return -1;
+    char cmd[8800], line[8192] = "";
+    snprintf(cmd, sizeof cmd,
+             "/usr/bin/python3 %s/bench/torch_forward.py --model %s --threads %d --batch %d "
+             "--iters %d 2>/dev/null",
+             src, model_dir, threads, batch, iters);
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    char buf[8192];
+    while (fgets(buf, sizeof buf, p))
+        if (buf[0] == '{') snprintf(line, sizeof line, "%s", buf);
+    if (pclose(p) != 0 || !line[0]) return -1;
+    json_object *o = json_tokener_parse(line), *v;
+    if (!o) return -1;
+    int ok = json_object_object_get_ex(o, "train_step_ms", &v);
+    if (ok) *ms = json_object_get_double(v);
+    ok = ok && json_object_object_get_ex(o, "peak_rss_mb", &v);
+    if (ok) *rss = json_object_get_double(v);
+    json_object_put(o);
+    return ok ? 0 : -1;
+}
+
+int main(int argc, char **argv) {
+    int threads = 1, batch = 32, iters = 20, no_torch = 0;
+    const char *src = getenv("PIPPIN_SOURCE_ROOT");
+    char model_dir[4096];
+    snprintf(model_dir, sizeof model_dir, "%s/test/fixtures/gpt", src ? src : PP_SOURCE_ROOT);
+    static const struct option opts[] = {
+        {"threads", required_argument, NULL, 't'}, {"batch", required_argument, NULL, 'b'},
+        {"iters", required_argument, NULL, 'i'},   {"model", required_argument, NULL, 'm'},
+        {"no-torch", no_argument, NULL, 'n'},      {NULL, 0, NULL, 0},
+    };
+    int c;
+    while ((c = getopt_long(argc, argv, "t:b:i:m:", opts, NULL)) != -1) {
+        switch (c) {
+        case 't': threads = atoi(optarg); break;
+        case 'b': batch = atoi(optarg); break;
+        case 'i': iters = atoi(optarg); break;
+        case 'm': snprintf(model_dir, sizeof model_dir, "%s", optarg); break;
+        case 'n': no_torch = 1; break;
+        default:
+            fprintf(stderr, "usage: pippin-bench-train [--threads N] [--batch B] [--iters K] "
+                            "[--model DIR] [--no-torch]\n");
+            return 2;
+        }
+    }
+    if (threads < 1 || batch < 1 || iters < 1) return 2;
+    openblas_set_num_threads(threads);
+
+    char path[4200];
+    snprintf(path, sizeof path, "%s/model.onnx", model_dir);
+    pp_graph *g = NULL;
+    pp_trainer *t = NULL;
+    if (pp_onnx_load(path, &g) != PP_OK || pp_trainer_new(g, NULL, &t) != PP_OK) {
+        fprintf(stderr, "pippin-bench-train: %s\n", pp_last_error());
+        pp_graph_free(g);
+        return 1;
+    }
+    /* vocab and block size from the embeddings */
+    int tok = pp_graph_find_value(g, "tok_emb.weight"), pos = pp_graph_find_value(g, "pos_emb.weight");
+    int64_t vocab = tok >= 0 ? g->values[tok].shape[0] : 64, seq = pos >= 0 ? g->values[pos].shape[0] : 16;
+    unsigned seed = 1;
+    pp_tensor *ins[2] = {tokens(batch, seq, vocab, &seed), tokens(batch, seq, vocab, &seed)};
+    double rss_before = peak_rss_mb();
+    double *ts = malloc(sizeof(double) * (size_t)iters);
+    pp_flat_params *fp = pp_trainer_params(t);
+    int rc = 0;
+    for (int i = -3; i < iters && rc == 0; i++) {
+        double t0 = now_ms();
+        pp_flat_params_zero_grad(fp);
+        float loss;
+        if (pp_trainer_backward(t, ins, 1.0f, &loss) != PP_OK) {
+            fprintf(stderr, "pippin-bench-train: %s\n", pp_last_error());
+            rc = 1;
+        }
+        if (i >= 0) ts[i] = now_ms() - t0;
+    }
+    if (rc == 0) {
+        qsort(ts, (size_t)iters, sizeof *ts, cmp_double);
+        double ms = ts[iters / 2], rss = peak_rss_mb();
+        printf("GPT fixture train step (forward + backward), batch %d x %lld tokens, %d thread%s\n",
+               batch, (long long)seq, threads, threads == 1 ? "" : "s");
+        printf("  pippin: %8.3f ms   peak RSS %7.1f MB (%.1f MB above the loaded model)\n", ms, rss,
+               rss - rss_before);
+        double tms, trss;
+        if (!no_torch && torch_numbers(src ? src : PP_SOURCE_ROOT, model_dir, threads, batch, iters, &tms,
+                          &trss) == 0) {
+            printf("  torch : %8.3f ms   peak RSS %7.1f MB\n", tms, trss);
+            printf("  speed ratio torch/pippin %.2fx (>1: pippin faster); memory ratio "
+                   "torch/pippin %.2fx\n",
+                   tms / ms, trss / rss);
+        } else {
+            printf("  torch unavailable\n");
+        }
+    }
+    free(ts);
+    pp_tensor_free(ins[0]);
+    pp_tensor_free(ins[1]);
+    pp_trainer_free(t);
+    pp_graph_free(g);
+    return rc;
+}
