@@ -9,6 +9,7 @@
  * pippin and raw so both see the same machine.
  *
  *   pippin-bench-transport [--json] [--reps N] [--quick] [--endpoint E] [--size BYTES]
+ *                          [--frame-bytes N] [--recv-cache BYTES]
  *
  * --json prints one object per line:
  *   {"endpoint": "tcp", "bytes": N, "pippin_gbps": x, "raw_gbps": y, "ratio": r}
@@ -33,6 +34,8 @@ static int reps = 3;
 static int quick;
 static const char *only_endpoint; /* --endpoint: run just this one (tcp, ipc, tcp+curve, latency) */
 static size_t only_size;          /* --size: just this many bytes */
+static size_t frame_bytes;        /* --frame-bytes: pippin's frame size (0: its default) */
+static long long recv_cache = 0;  /* --recv-cache: pippin's reassembly cache (0: default, <0 off) */
 static char ipc_dir[200];
 
 static double now_s(void) {
@@ -97,6 +100,8 @@ static void pip_open(pip_pair *p, const char *kind, int curve) {
         o.endpoints = eps;
         o.zmq_context = p->ctx[r];
         o.timeout_ms = 30000;
+        o.frame_bytes = frame_bytes;
+        o.recv_cache_bytes = recv_cache;
         if (curve) {
             o.curve_secret_key = p->keys[r][1];
             o.curve_rank_keys = pubs;
@@ -393,9 +398,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--endpoint") && i + 1 < argc) only_endpoint = argv[++i];
         else if (!strcmp(argv[i], "--size") && i + 1 < argc) only_size = (size_t)atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--frame-bytes") && i + 1 < argc) frame_bytes = (size_t)atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--recv-cache") && i + 1 < argc) recv_cache = atoll(argv[++i]);
         else {
             fprintf(stderr, "usage: pippin-bench-transport [--json] [--reps N] [--quick] "
-                            "[--endpoint tcp|ipc|tcp+curve|latency] [--size BYTES]\n");
+                            "[--endpoint tcp|ipc|tcp+curve|latency] [--size BYTES] [--frame-bytes N] "
+                            "[--recv-cache BYTES]\n");
             return 2;
         }
     }

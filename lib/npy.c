@@ -3,6 +3,7 @@
 #include "pippin/npy.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,12 +110,17 @@ static pp_status parse_header(cursor *c, const char *name, pp_dtype *dt, int *nd
                 skip_space(c);
                 if (*ndim >= PP_MAX_DIMS)
                     return pp_error(PP_ERR_UNSUPPORTED, "%s: more than %d dims", name, PP_MAX_DIMS);
-                char *endp;
-                errno = 0;
-                long long v = strtoll(c->p, &endp, 10);
-                if (endp == c->p || endp > c->end || errno || v < 0)
-                    return pp_error(PP_ERR_PARSE, "%s: bad shape entry", name);
-                c->p = endp;
+                /* Digits by hand: strtoll could read past the header, which
+                 * is not NUL-terminated (found by fuzz_npy). */
+                long long v = 0;
+                const char *start = c->p;
+                while (c->p < c->end && *c->p >= '0' && *c->p <= '9') {
+                    if (v > (INT64_MAX - 9) / 10)
+                        return pp_error(PP_ERR_PARSE, "%s: shape entry too large", name);
+                    v = v * 10 + (*c->p++ - '0');
+                }
+                if (c->p == start) return pp_error(PP_ERR_PARSE, "%s: bad shape entry", name);
+                if (c->p < c->end && *c->p == 'L') c->p++; /* Python 2 longs */
                 shape[(*ndim)++] = v;
                 if (!eat(c, ',')) {
                     if (!eat(c, ')')) return pp_error(PP_ERR_PARSE, "%s: bad shape tuple", name);

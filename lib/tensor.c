@@ -1,6 +1,8 @@
 /* Tensor allocation, reference counting, element access and conversion. */
 #include "pippin/tensor.h"
 
+#include "tensor_pool.h"
+
 #include <inttypes.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -8,13 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Data buffers are 64-byte aligned for vector kernels and BLAS. */
-#define PP_ALIGN 64
-
-static void aligned_free(void *data, void *hint) {
-    (void)hint;
-    free(data);
-}
+/* Data buffers are 64-byte aligned for vector kernels and BLAS
+ * (tensor_pool.c allocates them). */
 
 int64_t pp_shape_numel(int ndim, const int64_t *shape) {
     int64_t n = 1;
@@ -48,14 +45,12 @@ static pp_status tensor_alloc(pp_dtype dt, int ndim, const int64_t *shape, int z
     pp_tensor *t = calloc(1, sizeof *t);
     if (!t) return pp_error(PP_ERR_NOMEM, "out of memory allocating a tensor");
     if (nbytes) {
-        size_t rounded = (nbytes + PP_ALIGN - 1) / PP_ALIGN * PP_ALIGN;
-        t->data = aligned_alloc(PP_ALIGN, rounded);
+        t->data = pp_pool_alloc(nbytes, &t->free_fn, &t->free_hint);
         if (!t->data) {
             free(t);
             return pp_error(PP_ERR_NOMEM, "out of memory allocating %zu bytes", nbytes);
         }
         if (zero) memset(t->data, 0, nbytes);
-        t->free_fn = aligned_free;
     }
     t->dtype = dt;
     t->ndim = ndim;

@@ -76,6 +76,11 @@ pp_status pp_tensor_cast(const pp_tensor *src, pp_dtype dt, pp_tensor **out);
 pp_status pp_tensor_scalar_f32(float v, pp_tensor **out);
 pp_status pp_tensor_scalar_i64(int64_t v, pp_tensor **out);
 
+/* Tensor buffers of 64 KiB and more are recycled instead of going back to
+ * malloc (up to PIPPIN_TENSOR_CACHE_MB, default 256, MiB); this frees the
+ * recycled ones now. */
+void pp_tensor_cache_release(void);
+
 /* Adds a reference; returns t. */
 pp_tensor *pp_tensor_retain(pp_tensor *t);
 /* Drops a reference; frees at zero. NULL is ignored. */

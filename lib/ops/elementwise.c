@@ -29,25 +29,25 @@ typedef struct bin_impl {
  * pointers when deciding whether a loop needs alias checks); the void*
  * wrappers go into the dispatch tables. */
 #define DEF_BIN(NAME, TI, TO, EXPR)                                                      \
-    static inline void NAME##_vv_t(int64_t n, const TI *restrict a, const TI *restrict b, \
+    PP_VINLINE void NAME##_vv_t(int64_t n, const TI *restrict a, const TI *restrict b, \
                                    TO *restrict o) {                                     \
         PP_VFOR(i, n, TI x = a[i]; TI y = b[i]; o[i] = (TO)(EXPR););                     \
     }                                                                                    \
-    static inline void NAME##_vs_t(int64_t n, const TI *restrict a, const TI y,          \
+    PP_VINLINE void NAME##_vs_t(int64_t n, const TI *restrict a, const TI y,          \
                                    TO *restrict o) {                                     \
         PP_VFOR(i, n, TI x = a[i]; o[i] = (TO)(EXPR););                                  \
     }                                                                                    \
-    static inline void NAME##_sv_t(int64_t n, const TI x, const TI *restrict b,          \
+    PP_VINLINE void NAME##_sv_t(int64_t n, const TI x, const TI *restrict b,          \
                                    TO *restrict o) {                                     \
         PP_VFOR(i, n, TI y = b[i]; o[i] = (TO)(EXPR););                                  \
     }                                                                                    \
-    static void NAME##_vv(int64_t n, const void *a, const void *b, void *o) {            \
+    PP_VEC_CLONES static void NAME##_vv(int64_t n, const void *a, const void *b, void *o) { \
         NAME##_vv_t(n, a, b, o);                                                         \
     }                                                                                    \
-    static void NAME##_vs(int64_t n, const void *a, const void *b, void *o) {            \
+    PP_VEC_CLONES static void NAME##_vs(int64_t n, const void *a, const void *b, void *o) { \
         NAME##_vs_t(n, a, *(const TI *)b, o);                                            \
     }                                                                                    \
-    static void NAME##_sv(int64_t n, const void *a, const void *b, void *o) {            \
+    PP_VEC_CLONES static void NAME##_sv(int64_t n, const void *a, const void *b, void *o) { \
         NAME##_sv_t(n, *(const TI *)a, b, o);                                            \
     }
 
@@ -76,19 +76,19 @@ typedef struct bin_impl {
 
 /* Integer division truncates (as C and ONNX's reference do); division by
  * zero gives 0 and MIN / -1 wraps, instead of trapping. */
-static inline int32_t idiv_int32_t(int32_t x, int32_t y) {
+PP_VINLINE int32_t idiv_int32_t(int32_t x, int32_t y) {
     return y == 0 ? 0 : y == -1 ? (int32_t)(0u - (uint32_t)x) : x / y;
 }
-static inline int64_t idiv_int64_t(int64_t x, int64_t y) {
+PP_VINLINE int64_t idiv_int64_t(int64_t x, int64_t y) {
     return y == 0 ? 0 : y == -1 ? (int64_t)(0u - (uint64_t)x) : x / y;
 }
-static inline int8_t idiv_int8_t(int8_t x, int8_t y) { return y == 0 ? 0 : (int8_t)(x / y); }
-static inline uint8_t idiv_uint8_t(uint8_t x, uint8_t y) { return y == 0 ? 0 : (uint8_t)(x / y); }
+PP_VINLINE int8_t idiv_int8_t(int8_t x, int8_t y) { return y == 0 ? 0 : (int8_t)(x / y); }
+PP_VINLINE uint8_t idiv_uint8_t(uint8_t x, uint8_t y) { return y == 0 ? 0 : (uint8_t)(x / y); }
 
 /* x^y by squaring, wrapping on overflow; a negative y gives the truncated
  * 1 / x^|y|, which is 0 unless |x| == 1. */
 #define DEF_IPOW(T, U)                                      \
-    static inline T ipow_##T(T x, T y) {                    \
+    PP_VINLINE T ipow_##T(T x, T y) {                    \
         if (y < 0) return x == 1 ? 1 : x == -1 ? ((y & 1) ? -1 : 1) : 0; \
         U r = 1, b = (U)x;                                  \
         for (T e = y; e > 0; e >>= 1) {                     \
@@ -110,21 +110,21 @@ DEF_BIN_NUM(min, (x < y || x != x) ? x : y, IMIN)
 
 /* Mod: fmod=1 keeps the dividend's sign (C, np.fmod); fmod=0 the divisor's
  * (Python, np.mod; integers only). x mod 0 gives 0 for integers. */
-static inline int32_t irem_int32_t(int32_t x, int32_t y) { return y == 0 || y == -1 ? 0 : x % y; }
-static inline int64_t irem_int64_t(int64_t x, int64_t y) { return y == 0 || y == -1 ? 0 : x % y; }
-static inline int8_t irem_int8_t(int8_t x, int8_t y) { return y == 0 ? 0 : (int8_t)(x % y); }
-static inline uint8_t irem_uint8_t(uint8_t x, uint8_t y) { return y == 0 ? 0 : (uint8_t)(x % y); }
+PP_VINLINE int32_t irem_int32_t(int32_t x, int32_t y) { return y == 0 || y == -1 ? 0 : x % y; }
+PP_VINLINE int64_t irem_int64_t(int64_t x, int64_t y) { return y == 0 || y == -1 ? 0 : x % y; }
+PP_VINLINE int8_t irem_int8_t(int8_t x, int8_t y) { return y == 0 ? 0 : (int8_t)(x % y); }
+PP_VINLINE uint8_t irem_uint8_t(uint8_t x, uint8_t y) { return y == 0 ? 0 : (uint8_t)(x % y); }
 #define IFMOD(T, U) irem_##T(x, y)
 #define IPYMOD(T, U) pymod_##T(x, y)
 #define DEF_PYMOD(T)                                             \
-    static inline T pymod_##T(T x, T y) {                        \
+    PP_VINLINE T pymod_##T(T x, T y) {                        \
         T r = irem_##T(x, y);                                    \
         return (T)(r != 0 && ((r < 0) != (y < 0)) ? r + y : r);  \
     }
 DEF_PYMOD(int32_t)
 DEF_PYMOD(int64_t)
 DEF_PYMOD(int8_t)
-static inline uint8_t pymod_uint8_t(uint8_t x, uint8_t y) { return irem_uint8_t(x, y); }
+PP_VINLINE uint8_t pymod_uint8_t(uint8_t x, uint8_t y) { return irem_uint8_t(x, y); }
 DEF_BIN_NUM(fmod, fmod(x, y), IFMOD)
 DEF_BIN_NUM(pymod, fmod(x, y), IPYMOD)
 
@@ -303,13 +303,13 @@ typedef struct un_impl {
 } un_impl;
 
 #define DEF_UN(NAME, TI, TO, EXPR)                                                    \
-    static inline void NAME##_t(int64_t n, const TI *restrict a, TO *restrict o,        \
+    PP_VINLINE void NAME##_t(int64_t n, const TI *restrict a, TO *restrict o,        \
                                 const float alpha, const float beta) {                  \
         (void)alpha;                                                                    \
         (void)beta;                                                                     \
         PP_VFOR(i, n, TI x = a[i]; o[i] = (TO)(EXPR););                                 \
     }                                                                                   \
-    static void NAME(int64_t n, const void *a, void *o, const un_param *p) {            \
+    PP_VEC_CLONES static void NAME(int64_t n, const void *a, void *o, const un_param *p) { \
         NAME##_t(n, a, o, p ? p->alpha : 0.0f, p ? p->beta : 0.0f);                     \
     }
 
@@ -334,10 +334,10 @@ typedef struct un_impl {
 #define IABS(T, U) (x < 0 ? (T)(U)((U)0 - (U)x) : x)
 #define IRELU(T, U) (x < 0 ? 0 : x)
 
-static inline float gelu_tanh_scalar_f32(float x) {
+PP_VINLINE float gelu_tanh_scalar_f32(float x) {
     return 0.5f * x * (1.0f + pp_vtanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
-static inline double gelu_tanh_scalar_f64(double x) {
+PP_VINLINE double gelu_tanh_scalar_f64(double x) {
     return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
 }
 
@@ -383,8 +383,8 @@ DEF_UN(isinf_f32, float, uint8_t, (alpha != 0 && x == INFINITY) || (beta != 0 &&
 DEF_UN(isinf_f64, double, uint8_t, (alpha != 0 && x == INFINITY) || (beta != 0 && x == -INFINITY))
 static const un_impl isinf_impls[] = {{PP_F32, isinf_f32}, {PP_F64, isinf_f64},
                                       {PP_DTYPE_UNDEFINED, NULL}};
-static inline float clamp01f(float v) { return v < 0 ? 0.0f : (v > 1 ? 1.0f : v); }
-static inline double clamp01(double v) { return v < 0 ? 0.0 : (v > 1 ? 1.0 : v); }
+PP_VINLINE float clamp01f(float v) { return v < 0 ? 0.0f : (v > 1 ? 1.0f : v); }
+PP_VINLINE double clamp01(double v) { return v < 0 ? 0.0 : (v > 1 ? 1.0 : v); }
 DEF_UN_FLOAT(hard_sigmoid, clamp01f(alpha * x + beta), clamp01((double)alpha * x + (double)beta))
 DEF_UN_FLOAT(hard_swish, x * clamp01f(x * (1.0f / 6) + 0.5f), x * clamp01(x / 6 + 0.5))
 /* log(1 + e^x) without overflow for large x. */
@@ -517,7 +517,8 @@ static pp_status gelu_run(pp_kernel_ctx *ctx) {
 /* ------------------------------------------------------------------------ */
 /* Pow: the exponent may have another dtype than the base                   */
 
-static void pow_f32_scalar(int64_t n, const float *restrict a, float e, float *restrict o) {
+PP_VEC_CLONES static void pow_f32_scalar(int64_t n, const float *restrict a, float e,
+                                         float *restrict o) {
     /* The common exponents as exact products (GELU's tanh form uses x^3). */
     if (e == 2.0f) PP_VFOR(i, n, o[i] = a[i] * a[i];);
     else if (e == 3.0f) PP_VFOR(i, n, o[i] = a[i] * a[i] * a[i];);
@@ -608,10 +609,12 @@ static pp_status sum_run(pp_kernel_ctx *ctx) {
     return fold(ctx, add_impls, &ctx->out[0]);
 }
 
-static void scale_f32(int64_t n, const float *restrict x, float k, float *restrict y) {
+PP_VEC_CLONES static void scale_f32(int64_t n, const float *restrict x, float k,
+                                    float *restrict y) {
     PP_VFOR(i, n, y[i] = x[i] * k;);
 }
-static void scale_f64(int64_t n, const double *restrict x, double k, double *restrict y) {
+PP_VEC_CLONES static void scale_f64(int64_t n, const double *restrict x, double k,
+                                    double *restrict y) {
     PP_VFOR(i, n, y[i] = x[i] * k;);
 }
 
@@ -637,11 +640,12 @@ static pp_status mean_run(pp_kernel_ctx *ctx) {
 /* Clip                                                                      */
 
 #define DEF_CLIP(NAME, T)                                                                 \
-    static inline void NAME##_t(int64_t n, const T *restrict a, T *restrict o, const T lo,   \
+    PP_VINLINE void NAME##_t(int64_t n, const T *restrict a, T *restrict o, const T lo,   \
                                 const T hi) {                                                \
         PP_VFOR(i, n, T v = a[i]; v = v < lo ? lo : v; o[i] = v > hi ? hi : v;);             \
     }                                                                                        \
-    static void NAME(int64_t n, const void *a, void *o, const void *lo, const void *hi) {    \
+    PP_VEC_CLONES static void NAME(int64_t n, const void *a, void *o, const void *lo,          \
+                                   const void *hi) {                                         \
         NAME##_t(n, a, o, *(const T *)lo, *(const T *)hi);                                   \
     }
 DEF_CLIP(clip_f32, float)

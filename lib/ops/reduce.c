@@ -63,7 +63,7 @@ static pp_status int_attr_check(const pp_node *n, const char *name, int64_t lo, 
 
 #define DEF_ROW_PRIMS(T, SUF, EXP, LOG)                                                      \
     /* Sum of MAP(x[i]) over a chunk, in PP_VEC_BLOCK lanes. */                               \
-    static inline T chunk_sum_##SUF(int64_t n, const T *restrict x, T shift, int square) {   \
+    PP_VINLINE T chunk_sum_##SUF(int64_t n, const T *restrict x, T shift, int square) {   \
         T p[PP_VEC_BLOCK] = {0};                                                             \
         int64_t i = 0;                                                                       \
         if (square) {                                                                        \
@@ -85,14 +85,14 @@ static pp_status int_attr_check(const pp_node *n, const char *name, int64_t lo, 
         return r;                                                                            \
     }                                                                                        \
     /* sum(x) or, with square, sum((x - shift)^2); accumulated in double. */                \
-    static double row_sum_##SUF(int64_t n, const T *x, T shift, int square) {                \
+    PP_VINLINE double row_sum_##SUF(int64_t n, const T *x, T shift, int square) {            \
         double total = 0;                                                                    \
         for (int64_t i = 0; i < n; i += SUM_CHUNK)                                           \
             total += (double)chunk_sum_##SUF(n - i < SUM_CHUNK ? n - i : SUM_CHUNK, x + i,   \
                                              shift, square);                                 \
         return total;                                                                        \
     }                                                                                        \
-    static T row_max_##SUF(int64_t n, const T *restrict x) {                                  \
+    PP_VINLINE T row_max_##SUF(int64_t n, const T *restrict x) {                              \
         T p[PP_VEC_BLOCK];                                                                   \
         for (int j = 0; j < PP_VEC_BLOCK; j++) p[j] = -INFINITY;                             \
         int64_t i = 0;                                                                       \
@@ -104,12 +104,12 @@ static pp_status int_attr_check(const pp_node *n, const char *name, int64_t lo, 
         return r;                                                                            \
     }                                                                                        \
     /* y = exp(x - m) */                                                                     \
-    static void exp_shift_##SUF(int64_t n, const T *restrict x, T m, T *restrict y) {        \
+    PP_VINLINE void exp_shift_##SUF(int64_t n, const T *restrict x, T m, T *restrict y) {    \
         PP_VFOR(i, n, y[i] = EXP(x[i] - m););                                                \
     }                                                                                        \
-    static void scale_##SUF(int64_t n, T *restrict y, T k) { PP_VFOR(i, n, y[i] *= k;); }    \
+    PP_VINLINE void scale_##SUF(int64_t n, T *restrict y, T k) { PP_VFOR(i, n, y[i] *= k;); } \
     /* Sum of exp(x - m) without storing it. */                                              \
-    static double sum_exp_##SUF(int64_t n, const T *restrict x, T m) {                       \
+    PP_VINLINE double sum_exp_##SUF(int64_t n, const T *restrict x, T m) {                   \
         double total = 0;                                                                    \
         for (int64_t c = 0; c < n; c += SUM_CHUNK) {                                         \
             int64_t len = n - c < SUM_CHUNK ? n - c : SUM_CHUNK;                             \
@@ -126,7 +126,7 @@ static pp_status int_attr_check(const pp_node *n, const char *name, int64_t lo, 
         return total;                                                                        \
     }                                                                                        \
     /* y = (x - m) - c */                                                                    \
-    static void sub2_##SUF(int64_t n, const T *restrict x, T m, T c, T *restrict y) {        \
+    PP_VINLINE void sub2_##SUF(int64_t n, const T *restrict x, T m, T c, T *restrict y) {    \
         PP_VFOR(i, n, y[i] = (x[i] - m) - c;);                                               \
     }
 
@@ -165,11 +165,13 @@ typedef struct red_impl {
         T *o = out;                                                                       \
         for (int64_t i = 0; i < n; i++) o[i] = INIT;                                      \
     }                                                                                     \
-    static inline void NAME##_cols_t(int64_t n, const T *restrict x, T *restrict o) {     \
+    PP_VINLINE void NAME##_cols_t(int64_t n, const T *restrict x, T *restrict o) {     \
         PP_VFOR(i, n, T v = MAP(x[i]); T a = o[i]; o[i] = COMB(a, v););                   \
     }                                                                                     \
-    static void NAME##_cols(int64_t n, const void *x, void *out) { NAME##_cols_t(n, x, out); } \
-    static void NAME##_row(int64_t n, const void *x_, void *out) {                        \
+    PP_VEC_CLONES static void NAME##_cols(int64_t n, const void *x, void *out) {          \
+        NAME##_cols_t(n, x, out);                                                         \
+    }                                                                                     \
+    PP_VEC_CLONES static void NAME##_row(int64_t n, const void *x_, void *out) {          \
         const T *x = x_;                                                                  \
         T *o = out;                                                                       \
         T r = ROWEXPR;                                                                    \
@@ -179,7 +181,7 @@ typedef struct red_impl {
 
 /* Plain-loop row folds for the integer reducers. */
 #define DEF_IROW(NAME, T, INIT, COMB)                      \
-    static inline T NAME(int64_t n, const T *x) {          \
+    PP_VINLINE T NAME(int64_t n, const T *x) {          \
         T r = INIT;                                        \
         for (int64_t i = 0; i < n; i++) r = COMB(r, x[i]); \
         return r;                                          \
@@ -193,32 +195,32 @@ DEF_IROW(row_min_i64, int64_t, INT64_MAX, MINI)
 DEF_IROW(row_prod_i32, int32_t, 1, WMUL_I32)
 DEF_IROW(row_prod_i64, int64_t, 1, WMUL_I64)
 
-static inline float row_min_f32(int64_t n, const float *x) {
+PP_VINLINE float row_min_f32(int64_t n, const float *x) {
     float r = INFINITY;
     for (int64_t i = 0; i < n; i++) r = MINF(r, x[i]);
     return r;
 }
-static inline double row_min_f64(int64_t n, const double *x) {
+PP_VINLINE double row_min_f64(int64_t n, const double *x) {
     double r = INFINITY;
     for (int64_t i = 0; i < n; i++) r = MINF(r, x[i]);
     return r;
 }
-static inline float row_prod_f32(int64_t n, const float *x) {
+PP_VINLINE float row_prod_f32(int64_t n, const float *x) {
     double r = 1;
     for (int64_t i = 0; i < n; i++) r *= x[i];
     return (float)r;
 }
-static inline double row_prod_f64(int64_t n, const double *x) {
+PP_VINLINE double row_prod_f64(int64_t n, const double *x) {
     double r = 1;
     for (int64_t i = 0; i < n; i++) r *= x[i];
     return r;
 }
-static inline float row_l1_f32(int64_t n, const float *x) {
+PP_VINLINE float row_l1_f32(int64_t n, const float *x) {
     double r = 0;
     for (int64_t i = 0; i < n; i++) r += fabsf(x[i]);
     return (float)r;
 }
-static inline double row_l1_f64(int64_t n, const double *x) {
+PP_VINLINE double row_l1_f64(int64_t n, const double *x) {
     double r = 0;
     for (int64_t i = 0; i < n; i++) r += fabs(x[i]);
     return r;
@@ -555,25 +557,26 @@ static pp_status argmin_run(pp_kernel_ctx *ctx) { return arg_run(ctx, 0); }
 /* Softmax over the middle axis of [outer, len, inner]. work holds 2 * inner
  * elements when inner > 1. */
 #define DEF_SOFTMAX(T, SUF, EXP, LOG)                                                       \
-    static inline void cols_max_##SUF(int64_t n, const T *restrict x, T *restrict m) {      \
+    PP_VINLINE void cols_max_##SUF(int64_t n, const T *restrict x, T *restrict m) {      \
         PP_VFOR(i, n, m[i] = MAXF(m[i], x[i]););                                            \
     }                                                                                       \
-    static inline void cols_exp_##SUF(int64_t n, const T *restrict x, const T *restrict m,  \
+    PP_VINLINE void cols_exp_##SUF(int64_t n, const T *restrict x, const T *restrict m,  \
                                       T *restrict y, T *restrict s) {                       \
         PP_VFOR(i, n, T e = EXP(x[i] - m[i]); y[i] = e; s[i] += e;);                        \
     }                                                                                       \
-    static inline void cols_sumexp_##SUF(int64_t n, const T *restrict x,                    \
+    PP_VINLINE void cols_sumexp_##SUF(int64_t n, const T *restrict x,                    \
                                          const T *restrict m, T *restrict s) {              \
         PP_VFOR(i, n, s[i] += EXP(x[i] - m[i]););                                           \
     }                                                                                       \
-    static inline void cols_mul_##SUF(int64_t n, T *restrict y, const T *restrict k) {      \
+    PP_VINLINE void cols_mul_##SUF(int64_t n, T *restrict y, const T *restrict k) {      \
         PP_VFOR(i, n, y[i] *= k[i];);                                                       \
     }                                                                                       \
-    static inline void cols_logsub_##SUF(int64_t n, const T *restrict x, const T *restrict m, \
+    PP_VINLINE void cols_logsub_##SUF(int64_t n, const T *restrict x, const T *restrict m, \
                                          const T *restrict ls, T *restrict y) {             \
         PP_VFOR(i, n, y[i] = (x[i] - m[i]) - ls[i];);                                       \
     }                                                                                       \
-    static void softmax_##SUF(const T *x, int64_t outer, int64_t len, int64_t inner, int log_, \
+    PP_VEC_CLONES static void softmax_##SUF(const T *x, int64_t outer, int64_t len,         \
+                                            int64_t inner, int log_,                        \
                               T *y, T *work) {                                              \
         for (int64_t o = 0; o < outer; o++) {                                               \
             const T *xo = x + o * len * inner;                                              \
@@ -677,7 +680,8 @@ typedef struct lse_walk {
     pp_dtype dt;
 } lse_walk;
 
-static void lse_row(void *user, int64_t r, int64_t len, int reduced, int64_t off) {
+PP_VEC_CLONES static void lse_row(void *user, int64_t r, int64_t len, int reduced,
+                                  int64_t off) {
     lse_walk *w = user;
     if (w->dt == PP_F32) {
         const float *x = (const float *)w->x + r * len, *m = (const float *)w->shift + off;
@@ -763,7 +767,7 @@ static pp_status hardmax_run(pp_kernel_ctx *ctx) {
 /* LayerNormalization (opset 17)                                            */
 
 #define DEF_LAYERNORM(T, SUF)                                                               \
-    static inline void ln_apply_##SUF(int64_t n, const T *restrict x, T mean, T inv,        \
+    PP_VINLINE void ln_apply_##SUF(int64_t n, const T *restrict x, T mean, T inv,        \
                                       const T *restrict w, const T *restrict b,             \
                                       T *restrict y) {                                      \
         if (b)                                                                              \
@@ -771,7 +775,8 @@ static pp_status hardmax_run(pp_kernel_ctx *ctx) {
         else                                                                                \
             PP_VFOR(i, n, y[i] = (x[i] - mean) * inv * w[i];);                              \
     }                                                                                       \
-    static void layernorm_##SUF(const T *x, int64_t rows, int64_t len, const T *w,          \
+    PP_VEC_CLONES static void layernorm_##SUF(const T *x, int64_t rows, int64_t len,      \
+                                              const T *w,                                 \
                                 const T *b, double eps, T *y, void *mean_out,               \
                                 void *inv_out, int stash_f64) {                             \
         for (int64_t r = 0; r < rows; r++) {                                                \
@@ -1022,7 +1027,8 @@ static pp_status nll_run(pp_kernel_ctx *ctx) { return loss_run(ctx, 0); }
 /* BatchNormalization (opset 15)                                            */
 
 #define DEF_AFFINE(T, SUF)                                                                   \
-    static void affine_##SUF(int64_t n, const T *restrict x, T a, T b, T *restrict y) {      \
+    PP_VEC_CLONES static void affine_##SUF(int64_t n, const T *restrict x, T a, T b,         \
+                                           T *restrict y) {                                  \
         PP_VFOR(i, n, y[i] = x[i] * a + b;);                                                 \
     }
 DEF_AFFINE(float, f32)

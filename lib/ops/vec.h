@@ -24,6 +24,18 @@
 
 #define PP_VEC_BLOCK 16
 
+/* Hot loops are compiled twice, for x86-64-v3 (AVX2) and for the baseline,
+ * and the loader picks one (ifunc) on the machine at hand. gcc does not
+ * inline a baseline function into a v3 clone, so every helper such a loop
+ * calls must be PP_VINLINE. No FMA contraction happens in ISO C mode, so
+ * both versions give bit-identical results. */
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__)
+#define PP_VEC_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define PP_VEC_CLONES
+#endif
+#define PP_VINLINE static inline __attribute__((always_inline))
+
 /* for (int64_t i = 0; i < n; i++) BODY, in vectorisable blocks. */
 #define PP_VFOR(i, n, ...)                                                 \
     do {                                                                   \
@@ -40,7 +52,7 @@
  * results, +-inf and NaN included), written without calls or branches so a
  * loop over it vectorises. Cephes polynomial; 2^n is applied in two halves so
  * that n = -149..128 never builds an invalid exponent. */
-static inline float pp_vexpf(float x) {
+PP_VINLINE float pp_vexpf(float x) {
     float xc = x < -104.0f ? -104.0f : (x > 88.8f ? 88.8f : x);
     xc = x != x ? 0.0f : xc; /* keeps the int conversion below defined */
     const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
@@ -67,7 +79,7 @@ static inline float pp_vexpf(float x) {
 
 /* tanhf to about 4e-7 absolute / relative error: Eigen's rational
  * approximation (generic_fast_tanh_float), which saturates at |x| ~ 8. */
-static inline float pp_vtanhf(float x) {
+PP_VINLINE float pp_vtanhf(float x) {
     const float clamp = 7.99881172180175781f;
     float xc = x < -clamp ? -clamp : (x > clamp ? clamp : x);
     float x2 = xc * xc;
@@ -93,7 +105,7 @@ static inline float pp_vtanhf(float x) {
 
 /* erff to about 5e-7 error: Eigen's rational approximation
  * (generic_fast_erf_float), which saturates at |x| = 4. */
-static inline float pp_verff(float x) {
+PP_VINLINE float pp_verff(float x) {
     float xc = x < -4.0f ? -4.0f : (x > 4.0f ? 4.0f : x);
     float x2 = xc * xc;
     float p = -2.72614225801306e-10f;

@@ -123,6 +123,23 @@ static void test_bad_magic_and_truncation(void **state) {
     assert_int_equal(pp_npy_load("/nonexistent/x.npy", &t), PP_ERR_IO);
 }
 
+/* Regression (fuzz_npy): a header ending in blanks inside the shape tuple
+ * made the parser read past the header. */
+static void test_unterminated_shape(void **state) {
+    (void)state;
+    unsigned char buf[256];
+    memcpy(buf, "\x93NUMPY\x01\x00", 8);
+    const char *dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (4,      \t \t\t";
+    size_t dlen = strlen(dict);
+    buf[8] = (unsigned char)dlen;
+    buf[9] = 0;
+    memcpy(buf + 10, dict, dlen);
+    memset(buf + 10 + dlen, '7', 40); /* data bytes that look like digits */
+    pp_tensor *t = NULL;
+    assert_int_equal(pp_npy_parse(buf, 10 + dlen + 40, "blank.npy", &t), PP_ERR_PARSE);
+    assert_null(t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip_all_dtypes),
@@ -130,6 +147,7 @@ int main(void) {
         cmocka_unit_test(test_versions_2_and_3),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_bad_magic_and_truncation),
+        cmocka_unit_test(test_unterminated_shape),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
