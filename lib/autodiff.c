@@ -16,6 +16,7 @@ typedef struct pass {
     uint8_t *rg;   /* depends on a parameter or requested input */
     uint8_t *nd;   /* reaches the loss or a seed */
     int *acc;      /* accumulated gradient value, or -1 */
+    int *uses;     /* readers of each value (graph outputs and seeds count) */
 } pass;
 
 static int bit(uint32_t mask, int k) { return (mask >> (k < 31 ? k : 31)) & 1u; }
@@ -143,11 +144,33 @@ static pp_status add_seed(pp_graph *g, int v, int *id) {
     return PP_OK;
 }
 
+/* A decomposed GELU ending at node i: one pippin::GeluGrad for the whole
+ * pattern. Returns 1 if node i was such a pattern (handled). */
+static int fused_gelu(pass *p, int i, pp_status *s) {
+    pp_graph *g = p->g;
+    int x, kind = pp_ad_match_gelu(g, i, p->uses, &x);
+    if (!kind) return 0;
+    int y = g->nodes[i].out[0], dy = p->rg[y] && p->nd[y] ? p->acc[y] : -1;
+    *s = PP_OK;
+    if (dy < 0 || !p->rg[x] || !p->nd[x]) return 1;
+    pp_grad_ctx c = {g, i, NULL, NULL, NULL, &p->st};
+    int in[2] = {dy, x}, gx, id;
+    *s = pp_grad_emit(&c, "GeluGrad", "pippin", 2, in, 1, NULL, &gx, &id);
+    if (*s == PP_OK && kind == 1) *s = pp_node_set_string(g, id, "approximate", "tanh");
+    if (*s == PP_OK) *s = accumulate(p, &c, x, gx);
+    return 1;
+}
+
 static pp_status sweep(pass *p) {
     pp_graph *g = p->g;
     int dy[64], dx[64];
     uint8_t need[64];
     for (int i = p->st.n_fwd_nodes - 1; i >= 0; i--) {
+        pp_status fs;
+        if (fused_gelu(p, i, &fs)) {
+            PP_TRY(fs);
+            continue;
+        }
         const pp_node *n = &g->nodes[i];
         pp_grad_rule rule = pp_grad_rule_find(n->domain, n->op_type);
         if (!rule) continue;
@@ -325,8 +348,16 @@ static pp_status run_pass(pass *p, const pp_backward_spec *spec, pp_backward *b)
     p->rg = calloc((size_t)nv + 1, 1);
     p->nd = calloc((size_t)nv + 1, 1);
     p->acc = malloc(sizeof(int) * ((size_t)nv + 1));
-    if (!p->rg || !p->nd || !p->acc) return pp_error(PP_ERR_NOMEM, "out of memory in autodiff");
+    p->uses = calloc((size_t)nv + 1, sizeof(int));
+    if (!p->rg || !p->nd || !p->acc || !p->uses)
+        return pp_error(PP_ERR_NOMEM, "out of memory in autodiff");
     for (int v = 0; v < nv; v++) p->acc[v] = -1;
+    for (int i = 0; i < g->n_nodes; i++)
+        for (int k = 0; k < g->nodes[i].n_in; k++)
+            if (g->nodes[i].in[k] >= 0) p->uses[g->nodes[i].in[k]]++;
+    for (int i = 0; i < g->n_outputs; i++) p->uses[g->outputs[i]]++;
+    for (int i = 0; i < spec->n_seeds; i++) p->uses[spec->seeds[i]]++;
+    if (spec->loss >= 0) p->uses[spec->loss]++;
     PP_TRY(pp_ad_state_init(&p->st, g));
     PP_TRY(reachability(p, spec));
     /* Seed inputs: the loss first. */
@@ -366,6 +397,7 @@ pp_status pp_autodiff(pp_graph *g, const pp_backward_spec *spec, pp_backward **o
     free(p.rg);
     free(p.nd);
     free(p.acc);
+    free(p.uses);
     pp_ad_state_clear(&p.st);
     if (s != PP_OK) {
         pp_backward_free(b);

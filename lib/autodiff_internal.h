@@ -22,6 +22,12 @@ void pp_ad_state_clear(pp_ad_state *st);
 /* 1 if node was added as a forward-side helper. */
 int pp_ad_is_side(const pp_ad_state *st, int node);
 
+/* Recognises node as the output of a decomposed GELU (grad_fuse.c) whose
+ * intermediates have no other use (uses[v]: readers of value v, graph
+ * outputs and seeds included). Returns 1 (tanh form) or 2 (erf form) and
+ * sets *x to the GELU's input; 0 if no match. */
+int pp_ad_match_gelu(const pp_graph *g, int node, const int *uses, int *x);
+
 /* The forward node's input k and output k, -1 if absent. (Rules read ids
  * through these rather than keep a node pointer: adding nodes moves the
  * node array.) */

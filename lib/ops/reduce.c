@@ -60,6 +60,16 @@ static pp_status int_attr_check(const pp_node *n, const char *name, int64_t lo, 
 
 #define MAXF(a, b) (((b) > (a) || (b) != (b)) ? (b) : (a)) /* NaN wins */
 #define MINF(a, b) (((b) < (a) || (b) != (b)) ? (b) : (a))
+#define ADD(a, b) ((a) + (b))
+
+/* Folds the PP_VEC_BLOCK lanes of p as a tree (4 dependent steps instead of
+ * 16: short rows pay this once per row); leaves the result in p[0]. */
+#define LANES_FOLD(p, OP)                                   \
+    ({                                                      \
+        for (int w_ = PP_VEC_BLOCK / 2; w_ > 0; w_ /= 2)    \
+            for (int j_ = 0; j_ < w_; j_++) p[j_] = OP(p[j_], p[j_ + w_]); \
+        p[0];                                               \
+    })
 
 #define DEF_ROW_PRIMS(T, SUF, EXP, LOG)                                                      \
     /* Sum of MAP(x[i]) over a chunk, in PP_VEC_BLOCK lanes. */                               \
@@ -76,8 +86,7 @@ static pp_status int_attr_check(const pp_node *n, const char *name, int64_t lo, 
             for (; i + PP_VEC_BLOCK <= n; i += PP_VEC_BLOCK)                                 \
                 for (int j = 0; j < PP_VEC_BLOCK; j++) p[j] += x[i + j];                     \
         }                                                                                    \
-        T r = 0;                                                                             \
-        for (int j = 0; j < PP_VEC_BLOCK; j++) r += p[j];                                    \
+        T r = LANES_FOLD(p, ADD);                                                            \
         for (; i < n; i++) {                                                                 \
             T d = square ? x[i] - shift : x[i];                                              \
             r += square ? d * d : d;                                                         \
@@ -98,14 +107,33 @@ static pp_status int_attr_check(const pp_node *n, const char *name, int64_t lo, 
         int64_t i = 0;                                                                       \
         for (; i + PP_VEC_BLOCK <= n; i += PP_VEC_BLOCK)                                     \
             for (int j = 0; j < PP_VEC_BLOCK; j++) p[j] = MAXF(p[j], x[i + j]);              \
-        T r = -INFINITY;                                                                     \
-        for (int j = 0; j < PP_VEC_BLOCK; j++) r = MAXF(r, p[j]);                            \
+        T r = LANES_FOLD(p, MAXF);                                                           \
         for (; i < n; i++) r = MAXF(r, x[i]);                                                \
         return r;                                                                            \
     }                                                                                        \
-    /* y = exp(x - m) */                                                                     \
-    PP_VINLINE void exp_shift_##SUF(int64_t n, const T *restrict x, T m, T *restrict y) {    \
-        PP_VFOR(i, n, y[i] = EXP(x[i] - m););                                                \
+    /* y = exp(x - m); returns sum(y), accumulated as row_sum does. */                       \
+    PP_VINLINE double exp_shift_##SUF(int64_t n, const T *restrict x, T m, T *restrict y) {  \
+        double total = 0;                                                                    \
+        for (int64_t c = 0; c < n; c += SUM_CHUNK) {                                         \
+            int64_t len = n - c < SUM_CHUNK ? n - c : SUM_CHUNK;                             \
+            const T *restrict xc = x + c;                                                    \
+            T *restrict yc = y + c;                                                          \
+            T p[PP_VEC_BLOCK] = {0};                                                         \
+            int64_t i = 0;                                                                   \
+            for (; i + PP_VEC_BLOCK <= len; i += PP_VEC_BLOCK)                               \
+                for (int j = 0; j < PP_VEC_BLOCK; j++) {                                     \
+                    T e = EXP(xc[i + j] - m);                                                \
+                    yc[i + j] = e;                                                           \
+                    p[j] += e;                                                               \
+                }                                                                            \
+            T r = LANES_FOLD(p, ADD);                                                        \
+            for (; i < len; i++) {                                                           \
+                yc[i] = EXP(xc[i] - m);                                                      \
+                r += yc[i];                                                                  \
+            }                                                                                \
+            total += (double)r;                                                              \
+        }                                                                                    \
+        return total;                                                                        \
     }                                                                                        \
     PP_VINLINE void scale_##SUF(int64_t n, T *restrict y, T k) { PP_VFOR(i, n, y[i] *= k;); } \
     /* Sum of exp(x - m) without storing it. */                                              \
@@ -118,8 +146,7 @@ static pp_status int_attr_check(const pp_node *n, const char *name, int64_t lo, 
             int64_t i = 0;                                                                   \
             for (; i + PP_VEC_BLOCK <= len; i += PP_VEC_BLOCK)                               \
                 for (int j = 0; j < PP_VEC_BLOCK; j++) p[j] += EXP(xc[i + j] - m);           \
-            T r = 0;                                                                         \
-            for (int j = 0; j < PP_VEC_BLOCK; j++) r += p[j];                                \
+            T r = LANES_FOLD(p, ADD);                                                        \
             for (; i < len; i++) r += EXP(xc[i] - m);                                        \
             total += (double)r;                                                              \
         }                                                                                    \
@@ -147,7 +174,6 @@ typedef struct red_impl {
     void (*cols)(int64_t n, const void *x, void *out);
 } red_impl;
 
-#define ADD(a, b) ((a) + (b))
 #define MUL(a, b) ((a) * (b))
 #define ID(v) (v)
 #define SQ(v) ((v) * (v))
@@ -587,8 +613,7 @@ static pp_status argmin_run(pp_kernel_ctx *ctx) { return arg_run(ctx, 0); }
                     T ls = (T)log(sum_exp_##SUF(len, xo, m));                               \
                     sub2_##SUF(len, xo, m, ls, yo);                                         \
                 } else {                                                                    \
-                    exp_shift_##SUF(len, xo, m, yo);                                        \
-                    scale_##SUF(len, yo, (T)(1.0 / row_sum_##SUF(len, yo, 0, 0)));          \
+                    scale_##SUF(len, yo, (T)(1.0 / exp_shift_##SUF(len, xo, m, yo)));       \
                 }                                                                           \
                 continue;                                                                   \
             }                                                                               \

