@@ -177,8 +177,27 @@ static pp_status run_list(pp_exec *ex, const int *nodes, int n_nodes, pp_tensor 
     return s;
 }
 
+/* Records input i's dtype and shape; 1 if they differ from the last run's. */
+static int note_signature(pp_exec *ex, int i, const pp_tensor *t) {
+    int changed = 0;
+    int64_t *sig = ex->sig + (size_t)i * (PP_MAX_DIMS + 2);
+    if (sig[0] != t->dtype || sig[1] != t->ndim) changed = 1;
+    for (int d = 0; d < t->ndim; d++)
+        if (sig[2 + d] != t->shape[d]) changed = 1;
+    sig[0] = t->dtype;
+    sig[1] = t->ndim;
+    for (int d = 0; d < t->ndim; d++) sig[2 + d] = t->shape[d];
+    return changed;
+}
+
 pp_status pp_exec_run_nodes(pp_exec *ex, const int *nodes, int n_nodes, pp_tensor **env,
                             const uint8_t *keep) {
+    /* Cached shape sub-graphs belong to one input signature; microbatches
+     * may differ in size, so check the inputs present in env. */
+    int changed = 0;
+    for (int i = 0; i < ex->g->n_inputs; i++)
+        if (env[ex->g->inputs[i]]) changed |= note_signature(ex, i, env[ex->g->inputs[i]]);
+    if (changed) clear_cache(ex);
     return run_list(ex, nodes, n_nodes, env, keep);
 }
 
@@ -204,13 +223,7 @@ static pp_status check_inputs(pp_exec *ex, pp_tensor *const *inputs) {
                                 pp_shape_str(v->ndim, v->shape, a, sizeof a),
                                 pp_shape_str(t->ndim, t->shape, b, sizeof b));
         }
-        int64_t *sig = ex->sig + (size_t)i * (PP_MAX_DIMS + 2);
-        if (sig[0] != t->dtype || sig[1] != t->ndim) changed = 1;
-        for (int d = 0; d < t->ndim; d++)
-            if (sig[2 + d] != t->shape[d]) changed = 1;
-        sig[0] = t->dtype;
-        sig[1] = t->ndim;
-        for (int d = 0; d < t->ndim; d++) sig[2 + d] = t->shape[d];
+        changed |= note_signature(ex, i, t);
     }
     if (changed) clear_cache(ex);
     return PP_OK;

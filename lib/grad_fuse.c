@@ -16,16 +16,23 @@ static int producer(const pp_graph *g, int v, const char *op_type) {
     const pp_node *n = &g->nodes[p];
     if (strcmp(n->op_type, op_type) != 0) return -1;
     if (n->domain[0] && strcmp(n->domain, "ai.onnx") != 0) return -1;
-    return n->n_in == 2 || strcmp(op_type, "Tanh") == 0 || strcmp(op_type, "Erf") == 0 ? p : -1;
+    int arity = strcmp(op_type, "Constant") == 0 ? 0 : (strcmp(op_type, "Tanh") == 0 ||
+                                                         strcmp(op_type, "Erf") == 0 ? 1 : 2);
+    return n->n_in == arity ? p : -1;
 }
 
+/* v is a float scalar constant (an initializer or a Constant node's
+ * output) equal to c. */
 static int is_const(const pp_graph *g, int v, double c) {
     if (v < 0) return 0;
     const pp_value *val = &g->values[v];
-    if (val->kind != PP_VALUE_CONST || !val->data || pp_tensor_numel(val->data) != 1 ||
-        !pp_dtype_is_float(val->data->dtype))
-        return 0;
-    return fabs(pp_tensor_get_f64(val->data, 0) - c) <= 1e-5 * fabs(c);
+    const pp_tensor *t = val->kind == PP_VALUE_CONST ? val->data : NULL;
+    if (val->kind == PP_VALUE_NODE && producer(g, v, "Constant") >= 0) {
+        const pp_attr *a = pp_node_attr(&g->nodes[val->producer], "value");
+        t = a && a->type == PP_ATTR_TENSOR ? a->t : NULL;
+    }
+    if (!t || pp_tensor_numel(t) != 1 || !pp_dtype_is_float(t->dtype)) return 0;
+    return fabs(pp_tensor_get_f64(t, 0) - c) <= 1e-5 * fabs(c);
 }
 
 /* v = op(k, w) or op(w, k) (only op(w, k) when ordered) with k a scalar

@@ -148,6 +148,9 @@ pp_status pp_action_parse(const char *text, size_t len, pp_action *out,
     if (!close)
         return pp_error(PP_ERR_PARSE, "invalid action '%.*s': missing ')'", (int)len, text);
     size_t inner = (size_t)(close - text) - 1;
+    if (memchr(text + 1, '(', inner))
+        return pp_error(PP_ERR_PARSE, "invalid action '%.*s': nested compound action", (int)len,
+                        text);
     const char *kind = close + 1;
     size_t klen = len - (size_t)(kind - text);
     if (klen != strlen("OVERLAP_F_B") || memcmp(kind, "OVERLAP_F_B", klen) != 0)

@@ -232,6 +232,16 @@ pp_status pp_sched_check_static(const pp_schedule *s, int *err_rank, long *err_s
     for (int st = 0; st < s->nstages; st++)
         if (s->stage_rank[st] < 0 || s->stage_rank[st] >= s->nranks)
             return pp_error(PP_ERR_INVALID, "stage %d is on no rank (no action runs it)", st);
+    /* Each (stage, microbatch) needs a forward and a backward: a schedule
+     * with fewer actions cannot be complete (and this bounds the memory
+     * below by the schedule's size). */
+    size_t need = 2 * (size_t)s->nstages * (size_t)s->nmb, have = s->nsub;
+    for (int r = 0; r < s->nranks; r++) have += s->len[r];
+    if (have < need)
+        return pp_error(PP_ERR_INVALID,
+                        "%zu actions cannot cover %d stages x %d microbatches (each needs a "
+                        "forward and a backward)",
+                        have, s->nstages, s->nmb);
     vstate v = {0};
     v.s = s;
     v.err_rank = -1;

@@ -86,6 +86,14 @@ pp_status pp_cli_mkdirs(const char *path) {
     return PP_OK;
 }
 
+pp_status pp_cli_save_named(const char *dir, const char *prefix, const char *name,
+                            const pp_tensor *t) {
+    char safe[512], path[4096];
+    pp_cli_file_safe(name, safe, sizeof safe);
+    snprintf(path, sizeof path, "%s/%s%s.npy", dir, prefix, safe);
+    return pp_npy_save(path, t);
+}
+
 void pp_cli_file_safe(const char *name, char *buf, size_t cap) {
     size_t i = 0;
     for (; name[i] && i + 1 < cap; i++) buf[i] = (name[i] == '/' || name[i] == ':') ? '_' : name[i];

@@ -20,6 +20,9 @@ void pp_cli_named_free(pp_named_tensors *nt);
 pp_status pp_cli_match_inputs(const pp_graph *g, const pp_named_tensors *nt, pp_tensor **out);
 /* Creates a directory (and parents) if missing. */
 pp_status pp_cli_mkdirs(const char *path);
+/* Writes t as DIR/<prefix><name>.npy, name made file-safe as below. */
+pp_status pp_cli_save_named(const char *dir, const char *prefix, const char *name,
+                            const pp_tensor *t);
 /* A value name made safe for a file name ('/' and ':' become '_'). */
 void pp_cli_file_safe(const char *name, char *buf, size_t cap);
 /* Describes a value's type, e.g. "float32[batch,16]". */

@@ -16,15 +16,6 @@ static void grad_usage(FILE *f) {
             "output named by --loss, else 'loss', else the only float scalar output.\n");
 }
 
-/* Writes DIR/<prefix><name>.npy. */
-static pp_status save_named(const char *dir, const char *prefix, const char *name,
-                            const pp_tensor *t) {
-    char safe[512], path[4096];
-    pp_cli_file_safe(name, safe, sizeof safe);
-    snprintf(path, sizeof path, "%s/%s%s.npy", dir, prefix, safe);
-    return pp_npy_save(path, t);
-}
-
 int cmd_grad(int argc, char **argv) {
     static const struct option opts[] = {
         {"input", required_argument, NULL, 'i'},
@@ -72,13 +63,13 @@ int cmd_grad(int argc, char **argv) {
     float loss;
     if (pp_trainer_backward(t, feeds, 1.0f, &loss) != PP_OK) goto done;
     if (pp_cli_mkdirs(out_dir) != PP_OK) goto done;
-    if (pp_tensor_scalar_f32(loss, &lt) != PP_OK || save_named(out_dir, "", "loss", lt) != PP_OK)
+    if (pp_tensor_scalar_f32(loss, &lt) != PP_OK || pp_cli_save_named(out_dir, "", "loss", lt) != PP_OK)
         goto done;
     pp_flat_params *fp = pp_trainer_params(t);
     for (int i = 0; i < fp->n; i++) {
         pp_tensor *gv;
         if (pp_flat_params_grad_view(fp, i, &gv) != PP_OK) goto done;
-        pp_status s = save_named(out_dir, "grad_", fp->names[i], gv);
+        pp_status s = pp_cli_save_named(out_dir, "grad_", fp->names[i], gv);
         pp_tensor_free(gv);
         if (s != PP_OK) goto done;
     }

@@ -163,12 +163,9 @@ static pp_status train_step(pp_trainer *t, pp_tensor *const *data, int n, const 
 static pp_status save_params(pp_flat_params *fp, const char *dir) {
     PP_TRY(pp_cli_mkdirs(dir));
     for (int i = 0; i < fp->n; i++) {
-        char safe[512], path[4096];
-        pp_cli_file_safe(fp->names[i], safe, sizeof safe);
-        snprintf(path, sizeof path, "%s/%s.npy", dir, safe);
         pp_tensor *t;
         PP_TRY(pp_flat_params_data_view(fp, i, &t));
-        pp_status s = pp_npy_save(path, t);
+        pp_status s = pp_cli_save_named(dir, "", fp->names[i], t);
         pp_tensor_free(t);
         PP_TRY(s);
     }

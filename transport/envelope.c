@@ -2,6 +2,7 @@
 #include "pippin/envelope.h"
 
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -104,10 +105,33 @@ pp_status pp_envelope_pack(const pp_envelope *env, void *buf, size_t cap, size_t
 
 /* ---- decoding and validation ---- */
 
+/* A decoded envelope and everything protobuf-c allocated for it: one malloc
+ * holds the bookkeeping and an arena that usually fits the whole message. */
 typedef struct decoded {
     Pippin__Envelope *pb;
     pp_wire_tensor *tensors;
+    ProtobufCAllocator alloc;
+    size_t used, cap;
+    max_align_t arena[];
 } decoded;
+
+static void *arena_alloc(void *ctx, size_t size) {
+    decoded *d = ctx;
+    size_t n = (size + sizeof(max_align_t) - 1) / sizeof(max_align_t) * sizeof(max_align_t);
+    if (n >= size && d->cap - d->used >= n) {
+        void *p = (char *)d->arena + d->used;
+        d->used += n;
+        return p;
+    }
+    return malloc(size);
+}
+
+static void arena_free(void *ctx, void *p) {
+    decoded *d = ctx;
+    uintptr_t a = (uintptr_t)p, lo = (uintptr_t)d->arena;
+    if (a >= lo && a < lo + d->cap) return; /* released with the arena */
+    free(p);
+}
 
 /* A name is 1..255 bytes with no control characters, so it is safe to log
  * and to use as a mailbox key. */
@@ -205,8 +229,9 @@ static pp_status check_envelope(const Pippin__Envelope *pb, const pp_envelope_li
 
     dec->tensors = NULL;
     if (pb->n_tensors) {
-        dec->tensors = calloc(pb->n_tensors, sizeof *dec->tensors);
+        dec->tensors = arena_alloc(dec, pb->n_tensors * sizeof *dec->tensors);
         if (!dec->tensors) return pp_error(PP_ERR_NOMEM, "out of memory decoding an envelope");
+        memset(dec->tensors, 0, pb->n_tensors * sizeof *dec->tensors);
     }
     uint64_t total = 0, frames = 0;
     pp_status s = PP_OK;
@@ -228,7 +253,7 @@ static pp_status check_envelope(const Pippin__Envelope *pb, const pp_envelope_li
             s = pp_error(PP_ERR_PARSE, "message has more than %" PRIu32 " data frames", max_frames);
     }
     if (s != PP_OK) {
-        free(dec->tensors);
+        arena_free(dec, dec->tensors);
         dec->tensors = NULL;
     }
     return s;
@@ -241,17 +266,25 @@ pp_status pp_envelope_decode(const void *data, size_t len, const pp_envelope_lim
     if (len > PP_ENVELOPE_MAX_BYTES)
         return pp_error(PP_ERR_PARSE, "envelope frame of %zu bytes (at most %u)", len,
                         PP_ENVELOPE_MAX_BYTES);
-    Pippin__Envelope *pb = pippin__envelope__unpack(NULL, len, data);
-    if (!pb) return pp_error(PP_ERR_PARSE, "envelope is not a valid protobuf message");
-    decoded *dec = malloc(sizeof *dec);
-    if (!dec) {
-        pippin__envelope__free_unpacked(pb, NULL);
-        return pp_error(PP_ERR_NOMEM, "out of memory decoding an envelope");
+    /* unpacked size is roughly proportional to the packed size */
+    size_t cap = 512 + 16 * len;
+    if (cap > 16384) cap = 16384;
+    decoded *dec = malloc(sizeof *dec + cap);
+    if (!dec) return pp_error(PP_ERR_NOMEM, "out of memory decoding an envelope");
+    dec->used = 0;
+    dec->cap = cap;
+    dec->alloc.alloc = arena_alloc;
+    dec->alloc.free = arena_free;
+    dec->alloc.allocator_data = dec;
+    Pippin__Envelope *pb = pippin__envelope__unpack(&dec->alloc, len, data);
+    if (!pb) {
+        free(dec);
+        return pp_error(PP_ERR_PARSE, "envelope is not a valid protobuf message");
     }
     dec->pb = pb;
     pp_status s = check_envelope(pb, lim, dec);
     if (s != PP_OK) {
-        pippin__envelope__free_unpacked(pb, NULL);
+        pippin__envelope__free_unpacked(pb, &dec->alloc);
         free(dec);
         return s;
     }
@@ -275,8 +308,8 @@ void pp_envelope_clear(pp_envelope *env) {
     if (!env) return;
     decoded *dec = env->priv_;
     if (dec) {
-        pippin__envelope__free_unpacked(dec->pb, NULL);
-        free(dec->tensors);
+        arena_free(dec, dec->tensors);
+        pippin__envelope__free_unpacked(dec->pb, &dec->alloc);
         free(dec);
     }
     memset(env, 0, sizeof *env);

@@ -718,16 +718,34 @@ static pp_status clip_run(pp_kernel_ctx *ctx) {
 /* ------------------------------------------------------------------------ */
 /* Where                                                                     */
 
-#define DEF_WHERE(NAME, T)                                                          \
-    static void NAME(int64_t n, const uint8_t *c, int64_t sc, const void *x_, int64_t sx, \
-                     const void *y_, int64_t sy, void *o_) {                        \
-        const T *x = x_, *y = y_;                                                   \
-        T *restrict o = o_;                                                         \
-        if (sc && sx && sy) {                                                       \
-            for (int64_t i = 0; i < n; i++) o[i] = c[i] ? x[i] : y[i];              \
-        } else {                                                                    \
-            for (int64_t i = 0; i < n; i++) o[i] = c[i * sc] ? x[i * sx] : y[i * sy]; \
-        }                                                                           \
+/* A row of Where: c, x, y step by sc, sx, sy (0 or 1). The forms with a
+ * contiguous condition get tight loops (a masked_fill exports as Where with
+ * a broadcast scalar x); anything else takes the strided loop. */
+#define DEF_WHERE(NAME, T)                                                                  \
+    PP_VINLINE void NAME##_t(int64_t n, const uint8_t *restrict c, const T *restrict x,    \
+                             int64_t sx, const T *restrict y, int64_t sy, T *restrict o) {  \
+        if (sx && sy) {                                                                     \
+            PP_VFOR(i, n, o[i] = c[i] ? x[i] : y[i];);                                      \
+        } else if (sy) {                                                                    \
+            const T xv = x[0];                                                              \
+            PP_VFOR(i, n, o[i] = c[i] ? xv : y[i];);                                        \
+        } else if (sx) {                                                                    \
+            const T yv = y[0];                                                              \
+            PP_VFOR(i, n, o[i] = c[i] ? x[i] : yv;);                                        \
+        } else {                                                                            \
+            const T xv = x[0], yv = y[0];                                                   \
+            PP_VFOR(i, n, o[i] = c[i] ? xv : yv;);                                          \
+        }                                                                                   \
+    }                                                                                       \
+    PP_VEC_CLONES static void NAME(int64_t n, const uint8_t *c, int64_t sc, const void *x,  \
+                                   int64_t sx, const void *y, int64_t sy, void *o_) {       \
+        if (sc) {                                                                           \
+            NAME##_t(n, c, x, sx, y, sy, o_);                                               \
+            return;                                                                         \
+        }                                                                                   \
+        const T *xt = x, *yt = y;                                                           \
+        T *o = o_;                                                                          \
+        for (int64_t i = 0; i < n; i++) o[i] = c[i * sc] ? xt[i * sx] : yt[i * sy];         \
     }
 DEF_WHERE(where_1, uint8_t)
 DEF_WHERE(where_2, uint16_t)

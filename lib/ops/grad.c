@@ -33,59 +33,37 @@ pp_status pp_grad_k_shape(const pp_kernel_ctx *ctx, int k, int *ndim, int64_t *s
 /* ------------------------------------------------------------------------ */
 /* Unary activation gradients: inputs (dy, t) of equal shape, t being x or y. */
 
-typedef enum {
-    UG_TANH,       /* t = y: dy * (1 - y^2) */
-    UG_SIGMOID,    /* t = y: dy * y * (1 - y) */
-    UG_RELU,       /* t = y: y > 0 ? dy : 0 */
-    UG_SQRT,       /* t = y: dy / (2 y) */
-    UG_ERF,        /* t = x: dy * 2/sqrt(pi) * exp(-x^2) */
-    UG_GELU,       /* t = x: dy * (Phi(x) + x phi(x)) */
-    UG_GELU_TANH,  /* t = x: derivative of the tanh approximation */
-    UG_LEAKY_RELU  /* t = x: x > 0 ? dy : alpha dy */
-} unary_grad_kind;
+typedef void (*unary_grad_fn)(int64_t n, float alpha, const float *restrict dy,
+                              const float *restrict t, float *restrict dx);
 
-static void unary_grad_loop(unary_grad_kind k, int64_t n, float alpha, const float *restrict dy,
-                            const float *restrict t, float *restrict dx) {
-    const float two_over_sqrt_pi = 1.12837916709551257f;
-    const float inv_sqrt2 = 0.70710678118654752f;
-    const float inv_sqrt_2pi = 0.39894228040143268f;
-    const float k0 = 0.79788456080286536f; /* sqrt(2/pi) */
-    const float k1 = 0.044715f;
-    switch (k) {
-    case UG_TANH:
-        PP_VFOR(i, n, float y = t[i]; dx[i] = dy[i] * (1.0f - y * y););
-        break;
-    case UG_SIGMOID:
-        PP_VFOR(i, n, float y = t[i]; dx[i] = dy[i] * (y * (1.0f - y)););
-        break;
-    case UG_RELU:
-        PP_VFOR(i, n, dx[i] = t[i] > 0.0f ? dy[i] : 0.0f;);
-        break;
-    case UG_SQRT:
-        PP_VFOR(i, n, dx[i] = dy[i] / (2.0f * t[i]););
-        break;
-    case UG_ERF:
-        PP_VFOR(i, n, float x = t[i]; dx[i] = dy[i] * two_over_sqrt_pi * pp_vexpf(-x * x););
-        break;
-    case UG_GELU:
-        PP_VFOR(i, n, float x = t[i];
-                float cdf = 0.5f * (1.0f + pp_verff(x * inv_sqrt2));
-                float pdf = inv_sqrt_2pi * pp_vexpf(-0.5f * x * x);
-                dx[i] = dy[i] * (cdf + x * pdf););
-        break;
-    case UG_GELU_TANH:
-        PP_VFOR(i, n, float x = t[i]; float x2 = x * x;
-                float th = pp_vtanhf(k0 * (x + k1 * x2 * x));
-                float du = k0 * (1.0f + 3.0f * k1 * x2);
-                dx[i] = dy[i] * (0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du););
-        break;
-    case UG_LEAKY_RELU:
-        PP_VFOR(i, n, dx[i] = t[i] > 0.0f ? dy[i] : alpha * dy[i];);
-        break;
+/* dx[i] = r, where BODY computes r from g = dy[i], v = t[i] (and alpha); for
+ * AVX2 and for the baseline. */
+#define UNARY_GRAD(NAME, ...)                                                           \
+    PP_VEC_CLONES static void NAME(int64_t n, float alpha, const float *restrict dy,    \
+                                   const float *restrict t, float *restrict dx) {       \
+        (void)alpha;                                                                    \
+        PP_VFOR(i, n, const float g = dy[i]; const float v = t[i]; float r;             \
+                __VA_ARGS__ dx[i] = r;);                                                \
     }
-}
 
-static pp_status unary_grad(pp_kernel_ctx *ctx, unary_grad_kind k, float alpha) {
+UNARY_GRAD(tanh_grad, r = g * (1.0f - v * v);)              /* t = y */
+UNARY_GRAD(sigmoid_grad, r = g * (v * (1.0f - v));)         /* t = y */
+UNARY_GRAD(relu_grad, r = v > 0.0f ? g : 0.0f;)             /* t = y */
+UNARY_GRAD(sqrt_grad, r = g / (2.0f * v);)                  /* t = y */
+UNARY_GRAD(leaky_relu_grad, r = v > 0.0f ? g : alpha * g;)  /* t = x */
+/* t = x: 2/sqrt(pi) exp(-x^2) */
+UNARY_GRAD(erf_grad, r = g * 1.12837916709551257f * pp_vexpf(-v * v);)
+/* t = x: Phi(x) + x phi(x) */
+UNARY_GRAD(gelu_grad, float cdf = 0.5f * (1.0f + pp_verff(v * 0.70710678118654752f));
+           float pdf = 0.39894228040143268f * pp_vexpf(-0.5f * v * v);
+           r = g * (cdf + v * pdf);)
+/* t = x: derivative of 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3) */
+UNARY_GRAD(gelu_tanh_grad, const float k0 = 0.79788456080286536f; const float k1 = 0.044715f;
+           float th = pp_vtanhf(k0 * (v + k1 * v * v * v));
+           float du = k0 * (1.0f + 3.0f * k1 * v * v);
+           r = g * (0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * du);)
+
+static pp_status unary_grad(pp_kernel_ctx *ctx, unary_grad_fn fn, float alpha) {
     PP_TRY(pp_grad_k_f32(ctx, 0, "dy"));
     PP_TRY(pp_grad_k_f32(ctx, 1, "the forward value"));
     const pp_tensor *dy = ctx->in[0], *t = ctx->in[1];
@@ -97,26 +75,26 @@ static pp_status unary_grad(pp_kernel_ctx *ctx, unary_grad_kind k, float alpha) 
     }
     pp_tensor *dx;
     PP_TRY(pp_tensor_empty(PP_F32, t->ndim, t->shape, &dx));
-    unary_grad_loop(k, pp_tensor_numel(t), alpha, dy->data, t->data, dx->data);
+    fn(pp_tensor_numel(t), alpha, dy->data, t->data, dx->data);
     ctx->out[0] = dx;
     return PP_OK;
 }
 
-static pp_status tanh_grad_run(pp_kernel_ctx *ctx) { return unary_grad(ctx, UG_TANH, 0); }
-static pp_status sigmoid_grad_run(pp_kernel_ctx *ctx) { return unary_grad(ctx, UG_SIGMOID, 0); }
-static pp_status relu_grad_run(pp_kernel_ctx *ctx) { return unary_grad(ctx, UG_RELU, 0); }
-static pp_status sqrt_grad_run(pp_kernel_ctx *ctx) { return unary_grad(ctx, UG_SQRT, 0); }
-static pp_status erf_grad_run(pp_kernel_ctx *ctx) { return unary_grad(ctx, UG_ERF, 0); }
+static pp_status tanh_grad_run(pp_kernel_ctx *ctx) { return unary_grad(ctx, tanh_grad, 0); }
+static pp_status sigmoid_grad_run(pp_kernel_ctx *ctx) { return unary_grad(ctx, sigmoid_grad, 0); }
+static pp_status relu_grad_run(pp_kernel_ctx *ctx) { return unary_grad(ctx, relu_grad, 0); }
+static pp_status sqrt_grad_run(pp_kernel_ctx *ctx) { return unary_grad(ctx, sqrt_grad, 0); }
+static pp_status erf_grad_run(pp_kernel_ctx *ctx) { return unary_grad(ctx, erf_grad, 0); }
 
 static pp_status gelu_grad_run(pp_kernel_ctx *ctx) {
     const char *approx = pp_node_attr_string(ctx->node, "approximate", "none");
     if (strcmp(approx, "none") != 0 && strcmp(approx, "tanh") != 0)
         return pp_kernel_error(ctx, PP_ERR_INVALID, "approximate must be 'none' or 'tanh'");
-    return unary_grad(ctx, strcmp(approx, "tanh") == 0 ? UG_GELU_TANH : UG_GELU, 0);
+    return unary_grad(ctx, strcmp(approx, "tanh") == 0 ? gelu_tanh_grad : gelu_grad, 0);
 }
 
 static pp_status leaky_relu_grad_run(pp_kernel_ctx *ctx) {
-    return unary_grad(ctx, UG_LEAKY_RELU, pp_node_attr_float(ctx->node, "alpha", 0.01f));
+    return unary_grad(ctx, leaky_relu_grad, pp_node_attr_float(ctx->node, "alpha", 0.01f));
 }
 
 const pp_op pp_ops_grad[] = {

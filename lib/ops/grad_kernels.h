@@ -4,6 +4,41 @@
 #define PIPPIN_OPS_GRAD_KERNELS_H
 
 #include "pippin/op.h"
+#include "vec.h"
+
+/* Sums in PP_VEC_BLOCK float lanes, so the loops vectorise (the rounding
+ * differs from a sequential sum; the results are still deterministic). */
+PP_VINLINE float pp_grad_vsum(const float *restrict x, int64_t n) {
+    float acc[PP_VEC_BLOCK] = {0}, s = 0;
+    int64_t i = 0;
+    for (; i + PP_VEC_BLOCK <= n; i += PP_VEC_BLOCK)
+        for (int j = 0; j < PP_VEC_BLOCK; j++) acc[j] += x[i + j];
+    for (int j = 0; j < PP_VEC_BLOCK; j++) s += acc[j];
+    for (; i < n; i++) s += x[i];
+    return s;
+}
+
+/* sum of a[i] * b[i] */
+PP_VINLINE float pp_grad_vdot(const float *restrict a, const float *restrict b, int64_t n) {
+    float acc[PP_VEC_BLOCK] = {0}, s = 0;
+    int64_t i = 0;
+    for (; i + PP_VEC_BLOCK <= n; i += PP_VEC_BLOCK)
+        for (int j = 0; j < PP_VEC_BLOCK; j++) acc[j] += a[i + j] * b[i + j];
+    for (int j = 0; j < PP_VEC_BLOCK; j++) s += acc[j];
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* sum of (x[i] - m)^2 */
+PP_VINLINE float pp_grad_vsqdev(const float *restrict x, float m, int64_t n) {
+    float acc[PP_VEC_BLOCK] = {0}, s = 0;
+    int64_t i = 0;
+    for (; i + PP_VEC_BLOCK <= n; i += PP_VEC_BLOCK)
+        for (int j = 0; j < PP_VEC_BLOCK; j++) acc[j] += (x[i + j] - m) * (x[i + j] - m);
+    for (int j = 0; j < PP_VEC_BLOCK; j++) s += acc[j];
+    for (; i < n; i++) s += (x[i] - m) * (x[i] - m);
+    return s;
+}
 
 /* Checks that input k is present and float32 ("what" names it in errors). */
 pp_status pp_grad_k_f32(const pp_kernel_ctx *ctx, int k, const char *what);

@@ -87,33 +87,23 @@ static pp_status mm_grad(pp_kernel_ctx *ctx, int want_a) {
     const float *g = dy->data, *o = other->data;
     float *r = out->data;
     int M = (int)p.M, N = (int)p.N, K = (int)p.K;
-    if (want_a) {
-        /* da = dy @ b^T; one tall gemm when b has no batch and a is not broadcast */
-        if (p.Pb == 1 && p.Pa == p.P) {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(p.P * p.M), K, N, 1.0f, g,
-                        N, o, N, 0.0f, r, K);
-            return PP_OK;
-        }
-        for (int64_t q = 0; q < p.P; q++) {
-            int64_t qa, qb;
-            mm_offsets(&p, q, &qa, &qb);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, K, N, 1.0f, g + q * p.M * p.N,
-                        N, o + qb * p.K * p.N, N, 1.0f, r + qa * p.M * p.K, K);
-        }
-    } else {
-        /* db = a^T @ dy, summed over broadcast batch dims; one gemm over all
-         * rows when b has no batch dims (a linear layer's weight) */
-        if (p.Pb == 1 && p.Pa == p.P) {
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, K, N, (int)(p.P * p.M), 1.0f, o,
-                        K, g, N, 0.0f, r, N);
-            return PP_OK;
-        }
-        for (int64_t q = 0; q < p.P; q++) {
-            int64_t qa, qb;
-            mm_offsets(&p, q, &qa, &qb);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, K, N, M, 1.0f, o + qa * p.M * p.K,
-                        K, g + q * p.M * p.N, N, 1.0f, r + qb * p.K * p.N, N);
-        }
+    /* da = dy b^T, db = a^T dy, each summed over the batch dims its operand
+     * was broadcast along (gemm with beta 1 into a zeroed result). When b has
+     * no batch dims (a linear layer's weight) and a is not broadcast, the
+     * whole batch is one tall gemm. */
+    int tall = p.Pb == 1 && p.Pa == p.P;
+    int64_t n_prod = tall ? 1 : p.P;
+    int rows = tall ? (int)(p.P * p.M) : M;
+    for (int64_t q = 0; q < n_prod; q++) {
+        int64_t qa = 0, qb = 0;
+        if (!tall) mm_offsets(&p, q, &qa, &qb);
+        const float *gq = g + q * p.M * p.N;
+        if (want_a)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, K, N, 1.0f, gq, N,
+                        o + qb * p.K * p.N, N, 1.0f, r + qa * p.M * p.K, K);
+        else
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, K, N, rows, 1.0f,
+                        o + qa * p.M * p.K, K, gq, N, 1.0f, r + qb * p.K * p.N, N);
     }
     return PP_OK;
 }
@@ -148,6 +138,23 @@ static pp_status split_at_axis(const pp_kernel_ctx *ctx, const pp_tensor *t, axi
     return PP_OK;
 }
 
+/* Contiguous rows (the softmax axis is the last one). */
+PP_VEC_CLONES static void softmax_grad_rows(int64_t rows, int64_t n, int log,
+                                            const float *restrict g, const float *restrict y,
+                                            float *restrict dx) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *restrict gr = g + r * n, *restrict yr = y + r * n;
+        float *restrict dr = dx + r * n;
+        if (log) {
+            float sum = pp_grad_vsum(gr, n);
+            PP_VFOR(i, n, dr[i] = gr[i] - pp_vexpf(yr[i]) * sum;);
+        } else {
+            float sum = pp_grad_vdot(gr, yr, n);
+            PP_VFOR(i, n, dr[i] = yr[i] * (gr[i] - sum););
+        }
+    }
+}
+
 static pp_status softmax_like_grad(pp_kernel_ctx *ctx, int log) {
     PP_TRY(pp_grad_k_f32(ctx, 0, "dy"));
     PP_TRY(pp_grad_k_f32(ctx, 1, "y"));
@@ -160,23 +167,22 @@ static pp_status softmax_like_grad(pp_kernel_ctx *ctx, int log) {
     PP_TRY(pp_tensor_empty(PP_F32, y->ndim, y->shape, &out));
     const float *g = dy->data, *v = y->data;
     float *dx = out->data;
+    ctx->out[0] = out;
+    if (s.inner == 1) {
+        softmax_grad_rows(s.outer, s.n, log, g, v, dx);
+        return PP_OK;
+    }
     for (int64_t o = 0; o < s.outer; o++)
         for (int64_t k = 0; k < s.inner; k++) {
             int64_t base = o * s.n * s.inner + k, st = s.inner;
-            double acc = 0;
-            if (log)
-                for (int64_t i = 0; i < s.n; i++) acc += g[base + i * st];
-            else
-                for (int64_t i = 0; i < s.n; i++) acc += (double)g[base + i * st] * v[base + i * st];
-            float sum = (float)acc;
-            if (log)
-                for (int64_t i = 0; i < s.n; i++)
-                    dx[base + i * st] = g[base + i * st] - expf(v[base + i * st]) * sum;
-            else
-                for (int64_t i = 0; i < s.n; i++)
-                    dx[base + i * st] = v[base + i * st] * (g[base + i * st] - sum);
+            float sum = 0;
+            for (int64_t i = 0; i < s.n; i++)
+                sum += log ? g[base + i * st] : g[base + i * st] * v[base + i * st];
+            for (int64_t i = 0; i < s.n; i++) {
+                int64_t j = base + i * st;
+                dx[j] = log ? g[j] - expf(v[j]) * sum : v[j] * (g[j] - sum);
+            }
         }
-    ctx->out[0] = out;
     return PP_OK;
 }
 
@@ -198,14 +204,11 @@ static pp_status ln_rows(const pp_kernel_ctx *ctx, const pp_tensor *x, int64_t *
 }
 
 /* Mean and 1/sqrt(var + eps) of one row, as the forward computes them. */
-static void ln_stats(const float *x, int64_t n, float eps, float *mean, float *rstd) {
-    double s = 0, q = 0;
-    for (int64_t i = 0; i < n; i++) s += x[i];
-    double m = n ? s / (double)n : 0;
-    for (int64_t i = 0; i < n; i++) q += ((double)x[i] - m) * ((double)x[i] - m);
-    double var = n ? q / (double)n : 0;
-    *mean = (float)m;
-    *rstd = (float)(1.0 / sqrt(var + (double)eps));
+PP_VINLINE void ln_stats(const float *restrict x, int64_t n, float eps, float *mean, float *rstd) {
+    float m = n ? pp_grad_vsum(x, n) / (float)n : 0.0f;
+    float var = n ? pp_grad_vsqdev(x, m, n) / (float)n : 0.0f;
+    *mean = m;
+    *rstd = 1.0f / sqrtf(var + eps);
 }
 
 static pp_status ln_inputs(pp_kernel_ctx *ctx, int64_t *rows, int64_t *n, int *axis) {
@@ -217,6 +220,37 @@ static pp_status ln_inputs(pp_kernel_ctx *ctx, int64_t *rows, int64_t *n, int *a
     return ln_rows(ctx, x, rows, n, axis);
 }
 
+/* dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), gw = dy * scale */
+PP_VEC_CLONES static void ln_input_rows(int64_t rows, int64_t n, float eps, const float *restrict g,
+                                        const float *restrict x, const float *restrict w,
+                                        float *restrict dx) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *restrict xr = x + r * n, *restrict gr = g + r * n;
+        float *restrict dr = dx + r * n;
+        float mean, rstd;
+        ln_stats(xr, n, eps, &mean, &rstd);
+        float la[PP_VEC_BLOCK] = {0}, lb[PP_VEC_BLOCK] = {0}, a = 0, b = 0;
+        int64_t i = 0;
+        for (; i + PP_VEC_BLOCK <= n; i += PP_VEC_BLOCK)
+            for (int j = 0; j < PP_VEC_BLOCK; j++) {
+                float gw = gr[i + j] * w[i + j];
+                la[j] += gw;
+                lb[j] += gw * ((xr[i + j] - mean) * rstd);
+            }
+        for (int j = 0; j < PP_VEC_BLOCK; j++) {
+            a += la[j];
+            b += lb[j];
+        }
+        for (; i < n; i++) {
+            float gw = gr[i] * w[i];
+            a += gw;
+            b += gw * ((xr[i] - mean) * rstd);
+        }
+        float ma = a / (float)n, mb = b / (float)n;
+        PP_VFOR(k, n, dr[k] = rstd * (gr[k] * w[k] - ma - ((xr[k] - mean) * rstd) * mb););
+    }
+}
+
 pp_status pp_grad_layer_norm_input_run(pp_kernel_ctx *ctx) {
     int64_t rows, n;
     int axis;
@@ -224,53 +258,36 @@ pp_status pp_grad_layer_norm_input_run(pp_kernel_ctx *ctx) {
     PP_TRY(pp_grad_k_f32(ctx, 2, "scale"));
     if (pp_tensor_numel(ctx->in[2]) != n)
         return pp_kernel_error(ctx, PP_ERR_SHAPE, "scale does not match the normalised shape");
-    float eps = pp_node_attr_float(ctx->node, "epsilon", 1e-5f);
     const pp_tensor *x = ctx->in[1];
     pp_tensor *out;
     PP_TRY(pp_tensor_empty(PP_F32, x->ndim, x->shape, &out));
-    const float *g = ctx->in[0]->data, *xv = x->data, *w = ctx->in[2]->data;
-    float *dx = out->data;
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = xv + r * n, *gr = g + r * n;
-        float *dr = dx + r * n;
-        float mean, rstd;
-        ln_stats(xr, n, eps, &mean, &rstd);
-        /* dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), gw = dy * scale */
-        double a = 0, b = 0;
-        for (int64_t i = 0; i < n; i++) {
-            float gw = gr[i] * w[i], xh = (xr[i] - mean) * rstd;
-            a += gw;
-            b += (double)gw * xh;
-        }
-        float ma = (float)(a / (double)n), mb = (float)(b / (double)n);
-        for (int64_t i = 0; i < n; i++) {
-            float xh = (xr[i] - mean) * rstd;
-            dr[i] = rstd * (gr[i] * w[i] - ma - xh * mb);
-        }
-    }
+    ln_input_rows(rows, n, pp_node_attr_float(ctx->node, "epsilon", 1e-5f), ctx->in[0]->data,
+                  x->data, ctx->in[2]->data, out->data);
     ctx->out[0] = out;
     return PP_OK;
+}
+
+/* Column sums over the rows, in double: dscale += dy * xhat, dbias += dy. */
+PP_VEC_CLONES static void ln_weight_rows(int64_t rows, int64_t n, float eps,
+                                         const float *restrict g, const float *restrict x,
+                                         double *restrict ds, double *restrict db) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *restrict xr = x + r * n, *restrict gr = g + r * n;
+        float mean, rstd;
+        ln_stats(xr, n, eps, &mean, &rstd);
+        PP_VFOR(i, n, ds[i] += (double)(gr[i] * ((xr[i] - mean) * rstd)); db[i] += (double)gr[i];);
+    }
 }
 
 pp_status pp_grad_layer_norm_weight_run(pp_kernel_ctx *ctx) {
     int64_t rows, n;
     int axis;
     PP_TRY(ln_inputs(ctx, &rows, &n, &axis));
-    float eps = pp_node_attr_float(ctx->node, "epsilon", 1e-5f);
     const pp_tensor *x = ctx->in[1];
     double *acc = calloc((size_t)(2 * n + 1), sizeof *acc);
     if (!acc) return pp_error(PP_ERR_NOMEM, "out of memory");
-    double *ds = acc, *db = acc + n;
-    const float *g = ctx->in[0]->data, *xv = x->data;
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = xv + r * n, *gr = g + r * n;
-        float mean, rstd;
-        ln_stats(xr, n, eps, &mean, &rstd);
-        for (int64_t i = 0; i < n; i++) {
-            ds[i] += (double)gr[i] * ((xr[i] - mean) * rstd);
-            db[i] += gr[i];
-        }
-    }
+    ln_weight_rows(rows, n, pp_node_attr_float(ctx->node, "epsilon", 1e-5f), ctx->in[0]->data,
+                   x->data, acc, acc + n);
     pp_status s = PP_OK;
     for (int k = 0; k < 2 && s == PP_OK; k++) {
         if (k >= ctx->n_out || ctx->node->out[k] < 0) continue;
@@ -287,6 +304,16 @@ pp_status pp_grad_layer_norm_weight_run(pp_kernel_ctx *ctx) {
 
 /* ------------------------------------------------------------------------ */
 /* SoftmaxCrossEntropyLoss: scores [N, C, d...], labels [N, d...]. */
+
+/* d[c] = coef * softmax(s)[c] over one row (the label's -coef comes after). */
+PP_VEC_CLONES static void sce_row(int64_t C, const float *restrict s, float coef,
+                                  float *restrict d) {
+    float mx = -INFINITY;
+    for (int64_t c = 0; c < C; c++) mx = s[c] > mx ? s[c] : mx;
+    PP_VFOR(c, C, d[c] = pp_vexpf(s[c] - mx););
+    float k = coef / pp_grad_vsum(d, C);
+    PP_VFOR(c, C, d[c] *= k;);
+}
 
 pp_status pp_grad_sce_loss_run(pp_kernel_ctx *ctx) {
     PP_TRY(pp_grad_k_f32(ctx, 0, "dloss"));
@@ -332,16 +359,22 @@ pp_status pp_grad_sce_loss_run(pp_kernel_ctx *ctx) {
         int64_t nn = j / inner, k = j % inner, base = nn * C * inner + k;
         float coef = mode == 0 ? g[j] : (mode == 1 ? g[0] : (float)(g[0] / denom));
         if (w) coef *= w[l];
-        float mx = -INFINITY;
-        for (int64_t c = 0; c < C; c++) mx = fmaxf(mx, s[base + c * inner]);
-        double z = 0;
-        for (int64_t c = 0; c < C; c++) {
-            float e = expf(s[base + c * inner] - mx);
-            dx[base + c * inner] = e;
-            z += e;
+        if (inner == 1) { /* contiguous class scores */
+            const float *restrict sr = s + base;
+            float *restrict dr = dx + base;
+            sce_row(C, sr, coef, dr);
+        } else {
+            float mx = -INFINITY;
+            for (int64_t c = 0; c < C; c++) mx = fmaxf(mx, s[base + c * inner]);
+            double z = 0;
+            for (int64_t c = 0; c < C; c++) {
+                float e = expf(s[base + c * inner] - mx);
+                dx[base + c * inner] = e;
+                z += e;
+            }
+            float inv = (float)(1.0 / z);
+            for (int64_t c = 0; c < C; c++) dx[base + c * inner] *= inv * coef;
         }
-        float inv = (float)(1.0 / z);
-        for (int64_t c = 0; c < C; c++) dx[base + c * inner] *= inv * coef;
         dx[base + l * inner] -= coef;
     }
     ctx->out[0] = out;

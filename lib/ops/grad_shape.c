@@ -11,6 +11,38 @@
 /* ------------------------------------------------------------------------ */
 /* SumToShape(grad, shape): undo numpy broadcasting by summing. */
 
+/* acc[output index] += grad over runs len[0..n) of kept (red 0) or summed
+ * (red 1) dims; n == 0 means a single element. */
+PP_VEC_CLONES static void sum_runs(int n, const int64_t *len, const int *red,
+                                   const float *restrict src, int64_t gn, double *restrict acc) {
+    if (n == 0) {
+        acc[0] += src[0];
+        return;
+    }
+    /* Output strides of the runs (0 for summed runs). */
+    int64_t ost[PP_MAX_DIMS], idx[PP_MAX_DIMS] = {0}, st = 1;
+    for (int k = n - 1; k >= 0; k--) {
+        ost[k] = red[k] ? 0 : st;
+        if (!red[k]) st *= len[k];
+    }
+    int64_t inner = len[n - 1], o = 0;
+    for (int64_t base = 0; base < gn; base += inner) {
+        const float *restrict row = src + base;
+        if (red[n - 1]) {
+            acc[o] += pp_grad_vsum(row, inner);
+        } else {
+            double *restrict dst = acc + o;
+            PP_VFOR(i, inner, dst[i] += (double)row[i];);
+        }
+        for (int k = n - 2; k >= 0; k--) { /* odometer over the outer runs */
+            o += ost[k];
+            if (++idx[k] < len[k]) break;
+            o -= ost[k] * len[k];
+            idx[k] = 0;
+        }
+    }
+}
+
 pp_status pp_grad_sum_to_shape_run(pp_kernel_ctx *ctx) {
     PP_TRY(pp_grad_k_f32(ctx, 0, "grad"));
     int rt;
@@ -44,42 +76,14 @@ pp_status pp_grad_sum_to_shape_run(pp_kernel_ctx *ctx) {
         }
     }
     pp_tensor *out;
-    PP_TRY(pp_tensor_new(PP_F32, rt, ts, &out));
+    PP_TRY(pp_tensor_empty(PP_F32, rt, ts, &out));
     int64_t on = pp_tensor_numel(out), gn = pp_tensor_numel(g);
     double *acc = calloc((size_t)(on ? on : 1), sizeof *acc);
     if (!acc) {
         pp_tensor_free(out);
         return pp_error(PP_ERR_NOMEM, "out of memory");
     }
-    const float *src = g->data;
-    if (gn > 0 && n > 0) {
-        /* Output strides of the runs (0 for summed runs). */
-        int64_t ost[PP_MAX_DIMS], idx[PP_MAX_DIMS] = {0}, st = 1;
-        for (int k = n - 1; k >= 0; k--) {
-            ost[k] = red[k] ? 0 : st;
-            if (!red[k]) st *= len[k];
-        }
-        int64_t inner = len[n - 1], o = 0;
-        for (int64_t base = 0; base < gn; base += inner) {
-            const float *row = src + base;
-            if (red[n - 1]) {
-                double s = 0;
-                for (int64_t i = 0; i < inner; i++) s += row[i];
-                acc[o] += s;
-            } else {
-                double *dst = acc + o;
-                for (int64_t i = 0; i < inner; i++) dst[i] += row[i];
-            }
-            for (int k = n - 2; k >= 0; k--) { /* odometer over the outer runs */
-                o += ost[k];
-                if (++idx[k] < len[k]) break;
-                o -= ost[k] * len[k];
-                idx[k] = 0;
-            }
-        }
-    } else if (gn > 0) {
-        acc[0] = src[0];
-    }
+    if (gn > 0) sum_runs(n, len, red, g->data, gn, acc);
     float *dst = out->data;
     for (int64_t i = 0; i < on; i++) dst[i] = (float)acc[i];
     free(acc);

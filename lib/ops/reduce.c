@@ -62,16 +62,19 @@ static pp_status int_attr_check(const pp_node *n, const char *name, int64_t lo, 
 #define MINF(a, b) (((b) < (a) || (b) != (b)) ? (b) : (a))
 #define ADD(a, b) ((a) + (b))
 
-/* Folds the PP_VEC_BLOCK lanes of p as a tree (4 dependent steps instead of
- * 16: short rows pay this once per row); leaves the result in p[0]. */
-#define LANES_FOLD(p, OP)                                   \
-    ({                                                      \
-        for (int w_ = PP_VEC_BLOCK / 2; w_ > 0; w_ /= 2)    \
-            for (int j_ = 0; j_ < w_; j_++) p[j_] = OP(p[j_], p[j_ + w_]); \
-        p[0];                                               \
-    })
+/* Folds the PP_VEC_BLOCK (16) lanes of p as a tree into p[0]: 4 dependent
+ * steps that gcc turns into vector ops, where a running fold is 16 dependent
+ * scalar steps (short softmax rows pay this once per row). */
+#define LANES_FOLD(p, OP)                                                  \
+    do {                                                                   \
+        _Static_assert(PP_VEC_BLOCK == 16, "LANES_FOLD assumes 16 lanes"); \
+        for (int j_ = 0; j_ < 8; j_++) p[j_] = OP(p[j_], p[j_ + 8]);       \
+        for (int j_ = 0; j_ < 4; j_++) p[j_] = OP(p[j_], p[j_ + 4]);       \
+        for (int j_ = 0; j_ < 2; j_++) p[j_] = OP(p[j_], p[j_ + 2]);       \
+        p[0] = OP(p[0], p[1]);                                             \
+    } while (0)
 
-#define DEF_ROW_PRIMS(T, SUF, EXP, LOG)                                                      \
+#define DEF_ROW_PRIMS(T, SUF, EXP)                                                      \
     /* Sum of MAP(x[i]) over a chunk, in PP_VEC_BLOCK lanes. */                               \
     PP_VINLINE T chunk_sum_##SUF(int64_t n, const T *restrict x, T shift, int square) {   \
         T p[PP_VEC_BLOCK] = {0};                                                             \
@@ -86,7 +89,8 @@ static pp_status int_attr_check(const pp_node *n, const char *name, int64_t lo, 
             for (; i + PP_VEC_BLOCK <= n; i += PP_VEC_BLOCK)                                 \
                 for (int j = 0; j < PP_VEC_BLOCK; j++) p[j] += x[i + j];                     \
         }                                                                                    \
-        T r = LANES_FOLD(p, ADD);                                                            \
+        LANES_FOLD(p, ADD);                                                                \
+        T r = p[0];                                                                        \
         for (; i < n; i++) {                                                                 \
             T d = square ? x[i] - shift : x[i];                                              \
             r += square ? d * d : d;                                                         \
@@ -107,7 +111,8 @@ static pp_status int_attr_check(const pp_node *n, const char *name, int64_t lo, 
         int64_t i = 0;                                                                       \
         for (; i + PP_VEC_BLOCK <= n; i += PP_VEC_BLOCK)                                     \
             for (int j = 0; j < PP_VEC_BLOCK; j++) p[j] = MAXF(p[j], x[i + j]);              \
-        T r = LANES_FOLD(p, MAXF);                                                           \
+        LANES_FOLD(p, MAXF);                                                               \
+        T r = p[0];                                                                        \
         for (; i < n; i++) r = MAXF(r, x[i]);                                                \
         return r;                                                                            \
     }                                                                                        \
@@ -126,7 +131,8 @@ static pp_status int_attr_check(const pp_node *n, const char *name, int64_t lo, 
                     yc[i + j] = e;                                                           \
                     p[j] += e;                                                               \
                 }                                                                            \
-            T r = LANES_FOLD(p, ADD);                                                        \
+            LANES_FOLD(p, ADD);                                                            \
+            T r = p[0];                                                                    \
             for (; i < len; i++) {                                                           \
                 yc[i] = EXP(xc[i] - m);                                                      \
                 r += yc[i];                                                                  \
@@ -146,7 +152,8 @@ static pp_status int_attr_check(const pp_node *n, const char *name, int64_t lo, 
             int64_t i = 0;                                                                   \
             for (; i + PP_VEC_BLOCK <= len; i += PP_VEC_BLOCK)                               \
                 for (int j = 0; j < PP_VEC_BLOCK; j++) p[j] += EXP(xc[i + j] - m);           \
-            T r = LANES_FOLD(p, ADD);                                                        \
+            LANES_FOLD(p, ADD);                                                            \
+            T r = p[0];                                                                    \
             for (; i < len; i++) r += EXP(xc[i] - m);                                        \
             total += (double)r;                                                              \
         }                                                                                    \
@@ -157,8 +164,8 @@ static pp_status int_attr_check(const pp_node *n, const char *name, int64_t lo, 
         PP_VFOR(i, n, y[i] = (x[i] - m) - c;);                                               \
     }
 
-DEF_ROW_PRIMS(float, f32, pp_vexpf, logf)
-DEF_ROW_PRIMS(double, f64, exp, log)
+DEF_ROW_PRIMS(float, f32, pp_vexpf)
+DEF_ROW_PRIMS(double, f64, exp)
 
 /* ------------------------------------------------------------------------ */
 /* Reduce*                                                                   */

@@ -291,6 +291,52 @@ static void test_i_then_w_bitwise_gpt_stages(void **state) {
     pp_graph_free(g);
 }
 
+/* Microbatches of different sizes through one executor, as a pipeline stage
+ * runs them with pp_exec_run_nodes: shapes are never taken from the
+ * previous microbatch (the gradients equal a fresh run's). */
+static void test_varying_microbatch_sizes(void **state) {
+    (void)state;
+    pp_graph *g = load_model("gpt");
+    pp_backward *b = NULL;
+    TU_OK(pp_autodiff_model(g, NULL, 0, &b));
+    pp_exec *ex;
+    TU_OK(pp_exec_new(g, &ex));
+    uint8_t *kf, *ki;
+    TU_OK(pp_backward_keep_masks(g, b, &kf, &ki));
+    pp_tensor *idx = load_fixture("gpt", "train_idx.npy"), *tgt = load_fixture("gpt", "train_targets.npy");
+    int rows[3] = {2, 3, 1};
+    for (int r = 0; r < 3; r++) {
+        pp_tensor *ins[3];
+        TU_OK(pp_data_batch(idx, r, rows[r], &ins[0]));
+        TU_OK(pp_data_batch(tgt, r, rows[r], &ins[1]));
+        TU_OK(pp_tensor_scalar_f32(1.0f, &ins[2]));
+        pp_tensor **env = calloc((size_t)g->n_values, sizeof *env);
+        for (int i = 0; i < 3; i++) env[g->inputs[i]] = pp_tensor_retain(ins[i]);
+        TU_OK(pp_exec_run_nodes(ex, b->forward_nodes, b->n_forward, env, kf));
+        TU_OK(pp_exec_run_nodes(ex, b->i_nodes, b->n_i, env, ki));
+        TU_OK(pp_exec_run_nodes(ex, b->w_nodes, b->n_w, env, kf));
+        pp_tensor **fresh = calloc((size_t)g->n_outputs, sizeof *fresh);
+        TU_OK(pp_graph_run(g, ins, fresh));
+        for (int i = 0; i < g->n_outputs; i++) {
+            const pp_tensor *got = env[g->outputs[i]];
+            assert_non_null(got);
+            assert_int_equal(got->nbytes, fresh[i]->nbytes);
+            assert_memory_equal(got->data, fresh[i]->data, got->nbytes);
+        }
+        free_outputs(g, fresh);
+        for (int v = 0; v < g->n_values; v++) pp_tensor_free(env[v]);
+        free(env);
+        for (int i = 0; i < 3; i++) pp_tensor_free(ins[i]);
+    }
+    pp_tensor_free(idx);
+    pp_tensor_free(tgt);
+    free(kf);
+    free(ki);
+    pp_exec_free(ex);
+    pp_backward_free(b);
+    pp_graph_free(g);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Stash: bytes per sample, and the values kept. */
 
@@ -385,6 +431,7 @@ int main(void) {
         cmocka_unit_test(test_regions_mlp),
         cmocka_unit_test(test_i_then_w_bitwise_mlp),
         cmocka_unit_test(test_i_then_w_bitwise_gpt_stages),
+        cmocka_unit_test(test_varying_microbatch_sizes),
         cmocka_unit_test(test_stash_per_sample),
         cmocka_unit_test(test_error_int_input),
         cmocka_unit_test(test_error_non_scalar_loss),

@@ -497,6 +497,16 @@ static void test_where(void **state) {
            "Where 3-way broadcast");
     expect_exact(RUN("Where", B(1, SHAPE(3), 1, 0, 1), I64(1, SHAPE(1), 5), I64(1, SHAPE(3), 1, 2, 3)),
                  I64(1, SHAPE(3), 5, 2, 5), "Where i64");
+    /* broadcast condition (strided row form), every other row-form too */
+    expect(RUN("Where", B(2, SHAPE(2, 1), 1, 0), F32(2, SHAPE(2, 3), 1, 2, 3, 4, 5, 6),
+               F32(1, SHAPE(3), 7, 8, 9)),
+           F32(2, SHAPE(2, 3), 1, 2, 3, 7, 8, 9), 0, 0, "Where broadcast condition");
+    expect(RUN("Where", B(1, SHAPE(3), 1, 0, 1), F32(1, SHAPE(3), 1, 2, 3), F32(0, NULL, 0)),
+           F32(1, SHAPE(3), 1, 0, 3), 0, 0, "Where scalar y");
+    expect(RUN("Where", B(1, SHAPE(3), 1, 0, 1), F32(0, NULL, 1), F32(0, NULL, 0)),
+           F32(1, SHAPE(3), 1, 0, 1), 0, 0, "Where scalar x and y");
+    expect_exact(RUN("Where", B(1, SHAPE(2), 0, 1), B(1, SHAPE(2), 1, 1), B(1, SHAPE(2), 0, 0)),
+                 B(1, SHAPE(2), 0, 1), "Where bool");
     one_node t;
     on_init(&t, "Where", 3,
             (pp_tensor *[]){F32(1, SHAPE(2), 1, 0), F32(1, SHAPE(2), 1, 2), F32(1, SHAPE(2), 3, 4)});

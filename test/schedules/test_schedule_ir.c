@@ -195,7 +195,8 @@ static void test_validate(void **state) {
                    "Step 1: 0W0 <-- ERROR HERE");
     expect_invalid("0F0,0I0,0F0\n", "second forward", "<-- ERROR HERE");
     expect_invalid("0F0,0I0\n", "backward input without backward weight", NULL);
-    expect_invalid("0F0,0F1,0B0\n", "microbatch 1: no backward", NULL);
+    expect_invalid("0F0,0F1,0B0,0UNSHARD\n", "microbatch 1: no backward", NULL);
+    expect_invalid("0F0,0F1,0B0\n", "3 actions cannot cover 1 stages x 2 microbatches", NULL);
     expect_invalid("0F0,0B0,1F0\n1B0\n", "stage 1 is assigned to both rank 0 and rank 1",
                    "<-- ERROR HERE");
     expect_invalid("0F0,0B0,0W0\n", "after a full backward", "<-- ERROR HERE");

@@ -144,7 +144,7 @@ static void test_svg(void **state) {
     assert_contains(text, "#59a14f");
     assert_contains(text, "#7f7f7f");
     assert_contains(text, "#eeeeee");
-    assert_contains(text, ">backward-weight</text>");
+    assert_contains(text, ">W backward-weight</text>");
     /* Every event is a box, with microbatch numbers written in them. */
     assert_int_equal(count(text, "<rect x=") - 4 - 7, t->n);
     assert_int_equal(count(text, "<title>"), t->n);
