@@ -199,6 +199,9 @@ static pp_status sweep(pass *p) {
         n = &g->nodes[i];
         for (int k = 0; k < n->n_in; k++)
             if (need[k] && dx[k] >= 0) PP_TRY(accumulate(p, &c, n->in[k], dx[k]));
+        for (int k = 0; k < p->st.n_extra; k++)
+            PP_TRY(accumulate(p, &c, p->st.extra_v[k], p->st.extra_g[k]));
+        p->st.n_extra = 0;
     }
     return PP_OK;
 }
@@ -212,12 +215,23 @@ static pp_status grow_ints(int **arr, int n) {
 #define PUSH(arr, n, v) \
     do { PP_TRY(grow_ints(&(arr), (n))); (arr)[(n)++] = (v); } while (0)
 
-/* Makes a gradient value a graph output; an Identity keeps outputs unique
- * and never a graph input. */
-static pp_status add_grad_output(pp_graph *g, pp_grad_ctx *c, int *gv) {
+/* Makes gradient *gv of value v a graph output, typed like v (so an
+ * exported training graph declares it); an Identity keeps outputs unique and
+ * never a graph input. */
+static pp_status add_grad_output(pp_graph *g, pp_grad_ctx *c, int v, int *gv) {
     int dup = g->values[*gv].kind == PP_VALUE_INPUT;
     for (int i = 0; i < g->n_outputs && !dup; i++) dup = g->outputs[i] == *gv;
     if (dup) PP_TRY(pp_grad_op1(c, "Identity", "", *gv, -2, gv));
+    pp_value *t = &g->values[*gv];
+    const pp_value *f = &g->values[v];
+    if (t->dtype == PP_DTYPE_UNDEFINED && t->ndim < 0) {
+        t->dtype = f->dtype;
+        t->ndim = f->ndim;
+        memcpy(t->shape, f->shape, sizeof t->shape);
+        for (int d = 0; d < f->ndim; d++)
+            if (f->dim_names[d] && !(t->dim_names[d] = strdup(f->dim_names[d])))
+                return pp_error(PP_ERR_NOMEM, "out of memory");
+    }
     return pp_graph_add_output(g, *gv);
 }
 
@@ -239,7 +253,7 @@ static pp_status collect(pass *p, const pp_backward_spec *spec, pp_backward *b) 
             PP_TRY(pp_tensor_new(PP_F32, 1, &one, &zero));
             PP_TRY(pp_node_set_tensor(g, id, "value", zero));
         }
-        PP_TRY(add_grad_output(g, &c, &gv));
+        PP_TRY(add_grad_output(g, &c, w, &gv));
         b->wrt_values[b->n_wrt] = w;
         b->wrt_grads[b->n_wrt++] = gv;
     }
@@ -250,7 +264,7 @@ static pp_status collect(pass *p, const pp_backward_spec *spec, pp_backward *b) 
             continue;
         }
         int gv = p->acc[v];
-        PP_TRY(add_grad_output(g, &c, &gv));
+        PP_TRY(add_grad_output(g, &c, v, &gv));
         PUSH(b->params, b->n_params, v);
         PP_TRY(grow_ints(&b->param_grads, b->n_params));
         b->param_grads[b->n_params - 1] = gv;

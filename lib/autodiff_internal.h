@@ -12,6 +12,8 @@ typedef struct pp_ad_state {
     int *shape_of;     /* per forward value: the value holding its shape, or -1 */
     uint8_t *side;     /* per node: added for the forward (region F) */
     int cap_side;
+    int n_extra;       /* gradients a rule gives to values other than its node's inputs */
+    int extra_v[4], extra_g[4];
     int n_consts;      /* cache of scalar float constants */
     uint32_t const_bits[16];
     int const_ids[16];
@@ -19,6 +21,9 @@ typedef struct pp_ad_state {
 
 pp_status pp_ad_state_init(pp_ad_state *st, const pp_graph *g);
 void pp_ad_state_clear(pp_ad_state *st);
+/* From a rule: gv is (a part of) the gradient of value v, which is not an
+ * input of the rule's node (it lies further up, e.g. the W of b = W^T). */
+pp_status pp_ad_contribute(pp_grad_ctx *c, int v, int gv);
 /* 1 if node was added as a forward-side helper. */
 int pp_ad_is_side(const pp_ad_state *st, int node);
 

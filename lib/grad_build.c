@@ -22,6 +22,14 @@ void pp_ad_state_clear(pp_ad_state *st) {
     memset(st, 0, sizeof *st);
 }
 
+pp_status pp_ad_contribute(pp_grad_ctx *c, int v, int gv) {
+    pp_ad_state *st = c->priv;
+    if (st->n_extra >= 4) return pp_error(PP_ERR_INTERNAL, "too many extra gradients from a rule");
+    st->extra_v[st->n_extra] = v;
+    st->extra_g[st->n_extra++] = gv;
+    return PP_OK;
+}
+
 int pp_ad_is_side(const pp_ad_state *st, int node) {
     return node >= 0 && node < st->cap_side && st->side[node];
 }

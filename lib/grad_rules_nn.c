@@ -6,15 +6,37 @@
 
 #include "autodiff_internal.h"
 
+/* W if b = Transpose(W) of a 2-D W (nn.Linear on 3-D inputs, tied heads),
+ * else -1. */
+static int transposed_weight(const pp_graph *g, int b) {
+    const pp_value *v = &g->values[b];
+    if (v->kind != PP_VALUE_NODE) return -1;
+    const pp_node *t = &g->nodes[v->producer];
+    if (strcmp(t->op_type, "Transpose") != 0 || (t->domain[0] && strcmp(t->domain, "ai.onnx")) ||
+        t->n_in != 1 || t->in[0] < 0)
+        return -1;
+    const pp_value *w = &g->values[t->in[0]];
+    if ((w->data ? w->data->ndim : w->ndim) != 2) return -1;
+    const int64_t *perm;
+    int np = pp_node_attr_ints(t, "perm", &perm);
+    if (np >= 0 && !(np == 2 && perm[0] == 1 && perm[1] == 0)) return -1;
+    return t->in[0];
+}
+
+/* da = dy b^T (region I), db = a^T dy (region W). For b = W^T both read or
+ * write W directly: W^T is not kept for the backward. */
 PP_GRAD_RULE(matmul) {
-    int a = pp_ad_in(c, 0), b = pp_ad_in(c, 1);
+    int a = pp_ad_in(c, 0), b = pp_ad_in(c, 1), w = transposed_weight(c->g, b);
     for (int k = 0; k < 2; k++) {
         if (!c->need[k]) continue;
-        int shape;
-        PP_TRY(pp_grad_shape_of(c, k == 0 ? a : b, &shape));
-        int in[3] = {c->dy[0], k == 0 ? b : a, shape};
+        int shape, id, gv;
+        PP_TRY(pp_grad_shape_of(c, k == 0 ? a : (w >= 0 ? w : b), &shape));
+        int in[3] = {c->dy[0], k == 0 ? (w >= 0 ? w : b) : a, shape};
         PP_TRY(pp_grad_emit(c, k == 0 ? "MatMulGradA" : "MatMulGradB", "pippin", 3, in, 1, NULL,
-                            &c->dx[k], NULL));
+                            &gv, &id));
+        if (w >= 0) PP_TRY(pp_node_set_int(c->g, id, "weight_t", 1));
+        if (k == 1 && w >= 0) PP_TRY(pp_ad_contribute(c, w, gv));
+        else c->dx[k] = gv;
     }
     return PP_OK;
 }

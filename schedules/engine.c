@@ -7,6 +7,7 @@
  * ready), so the result is the timed execution whatever order ranks are
  * visited in, in time linear in the number of actions. Ranks still asleep
  * when nothing is left to wake are deadlocked. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,12 @@
 enum { RECVF_DONE = 1, RECVB_DONE = 2 };
 /* What a sleeping rank waits for: an entry of one of the time arrays. */
 enum { WAIT_NONE = 0, WAIT_TF, WAIT_TI, WAIT_TSF, WAIT_TSB };
+
+/* End times are stored negated: calloc's +0.0 then means "not done yet"
+ * and every stored time, 0 included, has its sign bit set. Saves
+ * initialising arrays of hundreds of megabytes. TGET gives -1 when not done. */
+#define TGET(x) (signbit(x) ? -(x) : -1.0)
+#define TSET(x, v) ((x) = -(v))
 
 #define IS_COMPUTE(k) ((k) == PP_ACT_F || (k) == PP_ACT_I || (k) == PP_ACT_W || (k) == PP_ACT_B)
 
@@ -134,7 +141,7 @@ static int readiness(eng *e, int rank, const pp_action *x, const pp_action *top,
     case PP_ACT_F:
         if (s == 0) return 1;
         if (sr[s - 1] == rank || !e->lowered) {
-            double t = e->t[id - (size_t)e->m].f;
+            double t = TGET(e->t[id - (size_t)e->m].f);
             if (t < 0) return wait_for(e, rank, WAIT_TF, id - (size_t)e->m);
             *ready = t + (sr[s - 1] == rank ? 0.0 : e->xfer[s - 1]);
             return 1;
@@ -145,11 +152,11 @@ static int readiness(eng *e, int rank, const pp_action *x, const pp_action *top,
         return 1;
     case PP_ACT_I:
     case PP_ACT_B:
-        if (e->t[id].f < 0) return wait_for(e, rank, WAIT_TF, id);
-        *ready = e->t[id].f;
+        if (TGET(e->t[id].f) < 0) return wait_for(e, rank, WAIT_TF, id);
+        *ready = TGET(e->t[id].f);
         if (s == e->S - 1) return 1;
         if (sr[s + 1] == rank || !e->lowered) {
-            double t = e->t[id + (size_t)e->m].i;
+            double t = TGET(e->t[id + (size_t)e->m].i);
             if (t < 0) return wait_for(e, rank, WAIT_TI, id + (size_t)e->m);
             t += sr[s + 1] == rank ? 0.0 : e->xfer[s];
             if (t > *ready) *ready = t;
@@ -160,17 +167,17 @@ static int readiness(eng *e, int rank, const pp_action *x, const pp_action *top,
                          "output gradient from another rank was never received (no RECV_B before it)");
         return 1;
     case PP_ACT_W:
-        if (e->t[id].i < 0) return wait_for(e, rank, WAIT_TI, id);
-        *ready = e->t[id].i;
+        if (TGET(e->t[id].i) < 0) return wait_for(e, rank, WAIT_TI, id);
+        *ready = TGET(e->t[id].i);
         return 1;
     case PP_ACT_SEND_F:
         if (s == e->S - 1)
             return where(e, rank, top, PP_ERR_INVALID, "SEND_F from the last stage");
-        if (e->t[id].f < 0) return wait_for(e, rank, WAIT_TF, id);
+        if (TGET(e->t[id].f) < 0) return wait_for(e, rank, WAIT_TF, id);
         return 1;
     case PP_ACT_SEND_B:
         if (s == 0) return where(e, rank, top, PP_ERR_INVALID, "SEND_B from stage 0");
-        if (e->t[id].i < 0) return wait_for(e, rank, WAIT_TI, id);
+        if (TGET(e->t[id].i) < 0) return wait_for(e, rank, WAIT_TI, id);
         return 1;
     case PP_ACT_RECV_F:
         if (s == 0) return where(e, rank, top, PP_ERR_INVALID, "RECV_F at stage 0");
@@ -205,7 +212,7 @@ static pp_status commit(eng *e, int rank, const pp_action *x, double start, doub
         if (++e->rs[rank].act > e->rs[rank].pact) e->rs[rank].pact = e->rs[rank].act;
         e->rs[rank].bytes += stash_of(e, s);
         if (e->rs[rank].bytes > e->rs[rank].pbytes) e->rs[rank].pbytes = e->rs[rank].bytes;
-        e->t[id].f = t1;
+        TSET(e->t[id].f, t1);
         if (s + 1 < e->S && sr[s + 1] != rank && !e->lowered) {
             if (e->trace && e->xfer[s] > 0)
                 PP_TRY(trace_add(e, rank, PP_ACT_SEND_F, PP_LANE_COMM, s, x->mb, -1, -1, t1,
@@ -222,7 +229,7 @@ static pp_status commit(eng *e, int rank, const pp_action *x, double start, doub
             e->rs[rank].bytes += wstash_of(e, s);
             if (e->rs[rank].bytes > e->rs[rank].pbytes) e->rs[rank].pbytes = e->rs[rank].bytes;
         }
-        e->t[id].i = t1;
+        TSET(e->t[id].i, t1);
         if (s > 0 && sr[s - 1] != rank && !e->lowered) {
             if (e->trace && e->xfer[s - 1] > 0)
                 PP_TRY(trace_add(e, rank, PP_ACT_SEND_B, PP_LANE_COMM, s, x->mb, -1, -1, t1,
@@ -267,8 +274,11 @@ typedef struct fstate {
     int act, wp, pact, pwp;
 } fstate;
 
-/* Earliest start of a plain F/I/W/B given its inputs, or -1 (after noting
- * what the rank waits for) when an input is missing. */
+/* Earliest start of a plain F/I/W/B given its inputs from other stages,
+ * or -1 (after noting what the rank waits for) when one is missing. The
+ * same stage's F before I/B and I before W need no look: the static check
+ * put them earlier in this rank's list, so they are done and end before
+ * the rank's clock (and those entries are usually out of cache). */
 static inline double fast_ready(eng *e, int rank, const pp_action *a) {
     const size_t m = (size_t)e->m;
     int st = a->stage, k = a->kind;
@@ -276,24 +286,14 @@ static inline double fast_ready(eng *e, int rank, const pp_action *a) {
     const tpair *t = e->t;
     if (k == PP_ACT_F) {
         if (st == 0) return 0;
-        double tp = t[id - m].f;
+        double tp = TGET(t[id - m].f);
         if (tp < 0) return wait_for(e, rank, WAIT_TF, id - m), -1;
         return tp + e->xfer[st - 1];
     }
-    if (k == PP_ACT_W) {
-        double ti = t[id].i;
-        if (ti < 0) return wait_for(e, rank, WAIT_TI, id), -1;
-        return ti;
-    }
-    double ready = t[id].f;
-    if (ready < 0) return wait_for(e, rank, WAIT_TF, id), -1;
-    if (st + 1 < e->S) {
-        double tn = t[id + m].i;
-        if (tn < 0) return wait_for(e, rank, WAIT_TI, id + m), -1;
-        tn += e->xfer[st];
-        if (tn > ready) ready = tn;
-    }
-    return ready;
+    if (k == PP_ACT_W || st + 1 >= e->S) return 0;
+    double tn = TGET(t[id + m].i);
+    if (tn < 0) return wait_for(e, rank, WAIT_TI, id + m), -1;
+    return tn + e->xfer[st];
 }
 
 /* Runs a plain F/I/W/B from start; returns its end. */
@@ -309,7 +309,7 @@ static inline double fast_commit(eng *e, int rank, const pp_action *a, double st
         if (++f->act > f->pact) f->pact = f->act;
         f->bytes += e->cst[st];
         if (f->bytes > f->pbytes) f->pbytes = f->bytes;
-        e->t[id].f = end;
+        TSET(e->t[id].f, end);
         if (st + 1 < e->S && sr[st + 1] != rank) wake_on(e, sr[st + 1], WAIT_TF, id);
     } else if (k != PP_ACT_W) {
         end = start + e->ci[st];
@@ -322,7 +322,7 @@ static inline double fast_commit(eng *e, int rank, const pp_action *a, double st
         } else {
             end += e->cw[st];
         }
-        e->t[id].i = end;
+        TSET(e->t[id].i, end);
         if (st > 0 && sr[st - 1] != rank) wake_on(e, sr[st - 1], WAIT_TI, id);
     } else {
         end = start + e->cw[st];
@@ -390,8 +390,11 @@ static int fast_run(eng *e, int rank) {
     rs->wp = f.wp;
     rs->pact = f.pact;
     rs->pwp = f.pwp;
-    /* The rank comes back later: have its next actions in cache by then. */
+    /* The rank comes back later: have its next actions and their time
+     * entries in cache by then. */
     if (pc + 5 < len) __builtin_prefetch(&list[pc + 5]);
+    if (pc < len && list[pc].kind != PP_ACT_OVERLAP_F_B && list[pc].mb >= 0)
+        __builtin_prefetch(&e->t[(size_t)list[pc].stage * (size_t)e->m + (size_t)list[pc].mb], 1);
     return slow;
 }
 
@@ -473,7 +476,7 @@ static void describe_wait(const eng *e, int rank, const pp_action *a, char *out,
     case PP_ACT_I:
     case PP_ACT_B: {
         size_t id = (size_t)s * (size_t)e->m + (size_t)x->mb;
-        if (e->t[id].f < 0)
+        if (TGET(e->t[id].f) < 0)
             need = pp_act(PP_ACT_F, s, x->mb);
         else
             need = pp_act(PP_ACT_I, s + 1, x->mb); /* or B */
@@ -559,9 +562,7 @@ pp_status pp_sched_run(const pp_schedule *s, const pp_cost_model *costs, pp_trac
     e.checked = checked;
     size_t n = (size_t)e.S * (size_t)e.m, p = (size_t)e.p;
     int oom = 0;
-    e.t = malloc((n ? n : 1) * sizeof *e.t);
-    if (!e.t) oom = 1;
-    for (size_t k = 0; e.t && k < n; k++) e.t[k].f = e.t[k].i = -1.0;
+    e.t = xcalloc(n, sizeof *e.t, &oom); /* +0.0 everywhere: nothing done yet */
     if (e.lowered) {
         e.tSF = times_array(n, &oom);
         e.tSB = times_array(n, &oom);

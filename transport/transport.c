@@ -771,7 +771,6 @@ pp_status pp_transport_create(const pp_transport_options *opts, pp_transport **o
         pp_status keep = s;
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", pp_last_error());
-        t->nranks = t->peers ? t->nranks : 0;
         pp_transport_close(t);
         return pp_error(keep, "%s", msg);
     }

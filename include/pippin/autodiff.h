@@ -13,7 +13,11 @@
  *
  * Gradients are float32. Values read more than once accumulate their
  * gradients with Add nodes in a fixed order; broadcasting is undone by
- * pippin::SumToShape at run time (shapes are dynamic). */
+ * pippin::SumToShape at run time (shapes are dynamic). Two export patterns
+ * get a cheaper backward: a decomposed GELU (tanh or erf form, as PyTorch
+ * writes F.gelu at opset 17) becomes one pippin::GeluGrad that keeps only
+ * its input, and MatMul(x, Transpose(W)) sends its gradient straight to W,
+ * so no transposed weight is kept for the backward. */
 #ifndef PIPPIN_AUTODIFF_H
 #define PIPPIN_AUTODIFF_H
 
@@ -94,7 +98,7 @@ typedef struct pp_backward {
     int n_w; int *w_nodes;                              /* region W, in order */
     /* Forward values (graph inputs and F-node outputs) that I or W read and
      * so must be kept per microbatch. stash_static[i] = 1 when the value
-     * depends on parameters and constants only (e.g. a transposed weight):
+     * depends on parameters and constants only (a weight-derived value):
      * the same for every microbatch of a step. */
     int n_stash; int *stash; uint8_t *stash_static;
     /* Values made by I that W reads: keep them between the two. */
@@ -109,7 +113,8 @@ typedef struct pp_backward {
 
 /* Appends the backward of g's existing nodes to g and tags node->region.
  * The gradient values are also appended to g's outputs (input gradients,
- * then parameter gradients) and the seed gradients to its inputs, so
+ * then parameter gradients, typed like their values) and the seed
+ * gradients to its inputs, so
  * pp_exec_run on g runs a whole training step. Errors: a loss that is not a
  * float scalar, a gradient asked for an integer input, an op without a rule
  * on a gradient path (named). On failure g may hold some added nodes. */

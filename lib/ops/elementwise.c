@@ -28,40 +28,40 @@ typedef struct bin_impl {
 /* The typed loops take restrict parameters (gcc ignores restrict on local
  * pointers when deciding whether a loop needs alias checks); the void*
  * wrappers go into the dispatch tables. */
-#define DEF_BIN(NAME, TI, TO, EXPR)                                                      \
-    PP_VINLINE void NAME##_vv_t(int64_t n, const TI *restrict a, const TI *restrict b, \
-                                   TO *restrict o) {                                     \
-        PP_VFOR(i, n, TI x = a[i]; TI y = b[i]; o[i] = (TO)(EXPR););                     \
-    }                                                                                    \
-    PP_VINLINE void NAME##_vs_t(int64_t n, const TI *restrict a, const TI y,          \
-                                   TO *restrict o) {                                     \
-        PP_VFOR(i, n, TI x = a[i]; o[i] = (TO)(EXPR););                                  \
-    }                                                                                    \
-    PP_VINLINE void NAME##_sv_t(int64_t n, const TI x, const TI *restrict b,          \
-                                   TO *restrict o) {                                     \
-        PP_VFOR(i, n, TI y = b[i]; o[i] = (TO)(EXPR););                                  \
-    }                                                                                    \
+#define DEF_BIN(NAME, TI, TO, EXPR)                                                         \
+    PP_VINLINE void NAME##_vv_t(int64_t n, const TI *restrict a, const TI *restrict b,      \
+                                TO *restrict o) {                                           \
+        PP_VFOR(i, n, TI x = a[i]; TI y = b[i]; o[i] = (TO)(EXPR););                        \
+    }                                                                                       \
+    PP_VINLINE void NAME##_vs_t(int64_t n, const TI *restrict a, const TI y,                \
+                                TO *restrict o) {                                           \
+        PP_VFOR(i, n, TI x = a[i]; o[i] = (TO)(EXPR););                                     \
+    }                                                                                       \
+    PP_VINLINE void NAME##_sv_t(int64_t n, const TI x, const TI *restrict b,                \
+                                TO *restrict o) {                                           \
+        PP_VFOR(i, n, TI y = b[i]; o[i] = (TO)(EXPR););                                     \
+    }                                                                                       \
     PP_VEC_CLONES static void NAME##_vv(int64_t n, const void *a, const void *b, void *o) { \
-        NAME##_vv_t(n, a, b, o);                                                         \
-    }                                                                                    \
+        NAME##_vv_t(n, a, b, o);                                                            \
+    }                                                                                       \
     PP_VEC_CLONES static void NAME##_vs(int64_t n, const void *a, const void *b, void *o) { \
-        NAME##_vs_t(n, a, *(const TI *)b, o);                                            \
-    }                                                                                    \
+        NAME##_vs_t(n, a, *(const TI *)b, o);                                               \
+    }                                                                                       \
     PP_VEC_CLONES static void NAME##_sv(int64_t n, const void *a, const void *b, void *o) { \
-        NAME##_sv_t(n, *(const TI *)a, b, o);                                            \
+        NAME##_sv_t(n, *(const TI *)a, b, o);                                               \
     }
 
 #define BIN(DT, NAME) {DT, NAME##_vv, NAME##_vs, NAME##_sv}
 
 /* Same-type ops over the numeric dtypes; IEXPR is used for integers. */
-#define DEF_BIN_NUM(NAME, FEXPR, IEXPR)                           \
-    DEF_BIN(NAME##_f32, float, float, FEXPR)                      \
-    DEF_BIN(NAME##_f64, double, double, FEXPR)                    \
-    DEF_BIN(NAME##_i32, int32_t, int32_t, IEXPR(int32_t, uint32_t)) \
-    DEF_BIN(NAME##_i64, int64_t, int64_t, IEXPR(int64_t, uint64_t)) \
-    DEF_BIN(NAME##_i8, int8_t, int8_t, IEXPR(int8_t, uint8_t))     \
-    DEF_BIN(NAME##_u8, uint8_t, uint8_t, IEXPR(uint8_t, uint8_t))  \
-    static const bin_impl NAME##_impls[] = {                      \
+#define DEF_BIN_NUM(NAME, FEXPR, IEXPR)                                            \
+    DEF_BIN(NAME##_f32, float, float, FEXPR)                                       \
+    DEF_BIN(NAME##_f64, double, double, FEXPR)                                     \
+    DEF_BIN(NAME##_i32, int32_t, int32_t, IEXPR(int32_t, uint32_t))                \
+    DEF_BIN(NAME##_i64, int64_t, int64_t, IEXPR(int64_t, uint64_t))                \
+    DEF_BIN(NAME##_i8, int8_t, int8_t, IEXPR(int8_t, uint8_t))                     \
+    DEF_BIN(NAME##_u8, uint8_t, uint8_t, IEXPR(uint8_t, uint8_t))                  \
+    static const bin_impl NAME##_impls[] = {                                       \
         BIN(PP_F32, NAME##_f32), BIN(PP_F64, NAME##_f64), BIN(PP_I32, NAME##_i32), \
         BIN(PP_I64, NAME##_i64), BIN(PP_I8, NAME##_i8),   BIN(PP_U8, NAME##_u8),   \
         {PP_DTYPE_UNDEFINED, NULL, NULL, NULL}};
@@ -87,15 +87,15 @@ PP_VINLINE uint8_t idiv_uint8_t(uint8_t x, uint8_t y) { return y == 0 ? 0 : (uin
 
 /* x^y by squaring, wrapping on overflow; a negative y gives the truncated
  * 1 / x^|y|, which is 0 unless |x| == 1. */
-#define DEF_IPOW(T, U)                                      \
-    PP_VINLINE T ipow_##T(T x, T y) {                    \
+#define DEF_IPOW(T, U)                                                   \
+    PP_VINLINE T ipow_##T(T x, T y) {                                    \
         if (y < 0) return x == 1 ? 1 : x == -1 ? ((y & 1) ? -1 : 1) : 0; \
-        U r = 1, b = (U)x;                                  \
-        for (T e = y; e > 0; e >>= 1) {                     \
-            if (e & 1) r = (U)(r * b);                      \
-            b = (U)(b * b);                                 \
-        }                                                   \
-        return (T)r;                                        \
+        U r = 1, b = (U)x;                                               \
+        for (T e = y; e > 0; e >>= 1) {                                  \
+            if (e & 1) r = (U)(r * b);                                   \
+            b = (U)(b * b);                                              \
+        }                                                                \
+        return (T)r;                                                     \
     }
 DEF_IPOW(int32_t, uint32_t)
 DEF_IPOW(int64_t, uint64_t)
@@ -116,10 +116,10 @@ PP_VINLINE int8_t irem_int8_t(int8_t x, int8_t y) { return y == 0 ? 0 : (int8_t)
 PP_VINLINE uint8_t irem_uint8_t(uint8_t x, uint8_t y) { return y == 0 ? 0 : (uint8_t)(x % y); }
 #define IFMOD(T, U) irem_##T(x, y)
 #define IPYMOD(T, U) pymod_##T(x, y)
-#define DEF_PYMOD(T)                                             \
-    PP_VINLINE T pymod_##T(T x, T y) {                        \
-        T r = irem_##T(x, y);                                    \
-        return (T)(r != 0 && ((r < 0) != (y < 0)) ? r + y : r);  \
+#define DEF_PYMOD(T)                                            \
+    PP_VINLINE T pymod_##T(T x, T y) {                          \
+        T r = irem_##T(x, y);                                   \
+        return (T)(r != 0 && ((r < 0) != (y < 0)) ? r + y : r); \
     }
 DEF_PYMOD(int32_t)
 DEF_PYMOD(int64_t)
@@ -147,14 +147,14 @@ static const bin_impl pow_impls[] = {
     {PP_DTYPE_UNDEFINED, NULL, NULL, NULL}};
 
 /* Comparisons give bool (one byte, 0 or 1). */
-#define DEF_BIN_CMP(NAME, OP)                                     \
-    DEF_BIN(NAME##_f32, float, uint8_t, x OP y)                   \
-    DEF_BIN(NAME##_f64, double, uint8_t, x OP y)                  \
-    DEF_BIN(NAME##_i32, int32_t, uint8_t, x OP y)                 \
-    DEF_BIN(NAME##_i64, int64_t, uint8_t, x OP y)                 \
-    DEF_BIN(NAME##_i8, int8_t, uint8_t, x OP y)                   \
-    DEF_BIN(NAME##_u8, uint8_t, uint8_t, x OP y)                  \
-    static const bin_impl NAME##_impls[] = {                      \
+#define DEF_BIN_CMP(NAME, OP)                                                      \
+    DEF_BIN(NAME##_f32, float, uint8_t, x OP y)                                    \
+    DEF_BIN(NAME##_f64, double, uint8_t, x OP y)                                   \
+    DEF_BIN(NAME##_i32, int32_t, uint8_t, x OP y)                                  \
+    DEF_BIN(NAME##_i64, int64_t, uint8_t, x OP y)                                  \
+    DEF_BIN(NAME##_i8, int8_t, uint8_t, x OP y)                                    \
+    DEF_BIN(NAME##_u8, uint8_t, uint8_t, x OP y)                                   \
+    static const bin_impl NAME##_impls[] = {                                       \
         BIN(PP_F32, NAME##_f32), BIN(PP_F64, NAME##_f64), BIN(PP_I32, NAME##_i32), \
         BIN(PP_I64, NAME##_i64), BIN(PP_I8, NAME##_i8),   BIN(PP_U8, NAME##_u8),   \
         BIN(PP_BOOL, NAME##_u8), {PP_DTYPE_UNDEFINED, NULL, NULL, NULL}};
@@ -302,31 +302,31 @@ typedef struct un_impl {
     un_fn f;
 } un_impl;
 
-#define DEF_UN(NAME, TI, TO, EXPR)                                                    \
-    PP_VINLINE void NAME##_t(int64_t n, const TI *restrict a, TO *restrict o,        \
-                                const float alpha, const float beta) {                  \
-        (void)alpha;                                                                    \
-        (void)beta;                                                                     \
-        PP_VFOR(i, n, TI x = a[i]; o[i] = (TO)(EXPR););                                 \
-    }                                                                                   \
+#define DEF_UN(NAME, TI, TO, EXPR)                                                         \
+    PP_VINLINE void NAME##_t(int64_t n, const TI *restrict a, TO *restrict o,              \
+                                const float alpha, const float beta) {                     \
+        (void)alpha;                                                                       \
+        (void)beta;                                                                        \
+        PP_VFOR(i, n, TI x = a[i]; o[i] = (TO)(EXPR););                                    \
+    }                                                                                      \
     PP_VEC_CLONES static void NAME(int64_t n, const void *a, void *o, const un_param *p) { \
-        NAME##_t(n, a, o, p ? p->alpha : 0.0f, p ? p->beta : 0.0f);                     \
+        NAME##_t(n, a, o, p ? p->alpha : 0.0f, p ? p->beta : 0.0f);                        \
     }
 
-#define DEF_UN_FLOAT(NAME, FEXPR, DEXPR)        \
-    DEF_UN(NAME##_f32, float, float, FEXPR)     \
-    DEF_UN(NAME##_f64, double, double, DEXPR)   \
-    static const un_impl NAME##_impls[] = {     \
+#define DEF_UN_FLOAT(NAME, FEXPR, DEXPR)      \
+    DEF_UN(NAME##_f32, float, float, FEXPR)   \
+    DEF_UN(NAME##_f64, double, double, DEXPR) \
+    static const un_impl NAME##_impls[] = {   \
         {PP_F32, NAME##_f32}, {PP_F64, NAME##_f64}, {PP_DTYPE_UNDEFINED, NULL}};
 
 /* Float ops plus the signed integers; IEXPR(T, U) for the integers. */
-#define DEF_UN_SIGNED(NAME, FEXPR, DEXPR, IEXPR)                    \
-    DEF_UN(NAME##_f32, float, float, FEXPR)                         \
-    DEF_UN(NAME##_f64, double, double, DEXPR)                       \
-    DEF_UN(NAME##_i32, int32_t, int32_t, IEXPR(int32_t, uint32_t))  \
-    DEF_UN(NAME##_i64, int64_t, int64_t, IEXPR(int64_t, uint64_t))  \
-    DEF_UN(NAME##_i8, int8_t, int8_t, IEXPR(int8_t, uint8_t))       \
-    static const un_impl NAME##_impls[] = {                         \
+#define DEF_UN_SIGNED(NAME, FEXPR, DEXPR, IEXPR)                          \
+    DEF_UN(NAME##_f32, float, float, FEXPR)                               \
+    DEF_UN(NAME##_f64, double, double, DEXPR)                             \
+    DEF_UN(NAME##_i32, int32_t, int32_t, IEXPR(int32_t, uint32_t))        \
+    DEF_UN(NAME##_i64, int64_t, int64_t, IEXPR(int64_t, uint64_t))        \
+    DEF_UN(NAME##_i8, int8_t, int8_t, IEXPR(int8_t, uint8_t))             \
+    static const un_impl NAME##_impls[] = {                               \
         {PP_F32, NAME##_f32}, {PP_F64, NAME##_f64}, {PP_I32, NAME##_i32}, \
         {PP_I64, NAME##_i64}, {PP_I8, NAME##_i8},   {PP_DTYPE_UNDEFINED, NULL}};
 
@@ -467,11 +467,11 @@ static pp_status isinf_run(pp_kernel_ctx *ctx) {
 }
 
 /* Unary ops whose attributes are alpha (and beta), with their defaults. */
-#define UN_ATTR_KERNEL(FN, IMPLS, ALPHA, BETA_NAME, BETA)                           \
-    static pp_status FN(pp_kernel_ctx *ctx) {                                       \
-        un_param p = {pp_node_attr_float(ctx->node, "alpha", ALPHA),                \
+#define UN_ATTR_KERNEL(FN, IMPLS, ALPHA, BETA_NAME, BETA)                              \
+    static pp_status FN(pp_kernel_ctx *ctx) {                                          \
+        un_param p = {pp_node_attr_float(ctx->node, "alpha", ALPHA),                   \
                       BETA_NAME ? pp_node_attr_float(ctx->node, BETA_NAME, BETA) : 0}; \
-        return unary_with(ctx, IMPLS, &p);                                          \
+        return unary_with(ctx, IMPLS, &p);                                             \
     }
 UN_ATTR_KERNEL(hard_sigmoid_run, hard_sigmoid_impls, 0.2f, "beta", 0.5f)
 UN_ATTR_KERNEL(elu_run, elu_impls, 1.0f, NULL, 0)
@@ -639,14 +639,14 @@ static pp_status mean_run(pp_kernel_ctx *ctx) {
 /* ------------------------------------------------------------------------ */
 /* Clip                                                                      */
 
-#define DEF_CLIP(NAME, T)                                                                 \
-    PP_VINLINE void NAME##_t(int64_t n, const T *restrict a, T *restrict o, const T lo,   \
-                                const T hi) {                                                \
-        PP_VFOR(i, n, T v = a[i]; v = v < lo ? lo : v; o[i] = v > hi ? hi : v;);             \
-    }                                                                                        \
-    PP_VEC_CLONES static void NAME(int64_t n, const void *a, void *o, const void *lo,          \
-                                   const void *hi) {                                         \
-        NAME##_t(n, a, o, *(const T *)lo, *(const T *)hi);                                   \
+#define DEF_CLIP(NAME, T)                                                               \
+    PP_VINLINE void NAME##_t(int64_t n, const T *restrict a, T *restrict o, const T lo, \
+                                const T hi) {                                           \
+        PP_VFOR(i, n, T v = a[i]; v = v < lo ? lo : v; o[i] = v > hi ? hi : v;);        \
+    }                                                                                   \
+    PP_VEC_CLONES static void NAME(int64_t n, const void *a, void *o, const void *lo,   \
+                                   const void *hi) {                                    \
+        NAME##_t(n, a, o, *(const T *)lo, *(const T *)hi);                              \
     }
 DEF_CLIP(clip_f32, float)
 DEF_CLIP(clip_f64, double)
@@ -721,31 +721,31 @@ static pp_status clip_run(pp_kernel_ctx *ctx) {
 /* A row of Where: c, x, y step by sc, sx, sy (0 or 1). The forms with a
  * contiguous condition get tight loops (a masked_fill exports as Where with
  * a broadcast scalar x); anything else takes the strided loop. */
-#define DEF_WHERE(NAME, T)                                                                  \
+#define DEF_WHERE(NAME, T)                                                                 \
     PP_VINLINE void NAME##_t(int64_t n, const uint8_t *restrict c, const T *restrict x,    \
-                             int64_t sx, const T *restrict y, int64_t sy, T *restrict o) {  \
-        if (sx && sy) {                                                                     \
-            PP_VFOR(i, n, o[i] = c[i] ? x[i] : y[i];);                                      \
-        } else if (sy) {                                                                    \
-            const T xv = x[0];                                                              \
-            PP_VFOR(i, n, o[i] = c[i] ? xv : y[i];);                                        \
-        } else if (sx) {                                                                    \
-            const T yv = y[0];                                                              \
-            PP_VFOR(i, n, o[i] = c[i] ? x[i] : yv;);                                        \
-        } else {                                                                            \
-            const T xv = x[0], yv = y[0];                                                   \
-            PP_VFOR(i, n, o[i] = c[i] ? xv : yv;);                                          \
-        }                                                                                   \
-    }                                                                                       \
-    PP_VEC_CLONES static void NAME(int64_t n, const uint8_t *c, int64_t sc, const void *x,  \
-                                   int64_t sx, const void *y, int64_t sy, void *o_) {       \
-        if (sc) {                                                                           \
-            NAME##_t(n, c, x, sx, y, sy, o_);                                               \
-            return;                                                                         \
-        }                                                                                   \
-        const T *xt = x, *yt = y;                                                           \
-        T *o = o_;                                                                          \
-        for (int64_t i = 0; i < n; i++) o[i] = c[i * sc] ? xt[i * sx] : yt[i * sy];         \
+                             int64_t sx, const T *restrict y, int64_t sy, T *restrict o) { \
+        if (sx && sy) {                                                                    \
+            PP_VFOR(i, n, o[i] = c[i] ? x[i] : y[i];);                                     \
+        } else if (sy) {                                                                   \
+            const T xv = x[0];                                                             \
+            PP_VFOR(i, n, o[i] = c[i] ? xv : y[i];);                                       \
+        } else if (sx) {                                                                   \
+            const T yv = y[0];                                                             \
+            PP_VFOR(i, n, o[i] = c[i] ? x[i] : yv;);                                       \
+        } else {                                                                           \
+            const T xv = x[0], yv = y[0];                                                  \
+            PP_VFOR(i, n, o[i] = c[i] ? xv : yv;);                                         \
+        }                                                                                  \
+    }                                                                                      \
+    PP_VEC_CLONES static void NAME(int64_t n, const uint8_t *c, int64_t sc, const void *x, \
+                                   int64_t sx, const void *y, int64_t sy, void *o_) {      \
+        if (sc) {                                                                          \
+            NAME##_t(n, c, x, sx, y, sy, o_);                                              \
+            return;                                                                        \
+        }                                                                                  \
+        const T *xt = x, *yt = y;                                                          \
+        T *o = o_;                                                                         \
+        for (int64_t i = 0; i < n; i++) o[i] = c[i * sc] ? xt[i * sx] : yt[i * sy];        \
     }
 DEF_WHERE(where_1, uint8_t)
 DEF_WHERE(where_2, uint16_t)
@@ -798,8 +798,8 @@ static pp_status where_run(pp_kernel_ctx *ctx) {
 /* ------------------------------------------------------------------------ */
 /* float16 / bfloat16 through float32 (widen.h)                             */
 
-#define WIDEN(FN)                                                                   \
-    static pp_status FN##_w(pp_kernel_ctx *ctx) {                                   \
+#define WIDEN(FN)                                                                        \
+    static pp_status FN##_w(pp_kernel_ctx *ctx) {                                        \
         return pp_kernel_half_dtype(ctx) ? pp_kernel_run_widened(ctx, FN, 1u) : FN(ctx); \
     }
 WIDEN(add_run)

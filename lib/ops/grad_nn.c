@@ -68,16 +68,24 @@ static void mm_offsets(const mm_plan *p, int64_t q, int64_t *oa, int64_t *ob) {
     *ob = b;
 }
 
+/* MatMulGradA(dy, b, shape_a) -> da = dy b^T and MatMulGradB(dy, a, shape_b)
+ * -> db = a^T dy. With weight_t = 1, b is W^T for a 2-D W and the node
+ * reads (GradA) or writes (GradB) W itself: no transposed copy is kept for
+ * the backward and no Transpose runs on the gradient. */
 static pp_status mm_grad(pp_kernel_ctx *ctx, int want_a) {
     PP_TRY(pp_grad_k_f32(ctx, 0, "dy"));
     PP_TRY(pp_grad_k_f32(ctx, 1, want_a ? "b" : "a"));
     const pp_tensor *dy = ctx->in[0], *other = ctx->in[1];
-    int rs;
+    int rs, wt = pp_node_attr_int(ctx->node, "weight_t", 0) != 0;
     int64_t ss[PP_MAX_DIMS];
     PP_TRY(pp_grad_k_shape(ctx, 2, &rs, ss));
+    const int64_t *w = want_a ? other->shape : ss;
+    if (wt && (want_a ? other->ndim : rs) != 2)
+        return pp_kernel_error(ctx, PP_ERR_SHAPE, "weight_t needs a 2-D weight");
+    int64_t bt[2] = {wt ? w[1] : 0, wt ? w[0] : 0}; /* b's shape when b = W^T */
     mm_plan p;
-    if (want_a) PP_TRY(mm_plan_make(ctx, rs, ss, other->ndim, other->shape, &p));
-    else PP_TRY(mm_plan_make(ctx, other->ndim, other->shape, rs, ss, &p));
+    if (want_a) PP_TRY(mm_plan_make(ctx, rs, ss, other->ndim, wt ? bt : other->shape, &p));
+    else PP_TRY(mm_plan_make(ctx, other->ndim, other->shape, rs, wt ? bt : ss, &p));
     if (pp_tensor_numel(dy) != p.P * p.M * p.N)
         return pp_kernel_error(ctx, PP_ERR_SHAPE, "dy does not match the product's shape");
     pp_tensor *out;
@@ -87,10 +95,10 @@ static pp_status mm_grad(pp_kernel_ctx *ctx, int want_a) {
     const float *g = dy->data, *o = other->data;
     float *r = out->data;
     int M = (int)p.M, N = (int)p.N, K = (int)p.K;
-    /* da = dy b^T, db = a^T dy, each summed over the batch dims its operand
-     * was broadcast along (gemm with beta 1 into a zeroed result). When b has
-     * no batch dims (a linear layer's weight) and a is not broadcast, the
-     * whole batch is one tall gemm. */
+    /* Each product is summed over the batch dims its operand was broadcast
+     * along (gemm with beta 1 into a zeroed result). When b has no batch
+     * dims (a linear layer's weight) and a is not broadcast, the whole batch
+     * is one tall gemm; a 2-D b always is. */
     int tall = p.Pb == 1 && p.Pa == p.P;
     int64_t n_prod = tall ? 1 : p.P;
     int rows = tall ? (int)(p.P * p.M) : M;
@@ -98,9 +106,15 @@ static pp_status mm_grad(pp_kernel_ctx *ctx, int want_a) {
         int64_t qa = 0, qb = 0;
         if (!tall) mm_offsets(&p, q, &qa, &qb);
         const float *gq = g + q * p.M * p.N;
-        if (want_a)
+        if (want_a && wt) /* da = dy W */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, K, N, 1.0f, gq, N, o, K,
+                        0.0f, r, K);
+        else if (want_a)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, K, N, 1.0f, gq, N,
                         o + qb * p.K * p.N, N, 1.0f, r + qa * p.M * p.K, K);
+        else if (wt) /* dW = dy^T a */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, K, rows, 1.0f, gq, N, o, K,
+                        0.0f, r, K);
         else
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, K, N, rows, 1.0f,
                         o + qa * p.M * p.K, K, gq, N, 1.0f, r + qb * p.K * p.N, N);

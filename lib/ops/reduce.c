@@ -74,94 +74,94 @@ static pp_status int_attr_check(const pp_node *n, const char *name, int64_t lo, 
         p[0] = OP(p[0], p[1]);                                             \
     } while (0)
 
-#define DEF_ROW_PRIMS(T, SUF, EXP)                                                      \
+#define DEF_ROW_PRIMS(T, SUF, EXP)                                                            \
     /* Sum of MAP(x[i]) over a chunk, in PP_VEC_BLOCK lanes. */                               \
-    PP_VINLINE T chunk_sum_##SUF(int64_t n, const T *restrict x, T shift, int square) {   \
-        T p[PP_VEC_BLOCK] = {0};                                                             \
-        int64_t i = 0;                                                                       \
-        if (square) {                                                                        \
-            for (; i + PP_VEC_BLOCK <= n; i += PP_VEC_BLOCK)                                 \
-                for (int j = 0; j < PP_VEC_BLOCK; j++) {                                     \
-                    T d = x[i + j] - shift;                                                  \
-                    p[j] += d * d;                                                           \
-                }                                                                            \
-        } else {                                                                             \
-            for (; i + PP_VEC_BLOCK <= n; i += PP_VEC_BLOCK)                                 \
-                for (int j = 0; j < PP_VEC_BLOCK; j++) p[j] += x[i + j];                     \
-        }                                                                                    \
-        LANES_FOLD(p, ADD);                                                                \
-        T r = p[0];                                                                        \
-        for (; i < n; i++) {                                                                 \
-            T d = square ? x[i] - shift : x[i];                                              \
-            r += square ? d * d : d;                                                         \
-        }                                                                                    \
-        return r;                                                                            \
-    }                                                                                        \
-    /* sum(x) or, with square, sum((x - shift)^2); accumulated in double. */                \
-    PP_VINLINE double row_sum_##SUF(int64_t n, const T *x, T shift, int square) {            \
-        double total = 0;                                                                    \
-        for (int64_t i = 0; i < n; i += SUM_CHUNK)                                           \
-            total += (double)chunk_sum_##SUF(n - i < SUM_CHUNK ? n - i : SUM_CHUNK, x + i,   \
-                                             shift, square);                                 \
-        return total;                                                                        \
-    }                                                                                        \
+    PP_VINLINE T chunk_sum_##SUF(int64_t n, const T *restrict x, T shift, int square) {       \
+        T p[PP_VEC_BLOCK] = {0};                                                              \
+        int64_t i = 0;                                                                        \
+        if (square) {                                                                         \
+            for (; i + PP_VEC_BLOCK <= n; i += PP_VEC_BLOCK)                                  \
+                for (int j = 0; j < PP_VEC_BLOCK; j++) {                                      \
+                    T d = x[i + j] - shift;                                                   \
+                    p[j] += d * d;                                                            \
+                }                                                                             \
+        } else {                                                                              \
+            for (; i + PP_VEC_BLOCK <= n; i += PP_VEC_BLOCK)                                  \
+                for (int j = 0; j < PP_VEC_BLOCK; j++) p[j] += x[i + j];                      \
+        }                                                                                     \
+        LANES_FOLD(p, ADD);                                                                   \
+        T r = p[0];                                                                           \
+        for (; i < n; i++) {                                                                  \
+            T d = square ? x[i] - shift : x[i];                                               \
+            r += square ? d * d : d;                                                          \
+        }                                                                                     \
+        return r;                                                                             \
+    }                                                                                         \
+    /* sum(x) or, with square, sum((x - shift)^2); accumulated in double. */                  \
+    PP_VINLINE double row_sum_##SUF(int64_t n, const T *x, T shift, int square) {             \
+        double total = 0;                                                                     \
+        for (int64_t i = 0; i < n; i += SUM_CHUNK)                                            \
+            total += (double)chunk_sum_##SUF(n - i < SUM_CHUNK ? n - i : SUM_CHUNK, x + i,    \
+                                             shift, square);                                  \
+        return total;                                                                         \
+    }                                                                                         \
     PP_VINLINE T row_max_##SUF(int64_t n, const T *restrict x) {                              \
-        T p[PP_VEC_BLOCK];                                                                   \
-        for (int j = 0; j < PP_VEC_BLOCK; j++) p[j] = -INFINITY;                             \
-        int64_t i = 0;                                                                       \
-        for (; i + PP_VEC_BLOCK <= n; i += PP_VEC_BLOCK)                                     \
-            for (int j = 0; j < PP_VEC_BLOCK; j++) p[j] = MAXF(p[j], x[i + j]);              \
-        LANES_FOLD(p, MAXF);                                                               \
-        T r = p[0];                                                                        \
-        for (; i < n; i++) r = MAXF(r, x[i]);                                                \
-        return r;                                                                            \
-    }                                                                                        \
-    /* y = exp(x - m); returns sum(y), accumulated as row_sum does. */                       \
-    PP_VINLINE double exp_shift_##SUF(int64_t n, const T *restrict x, T m, T *restrict y) {  \
-        double total = 0;                                                                    \
-        for (int64_t c = 0; c < n; c += SUM_CHUNK) {                                         \
-            int64_t len = n - c < SUM_CHUNK ? n - c : SUM_CHUNK;                             \
-            const T *restrict xc = x + c;                                                    \
-            T *restrict yc = y + c;                                                          \
-            T p[PP_VEC_BLOCK] = {0};                                                         \
-            int64_t i = 0;                                                                   \
-            for (; i + PP_VEC_BLOCK <= len; i += PP_VEC_BLOCK)                               \
-                for (int j = 0; j < PP_VEC_BLOCK; j++) {                                     \
-                    T e = EXP(xc[i + j] - m);                                                \
-                    yc[i + j] = e;                                                           \
-                    p[j] += e;                                                               \
-                }                                                                            \
-            LANES_FOLD(p, ADD);                                                            \
-            T r = p[0];                                                                    \
-            for (; i < len; i++) {                                                           \
-                yc[i] = EXP(xc[i] - m);                                                      \
-                r += yc[i];                                                                  \
-            }                                                                                \
-            total += (double)r;                                                              \
-        }                                                                                    \
-        return total;                                                                        \
-    }                                                                                        \
+        T p[PP_VEC_BLOCK];                                                                    \
+        for (int j = 0; j < PP_VEC_BLOCK; j++) p[j] = -INFINITY;                              \
+        int64_t i = 0;                                                                        \
+        for (; i + PP_VEC_BLOCK <= n; i += PP_VEC_BLOCK)                                      \
+            for (int j = 0; j < PP_VEC_BLOCK; j++) p[j] = MAXF(p[j], x[i + j]);               \
+        LANES_FOLD(p, MAXF);                                                                  \
+        T r = p[0];                                                                           \
+        for (; i < n; i++) r = MAXF(r, x[i]);                                                 \
+        return r;                                                                             \
+    }                                                                                         \
+    /* y = exp(x - m); returns sum(y), accumulated as row_sum does. */                        \
+    PP_VINLINE double exp_shift_##SUF(int64_t n, const T *restrict x, T m, T *restrict y) {   \
+        double total = 0;                                                                     \
+        for (int64_t c = 0; c < n; c += SUM_CHUNK) {                                          \
+            int64_t len = n - c < SUM_CHUNK ? n - c : SUM_CHUNK;                              \
+            const T *restrict xc = x + c;                                                     \
+            T *restrict yc = y + c;                                                           \
+            T p[PP_VEC_BLOCK] = {0};                                                          \
+            int64_t i = 0;                                                                    \
+            for (; i + PP_VEC_BLOCK <= len; i += PP_VEC_BLOCK)                                \
+                for (int j = 0; j < PP_VEC_BLOCK; j++) {                                      \
+                    T e = EXP(xc[i + j] - m);                                                 \
+                    yc[i + j] = e;                                                            \
+                    p[j] += e;                                                                \
+                }                                                                             \
+            LANES_FOLD(p, ADD);                                                               \
+            T r = p[0];                                                                       \
+            for (; i < len; i++) {                                                            \
+                yc[i] = EXP(xc[i] - m);                                                       \
+                r += yc[i];                                                                   \
+            }                                                                                 \
+            total += (double)r;                                                               \
+        }                                                                                     \
+        return total;                                                                         \
+    }                                                                                         \
     PP_VINLINE void scale_##SUF(int64_t n, T *restrict y, T k) { PP_VFOR(i, n, y[i] *= k;); } \
-    /* Sum of exp(x - m) without storing it. */                                              \
-    PP_VINLINE double sum_exp_##SUF(int64_t n, const T *restrict x, T m) {                   \
-        double total = 0;                                                                    \
-        for (int64_t c = 0; c < n; c += SUM_CHUNK) {                                         \
-            int64_t len = n - c < SUM_CHUNK ? n - c : SUM_CHUNK;                             \
-            const T *restrict xc = x + c;                                                    \
-            T p[PP_VEC_BLOCK] = {0};                                                         \
-            int64_t i = 0;                                                                   \
-            for (; i + PP_VEC_BLOCK <= len; i += PP_VEC_BLOCK)                               \
-                for (int j = 0; j < PP_VEC_BLOCK; j++) p[j] += EXP(xc[i + j] - m);           \
-            LANES_FOLD(p, ADD);                                                            \
-            T r = p[0];                                                                    \
-            for (; i < len; i++) r += EXP(xc[i] - m);                                        \
-            total += (double)r;                                                              \
-        }                                                                                    \
-        return total;                                                                        \
-    }                                                                                        \
-    /* y = (x - m) - c */                                                                    \
-    PP_VINLINE void sub2_##SUF(int64_t n, const T *restrict x, T m, T c, T *restrict y) {    \
-        PP_VFOR(i, n, y[i] = (x[i] - m) - c;);                                               \
+    /* Sum of exp(x - m) without storing it. */                                               \
+    PP_VINLINE double sum_exp_##SUF(int64_t n, const T *restrict x, T m) {                    \
+        double total = 0;                                                                     \
+        for (int64_t c = 0; c < n; c += SUM_CHUNK) {                                          \
+            int64_t len = n - c < SUM_CHUNK ? n - c : SUM_CHUNK;                              \
+            const T *restrict xc = x + c;                                                     \
+            T p[PP_VEC_BLOCK] = {0};                                                          \
+            int64_t i = 0;                                                                    \
+            for (; i + PP_VEC_BLOCK <= len; i += PP_VEC_BLOCK)                                \
+                for (int j = 0; j < PP_VEC_BLOCK; j++) p[j] += EXP(xc[i + j] - m);            \
+            LANES_FOLD(p, ADD);                                                               \
+            T r = p[0];                                                                       \
+            for (; i < len; i++) r += EXP(xc[i] - m);                                         \
+            total += (double)r;                                                               \
+        }                                                                                     \
+        return total;                                                                         \
+    }                                                                                         \
+    /* y = (x - m) - c */                                                                     \
+    PP_VINLINE void sub2_##SUF(int64_t n, const T *restrict x, T m, T c, T *restrict y) {     \
+        PP_VFOR(i, n, y[i] = (x[i] - m) - c;);                                                \
     }
 
 DEF_ROW_PRIMS(float, f32, pp_vexpf)
@@ -193,28 +193,28 @@ typedef struct red_impl {
 
 /* Generic reducer; ROW is an expression computing the folded value of row
  * x[0..n) (T r), from helpers or a plain loop. */
-#define DEF_RED(NAME, T, INIT, MAP, COMB, ROWEXPR)                                       \
-    static void NAME##_init(int64_t n, void *out) {                                       \
-        T *o = out;                                                                       \
-        for (int64_t i = 0; i < n; i++) o[i] = INIT;                                      \
-    }                                                                                     \
-    PP_VINLINE void NAME##_cols_t(int64_t n, const T *restrict x, T *restrict o) {     \
-        PP_VFOR(i, n, T v = MAP(x[i]); T a = o[i]; o[i] = COMB(a, v););                   \
-    }                                                                                     \
-    PP_VEC_CLONES static void NAME##_cols(int64_t n, const void *x, void *out) {          \
-        NAME##_cols_t(n, x, out);                                                         \
-    }                                                                                     \
-    PP_VEC_CLONES static void NAME##_row(int64_t n, const void *x_, void *out) {          \
-        const T *x = x_;                                                                  \
-        T *o = out;                                                                       \
-        T r = ROWEXPR;                                                                    \
-        *o = COMB(*o, r);                                                                 \
-    }                                                                                     \
+#define DEF_RED(NAME, T, INIT, MAP, COMB, ROWEXPR)                                 \
+    static void NAME##_init(int64_t n, void *out) {                                \
+        T *o = out;                                                                \
+        for (int64_t i = 0; i < n; i++) o[i] = INIT;                               \
+    }                                                                              \
+    PP_VINLINE void NAME##_cols_t(int64_t n, const T *restrict x, T *restrict o) { \
+        PP_VFOR(i, n, T v = MAP(x[i]); T a = o[i]; o[i] = COMB(a, v););            \
+    }                                                                              \
+    PP_VEC_CLONES static void NAME##_cols(int64_t n, const void *x, void *out) {   \
+        NAME##_cols_t(n, x, out);                                                  \
+    }                                                                              \
+    PP_VEC_CLONES static void NAME##_row(int64_t n, const void *x_, void *out) {   \
+        const T *x = x_;                                                           \
+        T *o = out;                                                                \
+        T r = ROWEXPR;                                                             \
+        *o = COMB(*o, r);                                                          \
+    }                                                                              \
     static const red_impl NAME = {NAME##_init, NAME##_row, NAME##_cols};
 
 /* Plain-loop row folds for the integer reducers. */
 #define DEF_IROW(NAME, T, INIT, COMB)                      \
-    PP_VINLINE T NAME(int64_t n, const T *x) {          \
+    PP_VINLINE T NAME(int64_t n, const T *x) {             \
         T r = INIT;                                        \
         for (int64_t i = 0; i < n; i++) r = COMB(r, x[i]); \
         return r;                                          \
@@ -281,23 +281,20 @@ DEF_RED(red_prod_i32, int32_t, 1, ID, WMUL_I32, row_prod_i32(n, x))
 DEF_RED(red_prod_i64, int64_t, 1, ID, WMUL_I64, row_prod_i64(n, x))
 
 static const red_impl *find_red(rkind k, pp_dtype dt) {
-    int f32 = dt == PP_F32, f64 = dt == PP_F64, i32 = dt == PP_I32, i64 = dt == PP_I64;
-    switch (k) {
-    case R_SUM:
-        return f32 ? &red_sum_f32 : f64 ? &red_sum_f64 : i32 ? &red_sum_i32 : i64 ? &red_sum_i64 : NULL;
-    case R_MEAN:
-    case R_LOGSUM: return f32 ? &red_sum_f32 : f64 ? &red_sum_f64 : NULL;
-    case R_SUMSQ:
-    case R_L2: return f32 ? &red_sumsq_f32 : f64 ? &red_sumsq_f64 : NULL;
-    case R_L1: return f32 ? &red_l1_f32 : f64 ? &red_l1_f64 : NULL;
-    case R_MAX:
-        return f32 ? &red_max_f32 : f64 ? &red_max_f64 : i32 ? &red_max_i32 : i64 ? &red_max_i64 : NULL;
-    case R_MIN:
-        return f32 ? &red_min_f32 : f64 ? &red_min_f64 : i32 ? &red_min_i32 : i64 ? &red_min_i64 : NULL;
-    case R_PROD:
-        return f32 ? &red_prod_f32 : f64 ? &red_prod_f64 : i32 ? &red_prod_i32 : i64 ? &red_prod_i64 : NULL;
-    }
-    return NULL;
+    /* Per kind: f32, f64, i32, i64 (NULL where unsupported). */
+    static const red_impl *const table[][4] = {
+        [R_SUM] = {&red_sum_f32, &red_sum_f64, &red_sum_i32, &red_sum_i64},
+        [R_MEAN] = {&red_sum_f32, &red_sum_f64, NULL, NULL},
+        [R_LOGSUM] = {&red_sum_f32, &red_sum_f64, NULL, NULL},
+        [R_SUMSQ] = {&red_sumsq_f32, &red_sumsq_f64, NULL, NULL},
+        [R_L2] = {&red_sumsq_f32, &red_sumsq_f64, NULL, NULL},
+        [R_L1] = {&red_l1_f32, &red_l1_f64, NULL, NULL},
+        [R_MAX] = {&red_max_f32, &red_max_f64, &red_max_i32, &red_max_i64},
+        [R_MIN] = {&red_min_f32, &red_min_f64, &red_min_i32, &red_min_i64},
+        [R_PROD] = {&red_prod_f32, &red_prod_f64, &red_prod_i32, &red_prod_i64},
+    };
+    int col = dt == PP_F32 ? 0 : dt == PP_F64 ? 1 : dt == PP_I32 ? 2 : dt == PP_I64 ? 3 : -1;
+    return col < 0 ? NULL : table[k][col];
 }
 
 /* Reads the axes (input 1 if given, else attribute "axes") into mask.
@@ -501,24 +498,24 @@ REDUCE_KERNEL(reduce_log_sum_run, R_LOGSUM)
 
 /* NaN counts as the extreme (numpy): the first NaN wins, or the last with
  * select_last_index. */
-#define DEF_ARG(NAME, T, BETTER)                                                           \
-    static void NAME(const void *x_, int64_t outer, int64_t len, int64_t inner, int last,  \
-                     int64_t *out) {                                                       \
-        const T *x = x_;                                                                   \
-        for (int64_t o = 0; o < outer; o++)                                                \
-            for (int64_t j = 0; j < inner; j++) {                                          \
-                const T *p = x + o * len * inner + j;                                      \
-                int64_t best = 0;                                                          \
-                T b = p[0];                                                                \
-                for (int64_t l = 1; l < len; l++) {                                        \
-                    T v = p[l * inner];                                                    \
-                    if (BETTER(v, b) || (last && v == b)) {                                \
-                        best = l;                                                          \
-                        b = v;                                                             \
-                    }                                                                      \
-                }                                                                          \
-                out[o * inner + j] = best;                                                 \
-            }                                                                              \
+#define DEF_ARG(NAME, T, BETTER)                                                          \
+    static void NAME(const void *x_, int64_t outer, int64_t len, int64_t inner, int last, \
+                     int64_t *out) {                                                      \
+        const T *x = x_;                                                                  \
+        for (int64_t o = 0; o < outer; o++)                                               \
+            for (int64_t j = 0; j < inner; j++) {                                         \
+                const T *p = x + o * len * inner + j;                                     \
+                int64_t best = 0;                                                         \
+                T b = p[0];                                                               \
+                for (int64_t l = 1; l < len; l++) {                                       \
+                    T v = p[l * inner];                                                   \
+                    if (BETTER(v, b) || (last && v == b)) {                               \
+                        best = l;                                                         \
+                        b = v;                                                            \
+                    }                                                                     \
+                }                                                                         \
+                out[o * inner + j] = best;                                                \
+            }                                                                             \
     }
 #define GT_F(v, b) ((b) == (b) && ((v) > (b) || (v) != (v)))
 #define LT_F(v, b) ((b) == (b) && ((v) < (b) || (v) != (v)))
@@ -590,21 +587,21 @@ static pp_status argmin_run(pp_kernel_ctx *ctx) { return arg_run(ctx, 0); }
 /* Softmax over the middle axis of [outer, len, inner]. work holds 2 * inner
  * elements when inner > 1. */
 #define DEF_SOFTMAX(T, SUF, EXP, LOG)                                                       \
-    PP_VINLINE void cols_max_##SUF(int64_t n, const T *restrict x, T *restrict m) {      \
+    PP_VINLINE void cols_max_##SUF(int64_t n, const T *restrict x, T *restrict m) {         \
         PP_VFOR(i, n, m[i] = MAXF(m[i], x[i]););                                            \
     }                                                                                       \
-    PP_VINLINE void cols_exp_##SUF(int64_t n, const T *restrict x, const T *restrict m,  \
+    PP_VINLINE void cols_exp_##SUF(int64_t n, const T *restrict x, const T *restrict m,     \
                                       T *restrict y, T *restrict s) {                       \
         PP_VFOR(i, n, T e = EXP(x[i] - m[i]); y[i] = e; s[i] += e;);                        \
     }                                                                                       \
-    PP_VINLINE void cols_sumexp_##SUF(int64_t n, const T *restrict x,                    \
+    PP_VINLINE void cols_sumexp_##SUF(int64_t n, const T *restrict x,                       \
                                          const T *restrict m, T *restrict s) {              \
         PP_VFOR(i, n, s[i] += EXP(x[i] - m[i]););                                           \
     }                                                                                       \
-    PP_VINLINE void cols_mul_##SUF(int64_t n, T *restrict y, const T *restrict k) {      \
+    PP_VINLINE void cols_mul_##SUF(int64_t n, T *restrict y, const T *restrict k) {         \
         PP_VFOR(i, n, y[i] *= k[i];);                                                       \
     }                                                                                       \
-    PP_VINLINE void cols_logsub_##SUF(int64_t n, const T *restrict x, const T *restrict m, \
+    PP_VINLINE void cols_logsub_##SUF(int64_t n, const T *restrict x, const T *restrict m,  \
                                          const T *restrict ls, T *restrict y) {             \
         PP_VFOR(i, n, y[i] = (x[i] - m[i]) - ls[i];);                                       \
     }                                                                                       \
@@ -798,34 +795,34 @@ static pp_status hardmax_run(pp_kernel_ctx *ctx) {
 /* ------------------------------------------------------------------------ */
 /* LayerNormalization (opset 17)                                            */
 
-#define DEF_LAYERNORM(T, SUF)                                                               \
-    PP_VINLINE void ln_apply_##SUF(int64_t n, const T *restrict x, T mean, T inv,        \
-                                      const T *restrict w, const T *restrict b,             \
-                                      T *restrict y) {                                      \
-        if (b)                                                                              \
-            PP_VFOR(i, n, y[i] = (x[i] - mean) * inv * w[i] + b[i];);                       \
-        else                                                                                \
-            PP_VFOR(i, n, y[i] = (x[i] - mean) * inv * w[i];);                              \
-    }                                                                                       \
-    PP_VEC_CLONES static void layernorm_##SUF(const T *x, int64_t rows, int64_t len,      \
-                                              const T *w,                                 \
-                                const T *b, double eps, T *y, void *mean_out,               \
-                                void *inv_out, int stash_f64) {                             \
-        for (int64_t r = 0; r < rows; r++) {                                                \
-            const T *xr = x + r * len;                                                      \
-            double mean = row_sum_##SUF(len, xr, 0, 0) / (double)len;                       \
-            double var = row_sum_##SUF(len, xr, (T)mean, 1) / (double)len;                  \
-            double inv = 1.0 / sqrt(var + eps);                                             \
-            ln_apply_##SUF(len, xr, (T)mean, (T)inv, w, b, y + r * len);                    \
-            if (mean_out) {                                                                 \
-                if (stash_f64) ((double *)mean_out)[r] = mean;                              \
-                else ((float *)mean_out)[r] = (float)mean;                                  \
-            }                                                                               \
-            if (inv_out) {                                                                  \
-                if (stash_f64) ((double *)inv_out)[r] = inv;                                \
-                else ((float *)inv_out)[r] = (float)inv;                                    \
-            }                                                                               \
-        }                                                                                   \
+#define DEF_LAYERNORM(T, SUF)                                                        \
+    PP_VINLINE void ln_apply_##SUF(int64_t n, const T *restrict x, T mean, T inv,    \
+                                      const T *restrict w, const T *restrict b,      \
+                                      T *restrict y) {                               \
+        if (b)                                                                       \
+            PP_VFOR(i, n, y[i] = (x[i] - mean) * inv * w[i] + b[i];);                \
+        else                                                                         \
+            PP_VFOR(i, n, y[i] = (x[i] - mean) * inv * w[i];);                       \
+    }                                                                                \
+    PP_VEC_CLONES static void layernorm_##SUF(const T *x, int64_t rows, int64_t len, \
+                                              const T *w,                            \
+                                const T *b, double eps, T *y, void *mean_out,        \
+                                void *inv_out, int stash_f64) {                      \
+        for (int64_t r = 0; r < rows; r++) {                                         \
+            const T *xr = x + r * len;                                               \
+            double mean = row_sum_##SUF(len, xr, 0, 0) / (double)len;                \
+            double var = row_sum_##SUF(len, xr, (T)mean, 1) / (double)len;           \
+            double inv = 1.0 / sqrt(var + eps);                                      \
+            ln_apply_##SUF(len, xr, (T)mean, (T)inv, w, b, y + r * len);             \
+            if (mean_out) {                                                          \
+                if (stash_f64) ((double *)mean_out)[r] = mean;                       \
+                else ((float *)mean_out)[r] = (float)mean;                           \
+            }                                                                        \
+            if (inv_out) {                                                           \
+                if (stash_f64) ((double *)inv_out)[r] = inv;                         \
+                else ((float *)inv_out)[r] = (float)inv;                             \
+            }                                                                        \
+        }                                                                            \
     }
 
 DEF_LAYERNORM(float, f32)
@@ -1058,10 +1055,10 @@ static pp_status nll_run(pp_kernel_ctx *ctx) { return loss_run(ctx, 0); }
 /* ------------------------------------------------------------------------ */
 /* BatchNormalization (opset 15)                                            */
 
-#define DEF_AFFINE(T, SUF)                                                                   \
-    PP_VEC_CLONES static void affine_##SUF(int64_t n, const T *restrict x, T a, T b,         \
-                                           T *restrict y) {                                  \
-        PP_VFOR(i, n, y[i] = x[i] * a + b;);                                                 \
+#define DEF_AFFINE(T, SUF)                                                           \
+    PP_VEC_CLONES static void affine_##SUF(int64_t n, const T *restrict x, T a, T b, \
+                                           T *restrict y) {                          \
+        PP_VFOR(i, n, y[i] = x[i] * a + b;);                                         \
     }
 DEF_AFFINE(float, f32)
 DEF_AFFINE(double, f64)
@@ -1133,8 +1130,9 @@ static pp_status batchnorm_run(pp_kernel_ctx *ctx) {
             }
             m = sum / cnt;
             v = sq / cnt;
-            if (rm) pp_tensor_set_f64(rm, ch, pp_tensor_get_f64(mean, ch) * momentum + m * (1 - momentum));
-            if (rv) pp_tensor_set_f64(rv, ch, pp_tensor_get_f64(var, ch) * momentum + v * (1 - momentum));
+            double m0 = pp_tensor_get_f64(mean, ch), v0 = pp_tensor_get_f64(var, ch);
+            if (rm) pp_tensor_set_f64(rm, ch, m0 * momentum + m * (1 - momentum));
+            if (rv) pp_tensor_set_f64(rv, ch, v0 * momentum + v * (1 - momentum));
         }
         double a = pp_tensor_get_f64(sc, ch) / sqrt(v + eps);
         double b = pp_tensor_get_f64(bias, ch) - m * a;
@@ -1159,8 +1157,8 @@ static pp_status batchnorm_run(pp_kernel_ctx *ctx) {
 /* ------------------------------------------------------------------------ */
 /* float16 / bfloat16 through float32 (widen.h)                             */
 
-#define WIDEN(FN, NARROW)                                                                   \
-    static pp_status FN##_w(pp_kernel_ctx *ctx) {                                           \
+#define WIDEN(FN, NARROW)                                                                    \
+    static pp_status FN##_w(pp_kernel_ctx *ctx) {                                            \
         return pp_kernel_half_dtype(ctx) ? pp_kernel_run_widened(ctx, FN, NARROW) : FN(ctx); \
     }
 WIDEN(reduce_sum_run, 1u)

@@ -37,15 +37,15 @@
 #define PP_VINLINE static inline __attribute__((always_inline))
 
 /* for (int64_t i = 0; i < n; i++) BODY, in vectorisable blocks. */
-#define PP_VFOR(i, n, ...)                                                 \
-    do {                                                                   \
-        int64_t pp_vn_ = (n), pp_vb_ = 0;                                  \
-        for (; pp_vb_ + PP_VEC_BLOCK <= pp_vn_; pp_vb_ += PP_VEC_BLOCK)    \
-            for (int pp_vj_ = 0; pp_vj_ < PP_VEC_BLOCK; pp_vj_++) {        \
-                const int64_t i = pp_vb_ + pp_vj_;                         \
-                __VA_ARGS__                                                \
-            }                                                              \
-        for (int64_t i = pp_vb_; i < pp_vn_; i++) { __VA_ARGS__ }          \
+#define PP_VFOR(i, n, ...)                                              \
+    do {                                                                \
+        int64_t pp_vn_ = (n), pp_vb_ = 0;                               \
+        for (; pp_vb_ + PP_VEC_BLOCK <= pp_vn_; pp_vb_ += PP_VEC_BLOCK) \
+            for (int pp_vj_ = 0; pp_vj_ < PP_VEC_BLOCK; pp_vj_++) {     \
+                const int64_t i = pp_vb_ + pp_vj_;                      \
+                __VA_ARGS__                                             \
+            }                                                           \
+        for (int64_t i = pp_vb_; i < pp_vn_; i++) { __VA_ARGS__ }       \
     } while (0)
 
 /* expf with a relative error below 1e-7 over the whole range (denormal

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "pippin/pipe.h"
 #include "test_util.h"
@@ -360,6 +361,37 @@ static void test_stash_per_sample(void **state) {
     pp_graph_free(g);
 }
 
+/* The training graph written as ONNX and read back computes the same
+ * gradients (helper ops, attributes and regions survive the round trip). */
+static void test_onnx_round_trip(void **state) {
+    (void)state;
+    pp_graph *g = load_model("gpt");
+    pp_backward *b = NULL;
+    TU_OK(pp_autodiff_model(g, NULL, 0, &b));
+    char path[] = "/tmp/pippin_train_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    TU_OK(pp_onnx_save(g, path));
+    pp_graph *h = NULL;
+    TU_OK(pp_onnx_load(path, &h));
+    unlink(path);
+    assert_int_equal(h->n_nodes, g->n_nodes);
+    assert_int_equal(h->n_inputs, g->n_inputs);
+    assert_int_equal(h->n_outputs, g->n_outputs);
+    for (int j = 0; j < g->n_nodes; j++) assert_int_equal(h->nodes[j].region, g->nodes[j].region);
+    pp_tensor **a = run_training(g, b, "gpt"), **c = run_training(h, b, "gpt");
+    for (int i = 0; i < g->n_outputs; i++) {
+        assert_int_equal(a[i]->nbytes, c[i]->nbytes);
+        assert_memory_equal(a[i]->data, c[i]->data, a[i]->nbytes);
+    }
+    free_outputs(g, a);
+    free_outputs(h, c);
+    pp_backward_free(b);
+    pp_graph_free(h);
+    pp_graph_free(g);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Errors. */
 
@@ -433,6 +465,7 @@ int main(void) {
         cmocka_unit_test(test_i_then_w_bitwise_gpt_stages),
         cmocka_unit_test(test_varying_microbatch_sizes),
         cmocka_unit_test(test_stash_per_sample),
+        cmocka_unit_test(test_onnx_round_trip),
         cmocka_unit_test(test_error_int_input),
         cmocka_unit_test(test_error_non_scalar_loss),
         cmocka_unit_test(test_error_no_rule),

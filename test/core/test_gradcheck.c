@@ -23,6 +23,7 @@ typedef struct gc_case {
     const char *attrs;   /* "axis=1 perm=1,0 alpha=f:0.5 reduction=s:sum" */
     const char *domain;
     double tol;          /* 0: 2e-3 */
+    int transposed;      /* k + 1: input k goes through Transpose(perm 1,0) first */
 } gc_case;
 
 static unsigned rng_state = 12345;
@@ -110,7 +111,16 @@ static void build(const gc_case *c, built *b) {
             b->in_ids[k] = -1;
         }
     }
-    TU_OK(pp_graph_add_node(b->g, c->op, c->domain ? c->domain : "", "op", n_in, b->in_ids,
+    int op_in[MAX_IN];
+    memcpy(op_in, b->in_ids, sizeof op_in);
+    if (c->transposed) { /* as torch exports nn.Linear on 3-D inputs */
+        int t;
+        TU_OK(pp_graph_add_node(b->g, "Transpose", "", "t", 1, &b->in_ids[c->transposed - 1], 1,
+                                NULL, &t));
+        TU_OK(pp_node_set_ints(b->g, t, "perm", 2, (int64_t[]){1, 0}));
+        op_in[c->transposed - 1] = b->g->nodes[t].out[0];
+    }
+    TU_OK(pp_graph_add_node(b->g, c->op, c->domain ? c->domain : "", "op", n_in, op_in,
                             c->n_out, NULL, &b->node));
     set_attrs(b->g, b->node, c->attrs);
     for (int k = 0; k < c->n_out; k++) TU_OK(pp_graph_add_output(b->g, b->g->nodes[b->node].out[k]));
@@ -245,6 +255,10 @@ static void test_matmul(void **state) {
     check((gc_case){"MatMul", "xx", {R(3, 4), R(4)}, 1});
     check((gc_case){"MatMul", "xx", {R(2, 1, 3, 4), R(2, 4, 2)}, 1});
     check((gc_case){"MatMul", "xx", {R(2, 3, 4), R(2, 4, 5)}, 1});
+    /* b = W^T: the gradient goes to W without a Transpose */
+    check((gc_case){"MatMul", "xp", {R(2, 3, 4), R(5, 4)}, 1, .transposed = 2});
+    check((gc_case){"MatMul", "xx", {R(3, 4), R(5, 4)}, 1, .transposed = 2});
+    check((gc_case){"MatMul", "xp", {R(4), R(5, 4)}, 1, .transposed = 2});
     check((gc_case){"Gemm", "xpp", {R(3, 4), R(5, 4), R(5)}, 1, "transB=1"});
     check((gc_case){"Gemm", "xpp", {R(4, 3), R(4, 5), R(3, 1)}, 1, "transA=1 alpha=f:0.5 beta=f:2"});
     check((gc_case){"Gemm", "xx", {R(4, 3), R(5, 4)}, 1, "transA=1 transB=1"});
@@ -310,12 +324,78 @@ static void test_where_mask(void **state) {
     check((gc_case){"Where", "cxp", {cond, R(2, 3), R(1, 3)}, 1});
 }
 
+/* A decomposed GELU, as PyTorch exports F.gelu: the backward is one fused
+ * pippin::GeluGrad (unless an intermediate is used elsewhere) and equals
+ * the exact derivative. */
+static int add_op(pp_graph *g, const char *op, int a, int b) {
+    int id, in[2] = {a, b};
+    TU_OK(pp_graph_add_node(g, op, "", NULL, b < 0 ? 1 : 2, in, 1, NULL, &id));
+    return g->nodes[id].out[0];
+}
+
+static int scalar_const(pp_graph *g, float v) {
+    int id;
+    TU_OK(pp_graph_add_initializer(g, pp_graph_unique_name(g, "c"), PP_VALUE_CONST,
+                                   tu_f32(0, NULL, (float[]){v}), &id));
+    return id;
+}
+
+static void check_gelu(int tanh_form, int expose_intermediate) {
+    pp_graph *g;
+    TU_OK(pp_graph_new("gelu", &g));
+    int x, y, inner;
+    TU_OK(pp_graph_add_input(g, "x", PP_F32, 1, (int64_t[]){7}, &x));
+    if (tanh_form) {
+        int x3 = add_op(g, "Mul", x, add_op(g, "Mul", x, x));
+        int u = add_op(g, "Add", x, add_op(g, "Mul", scalar_const(g, 0.044715f), x3));
+        inner = add_op(g, "Tanh", add_op(g, "Mul", scalar_const(g, 0.7978846f), u), -1);
+    } else {
+        inner = add_op(g, "Erf", add_op(g, "Div", x, scalar_const(g, 1.4142135f)), -1);
+    }
+    y = add_op(g, "Mul", add_op(g, "Mul", x, add_op(g, "Add", scalar_const(g, 1.0f), inner)),
+               scalar_const(g, 0.5f));
+    TU_OK(pp_graph_add_output(g, y));
+    if (expose_intermediate) TU_OK(pp_graph_add_output(g, inner));
+    pp_backward_spec spec = {-1, 1, &y, 1, &x};
+    pp_backward *b;
+    TU_OK(pp_autodiff(g, &spec, &b));
+    int fused = 0;
+    for (int j = 0; j < g->n_nodes; j++) fused += strcmp(g->nodes[j].op_type, "GeluGrad") == 0;
+    assert_int_equal(fused, !expose_intermediate);
+    pp_tensor *xs = tu_f32(1, (int64_t[]){7}, (float[]){-3, -1.5f, -0.3f, 0, 0.2f, 1.1f, 2.5f});
+    pp_tensor *ones = tu_f32(1, (int64_t[]){7}, (float[]){1, 1, 1, 1, 1, 1, 1});
+    pp_tensor *outs[4] = {0};
+    TU_OK(pp_graph_run(g, (pp_tensor *[]){xs, ones}, outs));
+    const float *dx = outs[g->n_outputs - 1]->data, *xv = xs->data;
+    for (int i = 0; i < 7; i++) {
+        double v = xv[i], want;
+        if (tanh_form) {
+            double k = 0.7978845608, t = tanh(k * (v + 0.044715 * v * v * v));
+            want = 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * k * (1 + 3 * 0.044715 * v * v);
+        } else {
+            want = 0.5 * (1 + erf(v / sqrt(2))) + v * exp(-v * v / 2) / sqrt(2 * M_PI);
+        }
+        assert_float_equal(dx[i], want, 2e-6);
+    }
+    for (int i = 0; i < g->n_outputs; i++) pp_tensor_free(outs[i]);
+    pp_tensor_free(xs);
+    pp_tensor_free(ones);
+    pp_backward_free(b);
+    pp_graph_free(g);
+}
+
+static void test_gelu_patterns(void **state) {
+    (void)state;
+    for (int t = 0; t < 2; t++)
+        for (int e = 0; e < 2; e++) check_gelu(t, e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_arithmetic),     cmocka_unit_test(test_unary),
         cmocka_unit_test(test_matmul),         cmocka_unit_test(test_normalization),
         cmocka_unit_test(test_reductions),     cmocka_unit_test(test_shape_ops),
-        cmocka_unit_test(test_where_mask),
+        cmocka_unit_test(test_where_mask),     cmocka_unit_test(test_gelu_patterns),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -683,7 +683,8 @@ static void test_zero_size(void **state) {
 static void test_errors(void **state) {
     (void)state;
     one_node t;
-    on_init(&t, "Add", 2, (pp_tensor *[]){F32(2, SHAPE(2, 3), 1, 2, 3, 4, 5, 6), F32(1, SHAPE(4), 1, 2, 3, 4)});
+    on_init(&t, "Add", 2,
+            (pp_tensor *[]){F32(2, SHAPE(2, 3), 1, 2, 3, 4, 5, 6), F32(1, SHAPE(4), 1, 2, 3, 4)});
     expect_error_msg(&t, PP_ERR_SHAPE, "shapes [2,3] and [4] do not broadcast");
     on_free(&t);
     on_init(&t, "Mul", 2, (pp_tensor *[]){F32(1, SHAPE(2), 1, 2), I64(1, SHAPE(2), 1, 2)});

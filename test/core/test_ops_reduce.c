@@ -89,7 +89,10 @@ static void expect_error_msg(one_node *t, pp_status code, const char *part) {
 }
 
 #define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
-#define AXES(...) (sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), ((const int64_t[]){__VA_ARGS__})
+/* n, values: for the (int n, const int64_t *axes) parameter pairs */
+#define AXES(...)                                                    \
+    (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), \
+        ((const int64_t[]){__VA_ARGS__})
 #define F32(nd, shape, ...) tu_f32(nd, shape, (const float[]){__VA_ARGS__})
 #define I64(nd, shape, ...) tu_i64(nd, shape, (const int64_t[]){__VA_ARGS__})
 
@@ -463,7 +466,8 @@ static void check_layernorm(pp_dtype dt, int nd, const int64_t *shape, int64_t a
     int a = (int)(axis < 0 ? axis + nd : axis);
     int64_t rows = 1, len = 1;
     for (int d = 0; d < nd; d++) *(d < a ? &rows : &len) *= shape[d];
-    double *x = malloc(sizeof(double) * (size_t)(rows * len)), *y = malloc(sizeof(double) * (size_t)(rows * len));
+    size_t n = (size_t)(rows * len);
+    double *x = malloc(sizeof(double) * n), *y = malloc(sizeof(double) * n);
     double *w = malloc(sizeof(double) * (size_t)len), *b = malloc(sizeof(double) * (size_t)len);
     double *mean = malloc(sizeof(double) * (size_t)rows), *inv = malloc(sizeof(double) * (size_t)rows);
     for (int64_t i = 0; i < rows * len; i++) x[i] = (float)(urand() * 3 + 1);
