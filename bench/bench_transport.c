@@ -10,7 +10,7 @@
  * ratios, so load from other processes mostly cancels out.
  *
  *   pippin-bench-transport [--json] [--reps N] [--quick] [--endpoint E] [--size BYTES]
- *                          [--frame-bytes N] [--recv-cache BYTES]
+ *                          [--frame-bytes N] [--recv-cache BYTES] [--hwm N] [--sockbuf BYTES]
  *
  * --json prints one object per line:
  *   {"endpoint": "tcp", "bytes": N, "pippin_gbps": x, "raw_gbps": y, "ratio": r}
@@ -39,6 +39,8 @@ static const char *only_endpoint; /* --endpoint: run just this one (tcp, ipc, tc
 static size_t only_size;          /* --size: just this many bytes */
 static size_t frame_bytes;        /* --frame-bytes: pippin's frame size (0: its default) */
 static long long recv_cache = 0;  /* --recv-cache: pippin's reassembly cache (0: default, <0 off) */
+static int hwm;                   /* --hwm: pippin's sndhwm and rcvhwm (0: default) */
+static int sockbuf;               /* --sockbuf: SNDBUF/RCVBUF for both pippin and raw (0: OS) */
 static char ipc_dir[200];
 
 static int cmp_double(const void *a, const void *b) {
@@ -117,6 +119,8 @@ static void pip_open(pip_pair *p, const char *kind, int curve) {
         o.timeout_ms = 30000;
         o.frame_bytes = frame_bytes;
         o.recv_cache_bytes = recv_cache;
+        o.sndhwm = o.rcvhwm = hwm;
+        o.sndbuf = o.rcvbuf = sockbuf;
         if (curve) {
             o.curve_secret_key = p->keys[r][1];
             o.curve_rank_keys = pubs;
@@ -199,6 +203,10 @@ static void raw_open(raw_pair *p, const char *kind, int curve) {
     p->push = zmq_socket(p->ctx[0], ZMQ_PUSH);
     zmq_setsockopt(p->pull, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(p->push, ZMQ_LINGER, &zero, sizeof zero);
+    if (sockbuf) {
+        zmq_setsockopt(p->pull, ZMQ_RCVBUF, &sockbuf, sizeof sockbuf);
+        zmq_setsockopt(p->push, ZMQ_SNDBUF, &sockbuf, sizeof sockbuf);
+    }
     if (curve) {
         char spub[41], ssec[41], cpub[41], csec[41];
         int one = 1;
@@ -423,10 +431,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--size") && i + 1 < argc) only_size = (size_t)atoll(argv[++i]);
         else if (!strcmp(argv[i], "--frame-bytes") && i + 1 < argc) frame_bytes = (size_t)atoll(argv[++i]);
         else if (!strcmp(argv[i], "--recv-cache") && i + 1 < argc) recv_cache = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--hwm") && i + 1 < argc) hwm = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--sockbuf") && i + 1 < argc) sockbuf = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: pippin-bench-transport [--json] [--reps N] [--quick] "
                             "[--endpoint tcp|ipc|tcp+curve|latency] [--size BYTES] [--frame-bytes N] "
-                            "[--recv-cache BYTES]\n");
+                            "[--recv-cache BYTES] [--hwm N] [--sockbuf BYTES]\n");
             return 2;
         }
     }

@@ -11,17 +11,6 @@ typedef struct ilv {
     int p, r, L, mpr, warmup;
 } ilv;
 
-/* Stage of the forward issued as op number op (chunks of mpr microbatches
- * go round the rank's local stages). */
-static int fwd_stage(const ilv *v, long op) {
-    return (int)((op / v->mpr) % v->L) * v->p + v->r;
-}
-
-/* Stage of the backward issued as op number op (local stages in reverse). */
-static int bwd_stage(const ilv *v, long op) {
-    return (int)(v->L - 1 - ((op - v->warmup) / v->mpr) % v->L) * v->p + v->r;
-}
-
 /* One rank of torch's _get_1f1b_rank_ops: warmup forwards, then F with B
  * (or I), then the cooldown backwards. With zb, each I at op index k with
  * k - warmup >= r is followed by the oldest pending W; the rest come at the
@@ -37,24 +26,32 @@ static pp_status rank_ops(pp_schedule *s, ilv *v, int factor, int zb, int *cnt) 
     for (int k = 0; k < 3 * L; k++) cnt[k] = 0;
     pp_act_kind bk = zb ? PP_ACT_I : PP_ACT_B;
     long wdone = 0; /* backward ops whose W was emitted */
+    /* Stage of op k, kept incrementally (no division per op): forwards go
+     * round the local stages every mpr ops, backwards the other way. */
+    int fl = 0, fi = 0, bl = L - 1, bi = 0;
+    int wl = L - 1, wi = 0;
     PP_TRY(pp_schedule_reserve(s, r, (size_t)total_mb * (zb ? 3 : 2)));
     for (long op = 0; op < total; op++) {
         if (op < warm + fwd_bwd) {
-            int st = fwd_stage(v, op);
-            ADD(r, PP_ACT_F, st, fcnt[st / p]++);
+            int st = fl * p + r;
+            ADD(r, PP_ACT_F, st, fcnt[fl]++);
+            if (++fi == v->mpr) fi = 0, fl = fl + 1 == L ? 0 : fl + 1;
         }
         if (op >= warm) {
-            int st = bwd_stage(v, op);
-            ADD(r, bk, st, bcnt[st / p]++);
+            int st = bl * p + r;
+            ADD(r, bk, st, bcnt[bl]++);
+            if (++bi == v->mpr) bi = 0, bl = bl == 0 ? L - 1 : bl - 1;
             if (zb && op - warm >= r) {
-                int ws = bwd_stage(v, warm + wdone++);
-                ADD(r, PP_ACT_W, ws, wcnt[ws / p]++);
+                ADD(r, PP_ACT_W, wl * p + r, wcnt[wl]++);
+                wdone++;
+                if (++wi == v->mpr) wi = 0, wl = wl == 0 ? L - 1 : wl - 1;
             }
         }
     }
     while (zb && wdone < total_mb) {
-        int ws = bwd_stage(v, warm + wdone++);
-        ADD(r, PP_ACT_W, ws, wcnt[ws / p]++);
+        ADD(r, PP_ACT_W, wl * p + r, wcnt[wl]++);
+        wdone++;
+        if (++wi == v->mpr) wi = 0, wl = wl == 0 ? L - 1 : wl - 1;
     }
     return PP_OK;
 }

@@ -143,6 +143,8 @@ pp_status pp_gen_dualpipev(pp_schedule *s) {
                         "dualpipev needs at least as many microbatches as stages (%d "
                         "microbatches, %d stages)",
                         m, 2 * p);
+    /* Per rank at most 2(m-2p+r+1) + (p-r-1) compounds of 2 actions. */
+    PP_TRY(pp_sched_reserve_subs(s, 4 * (size_t)m * (size_t)p));
     dpv d = {0};
     d.s = s;
     d.wq = malloc(4 * (size_t)m * sizeof *d.wq);

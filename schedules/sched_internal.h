@@ -29,6 +29,9 @@ static inline pp_status pp_sched_push(pp_schedule *s, int rank, pp_action a) {
     return pp_schedule_append(s, rank, a);
 }
 
+/* Room for n sub-actions of compound actions in all. */
+pp_status pp_sched_reserve_subs(pp_schedule *s, size_t n);
+
 /* Table of steps first..last (clamped), marking err_step. */
 pp_status pp_sched_table_range(const pp_schedule *s, long first, long last, long err_step,
                                char **out);

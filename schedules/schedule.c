@@ -1,5 +1,6 @@
 /* The schedule container: per-rank action arrays and the compound pool. */
 #include "pippin/schedule.h"
+#include "sched_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +84,16 @@ pp_status pp_schedule_append(pp_schedule *s, int rank, pp_action a) {
     if (s->len[rank] == s->cap_[rank])
         PP_TRY(pp_schedule_reserve(s, rank, s->cap_[rank] ? 2 * s->cap_[rank] : 64));
     s->acts[rank][s->len[rank]++] = a;
+    return PP_OK;
+}
+
+pp_status pp_sched_reserve_subs(pp_schedule *s, size_t n) {
+    if (n <= s->sub_cap_) return PP_OK;
+    if (n > (size_t)INT32_MAX) return pp_error(PP_ERR_NOMEM, "schedule: too many compound actions");
+    pp_action *p = realloc(s->sub, n * sizeof *p);
+    if (!p) return pp_error(PP_ERR_NOMEM, "schedule: out of memory");
+    s->sub = p;
+    s->sub_cap_ = n;
     return PP_OK;
 }
 

@@ -22,6 +22,7 @@ struct pp_runner {
     int n_stages;
     pp_stage **stages;
     stage_links *links;
+    pp_optim **optims; /* per stage, once set */
 };
 
 /* Per-step state. */
@@ -77,7 +78,8 @@ pp_status pp_runner_new(pp_pipe *p, int training, pp_runner **out) {
     r->n_stages = p->n_stages;
     r->stages = calloc((size_t)p->n_stages, sizeof *r->stages);
     r->links = calloc((size_t)p->n_stages, sizeof *r->links);
-    pp_status s = r->stages && r->links ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
+    r->optims = calloc((size_t)p->n_stages, sizeof *r->optims);
+    pp_status s = r->stages && r->links && r->optims ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < p->n_stages && s == PP_OK; i++) {
         s = pp_stage_from_pipe(p, i, training, &r->stages[i]);
         if (s == PP_OK) s = link_stage(r, i);
@@ -94,6 +96,7 @@ void pp_runner_free(pp_runner *r) {
     if (!r) return;
     for (int i = 0; i < r->n_stages; i++) {
         if (r->stages) pp_stage_free(r->stages[i]);
+        if (r->optims) pp_optim_free(r->optims[i]);
         if (r->links) {
             free(r->links[i].in_edge);
             free(r->links[i].out_edge);
@@ -104,6 +107,7 @@ void pp_runner_free(pp_runner *r) {
     }
     free(r->stages);
     free(r->links);
+    free(r->optims);
     free(r);
 }
 
@@ -310,38 +314,32 @@ static pp_status run_action(pp_runner *r, step_state *ss, const pp_action *a, in
     }
 }
 
+/* Replicated parameters: every copy gets the sum of the copies' gradients,
+ * so identical updates keep them identical. */
 static pp_status sync_shared_grads(pp_runner *r) {
     const pp_pipe *p = r->p;
     for (int i = 0; i < p->n_shared; i++) {
         const pp_pipe_shared *sh = &p->shared[i];
-        size_t off0, n0;
         float *sum = NULL;
-        for (int k = 0; k < sh->n_stages; k++) {
-            pp_stage *st = r->stages[sh->stages[k]];
-            int pi = pp_stage_find_param(st, sh->name);
-            if (pi < 0) continue; /* no gradient reaches it in this stage */
-            size_t off, n;
-            pp_stage_param_range(st, pi, &off, &n);
-            float *g = pp_stage_flat_grads(st, NULL) + off;
-            if (!sum) {
-                sum = g;
-                off0 = off;
-                n0 = n;
-                continue;
+        int64_t n0 = 0;
+        for (int pass = 0; pass < 2; pass++) /* 0: add up, 1: hand the total out */
+            for (int k = 0; k < sh->n_stages; k++) {
+                pp_flat_params *fp = pp_stage_params(r->stages[sh->stages[k]]);
+                int pi = fp ? pp_flat_params_find(fp, sh->name) : -1;
+                if (pi < 0) continue; /* no gradient reaches it in this stage */
+                float *g = fp->grad + fp->offset[pi];
+                if (!sum) {
+                    sum = g;
+                    n0 = fp->numel[pi];
+                } else if (fp->numel[pi] != n0) {
+                    return pp_error(PP_ERR_INTERNAL, "replicas of '%s' differ in size", sh->name);
+                } else if (g != sum) {
+                    for (int64_t j = 0; j < n0; j++) {
+                        if (pass == 0) sum[j] += g[j];
+                        else g[j] = sum[j];
+                    }
+                }
             }
-            if (n != n0) return pp_error(PP_ERR_INTERNAL, "replicas of '%s' differ in size", sh->name);
-            for (size_t j = 0; j < n; j++) sum[j] += g[j];
-        }
-        (void)off0;
-        for (int k = 0; sum && k < sh->n_stages; k++) { /* every replica gets the total */
-            pp_stage *st = r->stages[sh->stages[k]];
-            int pi = pp_stage_find_param(st, sh->name);
-            if (pi < 0) continue;
-            size_t off, n;
-            pp_stage_param_range(st, pi, &off, &n);
-            float *g = pp_stage_flat_grads(st, NULL) + off;
-            if (g != sum) memcpy(g, sum, n * sizeof(float));
-        }
     }
     return PP_OK;
 }
@@ -479,17 +477,14 @@ pp_status pp_runner_step(pp_runner *r, int m, const pp_schedule *sched, int n_in
 static pp_status param_copy(pp_runner *r, const char *name, int grads, pp_tensor **out) {
     *out = NULL;
     for (int i = 0; i < r->n_stages; i++) {
-        pp_stage *st = r->stages[i];
-        int pi = pp_stage_find_param(st, name);
+        pp_flat_params *fp = pp_stage_params(r->stages[i]);
+        int pi = fp ? pp_flat_params_find(fp, name) : -1;
         if (pi < 0) continue;
-        size_t off, n;
-        pp_stage_param_range(st, pi, &off, &n);
-        const pp_graph *g = pp_stage_graph(st);
-        const pp_tensor *like = g->values[pp_graph_find_value(g, name)].data;
-        PP_TRY(pp_tensor_empty(PP_F32, like->ndim, like->shape, out));
-        const float *src = (grads ? pp_stage_flat_grads(st, NULL) : pp_stage_flat_params(st, NULL)) + off;
-        memcpy((*out)->data, src, n * sizeof(float));
-        return PP_OK;
+        pp_tensor *view;
+        PP_TRY(grads ? pp_flat_params_grad_view(fp, pi, &view) : pp_flat_params_data_view(fp, pi, &view));
+        pp_status s = pp_tensor_clone(view, out);
+        pp_tensor_free(view);
+        return s;
     }
     return pp_error(PP_ERR_NOT_FOUND, "no stage trains a parameter '%s'", name);
 }
@@ -500,4 +495,24 @@ pp_status pp_runner_param_grad(pp_runner *r, const char *name, pp_tensor **out) 
 
 pp_status pp_runner_param(pp_runner *r, const char *name, pp_tensor **out) {
     return param_copy(r, name, 0, out);
+}
+
+pp_status pp_runner_set_optimizer(pp_runner *r, const pp_optim_config *c) {
+    if (!r->training) return pp_error(PP_ERR_STATE, "the runner was not built for training");
+    for (int i = 0; i < r->n_stages; i++) {
+        pp_optim_free(r->optims[i]);
+        r->optims[i] = NULL;
+        pp_flat_params *fp = pp_stage_params(r->stages[i]);
+        PP_TRY(pp_optim_new(c, fp ? fp->total : 0, &r->optims[i]));
+    }
+    return PP_OK;
+}
+
+pp_status pp_runner_optimizer_step(pp_runner *r) {
+    for (int i = 0; i < r->n_stages; i++) {
+        if (!r->optims[i]) return pp_error(PP_ERR_STATE, "no optimizer set (pp_runner_set_optimizer)");
+        pp_flat_params *fp = pp_stage_params(r->stages[i]);
+        if (fp) PP_TRY(pp_optim_step(r->optims[i], fp->data, fp->grad, fp->total));
+    }
+    return PP_OK;
 }

@@ -10,6 +10,7 @@
 #include "pippin/autodiff.h"
 #include "pippin/exec.h"
 #include "pippin/log.h"
+#include "pippin/params.h"
 
 typedef struct {
     int mb;
@@ -32,50 +33,13 @@ struct pp_stage {
     int *out_grad_seed; /* [n_out_grads]: index into bw seeds */
     mb_state *mbs;
     int n_mbs, cap_mbs;
-    /* flat parameters: trainable PARAM values of the graph, in bw->params order */
-    float *flat_params, *flat_grads;
-    size_t n_flat;
-    size_t *param_off;
+    pp_flat_params *params; /* trainable parameters, in bw->params order */
 };
 
 static pp_status stage_error(const pp_stage *st, pp_status code, const char *fmt, const char *a, int mb) {
     char msg[512];
     snprintf(msg, sizeof msg, fmt, a, mb);
     return pp_error(code, "stage %d: %s", st->index, msg);
-}
-
-/* Moves every trainable parameter into the flat buffer; the graph's
- * tensors become views into it. */
-static pp_status flatten_params(pp_stage *st) {
-    pp_backward *b = st->bw;
-    st->param_off = calloc((size_t)b->n_params + 1, sizeof *st->param_off);
-    if (!st->param_off) return pp_error(PP_ERR_NOMEM, "out of memory");
-    size_t total = 0;
-    for (int i = 0; i < b->n_params; i++) {
-        const pp_tensor *t = st->g->values[b->params[i]].data;
-        if (!t || t->dtype != PP_F32)
-            return pp_error(PP_ERR_UNSUPPORTED, "stage %d: parameter '%s' is not float32", st->index,
-                            st->g->values[b->params[i]].name);
-        st->param_off[i] = total;
-        /* Keep each tensor 16-float aligned for vector kernels. */
-        total += ((size_t)pp_tensor_numel(t) + 15) / 16 * 16;
-    }
-    st->n_flat = total;
-    st->flat_params = aligned_alloc(64, (total ? total : 16) * sizeof(float));
-    st->flat_grads = aligned_alloc(64, (total ? total : 16) * sizeof(float));
-    if (!st->flat_params || !st->flat_grads) return pp_error(PP_ERR_NOMEM, "out of memory for parameters");
-    memset(st->flat_params, 0, total * sizeof(float));
-    memset(st->flat_grads, 0, total * sizeof(float));
-    for (int i = 0; i < b->n_params; i++) {
-        pp_value *v = &st->g->values[b->params[i]];
-        float *dst = st->flat_params + st->param_off[i];
-        memcpy(dst, v->data->data, v->data->nbytes);
-        pp_tensor *view;
-        PP_TRY(pp_tensor_wrap(PP_F32, v->data->ndim, v->data->shape, dst, NULL, NULL, &view));
-        pp_tensor_free(v->data);
-        v->data = view;
-    }
-    return PP_OK;
 }
 
 static int find_value_index(const pp_graph *g, const int *ids, int n, int v) {
@@ -125,7 +89,7 @@ static pp_status build_backward(pp_stage *st, const pp_stage_spec *spec) {
     st->stash_mask = calloc((size_t)g->n_values + 1, 1);
     if (!st->stash_mask) return pp_error(PP_ERR_NOMEM, "out of memory");
     for (int k = 0; k < b->n_stash; k++) st->stash_mask[b->stash[k]] = 1;
-    return flatten_params(st);
+    return pp_flat_params_new(g, b->n_params, b->params, &st->params);
 }
 
 pp_status pp_stage_new(pp_graph *g, const pp_stage_spec *spec, pp_stage **out) {
@@ -204,10 +168,8 @@ void pp_stage_free(pp_stage *st) {
     free(st->keep_w);
     free(st->stash_mask);
     free(st->out_grad_seed);
-    free(st->param_off);
-    pp_graph_free(st->g); /* drops the views before the buffers go */
-    free(st->flat_params);
-    free(st->flat_grads);
+    pp_graph_free(st->g);
+    pp_flat_params_free(st->params);
     free(st);
 }
 
@@ -356,16 +318,7 @@ pp_status pp_stage_backward_weight(pp_stage *st, int mb) {
     pp_status s = pp_exec_run_nodes(st->ex, b->w_nodes, b->n_w, m->env, st->keep_w);
     for (int i = 0; s == PP_OK && i < b->n_params; i++) {
         const pp_tensor *gt = b->param_grads[i] >= 0 ? m->env[b->param_grads[i]] : NULL;
-        if (!gt) continue;
-        if (gt->dtype != PP_F32 || pp_tensor_numel(gt) != pp_tensor_numel(st->g->values[b->params[i]].data)) {
-            s = stage_error(st, PP_ERR_INTERNAL, "gradient of '%s' has the wrong shape (microbatch %d)",
-                            st->g->values[b->params[i]].name, mb);
-            break;
-        }
-        float *acc = st->flat_grads + st->param_off[i];
-        const float *src = gt->data;
-        int64_t n = pp_tensor_numel(gt);
-        for (int64_t k = 0; k < n; k++) acc[k] += src[k];
+        if (gt) s = pp_flat_params_accumulate(st->params, i, gt);
     }
     if (s != PP_OK) return pp_error_context(s, "stage %d backward-weight of microbatch %d", st->index, mb);
     drop_mb(st, m);
@@ -382,30 +335,15 @@ pp_status pp_stage_stash_per_sample(pp_stage *st, int64_t other_dims, int64_t *p
     return pp_backward_stash_per_sample(st->g, st->bw, other_dims, per_sample, NULL);
 }
 
-int pp_stage_n_params(const pp_stage *st) { return st->bw ? st->bw->n_params : 0; }
-const char *pp_stage_param_name(const pp_stage *st, int i) { return st->g->values[st->bw->params[i]].name; }
+int pp_stage_n_params(const pp_stage *st) { return st->params ? st->params->n : 0; }
+const char *pp_stage_param_name(const pp_stage *st, int i) { return st->params->names[i]; }
 
 int pp_stage_find_param(const pp_stage *st, const char *name) {
-    for (int i = 0; i < pp_stage_n_params(st); i++)
-        if (strcmp(pp_stage_param_name(st, i), name) == 0) return i;
-    return -1;
+    return st->params ? pp_flat_params_find(st->params, name) : -1;
 }
 
-void pp_stage_param_range(const pp_stage *st, int i, size_t *offset, size_t *count) {
-    *offset = st->param_off[i];
-    *count = (size_t)pp_tensor_numel(st->g->values[st->bw->params[i]].data);
-}
-
-float *pp_stage_flat_params(pp_stage *st, size_t *count) {
-    if (count) *count = st->n_flat;
-    return st->flat_params;
-}
-
-float *pp_stage_flat_grads(pp_stage *st, size_t *count) {
-    if (count) *count = st->n_flat;
-    return st->flat_grads;
-}
+pp_flat_params *pp_stage_params(pp_stage *st) { return st->params; }
 
 void pp_stage_zero_grad(pp_stage *st) {
-    if (st->flat_grads) memset(st->flat_grads, 0, st->n_flat * sizeof(float));
+    if (st->params) pp_flat_params_zero_grad(st->params);
 }

@@ -5,8 +5,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <time.h>
+
 #include "cli_util.h"
 #include "commands.h"
+#include "pipe_cli.h"
 #include "pippin/microbatch.h"
 #include "pippin/pippin.h"
 
@@ -16,17 +19,25 @@ static void train_usage(FILE *f) {
             "                    [--optimizer sgd|adamw] [--lr X] [--momentum X] [--dampening X]\n"
             "                    [--nesterov] [--weight-decay X] [--beta1 X] [--beta2 X] [--eps X]\n"
             "                    [--microbatches M] [--loss NAME] [--save DIR] [--json]\n"
+            "                    [--schedule KIND] [--split-before P]... [--split-after P]...\n"
+            "                    [--transmit-shared] [--dim NAME=N]... [--no-split]\n"
             "Step i trains on rows (i*B + j) mod N, j < B, of every data file (N rows along\n"
             "dim 0), and prints the loss of that batch before the update; --json prints\n"
             "{\"step\": i, \"loss\": x} per line. With --microbatches M each batch is split in\n"
             "M parts whose gradients are accumulated (same result, less memory). --save\n"
-            "writes the trained parameters as DIR/<name>.npy. Defaults as torch.optim:\n"
+            "writes the trained parameters as DIR/<name>.npy. A model with pippin::PipeSplit\n"
+            "markers, or given a split spec, trains as a pipeline: its stages run the M\n"
+            "microbatches in the order of schedule KIND (gpipe, 1f1b, interleaved-1f1b,\n"
+            "zb-h1, zbv, ..., csv:FILE; default gpipe), each stage with its own optimizer\n"
+            "over its own parameters. Defaults as torch.optim:\n"
             "adamw lr 1e-3, betas 0.9 0.999, eps 1e-8, weight decay 1e-2; sgd lr 1e-3.\n");
 }
 
 typedef struct train_args {
     pp_named_tensors data;
-    const char *loss, *save;
+    const char *loss, *save, *schedule;
+    int no_split;
+    pp_split_args split;
     long long batch, steps;
     int microbatches, json;
     pp_optim_config opt;
@@ -54,6 +65,8 @@ static int parse(int argc, char **argv, train_args *a) {
         {"beta2", required_argument, NULL, '2'},  {"eps", required_argument, NULL, 'e'},
         {"microbatches", required_argument, NULL, 'M'}, {"loss", required_argument, NULL, 'l'},
         {"save", required_argument, NULL, 'S'},   {"json", no_argument, NULL, 'j'},
+        {"schedule", required_argument, NULL, 'K'}, {"no-split", no_argument, NULL, 'N'},
+        PP_SPLIT_LONG_OPTIONS,
         {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
     };
     /* Hyperparameters are collected first: --optimizer may come last. */
@@ -66,6 +79,12 @@ static int parse(int argc, char **argv, train_args *a) {
     while ((c = getopt_long(argc, argv, "d:b:s:h", opts, &li)) != -1) {
         double *dst = NULL;
         char opt[40];
+        int handled = pp_split_args_handle(&a->split, c, optarg, "train");
+        if (handled < 0) return 2;
+        if (handled) {
+            li = -1;
+            continue;
+        }
         snprintf(opt, sizeof opt, "--%s", li >= 0 ? opts[li].name : "?");
         li = -1;
         switch (c) {
@@ -88,6 +107,8 @@ static int parse(int argc, char **argv, train_args *a) {
         case 'n': nesterov = 1; continue;
         case 'l': a->loss = optarg; continue;
         case 'S': a->save = optarg; continue;
+        case 'K': a->schedule = optarg; continue;
+        case 'N': a->no_split = 1; continue;
         case 'j': a->json = 1; continue;
         case 'h': return 3;
         case 'r': dst = &lr; break;
@@ -106,8 +127,9 @@ static int parse(int argc, char **argv, train_args *a) {
         fprintf(stderr, "pippin train: need one MODEL.onnx, --data, --batch-size and --steps\n");
         return 2;
     }
-    if (a->batch % a->microbatches != 0) {
-        fprintf(stderr, "pippin train: --batch-size must be a multiple of --microbatches\n");
+    if (a->batch < a->microbatches) {
+        fprintf(stderr, "pippin train: --batch-size %lld is smaller than --microbatches %d\n", a->batch,
+                a->microbatches);
         return 2;
     }
     pp_optim_kind kind;
@@ -172,6 +194,93 @@ static pp_status save_params(pp_flat_params *fp, const char *dir) {
     return PP_OK;
 }
 
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* Pipeline training: every stage in this process, driven by the runner in
+ * the schedule's order; a progress line per step. */
+static int train_pipelined(const pp_graph *g, pp_tensor *const *data, const train_args *a) {
+    pp_pipe *p = NULL;
+    pp_runner *r = NULL;
+    pp_schedule *sched = NULL;
+    int rc = 1, n = g->n_inputs, lo = -1;
+    pp_tensor **batch = calloc((size_t)n + 1, sizeof *batch);
+    pp_tensor **outs = NULL;
+    const char **names = calloc((size_t)n + 1, sizeof *names);
+    if (!batch || !names) goto done;
+    for (int i = 0; i < n; i++) names[i] = g->values[g->inputs[i]].name;
+    if (pp_cli_open_pipeline(g, &a->split, 1, &p, &r) != PP_OK) goto done;
+    if (pp_cli_schedule(a->schedule, p->n_stages, a->microbatches, &sched) != PP_OK) goto done;
+    if (pp_runner_set_optimizer(r, &a->opt) != PP_OK) goto done;
+    if ((lo = pp_runner_loss_output(r)) < 0) {
+        pp_error(PP_ERR_NOT_FOUND, "the model has no loss output to train on");
+        goto done;
+    }
+    outs = calloc((size_t)pp_runner_n_outputs(r) + 1, sizeof *outs);
+    if (!outs) goto done;
+    if (!a->json)
+        printf("training %d stages, %d microbatches of a %lld-sample batch, schedule %s, %s lr %g\n", p->n_stages,
+               a->microbatches, a->batch, a->schedule ? a->schedule : "gpipe", pp_optim_kind_name(a->opt.kind),
+               a->opt.lr);
+    double total = 0;
+    for (long long step = 0; step < a->steps; step++) {
+        double t0 = now_ms();
+        for (int i = 0; i < n; i++) {
+            pp_tensor_free(batch[i]);
+            batch[i] = NULL;
+            if (pp_data_batch(data[i], step, a->batch, &batch[i]) != PP_OK) goto done;
+        }
+        pp_runner_zero_grad(r);
+        if (pp_runner_step(r, a->microbatches, sched, n, names, batch, outs) != PP_OK) goto done;
+        if (pp_runner_optimizer_step(r) != PP_OK) goto done;
+        double ms = now_ms() - t0;
+        total += ms;
+        float loss = (float)pp_tensor_get_f64(outs[lo], 0);
+        for (int o = 0; o < pp_runner_n_outputs(r); o++) {
+            pp_tensor_free(outs[o]);
+            outs[o] = NULL;
+        }
+        if (a->json) printf("{\"step\": %lld, \"loss\": %.9g}\n", step, loss);
+        else printf("step %lld/%lld: loss %.6f  %.1f ms  (%.0f samples/s)\n", step + 1, a->steps, loss, ms,
+                    (double)a->batch * 1000.0 / ms);
+        fflush(stdout);
+    }
+    if (!a->json && a->steps > 0) printf("%lld steps in %.2f s\n", a->steps, total / 1000.0);
+    if (a->save) {
+        if (pp_cli_mkdirs(a->save) != PP_OK) goto done;
+        for (int s = 0; s < pp_runner_n_stages(r); s++) { /* replicas are equal: first one wins */
+            pp_flat_params *fp = pp_stage_params(pp_runner_stage(r, s));
+            for (int i = 0; fp && i < fp->n; i++) {
+                int first = 1;
+                for (int e = 0; e < s && first; e++) {
+                    pp_flat_params *q = pp_stage_params(pp_runner_stage(r, e));
+                    first = !q || pp_flat_params_find(q, fp->names[i]) < 0;
+                }
+                if (!first) continue;
+                pp_tensor *t;
+                if (pp_flat_params_data_view(fp, i, &t) != PP_OK) goto done;
+                pp_status st = pp_cli_save_named(a->save, "", fp->names[i], t);
+                pp_tensor_free(t);
+                if (st != PP_OK) goto done;
+            }
+        }
+    }
+    rc = 0;
+done:
+    for (int i = 0; batch && i < n; i++) pp_tensor_free(batch[i]);
+    for (int o = 0; outs && r && o < pp_runner_n_outputs(r); o++) pp_tensor_free(outs[o]);
+    free(outs);
+    free(batch);
+    free(names);
+    pp_schedule_free(sched);
+    pp_runner_free(r);
+    pp_pipe_free(p);
+    return rc;
+}
+
 int cmd_train(int argc, char **argv) {
     train_args a = {0};
     int p = parse(argc, argv, &a);
@@ -194,11 +303,19 @@ int cmd_train(int argc, char **argv) {
         goto done;
     }
     if (pp_cli_match_inputs(g, &a.data, data) != PP_OK) goto done;
+    if (!a.no_split && (pp_cli_has_markers(g) || pp_split_args_any(&a.split))) {
+        rc = train_pipelined(g, data, &a);
+        goto done;
+    }
+    if (a.batch % a.microbatches != 0) {
+        pp_error(PP_ERR_INVALID, "--batch-size must be a multiple of --microbatches without a pipeline");
+        goto done;
+    }
     if (pp_trainer_new(g, a.loss, &t) != PP_OK) goto done;
     pp_flat_params *fp = pp_trainer_params(t);
     if (pp_optim_new(&a.opt, fp->total, &o) != PP_OK) goto done;
     for (long long step = 0; step < a.steps; step++) {
-        float loss;
+        float loss = 0;
         if (train_step(t, data, n, &a, step, &loss) != PP_OK) goto done;
         if (pp_optim_step(o, fp->data, fp->grad, fp->total) != PP_OK) goto done;
         if (a.json) printf("{\"step\": %lld, \"loss\": %.9g}\n", step, loss);

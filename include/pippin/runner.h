@@ -6,6 +6,7 @@
 #ifndef PIPPIN_RUNNER_H
 #define PIPPIN_RUNNER_H
 
+#include "pippin/optim.h"
 #include "pippin/pipe.h"
 #include "pippin/schedule.h"
 #include "pippin/stage.h"
@@ -42,6 +43,11 @@ int pp_runner_n_outputs(const pp_runner *r);
 const char *pp_runner_output_name(const pp_runner *r, int o);
 /* Index of the loss output, -1 if none. */
 int pp_runner_loss_output(const pp_runner *r);
+
+/* One optimizer per stage over its flat buffers (same settings for all). */
+pp_status pp_runner_set_optimizer(pp_runner *r, const pp_optim_config *c);
+/* Updates every stage's parameters from its gradients. */
+pp_status pp_runner_optimizer_step(pp_runner *r);
 
 /* The gradient of a parameter (a copy; from its first stage) or NULL if
  * no stage trains it. */

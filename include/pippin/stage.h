@@ -13,6 +13,7 @@
 #include <stddef.h>
 
 #include "pippin/graph.h"
+#include "pippin/params.h"
 #include "pippin/pipe.h"
 
 #ifdef __cplusplus
@@ -79,15 +80,13 @@ size_t pp_stage_stash_bytes(const pp_stage *st);
  * stages only. */
 pp_status pp_stage_stash_per_sample(pp_stage *st, int64_t other_dims, int64_t *per_sample);
 
-/* Trainable parameters (float32, in the flat buffers). */
+/* Trainable parameters: one flat float32 buffer and one of gradients
+ * (pippin/params.h); NULL for a stage not built for training. */
+pp_flat_params *pp_stage_params(pp_stage *st);
 int pp_stage_n_params(const pp_stage *st);
 const char *pp_stage_param_name(const pp_stage *st, int i);
 /* Index of a parameter by name, -1 if absent. */
 int pp_stage_find_param(const pp_stage *st, const char *name);
-/* Offset and length (in floats) of parameter i in the flat buffers. */
-void pp_stage_param_range(const pp_stage *st, int i, size_t *offset, size_t *count);
-float *pp_stage_flat_params(pp_stage *st, size_t *count);
-float *pp_stage_flat_grads(pp_stage *st, size_t *count);
 void pp_stage_zero_grad(pp_stage *st);
 
 #ifdef __cplusplus

@@ -1,10 +1,14 @@
 /* The partitioner, stage objects and the local pipeline runner against the
  * unsplit graph and PyTorch's references (test/fixtures). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <json-c/json.h>
+
 #include "pippin/pipe.h"
+#include "pippin/trainer.h"
 #include "pippin/runner.h"
 #include "test_util.h"
 
@@ -438,6 +442,87 @@ static void test_stage_misuse(void **state) {
     pp_pipe_free(p);
 }
 
+/* Pipeline training with per-stage optimizers follows torch.optim's loss
+ * trajectory (train_ref.json), and replicated parameters stay identical. */
+static void check_trajectory(const fixture *f, const char *opt, pp_sched_kind kind) {
+    char rel[256];
+    snprintf(rel, sizeof rel, "test/fixtures/%s/train_ref.json", f->name);
+    json_object *ref = json_object_from_file(tu_src_path(rel)), *o, *hp, *losses, *v;
+    assert_non_null(ref);
+    assert_true(json_object_object_get_ex(ref, "optimizers", &o));
+    assert_true(json_object_object_get_ex(o, opt, &o));
+    assert_true(json_object_object_get_ex(o, "hyperparameters", &hp));
+    assert_true(json_object_object_get_ex(o, "losses", &losses));
+    assert_true(json_object_object_get_ex(ref, "batch_size", &v));
+    int batch = json_object_get_int(v);
+    pp_optim_config c;
+    pp_optim_config_init(&c, strcmp(opt, "adamw") == 0 ? PP_OPTIM_ADAMW : PP_OPTIM_SGD);
+#define HP(key, field) if (json_object_object_get_ex(hp, key, &v)) c.field = json_object_get_double(v)
+    HP("lr", lr);
+    HP("weight_decay", weight_decay);
+    HP("momentum", momentum);
+    HP("dampening", dampening);
+#undef HP
+    if (json_object_object_get_ex(hp, "nesterov", &v)) c.nesterov = json_object_get_boolean(v);
+    if (json_object_object_get_ex(hp, "betas", &v)) {
+        c.beta1 = json_object_get_double(json_object_array_get_idx(v, 0));
+        c.beta2 = json_object_get_double(json_object_array_get_idx(v, 1));
+    }
+    pp_pipe *p = split_model(f->name, "model.onnx", NULL);
+    pp_runner *r;
+    TU_OK(pp_runner_new(p, 1, &r));
+    TU_OK(pp_runner_set_optimizer(r, &c));
+    int S = pp_runner_n_stages(r), spr = pp_sched_default_stages_per_rank(kind);
+    pp_schedule *sched = make_schedule(kind, S / spr, 2, spr);
+    pp_tensor *data[2];
+    for (int i = 0; i < f->n_inputs; i++) {
+        char file[128];
+        snprintf(file, sizeof file, "train_%s.npy", f->inputs[i]);
+        data[i] = load_npy(f->name, file);
+    }
+    for (int step = 0; step < (int)json_object_array_length(losses); step++) {
+        pp_tensor *b[2], *outs[2] = {0};
+        for (int i = 0; i < f->n_inputs; i++) TU_OK(pp_data_batch(data[i], step, batch, &b[i]));
+        pp_runner_zero_grad(r);
+        TU_OK(pp_runner_step(r, 2, sched, f->n_inputs, f->inputs, b, outs));
+        TU_OK(pp_runner_optimizer_step(r));
+        double got = pp_tensor_get_f64(outs[pp_runner_loss_output(r)], 0);
+        double want = json_object_get_double(json_object_array_get_idx(losses, (size_t)step));
+        if (fabs(got - want) > 1e-4 * fabs(want))
+            fail_msg("%s %s %s step %d: loss %.7f, torch %.7f", f->name, opt, sched->name, step, got, want);
+        for (int i = 0; i < f->n_inputs; i++) pp_tensor_free(b[i]);
+        for (int k = 0; k < pp_runner_n_outputs(r); k++) pp_tensor_free(outs[k]);
+    }
+    for (int i = 0; i < p->n_shared; i++) { /* replicas still equal */
+        pp_tensor *first = NULL;
+        for (int k = 0; k < p->shared[i].n_stages; k++) {
+            pp_flat_params *fp = pp_stage_params(pp_runner_stage(r, p->shared[i].stages[k]));
+            pp_tensor *view;
+            TU_OK(pp_flat_params_data_view(fp, pp_flat_params_find(fp, p->shared[i].name), &view));
+            if (!first) first = view;
+            else {
+                tu_assert_close(view, first, 0, 0, "replicated parameter after training");
+                pp_tensor_free(view);
+            }
+        }
+        pp_tensor_free(first);
+    }
+    for (int i = 0; i < f->n_inputs; i++) pp_tensor_free(data[i]);
+    pp_schedule_free(sched);
+    pp_runner_free(r);
+    pp_pipe_free(p);
+    json_object_put(ref);
+}
+
+static void test_training_trajectories(void **state) {
+    (void)state;
+    check_trajectory(&fixtures[0], "adamw", PP_SCHED_1F1B);
+    check_trajectory(&fixtures[0], "sgd", PP_SCHED_ZB_H1);
+    check_trajectory(&fixtures[1], "sgd_nesterov", PP_SCHED_GPIPE);
+    check_trajectory(&fixtures[2], "adamw", PP_SCHED_INTERLEAVED_1F1B);
+    check_trajectory(&fixtures[2], "sgd", PP_SCHED_1F1B);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_split_markers),
@@ -453,6 +538,7 @@ int main(void) {
         cmocka_unit_test(test_interleaved_and_v),
         cmocka_unit_test(test_stage_files_run),
         cmocka_unit_test(test_stage_misuse),
+        cmocka_unit_test(test_training_trajectories),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
