@@ -5,8 +5,9 @@
  * (sail-sg/zero-bubble-pipeline-parallelism), an event-driven list
  * scheduler in 8 variants, and the hand schedules ZB-H1 and ZB-H2. Each is
  * simulated with the real cost model; the best that fits the memory cap is
- * then improved by hill climbing over adjacent swaps, again judged by
- * simulation. Memory is counted in activations: F adds 1, I releases
+ * then improved by hill climbing (single actions slid earlier or later,
+ * kept where the simulated result improves; ties broken by earlier
+ * forwards and input-gradients, which keeps the search moving on plateaus). Memory is counted in activations: F adds 1, I releases
  * 1 - w_frac, W the remaining w_frac. */
 #include <math.h>
 #include <stdlib.h>
@@ -24,7 +25,7 @@ typedef struct actx {
     pp_sched_objective obj;
     const double *F, *I, *W;
     double *c;         /* [p] transfer time on edge j -> j+1 */
-    pp_cost_model *cm; /* costs plus memory units as bytes */
+    pp_cost_model *cm; /* the costs (unit costs when none are given) */
     double spent;      /* simulated actions so far */
     /* fast evaluator state */
     double *tF, *tI, *clock, *mem, *first;

@@ -6,14 +6,50 @@
 
 #include "cli_util.h"
 #include "commands.h"
+#include "pipe_cli.h"
 #include "pippin/pippin.h"
 
 static void grad_usage(FILE *f) {
     fprintf(f,
             "usage: pippin grad MODEL.onnx --input NAME=FILE.npy ... --out DIR [--loss NAME]\n"
+            "                   [--microbatches M] [--schedule KIND] [--split-before P]...\n"
+            "                   [--split-after P]... [--transmit-shared] [--no-split]\n"
             "Runs forward and backward on the batch and writes DIR/loss.npy and\n"
             "DIR/grad_<initializer name>.npy for every trainable parameter. The loss is the\n"
-            "output named by --loss, else 'loss', else the only float scalar output.\n");
+            "output named by --loss, else 'loss', else the only float scalar output.\n"
+            "A model with pippin::PipeSplit markers (or a split spec) runs through its\n"
+            "stages: M microbatches in the order of schedule KIND (default gpipe), loss\n"
+            "seeded with 1/M so the gradients are the full batch's.\n");
+}
+
+/* Loss and gradients through the stages (local runner). */
+static int grad_pipelined(const pp_graph *g, const pp_named_tensors *in, const pp_split_args *sa, int m,
+                          const char *schedule, const char *out_dir) {
+    pp_pipe *p = NULL;
+    pp_runner *r = NULL;
+    pp_schedule *sched = NULL;
+    pp_tensor **outs = NULL;
+    int rc = 1, count = 0, lo;
+    if (pp_cli_open_pipeline(g, sa, 1, &p, &r) != PP_OK) goto done;
+    if (pp_cli_schedule(schedule, p->n_stages, m, &sched) != PP_OK) goto done;
+    if ((lo = pp_runner_loss_output(r)) < 0) {
+        pp_error(PP_ERR_NOT_FOUND, "the model has no loss output");
+        goto done;
+    }
+    outs = calloc((size_t)pp_runner_n_outputs(r) + 1, sizeof *outs);
+    if (!outs || pp_cli_runner_step(r, m, sched, in, outs) != PP_OK) goto done;
+    if (pp_cli_mkdirs(out_dir) != PP_OK || pp_cli_save_named(out_dir, "", "loss", outs[lo]) != PP_OK) goto done;
+    if (pp_cli_save_runner_params(r, out_dir, "grad_", 1, &count) != PP_OK) goto done;
+    printf("loss %.9g; gradients of %d parameters (%d stages, %d microbatches) written to %s\n",
+           pp_tensor_get_f64(outs[lo], 0), count, p->n_stages, m, out_dir);
+    rc = 0;
+done:
+    for (int o = 0; outs && o < pp_runner_n_outputs(r); o++) pp_tensor_free(outs[o]);
+    free(outs);
+    pp_schedule_free(sched);
+    pp_runner_free(r);
+    pp_pipe_free(p);
+    return rc;
 }
 
 int cmd_grad(int argc, char **argv) {
@@ -21,15 +57,35 @@ int cmd_grad(int argc, char **argv) {
         {"input", required_argument, NULL, 'i'},
         {"out", required_argument, NULL, 'o'},
         {"loss", required_argument, NULL, 'l'},
+        {"microbatches", required_argument, NULL, 'm'},
+        {"schedule", required_argument, NULL, 's'},
+        {"no-split", no_argument, NULL, 'n'},
+        PP_SPLIT_LONG_OPTIONS,
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     pp_named_tensors inputs = {0};
-    const char *out_dir = NULL, *loss_name = NULL;
-    int c;
+    const char *out_dir = NULL, *loss_name = NULL, *schedule = NULL;
+    int c, microbatches = 1, no_split = 0;
+    pp_split_args sa = {0};
     optind = 1;
     while ((c = getopt_long(argc, argv, "i:o:l:h", opts, NULL)) != -1) {
+        int handled = pp_split_args_handle(&sa, c, optarg, "grad");
+        if (handled < 0) {
+            pp_cli_named_free(&inputs);
+            return 2;
+        }
+        if (handled) continue;
         switch (c) {
+        case 'm':
+            if ((microbatches = atoi(optarg)) < 1) {
+                fprintf(stderr, "pippin grad: --microbatches '%s': need a positive number\n", optarg);
+                pp_cli_named_free(&inputs);
+                return 2;
+            }
+            break;
+        case 's': schedule = optarg; break;
+        case 'n': no_split = 1; break;
         case 'i':
             if (pp_cli_add_named_npy(&inputs, optarg) != PP_OK) {
                 pp_cli_named_free(&inputs);
@@ -59,6 +115,10 @@ int cmd_grad(int argc, char **argv) {
         goto done;
     }
     if (pp_cli_match_inputs(g, &inputs, feeds) != PP_OK) goto done;
+    if (!no_split && (pp_cli_has_markers(g) || pp_split_args_any(&sa))) {
+        rc = grad_pipelined(g, &inputs, &sa, microbatches, schedule, out_dir);
+        goto done;
+    }
     if (pp_trainer_new(g, loss_name, &t) != PP_OK) goto done;
     float loss;
     if (pp_trainer_backward(t, feeds, 1.0f, &loss) != PP_OK) goto done;

@@ -10,6 +10,7 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "pipe_cli.h"
+#include "text_data.h"
 #include "pippin/microbatch.h"
 #include "pippin/pippin.h"
 
@@ -21,6 +22,7 @@ static void train_usage(FILE *f) {
             "                    [--microbatches M] [--loss NAME] [--save DIR] [--json]\n"
             "                    [--schedule KIND] [--split-before P]... [--split-after P]...\n"
             "                    [--transmit-shared] [--dim NAME=N]... [--no-split]\n"
+            "                    [--text FILE.txt --vocab VOCAB.json [--seq T]]\n"
             "Step i trains on rows (i*B + j) mod N, j < B, of every data file (N rows along\n"
             "dim 0), and prints the loss of that batch before the update; --json prints\n"
             "{\"step\": i, \"loss\": x} per line. With --microbatches M each batch is split in\n"
@@ -29,13 +31,17 @@ static void train_usage(FILE *f) {
             "markers, or given a split spec, trains as a pipeline: its stages run the M\n"
             "microbatches in the order of schedule KIND (gpipe, 1f1b, interleaved-1f1b,\n"
             "zb-h1, zbv, ..., csv:FILE; default gpipe), each stage with its own optimizer\n"
-            "over its own parameters. Defaults as torch.optim:\n"
+            "over its own parameters. --text trains a character-level model on a text\n"
+            "file instead of --data: windows of T+1 characters (T from --seq, else the\n"
+            "model's fixed input length, else 64) feed the model's first two int64 inputs\n"
+            "(tokens, and the tokens shifted by one). Defaults as torch.optim:\n"
             "adamw lr 1e-3, betas 0.9 0.999, eps 1e-8, weight decay 1e-2; sgd lr 1e-3.\n");
 }
 
 typedef struct train_args {
     pp_named_tensors data;
-    const char *loss, *save, *schedule;
+    const char *loss, *save, *schedule, *text, *vocab;
+    int seq;
     int no_split;
     pp_split_args split;
     long long batch, steps;
@@ -66,6 +72,8 @@ static int parse(int argc, char **argv, train_args *a) {
         {"microbatches", required_argument, NULL, 'M'}, {"loss", required_argument, NULL, 'l'},
         {"save", required_argument, NULL, 'S'},   {"json", no_argument, NULL, 'j'},
         {"schedule", required_argument, NULL, 'K'}, {"no-split", no_argument, NULL, 'N'},
+        {"text", required_argument, NULL, 'T'},   {"vocab", required_argument, NULL, 'V'},
+        {"seq", required_argument, NULL, 'q'},
         PP_SPLIT_LONG_OPTIONS,
         {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
     };
@@ -108,6 +116,14 @@ static int parse(int argc, char **argv, train_args *a) {
         case 'l': a->loss = optarg; continue;
         case 'S': a->save = optarg; continue;
         case 'K': a->schedule = optarg; continue;
+        case 'T': a->text = optarg; continue;
+        case 'V': a->vocab = optarg; continue;
+        case 'q':
+            if ((a->seq = atoi(optarg)) < 1) {
+                fprintf(stderr, "pippin train: --seq '%s': need a positive number\n", optarg);
+                return 2;
+            }
+            continue;
         case 'N': a->no_split = 1; continue;
         case 'j': a->json = 1; continue;
         case 'h': return 3;
@@ -123,8 +139,12 @@ static int parse(int argc, char **argv, train_args *a) {
         if (num(opt, optarg, &v)) return 2;
         *dst = v;
     }
-    if (optind != argc - 1 || a->batch < 1 || a->steps < 0 || a->data.n == 0) {
-        fprintf(stderr, "pippin train: need one MODEL.onnx, --data, --batch-size and --steps\n");
+    if (optind != argc - 1 || a->batch < 1 || a->steps < 0 || (a->data.n == 0 && !a->text)) {
+        fprintf(stderr, "pippin train: need one MODEL.onnx, --data (or --text), --batch-size and --steps\n");
+        return 2;
+    }
+    if (a->text && (!a->vocab || a->data.n)) {
+        fprintf(stderr, "pippin train: --text needs --vocab and no --data\n");
         return 2;
     }
     if (a->batch < a->microbatches) {
@@ -249,25 +269,7 @@ static int train_pipelined(const pp_graph *g, pp_tensor *const *data, const trai
         fflush(stdout);
     }
     if (!a->json && a->steps > 0) printf("%lld steps in %.2f s\n", a->steps, total / 1000.0);
-    if (a->save) {
-        if (pp_cli_mkdirs(a->save) != PP_OK) goto done;
-        for (int s = 0; s < pp_runner_n_stages(r); s++) { /* replicas are equal: first one wins */
-            pp_flat_params *fp = pp_stage_params(pp_runner_stage(r, s));
-            for (int i = 0; fp && i < fp->n; i++) {
-                int first = 1;
-                for (int e = 0; e < s && first; e++) {
-                    pp_flat_params *q = pp_stage_params(pp_runner_stage(r, e));
-                    first = !q || pp_flat_params_find(q, fp->names[i]) < 0;
-                }
-                if (!first) continue;
-                pp_tensor *t;
-                if (pp_flat_params_data_view(fp, i, &t) != PP_OK) goto done;
-                pp_status st = pp_cli_save_named(a->save, "", fp->names[i], t);
-                pp_tensor_free(t);
-                if (st != PP_OK) goto done;
-            }
-        }
-    }
+    if (a->save && pp_cli_save_runner_params(r, a->save, "", 0, NULL) != PP_OK) goto done;
     rc = 0;
 done:
     for (int i = 0; batch && i < n; i++) pp_tensor_free(batch[i]);
@@ -279,6 +281,38 @@ done:
     pp_runner_free(r);
     pp_pipe_free(p);
     return rc;
+}
+
+/* --text: windows of the text feed the model's first two int64 inputs. */
+static pp_status text_inputs(const pp_graph *g, train_args *a) {
+    int ids[2], k = 0;
+    for (int i = 0; i < g->n_inputs && k < 2; i++)
+        if (g->values[g->inputs[i]].dtype == PP_I64) ids[k++] = g->inputs[i];
+    if (k < 2) return pp_error(PP_ERR_INVALID, "--text needs a model with two int64 inputs (tokens, targets)");
+    const pp_value *v = &g->values[ids[0]];
+    int seq = a->seq;
+    if (!seq) seq = v->ndim == 2 && v->shape[1] > 0 ? (int)v->shape[1] : 64;
+    pp_tensor *x, *y;
+    PP_TRY(pp_text_windows(a->text, a->vocab, seq, &x, &y));
+    pp_named_tensors *nt = &a->data;
+    char **names = realloc(nt->names, sizeof(char *) * 2);
+    if (names) nt->names = names;
+    pp_tensor **ts = realloc(nt->tensors, sizeof(pp_tensor *) * 2);
+    if (ts) nt->tensors = ts;
+    if (!names || !ts) {
+        pp_tensor_free(x);
+        pp_tensor_free(y);
+        return pp_error(PP_ERR_NOMEM, "out of memory");
+    }
+    nt->names[0] = strdup(v->name);
+    nt->names[1] = strdup(g->values[ids[1]].name);
+    nt->tensors[0] = x;
+    nt->tensors[1] = y;
+    nt->n = 2;
+    if (!a->json)
+        printf("%s: %lld windows of %d characters -> inputs '%s', '%s'\n", a->text, (long long)x->shape[0], seq,
+               nt->names[0], nt->names[1]);
+    return PP_OK;
 }
 
 int cmd_train(int argc, char **argv) {
@@ -302,6 +336,7 @@ int cmd_train(int argc, char **argv) {
         pp_error(PP_ERR_NOMEM, "out of memory");
         goto done;
     }
+    if (a.text && text_inputs(g, &a) != PP_OK) goto done;
     if (pp_cli_match_inputs(g, &a.data, data) != PP_OK) goto done;
     if (!a.no_split && (pp_cli_has_markers(g) || pp_split_args_any(&a.split))) {
         rc = train_pipelined(g, data, &a);

@@ -55,3 +55,27 @@ pp_status pp_cli_runner_step(pp_runner *r, int m, const pp_schedule *sched, cons
                              pp_tensor **outputs) {
     return pp_runner_step(r, m, sched, in->n, (const char *const *)in->names, in->tensors, outputs);
 }
+
+pp_status pp_cli_save_runner_params(pp_runner *r, const char *dir, const char *prefix, int grads, int *count) {
+    PP_TRY(pp_cli_mkdirs(dir));
+    int saved = 0;
+    for (int s = 0; s < pp_runner_n_stages(r); s++) {
+        pp_flat_params *fp = pp_stage_params(pp_runner_stage(r, s));
+        for (int i = 0; fp && i < fp->n; i++) {
+            int first = 1; /* replicas are equal: the first stage's copy is written */
+            for (int e = 0; e < s && first; e++) {
+                pp_flat_params *q = pp_stage_params(pp_runner_stage(r, e));
+                first = !q || pp_flat_params_find(q, fp->names[i]) < 0;
+            }
+            if (!first) continue;
+            pp_tensor *t;
+            PP_TRY(grads ? pp_flat_params_grad_view(fp, i, &t) : pp_flat_params_data_view(fp, i, &t));
+            pp_status st = pp_cli_save_named(dir, prefix, fp->names[i], t);
+            pp_tensor_free(t);
+            PP_TRY(st);
+            saved++;
+        }
+    }
+    if (count) *count = saved;
+    return PP_OK;
+}

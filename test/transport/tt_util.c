@@ -50,11 +50,16 @@ void tt_rmdir_all(const char *dir) {
 static atomic_int inproc_counter;
 static char ipc_dir[256];
 
+static void remove_ipc_dir(void) { tt_rmdir_all(ipc_dir); }
+
 void tt_endpoint(const char *kind, int r, char *buf, size_t cap) {
     if (!strcmp(kind, "inproc")) {
         snprintf(buf, cap, "inproc://tt-%d-%d-%d", (int)getpid(), atomic_fetch_add(&inproc_counter, 1), r);
     } else if (!strcmp(kind, "ipc")) {
-        if (!ipc_dir[0]) snprintf(ipc_dir, sizeof ipc_dir, "%s", tt_tmpdir());
+        if (!ipc_dir[0]) {
+            snprintf(ipc_dir, sizeof ipc_dir, "%s", tt_tmpdir());
+            atexit(remove_ipc_dir);
+        }
         snprintf(buf, cap, "ipc://%s/r%d-%d", ipc_dir, atomic_fetch_add(&inproc_counter, 1), r);
     } else {
         snprintf(buf, cap, "tcp://127.0.0.1:*");
