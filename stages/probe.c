@@ -138,6 +138,23 @@ static char *dim_expr(const symbols *sy, int64_t base_val, const int64_t *alt_va
     return strdup(buf);
 }
 
+/* Model outputs that are not edges keep their probed dtype and rank (the
+ * loss's scalar shape is what autodiff checks). */
+static void type_outputs(pp_pipe *p, const tensor_map *run) {
+    for (int o = 0; o < p->n_outputs; o++) {
+        pp_graph *g = p->stages[p->output_stage[o]];
+        const pp_tensor *t = map_get(run, p->outputs[o]);
+        int v = g ? pp_graph_find_value(g, p->outputs[o]) : -1;
+        if (!t || v < 0 || pp_pipe_find_edge(p, p->outputs[o]) >= 0) continue;
+        pp_value *val = &g->values[v];
+        if (val->dtype == PP_DTYPE_UNDEFINED) val->dtype = t->dtype;
+        if (val->ndim < 0) { /* rank only: sizes came from made-up inputs */
+            val->ndim = t->ndim;
+            for (int d = 0; d < t->ndim; d++) val->shape[d] = t->shape[d] == 1 ? 1 : -1;
+        }
+    }
+}
+
 /* Copies each edge's type onto the stage graphs' inputs and outputs, so
  * stage files declare them (symbolic dims as dim names). */
 static void type_stage_values(pp_pipe *p) {
@@ -205,6 +222,7 @@ pp_status pp_pipe_probe_shapes(pp_pipe *p, int n_dims_given, const char *const *
         }
         ed->bytes_per_sample = batch >= 0 ? (int64_t)t->nbytes / sy.base[batch] : (int64_t)t->nbytes;
     }
+    if (st == PP_OK) type_outputs(p, &runs[0]);
     for (int r = 0; r <= sy.n; r++) map_free(&runs[r]);
     if (st == PP_OK) type_stage_values(p);
     return st;

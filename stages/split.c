@@ -337,12 +337,23 @@ static pp_status find_outputs(const splitter *sp, pp_pipe *p) {
         if (st < 0)
             return pp_error(PP_ERR_UNSUPPORTED, "model output '%s' is not computed by any stage", val->name);
         p->output_stage[o] = st;
+    }
+    /* The loss: named by the spec, else the output called "loss", else the
+     * only float scalar output (pp_autodiff_find_loss's rule). */
+    int loss = -1, n_scalar = 0;
+    for (int o = 0; o < g->n_outputs; o++) {
         const pp_value *decl = &g->values[g->outputs[o]];
-        int scalar_float = decl->ndim == 0 && pp_dtype_is_float(decl->dtype);
-        if (!p->loss && (scalar_float || strcmp(decl->name, "loss") == 0)) {
-            p->loss = strdup(val->name);
-            p->loss_stage = st;
-        }
+        if (sp->spec->loss ? strcmp(decl->name, sp->spec->loss) == 0 : strcmp(decl->name, "loss") == 0) loss = o;
+        if (decl->ndim == 0 && pp_dtype_is_float(decl->dtype)) n_scalar++;
+    }
+    if (sp->spec->loss && loss < 0) return pp_error(PP_ERR_NOT_FOUND, "the model has no output '%s'", sp->spec->loss);
+    for (int o = 0; loss < 0 && n_scalar == 1 && o < g->n_outputs; o++) {
+        const pp_value *decl = &g->values[g->outputs[o]];
+        if (decl->ndim == 0 && pp_dtype_is_float(decl->dtype)) loss = o;
+    }
+    if (loss >= 0) {
+        if (!(p->loss = strdup(p->outputs[loss]))) return pp_error(PP_ERR_NOMEM, "out of memory");
+        p->loss_stage = p->output_stage[loss];
     }
     return PP_OK;
 }

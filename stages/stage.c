@@ -347,3 +347,6 @@ pp_flat_params *pp_stage_params(pp_stage *st) { return st->params; }
 void pp_stage_zero_grad(pp_stage *st) {
     if (st->params) pp_flat_params_zero_grad(st->params);
 }
+
+int pp_stage_n_frozen(const pp_stage *st) { return st->bw ? st->bw->n_frozen : 0; }
+const char *pp_stage_frozen_name(const pp_stage *st, int i) { return st->g->values[st->bw->frozen[i]].name; }

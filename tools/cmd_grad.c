@@ -42,6 +42,10 @@ static int grad_pipelined(const pp_graph *g, const pp_named_tensors *in, const p
     if (pp_cli_save_runner_params(r, out_dir, "grad_", 1, &count) != PP_OK) goto done;
     printf("loss %.9g; gradients of %d parameters (%d stages, %d microbatches) written to %s\n",
            pp_tensor_get_f64(outs[lo], 0), count, p->n_stages, m, out_dir);
+    for (int s = 0; s < pp_runner_n_stages(r); s++)
+        for (int i = 0; i < pp_stage_n_frozen(pp_runner_stage(r, s)); i++)
+            printf("not trainable (no gradient reaches it): %s (stage %d)\n",
+                   pp_stage_frozen_name(pp_runner_stage(r, s), i), s);
     rc = 0;
 done:
     for (int o = 0; outs && o < pp_runner_n_outputs(r); o++) pp_tensor_free(outs[o]);
@@ -115,6 +119,7 @@ int cmd_grad(int argc, char **argv) {
         goto done;
     }
     if (pp_cli_match_inputs(g, &inputs, feeds) != PP_OK) goto done;
+    sa.loss = loss_name;
     if (!no_split && (pp_cli_has_markers(g) || pp_split_args_any(&sa))) {
         rc = grad_pipelined(g, &inputs, &sa, microbatches, schedule, out_dir);
         goto done;

@@ -205,17 +205,6 @@ static int print_stages(const pp_graph *g, const pp_split_args *sa, int json) {
     return rc;
 }
 
-static void copy_type(pp_graph *g, int from, int to) {
-    if (from < 0 || to < 0 || g->values[to].dtype != PP_DTYPE_UNDEFINED) return;
-    const pp_value *f = &g->values[from];
-    pp_value *t = &g->values[to];
-    t->dtype = f->dtype;
-    t->ndim = f->ndim;
-    memcpy(t->shape, f->shape, sizeof t->shape);
-    for (int d = 0; d < f->ndim; d++)
-        if (f->dim_names[d] && !t->dim_names[d]) t->dim_names[d] = strdup(f->dim_names[d]);
-}
-
 /* The whole model's training graph: stash per sample, and the graph
  * written as ONNX when asked. */
 static int print_backward(pp_graph *g, const pp_split_args *sa, const char *out_path) {
@@ -231,9 +220,6 @@ static int print_backward(pp_graph *g, const pp_split_args *sa, const char *out_
                b->n_forward, b->n_i, b->n_w, b->n_params, a);
     }
     if (out_path) {
-        /* A gradient has its value's type: declare it so the file checks. */
-        for (int i = 0; i < b->n_params; i++) copy_type(g, b->params[i], b->param_grads[i]);
-        for (int i = 0; i < b->n_wrt; i++) copy_type(g, b->wrt_values[i], b->wrt_grads[i]);
         if (pp_onnx_save(g, out_path) != PP_OK) rc = 1;
         else printf("training graph written to %s\n", out_path);
     }

@@ -220,6 +220,13 @@ static double now_ms(void) {
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+/* "step 3: loss 2.14 (12.5 ms, 320 samples/s)": steps count from 0, as in
+ * the --json lines. */
+static void print_progress(long long step, const train_args *a, float loss, double ms) {
+    printf("step %lld: loss %.6f  (%.1f ms, %.0f samples/s)\n", step, loss, ms,
+           ms > 0 ? (double)a->batch * 1000.0 / ms : 0.0);
+}
+
 /* Pipeline training: every stage in this process, driven by the runner in
  * the schedule's order; a progress line per step. */
 static int train_pipelined(const pp_graph *g, pp_tensor *const *data, const train_args *a) {
@@ -264,8 +271,7 @@ static int train_pipelined(const pp_graph *g, pp_tensor *const *data, const trai
             outs[o] = NULL;
         }
         if (a->json) printf("{\"step\": %lld, \"loss\": %.9g}\n", step, loss);
-        else printf("step %lld/%lld: loss %.6f  %.1f ms  (%.0f samples/s)\n", step + 1, a->steps, loss, ms,
-                    (double)a->batch * 1000.0 / ms);
+        else print_progress(step, a, loss, ms);
         fflush(stdout);
     }
     if (!a->json && a->steps > 0) printf("%lld steps in %.2f s\n", a->steps, total / 1000.0);
@@ -338,6 +344,7 @@ int cmd_train(int argc, char **argv) {
     }
     if (a.text && text_inputs(g, &a) != PP_OK) goto done;
     if (pp_cli_match_inputs(g, &a.data, data) != PP_OK) goto done;
+    a.split.loss = a.loss;
     if (!a.no_split && (pp_cli_has_markers(g) || pp_split_args_any(&a.split))) {
         rc = train_pipelined(g, data, &a);
         goto done;
@@ -350,11 +357,12 @@ int cmd_train(int argc, char **argv) {
     pp_flat_params *fp = pp_trainer_params(t);
     if (pp_optim_new(&a.opt, fp->total, &o) != PP_OK) goto done;
     for (long long step = 0; step < a.steps; step++) {
+        double t0 = now_ms();
         float loss = 0;
         if (train_step(t, data, n, &a, step, &loss) != PP_OK) goto done;
         if (pp_optim_step(o, fp->data, fp->grad, fp->total) != PP_OK) goto done;
         if (a.json) printf("{\"step\": %lld, \"loss\": %.9g}\n", step, loss);
-        else printf("step %lld: loss %.6f\n", step, loss);
+        else print_progress(step, &a, loss, now_ms() - t0);
         fflush(stdout);
     }
     if (a.save && save_params(fp, a.save) != PP_OK) goto done;

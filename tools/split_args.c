@@ -29,7 +29,7 @@ int pp_split_args_handle(pp_split_args *a, int code, const char *arg, const char
 }
 
 pp_split_spec pp_split_args_spec(const pp_split_args *a) {
-    pp_split_spec s = {a->n_before, a->before, a->n_after, a->after, a->transmit_shared, 0};
+    pp_split_spec s = {a->n_before, a->before, a->n_after, a->after, a->transmit_shared, 0, a->loss};
     return s;
 }
 

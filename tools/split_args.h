@@ -10,6 +10,7 @@ typedef struct pp_split_args {
     int n_before, n_after, n_dims;
     const char *before[64], *after[64], *dims[16];
     int transmit_shared;
+    const char *loss; /* --loss, set by the command */
 } pp_split_args;
 
 /* getopt_long option codes used by these flags. */

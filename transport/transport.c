@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "bufpool.h"
@@ -850,6 +851,9 @@ void pp_transport_close(pp_transport *t) {
         }
     }
     close_socket(t->pull);
+    /* libzmq leaves the socket file of a bound ipc endpoint behind */
+    if (t->pull && strncmp(t->endpoint, "ipc://", 6) == 0 && t->endpoint[6] != '@')
+        unlink(t->endpoint + 6);
     if (t->frames_cap) {
         free(t->frames);
         free(t->sizes);

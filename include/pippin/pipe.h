@@ -26,6 +26,7 @@ typedef struct pp_split_spec {
     const char *const *after;  /* cut after the last node whose name starts with each */
     int transmit_shared;       /* 0: replicate shared parameters (default); 1: transmit */
     int ignore_markers;        /* 1: do not cut at PipeSplit nodes */
+    const char *loss;          /* the loss output; NULL: "loss", else the only float scalar */
 } pp_split_spec;
 
 /* A value crossing stages. */

@@ -88,6 +88,10 @@ const char *pp_stage_param_name(const pp_stage *st, int i);
 /* Index of a parameter by name, -1 if absent. */
 int pp_stage_find_param(const pp_stage *st, const char *name);
 void pp_stage_zero_grad(pp_stage *st);
+/* Float initializers no gradient reaches (buffers such as a causal mask):
+ * not trained. */
+int pp_stage_n_frozen(const pp_stage *st);
+const char *pp_stage_frozen_name(const pp_stage *st, int i);
 
 #ifdef __cplusplus
 }
