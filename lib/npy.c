@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "file_io.h"
 #include "pippin/status.h"
 
 static const char npy_magic[6] = {'\x93', 'N', 'U', 'M', 'P', 'Y'};
@@ -177,29 +178,12 @@ pp_status pp_npy_parse(const void *bytes, size_t len, const char *name, pp_tenso
 }
 
 pp_status pp_npy_load(const char *path, pp_tensor **out) {
+    unsigned char *buf;
+    size_t len;
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return pp_error(PP_ERR_IO, "%s: %s", path, strerror(errno));
-    pp_status st = PP_OK;
-    unsigned char *buf = NULL;
-    long size;
-    if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        st = pp_error(PP_ERR_IO, "%s: cannot determine size", path);
-        goto done;
-    }
-    buf = malloc(size ? (size_t)size : 1);
-    if (!buf) {
-        st = pp_error(PP_ERR_NOMEM, "%s: out of memory", path);
-        goto done;
-    }
-    if (fread(buf, 1, (size_t)size, f) != (size_t)size) {
-        st = pp_error(PP_ERR_IO, "%s: read failed", path);
-        goto done;
-    }
-    st = pp_npy_parse(buf, (size_t)size, path, out);
-done:
+    PP_TRY(pp_read_file(path, SIZE_MAX / 2, &buf, &len));
+    pp_status st = pp_npy_parse(buf, len, path, out);
     free(buf);
-    fclose(f);
     return st;
 }
 

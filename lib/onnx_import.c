@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "onnx.pb-c.h"
+#include "file_io.h"
 #include "onnx_tensor.h"
 #include "pippin/log.h"
 #include "pippin/onnx.h"
@@ -13,30 +14,8 @@
 
 #define PP_OPSET_MIN 13
 #define PP_OPSET_MAX 17
-
-/* Reads a whole file into memory. */
-static pp_status read_file(const char *path, unsigned char **buf, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return pp_error(PP_ERR_IO, "%s: %s", path, strerror(errno));
-    long size;
-    if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        fclose(f);
-        return pp_error(PP_ERR_IO, "%s: cannot determine size", path);
-    }
-    *buf = malloc(size ? (size_t)size : 1);
-    if (!*buf) {
-        fclose(f);
-        return pp_error(PP_ERR_NOMEM, "%s: out of memory", path);
-    }
-    size_t got = fread(*buf, 1, (size_t)size, f);
-    fclose(f);
-    if (got != (size_t)size) {
-        free(*buf);
-        return pp_error(PP_ERR_IO, "%s: read failed", path);
-    }
-    *len = (size_t)size;
-    return PP_OK;
-}
+/* protobuf messages are limited to 2 GiB */
+#define PP_ONNX_MAX_BYTES ((size_t)2 << 30)
 
 static pp_status convert_attr(const Onnx__AttributeProto *ap, const char *where, pp_attr *a) {
     memset(a, 0, sizeof *a);
@@ -315,7 +294,7 @@ pp_status pp_onnx_load(const char *path, pp_graph **out) {
     unsigned char *buf;
     size_t len;
     *out = NULL;
-    PP_TRY(read_file(path, &buf, &len));
+    PP_TRY(pp_read_file(path, PP_ONNX_MAX_BYTES, &buf, &len));
     pp_status s = pp_onnx_parse(buf, len, path, out);
     free(buf);
     return s;
@@ -337,7 +316,7 @@ pp_status pp_onnx_tensor_load(const char *path, pp_tensor **out, char **tensor_n
     unsigned char *buf;
     size_t len;
     *out = NULL;
-    PP_TRY(read_file(path, &buf, &len));
+    PP_TRY(pp_read_file(path, PP_ONNX_MAX_BYTES, &buf, &len));
     pp_status s = pp_onnx_tensor_parse(buf, len, path, out, tensor_name);
     free(buf);
     return s;

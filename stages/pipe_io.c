@@ -266,7 +266,7 @@ static pp_status load_pipe(const char *dir, int only, pp_pipe **out) {
             const char *file;
             snprintf(where, sizeof where, "stages[%zu]", i);
             s = get_string(&c, o, "file", where, &file);
-            if (s == PP_OK && (strchr(file, '/') || strcmp(file, "..") == 0))
+            if (s == PP_OK && (strchr(file, '/') || !file[0] || strcmp(file, ".") == 0 || strcmp(file, "..") == 0))
                 s = pp_error(PP_ERR_PARSE, "%s: %s: file must be a plain name", path, where);
             if (s != PP_OK) break;
             snprintf(spath, sizeof spath, "%s/%s", dir, file);

@@ -121,6 +121,7 @@ static void test_bad_magic_and_truncation(void **state) {
     size_t n = make_npy(buf, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", data, 8);
     for (size_t cut = 0; cut < n; cut++) assert_int_not_equal(pp_npy_parse(buf, cut, "cut.npy", &t), PP_OK);
     assert_int_equal(pp_npy_load("/nonexistent/x.npy", &t), PP_ERR_IO);
+    assert_int_equal(pp_npy_load("/tmp", &t), PP_ERR_IO); /* a directory */
 }
 
 /* Regression (fuzz_npy): a header ending in blanks inside the shape tuple

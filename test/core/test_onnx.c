@@ -169,6 +169,10 @@ static void test_garbage_and_truncation(void **state) {
     }
     free(buf);
     assert_int_equal(pp_onnx_load("/nonexistent/model.onnx", &g), PP_ERR_IO);
+    /* Regression (fuzz_pipe_json): a directory opened as a model asked
+     * malloc for LONG_MAX bytes. */
+    assert_int_equal(pp_onnx_load("/tmp", &g), PP_ERR_IO);
+    assert_non_null(strstr(pp_last_error(), "not a regular file"));
 }
 
 static void test_dtype_mismatch_names_node(void **state) {

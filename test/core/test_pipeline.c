@@ -397,6 +397,16 @@ static void test_stage_files_run(void **state) {
     pp_stage_free(st);
     pp_pipe_free(one);
     assert_int_equal(pp_pipe_load_stage(dir, 7, &one), PP_ERR_NOT_FOUND);
+    /* Regression (fuzz_pipe_json): a stage file named "." (the directory). */
+    char path[300], text[] = "{\"format\": \"pippin-pipe\", \"version\": 1, \"stages\": [{\"file\": \".\"}], "
+                             "\"edges\": [], \"outputs\": []}";
+    snprintf(path, sizeof path, "%s/pipe.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    assert_int_equal(pp_pipe_load(dir, &one), PP_ERR_PARSE);
+    assert_non_null(strstr(pp_last_error(), "plain name"));
     pp_tensor_free(ins[0]);
     pp_tensor_free(ins[1]);
     char cmd[300];
