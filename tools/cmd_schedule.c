@@ -2,7 +2,7 @@
  * table, CSV or JSON. */
 #include <json-c/json.h>
 
-#include "sched_cli_common.h"
+#include "sched_cli.h"
 
 static void usage(FILE *f) {
     fprintf(f,

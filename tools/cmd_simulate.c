@@ -2,7 +2,7 @@
  * bubble and peak activation memory; optionally draw the timeline. */
 #include <json-c/json.h>
 
-#include "sched_cli_common.h"
+#include "sched_cli.h"
 
 static void usage(FILE *f) {
     fprintf(f,

@@ -1,54 +1,5 @@
-/* Schedule selection shared by `pippin schedule` and `pippin simulate`:
- * option table, parsing, and building the (validated) schedule. Included
- * by both command files; everything here is static. */
-#ifndef PIPPIN_TOOLS_SCHED_CLI_COMMON_H
-#define PIPPIN_TOOLS_SCHED_CLI_COMMON_H
-
-#include <errno.h>
-#include <getopt.h>
-#include <limits.h>
-#include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include "commands.h"
-#include "pippin/sched_sim.h"
-#include "pippin/sched_trace.h"
-#include "pippin/schedule.h"
-
-typedef struct sched_opts {
-    const char *cmd;
-    const char *kind;
-    int ranks, mb, spr; /* 0 when not given */
-    int comms, merge_bw;
-    const char *cost;
-    double mem_cap, w_frac;
-    pp_sched_objective objective;
-    /* schedule */
-    const char *format;
-    /* simulate */
-    int json;
-    const char *trace, *svg;
-} sched_opts;
-
-enum {
-    OPT_KIND = 256,
-    OPT_RANKS,
-    OPT_MB,
-    OPT_SPR,
-    OPT_COMMS,
-    OPT_MERGE,
-    OPT_FORMAT,
-    OPT_COST,
-    OPT_MEMCAP,
-    OPT_WFRAC,
-    OPT_OBJECTIVE,
-    OPT_JSON,
-    OPT_TRACE,
-    OPT_SVG,
-    OPT_HELP
-};
+/* Schedule selection shared by `pippin schedule` and `pippin simulate`. */
+#include "sched_cli.h"
 
 static const struct option sched_long_opts[] = {
     {"kind", required_argument, NULL, OPT_KIND},
@@ -69,7 +20,7 @@ static const struct option sched_long_opts[] = {
     {NULL, 0, NULL, 0},
 };
 
-static int sched_usage_error(const char *cmd, const char *fmt, const char *a, const char *b) {
+int sched_usage_error(const char *cmd, const char *fmt, const char *a, const char *b) {
     fprintf(stderr, "pippin %s: ", cmd);
     fprintf(stderr, fmt, a, b);
     fprintf(stderr, "\n(run 'pippin %s --help' for usage)\n", cmd);
@@ -107,7 +58,7 @@ static int sched_num_arg(const char *cmd, const char *flag, const char *v, doubl
 
 /* Parses argv into o. Returns -1 to go on, or an exit code (0 after
  * --help, 2 on a usage error). `usage` prints the command's help. */
-static int sched_parse_args(int argc, char **argv, sched_opts *o, void (*usage)(FILE *)) {
+int sched_parse_args(int argc, char **argv, sched_opts *o, void (*usage)(FILE *)) {
     opterr = 0;
     optind = 1;
     int c;
@@ -153,7 +104,7 @@ static int sched_parse_args(int argc, char **argv, sched_opts *o, void (*usage)(
 
 /* Builds the schedule the options select, lowered as asked and validated.
  * Returns 0, or the exit code after printing the error. */
-static int sched_build(sched_opts *o, pp_schedule **out, pp_cost_model **costs) {
+int sched_build(sched_opts *o, pp_schedule **out, pp_cost_model **costs) {
     *out = NULL;
     *costs = NULL;
     pp_schedule *s = NULL;
@@ -241,5 +192,3 @@ static int sched_build(sched_opts *o, pp_schedule **out, pp_cost_model **costs) 
     *out = s;
     return 0;
 }
-
-#endif
