@@ -14,6 +14,7 @@ struct pp_exec {
     uint8_t *is_output;     /* per value: a graph output (never freed early) */
     uint8_t *static_node;   /* per node: depends only on constants and input shapes */
     pp_tensor **cache;      /* per value: cached output of a static node */
+    int64_t kernels_run, nodes_cached; /* counters for pp_exec_stats */
     int n_sig;
     int64_t *sig;           /* dtype, ndim, dims of each input at the last run */
 };
@@ -102,6 +103,7 @@ static pp_status run_node(pp_exec *ex, int i, pp_tensor **env) {
     for (int k = 0; cached && k < n->n_out; k++)
         if (n->out[k] >= 0 && !ex->cache[n->out[k]]) cached = 0;
     if (cached && n->n_out > 0) {
+        ex->nodes_cached++;
         for (int k = 0; k < n->n_out; k++)
             if (n->out[k] >= 0) env[n->out[k]] = pp_tensor_retain(ex->cache[n->out[k]]);
         return PP_OK;
@@ -121,6 +123,7 @@ static pp_status run_node(pp_exec *ex, int i, pp_tensor **env) {
     }
     memset(outs, 0, sizeof(pp_tensor *) * (size_t)n->n_out);
     pp_kernel_ctx ctx = {g, n, n->n_in, ins, n->n_out, outs};
+    ex->kernels_run++;
     pp_status s = n->op->run(&ctx);
     for (int k = 0; k < n->n_out && s == PP_OK; k++)
         if (n->out[k] >= 0 && !outs[k])
@@ -249,6 +252,11 @@ pp_status pp_exec_run(pp_exec *ex, pp_tensor *const *inputs, pp_tensor **outputs
     for (int v = 0; v < g->n_values; v++) pp_tensor_free(env[v]);
     free(env);
     return s;
+}
+
+void pp_exec_stats(const pp_exec *ex, int64_t *kernels_run, int64_t *nodes_cached) {
+    if (kernels_run) *kernels_run = ex->kernels_run;
+    if (nodes_cached) *nodes_cached = ex->nodes_cached;
 }
 
 pp_status pp_exec_node(const pp_graph *g, int node, pp_tensor *const *inputs,

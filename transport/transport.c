@@ -725,6 +725,15 @@ static pp_status check_peer(pp_transport *t, int r, const action *act, int64_t n
     return PP_OK;
 }
 
+/* Cheap test on what is already known (no socket calls). */
+static int peer_looks_gone(const pp_transport *t, int r, int64_t now) {
+    if (t->aborted) return 1;
+    if (r == t->rank) return 0;
+    const peer *p = &t->peers[r];
+    pp_peer_state s = peer_state(p);
+    return s == PP_PEER_CLOSED || (s == PP_PEER_DOWN && now - p->down_since >= t->grace_ms);
+}
+
 /* ---- public: lifecycle ---- */
 
 pp_status pp_transport_create(const pp_transport_options *opts, pp_transport **out) {
@@ -1105,12 +1114,15 @@ pp_status pp_transport_recv(pp_transport *t, const pp_transport_key *key, int ti
     }
     int timeout = timeout_ms < 0 ? t->timeout_ms : timeout_ms;
     int64_t now = now_ms(), deadline = now + timeout;
-    int64_t next_check = now; /* when to look at the monitors and the peer again */
+    /* Monitors are read (and the peer judged) every grace period, or at once
+     * when what is already known says the peer is gone; in between the loop
+     * is one blocking receive per message, as cheap as a plain zmq_recv. */
+    int64_t next_check = now + t->grace_ms;
     int r = t->stage_ranks[key->src_stage];
     action act = {0, &k, 1};
     for (;;) {
         int64_t wake = deadline;
-        if (now >= next_check || now >= deadline) {
+        if (now >= next_check || now >= deadline || peer_looks_gone(t, r, now)) {
             /* what already arrived counts, even from a peer that is gone now */
             read_monitors(t);
             drain(t, &k, out);

@@ -35,6 +35,9 @@ pp_status pp_exec_run(pp_exec *ex, pp_tensor *const *inputs, pp_tensor **outputs
 pp_status pp_exec_run_nodes(pp_exec *ex, const int *nodes, int n_nodes, pp_tensor **env,
                             const uint8_t *keep);
 
+/* Kernels run and nodes answered from the shape cache since creation. */
+void pp_exec_stats(const pp_exec *ex, int64_t *kernels_run, int64_t *nodes_cached);
+
 /* Runs one node on the given inputs (for tests and tools). */
 pp_status pp_exec_node(const pp_graph *g, int node, pp_tensor *const *inputs,
                        pp_tensor **outputs);

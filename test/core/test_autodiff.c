@@ -9,23 +9,6 @@
 #include "pippin/pipe.h"
 #include "test_util.h"
 
-/* Loads test/fixtures/<model>/<file>. */
-static pp_tensor *load_fixture(const char *model, const char *file) {
-    char rel[512];
-    snprintf(rel, sizeof rel, "test/fixtures/%s/%s", model, file);
-    pp_tensor *t = NULL;
-    TU_OK(pp_npy_load(tu_src_path(rel), &t));
-    return t;
-}
-
-static pp_graph *load_model(const char *model) {
-    char rel[512];
-    snprintf(rel, sizeof rel, "test/fixtures/%s/model.onnx", model);
-    pp_graph *g = NULL;
-    TU_OK(pp_onnx_load(tu_src_path(rel), &g));
-    return g;
-}
-
 /* Runs the training graph: model inputs from <model>/<input>.npy, loss seed
  * 1; outputs[] receives every graph output (caller frees). */
 static pp_tensor **run_training(pp_graph *g, const pp_backward *b, const char *model) {
@@ -36,7 +19,7 @@ static pp_tensor **run_training(pp_graph *g, const pp_backward *b, const char *m
     for (int i = 0; i < b->n_inputs_before; i++) {
         char file[300];
         snprintf(file, sizeof file, "%s.npy", g->values[g->inputs[i]].name);
-        ins[i] = load_fixture(model, file);
+        ins[i] = tu_fixture_npy(model, file);
     }
     for (int i = b->n_inputs_before; i < g->n_inputs; i++) TU_OK(pp_tensor_scalar_f32(1.0f, &ins[i]));
     TU_OK(pp_graph_run(g, ins, outs));
@@ -61,7 +44,7 @@ static int output_index(const pp_graph *g, int v) {
 /* Loss and every parameter gradient against torch. */
 static void check_against_torch(const char *model, int n_params, int n_frozen, double rtol,
                                 double atol) {
-    pp_graph *g = load_model(model);
+    pp_graph *g = tu_fixture_onnx(model, "model.onnx");
     pp_backward *b = NULL;
     TU_OK(pp_autodiff_model(g, NULL, 0, &b));
     assert_int_equal(b->n_params, n_params);
@@ -69,7 +52,7 @@ static void check_against_torch(const char *model, int n_params, int n_frozen, d
     assert_int_equal(b->n_seeds, 1);
     pp_tensor **outs = run_training(g, b, model);
     int loss = pp_graph_find_value(g, "loss");
-    pp_tensor *want = load_fixture(model, "out_loss.npy");
+    pp_tensor *want = tu_fixture_npy(model, "out_loss.npy");
     tu_assert_close(outs[output_index(g, loss)], want, 1e-5, 1e-6, "loss");
     pp_tensor_free(want);
     double worst = 0, worst_abs = 0; /* share of the tolerance used, largest error */
@@ -77,7 +60,7 @@ static void check_against_torch(const char *model, int n_params, int n_frozen, d
         const char *name = g->values[b->params[i]].name;
         char file[300];
         snprintf(file, sizeof file, "grad_%s.npy", name);
-        want = load_fixture(model, file);
+        want = tu_fixture_npy(model, file);
         const pp_tensor *got = outs[output_index(g, b->param_grads[i])];
         tu_assert_close(got, want, rtol, atol, name);
         for (int64_t k = 0; k < pp_tensor_numel(want); k++) {
@@ -149,7 +132,7 @@ static void check_regions(const pp_graph *g, const pp_backward *b, int n_fwd_nod
 
 static void test_regions_mlp(void **state) {
     (void)state;
-    pp_graph *g = load_model("mlp");
+    pp_graph *g = tu_fixture_onnx("mlp", "model.onnx");
     int nf = g->n_nodes;
     pp_backward *b = NULL;
     TU_OK(pp_autodiff_model(g, NULL, 1, &b)); /* d/dx too: region I is not empty */
@@ -224,10 +207,10 @@ static void check_bitwise(pp_graph *g, const pp_backward *b, pp_tensor *const *i
 
 static void test_i_then_w_bitwise_mlp(void **state) {
     (void)state;
-    pp_graph *g = load_model("mlp");
+    pp_graph *g = tu_fixture_onnx("mlp", "model.onnx");
     pp_backward *b = NULL;
     TU_OK(pp_autodiff_model(g, NULL, 1, &b));
-    pp_tensor *ins[3] = {load_fixture("mlp", "x.npy"), load_fixture("mlp", "y.npy"), NULL};
+    pp_tensor *ins[3] = {tu_fixture_npy("mlp", "x.npy"), tu_fixture_npy("mlp", "y.npy"), NULL};
     TU_OK(pp_tensor_scalar_f32(0.25f, &ins[2]));
     assert_int_equal(g->n_inputs, 3);
     check_bitwise(g, b, ins);
@@ -240,7 +223,7 @@ static void test_i_then_w_bitwise_mlp(void **state) {
  * of the stage's outputs given, gradients of its float inputs wanted. */
 static void test_i_then_w_bitwise_gpt_stages(void **state) {
     (void)state;
-    pp_graph *g = load_model("gpt");
+    pp_graph *g = tu_fixture_onnx("gpt", "model.onnx");
     pp_pipe *pipe = NULL;
     pp_split_spec spec = {0};
     TU_OK(pp_pipe_split(g, &spec, &pipe));
@@ -270,7 +253,7 @@ static void test_i_then_w_bitwise_gpt_stages(void **state) {
             if (v->dtype == PP_I64) {
                 char file[300];
                 snprintf(file, sizeof file, "%s.npy", v->name);
-                ins[i] = load_fixture("gpt", file);
+                ins[i] = tu_fixture_npy("gpt", file);
                 continue;
             }
             int64_t shape[3] = {2, 16, 32};
@@ -297,14 +280,14 @@ static void test_i_then_w_bitwise_gpt_stages(void **state) {
  * previous microbatch (the gradients equal a fresh run's). */
 static void test_varying_microbatch_sizes(void **state) {
     (void)state;
-    pp_graph *g = load_model("gpt");
+    pp_graph *g = tu_fixture_onnx("gpt", "model.onnx");
     pp_backward *b = NULL;
     TU_OK(pp_autodiff_model(g, NULL, 0, &b));
     pp_exec *ex;
     TU_OK(pp_exec_new(g, &ex));
     uint8_t *kf, *ki;
     TU_OK(pp_backward_keep_masks(g, b, &kf, &ki));
-    pp_tensor *idx = load_fixture("gpt", "train_idx.npy"), *tgt = load_fixture("gpt", "train_targets.npy");
+    pp_tensor *idx = tu_fixture_npy("gpt", "train_idx.npy"), *tgt = tu_fixture_npy("gpt", "train_targets.npy");
     int rows[3] = {2, 3, 1};
     for (int r = 0; r < 3; r++) {
         pp_tensor *ins[3];
@@ -343,7 +326,7 @@ static void test_varying_microbatch_sizes(void **state) {
 
 static void test_stash_per_sample(void **state) {
     (void)state;
-    pp_graph *g = load_model("gpt");
+    pp_graph *g = tu_fixture_onnx("gpt", "model.onnx");
     pp_backward *b = NULL;
     TU_OK(pp_autodiff_model(g, NULL, 0, &b));
     int64_t per = 0, fixed = 0;
@@ -365,7 +348,7 @@ static void test_stash_per_sample(void **state) {
  * gradients (helper ops, attributes and regions survive the round trip). */
 static void test_onnx_round_trip(void **state) {
     (void)state;
-    pp_graph *g = load_model("gpt");
+    pp_graph *g = tu_fixture_onnx("gpt", "model.onnx");
     pp_backward *b = NULL;
     TU_OK(pp_autodiff_model(g, NULL, 0, &b));
     char path[] = "/tmp/pippin_train_XXXXXX";
@@ -397,7 +380,7 @@ static void test_onnx_round_trip(void **state) {
 
 static void test_error_int_input(void **state) {
     (void)state;
-    pp_graph *g = load_model("gpt");
+    pp_graph *g = tu_fixture_onnx("gpt", "model.onnx");
     int loss = pp_graph_find_value(g, "loss"), idx = pp_graph_find_value(g, "idx");
     pp_backward_spec spec = {loss, 0, NULL, 1, &idx};
     pp_backward *b = NULL;
@@ -410,7 +393,7 @@ static void test_error_int_input(void **state) {
 
 static void test_error_non_scalar_loss(void **state) {
     (void)state;
-    pp_graph *g = load_model("mlp");
+    pp_graph *g = tu_fixture_onnx("mlp", "model.onnx");
     int logits = pp_graph_find_value(g, "logits");
     pp_backward_spec spec = {logits, 0, NULL, 0, NULL};
     pp_backward *b = NULL;

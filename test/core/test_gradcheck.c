@@ -48,8 +48,8 @@ static pp_tensor *rnd(int ndim, const int64_t *shape, float lo, float hi, float 
 #define R(...) rnd(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t), (int64_t[]){__VA_ARGS__}, -1, 1, 0)
 #define RPOS(...) rnd(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t), (int64_t[]){__VA_ARGS__}, 0.5f, 2, 0)
 #define RGAP(...) rnd(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t), (int64_t[]){__VA_ARGS__}, -1, 1, 0.1f)
-static pp_tensor *i64s(int n, const int64_t *v) { return tu_i64(1, (int64_t[]){n}, v); }
-#define I64(...) i64s(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t), (int64_t[]){__VA_ARGS__})
+/* 1-D i64 tensor of the values (test_util's I64 takes a shape). */
+#define I64V(...) tu_i64_vec(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t), (int64_t[]){__VA_ARGS__})
 
 /* Parses "name=value ..." into node attributes. */
 static void set_attrs(pp_graph *g, int node, const char *spec) {
@@ -273,12 +273,12 @@ static void test_normalization(void **state) {
     check((gc_case){"LogSoftmax", "x", {R(2, 3, 2)}, 1, "axis=0"});
     check((gc_case){"LayerNormalization", "xpp", {R(2, 3, 4), R(4), R(4)}, 1});
     check((gc_case){"LayerNormalization", "xp", {R(2, 3, 2), R(3, 2)}, 1, "axis=1 epsilon=f:0.01"});
-    check((gc_case){"SoftmaxCrossEntropyLoss", "xc", {R(4, 5), I64(1, 0, 4, 2)}, 1});
-    check((gc_case){"SoftmaxCrossEntropyLoss", "xc", {R(4, 5), I64(1, 0, 4, 2)}, 2,
+    check((gc_case){"SoftmaxCrossEntropyLoss", "xc", {R(4, 5), I64V(1, 0, 4, 2)}, 1});
+    check((gc_case){"SoftmaxCrossEntropyLoss", "xc", {R(4, 5), I64V(1, 0, 4, 2)}, 2,
                     "reduction=s:sum"});
     check((gc_case){"SoftmaxCrossEntropyLoss", "xcc", {R(3, 4, 2), tu_i64(2, (int64_t[]){3, 2},
                     (int64_t[]){0, 3, 1, 1, 2, 0}), RPOS(4)}, 1, "ignore_index=1"});
-    check((gc_case){"SoftmaxCrossEntropyLoss", "xc", {R(3, 4), I64(0, 3, 1)}, 1,
+    check((gc_case){"SoftmaxCrossEntropyLoss", "xc", {R(3, 4), I64V(0, 3, 1)}, 1,
                     "reduction=s:none"});
 }
 
@@ -287,26 +287,26 @@ static void test_reductions(void **state) {
     check((gc_case){"ReduceMean", "x", {R(2, 3, 4)}, 1, "axes=l:1 keepdims=0"});
     check((gc_case){"ReduceMean", "x", {R(2, 3)}, 1, "keepdims=0"});
     check((gc_case){"ReduceMean", "x", {R(2, 3, 2)}, 1, "axes=0,-1"});
-    check((gc_case){"ReduceSum", "xc", {R(2, 3, 4), I64(-1)}, 1, "keepdims=0"});
+    check((gc_case){"ReduceSum", "xc", {R(2, 3, 4), I64V(-1)}, 1, "keepdims=0"});
     check((gc_case){"ReduceSum", "x", {R(2, 3)}, 1});
-    check((gc_case){"ReduceSum", "xc", {R(2, 3), I64(0)}, 1});
+    check((gc_case){"ReduceSum", "xc", {R(2, 3), I64V(0)}, 1});
 }
 
 static void test_shape_ops(void **state) {
     (void)state;
-    check((gc_case){"Reshape", "xc", {R(2, 6), I64(3, -1)}, 1});
+    check((gc_case){"Reshape", "xc", {R(2, 6), I64V(3, -1)}, 1});
     check((gc_case){"Transpose", "x", {R(2, 3, 4)}, 1, "perm=1,2,0"});
     check((gc_case){"Transpose", "x", {R(2, 3)}, 1});
     check((gc_case){"Concat", "xcx", {R(2, 1), R(2, 3), R(2, 2)}, 1, "axis=1"});
-    check((gc_case){"Split", "xc", {R(2, 6), I64(1, 2, 3)}, 3, "axis=1"});
-    check((gc_case){"Slice", "xccc", {R(4, 5), I64(1, 0), I64(4, 5), I64(0, 1)}, 1});
-    check((gc_case){"Slice", "xcccc", {R(4, 6), I64(-1, 1), I64(0, 1000), I64(0, 1), I64(-2, 2)}, 1});
+    check((gc_case){"Split", "xc", {R(2, 6), I64V(1, 2, 3)}, 3, "axis=1"});
+    check((gc_case){"Slice", "xccc", {R(4, 5), I64V(1, 0), I64V(4, 5), I64V(0, 1)}, 1});
+    check((gc_case){"Slice", "xcccc", {R(4, 6), I64V(-1, 1), I64V(0, 1000), I64V(0, 1), I64V(-2, 2)}, 1});
     check((gc_case){"Gather", "pc", {R(5, 3), tu_i64(2, (int64_t[]){2, 2}, (int64_t[]){1, 4, 1, -1})}, 1});
-    check((gc_case){"Gather", "xc", {R(2, 4, 3), I64(3, 0, 3)}, 1, "axis=1"});
-    check((gc_case){"Unsqueeze", "xc", {R(2, 3), I64(0, 3)}, 1});
-    check((gc_case){"Squeeze", "xc", {R(2, 1, 3), I64(1)}, 1});
+    check((gc_case){"Gather", "xc", {R(2, 4, 3), I64V(3, 0, 3)}, 1, "axis=1"});
+    check((gc_case){"Unsqueeze", "xc", {R(2, 3), I64V(0, 3)}, 1});
+    check((gc_case){"Squeeze", "xc", {R(2, 1, 3), I64V(1)}, 1});
     check((gc_case){"Flatten", "x", {R(2, 3, 2)}, 1, "axis=2"});
-    check((gc_case){"Expand", "xc", {R(3, 1), I64(2, 3, 4)}, 1});
+    check((gc_case){"Expand", "xc", {R(3, 1), I64V(2, 3, 4)}, 1});
     check((gc_case){"Identity", "x", {R(3)}, 1});
     check((gc_case){"Dropout", "x", {R(3, 2)}, 1});
     check((gc_case){"Cast", "x", {R(3)}, 1, "to=1"});

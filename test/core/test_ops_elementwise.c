@@ -11,82 +11,7 @@
 #include "../../lib/ops/broadcast.h"
 #include "test_util.h"
 
-/* ------------------------------------------------------------- harness */
-
-typedef struct {
-    pp_graph *g;
-    int node;
-    int n_in;
-    pp_tensor *in[8];
-} one_node;
-
-/* Graph with one node "n0" of op (domain "" unless given); non-NULL inputs
- * become graph inputs. Takes ownership of the inputs. */
-static void on_init_dom(one_node *t, const char *op, const char *domain, int n_in,
-                        pp_tensor *const *ins) {
-    memset(t, 0, sizeof *t);
-    TU_OK(pp_graph_new("t", &t->g));
-    int ids[8];
-    for (int i = 0; i < n_in; i++) {
-        t->in[i] = ins[i];
-        ids[i] = -1;
-        if (!ins[i]) continue;
-        char name[16];
-        snprintf(name, sizeof name, "in%d", i);
-        TU_OK(pp_graph_add_input(t->g, name, ins[i]->dtype, ins[i]->ndim, ins[i]->shape, &ids[i]));
-    }
-    t->n_in = n_in;
-    TU_OK(pp_graph_add_node(t->g, op, domain, "n0", n_in, ids, 1, NULL, &t->node));
-    TU_OK(pp_graph_add_output(t->g, t->g->nodes[t->node].out[0]));
-}
-
-static void on_init(one_node *t, const char *op, int n_in, pp_tensor *const *ins) {
-    on_init_dom(t, op, "", n_in, ins);
-}
-
-static pp_status on_run(one_node *t, pp_tensor **out) {
-    pp_tensor *feed[8];
-    int nf = 0;
-    for (int i = 0; i < t->n_in; i++)
-        if (t->in[i]) feed[nf++] = t->in[i];
-    *out = NULL;
-    pp_status s = pp_graph_resolve(t->g);
-    if (s != PP_OK) return s;
-    return pp_graph_run(t->g, feed, out);
-}
-
-static void on_free(one_node *t) {
-    for (int i = 0; i < t->n_in; i++) pp_tensor_free(t->in[i]);
-    pp_graph_free(t->g);
-}
-
-static void expect_error_msg(one_node *t, pp_status code, const char *part) {
-    pp_tensor *y;
-    pp_status s = on_run(t, &y);
-    if (s == PP_OK) {
-        pp_tensor_free(y);
-        fail_msg("expected an error, got success");
-    }
-    if (s != code)
-        fail_msg("expected %s, got %s: %s", pp_status_name(code), pp_status_name(s),
-                 pp_last_error());
-    if (!strstr(pp_last_error(), "'n0'"))
-        fail_msg("message does not name the node: %s", pp_last_error());
-    if (part && !strstr(pp_last_error(), part))
-        fail_msg("message lacks \"%s\": %s", part, pp_last_error());
-}
-
-#define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
-#define F32(nd, shape, ...) tu_f32(nd, shape, (const float[]){__VA_ARGS__})
-#define I64(nd, shape, ...) tu_i64(nd, shape, (const int64_t[]){__VA_ARGS__})
-
-static pp_tensor *typed(pp_dtype dt, int nd, const int64_t *shape, const double *vals) {
-    pp_tensor *t;
-    TU_OK(pp_tensor_empty(dt, nd, shape, &t));
-    for (int64_t i = 0; i < pp_tensor_numel(t); i++) pp_tensor_set_f64(t, i, vals[i]);
-    return t;
-}
-#define T(dt, nd, shape, ...) typed(dt, nd, shape, (const double[]){__VA_ARGS__})
+/* ------------------------------------------------------------- helpers */
 
 static pp_tensor *bools(int nd, const int64_t *shape, const uint8_t *vals) {
     pp_tensor *t;
@@ -98,40 +23,27 @@ static pp_tensor *bools(int nd, const int64_t *shape, const uint8_t *vals) {
 
 /* Runs op on the inputs (owned) and returns its only output. */
 static pp_tensor *run_op(const char *op, int n_in, pp_tensor *const *ins) {
-    one_node t;
-    on_init(&t, op, n_in, ins);
-    pp_tensor *y;
-    TU_OK(on_run(&t, &y));
-    on_free(&t);
+    tu_node t;
+    tu_node_init(&t, op, n_in, ins, 1, NULL);
+    pp_tensor *y = tu_node_run_one(&t);
+    tu_node_free(&t);
     return y;
 }
 #define RUN(op, ...) run_op(op, sizeof((pp_tensor *[]){__VA_ARGS__}) / sizeof(pp_tensor *), \
                             (pp_tensor *[]){__VA_ARGS__})
 
-static void expect(pp_tensor *got, pp_tensor *want, double rtol, double atol, const char *what) {
-    tu_assert_close(got, want, rtol, atol, what);
-    pp_tensor_free(got);
-    pp_tensor_free(want);
-}
-
 /* Bit-exact comparison (integers, bools). */
 static void expect_exact(pp_tensor *got, pp_tensor *want, const char *what) {
-    expect(got, want, 0, 0, what);
+    tu_expect(got, want, 0, 0, what);
 }
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-static double urand(void) { /* uniform in [-1, 1) */
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (double)(rng_state >> 11) / (double)(1ull << 52) - 1.0;
-}
 
 static pp_tensor *rand_f32(int nd, const int64_t *shape) {
     pp_tensor *t;
     TU_OK(pp_tensor_empty(PP_F32, nd, shape, &t));
     float *d = t->data;
-    for (int64_t i = 0; i < pp_tensor_numel(t); i++) d[i] = (float)(urand() * 4);
+    for (int64_t i = 0; i < pp_tensor_numel(t); i++) d[i] = (float)(tu_urand(&rng_state) * 4);
     return t;
 }
 
@@ -187,7 +99,7 @@ static void test_broadcast_to(void **state) {
     (void)state;
     pp_tensor *src = F32(2, SHAPE(2, 1), 1, 2), *y;
     TU_OK(pp_broadcast_to(src, 3, SHAPE(2, 2, 3), &y));
-    expect(y, F32(3, SHAPE(2, 2, 3), 1, 1, 1, 2, 2, 2, 1, 1, 1, 2, 2, 2), 0, 0, "broadcast_to");
+    tu_expect(y, F32(3, SHAPE(2, 2, 3), 1, 1, 1, 2, 2, 2, 1, 1, 1, 2, 2, 2), 0, 0, "broadcast_to");
     assert_int_equal(pp_broadcast_to(src, 1, SHAPE(2), &y), PP_ERR_SHAPE);
     pp_tensor_free(src);
 }
@@ -204,45 +116,45 @@ static void test_add_same_shape(void **state) {
         want[i] = a[i] + b[i];
     }
     pp_tensor *y = RUN("Add", tu_f32(1, SHAPE(37), a), tu_f32(1, SHAPE(37), b));
-    expect(y, tu_f32(1, SHAPE(37), want), 0, 0, "Add");
+    tu_expect(y, tu_f32(1, SHAPE(37), want), 0, 0, "Add");
 }
 
 static void test_arith_hand(void **state) {
     (void)state;
     const int64_t *s = SHAPE(2, 2);
-    expect(RUN("Sub", F32(2, s, 1, 2, 3, 4), F32(2, s, 4, 3, 2, 1)), F32(2, s, -3, -1, 1, 3), 0, 0,
-           "Sub");
-    expect(RUN("Mul", F32(2, s, 1, 2, 3, 4), F32(2, s, 4, 3, 2, 1)), F32(2, s, 4, 6, 6, 4), 0, 0,
-           "Mul");
-    expect(RUN("Div", F32(2, s, 1, 2, 3, 4), F32(2, s, 4, 4, 2, 1)),
-           F32(2, s, 0.25f, 0.5f, 1.5f, 4), 0, 0, "Div");
-    expect(RUN("Add", T(PP_F64, 2, s, 1, 2, 3, 4), T(PP_F64, 1, SHAPE(2), 0.5, 0.25)),
-           T(PP_F64, 2, s, 1.5, 2.25, 3.5, 4.25), 0, 0, "Add f64");
+    tu_expect(RUN("Sub", F32(2, s, 1, 2, 3, 4), F32(2, s, 4, 3, 2, 1)), F32(2, s, -3, -1, 1, 3), 0, 0,
+              "Sub");
+    tu_expect(RUN("Mul", F32(2, s, 1, 2, 3, 4), F32(2, s, 4, 3, 2, 1)), F32(2, s, 4, 6, 6, 4), 0, 0,
+              "Mul");
+    tu_expect(RUN("Div", F32(2, s, 1, 2, 3, 4), F32(2, s, 4, 4, 2, 1)),
+              F32(2, s, 0.25f, 0.5f, 1.5f, 4), 0, 0, "Div");
+    tu_expect(RUN("Add", T(PP_F64, 2, s, 1, 2, 3, 4), T(PP_F64, 1, SHAPE(2), 0.5, 0.25)),
+              T(PP_F64, 2, s, 1.5, 2.25, 3.5, 4.25), 0, 0, "Add f64");
 }
 
 static void test_add_broadcast_forms(void **state) {
     (void)state;
     /* bias add [2,3] + [3] */
-    expect(RUN("Add", F32(2, SHAPE(2, 3), 1, 2, 3, 4, 5, 6), F32(1, SHAPE(3), 10, 20, 30)),
-           F32(2, SHAPE(2, 3), 11, 22, 33, 14, 25, 36), 0, 0, "bias");
+    tu_expect(RUN("Add", F32(2, SHAPE(2, 3), 1, 2, 3, 4, 5, 6), F32(1, SHAPE(3), 10, 20, 30)),
+              F32(2, SHAPE(2, 3), 11, 22, 33, 14, 25, 36), 0, 0, "bias");
     /* tensor - scalar and scalar - tensor (vs and sv forms, order matters) */
-    expect(RUN("Sub", F32(1, SHAPE(3), 1, 2, 3), F32(0, NULL, 10)), F32(1, SHAPE(3), -9, -8, -7),
-           0, 0, "x - s");
-    expect(RUN("Sub", F32(0, NULL, 10), F32(1, SHAPE(3), 1, 2, 3)), F32(1, SHAPE(3), 9, 8, 7), 0,
-           0, "s - x");
-    expect(RUN("Div", F32(1, SHAPE(1), 12), F32(2, SHAPE(2, 2), 1, 2, 3, 4)),
-           F32(2, SHAPE(2, 2), 12, 6, 4, 3), 0, 0, "[1] / [2,2]");
+    tu_expect(RUN("Sub", F32(1, SHAPE(3), 1, 2, 3), F32(0, NULL, 10)), F32(1, SHAPE(3), -9, -8, -7),
+              0, 0, "x - s");
+    tu_expect(RUN("Sub", F32(0, NULL, 10), F32(1, SHAPE(3), 1, 2, 3)), F32(1, SHAPE(3), 9, 8, 7), 0,
+              0, "s - x");
+    tu_expect(RUN("Div", F32(1, SHAPE(1), 12), F32(2, SHAPE(2, 2), 1, 2, 3, 4)),
+              F32(2, SHAPE(2, 2), 12, 6, 4, 3), 0, 0, "[1] / [2,2]");
     /* outer-product style [3,1] - [1,2] */
-    expect(RUN("Sub", F32(2, SHAPE(3, 1), 1, 2, 3), F32(2, SHAPE(1, 2), 10, 20)),
-           F32(2, SHAPE(3, 2), -9, -19, -8, -18, -7, -17), 0, 0, "[3,1] - [1,2]");
+    tu_expect(RUN("Sub", F32(2, SHAPE(3, 1), 1, 2, 3), F32(2, SHAPE(1, 2), 10, 20)),
+              F32(2, SHAPE(3, 2), -9, -19, -8, -18, -7, -17), 0, 0, "[3,1] - [1,2]");
     /* [2,1,2] * [3,1]: middle dim from the second operand */
-    expect(RUN("Mul", F32(3, SHAPE(2, 1, 2), 1, 2, 3, 4), F32(2, SHAPE(3, 1), 1, 10, 100)),
-           F32(3, SHAPE(2, 3, 2), 1, 2, 10, 20, 100, 200, 3, 4, 30, 40, 300, 400), 0, 0,
-           "[2,1,2] * [3,1]");
+    tu_expect(RUN("Mul", F32(3, SHAPE(2, 1, 2), 1, 2, 3, 4), F32(2, SHAPE(3, 1), 1, 10, 100)),
+              F32(3, SHAPE(2, 3, 2), 1, 2, 10, 20, 100, 200, 3, 4, 30, 40, 300, 400), 0, 0,
+              "[2,1,2] * [3,1]");
     /* scalars: 0-d + 0-d stays 0-d */
     pp_tensor *y = RUN("Add", F32(0, NULL, 1.5f), F32(0, NULL, 2));
     assert_int_equal(y->ndim, 0);
-    expect(y, F32(0, NULL, 3.5f), 0, 0, "scalar");
+    tu_expect(y, F32(0, NULL, 3.5f), 0, 0, "scalar");
 }
 
 /* Naive broadcasting reference: index arithmetic per element. */
@@ -280,7 +192,7 @@ static void test_broadcast_random(void **state) {
             want[i] = ref_at(ra, y->ndim, y->shape, i) - ref_at(rb, y->ndim, y->shape, i);
         char what[64];
         snprintf(what, sizeof what, "random broadcast case %zu", k);
-        expect(y, tu_f32(y->ndim, y->shape, want), 0, 0, what);
+        tu_expect(y, tu_f32(y->ndim, y->shape, want), 0, 0, what);
         free(want);
         pp_tensor_free(ra);
         pp_tensor_free(rb);
@@ -309,26 +221,26 @@ static void test_integer_arith(void **state) {
 static void test_pow(void **state) {
     (void)state;
     const int64_t *s = SHAPE(4);
-    expect(RUN("Pow", F32(1, s, 1, 2, -3, 0.5f), F32(0, NULL, 2)), F32(1, s, 1, 4, 9, 0.25f), 0,
-           0, "x^2");
-    expect(RUN("Pow", F32(1, s, 1, 2, -3, 0.5f), F32(1, SHAPE(1), 3)),
-           F32(1, s, 1, 8, -27, 0.125f), 0, 0, "x^3");
-    expect(RUN("Pow", F32(1, s, 1, 4, 9, 0.25f), F32(0, NULL, 0.5f)), F32(1, s, 1, 2, 3, 0.5f),
-           1e-7, 0, "x^0.5");
-    expect(RUN("Pow", F32(1, s, 2, 2, 2, 2), F32(1, s, 0, 1, -1, 1.5f)),
-           F32(1, s, 1, 2, 0.5f, 2.8284271f), 1e-6, 0, "x^y");
+    tu_expect(RUN("Pow", F32(1, s, 1, 2, -3, 0.5f), F32(0, NULL, 2)), F32(1, s, 1, 4, 9, 0.25f), 0,
+              0, "x^2");
+    tu_expect(RUN("Pow", F32(1, s, 1, 2, -3, 0.5f), F32(1, SHAPE(1), 3)),
+              F32(1, s, 1, 8, -27, 0.125f), 0, 0, "x^3");
+    tu_expect(RUN("Pow", F32(1, s, 1, 4, 9, 0.25f), F32(0, NULL, 0.5f)), F32(1, s, 1, 2, 3, 0.5f),
+              1e-7, 0, "x^0.5");
+    tu_expect(RUN("Pow", F32(1, s, 2, 2, 2, 2), F32(1, s, 0, 1, -1, 1.5f)),
+              F32(1, s, 1, 2, 0.5f, 2.8284271f), 1e-6, 0, "x^y");
     /* exponent broadcast to a larger rank: output takes the broadcast shape */
     pp_tensor *y = RUN("Pow", F32(1, SHAPE(2), 2, 3), F32(2, SHAPE(1, 1), 2));
     assert_int_equal(y->ndim, 2);
-    expect(y, F32(2, SHAPE(1, 2), 4, 9), 0, 0, "x^[[2]]");
-    expect(RUN("Pow", F32(1, SHAPE(2), 2, 3), I64(1, SHAPE(2), 3, 2)), F32(1, SHAPE(2), 8, 9), 0,
-           0, "float ^ int64");
+    tu_expect(y, F32(2, SHAPE(1, 2), 4, 9), 0, 0, "x^[[2]]");
+    tu_expect(RUN("Pow", F32(1, SHAPE(2), 2, 3), I64(1, SHAPE(2), 3, 2)), F32(1, SHAPE(2), 8, 9), 0,
+              0, "float ^ int64");
     expect_exact(RUN("Pow", T(PP_I32, 1, SHAPE(3), 2, 3, 5), F32(1, SHAPE(3), 0.5f, 2, 1.5f)),
                  T(PP_I32, 1, SHAPE(3), 1, 9, 11), "int32 ^ float truncates");
     expect_exact(RUN("Pow", I64(1, s, 2, -3, 2, 1), I64(1, s, 10, 3, -1, -5)),
                  I64(1, s, 1024, -27, 0, 1), "int64 ^ int64");
-    expect(RUN("Pow", T(PP_F64, 1, SHAPE(2), 2, 9), T(PP_F64, 1, SHAPE(2), 3, 0.5)),
-           T(PP_F64, 1, SHAPE(2), 8, 3), 1e-15, 0, "f64");
+    tu_expect(RUN("Pow", T(PP_F64, 1, SHAPE(2), 2, 9), T(PP_F64, 1, SHAPE(2), 3, 0.5)),
+              T(PP_F64, 1, SHAPE(2), 8, 3), 1e-15, 0, "f64");
 }
 
 /* -------------------------------------------------------------- unaries */
@@ -356,11 +268,11 @@ static void check_unary(const char *op, ref_fn ref, double lo, double hi, double
     }
     char what[64];
     snprintf(what, sizeof what, "%s f32", op);
-    expect(RUN(op, typed(PP_F32, 1, SHAPE(N), xs)), typed(PP_F32, 1, SHAPE(N), ys), rtol, atol,
-           what);
+    tu_expect(RUN(op, tu_typed(PP_F32, 1, SHAPE(N), xs)), tu_typed(PP_F32, 1, SHAPE(N), ys), rtol, atol,
+              what);
     snprintf(what, sizeof what, "%s f64", op);
-    expect(RUN(op, typed(PP_F64, 1, SHAPE(N), xs)), typed(PP_F64, 1, SHAPE(N), ys), 1e-12, 1e-300,
-           what);
+    tu_expect(RUN(op, tu_typed(PP_F64, 1, SHAPE(N), xs)), tu_typed(PP_F64, 1, SHAPE(N), ys), 1e-12, 1e-300,
+              what);
 }
 
 static void test_unary_math(void **state) {
@@ -421,17 +333,17 @@ static void test_unary_int(void **state) {
 
 static void test_leaky_relu_alpha(void **state) {
     (void)state;
-    one_node t;
-    on_init(&t, "LeakyRelu", 1, (pp_tensor *[]){F32(1, SHAPE(3), -2, 0, 3)});
+    tu_node t;
+    tu_node_init(&t, "LeakyRelu", 1, (pp_tensor *[]){F32(1, SHAPE(3), -2, 0, 3)}, 1, NULL);
     TU_OK(pp_node_set_float(t.g, t.node, "alpha", 0.5f));
     pp_tensor *y;
-    TU_OK(on_run(&t, &y));
-    expect(y, F32(1, SHAPE(3), -1, 0, 3), 0, 0, "LeakyRelu alpha");
-    on_free(&t);
-    on_init(&t, "LeakyRelu", 1, (pp_tensor *[]){F32(1, SHAPE(3), -2, 0, 3)});
+    TU_OK(tu_node_run(&t, &y));
+    tu_expect(y, F32(1, SHAPE(3), -1, 0, 3), 0, 0, "LeakyRelu alpha");
+    tu_node_free(&t);
+    tu_node_init(&t, "LeakyRelu", 1, (pp_tensor *[]){F32(1, SHAPE(3), -2, 0, 3)}, 1, NULL);
     TU_OK(pp_node_set_string(t.g, t.node, "alpha", "big"));
-    expect_error_msg(&t, PP_ERR_INVALID, "alpha");
-    on_free(&t);
+    tu_node_expect_error(&t, PP_ERR_INVALID, "alpha");
+    tu_node_free(&t);
 }
 
 static void test_gelu(void **state) {
@@ -443,21 +355,21 @@ static void test_gelu(void **state) {
         ye[i] = ref_gelu(xs[i]);
         yt[i] = ref_gelu_tanh(xs[i]);
     }
-    one_node t;
+    tu_node t;
     pp_tensor *y;
-    on_init(&t, "Gelu", 1, (pp_tensor *[]){typed(PP_F32, 1, SHAPE(N), xs)});
+    tu_node_init(&t, "Gelu", 1, (pp_tensor *[]){tu_typed(PP_F32, 1, SHAPE(N), xs)}, 1, NULL);
     TU_OK(pp_node_set_string(t.g, t.node, "approximate", "tanh"));
-    TU_OK(on_run(&t, &y));
-    expect(y, typed(PP_F32, 1, SHAPE(N), yt), 1e-6, 1e-6, "Gelu tanh");
-    on_free(&t);
-    on_init_dom(&t, "Gelu", "com.microsoft", 1, (pp_tensor *[]){typed(PP_F64, 1, SHAPE(N), xs)});
-    TU_OK(on_run(&t, &y));
-    expect(y, typed(PP_F64, 1, SHAPE(N), ye), 1e-12, 1e-15, "com.microsoft Gelu");
-    on_free(&t);
-    on_init(&t, "Gelu", 1, (pp_tensor *[]){F32(1, SHAPE(1), 1)});
+    TU_OK(tu_node_run(&t, &y));
+    tu_expect(y, tu_typed(PP_F32, 1, SHAPE(N), yt), 1e-6, 1e-6, "Gelu tanh");
+    tu_node_free(&t);
+    tu_node_init_dom(&t, "Gelu", "com.microsoft", 1, (pp_tensor *[]){tu_typed(PP_F64, 1, SHAPE(N), xs)}, 1, NULL);
+    TU_OK(tu_node_run(&t, &y));
+    tu_expect(y, tu_typed(PP_F64, 1, SHAPE(N), ye), 1e-12, 1e-15, "com.microsoft Gelu");
+    tu_node_free(&t);
+    tu_node_init(&t, "Gelu", 1, (pp_tensor *[]){F32(1, SHAPE(1), 1)}, 1, NULL);
     TU_OK(pp_node_set_string(t.g, t.node, "approximate", "fast"));
-    expect_error_msg(&t, PP_ERR_INVALID, "approximate");
-    on_free(&t);
+    tu_node_expect_error(&t, PP_ERR_INVALID, "approximate");
+    tu_node_free(&t);
 }
 
 /* ------------------------------------------------- comparisons, logic */
@@ -487,35 +399,35 @@ static void test_compare(void **state) {
 
 static void test_where(void **state) {
     (void)state;
-    expect(RUN("Where", B(2, SHAPE(2, 2), 1, 0, 0, 1), F32(2, SHAPE(2, 2), 1, 2, 3, 4),
-               F32(2, SHAPE(2, 2), 9, 8, 7, 6)),
-           F32(2, SHAPE(2, 2), 1, 8, 7, 4), 0, 0, "Where same shape");
+    tu_expect(RUN("Where", B(2, SHAPE(2, 2), 1, 0, 0, 1), F32(2, SHAPE(2, 2), 1, 2, 3, 4),
+                  F32(2, SHAPE(2, 2), 9, 8, 7, 6)),
+              F32(2, SHAPE(2, 2), 1, 8, 7, 4), 0, 0, "Where same shape");
     /* attention-mask style: cond [1,1,2,2], x scalar, y [2,1,2,2] */
-    expect(RUN("Where", B(4, SHAPE(1, 1, 2, 2), 1, 0, 1, 1), F32(0, NULL, -1e9f),
-               F32(4, SHAPE(2, 1, 2, 2), 1, 2, 3, 4, 5, 6, 7, 8)),
-           F32(4, SHAPE(2, 1, 2, 2), -1e9f, 2, -1e9f, -1e9f, -1e9f, 6, -1e9f, -1e9f), 0, 0,
-           "Where 3-way broadcast");
+    tu_expect(RUN("Where", B(4, SHAPE(1, 1, 2, 2), 1, 0, 1, 1), F32(0, NULL, -1e9f),
+                  F32(4, SHAPE(2, 1, 2, 2), 1, 2, 3, 4, 5, 6, 7, 8)),
+              F32(4, SHAPE(2, 1, 2, 2), -1e9f, 2, -1e9f, -1e9f, -1e9f, 6, -1e9f, -1e9f), 0, 0,
+              "Where 3-way broadcast");
     expect_exact(RUN("Where", B(1, SHAPE(3), 1, 0, 1), I64(1, SHAPE(1), 5), I64(1, SHAPE(3), 1, 2, 3)),
                  I64(1, SHAPE(3), 5, 2, 5), "Where i64");
     /* broadcast condition (strided row form), every other row-form too */
-    expect(RUN("Where", B(2, SHAPE(2, 1), 1, 0), F32(2, SHAPE(2, 3), 1, 2, 3, 4, 5, 6),
-               F32(1, SHAPE(3), 7, 8, 9)),
-           F32(2, SHAPE(2, 3), 1, 2, 3, 7, 8, 9), 0, 0, "Where broadcast condition");
-    expect(RUN("Where", B(1, SHAPE(3), 1, 0, 1), F32(1, SHAPE(3), 1, 2, 3), F32(0, NULL, 0)),
-           F32(1, SHAPE(3), 1, 0, 3), 0, 0, "Where scalar y");
-    expect(RUN("Where", B(1, SHAPE(3), 1, 0, 1), F32(0, NULL, 1), F32(0, NULL, 0)),
-           F32(1, SHAPE(3), 1, 0, 1), 0, 0, "Where scalar x and y");
+    tu_expect(RUN("Where", B(2, SHAPE(2, 1), 1, 0), F32(2, SHAPE(2, 3), 1, 2, 3, 4, 5, 6),
+                  F32(1, SHAPE(3), 7, 8, 9)),
+              F32(2, SHAPE(2, 3), 1, 2, 3, 7, 8, 9), 0, 0, "Where broadcast condition");
+    tu_expect(RUN("Where", B(1, SHAPE(3), 1, 0, 1), F32(1, SHAPE(3), 1, 2, 3), F32(0, NULL, 0)),
+              F32(1, SHAPE(3), 1, 0, 3), 0, 0, "Where scalar y");
+    tu_expect(RUN("Where", B(1, SHAPE(3), 1, 0, 1), F32(0, NULL, 1), F32(0, NULL, 0)),
+              F32(1, SHAPE(3), 1, 0, 1), 0, 0, "Where scalar x and y");
     expect_exact(RUN("Where", B(1, SHAPE(2), 0, 1), B(1, SHAPE(2), 1, 1), B(1, SHAPE(2), 0, 0)),
                  B(1, SHAPE(2), 0, 1), "Where bool");
-    one_node t;
-    on_init(&t, "Where", 3,
-            (pp_tensor *[]){F32(1, SHAPE(2), 1, 0), F32(1, SHAPE(2), 1, 2), F32(1, SHAPE(2), 3, 4)});
-    expect_error_msg(&t, PP_ERR_SHAPE, "bool");
-    on_free(&t);
-    on_init(&t, "Where", 3,
-            (pp_tensor *[]){B(1, SHAPE(2), 1, 0), F32(1, SHAPE(3), 1, 2, 3), F32(1, SHAPE(2), 3, 4)});
-    expect_error_msg(&t, PP_ERR_SHAPE, "shapes [2], [3] and [2] do not broadcast");
-    on_free(&t);
+    tu_node t;
+    tu_node_init(&t, "Where", 3,
+                 (pp_tensor *[]){F32(1, SHAPE(2), 1, 0), F32(1, SHAPE(2), 1, 2), F32(1, SHAPE(2), 3, 4)}, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, "bool");
+    tu_node_free(&t);
+    tu_node_init(&t, "Where", 3,
+                 (pp_tensor *[]){B(1, SHAPE(2), 1, 0), F32(1, SHAPE(3), 1, 2, 3), F32(1, SHAPE(2), 3, 4)}, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, "shapes [2], [3] and [2] do not broadcast");
+    tu_node_free(&t);
 }
 
 /* ------------------------------------------------------- Clip, Max, Min */
@@ -523,45 +435,45 @@ static void test_where(void **state) {
 static void test_clip(void **state) {
     (void)state;
     const int64_t *s = SHAPE(5);
-    expect(RUN("Clip", F32(1, s, -3, -1, 0, 1, 3), F32(0, NULL, -1), F32(0, NULL, 2)),
-           F32(1, s, -1, -1, 0, 1, 2), 0, 0, "Clip min max");
-    expect(run_op("Clip", 3, (pp_tensor *[]){F32(1, s, -3, -1, 0, 1, 3), NULL, F32(0, NULL, 0.5f)}),
-           F32(1, s, -3, -1, 0, 0.5f, 0.5f), 0, 0, "Clip max only");
-    expect(run_op("Clip", 1, (pp_tensor *[]){F32(1, s, -3, -1, NAN, 1, 3)}),
-           F32(1, s, -3, -1, NAN, 1, 3), 0, 0, "Clip no bounds keeps NaN");
+    tu_expect(RUN("Clip", F32(1, s, -3, -1, 0, 1, 3), F32(0, NULL, -1), F32(0, NULL, 2)),
+              F32(1, s, -1, -1, 0, 1, 2), 0, 0, "Clip min max");
+    tu_expect(run_op("Clip", 3, (pp_tensor *[]){F32(1, s, -3, -1, 0, 1, 3), NULL, F32(0, NULL, 0.5f)}),
+              F32(1, s, -3, -1, 0, 0.5f, 0.5f), 0, 0, "Clip max only");
+    tu_expect(run_op("Clip", 1, (pp_tensor *[]){F32(1, s, -3, -1, NAN, 1, 3)}),
+              F32(1, s, -3, -1, NAN, 1, 3), 0, 0, "Clip no bounds keeps NaN");
     expect_exact(RUN("Clip", I64(1, SHAPE(3), -5, 5, 50), I64(0, NULL, 0), I64(0, NULL, 10)),
                  I64(1, SHAPE(3), 0, 5, 10), "Clip i64");
     expect_exact(run_op("Clip", 2, (pp_tensor *[]){T(PP_I8, 1, SHAPE(3), -128, 5, 127),
                                                    T(PP_I8, 0, NULL, 0)}),
                  T(PP_I8, 1, SHAPE(3), 0, 5, 127), "Clip i8 min only");
-    one_node t;
-    on_init(&t, "Clip", 3, (pp_tensor *[]){F32(1, s, 1, 2, 3, 4, 5), F32(1, SHAPE(2), 0, 1), NULL});
-    expect_error_msg(&t, PP_ERR_SHAPE, "scalar");
-    on_free(&t);
-    on_init(&t, "Clip", 2, (pp_tensor *[]){F32(1, s, 1, 2, 3, 4, 5), I64(0, NULL, 1)});
-    expect_error_msg(&t, PP_ERR_SHAPE, "int64");
-    on_free(&t);
+    tu_node t;
+    tu_node_init(&t, "Clip", 3, (pp_tensor *[]){F32(1, s, 1, 2, 3, 4, 5), F32(1, SHAPE(2), 0, 1), NULL}, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, "scalar");
+    tu_node_free(&t);
+    tu_node_init(&t, "Clip", 2, (pp_tensor *[]){F32(1, s, 1, 2, 3, 4, 5), I64(0, NULL, 1)}, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, "int64");
+    tu_node_free(&t);
 }
 
 static void test_max_min_sum_mean(void **state) {
     (void)state;
-    expect(RUN("Max", F32(1, SHAPE(3), 1, 5, 3), F32(1, SHAPE(3), 4, 2, NAN), F32(0, NULL, 2)),
-           F32(1, SHAPE(3), 4, 5, NAN), 0, 0, "Max 3 inputs");
-    expect(RUN("Min", F32(2, SHAPE(2, 1), 1, 5), F32(1, SHAPE(2), 3, 0)),
-           F32(2, SHAPE(2, 2), 1, 0, 3, 0), 0, 0, "Min broadcast");
-    expect(RUN("Max", F32(1, SHAPE(2), 1, 2)), F32(1, SHAPE(2), 1, 2), 0, 0, "Max 1 input");
+    tu_expect(RUN("Max", F32(1, SHAPE(3), 1, 5, 3), F32(1, SHAPE(3), 4, 2, NAN), F32(0, NULL, 2)),
+              F32(1, SHAPE(3), 4, 5, NAN), 0, 0, "Max 3 inputs");
+    tu_expect(RUN("Min", F32(2, SHAPE(2, 1), 1, 5), F32(1, SHAPE(2), 3, 0)),
+              F32(2, SHAPE(2, 2), 1, 0, 3, 0), 0, 0, "Min broadcast");
+    tu_expect(RUN("Max", F32(1, SHAPE(2), 1, 2)), F32(1, SHAPE(2), 1, 2), 0, 0, "Max 1 input");
     expect_exact(RUN("Max", T(PP_I32, 1, SHAPE(2), 1, -5), T(PP_I32, 1, SHAPE(2), 0, -4)),
                  T(PP_I32, 1, SHAPE(2), 1, -4), "Max i32");
     expect_exact(RUN("Min", T(PP_U8, 1, SHAPE(2), 1, 200), T(PP_U8, 1, SHAPE(2), 0, 100)),
                  T(PP_U8, 1, SHAPE(2), 0, 100), "Min u8");
-    expect(RUN("Sum", F32(1, SHAPE(2), 1, 2), F32(1, SHAPE(2), 3, 4), F32(0, NULL, 10)),
-           F32(1, SHAPE(2), 14, 16), 0, 0, "Sum");
-    expect(RUN("Mean", F32(1, SHAPE(2), 1, 2), F32(1, SHAPE(2), 3, 4)), F32(1, SHAPE(2), 2, 3), 0,
-           0, "Mean");
-    one_node t;
-    on_init(&t, "Max", 2, (pp_tensor *[]){F32(1, SHAPE(2), 1, 2), F32(1, SHAPE(3), 1, 2, 3)});
-    expect_error_msg(&t, PP_ERR_SHAPE, "do not broadcast");
-    on_free(&t);
+    tu_expect(RUN("Sum", F32(1, SHAPE(2), 1, 2), F32(1, SHAPE(2), 3, 4), F32(0, NULL, 10)),
+              F32(1, SHAPE(2), 14, 16), 0, 0, "Sum");
+    tu_expect(RUN("Mean", F32(1, SHAPE(2), 1, 2), F32(1, SHAPE(2), 3, 4)), F32(1, SHAPE(2), 2, 3), 0,
+              0, "Mean");
+    tu_node t;
+    tu_node_init(&t, "Max", 2, (pp_tensor *[]){F32(1, SHAPE(2), 1, 2), F32(1, SHAPE(3), 1, 2, 3)}, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, "do not broadcast");
+    tu_node_free(&t);
 }
 
 static double ref_hard_sigmoid(double x) { return fmax(0, fmin(1, (double)0.2f * x + 0.5)); }
@@ -591,26 +503,26 @@ static void test_unary_more(void **state) {
     check_unary("Celu", ref_celu, -5, 5, 1e-6, 0);
     check_unary("ThresholdedRelu", ref_thresholded_relu, -3, 3, 0, 0);
     const int64_t *s = SHAPE(6);
-    expect(RUN("Round", F32(1, s, 0.5f, 1.5f, 2.5f, -0.5f, -1.5f, 2.4f)),
-           F32(1, s, 0, 2, 2, -0.0f, -2, 2), 0, 0, "Round half to even");
-    expect(RUN("Sign", F32(1, s, -2, 0, 3, NAN, -0.0f, INFINITY)), F32(1, s, -1, 0, 1, NAN, 0, 1),
-           0, 0, "Sign f32");
+    tu_expect(RUN("Round", F32(1, s, 0.5f, 1.5f, 2.5f, -0.5f, -1.5f, 2.4f)),
+              F32(1, s, 0, 2, 2, -0.0f, -2, 2), 0, 0, "Round half to even");
+    tu_expect(RUN("Sign", F32(1, s, -2, 0, 3, NAN, -0.0f, INFINITY)), F32(1, s, -1, 0, 1, NAN, 0, 1),
+              0, 0, "Sign f32");
     expect_exact(RUN("Sign", I64(1, SHAPE(3), -7, 0, 9)), I64(1, SHAPE(3), -1, 0, 1), "Sign i64");
     expect_exact(RUN("IsNaN", F32(1, SHAPE(3), NAN, 1, INFINITY)), B(1, SHAPE(3), 1, 0, 0), "IsNaN");
     expect_exact(RUN("IsInf", F32(1, SHAPE(3), NAN, -INFINITY, INFINITY)), B(1, SHAPE(3), 0, 1, 1),
                  "IsInf");
-    one_node t;
-    on_init(&t, "IsInf", 1, (pp_tensor *[]){F32(1, SHAPE(3), NAN, -INFINITY, INFINITY)});
+    tu_node t;
+    tu_node_init(&t, "IsInf", 1, (pp_tensor *[]){F32(1, SHAPE(3), NAN, -INFINITY, INFINITY)}, 1, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "detect_negative", 0));
     pp_tensor *y;
-    TU_OK(on_run(&t, &y));
+    TU_OK(tu_node_run(&t, &y));
     expect_exact(y, B(1, SHAPE(3), 0, 0, 1), "IsInf positive only");
-    on_free(&t);
-    on_init(&t, "Elu", 1, (pp_tensor *[]){F32(1, SHAPE(2), -1, 2)});
+    tu_node_free(&t);
+    tu_node_init(&t, "Elu", 1, (pp_tensor *[]){F32(1, SHAPE(2), -1, 2)}, 1, NULL);
     TU_OK(pp_node_set_float(t.g, t.node, "alpha", 2));
-    TU_OK(on_run(&t, &y));
-    expect(y, F32(1, SHAPE(2), 2 * expm1f(-1), 2), 1e-6, 0, "Elu alpha");
-    on_free(&t);
+    TU_OK(tu_node_run(&t, &y));
+    tu_expect(y, F32(1, SHAPE(2), 2 * expm1f(-1), 2), 1e-6, 0, "Elu alpha");
+    tu_node_free(&t);
 }
 
 static void test_mod_prelu(void **state) {
@@ -621,21 +533,21 @@ static void test_mod_prelu(void **state) {
                  I64(1, s, 1, 2, -2, -1), "Mod int64");
     expect_exact(RUN("Mod", T(PP_I32, 1, SHAPE(2), 5, 5), T(PP_I32, 1, SHAPE(2), 0, -1)),
                  T(PP_I32, 1, SHAPE(2), 0, 0), "Mod by 0 and -1");
-    one_node t;
-    on_init(&t, "Mod", 2, (pp_tensor *[]){F32(1, s, 7, -7, 7.5f, -7), F32(1, s, 3, 3, -2, -3)});
+    tu_node t;
+    tu_node_init(&t, "Mod", 2, (pp_tensor *[]){F32(1, s, 7, -7, 7.5f, -7), F32(1, s, 3, 3, -2, -3)}, 1, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "fmod", 1));
     pp_tensor *y;
-    TU_OK(on_run(&t, &y));
-    expect(y, F32(1, s, 1, -1, 1.5f, -1), 0, 0, "Mod fmod=1 f32");
-    on_free(&t);
-    on_init(&t, "Mod", 2, (pp_tensor *[]){F32(1, SHAPE(1), 1), F32(1, SHAPE(1), 1)});
-    expect_error_msg(&t, PP_ERR_INVALID, "fmod=1");
-    on_free(&t);
-    expect(RUN("PRelu", F32(2, SHAPE(2, 2), -1, 2, -3, 4), F32(1, SHAPE(2), 0.5f, 0.25f)),
-           F32(2, SHAPE(2, 2), -0.5f, 2, -1.5f, 4), 0, 0, "PRelu channel slope");
-    on_init(&t, "PRelu", 2, (pp_tensor *[]){F32(1, SHAPE(2), -1, 2), F32(2, SHAPE(2, 2), 1, 1, 1, 1)});
-    expect_error_msg(&t, PP_ERR_SHAPE, "does not broadcast to X shape");
-    on_free(&t);
+    TU_OK(tu_node_run(&t, &y));
+    tu_expect(y, F32(1, s, 1, -1, 1.5f, -1), 0, 0, "Mod fmod=1 f32");
+    tu_node_free(&t);
+    tu_node_init(&t, "Mod", 2, (pp_tensor *[]){F32(1, SHAPE(1), 1), F32(1, SHAPE(1), 1)}, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_INVALID, "fmod=1");
+    tu_node_free(&t);
+    tu_expect(RUN("PRelu", F32(2, SHAPE(2, 2), -1, 2, -3, 4), F32(1, SHAPE(2), 0.5f, 0.25f)),
+              F32(2, SHAPE(2, 2), -0.5f, 2, -1.5f, 4), 0, 0, "PRelu channel slope");
+    tu_node_init(&t, "PRelu", 2, (pp_tensor *[]){F32(1, SHAPE(2), -1, 2), F32(2, SHAPE(2, 2), 1, 1, 1, 1)}, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, "does not broadcast to X shape");
+    tu_node_free(&t);
 }
 
 /* float16 / bfloat16 run through float32 and come back in their dtype. */
@@ -643,17 +555,17 @@ static void test_half_types(void **state) {
     (void)state;
     pp_tensor *y = RUN("Add", T(PP_F16, 1, SHAPE(3), 1, 2.5, -3), T(PP_F16, 0, NULL, 0.5));
     assert_int_equal(y->dtype, PP_F16);
-    expect(y, T(PP_F16, 1, SHAPE(3), 1.5, 3, -2.5), 0, 0, "Add f16");
+    tu_expect(y, T(PP_F16, 1, SHAPE(3), 1.5, 3, -2.5), 0, 0, "Add f16");
     y = RUN("Max", T(PP_BF16, 1, SHAPE(2), 1, 4), T(PP_BF16, 1, SHAPE(2), 3, 2));
     assert_int_equal(y->dtype, PP_BF16);
-    expect(y, T(PP_BF16, 1, SHAPE(2), 3, 4), 0, 0, "Max bf16");
+    tu_expect(y, T(PP_BF16, 1, SHAPE(2), 3, 4), 0, 0, "Max bf16");
     y = RUN("Less", T(PP_F16, 1, SHAPE(2), 1, 4), T(PP_F16, 1, SHAPE(2), 3, 2));
-    expect(y, B(1, SHAPE(2), 1, 0), 0, 0, "Less f16 gives bool");
+    tu_expect(y, B(1, SHAPE(2), 1, 0), 0, 0, "Less f16 gives bool");
     y = RUN("Exp", T(PP_F16, 1, SHAPE(2), 0, 1));
-    expect(y, T(PP_F16, 1, SHAPE(2), 1, 2.71875), 0, 0, "Exp f16");
+    tu_expect(y, T(PP_F16, 1, SHAPE(2), 1, 2.71875), 0, 0, "Exp f16");
     /* float base, half exponent: the output keeps the base's float32 */
     y = RUN("Pow", F32(1, SHAPE(2), 2, 3), T(PP_F16, 1, SHAPE(2), 2, 2));
-    expect(y, F32(1, SHAPE(2), 4, 9), 0, 0, "Pow f32 ^ f16");
+    tu_expect(y, F32(1, SHAPE(2), 4, 9), 0, 0, "Pow f32 ^ f16");
 }
 
 /* ------------------------------------------------- 0-size tensors, errors */
@@ -682,29 +594,29 @@ static void test_zero_size(void **state) {
 
 static void test_errors(void **state) {
     (void)state;
-    one_node t;
-    on_init(&t, "Add", 2,
-            (pp_tensor *[]){F32(2, SHAPE(2, 3), 1, 2, 3, 4, 5, 6), F32(1, SHAPE(4), 1, 2, 3, 4)});
-    expect_error_msg(&t, PP_ERR_SHAPE, "shapes [2,3] and [4] do not broadcast");
-    on_free(&t);
-    on_init(&t, "Mul", 2, (pp_tensor *[]){F32(1, SHAPE(2), 1, 2), I64(1, SHAPE(2), 1, 2)});
-    expect_error_msg(&t, PP_ERR_SHAPE, "float32 and int64 differ");
-    on_free(&t);
-    on_init(&t, "Sqrt", 1, (pp_tensor *[]){I64(1, SHAPE(2), 1, 2)});
-    expect_error_msg(&t, PP_ERR_UNSUPPORTED, "int64");
-    on_free(&t);
-    on_init(&t, "Add", 2, (pp_tensor *[]){B(1, SHAPE(1), 1), B(1, SHAPE(1), 1)});
-    expect_error_msg(&t, PP_ERR_UNSUPPORTED, "bool");
-    on_free(&t);
-    on_init(&t, "Not", 1, (pp_tensor *[]){F32(1, SHAPE(1), 1)});
-    expect_error_msg(&t, PP_ERR_UNSUPPORTED, "float32");
-    on_free(&t);
-    on_init(&t, "Exp", 1, (pp_tensor *[]){T(PP_U8, 1, SHAPE(2), 1, 2)});
-    expect_error_msg(&t, PP_ERR_UNSUPPORTED, "uint8");
-    on_free(&t);
-    on_init(&t, "Sum", 2, (pp_tensor *[]){I64(1, SHAPE(1), 1), I64(1, SHAPE(1), 1)});
-    expect_error_msg(&t, PP_ERR_UNSUPPORTED, "int64");
-    on_free(&t);
+    tu_node t;
+    tu_node_init(&t, "Add", 2,
+                 (pp_tensor *[]){F32(2, SHAPE(2, 3), 1, 2, 3, 4, 5, 6), F32(1, SHAPE(4), 1, 2, 3, 4)}, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, "shapes [2,3] and [4] do not broadcast");
+    tu_node_free(&t);
+    tu_node_init(&t, "Mul", 2, (pp_tensor *[]){F32(1, SHAPE(2), 1, 2), I64(1, SHAPE(2), 1, 2)}, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, "float32 and int64 differ");
+    tu_node_free(&t);
+    tu_node_init(&t, "Sqrt", 1, (pp_tensor *[]){I64(1, SHAPE(2), 1, 2)}, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_UNSUPPORTED, "int64");
+    tu_node_free(&t);
+    tu_node_init(&t, "Add", 2, (pp_tensor *[]){B(1, SHAPE(1), 1), B(1, SHAPE(1), 1)}, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_UNSUPPORTED, "bool");
+    tu_node_free(&t);
+    tu_node_init(&t, "Not", 1, (pp_tensor *[]){F32(1, SHAPE(1), 1)}, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_UNSUPPORTED, "float32");
+    tu_node_free(&t);
+    tu_node_init(&t, "Exp", 1, (pp_tensor *[]){T(PP_U8, 1, SHAPE(2), 1, 2)}, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_UNSUPPORTED, "uint8");
+    tu_node_free(&t);
+    tu_node_init(&t, "Sum", 2, (pp_tensor *[]){I64(1, SHAPE(1), 1), I64(1, SHAPE(1), 1)}, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_UNSUPPORTED, "int64");
+    tu_node_free(&t);
 }
 
 /* Every registered elementwise op is found by name. */

@@ -8,68 +8,7 @@
 
 #include "test_util.h"
 
-/* ------------------------------------------------------------- harness */
-
-typedef struct {
-    pp_graph *g;
-    int node;
-    int n_in;
-    pp_tensor *in[4];
-} one_node;
-
-/* Graph with one node "n0"; non-NULL inputs become graph inputs. Takes
- * ownership of the inputs. */
-static void on_init(one_node *t, const char *op, int n_in, pp_tensor *const *ins) {
-    memset(t, 0, sizeof *t);
-    TU_OK(pp_graph_new("t", &t->g));
-    int ids[4];
-    for (int i = 0; i < n_in; i++) {
-        t->in[i] = ins[i];
-        ids[i] = -1;
-        if (!ins[i]) continue;
-        char name[16];
-        snprintf(name, sizeof name, "in%d", i);
-        TU_OK(pp_graph_add_input(t->g, name, ins[i]->dtype, ins[i]->ndim, ins[i]->shape, &ids[i]));
-    }
-    t->n_in = n_in;
-    TU_OK(pp_graph_add_node(t->g, op, "", "n0", n_in, ids, 1, NULL, &t->node));
-    TU_OK(pp_graph_add_output(t->g, t->g->nodes[t->node].out[0]));
-}
-
-static pp_status on_run(one_node *t, pp_tensor **out) {
-    pp_tensor *feed[4];
-    int nf = 0;
-    for (int i = 0; i < t->n_in; i++)
-        if (t->in[i]) feed[nf++] = t->in[i];
-    *out = NULL;
-    return pp_graph_run(t->g, feed, out);
-}
-
-static void on_free(one_node *t) {
-    for (int i = 0; i < t->n_in; i++) pp_tensor_free(t->in[i]);
-    pp_graph_free(t->g);
-}
-
-static pp_tensor *run_one(one_node *t) {
-    pp_tensor *y;
-    TU_OK(on_run(t, &y));
-    return y;
-}
-
-static void expect_error(one_node *t, pp_status code) {
-    pp_tensor *y;
-    pp_status s = on_run(t, &y);
-    if (s == PP_OK) {
-        pp_tensor_free(y);
-        fail_msg("expected an error, got success");
-    }
-    if (s != code) fail_msg("expected %s, got %s: %s", pp_status_name(code), pp_status_name(s), pp_last_error());
-    if (!strstr(pp_last_error(), "'n0'")) fail_msg("message does not name the node: %s", pp_last_error());
-}
-
-#define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
-#define F32(nd, shape, ...) tu_f32(nd, shape, (const float[]){__VA_ARGS__})
-#define I64(nd, shape, ...) tu_i64(nd, shape, (const int64_t[]){__VA_ARGS__})
+/* ------------------------------------------------------------- helpers */
 
 static void expect(pp_tensor *got, pp_tensor *want, double rtol, double atol, const char *what) {
     tu_assert_close(got, want, rtol, atol, what);
@@ -77,19 +16,13 @@ static void expect(pp_tensor *got, pp_tensor *want, double rtol, double atol, co
 }
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-static double urand(void) { /* uniform in [-1, 1) */
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (double)(rng_state >> 11) / 4503599627370496.0 - 1.0;
-}
 
 static pp_tensor *rand_tensor(pp_dtype dt, int nd, const int64_t *shape) {
     pp_tensor *t;
     TU_OK(pp_tensor_empty(dt, nd, shape, &t));
     int64_t n = pp_tensor_numel(t);
     for (int64_t i = 0; i < n; i++) {
-        double v = urand();
+        double v = tu_urand(&rng_state);
         if (!pp_dtype_is_float(dt)) v = floor(v * 10);
         pp_tensor_set_f64(t, i, v);
     }
@@ -144,15 +77,15 @@ static void check_matmul(pp_dtype dt, int na, const int64_t *sa, int nb, const i
                          double rtol, double atol) {
     pp_tensor *ins[2] = {rand_tensor(dt, na, sa), rand_tensor(dt, nb, sb)};
     pp_tensor *want = naive_matmul(ins[0], ins[1], dt);
-    one_node t;
-    on_init(&t, "MatMul", 2, ins);
-    pp_tensor *y = run_one(&t);
+    tu_node t;
+    tu_node_init(&t, "MatMul", 2, ins, 1, NULL);
+    pp_tensor *y = tu_node_run_one(&t);
     char what[256], a[64], b[64];
     snprintf(what, sizeof what, "%s %s x %s", pp_dtype_name(dt), pp_shape_str(na, sa, a, sizeof a),
              pp_shape_str(nb, sb, b, sizeof b));
     expect(y, want, rtol, atol, what);
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 }
 
 /* -------------------------------------------------------------- MatMul */
@@ -160,56 +93,56 @@ static void check_matmul(pp_dtype dt, int na, const int64_t *sa, int nb, const i
 static void test_matmul_2d(void **state) {
     (void)state;
     pp_tensor *ins[2] = {F32(2, SHAPE(2, 3), 1, 2, 3, 4, 5, 6), F32(2, SHAPE(3, 2), 7, 8, 9, 10, 11, 12)};
-    one_node t;
-    on_init(&t, "MatMul", 2, ins);
-    pp_tensor *y = run_one(&t);
+    tu_node t;
+    tu_node_init(&t, "MatMul", 2, ins, 1, NULL);
+    pp_tensor *y = tu_node_run_one(&t);
     expect(y, F32(2, SHAPE(2, 2), 58, 64, 139, 154), 0, 0, "2x3 * 3x2");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 }
 
 static void test_matmul_vectors(void **state) {
     (void)state;
-    one_node t;
+    tu_node t;
     /* 1-D x 2-D: row vector, result drops M */
     pp_tensor *ins[2] = {F32(1, SHAPE(3), 1, 2, 3), F32(2, SHAPE(3, 2), 7, 8, 9, 10, 11, 12)};
-    on_init(&t, "MatMul", 2, ins);
-    pp_tensor *y = run_one(&t);
+    tu_node_init(&t, "MatMul", 2, ins, 1, NULL);
+    pp_tensor *y = tu_node_run_one(&t);
     expect(y, F32(1, SHAPE(2), 58, 64), 0, 0, "vec x mat");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
     /* 2-D x 1-D: column vector, result drops N */
     ins[0] = F32(2, SHAPE(2, 3), 1, 2, 3, 4, 5, 6);
     ins[1] = F32(1, SHAPE(3), 1, 0, -1);
-    on_init(&t, "MatMul", 2, ins);
-    y = run_one(&t);
+    tu_node_init(&t, "MatMul", 2, ins, 1, NULL);
+    y = tu_node_run_one(&t);
     expect(y, F32(1, SHAPE(2), -2, -2), 0, 0, "mat x vec");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
     /* 1-D x 1-D: scalar */
     ins[0] = F32(1, SHAPE(3), 1, 2, 3);
     ins[1] = F32(1, SHAPE(3), 4, 5, 6);
-    on_init(&t, "MatMul", 2, ins);
-    y = run_one(&t);
+    tu_node_init(&t, "MatMul", 2, ins, 1, NULL);
+    y = tu_node_run_one(&t);
     expect(y, tu_f32(0, NULL, (const float[]){32}), 0, 0, "dot");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
     /* batched x 1-D */
     ins[0] = F32(3, SHAPE(2, 1, 2), 1, 2, 3, 4);
     ins[1] = F32(1, SHAPE(2), 1, 1);
-    on_init(&t, "MatMul", 2, ins);
-    y = run_one(&t);
+    tu_node_init(&t, "MatMul", 2, ins, 1, NULL);
+    y = tu_node_run_one(&t);
     expect(y, F32(2, SHAPE(2, 1), 3, 7), 0, 0, "batch x vec");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
     /* 1-D x batched */
     ins[0] = F32(1, SHAPE(2), 1, -1);
     ins[1] = F32(3, SHAPE(2, 2, 1), 5, 3, 4, 9);
-    on_init(&t, "MatMul", 2, ins);
-    y = run_one(&t);
+    tu_node_init(&t, "MatMul", 2, ins, 1, NULL);
+    y = tu_node_run_one(&t);
     expect(y, F32(2, SHAPE(2, 1), 2, -5), 0, 0, "vec x batch");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 }
 
 static void test_matmul_batched(void **state) {
@@ -217,12 +150,12 @@ static void test_matmul_batched(void **state) {
     /* [2,2,3] x [3,2]: batch folded into M */
     pp_tensor *ins[2] = {F32(3, SHAPE(2, 2, 3), 1, 2, 3, 4, 5, 6, 1, 0, 0, 0, 1, 0),
                          F32(2, SHAPE(3, 2), 7, 8, 9, 10, 11, 12)};
-    one_node t;
-    on_init(&t, "MatMul", 2, ins);
-    pp_tensor *y = run_one(&t);
+    tu_node t;
+    tu_node_init(&t, "MatMul", 2, ins, 1, NULL);
+    pp_tensor *y = tu_node_run_one(&t);
     expect(y, F32(3, SHAPE(2, 2, 2), 58, 64, 139, 154, 7, 8, 9, 10), 0, 0, "folded");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     check_matmul(PP_F32, 3, SHAPE(4, 5, 6), 2, SHAPE(6, 7), 1e-5, 1e-5);       /* fold */
     check_matmul(PP_F32, 3, SHAPE(4, 5, 6), 3, SHAPE(1, 6, 7), 1e-5, 1e-5);    /* B batch 1 */
@@ -241,8 +174,8 @@ static void test_matmul_batched(void **state) {
 static void test_matmul_random(void **state) {
     (void)state;
     for (int it = 0; it < 40; it++) {
-        int64_t M = 1 + (int64_t)((urand() + 1) * 40), K = 1 + (int64_t)((urand() + 1) * 40),
-                N = 1 + (int64_t)((urand() + 1) * 40);
+        int64_t M = 1 + (int64_t)((tu_urand(&rng_state) + 1) * 40), K = 1 + (int64_t)((tu_urand(&rng_state) + 1) * 40),
+                N = 1 + (int64_t)((tu_urand(&rng_state) + 1) * 40);
         if (it % 5 == 1) M = 1;
         if (it % 5 == 2) N = 1;
         pp_dtype dt = it % 2 ? PP_F64 : PP_F32;
@@ -260,58 +193,58 @@ static void test_matmul_half_int_empty(void **state) {
     check_matmul(PP_BF16, 2, SHAPE(3, 4), 2, SHAPE(4, 5), 2e-2, 2e-2);
     /* integer wrap-around is defined */
     pp_tensor *ins[2] = {I64(2, SHAPE(1, 2), INT64_MAX, 1), I64(2, SHAPE(2, 1), 2, 2)};
-    one_node t;
-    on_init(&t, "MatMul", 2, ins);
-    pp_tensor *y = run_one(&t);
+    tu_node t;
+    tu_node_init(&t, "MatMul", 2, ins, 1, NULL);
+    pp_tensor *y = tu_node_run_one(&t);
     assert_int_equal(((int64_t *)y->data)[0], 0);
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
     /* K = 0: zeros; M = 0: empty */
     ins[0] = tu_f32(2, SHAPE(2, 0), NULL);
     ins[1] = tu_f32(2, SHAPE(0, 3), NULL);
-    on_init(&t, "MatMul", 2, ins);
-    y = run_one(&t);
+    tu_node_init(&t, "MatMul", 2, ins, 1, NULL);
+    y = tu_node_run_one(&t);
     expect(y, F32(2, SHAPE(2, 3), 0, 0, 0, 0, 0, 0), 0, 0, "K=0");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
     ins[0] = tu_f32(3, SHAPE(2, 0, 4), NULL);
     ins[1] = F32(2, SHAPE(4, 1), 1, 2, 3, 4);
-    on_init(&t, "MatMul", 2, ins);
-    y = run_one(&t);
+    tu_node_init(&t, "MatMul", 2, ins, 1, NULL);
+    y = tu_node_run_one(&t);
     assert_int_equal(y->ndim, 3);
     assert_int_equal(pp_tensor_numel(y), 0);
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 }
 
 static void test_matmul_errors(void **state) {
     (void)state;
-    one_node t;
+    tu_node t;
     pp_tensor *ins[2] = {F32(2, SHAPE(2, 3), 1, 2, 3, 4, 5, 6), F32(2, SHAPE(2, 2), 1, 2, 3, 4)};
-    on_init(&t, "MatMul", 2, ins);
-    expect_error(&t, PP_ERR_SHAPE);
+    tu_node_init(&t, "MatMul", 2, ins, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, NULL);
     assert_non_null(strstr(pp_last_error(), "[2,3]"));
-    on_free(&t);
+    tu_node_free(&t);
     ins[0] = F32(2, SHAPE(1, 1), 1);
     ins[1] = I64(2, SHAPE(1, 1), 1);
-    on_init(&t, "MatMul", 2, ins);
-    expect_error(&t, PP_ERR_SHAPE);
-    on_free(&t);
+    tu_node_init(&t, "MatMul", 2, ins, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, NULL);
+    tu_node_free(&t);
     ins[0] = tu_f32(0, NULL, (const float[]){1});
     ins[1] = F32(1, SHAPE(1), 1);
-    on_init(&t, "MatMul", 2, ins);
-    expect_error(&t, PP_ERR_SHAPE);
-    on_free(&t);
+    tu_node_init(&t, "MatMul", 2, ins, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, NULL);
+    tu_node_free(&t);
     ins[0] = tu_f32(3, SHAPE(2, 1, 1), (const float[]){1, 2});
     ins[1] = tu_f32(3, SHAPE(3, 1, 1), (const float[]){1, 2, 3});
-    on_init(&t, "MatMul", 2, ins);
-    expect_error(&t, PP_ERR_SHAPE);
-    on_free(&t);
+    tu_node_init(&t, "MatMul", 2, ins, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, NULL);
+    tu_node_free(&t);
     TU_OK(pp_tensor_new(PP_BOOL, 2, SHAPE(1, 1), &ins[0]));
     TU_OK(pp_tensor_new(PP_BOOL, 2, SHAPE(1, 1), &ins[1]));
-    on_init(&t, "MatMul", 2, ins);
-    expect_error(&t, PP_ERR_UNSUPPORTED);
-    on_free(&t);
+    tu_node_init(&t, "MatMul", 2, ins, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_UNSUPPORTED, NULL);
+    tu_node_free(&t);
 }
 
 /* ---------------------------------------------------------------- Gemm */
@@ -345,20 +278,20 @@ static void check_gemm(pp_dtype dt, int64_t M, int64_t N, int64_t K, int ta, int
                          rand_tensor(dt, 2, tb ? SHAPE(N, K) : SHAPE(K, N)),
                          cnd >= 0 ? rand_tensor(dt, cnd, cshape) : NULL};
     pp_tensor *want = naive_gemm(ins[0], ins[1], ins[2], ta, tb, alpha, beta);
-    one_node t;
-    on_init(&t, "Gemm", cnd >= 0 ? 3 : 2, ins);
+    tu_node t;
+    tu_node_init(&t, "Gemm", cnd >= 0 ? 3 : 2, ins, 1, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "transA", ta));
     TU_OK(pp_node_set_int(t.g, t.node, "transB", tb));
     TU_OK(pp_node_set_float(t.g, t.node, "alpha", (float)alpha));
     TU_OK(pp_node_set_float(t.g, t.node, "beta", (float)beta));
-    pp_tensor *y = run_one(&t);
+    pp_tensor *y = tu_node_run_one(&t);
     char what[256];
     snprintf(what, sizeof what, "gemm %s M%lld N%lld K%lld tA%d tB%d alpha %g beta %g C rank %d",
              pp_dtype_name(dt), (long long)M, (long long)N, (long long)K, ta, tb, alpha, beta, cnd);
     double tol = dt == PP_F32 ? 1e-4 : dt == PP_F64 ? 1e-12 : 0;
     expect(y, want, tol, tol, what);
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 }
 
 static void test_gemm(void **state) {
@@ -366,14 +299,14 @@ static void test_gemm(void **state) {
     /* hand: [[1,2],[3,4]]^T * [[1,0],[0,1]] * 2 + [10,20] */
     pp_tensor *ins[3] = {F32(2, SHAPE(2, 2), 1, 2, 3, 4), F32(2, SHAPE(2, 2), 1, 0, 0, 1),
                          F32(1, SHAPE(2), 10, 20)};
-    one_node t;
-    on_init(&t, "Gemm", 3, ins);
+    tu_node t;
+    tu_node_init(&t, "Gemm", 3, ins, 1, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "transA", 1));
     TU_OK(pp_node_set_float(t.g, t.node, "alpha", 2));
-    pp_tensor *y = run_one(&t);
+    pp_tensor *y = tu_node_run_one(&t);
     expect(y, F32(2, SHAPE(2, 2), 12, 26, 14, 28), 0, 0, "hand");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     for (int ta = 0; ta < 2; ta++)
         for (int tb = 0; tb < 2; tb++) {
@@ -395,30 +328,30 @@ static void test_gemm(void **state) {
 
 static void test_gemm_errors(void **state) {
     (void)state;
-    one_node t;
+    tu_node t;
     pp_tensor *ins[3] = {F32(2, SHAPE(2, 3), 1, 2, 3, 4, 5, 6), F32(2, SHAPE(3, 2), 1, 2, 3, 4, 5, 6),
                          F32(1, SHAPE(3), 1, 2, 3)};
-    on_init(&t, "Gemm", 3, ins);
-    expect_error(&t, PP_ERR_SHAPE); /* C [3] vs [2,2] */
-    on_free(&t);
+    tu_node_init(&t, "Gemm", 3, ins, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, NULL); /* C [3] vs [2,2] */
+    tu_node_free(&t);
     ins[0] = F32(1, SHAPE(3), 1, 2, 3);
     ins[1] = F32(2, SHAPE(3, 2), 1, 2, 3, 4, 5, 6);
-    on_init(&t, "Gemm", 2, ins);
-    expect_error(&t, PP_ERR_SHAPE); /* A not 2-D */
-    on_free(&t);
+    tu_node_init(&t, "Gemm", 2, ins, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, NULL); /* A not 2-D */
+    tu_node_free(&t);
     ins[0] = F32(2, SHAPE(2, 3), 1, 2, 3, 4, 5, 6);
     ins[1] = F32(2, SHAPE(3, 2), 1, 2, 3, 4, 5, 6);
-    on_init(&t, "Gemm", 2, ins);
+    tu_node_init(&t, "Gemm", 2, ins, 1, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "transB", 1)); /* [2,3] x [2,3] */
-    expect_error(&t, PP_ERR_SHAPE);
-    on_free(&t);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, NULL);
+    tu_node_free(&t);
     ins[0] = F32(2, SHAPE(2, 3), 1, 2, 3, 4, 5, 6);
     ins[1] = F32(2, SHAPE(3, 2), 1, 2, 3, 4, 5, 6);
-    on_init(&t, "Gemm", 2, ins);
+    tu_node_init(&t, "Gemm", 2, ins, 1, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "transA", 2));
     assert_int_equal(pp_graph_resolve(t.g), PP_ERR_INVALID);
     assert_non_null(strstr(pp_last_error(), "'n0'"));
-    on_free(&t);
+    tu_node_free(&t);
 }
 
 int main(void) {

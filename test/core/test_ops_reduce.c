@@ -10,149 +10,44 @@
 
 #include "test_util.h"
 
-/* ------------------------------------------------------------- harness */
+/* ------------------------------------------------------------- helpers */
 
-typedef struct {
-    pp_graph *g;
-    int node;
-    int n_in, n_out;
-    pp_tensor *in[8];
-} one_node;
-
-/* Graph with one node "n0"; non-NULL inputs become graph inputs (owned).
- * out_names may be NULL (all n_out outputs) or hold "" for omitted ones;
- * every present output becomes a graph output, in order. */
-static void on_init_out(one_node *t, const char *op, int n_in, pp_tensor *const *ins, int n_out,
-                        const char *const *out_names) {
-    memset(t, 0, sizeof *t);
-    TU_OK(pp_graph_new("t", &t->g));
-    int ids[8];
-    for (int i = 0; i < n_in; i++) {
-        t->in[i] = ins[i];
-        ids[i] = -1;
-        if (!ins[i]) continue;
-        char name[16];
-        snprintf(name, sizeof name, "in%d", i);
-        TU_OK(pp_graph_add_input(t->g, name, ins[i]->dtype, ins[i]->ndim, ins[i]->shape, &ids[i]));
-    }
-    t->n_in = n_in;
-    TU_OK(pp_graph_add_node(t->g, op, "", "n0", n_in, ids, n_out, out_names, &t->node));
-    for (int k = 0; k < n_out; k++) {
-        int v = t->g->nodes[t->node].out[k];
-        if (v >= 0) {
-            TU_OK(pp_graph_add_output(t->g, v));
-            t->n_out++;
-        }
-    }
-}
-
-static void on_init(one_node *t, const char *op, int n_in, pp_tensor *const *ins) {
-    on_init_out(t, op, n_in, ins, 1, NULL);
-}
-
-static pp_status on_run(one_node *t, pp_tensor **out) {
-    pp_tensor *feed[8];
-    int nf = 0;
-    for (int i = 0; i < t->n_in; i++)
-        if (t->in[i]) feed[nf++] = t->in[i];
-    for (int k = 0; k < t->n_out; k++) out[k] = NULL;
-    pp_status s = pp_graph_resolve(t->g);
-    if (s != PP_OK) return s;
-    return pp_graph_run(t->g, feed, out);
-}
-
-static void on_free(one_node *t) {
-    for (int i = 0; i < t->n_in; i++) pp_tensor_free(t->in[i]);
-    pp_graph_free(t->g);
-}
-
-static pp_tensor *run_one(one_node *t) {
-    pp_tensor *y;
-    TU_OK(on_run(t, &y));
-    return y;
-}
-
-static void expect_error_msg(one_node *t, pp_status code, const char *part) {
-    pp_tensor *y[4];
-    pp_status s = on_run(t, y);
-    if (s == PP_OK) {
-        for (int k = 0; k < t->n_out; k++) pp_tensor_free(y[k]);
-        fail_msg("expected an error, got success");
-    }
-    if (s != code)
-        fail_msg("expected %s, got %s: %s", pp_status_name(code), pp_status_name(s),
-                 pp_last_error());
-    if (!strstr(pp_last_error(), "'n0'"))
-        fail_msg("message does not name the node: %s", pp_last_error());
-    if (part && !strstr(pp_last_error(), part))
-        fail_msg("message lacks \"%s\": %s", part, pp_last_error());
-}
-
-#define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
 /* n, values: for the (int n, const int64_t *axes) parameter pairs */
 #define AXES(...)                                                    \
     (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), \
         ((const int64_t[]){__VA_ARGS__})
-#define F32(nd, shape, ...) tu_f32(nd, shape, (const float[]){__VA_ARGS__})
-#define I64(nd, shape, ...) tu_i64(nd, shape, (const int64_t[]){__VA_ARGS__})
-
-static pp_tensor *typed(pp_dtype dt, int nd, const int64_t *shape, const double *vals) {
-    pp_tensor *t;
-    TU_OK(pp_tensor_empty(dt, nd, shape, &t));
-    for (int64_t i = 0; i < pp_tensor_numel(t); i++) pp_tensor_set_f64(t, i, vals[i]);
-    return t;
-}
-#define T(dt, nd, shape, ...) typed(dt, nd, shape, (const double[]){__VA_ARGS__})
-
-static void expect(pp_tensor *got, pp_tensor *want, double rtol, double atol, const char *what) {
-    tu_assert_close(got, want, rtol, atol, what);
-    pp_tensor_free(got);
-    pp_tensor_free(want);
-}
-
-static void expect_shape(const pp_tensor *t, int nd, const int64_t *shape) {
-    char a[64], b[64];
-    if (!pp_shape_equal(t->ndim, t->shape, nd, shape))
-        fail_msg("shape %s, expected %s", pp_shape_str(t->ndim, t->shape, a, sizeof a),
-                 pp_shape_str(nd, shape, b, sizeof b));
-}
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-static double urand(void) { /* uniform in [-1, 1) */
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (double)(rng_state >> 11) / (double)(1ull << 52) - 1.0;
-}
 
 static pp_tensor *rand_t(pp_dtype dt, int nd, const int64_t *shape, double scale) {
     pp_tensor *t;
     TU_OK(pp_tensor_empty(dt, nd, shape, &t));
-    for (int64_t i = 0; i < pp_tensor_numel(t); i++) pp_tensor_set_f64(t, i, urand() * scale);
+    for (int64_t i = 0; i < pp_tensor_numel(t); i++)
+        pp_tensor_set_f64(t, i, tu_urand(&rng_state) * scale);
     return t;
 }
 
 /* Reduce op over x with axes as an attribute (n >= 0) and keepdims. */
 static pp_tensor *reduce_attr(const char *op, pp_tensor *x, int n, const int64_t *axes,
                               int keepdims) {
-    one_node t;
-    on_init(&t, op, 1, (pp_tensor *[]){x});
+    tu_node t;
+    tu_node_init(&t, op, 1, (pp_tensor *[]){x}, 1, NULL);
     if (n >= 0) TU_OK(pp_node_set_ints(t.g, t.node, "axes", n, axes));
     TU_OK(pp_node_set_int(t.g, t.node, "keepdims", keepdims));
-    pp_tensor *y = run_one(&t);
-    on_free(&t);
+    pp_tensor *y = tu_node_run_one(&t);
+    tu_node_free(&t);
     return y;
 }
 
 /* Same with axes as input 1 (opset 13 ReduceSum, opset 18 others). */
 static pp_tensor *reduce_input(const char *op, pp_tensor *x, pp_tensor *axes, int keepdims,
                                int noop) {
-    one_node t;
-    on_init(&t, op, 2, (pp_tensor *[]){x, axes});
+    tu_node t;
+    tu_node_init(&t, op, 2, (pp_tensor *[]){x, axes}, 1, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "keepdims", keepdims));
     if (noop) TU_OK(pp_node_set_int(t.g, t.node, "noop_with_empty_axes", 1));
-    pp_tensor *y = run_one(&t);
-    on_free(&t);
+    pp_tensor *y = tu_node_run_one(&t);
+    tu_node_free(&t);
     return y;
 }
 
@@ -162,44 +57,44 @@ static void test_reduce_sum_hand(void **state) {
     (void)state;
     const int64_t *s = SHAPE(2, 3);
     pp_tensor *y = reduce_input("ReduceSum", F32(2, s, 1, 2, 3, 4, 5, 6), I64(1, SHAPE(1), 1), 1, 0);
-    expect(y, F32(2, SHAPE(2, 1), 6, 15), 0, 0, "sum axis 1 keepdims");
+    tu_expect(y, F32(2, SHAPE(2, 1), 6, 15), 0, 0, "sum axis 1 keepdims");
     y = reduce_input("ReduceSum", F32(2, s, 1, 2, 3, 4, 5, 6), I64(1, SHAPE(1), -2), 0, 0);
-    expect(y, F32(1, SHAPE(3), 5, 7, 9), 0, 0, "sum axis -2");
+    tu_expect(y, F32(1, SHAPE(3), 5, 7, 9), 0, 0, "sum axis -2");
     pp_tensor *empty;
     TU_OK(pp_tensor_empty(PP_I64, 1, SHAPE(0), &empty));
     y = reduce_input("ReduceSum", F32(2, s, 1, 2, 3, 4, 5, 6), empty, 0, 0);
     assert_int_equal(y->ndim, 0);
-    expect(y, F32(0, NULL, 21), 0, 0, "sum all (empty axes)");
+    tu_expect(y, F32(0, NULL, 21), 0, 0, "sum all (empty axes)");
     TU_OK(pp_tensor_empty(PP_I64, 1, SHAPE(0), &empty));
     y = reduce_input("ReduceSum", F32(2, s, 1, 2, 3, 4, 5, 6), empty, 1, 1);
-    expect(y, F32(2, s, 1, 2, 3, 4, 5, 6), 0, 0, "noop_with_empty_axes");
+    tu_expect(y, F32(2, s, 1, 2, 3, 4, 5, 6), 0, 0, "noop_with_empty_axes");
     y = reduce_attr("ReduceSum", F32(2, s, 1, 2, 3, 4, 5, 6), -1, NULL, 1);
-    expect(y, F32(2, SHAPE(1, 1), 21), 0, 0, "sum all keepdims (no axes)");
+    tu_expect(y, F32(2, SHAPE(1, 1), 21), 0, 0, "sum all keepdims (no axes)");
     y = reduce_input("ReduceSum", I64(2, s, 1, 2, 3, 4, 5, 6), I64(1, SHAPE(1), 1), 0, 0);
-    expect(y, I64(1, SHAPE(2), 6, 15), 0, 0, "sum int64");
+    tu_expect(y, I64(1, SHAPE(2), 6, 15), 0, 0, "sum int64");
 }
 
 static void test_reduce_kinds(void **state) {
     (void)state;
     const int64_t *s = SHAPE(2, 3);
 #define X F32(2, s, 1, -2, 3, 4, 5, -6)
-    expect(reduce_attr("ReduceMean", X, AXES(1), 0), F32(1, SHAPE(2), 2.0f / 3, 1), 1e-7, 0,
-           "mean");
-    expect(reduce_attr("ReduceMax", X, AXES(1), 0), F32(1, SHAPE(2), 3, 5), 0, 0, "max");
-    expect(reduce_attr("ReduceMin", X, AXES(0), 0), F32(1, SHAPE(3), 1, -2, -6), 0, 0, "min");
-    expect(reduce_attr("ReduceProd", X, AXES(1), 0), F32(1, SHAPE(2), -6, -120), 0, 0, "prod");
-    expect(reduce_attr("ReduceSumSquare", X, AXES(1), 0), F32(1, SHAPE(2), 14, 77), 0, 0,
-           "sumsquare");
-    expect(reduce_attr("ReduceL1", X, AXES(1), 0), F32(1, SHAPE(2), 6, 15), 0, 0, "l1");
-    expect(reduce_attr("ReduceL2", X, AXES(1), 0), F32(1, SHAPE(2), sqrtf(14), sqrtf(77)), 1e-7,
-           0, "l2");
+    tu_expect(reduce_attr("ReduceMean", X, AXES(1), 0), F32(1, SHAPE(2), 2.0f / 3, 1), 1e-7, 0,
+              "mean");
+    tu_expect(reduce_attr("ReduceMax", X, AXES(1), 0), F32(1, SHAPE(2), 3, 5), 0, 0, "max");
+    tu_expect(reduce_attr("ReduceMin", X, AXES(0), 0), F32(1, SHAPE(3), 1, -2, -6), 0, 0, "min");
+    tu_expect(reduce_attr("ReduceProd", X, AXES(1), 0), F32(1, SHAPE(2), -6, -120), 0, 0, "prod");
+    tu_expect(reduce_attr("ReduceSumSquare", X, AXES(1), 0), F32(1, SHAPE(2), 14, 77), 0, 0,
+              "sumsquare");
+    tu_expect(reduce_attr("ReduceL1", X, AXES(1), 0), F32(1, SHAPE(2), 6, 15), 0, 0, "l1");
+    tu_expect(reduce_attr("ReduceL2", X, AXES(1), 0), F32(1, SHAPE(2), sqrtf(14), sqrtf(77)), 1e-7,
+              0, "l2");
 #undef X
-    expect(reduce_attr("ReduceMax", F32(2, SHAPE(2, 2), 1, NAN, 3, 4), AXES(1), 0),
-           F32(1, SHAPE(2), NAN, 4), 0, 0, "max propagates NaN");
-    expect(reduce_attr("ReduceMax", T(PP_I32, 2, SHAPE(2, 2), 1, -5, -3, -4), AXES(1), 1),
-           T(PP_I32, 2, SHAPE(2, 1), 1, -3), 0, 0, "max int32");
-    expect(reduce_attr("ReduceMean", T(PP_F64, 1, SHAPE(3), 1, 2, 4), AXES(0), 0),
-           T(PP_F64, 0, NULL, 7.0 / 3), 1e-15, 0, "mean f64");
+    tu_expect(reduce_attr("ReduceMax", F32(2, SHAPE(2, 2), 1, NAN, 3, 4), AXES(1), 0),
+              F32(1, SHAPE(2), NAN, 4), 0, 0, "max propagates NaN");
+    tu_expect(reduce_attr("ReduceMax", T(PP_I32, 2, SHAPE(2, 2), 1, -5, -3, -4), AXES(1), 1),
+              T(PP_I32, 2, SHAPE(2, 1), 1, -3), 0, 0, "max int32");
+    tu_expect(reduce_attr("ReduceMean", T(PP_F64, 1, SHAPE(3), 1, 2, 4), AXES(0), 0),
+              T(PP_F64, 0, NULL, 7.0 / 3), 1e-15, 0, "mean f64");
 }
 
 /* Naive reference: reduce x over mask in double. */
@@ -255,7 +150,7 @@ static void test_reduce_random(void **state) {
                 snprintf(what, sizeof what, "%s shape case %zu mask %d", ops[kind], k, maskbits);
                 for (int d = 0; d < nd; d++)
                     if (y->shape[d] != (mask[d] ? 1 : shapes[k][d + 1])) fail_msg("%s: shape", what);
-                expect(y, typed(PP_F32, y->ndim, y->shape, want), 1e-5, 1e-5, what);
+                tu_expect(y, tu_typed(PP_F32, y->ndim, y->shape, want), 1e-5, 1e-5, what);
                 free(want);
                 pp_tensor_free(keep);
             }
@@ -273,7 +168,7 @@ static void test_reduce_long_row_accuracy(void **state) {
         want += ((float *)x->data)[i];
     }
     pp_tensor *y = reduce_attr("ReduceMean", x, AXES(0), 0);
-    expect(y, T(PP_F32, 0, NULL, want / N), 1e-6, 0, "mean of 2^20 elements");
+    tu_expect(y, T(PP_F32, 0, NULL, want / N), 1e-6, 0, "mean of 2^20 elements");
 }
 
 static void test_reduce_zero_size_and_scalar(void **state) {
@@ -281,41 +176,41 @@ static void test_reduce_zero_size_and_scalar(void **state) {
     pp_tensor *e;
     TU_OK(pp_tensor_empty(PP_F32, 2, SHAPE(0, 3), &e));
     pp_tensor *y = reduce_attr("ReduceSum", e, AXES(0), 0);
-    expect(y, F32(1, SHAPE(3), 0, 0, 0), 0, 0, "sum over empty axis");
+    tu_expect(y, F32(1, SHAPE(3), 0, 0, 0), 0, 0, "sum over empty axis");
     TU_OK(pp_tensor_empty(PP_F32, 2, SHAPE(0, 3), &e));
     y = reduce_attr("ReduceMean", e, AXES(0), 0);
-    expect(y, F32(1, SHAPE(3), NAN, NAN, NAN), 0, 0, "mean over empty axis");
+    tu_expect(y, F32(1, SHAPE(3), NAN, NAN, NAN), 0, 0, "mean over empty axis");
     TU_OK(pp_tensor_empty(PP_F32, 2, SHAPE(0, 3), &e));
     y = reduce_attr("ReduceSum", e, AXES(1), 1);
-    expect_shape(y, 2, SHAPE(0, 1));
+    tu_assert_shape(y, 2, SHAPE(0, 1));
     pp_tensor_free(y);
     y = reduce_attr("ReduceSum", F32(0, NULL, 2.5f), -1, NULL, 1);
     assert_int_equal(y->ndim, 0);
-    expect(y, F32(0, NULL, 2.5f), 0, 0, "sum of a scalar");
+    tu_expect(y, F32(0, NULL, 2.5f), 0, 0, "sum of a scalar");
 }
 
 static void test_reduce_errors(void **state) {
     (void)state;
-    one_node t;
-    on_init(&t, "ReduceSum", 2, (pp_tensor *[]){F32(1, SHAPE(2), 1, 2), I64(1, SHAPE(1), 1)});
-    expect_error_msg(&t, PP_ERR_INVALID, "axis 1 is out of range for rank 1");
-    on_free(&t);
-    on_init(&t, "ReduceMean", 1, (pp_tensor *[]){F32(2, SHAPE(1, 2), 1, 2)});
+    tu_node t;
+    tu_node_init(&t, "ReduceSum", 2, (pp_tensor *[]){F32(1, SHAPE(2), 1, 2), I64(1, SHAPE(1), 1)}, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_INVALID, "axis 1 is out of range for rank 1");
+    tu_node_free(&t);
+    tu_node_init(&t, "ReduceMean", 1, (pp_tensor *[]){F32(2, SHAPE(1, 2), 1, 2)}, 1, NULL);
     TU_OK(pp_node_set_ints(t.g, t.node, "axes", AXES(1, -1)));
-    expect_error_msg(&t, PP_ERR_INVALID, "twice");
-    on_free(&t);
+    tu_node_expect_error(&t, PP_ERR_INVALID, "twice");
+    tu_node_free(&t);
     pp_tensor *b;
     TU_OK(pp_tensor_new(PP_BOOL, 1, SHAPE(2), &b));
-    on_init(&t, "ReduceMean", 1, (pp_tensor *[]){b});
-    expect_error_msg(&t, PP_ERR_UNSUPPORTED, "bool");
-    on_free(&t);
-    on_init(&t, "ReduceMean", 1, (pp_tensor *[]){F32(1, SHAPE(2), 1, 2)});
+    tu_node_init(&t, "ReduceMean", 1, (pp_tensor *[]){b}, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_UNSUPPORTED, "bool");
+    tu_node_free(&t);
+    tu_node_init(&t, "ReduceMean", 1, (pp_tensor *[]){F32(1, SHAPE(2), 1, 2)}, 1, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "keepdims", 2));
-    expect_error_msg(&t, PP_ERR_INVALID, "keepdims");
-    on_free(&t);
-    on_init(&t, "ReduceSum", 2, (pp_tensor *[]){F32(1, SHAPE(2), 1, 2), F32(1, SHAPE(1), 0)});
-    expect_error_msg(&t, PP_ERR_SHAPE, "axes");
-    on_free(&t);
+    tu_node_expect_error(&t, PP_ERR_INVALID, "keepdims");
+    tu_node_free(&t);
+    tu_node_init(&t, "ReduceSum", 2, (pp_tensor *[]){F32(1, SHAPE(2), 1, 2), F32(1, SHAPE(1), 0)}, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, "axes");
+    tu_node_free(&t);
 }
 
 /* -------------------------------------------------------------- ArgMax */
@@ -323,24 +218,24 @@ static void test_reduce_errors(void **state) {
 static void test_argmax(void **state) {
     (void)state;
     const int64_t *s = SHAPE(2, 3);
-    one_node t;
-    on_init(&t, "ArgMax", 1, (pp_tensor *[]){F32(2, s, 1, 5, 5, 7, 2, 7)});
+    tu_node t;
+    tu_node_init(&t, "ArgMax", 1, (pp_tensor *[]){F32(2, s, 1, 5, 5, 7, 2, 7)}, 1, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "axis", 1));
-    expect(run_one(&t), I64(2, SHAPE(2, 1), 1, 0), 0, 0, "argmax axis 1");
+    tu_expect(tu_node_run_one(&t), I64(2, SHAPE(2, 1), 1, 0), 0, 0, "argmax axis 1");
     TU_OK(pp_node_set_int(t.g, t.node, "select_last_index", 1));
-    expect(run_one(&t), I64(2, SHAPE(2, 1), 2, 2), 0, 0, "argmax select_last_index");
-    on_free(&t);
-    on_init(&t, "ArgMin", 1, (pp_tensor *[]){F32(2, s, 1, 5, 5, 7, 2, 7)});
+    tu_expect(tu_node_run_one(&t), I64(2, SHAPE(2, 1), 2, 2), 0, 0, "argmax select_last_index");
+    tu_node_free(&t);
+    tu_node_init(&t, "ArgMin", 1, (pp_tensor *[]){F32(2, s, 1, 5, 5, 7, 2, 7)}, 1, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "keepdims", 0));
-    expect(run_one(&t), I64(1, SHAPE(3), 0, 1, 0), 0, 0, "argmin axis 0");
-    on_free(&t);
-    on_init(&t, "ArgMax", 1, (pp_tensor *[]){F32(1, SHAPE(3), 1, NAN, 3)});
-    expect(run_one(&t), I64(1, SHAPE(1), 1), 0, 0, "argmax NaN wins");
-    on_free(&t);
-    on_init(&t, "ArgMax", 1, (pp_tensor *[]){I64(1, SHAPE(3), 1, 9, 3)});
+    tu_expect(tu_node_run_one(&t), I64(1, SHAPE(3), 0, 1, 0), 0, 0, "argmin axis 0");
+    tu_node_free(&t);
+    tu_node_init(&t, "ArgMax", 1, (pp_tensor *[]){F32(1, SHAPE(3), 1, NAN, 3)}, 1, NULL);
+    tu_expect(tu_node_run_one(&t), I64(1, SHAPE(1), 1), 0, 0, "argmax NaN wins");
+    tu_node_free(&t);
+    tu_node_init(&t, "ArgMax", 1, (pp_tensor *[]){I64(1, SHAPE(3), 1, 9, 3)}, 1, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "axis", -1));
-    expect(run_one(&t), I64(1, SHAPE(1), 1), 0, 0, "argmax int64");
-    on_free(&t);
+    tu_expect(tu_node_run_one(&t), I64(1, SHAPE(1), 1), 0, 0, "argmax int64");
+    tu_node_free(&t);
 }
 
 /* ------------------------------------------------------------- Softmax */
@@ -365,7 +260,7 @@ static void check_softmax(const char *op, pp_dtype dt, int nd, const int64_t *sh
     for (int d = 0; d < nd; d++) n *= shape[d];
     double *x = malloc(sizeof(double) * (size_t)n), *y = malloc(sizeof(double) * (size_t)n);
     for (int64_t i = 0; i < n; i++) {
-        x[i] = urand() * scale;
+        x[i] = tu_urand(&rng_state) * scale;
         if (dt == PP_F32) x[i] = (float)x[i];
     }
     int a = (int)(axis < 0 ? axis + nd : axis);
@@ -373,16 +268,16 @@ static void check_softmax(const char *op, pp_dtype dt, int nd, const int64_t *sh
     for (int d = 0; d < a; d++) outer *= shape[d];
     for (int d = a + 1; d < nd; d++) inner *= shape[d];
     ref_softmax(x, outer, shape[a], inner, strcmp(op, "LogSoftmax") == 0, y);
-    one_node t;
-    on_init(&t, op, 1, (pp_tensor *[]){typed(dt, nd, shape, x)});
+    tu_node t;
+    tu_node_init(&t, op, 1, (pp_tensor *[]){tu_typed(dt, nd, shape, x)}, 1, NULL);
     if (set_axis) TU_OK(pp_node_set_int(t.g, t.node, "axis", axis));
     char what[96];
     snprintf(what, sizeof what, "%s %s axis %lld", op, pp_dtype_name(dt), (long long)axis);
     /* LogSoftmax values near 0 come from a cancellation, so f32 gets an
      * absolute tolerance of a few ulp of the inputs' magnitude. */
     double rtol = dt == PP_F32 ? 2e-6 : 1e-13, atol = dt == PP_F32 ? 1e-6 : 1e-14;
-    expect(run_one(&t), typed(dt, nd, shape, y), rtol, atol, what);
-    on_free(&t);
+    tu_expect(tu_node_run_one(&t), tu_typed(dt, nd, shape, y), rtol, atol, what);
+    tu_node_free(&t);
     free(x);
     free(y);
 }
@@ -399,48 +294,48 @@ static void test_softmax(void **state) {
         check_softmax(ops[k], PP_F64, 2, SHAPE(2, 1000), -1, 1, 30);
     }
     /* large logits: numerically stable */
-    one_node t;
-    on_init(&t, "Softmax", 1, (pp_tensor *[]){F32(1, SHAPE(3), 1000, 1001, 1002)});
-    expect(run_one(&t), F32(1, SHAPE(3), 0.09003057f, 0.24472847f, 0.66524096f), 1e-6, 0,
-           "softmax large");
-    on_free(&t);
-    on_init(&t, "LogSoftmax", 1, (pp_tensor *[]){F32(1, SHAPE(3), 1000, 1001, 1002)});
-    expect(run_one(&t), F32(1, SHAPE(3), -2.40760596f, -1.40760596f, -0.40760596f), 1e-6, 0,
-           "logsoftmax large");
-    on_free(&t);
+    tu_node t;
+    tu_node_init(&t, "Softmax", 1, (pp_tensor *[]){F32(1, SHAPE(3), 1000, 1001, 1002)}, 1, NULL);
+    tu_expect(tu_node_run_one(&t), F32(1, SHAPE(3), 0.09003057f, 0.24472847f, 0.66524096f), 1e-6, 0,
+              "softmax large");
+    tu_node_free(&t);
+    tu_node_init(&t, "LogSoftmax", 1, (pp_tensor *[]){F32(1, SHAPE(3), 1000, 1001, 1002)}, 1, NULL);
+    tu_expect(tu_node_run_one(&t), F32(1, SHAPE(3), -2.40760596f, -1.40760596f, -0.40760596f), 1e-6, 0,
+              "logsoftmax large");
+    tu_node_free(&t);
     /* -inf entries (masked attention) get probability 0 */
-    on_init(&t, "Softmax", 1, (pp_tensor *[]){F32(1, SHAPE(3), 0, -INFINITY, 0)});
-    expect(run_one(&t), F32(1, SHAPE(3), 0.5f, 0, 0.5f), 1e-7, 0, "softmax -inf");
-    on_free(&t);
+    tu_node_init(&t, "Softmax", 1, (pp_tensor *[]){F32(1, SHAPE(3), 0, -INFINITY, 0)}, 1, NULL);
+    tu_expect(tu_node_run_one(&t), F32(1, SHAPE(3), 0.5f, 0, 0.5f), 1e-7, 0, "softmax -inf");
+    tu_node_free(&t);
 }
 
 static void test_softmax_opset11_and_edges(void **state) {
     (void)state;
     /* Opset < 13 coerces to 2-D at axis (default 1): [2,2,2] normalises
      * over the last 4 elements of each batch row. */
-    one_node t;
-    on_init(&t, "Softmax", 1, (pp_tensor *[]){F32(3, SHAPE(2, 2, 2), 0, 0, 0, 0, 1, 1, 1, 1)});
+    tu_node t;
+    tu_node_init(&t, "Softmax", 1, (pp_tensor *[]){F32(3, SHAPE(2, 2, 2), 0, 0, 0, 0, 1, 1, 1, 1)}, 1, NULL);
     t.g->opset = 11;
-    expect(run_one(&t), F32(3, SHAPE(2, 2, 2), .25f, .25f, .25f, .25f, .25f, .25f, .25f, .25f),
-           1e-7, 0, "opset 11 softmax");
-    on_free(&t);
+    tu_expect(tu_node_run_one(&t), F32(3, SHAPE(2, 2, 2), .25f, .25f, .25f, .25f, .25f, .25f, .25f, .25f),
+              1e-7, 0, "opset 11 softmax");
+    tu_node_free(&t);
     pp_tensor *e;
     TU_OK(pp_tensor_empty(PP_F32, 2, SHAPE(0, 5), &e));
-    on_init(&t, "Softmax", 1, (pp_tensor *[]){e});
-    pp_tensor *y = run_one(&t);
-    expect_shape(y, 2, SHAPE(0, 5));
+    tu_node_init(&t, "Softmax", 1, (pp_tensor *[]){e}, 1, NULL);
+    pp_tensor *y = tu_node_run_one(&t);
+    tu_assert_shape(y, 2, SHAPE(0, 5));
     pp_tensor_free(y);
-    on_free(&t);
-    on_init(&t, "LogSoftmax", 1, (pp_tensor *[]){F32(0, NULL, 3)});
-    expect(run_one(&t), F32(0, NULL, 0), 0, 0, "logsoftmax scalar");
-    on_free(&t);
-    on_init(&t, "Softmax", 1, (pp_tensor *[]){F32(2, SHAPE(1, 2), 1, 2)});
+    tu_node_free(&t);
+    tu_node_init(&t, "LogSoftmax", 1, (pp_tensor *[]){F32(0, NULL, 3)}, 1, NULL);
+    tu_expect(tu_node_run_one(&t), F32(0, NULL, 0), 0, 0, "logsoftmax scalar");
+    tu_node_free(&t);
+    tu_node_init(&t, "Softmax", 1, (pp_tensor *[]){F32(2, SHAPE(1, 2), 1, 2)}, 1, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "axis", 2));
-    expect_error_msg(&t, PP_ERR_INVALID, "axis 2 is out of range for rank 2");
-    on_free(&t);
-    on_init(&t, "Softmax", 1, (pp_tensor *[]){I64(1, SHAPE(2), 1, 2)});
-    expect_error_msg(&t, PP_ERR_UNSUPPORTED, "int64");
-    on_free(&t);
+    tu_node_expect_error(&t, PP_ERR_INVALID, "axis 2 is out of range for rank 2");
+    tu_node_free(&t);
+    tu_node_init(&t, "Softmax", 1, (pp_tensor *[]){I64(1, SHAPE(2), 1, 2)}, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_UNSUPPORTED, "int64");
+    tu_node_free(&t);
 }
 
 /* ---------------------------------------------------- LayerNormalization */
@@ -470,29 +365,29 @@ static void check_layernorm(pp_dtype dt, int nd, const int64_t *shape, int64_t a
     double *x = malloc(sizeof(double) * n), *y = malloc(sizeof(double) * n);
     double *w = malloc(sizeof(double) * (size_t)len), *b = malloc(sizeof(double) * (size_t)len);
     double *mean = malloc(sizeof(double) * (size_t)rows), *inv = malloc(sizeof(double) * (size_t)rows);
-    for (int64_t i = 0; i < rows * len; i++) x[i] = (float)(urand() * 3 + 1);
+    for (int64_t i = 0; i < rows * len; i++) x[i] = (float)(tu_urand(&rng_state) * 3 + 1);
     for (int64_t i = 0; i < len; i++) {
-        w[i] = (float)(urand() + 1);
-        b[i] = (float)urand();
+        w[i] = (float)(tu_urand(&rng_state) + 1);
+        b[i] = (float)tu_urand(&rng_state);
     }
     ref_layernorm(x, rows, len, w, bias ? b : NULL, (double)eps, y, mean, inv);
-    one_node t;
-    pp_tensor *ins[3] = {typed(dt, nd, shape, x), typed(dt, nd - a, shape + a, w),
-                         bias ? typed(dt, nd - a, shape + a, b) : NULL};
-    on_init_out(&t, "LayerNormalization", bias ? 3 : 2, ins, 3, NULL);
+    tu_node t;
+    pp_tensor *ins[3] = {tu_typed(dt, nd, shape, x), tu_typed(dt, nd - a, shape + a, w),
+                         bias ? tu_typed(dt, nd - a, shape + a, b) : NULL};
+    tu_node_init(&t, "LayerNormalization", bias ? 3 : 2, ins, 3, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "axis", axis));
     TU_OK(pp_node_set_float(t.g, t.node, "epsilon", eps));
     pp_tensor *out[3];
-    TU_OK(on_run(&t, out));
+    TU_OK(tu_node_run(&t, out));
     int64_t sshape[PP_MAX_DIMS];
     for (int d = 0; d < nd; d++) sshape[d] = d < a ? shape[d] : 1;
     char what[96];
     snprintf(what, sizeof what, "LayerNorm %s axis %lld", pp_dtype_name(dt), (long long)axis);
     double tol = dt == PP_F32 ? 1e-5 : 1e-12;
-    expect(out[0], typed(dt, nd, shape, y), tol, tol, what);
-    expect(out[1], typed(PP_F32, nd, sshape, mean), 1e-6, 1e-6, "LayerNorm mean");
-    expect(out[2], typed(PP_F32, nd, sshape, inv), 1e-5, 1e-6, "LayerNorm inv std");
-    on_free(&t);
+    tu_expect(out[0], tu_typed(dt, nd, shape, y), tol, tol, what);
+    tu_expect(out[1], tu_typed(PP_F32, nd, sshape, mean), 1e-6, 1e-6, "LayerNorm mean");
+    tu_expect(out[2], tu_typed(PP_F32, nd, sshape, inv), 1e-5, 1e-6, "LayerNorm inv std");
+    tu_node_free(&t);
     free(x);
     free(y);
     free(w);
@@ -510,65 +405,65 @@ static void test_layernorm(void **state) {
     check_layernorm(PP_F32, 1, SHAPE(1), -1, 1, 1e-5f);
 
     /* hand-computed: rows [1,2,3] and [2,2,2], scale 1, bias 0, eps 0 */
-    one_node t;
-    on_init_out(&t, "LayerNormalization", 2,
-                (pp_tensor *[]){F32(2, SHAPE(2, 3), 1, 2, 3, 2, 2, 2), F32(1, SHAPE(3), 1, 1, 1)},
-                1, NULL);
+    tu_node t;
+    tu_node_init(&t, "LayerNormalization", 2,
+                 (pp_tensor *[]){F32(2, SHAPE(2, 3), 1, 2, 3, 2, 2, 2), F32(1, SHAPE(3), 1, 1, 1)},
+                 1, NULL);
     TU_OK(pp_node_set_float(t.g, t.node, "epsilon", 0));
-    pp_tensor *y = run_one(&t);
+    pp_tensor *y = tu_node_run_one(&t);
     const float *d = y->data;
     float r = sqrtf(1.5f);
     assert_true(fabsf(d[0] + r) < 1e-6f && fabsf(d[1]) < 1e-6f && fabsf(d[2] - r) < 1e-6f);
     assert_true(isnan(d[3])); /* 0 / sqrt(0): as the ONNX reference */
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     /* a scale of shape [1] broadcasts over the normalised dims */
-    on_init_out(&t, "LayerNormalization", 3,
-                (pp_tensor *[]){F32(2, SHAPE(1, 2), 1, 3), F32(1, SHAPE(1), 2), F32(0, NULL, 1)},
-                1, NULL);
+    tu_node_init(&t, "LayerNormalization", 3,
+                 (pp_tensor *[]){F32(2, SHAPE(1, 2), 1, 3), F32(1, SHAPE(1), 2), F32(0, NULL, 1)},
+                 1, NULL);
     TU_OK(pp_node_set_float(t.g, t.node, "epsilon", 0));
-    expect(run_one(&t), F32(2, SHAPE(1, 2), -1, 3), 1e-6, 0, "broadcast scale and bias");
-    on_free(&t);
+    tu_expect(tu_node_run_one(&t), F32(2, SHAPE(1, 2), -1, 3), 1e-6, 0, "broadcast scale and bias");
+    tu_node_free(&t);
 
     /* only Mean requested, InvStdDev omitted */
-    on_init_out(&t, "LayerNormalization", 2,
-                (pp_tensor *[]){F32(2, SHAPE(1, 2), 1, 3), F32(1, SHAPE(2), 1, 1)}, 2,
-                (const char *const[]){"y", "m"});
+    tu_node_init(&t, "LayerNormalization", 2,
+                 (pp_tensor *[]){F32(2, SHAPE(1, 2), 1, 3), F32(1, SHAPE(2), 1, 1)}, 2,
+                 (const char *const[]){"y", "m"});
     pp_tensor *out[2];
-    TU_OK(on_run(&t, out));
-    expect(out[1], F32(2, SHAPE(1, 1), 2), 0, 0, "mean only");
+    TU_OK(tu_node_run(&t, out));
+    tu_expect(out[1], F32(2, SHAPE(1, 1), 2), 0, 0, "mean only");
     pp_tensor_free(out[0]);
-    on_free(&t);
-    on_init_out(&t, "LayerNormalization", 2,
-                (pp_tensor *[]){F32(2, SHAPE(1, 2), 1, 3), F32(1, SHAPE(2), 1, 1)}, 3,
-                (const char *const[]){"y", "", "inv"});
-    TU_OK(on_run(&t, out));
+    tu_node_free(&t);
+    tu_node_init(&t, "LayerNormalization", 2,
+                 (pp_tensor *[]){F32(2, SHAPE(1, 2), 1, 3), F32(1, SHAPE(2), 1, 1)}, 3,
+                 (const char *const[]){"y", "", "inv"});
+    TU_OK(tu_node_run(&t, out));
     assert_int_equal(out[1]->dtype, PP_F32);
     pp_tensor_free(out[0]);
     pp_tensor_free(out[1]);
-    on_free(&t);
+    tu_node_free(&t);
 }
 
 static void test_layernorm_errors(void **state) {
     (void)state;
-    one_node t;
-    on_init(&t, "LayerNormalization", 2,
-            (pp_tensor *[]){F32(2, SHAPE(2, 3), 1, 2, 3, 4, 5, 6), F32(1, SHAPE(2), 1, 1)});
-    expect_error_msg(&t, PP_ERR_SHAPE, "Scale shape [2] does not fit normalised shape [3]");
-    on_free(&t);
-    on_init(&t, "LayerNormalization", 2,
-            (pp_tensor *[]){F32(2, SHAPE(2, 3), 1, 2, 3, 4, 5, 6), T(PP_F64, 1, SHAPE(3), 1, 1, 1)});
-    expect_error_msg(&t, PP_ERR_SHAPE, "float64");
-    on_free(&t);
-    on_init(&t, "LayerNormalization", 2, (pp_tensor *[]){I64(1, SHAPE(1), 1), I64(1, SHAPE(1), 1)});
-    expect_error_msg(&t, PP_ERR_UNSUPPORTED, "int64");
-    on_free(&t);
-    on_init(&t, "LayerNormalization", 2,
-            (pp_tensor *[]){F32(1, SHAPE(1), 1), F32(1, SHAPE(1), 1)});
+    tu_node t;
+    tu_node_init(&t, "LayerNormalization", 2,
+                 (pp_tensor *[]){F32(2, SHAPE(2, 3), 1, 2, 3, 4, 5, 6), F32(1, SHAPE(2), 1, 1)}, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, "Scale shape [2] does not fit normalised shape [3]");
+    tu_node_free(&t);
+    tu_node_init(&t, "LayerNormalization", 2,
+                 (pp_tensor *[]){F32(2, SHAPE(2, 3), 1, 2, 3, 4, 5, 6), T(PP_F64, 1, SHAPE(3), 1, 1, 1)}, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, "float64");
+    tu_node_free(&t);
+    tu_node_init(&t, "LayerNormalization", 2, (pp_tensor *[]){I64(1, SHAPE(1), 1), I64(1, SHAPE(1), 1)}, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_UNSUPPORTED, "int64");
+    tu_node_free(&t);
+    tu_node_init(&t, "LayerNormalization", 2,
+                 (pp_tensor *[]){F32(1, SHAPE(1), 1), F32(1, SHAPE(1), 1)}, 1, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "stash_type", 10));
-    expect_error_msg(&t, PP_ERR_UNSUPPORTED, "stash_type");
-    on_free(&t);
+    tu_node_expect_error(&t, PP_ERR_UNSUPPORTED, "stash_type");
+    tu_node_free(&t);
 }
 
 /* ------------------------------------------------ SoftmaxCrossEntropyLoss */
@@ -603,33 +498,33 @@ static void check_sce(int nd, const int64_t *shape, const char *red, int weights
     double *none = malloc(sizeof(double) * (size_t)(n * inner)), w[16];
     int64_t *lab = malloc(sizeof(int64_t) * (size_t)(n * inner));
     double labd[256];
-    for (int64_t i = 0; i < total; i++) x[i] = (float)(urand() * 3);
+    for (int64_t i = 0; i < total; i++) x[i] = (float)(tu_urand(&rng_state) * 3);
     for (int64_t i = 0; i < n * inner; i++) {
-        lab[i] = (int64_t)((urand() + 1) / 2 * (double)c) % c;
+        lab[i] = (int64_t)((tu_urand(&rng_state) + 1) / 2 * (double)c) % c;
         if (has_ii && i % 3 == 1) lab[i] = ii;
         labd[i] = (double)lab[i];
     }
-    for (int64_t k = 0; k < c; k++) w[k] = (float)(urand() + 1.5);
+    for (int64_t k = 0; k < c; k++) w[k] = (float)(tu_urand(&rng_state) + 1.5);
     double loss = ref_sce(x, lab, weights ? w : NULL, n, c, inner, has_ii, ii, red, none, lp);
     int64_t lshape[PP_MAX_DIMS];
     lshape[0] = n;
     for (int d = 2; d < nd; d++) lshape[d - 1] = shape[d];
-    pp_tensor *ins[3] = {typed(PP_F32, nd, shape, x), typed(label_dt, nd - 1, lshape, labd),
-                         weights ? typed(PP_F32, 1, SHAPE(c), w) : NULL};
-    one_node t;
-    on_init_out(&t, "SoftmaxCrossEntropyLoss", weights ? 3 : 2, ins, 2, NULL);
+    pp_tensor *ins[3] = {tu_typed(PP_F32, nd, shape, x), tu_typed(label_dt, nd - 1, lshape, labd),
+                         weights ? tu_typed(PP_F32, 1, SHAPE(c), w) : NULL};
+    tu_node t;
+    tu_node_init(&t, "SoftmaxCrossEntropyLoss", weights ? 3 : 2, ins, 2, NULL);
     TU_OK(pp_node_set_string(t.g, t.node, "reduction", red));
     if (has_ii) TU_OK(pp_node_set_int(t.g, t.node, "ignore_index", ii));
     pp_tensor *out[2];
-    TU_OK(on_run(&t, out));
+    TU_OK(tu_node_run(&t, out));
     char what[128];
     snprintf(what, sizeof what, "sce nd %d %s weights %d ii %d", nd, red, weights, has_ii);
     if (strcmp(red, "none") == 0)
-        expect(out[0], typed(PP_F32, nd - 1, lshape, none), 1e-5, 1e-6, what);
+        tu_expect(out[0], tu_typed(PP_F32, nd - 1, lshape, none), 1e-5, 1e-6, what);
     else
-        expect(out[0], T(PP_F32, 0, NULL, loss), 1e-5, 1e-6, what);
-    expect(out[1], typed(PP_F32, nd, shape, lp), 1e-5, 1e-6, "sce log_prob");
-    on_free(&t);
+        tu_expect(out[0], T(PP_F32, 0, NULL, loss), 1e-5, 1e-6, what);
+    tu_expect(out[1], tu_typed(PP_F32, nd, shape, lp), 1e-5, 1e-6, "sce log_prob");
+    tu_node_free(&t);
     free(x);
     free(lp);
     free(none);
@@ -649,78 +544,78 @@ static void test_sce(void **state) {
     check_sce(4, SHAPE(2, 3, 2, 4), "sum", 1, 0, 0, PP_I64);
 
     /* hand-computed: uniform scores over 4 classes, loss log 4 */
-    one_node t;
-    on_init(&t, "SoftmaxCrossEntropyLoss", 2,
-            (pp_tensor *[]){F32(2, SHAPE(2, 4), 0, 0, 0, 0, 1, 1, 1, 1), I64(1, SHAPE(2), 3, 0)});
-    pp_tensor *y = run_one(&t);
+    tu_node t;
+    tu_node_init(&t, "SoftmaxCrossEntropyLoss", 2,
+                 (pp_tensor *[]){F32(2, SHAPE(2, 4), 0, 0, 0, 0, 1, 1, 1, 1), I64(1, SHAPE(2), 3, 0)}, 1, NULL);
+    pp_tensor *y = tu_node_run_one(&t);
     assert_int_equal(y->ndim, 0);
-    expect(y, F32(0, NULL, logf(4)), 1e-6, 0, "sce uniform");
-    on_free(&t);
+    tu_expect(y, F32(0, NULL, logf(4)), 1e-6, 0, "sce uniform");
+    tu_node_free(&t);
 }
 
 static void test_sce_errors(void **state) {
     (void)state;
-    one_node t;
-    on_init(&t, "SoftmaxCrossEntropyLoss", 2,
-            (pp_tensor *[]){F32(2, SHAPE(2, 2), 0, 0, 0, 0), I64(1, SHAPE(2), 0, 2)});
-    expect_error_msg(&t, PP_ERR_INVALID, "label 2 at position 1 is out of range [0, 2)");
-    on_free(&t);
-    on_init(&t, "SoftmaxCrossEntropyLoss", 2,
-            (pp_tensor *[]){F32(2, SHAPE(2, 2), 0, 0, 0, 0), I64(1, SHAPE(3), 0, 1, 0)});
-    expect_error_msg(&t, PP_ERR_SHAPE, "labels shape [3] does not fit scores shape [2,2]");
-    on_free(&t);
-    on_init(&t, "SoftmaxCrossEntropyLoss", 2,
-            (pp_tensor *[]){F32(2, SHAPE(2, 2), 0, 0, 0, 0), F32(1, SHAPE(2), 0, 1)});
-    expect_error_msg(&t, PP_ERR_SHAPE, "labels have dtype float32");
-    on_free(&t);
-    on_init(&t, "SoftmaxCrossEntropyLoss", 3,
-            (pp_tensor *[]){F32(2, SHAPE(2, 2), 0, 0, 0, 0), I64(1, SHAPE(2), 0, 1),
-                            F32(1, SHAPE(3), 1, 1, 1)});
-    expect_error_msg(&t, PP_ERR_SHAPE, "weights");
-    on_free(&t);
-    on_init(&t, "SoftmaxCrossEntropyLoss", 2,
-            (pp_tensor *[]){F32(2, SHAPE(2, 2), 0, 0, 0, 0), I64(1, SHAPE(2), 0, 1)});
+    tu_node t;
+    tu_node_init(&t, "SoftmaxCrossEntropyLoss", 2,
+                 (pp_tensor *[]){F32(2, SHAPE(2, 2), 0, 0, 0, 0), I64(1, SHAPE(2), 0, 2)}, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_INVALID, "label 2 at position 1 is out of range [0, 2)");
+    tu_node_free(&t);
+    tu_node_init(&t, "SoftmaxCrossEntropyLoss", 2,
+                 (pp_tensor *[]){F32(2, SHAPE(2, 2), 0, 0, 0, 0), I64(1, SHAPE(3), 0, 1, 0)}, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, "labels shape [3] does not fit scores shape [2,2]");
+    tu_node_free(&t);
+    tu_node_init(&t, "SoftmaxCrossEntropyLoss", 2,
+                 (pp_tensor *[]){F32(2, SHAPE(2, 2), 0, 0, 0, 0), F32(1, SHAPE(2), 0, 1)}, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, "labels have dtype float32");
+    tu_node_free(&t);
+    tu_node_init(&t, "SoftmaxCrossEntropyLoss", 3,
+                 (pp_tensor *[]){F32(2, SHAPE(2, 2), 0, 0, 0, 0), I64(1, SHAPE(2), 0, 1),
+                            F32(1, SHAPE(3), 1, 1, 1)}, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, "weights");
+    tu_node_free(&t);
+    tu_node_init(&t, "SoftmaxCrossEntropyLoss", 2,
+                 (pp_tensor *[]){F32(2, SHAPE(2, 2), 0, 0, 0, 0), I64(1, SHAPE(2), 0, 1)}, 1, NULL);
     TU_OK(pp_node_set_string(t.g, t.node, "reduction", "max"));
-    expect_error_msg(&t, PP_ERR_INVALID, "reduction");
-    on_free(&t);
+    tu_node_expect_error(&t, PP_ERR_INVALID, "reduction");
+    tu_node_free(&t);
 }
 
 static void test_nll(void **state) {
     (void)state;
     /* log-probs [2,3]; labels 2 and 0 (ignored via ignore_index 0) */
-    one_node t;
-    on_init(&t, "NegativeLogLikelihoodLoss", 3,
-            (pp_tensor *[]){F32(2, SHAPE(2, 3), -1, -2, -3, -4, -5, -6), I64(1, SHAPE(2), 2, 0),
-                            F32(1, SHAPE(3), 1, 2, 4)});
+    tu_node t;
+    tu_node_init(&t, "NegativeLogLikelihoodLoss", 3,
+                 (pp_tensor *[]){F32(2, SHAPE(2, 3), -1, -2, -3, -4, -5, -6), I64(1, SHAPE(2), 2, 0),
+                            F32(1, SHAPE(3), 1, 2, 4)}, 1, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "ignore_index", 0));
-    expect(run_one(&t), F32(0, NULL, 3), 0, 0, "nll mean weight ii"); /* (3*4)/4 */
+    tu_expect(tu_node_run_one(&t), F32(0, NULL, 3), 0, 0, "nll mean weight ii"); /* (3*4)/4 */
     TU_OK(pp_node_set_string(t.g, t.node, "reduction", "none"));
-    expect(run_one(&t), F32(1, SHAPE(2), 12, 0), 0, 0, "nll none");
-    on_free(&t);
-    on_init(&t, "NegativeLogLikelihoodLoss", 2,
-            (pp_tensor *[]){F32(3, SHAPE(1, 2, 2), -1, -2, -3, -4), I64(2, SHAPE(1, 2), 1, 0)});
+    tu_expect(tu_node_run_one(&t), F32(1, SHAPE(2), 12, 0), 0, 0, "nll none");
+    tu_node_free(&t);
+    tu_node_init(&t, "NegativeLogLikelihoodLoss", 2,
+                 (pp_tensor *[]){F32(3, SHAPE(1, 2, 2), -1, -2, -3, -4), I64(2, SHAPE(1, 2), 1, 0)}, 1, NULL);
     TU_OK(pp_node_set_string(t.g, t.node, "reduction", "sum"));
-    expect(run_one(&t), F32(0, NULL, 5), 0, 0, "nll NCd sum"); /* -(-3) + -(-2) */
-    on_free(&t);
+    tu_expect(tu_node_run_one(&t), F32(0, NULL, 5), 0, 0, "nll NCd sum"); /* -(-3) + -(-2) */
+    tu_node_free(&t);
 }
 
 static void test_reduce_log_sum_exp_hardmax(void **state) {
     (void)state;
     const int64_t *s = SHAPE(2, 3);
-    expect(reduce_attr("ReduceLogSumExp", F32(2, s, 1, 2, 3, 1000, 1000, -INFINITY), AXES(1), 0),
-           F32(1, SHAPE(2), 3.40760596f, 1000.693147f), 1e-6, 0, "logsumexp stable");
-    expect(reduce_attr("ReduceLogSumExp", F32(2, s, 1, 2, 3, 4, 5, 6), AXES(0), 1),
-           F32(2, SHAPE(1, 3), 4.04858735f, 5.04858735f, 6.04858735f), 1e-6, 0, "logsumexp axis 0");
-    expect(reduce_attr("ReduceLogSumExp", F32(1, SHAPE(2), -INFINITY, -INFINITY), AXES(0), 0),
-           F32(0, NULL, -INFINITY), 0, 0, "logsumexp of -inf");
-    expect(reduce_attr("ReduceLogSum", F32(2, s, 1, 2, 3, 4, 5, 6), AXES(1), 0),
-           F32(1, SHAPE(2), logf(6), logf(15)), 1e-6, 0, "logsum");
-    one_node t;
-    on_init(&t, "Hardmax", 1, (pp_tensor *[]){F32(2, s, 1, 3, 3, 7, 2, 1)});
-    expect(run_one(&t), F32(2, s, 0, 1, 0, 1, 0, 0), 0, 0, "hardmax last axis");
+    tu_expect(reduce_attr("ReduceLogSumExp", F32(2, s, 1, 2, 3, 1000, 1000, -INFINITY), AXES(1), 0),
+              F32(1, SHAPE(2), 3.40760596f, 1000.693147f), 1e-6, 0, "logsumexp stable");
+    tu_expect(reduce_attr("ReduceLogSumExp", F32(2, s, 1, 2, 3, 4, 5, 6), AXES(0), 1),
+              F32(2, SHAPE(1, 3), 4.04858735f, 5.04858735f, 6.04858735f), 1e-6, 0, "logsumexp axis 0");
+    tu_expect(reduce_attr("ReduceLogSumExp", F32(1, SHAPE(2), -INFINITY, -INFINITY), AXES(0), 0),
+              F32(0, NULL, -INFINITY), 0, 0, "logsumexp of -inf");
+    tu_expect(reduce_attr("ReduceLogSum", F32(2, s, 1, 2, 3, 4, 5, 6), AXES(1), 0),
+              F32(1, SHAPE(2), logf(6), logf(15)), 1e-6, 0, "logsum");
+    tu_node t;
+    tu_node_init(&t, "Hardmax", 1, (pp_tensor *[]){F32(2, s, 1, 3, 3, 7, 2, 1)}, 1, NULL);
+    tu_expect(tu_node_run_one(&t), F32(2, s, 0, 1, 0, 1, 0, 0), 0, 0, "hardmax last axis");
     TU_OK(pp_node_set_int(t.g, t.node, "axis", 0));
-    expect(run_one(&t), F32(2, s, 0, 1, 1, 1, 0, 0), 0, 0, "hardmax axis 0");
-    on_free(&t);
+    tu_expect(tu_node_run_one(&t), F32(2, s, 0, 1, 1, 1, 0, 0), 0, 0, "hardmax axis 0");
+    tu_node_free(&t);
 }
 
 static void test_batchnorm(void **state) {
@@ -728,48 +623,48 @@ static void test_batchnorm(void **state) {
     /* x [2,2,2]: channel 0 holds 1,2,5,6; channel 1 holds 3,4,7,8 */
     pp_tensor *ins[5] = {F32(3, SHAPE(2, 2, 2), 1, 2, 3, 4, 5, 6, 7, 8), F32(1, SHAPE(2), 1, 2),
                          F32(1, SHAPE(2), 0, 1), F32(1, SHAPE(2), 1, 2), F32(1, SHAPE(2), 4, 1)};
-    one_node t;
-    on_init(&t, "BatchNormalization", 5, ins);
+    tu_node t;
+    tu_node_init(&t, "BatchNormalization", 5, ins, 1, NULL);
     TU_OK(pp_node_set_float(t.g, t.node, "epsilon", 0));
     /* inference: (x - mean) / sqrt(var) * scale + B */
-    expect(run_one(&t), F32(3, SHAPE(2, 2, 2), 0, 0.5f, 3, 5, 2, 2.5f, 11, 13), 1e-6, 0,
-           "batchnorm inference");
-    on_free(&t);
+    tu_expect(tu_node_run_one(&t), F32(3, SHAPE(2, 2, 2), 0, 0.5f, 3, 5, 2, 2.5f, 11, 13), 1e-6, 0,
+              "batchnorm inference");
+    tu_node_free(&t);
     pp_tensor *ins2[5] = {F32(3, SHAPE(2, 2, 2), 1, 2, 3, 4, 5, 6, 7, 8), F32(1, SHAPE(2), 1, 1),
                           F32(1, SHAPE(2), 0, 0), F32(1, SHAPE(2), 0, 0), F32(1, SHAPE(2), 1, 1)};
-    on_init_out(&t, "BatchNormalization", 5, ins2, 3, NULL);
+    tu_node_init(&t, "BatchNormalization", 5, ins2, 3, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "training_mode", 1));
     TU_OK(pp_node_set_float(t.g, t.node, "epsilon", 0));
     pp_tensor *out[3];
-    TU_OK(on_run(&t, out));
+    TU_OK(tu_node_run(&t, out));
     /* batch mean 3.5 / 5.5, biased var 4.25 for both */
     float r = 1 / sqrtf(4.25f);
-    expect(out[0], F32(3, SHAPE(2, 2, 2), -2.5f * r, -1.5f * r, -2.5f * r, -1.5f * r, 1.5f * r,
-                       2.5f * r, 1.5f * r, 2.5f * r),
-           1e-6, 1e-7, "batchnorm training y");
-    expect(out[1], F32(1, SHAPE(2), 0.35f, 0.55f), 1e-6, 0, "running mean");
-    expect(out[2], F32(1, SHAPE(2), 0.9f + 0.425f, 0.9f + 0.425f), 1e-6, 0, "running var");
-    on_free(&t);
+    tu_expect(out[0], F32(3, SHAPE(2, 2, 2), -2.5f * r, -1.5f * r, -2.5f * r, -1.5f * r, 1.5f * r,
+                          2.5f * r, 1.5f * r, 2.5f * r),
+              1e-6, 1e-7, "batchnorm training y");
+    tu_expect(out[1], F32(1, SHAPE(2), 0.35f, 0.55f), 1e-6, 0, "running mean");
+    tu_expect(out[2], F32(1, SHAPE(2), 0.9f + 0.425f, 0.9f + 0.425f), 1e-6, 0, "running var");
+    tu_node_free(&t);
 }
 
 static void test_half_types(void **state) {
     (void)state;
-    one_node t;
-    on_init(&t, "LayerNormalization", 2,
-            (pp_tensor *[]){T(PP_F16, 2, SHAPE(1, 2), 1, 3), T(PP_F16, 1, SHAPE(2), 1, 1)});
+    tu_node t;
+    tu_node_init(&t, "LayerNormalization", 2,
+                 (pp_tensor *[]){T(PP_F16, 2, SHAPE(1, 2), 1, 3), T(PP_F16, 1, SHAPE(2), 1, 1)}, 1, NULL);
     TU_OK(pp_node_set_float(t.g, t.node, "epsilon", 0));
-    pp_tensor *y = run_one(&t);
+    pp_tensor *y = tu_node_run_one(&t);
     assert_int_equal(y->dtype, PP_F16);
-    expect(y, T(PP_F16, 2, SHAPE(1, 2), -1, 1), 0, 0, "layernorm f16");
-    on_free(&t);
-    on_init(&t, "Softmax", 1, (pp_tensor *[]){T(PP_BF16, 1, SHAPE(2), 0, 0)});
-    y = run_one(&t);
+    tu_expect(y, T(PP_F16, 2, SHAPE(1, 2), -1, 1), 0, 0, "layernorm f16");
+    tu_node_free(&t);
+    tu_node_init(&t, "Softmax", 1, (pp_tensor *[]){T(PP_BF16, 1, SHAPE(2), 0, 0)}, 1, NULL);
+    y = tu_node_run_one(&t);
     assert_int_equal(y->dtype, PP_BF16);
-    expect(y, T(PP_BF16, 1, SHAPE(2), 0.5, 0.5), 0, 0, "softmax bf16");
-    on_free(&t);
-    on_init(&t, "ArgMax", 1, (pp_tensor *[]){T(PP_F16, 1, SHAPE(3), 1, 5, 2)});
-    expect(run_one(&t), I64(1, SHAPE(1), 1), 0, 0, "argmax f16");
-    on_free(&t);
+    tu_expect(y, T(PP_BF16, 1, SHAPE(2), 0.5, 0.5), 0, 0, "softmax bf16");
+    tu_node_free(&t);
+    tu_node_init(&t, "ArgMax", 1, (pp_tensor *[]){T(PP_F16, 1, SHAPE(3), 1, 5, 2)}, 1, NULL);
+    tu_expect(tu_node_run_one(&t), I64(1, SHAPE(1), 1), 0, 0, "argmax f16");
+    tu_node_free(&t);
 }
 
 static void test_registry(void **state) {

@@ -8,73 +8,7 @@
 
 #include "test_util.h"
 
-/* ------------------------------------------------------------- harness */
-
-/* A graph holding one node "n0"; each non-NULL input is a graph input. */
-typedef struct {
-    pp_graph *g;
-    int node;
-    int n_in;
-    pp_tensor *in[8];
-    int n_out;
-} one_node;
-
-/* Takes ownership of the input tensors. */
-static void on_init(one_node *t, const char *op, int n_in, pp_tensor *const *ins, int n_out) {
-    memset(t, 0, sizeof *t);
-    TU_OK(pp_graph_new("t", &t->g));
-    int ids[8];
-    for (int i = 0; i < n_in; i++) {
-        t->in[i] = ins[i];
-        ids[i] = -1;
-        if (!ins[i]) continue;
-        char name[16];
-        snprintf(name, sizeof name, "in%d", i);
-        TU_OK(pp_graph_add_input(t->g, name, ins[i]->dtype, ins[i]->ndim, ins[i]->shape, &ids[i]));
-    }
-    t->n_in = n_in;
-    t->n_out = n_out;
-    TU_OK(pp_graph_add_node(t->g, op, "", "n0", n_in, ids, n_out, NULL, &t->node));
-    for (int k = 0; k < n_out; k++) TU_OK(pp_graph_add_output(t->g, t->g->nodes[t->node].out[k]));
-}
-
-static pp_status on_run(one_node *t, pp_tensor **outs) {
-    pp_tensor *feed[8];
-    int nf = 0;
-    for (int i = 0; i < t->n_in; i++)
-        if (t->in[i]) feed[nf++] = t->in[i];
-    for (int k = 0; k < t->n_out; k++) outs[k] = NULL;
-    return pp_graph_run(t->g, feed, outs);
-}
-
-static void on_free(one_node *t) {
-    for (int i = 0; i < t->n_in; i++) pp_tensor_free(t->in[i]);
-    pp_graph_free(t->g);
-}
-
-/* Runs and expects failure with code; the message must name node n0. */
-static void expect_error(one_node *t, pp_status code) {
-    pp_tensor *outs[8];
-    pp_status s = on_run(t, outs);
-    if (s == PP_OK) {
-        for (int k = 0; k < t->n_out; k++) pp_tensor_free(outs[k]);
-        fail_msg("expected an error, got success");
-    }
-    if (s != code) fail_msg("expected %s, got %s: %s", pp_status_name(code), pp_status_name(s), pp_last_error());
-    if (!strstr(pp_last_error(), "'n0'")) fail_msg("message does not name the node: %s", pp_last_error());
-}
-
-/* Runs a single-output node and returns its output. */
-static pp_tensor *run_one(one_node *t) {
-    pp_tensor *out[8];
-    TU_OK(on_run(t, out));
-    for (int k = 1; k < t->n_out; k++) pp_tensor_free(out[k]);
-    return out[0];
-}
-
-#define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
-#define F32(nd, shape, ...) tu_f32(nd, shape, (const float[]){__VA_ARGS__})
-#define I64(nd, shape, ...) tu_i64(nd, shape, (const int64_t[]){__VA_ARGS__})
+/* ------------------------------------------------------------- helpers */
 
 static pp_tensor *i32t(int nd, const int64_t *shape, const int32_t *v) {
     pp_tensor *t;
@@ -83,15 +17,7 @@ static pp_tensor *i32t(int nd, const int64_t *shape, const int32_t *v) {
     return t;
 }
 
-static pp_tensor *i64_vec(int n, const int64_t *v) {
-    int64_t s = n;
-    return tu_i64(1, &s, v);
-}
-
-static pp_tensor *empty_i64(void) {
-    int64_t s = 0;
-    return tu_i64(1, &s, NULL);
-}
+static pp_tensor *empty_i64(void) { return tu_i64_vec(0, NULL); }
 
 /* Iota tensor of dtype dt (values 0, 1, 2, ... cast). */
 static pp_tensor *iota(pp_dtype dt, int nd, const int64_t *shape) {
@@ -107,85 +33,72 @@ static void expect(pp_tensor *got, pp_tensor *want, const char *what) {
     pp_tensor_free(want);
 }
 
-static void assert_shape(const pp_tensor *t, int nd, const int64_t *shape) {
-    char a[128], b[128];
-    if (!pp_shape_equal(t->ndim, t->shape, nd, shape))
-        fail_msg("shape %s, want %s", pp_shape_str(t->ndim, t->shape, a, sizeof a),
-                 pp_shape_str(nd, shape, b, sizeof b));
-}
-
 static uint64_t rng_state = 88172645463325252ull;
-static uint64_t rnd(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
 
 /* ------------------------------------------------------------- Reshape */
 
 static void test_reshape(void **state) {
     (void)state;
     pp_tensor *ins[2] = {iota(PP_F32, 3, SHAPE(2, 3, 4)), I64(1, SHAPE(3), 0, -1, 2)};
-    one_node t;
-    on_init(&t, "Reshape", 2, ins, 1);
-    pp_tensor *y = run_one(&t);
-    assert_shape(y, 3, SHAPE(2, 6, 2));
+    tu_node t;
+    tu_node_init(&t, "Reshape", 2, ins, 1, NULL);
+    pp_tensor *y = tu_node_run_one(&t);
+    tu_assert_shape(y, 3, SHAPE(2, 6, 2));
     assert_ptr_equal(y->data, t.in[0]->data); /* zero-copy */
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     /* allowzero: 0 is a real 0-sized dim */
     int64_t zs[] = {0, 3};
     ins[0] = iota(PP_F32, 2, zs);
     ins[1] = I64(1, SHAPE(3), 3, 0, 7);
-    on_init(&t, "Reshape", 2, ins, 1);
+    tu_node_init(&t, "Reshape", 2, ins, 1, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "allowzero", 1));
-    y = run_one(&t);
-    assert_shape(y, 3, SHAPE(3, 0, 7));
+    y = tu_node_run_one(&t);
+    tu_assert_shape(y, 3, SHAPE(3, 0, 7));
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     /* scalar <-> [1] */
     TU_OK(pp_tensor_scalar_f32(4.5f, &ins[0]));
     ins[1] = I64(1, SHAPE(1), -1);
-    on_init(&t, "Reshape", 2, ins, 1);
-    y = run_one(&t);
+    tu_node_init(&t, "Reshape", 2, ins, 1, NULL);
+    y = tu_node_run_one(&t);
     expect(y, F32(1, SHAPE(1), 4.5f), "scalar to [1]");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
     ins[0] = F32(1, SHAPE(1), 4.5f);
     ins[1] = empty_i64();
-    on_init(&t, "Reshape", 2, ins, 1);
-    y = run_one(&t);
+    tu_node_init(&t, "Reshape", 2, ins, 1, NULL);
+    y = tu_node_run_one(&t);
     assert_int_equal(y->ndim, 0);
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 }
 
 static void test_reshape_errors(void **state) {
     (void)state;
-    one_node t;
+    tu_node t;
     pp_tensor *ins[2] = {iota(PP_F32, 2, SHAPE(2, 3)), I64(1, SHAPE(2), -1, -1)};
-    on_init(&t, "Reshape", 2, ins, 1);
-    expect_error(&t, PP_ERR_SHAPE);
-    on_free(&t);
+    tu_node_init(&t, "Reshape", 2, ins, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, NULL);
+    tu_node_free(&t);
     ins[0] = iota(PP_F32, 2, SHAPE(2, 3));
     ins[1] = I64(1, SHAPE(2), 4, -1);
-    on_init(&t, "Reshape", 2, ins, 1);
-    expect_error(&t, PP_ERR_SHAPE);
-    on_free(&t);
+    tu_node_init(&t, "Reshape", 2, ins, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, NULL);
+    tu_node_free(&t);
     ins[0] = iota(PP_F32, 2, SHAPE(2, 3));
     ins[1] = I64(1, SHAPE(2), 5, 1);
-    on_init(&t, "Reshape", 2, ins, 1);
-    expect_error(&t, PP_ERR_SHAPE);
-    on_free(&t);
+    tu_node_init(&t, "Reshape", 2, ins, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, NULL);
+    tu_node_free(&t);
     ins[0] = iota(PP_F32, 2, SHAPE(2, 3));
     ins[1] = I64(1, SHAPE(2), 0, -1);
-    on_init(&t, "Reshape", 2, ins, 1);
+    tu_node_init(&t, "Reshape", 2, ins, 1, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "allowzero", 1));
-    expect_error(&t, PP_ERR_SHAPE);
-    on_free(&t);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, NULL);
+    tu_node_free(&t);
 }
 
 /* --------------------------------------------- Flatten/Squeeze/Unsqueeze */
@@ -196,78 +109,78 @@ static void test_flatten(void **state) {
         {0, 1, 24}, {1, 2, 12}, {2, 6, 4}, {3, 24, 1}, {-1, 6, 4}, {-3, 1, 24}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         pp_tensor *ins[1] = {iota(PP_F32, 3, SHAPE(2, 3, 4))};
-        one_node t;
-        on_init(&t, "Flatten", 1, ins, 1);
+        tu_node t;
+        tu_node_init(&t, "Flatten", 1, ins, 1, NULL);
         TU_OK(pp_node_set_int(t.g, t.node, "axis", cases[i].axis));
-        pp_tensor *y = run_one(&t);
-        assert_shape(y, 2, SHAPE(cases[i].r, cases[i].c));
+        pp_tensor *y = tu_node_run_one(&t);
+        tu_assert_shape(y, 2, SHAPE(cases[i].r, cases[i].c));
         assert_ptr_equal(y->data, t.in[0]->data);
         pp_tensor_free(y);
-        on_free(&t);
+        tu_node_free(&t);
     }
     pp_tensor *ins[1] = {iota(PP_F32, 3, SHAPE(2, 3, 4))};
-    one_node t;
-    on_init(&t, "Flatten", 1, ins, 1);
+    tu_node t;
+    tu_node_init(&t, "Flatten", 1, ins, 1, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "axis", 4));
-    expect_error(&t, PP_ERR_SHAPE);
-    on_free(&t);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, NULL);
+    tu_node_free(&t);
 }
 
 static void test_squeeze_unsqueeze(void **state) {
     (void)state;
-    one_node t;
+    tu_node t;
     pp_tensor *ins[2] = {iota(PP_F32, 4, SHAPE(1, 3, 1, 2)), I64(1, SHAPE(1), -2)};
-    on_init(&t, "Squeeze", 2, ins, 1);
-    pp_tensor *y = run_one(&t);
-    assert_shape(y, 3, SHAPE(1, 3, 2));
+    tu_node_init(&t, "Squeeze", 2, ins, 1, NULL);
+    pp_tensor *y = tu_node_run_one(&t);
+    tu_assert_shape(y, 3, SHAPE(1, 3, 2));
     assert_ptr_equal(y->data, t.in[0]->data);
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     ins[0] = iota(PP_F32, 4, SHAPE(1, 3, 1, 2));
-    on_init(&t, "Squeeze", 1, ins, 1); /* no axes: every unit dim */
-    y = run_one(&t);
-    assert_shape(y, 2, SHAPE(3, 2));
+    tu_node_init(&t, "Squeeze", 1, ins, 1, NULL); /* no axes: every unit dim */
+    y = tu_node_run_one(&t);
+    tu_assert_shape(y, 2, SHAPE(3, 2));
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     ins[0] = iota(PP_F32, 2, SHAPE(3, 2));
     ins[1] = I64(1, SHAPE(1), 0);
-    on_init(&t, "Squeeze", 2, ins, 1);
-    expect_error(&t, PP_ERR_SHAPE);
-    on_free(&t);
+    tu_node_init(&t, "Squeeze", 2, ins, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, NULL);
+    tu_node_free(&t);
 
     ins[0] = iota(PP_F32, 2, SHAPE(3, 2));
     ins[1] = I64(1, SHAPE(3), -1, 0, 2); /* axes index the output rank 5 */
-    on_init(&t, "Unsqueeze", 2, ins, 1);
-    y = run_one(&t);
-    assert_shape(y, 5, SHAPE(1, 3, 1, 2, 1));
+    tu_node_init(&t, "Unsqueeze", 2, ins, 1, NULL);
+    y = tu_node_run_one(&t);
+    tu_assert_shape(y, 5, SHAPE(1, 3, 1, 2, 1));
     assert_ptr_equal(y->data, t.in[0]->data);
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     TU_OK(pp_tensor_scalar_i64(7, &ins[0])); /* scalar -> [1] */
     ins[1] = I64(1, SHAPE(1), 0);
-    on_init(&t, "Unsqueeze", 2, ins, 1);
-    y = run_one(&t);
+    tu_node_init(&t, "Unsqueeze", 2, ins, 1, NULL);
+    y = tu_node_run_one(&t);
     expect(y, I64(1, SHAPE(1), 7), "unsqueeze scalar");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     ins[0] = iota(PP_F32, 1, SHAPE(3));
     ins[1] = I64(1, SHAPE(2), 1, 1);
-    on_init(&t, "Unsqueeze", 2, ins, 1);
-    expect_error(&t, PP_ERR_SHAPE);
-    on_free(&t);
+    tu_node_init(&t, "Unsqueeze", 2, ins, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, NULL);
+    tu_node_free(&t);
 
     /* opset < 13 form: axes attribute */
     ins[0] = iota(PP_F32, 1, SHAPE(3));
-    on_init(&t, "Unsqueeze", 1, ins, 1);
+    tu_node_init(&t, "Unsqueeze", 1, ins, 1, NULL);
     TU_OK(pp_node_set_ints(t.g, t.node, "axes", 1, SHAPE(1)));
-    y = run_one(&t);
-    assert_shape(y, 2, SHAPE(3, 1));
+    y = tu_node_run_one(&t);
+    tu_assert_shape(y, 2, SHAPE(3, 1));
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 }
 
 /* ----------------------------------------------------------- Transpose */
@@ -300,30 +213,30 @@ static pp_tensor *naive_transpose(const pp_tensor *x, const int64_t *perm) {
 static void check_transpose(pp_dtype dt, int nd, const int64_t *shape, const int64_t *perm) {
     pp_tensor *ins[1] = {iota(dt, nd, shape)};
     pp_tensor *want = naive_transpose(ins[0], perm);
-    one_node t;
-    on_init(&t, "Transpose", 1, ins, 1);
+    tu_node t;
+    tu_node_init(&t, "Transpose", 1, ins, 1, NULL);
     TU_OK(pp_node_set_ints(t.g, t.node, "perm", nd, perm));
-    pp_tensor *y = run_one(&t);
+    pp_tensor *y = tu_node_run_one(&t);
     char what[256], a[64], b[64];
     snprintf(what, sizeof what, "transpose %s %s perm %s", pp_dtype_name(dt),
              pp_shape_str(nd, shape, a, sizeof a), pp_shape_str(nd, perm, b, sizeof b));
     assert_int_equal(y->nbytes, want->nbytes);
     if (y->nbytes && memcmp(y->data, want->data, y->nbytes) != 0) fail_msg("%s: data differs", what);
-    assert_shape(y, want->ndim, want->shape);
+    tu_assert_shape(y, want->ndim, want->shape);
     pp_tensor_free(want);
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 }
 
 static void test_transpose(void **state) {
     (void)state;
     pp_tensor *ins[1] = {F32(2, SHAPE(2, 3), 1, 2, 3, 4, 5, 6)};
-    one_node t;
-    on_init(&t, "Transpose", 1, ins, 1); /* default perm: reverse */
-    pp_tensor *y = run_one(&t);
+    tu_node t;
+    tu_node_init(&t, "Transpose", 1, ins, 1, NULL); /* default perm: reverse */
+    pp_tensor *y = tu_node_run_one(&t);
     expect(y, F32(2, SHAPE(3, 2), 1, 4, 2, 5, 3, 6), "2-D default");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     check_transpose(PP_F32, 2, SHAPE(67, 45), SHAPE(1, 0));        /* blocked 2-D */
     check_transpose(PP_F32, 4, SHAPE(2, 5, 3, 8), SHAPE(0, 2, 1, 3)); /* attention heads */
@@ -337,14 +250,14 @@ static void test_transpose(void **state) {
     check_transpose(PP_F32, 0, NULL, NULL);
     /* random ranks, shapes and permutations against the naive loop */
     for (int it = 0; it < 60; it++) {
-        int nd = 1 + (int)(rnd() % 6);
+        int nd = 1 + (int)(tu_xorshift(&rng_state) % 6);
         int64_t shape[PP_MAX_DIMS], perm[PP_MAX_DIMS];
         for (int i = 0; i < nd; i++) {
-            shape[i] = 1 + (int64_t)(rnd() % 7);
+            shape[i] = 1 + (int64_t)(tu_xorshift(&rng_state) % 7);
             perm[i] = i;
         }
         for (int i = nd - 1; i > 0; i--) {
-            int j = (int)(rnd() % (uint64_t)(i + 1));
+            int j = (int)(tu_xorshift(&rng_state) % (uint64_t)(i + 1));
             int64_t tmp = perm[i];
             perm[i] = perm[j];
             perm[j] = tmp;
@@ -355,26 +268,26 @@ static void test_transpose(void **state) {
 
     /* only unit dims move: a view */
     ins[0] = iota(PP_F32, 3, SHAPE(4, 1, 5));
-    on_init(&t, "Transpose", 1, ins, 1);
+    tu_node_init(&t, "Transpose", 1, ins, 1, NULL);
     TU_OK(pp_node_set_ints(t.g, t.node, "perm", 3, SHAPE(1, 0, 2)));
-    y = run_one(&t);
-    assert_shape(y, 3, SHAPE(1, 4, 5));
+    y = tu_node_run_one(&t);
+    tu_assert_shape(y, 3, SHAPE(1, 4, 5));
     assert_ptr_equal(y->data, t.in[0]->data);
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     /* perm of the wrong length at run time; not a permutation at load time */
     ins[0] = iota(PP_F32, 3, SHAPE(4, 1, 5));
-    on_init(&t, "Transpose", 1, ins, 1);
+    tu_node_init(&t, "Transpose", 1, ins, 1, NULL);
     TU_OK(pp_node_set_ints(t.g, t.node, "perm", 2, SHAPE(1, 0)));
-    expect_error(&t, PP_ERR_SHAPE);
-    on_free(&t);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, NULL);
+    tu_node_free(&t);
     ins[0] = iota(PP_F32, 2, SHAPE(4, 5));
-    on_init(&t, "Transpose", 1, ins, 1);
+    tu_node_init(&t, "Transpose", 1, ins, 1, NULL);
     TU_OK(pp_node_set_ints(t.g, t.node, "perm", 2, SHAPE(1, 1)));
     assert_int_equal(pp_graph_resolve(t.g), PP_ERR_INVALID);
     assert_non_null(strstr(pp_last_error(), "'n0'"));
-    on_free(&t);
+    tu_node_free(&t);
 }
 
 /* ------------------------------------------------------ Concat / Split */
@@ -383,106 +296,106 @@ static void test_concat(void **state) {
     (void)state;
     pp_tensor *ins[3] = {F32(2, SHAPE(2, 1), 1, 2), F32(2, SHAPE(2, 2), 3, 4, 5, 6),
                          tu_f32(2, SHAPE(2, 0), NULL)};
-    one_node t;
-    on_init(&t, "Concat", 3, ins, 1);
+    tu_node t;
+    tu_node_init(&t, "Concat", 3, ins, 1, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "axis", -1));
-    pp_tensor *y = run_one(&t);
+    pp_tensor *y = tu_node_run_one(&t);
     expect(y, F32(2, SHAPE(2, 3), 1, 3, 4, 2, 5, 6), "axis -1");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     ins[0] = I64(1, SHAPE(2), 1, 2);
     ins[1] = I64(1, SHAPE(1), 3);
     ins[2] = empty_i64();
-    on_init(&t, "Concat", 3, ins, 1);
+    tu_node_init(&t, "Concat", 3, ins, 1, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "axis", 0));
-    y = run_one(&t);
+    y = tu_node_run_one(&t);
     expect(y, I64(1, SHAPE(3), 1, 2, 3), "shape vectors");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     ins[0] = iota(PP_F32, 2, SHAPE(2, 2));
     ins[1] = iota(PP_F32, 2, SHAPE(3, 2));
-    on_init(&t, "Concat", 2, ins, 1);
+    tu_node_init(&t, "Concat", 2, ins, 1, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "axis", 1)); /* dim 0 differs */
-    expect_error(&t, PP_ERR_SHAPE);
-    on_free(&t);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, NULL);
+    tu_node_free(&t);
 
     ins[0] = iota(PP_F32, 1, SHAPE(2));
     ins[1] = iota(PP_I64, 1, SHAPE(2));
-    on_init(&t, "Concat", 2, ins, 1);
+    tu_node_init(&t, "Concat", 2, ins, 1, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "axis", 0));
-    expect_error(&t, PP_ERR_SHAPE);
-    on_free(&t);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, NULL);
+    tu_node_free(&t);
 
     ins[0] = iota(PP_F32, 1, SHAPE(2)); /* axis is required */
-    on_init(&t, "Concat", 1, ins, 1);
+    tu_node_init(&t, "Concat", 1, ins, 1, NULL);
     assert_int_equal(pp_graph_resolve(t.g), PP_ERR_INVALID);
-    on_free(&t);
+    tu_node_free(&t);
 }
 
 static void test_split(void **state) {
     (void)state;
     pp_tensor *ins[2] = {F32(2, SHAPE(2, 6), 0, 1, 2, 3, 4, 5, 10, 11, 12, 13, 14, 15), NULL};
-    one_node t;
+    tu_node t;
     pp_tensor *o[3];
-    on_init(&t, "Split", 1, ins, 3);
+    tu_node_init(&t, "Split", 1, ins, 3, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "axis", 1));
-    TU_OK(on_run(&t, o));
+    TU_OK(tu_node_run(&t, o));
     expect(o[0], F32(2, SHAPE(2, 2), 0, 1, 10, 11), "equal 0");
     expect(o[1], F32(2, SHAPE(2, 2), 2, 3, 12, 13), "equal 1");
     expect(o[2], F32(2, SHAPE(2, 2), 4, 5, 14, 15), "equal 2");
     for (int k = 0; k < 3; k++) pp_tensor_free(o[k]);
-    on_free(&t);
+    tu_node_free(&t);
 
     ins[0] = F32(2, SHAPE(2, 6), 0, 1, 2, 3, 4, 5, 10, 11, 12, 13, 14, 15);
     ins[1] = I64(1, SHAPE(3), 1, 0, 5);
-    on_init(&t, "Split", 2, ins, 3);
+    tu_node_init(&t, "Split", 2, ins, 3, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "axis", -1));
-    TU_OK(on_run(&t, o));
+    TU_OK(tu_node_run(&t, o));
     expect(o[0], F32(2, SHAPE(2, 1), 0, 10), "sizes 0");
-    assert_shape(o[1], 2, SHAPE(2, 0));
+    tu_assert_shape(o[1], 2, SHAPE(2, 0));
     expect(o[2], F32(2, SHAPE(2, 5), 1, 2, 3, 4, 5, 11, 12, 13, 14, 15), "sizes 2");
     for (int k = 0; k < 3; k++) pp_tensor_free(o[k]);
-    on_free(&t);
+    tu_node_free(&t);
 
     /* axis 0: each part is a contiguous block of the input, shared */
     ins[0] = iota(PP_F32, 2, SHAPE(4, 3));
     ins[1] = I64(1, SHAPE(2), 1, 3);
-    on_init(&t, "Split", 2, ins, 2);
-    TU_OK(on_run(&t, o));
+    tu_node_init(&t, "Split", 2, ins, 2, NULL);
+    TU_OK(tu_node_run(&t, o));
     assert_ptr_equal(o[0]->data, t.in[0]->data);
     assert_ptr_equal(o[1]->data, (float *)t.in[0]->data + 3);
     expect(o[1], F32(2, SHAPE(3, 3), 3, 4, 5, 6, 7, 8, 9, 10, 11), "view part");
     pp_tensor_free(o[0]);
     pp_tensor_free(o[1]);
-    on_free(&t);
+    tu_node_free(&t);
 
     ins[0] = iota(PP_F32, 1, SHAPE(5));
     ins[1] = I64(1, SHAPE(2), 2, 2);
-    on_init(&t, "Split", 2, ins, 2);
-    expect_error(&t, PP_ERR_SHAPE);
-    on_free(&t);
+    tu_node_init(&t, "Split", 2, ins, 2, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, NULL);
+    tu_node_free(&t);
     ins[0] = iota(PP_F32, 1, SHAPE(5));
-    on_init(&t, "Split", 1, ins, 2);
-    expect_error(&t, PP_ERR_SHAPE); /* 5 does not split in 2 equal parts */
-    on_free(&t);
+    tu_node_init(&t, "Split", 1, ins, 2, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, NULL); /* 5 does not split in 2 equal parts */
+    tu_node_free(&t);
 }
 
 /* --------------------------------------------------------------- Slice */
 
 static void test_slice(void **state) {
     (void)state;
-    one_node t;
+    tu_node t;
     /* x = 0..19 as [4,5]; rows 1..3, cols 0..3 step 2 */
     pp_tensor *ins[5] = {iota(PP_F32, 2, SHAPE(4, 5)), I64(1, SHAPE(2), 1, 0),
                          I64(1, SHAPE(2), 3, INT64_MAX), I64(1, SHAPE(2), 0, 1),
                          I64(1, SHAPE(2), 1, 2)};
-    on_init(&t, "Slice", 5, ins, 1);
-    pp_tensor *y = run_one(&t);
+    tu_node_init(&t, "Slice", 5, ins, 1, NULL);
+    pp_tensor *y = tu_node_run_one(&t);
     expect(y, F32(2, SHAPE(2, 3), 5, 7, 9, 10, 12, 14), "steps");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     /* negative steps with clamping: x[::-1, -1:-100:-2] */
     ins[0] = iota(PP_F32, 2, SHAPE(4, 5));
@@ -490,32 +403,32 @@ static void test_slice(void **state) {
     ins[2] = I64(1, SHAPE(2), -100, INT64_MIN);
     ins[3] = I64(1, SHAPE(2), -1, 0);
     ins[4] = I64(1, SHAPE(2), -2, -1);
-    on_init(&t, "Slice", 5, ins, 1);
-    y = run_one(&t);
+    tu_node_init(&t, "Slice", 5, ins, 1, NULL);
+    y = tu_node_run_one(&t);
     expect(y, F32(2, SHAPE(4, 3), 19, 17, 15, 14, 12, 10, 9, 7, 5, 4, 2, 0), "negative steps");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     /* leading-dim slice is contiguous: a view at an offset */
     ins[0] = iota(PP_F32, 2, SHAPE(4, 5));
     ins[1] = I64(1, SHAPE(1), 1);
     ins[2] = I64(1, SHAPE(1), 3);
-    on_init(&t, "Slice", 3, ins, 1);
-    y = run_one(&t);
+    tu_node_init(&t, "Slice", 3, ins, 1, NULL);
+    y = tu_node_run_one(&t);
     assert_ptr_equal(y->data, (float *)t.in[0]->data + 5);
     expect(y, F32(2, SHAPE(2, 5), 5, 6, 7, 8, 9, 10, 11, 12, 13, 14), "view");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     /* start past the end: empty; int32 starts/ends */
     ins[0] = iota(PP_F32, 2, SHAPE(4, 5));
     ins[1] = i32t(1, SHAPE(1), (const int32_t[]){10});
     ins[2] = i32t(1, SHAPE(1), (const int32_t[]){20});
-    on_init(&t, "Slice", 3, ins, 1);
-    y = run_one(&t);
-    assert_shape(y, 2, SHAPE(0, 5));
+    tu_node_init(&t, "Slice", 3, ins, 1, NULL);
+    y = tu_node_run_one(&t);
+    tu_assert_shape(y, 2, SHAPE(0, 5));
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     /* 3-D with negative steps against a naive loop */
     ins[0] = iota(PP_F32, 3, SHAPE(5, 6, 7));
@@ -523,265 +436,265 @@ static void test_slice(void **state) {
     ins[2] = I64(1, SHAPE(3), 0, 6, 0);
     ins[3] = I64(1, SHAPE(3), 0, 1, 2);
     ins[4] = I64(1, SHAPE(3), -2, 2, -3);
-    on_init(&t, "Slice", 5, ins, 1);
-    y = run_one(&t);
-    assert_shape(y, 3, SHAPE(2, 3, 2));
+    tu_node_init(&t, "Slice", 5, ins, 1, NULL);
+    y = tu_node_run_one(&t);
+    tu_assert_shape(y, 3, SHAPE(2, 3, 2));
     const float *yd = y->data;
     int k = 0;
     for (int i = 4; i > 0; i -= 2)
         for (int j = 1; j < 6; j += 2)
             for (int l = 6; l > 0; l -= 3) assert_true(yd[k++] == (float)((i * 42 + j * 7 + l) % 251));
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     ins[0] = iota(PP_F32, 1, SHAPE(4));
     ins[1] = I64(1, SHAPE(1), 0);
     ins[2] = I64(1, SHAPE(1), 4);
     ins[3] = I64(1, SHAPE(1), 0);
     ins[4] = I64(1, SHAPE(1), 0);
-    on_init(&t, "Slice", 5, ins, 1);
-    expect_error(&t, PP_ERR_INVALID); /* step 0 */
-    on_free(&t);
+    tu_node_init(&t, "Slice", 5, ins, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_INVALID, NULL); /* step 0 */
+    tu_node_free(&t);
 
     ins[0] = iota(PP_F32, 1, SHAPE(4));
     ins[1] = I64(1, SHAPE(1), 0);
     ins[2] = I64(1, SHAPE(1), 4);
     ins[3] = I64(1, SHAPE(1), 1);
-    on_init(&t, "Slice", 4, ins, 1);
-    expect_error(&t, PP_ERR_SHAPE); /* axis out of range */
-    on_free(&t);
+    tu_node_init(&t, "Slice", 4, ins, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, NULL); /* axis out of range */
+    tu_node_free(&t);
 }
 
 /* -------------------------------------------------------------- Gather */
 
 static void test_gather(void **state) {
     (void)state;
-    one_node t;
+    tu_node t;
     /* embedding lookup, negative index */
     pp_tensor *ins[2] = {iota(PP_F32, 2, SHAPE(4, 3)), I64(2, SHAPE(2, 2), 1, 0, -1, 1)};
-    on_init(&t, "Gather", 2, ins, 1);
-    pp_tensor *y = run_one(&t);
+    tu_node_init(&t, "Gather", 2, ins, 1, NULL);
+    pp_tensor *y = tu_node_run_one(&t);
     expect(y, F32(3, SHAPE(2, 2, 3), 3, 4, 5, 0, 1, 2, 9, 10, 11, 3, 4, 5), "axis 0");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     /* axis 1, int32 indices */
     ins[0] = iota(PP_F32, 2, SHAPE(2, 3));
     ins[1] = i32t(1, SHAPE(2), (const int32_t[]){2, 0});
-    on_init(&t, "Gather", 2, ins, 1);
+    tu_node_init(&t, "Gather", 2, ins, 1, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "axis", -1));
-    y = run_one(&t);
+    y = tu_node_run_one(&t);
     expect(y, F32(2, SHAPE(2, 2), 2, 0, 5, 3), "axis 1");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     /* scalar index drops the axis (shape sub-graphs do this) */
     ins[0] = I64(1, SHAPE(3), 8, 16, 32);
     TU_OK(pp_tensor_scalar_i64(1, &ins[1]));
-    on_init(&t, "Gather", 2, ins, 1);
-    y = run_one(&t);
+    tu_node_init(&t, "Gather", 2, ins, 1, NULL);
+    y = tu_node_run_one(&t);
     assert_int_equal(y->ndim, 0);
     assert_int_equal(((int64_t *)y->data)[0], 16);
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     /* empty indices */
     ins[0] = iota(PP_F32, 2, SHAPE(4, 3));
     ins[1] = empty_i64();
-    on_init(&t, "Gather", 2, ins, 1);
-    y = run_one(&t);
-    assert_shape(y, 2, SHAPE(0, 3));
+    tu_node_init(&t, "Gather", 2, ins, 1, NULL);
+    y = tu_node_run_one(&t);
+    tu_assert_shape(y, 2, SHAPE(0, 3));
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     ins[0] = iota(PP_F32, 2, SHAPE(4, 3));
     ins[1] = I64(1, SHAPE(2), 0, 4);
-    on_init(&t, "Gather", 2, ins, 1);
-    expect_error(&t, PP_ERR_INVALID);
+    tu_node_init(&t, "Gather", 2, ins, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_INVALID, NULL);
     assert_non_null(strstr(pp_last_error(), "out of range"));
-    on_free(&t);
+    tu_node_free(&t);
     ins[0] = iota(PP_F32, 2, SHAPE(4, 3));
     ins[1] = I64(1, SHAPE(1), -5);
-    on_init(&t, "Gather", 2, ins, 1);
-    expect_error(&t, PP_ERR_INVALID);
-    on_free(&t);
+    tu_node_init(&t, "Gather", 2, ins, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_INVALID, NULL);
+    tu_node_free(&t);
     ins[0] = iota(PP_F32, 2, SHAPE(4, 3));
     ins[1] = F32(1, SHAPE(1), 0);
-    on_init(&t, "Gather", 2, ins, 1);
-    expect_error(&t, PP_ERR_SHAPE); /* float indices */
-    on_free(&t);
+    tu_node_init(&t, "Gather", 2, ins, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, NULL); /* float indices */
+    tu_node_free(&t);
 }
 
 static void test_gather_elements(void **state) {
     (void)state;
-    one_node t;
+    tu_node t;
     pp_tensor *ins[2] = {F32(2, SHAPE(2, 3), 1, 2, 3, 4, 5, 6), I64(2, SHAPE(2, 2), 0, -1, 2, 1)};
-    on_init(&t, "GatherElements", 2, ins, 1);
+    tu_node_init(&t, "GatherElements", 2, ins, 1, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "axis", 1));
-    pp_tensor *y = run_one(&t);
+    pp_tensor *y = tu_node_run_one(&t);
     expect(y, F32(2, SHAPE(2, 2), 1, 3, 6, 5), "axis 1");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
     ins[0] = F32(2, SHAPE(3, 2), 1, 2, 3, 4, 5, 6);
     ins[1] = I64(2, SHAPE(2, 2), 2, 0, 1, 2);
-    on_init(&t, "GatherElements", 2, ins, 1);
-    y = run_one(&t);
+    tu_node_init(&t, "GatherElements", 2, ins, 1, NULL);
+    y = tu_node_run_one(&t);
     expect(y, F32(2, SHAPE(2, 2), 5, 2, 3, 6), "axis 0");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
     ins[0] = F32(2, SHAPE(3, 2), 1, 2, 3, 4, 5, 6);
     ins[1] = I64(2, SHAPE(1, 1), 3);
-    on_init(&t, "GatherElements", 2, ins, 1);
-    expect_error(&t, PP_ERR_INVALID);
-    on_free(&t);
+    tu_node_init(&t, "GatherElements", 2, ins, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_INVALID, NULL);
+    tu_node_free(&t);
 }
 
 static void test_gather_nd(void **state) {
     (void)state;
-    one_node t;
+    tu_node t;
     pp_tensor *ins[2] = {iota(PP_F32, 2, SHAPE(2, 2)), I64(2, SHAPE(2, 2), 0, 0, 1, -1)};
-    on_init(&t, "GatherND", 2, ins, 1);
-    pp_tensor *y = run_one(&t);
+    tu_node_init(&t, "GatherND", 2, ins, 1, NULL);
+    pp_tensor *y = tu_node_run_one(&t);
     expect(y, F32(1, SHAPE(2), 0, 3), "elements");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
     /* slices, with one batch dim */
     ins[0] = iota(PP_F32, 3, SHAPE(2, 2, 2));
     ins[1] = I64(2, SHAPE(2, 1), 1, 0);
-    on_init(&t, "GatherND", 2, ins, 1);
+    tu_node_init(&t, "GatherND", 2, ins, 1, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "batch_dims", 1));
-    y = run_one(&t);
+    y = tu_node_run_one(&t);
     expect(y, F32(2, SHAPE(2, 2), 2, 3, 4, 5), "batch_dims 1");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
     ins[0] = iota(PP_F32, 2, SHAPE(2, 2));
     ins[1] = I64(2, SHAPE(1, 2), 0, 2);
-    on_init(&t, "GatherND", 2, ins, 1);
-    expect_error(&t, PP_ERR_INVALID);
-    on_free(&t);
+    tu_node_init(&t, "GatherND", 2, ins, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_INVALID, NULL);
+    tu_node_free(&t);
     ins[0] = iota(PP_F32, 2, SHAPE(2, 2));
     ins[1] = I64(2, SHAPE(1, 3), 0, 0, 0);
-    on_init(&t, "GatherND", 2, ins, 1);
-    expect_error(&t, PP_ERR_SHAPE);
-    on_free(&t);
+    tu_node_init(&t, "GatherND", 2, ins, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, NULL);
+    tu_node_free(&t);
 }
 
 /* ---------------------------------------------------- Expand/Tile/Pad */
 
 static void test_expand(void **state) {
     (void)state;
-    one_node t;
+    tu_node t;
     pp_tensor *ins[2] = {F32(2, SHAPE(3, 1), 1, 2, 3), I64(1, SHAPE(3), 2, 1, 2)};
-    on_init(&t, "Expand", 2, ins, 1);
-    pp_tensor *y = run_one(&t);
+    tu_node_init(&t, "Expand", 2, ins, 1, NULL);
+    pp_tensor *y = tu_node_run_one(&t);
     expect(y, F32(3, SHAPE(2, 3, 2), 1, 1, 2, 2, 3, 3, 1, 1, 2, 2, 3, 3), "bidirectional");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     ins[0] = F32(1, SHAPE(3), 1, 2, 3);
     ins[1] = I64(1, SHAPE(2), 2, 1);
-    on_init(&t, "Expand", 2, ins, 1);
-    y = run_one(&t);
+    tu_node_init(&t, "Expand", 2, ins, 1, NULL);
+    y = tu_node_run_one(&t);
     expect(y, F32(2, SHAPE(2, 3), 1, 2, 3, 1, 2, 3), "rows");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     TU_OK(pp_tensor_scalar_i64(5, &ins[0]));
     ins[1] = I64(1, SHAPE(1), 3);
-    on_init(&t, "Expand", 2, ins, 1);
-    y = run_one(&t);
+    tu_node_init(&t, "Expand", 2, ins, 1, NULL);
+    y = tu_node_run_one(&t);
     expect(y, I64(1, SHAPE(3), 5, 5, 5), "scalar");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     ins[0] = F32(1, SHAPE(3), 1, 2, 3);
     ins[1] = I64(1, SHAPE(1), 4);
-    on_init(&t, "Expand", 2, ins, 1);
-    expect_error(&t, PP_ERR_SHAPE);
-    on_free(&t);
+    tu_node_init(&t, "Expand", 2, ins, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, NULL);
+    tu_node_free(&t);
 }
 
 static void test_tile(void **state) {
     (void)state;
-    one_node t;
+    tu_node t;
     pp_tensor *ins[2] = {F32(2, SHAPE(2, 2), 1, 2, 3, 4), I64(1, SHAPE(2), 2, 3)};
-    on_init(&t, "Tile", 2, ins, 1);
-    pp_tensor *y = run_one(&t);
+    tu_node_init(&t, "Tile", 2, ins, 1, NULL);
+    pp_tensor *y = tu_node_run_one(&t);
     expect(y, F32(2, SHAPE(4, 6), 1, 2, 1, 2, 1, 2, 3, 4, 3, 4, 3, 4, 1, 2, 1, 2, 1, 2, 3, 4, 3, 4, 3, 4),
            "tile");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
     ins[0] = F32(2, SHAPE(2, 2), 1, 2, 3, 4);
     ins[1] = I64(1, SHAPE(1), 2);
-    on_init(&t, "Tile", 2, ins, 1);
-    expect_error(&t, PP_ERR_SHAPE);
-    on_free(&t);
+    tu_node_init(&t, "Tile", 2, ins, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, NULL);
+    tu_node_free(&t);
 }
 
 static void test_pad(void **state) {
     (void)state;
-    one_node t;
+    tu_node t;
     float v = 9;
     pp_tensor *ins[3] = {F32(2, SHAPE(2, 2), 1, 2, 3, 4), I64(1, SHAPE(4), 1, 0, 0, 2),
                          tu_f32(0, NULL, &v)};
-    on_init(&t, "Pad", 3, ins, 1);
-    pp_tensor *y = run_one(&t);
+    tu_node_init(&t, "Pad", 3, ins, 1, NULL);
+    pp_tensor *y = tu_node_run_one(&t);
     expect(y, F32(2, SHAPE(3, 4), 9, 9, 9, 9, 1, 2, 9, 9, 3, 4, 9, 9), "constant 9");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     /* negative pads crop */
     ins[0] = iota(PP_I64, 2, SHAPE(3, 3));
     ins[1] = I64(1, SHAPE(4), -1, 1, 0, -1);
-    on_init(&t, "Pad", 2, ins, 1);
-    y = run_one(&t);
+    tu_node_init(&t, "Pad", 2, ins, 1, NULL);
+    y = tu_node_run_one(&t);
     expect(y, I64(2, SHAPE(2, 3), 0, 3, 4, 0, 6, 7), "crop");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     /* edge and reflect (numpy semantics, pads wider than the input too) */
     ins[0] = F32(1, SHAPE(3), 1, 2, 3);
     ins[1] = I64(1, SHAPE(2), 2, 5);
-    on_init(&t, "Pad", 2, ins, 1);
+    tu_node_init(&t, "Pad", 2, ins, 1, NULL);
     TU_OK(pp_node_set_string(t.g, t.node, "mode", "edge"));
-    y = run_one(&t);
+    y = tu_node_run_one(&t);
     expect(y, F32(1, SHAPE(10), 1, 1, 1, 2, 3, 3, 3, 3, 3, 3), "edge");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
     ins[0] = F32(1, SHAPE(3), 1, 2, 3);
     ins[1] = I64(1, SHAPE(2), 2, 5);
-    on_init(&t, "Pad", 2, ins, 1);
+    tu_node_init(&t, "Pad", 2, ins, 1, NULL);
     TU_OK(pp_node_set_string(t.g, t.node, "mode", "reflect"));
-    y = run_one(&t);
+    y = tu_node_run_one(&t);
     expect(y, F32(1, SHAPE(10), 3, 2, 1, 2, 3, 2, 1, 2, 3, 2), "reflect");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
     ins[0] = F32(2, SHAPE(2, 2), 1, 2, 3, 4);
     ins[1] = I64(1, SHAPE(4), 1, 0, 0, 1);
-    on_init(&t, "Pad", 2, ins, 1);
+    tu_node_init(&t, "Pad", 2, ins, 1, NULL);
     TU_OK(pp_node_set_string(t.g, t.node, "mode", "reflect"));
-    y = run_one(&t);
+    y = tu_node_run_one(&t);
     expect(y, F32(2, SHAPE(3, 3), 3, 4, 3, 1, 2, 1, 3, 4, 3), "reflect 2-D");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     ins[0] = iota(PP_F32, 1, SHAPE(3));
     ins[1] = I64(1, SHAPE(2), 1, 1);
-    on_init(&t, "Pad", 2, ins, 1);
+    tu_node_init(&t, "Pad", 2, ins, 1, NULL);
     TU_OK(pp_node_set_string(t.g, t.node, "mode", "wrap"));
-    expect_error(&t, PP_ERR_UNSUPPORTED);
-    on_free(&t);
+    tu_node_expect_error(&t, PP_ERR_UNSUPPORTED, NULL);
+    tu_node_free(&t);
 }
 
 /* ---------------------------------------------------------------- Cast */
 
 static pp_tensor *cast_one(pp_tensor *x, pp_dtype to) {
-    one_node t;
+    tu_node t;
     pp_tensor *ins[1] = {x};
-    on_init(&t, "Cast", 1, ins, 1);
+    tu_node_init(&t, "Cast", 1, ins, 1, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "to", to));
-    pp_tensor *y = run_one(&t);
-    on_free(&t);
+    pp_tensor *y = tu_node_run_one(&t);
+    tu_node_free(&t);
     return y;
 }
 
@@ -838,28 +751,28 @@ static void test_cast(void **state) {
     pp_tensor_free(f);
     /* same dtype: the input is shared */
     pp_tensor *x = F32(1, SHAPE(2), 1, 2);
-    one_node t;
+    tu_node t;
     pp_tensor *ins[1] = {x};
-    on_init(&t, "Cast", 1, ins, 1);
+    tu_node_init(&t, "Cast", 1, ins, 1, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "to", PP_F32));
-    y = run_one(&t);
+    y = tu_node_run_one(&t);
     assert_ptr_equal(y->data, x->data);
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
     /* unsupported target (STRING = 8) is refused at load time */
     ins[0] = F32(1, SHAPE(2), 1, 2);
-    on_init(&t, "Cast", 1, ins, 1);
+    tu_node_init(&t, "Cast", 1, ins, 1, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "to", 8));
     assert_int_equal(pp_graph_resolve(t.g), PP_ERR_UNSUPPORTED);
     assert_non_null(strstr(pp_last_error(), "'n0'"));
-    on_free(&t);
+    tu_node_free(&t);
     /* CastLike takes the target from its second input */
     pp_tensor *ins2[2] = {F32(1, SHAPE(2), 1.5f, -2.5f), I64(1, SHAPE(1), 0)};
-    on_init(&t, "CastLike", 2, ins2, 1);
-    y = run_one(&t);
+    tu_node_init(&t, "CastLike", 2, ins2, 1, NULL);
+    y = tu_node_run_one(&t);
     expect(y, I64(1, SHAPE(2), 1, -2), "castlike");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 }
 
 /* ------------------------------------------- Shape/Size/Range/Constant */
@@ -870,255 +783,255 @@ static void test_shape_size(void **state) {
         {0, 0, 0, 0, 4, {2, 3, 4, 5}}, {1, 0, 1, 0, 3, {3, 4, 5}}, {0, 1, 0, -1, 3, {2, 3, 4}},
         {1, 1, -3, 3, 2, {3, 4}},      {1, 1, -10, 10, 4, {2, 3, 4, 5}}, {1, 1, 3, 1, 0, {0}}};
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
-        one_node t;
+        tu_node t;
         pp_tensor *ins[1] = {iota(PP_F32, 4, SHAPE(2, 3, 4, 5))};
-        on_init(&t, "Shape", 1, ins, 1);
+        tu_node_init(&t, "Shape", 1, ins, 1, NULL);
         if (c[i].has_start) TU_OK(pp_node_set_int(t.g, t.node, "start", c[i].start));
         if (c[i].has_end) TU_OK(pp_node_set_int(t.g, t.node, "end", c[i].end));
-        pp_tensor *y = run_one(&t);
-        expect(y, i64_vec(c[i].n, c[i].v), "shape");
+        pp_tensor *y = tu_node_run_one(&t);
+        expect(y, tu_i64_vec(c[i].n, c[i].v), "shape");
         pp_tensor_free(y);
-        on_free(&t);
+        tu_node_free(&t);
     }
-    one_node t;
+    tu_node t;
     pp_tensor *ins[1];
     TU_OK(pp_tensor_scalar_f32(1, &ins[0]));
-    on_init(&t, "Shape", 1, ins, 1);
-    pp_tensor *y = run_one(&t);
-    assert_shape(y, 1, SHAPE(0));
+    tu_node_init(&t, "Shape", 1, ins, 1, NULL);
+    pp_tensor *y = tu_node_run_one(&t);
+    tu_assert_shape(y, 1, SHAPE(0));
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
     ins[0] = iota(PP_F32, 3, SHAPE(2, 3, 4));
-    on_init(&t, "Size", 1, ins, 1);
-    y = run_one(&t);
+    tu_node_init(&t, "Size", 1, ins, 1, NULL);
+    y = tu_node_run_one(&t);
     assert_int_equal(y->ndim, 0);
     assert_int_equal(((int64_t *)y->data)[0], 24);
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 }
 
 static void test_range(void **state) {
     (void)state;
-    one_node t;
+    tu_node t;
     pp_tensor *ins[3];
     float fs = 1, fl = 5, fd = 1.5f;
     ins[0] = tu_f32(0, NULL, &fs);
     ins[1] = tu_f32(0, NULL, &fl);
     ins[2] = tu_f32(0, NULL, &fd);
-    on_init(&t, "Range", 3, ins, 1);
-    pp_tensor *y = run_one(&t);
+    tu_node_init(&t, "Range", 3, ins, 1, NULL);
+    pp_tensor *y = tu_node_run_one(&t);
     expect(y, F32(1, SHAPE(3), 1, 2.5f, 4), "float");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     ins[0] = i32t(0, NULL, (const int32_t[]){10});
     ins[1] = i32t(0, NULL, (const int32_t[]){6});
     ins[2] = i32t(0, NULL, (const int32_t[]){-3});
-    on_init(&t, "Range", 3, ins, 1);
-    y = run_one(&t);
+    tu_node_init(&t, "Range", 3, ins, 1, NULL);
+    y = tu_node_run_one(&t);
     assert_int_equal(y->dtype, PP_I32);
-    assert_shape(y, 1, SHAPE(2));
+    tu_assert_shape(y, 1, SHAPE(2));
     assert_int_equal(((int32_t *)y->data)[0], 10);
     assert_int_equal(((int32_t *)y->data)[1], 7);
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     TU_OK(pp_tensor_scalar_i64(5, &ins[0]));
     TU_OK(pp_tensor_scalar_i64(5, &ins[1]));
     TU_OK(pp_tensor_scalar_i64(1, &ins[2]));
-    on_init(&t, "Range", 3, ins, 1);
-    y = run_one(&t);
-    assert_shape(y, 1, SHAPE(0));
+    tu_node_init(&t, "Range", 3, ins, 1, NULL);
+    y = tu_node_run_one(&t);
+    tu_assert_shape(y, 1, SHAPE(0));
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     TU_OK(pp_tensor_scalar_i64(0, &ins[0]));
     TU_OK(pp_tensor_scalar_i64(5, &ins[1]));
     TU_OK(pp_tensor_scalar_i64(0, &ins[2]));
-    on_init(&t, "Range", 3, ins, 1);
-    expect_error(&t, PP_ERR_INVALID);
-    on_free(&t);
+    tu_node_init(&t, "Range", 3, ins, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_INVALID, NULL);
+    tu_node_free(&t);
 }
 
 static void test_constant_of_shape(void **state) {
     (void)state;
-    one_node t;
+    tu_node t;
     pp_tensor *ins[1] = {I64(1, SHAPE(2), 2, 3)};
-    on_init(&t, "ConstantOfShape", 1, ins, 1);
-    pp_tensor *y = run_one(&t);
+    tu_node_init(&t, "ConstantOfShape", 1, ins, 1, NULL);
+    pp_tensor *y = tu_node_run_one(&t);
     expect(y, F32(2, SHAPE(2, 3), 0, 0, 0, 0, 0, 0), "default");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     ins[0] = I64(1, SHAPE(1), 3);
-    on_init(&t, "ConstantOfShape", 1, ins, 1);
+    tu_node_init(&t, "ConstantOfShape", 1, ins, 1, NULL);
     TU_OK(pp_node_set_tensor(t.g, t.node, "value", I64(1, SHAPE(1), -7)));
-    y = run_one(&t);
+    y = tu_node_run_one(&t);
     expect(y, I64(1, SHAPE(3), -7, -7, -7), "int value");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     ins[0] = empty_i64(); /* scalar */
-    on_init(&t, "ConstantOfShape", 1, ins, 1);
+    tu_node_init(&t, "ConstantOfShape", 1, ins, 1, NULL);
     TU_OK(pp_node_set_tensor(t.g, t.node, "value", F32(1, SHAPE(1), 2.5f)));
-    y = run_one(&t);
+    y = tu_node_run_one(&t);
     assert_int_equal(y->ndim, 0);
     assert_true(((float *)y->data)[0] == 2.5f);
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     ins[0] = I64(1, SHAPE(2), 0, 3);
-    on_init(&t, "ConstantOfShape", 1, ins, 1);
-    y = run_one(&t);
-    assert_shape(y, 2, SHAPE(0, 3));
+    tu_node_init(&t, "ConstantOfShape", 1, ins, 1, NULL);
+    y = tu_node_run_one(&t);
+    tu_assert_shape(y, 2, SHAPE(0, 3));
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     ins[0] = I64(1, SHAPE(1), -1);
-    on_init(&t, "ConstantOfShape", 1, ins, 1);
-    expect_error(&t, PP_ERR_SHAPE);
-    on_free(&t);
+    tu_node_init(&t, "ConstantOfShape", 1, ins, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, NULL);
+    tu_node_free(&t);
 }
 
 static void test_constant(void **state) {
     (void)state;
-    one_node t;
-    on_init(&t, "Constant", 0, NULL, 1);
+    tu_node t;
+    tu_node_init(&t, "Constant", 0, NULL, 1, NULL);
     TU_OK(pp_node_set_tensor(t.g, t.node, "value", F32(1, SHAPE(2), 1, 2)));
-    pp_tensor *y = run_one(&t);
+    pp_tensor *y = tu_node_run_one(&t);
     expect(y, F32(1, SHAPE(2), 1, 2), "value");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
-    on_init(&t, "Constant", 0, NULL, 1);
+    tu_node_init(&t, "Constant", 0, NULL, 1, NULL);
     TU_OK(pp_node_set_float(t.g, t.node, "value_float", 0.5f));
-    y = run_one(&t);
+    y = tu_node_run_one(&t);
     assert_int_equal(y->ndim, 0);
     assert_true(((float *)y->data)[0] == 0.5f);
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
-    on_init(&t, "Constant", 0, NULL, 1);
+    tu_node_init(&t, "Constant", 0, NULL, 1, NULL);
     TU_OK(pp_node_set_ints(t.g, t.node, "value_ints", 3, SHAPE(4, 5, 6)));
-    y = run_one(&t);
+    y = tu_node_run_one(&t);
     expect(y, I64(1, SHAPE(3), 4, 5, 6), "value_ints");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
-    on_init(&t, "Constant", 0, NULL, 1);
+    tu_node_init(&t, "Constant", 0, NULL, 1, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "value_int", -3));
-    y = run_one(&t);
+    y = tu_node_run_one(&t);
     expect(y, tu_i64(0, NULL, (const int64_t[]){-3}), "value_int");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
-    on_init(&t, "Constant", 0, NULL, 1);
+    tu_node_init(&t, "Constant", 0, NULL, 1, NULL);
     TU_OK(pp_node_set_floats(t.g, t.node, "value_floats", 2, (const float[]){1, 2}));
-    y = run_one(&t);
+    y = tu_node_run_one(&t);
     expect(y, F32(1, SHAPE(2), 1, 2), "value_floats");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
-    on_init(&t, "Constant", 0, NULL, 1);
+    tu_node_init(&t, "Constant", 0, NULL, 1, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "value_int", 1));
     TU_OK(pp_node_set_float(t.g, t.node, "value_float", 1));
     assert_int_equal(pp_graph_resolve(t.g), PP_ERR_INVALID);
     assert_non_null(strstr(pp_last_error(), "'n0'"));
-    on_free(&t);
+    tu_node_free(&t);
 
-    on_init(&t, "Constant", 0, NULL, 1);
+    tu_node_init(&t, "Constant", 0, NULL, 1, NULL);
     TU_OK(pp_node_set_string(t.g, t.node, "value_string", "x"));
     assert_int_equal(pp_graph_resolve(t.g), PP_ERR_UNSUPPORTED);
-    on_free(&t);
+    tu_node_free(&t);
 }
 
 /* ------------------------------------------- Identity/Dropout/Trilu */
 
 static void test_identity_dropout(void **state) {
     (void)state;
-    one_node t;
+    tu_node t;
     pp_tensor *ins[3] = {F32(1, SHAPE(3), 1, 2, 3), NULL, NULL};
-    on_init(&t, "Identity", 1, ins, 1);
-    pp_tensor *y = run_one(&t);
+    tu_node_init(&t, "Identity", 1, ins, 1, NULL);
+    pp_tensor *y = tu_node_run_one(&t);
     assert_ptr_equal(y->data, t.in[0]->data);
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     /* inference: identity plus an all-true mask */
     ins[0] = F32(2, SHAPE(2, 2), 1, 2, 3, 4);
     ins[1] = tu_f32(0, NULL, (const float[]){0.3f});
-    on_init(&t, "Dropout", 2, ins, 2);
+    tu_node_init(&t, "Dropout", 2, ins, 2, NULL);
     pp_tensor *o[2];
-    TU_OK(on_run(&t, o));
+    TU_OK(tu_node_run(&t, o));
     assert_ptr_equal(o[0]->data, t.in[0]->data);
     assert_int_equal(o[1]->dtype, PP_BOOL);
-    assert_shape(o[1], 2, SHAPE(2, 2));
+    tu_assert_shape(o[1], 2, SHAPE(2, 2));
     for (int i = 0; i < 4; i++) assert_int_equal(((uint8_t *)o[1]->data)[i], 1);
     pp_tensor_free(o[0]);
     pp_tensor_free(o[1]);
-    on_free(&t);
+    tu_node_free(&t);
 
     /* training with ratio > 0 is refused; ratio 0 is an identity */
     ins[0] = F32(1, SHAPE(2), 1, 2);
     ins[1] = tu_f32(0, NULL, (const float[]){0.5f});
     TU_OK(pp_tensor_empty(PP_BOOL, 0, NULL, &ins[2]));
     *(uint8_t *)ins[2]->data = 1;
-    on_init(&t, "Dropout", 3, ins, 1);
-    expect_error(&t, PP_ERR_UNSUPPORTED);
-    on_free(&t);
+    tu_node_init(&t, "Dropout", 3, ins, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_UNSUPPORTED, NULL);
+    tu_node_free(&t);
     ins[0] = F32(1, SHAPE(2), 1, 2);
     ins[1] = tu_f32(0, NULL, (const float[]){0.0f});
     TU_OK(pp_tensor_empty(PP_BOOL, 0, NULL, &ins[2]));
     *(uint8_t *)ins[2]->data = 1;
-    on_init(&t, "Dropout", 3, ins, 1);
-    y = run_one(&t);
+    tu_node_init(&t, "Dropout", 3, ins, 1, NULL);
+    y = tu_node_run_one(&t);
     expect(y, F32(1, SHAPE(2), 1, 2), "ratio 0");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 }
 
 static void test_trilu(void **state) {
     (void)state;
-    one_node t;
+    tu_node t;
     /* x = 1..12 as [3,4] */
     pp_tensor *ins[2] = {F32(2, SHAPE(3, 4), 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12), NULL};
-    on_init(&t, "Trilu", 1, ins, 1);
-    pp_tensor *y = run_one(&t);
+    tu_node_init(&t, "Trilu", 1, ins, 1, NULL);
+    pp_tensor *y = tu_node_run_one(&t);
     expect(y, F32(2, SHAPE(3, 4), 1, 2, 3, 4, 0, 6, 7, 8, 0, 0, 11, 12), "upper");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     ins[0] = F32(2, SHAPE(3, 4), 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12);
     ins[1] = tu_i64(0, NULL, (const int64_t[]){-1});
-    on_init(&t, "Trilu", 2, ins, 1);
+    tu_node_init(&t, "Trilu", 2, ins, 1, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "upper", 0));
-    y = run_one(&t);
+    y = tu_node_run_one(&t);
     expect(y, F32(2, SHAPE(3, 4), 0, 0, 0, 0, 5, 0, 0, 0, 9, 10, 0, 0), "lower k=-1");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     /* batched causal mask, k far out of range */
     ins[0] = iota(PP_I64, 3, SHAPE(2, 2, 2));
     ins[1] = tu_i64(0, NULL, (const int64_t[]){INT64_MAX});
-    on_init(&t, "Trilu", 2, ins, 1);
+    tu_node_init(&t, "Trilu", 2, ins, 1, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "upper", 0));
-    y = run_one(&t);
+    y = tu_node_run_one(&t);
     expect(y, I64(3, SHAPE(2, 2, 2), 0, 1, 2, 3, 4, 5, 6, 7), "lower k=max");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     ins[0] = iota(PP_I64, 3, SHAPE(2, 2, 2));
     ins[1] = tu_i64(0, NULL, (const int64_t[]){1});
-    on_init(&t, "Trilu", 2, ins, 1);
-    y = run_one(&t);
+    tu_node_init(&t, "Trilu", 2, ins, 1, NULL);
+    y = tu_node_run_one(&t);
     expect(y, I64(3, SHAPE(2, 2, 2), 0, 1, 0, 0, 0, 5, 0, 0), "upper k=1");
     pp_tensor_free(y);
-    on_free(&t);
+    tu_node_free(&t);
 
     ins[0] = iota(PP_F32, 1, SHAPE(3));
-    on_init(&t, "Trilu", 1, ins, 1);
-    expect_error(&t, PP_ERR_SHAPE);
-    on_free(&t);
+    tu_node_init(&t, "Trilu", 1, ins, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, NULL);
+    tu_node_free(&t);
 }
 
 /* Shapes read from tensors are untrusted: huge values give errors, not
@@ -1126,42 +1039,42 @@ static void test_trilu(void **state) {
 static void test_hostile_shapes(void **state) {
     (void)state;
     const int64_t big = INT64_C(1) << 40;
-    one_node t;
+    tu_node t;
     pp_tensor *ins[2] = {iota(PP_F32, 1, SHAPE(4)), I64(1, SHAPE(3), INT64_MAX, 2, -1)};
-    on_init(&t, "Reshape", 2, ins, 1);
-    expect_error(&t, PP_ERR_SHAPE);
-    on_free(&t);
+    tu_node_init(&t, "Reshape", 2, ins, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, NULL);
+    tu_node_free(&t);
     ins[0] = iota(PP_F32, 1, SHAPE(4));
     ins[1] = I64(1, SHAPE(3), big, big, 4);
-    on_init(&t, "Expand", 2, ins, 1);
-    expect_error(&t, PP_ERR_SHAPE);
-    on_free(&t);
+    tu_node_init(&t, "Expand", 2, ins, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, NULL);
+    tu_node_free(&t);
     ins[0] = iota(PP_F32, 2, SHAPE(2, 2));
     ins[1] = I64(1, SHAPE(2), INT64_MAX, big);
-    on_init(&t, "Tile", 2, ins, 1);
-    expect_error(&t, PP_ERR_SHAPE);
-    on_free(&t);
+    tu_node_init(&t, "Tile", 2, ins, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, NULL);
+    tu_node_free(&t);
     ins[0] = iota(PP_F32, 1, SHAPE(2));
     ins[1] = I64(1, SHAPE(2), INT64_MAX, INT64_MAX);
-    on_init(&t, "Pad", 2, ins, 1);
-    expect_error(&t, PP_ERR_SHAPE);
-    on_free(&t);
+    tu_node_init(&t, "Pad", 2, ins, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_SHAPE, NULL);
+    tu_node_free(&t);
     ins[0] = I64(1, SHAPE(2), big, big);
-    on_init(&t, "ConstantOfShape", 1, ins, 1);
+    tu_node_init(&t, "ConstantOfShape", 1, ins, 1, NULL);
     pp_tensor *y = NULL;
-    assert_int_not_equal(on_run(&t, &y), PP_OK);
-    on_free(&t);
+    assert_int_not_equal(tu_node_run(&t, &y), PP_OK);
+    tu_node_free(&t);
 }
 
 /* Arity is checked at load time against the op table. */
 static void test_arity(void **state) {
     (void)state;
-    one_node t;
+    tu_node t;
     pp_tensor *ins[1] = {iota(PP_F32, 1, SHAPE(3))};
-    on_init(&t, "Gather", 1, ins, 1);
+    tu_node_init(&t, "Gather", 1, ins, 1, NULL);
     assert_int_equal(pp_graph_resolve(t.g), PP_ERR_INVALID);
     assert_non_null(strstr(pp_last_error(), "'n0'"));
-    on_free(&t);
+    tu_node_free(&t);
 }
 
 int main(void) {

@@ -1,0 +1,120 @@
+/* The executor: buffers freed after their last use, the shape sub-graph
+ * cache per input signature, and running node subsets. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_util.h"
+
+/* y = Reshape(x, Concat(Shape(x)[0], [-1])) + 1: the shape path depends
+ * only on x's shape. */
+static pp_graph *reshape_graph(int *shape_node, int *concat_node) {
+    pp_graph *g;
+    TU_OK(pp_graph_new("g", &g));
+    int x, one, idx0, minus1, s, gth, cat, r, y;
+    TU_OK(pp_graph_add_input(g, "x", PP_F32, 3, (int64_t[]){-1, 2, 3}, &x));
+    pp_tensor *t;
+    TU_OK(pp_tensor_scalar_f32(1.0f, &t));
+    TU_OK(pp_graph_add_initializer(g, "one", PP_VALUE_CONST, t, &one));
+    t = tu_i64(1, (int64_t[]){1}, (int64_t[]){0});
+    TU_OK(pp_graph_add_initializer(g, "idx0", PP_VALUE_CONST, t, &idx0));
+    t = tu_i64(1, (int64_t[]){1}, (int64_t[]){-1});
+    TU_OK(pp_graph_add_initializer(g, "minus1", PP_VALUE_CONST, t, &minus1));
+    TU_OK(pp_graph_add_node(g, "Shape", "", "shape", 1, &x, 1, NULL, &s));
+    TU_OK(pp_graph_add_node(g, "Gather", "", "gather", 2, (int[]){g->nodes[s].out[0], idx0}, 1, NULL, &gth));
+    TU_OK(pp_graph_add_node(g, "Concat", "", "concat", 2, (int[]){g->nodes[gth].out[0], minus1}, 1, NULL, &cat));
+    TU_OK(pp_node_set_int(g, cat, "axis", 0));
+    TU_OK(pp_graph_add_node(g, "Reshape", "", "reshape", 2, (int[]){x, g->nodes[cat].out[0]}, 1, NULL, &r));
+    TU_OK(pp_graph_add_node(g, "Add", "", "add", 2, (int[]){g->nodes[r].out[0], one}, 1, NULL, &y));
+    TU_OK(pp_graph_add_output(g, g->nodes[y].out[0]));
+    *shape_node = s;
+    *concat_node = cat;
+    return g;
+}
+
+static void test_dynamic_batch_and_shape_cache(void **state) {
+    (void)state;
+    int s, cat;
+    pp_graph *g = reshape_graph(&s, &cat);
+    pp_exec *ex;
+    TU_OK(pp_exec_new(g, &ex));
+    for (int b = 1; b <= 3; b++) {
+        pp_tensor *x, *y;
+        TU_OK(pp_tensor_new(PP_F32, 3, (int64_t[]){b, 2, 3}, &x));
+        for (int rep = 0; rep < 2; rep++) {
+            int64_t run0, cached0, run1, cached1;
+            pp_exec_stats(ex, &run0, &cached0);
+            TU_OK(pp_exec_run(ex, &x, &y));
+            pp_exec_stats(ex, &run1, &cached1);
+            /* Shape, Gather, Concat run once per batch size, then come
+             * from the cache; Reshape and Add always run. */
+            assert_int_equal(run1 - run0, rep == 0 ? 5 : 2);
+            assert_int_equal(cached1 - cached0, rep == 0 ? 0 : 3);
+            assert_int_equal(y->ndim, 2);
+            assert_int_equal(y->shape[0], b);
+            assert_int_equal(y->shape[1], 6);
+            assert_true(((float *)y->data)[0] == 1.0f);
+            pp_tensor_free(y);
+        }
+        pp_tensor_free(x);
+    }
+    pp_exec_free(ex);
+    pp_graph_free(g);
+}
+
+/* run_nodes frees what no later listed node reads, unless kept. */
+static void test_run_nodes_frees_and_keeps(void **state) {
+    (void)state;
+    int s, cat;
+    pp_graph *g = reshape_graph(&s, &cat);
+    pp_exec *ex;
+    TU_OK(pp_exec_new(g, &ex));
+    pp_tensor **env = calloc((size_t)g->n_values, sizeof *env);
+    uint8_t *keep = calloc((size_t)g->n_values, 1);
+    int x = pp_graph_find_value(g, "x");
+    TU_OK(pp_tensor_new(PP_F32, 3, (int64_t[]){2, 2, 3}, &env[x]));
+    int shape_out = g->nodes[s].out[0];
+    keep[g->outputs[0]] = 1;
+    keep[shape_out] = 1;
+    int all[] = {0, 1, 2, 3, 4};
+    TU_OK(pp_exec_run_nodes(ex, all, 5, env, keep));
+    assert_non_null(env[g->outputs[0]]);
+    assert_non_null(env[shape_out]); /* kept */
+    assert_null(env[g->nodes[cat].out[0]]); /* read by reshape, then freed */
+    assert_null(env[x]); /* its last reader ran */
+    for (int v = 0; v < g->n_values; v++) pp_tensor_free(env[v]);
+    /* a node whose input is missing names it */
+    memset(env, 0, sizeof(pp_tensor *) * (size_t)g->n_values);
+    assert_int_equal(pp_exec_run_nodes(ex, all, 5, env, NULL), PP_ERR_STATE);
+    assert_non_null(strstr(pp_last_error(), "'x'"));
+    free(env);
+    free(keep);
+    pp_exec_free(ex);
+    pp_graph_free(g);
+}
+
+/* Identity-like ops hand out views: no copy of a large input. */
+static void test_views_not_copies(void **state) {
+    (void)state;
+    pp_graph *g;
+    TU_OK(pp_graph_new("g", &g));
+    int x, n;
+    TU_OK(pp_graph_add_input(g, "x", PP_F32, 2, (int64_t[]){4, 8}, &x));
+    TU_OK(pp_graph_add_node(g, "Flatten", "", "f", 1, &x, 1, NULL, &n));
+    TU_OK(pp_graph_add_output(g, g->nodes[n].out[0]));
+    pp_tensor *in, *out;
+    TU_OK(pp_tensor_new(PP_F32, 2, (int64_t[]){4, 8}, &in));
+    TU_OK(pp_graph_run(g, &in, &out));
+    assert_ptr_equal(out->data, in->data);
+    pp_tensor_free(in);
+    pp_tensor_free(out);
+    pp_graph_free(g);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dynamic_batch_and_shape_cache),
+        cmocka_unit_test(test_run_nodes_frees_and_keeps),
+        cmocka_unit_test(test_views_not_copies),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
