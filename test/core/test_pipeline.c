@@ -580,11 +580,6 @@ static void test_marker_forms(void **state) {
         pp_pipe_free(p);
         pp_graph_free(g);
     }
-    int only[] = {2};
-    pp_graph *g = marker_graph(1, only);
-    /* a marker before everything leaves stage 0 empty */
-    g->nodes[1].in[0] = g->nodes[0].in[0];
-    pp_graph_free(g);
 }
 
 /* Through the pipe, every gradient equals the unsplit graph's (1e-5), and
