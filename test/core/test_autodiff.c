@@ -287,7 +287,8 @@ static void test_varying_microbatch_sizes(void **state) {
     TU_OK(pp_exec_new(g, &ex));
     uint8_t *kf, *ki;
     TU_OK(pp_backward_keep_masks(g, b, &kf, &ki));
-    pp_tensor *idx = tu_fixture_npy("gpt", "train_idx.npy"), *tgt = tu_fixture_npy("gpt", "train_targets.npy");
+    pp_tensor *idx = tu_fixture_npy("gpt", "train_idx.npy");
+    pp_tensor *tgt = tu_fixture_npy("gpt", "train_targets.npy");
     int rows[3] = {2, 3, 1};
     for (int r = 0; r < 3; r++) {
         pp_tensor *ins[3];

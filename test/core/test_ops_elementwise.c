@@ -268,11 +268,11 @@ static void check_unary(const char *op, ref_fn ref, double lo, double hi, double
     }
     char what[64];
     snprintf(what, sizeof what, "%s f32", op);
-    tu_expect(RUN(op, tu_typed(PP_F32, 1, SHAPE(N), xs)), tu_typed(PP_F32, 1, SHAPE(N), ys), rtol, atol,
-              what);
+    tu_expect(RUN(op, tu_typed(PP_F32, 1, SHAPE(N), xs)), tu_typed(PP_F32, 1, SHAPE(N), ys), rtol,
+              atol, what);
     snprintf(what, sizeof what, "%s f64", op);
-    tu_expect(RUN(op, tu_typed(PP_F64, 1, SHAPE(N), xs)), tu_typed(PP_F64, 1, SHAPE(N), ys), 1e-12, 1e-300,
-              what);
+    tu_expect(RUN(op, tu_typed(PP_F64, 1, SHAPE(N), xs)), tu_typed(PP_F64, 1, SHAPE(N), ys), 1e-12,
+              1e-300, what);
 }
 
 static void test_unary_math(void **state) {
@@ -362,7 +362,8 @@ static void test_gelu(void **state) {
     TU_OK(tu_node_run(&t, &y));
     tu_expect(y, tu_typed(PP_F32, 1, SHAPE(N), yt), 1e-6, 1e-6, "Gelu tanh");
     tu_node_free(&t);
-    tu_node_init_dom(&t, "Gelu", "com.microsoft", 1, (pp_tensor *[]){tu_typed(PP_F64, 1, SHAPE(N), xs)}, 1, NULL);
+    tu_node_init_dom(&t, "Gelu", "com.microsoft", 1,
+                     (pp_tensor *[]){tu_typed(PP_F64, 1, SHAPE(N), xs)}, 1, NULL);
     TU_OK(tu_node_run(&t, &y));
     tu_expect(y, tu_typed(PP_F64, 1, SHAPE(N), ye), 1e-12, 1e-15, "com.microsoft Gelu");
     tu_node_free(&t);
@@ -421,11 +422,13 @@ static void test_where(void **state) {
                  B(1, SHAPE(2), 0, 1), "Where bool");
     tu_node t;
     tu_node_init(&t, "Where", 3,
-                 (pp_tensor *[]){F32(1, SHAPE(2), 1, 0), F32(1, SHAPE(2), 1, 2), F32(1, SHAPE(2), 3, 4)}, 1, NULL);
+                 (pp_tensor *[]){F32(1, SHAPE(2), 1, 0), F32(1, SHAPE(2), 1, 2), F32(1, SHAPE(2), 3, 4)},
+                 1, NULL);
     tu_node_expect_error(&t, PP_ERR_SHAPE, "bool");
     tu_node_free(&t);
     tu_node_init(&t, "Where", 3,
-                 (pp_tensor *[]){B(1, SHAPE(2), 1, 0), F32(1, SHAPE(3), 1, 2, 3), F32(1, SHAPE(2), 3, 4)}, 1, NULL);
+                 (pp_tensor *[]){B(1, SHAPE(2), 1, 0), F32(1, SHAPE(3), 1, 2, 3), F32(1, SHAPE(2), 3, 4)},
+                 1, NULL);
     tu_node_expect_error(&t, PP_ERR_SHAPE, "shapes [2], [3] and [2] do not broadcast");
     tu_node_free(&t);
 }
@@ -447,10 +450,12 @@ static void test_clip(void **state) {
                                                    T(PP_I8, 0, NULL, 0)}),
                  T(PP_I8, 1, SHAPE(3), 0, 5, 127), "Clip i8 min only");
     tu_node t;
-    tu_node_init(&t, "Clip", 3, (pp_tensor *[]){F32(1, s, 1, 2, 3, 4, 5), F32(1, SHAPE(2), 0, 1), NULL}, 1, NULL);
+    tu_node_init(&t, "Clip", 3,
+                 (pp_tensor *[]){F32(1, s, 1, 2, 3, 4, 5), F32(1, SHAPE(2), 0, 1), NULL}, 1, NULL);
     tu_node_expect_error(&t, PP_ERR_SHAPE, "scalar");
     tu_node_free(&t);
-    tu_node_init(&t, "Clip", 2, (pp_tensor *[]){F32(1, s, 1, 2, 3, 4, 5), I64(0, NULL, 1)}, 1, NULL);
+    tu_node_init(&t, "Clip", 2,
+                 (pp_tensor *[]){F32(1, s, 1, 2, 3, 4, 5), I64(0, NULL, 1)}, 1, NULL);
     tu_node_expect_error(&t, PP_ERR_SHAPE, "int64");
     tu_node_free(&t);
 }
@@ -471,7 +476,8 @@ static void test_max_min_sum_mean(void **state) {
     tu_expect(RUN("Mean", F32(1, SHAPE(2), 1, 2), F32(1, SHAPE(2), 3, 4)), F32(1, SHAPE(2), 2, 3), 0,
               0, "Mean");
     tu_node t;
-    tu_node_init(&t, "Max", 2, (pp_tensor *[]){F32(1, SHAPE(2), 1, 2), F32(1, SHAPE(3), 1, 2, 3)}, 1, NULL);
+    tu_node_init(&t, "Max", 2,
+                 (pp_tensor *[]){F32(1, SHAPE(2), 1, 2), F32(1, SHAPE(3), 1, 2, 3)}, 1, NULL);
     tu_node_expect_error(&t, PP_ERR_SHAPE, "do not broadcast");
     tu_node_free(&t);
 }
@@ -512,7 +518,8 @@ static void test_unary_more(void **state) {
     expect_exact(RUN("IsInf", F32(1, SHAPE(3), NAN, -INFINITY, INFINITY)), B(1, SHAPE(3), 0, 1, 1),
                  "IsInf");
     tu_node t;
-    tu_node_init(&t, "IsInf", 1, (pp_tensor *[]){F32(1, SHAPE(3), NAN, -INFINITY, INFINITY)}, 1, NULL);
+    tu_node_init(&t, "IsInf", 1,
+                 (pp_tensor *[]){F32(1, SHAPE(3), NAN, -INFINITY, INFINITY)}, 1, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "detect_negative", 0));
     pp_tensor *y;
     TU_OK(tu_node_run(&t, &y));
@@ -534,7 +541,8 @@ static void test_mod_prelu(void **state) {
     expect_exact(RUN("Mod", T(PP_I32, 1, SHAPE(2), 5, 5), T(PP_I32, 1, SHAPE(2), 0, -1)),
                  T(PP_I32, 1, SHAPE(2), 0, 0), "Mod by 0 and -1");
     tu_node t;
-    tu_node_init(&t, "Mod", 2, (pp_tensor *[]){F32(1, s, 7, -7, 7.5f, -7), F32(1, s, 3, 3, -2, -3)}, 1, NULL);
+    tu_node_init(&t, "Mod", 2,
+                 (pp_tensor *[]){F32(1, s, 7, -7, 7.5f, -7), F32(1, s, 3, 3, -2, -3)}, 1, NULL);
     TU_OK(pp_node_set_int(t.g, t.node, "fmod", 1));
     pp_tensor *y;
     TU_OK(tu_node_run(&t, &y));
@@ -545,7 +553,9 @@ static void test_mod_prelu(void **state) {
     tu_node_free(&t);
     tu_expect(RUN("PRelu", F32(2, SHAPE(2, 2), -1, 2, -3, 4), F32(1, SHAPE(2), 0.5f, 0.25f)),
               F32(2, SHAPE(2, 2), -0.5f, 2, -1.5f, 4), 0, 0, "PRelu channel slope");
-    tu_node_init(&t, "PRelu", 2, (pp_tensor *[]){F32(1, SHAPE(2), -1, 2), F32(2, SHAPE(2, 2), 1, 1, 1, 1)}, 1, NULL);
+    tu_node_init(&t, "PRelu", 2,
+                 (pp_tensor *[]){F32(1, SHAPE(2), -1, 2), F32(2, SHAPE(2, 2), 1, 1, 1, 1)},
+                 1, NULL);
     tu_node_expect_error(&t, PP_ERR_SHAPE, "does not broadcast to X shape");
     tu_node_free(&t);
 }
@@ -596,10 +606,12 @@ static void test_errors(void **state) {
     (void)state;
     tu_node t;
     tu_node_init(&t, "Add", 2,
-                 (pp_tensor *[]){F32(2, SHAPE(2, 3), 1, 2, 3, 4, 5, 6), F32(1, SHAPE(4), 1, 2, 3, 4)}, 1, NULL);
+                 (pp_tensor *[]){F32(2, SHAPE(2, 3), 1, 2, 3, 4, 5, 6), F32(1, SHAPE(4), 1, 2, 3, 4)},
+                 1, NULL);
     tu_node_expect_error(&t, PP_ERR_SHAPE, "shapes [2,3] and [4] do not broadcast");
     tu_node_free(&t);
-    tu_node_init(&t, "Mul", 2, (pp_tensor *[]){F32(1, SHAPE(2), 1, 2), I64(1, SHAPE(2), 1, 2)}, 1, NULL);
+    tu_node_init(&t, "Mul", 2,
+                 (pp_tensor *[]){F32(1, SHAPE(2), 1, 2), I64(1, SHAPE(2), 1, 2)}, 1, NULL);
     tu_node_expect_error(&t, PP_ERR_SHAPE, "float32 and int64 differ");
     tu_node_free(&t);
     tu_node_init(&t, "Sqrt", 1, (pp_tensor *[]){I64(1, SHAPE(2), 1, 2)}, 1, NULL);

@@ -174,7 +174,8 @@ static void test_matmul_batched(void **state) {
 static void test_matmul_random(void **state) {
     (void)state;
     for (int it = 0; it < 40; it++) {
-        int64_t M = 1 + (int64_t)((tu_urand(&rng_state) + 1) * 40), K = 1 + (int64_t)((tu_urand(&rng_state) + 1) * 40),
+        int64_t M = 1 + (int64_t)((tu_urand(&rng_state) + 1) * 40),
+                K = 1 + (int64_t)((tu_urand(&rng_state) + 1) * 40),
                 N = 1 + (int64_t)((tu_urand(&rng_state) + 1) * 40);
         if (it % 5 == 1) M = 1;
         if (it % 5 == 2) N = 1;

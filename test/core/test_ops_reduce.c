@@ -192,7 +192,8 @@ static void test_reduce_zero_size_and_scalar(void **state) {
 static void test_reduce_errors(void **state) {
     (void)state;
     tu_node t;
-    tu_node_init(&t, "ReduceSum", 2, (pp_tensor *[]){F32(1, SHAPE(2), 1, 2), I64(1, SHAPE(1), 1)}, 1, NULL);
+    tu_node_init(&t, "ReduceSum", 2,
+                 (pp_tensor *[]){F32(1, SHAPE(2), 1, 2), I64(1, SHAPE(1), 1)}, 1, NULL);
     tu_node_expect_error(&t, PP_ERR_INVALID, "axis 1 is out of range for rank 1");
     tu_node_free(&t);
     tu_node_init(&t, "ReduceMean", 1, (pp_tensor *[]){F32(2, SHAPE(1, 2), 1, 2)}, 1, NULL);
@@ -208,7 +209,8 @@ static void test_reduce_errors(void **state) {
     TU_OK(pp_node_set_int(t.g, t.node, "keepdims", 2));
     tu_node_expect_error(&t, PP_ERR_INVALID, "keepdims");
     tu_node_free(&t);
-    tu_node_init(&t, "ReduceSum", 2, (pp_tensor *[]){F32(1, SHAPE(2), 1, 2), F32(1, SHAPE(1), 0)}, 1, NULL);
+    tu_node_init(&t, "ReduceSum", 2,
+                 (pp_tensor *[]){F32(1, SHAPE(2), 1, 2), F32(1, SHAPE(1), 0)}, 1, NULL);
     tu_node_expect_error(&t, PP_ERR_SHAPE, "axes");
     tu_node_free(&t);
 }
@@ -314,10 +316,12 @@ static void test_softmax_opset11_and_edges(void **state) {
     /* Opset < 13 coerces to 2-D at axis (default 1): [2,2,2] normalises
      * over the last 4 elements of each batch row. */
     tu_node t;
-    tu_node_init(&t, "Softmax", 1, (pp_tensor *[]){F32(3, SHAPE(2, 2, 2), 0, 0, 0, 0, 1, 1, 1, 1)}, 1, NULL);
+    tu_node_init(&t, "Softmax", 1,
+                 (pp_tensor *[]){F32(3, SHAPE(2, 2, 2), 0, 0, 0, 0, 1, 1, 1, 1)}, 1, NULL);
     t.g->opset = 11;
-    tu_expect(tu_node_run_one(&t), F32(3, SHAPE(2, 2, 2), .25f, .25f, .25f, .25f, .25f, .25f, .25f, .25f),
-              1e-7, 0, "opset 11 softmax");
+    tu_expect(tu_node_run_one(&t),
+              F32(3, SHAPE(2, 2, 2), .25f, .25f, .25f, .25f, .25f, .25f, .25f, .25f), 1e-7, 0,
+              "opset 11 softmax");
     tu_node_free(&t);
     pp_tensor *e;
     TU_OK(pp_tensor_empty(PP_F32, 2, SHAPE(0, 5), &e));
@@ -449,14 +453,17 @@ static void test_layernorm_errors(void **state) {
     (void)state;
     tu_node t;
     tu_node_init(&t, "LayerNormalization", 2,
-                 (pp_tensor *[]){F32(2, SHAPE(2, 3), 1, 2, 3, 4, 5, 6), F32(1, SHAPE(2), 1, 1)}, 1, NULL);
+                 (pp_tensor *[]){F32(2, SHAPE(2, 3), 1, 2, 3, 4, 5, 6), F32(1, SHAPE(2), 1, 1)},
+                 1, NULL);
     tu_node_expect_error(&t, PP_ERR_SHAPE, "Scale shape [2] does not fit normalised shape [3]");
     tu_node_free(&t);
     tu_node_init(&t, "LayerNormalization", 2,
-                 (pp_tensor *[]){F32(2, SHAPE(2, 3), 1, 2, 3, 4, 5, 6), T(PP_F64, 1, SHAPE(3), 1, 1, 1)}, 1, NULL);
+                 (pp_tensor *[]){F32(2, SHAPE(2, 3), 1, 2, 3, 4, 5, 6), T(PP_F64, 1, SHAPE(3), 1, 1, 1)},
+                 1, NULL);
     tu_node_expect_error(&t, PP_ERR_SHAPE, "float64");
     tu_node_free(&t);
-    tu_node_init(&t, "LayerNormalization", 2, (pp_tensor *[]){I64(1, SHAPE(1), 1), I64(1, SHAPE(1), 1)}, 1, NULL);
+    tu_node_init(&t, "LayerNormalization", 2,
+                 (pp_tensor *[]){I64(1, SHAPE(1), 1), I64(1, SHAPE(1), 1)}, 1, NULL);
     tu_node_expect_error(&t, PP_ERR_UNSUPPORTED, "int64");
     tu_node_free(&t);
     tu_node_init(&t, "LayerNormalization", 2,
@@ -546,7 +553,8 @@ static void test_sce(void **state) {
     /* hand-computed: uniform scores over 4 classes, loss log 4 */
     tu_node t;
     tu_node_init(&t, "SoftmaxCrossEntropyLoss", 2,
-                 (pp_tensor *[]){F32(2, SHAPE(2, 4), 0, 0, 0, 0, 1, 1, 1, 1), I64(1, SHAPE(2), 3, 0)}, 1, NULL);
+                 (pp_tensor *[]){F32(2, SHAPE(2, 4), 0, 0, 0, 0, 1, 1, 1, 1), I64(1, SHAPE(2), 3, 0)},
+                 1, NULL);
     pp_tensor *y = tu_node_run_one(&t);
     assert_int_equal(y->ndim, 0);
     tu_expect(y, F32(0, NULL, logf(4)), 1e-6, 0, "sce uniform");
@@ -561,7 +569,8 @@ static void test_sce_errors(void **state) {
     tu_node_expect_error(&t, PP_ERR_INVALID, "label 2 at position 1 is out of range [0, 2)");
     tu_node_free(&t);
     tu_node_init(&t, "SoftmaxCrossEntropyLoss", 2,
-                 (pp_tensor *[]){F32(2, SHAPE(2, 2), 0, 0, 0, 0), I64(1, SHAPE(3), 0, 1, 0)}, 1, NULL);
+                 (pp_tensor *[]){F32(2, SHAPE(2, 2), 0, 0, 0, 0), I64(1, SHAPE(3), 0, 1, 0)},
+                 1, NULL);
     tu_node_expect_error(&t, PP_ERR_SHAPE, "labels shape [3] does not fit scores shape [2,2]");
     tu_node_free(&t);
     tu_node_init(&t, "SoftmaxCrossEntropyLoss", 2,
@@ -593,7 +602,8 @@ static void test_nll(void **state) {
     tu_expect(tu_node_run_one(&t), F32(1, SHAPE(2), 12, 0), 0, 0, "nll none");
     tu_node_free(&t);
     tu_node_init(&t, "NegativeLogLikelihoodLoss", 2,
-                 (pp_tensor *[]){F32(3, SHAPE(1, 2, 2), -1, -2, -3, -4), I64(2, SHAPE(1, 2), 1, 0)}, 1, NULL);
+                 (pp_tensor *[]){F32(3, SHAPE(1, 2, 2), -1, -2, -3, -4), I64(2, SHAPE(1, 2), 1, 0)},
+                 1, NULL);
     TU_OK(pp_node_set_string(t.g, t.node, "reduction", "sum"));
     tu_expect(tu_node_run_one(&t), F32(0, NULL, 5), 0, 0, "nll NCd sum"); /* -(-3) + -(-2) */
     tu_node_free(&t);
@@ -651,7 +661,8 @@ static void test_half_types(void **state) {
     (void)state;
     tu_node t;
     tu_node_init(&t, "LayerNormalization", 2,
-                 (pp_tensor *[]){T(PP_F16, 2, SHAPE(1, 2), 1, 3), T(PP_F16, 1, SHAPE(2), 1, 1)}, 1, NULL);
+                 (pp_tensor *[]){T(PP_F16, 2, SHAPE(1, 2), 1, 3), T(PP_F16, 1, SHAPE(2), 1, 1)},
+                 1, NULL);
     TU_OK(pp_node_set_float(t.g, t.node, "epsilon", 0));
     pp_tensor *y = tu_node_run_one(&t);
     assert_int_equal(y->dtype, PP_F16);

@@ -57,19 +57,22 @@ pp_tensor *tu_typed(pp_dtype dt, int ndim, const int64_t *shape, const double *v
     return t;
 }
 
-pp_tensor *tu_fixture_npy(const char *model, const char *file) {
+/* Path of test/fixtures/<model>/<file> (tu_src_path's buffer). */
+static const char *fixture_path(const char *model, const char *file) {
     char rel[512];
     snprintf(rel, sizeof rel, "test/fixtures/%s/%s", model, file);
+    return tu_src_path(rel);
+}
+
+pp_tensor *tu_fixture_npy(const char *model, const char *file) {
     pp_tensor *t = NULL;
-    TU_OK(pp_npy_load(tu_src_path(rel), &t));
+    TU_OK(pp_npy_load(fixture_path(model, file), &t));
     return t;
 }
 
 pp_graph *tu_fixture_onnx(const char *model, const char *file) {
-    char rel[512];
-    snprintf(rel, sizeof rel, "test/fixtures/%s/%s", model, file);
     pp_graph *g = NULL;
-    TU_OK(pp_onnx_load(tu_src_path(rel), &g));
+    TU_OK(pp_onnx_load(fixture_path(model, file), &g));
     return g;
 }
 
