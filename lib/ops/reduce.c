@@ -959,7 +959,7 @@ static pp_status loss_check(const pp_graph *g, const pp_node *n) {
     loss_reduction r;
     const pp_attr *a = pp_node_attr(n, "reduction");
     if (a && (a->type != PP_ATTR_STRING || !a->s || !parse_reduction(a->s, &r)))
-        return pp_node_error(n, PP_ERR_UNSUPPORTED,
+        return pp_node_error(n, PP_ERR_INVALID,
                              "attribute 'reduction' is \"%s\"; it must be \"mean\", \"sum\" or \"none\"",
                              a->type == PP_ATTR_STRING && a->s ? a->s : "(not a string)");
     const pp_attr *ii = pp_node_attr(n, "ignore_index");
