@@ -86,6 +86,7 @@ static void test_run_nodes_frees_and_keeps(void **state) {
     memset(env, 0, sizeof(pp_tensor *) * (size_t)g->n_values);
     assert_int_equal(pp_exec_run_nodes(ex, all, 5, env, NULL), PP_ERR_STATE);
     assert_non_null(strstr(pp_last_error(), "'x'"));
+    for (int v = 0; v < g->n_values; v++) pp_tensor_free(env[v]); /* cached shape values */
     free(env);
     free(keep);
     pp_exec_free(ex);
