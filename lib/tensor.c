@@ -14,6 +14,10 @@
  * (tensor_pool.c allocates them). */
 
 int64_t pp_shape_numel(int ndim, const int64_t *shape) {
+    /* A zero dim makes the product 0 whatever the others are (and must not
+     * let a product of huge dims overflow first). */
+    for (int i = 0; i < ndim; i++)
+        if (shape[i] == 0) return 0;
     int64_t n = 1;
     for (int i = 0; i < ndim; i++) n *= shape[i];
     return n;
@@ -27,14 +31,16 @@ pp_status pp_shape_bytes(pp_dtype dt, int ndim, const int64_t *shape, size_t *nb
     if (ndim < 0 || ndim > PP_MAX_DIMS)
         return pp_error(PP_ERR_INVALID, "%d dims (at most %d supported)", ndim, PP_MAX_DIMS);
     size_t n = esize;
+    int zero = 0;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0) return pp_error(PP_ERR_SHAPE, "negative dimension %" PRId64, shape[i]);
-        if (shape[i] > 0 && n > SIZE_MAX / (size_t)shape[i])
-            return pp_error(PP_ERR_NOMEM, "tensor size overflows");
+        zero |= shape[i] == 0;
+    }
+    for (int i = 0; i < ndim && !zero; i++) {
+        if (n > SIZE_MAX / (size_t)shape[i]) return pp_error(PP_ERR_NOMEM, "tensor size overflows");
         n *= (size_t)shape[i];
     }
-    if (pp_shape_numel(ndim, shape) == 0) n = 0;
-    *nbytes = n;
+    *nbytes = zero ? 0 : n;
     return PP_OK;
 }
 

@@ -15,5 +15,14 @@
 #include "pippin/params.h"
 #include "pippin/optim.h"
 #include "pippin/trainer.h"
+#include "pippin/microbatch.h"
+#include "pippin/pipe.h"
+#include "pippin/stage.h"
+#include "pippin/runner.h"
+#include "pippin/schedule.h"
+#include "pippin/sched_sim.h"
+#include "pippin/sched_trace.h"
+#include "pippin/envelope.h"
+#include "pippin/transport.h"
 
 #endif

@@ -36,6 +36,13 @@ static void test_bad_shapes(void **state) {
     assert_int_equal(pp_tensor_new(PP_F32, 2, neg, &t), PP_ERR_SHAPE);
     int64_t huge[] = {INT64_C(1) << 40, INT64_C(1) << 40};
     assert_int_equal(pp_tensor_new(PP_F32, 2, huge, &t), PP_ERR_NOMEM);
+    /* Regression (fuzz_envelope): a zero dim after huge ones is an empty
+     * tensor, not an overflow. */
+    int64_t huge_then_zero[] = {INT64_C(1) << 62, INT64_C(1) << 62, 0};
+    size_t nb = 1;
+    TU_OK(pp_shape_bytes(PP_F32, 3, huge_then_zero, &nb));
+    assert_int_equal(nb, 0);
+    assert_int_equal(pp_shape_numel(3, huge_then_zero), 0);
     int64_t nine[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
     assert_int_equal(pp_tensor_new(PP_F32, 9, nine, &t), PP_ERR_INVALID);
     assert_int_equal(pp_tensor_new((pp_dtype)99, 1, nine, &t), PP_ERR_INVALID);
