@@ -281,3 +281,26 @@ int pp_tensor_allclose(const pp_tensor *a, const pp_tensor *b, double rtol, doub
     }
     return 1;
 }
+
+pp_status pp_tensor_sum(pp_tensor *const *ts, int n, pp_tensor **out) {
+    if (n < 1) return pp_error(PP_ERR_INVALID, "sum of no tensors");
+    for (int i = 0; i < n; i++)
+        if (ts[i]->dtype != PP_F32 || !pp_shape_equal(ts[i]->ndim, ts[i]->shape, ts[0]->ndim, ts[0]->shape)) {
+            char a[128], b[128];
+            return pp_error(PP_ERR_SHAPE, "cannot add %s%s to %s%s", pp_dtype_name(ts[i]->dtype),
+                            pp_shape_str(ts[i]->ndim, ts[i]->shape, a, sizeof a), pp_dtype_name(ts[0]->dtype),
+                            pp_shape_str(ts[0]->ndim, ts[0]->shape, b, sizeof b));
+        }
+    if (n == 1) {
+        *out = pp_tensor_retain(ts[0]);
+        return PP_OK;
+    }
+    PP_TRY(pp_tensor_clone(ts[0], out));
+    float *d = (*out)->data;
+    int64_t count = pp_tensor_numel(ts[0]);
+    for (int i = 1; i < n; i++) {
+        const float *x = ts[i]->data;
+        for (int64_t k = 0; k < count; k++) d[k] += x[k];
+    }
+    return PP_OK;
+}

@@ -30,8 +30,9 @@ typedef struct {
     int m;
     pp_tensor **acts;   /* [edge * m + mb] */
     int *act_left;      /* consumers whose F has not read it yet */
-    pp_tensor **grads;  /* [edge * m + mb], summed over consumers */
-    int *grad_count;
+    pp_tensor **grads;  /* [(edge * m + mb) * maxc + c]: from the edge's c-th consumer */
+    int *grad_count;    /* [edge * m + mb] */
+    int maxc;           /* most consumers of any edge */
     uint8_t *done_f, *done_i, *done_w; /* [stage * m + mb] */
     pp_tensor **outs;   /* [output * m + mb] */
 } step_state;
@@ -131,7 +132,7 @@ void pp_runner_zero_grad(pp_runner *r) {
 static void step_free(const pp_runner *r, step_state *ss) {
     size_t ne = (size_t)r->p->n_edges * (size_t)ss->m, no = (size_t)r->p->n_outputs * (size_t)ss->m;
     for (size_t i = 0; ss->acts && i < ne; i++) pp_tensor_free(ss->acts[i]);
-    for (size_t i = 0; ss->grads && i < ne; i++) pp_tensor_free(ss->grads[i]);
+    for (size_t i = 0; ss->grads && i < ne * (size_t)ss->maxc; i++) pp_tensor_free(ss->grads[i]);
     for (size_t i = 0; ss->outs && i < no; i++) pp_tensor_free(ss->outs[i]);
     free(ss->acts);
     free(ss->act_left);
@@ -147,9 +148,12 @@ static pp_status step_init(const pp_runner *r, int m, step_state *ss) {
     size_t ne = (size_t)r->p->n_edges * (size_t)m + 1, ns = (size_t)r->n_stages * (size_t)m + 1;
     memset(ss, 0, sizeof *ss);
     ss->m = m;
+    ss->maxc = 1;
+    for (int e = 0; e < r->p->n_edges; e++)
+        if (r->p->edges[e].n_consumers > ss->maxc) ss->maxc = r->p->edges[e].n_consumers;
     ss->acts = calloc(ne, sizeof *ss->acts);
     ss->act_left = calloc(ne, sizeof *ss->act_left);
-    ss->grads = calloc(ne, sizeof *ss->grads);
+    ss->grads = calloc(ne * (size_t)ss->maxc, sizeof *ss->grads);
     ss->grad_count = calloc(ne, sizeof *ss->grad_count);
     ss->done_f = calloc(ns, 1);
     ss->done_i = calloc(ns, 1);
@@ -217,29 +221,20 @@ static pp_status run_forward(pp_runner *r, step_state *ss, int s, int mb) {
     return status;
 }
 
-/* Adds an input gradient from a consumer into the producer's slot. */
-static pp_status add_grad(step_state *ss, int slot, pp_tensor *g) {
-    if (!ss->grads[slot]) {
-        ss->grads[slot] = g;
-        ss->grad_count[slot]++;
-        return PP_OK;
-    }
-    pp_tensor *acc = ss->grads[slot], *sum;
-    if (acc->dtype != PP_F32 || g->dtype != PP_F32 || pp_tensor_numel(acc) != pp_tensor_numel(g)) {
+/* Files consumer stage s's gradient for edge e (takes ownership). */
+static pp_status add_grad(const pp_runner *r, step_state *ss, int e, int mb, int s, pp_tensor *g) {
+    const pp_pipe_edge *ed = &r->p->edges[e];
+    int c = 0;
+    while (c < ed->n_consumers && ed->consumers[c] != s) c++;
+    if (c == ed->n_consumers) {
         pp_tensor_free(g);
-        return pp_error(PP_ERR_SHAPE, "gradients from two consumers do not match");
+        return pp_error(PP_ERR_INTERNAL, "stage %d is no consumer of '%s'", s, ed->value);
     }
-    pp_status s = pp_tensor_clone(acc, &sum); /* acc may be shared with a stash */
-    if (s == PP_OK) {
-        float *d = sum->data;
-        const float *x = g->data;
-        for (int64_t i = 0; i < pp_tensor_numel(g); i++) d[i] += x[i];
-        pp_tensor_free(acc);
-        ss->grads[slot] = sum;
-        ss->grad_count[slot]++;
-    }
-    pp_tensor_free(g);
-    return s;
+    pp_tensor **slot = &ss->grads[(size_t)(e * ss->m + mb) * (size_t)ss->maxc + (size_t)c];
+    pp_tensor_free(*slot);
+    *slot = g;
+    ss->grad_count[e * ss->m + mb]++;
+    return PP_OK;
 }
 
 static pp_status run_backward_input(pp_runner *r, step_state *ss, int s, int mb) {
@@ -252,16 +247,23 @@ static pp_status run_backward_input(pp_runner *r, step_state *ss, int s, int mb)
         free(gin);
         return pp_error(PP_ERR_NOMEM, "out of memory");
     }
-    for (int k = 0; k < ng; k++) gout[k] = ss->grads[l->gout_edge[k] * m + mb];
-    pp_status status = pp_stage_backward_input(st, mb, gout, gin);
+    pp_status status = PP_OK;
+    for (int k = 0; k < ng && status == PP_OK; k++) { /* summed in consumer order: deterministic */
+        int e = l->gout_edge[k];
+        status = pp_tensor_sum(&ss->grads[(size_t)(e * m + mb) * (size_t)ss->maxc], r->p->edges[e].n_consumers, &gout[k]);
+    }
+    if (status == PP_OK) status = pp_stage_backward_input(st, mb, gout, gin);
+    for (int k = 0; k < ng; k++) pp_tensor_free(gout[k]);
     if (status == PP_OK) {
         ss->done_i[s * m + mb] = 1;
-        for (int k = 0; k < ng; k++) { /* the stage has used them */
-            pp_tensor_free(ss->grads[l->gout_edge[k] * m + mb]);
-            ss->grads[l->gout_edge[k] * m + mb] = NULL;
-        }
+        for (int k = 0; k < ng; k++) /* the stage has used them */
+            for (int c = 0; c < r->p->edges[l->gout_edge[k]].n_consumers; c++) {
+                pp_tensor **slot = &ss->grads[(size_t)(l->gout_edge[k] * m + mb) * (size_t)ss->maxc + (size_t)c];
+                pp_tensor_free(*slot);
+                *slot = NULL;
+            }
         for (int k = 0; k < nw; k++) { /* add_grad takes ownership */
-            if (status == PP_OK) status = add_grad(ss, l->gin_edge[k] * m + mb, gin[k]);
+            if (status == PP_OK) status = add_grad(r, ss, l->gin_edge[k], mb, s, gin[k]);
             else pp_tensor_free(gin[k]);
         }
     }

@@ -106,6 +106,11 @@ uint16_t pp_f32_to_f16(float f);
 float pp_bf16_to_f32(uint16_t h);
 uint16_t pp_f32_to_bf16(float f);
 
+/* out = ts[0] + ts[1] + ... + ts[n-1], added left to right (so the result
+ * does not depend on arrival order); float32, equal shapes. n == 1 returns
+ * a new reference to ts[0]. */
+pp_status pp_tensor_sum(pp_tensor *const *ts, int n, pp_tensor **out);
+
 /* Compare: every element |a-b| <= atol + rtol*|b| (NaN equals NaN). Shapes
  * and dtypes must match. Returns 1 if close; on mismatch writes a message
  * naming the first bad index into why (may be NULL). */
