@@ -24,5 +24,6 @@
 #include "pippin/sched_trace.h"
 #include "pippin/envelope.h"
 #include "pippin/transport.h"
+#include "pippin/executor.h"
 
 #endif

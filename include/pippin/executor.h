@@ -1,0 +1,66 @@
+/* The executor: one rank of a pipeline. It owns the stages the schedule
+ * places on this rank and runs the rank's action list in order, receiving
+ * activations and gradients from other ranks over a pp_transport and
+ * sending its own (DESIGN.md, "Executor").
+ *
+ * F waits for its inputs (model inputs come from the caller, stage inputs
+ * from the transport; a stage on the same rank is served from the local
+ * mailbox without a copy), runs, and sends each output to every consuming
+ * stage. I/B wait for the gradients of the stage's outputs from every
+ * consumer, sum them in consumer order, run, and send input gradients to
+ * every producing stage. W runs locally. SEND/RECV actions need no work:
+ * sends leave right after the action that makes them and receives block
+ * right before the action that needs them. At the end of a training step,
+ * replicated parameters' gradients are summed across their stages (in stage
+ * order, on every replica), so every copy gets the same update.
+ *
+ * With the same schedule, a run over the executor gives bit-for-bit the
+ * numbers of the local runner (pippin/runner.h). */
+#ifndef PIPPIN_EXECUTOR_H
+#define PIPPIN_EXECUTOR_H
+
+#include "pippin/optim.h"
+#include "pippin/pipe.h"
+#include "pippin/schedule.h"
+#include "pippin/stage.h"
+#include "pippin/transport.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct pp_executor pp_executor;
+
+/* Builds the stages of `rank` (sched->stage_rank says which) from p, whose
+ * edges must be probed (pp_pipe_probe_shapes) and whose graphs for those
+ * stages must be loaded; they move out of p. The transport (created for
+ * this rank with the same stage placement) stays the caller's. */
+pp_status pp_executor_new(pp_pipe *p, const pp_schedule *sched, int rank, int training, pp_transport *t,
+                          pp_executor **out);
+void pp_executor_free(pp_executor *ex);
+
+/* Receive deadline for each activation or gradient (default: the
+ * transport's timeout). */
+void pp_executor_set_timeout(pp_executor *ex, int timeout_ms);
+
+/* One step of m microbatches. inputs[i] is the model input names[i] (a
+ * whole batch); only inputs read by this rank's stages are needed (others
+ * may be missing). outputs[o] (may be NULL) receives model output o merged
+ * over microbatches if one of this rank's stages computes it, else NULL.
+ * Errors name rank, action and peer. */
+pp_status pp_executor_step(pp_executor *ex, int64_t step, int m, int n_inputs, const char *const *names,
+                           pp_tensor *const *inputs, pp_tensor **outputs);
+
+/* This rank's stages. */
+int pp_executor_n_stages(const pp_executor *ex);
+pp_stage *pp_executor_stage(pp_executor *ex, int i);
+
+void pp_executor_zero_grad(pp_executor *ex);
+/* One optimizer per local stage. */
+pp_status pp_executor_set_optimizer(pp_executor *ex, const pp_optim_config *c);
+pp_status pp_executor_optimizer_step(pp_executor *ex);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
