@@ -11,6 +11,7 @@
 #include "commands.h"
 #include "pipe_cli.h"
 #include "text_data.h"
+#include "train_args.h"
 #include "pippin/microbatch.h"
 #include "pippin/pippin.h"
 
@@ -23,6 +24,7 @@ static void train_usage(FILE *f) {
             "                    [--schedule KIND] [--split-before P]... [--split-after P]...\n"
             "                    [--transmit-shared] [--dim NAME=N]... [--no-split]\n"
             "                    [--text FILE.txt --vocab VOCAB.json [--seq T]]\n"
+            "                    [--transport inproc|ipc|tcp]\n"
             "Step i trains on rows (i*B + j) mod N, j < B, of every data file (N rows along\n"
             "dim 0), and prints the loss of that batch before the update; --json prints\n"
             "{\"step\": i, \"loss\": x} per line. With --microbatches M each batch is split in\n"
@@ -31,23 +33,15 @@ static void train_usage(FILE *f) {
             "markers, or given a split spec, trains as a pipeline: its stages run the M\n"
             "microbatches in the order of schedule KIND (gpipe, 1f1b, interleaved-1f1b,\n"
             "zb-h1, zbv, ..., csv:FILE; default gpipe), each stage with its own optimizer\n"
-            "over its own parameters. --text trains a character-level model on a text\n"
+            "over its own parameters; with --transport every rank is a thread with its own\n"
+            "ZeroMQ transport (tcp: loopback) running the schedule's action list for its\n"
+            "stages, as separate workers would. --text trains a character-level model on a text\n"
             "file instead of --data: windows of T+1 characters (T from --seq, else the\n"
             "model's fixed input length, else 64) feed the model's first two int64 inputs\n"
             "(tokens, and the tokens shifted by one). Defaults as torch.optim:\n"
             "adamw lr 1e-3, betas 0.9 0.999, eps 1e-8, weight decay 1e-2; sgd lr 1e-3.\n");
 }
 
-typedef struct train_args {
-    pp_named_tensors data;
-    const char *loss, *save, *schedule, *text, *vocab;
-    int seq;
-    int no_split;
-    pp_split_args split;
-    long long batch, steps;
-    int microbatches, json;
-    pp_optim_config opt;
-} train_args;
 
 /* Parses a number option; 0 on success. */
 static int num(const char *opt, const char *s, double *out) {
@@ -73,7 +67,7 @@ static int parse(int argc, char **argv, train_args *a) {
         {"save", required_argument, NULL, 'S'},   {"json", no_argument, NULL, 'j'},
         {"schedule", required_argument, NULL, 'K'}, {"no-split", no_argument, NULL, 'N'},
         {"text", required_argument, NULL, 'T'},   {"vocab", required_argument, NULL, 'V'},
-        {"seq", required_argument, NULL, 'q'},
+        {"seq", required_argument, NULL, 'q'},     {"transport", required_argument, NULL, 'X'},
         PP_SPLIT_LONG_OPTIONS,
         {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
     };
@@ -117,6 +111,13 @@ static int parse(int argc, char **argv, train_args *a) {
         case 'S': a->save = optarg; continue;
         case 'K': a->schedule = optarg; continue;
         case 'T': a->text = optarg; continue;
+        case 'X':
+            if (strcmp(optarg, "inproc") && strcmp(optarg, "ipc") && strcmp(optarg, "tcp")) {
+                fprintf(stderr, "pippin train: --transport '%s': inproc, ipc or tcp\n", optarg);
+                return 2;
+            }
+            a->transport = optarg;
+            continue;
         case 'V': a->vocab = optarg; continue;
         case 'q':
             if ((a->seq = atoi(optarg)) < 1) {
@@ -214,7 +215,7 @@ static pp_status save_params(pp_flat_params *fp, const char *dir) {
     return PP_OK;
 }
 
-static double now_ms(void) {
+double pp_cli_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
@@ -222,9 +223,15 @@ static double now_ms(void) {
 
 /* "step 3: loss 2.14 (12.5 ms, 320 samples/s)": steps count from 0, as in
  * the --json lines. */
-static void print_progress(long long step, const train_args *a, float loss, double ms) {
+void train_print_progress(long long step, const train_args *a, float loss, double ms) {
+    if (a->json) {
+        printf("{\"step\": %lld, \"loss\": %.9g}\n", step, loss);
+        fflush(stdout);
+        return;
+    }
     printf("step %lld: loss %.6f  (%.1f ms, %.0f samples/s)\n", step, loss, ms,
            ms > 0 ? (double)a->batch * 1000.0 / ms : 0.0);
+    fflush(stdout);
 }
 
 /* Pipeline training: every stage in this process, driven by the runner in
@@ -254,7 +261,7 @@ static int train_pipelined(const pp_graph *g, pp_tensor *const *data, const trai
                a->opt.lr);
     double total = 0;
     for (long long step = 0; step < a->steps; step++) {
-        double t0 = now_ms();
+        double t0 = pp_cli_now_ms();
         for (int i = 0; i < n; i++) {
             pp_tensor_free(batch[i]);
             batch[i] = NULL;
@@ -263,15 +270,14 @@ static int train_pipelined(const pp_graph *g, pp_tensor *const *data, const trai
         pp_runner_zero_grad(r);
         if (pp_runner_step(r, a->microbatches, sched, n, names, batch, outs) != PP_OK) goto done;
         if (pp_runner_optimizer_step(r) != PP_OK) goto done;
-        double ms = now_ms() - t0;
+        double ms = pp_cli_now_ms() - t0;
         total += ms;
         float loss = (float)pp_tensor_get_f64(outs[lo], 0);
         for (int o = 0; o < pp_runner_n_outputs(r); o++) {
             pp_tensor_free(outs[o]);
             outs[o] = NULL;
         }
-        if (a->json) printf("{\"step\": %lld, \"loss\": %.9g}\n", step, loss);
-        else print_progress(step, a, loss, ms);
+        train_print_progress(step, a, loss, ms);
         fflush(stdout);
     }
     if (!a->json && a->steps > 0) printf("%lld steps in %.2f s\n", a->steps, total / 1000.0);
@@ -346,7 +352,7 @@ int cmd_train(int argc, char **argv) {
     if (pp_cli_match_inputs(g, &a.data, data) != PP_OK) goto done;
     a.split.loss = a.loss;
     if (!a.no_split && (pp_cli_has_markers(g) || pp_split_args_any(&a.split))) {
-        rc = train_pipelined(g, data, &a);
+        rc = a.transport ? train_over_transport(g, data, &a) : train_pipelined(g, data, &a);
         goto done;
     }
     if (a.batch % a.microbatches != 0) {
@@ -357,12 +363,11 @@ int cmd_train(int argc, char **argv) {
     pp_flat_params *fp = pp_trainer_params(t);
     if (pp_optim_new(&a.opt, fp->total, &o) != PP_OK) goto done;
     for (long long step = 0; step < a.steps; step++) {
-        double t0 = now_ms();
+        double t0 = pp_cli_now_ms();
         float loss = 0;
         if (train_step(t, data, n, &a, step, &loss) != PP_OK) goto done;
         if (pp_optim_step(o, fp->data, fp->grad, fp->total) != PP_OK) goto done;
-        if (a.json) printf("{\"step\": %lld, \"loss\": %.9g}\n", step, loss);
-        else print_progress(step, &a, loss, now_ms() - t0);
+        train_print_progress(step, &a, loss, pp_cli_now_ms() - t0);
         fflush(stdout);
     }
     if (a.save && save_params(fp, a.save) != PP_OK) goto done;

@@ -1,0 +1,50 @@
+#!/bin/sh
+# pippin train --transport: every rank a thread with its own ZeroMQ
+# transport gives exactly the local runner's losses (bit for bit, compared
+# as printed with 9 digits). TAP output.
+PIPPIN=$1
+SRC=${PIPPIN_SOURCE_ROOT:-.}
+FX=$SRC/test/fixtures
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+n=0
+compare() { # DESCRIPTION -- ARGS...
+    desc=$1
+    shift 2
+    n=$((n + 1))
+    if ! "$PIPPIN" train "$@" --json >"$tmp/local" 2>"$tmp/err"; then
+        echo "not ok $n - $desc: local run failed: $(head -c 300 "$tmp/err")"
+        return
+    fi
+    for tr in inproc ipc tcp; do
+        if ! "$PIPPIN" train "$@" --json --transport $tr >"$tmp/$tr" 2>"$tmp/err"; then
+            echo "not ok $n - $desc over $tr: $(head -c 300 "$tmp/err")"
+            return
+        fi
+        if ! cmp -s "$tmp/local" "$tmp/$tr"; then
+            echo "not ok $n - $desc over $tr: losses differ: $(diff "$tmp/local" "$tmp/$tr" | head -4)"
+            return
+        fi
+    done
+    echo "ok $n - $desc: $(wc -l <"$tmp/local") steps, same losses over inproc, ipc and tcp"
+}
+compare "mlp 1f1b adamw" -- "$FX/mlp/model.onnx" --data "x=$FX/mlp/train_x.npy" --data "y=$FX/mlp/train_y.npy" \
+    --batch-size 4 --microbatches 2 --schedule 1f1b --steps 3 --optimizer adamw --lr 0.01
+compare "gpt example zbv (tied embedding replicas on one rank)" -- "$SRC/examples/gpt/model.onnx" \
+    --text "$SRC/examples/data/tiny.txt" --vocab "$SRC/examples/gpt/vocab.json" --batch-size 8 --microbatches 4 \
+    --schedule zbv --steps 3 --optimizer adamw --lr 3e-3
+compare "gpt example interleaved-1f1b sgd" -- "$SRC/examples/gpt/model.onnx" \
+    --text "$SRC/examples/data/tiny.txt" --vocab "$SRC/examples/gpt/vocab.json" --batch-size 8 --microbatches 2 \
+    --schedule interleaved-1f1b --steps 3 --optimizer sgd --lr 0.1 --momentum 0.9
+compare "skip zb-h1 (skip connection across 3 ranks)" -- "$FX/skip/model.onnx" --data "x=$FX/skip/train_x.npy" \
+    --data "y=$FX/skip/train_y.npy" --batch-size 4 --microbatches 4 --schedule zb-h1 --steps 3 --optimizer adamw
+n=$((n + 1))
+if "$PIPPIN" train "$FX/mlp/model.onnx" --data "x=$FX/mlp/train_x.npy" --data "y=$FX/mlp/train_y.npy" \
+    --batch-size 4 --steps 1 --transport carrier-pigeon >/dev/null 2>"$tmp/err"; then
+    echo "not ok $n - unknown transport accepted"
+elif grep -q "inproc, ipc or tcp" "$tmp/err"; then
+    echo "ok $n - unknown transport refused with the choices named"
+else
+    echo "not ok $n - unknown transport: $(cat "$tmp/err")"
+fi
+echo "1..$n"

@@ -1,0 +1,186 @@
+/* pippin train --transport: every rank a thread with its own ZeroMQ
+ * transport and executor, as separate worker processes would run. */
+#include <cblas.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "pipe_cli.h"
+#include "pippin/executor.h"
+#include "pippin/trainer.h"
+#include "train_args.h"
+
+typedef struct {
+    int rank;
+    const train_args *a;
+    const pp_graph *g;
+    pp_tensor *const *data;
+    pp_pipe *p;
+    pp_transport *t;
+    pp_executor *ex;
+    int loss_output;       /* index of the loss among the model outputs */
+    pp_status status;
+    char error[1024];
+} rank_job;
+
+/* Writes the parameters of this rank's stages; a replicated one only from
+ * the first stage holding it (the copies are equal). */
+static pp_status save_rank_params(rank_job *j) {
+    for (int i = 0; i < pp_executor_n_stages(j->ex); i++) {
+        pp_stage *st = pp_executor_stage(j->ex, i);
+        pp_flat_params *fp = pp_stage_params(st);
+        for (int k = 0; fp && k < fp->n; k++) {
+            int first = 1;
+            for (int sh = 0; sh < j->p->n_shared; sh++)
+                if (strcmp(j->p->shared[sh].name, fp->names[k]) == 0)
+                    first = j->p->shared[sh].stages[0] == pp_stage_index(st);
+            if (!first) continue;
+            pp_tensor *t;
+            PP_TRY(pp_flat_params_data_view(fp, k, &t));
+            pp_status s = pp_cli_save_named(j->a->save, "", fp->names[k], t);
+            pp_tensor_free(t);
+            PP_TRY(s);
+        }
+    }
+    return PP_OK;
+}
+
+static void *rank_main(void *arg) {
+    rank_job *j = arg;
+    const train_args *a = j->a;
+    int n = j->g->n_inputs, n_out = j->p->n_outputs;
+    pp_tensor **batch = calloc((size_t)n + 1, sizeof *batch), **outs = calloc((size_t)n_out + 1, sizeof *outs);
+    const char **names = calloc((size_t)n + 1, sizeof *names);
+    pp_status s = batch && outs && names ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n && names; i++) names[i] = j->g->values[j->g->inputs[i]].name;
+    for (long long step = 0; step < a->steps && s == PP_OK; step++) {
+        double t0 = pp_cli_now_ms();
+        for (int i = 0; i < n && s == PP_OK; i++) {
+            pp_tensor_free(batch[i]);
+            batch[i] = NULL;
+            s = pp_data_batch(j->data[i], step, a->batch, &batch[i]);
+        }
+        pp_executor_zero_grad(j->ex);
+        if (s == PP_OK) s = pp_executor_step(j->ex, step, a->microbatches, n, names, batch, outs);
+        if (s == PP_OK) s = pp_executor_optimizer_step(j->ex);
+        if (s == PP_OK && outs[j->loss_output]) /* the rank with the loss reports */
+            train_print_progress(step, a, (float)pp_tensor_get_f64(outs[j->loss_output], 0), pp_cli_now_ms() - t0);
+        for (int o = 0; o < n_out; o++) {
+            pp_tensor_free(outs[o]);
+            outs[o] = NULL;
+        }
+    }
+    if (s == PP_OK && a->save) s = save_rank_params(j);
+    if (s != PP_OK) {
+        snprintf(j->error, sizeof j->error, "%s", pp_last_error());
+        pp_transport_abort(j->t, j->error); /* peers fail at once instead of timing out */
+    }
+    j->status = s;
+    for (int i = 0; batch && i < n; i++) pp_tensor_free(batch[i]);
+    free(batch);
+    free(outs);
+    free(names);
+    pp_executor_free(j->ex);
+    j->ex = NULL;
+    pp_transport_close(j->t); /* the owning thread closes it */
+    j->t = NULL;
+    return NULL;
+}
+
+/* Creates every rank's transport (in this thread; each is then handed to
+ * its rank's thread). tcp binds loopback on a free port, so endpoints are
+ * exchanged after binding. */
+static pp_status open_transports(const pp_schedule *sched, const char *kind, rank_job *jobs) {
+    int nr = sched->nranks;
+    char (*eps)[128] = calloc((size_t)nr, sizeof *eps);
+    const char **endpoints = calloc((size_t)nr, sizeof *endpoints);
+    pp_status s = eps && endpoints ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int r = 0; r < nr && s == PP_OK; r++) {
+        if (strcmp(kind, "inproc") == 0) snprintf(eps[r], sizeof eps[r], "inproc://pippin-train-%d", r);
+        else if (strcmp(kind, "ipc") == 0) snprintf(eps[r], sizeof eps[r], "ipc:///tmp/pippin-train-%d-%d", (int)getpid(), r);
+        else snprintf(eps[r], sizeof eps[r], "tcp://127.0.0.1:*");
+        endpoints[r] = strcmp(kind, "tcp") == 0 ? NULL : eps[r];
+    }
+    for (int r = 0; r < nr && s == PP_OK; r++) {
+        pp_transport_options o;
+        pp_transport_options_init(&o);
+        o.rank = r;
+        o.nranks = nr;
+        const char *mine = endpoints[r];
+        endpoints[r] = eps[r];
+        o.endpoints = endpoints;
+        o.nstages = sched->nstages;
+        o.stage_ranks = sched->stage_rank;
+        s = pp_transport_create(&o, &jobs[r].t);
+        endpoints[r] = mine;
+    }
+    for (int r = 0; r < nr && s == PP_OK && strcmp(kind, "tcp") == 0; r++)
+        for (int q = 0; q < nr && s == PP_OK; q++)
+            if (q != r) s = pp_transport_connect_peer(jobs[r].t, q, pp_transport_endpoint(jobs[q].t));
+    free(eps);
+    free(endpoints);
+    return s;
+}
+
+int train_over_transport(const pp_graph *g, pp_tensor *const *data, const train_args *a) {
+    pp_split_spec spec = pp_split_args_spec(&a->split);
+    pp_pipe *p = NULL;
+    pp_schedule *sched = NULL;
+    rank_job *jobs = NULL;
+    pthread_t *th = NULL;
+    int rc = 1, nr = 0, started = 0;
+    if (pp_pipe_split(g, &spec, &p) != PP_OK || pp_pipe_probe_shapes(p, a->split.n_dims, a->split.dims) != PP_OK)
+        goto done;
+    if (!p->loss) {
+        pp_error(PP_ERR_NOT_FOUND, "the model has no loss output to train on");
+        goto done;
+    }
+    if (pp_cli_schedule(a->schedule, p->n_stages, a->microbatches, &sched) != PP_OK) goto done;
+    if (a->save && pp_cli_mkdirs(a->save) != PP_OK) goto done;
+    /* The ranks are the parallelism: BLAS's own thread pool would only
+     * spin against them for the same cores. */
+    openblas_set_num_threads(1);
+    nr = sched->nranks;
+    jobs = calloc((size_t)nr, sizeof *jobs);
+    th = calloc((size_t)nr, sizeof *th);
+    if (!jobs || !th) goto done;
+    int loss_output = 0;
+    while (strcmp(p->outputs[loss_output], p->loss) != 0) loss_output++;
+    for (int r = 0; r < nr; r++) jobs[r] = (rank_job){r, a, g, data, p, NULL, NULL, loss_output, PP_OK, ""};
+    if (open_transports(sched, a->transport, jobs) != PP_OK) goto done;
+    for (int r = 0; r < nr; r++) {
+        if (pp_executor_new(p, sched, r, 1, jobs[r].t, &jobs[r].ex) != PP_OK) goto done;
+        if (pp_executor_set_optimizer(jobs[r].ex, &a->opt) != PP_OK) goto done;
+    }
+    if (!a->json)
+        printf("training %d stages on %d ranks (a thread each, %s transport), %d microbatches of %lld, schedule %s\n",
+               p->n_stages, nr, a->transport, a->microbatches, a->batch, sched->name);
+    fflush(stdout);
+    double t0 = pp_cli_now_ms();
+    for (started = 0; started < nr; started++)
+        if (pthread_create(&th[started], NULL, rank_main, &jobs[started]) != 0) {
+            pp_error(PP_ERR_STATE, "cannot start the thread of rank %d", started);
+            break;
+        }
+    for (int r = 0; r < started; r++) pthread_join(th[r], NULL);
+    if (started < nr) goto done;
+    rc = 0;
+    for (int r = 0; r < nr && rc == 0; r++)
+        if (jobs[r].status != PP_OK) {
+            pp_error(jobs[r].status, "%s", jobs[r].error);
+            rc = 1;
+        }
+    if (!rc && !a->json) printf("%lld steps in %.2f s\n", a->steps, (pp_cli_now_ms() - t0) / 1000.0);
+done:
+    for (int r = started; jobs && r < nr; r++) { /* ranks whose thread never ran */
+        pp_executor_free(jobs[r].ex);
+        pp_transport_close(jobs[r].t);
+    }
+    free(jobs);
+    free(th);
+    pp_schedule_free(sched);
+    pp_pipe_free(p);
+    return rc;
+}
