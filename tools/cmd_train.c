@@ -77,6 +77,7 @@ static int parse(int argc, char **argv, train_args *a) {
     const char *opt_name = "sgd";
     a->microbatches = 1;
     a->steps = -1;
+    a->training = 1;
     optind = 1;
     while ((c = getopt_long(argc, argv, "d:b:s:h", opts, &li)) != -1) {
         double *dst = NULL;
@@ -296,7 +297,7 @@ done:
 }
 
 /* --text: windows of the text feed the model's first two int64 inputs. */
-static pp_status text_inputs(const pp_graph *g, train_args *a) {
+pp_status train_text_inputs(const pp_graph *g, train_args *a) {
     int ids[2], k = 0;
     for (int i = 0; i < g->n_inputs && k < 2; i++)
         if (g->values[g->inputs[i]].dtype == PP_I64) ids[k++] = g->inputs[i];
@@ -348,7 +349,7 @@ int cmd_train(int argc, char **argv) {
         pp_error(PP_ERR_NOMEM, "out of memory");
         goto done;
     }
-    if (a.text && text_inputs(g, &a) != PP_OK) goto done;
+    if (a.text && train_text_inputs(g, &a) != PP_OK) goto done;
     if (pp_cli_match_inputs(g, &a.data, data) != PP_OK) goto done;
     a.split.loss = a.loss;
     if (!a.no_split && (pp_cli_has_markers(g) || pp_split_args_any(&a.split))) {

@@ -21,6 +21,8 @@ int cmd_schedule(int argc, char **argv);
 int cmd_simulate(int argc, char **argv);
 int cmd_keygen(int argc, char **argv);
 int cmd_split(int argc, char **argv);
+int cmd_worker(int argc, char **argv);
+int cmd_run(int argc, char **argv);
 int cmd_grad(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 

@@ -30,6 +30,10 @@ static const pp_command commands[] = {
 #ifdef PP_HAVE_CMD_TRAIN
     {"train", cmd_train, "train a model on .npy data with SGD or AdamW (one process)"},
 #endif
+#ifdef PP_HAVE_CMD_WORKER
+    {"worker", cmd_worker, "run one rank of a pipeline from a YAML config"},
+    {"run", cmd_run, "run every rank of a YAML config as local worker processes"},
+#endif
     {NULL, NULL, NULL},
 };
 

@@ -4,6 +4,7 @@
 #define PIPPIN_TOOLS_TRAIN_ARGS_H
 
 #include "cli_util.h"
+#include "pippin/executor.h"
 #include "pippin/optim.h"
 #include "split_args.h"
 
@@ -16,8 +17,33 @@ typedef struct train_args {
     pp_split_args split;
     long long batch, steps;
     int microbatches, json;
+    int training;          /* 0: forward only (pippin worker in infer mode) */
     pp_optim_config opt;
 } train_args;
+
+/* One rank of a run over a transport (train_ranks.c). */
+typedef struct rank_job {
+    int rank;
+    const train_args *a;
+    const pp_graph *g;
+    pp_tensor *const *data;  /* per model input (g->inputs order) */
+    pp_pipe *p;
+    pp_transport *t;         /* owned by the rank's thread once it runs */
+    pp_executor *ex;
+    int loss_output;         /* index of the loss among the model outputs, -1 if none */
+    pp_status status;
+    char error[1024];
+} rank_job;
+
+/* Runs a->steps steps on one rank (a thread's body: arg is a rank_job);
+ * closes the job's transport and executor. */
+void *train_rank_main(void *arg);
+/* Index of the pipe's loss among its outputs, -1 if none. */
+int pp_cli_loss_output(const pp_pipe *p);
+
+/* --text: windows of a->text become a->data for the model's first two
+ * int64 inputs (tokens, next tokens). */
+pp_status train_text_inputs(const pp_graph *g, train_args *a);
 
 /* Milliseconds on a monotonic clock. */
 double pp_cli_now_ms(void);

@@ -12,19 +12,6 @@
 #include "pippin/trainer.h"
 #include "train_args.h"
 
-typedef struct {
-    int rank;
-    const train_args *a;
-    const pp_graph *g;
-    pp_tensor *const *data;
-    pp_pipe *p;
-    pp_transport *t;
-    pp_executor *ex;
-    int loss_output;       /* index of the loss among the model outputs */
-    pp_status status;
-    char error[1024];
-} rank_job;
-
 /* Writes the parameters of this rank's stages; a replicated one only from
  * the first stage holding it (the copies are equal). */
 static pp_status save_rank_params(rank_job *j) {
@@ -47,7 +34,19 @@ static pp_status save_rank_params(rank_job *j) {
     return PP_OK;
 }
 
-static void *rank_main(void *arg) {
+/* Inference: the outputs this rank computes, as DIR/<name>.npy (step 0)
+ * or DIR/<name>_<step>.npy. */
+static pp_status save_rank_outputs(rank_job *j, long long step, pp_tensor **outs) {
+    for (int o = 0; o < j->p->n_outputs; o++) {
+        if (!outs[o]) continue;
+        char prefix[64] = "";
+        if (step > 0) snprintf(prefix, sizeof prefix, "step%lld_", step);
+        PP_TRY(pp_cli_save_named(j->a->save, prefix, j->p->outputs[o], outs[o]));
+    }
+    return PP_OK;
+}
+
+void *train_rank_main(void *arg) {
     rank_job *j = arg;
     const train_args *a = j->a;
     int n = j->g->n_inputs, n_out = j->p->n_outputs;
@@ -64,15 +63,16 @@ static void *rank_main(void *arg) {
         }
         pp_executor_zero_grad(j->ex);
         if (s == PP_OK) s = pp_executor_step(j->ex, step, a->microbatches, n, names, batch, outs);
-        if (s == PP_OK) s = pp_executor_optimizer_step(j->ex);
-        if (s == PP_OK && outs[j->loss_output]) /* the rank with the loss reports */
+        if (s == PP_OK && a->training) s = pp_executor_optimizer_step(j->ex);
+        if (s == PP_OK && j->loss_output >= 0 && outs[j->loss_output]) /* the rank with the loss reports */
             train_print_progress(step, a, (float)pp_tensor_get_f64(outs[j->loss_output], 0), pp_cli_now_ms() - t0);
+        if (s == PP_OK && !a->training && a->save) s = save_rank_outputs(j, step, outs);
         for (int o = 0; o < n_out; o++) {
             pp_tensor_free(outs[o]);
             outs[o] = NULL;
         }
     }
-    if (s == PP_OK && a->save) s = save_rank_params(j);
+    if (s == PP_OK && a->training && a->save) s = save_rank_params(j);
     if (s != PP_OK) {
         snprintf(j->error, sizeof j->error, "%s", pp_last_error());
         pp_transport_abort(j->t, j->error); /* peers fail at once instead of timing out */
@@ -124,6 +124,12 @@ static pp_status open_transports(const pp_schedule *sched, const char *kind, ran
     return s;
 }
 
+int pp_cli_loss_output(const pp_pipe *p) {
+    for (int o = 0; p->loss && o < p->n_outputs; o++)
+        if (strcmp(p->outputs[o], p->loss) == 0) return o;
+    return -1;
+}
+
 int train_over_transport(const pp_graph *g, pp_tensor *const *data, const train_args *a) {
     pp_split_spec spec = pp_split_args_spec(&a->split);
     pp_pipe *p = NULL;
@@ -133,7 +139,7 @@ int train_over_transport(const pp_graph *g, pp_tensor *const *data, const train_
     int rc = 1, nr = 0, started = 0;
     if (pp_pipe_split(g, &spec, &p) != PP_OK || pp_pipe_probe_shapes(p, a->split.n_dims, a->split.dims) != PP_OK)
         goto done;
-    if (!p->loss) {
+    if (a->training && !p->loss) {
         pp_error(PP_ERR_NOT_FOUND, "the model has no loss output to train on");
         goto done;
     }
@@ -146,9 +152,7 @@ int train_over_transport(const pp_graph *g, pp_tensor *const *data, const train_
     jobs = calloc((size_t)nr, sizeof *jobs);
     th = calloc((size_t)nr, sizeof *th);
     if (!jobs || !th) goto done;
-    int loss_output = 0;
-    while (strcmp(p->outputs[loss_output], p->loss) != 0) loss_output++;
-    for (int r = 0; r < nr; r++) jobs[r] = (rank_job){r, a, g, data, p, NULL, NULL, loss_output, PP_OK, ""};
+    for (int r = 0; r < nr; r++) jobs[r] = (rank_job){r, a, g, data, p, NULL, NULL, pp_cli_loss_output(p), PP_OK, ""};
     if (open_transports(sched, a->transport, jobs) != PP_OK) goto done;
     for (int r = 0; r < nr; r++) {
         if (pp_executor_new(p, sched, r, 1, jobs[r].t, &jobs[r].ex) != PP_OK) goto done;
@@ -160,7 +164,7 @@ int train_over_transport(const pp_graph *g, pp_tensor *const *data, const train_
     fflush(stdout);
     double t0 = pp_cli_now_ms();
     for (started = 0; started < nr; started++)
-        if (pthread_create(&th[started], NULL, rank_main, &jobs[started]) != 0) {
+        if (pthread_create(&th[started], NULL, train_rank_main, &jobs[started]) != 0) {
             pp_error(PP_ERR_STATE, "cannot start the thread of rank %d", started);
             break;
         }

@@ -25,5 +25,6 @@
 #include "pippin/envelope.h"
 #include "pippin/transport.h"
 #include "pippin/executor.h"
+#include "pippin/config.h"
 
 #endif

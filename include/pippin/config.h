@@ -1,0 +1,93 @@
+/* Pipeline configuration files (YAML): one file describes a whole pipeline
+ * and every rank's worker reads the same file (DESIGN.md, "Configuration").
+ *
+ *   model: examples/gpt/model.onnx        # relative paths: to the file's directory
+ *   split:                                 # optional; markers in the model also cut
+ *     before: ["/blocks.2/"]
+ *     after: []
+ *     transmit_shared: false
+ *   dims: {seq: 64}                        # sizes of dynamic dims, for shape probing
+ *   mode: train                            # train | infer
+ *   schedule: 1f1b                         # any `pippin schedule` kind, or csv:FILE
+ *   microbatches: 4
+ *   batch_size: 16
+ *   steps: 100
+ *   loss: loss                             # optional: which output is the loss
+ *   optimizer: {kind: adamw, lr: 0.003, weight_decay: 0.01, betas: [0.9, 0.999], eps: 1.0e-8,
+ *               momentum: 0.0, dampening: 0.0, nesterov: false}
+ *   data: {idx: data/idx.npy, targets: data/targets.npy}   # model input -> .npy (rows along dim 0)
+ *   text: {file: data/tiny.txt, vocab: vocab.json, seq: 64} # instead of data (char-level models)
+ *   ranks:                                 # one endpoint per rank
+ *     - tcp://10.0.0.1:5555
+ *     - tcp://10.0.0.2:5555
+ *   bind: tcp://0.0.0.0:5555               # optional: what each worker binds instead of its endpoint
+ *   timeout_ms: 10000
+ *   security:                              # optional CURVE; key files from `pippin keygen`
+ *     secret_keys: [keys/rank0.key, keys/rank1.key]   # rank r reads only entry r
+ *     public_keys: [keys/rank0.pub, keys/rank1.pub]
+ *   output_dir: out/                       # trained parameters (train) or outputs (infer)
+ *
+ * Unknown keys, wrong types and bad values are errors naming the file, the
+ * line and the key. */
+#ifndef PIPPIN_CONFIG_H
+#define PIPPIN_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pippin/optim.h"
+#include "pippin/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct pp_config_entry {
+    char *key;
+    char *value;
+} pp_config_entry;
+
+typedef struct pp_config {
+    char *path;          /* the file read */
+    char *model;         /* resolved against the file's directory */
+    int n_split_before, n_split_after;
+    char **split_before, **split_after;
+    int transmit_shared;
+    int n_dims;
+    pp_config_entry *dims;   /* value: a decimal size ("64") */
+    int training;            /* mode: train (1) or infer (0); default train */
+    char *schedule;          /* default "gpipe" (csv: paths resolved) */
+    int microbatches;        /* default 1 */
+    int64_t batch_size;      /* required */
+    int64_t steps;           /* default 1 */
+    char *loss;              /* NULL: automatic */
+    pp_optim_config optim;   /* default: AdamW with torch's defaults */
+    int n_data;
+    pp_config_entry *data;   /* input name -> .npy path (resolved) */
+    char *text_file, *text_vocab;  /* resolved; NULL unless text: given */
+    int text_seq;            /* 0: the model's */
+    int n_ranks;
+    char **ranks;            /* endpoints */
+    char *bind;              /* NULL: each rank binds its endpoint */
+    int timeout_ms;          /* default 10000 */
+    int n_secret_keys, n_public_keys;
+    char **secret_keys, **public_keys; /* key file paths (resolved) */
+    char *output_dir;        /* NULL: none (resolved) */
+} pp_config;
+
+/* Reads and checks a config file. */
+pp_status pp_config_load(const char *path, pp_config **out);
+/* The same from text in memory; name is used in messages and dir resolves
+ * relative paths ("." if NULL). */
+pp_status pp_config_parse(const char *text, size_t len, const char *name, const char *dir, pp_config **out);
+void pp_config_free(pp_config *c);
+
+/* This process's rank: rank_arg if >= 0, else the first of PIPPIN_RANK,
+ * SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK that is set. Must be below
+ * nranks. Errors name the variable that was wrong. */
+pp_status pp_config_rank(int rank_arg, int nranks, int *rank);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,80 @@
+#!/bin/sh
+# pippin worker / pippin run from a YAML config: one process per rank over
+# ipc and tcp gives the losses `pippin train` prints; a missing peer is
+# reported, not waited on forever; bad configs name file and line. TAP.
+PIPPIN=$1
+SRC=${PIPPIN_SOURCE_ROOT:-.}
+FX=$SRC/test/fixtures
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+n=0
+losses() { grep -o "^step [0-9]*: loss [0-9.]*" "$1"; }
+
+"$PIPPIN" train "$FX/mlp/model.onnx" --data "x=$FX/mlp/train_x.npy" --data "y=$FX/mlp/train_y.npy" \
+    --batch-size 4 --microbatches 2 --schedule 1f1b --steps 3 --optimizer adamw --lr 0.01 \
+    --weight-decay 0.01 >"$tmp/ref" 2>&1
+
+port=$((20000 + $$ % 20000))
+for kind in ipc tcp; do
+    if [ $kind = ipc ]; then
+        r0="ipc://$tmp/r0"; r1="ipc://$tmp/r1"; r2="ipc://$tmp/r2"
+    else
+        r0="tcp://127.0.0.1:$port"; r1="tcp://127.0.0.1:$((port + 1))"; r2="tcp://127.0.0.1:$((port + 2))"
+    fi
+    cat >"$tmp/$kind.yaml" <<YAML
+model: $FX/mlp/model.onnx
+mode: train
+schedule: 1f1b
+microbatches: 2
+batch_size: 4
+steps: 3
+optimizer: {kind: adamw, lr: 0.01, weight_decay: 0.01}
+data: {x: $FX/mlp/train_x.npy, y: $FX/mlp/train_y.npy}
+ranks: [$r0, $r1, $r2]
+timeout_ms: 20000
+output_dir: $tmp/out-$kind
+YAML
+    n=$((n + 1))
+    if ! "$PIPPIN" run "$tmp/$kind.yaml" >"$tmp/$kind.out" 2>"$tmp/$kind.err"; then
+        echo "not ok $n - pippin run over $kind failed: $(tail -3 "$tmp/$kind.err")"
+    elif [ "$(losses "$tmp/$kind.out")" != "$(losses "$tmp/ref")" ]; then
+        echo "not ok $n - pippin run over $kind: losses differ from pippin train: $(losses "$tmp/$kind.out" | tr '\n' ' ')"
+    elif [ "$(ls "$tmp/out-$kind" | wc -l)" -ne 6 ]; then
+        echo "not ok $n - pippin run over $kind: expected 6 parameter files, got $(ls "$tmp/out-$kind" | tr '\n' ' ')"
+    else
+        echo "ok $n - pippin run: 3 worker processes over $kind match pippin train's losses and save 6 parameters"
+    fi
+    port=$((port + 3))
+done
+
+# One worker alone: its peers never come; it fails within the timeout, naming a rank.
+sed -e 's/timeout_ms: 20000/timeout_ms: 1000/' "$tmp/ipc.yaml" >"$tmp/alone.yaml"
+n=$((n + 1))
+start=$(date +%s)
+if timeout 60 "$PIPPIN" worker "$tmp/alone.yaml" --rank 1 >"$tmp/alone.out" 2>"$tmp/alone.err"; then
+    echo "not ok $n - a worker without peers succeeded"
+elif [ $(( $(date +%s) - start )) -gt 30 ]; then
+    echo "not ok $n - a worker without peers took $(( $(date +%s) - start )) s to give up"
+elif grep -q "rank" "$tmp/alone.err"; then
+    echo "ok $n - a worker without peers gives up: $(tail -1 "$tmp/alone.err" | head -c 150)"
+else
+    echo "not ok $n - a worker without peers: $(cat "$tmp/alone.err")"
+fi
+
+# Configuration errors name the file, the line and the key.
+printf 'model: %s\nbatch_size: four\nranks: [a]\n' "$FX/mlp/model.onnx" >"$tmp/bad.yaml"
+n=$((n + 1))
+if "$PIPPIN" run "$tmp/bad.yaml" >/dev/null 2>"$tmp/bad.err"; then
+    echo "not ok $n - a bad batch_size was accepted"
+elif grep -q "bad.yaml:2" "$tmp/bad.err" && grep -q "batch_size" "$tmp/bad.err"; then
+    echo "ok $n - bad config: $(head -c 150 "$tmp/bad.err")"
+else
+    echo "not ok $n - bad config message: $(cat "$tmp/bad.err")"
+fi
+n=$((n + 1))
+if "$PIPPIN" worker "$tmp/ipc.yaml" --rank 7 >/dev/null 2>"$tmp/rank.err"; then
+    echo "not ok $n - rank 7 of 3 accepted"
+else
+    echo "ok $n - rank out of range refused: $(head -c 150 "$tmp/rank.err")"
+fi
+echo "1..$n"

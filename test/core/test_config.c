@@ -1,0 +1,462 @@
+/* Pipeline config files: a full config with every key, defaults, path
+ * resolution, every kind of error (each naming file, line and key), YAML
+ * syntax errors, and choosing the rank from --rank or the environment. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "test_util.h"
+
+#define FULL                                                                                   \
+    "model: examples/gpt/model.onnx        # relative paths: to the file's directory\n"       \
+    "split:                                 # optional; markers in the model also cut\n"      \
+    "  before: [\"/blocks.2/\"]\n"                                                            \
+    "  after: []\n"                                                                           \
+    "  transmit_shared: false\n"                                                              \
+    "dims: {seq: 64}\n"                                                                       \
+    "mode: train\n"                                                                           \
+    "schedule: 1f1b\n"                                                                        \
+    "microbatches: 4\n"                                                                       \
+    "batch_size: 16\n"                                                                        \
+    "steps: 100\n"                                                                            \
+    "loss: loss\n"                                                                            \
+    "optimizer: {kind: adamw, lr: 0.003, weight_decay: 0.01, betas: [0.9, 0.999], eps: 1.0e-8,\n" \
+    "            momentum: 0.0, dampening: 0.0, nesterov: false}\n"                           \
+    "data: {idx: data/idx.npy, targets: data/targets.npy}\n"                                  \
+    "ranks:\n"                                                                                \
+    "  - tcp://10.0.0.1:5555\n"                                                               \
+    "  - tcp://10.0.0.2:5555\n"                                                               \
+    "bind: tcp://*:5555\n"                                                                    \
+    "timeout_ms: 10000\n"                                                                     \
+    "security:\n"                                                                             \
+    "  secret_keys: [keys/rank0.key, keys/rank1.key]\n"                                       \
+    "  public_keys: [keys/rank0.pub, keys/rank1.pub]\n"                                       \
+    "output_dir: out/\n"
+
+/* Four lines every error case starts from. */
+#define BASE                   \
+    "model: m.onnx\n"          \
+    "batch_size: 4\n"          \
+    "data: {x: x.npy}\n"       \
+    "ranks: [tcp://a:1, tcp://b:2]\n"
+
+static pp_config *parse_ok(const char *text, const char *dir) {
+    pp_config *c = NULL;
+    TU_OK(pp_config_parse(text, strlen(text), "cfg.yaml", dir, &c));
+    assert_non_null(c);
+    return c;
+}
+
+/* Parsing fails with code; the message names cfg.yaml and line (0: some
+ * line, -1: none) and has each of the (up to two) parts. */
+static void expect_err(const char *text, pp_status code, int line, const char *part, const char *part2) {
+    pp_config *c = (pp_config *)1;
+    pp_status s = pp_config_parse(text, strlen(text), "cfg.yaml", "/d", &c);
+    if (s != code) fail_msg("expected %s, got %s (%s) for:\n%s", pp_status_name(code), pp_status_name(s),
+                            pp_last_error(), text);
+    assert_null(c);
+    char where[64];
+    if (line > 0) snprintf(where, sizeof where, "cfg.yaml:%d: ", line);
+    else snprintf(where, sizeof where, line == 0 ? "cfg.yaml:" : "cfg.yaml: ");
+    const char *msg = pp_last_error();
+    if (strncmp(msg, where, strlen(where)) != 0) fail_msg("'%s' does not start with '%s'", msg, where);
+    if (line == 0 && !(msg[strlen(where)] >= '1' && msg[strlen(where)] <= '9'))
+        fail_msg("'%s' has no line number", msg);
+    if (part && !strstr(msg, part)) fail_msg("'%s' lacks '%s'", msg, part);
+    if (part2 && !strstr(msg, part2)) fail_msg("'%s' lacks '%s'", msg, part2);
+}
+
+static void test_full(void **state) {
+    (void)state;
+    pp_config *c = parse_ok(FULL, "/cfg");
+    assert_string_equal(c->path, "cfg.yaml");
+    assert_string_equal(c->model, "/cfg/examples/gpt/model.onnx");
+    assert_int_equal(c->n_split_before, 1);
+    assert_string_equal(c->split_before[0], "/blocks.2/");
+    assert_int_equal(c->n_split_after, 0);
+    assert_int_equal(c->transmit_shared, 0);
+    assert_int_equal(c->n_dims, 1);
+    assert_string_equal(c->dims[0].key, "seq");
+    assert_string_equal(c->dims[0].value, "64");
+    assert_int_equal(c->training, 1);
+    assert_string_equal(c->schedule, "1f1b");
+    assert_int_equal(c->microbatches, 4);
+    assert_int_equal(c->batch_size, 16);
+    assert_int_equal(c->steps, 100);
+    assert_string_equal(c->loss, "loss");
+    assert_int_equal(c->optim.kind, PP_OPTIM_ADAMW);
+    assert_true(c->optim.lr == 0.003);
+    assert_true(c->optim.weight_decay == 0.01);
+    assert_true(c->optim.beta1 == 0.9);
+    assert_true(c->optim.beta2 == 0.999);
+    assert_true(c->optim.eps == 1.0e-8);
+    assert_true(c->optim.momentum == 0.0);
+    assert_true(c->optim.dampening == 0.0);
+    assert_int_equal(c->optim.nesterov, 0);
+    assert_int_equal(c->optim.maximize, 0);
+    assert_int_equal(c->n_data, 2);
+    assert_string_equal(c->data[0].key, "idx");
+    assert_string_equal(c->data[0].value, "/cfg/data/idx.npy");
+    assert_string_equal(c->data[1].key, "targets");
+    assert_string_equal(c->data[1].value, "/cfg/data/targets.npy");
+    assert_null(c->text_file);
+    assert_null(c->text_vocab);
+    assert_int_equal(c->text_seq, 0);
+    assert_int_equal(c->n_ranks, 2);
+    assert_string_equal(c->ranks[0], "tcp://10.0.0.1:5555");
+    assert_string_equal(c->ranks[1], "tcp://10.0.0.2:5555");
+    assert_string_equal(c->bind, "tcp://*:5555");
+    assert_int_equal(c->timeout_ms, 10000);
+    assert_int_equal(c->n_secret_keys, 2);
+    assert_int_equal(c->n_public_keys, 2);
+    assert_string_equal(c->secret_keys[0], "/cfg/keys/rank0.key");
+    assert_string_equal(c->secret_keys[1], "/cfg/keys/rank1.key");
+    assert_string_equal(c->public_keys[0], "/cfg/keys/rank0.pub");
+    assert_string_equal(c->public_keys[1], "/cfg/keys/rank1.pub");
+    assert_string_equal(c->output_dir, "/cfg/out/");
+    pp_config_free(c);
+}
+
+/* The other alternatives: text instead of data, SGD, csv schedule, infer. */
+static void test_text_sgd_csv(void **state) {
+    (void)state;
+    pp_config *c = parse_ok("model: /abs/model.onnx\n"
+                            "mode: train\n"
+                            "schedule: csv:s/sched.csv\n"
+                            "batch_size: 8\n"
+                            "steps: 0\n"
+                            "optimizer:\n"
+                            "  kind: SGD\n"
+                            "  lr: 1e-1\n"
+                            "  momentum: 0.9\n"
+                            "  nesterov: yes\n"
+                            "text: {file: data/tiny.txt, vocab: /v/vocab.json, seq: 32}\n"
+                            "split: {after: [a, 'b c'], transmit_shared: True}\n"
+                            "dims: {seq: 64, batch: \"2\"}\n"
+                            "ranks: [ipc:///tmp/a, ipc:///tmp/b, ipc:///tmp/c]\n",
+                            "base");
+    assert_string_equal(c->model, "/abs/model.onnx");
+    assert_string_equal(c->schedule, "csv:base/s/sched.csv");
+    assert_int_equal(c->steps, 0);
+    assert_int_equal(c->optim.kind, PP_OPTIM_SGD);
+    assert_true(c->optim.lr == 0.1);
+    assert_true(c->optim.momentum == 0.9);
+    assert_true(c->optim.weight_decay == 0); /* SGD's default, not AdamW's */
+    assert_int_equal(c->optim.nesterov, 1);
+    assert_string_equal(c->text_file, "base/data/tiny.txt");
+    assert_string_equal(c->text_vocab, "/v/vocab.json");
+    assert_int_equal(c->text_seq, 32);
+    assert_int_equal(c->n_data, 0);
+    assert_int_equal(c->n_split_before, 0);
+    assert_int_equal(c->n_split_after, 2);
+    assert_string_equal(c->split_after[1], "b c");
+    assert_int_equal(c->transmit_shared, 1);
+    assert_int_equal(c->n_dims, 2);
+    assert_string_equal(c->dims[1].key, "batch");
+    assert_string_equal(c->dims[1].value, "2");
+    assert_int_equal(c->n_ranks, 3);
+    pp_config_free(c);
+
+    /* Inference needs no data; torch class names for schedules. */
+    c = parse_ok("model: m.onnx\nmode: infer\nbatch_size: 2\nschedule: Interleaved1F1B\nranks: [a]\n", NULL);
+    assert_int_equal(c->training, 0);
+    assert_string_equal(c->schedule, "interleaved-1f1b");
+    assert_int_equal(c->n_data, 0);
+    assert_null(c->text_file);
+    pp_config_free(c);
+}
+
+static void test_defaults(void **state) {
+    (void)state;
+    pp_config *c = parse_ok(BASE, NULL);
+    assert_string_equal(c->model, "m.onnx"); /* dir "." leaves paths alone */
+    assert_int_equal(c->n_split_before, 0);
+    assert_int_equal(c->n_split_after, 0);
+    assert_int_equal(c->transmit_shared, 0);
+    assert_int_equal(c->n_dims, 0);
+    assert_int_equal(c->training, 1);
+    assert_string_equal(c->schedule, "gpipe");
+    assert_int_equal(c->microbatches, 1);
+    assert_int_equal(c->batch_size, 4);
+    assert_int_equal(c->steps, 1);
+    assert_null(c->loss);
+    pp_optim_config want;
+    pp_optim_config_init(&want, PP_OPTIM_ADAMW);
+    assert_memory_equal(&c->optim, &want, sizeof want);
+    assert_int_equal(c->n_data, 1);
+    assert_string_equal(c->data[0].value, "x.npy");
+    assert_null(c->text_file);
+    assert_int_equal(c->text_seq, 0);
+    assert_null(c->bind);
+    assert_int_equal(c->timeout_ms, 10000);
+    assert_int_equal(c->n_secret_keys, 0);
+    assert_int_equal(c->n_public_keys, 0);
+    assert_null(c->secret_keys);
+    assert_null(c->output_dir);
+    pp_config_free(c);
+
+    /* Null values mean "the default"; an optimizer with only a kind gets
+     * that kind's defaults. */
+    c = parse_ok(BASE "loss: ~\nbind: null\nsplit:\nsteps:\noptimizer: {kind: sgd}\n", ".");
+    assert_null(c->loss);
+    assert_null(c->bind);
+    assert_int_equal(c->steps, 1);
+    pp_optim_config_init(&want, PP_OPTIM_SGD);
+    assert_memory_equal(&c->optim, &want, sizeof want);
+    pp_config_free(c);
+    pp_config_free(NULL);
+}
+
+static void test_paths(void **state) {
+    (void)state;
+    const char *text = BASE "output_dir: out\ntext: ~\n";
+    pp_config *c = parse_ok(text, "/a/b/");
+    assert_string_equal(c->model, "/a/b/m.onnx");
+    assert_string_equal(c->data[0].value, "/a/b/x.npy");
+    assert_string_equal(c->output_dir, "/a/b/out");
+    pp_config_free(c);
+    c = parse_ok(text, "rel");
+    assert_string_equal(c->model, "rel/m.onnx");
+    pp_config_free(c);
+    c = parse_ok("model: /m.onnx\nbatch_size: 1\ndata: {x: /x.npy}\nranks: [a]\n", "/ignored");
+    assert_string_equal(c->model, "/m.onnx");
+    assert_string_equal(c->data[0].value, "/x.npy");
+    pp_config_free(c);
+
+    /* pp_config_load: against the file's own directory. */
+    char dir[64], file[128], want[160];
+    snprintf(dir, sizeof dir, "/tmp/pippin-config-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    snprintf(file, sizeof file, "%s/pipe.yaml", dir);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fputs(FULL, f);
+    fclose(f);
+    TU_OK(pp_config_load(file, &c));
+    assert_string_equal(c->path, file);
+    snprintf(want, sizeof want, "%s/examples/gpt/model.onnx", dir);
+    assert_string_equal(c->model, want);
+    snprintf(want, sizeof want, "%s/keys/rank1.pub", dir);
+    assert_string_equal(c->public_keys[1], want);
+    pp_config_free(c);
+
+    /* Errors from a file name it. */
+    f = fopen(file, "w");
+    fputs(BASE "microbatches: x\n", f);
+    fclose(f);
+    c = (pp_config *)1;
+    assert_int_equal(pp_config_load(file, &c), PP_ERR_PARSE);
+    assert_null(c);
+    snprintf(want, sizeof want, "%s:5: key 'microbatches'", file);
+    assert_non_null(strstr(pp_last_error(), want));
+    unlink(file);
+    assert_int_equal(pp_config_load(file, &c), PP_ERR_IO);
+    assert_non_null(strstr(pp_last_error(), file));
+    assert_int_equal(pp_config_load(dir, &c), PP_ERR_IO); /* a directory */
+    rmdir(dir);
+}
+
+static void test_type_errors(void **state) {
+    (void)state;
+    expect_err(BASE "foo: 1\n", PP_ERR_PARSE, 5, "unknown key 'foo'", "output_dir");
+    expect_err(BASE "optimizer:\n  lr: 0.1\n  lrr: 2\n", PP_ERR_PARSE, 7, "unknown key 'optimizer.lrr'", NULL);
+    expect_err(BASE "split: {before: [], middle: 1}\n", PP_ERR_PARSE, 5, "unknown key 'split.middle'", NULL);
+    expect_err(BASE "security:\n  secret_keys: [a, b]\n  public_keys: [a, b]\n  x: 1\n", PP_ERR_PARSE, 8,
+               "unknown key 'security.x'", NULL);
+    expect_err("model: m.onnx\nbatch_size: 4\nranks: [a]\ntext: {file: t, vocab: v, size: 3}\n", PP_ERR_PARSE, 4,
+               "unknown key 'text.size'", NULL);
+    expect_err(BASE "loss: [a, b]\n", PP_ERR_PARSE, 5, "key 'loss': expected a string, got a list", NULL);
+    expect_err(BASE "model2: {a: 1}\n", PP_ERR_PARSE, 5, "unknown key 'model2'", NULL);
+    expect_err("model: {a: 1}\nbatch_size: 4\n", PP_ERR_PARSE, 1, "key 'model': expected a path, got a mapping", NULL);
+    expect_err(BASE "microbatches: abc\n", PP_ERR_PARSE, 5, "key 'microbatches': expected an integer, got 'abc'",
+               NULL);
+    expect_err(BASE "microbatches: 2.5\n", PP_ERR_PARSE, 5, "key 'microbatches'", "'2.5'");
+    expect_err(BASE "steps: 0x10\n", PP_ERR_PARSE, 5, "key 'steps'", NULL);
+    expect_err(BASE "steps: 99999999999999999999999\n", PP_ERR_INVALID, 5, "key 'steps'", "at most");
+    expect_err(BASE "optimizer: {lr: abc}\n", PP_ERR_PARSE, 5, "key 'optimizer.lr': expected a number, got 'abc'",
+               NULL);
+    expect_err(BASE "optimizer: {lr: nan}\n", PP_ERR_PARSE, 5, "key 'optimizer.lr'", NULL);
+    expect_err(BASE "optimizer: {lr: 1e999}\n", PP_ERR_PARSE, 5, "key 'optimizer.lr'", NULL);
+    expect_err(BASE "optimizer: {lr: ' 1'}\n", PP_ERR_PARSE, 5, "key 'optimizer.lr'", NULL);
+    expect_err(BASE "optimizer:\n  betas: 0.9\n", PP_ERR_PARSE, 6, "key 'optimizer.betas'", "got '0.9'");
+    expect_err(BASE "optimizer:\n  betas: [0.9, 0.99, 0.5]\n", PP_ERR_PARSE, 6, "key 'optimizer.betas'", "2 numbers");
+    expect_err(BASE "optimizer:\n  betas: [0.9, [1]]\n", PP_ERR_PARSE, 6, "key 'optimizer.betas[1]'", "a list");
+    expect_err(BASE "split: {transmit_shared: maybe}\n", PP_ERR_PARSE, 5, "key 'split.transmit_shared'",
+               "true or false");
+    expect_err(BASE "split: [a]\n", PP_ERR_PARSE, 5, "key 'split': expected a mapping", NULL);
+    expect_err(BASE "split:\n  before: /a/\n", PP_ERR_PARSE, 6, "key 'split.before': expected a list", NULL);
+    expect_err(BASE "dims: {seq: abc}\n", PP_ERR_PARSE, 5, "key 'dims.seq'", NULL);
+    expect_err(BASE "loss: \"a\\0b\"\n", PP_ERR_PARSE, 5, "key 'loss'", "NUL");
+    expect_err("model: m.onnx\nbatch_size: 4\ndata: {x: x.npy}\nranks: tcp://a:1\n", PP_ERR_PARSE, 4,
+               "key 'ranks': expected a list", NULL);
+    expect_err("model: m.onnx\nbatch_size: 4\ndata: {x: x.npy}\nranks:\n  - tcp://a:1\n  - {a: 1}\n", PP_ERR_PARSE,
+               6, "key 'ranks[1]': expected a string, got a mapping", NULL);
+    expect_err("model: m.onnx\nbatch_size: 4\ndata: {x: x.npy}\nranks: [a, ~]\n", PP_ERR_PARSE, 4,
+               "key 'ranks[1]'", "null");
+    expect_err(BASE "[a]: 1\n", PP_ERR_PARSE, 5, "expected a name as key", NULL);
+    expect_err(BASE "data2:\n", PP_ERR_PARSE, 5, "unknown key 'data2'", NULL);
+    /* Missing required keys: the line of the mapping. */
+    expect_err("model: m.onnx\ndata: {x: x.npy}\nranks: [a]\n", PP_ERR_PARSE, 1, "missing key 'batch_size'", NULL);
+    expect_err("batch_size: 1\ndata: {x: x.npy}\nranks: [a]\n", PP_ERR_PARSE, 1, "missing key 'model'", NULL);
+    expect_err("model: m.onnx\nbatch_size: 1\ndata: {x: x.npy}\n", PP_ERR_PARSE, 1, "missing key 'ranks'", NULL);
+    expect_err("model: m.onnx\nbatch_size:\ndata: {x: x.npy}\nranks: [a]\n", PP_ERR_PARSE, 2,
+               "key 'batch_size': expected an integer, got null", NULL);
+    expect_err("model: m.onnx\nbatch_size: 1\nranks: [a]\ntext:\n  vocab: v.json\n", PP_ERR_PARSE, 5,
+               "missing key 'text.file'", NULL);
+    expect_err(BASE "security: {secret_keys: [a, b]}\n", PP_ERR_PARSE, 5, "missing key 'security.public_keys'", NULL);
+}
+
+static void test_duplicates(void **state) {
+    (void)state;
+    expect_err(BASE "model: n.onnx\n", PP_ERR_PARSE, 5, "duplicate key 'model'", "first at line 1");
+    expect_err(BASE "optimizer: {lr: 1,\n  lr: 2}\n", PP_ERR_PARSE, 6, "duplicate key 'optimizer.lr'",
+               "first at line 5");
+    expect_err("model: m.onnx\nbatch_size: 4\ndata:\n  x: a.npy\n  x: b.npy\nranks: [a]\n", PP_ERR_PARSE, 5,
+               "duplicate key 'data.x'", NULL);
+    expect_err(BASE "dims: {seq: 1, seq: 2}\n", PP_ERR_PARSE, 5, "duplicate key 'dims.seq'", NULL);
+}
+
+static void test_value_errors(void **state) {
+    (void)state;
+    expect_err(BASE "steps: -1\n", PP_ERR_INVALID, 5, "key 'steps': must be at least 0, got '-1'", NULL);
+    expect_err(BASE "microbatches: 0\n", PP_ERR_INVALID, 5, "key 'microbatches': must be at least 1", NULL);
+    expect_err(BASE "microbatches: -3\n", PP_ERR_INVALID, 5, "key 'microbatches'", NULL);
+    expect_err("model: m.onnx\nbatch_size: 0\ndata: {x: x.npy}\nranks: [a]\n", PP_ERR_INVALID, 2,
+               "key 'batch_size': must be at least 1", NULL);
+    expect_err(BASE "timeout_ms: 0\n", PP_ERR_INVALID, 5, "key 'timeout_ms'", NULL);
+    expect_err(BASE "text: {file: t.txt, vocab: v.json, seq: -2}\n", PP_ERR_INVALID, 5, "key 'text.seq'", NULL);
+    expect_err(BASE "dims: {seq: 0}\n", PP_ERR_INVALID, 5, "key 'dims.seq'", NULL);
+    expect_err(BASE "optimizer: {lr: -0.1}\n", PP_ERR_INVALID, 5, "key 'optimizer.lr': must be at least 0", NULL);
+    expect_err(BASE "optimizer: {weight_decay: -1}\n", PP_ERR_INVALID, 5, "key 'optimizer.weight_decay'", NULL);
+    expect_err(BASE "optimizer: {eps: -1e-8}\n", PP_ERR_INVALID, 5, "key 'optimizer.eps'", NULL);
+    expect_err(BASE "optimizer: {momentum: -0.5}\n", PP_ERR_INVALID, 5, "key 'optimizer.momentum'", NULL);
+    expect_err(BASE "optimizer: {betas: [0.9, 1.0]}\n", PP_ERR_INVALID, 5, "key 'optimizer.betas[1]'", "[0, 1)");
+    expect_err(BASE "optimizer: {betas: [-0.1, 0.5]}\n", PP_ERR_INVALID, 5, "key 'optimizer.betas[0]'", NULL);
+    expect_err(BASE "optimizer: {kind: adam}\n", PP_ERR_INVALID, 5, "key 'optimizer.kind'", "'adam'");
+    expect_err(BASE "optimizer:\n  kind: sgd\n  nesterov: true\n", PP_ERR_INVALID, 7, "key 'optimizer.nesterov'",
+               NULL);
+    expect_err(BASE "mode: eval\n", PP_ERR_INVALID, 5, "key 'mode': expected train or infer, got 'eval'", NULL);
+    expect_err(BASE "schedule: nope\n", PP_ERR_INVALID, 5, "key 'schedule'", "zbv");
+    expect_err(BASE "schedule: 'csv:'\n", PP_ERR_INVALID, 5, "key 'schedule'", NULL);
+    expect_err(BASE "loss: ''\n", PP_ERR_INVALID, 5, "key 'loss': must not be empty", NULL);
+    expect_err("model: m.onnx\nbatch_size: 4\ndata: {x: x.npy}\nranks: []\n", PP_ERR_INVALID, 4, "key 'ranks'",
+               NULL);
+    expect_err("model: m.onnx\nbatch_size: 4\ndata: {}\nranks: [a]\n", PP_ERR_INVALID, 3, "key 'data'", NULL);
+    /* Both or neither of data and text. */
+    expect_err(BASE "text: {file: t.txt, vocab: v.json}\n", PP_ERR_INVALID, 5, "key 'text'", "not both");
+    expect_err("model: m.onnx\nbatch_size: 4\nranks: [a]\n", PP_ERR_INVALID, 1, "key 'data'", "train");
+    expect_err("model: m.onnx\nbatch_size: 4\nmode: train\nranks: [a]\n", PP_ERR_INVALID, 3, "key 'data'", "train");
+    /* One key file per rank. */
+    expect_err(BASE "security:\n  secret_keys: [a.key]\n  public_keys: [a.pub, b.pub]\n", PP_ERR_INVALID, 6,
+               "key 'security.secret_keys'", "2 ranks");
+    expect_err(BASE "security:\n  secret_keys: [a.key, b.key]\n  public_keys: [a.pub, b.pub, c.pub]\n",
+               PP_ERR_INVALID, 7, "key 'security.public_keys'", "3 key files");
+    /* Limits. */
+    size_t cap = 4200 * 4 + 64;
+    char *big = malloc(cap);
+    assert_non_null(big);
+    size_t n = (size_t)snprintf(big, cap, "model: m.onnx\nbatch_size: 1\ndata: {x: x}\nranks: [");
+    for (int i = 0; i < 4097; i++) n += (size_t)snprintf(big + n, cap - n, "%sa", i ? "," : "");
+    snprintf(big + n, cap - n, "]\n");
+    expect_err(big, PP_ERR_INVALID, 4, "key 'ranks'", "4096");
+    free(big);
+    pp_config *c = (pp_config *)1;
+    assert_int_equal(pp_config_parse("", (1u << 20) + 1, "big.yaml", NULL, &c), PP_ERR_UNSUPPORTED);
+    assert_null(c);
+    assert_non_null(strstr(pp_last_error(), "big.yaml"));
+}
+
+static void test_yaml_errors(void **state) {
+    (void)state;
+    expect_err("model: m.onnx\nbatch_size: 4\nloss: a: b\n", PP_ERR_PARSE, 3, "invalid YAML", NULL);
+    expect_err("model: m.onnx\nranks: [a, b\nbatch_size: 4\n", PP_ERR_PARSE, 3, "invalid YAML", NULL);
+    expect_err("model: m.onnx\n\tbatch_size: 4\n", PP_ERR_PARSE, 2, "invalid YAML", NULL);
+    expect_err("model: *nothing\n", PP_ERR_PARSE, 1, "invalid YAML", NULL);
+    expect_err("model: \xff\xfe\xfd\n", PP_ERR_PARSE, 1, "invalid YAML", NULL);
+    expect_err("", PP_ERR_PARSE, -1, "empty config", NULL);
+    expect_err("# nothing\n\n", PP_ERR_PARSE, -1, "empty config", NULL);
+    expect_err("\n- a\n- b\n", PP_ERR_PARSE, 2, "expected a mapping of keys, got a list", NULL);
+    expect_err("hello\n", PP_ERR_PARSE, 1, "expected a mapping of keys, got 'hello'", NULL);
+    expect_err("---\n" BASE "---\nfoo: 1\n", PP_ERR_PARSE, 7, "more than one YAML document", NULL);
+    expect_err(BASE "---\n[unclosed\n", PP_ERR_PARSE, 0, "invalid YAML", NULL);
+    /* Aliases are resolved; a recursive one is just a wrong type. */
+    pp_config *c = parse_ok("model: &m m.onnx\nloss: *m\nbatch_size: 4\ndata: {x: x.npy}\nranks: [a]\n", NULL);
+    assert_string_equal(c->loss, "m.onnx");
+    pp_config_free(c);
+    expect_err(BASE "split: &s {before: *s}\n", PP_ERR_PARSE, 5, "key 'split.before'", NULL);
+}
+
+static void clear_rank_env(void) {
+    unsetenv("PIPPIN_RANK");
+    unsetenv("SLURM_PROCID");
+    unsetenv("OMPI_COMM_WORLD_RANK");
+    unsetenv("PMI_RANK");
+}
+
+static void rank_err(int arg, int nranks, const char *part, const char *part2) {
+    int r = 7;
+    assert_int_equal(pp_config_rank(arg, nranks, &r), PP_ERR_INVALID);
+    assert_int_equal(r, -1);
+    if (part && !strstr(pp_last_error(), part)) fail_msg("'%s' lacks '%s'", pp_last_error(), part);
+    if (part2 && !strstr(pp_last_error(), part2)) fail_msg("'%s' lacks '%s'", pp_last_error(), part2);
+}
+
+static void test_rank(void **state) {
+    (void)state;
+    int r = -1;
+    clear_rank_env();
+    rank_err(-1, 2, "--rank", "PIPPIN_RANK");
+    TU_OK(pp_config_rank(1, 2, &r));
+    assert_int_equal(r, 1);
+    TU_OK(pp_config_rank(0, 1, &r));
+    assert_int_equal(r, 0);
+    rank_err(2, 2, "--rank 2", NULL);
+    rank_err(0, 0, "ranks", NULL);
+
+    setenv("PMI_RANK", "3", 1);
+    TU_OK(pp_config_rank(-1, 4, &r));
+    assert_int_equal(r, 3);
+    setenv("OMPI_COMM_WORLD_RANK", "2", 1);
+    TU_OK(pp_config_rank(-1, 4, &r));
+    assert_int_equal(r, 2);
+    setenv("SLURM_PROCID", "1", 1);
+    TU_OK(pp_config_rank(-1, 4, &r));
+    assert_int_equal(r, 1);
+    setenv("PIPPIN_RANK", "0", 1);
+    TU_OK(pp_config_rank(-1, 4, &r));
+    assert_int_equal(r, 0);
+    TU_OK(pp_config_rank(3, 4, &r)); /* the argument wins */
+    assert_int_equal(r, 3);
+
+    setenv("PIPPIN_RANK", "abc", 1);
+    rank_err(-1, 4, "PIPPIN_RANK", "abc");
+    setenv("PIPPIN_RANK", "-1", 1);
+    rank_err(-1, 4, "PIPPIN_RANK", "-1");
+    setenv("PIPPIN_RANK", "99999999999999", 1);
+    rank_err(-1, 4, "PIPPIN_RANK", NULL);
+    setenv("PIPPIN_RANK", "", 1); /* empty: as if unset */
+    TU_OK(pp_config_rank(-1, 4, &r));
+    assert_int_equal(r, 1);
+    unsetenv("PIPPIN_RANK");
+    setenv("SLURM_PROCID", "4", 1);
+    rank_err(-1, 4, "SLURM_PROCID", "4");
+    unsetenv("SLURM_PROCID");
+    setenv("OMPI_COMM_WORLD_RANK", " 1", 1);
+    rank_err(-1, 4, "OMPI_COMM_WORLD_RANK", NULL);
+    unsetenv("OMPI_COMM_WORLD_RANK");
+    setenv("PMI_RANK", "9", 1);
+    rank_err(-1, 4, "PMI_RANK", "9");
+    clear_rank_env();
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_full),         cmocka_unit_test(test_text_sgd_csv),
+        cmocka_unit_test(test_defaults),     cmocka_unit_test(test_paths),
+        cmocka_unit_test(test_type_errors),  cmocka_unit_test(test_duplicates),
+        cmocka_unit_test(test_value_errors), cmocka_unit_test(test_yaml_errors),
+        cmocka_unit_test(test_rank),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
