@@ -322,7 +322,7 @@ pp_status train_text_inputs(const pp_graph *g, train_args *a) {
     nt->tensors[0] = x;
     nt->tensors[1] = y;
     nt->n = 2;
-    if (!a->json)
+    if (!a->json && !a->quiet)
         printf("%s: %lld windows of %d characters -> inputs '%s', '%s'\n", a->text, (long long)x->shape[0], seq,
                nt->names[0], nt->names[1]);
     return PP_OK;

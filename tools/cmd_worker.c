@@ -129,6 +129,7 @@ int cmd_worker(int argc, char **argv) {
     if (pp_config_load(argv[optind], &cfg) != PP_OK) goto done;
     if (pp_config_rank(rank_arg, cfg->n_ranks, &rank) != PP_OK) goto done;
     if (args_from_config(cfg, &a, dims_buf) != PP_OK) goto done;
+    a.quiet = rank != 0;
     if (pp_onnx_load(cfg->model, &g) != PP_OK) goto done;
     if (a.text && train_text_inputs(g, &a) != PP_OK) goto done;
     data = calloc((size_t)g->n_inputs + 1, sizeof *data);

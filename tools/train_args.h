@@ -17,6 +17,7 @@ typedef struct train_args {
     pp_split_args split;
     long long batch, steps;
     int microbatches, json;
+    int quiet;             /* no informational lines (workers other than rank 0) */
     int training;          /* 0: forward only (pippin worker in infer mode) */
     pp_optim_config opt;
 } train_args;
