@@ -148,10 +148,11 @@ int cmd_worker(int argc, char **argv) {
     if (open_transport(cfg, rank, sched->nstages, sched->stage_rank, &job.t) != PP_OK) goto done;
     if (pp_executor_new(p, sched, rank, a.training, job.t, &job.ex) != PP_OK) goto done;
     if (a.training && pp_executor_set_optimizer(job.ex, &a.opt) != PP_OK) goto done;
-    fprintf(stderr, "pippin worker: rank %d of %d, stages", rank, cfg->n_ranks);
-    for (int i = 0; i < pp_executor_n_stages(job.ex); i++)
-        fprintf(stderr, " %d", pp_stage_index(pp_executor_stage(job.ex, i)));
-    fprintf(stderr, ", endpoint %s\n", pp_transport_endpoint(job.t));
+    char line[512], *w = line; /* one write, so workers' lines do not interleave */
+    w += snprintf(w, 64, "pippin worker: rank %d of %d, stages", rank, cfg->n_ranks);
+    for (int i = 0; i < pp_executor_n_stages(job.ex) && w < line + 400; i++)
+        w += snprintf(w, 16, " %d", pp_stage_index(pp_executor_stage(job.ex, i)));
+    fprintf(stderr, "%s, endpoint %.80s\n", line, pp_transport_endpoint(job.t));
     train_rank_main(&job); /* closes the transport and the executor */
     if (job.status != PP_OK) {
         pp_error(job.status, "%s", job.error);
