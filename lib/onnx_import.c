@@ -76,16 +76,6 @@ static pp_status convert_attr(const Onnx__AttributeProto *ap, const char *where,
     return PP_OK;
 }
 
-static void free_attr_fields(pp_attr *a) {
-    free(a->name);
-    free(a->s);
-    pp_tensor_free(a->t);
-    free(a->ints);
-    free(a->floats);
-    for (int i = 0; a->strings && i < a->n; i++) free(a->strings[i]);
-    free(a->strings);
-}
-
 /* Declared input types: tensor element type and shape with dim_params. */
 static pp_status add_graph_input(pp_graph *g, const Onnx__ValueInfoProto *vi, const char *file) {
     if (!vi->name || !vi->name[0]) return pp_error(PP_ERR_PARSE, "%s: graph input without a name", file);
@@ -169,7 +159,7 @@ static pp_status add_node(pp_graph *g, const Onnx__NodeProto *np, int index, con
         pp_attr attr;
         s = convert_attr(np->attribute[a], where, &attr);
         if (s != PP_OK) {
-            free_attr_fields(&attr);
+            pp_attr_clear(&attr);
             return s;
         }
         PP_TRY(pp_node_add_attr(g, nid, &attr));
