@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "pippin/microbatch.h"
+#include "pippin/sched_trace.h"
+#include "timing.h"
 
 struct pp_executor {
     pp_pipe *p;
@@ -19,6 +21,8 @@ struct pp_executor {
     int *local;         /* global indices of this rank's stages */
     pp_stage **stages;  /* [n_stages]: NULL where not on this rank */
     pp_optim **optims;  /* [n_stages] */
+    pp_trace *trace;    /* NULL: not recording */
+    double trace_origin_ms;
 };
 
 pp_status pp_executor_new(pp_pipe *p, const pp_schedule *sched, int rank, int training, pp_transport *t,
@@ -67,6 +71,11 @@ void pp_executor_free(pp_executor *ex) {
 }
 
 void pp_executor_set_timeout(pp_executor *ex, int timeout_ms) { ex->timeout_ms = timeout_ms; }
+
+void pp_executor_trace(pp_executor *ex, pp_trace *trace, double origin_ms) {
+    ex->trace = trace;
+    ex->trace_origin_ms = origin_ms;
+}
 int pp_executor_n_stages(const pp_executor *ex) { return ex->n_local; }
 pp_stage *pp_executor_stage(pp_executor *ex, int i) { return ex->stages[ex->local[i]]; }
 
@@ -306,7 +315,13 @@ pp_status pp_executor_step(pp_executor *ex, int64_t step, int m, int n_inputs, c
         const pp_action *a = &sched->acts[ex->rank][k];
         const pp_action *subs = a->kind == PP_ACT_OVERLAP_F_B ? pp_schedule_subs(sched, a) : a;
         int n = a->kind == PP_ACT_OVERLAP_F_B ? a->nsub : 1;
-        for (int j = 0; j < n && s == PP_OK; j++) s = run_action(ex, &ss, &subs[j]);
+        for (int j = 0; j < n && s == PP_OK; j++) {
+            double t0 = pp_monotonic_ms();
+            s = run_action(ex, &ss, &subs[j]);
+            if (s == PP_OK && ex->trace && pp_act_is_compute((pp_act_kind)subs[j].kind))
+                s = pp_trace_action(ex->trace, ex->rank, &subs[j], t0 - ex->trace_origin_ms,
+                                    pp_monotonic_ms() - ex->trace_origin_ms);
+        }
         if (s != PP_OK) {
             char text[PP_ACTION_STR_MAX];
             pp_action_format(sched, a, text, sizeof text);

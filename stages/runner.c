@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "pippin/microbatch.h"
+#include "pippin/sched_trace.h"
+#include "../schedules/timing.h"
 
 typedef struct {
     int *in_edge;      /* per forward input: edge index */
@@ -23,6 +25,8 @@ struct pp_runner {
     pp_stage **stages;
     stage_links *links;
     pp_optim **optims; /* per stage, once set */
+    pp_trace *trace;   /* NULL: not recording */
+    double trace_origin_ms;
 };
 
 /* Per-step state. */
@@ -121,6 +125,11 @@ int pp_runner_loss_output(const pp_runner *r) {
     for (int o = 0; r->p->loss && o < r->p->n_outputs; o++)
         if (strcmp(r->p->outputs[o], r->p->loss) == 0) return o;
     return -1;
+}
+
+void pp_runner_trace(pp_runner *r, pp_trace *trace, double origin_ms) {
+    r->trace = trace;
+    r->trace_origin_ms = origin_ms;
 }
 
 void pp_runner_zero_grad(pp_runner *r) {
@@ -372,8 +381,11 @@ static pp_status run_schedule(pp_runner *r, step_state *ss, const pp_schedule *s
             while (pos[rk] < sched->len[rk] && status == PP_OK) {
                 const pp_action *a = &sched->acts[rk][pos[rk]];
                 int ran = 0;
+                double t0 = pp_monotonic_ms();
+                const pp_action *done = a;
                 if (a->kind == PP_ACT_OVERLAP_F_B) {
                     const pp_action *subs = pp_schedule_subs(sched, a);
+                    done = &subs[sub[rk]];
                     status = run_action(r, ss, &subs[sub[rk]], &ran);
                     if (ran && ++sub[rk] == a->nsub) {
                         sub[rk] = 0;
@@ -392,6 +404,9 @@ static pp_status run_schedule(pp_runner *r, step_state *ss, const pp_schedule *s
                     status = pp_error_context(status, "rank %d action %zu (%s)", rk, pos[rk], text);
                 }
                 if (!ran) break;
+                if (r->trace && status == PP_OK && pp_act_is_compute((pp_act_kind)done->kind))
+                    status = pp_trace_action(r->trace, rk, done, t0 - r->trace_origin_ms,
+                                             pp_monotonic_ms() - r->trace_origin_ms);
                 progressed = 1;
             }
             if (pos[rk] < sched->len[rk]) remaining = 1;

@@ -24,7 +24,7 @@ static void train_usage(FILE *f) {
             "                    [--schedule KIND] [--split-before P]... [--split-after P]...\n"
             "                    [--transmit-shared] [--dim NAME=N]... [--no-split]\n"
             "                    [--text FILE.txt --vocab VOCAB.json [--seq T]]\n"
-            "                    [--transport inproc|ipc|tcp]\n"
+            "                    [--transport inproc|ipc|tcp] [--trace FILE.json] [--svg FILE.svg]\n"
             "Step i trains on rows (i*B + j) mod N, j < B, of every data file (N rows along\n"
             "dim 0), and prints the loss of that batch before the update; --json prints\n"
             "{\"step\": i, \"loss\": x} per line. With --microbatches M each batch is split in\n"
@@ -35,7 +35,9 @@ static void train_usage(FILE *f) {
             "zb-h1, zbv, ..., csv:FILE; default gpipe), each stage with its own optimizer\n"
             "over its own parameters; with --transport every rank is a thread with its own\n"
             "ZeroMQ transport (tcp: loopback) running the schedule's action list for its\n"
-            "stages, as separate workers would. --text trains a character-level model on a text\n"
+            "stages, as separate workers would. --trace/--svg write the timeline of the last\n"
+            "step (every rank's actions), as `pippin simulate` does for a simulation.\n"
+            "--text trains a character-level model on a text\n"
             "file instead of --data: windows of T+1 characters (T from --seq, else the\n"
             "model's fixed input length, else 64) feed the model's first two int64 inputs\n"
             "(tokens, and the tokens shifted by one). Defaults as torch.optim:\n"
@@ -68,6 +70,7 @@ static int parse(int argc, char **argv, train_args *a) {
         {"schedule", required_argument, NULL, 'K'}, {"no-split", no_argument, NULL, 'N'},
         {"text", required_argument, NULL, 'T'},   {"vocab", required_argument, NULL, 'V'},
         {"seq", required_argument, NULL, 'q'},     {"transport", required_argument, NULL, 'X'},
+        {"trace", required_argument, NULL, 'R'},  {"svg", required_argument, NULL, 'G'},
         PP_SPLIT_LONG_OPTIONS,
         {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
     };
@@ -112,6 +115,8 @@ static int parse(int argc, char **argv, train_args *a) {
         case 'S': a->save = optarg; continue;
         case 'K': a->schedule = optarg; continue;
         case 'T': a->text = optarg; continue;
+        case 'R': a->trace = optarg; continue;
+        case 'G': a->svg = optarg; continue;
         case 'X':
             if (strcmp(optarg, "inproc") && strcmp(optarg, "ipc") && strcmp(optarg, "tcp")) {
                 fprintf(stderr, "pippin train: --transport '%s': inproc, ipc or tcp\n", optarg);
@@ -237,9 +242,34 @@ void train_print_progress(long long step, const train_args *a, float loss, doubl
 
 /* Pipeline training: every stage in this process, driven by the runner in
  * the schedule's order; a progress line per step. */
+pp_status train_save_trace(const train_args *a, const pp_trace *t) {
+    /* The step starts at time 0, whatever clock origin the ranks shared. */
+    pp_trace *shifted;
+    PP_TRY(pp_trace_new(t->nranks, &shifted));
+    double origin = t->n ? t->ev[0].start : 0;
+    for (size_t i = 1; i < t->n; i++)
+        if (t->ev[i].start < origin) origin = t->ev[i].start;
+    pp_status s = PP_OK;
+    for (size_t i = 0; i < t->n && s == PP_OK; i++) {
+        pp_trace_event e = t->ev[i];
+        e.start -= origin;
+        e.end -= origin;
+        s = pp_trace_add(shifted, &e);
+    }
+    if (s == PP_OK && a->trace) s = pp_trace_save_chrome(shifted, a->trace, 1.0);
+    if (s == PP_OK && a->svg) s = pp_trace_save_svg(shifted, a->svg, "pippin train: last step (microseconds)");
+    pp_trace_free(shifted);
+    PP_TRY(s);
+    if (!a->json && (a->trace || a->svg))
+        printf("timeline of the last step:%s%s%s%s\n", a->trace ? " " : "", a->trace ? a->trace : "",
+               a->svg ? " " : "", a->svg ? a->svg : "");
+    return PP_OK;
+}
+
 static int train_pipelined(const pp_graph *g, pp_tensor *const *data, const train_args *a) {
     pp_pipe *p = NULL;
     pp_runner *r = NULL;
+    pp_trace *trace = NULL;
     pp_schedule *sched = NULL;
     int rc = 1, n = g->n_inputs, lo = -1;
     pp_tensor **batch = calloc((size_t)n + 1, sizeof *batch);
@@ -250,6 +280,7 @@ static int train_pipelined(const pp_graph *g, pp_tensor *const *data, const trai
     if (pp_cli_open_pipeline(g, &a->split, 1, &p, &r) != PP_OK) goto done;
     if (pp_cli_schedule(a->schedule, p->n_stages, a->microbatches, &sched) != PP_OK) goto done;
     if (pp_runner_set_optimizer(r, &a->opt) != PP_OK) goto done;
+    if ((a->trace || a->svg) && pp_trace_new(sched ? sched->nranks : p->n_stages, &trace) != PP_OK) goto done;
     if ((lo = pp_runner_loss_output(r)) < 0) {
         pp_error(PP_ERR_NOT_FOUND, "the model has no loss output to train on");
         goto done;
@@ -269,6 +300,7 @@ static int train_pipelined(const pp_graph *g, pp_tensor *const *data, const trai
             if (pp_data_batch(data[i], step, a->batch, &batch[i]) != PP_OK) goto done;
         }
         pp_runner_zero_grad(r);
+        if (trace && step == a->steps - 1) pp_runner_trace(r, trace, t0);
         if (pp_runner_step(r, a->microbatches, sched, n, names, batch, outs) != PP_OK) goto done;
         if (pp_runner_optimizer_step(r) != PP_OK) goto done;
         double ms = pp_cli_now_ms() - t0;
@@ -282,6 +314,7 @@ static int train_pipelined(const pp_graph *g, pp_tensor *const *data, const trai
         fflush(stdout);
     }
     if (!a->json && a->steps > 0) printf("%lld steps in %.2f s\n", a->steps, total / 1000.0);
+    if (trace && train_save_trace(a, trace) != PP_OK) goto done;
     if (a->save && pp_cli_save_runner_params(r, a->save, "", 0, NULL) != PP_OK) goto done;
     rc = 0;
 done:
@@ -292,6 +325,7 @@ done:
     free(names);
     pp_schedule_free(sched);
     pp_runner_free(r);
+    pp_trace_free(trace);
     pp_pipe_free(p);
     return rc;
 }

@@ -144,7 +144,7 @@ int cmd_worker(int argc, char **argv) {
         goto done;
     }
     if (a.save && pp_cli_mkdirs(a.save) != PP_OK) goto done;
-    job = (rank_job){rank, &a, g, data, p, NULL, NULL, pp_cli_loss_output(p), PP_OK, ""};
+    job = (rank_job){rank, &a, g, data, p, NULL, NULL, pp_cli_loss_output(p), NULL, 0, PP_OK, ""};
     if (open_transport(cfg, rank, sched->nstages, sched->stage_rank, &job.t) != PP_OK) goto done;
     if (pp_executor_new(p, sched, rank, a.training, job.t, &job.ex) != PP_OK) goto done;
     if (a.training && pp_executor_set_optimizer(job.ex, &a.opt) != PP_OK) goto done;

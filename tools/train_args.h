@@ -5,6 +5,7 @@
 
 #include "cli_util.h"
 #include "pippin/executor.h"
+#include "pippin/sched_trace.h"
 #include "pippin/optim.h"
 #include "split_args.h"
 
@@ -18,6 +19,7 @@ typedef struct train_args {
     long long batch, steps;
     int microbatches, json;
     int quiet;             /* no informational lines (workers other than rank 0) */
+    const char *trace, *svg; /* timeline of the last step: Chrome trace JSON, SVG */
     int training;          /* 0: forward only (pippin worker in infer mode) */
     pp_optim_config opt;
 } train_args;
@@ -32,6 +34,8 @@ typedef struct rank_job {
     pp_transport *t;         /* owned by the rank's thread once it runs */
     pp_executor *ex;
     int loss_output;         /* index of the loss among the model outputs, -1 if none */
+    struct pp_trace *trace;  /* records the last step when not NULL */
+    double trace_origin_ms;
     pp_status status;
     char error[1024];
 } rank_job;
@@ -45,6 +49,9 @@ int pp_cli_loss_output(const pp_pipe *p);
 /* --text: windows of a->text become a->data for the model's first two
  * int64 inputs (tokens, next tokens). */
 pp_status train_text_inputs(const pp_graph *g, train_args *a);
+
+/* Writes a->trace / a->svg from a recorded trace (nothing if neither). */
+pp_status train_save_trace(const train_args *a, const struct pp_trace *t);
 
 /* Milliseconds on a monotonic clock. */
 double pp_cli_now_ms(void);

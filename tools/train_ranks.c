@@ -62,6 +62,7 @@ void *train_rank_main(void *arg) {
             s = pp_data_batch(j->data[i], step, a->batch, &batch[i]);
         }
         pp_executor_zero_grad(j->ex);
+        if (j->trace && step == a->steps - 1) pp_executor_trace(j->ex, j->trace, j->trace_origin_ms);
         if (s == PP_OK) s = pp_executor_step(j->ex, step, a->microbatches, n, names, batch, outs);
         if (s == PP_OK && a->training) s = pp_executor_optimizer_step(j->ex);
         if (s == PP_OK && j->loss_output >= 0 && outs[j->loss_output]) /* the rank with the loss reports */
@@ -124,6 +125,18 @@ static pp_status open_transports(const pp_schedule *sched, const char *kind, ran
     return s;
 }
 
+/* The ranks' traces (times on one clock) as one timeline. */
+static int save_merged_trace(const train_args *a, rank_job *jobs, int nr) {
+    pp_trace *all;
+    if (pp_trace_new(nr, &all) != PP_OK) return 1;
+    pp_status s = PP_OK;
+    for (int r = 0; r < nr && s == PP_OK; r++)
+        for (size_t i = 0; i < jobs[r].trace->n && s == PP_OK; i++) s = pp_trace_add(all, &jobs[r].trace->ev[i]);
+    if (s == PP_OK) s = train_save_trace(a, all);
+    pp_trace_free(all);
+    return s == PP_OK ? 0 : 1;
+}
+
 int pp_cli_loss_output(const pp_pipe *p) {
     for (int o = 0; p->loss && o < p->n_outputs; o++)
         if (strcmp(p->outputs[o], p->loss) == 0) return o;
@@ -152,7 +165,9 @@ int train_over_transport(const pp_graph *g, pp_tensor *const *data, const train_
     jobs = calloc((size_t)nr, sizeof *jobs);
     th = calloc((size_t)nr, sizeof *th);
     if (!jobs || !th) goto done;
-    for (int r = 0; r < nr; r++) jobs[r] = (rank_job){r, a, g, data, p, NULL, NULL, pp_cli_loss_output(p), PP_OK, ""};
+    for (int r = 0; r < nr; r++) jobs[r] = (rank_job){r, a, g, data, p, NULL, NULL, pp_cli_loss_output(p), NULL, 0, PP_OK, ""};
+    for (int r = 0; r < nr && (a->trace || a->svg); r++) /* one per rank: no sharing between threads */
+        if (pp_trace_new(nr, &jobs[r].trace) != PP_OK) goto done;
     if (open_transports(sched, a->transport, jobs) != PP_OK) goto done;
     for (int r = 0; r < nr; r++) {
         if (pp_executor_new(p, sched, r, 1, jobs[r].t, &jobs[r].ex) != PP_OK) goto done;
@@ -163,6 +178,7 @@ int train_over_transport(const pp_graph *g, pp_tensor *const *data, const train_
                p->n_stages, nr, a->transport, a->microbatches, a->batch, sched->name);
     fflush(stdout);
     double t0 = pp_cli_now_ms();
+    for (int r = 0; r < nr; r++) jobs[r].trace_origin_ms = t0;
     for (started = 0; started < nr; started++)
         if (pthread_create(&th[started], NULL, train_rank_main, &jobs[started]) != 0) {
             pp_error(PP_ERR_STATE, "cannot start the thread of rank %d", started);
@@ -177,7 +193,9 @@ int train_over_transport(const pp_graph *g, pp_tensor *const *data, const train_
             rc = 1;
         }
     if (!rc && !a->json) printf("%lld steps in %.2f s\n", a->steps, (pp_cli_now_ms() - t0) / 1000.0);
+    if (!rc && (a->trace || a->svg)) rc = save_merged_trace(a, jobs, nr);
 done:
+    for (int r = 0; jobs && r < nr; r++) pp_trace_free(jobs[r].trace);
     for (int r = started; jobs && r < nr; r++) { /* ranks whose thread never ran */
         pp_executor_free(jobs[r].ex);
         pp_transport_close(jobs[r].t);

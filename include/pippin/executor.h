@@ -55,6 +55,13 @@ pp_status pp_executor_step(pp_executor *ex, int64_t step, int m, int n_inputs, c
 int pp_executor_n_stages(const pp_executor *ex);
 pp_stage *pp_executor_stage(pp_executor *ex, int i);
 
+/* Records each action the following steps run into trace (one event per
+ * compute action: rank, stage, microbatch, kind, start and end in
+ * microseconds since origin_ms on CLOCK_MONOTONIC), in the format the
+ * simulator writes (pippin/sched_trace.h). NULL stops recording. */
+struct pp_trace;
+void pp_executor_trace(pp_executor *ex, struct pp_trace *trace, double origin_ms);
+
 void pp_executor_zero_grad(pp_executor *ex);
 /* One optimizer per local stage. */
 pp_status pp_executor_set_optimizer(pp_executor *ex, const pp_optim_config *c);

@@ -37,6 +37,10 @@ pp_stage *pp_runner_stage(pp_runner *r, int i);
 pp_status pp_runner_step(pp_runner *r, int m, const pp_schedule *sched, int n_inputs,
                          const char *const *names, pp_tensor *const *inputs, pp_tensor **outputs);
 void pp_runner_zero_grad(pp_runner *r);
+/* Records the actions of the following steps into trace (see
+ * pp_executor_trace); NULL stops recording. */
+struct pp_trace;
+void pp_runner_trace(pp_runner *r, struct pp_trace *trace, double origin_ms);
 
 /* Model outputs, in the model's order. */
 int pp_runner_n_outputs(const pp_runner *r);

@@ -47,4 +47,25 @@ elif grep -q "inproc, ipc or tcp" "$tmp/err"; then
 else
     echo "not ok $n - unknown transport: $(cat "$tmp/err")"
 fi
+# --trace/--svg: the last step's timeline, every compute action of every rank.
+n=$((n + 1))
+for mode in local tcp; do
+    extra=""
+    [ $mode = tcp ] && extra="--transport tcp"
+    if ! "$PIPPIN" train "$SRC/examples/gpt/model.onnx" --text "$SRC/examples/data/tiny.txt" \
+        --vocab "$SRC/examples/gpt/vocab.json" --batch-size 8 --microbatches 4 --schedule zbv --steps 2 \
+        --optimizer adamw $extra --trace "$tmp/$mode.json" --svg "$tmp/$mode.svg" >/dev/null 2>"$tmp/err"; then
+        echo "not ok $n - trace ($mode): $(head -c 300 "$tmp/err")"
+        continue 2
+    fi
+done
+# 4 stages x 4 microbatches x (F, I, W) = 48 events on 2 ranks, in JSON that parses.
+count() { grep -o '"ph":"X"' "$1" | wc -l; }
+if [ "$(count "$tmp/local.json")" -eq 48 ] && [ "$(count "$tmp/tcp.json")" -eq 48 ] && \
+    grep -q '"name":"rank 1"' "$tmp/tcp.json" && grep -q "<svg" "$tmp/tcp.svg" && \
+    { [ ! -x /usr/bin/python3 ] || /usr/bin/python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$tmp/tcp.json"; }; then
+    echo "ok $n - --trace/--svg record the last step's 48 actions on 2 ranks (local runner and tcp)"
+else
+    echo "not ok $n - trace: $(count "$tmp/local.json") / $(count "$tmp/tcp.json") events"
+fi
 echo "1..$n"
