@@ -47,6 +47,18 @@ YAML
     port=$((port + 3))
 done
 
+# Inference mode: no backward, outputs written by the rank that computes them.
+sed -e 's/^mode: train/mode: infer/' -e "s|output_dir: .*|output_dir: $tmp/out-infer|" "$tmp/ipc.yaml" >"$tmp/infer.yaml"
+n=$((n + 1))
+if ! "$PIPPIN" run "$tmp/infer.yaml" >"$tmp/infer.out" 2>"$tmp/infer.err"; then
+    echo "not ok $n - inference run failed: $(tail -3 "$tmp/infer.err")"
+elif [ "$(losses "$tmp/infer.out" | head -1)" != "$(losses "$tmp/ref" | head -1)" ] || \
+     [ ! -f "$tmp/out-infer/logits.npy" ] || [ ! -f "$tmp/out-infer/step2_logits.npy" ]; then
+    echo "not ok $n - inference run: $(cat "$tmp/infer.out" | tr '\n' ' '); files: $(ls "$tmp/out-infer" | tr '\n' ' ')"
+else
+    echo "ok $n - inference over 3 worker processes: first loss as trained, logits saved per step"
+fi
+
 # One worker alone: its peers never come; it fails within the timeout, naming a rank.
 sed -e 's/timeout_ms: 20000/timeout_ms: 1000/' "$tmp/ipc.yaml" >"$tmp/alone.yaml"
 n=$((n + 1))
