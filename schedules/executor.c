@@ -341,3 +341,5 @@ pp_status pp_executor_step(pp_executor *ex, int64_t step, int m, int n_inputs, c
     step_free(ex, &ss);
     return s;
 }
+
+pp_optim *pp_executor_optimizer(pp_executor *ex, int i) { return ex->optims[ex->local[i]]; }

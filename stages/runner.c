@@ -533,3 +533,5 @@ pp_status pp_runner_optimizer_step(pp_runner *r) {
     }
     return PP_OK;
 }
+
+pp_optim *pp_runner_optimizer(pp_runner *r, int i) { return r->optims[i]; }

@@ -25,6 +25,7 @@ static void train_usage(FILE *f) {
             "                    [--transmit-shared] [--dim NAME=N]... [--no-split]\n"
             "                    [--text FILE.txt --vocab VOCAB.json [--seq T]]\n"
             "                    [--transport inproc|ipc|tcp] [--trace FILE.json] [--svg FILE.svg]\n"
+            "                    [--checkpoint DIR [--checkpoint-every N] [--resume]]\n"
             "Step i trains on rows (i*B + j) mod N, j < B, of every data file (N rows along\n"
             "dim 0), and prints the loss of that batch before the update; --json prints\n"
             "{\"step\": i, \"loss\": x} per line. With --microbatches M each batch is split in\n"
@@ -37,6 +38,9 @@ static void train_usage(FILE *f) {
             "ZeroMQ transport (tcp: loopback) running the schedule's action list for its\n"
             "stages, as separate workers would. --trace/--svg write the timeline of the last\n"
             "step (every rank's actions), as `pippin simulate` does for a simulation.\n"
+            "--checkpoint saves every stage's parameters and optimizer state to DIR (every N\n"
+            "steps and at the end); --resume continues from it up to --steps in all, with\n"
+            "exactly the losses an uninterrupted run prints (pipelined models).\n"
             "--text trains a character-level model on a text\n"
             "file instead of --data: windows of T+1 characters (T from --seq, else the\n"
             "model's fixed input length, else 64) feed the model's first two int64 inputs\n"
@@ -71,6 +75,8 @@ static int parse(int argc, char **argv, train_args *a) {
         {"text", required_argument, NULL, 'T'},   {"vocab", required_argument, NULL, 'V'},
         {"seq", required_argument, NULL, 'q'},     {"transport", required_argument, NULL, 'X'},
         {"trace", required_argument, NULL, 'R'},  {"svg", required_argument, NULL, 'G'},
+        {"checkpoint", required_argument, NULL, 'C'}, {"checkpoint-every", required_argument, NULL, 'E'},
+        {"resume", no_argument, NULL, 'U'},
         PP_SPLIT_LONG_OPTIONS,
         {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
     };
@@ -116,6 +122,15 @@ static int parse(int argc, char **argv, train_args *a) {
         case 'K': a->schedule = optarg; continue;
         case 'T': a->text = optarg; continue;
         case 'R': a->trace = optarg; continue;
+        case 'C': a->checkpoint = optarg; continue;
+        case 'U': a->resume = 1; continue;
+        case 'E':
+            if (num("--checkpoint-every", optarg, &x) || x != (long long)x || x < 1) {
+                fprintf(stderr, "pippin train: --checkpoint-every '%s': need a positive count\n", optarg);
+                return 2;
+            }
+            a->checkpoint_every = (long long)x;
+            continue;
         case 'G': a->svg = optarg; continue;
         case 'X':
             if (strcmp(optarg, "inproc") && strcmp(optarg, "ipc") && strcmp(optarg, "tcp")) {
@@ -148,6 +163,10 @@ static int parse(int argc, char **argv, train_args *a) {
     }
     if (optind != argc - 1 || a->batch < 1 || a->steps < 0 || (a->data.n == 0 && !a->text)) {
         fprintf(stderr, "pippin train: need one MODEL.onnx, --data (or --text), --batch-size and --steps\n");
+        return 2;
+    }
+    if ((a->resume || a->checkpoint_every) && !a->checkpoint) {
+        fprintf(stderr, "pippin train: --resume and --checkpoint-every need --checkpoint DIR\n");
         return 2;
     }
     if (a->text && (!a->vocab || a->data.n)) {
@@ -291,8 +310,19 @@ static int train_pipelined(const pp_graph *g, pp_tensor *const *data, const trai
         printf("training %d stages, %d microbatches of a %lld-sample batch, schedule %s, %s lr %g\n", p->n_stages,
                a->microbatches, a->batch, a->schedule ? a->schedule : "gpipe", pp_optim_kind_name(a->opt.kind),
                a->opt.lr);
+    int ns = pp_runner_n_stages(r);
+    if (ns > 1024) goto done;
+    pp_stage *stages[1024];
+    pp_optim *optims[1024];
+    for (int i = 0; i < ns; i++) {
+        stages[i] = pp_runner_stage(r, i);
+        optims[i] = pp_runner_optimizer(r, i);
+    }
+    long long first = 0;
+    if (train_resume(a, ns, stages, optims, &first) != PP_OK) goto done;
+    if (first && !a->json) printf("resumed from %s after step %lld\n", a->checkpoint, first - 1);
     double total = 0;
-    for (long long step = 0; step < a->steps; step++) {
+    for (long long step = first; step < a->steps; step++) {
         double t0 = pp_cli_now_ms();
         for (int i = 0; i < n; i++) {
             pp_tensor_free(batch[i]);
@@ -303,6 +333,7 @@ static int train_pipelined(const pp_graph *g, pp_tensor *const *data, const trai
         if (trace && step == a->steps - 1) pp_runner_trace(r, trace, t0);
         if (pp_runner_step(r, a->microbatches, sched, n, names, batch, outs) != PP_OK) goto done;
         if (pp_runner_optimizer_step(r) != PP_OK) goto done;
+        if (train_checkpoint(a, step, ns, stages, optims) != PP_OK) goto done;
         double ms = pp_cli_now_ms() - t0;
         total += ms;
         float loss = (float)pp_tensor_get_f64(outs[lo], 0);

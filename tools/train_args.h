@@ -20,6 +20,9 @@ typedef struct train_args {
     int microbatches, json;
     int quiet;             /* no informational lines (workers other than rank 0) */
     const char *trace, *svg; /* timeline of the last step: Chrome trace JSON, SVG */
+    const char *checkpoint;  /* directory for checkpoints, NULL: none */
+    long long checkpoint_every; /* steps between checkpoints (and one at the end); 0: end only */
+    int resume;              /* start from the checkpoint in `checkpoint` */
     int training;          /* 0: forward only (pippin worker in infer mode) */
     pp_optim_config opt;
 } train_args;
@@ -49,6 +52,14 @@ int pp_cli_loss_output(const pp_pipe *p);
 /* --text: windows of a->text become a->data for the model's first two
  * int64 inputs (tokens, next tokens). */
 pp_status train_text_inputs(const pp_graph *g, train_args *a);
+
+/* Resumes the given stages from a->checkpoint (when a->resume): *first_step
+ * gets the step after the saved one, the same for every stage. */
+pp_status train_resume(const train_args *a, int n, pp_stage *const *stages, pp_optim *const *optims,
+                       long long *first_step);
+/* Saves the given stages after `step` when the checkpoint settings ask. */
+pp_status train_checkpoint(const train_args *a, long long step, int n, pp_stage *const *stages,
+                           pp_optim *const *optims);
 
 /* Writes a->trace / a->svg from a recorded trace (nothing if neither). */
 pp_status train_save_trace(const train_args *a, const struct pp_trace *t);

@@ -54,7 +54,17 @@ void *train_rank_main(void *arg) {
     const char **names = calloc((size_t)n + 1, sizeof *names);
     pp_status s = batch && outs && names ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n && names; i++) names[i] = j->g->values[j->g->inputs[i]].name;
-    for (long long step = 0; step < a->steps && s == PP_OK; step++) {
+    int ns = pp_executor_n_stages(j->ex);
+    pp_stage *stages[64];
+    pp_optim *optims[64];
+    if (ns > 64) s = pp_error(PP_ERR_UNSUPPORTED, "rank %d: more than 64 stages", j->rank);
+    for (int i = 0; i < ns && s == PP_OK; i++) {
+        stages[i] = pp_executor_stage(j->ex, i);
+        optims[i] = pp_executor_optimizer(j->ex, i);
+    }
+    long long first = 0;
+    if (s == PP_OK && a->training) s = train_resume(a, ns, stages, optims, &first);
+    for (long long step = first; step < a->steps && s == PP_OK; step++) {
         double t0 = pp_cli_now_ms();
         for (int i = 0; i < n && s == PP_OK; i++) {
             pp_tensor_free(batch[i]);
@@ -65,6 +75,7 @@ void *train_rank_main(void *arg) {
         if (j->trace && step == a->steps - 1) pp_executor_trace(j->ex, j->trace, j->trace_origin_ms);
         if (s == PP_OK) s = pp_executor_step(j->ex, step, a->microbatches, n, names, batch, outs);
         if (s == PP_OK && a->training) s = pp_executor_optimizer_step(j->ex);
+        if (s == PP_OK && a->training) s = train_checkpoint(a, step, ns, stages, optims);
         if (s == PP_OK && j->loss_output >= 0 && outs[j->loss_output]) /* the rank with the loss reports */
             train_print_progress(step, a, (float)pp_tensor_get_f64(outs[j->loss_output], 0), pp_cli_now_ms() - t0);
         if (s == PP_OK && !a->training && a->save) s = save_rank_outputs(j, step, outs);

@@ -66,6 +66,8 @@ void pp_executor_zero_grad(pp_executor *ex);
 /* One optimizer per local stage. */
 pp_status pp_executor_set_optimizer(pp_executor *ex, const pp_optim_config *c);
 pp_status pp_executor_optimizer_step(pp_executor *ex);
+/* The optimizer of this rank's i-th stage (NULL before one is set). */
+pp_optim *pp_executor_optimizer(pp_executor *ex, int i);
 
 #ifdef __cplusplus
 }

@@ -25,6 +25,7 @@
 #include "pippin/envelope.h"
 #include "pippin/transport.h"
 #include "pippin/executor.h"
+#include "pippin/checkpoint.h"
 #include "pippin/config.h"
 
 #endif

@@ -52,6 +52,8 @@ int pp_runner_loss_output(const pp_runner *r);
 pp_status pp_runner_set_optimizer(pp_runner *r, const pp_optim_config *c);
 /* Updates every stage's parameters from its gradients. */
 pp_status pp_runner_optimizer_step(pp_runner *r);
+/* Stage i's optimizer (NULL before pp_runner_set_optimizer). */
+pp_optim *pp_runner_optimizer(pp_runner *r, int i);
 
 /* The gradient of a parameter (a copy; from its first stage) or NULL if
  * no stage trains it. */

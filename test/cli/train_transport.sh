@@ -47,6 +47,37 @@ elif grep -q "inproc, ipc or tcp" "$tmp/err"; then
 else
     echo "not ok $n - unknown transport: $(cat "$tmp/err")"
 fi
+# --checkpoint / --resume: stopping after 3 steps and resuming gives exactly
+# the losses of 5 uninterrupted steps (local runner, and ranks over tcp).
+for mode in local tcp; do
+    n=$((n + 1))
+    extra=""
+    [ $mode = tcp ] && extra="--transport tcp"
+    for opt in "--optimizer adamw" "--optimizer sgd --lr 0.05 --momentum 0.9"; do
+        ck="$tmp/ck-$mode"
+        rm -rf "$ck"
+        set -- "$SRC/examples/gpt/model.onnx" --text "$SRC/examples/data/tiny.txt" --vocab "$SRC/examples/gpt/vocab.json" \
+            --batch-size 8 --microbatches 2 --schedule zbv $opt --json $extra
+        "$PIPPIN" train "$@" --steps 5 >"$tmp/full" 2>"$tmp/err" &&
+            "$PIPPIN" train "$@" --steps 3 --checkpoint "$ck" --checkpoint-every 2 >/dev/null 2>>"$tmp/err" &&
+            "$PIPPIN" train "$@" --steps 5 --checkpoint "$ck" --resume >"$tmp/resumed" 2>>"$tmp/err"
+        if [ $? -ne 0 ] || [ "$(tail -2 "$tmp/full")" != "$(cat "$tmp/resumed")" ]; then
+            echo "not ok $n - resume ($mode, $opt): $(head -c 300 "$tmp/err") $(cat "$tmp/resumed")"
+            continue 2
+        fi
+    done
+    echo "ok $n - checkpoint after 3 steps + resume = 5 uninterrupted steps, bit for bit ($mode; adamw and sgd momentum)"
+done
+n=$((n + 1))
+if "$PIPPIN" train "$FX/mlp/model.onnx" --data "x=$FX/mlp/train_x.npy" --data "y=$FX/mlp/train_y.npy" \
+    --batch-size 4 --steps 2 --checkpoint "$tmp/none" --resume >/dev/null 2>"$tmp/err"; then
+    echo "not ok $n - resume from an empty directory succeeded"
+elif grep -q "no checkpoint here" "$tmp/err"; then
+    echo "ok $n - resume without a checkpoint: $(head -c 120 "$tmp/err")"
+else
+    echo "not ok $n - resume without a checkpoint: $(cat "$tmp/err")"
+fi
+
 # --trace/--svg: the last step's timeline, every compute action of every rank.
 n=$((n + 1))
 for mode in local tcp; do
