@@ -47,6 +47,35 @@ YAML
     port=$((port + 3))
 done
 
+# CURVE: with a key pair per rank every link is encrypted and the losses
+# are the same; a worker with a key the others do not list delivers nothing.
+n=$((n + 1))
+for r in 0 1 2; do "$PIPPIN" keygen -o "$tmp/key$r" >/dev/null 2>&1; done
+"$PIPPIN" keygen -o "$tmp/stranger" >/dev/null 2>&1
+sed -e "s|output_dir: .*|output_dir: $tmp/out-curve|" "$tmp/ipc.yaml" >"$tmp/curve.yaml"
+cat >>"$tmp/curve.yaml" <<YAML
+security:
+  secret_keys: [$tmp/key0.key, $tmp/key1.key, $tmp/key2.key]
+  public_keys: [$tmp/key0.pub, $tmp/key1.pub, $tmp/key2.pub]
+YAML
+if ! "$PIPPIN" run "$tmp/curve.yaml" >"$tmp/curve.out" 2>"$tmp/curve.err"; then
+    echo "not ok $n - CURVE run failed: $(tail -3 "$tmp/curve.err")"
+elif [ "$(losses "$tmp/curve.out")" != "$(losses "$tmp/ref")" ]; then
+    echo "not ok $n - CURVE run: losses differ"
+else
+    echo "ok $n - 3 workers over CURVE-encrypted links match pippin train's losses"
+fi
+n=$((n + 1))
+sed -e "s|secret_keys: .*|secret_keys: [$tmp/key0.key, $tmp/stranger.key, $tmp/key2.key]|" \
+    -e 's/timeout_ms: 20000/timeout_ms: 1500/' "$tmp/curve.yaml" >"$tmp/impostor.yaml"
+if timeout 60 "$PIPPIN" run "$tmp/impostor.yaml" >"$tmp/imp.out" 2>"$tmp/imp.err"; then
+    echo "not ok $n - a rank with an unlisted key took part"
+elif grep -q "^step" "$tmp/imp.out"; then
+    echo "not ok $n - a step completed with an impostor rank"
+else
+    echo "ok $n - a rank whose key is not listed cannot take part: $(grep -m1 "rank" "$tmp/imp.err" | head -c 150)"
+fi
+
 # Inference mode: no backward, outputs written by the rank that computes them.
 sed -e 's/^mode: train/mode: infer/' -e "s|output_dir: .*|output_dir: $tmp/out-infer|" "$tmp/ipc.yaml" >"$tmp/infer.yaml"
 n=$((n + 1))
