@@ -398,20 +398,27 @@ static pp_status parse_schedule(const cx *x, const yaml_node_t *n) {
 
 enum {
     K_MODEL, K_SPLIT, K_DIMS, K_MODE, K_SCHEDULE, K_MICROBATCHES, K_BATCH, K_STEPS, K_LOSS,
-    K_OPTIMIZER, K_DATA, K_TEXT, K_RANKS, K_BIND, K_TIMEOUT, K_SECURITY, K_OUTPUT, K_COUNT
+    K_OPTIMIZER, K_DATA, K_TEXT, K_RANKS, K_BIND, K_TIMEOUT, K_SECURITY, K_OUTPUT, K_STAGES, K_COUNT
 };
 static const char *const top_keys[K_COUNT] = {
     "model", "split", "dims", "mode", "schedule", "microbatches", "batch_size", "steps", "loss",
-    "optimizer", "data", "text", "ranks", "bind", "timeout_ms", "security", "output_dir"};
+    "optimizer", "data", "text", "ranks", "bind", "timeout_ms", "security", "output_dir", "stages"};
 
 static pp_status parse_top(const cx *x, const yaml_node_t *root) {
     pp_config *c = x->c;
     yaml_node_t *v[K_COUNT];
     PP_TRY(match_keys(x, root, "", top_keys, K_COUNT, v));
 
-    if (!given(v[K_MODEL])) return v[K_MODEL] ? type_err(x, v[K_MODEL], "model", "a path")
-                                              : err_at(x, PP_ERR_PARSE, root, "missing key 'model'");
-    PP_TRY(get_path(x, v[K_MODEL], "model", &c->model));
+    if (given(v[K_MODEL]) && given(v[K_STAGES]))
+        return err_at(x, PP_ERR_INVALID, v[K_STAGES], "key 'stages': give either 'model' or 'stages', not both");
+    if (given(v[K_STAGES])) {
+        PP_TRY(get_path(x, v[K_STAGES], "stages", &c->stages));
+    } else {
+        if (!given(v[K_MODEL]))
+            return v[K_MODEL] ? type_err(x, v[K_MODEL], "model", "a path")
+                              : err_at(x, PP_ERR_PARSE, root, "missing key 'model' (or 'stages')");
+        PP_TRY(get_path(x, v[K_MODEL], "model", &c->model));
+    }
     if (given(v[K_SPLIT])) PP_TRY(parse_split(x, v[K_SPLIT]));
     if (given(v[K_DIMS])) PP_TRY(get_entries(x, v[K_DIMS], "dims", &c->dims, &c->n_dims, dim_value));
     if (given(v[K_MODE])) {
@@ -484,6 +491,7 @@ void pp_config_free(pp_config *c) {
     if (!c) return;
     free(c->path);
     free(c->model);
+    free(c->stages);
     for (int i = 0; c->split_before && i < c->n_split_before; i++) free(c->split_before[i]);
     free(c->split_before);
     for (int i = 0; c->split_after && i < c->n_split_after; i++) free(c->split_after[i]);

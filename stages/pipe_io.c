@@ -238,6 +238,7 @@ static pp_status load_rest(const ctx_t *c, json_object *root, pp_pipe *p) {
     return PP_OK;
 }
 
+/* only: -1 every stage graph, -2 none, k >= 0 stage k alone. */
 static pp_status load_pipe(const char *dir, int only, pp_pipe **out) {
     char path[4096];
     *out = NULL;
@@ -259,7 +260,9 @@ static pp_status load_pipe(const char *dir, int only, pp_pipe **out) {
         if (n == 0 || n > 1024) s = pp_error(PP_ERR_PARSE, "%s: %zu stages (1 to 1024)", path, n);
         p->stages = calloc(n + 1, sizeof *p->stages);
         p->cut_names = calloc(n + 1, sizeof(char *));
-        if (s == PP_OK && (!p->stages || !p->cut_names)) s = pp_error(PP_ERR_NOMEM, "out of memory");
+        p->stage_files = calloc(n + 1, sizeof(char *));
+        if (s == PP_OK && (!p->stages || !p->cut_names || !p->stage_files))
+            s = pp_error(PP_ERR_NOMEM, "out of memory");
         for (size_t i = 0; i < n && s == PP_OK; i++) {
             json_object *o = json_object_array_get_idx(stages, i), *cutv;
             char where[64], spath[8192];
@@ -270,8 +273,9 @@ static pp_status load_pipe(const char *dir, int only, pp_pipe **out) {
                 s = pp_error(PP_ERR_PARSE, "%s: %s: file must be a plain name", path, where);
             if (s != PP_OK) break;
             snprintf(spath, sizeof spath, "%s/%s", dir, file);
+            p->stage_files[i] = strdup(file);
             /* A worker loads only its own stage file. */
-            if (only < 0 || only == (int)i) s = pp_onnx_load(spath, &p->stages[i]);
+            if (only == -1 || only == (int)i) s = pp_onnx_load(spath, &p->stages[i]);
             if (s == PP_OK) p->n_stages++;
             if (i > 0 && json_object_object_get_ex(o, "cut", &cutv)) p->cut_names[i - 1] = strdup(json_object_get_string(cutv));
         }
@@ -294,4 +298,15 @@ pp_status pp_pipe_load(const char *dir, pp_pipe **out) { return load_pipe(dir, -
 pp_status pp_pipe_load_stage(const char *dir, int index, pp_pipe **out) {
     if (index < 0) return pp_error(PP_ERR_INVALID, "stage %d: stage indices start at 0", index);
     return load_pipe(dir, index, out);
+}
+
+pp_status pp_pipe_load_meta(const char *dir, pp_pipe **out) { return load_pipe(dir, -2, out); }
+
+pp_status pp_pipe_load_graph(pp_pipe *p, const char *dir, int k) {
+    if (k < 0 || k >= p->n_stages || !p->stage_files || !p->stage_files[k])
+        return pp_error(PP_ERR_INVALID, "%s: no stage %d to load", dir, k);
+    if (p->stages[k]) return PP_OK;
+    char path[8192];
+    snprintf(path, sizeof path, "%s/%s", dir, p->stage_files[k]);
+    return pp_onnx_load(path, &p->stages[k]);
 }

@@ -421,7 +421,9 @@ void pp_pipe_free(pp_pipe *p) {
     for (int s = 0; s < p->n_stages; s++) {
         if (p->stages) pp_graph_free(p->stages[s]);
         if (p->cut_names) free(p->cut_names[s]);
+        if (p->stage_files) free(p->stage_files[s]);
     }
+    free(p->stage_files);
     free(p->stages);
     free(p->cut_names);
     for (int e = 0; e < p->n_edges; e++) {

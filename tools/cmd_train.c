@@ -368,8 +368,12 @@ pp_status train_text_inputs(const pp_graph *g, train_args *a) {
         if (g->values[g->inputs[i]].dtype == PP_I64) ids[k++] = g->inputs[i];
     if (k < 2) return pp_error(PP_ERR_INVALID, "--text needs a model with two int64 inputs (tokens, targets)");
     const pp_value *v = &g->values[ids[0]];
-    int seq = a->seq;
-    if (!seq) seq = v->ndim == 2 && v->shape[1] > 0 ? (int)v->shape[1] : 64;
+    int seq = v->ndim == 2 && v->shape[1] > 0 ? (int)v->shape[1] : 64;
+    return train_text_data(a, v->name, g->values[ids[1]].name, seq);
+}
+
+pp_status train_text_data(train_args *a, const char *tokens, const char *targets, int model_seq) {
+    int seq = a->seq ? a->seq : model_seq;
     pp_tensor *x, *y;
     PP_TRY(pp_text_windows(a->text, a->vocab, seq, &x, &y));
     pp_named_tensors *nt = &a->data;
@@ -382,8 +386,8 @@ pp_status train_text_inputs(const pp_graph *g, train_args *a) {
         pp_tensor_free(y);
         return pp_error(PP_ERR_NOMEM, "out of memory");
     }
-    nt->names[0] = strdup(v->name);
-    nt->names[1] = strdup(g->values[ids[1]].name);
+    nt->names[0] = strdup(tokens);
+    nt->names[1] = strdup(targets);
     nt->tensors[0] = x;
     nt->tensors[1] = y;
     nt->n = 2;

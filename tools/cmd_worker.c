@@ -82,6 +82,59 @@ static pp_status open_transport(const pp_config *c, int rank, int nstages, const
     return s;
 }
 
+/* The pipe and schedule: from the whole model (split here), or from a
+ * `pippin split` directory, loading only this rank's stage files. */
+static pp_status open_pipe(const pp_config *c, const train_args *a, int rank, pp_graph **g, pp_pipe **p,
+                           pp_schedule **sched) {
+    if (c->model) {
+        PP_TRY(pp_onnx_load(c->model, g));
+        pp_split_spec spec = pp_split_args_spec(&a->split);
+        PP_TRY(pp_pipe_split(*g, &spec, p));
+        PP_TRY(pp_pipe_probe_shapes(*p, a->split.n_dims, a->split.dims));
+    } else {
+        PP_TRY(pp_pipe_load_meta(c->stages, p));
+        if (a->loss && (!(*p)->loss || strcmp((*p)->loss, a->loss) != 0))
+            return pp_error(PP_ERR_INVALID, "%s: the split in %s has loss '%s', the config asks for '%s'", c->path,
+                            c->stages, (*p)->loss ? (*p)->loss : "(none)", a->loss);
+    }
+    PP_TRY(pp_cli_schedule(a->schedule, (*p)->n_stages, a->microbatches, sched));
+    if ((*sched)->nranks != c->n_ranks)
+        return pp_error(PP_ERR_INVALID, "%s: schedule '%s' over %d stages needs %d ranks; the config lists %d",
+                        c->path, a->schedule, (*p)->n_stages, (*sched)->nranks, c->n_ranks);
+    for (int s = 0; !c->model && s < (*p)->n_stages; s++)
+        if ((*sched)->stage_rank[s] == rank) PP_TRY(pp_pipe_load_graph(*p, c->stages, s));
+    return PP_OK;
+}
+
+/* --text with a pipe: the first two int64 model inputs. */
+static pp_status text_data(train_args *a, const pp_pipe *p) {
+    const pp_pipe_edge *e[2];
+    int k = 0;
+    for (int i = 0; i < p->n_edges && k < 2; i++)
+        if (p->edges[i].producer < 0 && p->edges[i].dtype == PP_I64) e[k++] = &p->edges[i];
+    if (k < 2) return pp_error(PP_ERR_INVALID, "text data needs a model with two int64 inputs (tokens, targets)");
+    int seq = 64;
+    if (e[0]->ndim == 2 && e[0]->dims[1] && atoi(e[0]->dims[1]) > 0) seq = atoi(e[0]->dims[1]);
+    return train_text_data(a, e[0]->value, e[1]->value, seq);
+}
+
+/* data[i] = the config's data for model input names[i] (borrowed). */
+static pp_status match_data(const pp_named_tensors *nt, int n, const char *const *names, pp_tensor **data,
+                            const char *path) {
+    for (int k = 0; k < nt->n; k++) {
+        int found = 0;
+        for (int i = 0; i < n; i++) found |= strcmp(names[i], nt->names[k]) == 0;
+        if (!found) return pp_error(PP_ERR_NOT_FOUND, "%s: data for '%s', which is no model input", path, nt->names[k]);
+    }
+    for (int i = 0; i < n; i++) {
+        data[i] = NULL;
+        for (int k = 0; k < nt->n; k++)
+            if (strcmp(names[i], nt->names[k]) == 0) data[i] = nt->tensors[k];
+        if (!data[i]) return pp_error(PP_ERR_INVALID, "%s: no data for model input '%s'", path, names[i]);
+    }
+    return PP_OK;
+}
+
 static void worker_usage(FILE *f) {
     fprintf(f, "usage: pippin worker CONFIG.yaml [--rank R]\n"
                "Runs one rank of the pipeline the config describes (docs/config.md): builds the\n"
@@ -121,6 +174,8 @@ int cmd_worker(int argc, char **argv) {
     pp_pipe *p = NULL;
     pp_schedule *sched = NULL;
     pp_tensor **data = NULL;
+    const char **names = NULL;
+    int n_names = 0;
     train_args a;
     char dims_buf[16][128];
     memset(&a, 0, sizeof a);
@@ -129,22 +184,17 @@ int cmd_worker(int argc, char **argv) {
     if (pp_config_load(argv[optind], &cfg) != PP_OK) goto done;
     if (pp_config_rank(rank_arg, cfg->n_ranks, &rank) != PP_OK) goto done;
     if (args_from_config(cfg, &a, dims_buf) != PP_OK) goto done;
-    a.quiet = rank != 0;
-    if (pp_onnx_load(cfg->model, &g) != PP_OK) goto done;
-    if (a.text && train_text_inputs(g, &a) != PP_OK) goto done;
-    data = calloc((size_t)g->n_inputs + 1, sizeof *data);
-    if (!data || pp_cli_match_inputs(g, &a.data, data) != PP_OK) goto done;
-    pp_split_spec spec = pp_split_args_spec(&a.split);
-    if (pp_pipe_split(g, &spec, &p) != PP_OK || pp_pipe_probe_shapes(p, a.split.n_dims, a.split.dims) != PP_OK)
-        goto done;
-    if (pp_cli_schedule(a.schedule, p->n_stages, a.microbatches, &sched) != PP_OK) goto done;
-    if (sched->nranks != cfg->n_ranks) {
-        pp_error(PP_ERR_INVALID, "%s: schedule '%s' over %d stages needs %d ranks; the config lists %d",
-                 cfg->path, a.schedule, p->n_stages, sched->nranks, cfg->n_ranks);
-        goto done;
-    }
+    if (open_pipe(cfg, &a, rank, &g, &p, &sched) != PP_OK) goto done;
+    /* The model's inputs: the values the data loader feeds (edges from no stage). */
+    names = calloc((size_t)p->n_edges + 1, sizeof *names);
+    data = calloc((size_t)p->n_edges + 1, sizeof *data);
+    if (!names || !data) goto done;
+    for (int e = 0; e < p->n_edges; e++)
+        if (p->edges[e].producer < 0) names[n_names++] = p->edges[e].value;
+    if (a.text && text_data(&a, p) != PP_OK) goto done;
+    if (match_data(&a.data, n_names, names, data, cfg->path) != PP_OK) goto done;
     if (a.save && pp_cli_mkdirs(a.save) != PP_OK) goto done;
-    job = (rank_job){rank, &a, g, data, p, NULL, NULL, pp_cli_loss_output(p), NULL, 0, PP_OK, ""};
+    job = (rank_job){rank, &a, n_names, names, data, p, NULL, NULL, pp_cli_loss_output(p), NULL, 0, PP_OK, ""};
     if (open_transport(cfg, rank, sched->nstages, sched->stage_rank, &job.t) != PP_OK) goto done;
     if (pp_executor_new(p, sched, rank, a.training, job.t, &job.ex) != PP_OK) goto done;
     if (a.training && pp_executor_set_optimizer(job.ex, &a.opt) != PP_OK) goto done;
@@ -167,6 +217,7 @@ done:
     pp_executor_free(job.ex);
     pp_transport_close(job.t);
     free(data);
+    free(names);
     pp_schedule_free(sched);
     pp_pipe_free(p);
     pp_graph_free(g);

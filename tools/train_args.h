@@ -31,8 +31,9 @@ typedef struct train_args {
 typedef struct rank_job {
     int rank;
     const train_args *a;
-    const pp_graph *g;
-    pp_tensor *const *data;  /* per model input (g->inputs order) */
+    int n_inputs;
+    const char *const *input_names; /* the model inputs, in data's order */
+    pp_tensor *const *data;  /* per model input */
     pp_pipe *p;
     pp_transport *t;         /* owned by the rank's thread once it runs */
     pp_executor *ex;
@@ -52,6 +53,8 @@ int pp_cli_loss_output(const pp_pipe *p);
 /* --text: windows of a->text become a->data for the model's first two
  * int64 inputs (tokens, next tokens). */
 pp_status train_text_inputs(const pp_graph *g, train_args *a);
+/* The same for named inputs; model_seq is used unless a->seq is set. */
+pp_status train_text_data(train_args *a, const char *tokens, const char *targets, int model_seq);
 
 /* Resumes the given stages from a->checkpoint (when a->resume): *first_step
  * gets the step after the saved one, the same for every stage. */

@@ -49,11 +49,10 @@ static pp_status save_rank_outputs(rank_job *j, long long step, pp_tensor **outs
 void *train_rank_main(void *arg) {
     rank_job *j = arg;
     const train_args *a = j->a;
-    int n = j->g->n_inputs, n_out = j->p->n_outputs;
+    int n = j->n_inputs, n_out = j->p->n_outputs;
     pp_tensor **batch = calloc((size_t)n + 1, sizeof *batch), **outs = calloc((size_t)n_out + 1, sizeof *outs);
-    const char **names = calloc((size_t)n + 1, sizeof *names);
-    pp_status s = batch && outs && names ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < n && names; i++) names[i] = j->g->values[j->g->inputs[i]].name;
+    const char *const *names = j->input_names;
+    pp_status s = batch && outs ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
     int ns = pp_executor_n_stages(j->ex);
     pp_stage *stages[64];
     pp_optim *optims[64];
@@ -93,7 +92,6 @@ void *train_rank_main(void *arg) {
     for (int i = 0; batch && i < n; i++) pp_tensor_free(batch[i]);
     free(batch);
     free(outs);
-    free(names);
     pp_executor_free(j->ex);
     j->ex = NULL;
     pp_transport_close(j->t); /* the owning thread closes it */
@@ -160,6 +158,7 @@ int train_over_transport(const pp_graph *g, pp_tensor *const *data, const train_
     pp_schedule *sched = NULL;
     rank_job *jobs = NULL;
     pthread_t *th = NULL;
+    const char **names = NULL;
     int rc = 1, nr = 0, started = 0;
     if (pp_pipe_split(g, &spec, &p) != PP_OK || pp_pipe_probe_shapes(p, a->split.n_dims, a->split.dims) != PP_OK)
         goto done;
@@ -176,7 +175,11 @@ int train_over_transport(const pp_graph *g, pp_tensor *const *data, const train_
     jobs = calloc((size_t)nr, sizeof *jobs);
     th = calloc((size_t)nr, sizeof *th);
     if (!jobs || !th) goto done;
-    for (int r = 0; r < nr; r++) jobs[r] = (rank_job){r, a, g, data, p, NULL, NULL, pp_cli_loss_output(p), NULL, 0, PP_OK, ""};
+    names = calloc((size_t)g->n_inputs + 1, sizeof *names);
+    if (!names) goto done;
+    for (int i = 0; i < g->n_inputs; i++) names[i] = g->values[g->inputs[i]].name;
+    for (int r = 0; r < nr; r++)
+        jobs[r] = (rank_job){r, a, g->n_inputs, names, data, p, NULL, NULL, pp_cli_loss_output(p), NULL, 0, PP_OK, ""};
     for (int r = 0; r < nr && (a->trace || a->svg); r++) /* one per rank: no sharing between threads */
         if (pp_trace_new(nr, &jobs[r].trace) != PP_OK) goto done;
     if (open_transports(sched, a->transport, jobs) != PP_OK) goto done;
@@ -213,6 +216,7 @@ done:
     }
     free(jobs);
     free(th);
+    free(names);
     pp_schedule_free(sched);
     pp_pipe_free(p);
     return rc;

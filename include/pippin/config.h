@@ -2,6 +2,8 @@
  * and every rank's worker reads the same file (DESIGN.md, "Configuration").
  *
  *   model: examples/gpt/model.onnx        # relative paths: to the file's directory
+ *   stages: split/                         # instead of model: `pippin split` output (pipe.json);
+ *                                          #   each worker then loads only its own stage files
  *   split:                                 # optional; markers in the model also cut
  *     before: ["/blocks.2/"]
  *     after: []
@@ -49,7 +51,8 @@ typedef struct pp_config_entry {
 
 typedef struct pp_config {
     char *path;          /* the file read */
-    char *model;         /* resolved against the file's directory */
+    char *model;         /* resolved against the file's directory; NULL when stages is given */
+    char *stages;        /* a `pippin split` directory: each worker loads only its stage files */
     int n_split_before, n_split_after;
     char **split_before, **split_after;
     int transmit_shared;

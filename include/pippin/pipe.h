@@ -61,6 +61,7 @@ typedef struct pp_pipe {
     char *loss;          /* name of the scalar loss output, NULL if none */
     int loss_stage;      /* -1 if none */
     char **cut_names;    /* what made each cut (marker node or prefix), n_stages-1 */
+    char **stage_files;  /* a loaded pipe's stage file names (pipe.json), else NULL */
 } pp_pipe;
 
 /* Cuts g. g is not modified; stage graphs copy what they need. Errors name
@@ -83,6 +84,11 @@ pp_status pp_pipe_load(const char *dir, pp_pipe **out);
 /* Reads DIR/pipe.json and only DIR/stage_<index>.onnx (other stages' graphs
  * stay NULL): what a worker for one stage needs (pp_stage_from_pipe). */
 pp_status pp_pipe_load_stage(const char *dir, int index, pp_pipe **out);
+/* Reads DIR/pipe.json alone (every p->stages[k] NULL): a worker learns the
+ * stage count first, then loads its own stages with pp_pipe_load_graph. */
+pp_status pp_pipe_load_meta(const char *dir, pp_pipe **out);
+/* Loads stage k's graph (the file pipe.json names) into p->stages[k]. */
+pp_status pp_pipe_load_graph(pp_pipe *p, const char *dir, int k);
 
 #ifdef __cplusplus
 }
