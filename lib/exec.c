@@ -151,6 +151,9 @@ static pp_status run_node(pp_exec *ex, int i, pp_tensor **env) {
 static pp_status run_list(pp_exec *ex, const int *nodes, int n_nodes, pp_tensor **env,
                           const uint8_t *keep) {
     const pp_graph *g = ex->g;
+    for (int p = 0; p < n_nodes; p++)
+        if (nodes[p] < 0 || nodes[p] >= g->n_nodes)
+            return pp_error(PP_ERR_INVALID, "node index %d out of range (%d nodes)", nodes[p], g->n_nodes);
     int *last = malloc(sizeof(int) * (size_t)(g->n_values ? g->n_values : 1));
     if (!last) return pp_error(PP_ERR_NOMEM, "out of memory");
     for (int v = 0; v < g->n_values; v++) last[v] = -1;
@@ -162,10 +165,6 @@ static pp_status run_list(pp_exec *ex, const int *nodes, int n_nodes, pp_tensor 
     pp_status s = PP_OK;
     for (int p = 0; p < n_nodes && s == PP_OK; p++) {
         int i = nodes[p];
-        if (i < 0 || i >= g->n_nodes) {
-            s = pp_error(PP_ERR_INVALID, "node index %d out of range", i);
-            break;
-        }
         s = run_node(ex, i, env);
         const pp_node *n = &g->nodes[i];
         for (int k = 0; k < n->n_in && s == PP_OK; k++) {

@@ -227,48 +227,73 @@ static pp_status replica_grad(pp_executor *ex, int s, const char *name, pp_tenso
     return pp_tensor_new(PP_F32, g->values[v].data->ndim, g->values[v].data->shape, out);
 }
 
-/* Every replica sends its gradient to the others, then each adds all of
- * them in stage order: every copy ends with the same total. */
-static pp_status sync_shared(pp_executor *ex, step_state *ss) {
+/* Before a step: each shared parameter's gradient on this rank (all copies
+ * are equal then), so the step's own contribution can be sent. */
+static pp_status shared_snapshot(pp_executor *ex, pp_tensor **snap) {
+    const pp_pipe *p = ex->p;
+    for (int i = 0; i < p->n_shared; i++) {
+        snap[i] = NULL;
+        for (int a = 0; a < p->shared[i].n_stages && !snap[i]; a++)
+            if (ex->stages[p->shared[i].stages[a]])
+                PP_TRY(replica_grad(ex, p->shared[i].stages[a], p->shared[i].name, &snap[i]));
+    }
+    return PP_OK;
+}
+
+/* Every replica sends what this step added (its gradient minus the
+ * snapshot S) to the others; each then sets S + those deltas, added in
+ * stage order: every copy gets the same total, as the local runner
+ * computes it. */
+static pp_status sync_shared(pp_executor *ex, step_state *ss, pp_tensor *const *snap) {
     const pp_pipe *p = ex->p;
     for (int i = 0; i < p->n_shared; i++) {
         const pp_pipe_shared *sh = &p->shared[i];
-        for (int a = 0; a < sh->n_stages; a++) {
+        if (!snap[i]) continue;
+        pp_tensor **delta = calloc((size_t)sh->n_stages, sizeof *delta);
+        if (!delta) return pp_error(PP_ERR_NOMEM, "out of memory");
+        pp_status st = PP_OK;
+        for (int a = 0; a < sh->n_stages && st == PP_OK; a++) {
             int s = sh->stages[a];
             if (!ex->stages[s]) continue;
-            pp_tensor *g;
-            PP_TRY(replica_grad(ex, s, sh->name, &g));
-            pp_status st = PP_OK;
+            st = replica_grad(ex, s, sh->name, &delta[a]);
+            if (st != PP_OK) break;
+            float *d = delta[a]->data;
+            const float *s0 = snap[i]->data;
+            for (int64_t j = 0; j < pp_tensor_numel(delta[a]); j++) d[j] -= s0[j];
             for (int b = 0; b < sh->n_stages && st == PP_OK; b++) {
                 if (b == a) continue;
                 pp_transport_key k = make_key(PP_MSG_GRADIENT, ss, ss->m, s, sh->stages[b], sh->name);
-                st = pp_transport_send(ex->t, &k, g);
+                st = pp_transport_send(ex->t, &k, delta[a]);
             }
-            pp_tensor_free(g);
-            PP_TRY(st);
         }
-        for (int a = 0; a < sh->n_stages; a++) {
+        for (int a = 0; a < sh->n_stages && st == PP_OK; a++) {
             int s = sh->stages[a];
             if (!ex->stages[s]) continue;
-            pp_tensor **parts = calloc((size_t)sh->n_stages, sizeof *parts), *total = NULL;
-            pp_status st = parts ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
+            pp_tensor **parts = calloc((size_t)sh->n_stages + 1, sizeof *parts), *total = NULL;
+            if (!parts) {
+                st = pp_error(PP_ERR_NOMEM, "out of memory");
+                break;
+            }
+            parts[0] = pp_tensor_retain(snap[i]);
             for (int b = 0; b < sh->n_stages && st == PP_OK; b++) {
-                if (b == a) {
-                    st = replica_grad(ex, s, sh->name, &parts[b]);
+                if (delta[b]) {
+                    parts[b + 1] = pp_tensor_retain(delta[b]);
                 } else {
                     pp_transport_key k = make_key(PP_MSG_GRADIENT, ss, ss->m, sh->stages[b], s, sh->name);
-                    st = pp_transport_recv(ex->t, &k, ex->timeout_ms, &parts[b]);
+                    st = pp_transport_recv(ex->t, &k, ex->timeout_ms, &parts[b + 1]);
                 }
             }
-            if (st == PP_OK) st = pp_tensor_sum(parts, sh->n_stages, &total);
+            if (st == PP_OK) st = pp_tensor_sum(parts, sh->n_stages + 1, &total);
             pp_flat_params *fp = pp_stage_params(ex->stages[s]);
             int pi = fp ? pp_flat_params_find(fp, sh->name) : -1;
             if (st == PP_OK && pi >= 0) memcpy(fp->grad + fp->offset[pi], total->data, total->nbytes);
             pp_tensor_free(total);
-            for (int b = 0; parts && b < sh->n_stages; b++) pp_tensor_free(parts[b]);
+            for (int b = 0; b <= sh->n_stages; b++) pp_tensor_free(parts[b]);
             free(parts);
-            if (st != PP_OK) return pp_error_context(st, "syncing replicated parameter '%s'", sh->name);
         }
+        for (int a = 0; a < sh->n_stages; a++) pp_tensor_free(delta[a]);
+        free(delta);
+        if (st != PP_OK) return pp_error_context(st, "syncing replicated parameter '%s'", sh->name);
     }
     return PP_OK;
 }
@@ -310,6 +335,9 @@ pp_status pp_executor_step(pp_executor *ex, int64_t step, int m, int n_inputs, c
     if (s == PP_OK) s = pp_transport_set_step(ex->t, step);
     for (int i = 0; i < ex->n_local && s == PP_OK; i++)
         pp_stage_set_loss_scale(ex->stages[ex->local[i]], 1.0f / (float)m);
+    pp_tensor **snap = calloc((size_t)ex->p->n_shared + 1, sizeof *snap);
+    if (s == PP_OK && !snap) s = pp_error(PP_ERR_NOMEM, "out of memory");
+    if (s == PP_OK && ex->training) s = shared_snapshot(ex, snap);
     if (s == PP_OK) s = split_inputs(ex, &ss, n_inputs, names, inputs);
     for (size_t k = 0; k < sched->len[ex->rank] && s == PP_OK; k++) {
         const pp_action *a = &sched->acts[ex->rank][k];
@@ -332,12 +360,20 @@ pp_status pp_executor_step(pp_executor *ex, int64_t step, int m, int n_inputs, c
         if (pp_stage_pending(ex->stages[ex->local[i]]))
             s = pp_error(PP_ERR_INVALID, "rank %d: the schedule leaves stage %d's backward unfinished", ex->rank,
                          ex->local[i]);
-    if (s == PP_OK && ex->training) s = sync_shared(ex, &ss);
+    if (s == PP_OK && ex->training) s = sync_shared(ex, &ss, snap);
+    for (int i = 0; snap && i < ex->p->n_shared; i++) pp_tensor_free(snap[i]);
+    free(snap);
     for (int o = 0; outputs && o < ex->p->n_outputs; o++) {
         outputs[o] = NULL;
         if (s != PP_OK || !ex->stages[ex->p->output_stage[o]]) continue;
-        s = pp_microbatch_merge(&ss.outs[o * m], m, ex->p->outputs[o], &outputs[o]);
+        for (int mb = 0; mb < m && s == PP_OK; mb++)
+            if (!ss.outs[o * m + mb])
+                s = pp_error(PP_ERR_INVALID, "rank %d: the schedule never runs the forward of stage %d microbatch %d",
+                             ex->rank, ex->p->output_stage[o], mb);
+        if (s == PP_OK) s = pp_microbatch_merge(&ss.outs[o * m], m, ex->p->outputs[o], &outputs[o]);
     }
+    if (s != PP_OK) /* a failed step must not wedge the next one */
+        for (int i = 0; i < ex->n_local; i++) pp_stage_discard_pending(ex->stages[ex->local[i]]);
     step_free(ex, &ss);
     return s;
 }

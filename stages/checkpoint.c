@@ -69,6 +69,19 @@ pp_status pp_checkpoint_save(const char *dir, pp_stage *st, pp_optim *opt, int64
     remove_flat_dir(tmp);
     PP_TRY(make_dirs(tmp));
     pp_status s = PP_OK;
+    for (int i = 0; i < fp->n && s == PP_OK; i++) /* file names must not collide */
+        for (int k = 0; k < i && s == PP_OK; k++) {
+            char a[512], b[512];
+            file_safe(fp->names[i], a, sizeof a);
+            file_safe(fp->names[k], b, sizeof b);
+            if (strcmp(a, b) == 0)
+                s = pp_error(PP_ERR_UNSUPPORTED, "stage %d: parameters '%s' and '%s' would share the file %s.npy",
+                             pp_stage_index(st), fp->names[k], fp->names[i], a);
+        }
+    if (s != PP_OK) {
+        remove_flat_dir(tmp);
+        return s;
+    }
     json_object *names = json_object_new_array();
     for (int i = 0; i < fp->n && s == PP_OK; i++) {
         char safe[512], path[8192];
@@ -107,9 +120,15 @@ pp_status pp_checkpoint_save(const char *dir, pp_stage *st, pp_optim *opt, int64
     }
     /* Swap in the new directory; the old one goes only once the new is in place. */
     remove_flat_dir(old);
-    if (rename(final, old) != 0 && errno != ENOENT) s = pp_error(PP_ERR_IO, "%s: %s", final, strerror(errno));
-    if (s == PP_OK && rename(tmp, final) != 0) s = pp_error(PP_ERR_IO, "%s: %s", final, strerror(errno));
-    remove_flat_dir(old);
+    int had_old = rename(final, old) == 0;
+    if (!had_old && errno != ENOENT) s = pp_error(PP_ERR_IO, "%s: %s", final, strerror(errno));
+    if (s == PP_OK && rename(tmp, final) != 0) {
+        s = pp_error(PP_ERR_IO, "%s: %s", final, strerror(errno));
+        if (had_old) rename(old, final); /* keep the previous checkpoint */
+        remove_flat_dir(tmp);
+        return s;
+    }
+    if (s == PP_OK) remove_flat_dir(old);
     return s;
 }
 

@@ -175,7 +175,11 @@ static pp_status load_edges(const ctx_t *c, json_object *root, pp_pipe *p) {
         PP_TRY(get_array(c, o, "consumers", 1, &cons));
         PP_TRY(get_stage_list(c, cons, p->n_stages, where, &e->consumers, &e->n_consumers));
         const char *dt;
-        if (get_string(c, o, "dtype", where, &dt) == PP_OK) e->dtype = pp_dtype_from_name(dt);
+        if (get_string(c, o, "dtype", where, &dt) == PP_OK) {
+            e->dtype = pp_dtype_from_name(dt);
+            if (e->dtype == PP_DTYPE_UNDEFINED && strcmp(dt, "undefined") != 0)
+                return pp_error(PP_ERR_PARSE, "%s: %s: unknown dtype '%s'", c->path, where, dt);
+        }
         json_object *shape;
         PP_TRY(get_array(c, o, "shape", 0, &shape));
         if (shape) {

@@ -185,7 +185,32 @@ static void type_stage_values(pp_pipe *p) {
     }
 }
 
+/* "name=N" settings: N a positive integer, name a symbolic input dim. */
+static pp_status check_dims_given(const symbols *sy, int n, const char *const *given) {
+    for (int k = 0; k < n; k++) {
+        const char *eq = strchr(given[k], '=');
+        char *end;
+        long long v = eq ? strtoll(eq + 1, &end, 10) : 0;
+        if (!eq || eq == given[k] || !eq[1] || *end || v < 1 || v > (1LL << 30))
+            return pp_error(PP_ERR_INVALID, "dim '%s': expected NAME=N with N a positive integer", given[k]);
+        int known = 0;
+        for (int i = 0; i < sy->n; i++)
+            known |= strlen(sy->names[i]) == (size_t)(eq - given[k]) && strncmp(sy->names[i], given[k], (size_t)(eq - given[k])) == 0;
+        if (!known) {
+            char list[256] = "";
+            size_t len = 0;
+            for (int i = 0; i < sy->n && len < sizeof list; i++)
+                len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", i ? ", " : "", sy->names[i]);
+            return pp_error(PP_ERR_NOT_FOUND, "dim '%.*s' is not a dynamic input dim (the model's: %s)",
+                            (int)(eq - given[k]), given[k], sy->n ? list : "none");
+        }
+    }
+    return PP_OK;
+}
+
 pp_status pp_pipe_probe_shapes(pp_pipe *p, int n_dims_given, const char *const *dims_given) {
+    for (int s = 0; s < p->n_stages; s++)
+        if (!p->stages[s]) return pp_error(PP_ERR_STATE, "probing needs every stage's graph; stage %d is not loaded", s);
     symbols sy = {0};
     for (int s = 0; s < p->n_stages; s++) {
         const pp_graph *g = p->stages[s];
@@ -196,6 +221,7 @@ pp_status pp_pipe_probe_shapes(pp_pipe *p, int n_dims_given, const char *const *
                     add_symbol(&sy, v->dim_names[d], n_dims_given, dims_given);
         }
     }
+    PP_TRY(check_dims_given(&sy, n_dims_given, dims_given));
     tensor_map runs[MAX_SYMS + 1] = {{0}};
     int64_t sizes[MAX_SYMS];
     pp_status st = PP_OK;

@@ -325,13 +325,44 @@ static pp_status run_action(pp_runner *r, step_state *ss, const pp_action *a, in
     }
 }
 
-/* Replicated parameters: every copy gets the sum of the copies' gradients,
- * so identical updates keep them identical. */
-static pp_status sync_shared_grads(pp_runner *r) {
+/* The first replica's gradient of each shared parameter before a step (all
+ * copies are equal then), so the step's own contributions can be told from
+ * what earlier steps accumulated. */
+static pp_status shared_snapshot(pp_runner *r, float ***out) {
+    const pp_pipe *p = r->p;
+    float **snap = calloc((size_t)p->n_shared + 1, sizeof *snap);
+    if (!snap) return pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < p->n_shared; i++)
+        for (int k = 0; k < p->shared[i].n_stages && !snap[i]; k++) {
+            pp_flat_params *fp = pp_stage_params(r->stages[p->shared[i].stages[k]]);
+            int pi = fp ? pp_flat_params_find(fp, p->shared[i].name) : -1;
+            if (pi < 0) continue;
+            snap[i] = malloc(sizeof(float) * (size_t)(fp->numel[pi] ? fp->numel[pi] : 1));
+            if (!snap[i]) {
+                *out = snap;
+                return pp_error(PP_ERR_NOMEM, "out of memory");
+            }
+            memcpy(snap[i], fp->grad + fp->offset[pi], sizeof(float) * (size_t)fp->numel[pi]);
+        }
+    *out = snap;
+    return PP_OK;
+}
+
+static void free_snapshot(const pp_runner *r, float **snap) {
+    for (int i = 0; snap && i < r->p->n_shared; i++) free(snap[i]);
+    free(snap);
+}
+
+/* Replicated parameters: every copy gets S + the sum over copies (in stage
+ * order) of what this step added to it, S being the common value before
+ * the step. Identical updates then keep the copies identical, and
+ * gradients accumulated over several steps are counted once. */
+static pp_status sync_shared_grads(pp_runner *r, float *const *snap) {
     const pp_pipe *p = r->p;
     for (int i = 0; i < p->n_shared; i++) {
         const pp_pipe_shared *sh = &p->shared[i];
-        float *sum = NULL;
+        if (!snap[i]) continue;
+        float *total = NULL;
         int64_t n0 = 0;
         for (int pass = 0; pass < 2; pass++) /* 0: add up, 1: hand the total out */
             for (int k = 0; k < sh->n_stages; k++) {
@@ -339,18 +370,22 @@ static pp_status sync_shared_grads(pp_runner *r) {
                 int pi = fp ? pp_flat_params_find(fp, sh->name) : -1;
                 if (pi < 0) continue; /* no gradient reaches it in this stage */
                 float *g = fp->grad + fp->offset[pi];
-                if (!sum) {
-                    sum = g;
-                    n0 = fp->numel[pi];
-                } else if (fp->numel[pi] != n0) {
-                    return pp_error(PP_ERR_INTERNAL, "replicas of '%s' differ in size", sh->name);
-                } else if (g != sum) {
-                    for (int64_t j = 0; j < n0; j++) {
-                        if (pass == 0) sum[j] += g[j];
-                        else g[j] = sum[j];
-                    }
+                if (pass == 1) {
+                    memcpy(g, total, sizeof(float) * (size_t)n0);
+                    continue;
                 }
+                if (!total) {
+                    n0 = fp->numel[pi];
+                    total = malloc(sizeof(float) * (size_t)(n0 ? n0 : 1));
+                    if (!total) return pp_error(PP_ERR_NOMEM, "out of memory");
+                    memcpy(total, snap[i], sizeof(float) * (size_t)n0);
+                } else if (fp->numel[pi] != n0) {
+                    free(total);
+                    return pp_error(PP_ERR_INTERNAL, "replicas of '%s' differ in size", sh->name);
+                }
+                for (int64_t j = 0; j < n0; j++) total[j] += g[j] - snap[i][j];
             }
+        free(total);
     }
     return PP_OK;
 }
@@ -381,6 +416,7 @@ static pp_status run_schedule(pp_runner *r, step_state *ss, const pp_schedule *s
             while (pos[rk] < sched->len[rk] && status == PP_OK) {
                 const pp_action *a = &sched->acts[rk][pos[rk]];
                 int ran = 0;
+                size_t at = pos[rk]; /* for messages: pos moves on when the action ran */
                 double t0 = pp_monotonic_ms();
                 const pp_action *done = a;
                 if (a->kind == PP_ACT_OVERLAP_F_B) {
@@ -401,7 +437,7 @@ static pp_status run_schedule(pp_runner *r, step_state *ss, const pp_schedule *s
                 if (status != PP_OK) {
                     char text[PP_ACTION_STR_MAX];
                     pp_action_format(sched, a, text, sizeof text);
-                    status = pp_error_context(status, "rank %d action %zu (%s)", rk, pos[rk], text);
+                    status = pp_error_context(status, "rank %d action %zu (%s)", rk, at, text);
                 }
                 if (!ran) break;
                 if (r->trace && status == PP_OK && pp_act_is_compute((pp_act_kind)done->kind))
@@ -477,15 +513,19 @@ pp_status pp_runner_step(pp_runner *r, int m, const pp_schedule *sched, int n_in
     pp_status s = step_init(r, m, &ss);
     for (int i = 0; i < r->n_stages && s == PP_OK; i++) {
         pp_stage_set_loss_scale(r->stages[i], 1.0f / (float)m);
-        if (pp_stage_pending(r->stages[i]))
-            s = pp_error(PP_ERR_STATE, "stage %d holds microbatches from an unfinished step", i);
+        pp_stage_discard_pending(r->stages[i]); /* an inference step may leave none; a failed one is dropped */
     }
+    float **snap = NULL;
+    if (s == PP_OK && r->training) s = shared_snapshot(r, &snap);
     if (s == PP_OK) s = feed_inputs(r, &ss, n_inputs, names, inputs);
     if (s == PP_OK) s = run_schedule(r, &ss, sched);
     if (s == PP_OK) s = check_complete(r, &ss);
-    if (s == PP_OK && r->training) s = sync_shared_grads(r);
+    if (s == PP_OK && r->training) s = sync_shared_grads(r, snap);
+    free_snapshot(r, snap);
     for (int o = 0; s == PP_OK && outputs && o < r->p->n_outputs; o++)
         s = pp_microbatch_merge(&ss.outs[o * m], m, r->p->outputs[o], &outputs[o]);
+    if (s != PP_OK) /* a failed step must not wedge the next one */
+        for (int i = 0; i < r->n_stages; i++) pp_stage_discard_pending(r->stages[i]);
     step_free(r, &ss);
     pp_schedule_free(own);
     return s;

@@ -151,6 +151,8 @@ pp_status pp_stage_from_pipe(pp_pipe *p, int index, int training, pp_stage **out
     return s;
 }
 
+static void drop_mb(pp_stage *st, mb_state *m);
+
 static void free_env(const pp_graph *g, pp_tensor **env) {
     if (!env) return;
     for (int v = 0; v < g->n_values; v++) pp_tensor_free(env[v]);
@@ -188,6 +190,10 @@ const char *pp_stage_grad_input_name(const pp_stage *st, int i) { return st->g->
 int pp_stage_has_loss(const pp_stage *st) { return st->loss_seed >= 0; }
 void pp_stage_set_loss_scale(pp_stage *st, float scale) { st->loss_scale = scale; }
 int pp_stage_pending(const pp_stage *st) { return st->n_mbs; }
+
+void pp_stage_discard_pending(pp_stage *st) {
+    while (st->n_mbs > 0) drop_mb(st, &st->mbs[st->n_mbs - 1]);
+}
 
 size_t pp_stage_stash_bytes(const pp_stage *st) {
     size_t total = 0;
@@ -274,6 +280,7 @@ pp_status pp_stage_backward_input(pp_stage *st, int mb, pp_tensor *const *out_gr
     if (st->loss_seed >= 0) {
         pp_tensor *scale;
         PP_TRY(pp_tensor_scalar_f32(st->loss_scale, &scale));
+        pp_tensor_free(env[b->seed_grads[st->loss_seed]]); /* from a failed earlier try */
         env[b->seed_grads[st->loss_seed]] = scale;
     }
     for (int k = 0; k < st->n_out_grads; k++) {
@@ -284,8 +291,10 @@ pp_status pp_stage_backward_input(pp_stage *st, int mb, pp_tensor *const *out_gr
             const pp_value *sv = &g->values[b->seed_values[seed]];
             return stage_error(st, PP_ERR_INVALID, "no gradient given for output '%s' (microbatch %d)", sv->name, mb);
         }
+        pp_tensor_free(env[b->seed_grads[seed]]);
         env[b->seed_grads[seed]] = pp_tensor_retain(gt);
     }
+    for (int k = 0; k < b->n_wrt; k++) in_grads[k] = NULL;
     pp_status s = pp_exec_run_nodes(st->ex, b->i_nodes, b->n_i, env, st->keep_i);
     for (int k = 0; s == PP_OK && k < b->n_wrt; k++) {
         int gv = b->wrt_grads[k];
@@ -299,7 +308,13 @@ pp_status pp_stage_backward_input(pp_stage *st, int mb, pp_tensor *const *out_gr
                             g->values[b->wrt_values[k]].name, mb);
         }
     }
-    if (s != PP_OK) return pp_error_context(s, "stage %d backward-input of microbatch %d", st->index, mb);
+    if (s != PP_OK) {
+        for (int k = 0; k < b->n_wrt; k++) { /* the caller gets all or nothing */
+            pp_tensor_free(in_grads[k]);
+            in_grads[k] = NULL;
+        }
+        return pp_error_context(s, "stage %d backward-input of microbatch %d", st->index, mb);
+    }
     for (int v = 0; v < g->n_values; v++) /* W needs only what keep_i marks */
         if (env[v] && !st->keep_i[v]) {
             pp_tensor_free(env[v]);

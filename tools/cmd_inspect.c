@@ -60,7 +60,7 @@ static json_object *values_json(const pp_graph *g, const int *ids, int n) {
     return arr;
 }
 
-static void print_json(const pp_graph *g, const op_count *ops, int n_ops) {
+static json_object *model_json(const pp_graph *g, const op_count *ops, int n_ops) {
     int64_t count, bytes;
     pp_graph_param_stats(g, &count, &bytes);
     json_object *root = json_object_new_object();
@@ -78,8 +78,7 @@ static void print_json(const pp_graph *g, const op_count *ops, int n_ops) {
     for (int i = 0; i < g->n_nodes; i++)
         if (is_pipe_split(&g->nodes[i])) json_object_array_add(splits, json_object_new_string(g->nodes[i].name));
     json_object_object_add(root, "pipe_splits", splits);
-    printf("%s\n", json_object_to_json_string_ext(root, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_NOSLASHESCAPE));
-    json_object_put(root);
+    return root;
 }
 
 static void print_text(const pp_graph *g, const op_count *ops, int n_ops) {
@@ -105,12 +104,17 @@ static void print_text(const pp_graph *g, const op_count *ops, int n_ops) {
         if (is_pipe_split(&g->nodes[i])) printf("  %s (node %d)\n", g->nodes[i].name, i);
 }
 
-/* The largest --dim value: the size given to dynamic dims other than the
- * batch when measuring stashes (e.g. --dim seq=16). */
-static int64_t other_dim_size(const pp_split_args *sa) {
+/* The size given to dynamic dims other than the batch when measuring
+ * stashes (e.g. --dim seq=16): the largest --dim not naming the batch
+ * (the first dim of the first input, as shape probing takes it). */
+static int64_t other_dim_size(const pp_graph *g, const pp_split_args *sa) {
+    const char *batch = g->n_inputs && g->values[g->inputs[0]].ndim > 0 ? g->values[g->inputs[0]].dim_names[0] : NULL;
     int64_t best = 1;
     for (int i = 0; i < sa->n_dims; i++) {
-        long long v = atoll(strchr(sa->dims[i], '=') + 1);
+        const char *eq = strchr(sa->dims[i], '=');
+        if (batch && strlen(batch) == (size_t)(eq - sa->dims[i]) && strncmp(batch, sa->dims[i], strlen(batch)) == 0)
+            continue;
+        long long v = atoll(eq + 1);
         if (v > best) best = v;
     }
     return best;
@@ -124,7 +128,7 @@ static void human_bytes(int64_t b, char *buf, size_t cap) {
 }
 
 /* The stage table: nodes, parameters, stash per sample, edges. */
-static int print_stages(const pp_graph *g, const pp_split_args *sa, int json) {
+static int print_stages(const pp_graph *g, const pp_split_args *sa, json_object *json) {
     pp_pipe *p = NULL;
     pp_split_spec spec = pp_split_args_spec(sa);
     if (pp_pipe_split(g, &spec, &p) != PP_OK || pp_pipe_probe_shapes(p, sa->n_dims, sa->dims) != PP_OK) {
@@ -141,12 +145,12 @@ static int print_stages(const pp_graph *g, const pp_split_args *sa, int json) {
         stash[s] = -1;
         /* Training stages need a loss downstream; without one, no stash. */
         if (p->loss && pp_stage_from_pipe(p, s, 1, &st) == PP_OK) {
-            if (pp_stage_stash_per_sample(st, other_dim_size(sa), &stash[s]) != PP_OK) stash[s] = -1;
+            if (pp_stage_stash_per_sample(st, other_dim_size(g, sa), &stash[s]) != PP_OK) stash[s] = -1;
         }
         pp_stage_free(st);
     }
     if (json) {
-        json_object *root = json_object_new_object(), *arr = json_object_new_array();
+        json_object *root = json, *arr = json_object_new_array();
         for (int s = 0; s < n; s++) {
             json_object *o = json_object_new_object();
             json_object_object_add(o, "stage", json_object_new_int(s));
@@ -169,8 +173,6 @@ static int print_stages(const pp_graph *g, const pp_split_args *sa, int json) {
             json_object_array_add(edges, o);
         }
         json_object_object_add(root, "edges", edges);
-        printf("%s\n", json_object_to_json_string_ext(root, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_NOSLASHESCAPE));
-        json_object_put(root);
     } else {
         char a[32], b[32];
         printf("stages: %d\n  %-6s %6s %12s %16s\n", n, "stage", "nodes", "parameters", "stash/sample");
@@ -212,7 +214,7 @@ static int print_backward(pp_graph *g, const pp_split_args *sa, const char *out_
     if (pp_autodiff_model(g, NULL, 0, &b) != PP_OK) return 1;
     int64_t per = 0;
     int rc = 0;
-    if (pp_backward_stash_per_sample(g, b, other_dim_size(sa), &per, NULL) == PP_OK) {
+    if (pp_backward_stash_per_sample(g, b, other_dim_size(g, sa), &per, NULL) == PP_OK) {
         char a[32];
         human_bytes(per, a, sizeof a);
         printf("training graph: %d forward (F), %d backward-input (I), %d backward-weight (W) nodes; "
@@ -275,9 +277,12 @@ int cmd_inspect(int argc, char **argv) {
         return 1;
     }
     int n_ops = count_ops(g, ops), rc = 0;
-    if (json) print_json(g, ops, n_ops);
-    else print_text(g, ops, n_ops);
-    if (pp_cli_has_markers(g) || pp_split_args_any(&sa)) rc = print_stages(g, &sa, json);
+    json_object *root = json ? model_json(g, ops, n_ops) : NULL; /* one document for everything */
+    if (!json) print_text(g, ops, n_ops);
+    if (pp_cli_has_markers(g) || pp_split_args_any(&sa)) rc = print_stages(g, &sa, root);
+    if (root && !rc)
+        printf("%s\n", json_object_to_json_string_ext(root, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_NOSLASHESCAPE));
+    json_object_put(root);
     if (!rc && backward) rc = print_backward(g, &sa, out_path);
     if (rc) pp_cli_fail("inspect");
     free(ops);

@@ -204,27 +204,30 @@ static int parse(int argc, char **argv, train_args *a) {
 /* One step: the batch, split in microbatches; returns the batch loss. */
 static pp_status train_step(pp_trainer *t, pp_tensor *const *data, int n, const train_args *a,
                             long long step, float *loss) {
-    pp_tensor *batch[64] = {0}, *chunks[64][16] = {{0}};
     int m = a->microbatches;
-    pp_status s = n <= 64 && m <= 16 ? PP_OK : pp_error(PP_ERR_UNSUPPORTED, "too many inputs");
+    /* batch[i]: input i's rows of this step; chunks[i * m + k]: its microbatch k */
+    pp_tensor **batch = calloc((size_t)n + 1, sizeof *batch);
+    pp_tensor **chunks = calloc((size_t)n * (size_t)m + 1, sizeof *chunks);
+    pp_tensor **ins = calloc((size_t)n + 1, sizeof *ins);
+    pp_status s = batch && chunks && ins ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n && s == PP_OK; i++) {
         s = pp_data_batch(data[i], step, a->batch, &batch[i]);
-        if (s == PP_OK) s = pp_microbatch_split(batch[i], m, "batch", chunks[i]);
+        if (s == PP_OK) s = pp_microbatch_split(batch[i], m, "batch", &chunks[(size_t)i * (size_t)m]);
     }
     pp_flat_params_zero_grad(pp_trainer_params(t));
     double sum = 0;
     for (int k = 0; k < m && s == PP_OK; k++) {
-        pp_tensor *ins[64];
-        for (int i = 0; i < n; i++) ins[i] = chunks[i][k];
+        for (int i = 0; i < n; i++) ins[i] = chunks[(size_t)i * (size_t)m + (size_t)k];
         float l;
         s = pp_trainer_backward(t, ins, 1.0f / (float)m, &l);
         sum += l;
     }
     if (s == PP_OK) *loss = m == 1 ? (float)sum : (float)(sum / m);
-    for (int i = 0; i < n; i++) {
-        pp_tensor_free(batch[i]);
-        for (int k = 0; k < m; k++) pp_tensor_free(chunks[i][k]);
-    }
+    for (int i = 0; batch && i < n; i++) pp_tensor_free(batch[i]);
+    for (size_t k = 0; chunks && k < (size_t)n * (size_t)m; k++) pp_tensor_free(chunks[k]);
+    free(batch);
+    free(chunks);
+    free(ins);
     return s;
 }
 

@@ -70,6 +70,9 @@ pp_status pp_stage_backward_input(pp_stage *st, int mb, pp_tensor *const *out_gr
                                   pp_tensor **in_grads);
 pp_status pp_stage_backward_weight(pp_stage *st, int mb);
 pp_status pp_stage_backward(pp_stage *st, int mb, pp_tensor *const *out_grads, pp_tensor **in_grads);
+/* Drops every stashed microbatch (after a failed step, so the stage can run
+ * the next one). Gradients already accumulated stay. */
+void pp_stage_discard_pending(pp_stage *st);
 /* Microbatches whose forward ran and whose backward has not finished. */
 int pp_stage_pending(const pp_stage *st);
 /* Bytes held in stashes right now. */

@@ -60,5 +60,15 @@ expect 2 "--vocab" "train --text without --vocab" -- train "$SRC/examples/gpt/mo
 expect 0 "step 1: loss" "train the example GPT on text through 4 stages" -- train "$SRC/examples/gpt/model.onnx" --text "$SRC/examples/data/tiny.txt" --vocab "$SRC/examples/gpt/vocab.json" --batch-size 4 --microbatches 2 --schedule zb-h1 --steps 2 --optimizer adamw
 expect 1 "schedule" "train with a schedule that needs 2 stages per rank on an odd pipe" -- train "$FX/mlp/model.onnx" --data "x=$FX/mlp/train_x.npy" --data "y=$FX/mlp/train_y.npy" --batch-size 4 --microbatches 2 --schedule zbv --steps 1
 expect 0 "gradients of 6 parameters (3 stages, 2 microbatches)" "grad through the stages" -- grad "$FX/mlp/model.onnx" --input "x=$FX/mlp/x.npy" --input "y=$FX/mlp/y.npy" --microbatches 2 --schedule 1f1b --out "$tmp/g"
+expect 1 "positive integer" "split with a zero --dim (regression: SIGFPE)" -- split "$FX/gpt/model.onnx" --dim batch=0 -o "$tmp/s2"
+expect 1 "not a dynamic input dim" "split with a misspelt --dim" -- split "$FX/gpt/model.onnx" --dim btach=4 -o "$tmp/s2"
+n=$((n + 1))
+"$PIPPIN" inspect --json "$FX/gpt/model.onnx" >"$tmp/inspect.json" 2>"$tmp/err"
+if [ ! -x /usr/bin/python3 ] || /usr/bin/python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert len(d['stages']) == 4" "$tmp/inspect.json" 2>"$tmp/err"; then
+    echo "ok $n - inspect --json on a split model is one JSON document with the stage table"
+else
+    echo "not ok $n - inspect --json: $(cat "$tmp/err")"
+fi
+expect 0 "step 0: loss" "train without a pipeline, 2048 microbatches (regression: fixed arrays overflowed)" -- train "$FX/mlp/model_nosplit.onnx" --data "x=$FX/mlp/train_x.npy" --data "y=$FX/mlp/train_y.npy" --batch-size 2048 --microbatches 2048 --steps 1
 echo "1..$n"
 exit 0

@@ -389,6 +389,12 @@ static void test_stage_files_run(void **state) {
     pp_stage_free(st);
     pp_pipe_free(one);
     assert_int_equal(pp_pipe_load_stage(dir, 7, &one), PP_ERR_NOT_FOUND);
+    /* Regression (review): probing a pipe with a stage not loaded is an error. */
+    pp_pipe *partial;
+    TU_OK(pp_pipe_load_stage(dir, 1, &partial));
+    assert_int_equal(pp_pipe_probe_shapes(partial, 0, NULL), PP_ERR_STATE);
+    assert_non_null(strstr(pp_last_error(), "stage 0 is not loaded"));
+    pp_pipe_free(partial);
     /* Regression (fuzz_pipe_json): a stage file named "." (the directory). */
     char path[300], text[] = "{\"format\": \"pippin-pipe\", \"version\": 1, \"stages\": [{\"file\": \".\"}], "
                              "\"edges\": [], \"outputs\": []}";
@@ -647,6 +653,51 @@ static void test_matches_unsplit_and_schedules_agree(void **state) {
     pp_graph_free(g);
 }
 
+/* Regressions found in review: gradients accumulated over two steps
+ * without zero_grad count a tied parameter's earlier gradient once (not
+ * once per copy); a failed step does not wedge the next one. */
+static void test_accumulation_and_recovery(void **state) {
+    (void)state;
+    pp_pipe *p = split_model("gpt", "model.onnx", NULL);
+    pp_runner *r;
+    TU_OK(pp_runner_new(p, 1, &r));
+    pp_tensor *ins[2] = {tu_fixture_npy("gpt", "idx.npy"), tu_fixture_npy("gpt", "targets.npy")};
+    const char *names[] = {"idx", "targets"};
+    pp_tensor *one[2], *two[2];
+    TU_OK(pp_runner_step(r, 2, NULL, 2, names, ins, NULL));
+    TU_OK(pp_runner_param_grad(r, "tok_emb.weight", &one[0]));
+    TU_OK(pp_runner_param_grad(r, "pos_emb.weight", &one[1]));
+    TU_OK(pp_runner_step(r, 2, NULL, 2, names, ins, NULL)); /* no zero_grad: accumulate */
+    TU_OK(pp_runner_param_grad(r, "tok_emb.weight", &two[0]));
+    TU_OK(pp_runner_param_grad(r, "pos_emb.weight", &two[1]));
+    for (int k = 0; k < 2; k++) {
+        float *a = one[k]->data;
+        for (int64_t i = 0; i < pp_tensor_numel(one[k]); i++) a[i] *= 2;
+        tu_assert_close(two[k], one[k], 1e-6, 1e-7, k ? "untied gradient over 2 steps" : "tied gradient over 2 steps");
+        pp_tensor_free(one[k]);
+        pp_tensor_free(two[k]);
+    }
+    /* a label out of range fails the step; the next good step still runs */
+    pp_tensor *bad;
+    TU_OK(pp_tensor_clone(ins[1], &bad));
+    ((int64_t *)bad->data)[0] = 100000;
+    pp_tensor *bad_ins[2] = {ins[0], bad};
+    assert_int_not_equal(pp_runner_step(r, 2, NULL, 2, names, bad_ins, NULL), PP_OK);
+    assert_non_null(strstr(pp_last_error(), "rank 3 action 0"));
+    pp_runner_zero_grad(r);
+    pp_tensor *outs[2] = {0};
+    TU_OK(pp_runner_step(r, 2, NULL, 2, names, ins, outs));
+    pp_tensor *want = tu_fixture_npy("gpt", "out_loss.npy");
+    tu_assert_close(outs[pp_runner_loss_output(r)], want, 1e-5, 1e-6, "loss after a failed step");
+    pp_tensor_free(want);
+    for (int o = 0; o < 2; o++) pp_tensor_free(outs[o]);
+    pp_tensor_free(bad);
+    pp_tensor_free(ins[0]);
+    pp_tensor_free(ins[1]);
+    pp_runner_free(r);
+    pp_pipe_free(p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_split_markers),
@@ -664,6 +715,7 @@ int main(void) {
         cmocka_unit_test(test_stage_misuse),
         cmocka_unit_test(test_training_trajectories),
         cmocka_unit_test(test_marker_forms),
+        cmocka_unit_test(test_accumulation_and_recovery),
         cmocka_unit_test(test_matches_unsplit_and_schedules_agree),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
