@@ -277,10 +277,10 @@ static pp_status load_pipe(const char *dir, int only, pp_pipe **out) {
                 s = pp_error(PP_ERR_PARSE, "%s: %s: file must be a plain name", path, where);
             if (s != PP_OK) break;
             snprintf(spath, sizeof spath, "%s/%s", dir, file);
-            p->stage_files[i] = strdup(file);
             /* A worker loads only its own stage file. */
             if (only == -1 || only == (int)i) s = pp_onnx_load(spath, &p->stages[i]);
-            if (s == PP_OK) p->n_stages++;
+            if (s == PP_OK && !(p->stage_files[i] = strdup(file))) s = pp_error(PP_ERR_NOMEM, "out of memory");
+            if (s == PP_OK) p->n_stages++; /* frees go up to n_stages */
             if (i > 0 && json_object_object_get_ex(o, "cut", &cutv)) p->cut_names[i - 1] = strdup(json_object_get_string(cutv));
         }
     }

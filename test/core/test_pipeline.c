@@ -405,6 +405,14 @@ static void test_stage_files_run(void **state) {
     fclose(f);
     assert_int_equal(pp_pipe_load(dir, &one), PP_ERR_PARSE);
     assert_non_null(strstr(pp_last_error(), "plain name"));
+    /* Regression (fuzz_pipe_json): a stage file that fails to load leaked its name. */
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"format\": \"pippin-pipe\", \"version\": 1, \"stages\": [{\"file\": \"missing.onnx\"}], "
+          "\"edges\": [], \"outputs\": []}", f);
+    fclose(f);
+    assert_int_equal(pp_pipe_load(dir, &one), PP_ERR_IO);
+    assert_non_null(strstr(pp_last_error(), "missing.onnx"));
     pp_tensor_free(ins[0]);
     pp_tensor_free(ins[1]);
     char cmd[300];
