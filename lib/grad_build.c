@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "autodiff_internal.h"
+#include "pippin/op.h"
 
 pp_status pp_ad_state_init(pp_ad_state *st, const pp_graph *g) {
     memset(st, 0, sizeof *st);
@@ -121,6 +122,9 @@ static int static_shape(const pp_graph *g, int v, int *ndim, const int64_t **sha
 
 pp_status pp_grad_shape_of(pp_grad_ctx *c, int v, int *out) {
     pp_ad_state *st = c->priv;
+    if (v < 0 || v >= c->g->n_values) /* an omitted optional input or output */
+        return pp_node_error(&c->g->nodes[c->node], PP_ERR_UNSUPPORTED,
+                             "gradient through an omitted input or output is not supported");
     int fwd = st && v < st->n_fwd_values;
     if (fwd && st->shape_of[v] >= 0) {
         *out = st->shape_of[v];

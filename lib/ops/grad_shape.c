@@ -185,14 +185,14 @@ pp_status pp_grad_slice_run(pp_kernel_ctx *ctx) {
         if (p > 0) {
             s = clamp64(s, 0, dim);
             e = clamp64(e, 0, dim);
-            c = e > s ? (e - s + p - 1) / p : 0;
+            c = e > s ? (e - s - 1) / p + 1 : 0; /* no overflow for huge steps */
         } else {
             s = clamp64(s, 0, dim - 1);
             e = clamp64(e, -1, dim - 1);
-            c = s > e ? (s - e + (-p) - 1) / (-p) : 0;
+            c = s > e ? (s - e - 1) / (p == INT64_MIN ? INT64_MAX : -p) + 1 : 0;
         }
         start[a] = s;
-        step[a] = p;
+        step[a] = c > 1 ? p : 1; /* one element: the step never moves, and p*stride may overflow */
         cnt[a] = c;
     }
     const pp_tensor *dy = ctx->in[0];

@@ -439,6 +439,83 @@ static void test_error_no_rule(void **state) {
     pp_graph_free(g);
 }
 
+/* loss = ReduceSum(Slice(W * X, steps)) with W a [3,3] parameter. */
+static pp_graph *slice_graph(int64_t step0, int64_t step1) {
+    pp_graph *g;
+    TU_OK(pp_graph_new("slice", &g));
+    int x, w, st, en, ax, sp, mul, sl, red;
+    TU_OK(pp_graph_add_input(g, "X", PP_F32, 2, (int64_t[]){3, 3}, &x));
+    pp_tensor *wt;
+    TU_OK(pp_tensor_new(PP_F32, 2, (int64_t[]){3, 3}, &wt));
+    for (int i = 0; i < 9; i++) ((float *)wt->data)[i] = (float)i;
+    TU_OK(pp_graph_add_initializer(g, "W", PP_VALUE_PARAM, wt, &w));
+    TU_OK(pp_graph_add_initializer(g, "st", PP_VALUE_CONST, tu_i64(1, (int64_t[]){2}, (int64_t[]){0, 0}), &st));
+    TU_OK(pp_graph_add_initializer(g, "en", PP_VALUE_CONST, tu_i64(1, (int64_t[]){2}, (int64_t[]){3, 3}), &en));
+    TU_OK(pp_graph_add_initializer(g, "ax", PP_VALUE_CONST, tu_i64(1, (int64_t[]){2}, (int64_t[]){0, 1}), &ax));
+    TU_OK(pp_graph_add_initializer(g, "sp", PP_VALUE_CONST, tu_i64(1, (int64_t[]){2}, (int64_t[]){step0, step1}), &sp));
+    TU_OK(pp_graph_add_node(g, "Mul", "", "mul", 2, (int[]){w, x}, 1, NULL, &mul));
+    TU_OK(pp_graph_add_node(g, "Slice", "", "slice", 5, (int[]){g->nodes[mul].out[0], st, en, ax, sp}, 1, NULL, &sl));
+    TU_OK(pp_graph_add_node(g, "ReduceSum", "", "sum", 1, (int[]){g->nodes[sl].out[0]}, 1, (const char *[]){"loss"}, &red));
+    TU_OK(pp_node_set_int(g, red, "keepdims", 0));
+    TU_OK(pp_graph_add_output(g, g->nodes[red].out[0]));
+    return g;
+}
+
+/* Regression (review): SliceGrad computed its counts with an overflowing
+ * formula for huge steps and then looped forever. */
+static void test_slice_grad_huge_steps(void **state) {
+    (void)state;
+    int64_t cases[][2] = {{INT64_MAX, INT64_MAX}, {1, INT64_MAX}, {2, 1}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        pp_graph *g = slice_graph(cases[k][0], cases[k][1]);
+        pp_trainer *t;
+        TU_OK(pp_trainer_new(g, NULL, &t));
+        pp_tensor *x;
+        TU_OK(pp_tensor_empty(PP_F32, 2, (int64_t[]){3, 3}, &x));
+        for (int i = 0; i < 9; i++) ((float *)x->data)[i] = (float)(10 + i);
+        float loss;
+        TU_OK(pp_trainer_backward(t, &x, 1.0f, &loss));
+        pp_tensor *gw;
+        TU_OK(pp_flat_params_grad_view(pp_trainer_params(t), 0, &gw));
+        for (int r = 0; r < 3; r++)
+            for (int c = 0; c < 3; c++) {
+                int in_r = cases[k][0] == INT64_MAX ? r == 0 : r % cases[k][0] == 0;
+                int in_c = cases[k][1] == INT64_MAX ? c == 0 : c % cases[k][1] == 0;
+                float want = in_r && in_c ? (float)(10 + r * 3 + c) : 0.0f;
+                assert_true(((float *)gw->data)[r * 3 + c] == want);
+            }
+        pp_tensor_free(gw);
+        pp_tensor_free(x);
+        pp_trainer_free(t);
+        pp_graph_free(g);
+    }
+}
+
+/* Regression (review): gradients through an omitted optional input read
+ * out of bounds; now a clear error naming the node. */
+static void test_omitted_input_gradient(void **state) {
+    (void)state;
+    pp_graph *g;
+    TU_OK(pp_graph_new("g", &g));
+    int x, w, mul, cat, red;
+    TU_OK(pp_graph_add_input(g, "X", PP_F32, 2, (int64_t[]){3, 3}, &x));
+    pp_tensor *wt;
+    TU_OK(pp_tensor_new(PP_F32, 2, (int64_t[]){3, 3}, &wt));
+    TU_OK(pp_graph_add_initializer(g, "W", PP_VALUE_PARAM, wt, &w));
+    TU_OK(pp_graph_add_node(g, "Mul", "", "mul", 2, (int[]){w, x}, 1, NULL, &mul));
+    int p = g->nodes[mul].out[0];
+    TU_OK(pp_graph_add_node(g, "Concat", "", "cat", 3, (int[]){p, -1, p}, 1, NULL, &cat));
+    TU_OK(pp_node_set_int(g, cat, "axis", 1));
+    TU_OK(pp_graph_add_node(g, "ReduceSum", "", "sum", 1, (int[]){g->nodes[cat].out[0]}, 1, (const char *[]){"loss"}, &red));
+    TU_OK(pp_node_set_int(g, red, "keepdims", 0));
+    TU_OK(pp_graph_add_output(g, g->nodes[red].out[0]));
+    pp_trainer *t = NULL;
+    assert_int_equal(pp_trainer_new(g, NULL, &t), PP_ERR_UNSUPPORTED);
+    assert_non_null(strstr(pp_last_error(), "'cat'"));
+    assert_non_null(strstr(pp_last_error(), "omitted"));
+    pp_graph_free(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mlp_matches_torch),
@@ -453,6 +530,8 @@ int main(void) {
         cmocka_unit_test(test_error_int_input),
         cmocka_unit_test(test_error_non_scalar_loss),
         cmocka_unit_test(test_error_no_rule),
+        cmocka_unit_test(test_slice_grad_huge_steps),
+        cmocka_unit_test(test_omitted_input_gradient),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
