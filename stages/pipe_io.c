@@ -45,15 +45,18 @@ static json_object *pipe_json(const pp_pipe *p) {
         json_object *o = json_object_new_object();
         char file[64];
         snprintf(file, sizeof file, "stage_%d.onnx", s);
-        int64_t count, bytes;
-        pp_graph_param_stats(g, &count, &bytes);
         json_object_object_add(o, "file", json_object_new_string(file));
-        json_object_object_add(o, "nodes", json_object_new_int(g->n_nodes));
-        json_object_object_add(o, "parameters", json_object_new_int64(count));
-        json_object_object_add(o, "parameter_bytes", json_object_new_int64(bytes));
-        json_object_object_add(o, "inputs", names_json(g, g->inputs, g->n_inputs));
-        json_object_object_add(o, "outputs", names_json(g, g->outputs, g->n_outputs));
-        if (s > 0) json_object_object_add(o, "cut", json_object_new_string(p->cut_names[s - 1]));
+        if (g) { /* a stage not loaded (or moved into a stage object) has only its file */
+            int64_t count, bytes;
+            pp_graph_param_stats(g, &count, &bytes);
+            json_object_object_add(o, "nodes", json_object_new_int(g->n_nodes));
+            json_object_object_add(o, "parameters", json_object_new_int64(count));
+            json_object_object_add(o, "parameter_bytes", json_object_new_int64(bytes));
+            json_object_object_add(o, "inputs", names_json(g, g->inputs, g->n_inputs));
+            json_object_object_add(o, "outputs", names_json(g, g->outputs, g->n_outputs));
+        }
+        if (s > 0 && p->cut_names[s - 1])
+            json_object_object_add(o, "cut", json_object_new_string(p->cut_names[s - 1]));
         json_object_array_add(stages, o);
     }
     json_object_object_add(root, "stages", stages);
@@ -89,6 +92,15 @@ static json_object *pipe_json(const pp_pipe *p) {
     json_object_object_add(root, "outputs", outs);
     json_object_object_add(root, "loss", p->loss ? json_object_new_string(p->loss) : NULL);
     return root;
+}
+
+char *pp_pipe_to_json(const pp_pipe *p) {
+    json_object *root = pipe_json(p);
+    const char *text = json_object_to_json_string_ext(root, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_NOSLASHESCAPE);
+    char *copy = text ? strdup(text) : NULL;
+    json_object_put(root);
+    if (!copy) pp_error(PP_ERR_NOMEM, "out of memory");
+    return copy;
 }
 
 pp_status pp_pipe_save(const pp_pipe *p, const char *dir) {

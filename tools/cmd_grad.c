@@ -39,7 +39,7 @@ static int grad_pipelined(const pp_graph *g, const pp_named_tensors *in, const p
     outs = calloc((size_t)pp_runner_n_outputs(r) + 1, sizeof *outs);
     if (!outs || pp_cli_runner_step(r, m, sched, in, outs) != PP_OK) goto done;
     if (pp_cli_mkdirs(out_dir) != PP_OK || pp_cli_save_named(out_dir, "", "loss", outs[lo]) != PP_OK) goto done;
-    if (pp_cli_save_runner_params(r, out_dir, "grad_", 1, &count) != PP_OK) goto done;
+    if (pp_cli_save_runner_params(p, r, out_dir, "grad_", 1, &count) != PP_OK) goto done;
     printf("loss %.9g; gradients of %d parameters (%d stages, %d microbatches) written to %s\n",
            pp_tensor_get_f64(outs[lo], 0), count, p->n_stages, m, out_dir);
     for (int s = 0; s < pp_runner_n_stages(r); s++)

@@ -136,6 +136,7 @@ static int print_stages(const pp_graph *g, const pp_split_args *sa, json_object 
         return 1;
     }
     int n = p->n_stages, rc = 0;
+    char *pipe_text = json ? pp_pipe_to_json(p) : NULL; /* before the stages take the graphs */
     int64_t *nodes = calloc((size_t)n, sizeof *nodes), *pbytes = calloc((size_t)n, sizeof *pbytes);
     int64_t *stash = calloc((size_t)n, sizeof *stash);
     for (int s = 0; s < n; s++) {
@@ -160,19 +161,17 @@ static int print_stages(const pp_graph *g, const pp_split_args *sa, json_object 
             json_object_array_add(arr, o);
         }
         json_object_object_add(root, "stages", arr);
-        json_object *edges = json_object_new_array();
-        for (int e = 0; e < p->n_edges; e++) {
-            const pp_pipe_edge *ed = &p->edges[e];
-            json_object *o = json_object_new_object();
-            json_object_object_add(o, "value", json_object_new_string(ed->value));
-            json_object_object_add(o, "producer", ed->producer >= 0 ? json_object_new_int(ed->producer) : NULL);
-            json_object *c = json_object_new_array();
-            for (int k = 0; k < ed->n_consumers; k++) json_object_array_add(c, json_object_new_int(ed->consumers[k]));
-            json_object_object_add(o, "consumers", c);
-            json_object_object_add(o, "bytes_per_sample", json_object_new_int64(ed->bytes_per_sample));
-            json_object_array_add(edges, o);
+        /* Edges and shared parameters exactly as pipe.json writes them. */
+        json_object *pj = pipe_text ? json_tokener_parse(pipe_text) : NULL, *v;
+        if (!pj) {
+            pp_error(PP_ERR_NOMEM, "out of memory");
+            rc = 1;
         }
-        json_object_object_add(root, "edges", edges);
+        const char *keys[] = {"edges", "shared_parameters"};
+        for (int k = 0; pj && k < 2; k++)
+            if (json_object_object_get_ex(pj, keys[k], &v))
+                json_object_object_add(root, keys[k], json_object_get(v));
+        json_object_put(pj);
     } else {
         char a[32], b[32];
         printf("stages: %d\n  %-6s %6s %12s %16s\n", n, "stage", "nodes", "parameters", "stash/sample");
@@ -200,6 +199,7 @@ static int print_stages(const pp_graph *g, const pp_split_args *sa, json_object 
             printf(" (replicated; gradients summed)\n");
         }
     }
+    free(pipe_text);
     free(nodes);
     free(pbytes);
     free(stash);

@@ -349,7 +349,7 @@ static int train_pipelined(const pp_graph *g, pp_tensor *const *data, const trai
     }
     if (!a->json && a->steps > 0) printf("%lld steps in %.2f s\n", a->steps, total / 1000.0);
     if (trace && train_save_trace(a, trace) != PP_OK) goto done;
-    if (a->save && pp_cli_save_runner_params(r, a->save, "", 0, NULL) != PP_OK) goto done;
+    if (a->save && pp_cli_save_runner_params(p, r, a->save, "", 0, NULL) != PP_OK) goto done;
     rc = 0;
 done:
     for (int i = 0; batch && i < n; i++) pp_tensor_free(batch[i]);

@@ -56,18 +56,22 @@ pp_status pp_cli_runner_step(pp_runner *r, int m, const pp_schedule *sched, cons
     return pp_runner_step(r, m, sched, in->n, (const char *const *)in->names, in->tensors, outputs);
 }
 
-pp_status pp_cli_save_runner_params(pp_runner *r, const char *dir, const char *prefix, int grads, int *count) {
+/* A replicated parameter is written once, from the first stage listed for
+ * it in the pipe (every copy is equal). */
+static int writes_param(const pp_pipe *p, int stage, const char *name) {
+    for (int i = 0; i < p->n_shared; i++)
+        if (strcmp(p->shared[i].name, name) == 0) return p->shared[i].stages[0] == stage;
+    return 1;
+}
+
+pp_status pp_cli_save_stage_params(const pp_pipe *p, int n, pp_stage *const *stages, const char *dir,
+                                   const char *prefix, int grads, int *count) {
     PP_TRY(pp_cli_mkdirs(dir));
     int saved = 0;
-    for (int s = 0; s < pp_runner_n_stages(r); s++) {
-        pp_flat_params *fp = pp_stage_params(pp_runner_stage(r, s));
+    for (int s = 0; s < n; s++) {
+        pp_flat_params *fp = pp_stage_params(stages[s]);
         for (int i = 0; fp && i < fp->n; i++) {
-            int first = 1; /* replicas are equal: the first stage's copy is written */
-            for (int e = 0; e < s && first; e++) {
-                pp_flat_params *q = pp_stage_params(pp_runner_stage(r, e));
-                first = !q || pp_flat_params_find(q, fp->names[i]) < 0;
-            }
-            if (!first) continue;
+            if (!writes_param(p, pp_stage_index(stages[s]), fp->names[i])) continue;
             pp_tensor *t;
             PP_TRY(grads ? pp_flat_params_grad_view(fp, i, &t) : pp_flat_params_data_view(fp, i, &t));
             pp_status st = pp_cli_save_named(dir, prefix, fp->names[i], t);
@@ -78,4 +82,15 @@ pp_status pp_cli_save_runner_params(pp_runner *r, const char *dir, const char *p
     }
     if (count) *count = saved;
     return PP_OK;
+}
+
+pp_status pp_cli_save_runner_params(const pp_pipe *p, pp_runner *r, const char *dir, const char *prefix, int grads,
+                                    int *count) {
+    int n = pp_runner_n_stages(r);
+    pp_stage **stages = calloc((size_t)n + 1, sizeof *stages);
+    if (!stages) return pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int s = 0; s < n; s++) stages[s] = pp_runner_stage(r, s);
+    pp_status st = pp_cli_save_stage_params(p, n, stages, dir, prefix, grads, count);
+    free(stages);
+    return st;
 }

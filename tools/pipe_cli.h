@@ -24,9 +24,14 @@ pp_status pp_cli_schedule(const char *kind, int n_stages, int m, pp_schedule **o
 pp_status pp_cli_runner_step(pp_runner *r, int m, const pp_schedule *sched, const pp_named_tensors *in,
                              pp_tensor **outputs);
 
-/* Writes DIR/<prefix><name>.npy for every trainable parameter of the
- * pipe's stages (values, or gradients when grads), once per name: replicas
- * of a shared parameter are equal. *count (may be NULL) gets how many. */
-pp_status pp_cli_save_runner_params(pp_runner *r, const char *dir, const char *prefix, int grads, int *count);
+/* Writes DIR/<prefix><name>.npy for every trainable parameter of the given
+ * stages of pipe p (values, or gradients when grads); a replicated
+ * parameter only from the first stage holding it (the copies are equal).
+ * *count (may be NULL) gets how many. */
+pp_status pp_cli_save_stage_params(const pp_pipe *p, int n, pp_stage *const *stages, const char *dir,
+                                   const char *prefix, int grads, int *count);
+/* The same for every stage of a runner. */
+pp_status pp_cli_save_runner_params(const pp_pipe *p, pp_runner *r, const char *dir, const char *prefix, int grads,
+                                    int *count);
 
 #endif

@@ -12,28 +12,6 @@
 #include "pippin/trainer.h"
 #include "train_args.h"
 
-/* Writes the parameters of this rank's stages; a replicated one only from
- * the first stage holding it (the copies are equal). */
-static pp_status save_rank_params(rank_job *j) {
-    for (int i = 0; i < pp_executor_n_stages(j->ex); i++) {
-        pp_stage *st = pp_executor_stage(j->ex, i);
-        pp_flat_params *fp = pp_stage_params(st);
-        for (int k = 0; fp && k < fp->n; k++) {
-            int first = 1;
-            for (int sh = 0; sh < j->p->n_shared; sh++)
-                if (strcmp(j->p->shared[sh].name, fp->names[k]) == 0)
-                    first = j->p->shared[sh].stages[0] == pp_stage_index(st);
-            if (!first) continue;
-            pp_tensor *t;
-            PP_TRY(pp_flat_params_data_view(fp, k, &t));
-            pp_status s = pp_cli_save_named(j->a->save, "", fp->names[k], t);
-            pp_tensor_free(t);
-            PP_TRY(s);
-        }
-    }
-    return PP_OK;
-}
-
 /* Inference: the outputs this rank computes, as DIR/<name>.npy (step 0)
  * or DIR/<name>_<step>.npy. */
 static pp_status save_rank_outputs(rank_job *j, long long step, pp_tensor **outs) {
@@ -83,7 +61,7 @@ void *train_rank_main(void *arg) {
             outs[o] = NULL;
         }
     }
-    if (s == PP_OK && a->training && a->save) s = save_rank_params(j);
+    if (s == PP_OK && a->training && a->save) s = pp_cli_save_stage_params(j->p, ns, stages, a->save, "", 0, NULL);
     if (s != PP_OK) {
         snprintf(j->error, sizeof j->error, "%s", pp_last_error());
         pp_transport_abort(j->t, j->error); /* peers fail at once instead of timing out */

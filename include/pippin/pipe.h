@@ -77,6 +77,9 @@ int pp_pipe_find_edge(const pp_pipe *p, const char *value);
  * symbolic input dims (may be NULL); others default to small values. */
 pp_status pp_pipe_probe_shapes(pp_pipe *p, int n_dims_given, const char *const *dims_given);
 
+/* The pipe.json text describing p (malloc'd; caller frees; NULL when out of
+ * memory). */
+char *pp_pipe_to_json(const pp_pipe *p);
 /* Writes DIR/stage_K.onnx for every stage and DIR/pipe.json. */
 pp_status pp_pipe_save(const pp_pipe *p, const char *dir);
 /* Reads DIR/pipe.json and the stage files. */

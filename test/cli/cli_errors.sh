@@ -1,33 +1,7 @@
 #!/bin/sh
 # The pippin command: bad input gives a clear message naming what and where
 # and a non-zero exit (2 for usage, 1 for failures); good input works. TAP.
-PIPPIN=$1
-SRC=${PIPPIN_SOURCE_ROOT:-.}
-FX=$SRC/test/fixtures
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-n=0
-fails=0
-
-# expect CODE NEEDLE DESCRIPTION -- ARGS...
-expect() {
-    code=$1
-    needle=$2
-    desc=$3
-    shift 4
-    n=$((n + 1))
-    "$PIPPIN" "$@" >"$tmp/out" 2>"$tmp/err"
-    rc=$?
-    if [ "$rc" -ne "$code" ]; then
-        echo "not ok $n - $desc: exit $rc, wanted $code: $(head -c 300 "$tmp/err")"
-        fails=$((fails + 1))
-    elif [ -n "$needle" ] && ! grep -qF -- "$needle" "$tmp/err" "$tmp/out"; then
-        echo "not ok $n - $desc: output lacks '$needle': $(head -c 300 "$tmp/err")"
-        fails=$((fails + 1))
-    else
-        echo "ok $n - $desc"
-    fi
-}
+. "$(dirname "$0")/tap.sh"
 
 head -c 300 /bin/sh >"$tmp/garbage.onnx"
 printf 'not numpy' >"$tmp/bad.npy"

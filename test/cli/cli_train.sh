@@ -1,33 +1,7 @@
 #!/bin/sh
 # pippin grad and pippin train: outputs, torch's loss trajectories
 # (train_ref.json), exit codes and messages. TAP.
-PIPPIN=$1
-SRC=${PIPPIN_SOURCE_ROOT:-.}
-FX=$SRC/test/fixtures
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-n=0
-fails=0
-
-ok() {
-    n=$((n + 1))
-    if [ "$1" = 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; fails=$((fails + 1)); fi
-}
-
-# expect CODE NEEDLE DESCRIPTION -- ARGS...
-expect() {
-    code=$1 needle=$2 desc=$3
-    shift 4
-    "$PIPPIN" "$@" >"$tmp/out" 2>"$tmp/err"
-    rc=$?
-    if [ "$rc" -ne "$code" ]; then
-        ok 1 "$desc: exit $rc, wanted $code: $(head -c 300 "$tmp/err")"
-    elif [ -n "$needle" ] && ! grep -qF -- "$needle" "$tmp/err" "$tmp/out"; then
-        ok 1 "$desc: output lacks '$needle': $(head -c 300 "$tmp/err")"
-    else
-        ok 0 "$desc"
-    fi
-}
+. "$(dirname "$0")/tap.sh"
 
 # The losses of optimizer $2 in $1/train_ref.json, one per line.
 ref_losses() {

@@ -1,16 +1,12 @@
 #!/bin/sh
 # stage_K.onnx files written by `pippin split` pass onnx.checker (Debian's
 # python3-onnx); skipped with a message where it is missing. TAP output.
-PIPPIN=$1
-SRC=${PIPPIN_SOURCE_ROOT:-.}
+. "$(dirname "$0")/tap.sh"
 PY=/usr/bin/python3
 if ! $PY -c "import onnx" 2>/dev/null; then
     echo "1..0 # SKIP python3-onnx is not installed"
     exit 0
 fi
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-n=0
 echo "1..6"
 for case in "mlp model.onnx" "skip model.onnx" "gpt model.onnx --dim seq=16" \
             "gpt model_nosplit.onnx --split-before /blocks.2/ --transmit-shared"; do

@@ -2,12 +2,7 @@
 # pippin train --transport: every rank a thread with its own ZeroMQ
 # transport gives exactly the local runner's losses (bit for bit, compared
 # as printed with 9 digits). TAP output.
-PIPPIN=$1
-SRC=${PIPPIN_SOURCE_ROOT:-.}
-FX=$SRC/test/fixtures
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-n=0
+. "$(dirname "$0")/tap.sh"
 compare() { # DESCRIPTION -- ARGS...
     desc=$1
     shift 2

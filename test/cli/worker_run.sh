@@ -2,12 +2,7 @@
 # pippin worker / pippin run from a YAML config: one process per rank over
 # ipc and tcp gives the losses `pippin train` prints; a missing peer is
 # reported, not waited on forever; bad configs name file and line. TAP.
-PIPPIN=$1
-SRC=${PIPPIN_SOURCE_ROOT:-.}
-FX=$SRC/test/fixtures
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-n=0
+. "$(dirname "$0")/tap.sh"
 losses() { grep -o "^step [0-9]*: loss [0-9.]*" "$1"; }
 
 "$PIPPIN" train "$FX/mlp/model.onnx" --data "x=$FX/mlp/train_x.npy" --data "y=$FX/mlp/train_y.npy" \
