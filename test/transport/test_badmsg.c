@@ -6,6 +6,7 @@
 #include <zmq.h>
 
 #include "pippin.pb-c.h"
+#include "tt_craft.h"
 #include "tt_util.h"
 
 typedef struct fixture {
@@ -48,41 +49,9 @@ static int teardown(void **state) {
     return 0;
 }
 
-/* A valid envelope from rank 0 to rank 1 with one f32 [2,3] tensor. */
-typedef struct crafted {
-    Pippin__Envelope env;
-    Pippin__TensorMeta meta[2];
-    Pippin__TensorMeta *ptrs[2];
-    int64_t shape[2][12];
-} crafted;
+typedef tt_crafted crafted;
 
-static void craft(crafted *c) {
-    memset(c, 0, sizeof *c);
-    pippin__envelope__init(&c->env);
-    c->env.version = 1;
-    c->env.kind = PIPPIN__KIND__KIND_ACTIVATION;
-    c->env.run_id = 77;
-    c->env.step = 0;
-    c->env.microbatch = 1000;
-    c->env.src_stage = 0;
-    c->env.dst_stage = 1;
-    c->env.src_rank = 0;
-    c->env.seq = 1;
-    for (int i = 0; i < 2; i++) {
-        pippin__tensor_meta__init(&c->meta[i]);
-        c->ptrs[i] = &c->meta[i];
-        c->meta[i].shape = c->shape[i];
-        c->meta[i].name = i ? "y" : "x";
-        c->meta[i].dtype = PP_F32;
-        c->meta[i].n_shape = 2;
-        c->shape[i][0] = 2;
-        c->shape[i][1] = 3;
-        c->meta[i].nbytes = 24;
-        c->meta[i].nframes = 1;
-    }
-    c->env.n_tensors = 1;
-    c->env.tensors = c->ptrs;
-}
+static void craft(crafted *c) { tt_craft(c, 77, 0, 1000); }
 
 /* Sends frames (NULL data: zeros) as one multipart message from the raw socket. */
 static void raw_send(fixture *f, int n, const void *const *data, const size_t *sizes) {

@@ -3,43 +3,12 @@
 #include <string.h>
 
 #include "pippin.pb-c.h"
+#include "tt_craft.h"
 #include "tt_util.h"
 
-/* A valid protobuf envelope with one f32 [2,3] tensor in one frame. */
-typedef struct crafted {
-    Pippin__Envelope env;
-    Pippin__TensorMeta meta[4];
-    Pippin__TensorMeta *ptrs[4];
-    int64_t shape[4][12];
-} crafted;
+typedef tt_crafted crafted;
 
-static void craft(crafted *c) {
-    memset(c, 0, sizeof *c);
-    pippin__envelope__init(&c->env);
-    c->env.version = 1;
-    c->env.kind = PIPPIN__KIND__KIND_ACTIVATION;
-    c->env.run_id = 7;
-    c->env.step = 3;
-    c->env.microbatch = 2;
-    c->env.src_stage = 0;
-    c->env.dst_stage = 1;
-    c->env.src_rank = 0;
-    c->env.seq = 1;
-    for (int i = 0; i < 4; i++) {
-        pippin__tensor_meta__init(&c->meta[i]);
-        c->ptrs[i] = &c->meta[i];
-        c->meta[i].shape = c->shape[i];
-    }
-    c->meta[0].name = "x";
-    c->meta[0].dtype = PP_F32;
-    c->meta[0].n_shape = 2;
-    c->shape[0][0] = 2;
-    c->shape[0][1] = 3;
-    c->meta[0].nbytes = 24;
-    c->meta[0].nframes = 1;
-    c->env.n_tensors = 1;
-    c->env.tensors = c->ptrs;
-}
+static void craft(crafted *c) { tt_craft(c, 7, 3, 2); }
 
 static pp_status decode_crafted(crafted *c, const pp_envelope_limits *lim, pp_envelope *out) {
     size_t n = pippin__envelope__get_packed_size(&c->env);
