@@ -191,20 +191,25 @@ static void test_pipe_files_round_trip(void **state) {
 
 /* ---- running ---- */
 
-/* Runs the unsplit graph (markers as identities). */
+/* Runs the unsplit graph (markers as identities); every output must match
+ * PyTorch's (out_<name>.npy from the fixture generator). */
 static void run_unsplit(const char *fx, pp_tensor **outs) {
     pp_graph *g = tu_fixture_onnx(fx, "model.onnx");
-    const fixture *f = NULL;
-    for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++)
-        if (strcmp(fixtures[i].name, fx) == 0) f = &fixtures[i];
     pp_tensor *ins[2];
     for (int i = 0; i < g->n_inputs; i++) {
         char file[128];
         snprintf(file, sizeof file, "%s.npy", g->values[g->inputs[i]].name);
         ins[i] = tu_fixture_npy(fx, file);
     }
-    (void)f;
     TU_OK(pp_graph_run(g, ins, outs));
+    for (int o = 0; o < g->n_outputs; o++) {
+        char file[128], what[160];
+        snprintf(file, sizeof file, "out_%s.npy", g->values[g->outputs[o]].name);
+        pp_tensor *torch = tu_fixture_npy(fx, file);
+        snprintf(what, sizeof what, "%s %s vs PyTorch", fx, file);
+        tu_assert_close(outs[o], torch, 1e-4, 1e-5, what);
+        pp_tensor_free(torch);
+    }
     for (int i = 0; i < g->n_inputs; i++) pp_tensor_free(ins[i]);
     pp_graph_free(g);
 }
