@@ -10,10 +10,10 @@
  * ratios, so load from other processes mostly cancels out.
  *
  *   pippin-bench-transport [--json] [--reps N] [--quick] [--endpoint E] [--size BYTES]
- *                          [--frame-bytes N] [--recv-cache BYTES] [--hwm N] [--sockbuf BYTES]
+ *                          [--frame-bytes N] [--recv-cache BYTES] [--hwm N] [--sockbuf BYTES] [--spin-us US]
  *
  * --json prints one object per line:
- *   {"endpoint": "tcp", "bytes": N, "pippin_gbps": x, "raw_gbps": y, "ratio": r}
+ *   {"endpoint": "tcp", "bytes": N, "pippin_gbps": x, "raw_gbps": y, "ratio": r, "shm_share": s}
  * (GB/s = 1e9 bytes per second; latency lines carry "test": "latency" and
  * microseconds instead). */
 #include <inttypes.h>
@@ -40,6 +40,7 @@ static size_t only_size;          /* --size: just this many bytes */
 static size_t frame_bytes;        /* --frame-bytes: pippin's frame size (0: its default) */
 static long long recv_cache = 0;  /* --recv-cache: pippin's reassembly cache (0: default, <0 off) */
 static int hwm;                   /* --hwm: pippin's sndhwm and rcvhwm (0: default) */
+static int spin_us;               /* --spin-us: pippin's receive busy-poll (0: default, <0 off) */
 static int sockbuf;               /* --sockbuf: SNDBUF/RCVBUF for both pippin and raw (0: OS) */
 static char ipc_dir[200];
 
@@ -121,6 +122,7 @@ static void pip_open(pip_pair *p, const char *kind, int curve) {
         o.recv_cache_bytes = recv_cache;
         o.sndhwm = o.rcvhwm = hwm;
         o.sndbuf = o.rcvbuf = sockbuf;
+        o.spin_us = spin_us;
         if (curve) {
             o.curve_secret_key = p->keys[r][1];
             o.curve_rank_keys = pubs;
@@ -370,18 +372,20 @@ static double raw_latency_us(const char *kind, int n) {
 
 static int misses;
 
+/* shm: the share of pippin's payload bytes that went through a
+ * shared-memory ring (same-host peers) instead of the socket. */
 static void report(const char *endpoint, size_t bytes, double pip, double raw, double ratio,
-                   double target) {
+                   double target, double shm) {
     int miss = target > 0 && ratio < target;
     misses += miss;
     if (json) {
         printf("{\"endpoint\": \"%s\", \"bytes\": %zu, \"pippin_gbps\": %.3f, \"raw_gbps\": %.3f, "
-               "\"ratio\": %.3f}\n", endpoint, bytes, pip, raw, ratio);
+               "\"ratio\": %.3f, \"shm_share\": %.2f}\n", endpoint, bytes, pip, raw, ratio, shm);
     } else {
         char size[32];
         if (bytes >= (1u << 20)) snprintf(size, sizeof size, "%zu MiB", bytes >> 20);
         else snprintf(size, sizeof size, "%zu KiB", bytes >> 10);
-        printf("%-10s %8s %10.3f %10.3f %8.2fx", endpoint, size, pip, raw, ratio);
+        printf("%-10s %8s %10.3f %10.3f %8.2fx %6.0f%%", endpoint, size, pip, raw, ratio, shm * 100);
         if (target > 0) printf("   >= %.2fx %s", target, miss ? "MISSED" : "ok");
         printf("\n");
     }
@@ -404,6 +408,8 @@ static void throughput_suite(const char *endpoint, const char *kind, int curve, 
         /* Pairs run back to back (alternating which goes first) see the same
          * machine; the median pair ratio shrugs off the rest of the noise. */
         double pip[MAX_REPS], raw[MAX_REPS], ratio[MAX_REPS];
+        pp_transport_stats before, after;
+        pp_transport_stats_get(pp.t[0], &before);
         for (int r = 0; r < reps; r++) {
             if (r % 2) {
                 raw[r] = raw_throughput(&rp, bytes, n);
@@ -416,7 +422,10 @@ static void throughput_suite(const char *endpoint, const char *kind, int curve, 
         }
         double best_pip = median(pip, reps), best_raw = median(raw, reps);
         double target = curve ? 0 : (bytes <= (1u << 20) ? 0.95 : (bytes >= (16u << 20) ? 1.5 : 0));
-        report(endpoint, bytes, best_pip, best_raw, median(ratio, reps), target);
+        pp_transport_stats_get(pp.t[0], &after);
+        double sent = (double)(after.bytes_sent - before.bytes_sent);
+        double shm = sent > 0 ? (double)(after.shm_bytes_sent - before.shm_bytes_sent) / sent : 0;
+        report(endpoint, bytes, best_pip, best_raw, median(ratio, reps), target, shm);
     }
     pip_close(&pp);
     raw_close(&rp);
@@ -433,16 +442,17 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--recv-cache") && i + 1 < argc) recv_cache = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--hwm") && i + 1 < argc) hwm = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--sockbuf") && i + 1 < argc) sockbuf = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--spin-us") && i + 1 < argc) spin_us = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: pippin-bench-transport [--json] [--reps N] [--quick] "
                             "[--endpoint tcp|ipc|tcp+curve|latency] [--size BYTES] [--frame-bytes N] "
-                            "[--recv-cache BYTES] [--hwm N] [--sockbuf BYTES]\n");
+                            "[--recv-cache BYTES] [--hwm N] [--sockbuf BYTES] [--spin-us US]\n");
             return 2;
         }
     }
     if (reps < 1) reps = 1;
     if (reps > MAX_REPS) reps = MAX_REPS;
-    pp_log_set_level(PP_LOG_ERROR);
+    if (!getenv("PIPPIN_LOG")) pp_log_set_level(PP_LOG_ERROR); /* PIPPIN_LOG=warn shows drops */
     snprintf(ipc_dir, sizeof ipc_dir, "/tmp/pippin-bench-XXXXXX");
     if (!mkdtemp(ipc_dir)) die("mkdtemp");
     double t_start = now_s();
@@ -450,8 +460,9 @@ int main(int argc, char **argv) {
     static const size_t sizes[] = {4u << 10, 1u << 20, 16u << 20, 64u << 20, 256u << 20};
     if (!json)
         printf("throughput, GB/s (median of %d; ratio: median of back-to-back pairs): pippin "
-               "tensors vs raw libzmq PUSH/PULL, one zero-copy frame\n%-10s %8s %10s %10s %9s\n",
-               reps, "endpoint", "size", "pippin", "raw", "ratio");
+               "tensors vs raw libzmq PUSH/PULL, one zero-copy frame; shm: pippin's bytes that took "
+               "its same-host shared-memory path\n%-10s %8s %10s %10s %9s %7s\n",
+               reps, "endpoint", "size", "pippin", "raw", "ratio", "shm");
     throughput_suite("tcp", "tcp", 0, sizes, 5);
     throughput_suite("ipc", "ipc", 0, sizes, 5);
     static const size_t curve_sizes[] = {1u << 20, 16u << 20};

@@ -60,6 +60,9 @@ static pp_status pack_begin(const pp_envelope *env, pack_state *ps) {
     pb->seq = env->seq;
     pb->src_rank = env->src_rank;
     pb->text = (char *)(env->text ? env->text : "");
+    pb->inline_data.len = env->inline_data ? env->inline_bytes : 0;
+    pb->inline_data.data = (uint8_t *)env->inline_data;
+    pb->shm_name = (char *)(env->shm_name ? env->shm_name : "");
     pb->n_tensors = (size_t)env->ntensors;
     pb->tensors = env->ntensors ? ps->ptrs : NULL;
     for (int i = 0; i < env->ntensors; i++) {
@@ -72,6 +75,8 @@ static pp_status pack_begin(const pp_envelope *env, pack_state *ps) {
         m->shape = (int64_t *)wt->shape;
         m->nbytes = wt->nbytes;
         m->nframes = wt->nframes;
+        m->placement = (Pippin__Placement)wt->placement;
+        m->shm_pos = wt->shm_pos;
         ps->ptrs[i] = m;
     }
     return PP_OK;
@@ -175,12 +180,24 @@ static pp_status check_tensor(const Pippin__TensorMeta *m, size_t i, pp_wire_ten
     if (bytes > SIZE_MAX)
         return pp_error(PP_ERR_PARSE, "tensor '%s': %" PRIu64 " bytes do not fit in memory", m->name,
                         bytes);
-    if ((bytes == 0) != (m->nframes == 0))
+    int place = (int)m->placement;
+    if (place != PP_PLACE_FRAMES && place != PP_PLACE_INLINE && place != PP_PLACE_SHM)
+        return pp_error(PP_ERR_PARSE, "tensor '%s': unknown placement %d", m->name, place);
+    if (place == PP_PLACE_FRAMES && (bytes == 0) != (m->nframes == 0))
         return pp_error(PP_ERR_PARSE, "tensor '%s': %" PRIu64 " bytes in %" PRIu32 " frames",
                         m->name, bytes, m->nframes);
+    if (place != PP_PLACE_FRAMES && (m->nframes != 0 || bytes == 0))
+        return pp_error(PP_ERR_PARSE, "tensor '%s': %s tensor of %" PRIu64 " bytes claims %" PRIu32
+                        " frames", m->name, place == PP_PLACE_INLINE ? "an inline" : "a shared-memory",
+                        bytes, m->nframes);
     if (m->nframes > bytes)
         return pp_error(PP_ERR_PARSE, "tensor '%s': %" PRIu32 " frames for %" PRIu64 " bytes",
                         m->name, m->nframes, bytes);
+    if (place != PP_PLACE_SHM && m->shm_pos != 0)
+        return pp_error(PP_ERR_PARSE, "tensor '%s': ring position without shared-memory placement",
+                        m->name);
+    if (place == PP_PLACE_SHM && m->shm_pos > UINT64_MAX - bytes)
+        return pp_error(PP_ERR_PARSE, "tensor '%s': ring position overflows", m->name);
     wt->name = m->name;
     wt->dtype = (pp_dtype)m->dtype;
     wt->ndim = (int)m->n_shape;
@@ -188,7 +205,25 @@ static pp_status check_tensor(const Pippin__TensorMeta *m, size_t i, pp_wire_ten
     for (size_t d = 0; d < m->n_shape; d++) wt->shape[d] = m->shape[d];
     wt->nbytes = bytes;
     wt->nframes = m->nframes;
+    wt->placement = (pp_wire_placement)place;
+    wt->shm_pos = m->shm_pos;
     return PP_OK;
+}
+
+/* "/pippin-" then letters, digits, '.', '_' or '-': a name shm_open takes
+ * as it is, that cannot leave /dev/shm, and is safe to log. */
+static int shm_name_ok(const char *s) {
+    static const char prefix[] = "/pippin-";
+    if (strncmp(s, prefix, sizeof prefix - 1) != 0) return 0;
+    size_t n = sizeof prefix - 1;
+    for (; s[n]; n++) {
+        unsigned char c = (unsigned char)s[n];
+        if (n >= PP_ENVELOPE_MAX_SHM_NAME) return 0;
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-'))
+            return 0;
+    }
+    return n > sizeof prefix - 1;
 }
 
 static pp_status check_envelope(const Pippin__Envelope *pb, const pp_envelope_limits *lim,
@@ -233,7 +268,7 @@ static pp_status check_envelope(const Pippin__Envelope *pb, const pp_envelope_li
         if (!dec->tensors) return pp_error(PP_ERR_NOMEM, "out of memory decoding an envelope");
         memset(dec->tensors, 0, pb->n_tensors * sizeof *dec->tensors);
     }
-    uint64_t total = 0, frames = 0;
+    uint64_t total = 0, frames = 0, inl = 0, in_shm = 0;
     pp_status s = PP_OK;
     for (size_t i = 0; i < pb->n_tensors && s == PP_OK; i++) {
         const Pippin__TensorMeta *m = pb->tensors[i];
@@ -246,12 +281,25 @@ static pp_status check_envelope(const Pippin__Envelope *pb, const pp_envelope_li
         /* a sum can only wrap when nbytes alone is over the limit, which is caught */
         total += m->nbytes;
         frames += m->nframes;
+        if (m->placement == PIPPIN__PLACEMENT__PLACEMENT_INLINE) inl += m->nbytes;
+        if (m->placement == PIPPIN__PLACEMENT__PLACEMENT_SHM) in_shm++;
         if (s == PP_OK && (m->nbytes > max_bytes || total > max_bytes))
             s = pp_error(PP_ERR_PARSE, "message carries more than the limit of %" PRIu64 " bytes",
                          max_bytes);
         if (s == PP_OK && frames > max_frames)
             s = pp_error(PP_ERR_PARSE, "message has more than %" PRIu32 " data frames", max_frames);
     }
+    /* inl <= total <= max_bytes here, so it did not wrap */
+    if (s == PP_OK && inl != (uint64_t)pb->inline_data.len)
+        s = pp_error(PP_ERR_PARSE, "%zu bytes of inline data, inline tensors hold %" PRIu64,
+                     pb->inline_data.len, inl);
+    if (s == PP_OK && !pb->shm_name)
+        s = pp_error(PP_ERR_PARSE, "shared-memory ring name missing");
+    if (s == PP_OK && in_shm && !shm_name_ok(pb->shm_name))
+        s = pp_error(PP_ERR_PARSE, "shared-memory ring name is not \"/pippin-\" and up to %u "
+                     "letters, digits, '.', '_' or '-'", PP_ENVELOPE_MAX_SHM_NAME);
+    if (s == PP_OK && !in_shm && pb->shm_name[0])
+        s = pp_error(PP_ERR_PARSE, "shared-memory ring name without shared-memory tensors");
     if (s != PP_OK) {
         arena_free(dec, dec->tensors);
         dec->tensors = NULL;
@@ -300,6 +348,9 @@ pp_status pp_envelope_decode(const void *data, size_t len, const pp_envelope_lim
     out->ntensors = (int)pb->n_tensors;
     out->tensors = dec->tensors;
     out->text = pb->text;
+    out->inline_data = pb->inline_data.len ? pb->inline_data.data : NULL;
+    out->inline_bytes = pb->inline_data.len;
+    out->shm_name = pb->shm_name;
     out->priv_ = dec;
     return PP_OK;
 }
@@ -320,6 +371,7 @@ pp_status pp_envelope_check_frames(const pp_envelope *env, size_t nframes,
     size_t f = 0;
     for (int i = 0; i < env->ntensors; i++) {
         const pp_wire_tensor *wt = &env->tensors[i];
+        if (wt->placement != PP_PLACE_FRAMES) continue; /* no frames */
         uint64_t sum = 0;
         for (uint32_t k = 0; k < wt->nframes; k++, f++) {
             if (f >= nframes)
@@ -362,6 +414,26 @@ pp_status pp_envelope_tensor_copy(const pp_wire_tensor *wt, const void *const *f
         pp_tensor_free(t);
         return pp_error(PP_ERR_PARSE, "tensor '%s': frames underrun the tensor", wt->name);
     }
+    *out = t;
+    return PP_OK;
+}
+
+pp_status pp_envelope_tensor_inline(const pp_envelope *env, int i, pp_tensor **out) {
+    if (i < 0 || i >= env->ntensors || env->tensors[i].placement != PP_PLACE_INLINE)
+        return pp_error(PP_ERR_INVALID, "tensor %d is not an inline tensor", i);
+    uint64_t off = 0;
+    for (int j = 0; j < i; j++)
+        if (env->tensors[j].placement == PP_PLACE_INLINE) off += env->tensors[j].nbytes;
+    const pp_wire_tensor *wt = &env->tensors[i];
+    if (off > env->inline_bytes || wt->nbytes > env->inline_bytes - off)
+        return pp_error(PP_ERR_PARSE, "tensor '%s': inline data overrun", wt->name);
+    pp_tensor *t;
+    PP_TRY(pp_tensor_empty(wt->dtype, wt->ndim, wt->shape, &t));
+    if (t->nbytes != wt->nbytes) {
+        pp_tensor_free(t);
+        return pp_error(PP_ERR_INTERNAL, "tensor '%s': size mismatch after validation", wt->name);
+    }
+    if (t->nbytes) memcpy(t->data, (const char *)env->inline_data + off, t->nbytes);
     *out = t;
     return PP_OK;
 }

@@ -17,6 +17,7 @@
 #include "bufpool.h"
 #include "context.h"
 #include "mailbox.h"
+#include "shm_ring.h"
 #include "pippin/log.h"
 
 #define DEFAULT_TIMEOUT_MS 10000
@@ -25,6 +26,11 @@
 #define DEFAULT_MAX_MESSAGE (UINT64_C(2) << 30)
 #define DEFAULT_FRAME_BYTES ((size_t)1 << 20)
 #define DEFAULT_ZERO_COPY_MIN ((size_t)64 << 10)
+#define DEFAULT_SHM_BYTES ((int64_t)1 << 30)
+/* A ring holds four of the largest tensor sent so far (so a few can be in
+ * flight), rounded up to a power of two, at least this much. */
+#define MIN_RING_BYTES ((size_t)1 << 20)
+#define HOST_ID_CHARS 256
 #define DEFAULT_RECV_CACHE ((int64_t)512 << 20)
 /* Reassembled tensors at least this big come from the buffer pool. */
 #define POOL_MIN_BYTES ((size_t)1 << 20)
@@ -43,11 +49,18 @@ typedef struct peer {
     int64_t down_since;     /* monotonic ms when state became DOWN */
     const char *why;        /* last failure, for messages */
     uint64_t seq;
+    int hello_sent;         /* our host id went out on the current connection */
+    int hello_seen;         /* its hello arrived (on this incarnation) */
+    int same_host;          /* its hello carried our host id: rings can be used */
+    size_t ring_failed;     /* creating a ring this big failed: do not try again */
+    pp_shm_ring *tx_ring;   /* ours, for large tensors to this peer */
+    pp_shm_ring *old_ring;  /* replaced by tx_ring, closed once the peer has drained it */
+    pp_shm_ring *rx_ring;   /* the peer's, for large tensors from it */
 } peer;
 
 typedef struct stat_counters {
     atomic_ullong messages_sent, messages_received, bytes_sent, bytes_received, dropped,
-        retries, timeouts, peer_failures, pending, pending_bytes;
+        retries, timeouts, peer_failures, pending, pending_bytes, shm_bytes_sent, shm_bytes_received;
 } stat_counters;
 
 struct pp_transport {
@@ -83,6 +96,9 @@ struct pp_transport {
     size_t frames_cap;
     zmq_pollitem_t *items;  /* poll scratch: 1 + pull + monitors */
     int rcvtimeo;           /* ZMQ_RCVTIMEO currently set on pull */
+    int64_t spin_ns;        /* busy-poll this long before a receive blocks */
+    size_t shm_bytes;       /* ring size per same-host peer; 0: rings off */
+    char host_id[HOST_ID_CHARS];
 
     stat_counters st;
 };
@@ -209,6 +225,10 @@ static pp_status copy_options(pp_transport *t, const pp_transport_options *o) {
     if (t->frame_bytes < 4096) t->frame_bytes = 4096;
     t->zero_copy_min = o->zero_copy_min ? o->zero_copy_min : DEFAULT_ZERO_COPY_MIN;
     t->step_window = o->step_window > 0 ? o->step_window : 0;
+    t->shm_bytes = o->shm_bytes < 0 || o->curve_secret_key
+                       ? 0 /* CURVE promises encrypted links: keep every byte on them */
+                       : (size_t)(o->shm_bytes ? o->shm_bytes : DEFAULT_SHM_BYTES);
+    t->spin_ns = o->spin_us > 0 ? (int64_t)o->spin_us * 1000 : 0;
 
     if (o->stage_ranks) {
         if (o->nstages < 1) return pp_error(PP_ERR_INVALID, "transport: stage_ranks given with nstages %d", o->nstages);
@@ -365,12 +385,22 @@ static pp_status connect_peer(pp_transport *t, int r, const char *ep) {
 
 /* ---- monitors ---- */
 
+/* Stops using the peer's ring. The receiver may still have to open it by
+ * name (a message naming it can be in flight), so it stays until drained. */
+static void retire_ring(peer *p) {
+    if (!p->tx_ring) return;
+    pp_shm_ring_close(p->old_ring);
+    p->old_ring = p->tx_ring;
+    p->tx_ring = NULL;
+}
+
 static void peer_event(pp_transport *t, int r, uint16_t ev) {
     peer *p = &t->peers[r];
     pp_peer_state s = peer_state(p);
     switch (ev) {
     case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
         if (s != PP_PEER_CLOSED) set_state(p, PP_PEER_UP);
+        p->hello_sent = 0; /* maybe a new incarnation: tell it our host again */
         pp_debug("transport rank %d: connected to rank %d (%s)", t->rank, r, peer_ep(t, r));
         break;
     case ZMQ_EVENT_DISCONNECTED:
@@ -379,6 +409,9 @@ static void peer_event(pp_transport *t, int r, uint16_t ev) {
             set_state(p, PP_PEER_DOWN);
             p->down_since = now_ms();
             p->why = "connection lost (process exited, crashed, or silent past the heartbeat timeout)";
+            /* whoever comes back says hello again and gets a fresh ring */
+            retire_ring(p);
+            p->hello_seen = p->same_host = 0;
             pp_info("transport rank %d: lost connection to rank %d (%s)", t->rank, r, peer_ep(t, r));
         }
         break;
@@ -431,9 +464,24 @@ static void read_monitor(pp_transport *t, int r) {
     }
 }
 
+static int send_simple(pp_transport *t, int r, pp_msg_kind kind, const char *text);
+
+/* Tells a newly connected peer which host we are on, so that it can send
+ * us large tensors through a shared-memory ring if it is on the same one. */
+static void say_hello(pp_transport *t, int r, const char *word) {
+    peer *p = &t->peers[r];
+    if (peer_state(p) != PP_PEER_UP || !t->shm_bytes || !t->host_id[0]) return;
+    char text[HOST_ID_CHARS + 32];
+    snprintf(text, sizeof text, "%s host=%s", word, t->host_id);
+    p->hello_sent = send_simple(t, r, PP_MSG_CONTROL, text);
+}
+
 static void read_monitors(pp_transport *t) {
     for (int r = 0; r < t->nranks; r++)
-        if (t->peers[r].mon) read_monitor(t, r);
+        if (t->peers[r].mon) {
+            read_monitor(t, r);
+            if (!t->peers[r].hello_sent) say_hello(t, r, "hello");
+        }
 }
 
 /* ---- receiving ---- */
@@ -493,6 +541,46 @@ static pp_status build_tensor(pp_transport *t, const pp_wire_tensor *wt, size_t 
     return s;
 }
 
+/* Rank r's ring called name, mapped on first use and again whenever the
+ * peer starts a new one. */
+static pp_status rx_ring(pp_transport *t, int r, const char *name, pp_shm_ring **out) {
+    peer *p = &t->peers[r];
+    if (!p->rx_ring || strcmp(pp_shm_ring_name(p->rx_ring), name) != 0) {
+        pp_shm_ring_close(p->rx_ring);
+        p->rx_ring = NULL;
+        PP_TRY(pp_shm_ring_open(name, &p->rx_ring));
+    }
+    *out = p->rx_ring;
+    return PP_OK;
+}
+
+/* Copies a tensor out of the sender's ring. */
+static pp_status shm_tensor(pp_transport *t, const pp_shm_ring *ring, const pp_wire_tensor *wt,
+                            pp_tensor **out) {
+    const void *src;
+    PP_TRY(pp_shm_ring_locate(ring, wt->shm_pos, wt->nbytes, &src));
+    if (wt->nbytes >= POOL_MIN_BYTES && t->pool)
+        PP_TRY(pp_bufpool_tensor(t->pool, wt->dtype, wt->ndim, wt->shape, out));
+    else
+        PP_TRY(pp_tensor_empty(wt->dtype, wt->ndim, wt->shape, out));
+    memcpy((*out)->data, src, wt->nbytes);
+    return PP_OK;
+}
+
+/* Hands a message's ring space back to the sender, whether its tensors were
+ * taken or dropped: a dropped message must not stall the ring. */
+static void settle_ring(pp_shm_ring *ring, const pp_envelope *env) {
+    uint64_t end = 0;
+    for (int i = 0; i < env->ntensors; i++) {
+        const pp_wire_tensor *wt = &env->tensors[i];
+        const void *src;
+        if (wt->placement == PP_PLACE_SHM && pp_shm_ring_locate(ring, wt->shm_pos, wt->nbytes, &src) == PP_OK &&
+            wt->shm_pos + wt->nbytes > end)
+            end = wt->shm_pos + wt->nbytes;
+    }
+    if (end) pp_shm_ring_release(ring, end);
+}
+
 static int key_matches(const pp_mbox_key *want, const pp_envelope *env, const char *name) {
     return want && want->kind == (int)env->kind && want->step == env->step &&
            want->microbatch == env->microbatch && want->src_stage == env->src_stage &&
@@ -510,6 +598,7 @@ static void handle_message(pp_transport *t, size_t n, int too_many, const pp_mbo
         return;
     }
     pp_envelope env;
+    pp_shm_ring *ring = NULL;
     if (pp_envelope_decode(zmq_msg_data(m0), zmq_msg_size(m0), &t->lim, &env) != PP_OK) {
         drop_msg(t, m0, "%s", pp_last_error());
         return;
@@ -536,6 +625,12 @@ static void handle_message(pp_transport *t, size_t n, int too_many, const pp_mbo
             goto done;
         }
     }
+    /* the sender is who it says (as far as this link can tell): its ring
+     * may be opened */
+    if (env.shm_name[0] && rx_ring(t, r, env.shm_name, &ring) != PP_OK) {
+        drop_msg(t, m0, "claims rank %d: %s", r, pp_last_error());
+        goto done;
+    }
     peer *p = &t->peers[r];
     if (peer_state(p) == PP_PEER_CLOSED) /* a new incarnation of that rank */
         set_state(p, p->inproc ? PP_PEER_CONNECTING : PP_PEER_UP);
@@ -554,6 +649,14 @@ static void handle_message(pp_transport *t, size_t n, int too_many, const pp_mbo
         if (strcmp(env.text, "bye") == 0) {
             set_state(p, PP_PEER_CLOSED);
             pp_debug("transport rank %d: rank %d (%s) closed its transport", t->rank, r, peer_ep(t, r));
+        } else if (strncmp(env.text, "hello host=", 11) == 0 || strncmp(env.text, "hello-reply host=", 17) == 0) {
+            int reply = env.text[5] == '-';
+            p->hello_seen = 1;
+            p->same_host = t->shm_bytes && t->host_id[0] && strcmp(env.text + (reply ? 17 : 11), t->host_id) == 0;
+            /* answer, so that after a reconnect on either side both know */
+            if (!reply) say_hello(t, r, "hello-reply");
+            pp_debug("transport rank %d: rank %d (%s) is on %s host", t->rank, r, peer_ep(t, r),
+                     p->same_host ? "this" : "another");
         } else {
             drop_msg(t, m0, "claims rank %d: unknown control command '%s'", r, env.text);
         }
@@ -580,13 +683,16 @@ static void handle_message(pp_transport *t, size_t n, int too_many, const pp_mbo
     for (int i = 0; i < env.ntensors; i++) {
         const pp_wire_tensor *wt = &env.tensors[i];
         pp_tensor *tensor = NULL;
-        pp_status s = build_tensor(t, wt, f, &tensor);
+        pp_status s = wt->placement == PP_PLACE_INLINE ? pp_envelope_tensor_inline(&env, i, &tensor)
+                      : wt->placement == PP_PLACE_SHM  ? shm_tensor(t, ring, wt, &tensor)
+                                                       : build_tensor(t, wt, f, &tensor);
         f += wt->nframes;
         if (s != PP_OK) {
             drop_msg(t, m0, "claims rank %d: tensor '%s': %s", r, wt->name, pp_last_error());
             continue;
         }
         bytes += wt->nbytes;
+        if (wt->placement == PP_PLACE_SHM) stat_add(&t->st.shm_bytes_received, wt->nbytes);
         if (got && !*got && key_matches(want, &env, wt->name)) {
             *got = tensor;
             continue;
@@ -598,6 +704,7 @@ static void handle_message(pp_transport *t, size_t n, int too_many, const pp_mbo
     stat_add(&t->st.bytes_received, bytes);
     sync_pending(t);
 done:
+    if (ring) settle_ring(ring, &env);
     pp_envelope_clear(&env);
 }
 
@@ -639,6 +746,25 @@ static int receive_one(pp_transport *t, const pp_mbox_key *want, pp_tensor **got
     handle_message(t, n, too_many, want, got);
     for (size_t i = 0; i < n; i++) zmq_msg_close(&t->frames[i]);
     return 1;
+}
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Busy-polls the receive socket for up to spin_us before the caller blocks:
+ * a message that arrives meanwhile is taken without the thread going to
+ * sleep and being woken again, which costs more than the message itself
+ * when messages are small. Returns 1 if it handled a message. */
+static int spin_receive(pp_transport *t, const pp_mbox_key *want, pp_tensor **got) {
+    if (t->spin_ns <= 0) return 0;
+    int64_t until = now_ns() + t->spin_ns;
+    for (unsigned i = 1;; i++) {
+        if (receive_one(t, want, got, 0)) return 1;
+        if ((i & 15) == 0 && now_ns() >= until) return 0;
+    }
 }
 
 /* Moves waiting messages into the mailbox, at most DRAIN_BATCH. Returns the
@@ -748,6 +874,7 @@ pp_status pp_transport_create(const pp_transport_options *opts, pp_transport **o
         t->items = calloc((size_t)t->nranks + 2, sizeof *t->items);
         if (!t->peers || !t->items) s = pp_error(PP_ERR_NOMEM, "out of memory");
     }
+    if (s == PP_OK && t->shm_bytes) pp_shm_host_id(t->host_id, sizeof t->host_id);
     if (s == PP_OK) s = pp_mailbox_new(&t->mbox);
     if (s == PP_OK && opts->recv_cache_bytes >= 0)
         s = pp_bufpool_new(opts->recv_cache_bytes ? (size_t)opts->recv_cache_bytes
@@ -830,9 +957,9 @@ pp_status pp_transport_wait_peers(pp_transport *t, int timeout_ms) {
     }
 }
 
-static void send_simple(pp_transport *t, int r, pp_msg_kind kind, const char *text) {
+static int send_simple(pp_transport *t, int r, pp_msg_kind kind, const char *text) {
     peer *p = &t->peers[r];
-    if (!p->push) return;
+    if (!p->push) return 0;
     pp_envelope env = {0};
     env.version = PP_PROTOCOL_VERSION;
     env.kind = kind;
@@ -843,8 +970,8 @@ static void send_simple(pp_transport *t, int r, pp_msg_kind kind, const char *te
     env.text = text;
     uint8_t buf[PP_ENVELOPE_MAX_TEXT + 128];
     size_t len;
-    if (pp_envelope_pack(&env, buf, sizeof buf, &len) != PP_OK) return;
-    zmq_send(p->push, buf, len, ZMQ_DONTWAIT);
+    if (pp_envelope_pack(&env, buf, sizeof buf, &len) != PP_OK) return 0;
+    return zmq_send(p->push, buf, len, ZMQ_DONTWAIT) >= 0;
 }
 
 void pp_transport_close(pp_transport *t) {
@@ -856,6 +983,9 @@ void pp_transport_close(pp_transport *t) {
             if (r != t->rank && t->peers[r].push) send_simple(t, r, PP_MSG_CONTROL, "bye");
         for (int r = 0; r < t->nranks; r++) {
             peer_close(&t->peers[r]);
+            pp_shm_ring_close(t->peers[r].tx_ring);
+            pp_shm_ring_close(t->peers[r].old_ring);
+            pp_shm_ring_close(t->peers[r].rx_ring);
             free(t->peers[r].endpoint);
         }
     }
@@ -963,6 +1093,44 @@ static pp_status send_first(pp_transport *t, int r, zmq_msg_t *m0, int more, con
     }
 }
 
+static size_t round_pow2(size_t n) {
+    size_t p = 1;
+    while (p < n && p < SIZE_MAX / 2) p *= 2;
+    return p;
+}
+
+/* The ring for tensors of up to `largest` bytes to peer r: only for a peer
+ * on this host (it said so in its hello), created on first use and replaced
+ * by a bigger one (up to shm_bytes) when a tensor would fill more than a
+ * quarter of it. NULL means use the socket. */
+static pp_shm_ring *tx_ring(pp_transport *t, int r, size_t largest) {
+    peer *p = &t->peers[r];
+    if (p->inproc || !t->shm_bytes) return NULL;
+    if (!p->hello_seen) drain(t, NULL, NULL); /* its hello may be waiting on our socket */
+    if (!p->same_host) return NULL;
+    if (p->old_ring && pp_shm_ring_drained(p->old_ring)) {
+        pp_shm_ring_close(p->old_ring);
+        p->old_ring = NULL;
+    }
+    size_t want = largest > t->shm_bytes / 4 ? t->shm_bytes : round_pow2(4 * largest);
+    if (want < MIN_RING_BYTES) want = MIN_RING_BYTES;
+    if (want > t->shm_bytes) want = t->shm_bytes;
+    size_t have = p->tx_ring ? pp_shm_ring_bytes(p->tx_ring) : 0;
+    if (want > have && (!p->ring_failed || want < p->ring_failed)) {
+        pp_shm_ring *fresh;
+        if (pp_shm_ring_create(want, &fresh) == PP_OK) {
+            retire_ring(p);
+            p->tx_ring = fresh;
+        } else {
+            p->ring_failed = want;
+            pp_warn("transport rank %d: no shared-memory ring of %zu bytes for rank %d (%s); %s: %s",
+                    t->rank, want, r, peer_ep(t, r),
+                    have ? "keeping the smaller one" : "large tensors go over the socket", pp_last_error());
+        }
+    }
+    return p->tx_ring;
+}
+
 pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n,
                              const char *const *names, pp_tensor *const *tensors) {
     PP_TRY(check_key(t, key, 1));
@@ -997,21 +1165,65 @@ pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n
                         t->rank, action_str(&act, doing, sizeof doing), r);
 
     size_t frame_bytes = p->inproc ? SIZE_MAX : t->frame_bytes;
+    size_t largest = 0;
+    for (int i = 0; i < n; i++)
+        if (tensors[i]->nbytes > largest) largest = tensors[i]->nbytes;
+    pp_shm_ring *ring = largest >= t->zero_copy_min ? tx_ring(t, r, largest) : NULL;
     pp_wire_tensor wt_stack[SEND_STACK_TENSORS];
     pp_wire_tensor *wt = n <= SEND_STACK_TENSORS ? wt_stack : calloc((size_t)n, sizeof *wt);
     if (!wt) return pp_error(PP_ERR_NOMEM, "out of memory");
-    size_t nframes = 0;
+    uint8_t place[256]; /* n <= 256, checked above; wt is gone by the data frames */
+    size_t nframes = 0, inline_bytes = 0;
+    uint64_t shm_bytes = 0;
+    int ninline = 0, inline_one = -1;
     for (int i = 0; i < n; i++) {
         const pp_tensor *x = tensors[i];
+        memset(&wt[i], 0, sizeof wt[i]);
         wt[i].name = names[i];
         wt[i].dtype = x->dtype;
         wt[i].ndim = x->ndim;
         memcpy(wt[i].shape, x->shape, sizeof wt[i].shape);
         wt[i].nbytes = x->nbytes;
-        if (x->nbytes == 0) wt[i].nframes = 0;
-        else if (x->nbytes < t->zero_copy_min) wt[i].nframes = 1;
-        else wt[i].nframes = (uint32_t)(x->nbytes / frame_bytes + (x->nbytes % frame_bytes != 0));
+        wt[i].placement = PP_PLACE_FRAMES;
+        uint64_t pos;
+        void *dst;
+        if (x->nbytes == 0) {
+            wt[i].nframes = 0;
+        } else if (x->nbytes < t->zero_copy_min && x->nbytes <= PP_ENVELOPE_INLINE_MAX - inline_bytes) {
+            /* small: its bytes ride in the envelope frame */
+            wt[i].placement = PP_PLACE_INLINE;
+            inline_bytes += x->nbytes;
+            ninline++;
+            inline_one = i;
+        } else if (x->nbytes < t->zero_copy_min) {
+            wt[i].nframes = 1;
+        } else if (ring && pp_shm_ring_reserve(ring, x->nbytes, &pos, &dst)) {
+            /* same host: one copy into shared memory, only the envelope on the socket */
+            memcpy(dst, x->data, x->nbytes);
+            pp_shm_ring_commit(ring, pos, x->nbytes);
+            wt[i].placement = PP_PLACE_SHM;
+            wt[i].shm_pos = pos;
+            shm_bytes += x->nbytes;
+        } else {
+            wt[i].nframes = (uint32_t)(x->nbytes / frame_bytes + (x->nbytes % frame_bytes != 0));
+        }
+        place[i] = (uint8_t)wt[i].placement;
         nframes += wt[i].nframes;
+    }
+    /* the inline tensors' bytes, back to back: the tensor itself when there
+     * is one, else gathered here */
+    uint8_t gather[PP_ENVELOPE_INLINE_MAX];
+    const void *inline_data = NULL;
+    if (ninline == 1) {
+        inline_data = tensors[inline_one]->data;
+    } else if (ninline > 1) {
+        size_t off = 0;
+        for (int i = 0; i < n; i++)
+            if (wt[i].placement == PP_PLACE_INLINE) {
+                memcpy(gather + off, tensors[i]->data, wt[i].nbytes);
+                off += wt[i].nbytes;
+            }
+        inline_data = gather;
     }
     pp_envelope env = {0};
     env.version = PP_PROTOCOL_VERSION;
@@ -1026,6 +1238,9 @@ pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n
     env.ntensors = n;
     env.tensors = wt;
     env.text = "";
+    env.inline_data = inline_data;
+    env.inline_bytes = inline_bytes;
+    env.shm_name = shm_bytes ? pp_shm_ring_name(ring) : "";
     zmq_msg_t m0;
     size_t len = pp_envelope_packed_size(&env);
     pp_status s = PP_OK;
@@ -1042,7 +1257,7 @@ pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n
     int lost = 0, lost_more = 0;
     for (int i = 0; i < n && !lost; i++) {
         pp_tensor *x = tensors[i];
-        if (x->nbytes == 0) continue;
+        if (x->nbytes == 0 || place[i] != PP_PLACE_FRAMES) continue;
         size_t off = 0;
         while (off < x->nbytes && !lost) {
             zmq_msg_t m;
@@ -1087,6 +1302,7 @@ pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n
     }
     stat_add(&t->st.messages_sent, 1);
     stat_add(&t->st.bytes_sent, total);
+    stat_add(&t->st.shm_bytes_sent, shm_bytes);
     return PP_OK;
 }
 
@@ -1145,7 +1361,7 @@ pp_status pp_transport_recv(pp_transport *t, const pp_transport_key *key, int ti
         int64_t until = wake < next_check ? wake : next_check;
         if (until > deadline) until = deadline;
         int wait = until > now ? (int)(until - now) : 1;
-        receive_one(t, &k, out, wait);
+        if (!spin_receive(t, &k, out)) receive_one(t, &k, out, wait);
         if (*out) {
             sync_pending(t);
             return PP_OK;
@@ -1209,6 +1425,14 @@ void pp_transport_stats_get(const pp_transport *t, pp_transport_stats *out) {
     out->auth_failures = pp_zap_domain_refused(t->zap_domain);
     out->pending = atomic_load_explicit(&c->pending, memory_order_relaxed);
     out->pending_bytes = atomic_load_explicit(&c->pending_bytes, memory_order_relaxed);
+    out->shm_bytes_sent = atomic_load_explicit(&c->shm_bytes_sent, memory_order_relaxed);
+    out->shm_bytes_received = atomic_load_explicit(&c->shm_bytes_received, memory_order_relaxed);
+}
+
+int pp_transport_peer_shm(const pp_transport *t, int rank) {
+    if (rank < 0 || rank >= t->nranks || rank == t->rank) return 0;
+    const peer *p = &t->peers[rank];
+    return !p->inproc && t->shm_bytes && p->same_host && !(p->ring_failed && !p->tx_ring);
 }
 
 pp_peer_state pp_transport_peer_state(const pp_transport *t, int rank) {

@@ -1,15 +1,21 @@
 /* The transport's wire envelope: encoding, decoding and validation.
  *
  * A transport message is multipart. Frame 0 is a packed protobuf `Envelope`
- * (lib/proto/pippin.proto); the bytes of each tensor follow as raw frames,
- * tensor after tensor, `nframes` frames per tensor. This module is pure: it
+ * (lib/proto/pippin.proto). Each tensor's bytes are placed one way:
+ * PP_PLACE_FRAMES, as raw frames after frame 0, tensor after tensor,
+ * `nframes` frames per tensor; PP_PLACE_INLINE, in the envelope's inline
+ * data (the inline tensors' bytes back to back, in tensor order), which
+ * saves a frame per small message; PP_PLACE_SHM, in the sender's
+ * shared-memory ring `shm_name` at `shm_pos` (ranks on one host; the ring
+ * itself is transport/shm_ring.h). This module is pure: it
  * knows nothing of sockets, so the fuzzer (fuzz/fuzz_envelope.c) and the
  * transport share exactly the same checks.
  *
  * Decoding validates every field before anything else looks at it: protocol
  * version, kind, dtype codes, ranks of 0..8 with dims >= 0, shape product x
  * dtype size == nbytes without overflow, the total size limit, frame counts,
- * stage and rank ranges, names (printable, bounded). A message that passes
+ * stage and rank ranges, names (printable, bounded), inline data size ==
+ * the inline tensors' nbytes. A message that passes
  * pp_envelope_decode and pp_envelope_check_frames can be turned into tensors
  * without further checks. */
 #ifndef PIPPIN_ENVELOPE_H
@@ -30,6 +36,11 @@ extern "C" {
 #define PP_ENVELOPE_MAX_BYTES 65536u
 /* Longest value name (bytes, without the terminating NUL). */
 #define PP_ENVELOPE_MAX_NAME 255u
+/* Largest inline data a sender puts in an envelope (a receiver accepts
+ * whatever fits in PP_ENVELOPE_MAX_BYTES). */
+#define PP_ENVELOPE_INLINE_MAX 16384u
+/* Longest shared-memory ring name; names are "/pippin-" then [A-Za-z0-9._-]. */
+#define PP_ENVELOPE_MAX_SHM_NAME 100u
 /* Longest abort reason / control text. */
 #define PP_ENVELOPE_MAX_TEXT 1024u
 
@@ -45,6 +56,14 @@ typedef enum pp_msg_kind {
 /* "activation", "gradient", ...; "unknown" for other values. */
 const char *pp_msg_kind_name(int kind);
 
+/* Where a tensor's bytes travel; values equal the protobuf enum
+ * pippin.Placement. */
+typedef enum pp_wire_placement {
+    PP_PLACE_FRAMES = 0,
+    PP_PLACE_INLINE = 1,
+    PP_PLACE_SHM = 2
+} pp_wire_placement;
+
 /* One tensor's metadata. */
 typedef struct pp_wire_tensor {
     const char *name;   /* owned by the envelope (decode) or the caller (encode) */
@@ -52,7 +71,9 @@ typedef struct pp_wire_tensor {
     int ndim;
     int64_t shape[PP_MAX_DIMS];
     uint64_t nbytes;
-    uint32_t nframes;
+    uint32_t nframes;   /* PP_PLACE_FRAMES: frames after frame 0; else 0 */
+    pp_wire_placement placement;
+    uint64_t shm_pos;   /* PP_PLACE_SHM: ring position of the first byte */
 } pp_wire_tensor;
 
 typedef struct pp_envelope {
@@ -68,6 +89,12 @@ typedef struct pp_envelope {
     int ntensors;
     pp_wire_tensor *tensors;
     const char *text;   /* "" when absent */
+    /* The bytes of the PP_PLACE_INLINE tensors, back to back in tensor
+     * order (encode: the caller's; decode: owned by the envelope). */
+    const void *inline_data;
+    size_t inline_bytes;
+    /* The sender's ring for PP_PLACE_SHM tensors; "" when there are none. */
+    const char *shm_name;
     /* private: decoded storage, released by pp_envelope_clear */
     void *priv_;
 } pp_envelope;
@@ -95,7 +122,8 @@ pp_status pp_envelope_decode(const void *data, size_t len, const pp_envelope_lim
 
 /* Checks the data frames against a decoded envelope: their count equals the
  * sum of nframes, no frame is empty, and each tensor's frames add up to its
- * nbytes. */
+ * nbytes (inline and shared-memory tensors have no frames; decode checked
+ * the inline sizes, the transport checks ring positions). */
 pp_status pp_envelope_check_frames(const pp_envelope *env, size_t nframes,
                                    const size_t *frame_sizes);
 
@@ -103,6 +131,10 @@ pp_status pp_envelope_check_frames(const pp_envelope *env, size_t nframes,
  * sizes point at that tensor's nframes frames). */
 pp_status pp_envelope_tensor_copy(const pp_wire_tensor *wt, const void *const *frames,
                                   const size_t *sizes, pp_tensor **out);
+
+/* Builds tensor i (PP_PLACE_INLINE) of a decoded envelope by copying its
+ * bytes out of the inline data. */
+pp_status pp_envelope_tensor_inline(const pp_envelope *env, int i, pp_tensor **out);
 
 /* Releases what pp_envelope_decode allocated; safe on a zeroed envelope. */
 void pp_envelope_clear(pp_envelope *env);

@@ -96,6 +96,19 @@ typedef struct pp_transport_options {
      * pp_transport_set_step) are dropped; with step_window > 0 so are
      * messages more than step_window steps ahead. */
     int64_t step_window;
+    /* A receive that finds nothing busy-polls this long before it sleeps,
+     * since waking a sleeping thread costs more than a small message. Pays
+     * only when every rank and libzmq I/O thread has a core of its own (a
+     * spinning rank starves the I/O thread that would deliver to it).
+     * 0: never spin. */
+    int spin_us;
+    /* Ranks on one host (peers exchange a host id when they connect) pass
+     * tensors of at least zero_copy_min bytes through a shared-memory ring
+     * of this many bytes per destination instead of the socket: one copy in,
+     * one copy out, no kernel in between. A tensor that does not fit, or a
+     * full ring, falls back to the socket. 0: 64 MiB; < 0: never. Off with
+     * CURVE, whose promise is that every byte is encrypted. */
+    int64_t shm_bytes;
 
     /* CURVE. With curve_secret_key set (Z85, 40 chars) every link is
      * encrypted: this rank's receive socket is a CURVE server and admits only
@@ -140,6 +153,8 @@ typedef struct pp_transport_stats {
     uint64_t auth_failures;       /* CURVE clients the ZAP handler refused */
     uint64_t pending;             /* tensors waiting in the mailbox */
     uint64_t pending_bytes;
+    uint64_t shm_bytes_sent;      /* payload bytes that went through a shared-memory ring */
+    uint64_t shm_bytes_received;
 } pp_transport_stats;
 
 typedef enum pp_peer_state {
@@ -211,6 +226,11 @@ void pp_transport_stats_get(const pp_transport *t, pp_transport_stats *out);
 
 /* A peer's connection state; callable from any thread. */
 pp_peer_state pp_transport_peer_state(const pp_transport *t, int rank);
+
+/* 1 if large tensors to rank go through a shared-memory ring: it is on this
+ * host, and has said so since it connected (peers introduce themselves
+ * when they connect, so the first messages may still take the socket). */
+int pp_transport_peer_shm(const pp_transport *t, int rank);
 
 /* Says goodbye to the peers, closes the sockets (waiting at most linger_ms
  * for unsent data) and frees everything, including tensors left in the

@@ -6,6 +6,7 @@
 #include <zmq.h>
 
 #include "pippin.pb-c.h"
+#include "shm_ring.h"
 #include "tt_craft.h"
 #include "tt_util.h"
 
@@ -215,6 +216,57 @@ static void test_routing(void **state) {
     raw_send_crafted(f, &c, 1, one_frame); expect_dropped(f, "abort with tensors");
 }
 
+/* Inline and shared-memory placements from a stranger: good ones are
+ * delivered, bad ones dropped; a dropped message still hands its ring space
+ * back, and a ring that does not exist is an error, not a crash. */
+static void test_placements(void **state) {
+    fixture *f = *state;
+    crafted c;
+    float vals[6] = {1, 2, 3, 4, 5, 6};
+    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, 1000, 0, 1, "x");
+    pp_tensor *got;
+    /* inline */
+    craft(&c); c.meta[0].placement = PIPPIN__PLACEMENT__PLACEMENT_INLINE; c.meta[0].nframes = 0;
+    c.env.inline_data.data = (uint8_t *)vals; c.env.inline_data.len = 24;
+    raw_send_crafted(f, &c, 0, NULL);
+    TT_OK(pp_transport_recv(f->t[1], &k, 2000, &got));
+    assert_memory_equal(got->data, vals, 24);
+    pp_tensor_free(got);
+    c.env.inline_data.len = 20; raw_send_crafted(f, &c, 0, NULL); expect_dropped(f, "short inline data");
+
+    /* shared memory: a ring the stranger made */
+    pp_shm_ring *ring;
+    TT_OK(pp_shm_ring_create(1 << 20, &ring));
+    uint64_t pos;
+    void *dst;
+    assert_int_equal(pp_shm_ring_reserve(ring, 24, &pos, &dst), 1);
+    memcpy(dst, vals, 24);
+    pp_shm_ring_commit(ring, pos, 24);
+    craft(&c); c.meta[0].placement = PIPPIN__PLACEMENT__PLACEMENT_SHM; c.meta[0].nframes = 0;
+    c.meta[0].shm_pos = pos; c.env.shm_name = (char *)pp_shm_ring_name(ring);
+    raw_send_crafted(f, &c, 0, NULL);
+    TT_OK(pp_transport_recv(f->t[1], &k, 2000, &got));
+    assert_memory_equal(got->data, vals, 24);
+    pp_tensor_free(got);
+    assert_true(pp_shm_ring_drained(ring)); /* copied out and handed back */
+
+    /* a record routed nowhere is dropped, and its space handed back */
+    assert_int_equal(pp_shm_ring_reserve(ring, 24, &pos, &dst), 1);
+    pp_shm_ring_commit(ring, pos, 24);
+    c.meta[0].shm_pos = pos; c.env.dst_stage = 0;
+    raw_send_crafted(f, &c, 0, NULL); expect_dropped(f, "shm message for a stage elsewhere");
+    assert_true(pp_shm_ring_drained(ring));
+    /* positions outside what the ring can hold */
+    c.env.dst_stage = 1;
+    c.meta[0].shm_pos = pos + (2 << 20); raw_send_crafted(f, &c, 0, NULL); expect_dropped(f, "a lap ahead");
+    c.meta[0].shm_pos = (1 << 20) - 8; raw_send_crafted(f, &c, 0, NULL); expect_dropped(f, "straddling");
+    c.meta[0].shm_pos = 0; raw_send_crafted(f, &c, 0, NULL); expect_dropped(f, "already consumed");
+    /* a ring that is not there */
+    c.env.shm_name = "/pippin-0-424242"; raw_send_crafted(f, &c, 0, NULL); expect_dropped(f, "no such ring");
+    c.env.shm_name = "/etc/passwd"; raw_send_crafted(f, &c, 0, NULL); expect_dropped(f, "bad ring name");
+    pp_shm_ring_close(ring);
+}
+
 /* A frame over ZMQ_MAXMSGSIZE makes libzmq drop the stranger's connection;
  * other links are unaffected. */
 static void test_oversize_frame(void **state) {
@@ -239,6 +291,7 @@ int main(void) {
         cmocka_unit_test(test_bad_fields),
         cmocka_unit_test(test_wrong_frames),
         cmocka_unit_test(test_routing),
+        cmocka_unit_test(test_placements),
         cmocka_unit_test(test_oversize_frame),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

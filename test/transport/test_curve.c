@@ -174,6 +174,9 @@ static void curve_link(const char *kind) {
     pp_transport_stats_get(b, &st);
     assert_int_equal(st.auth_failures, 0);
     assert_int_equal(st.dropped, 0);
+    /* CURVE promises encrypted links: same host or not, no shared memory */
+    assert_int_equal(st.shm_bytes_sent + st.shm_bytes_received, 0);
+    assert_false(pp_transport_peer_shm(a, 1));
     pp_tensor_free(x);
     pp_transport_close(a);
     pp_transport_close(b);

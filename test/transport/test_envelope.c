@@ -1,4 +1,5 @@
 /* Envelope packing, decoding and validation of every field. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -73,6 +74,105 @@ static void test_roundtrip(void **state) {
     pp_envelope_clear(&d); /* twice is harmless */
     /* too small a buffer */
     TT_FAILS(PP_ERR_INVALID, pp_envelope_pack(&env, buf, 3, &len), "buffer");
+}
+
+/* Inline and shared-memory placements survive a round trip; only framed
+ * tensors count in check_frames. */
+static void test_placements(void **state) {
+    (void)state;
+    float a[3] = {1, 2, 3};
+    int64_t b[2] = {-7, 9};
+    pp_wire_tensor wt[4] = {
+        {"a", PP_F32, 1, {3}, 12, 0, PP_PLACE_INLINE, 0},
+        {"big", PP_F32, 1, {1 << 18}, 1 << 20, 0, PP_PLACE_SHM, (uint64_t)5 << 30},
+        {"b", PP_I64, 1, {2}, 16, 0, PP_PLACE_INLINE, 0},
+        {"framed", PP_U8, 1, {100}, 100, 2, PP_PLACE_FRAMES, 0},
+    };
+    uint8_t inl_all[28]; /* a then b */
+    memcpy(inl_all, a, 12);
+    memcpy(inl_all + 12, b, 16);
+    pp_envelope env = {0};
+    env.version = PP_PROTOCOL_VERSION;
+    env.kind = PP_MSG_ACTIVATION;
+    env.ntensors = 4;
+    env.tensors = wt;
+    env.text = "";
+    env.inline_data = inl_all;
+    env.inline_bytes = 28;
+    env.shm_name = "/pippin-123-4";
+    uint8_t buf[512];
+    size_t len;
+    TT_OK(pp_envelope_pack(&env, buf, sizeof buf, &len));
+    pp_envelope d;
+    TT_OK(pp_envelope_decode(buf, len, NULL, &d));
+    assert_string_equal(d.shm_name, "/pippin-123-4");
+    assert_int_equal(d.inline_bytes, 28);
+    assert_int_equal(d.tensors[0].placement, PP_PLACE_INLINE);
+    assert_int_equal(d.tensors[1].placement, PP_PLACE_SHM);
+    assert_int_equal(d.tensors[1].shm_pos, (uint64_t)5 << 30);
+    assert_int_equal(d.tensors[3].placement, PP_PLACE_FRAMES);
+    size_t sizes[2] = {60, 40};
+    TT_OK(pp_envelope_check_frames(&d, 2, sizes));
+    pp_tensor *x;
+    TT_OK(pp_envelope_tensor_inline(&d, 2, &x));
+    assert_int_equal(x->dtype, PP_I64);
+    assert_memory_equal(x->data, b, 16);
+    pp_tensor_free(x);
+    TT_OK(pp_envelope_tensor_inline(&d, 0, &x));
+    assert_memory_equal(x->data, a, 12);
+    pp_tensor_free(x);
+    TT_FAILS(PP_ERR_INVALID, pp_envelope_tensor_inline(&d, 1, &x), "not an inline tensor");
+    pp_envelope_clear(&d);
+}
+
+static void test_bad_placements(void **state) {
+    (void)state;
+    crafted c;
+    uint8_t bytes[32] = {0};
+    craft(&c); c.meta[0].placement = 7; expect_bad(&c, NULL, "unknown placement 7");
+    /* inline: sizes must match, no frames */
+    craft(&c); c.meta[0].placement = PIPPIN__PLACEMENT__PLACEMENT_INLINE; c.meta[0].nframes = 0;
+    expect_bad(&c, NULL, "0 bytes of inline data, inline tensors hold 24");
+    c.env.inline_data.data = bytes; c.env.inline_data.len = 23;
+    expect_bad(&c, NULL, "23 bytes of inline data");
+    c.env.inline_data.len = 24;
+    pp_envelope e;
+    TT_OK(decode_crafted(&c, NULL, &e));
+    pp_envelope_clear(&e);
+    c.meta[0].nframes = 1; expect_bad(&c, NULL, "an inline tensor of 24 bytes claims 1 frames");
+    /* inline data without inline tensors */
+    craft(&c); c.env.inline_data.data = bytes; c.env.inline_data.len = 4;
+    expect_bad(&c, NULL, "4 bytes of inline data");
+    /* shared memory: a well-formed ring name, no frames, no overflow */
+    craft(&c); c.meta[0].placement = PIPPIN__PLACEMENT__PLACEMENT_SHM; c.meta[0].nframes = 0;
+    expect_bad(&c, NULL, "ring name");
+    const char *bad_names[] = {"/etc/passwd", "/pippin-", "/pippin-../../x", "pippin-1", "/pippin-a b",
+                               "/pippin-1/2"};
+    for (size_t i = 0; i < sizeof bad_names / sizeof *bad_names; i++) {
+        c.env.shm_name = (char *)bad_names[i];
+        expect_bad(&c, NULL, "ring name");
+    }
+    char longname[200];
+    snprintf(longname, sizeof longname, "/pippin-%0150d", 1);
+    c.env.shm_name = longname;
+    expect_bad(&c, NULL, "ring name");
+    c.env.shm_name = "/pippin-77-1";
+    c.meta[0].shm_pos = UINT64_MAX - 10;
+    expect_bad(&c, NULL, "ring position overflows");
+    c.meta[0].shm_pos = 4096;
+    TT_OK(decode_crafted(&c, NULL, &e));
+    assert_int_equal(e.tensors[0].shm_pos, 4096);
+    size_t none[1] = {0};
+    TT_OK(pp_envelope_check_frames(&e, 0, none)); /* no data frames expected */
+    pp_envelope_clear(&e);
+    c.meta[0].nframes = 1; expect_bad(&c, NULL, "a shared-memory tensor of 24 bytes claims 1 frames");
+    /* a ring position or name without a shared-memory tensor */
+    craft(&c); c.meta[0].shm_pos = 8; expect_bad(&c, NULL, "ring position without");
+    craft(&c); c.env.shm_name = "/pippin-77-1"; expect_bad(&c, NULL, "ring name without");
+    /* empty tensors are framed (zero frames), never inline or shared */
+    craft(&c); c.shape[0][0] = 0; c.meta[0].nbytes = 0; c.meta[0].nframes = 0;
+    c.meta[0].placement = PIPPIN__PLACEMENT__PLACEMENT_INLINE;
+    expect_bad(&c, NULL, "inline tensor of 0 bytes");
 }
 
 static void test_valid_crafted(void **state) {
@@ -239,7 +339,8 @@ int main(void) {
         cmocka_unit_test(test_roundtrip),   cmocka_unit_test(test_valid_crafted),
         cmocka_unit_test(test_bad_header),  cmocka_unit_test(test_bad_tensors),
         cmocka_unit_test(test_garbage),     cmocka_unit_test(test_check_frames),
-        cmocka_unit_test(test_kind_names),
+        cmocka_unit_test(test_kind_names),  cmocka_unit_test(test_placements),
+        cmocka_unit_test(test_bad_placements),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

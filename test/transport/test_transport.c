@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tt_util.h"
 
@@ -13,14 +14,27 @@ static pp_transport_options base_opts(int timeout_ms) {
     pp_transport_options_init(&o);
     o.timeout_ms = timeout_ms;
     o.linger_ms = 200;
+    o.shm_bytes = -1; /* the socket path; the shared-memory tests turn it on */
     return o;
 }
 
-static void roundtrip(const char *kind) {
+/* Until rank 0 has heard rank 1 introduce itself as a same-host peer. */
+static void wait_shm(pp_transport **t) {
+    int64_t until = tt_now_ms() + 3000;
+    while (!pp_transport_peer_shm(t[0], 1)) {
+        if (tt_now_ms() > until) fail_msg("rank 1 never said it is on this host");
+        TT_OK(pp_transport_poll(t[1], 0));
+        TT_OK(pp_transport_poll(t[0], 10));
+    }
+}
+
+static void roundtrip(const char *kind, int shm) {
     pp_transport_options o = base_opts(2000);
+    if (shm) o.shm_bytes = 0; /* default: on */
     pp_transport *t[2];
     tt_make_ranks(kind, 2, &o, t);
     if (strcmp(kind, "inproc") != 0) TT_OK(pp_transport_wait_peers(t[0], 2000));
+    if (shm && strcmp(kind, "inproc") != 0) wait_shm(t);
     int64_t s_scalar[1] = {0}, s_empty[2] = {0, 3}, s_small[1] = {100}, s_zc[2] = {130, 256},
             s_multi[2] = {7, 131072}; /* 3.5 MiB: four frames */
     pp_tensor *in[5] = {tt_f32_seq(0, s_scalar, 5), tt_f32_seq(2, s_empty, 0), tt_f32_seq(1, s_small, 1),
@@ -60,13 +74,134 @@ static void roundtrip(const char *kind) {
     assert_int_equal(st.bytes_received, 3 * bytes);
     assert_int_equal(st.dropped, 0);
     assert_int_equal(st.pending, 0);
+    /* over ipc and tcp on one host, the two tensors of >= 64 KiB went
+     * through the shared-memory ring when it is on */
+    uint64_t big = in[3]->nbytes + in[4]->nbytes;
+    assert_int_equal(st.shm_bytes_received, shm && strcmp(kind, "inproc") != 0 ? 3 * big : 0);
     for (int i = 0; i < 5; i++) pp_tensor_free(in[i]);
     tt_close_ranks(2, t);
 }
 
-static void test_roundtrip_inproc(void **state) { (void)state; roundtrip("inproc"); }
-static void test_roundtrip_ipc(void **state) { (void)state; roundtrip("ipc"); }
-static void test_roundtrip_tcp(void **state) { (void)state; roundtrip("tcp"); }
+static void test_roundtrip_inproc(void **state) { (void)state; roundtrip("inproc", 1); }
+static void test_roundtrip_ipc(void **state) { (void)state; roundtrip("ipc", 0); }
+static void test_roundtrip_tcp(void **state) { (void)state; roundtrip("tcp", 0); }
+static void test_roundtrip_ipc_shm(void **state) { (void)state; roundtrip("ipc", 1); }
+static void test_roundtrip_tcp_shm(void **state) { (void)state; roundtrip("tcp", 1); }
+
+/* Names of this process's rings still in /dev/shm. */
+static int leftover_rings(void) {
+    char cmd[128], line[64];
+    snprintf(cmd, sizeof cmd, "ls /dev/shm 2>/dev/null | grep -c '^pippin-%ld-'", (long)getpid());
+    FILE *f = popen(cmd, "r");
+    int n = f && fgets(line, sizeof line, f) ? atoi(line) : -1;
+    if (f) pclose(f);
+    return n;
+}
+
+/* A full ring never blocks the sender: what does not fit goes over the
+ * socket, and the ring is used again once the receiver has drained it. */
+static void test_shm_full_ring_falls_back(void **state) {
+    (void)state;
+    pp_transport_options o = base_opts(2000);
+    o.shm_bytes = 1 << 20; /* one ring of 1 MiB */
+    pp_transport *t[2];
+    tt_make_ranks("ipc", 2, &o, t);
+    TT_OK(pp_transport_wait_peers(t[0], 2000));
+    wait_shm(t);
+    int64_t s[1] = {1 << 16}; /* 256 KiB */
+    pp_tensor *x[6];
+    for (int m = 0; m < 6; m++) {
+        x[m] = tt_f32_seq(1, s, (float)m * 1000);
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x");
+        TT_OK(pp_transport_send(t[0], &k, x[m]));
+    }
+    pp_transport_stats st;
+    pp_transport_stats_get(t[0], &st);
+    assert_int_equal(st.shm_bytes_sent, 4 * x[0]->nbytes); /* four fit, two took the socket */
+    for (int m = 5; m >= 0; m--) {
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x");
+        pp_tensor *got;
+        TT_OK(pp_transport_recv(t[1], &k, 2000, &got));
+        tt_assert_same(got, x[m]);
+        pp_tensor_free(got);
+    }
+    /* drained: the next ones wrap around the ring */
+    for (int m = 6; m < 12; m++) {
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x");
+        TT_OK(pp_transport_send(t[0], &k, x[m % 6]));
+        pp_tensor *got;
+        TT_OK(pp_transport_recv(t[1], &k, 2000, &got));
+        tt_assert_same(got, x[m % 6]);
+        pp_tensor_free(got);
+    }
+    pp_transport_stats_get(t[0], &st);
+    assert_int_equal(st.shm_bytes_sent, 10 * x[0]->nbytes);
+    pp_transport_stats_get(t[1], &st);
+    assert_int_equal(st.shm_bytes_received, 10 * x[0]->nbytes);
+    assert_int_equal(st.dropped, 0);
+    for (int m = 0; m < 6; m++) pp_tensor_free(x[m]);
+    tt_close_ranks(2, t);
+    assert_int_equal(leftover_rings(), 0);
+}
+
+/* A bigger tensor gets a bigger ring; messages naming the old ring that
+ * are still unread are delivered, then the old ring is let go. */
+static void test_shm_ring_grows(void **state) {
+    (void)state;
+    pp_transport_options o = base_opts(2000);
+    o.shm_bytes = 0;
+    pp_transport *t[2];
+    tt_make_ranks("tcp", 2, &o, t);
+    TT_OK(pp_transport_wait_peers(t[0], 2000));
+    wait_shm(t);
+    int64_t s_small[1] = {1 << 15}, s_big[1] = {3 << 18}; /* 128 KiB (1 MiB ring), 3 MiB (16 MiB ring) */
+    pp_tensor *a = tt_f32_seq(1, s_small, 1), *b = tt_f32_seq(1, s_big, 2);
+    pp_transport_key ka = tt_key(PP_MSG_ACTIVATION, 0, 0, 0, 1, "a"), kb = tt_key(PP_MSG_ACTIVATION, 0, 1, 0, 1, "b");
+    TT_OK(pp_transport_send(t[0], &ka, a));
+    TT_OK(pp_transport_send(t[0], &kb, b));
+    assert_int_equal(leftover_rings(), 2); /* neither opened by the receiver yet */
+    pp_tensor *got;
+    TT_OK(pp_transport_recv(t[1], &kb, 2000, &got));
+    tt_assert_same(got, b);
+    pp_tensor_free(got);
+    TT_OK(pp_transport_recv(t[1], &ka, 2000, &got));
+    tt_assert_same(got, a);
+    pp_tensor_free(got);
+    assert_int_equal(leftover_rings(), 0); /* the receiver unlinked both */
+    pp_transport_stats st;
+    pp_transport_stats_get(t[1], &st);
+    assert_int_equal(st.shm_bytes_received, a->nbytes + b->nbytes);
+    pp_tensor_free(a);
+    pp_tensor_free(b);
+    tt_close_ranks(2, t);
+}
+
+/* Peers told apart by host id: one that claims another host (or a
+ * transport with rings off) gets everything over the socket. */
+static void test_shm_off(void **state) {
+    (void)state;
+    pp_transport_options o = base_opts(2000);
+    pp_transport *t[2];
+    tt_make_ranks("ipc", 2, &o, t); /* shm_bytes -1 */
+    TT_OK(pp_transport_wait_peers(t[0], 2000));
+    TT_OK(pp_transport_wait_peers(t[1], 2000));
+    TT_OK(pp_transport_poll(t[0], 50));
+    assert_false(pp_transport_peer_shm(t[0], 1));
+    int64_t s[1] = {1 << 18};
+    pp_tensor *x = tt_f32_seq(1, s, 3);
+    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, 0, 0, 1, "x");
+    TT_OK(pp_transport_send(t[0], &k, x));
+    pp_tensor *got;
+    TT_OK(pp_transport_recv(t[1], &k, 2000, &got));
+    tt_assert_same(got, x);
+    pp_tensor_free(got);
+    pp_transport_stats st;
+    pp_transport_stats_get(t[0], &st);
+    assert_int_equal(st.shm_bytes_sent, 0);
+    assert_int_equal(leftover_rings(), 0);
+    pp_tensor_free(x);
+    tt_close_ranks(2, t);
+}
 
 static void test_sendv(void **state) {
     (void)state;
@@ -603,6 +738,11 @@ int main(void) {
         cmocka_unit_test(test_roundtrip_inproc),
         cmocka_unit_test(test_roundtrip_ipc),
         cmocka_unit_test(test_roundtrip_tcp),
+        cmocka_unit_test(test_roundtrip_ipc_shm),
+        cmocka_unit_test(test_roundtrip_tcp_shm),
+        cmocka_unit_test(test_shm_full_ring_falls_back),
+        cmocka_unit_test(test_shm_ring_grows),
+        cmocka_unit_test(test_shm_off),
         cmocka_unit_test(test_sendv),
         cmocka_unit_test(test_inproc_zero_copy),
         cmocka_unit_test(test_sender_frees_early),

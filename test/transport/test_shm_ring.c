@@ -1,0 +1,159 @@
+/* Shared-memory rings: reserve/commit on one side, locate/release on the
+ * other, wrapping, full rings, hostile positions, bad objects, clean-up. */
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "shm_ring.h"
+#include "tt_util.h"
+
+#define MIB ((size_t)1 << 20)
+
+static int name_exists(const char *name) {
+    int fd = shm_open(name, O_RDONLY, 0);
+    if (fd < 0) return 0;
+    close(fd);
+    return 1;
+}
+
+static void test_host_id(void **state) {
+    (void)state;
+    char a[256], b[256];
+    pp_shm_host_id(a, sizeof a);
+    pp_shm_host_id(b, sizeof b);
+    assert_true(a[0] != 0); /* Linux with /proc */
+    assert_string_equal(a, b);
+    for (const char *p = a; *p; p++) assert_true(*p > 0x20 && *p < 0x7f);
+    char tiny[8];
+    pp_shm_host_id(tiny, sizeof tiny); /* does not fit: empty, never truncated */
+    assert_string_equal(tiny, "");
+}
+
+static void test_write_read_wrap(void **state) {
+    (void)state;
+    pp_shm_ring *tx, *rx;
+    TT_OK(pp_shm_ring_create(MIB, &tx));
+    assert_int_equal(pp_shm_ring_bytes(tx), MIB);
+    TT_OK(pp_shm_ring_open(pp_shm_ring_name(tx), &rx));
+    assert_false(name_exists(pp_shm_ring_name(tx))); /* the receiver unlinked it */
+    assert_true(pp_shm_ring_drained(tx));
+
+    /* 400 KiB records: two fit, the third waits for the first to be released,
+     * then skips the 224 KiB left at the end and starts at offset 0 */
+    size_t n = 400 << 10;
+    uint64_t pos[4];
+    void *dst;
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(pp_shm_ring_reserve(tx, n, &pos[i], &dst), 1);
+        memset(dst, 'a' + i, n);
+        pp_shm_ring_commit(tx, pos[i], n);
+    }
+    assert_int_equal(pos[0], 0);
+    assert_int_equal(pos[1], n);
+    assert_int_equal(pp_shm_ring_reserve(tx, n, &pos[2], &dst), 0); /* full */
+    assert_false(pp_shm_ring_drained(tx));
+
+    const void *src;
+    TT_OK(pp_shm_ring_locate(rx, pos[0], n, &src));
+    assert_int_equal(((const char *)src)[n - 1], 'a');
+    pp_shm_ring_release(rx, pos[0] + n);
+    assert_int_equal(pp_shm_ring_reserve(tx, n, &pos[2], &dst), 1);
+    assert_int_equal(pos[2], MIB); /* wrapped: offset 0 of the second lap */
+    memset(dst, 'c', n);
+    pp_shm_ring_commit(tx, pos[2], n);
+
+    TT_OK(pp_shm_ring_locate(rx, pos[1], n, &src));
+    assert_int_equal(((const char *)src)[0], 'b');
+    TT_OK(pp_shm_ring_locate(rx, pos[2], n, &src));
+    assert_int_equal(((const char *)src)[n - 1], 'c');
+    pp_shm_ring_release(rx, pos[2] + n);
+    assert_true(pp_shm_ring_drained(tx));
+
+    /* too big for the ring at all */
+    assert_int_equal(pp_shm_ring_reserve(tx, MIB + 1, &pos[3], &dst), 0);
+    pp_shm_ring_close(rx);
+    pp_shm_ring_close(tx);
+}
+
+/* Positions a hostile or broken sender could name are refused. */
+static void test_locate_refuses(void **state) {
+    (void)state;
+    pp_shm_ring *tx, *rx;
+    TT_OK(pp_shm_ring_create(MIB, &tx));
+    TT_OK(pp_shm_ring_open(pp_shm_ring_name(tx), &rx));
+    const void *src;
+    TT_FAILS(PP_ERR_PARSE, pp_shm_ring_locate(rx, 0, 0, &src), "0 bytes");
+    TT_FAILS(PP_ERR_PARSE, pp_shm_ring_locate(rx, 0, MIB + 1, &src), "in a ring of");
+    TT_FAILS(PP_ERR_PARSE, pp_shm_ring_locate(rx, MIB, 10, &src), "more than a lap");
+    TT_FAILS(PP_ERR_PARSE, pp_shm_ring_locate(rx, UINT64_MAX - 4, 10, &src), "bytes");
+    pp_shm_ring_release(rx, 4096);
+    TT_FAILS(PP_ERR_PARSE, pp_shm_ring_locate(rx, MIB - 10, 20, &src), "straddles");
+    TT_FAILS(PP_ERR_PARSE, pp_shm_ring_locate(rx, 0, 10, &src), "before the consumed mark");
+    TT_OK(pp_shm_ring_locate(rx, 4096, MIB - 4096, &src));
+    pp_shm_ring_release(rx, 100); /* going backwards is ignored */
+    TT_FAILS(PP_ERR_PARSE, pp_shm_ring_locate(rx, 200, 10, &src), "before the consumed mark");
+    pp_shm_ring_close(rx);
+    pp_shm_ring_close(tx);
+}
+
+/* A receiver that releases nonsense makes the sender stop using the ring
+ * (it falls back to the socket) rather than overwrite unread data. */
+static void test_bogus_release(void **state) {
+    (void)state;
+    pp_shm_ring *tx, *rx;
+    TT_OK(pp_shm_ring_create(MIB, &tx));
+    TT_OK(pp_shm_ring_open(pp_shm_ring_name(tx), &rx));
+    pp_shm_ring_release(rx, 10 * MIB);
+    uint64_t pos;
+    void *dst;
+    assert_int_equal(pp_shm_ring_reserve(tx, 100, &pos, &dst), 0);
+    pp_shm_ring_close(rx);
+    pp_shm_ring_close(tx);
+}
+
+static void test_open_errors(void **state) {
+    (void)state;
+    pp_shm_ring *r;
+    TT_FAILS(PP_ERR_IO, pp_shm_ring_open("/pippin-does-not-exist-42", &r), "/pippin-does-not-exist-42",
+             "another host");
+    /* an object that is not a ring */
+    char name[64];
+    snprintf(name, sizeof name, "/pippin-test-%ld", (long)getpid());
+    int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, 3 * 4096), 0);
+    TT_FAILS(PP_ERR_PARSE, pp_shm_ring_open(name, &r), "bad header");
+    assert_int_equal(ftruncate(fd, 100), 0);
+    TT_FAILS(PP_ERR_PARSE, pp_shm_ring_open(name, &r), "100 bytes");
+    close(fd);
+    shm_unlink(name);
+    TT_FAILS(PP_ERR_INVALID, pp_shm_ring_create(0, &r), "0 bytes");
+}
+
+/* The sender unlinks a ring nobody opened; nothing is left behind. */
+static void test_close_unlinks(void **state) {
+    (void)state;
+    pp_shm_ring *tx;
+    TT_OK(pp_shm_ring_create(MIB, &tx));
+    char name[64];
+    snprintf(name, sizeof name, "%s", pp_shm_ring_name(tx));
+    assert_true(name_exists(name));
+    pp_shm_ring_close(tx);
+    assert_false(name_exists(name));
+    pp_shm_ring_close(NULL);
+}
+
+int main(void) {
+    pp_log_set_level(PP_LOG_ERROR);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_host_id),
+        cmocka_unit_test(test_write_read_wrap),
+        cmocka_unit_test(test_locate_refuses),
+        cmocka_unit_test(test_bogus_release),
+        cmocka_unit_test(test_open_errors),
+        cmocka_unit_test(test_close_unlinks),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,223 @@
+/* Shared-memory rings between ranks on one host. See shm_ring.h. */
+#include "shm_ring.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define RING_MAGIC "pippinR1"
+/* The header takes one page, so the data starts page-aligned. */
+#define HEADER_BYTES ((size_t)4096)
+/* A ring larger than this in a peer's header is not believed. */
+#define MAX_RING_BYTES ((uint64_t)1 << 40)
+
+/* The first page of the shared object. Only `consumed` changes after
+ * creation, written by the receiver; it has a cache line of its own. */
+typedef struct ring_header {
+    char magic[8];
+    uint64_t data_bytes;
+    uint64_t header_bytes;
+    char pad[64 - 24];
+    _Atomic uint64_t consumed;
+} ring_header;
+
+struct pp_shm_ring {
+    char name[64];
+    int owner;           /* created here (the sender) */
+    ring_header *hdr;
+    unsigned char *data;
+    uint64_t size;       /* data bytes */
+    size_t map_bytes;
+    uint64_t head;       /* sender: end of the last record written */
+    uint64_t released;   /* receiver: what it handed back last */
+};
+
+/* Appends the first line of a file (without the newline) to buf. */
+static int append_line(char *buf, size_t cap, const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t len = strlen(buf);
+    int ok = len + 1 < cap && fgets(buf + len, (int)(cap - len), f) != NULL;
+    fclose(f);
+    buf[strcspn(buf, "\n")] = 0;
+    return ok;
+}
+
+void pp_shm_host_id(char *buf, size_t cap) {
+    if (!cap) return;
+    buf[0] = 0;
+    char ns[128];
+    ssize_t n = readlink("/proc/self/ns/ipc", ns, sizeof ns - 1);
+    struct stat st;
+    if (n <= 0 || stat("/dev/shm", &st) != 0 || !append_line(buf, cap, "/proc/sys/kernel/random/boot_id")) {
+        buf[0] = 0;
+        return;
+    }
+    ns[n] = 0;
+    size_t len = strlen(buf);
+    int w = snprintf(buf + len, cap - len, "/%s/%llx:%llx/%u", ns, (unsigned long long)st.st_dev,
+                     (unsigned long long)st.st_ino, (unsigned)geteuid());
+    if (w < 0 || (size_t)w >= cap - len) buf[0] = 0;
+    /* the id travels in an envelope text: keep it printable */
+    for (char *p = buf; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f || *p == ' ') *p = '_';
+}
+
+static pp_status map_ring(pp_shm_ring *r, int fd, size_t bytes) {
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (p == MAP_FAILED)
+        return pp_error(PP_ERR_NOMEM, "shared-memory ring %s: mmap of %zu bytes: %s", r->name, bytes,
+                        strerror(errno));
+    r->hdr = p;
+    r->data = (unsigned char *)p + HEADER_BYTES;
+    r->map_bytes = bytes;
+    return PP_OK;
+}
+
+pp_status pp_shm_ring_create(size_t data_bytes, pp_shm_ring **out) {
+    static atomic_uint counter;
+    *out = NULL;
+    size_t page = HEADER_BYTES;
+    if (data_bytes == 0 || data_bytes > MAX_RING_BYTES)
+        return pp_error(PP_ERR_INVALID, "shared-memory ring of %zu bytes", data_bytes);
+    data_bytes = (data_bytes + page - 1) / page * page;
+    pp_shm_ring *r = calloc(1, sizeof *r);
+    if (!r) return pp_error(PP_ERR_NOMEM, "out of memory");
+    r->owner = 1;
+    int fd = -1;
+    for (int tries = 0; fd < 0 && tries < 100; tries++) {
+        snprintf(r->name, sizeof r->name, "/pippin-%ld-%u", (long)getpid(),
+                 atomic_fetch_add(&counter, 1) + 1);
+        fd = shm_open(r->name, O_CREAT | O_EXCL | O_RDWR, 0600);
+        if (fd < 0 && errno != EEXIST) break;
+    }
+    if (fd < 0) {
+        pp_status s = pp_error(PP_ERR_IO, "shared-memory ring %s: shm_open: %s", r->name, strerror(errno));
+        free(r);
+        return s;
+    }
+    /* posix_fallocate, not just ftruncate: a /dev/shm too small for the ring
+     * (64 MiB in a default Docker container) must fail here, not with SIGBUS
+     * on a later write */
+    pp_status s = PP_OK;
+    int e = posix_fallocate(fd, 0, (off_t)(HEADER_BYTES + data_bytes));
+    if (e != 0)
+        s = pp_error(PP_ERR_NOMEM, "shared-memory ring %s: cannot reserve %zu bytes: %s", r->name,
+                     HEADER_BYTES + data_bytes, strerror(e));
+    if (s == PP_OK) s = map_ring(r, fd, HEADER_BYTES + data_bytes);
+    close(fd);
+    if (s != PP_OK) {
+        shm_unlink(r->name);
+        free(r);
+        return s;
+    }
+    memcpy(r->hdr->magic, RING_MAGIC, 8);
+    r->hdr->data_bytes = data_bytes;
+    r->hdr->header_bytes = HEADER_BYTES;
+    atomic_store_explicit(&r->hdr->consumed, 0, memory_order_release);
+    r->size = data_bytes;
+    *out = r;
+    return PP_OK;
+}
+
+pp_status pp_shm_ring_open(const char *name, pp_shm_ring **out) {
+    *out = NULL;
+    if (strlen(name) >= sizeof ((pp_shm_ring *)0)->name)
+        return pp_error(PP_ERR_PARSE, "shared-memory ring name too long");
+    pp_shm_ring *r = calloc(1, sizeof *r);
+    if (!r) return pp_error(PP_ERR_NOMEM, "out of memory");
+    snprintf(r->name, sizeof r->name, "%s", name);
+    int fd = shm_open(name, O_RDWR, 0);
+    if (fd < 0) {
+        pp_status s = pp_error(PP_ERR_IO, "shared-memory ring %s: %s (is the peer on another host "
+                               "or in another container?)", name, strerror(errno));
+        free(r);
+        return s;
+    }
+    struct stat st;
+    pp_status s = PP_OK;
+    if (fstat(fd, &st) != 0)
+        s = pp_error(PP_ERR_IO, "shared-memory ring %s: fstat: %s", name, strerror(errno));
+    else if (st.st_uid != geteuid())
+        s = pp_error(PP_ERR_PARSE, "shared-memory ring %s belongs to another user", name);
+    else if ((uint64_t)st.st_size <= HEADER_BYTES || (uint64_t)st.st_size > MAX_RING_BYTES + HEADER_BYTES)
+        s = pp_error(PP_ERR_PARSE, "shared-memory ring %s has %lld bytes", name, (long long)st.st_size);
+    if (s == PP_OK) s = map_ring(r, fd, (size_t)st.st_size);
+    close(fd);
+    if (s == PP_OK && (memcmp(r->hdr->magic, RING_MAGIC, 8) != 0 || r->hdr->header_bytes != HEADER_BYTES ||
+                       r->hdr->data_bytes != (uint64_t)st.st_size - HEADER_BYTES))
+        s = pp_error(PP_ERR_PARSE, "shared-memory ring %s: bad header", name);
+    if (s != PP_OK) {
+        if (r->hdr) munmap(r->hdr, r->map_bytes);
+        free(r);
+        return s;
+    }
+    r->size = r->hdr->data_bytes;
+    r->released = atomic_load_explicit(&r->hdr->consumed, memory_order_acquire);
+    shm_unlink(name); /* both sides have it mapped now */
+    *out = r;
+    return PP_OK;
+}
+
+const char *pp_shm_ring_name(const pp_shm_ring *r) { return r->name; }
+
+size_t pp_shm_ring_bytes(const pp_shm_ring *r) { return (size_t)r->size; }
+
+int pp_shm_ring_reserve(pp_shm_ring *r, size_t n, uint64_t *pos, void **dst) {
+    if (n == 0 || n > r->size) return 0;
+    uint64_t consumed = atomic_load_explicit(&r->hdr->consumed, memory_order_acquire);
+    if (consumed > r->head) return 0; /* the receiver wrote nonsense: stop using the ring */
+    uint64_t start = r->head, off = start % r->size;
+    if (off + n > r->size) start += r->size - off; /* no straddling the end */
+    if (start + n - consumed > r->size) return 0;
+    *pos = start;
+    *dst = r->data + start % r->size;
+    return 1;
+}
+
+int pp_shm_ring_drained(const pp_shm_ring *r) {
+    return atomic_load_explicit(&r->hdr->consumed, memory_order_acquire) == r->head;
+}
+
+void pp_shm_ring_commit(pp_shm_ring *r, uint64_t pos, size_t n) {
+    /* the bytes are visible before the envelope that names them can be */
+    atomic_thread_fence(memory_order_release);
+    r->head = pos + n;
+}
+
+pp_status pp_shm_ring_locate(const pp_shm_ring *r, uint64_t pos, uint64_t n, const void **src) {
+    if (n == 0 || n > r->size || pos > UINT64_MAX - n)
+        return pp_error(PP_ERR_PARSE, "shared-memory record of %llu bytes in a ring of %llu",
+                        (unsigned long long)n, (unsigned long long)r->size);
+    if (pos < r->released)
+        return pp_error(PP_ERR_PARSE, "shared-memory record at %llu, before the consumed mark %llu",
+                        (unsigned long long)pos, (unsigned long long)r->released);
+    if (pos + n - r->released > r->size)
+        return pp_error(PP_ERR_PARSE, "shared-memory record at %llu runs more than a lap past the "
+                        "consumed mark %llu", (unsigned long long)pos, (unsigned long long)r->released);
+    if (pos % r->size + n > r->size)
+        return pp_error(PP_ERR_PARSE, "shared-memory record at %llu straddles the end of the ring",
+                        (unsigned long long)pos);
+    atomic_thread_fence(memory_order_acquire); /* pairs with the sender's commit */
+    *src = r->data + pos % r->size;
+    return PP_OK;
+}
+
+void pp_shm_ring_release(pp_shm_ring *r, uint64_t end) {
+    if (end <= r->released) return;
+    r->released = end;
+    atomic_store_explicit(&r->hdr->consumed, end, memory_order_release);
+}
+
+void pp_shm_ring_close(pp_shm_ring *r) {
+    if (!r) return;
+    if (r->hdr) munmap(r->hdr, r->map_bytes);
+    if (r->owner) shm_unlink(r->name); /* ENOENT once the receiver unlinked it */
+    free(r);
+}

@@ -1,0 +1,70 @@
+/* Shared-memory rings for ranks on one host (internal to the transport).
+ *
+ * Between two ranks on the same host a large tensor need not cross a socket
+ * (user -> kernel -> user, plus TCP or unix-socket bookkeeping): the sender
+ * copies it into a ring of shared memory it owns, one per destination rank,
+ * and sends only the envelope, which names the ring and the position; the
+ * receiver copies the bytes out when the envelope arrives and hands the
+ * space back. Positions grow without wrapping (byte offset = position mod
+ * ring size); a record never straddles the end of the ring, so the sender
+ * skips the remainder when one would not fit.
+ *
+ * Single producer, single consumer, in order: messages of one link arrive
+ * in the order they were sent, so handing back "everything before position
+ * P" is all the consumer needs to say. The sender never waits for room:
+ * when the ring is full (a slow or dead receiver) the tensor goes over the
+ * socket instead.
+ *
+ * The ring is a POSIX shared-memory object "/pippin-<pid>-<n>" of mode 0600.
+ * The receiver unlinks the name as soon as it has mapped the ring, so
+ * nothing is left in /dev/shm once both sides have it; the sender unlinks
+ * it on close in case the receiver never did. */
+#ifndef PIPPIN_TRANSPORT_SHM_RING_H
+#define PIPPIN_TRANSPORT_SHM_RING_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pippin/status.h"
+
+typedef struct pp_shm_ring pp_shm_ring;
+
+/* A string that is equal for two processes exactly when they can share
+ * memory through shm_open: same boot of the same machine, same IPC
+ * namespace, same /dev/shm, same user. Empty when it cannot be told (no
+ * /proc): then rings are not used. */
+void pp_shm_host_id(char *buf, size_t cap);
+
+/* Sender: creates a ring with data_bytes of room (rounded up to pages) and
+ * maps it with its pages already in memory. */
+pp_status pp_shm_ring_create(size_t data_bytes, pp_shm_ring **out);
+
+/* Receiver: maps the ring the sender named, checks its header, and unlinks
+ * the name. */
+pp_status pp_shm_ring_open(const char *name, pp_shm_ring **out);
+
+const char *pp_shm_ring_name(const pp_shm_ring *r);
+size_t pp_shm_ring_bytes(const pp_shm_ring *r);
+
+/* Sender: room for n contiguous bytes. Returns 1 and sets *pos and *dst
+ * (where to write), or 0 when the ring has no room now. */
+int pp_shm_ring_reserve(pp_shm_ring *r, size_t n, uint64_t *pos, void **dst);
+/* Sender: the n bytes at pos are written (call before sending the
+ * envelope that names them). */
+void pp_shm_ring_commit(pp_shm_ring *r, uint64_t pos, size_t n);
+
+/* Sender: the receiver has consumed everything written (so it has mapped
+ * the ring, if anything was written). */
+int pp_shm_ring_drained(const pp_shm_ring *r);
+
+/* Receiver: the n bytes at pos, checked against what the sender may have
+ * written (after everything already handed back, inside one lap, not
+ * straddling the end). PP_ERR_PARSE says what is wrong. */
+pp_status pp_shm_ring_locate(const pp_shm_ring *r, uint64_t pos, uint64_t n, const void **src);
+/* Receiver: everything before end is consumed; the sender may reuse it. */
+void pp_shm_ring_release(pp_shm_ring *r, uint64_t end);
+
+/* Unmaps; the sender also unlinks the name. NULL is ignored. */
+void pp_shm_ring_close(pp_shm_ring *r);
+
+#endif
