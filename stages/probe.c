@@ -208,6 +208,26 @@ static pp_status check_dims_given(const symbols *sy, int n, const char *const *g
     return PP_OK;
 }
 
+/* p->dims: the symbols as "name=N", the batch first. */
+static pp_status keep_sizes(pp_pipe *p, const symbols *sy) {
+    char **dims = calloc(MAX_SYMS + 1, sizeof *dims);
+    if (!dims) return pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < sy->n; i++) {
+        size_t cap = strlen(sy->names[i]) + 24;
+        if (!(dims[i] = malloc(cap))) {
+            for (int k = 0; k < i; k++) free(dims[k]);
+            free(dims);
+            return pp_error(PP_ERR_NOMEM, "out of memory");
+        }
+        snprintf(dims[i], cap, "%s=%lld", sy->names[i], (long long)sy->base[i]);
+    }
+    for (int i = 0; i < p->n_dims; i++) free(p->dims[i]);
+    free(p->dims);
+    p->dims = dims;
+    p->n_dims = sy->n;
+    return PP_OK;
+}
+
 pp_status pp_pipe_probe_shapes(pp_pipe *p, int n_dims_given, const char *const *dims_given) {
     for (int s = 0; s < p->n_stages; s++)
         if (!p->stages[s]) return pp_error(PP_ERR_STATE, "probing needs every stage's graph; stage %d is not loaded", s);
@@ -250,6 +270,7 @@ pp_status pp_pipe_probe_shapes(pp_pipe *p, int n_dims_given, const char *const *
     }
     if (st == PP_OK) type_outputs(p, &runs[0]);
     for (int r = 0; r <= sy.n; r++) map_free(&runs[r]);
+    if (st == PP_OK) st = keep_sizes(p, &sy); /* before the names go with the stage inputs' old types */
     if (st == PP_OK) type_stage_values(p);
     return st;
 }

@@ -441,5 +441,7 @@ void pp_pipe_free(pp_pipe *p) {
     free(p->outputs);
     free(p->output_stage);
     free(p->loss);
+    for (int i = 0; i < p->n_dims; i++) free(p->dims[i]);
+    free(p->dims);
     free(p);
 }

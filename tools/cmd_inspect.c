@@ -104,20 +104,72 @@ static void print_text(const pp_graph *g, const op_count *ops, int n_ops) {
         if (is_pipe_split(&g->nodes[i])) printf("  %s (node %d)\n", g->nodes[i].name, i);
 }
 
-/* The size given to dynamic dims other than the batch when measuring
- * stashes (e.g. --dim seq=16): the largest --dim not naming the batch
- * (the first dim of the first input, as shape probing takes it). */
-static int64_t other_dim_size(const pp_graph *g, const pp_split_args *sa) {
-    const char *batch = g->n_inputs && g->values[g->inputs[0]].ndim > 0 ? g->values[g->inputs[0]].dim_names[0] : NULL;
-    int64_t best = 1;
-    for (int i = 0; i < sa->n_dims; i++) {
-        const char *eq = strchr(sa->dims[i], '=');
-        if (batch && strlen(batch) == (size_t)(eq - sa->dims[i]) && strncmp(batch, sa->dims[i], strlen(batch)) == 0)
-            continue;
-        long long v = atoll(eq + 1);
-        if (v > best) best = v;
+/* The sizes the byte counts assume for symbolic dims: shape probing's
+ * ("name=N", the batch first; --dim settings included), so that stash and
+ * edge bytes agree. */
+typedef struct {
+    int n;
+    char *dims[16];
+    char *batch; /* NULL: dim 0 of each input, as pp_backward_stash_per_sample takes it */
+    int known;   /* 1 once a probe gave them */
+} dim_sizes;
+
+static void dim_sizes_clear(dim_sizes *ds) {
+    for (int i = 0; i < ds->n; i++) free(ds->dims[i]);
+    free(ds->batch);
+    memset(ds, 0, sizeof *ds);
+}
+
+/* Copies what pp_pipe_probe_shapes left in p. */
+static pp_status dim_sizes_from_pipe(dim_sizes *ds, const pp_pipe *p) {
+    dim_sizes_clear(ds);
+    for (int i = 0; i < p->n_dims && ds->n < 16; i++)
+        if (!(ds->dims[ds->n++] = strdup(p->dims[i]))) return pp_error(PP_ERR_NOMEM, "out of memory");
+    if (ds->n) {
+        const char *eq = strrchr(ds->dims[0], '=');
+        if (!(ds->batch = strndup(ds->dims[0], eq ? (size_t)(eq - ds->dims[0]) : strlen(ds->dims[0]))))
+            return pp_error(PP_ERR_NOMEM, "out of memory");
     }
-    return best;
+    ds->known = 1;
+    return PP_OK;
+}
+
+/* The model probed as one stage (no cuts), for --backward without a stage
+ * table. Without a probe (an input with no declared type), the --dim
+ * settings alone. */
+static void dim_sizes_probe_model(dim_sizes *ds, const pp_graph *g, const pp_split_args *sa) {
+    pp_split_spec spec = {.ignore_markers = 1, .loss = sa->loss};
+    pp_pipe *p = NULL;
+    if (pp_pipe_split(g, &spec, &p) == PP_OK && pp_pipe_probe_shapes(p, sa->n_dims, sa->dims) == PP_OK &&
+        dim_sizes_from_pipe(ds, p) == PP_OK) {
+        pp_pipe_free(p);
+        return;
+    }
+    pp_pipe_free(p);
+    dim_sizes_clear(ds);
+    for (int i = 0; i < sa->n_dims && i < 16; i++)
+        if ((ds->dims[ds->n] = strdup(sa->dims[i]))) ds->n++;
+}
+
+/* "dims": {"seq": 3} and "batch_dim" in JSON; a line of text otherwise. */
+static void print_dim_sizes(const dim_sizes *ds, json_object *json) {
+    if (json) {
+        json_object *o = json_object_new_object();
+        for (int i = ds->batch ? 1 : 0; i < ds->n; i++) {
+            const char *eq = strrchr(ds->dims[i], '=');
+            char *name = eq ? strndup(ds->dims[i], (size_t)(eq - ds->dims[i])) : NULL;
+            if (name) json_object_object_add(o, name, json_object_new_int64(atoll(eq + 1)));
+            free(name);
+        }
+        json_object_object_add(json, "batch_dim", ds->batch ? json_object_new_string(ds->batch) : NULL);
+        json_object_object_add(json, "dims", o);
+        return;
+    }
+    if (!ds->n) return;
+    int first = ds->batch ? 1 : 0;
+    printf("symbolic dims: bytes are per sample of %s", ds->batch ? ds->batch : "dim 0");
+    for (int i = first; i < ds->n; i++) printf("%s%s", i == first ? ", at " : ", ", ds->dims[i]);
+    printf("%s\n", ds->n > first ? " (--dim NAME=N to change)" : "");
 }
 
 static void human_bytes(int64_t b, char *buf, size_t cap) {
@@ -128,10 +180,11 @@ static void human_bytes(int64_t b, char *buf, size_t cap) {
 }
 
 /* The stage table: nodes, parameters, stash per sample, edges. */
-static int print_stages(const pp_graph *g, const pp_split_args *sa, json_object *json) {
+static int print_stages(const pp_graph *g, const pp_split_args *sa, dim_sizes *ds, json_object *json) {
     pp_pipe *p = NULL;
     pp_split_spec spec = pp_split_args_spec(sa);
-    if (pp_pipe_split(g, &spec, &p) != PP_OK || pp_pipe_probe_shapes(p, sa->n_dims, sa->dims) != PP_OK) {
+    if (pp_pipe_split(g, &spec, &p) != PP_OK || pp_pipe_probe_shapes(p, sa->n_dims, sa->dims) != PP_OK ||
+        dim_sizes_from_pipe(ds, p) != PP_OK) {
         pp_pipe_free(p);
         return 1;
     }
@@ -146,7 +199,8 @@ static int print_stages(const pp_graph *g, const pp_split_args *sa, json_object 
         stash[s] = -1;
         /* Training stages need a loss downstream; without one, no stash. */
         if (p->loss && pp_stage_from_pipe(p, s, 1, &st) == PP_OK) {
-            if (pp_stage_stash_per_sample(st, other_dim_size(g, sa), &stash[s]) != PP_OK) stash[s] = -1;
+            if (pp_stage_stash_per_sample_dims(st, ds->batch, ds->n, (const char *const *)ds->dims, &stash[s]) != PP_OK)
+                stash[s] = -1;
         }
         pp_stage_free(st);
     }
@@ -172,6 +226,7 @@ static int print_stages(const pp_graph *g, const pp_split_args *sa, json_object 
             if (json_object_object_get_ex(pj, keys[k], &v))
                 json_object_object_add(root, keys[k], json_object_get(v));
         json_object_put(pj);
+        print_dim_sizes(ds, json);
     } else {
         char a[32], b[32];
         printf("stages: %d\n  %-6s %6s %12s %16s\n", n, "stage", "nodes", "parameters", "stash/sample");
@@ -198,6 +253,7 @@ static int print_stages(const pp_graph *g, const pp_split_args *sa, json_object 
             for (int k = 0; k < p->shared[i].n_stages; k++) printf(" %d", p->shared[i].stages[k]);
             printf(" (replicated; gradients summed)\n");
         }
+        print_dim_sizes(ds, NULL);
     }
     free(pipe_text);
     free(nodes);
@@ -207,14 +263,31 @@ static int print_stages(const pp_graph *g, const pp_split_args *sa, json_object 
     return rc;
 }
 
-/* The whole model's training graph: stash per sample, and the graph
- * written as ONNX when asked. */
-static int print_backward(pp_graph *g, const pp_split_args *sa, const char *out_path) {
+/* The whole model's training graph: stash per sample (at the dim sizes the
+ * stage table assumed, or the model's own probe's), and the graph written as
+ * ONNX when asked. With json, all of it goes into that document. */
+static int print_backward(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, const char *out_path,
+                          json_object *json) {
+    if (!ds->known) {
+        dim_sizes_probe_model(ds, g, sa); /* before autodiff grows g */
+        if (!json) print_dim_sizes(ds, NULL);
+    }
+    if (json) print_dim_sizes(ds, json);
     pp_backward *b = NULL;
     if (pp_autodiff_model(g, NULL, 0, &b) != PP_OK) return 1;
     int64_t per = 0;
     int rc = 0;
-    if (pp_backward_stash_per_sample(g, b, other_dim_size(g, sa), &per, NULL) == PP_OK) {
+    int have = pp_backward_stash_per_sample_dims(g, b, ds->batch, ds->n, (const char *const *)ds->dims, &per,
+                                                 NULL) == PP_OK;
+    json_object *o = json ? json_object_new_object() : NULL;
+    if (o) {
+        json_object_object_add(o, "forward_nodes", json_object_new_int(b->n_forward));
+        json_object_object_add(o, "backward_input_nodes", json_object_new_int(b->n_i));
+        json_object_object_add(o, "backward_weight_nodes", json_object_new_int(b->n_w));
+        json_object_object_add(o, "trainable_parameters", json_object_new_int(b->n_params));
+        json_object_object_add(o, "stash_bytes_per_sample", have ? json_object_new_int64(per) : NULL);
+        json_object_object_add(json, "training_graph", o);
+    } else if (have) {
         char a[32];
         human_bytes(per, a, sizeof a);
         printf("training graph: %d forward (F), %d backward-input (I), %d backward-weight (W) nodes; "
@@ -223,6 +296,7 @@ static int print_backward(pp_graph *g, const pp_split_args *sa, const char *out_
     }
     if (out_path) {
         if (pp_onnx_save(g, out_path) != PP_OK) rc = 1;
+        else if (o) json_object_object_add(o, "file", json_object_new_string(out_path));
         else printf("training graph written to %s\n", out_path);
     }
     pp_backward_free(b);
@@ -237,7 +311,9 @@ static void inspect_usage(FILE *f) {
                "(nodes, parameter bytes, stashed bytes per sample) and the values crossing\n"
                "stages with their bytes per sample. --backward derives the training graph and\n"
                "reports its stash per sample; -o writes it as ONNX (regions in doc_string).\n"
-               "--dim NAME=N sizes a dynamic dim (e.g. seq=16) for the byte counts.\n");
+               "--dim NAME=N sizes a dynamic dim (e.g. seq=16) for the byte counts; dims not\n"
+               "given get the small sizes shape probing runs at, shown after the tables (JSON:\n"
+               "\"dims\", \"batch_dim\"). With --json, --backward adds \"training_graph\".\n");
 }
 
 int cmd_inspect(int argc, char **argv) {
@@ -278,12 +354,14 @@ int cmd_inspect(int argc, char **argv) {
     }
     int n_ops = count_ops(g, ops), rc = 0;
     json_object *root = json ? model_json(g, ops, n_ops) : NULL; /* one document for everything */
+    dim_sizes ds = {0};
     if (!json) print_text(g, ops, n_ops);
-    if (pp_cli_has_markers(g) || pp_split_args_any(&sa)) rc = print_stages(g, &sa, root);
+    if (pp_cli_has_markers(g) || pp_split_args_any(&sa)) rc = print_stages(g, &sa, &ds, root);
+    if (!rc && backward) rc = print_backward(g, &sa, &ds, out_path, root);
     if (root && !rc)
         printf("%s\n", json_object_to_json_string_ext(root, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_NOSLASHESCAPE));
     json_object_put(root);
-    if (!rc && backward) rc = print_backward(g, &sa, out_path);
+    dim_sizes_clear(&ds);
     if (rc) pp_cli_fail("inspect");
     free(ops);
     pp_graph_free(g);

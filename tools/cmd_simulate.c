@@ -1,6 +1,7 @@
 /* pippin simulate: run a schedule against a cost model and report makespan,
  * bubble and peak activation memory; optionally draw the timeline. */
 #include <json-c/json.h>
+#include <math.h>
 
 #include "sched_cli.h"
 
@@ -23,9 +24,13 @@ static void usage(FILE *f) {
             "JSON (open in https://ui.perfetto.dev), --svg a picture.\n");
 }
 
+/* JSON has no NaN or infinity (json-c would write NaN, Infinity): null,
+ * e.g. when costs near DBL_MAX overflow a sum. */
+static json_object *dnum(double v) { return isfinite(v) ? json_object_new_double(v) : NULL; }
+
 static json_object *darr(const double *v, int n) {
     json_object *a = json_object_new_array();
-    for (int k = 0; k < n; k++) json_object_array_add(a, json_object_new_double(v[k]));
+    for (int k = 0; k < n; k++) json_object_array_add(a, dnum(v[k]));
     return a;
 }
 
@@ -44,11 +49,11 @@ static int has_bytes(const pp_cost_model *c) {
 
 static void print_json(const pp_sim_result *r, int bytes) {
     json_object *o = json_object_new_object();
-    json_object_object_add(o, "makespan", json_object_new_double(r->makespan));
+    json_object_object_add(o, "makespan", dnum(r->makespan));
     json_object_object_add(o, "bubble", darr(r->bubble, r->nranks));
     json_object_object_add(o, "peak_activations", iarr(r->peak_act, r->nranks));
     json_object_object_add(o, "busy", darr(r->busy, r->nranks));
-    json_object_object_add(o, "span", json_object_new_double(pp_sim_result_span(r)));
+    json_object_object_add(o, "span", dnum(pp_sim_result_span(r)));
     json_object_object_add(o, "peak_pending_w", iarr(r->peak_wpend, r->nranks));
     if (bytes) json_object_object_add(o, "peak_bytes", darr(r->peak_bytes, r->nranks));
     puts(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));

@@ -1,6 +1,7 @@
 /* pippin train: trains a model on .npy data with SGD or AdamW, one process,
  * printing each step's loss (computed before that step's update). */
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +42,7 @@ static void train_usage(FILE *f) {
             "--checkpoint saves every stage's parameters and optimizer state to DIR (every N\n"
             "steps and at the end); --resume continues from it up to --steps in all, with\n"
             "exactly the losses an uninterrupted run prints (pipelined models).\n"
+            "With --json, a loss that is not finite (nan, inf) is written as null.\n"
             "--text trains a character-level model on a text\n"
             "file instead of --data: windows of T+1 characters (T from --seq, else the\n"
             "model's fixed input length, else 64) feed the model's first two int64 inputs\n"
@@ -253,7 +255,9 @@ double pp_cli_now_ms(void) {
  * the --json lines. */
 void train_print_progress(long long step, const train_args *a, float loss, double ms) {
     if (a->json) {
-        printf("{\"step\": %lld, \"loss\": %.9g}\n", step, loss);
+        /* JSON has no nan or inf: a diverged loss is null. */
+        if (isfinite(loss)) printf("{\"step\": %lld, \"loss\": %.9g}\n", step, loss);
+        else printf("{\"step\": %lld, \"loss\": null}\n", step);
         fflush(stdout);
         return;
     }

@@ -141,6 +141,15 @@ pp_status pp_backward_stash_bytes(pp_graph *g, const pp_backward *b, pp_tensor *
  * the batch-independent part (may be NULL). */
 pp_status pp_backward_stash_per_sample(pp_graph *g, const pp_backward *b, int64_t other_dims,
                                        int64_t *per_sample, int64_t *fixed);
+/* The same with the dynamic input dims sized by name: dims lists "name=N"
+ * (as pp_pipe_probe_shapes leaves in p->dims); dims named batch_name run at
+ * 1 and 2 (NULL: dim 0 of every input with a dynamic dim 0, as above); a dim
+ * written as a product of names and numbers ("batch*seq", "2*seq", as
+ * probed edges are) multiplies them; other dynamic dims get 1 (dim 0: the
+ * batch). */
+pp_status pp_backward_stash_per_sample_dims(pp_graph *g, const pp_backward *b, const char *batch_name,
+                                            int n_dims, const char *const *dims, int64_t *per_sample,
+                                            int64_t *fixed);
 
 /* Keep masks (one byte per graph value, caller frees) for running the
  * regions apart with pp_exec_run_nodes: keep_f after F (stash and graph

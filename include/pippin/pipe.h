@@ -62,6 +62,9 @@ typedef struct pp_pipe {
     int loss_stage;      /* -1 if none */
     char **cut_names;    /* what made each cut (marker node or prefix), n_stages-1 */
     char **stage_files;  /* a loaded pipe's stage file names (pipe.json), else NULL */
+    int n_dims;          /* after pp_pipe_probe_shapes: the symbolic input dims */
+    char **dims;         /* and the sizes the probe ran them at, "name=N"; the
+                          * batch first (bytes_per_sample divides by it) */
 } pp_pipe;
 
 /* Cuts g. g is not modified; stage graphs copy what they need. Errors name
@@ -74,7 +77,9 @@ int pp_pipe_find_edge(const pp_pipe *p, const char *value);
 
 /* Fills edge dtypes, symbolic shapes and bytes per sample by running the
  * whole pipe on small made-up inputs. dims_given lists "name=N" settings for
- * symbolic input dims (may be NULL); others default to small values. */
+ * symbolic input dims (may be NULL); others default to small values. The
+ * sizes used are left in p->dims, so that other byte counts can assume the
+ * same ones. */
 pp_status pp_pipe_probe_shapes(pp_pipe *p, int n_dims_given, const char *const *dims_given);
 
 /* The pipe.json text describing p (malloc'd; caller frees; NULL when out of

@@ -82,6 +82,10 @@ size_t pp_stage_stash_bytes(const pp_stage *st);
  * batch 1 and 2; other dynamic input dims set to other_dims). Training
  * stages only. */
 pp_status pp_stage_stash_per_sample(pp_stage *st, int64_t other_dims, int64_t *per_sample);
+/* The same with dynamic dims sized by name ("name=N", e.g. a probed pipe's
+ * p->dims; batch_name runs at 1 and 2): pp_backward_stash_per_sample_dims. */
+pp_status pp_stage_stash_per_sample_dims(pp_stage *st, const char *batch_name, int n_dims,
+                                         const char *const *dims, int64_t *per_sample);
 
 /* Trainable parameters: one flat float32 buffer and one of gradients
  * (pippin/params.h); NULL for a stage not built for training. */

@@ -43,6 +43,48 @@ if [ ! -x /usr/bin/python3 ] || /usr/bin/python3 -c "import json,sys; d=json.loa
 else
     echo "not ok $n - inspect --json: $(cat "$tmp/err")"
 fi
+# json_check DESC FILE CODE: passes when FILE is one JSON document (json.load)
+# and CODE, run with it as d, raises nothing.
+json_check() {
+    if ! command -v python3 >/dev/null 2>&1; then
+        n=$((n + 1))
+        echo "ok $n # SKIP $1: no python3"
+        return
+    fi
+    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); $3" "$2" 2>"$tmp/jerr"
+    ok $? "$1$(if [ -s "$tmp/jerr" ]; then echo ": $(tail -c 300 "$tmp/jerr")"; fi)"
+}
+# Stash and edge bytes assume the same sizes for symbolic dims (regression:
+# the stash took 1 for seq, the edges the probe's size); the sizes are shown.
+"$PIPPIN" inspect --json "$FX/gpt/model.onnx" >"$tmp/i0.json" 2>"$tmp/err"
+json_check "inspect --json names the assumed dim sizes" "$tmp/i0.json" \
+    "assert d['batch_dim'] == 'batch' and d['dims']['seq'] > 1, d.get('dims')"
+dims=$(python3 -c "import json,sys; print(' '.join('--dim %s=%d' % kv for kv in json.load(open(sys.argv[1]))['dims'].items()))" "$tmp/i0.json" 2>/dev/null)
+"$PIPPIN" inspect --json $dims "$FX/gpt/model.onnx" >"$tmp/i1.json" 2>"$tmp/err"
+json_check "inspect: stash and edge bytes without --dim equal those with the assumed sizes ($dims)" "$tmp/i1.json" \
+    "e = json.load(open('$tmp/i0.json')); assert [s['stash_bytes_per_sample'] for s in d['stages']] == [s['stash_bytes_per_sample'] for s in e['stages']], (d['stages'], e['stages']); assert d['edges'] == e['edges']; assert all(s['stash_bytes_per_sample'] for s in d['stages'])"
+expect 0 "symbolic dims: bytes are per sample of batch, at seq=" "inspect text shows the assumed dim sizes" -- inspect "$FX/gpt/model.onnx"
+"$PIPPIN" inspect --json --dim seq=1 "$FX/gpt/model.onnx" >"$tmp/i2.json" 2>"$tmp/err"
+json_check "inspect: the stash follows --dim seq" "$tmp/i2.json" \
+    "e = json.load(open('$tmp/i0.json')); assert d['stages'][1]['stash_bytes_per_sample'] < e['stages'][1]['stash_bytes_per_sample']; assert d['dims'] == {'seq': 1}"
+# --json --backward: one JSON document, the training graph inside it
+# (regression: a text line followed the document).
+"$PIPPIN" inspect --json --backward -o "$tmp/tg.onnx" "$FX/gpt/model.onnx" >"$tmp/ib.json" 2>"$tmp/err"
+json_check "inspect --json --backward -o is one JSON document" "$tmp/ib.json" \
+    "t = d['training_graph']; assert t['trainable_parameters'] == 52 and t['stash_bytes_per_sample'] > 0 and t['file'] == '$tmp/tg.onnx', t; assert len(d['stages']) == 4"
+"$PIPPIN" inspect --json --backward $dims "$FX/gpt/model_nosplit.onnx" >"$tmp/ib1.json" 2>"$tmp/err"
+"$PIPPIN" inspect --json --backward "$FX/gpt/model_nosplit.onnx" >"$tmp/ib2.json" 2>"$tmp/err"
+json_check "inspect --json --backward without stages: one document, stash at the assumed sizes" "$tmp/ib2.json" \
+    "e = json.load(open('$tmp/ib1.json')); assert d['dims'] == e['dims'] and d['training_graph'] == e['training_graph'], (d['training_graph'], e['training_graph']); assert 'stages' not in d"
+# Numbers JSON cannot hold (nan, inf) are null, not NaN/Infinity.
+"$PIPPIN" train "$FX/mlp/model.onnx" --data "x=$FX/mlp/train_x.npy" --data "y=$FX/mlp/train_y.npy" --batch-size 4 --steps 3 \
+    --optimizer sgd --lr 1e30 --json >"$tmp/tr.jsonl" 2>"$tmp/err"
+python3 -c "import json,sys; print(json.dumps([json.loads(l) for l in open(sys.argv[1])]))" "$tmp/tr.jsonl" >"$tmp/tr.json" 2>"$tmp/err"
+json_check "train --json with a diverging loss: every line is JSON (nan as null)" "$tmp/tr.json" \
+    "assert len(d) == 3 and d[2]['loss'] is None, d"
+"$PIPPIN" simulate --kind 1f1b --ranks 2 --microbatches 2 --cost F=1e308,I=1e308,W=1e308 --json >"$tmp/sim.json" 2>"$tmp/err"
+json_check "simulate --json with overflowing costs is JSON (inf as null)" "$tmp/sim.json" \
+    "assert d['makespan'] is None and d['peak_activations'] == [2, 1], d"
 expect 0 "step 0: loss" "train without a pipeline, 2048 microbatches (regression: fixed arrays overflowed)" -- train "$FX/mlp/model_nosplit.onnx" --data "x=$FX/mlp/train_x.npy" --data "y=$FX/mlp/train_y.npy" --batch-size 2048 --microbatches 2048 --steps 1
 echo "1..$n"
 exit 0

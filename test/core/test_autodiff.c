@@ -345,6 +345,29 @@ static void test_stash_per_sample(void **state) {
     pp_graph_free(g);
 }
 
+/* Dims sized by name agree with one size for every non-batch dim when the
+ * model has one (gpt: seq); unknown names and a product of names too. */
+static void test_stash_per_sample_dims(void **state) {
+    (void)state;
+    pp_graph *g = tu_fixture_onnx("gpt", "model.onnx");
+    pp_backward *b = NULL;
+    TU_OK(pp_autodiff_model(g, NULL, 0, &b));
+    int64_t per = 0, fixed = 0, per_named = 0, fixed_named = 0;
+    TU_OK(pp_backward_stash_per_sample(g, b, 5, &per, &fixed));
+    const char *dims[] = {"batch=7", "seq=5"};
+    TU_OK(pp_backward_stash_per_sample_dims(g, b, "batch", 2, dims, &per_named, &fixed_named));
+    assert_int_equal(per_named, per);
+    assert_int_equal(fixed_named, fixed);
+    TU_OK(pp_backward_stash_per_sample_dims(g, b, NULL, 1, dims + 1, &per_named, NULL));
+    assert_int_equal(per_named, per);
+    /* No sizes: every non-batch dim 1, as pp_backward_stash_per_sample(.., 0, ..). */
+    TU_OK(pp_backward_stash_per_sample(g, b, 0, &per, NULL));
+    TU_OK(pp_backward_stash_per_sample_dims(g, b, "batch", 0, NULL, &per_named, NULL));
+    assert_int_equal(per_named, per);
+    pp_backward_free(b);
+    pp_graph_free(g);
+}
+
 /* The training graph written as ONNX and read back computes the same
  * gradients (helper ops, attributes and regions survive the round trip). */
 static void test_onnx_round_trip(void **state) {
@@ -526,6 +549,7 @@ int main(void) {
         cmocka_unit_test(test_i_then_w_bitwise_gpt_stages),
         cmocka_unit_test(test_varying_microbatch_sizes),
         cmocka_unit_test(test_stash_per_sample),
+        cmocka_unit_test(test_stash_per_sample_dims),
         cmocka_unit_test(test_onnx_round_trip),
         cmocka_unit_test(test_error_int_input),
         cmocka_unit_test(test_error_non_scalar_loss),

@@ -1,0 +1,78 @@
+/* Measuring the stash per sample with dynamic dims sized by name (the sizes
+ * shape probing ran at, or --dim settings). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "pippin/autodiff.h"
+
+/* The size "name=N" in dims gives name; 0 if none does. */
+static int64_t named_size(const char *name, size_t len, int n_dims, const char *const *dims) {
+    for (int i = 0; i < n_dims; i++) {
+        const char *eq = strrchr(dims[i], '=');
+        if (eq && (size_t)(eq - dims[i]) == len && strncmp(dims[i], name, len) == 0) {
+            long long v = atoll(eq + 1);
+            return v > 0 ? v : 0;
+        }
+    }
+    return 0;
+}
+
+/* A dim written as a name or a product of names and numbers ("batch*seq",
+ * "2*seq"); 0 when a factor is unknown. */
+static int64_t dim_size(const char *expr, const char *batch_name, int64_t batch, int n_dims,
+                        const char *const *dims) {
+    if (batch_name && strcmp(expr, batch_name) == 0) return batch;
+    int64_t size = named_size(expr, strlen(expr), n_dims, dims);
+    if (size > 0) return size;
+    size = 1;
+    for (const char *f = expr; *f;) {
+        const char *end = strchr(f, '*');
+        size_t len = end ? (size_t)(end - f) : strlen(f);
+        if (len == 0) return 0;
+        char *num_end;
+        long long v = strtoll(f, &num_end, 10);
+        if (num_end == f + len && v > 0) size *= v;
+        else if (batch_name && len == strlen(batch_name) && strncmp(f, batch_name, len) == 0) size *= batch;
+        else if ((v = named_size(f, len, n_dims, dims)) > 0) size *= v;
+        else return 0;
+        f += len + (end != NULL);
+    }
+    return size;
+}
+
+pp_status pp_backward_stash_per_sample_dims(pp_graph *g, const pp_backward *b, const char *batch_name,
+                                            int n_dims, const char *const *dims, int64_t *per_sample,
+                                            int64_t *fixed) {
+    int n = b->n_inputs_before;
+    pp_tensor **ins = calloc((size_t)n + 1, sizeof *ins);
+    if (!ins) return pp_error(PP_ERR_NOMEM, "out of memory");
+    int64_t bytes[2] = {0, 0};
+    pp_status s = PP_OK;
+    for (int batch = 1; batch <= 2 && s == PP_OK; batch++) {
+        for (int k = 0; k < n && s == PP_OK; k++) {
+            const pp_value *v = &g->values[g->inputs[k]];
+            if (v->ndim < 0) {
+                s = pp_error(PP_ERR_INVALID, "input '%s' has an unknown rank", v->name);
+                break;
+            }
+            int64_t shape[PP_MAX_DIMS];
+            for (int d = 0; d < v->ndim; d++) {
+                shape[d] = v->shape[d] >= 0 ? v->shape[d]
+                           : v->dim_names[d] ? dim_size(v->dim_names[d], batch_name, batch, n_dims, dims)
+                                             : 0;
+                if (shape[d] <= 0) shape[d] = d == 0 ? batch : 1;
+            }
+            s = pp_tensor_new(v->dtype == PP_DTYPE_UNDEFINED ? PP_F32 : v->dtype, v->ndim, shape, &ins[k]);
+        }
+        if (s == PP_OK) s = pp_backward_stash_bytes(g, b, ins, &bytes[batch - 1]);
+        for (int k = 0; k < n; k++) {
+            pp_tensor_free(ins[k]);
+            ins[k] = NULL;
+        }
+    }
+    free(ins);
+    PP_TRY(s);
+    *per_sample = bytes[1] - bytes[0];
+    if (fixed) *fixed = bytes[0] - *per_sample;
+    return PP_OK;
+}
