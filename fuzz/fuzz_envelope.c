@@ -5,13 +5,20 @@
  * cut to what is there); the rest is data frames, each a 2-byte length then
  * that many bytes (cut likewise). Build: scripts/run-fuzz, which also sets
  * PIPPIN_FUZZ_SEEDS to a directory where this target writes a few valid
- * messages to start from. */
+ * messages to start from.
+ *
+ * Differential: frame 0 is also read by protobuf-c, the reference for the
+ * hand-written wire codec (transport/envelope_wire.c). Both must accept or
+ * refuse it alike and read the same fields, and writing the result must
+ * give protobuf-c's bytes. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "envelope_wire.h"
+#include "pippin.pb-c.h"
 #include "pippin/envelope.h"
 #include "pippin/log.h"
 
@@ -76,6 +83,22 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     wt[0].nframes = 1;
     sizes[0] = 24;
     write_seed(dir, "seed-gradient", &env, 1, sizes);
+    /* small tensors inline, a large one in a shared-memory ring */
+    float inl[6] = {1, 2, 3, 4, 5, 6};
+    wt[0].nframes = 0;
+    wt[0].placement = PP_PLACE_INLINE;
+    wt[1].nframes = 0;
+    wt[1].placement = PP_PLACE_SHM;
+    wt[1].shm_pos = 4096;
+    env.kind = PP_MSG_ACTIVATION;
+    env.ntensors = 2;
+    env.inline_data = inl;
+    env.inline_bytes = 24;
+    env.shm_name = "/pippin-1234-5";
+    write_seed(dir, "seed-placements", &env, 0, NULL);
+    env.inline_data = NULL;
+    env.inline_bytes = 0;
+    env.shm_name = "";
     env.kind = PP_MSG_ABORT;
     env.ntensors = 0;
     env.text = "loss is NaN";
@@ -84,6 +107,44 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     env.text = "bye";
     write_seed(dir, "seed-bye", &env, 0, NULL);
     return 0;
+}
+
+static int same_str(const char *a, const char *b) { return strcmp(a ? a : "", b ? b : "") == 0; }
+
+static void differential(const uint8_t *data, size_t len) {
+    Pippin__Envelope *ours = NULL;
+    pp_status s = pp_wire_read(data, len, &ours);
+    Pippin__Envelope *ref = pippin__envelope__unpack(NULL, len, data);
+    check((s == PP_OK) == (ref != NULL));
+    if (!ref) return;
+    check(ours->version == ref->version && ours->kind == ref->kind && ours->run_id == ref->run_id &&
+          ours->step == ref->step && ours->microbatch == ref->microbatch &&
+          ours->src_stage == ref->src_stage && ours->dst_stage == ref->dst_stage &&
+          ours->seq == ref->seq && ours->src_rank == ref->src_rank &&
+          same_str(ours->text, ref->text) && same_str(ours->shm_name, ref->shm_name) &&
+          ours->inline_data.len == ref->inline_data.len &&
+          (!ref->inline_data.len || memcmp(ours->inline_data.data, ref->inline_data.data, ref->inline_data.len) == 0) &&
+          ours->n_tensors == ref->n_tensors);
+    for (size_t i = 0; i < ref->n_tensors; i++) {
+        const Pippin__TensorMeta *a = ours->tensors[i], *b = ref->tensors[i];
+        check(same_str(a->name, b->name) && a->dtype == b->dtype && a->n_shape == b->n_shape &&
+              a->nbytes == b->nbytes && a->nframes == b->nframes && a->placement == b->placement &&
+              a->shm_pos == b->shm_pos);
+        for (size_t d = 0; d < b->n_shape; d++) check(a->shape[d] == b->shape[d]);
+    }
+    /* writing what was read: the same bytes as protobuf-c (which would also
+     * write back the unknown fields it kept, so both write ours) */
+    size_t n = pp_wire_size(ours);
+    check(n == pippin__envelope__get_packed_size(ours));
+    uint8_t *x = malloc(n + 1), *y = malloc(n + 1);
+    check(x && y);
+    check(pp_wire_write(ours, x) == n);
+    check(pippin__envelope__pack(ours, y) == n);
+    check(memcmp(x, y, n) == 0);
+    free(x);
+    free(y);
+    free(ours);
+    pippin__envelope__free_unpacked(ref, NULL);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -114,6 +175,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         data += n;
         size -= n;
     }
+
+    differential(env_data, env_len);
 
     pp_envelope_limits lim = {1u << 20, 16, MAX_FRAMES, 8, 8};
     pp_envelope env;
@@ -157,6 +220,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         for (int i = 0; i < env.ntensors; i++) {
             const pp_wire_tensor *wt = &env.tensors[i];
             pp_tensor *t = NULL;
+            if (wt->placement == PP_PLACE_INLINE) {
+                check(pp_envelope_tensor_inline(&env, i, &t) == PP_OK && t->nbytes == wt->nbytes);
+                pp_tensor_free(t);
+                continue;
+            }
+            if (wt->placement == PP_PLACE_SHM) continue; /* the transport's ring checks */
             check(pp_envelope_tensor_copy(wt, frames + f, sizes + f, &t) == PP_OK);
             check(t->nbytes == wt->nbytes);
             size_t off = 0;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "envelope_wire.h"
 #include "pippin.pb-c.h"
 
 #define DEFAULT_MAX_MESSAGE_BYTES (UINT64_C(2) << 30)
@@ -90,7 +91,7 @@ static void pack_end(pack_state *ps) {
 size_t pp_envelope_packed_size(const pp_envelope *env) {
     pack_state ps;
     if (pack_begin(env, &ps) != PP_OK) return 0;
-    size_t n = pippin__envelope__get_packed_size(&ps.pb);
+    size_t n = pp_wire_size(&ps.pb);
     pack_end(&ps);
     return n;
 }
@@ -98,45 +99,24 @@ size_t pp_envelope_packed_size(const pp_envelope *env) {
 pp_status pp_envelope_pack(const pp_envelope *env, void *buf, size_t cap, size_t *len) {
     pack_state ps;
     PP_TRY(pack_begin(env, &ps));
-    size_t need = pippin__envelope__get_packed_size(&ps.pb);
+    size_t need = pp_wire_size(&ps.pb);
     if (need > cap) {
         pack_end(&ps);
         return pp_error(PP_ERR_INVALID, "envelope needs %zu bytes, buffer has %zu", need, cap);
     }
-    *len = pippin__envelope__pack(&ps.pb, buf);
+    *len = pp_wire_write(&ps.pb, buf);
     pack_end(&ps);
     return PP_OK;
 }
 
 /* ---- decoding and validation ---- */
 
-/* A decoded envelope and everything protobuf-c allocated for it: one malloc
- * holds the bookkeeping and an arena that usually fits the whole message. */
+/* A decoded envelope: the parsed message (one block, see envelope_wire.h)
+ * and the checked metadata handed out as pp_wire_tensor. */
 typedef struct decoded {
     Pippin__Envelope *pb;
-    pp_wire_tensor *tensors;
-    ProtobufCAllocator alloc;
-    size_t used, cap;
-    max_align_t arena[];
+    pp_wire_tensor tensors[];
 } decoded;
-
-static void *arena_alloc(void *ctx, size_t size) {
-    decoded *d = ctx;
-    size_t n = (size + sizeof(max_align_t) - 1) / sizeof(max_align_t) * sizeof(max_align_t);
-    if (n >= size && d->cap - d->used >= n) {
-        void *p = (char *)d->arena + d->used;
-        d->used += n;
-        return p;
-    }
-    return malloc(size);
-}
-
-static void arena_free(void *ctx, void *p) {
-    decoded *d = ctx;
-    uintptr_t a = (uintptr_t)p, lo = (uintptr_t)d->arena;
-    if (a >= lo && a < lo + d->cap) return; /* released with the arena */
-    free(p);
-}
 
 /* A name is 1..255 bytes with no control characters, so it is safe to log
  * and to use as a mailbox key. */
@@ -262,12 +242,6 @@ static pp_status check_envelope(const Pippin__Envelope *pb, const pp_envelope_li
         return pp_error(PP_ERR_PARSE, "%s message with %zu tensors", pp_msg_kind_name(kind),
                         pb->n_tensors);
 
-    dec->tensors = NULL;
-    if (pb->n_tensors) {
-        dec->tensors = arena_alloc(dec, pb->n_tensors * sizeof *dec->tensors);
-        if (!dec->tensors) return pp_error(PP_ERR_NOMEM, "out of memory decoding an envelope");
-        memset(dec->tensors, 0, pb->n_tensors * sizeof *dec->tensors);
-    }
     uint64_t total = 0, frames = 0, inl = 0, in_shm = 0;
     pp_status s = PP_OK;
     for (size_t i = 0; i < pb->n_tensors && s == PP_OK; i++) {
@@ -300,10 +274,6 @@ static pp_status check_envelope(const Pippin__Envelope *pb, const pp_envelope_li
                      "letters, digits, '.', '_' or '-'", PP_ENVELOPE_MAX_SHM_NAME);
     if (s == PP_OK && !in_shm && pb->shm_name[0])
         s = pp_error(PP_ERR_PARSE, "shared-memory ring name without shared-memory tensors");
-    if (s != PP_OK) {
-        arena_free(dec, dec->tensors);
-        dec->tensors = NULL;
-    }
     return s;
 }
 
@@ -314,26 +284,22 @@ pp_status pp_envelope_decode(const void *data, size_t len, const pp_envelope_lim
     if (len > PP_ENVELOPE_MAX_BYTES)
         return pp_error(PP_ERR_PARSE, "envelope frame of %zu bytes (at most %u)", len,
                         PP_ENVELOPE_MAX_BYTES);
-    /* unpacked size is roughly proportional to the packed size */
-    size_t cap = 512 + 16 * len;
-    if (cap > 16384) cap = 16384;
-    decoded *dec = malloc(sizeof *dec + cap);
-    if (!dec) return pp_error(PP_ERR_NOMEM, "out of memory decoding an envelope");
-    dec->used = 0;
-    dec->cap = cap;
-    dec->alloc.alloc = arena_alloc;
-    dec->alloc.free = arena_free;
-    dec->alloc.allocator_data = dec;
-    Pippin__Envelope *pb = pippin__envelope__unpack(&dec->alloc, len, data);
-    if (!pb) {
-        free(dec);
-        return pp_error(PP_ERR_PARSE, "envelope is not a valid protobuf message");
+    Pippin__Envelope *pb;
+    PP_TRY(pp_wire_read(data, len, &pb));
+    decoded *dec = NULL;
+    pp_status s = pb->n_tensors > (lim && lim->max_tensors ? lim->max_tensors : DEFAULT_MAX_TENSORS)
+                      ? pp_error(PP_ERR_PARSE, "%zu tensors (at most %" PRIu32 ")", pb->n_tensors,
+                                 lim && lim->max_tensors ? lim->max_tensors : DEFAULT_MAX_TENSORS)
+                      : PP_OK;
+    if (s == PP_OK && !(dec = calloc(1, sizeof *dec + pb->n_tensors * sizeof dec->tensors[0])))
+        s = pp_error(PP_ERR_NOMEM, "out of memory decoding an envelope");
+    if (s == PP_OK) {
+        dec->pb = pb;
+        s = check_envelope(pb, lim, dec);
     }
-    dec->pb = pb;
-    pp_status s = check_envelope(pb, lim, dec);
     if (s != PP_OK) {
-        pippin__envelope__free_unpacked(pb, &dec->alloc);
         free(dec);
+        free(pb);
         return s;
     }
     out->version = pb->version;
@@ -359,8 +325,7 @@ void pp_envelope_clear(pp_envelope *env) {
     if (!env) return;
     decoded *dec = env->priv_;
     if (dec) {
-        arena_free(dec, dec->tensors);
-        pippin__envelope__free_unpacked(dec->pb, &dec->alloc);
+        free(dec->pb);
         free(dec);
     }
     memset(env, 0, sizeof *env);

@@ -22,7 +22,7 @@
 
 #define DEFAULT_TIMEOUT_MS 10000
 #define DEFAULT_LINGER_MS 1000
-#define DEFAULT_HWM 64
+#define DEFAULT_HWM 1000 /* libzmq's; queued tensors are references (large), inline copies (<= 16 KiB) or ring records */
 #define DEFAULT_MAX_MESSAGE (UINT64_C(2) << 30)
 #define DEFAULT_FRAME_BYTES ((size_t)1 << 20)
 #define DEFAULT_ZERO_COPY_MIN ((size_t)64 << 10)

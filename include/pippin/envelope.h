@@ -90,7 +90,8 @@ typedef struct pp_envelope {
     pp_wire_tensor *tensors;
     const char *text;   /* "" when absent */
     /* The bytes of the PP_PLACE_INLINE tensors, back to back in tensor
-     * order (encode: the caller's; decode: owned by the envelope). */
+     * order (encode: the caller's; decode: inside the decoded frame, which
+     * must outlive the envelope's use). */
     const void *inline_data;
     size_t inline_bytes;
     /* The sender's ring for PP_PLACE_SHM tensors; "" when there are none. */

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "envelope_wire.h"
 #include "pippin.pb-c.h"
 #include "tt_craft.h"
 #include "tt_util.h"
@@ -175,6 +176,72 @@ static void test_bad_placements(void **state) {
     expect_bad(&c, NULL, "inline tensor of 0 bytes");
 }
 
+/* The hand-written wire codec writes protobuf-c's bytes and reads what
+ * protobuf-c reads (fuzz/fuzz_envelope.c checks this on every input). */
+static void test_wire_agrees_with_protobuf_c(void **state) {
+    (void)state;
+    crafted c;
+    for (int variant = 0; variant < 6; variant++) {
+        craft(&c);
+        if (variant == 1) { c.env.n_tensors = 4; c.env.text = "hello"; }
+        if (variant == 2) { c.env.microbatch = -1; c.env.src_stage = -7; c.shape[0][0] = -1; } /* 10-byte varints */
+        if (variant == 3) { c.env.n_tensors = 0; c.env.kind = PIPPIN__KIND__KIND_ABORT; c.env.text = "why"; }
+        if (variant == 4) {
+            static uint8_t bytes[3] = {1, 2, 3};
+            c.meta[0].placement = PIPPIN__PLACEMENT__PLACEMENT_SHM; c.meta[0].shm_pos = UINT64_MAX;
+            c.env.shm_name = "/pippin-9-9"; c.env.inline_data.data = bytes; c.env.inline_data.len = 3;
+        }
+        if (variant == 5) { c.meta[0].n_shape = 0; c.meta[0].name = ""; c.env.run_id = UINT64_MAX; }
+        size_t n = pippin__envelope__get_packed_size(&c.env);
+        assert_int_equal(pp_wire_size(&c.env), n);
+        uint8_t want[1024], got[1024];
+        assert_true(n <= sizeof want);
+        pippin__envelope__pack(&c.env, want);
+        assert_int_equal(pp_wire_write(&c.env, got), n);
+        assert_memory_equal(got, want, n);
+        /* and read back the same */
+        Pippin__Envelope *e;
+        TT_OK(pp_wire_read(want, n, &e));
+        assert_int_equal(e->n_tensors, c.env.n_tensors);
+        assert_int_equal(e->microbatch, c.env.microbatch);
+        assert_int_equal(e->run_id, c.env.run_id);
+        assert_string_equal(e->text, c.env.text);
+        if (e->n_tensors) assert_int_equal(e->tensors[0]->n_shape, c.meta[0].n_shape);
+        free(e);
+    }
+    /* odd but legal wire forms, and broken ones: both readers agree */
+    static const char *cases[] = {
+        "08011d01020304",   /* known field, wrong wire type */
+        "080123",           /* group */
+        "0801fa0100",       /* unknown field 31, empty bytes */
+        "0801a30100",       /* unknown group */
+        "52021d00",         /* wrong wire type inside a tensor */
+        "0801380107",       /* a tag byte without field bits */
+        "520318ff01",       /* shape not packed */
+        "0801780a",         /* unknown varint field 15 */
+        "0801f8ffffff0f05", /* 5-byte tag */
+        "08018000",         /* non-canonical tag 0: skipped as unknown */
+        "0801",             /* just a version */
+        "08",               /* truncated varint */
+        "0a05",             /* length past the end */
+        "08ffffffffffffffffff01", /* 10-byte varint */
+        "08ffffffffffffffffffff01", /* 11 bytes */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        uint8_t buf[64];
+        size_t n = strlen(cases[i]) / 2;
+        for (size_t k = 0; k < n; k++) sscanf(cases[i] + 2 * k, "%2hhx", &buf[k]);
+        Pippin__Envelope *ours = NULL, *ref = pippin__envelope__unpack(NULL, n, buf);
+        pp_status st = pp_wire_read(buf, n, &ours);
+        if ((st == PP_OK) != (ref != NULL))
+            fail_msg("case %s: ours %s, protobuf-c %s", cases[i], st == PP_OK ? "accepts" : "refuses",
+                     ref ? "accepts" : "refuses");
+        if (ref) assert_int_equal(ours->version, ref->version);
+        free(ours);
+        if (ref) pippin__envelope__free_unpacked(ref, NULL);
+    }
+}
+
 static void test_valid_crafted(void **state) {
     (void)state;
     crafted c;
@@ -340,7 +407,7 @@ int main(void) {
         cmocka_unit_test(test_bad_header),  cmocka_unit_test(test_bad_tensors),
         cmocka_unit_test(test_garbage),     cmocka_unit_test(test_check_frames),
         cmocka_unit_test(test_kind_names),  cmocka_unit_test(test_placements),
-        cmocka_unit_test(test_bad_placements),
+        cmocka_unit_test(test_bad_placements), cmocka_unit_test(test_wire_agrees_with_protobuf_c),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
