@@ -30,6 +30,8 @@
 /* A ring holds four of the largest tensor sent so far (so a few can be in
  * flight), rounded up to a power of two, at least this much. */
 #define MIN_RING_BYTES ((size_t)1 << 20)
+/* A sender waits this long for room in a full ring before it grows it. */
+#define RING_WAIT_US 10000
 #define HOST_ID_CHARS 256
 #define DEFAULT_RECV_CACHE ((int64_t)512 << 20)
 /* Reassembled tensors at least this big come from the buffer pool. */
@@ -1099,6 +1101,24 @@ static size_t round_pow2(size_t n) {
     return p;
 }
 
+/* Makes a ring of `want` bytes the one for peer r. If that fails, the
+ * current one (or none) stays, and that size is not tried again. */
+static pp_shm_ring *replace_ring(pp_transport *t, int r, size_t want) {
+    peer *p = &t->peers[r];
+    if (p->ring_failed && want >= p->ring_failed) return p->tx_ring;
+    pp_shm_ring *fresh;
+    if (pp_shm_ring_create(want, &fresh) == PP_OK) {
+        retire_ring(p);
+        p->tx_ring = fresh;
+    } else {
+        p->ring_failed = want;
+        pp_warn("transport rank %d: no shared-memory ring of %zu bytes for rank %d (%s); %s: %s", t->rank,
+                want, r, peer_ep(t, r),
+                p->tx_ring ? "keeping the smaller one" : "large tensors go over the socket", pp_last_error());
+    }
+    return p->tx_ring;
+}
+
 /* The ring for tensors of up to `largest` bytes to peer r: only for a peer
  * on this host (it said so in its hello), created on first use and replaced
  * by a bigger one (up to shm_bytes) when a tensor would fill more than a
@@ -1115,20 +1135,33 @@ static pp_shm_ring *tx_ring(pp_transport *t, int r, size_t largest) {
     size_t want = largest > t->shm_bytes / 4 ? t->shm_bytes : round_pow2(4 * largest);
     if (want < MIN_RING_BYTES) want = MIN_RING_BYTES;
     if (want > t->shm_bytes) want = t->shm_bytes;
-    size_t have = p->tx_ring ? pp_shm_ring_bytes(p->tx_ring) : 0;
-    if (want > have && (!p->ring_failed || want < p->ring_failed)) {
-        pp_shm_ring *fresh;
-        if (pp_shm_ring_create(want, &fresh) == PP_OK) {
-            retire_ring(p);
-            p->tx_ring = fresh;
-        } else {
-            p->ring_failed = want;
-            pp_warn("transport rank %d: no shared-memory ring of %zu bytes for rank %d (%s); %s: %s",
-                    t->rank, want, r, peer_ep(t, r),
-                    have ? "keeping the smaller one" : "large tensors go over the socket", pp_last_error());
-        }
-    }
+    if (want > (p->tx_ring ? pp_shm_ring_bytes(p->tx_ring) : 0)) return replace_ring(t, r, want);
     return p->tx_ring;
+}
+
+/* Room for n bytes in the ring to peer r. When the ring is full and
+ * nothing of the message being built is in it yet: first wait a little for
+ * the receiver, which copies out as envelopes arrive (a small ring that
+ * stays in cache beats a big one); then replace the ring by one twice as
+ * big (up to shm_bytes), so that a receiver lagging several tensors behind
+ * does not push the rest onto the slower socket. 0: use the socket for this
+ * tensor. Our own incoming messages keep moving meanwhile. */
+static int ring_reserve(pp_transport *t, int r, pp_shm_ring **ring, int first, size_t n, uint64_t *pos,
+                        void **dst) {
+    if (!*ring) return 0;
+    if (pp_shm_ring_reserve(*ring, n, pos, dst)) return 1;
+    if (!first || n > pp_shm_ring_bytes(*ring)) return 0;
+    int64_t until = now_ns() + (int64_t)RING_WAIT_US * 1000;
+    while (now_ns() < until) {
+        struct timespec nap = {0, 20000};
+        nanosleep(&nap, NULL);
+        drain(t, NULL, NULL);
+        if (pp_shm_ring_reserve(*ring, n, pos, dst)) return 1;
+    }
+    size_t have = pp_shm_ring_bytes(*ring);
+    if (have >= t->shm_bytes) return 0;
+    *ring = replace_ring(t, r, have > t->shm_bytes / 2 ? t->shm_bytes : 2 * have);
+    return pp_shm_ring_reserve(*ring, n, pos, dst);
 }
 
 pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n,
@@ -1197,7 +1230,7 @@ pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n
             inline_one = i;
         } else if (x->nbytes < t->zero_copy_min) {
             wt[i].nframes = 1;
-        } else if (ring && pp_shm_ring_reserve(ring, x->nbytes, &pos, &dst)) {
+        } else if (ring_reserve(t, r, &ring, shm_bytes == 0, x->nbytes, &pos, &dst)) {
             /* same host: one copy into shared memory, only the envelope on the socket */
             memcpy(dst, x->data, x->nbytes);
             pp_shm_ring_commit(ring, pos, x->nbytes);

@@ -144,6 +144,41 @@ static void test_shm_full_ring_falls_back(void **state) {
     assert_int_equal(leftover_rings(), 0);
 }
 
+/* A full ring is replaced by a bigger one (up to shm_bytes) rather than
+ * sending over the socket. */
+static void test_shm_full_ring_grows(void **state) {
+    (void)state;
+    pp_transport_options o = base_opts(2000);
+    o.shm_bytes = 4 << 20;
+    pp_transport *t[2];
+    tt_make_ranks("ipc", 2, &o, t);
+    TT_OK(pp_transport_wait_peers(t[0], 2000));
+    wait_shm(t);
+    int64_t s[1] = {1 << 16}; /* 256 KiB: a 1 MiB ring, full after four */
+    pp_tensor *x[12];
+    for (int m = 0; m < 12; m++) {
+        x[m] = tt_f32_seq(1, s, (float)m);
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x");
+        TT_OK(pp_transport_send(t[0], &k, x[m]));
+    }
+    pp_transport_stats st;
+    pp_transport_stats_get(t[0], &st);
+    /* 1 MiB ring: 4; then 2 MiB: 8 more; then 4 MiB (the limit) would take
+     * the rest, but 12 * 256 KiB is exactly 4 + 8 */
+    assert_int_equal(st.shm_bytes_sent, 12 * x[0]->nbytes);
+    assert_int_equal(leftover_rings(), 2); /* the 1 MiB one waits to be drained, then the 2 MiB one */
+    for (int m = 0; m < 12; m++) {
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x");
+        pp_tensor *got;
+        TT_OK(pp_transport_recv(t[1], &k, 2000, &got));
+        tt_assert_same(got, x[m]);
+        pp_tensor_free(got);
+    }
+    for (int m = 0; m < 12; m++) pp_tensor_free(x[m]);
+    tt_close_ranks(2, t);
+    assert_int_equal(leftover_rings(), 0);
+}
+
 /* A bigger tensor gets a bigger ring; messages naming the old ring that
  * are still unread are delivered, then the old ring is let go. */
 static void test_shm_ring_grows(void **state) {
@@ -742,6 +777,7 @@ int main(void) {
         cmocka_unit_test(test_roundtrip_tcp_shm),
         cmocka_unit_test(test_shm_full_ring_falls_back),
         cmocka_unit_test(test_shm_ring_grows),
+        cmocka_unit_test(test_shm_full_ring_grows),
         cmocka_unit_test(test_shm_off),
         cmocka_unit_test(test_sendv),
         cmocka_unit_test(test_inproc_zero_copy),
