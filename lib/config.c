@@ -137,7 +137,8 @@ static pp_status get_int(const cx *x, const yaml_node_t *n, const char *key, int
     long long v = strtoll(s, &end, 10);
     if (*end) return type_err(x, n, key, "an integer");
     if (errno == ERANGE || v < lo || v > hi) {
-        if (errno != ERANGE && v < lo)
+        /* strtoll clamps an underflow to LLONG_MIN: that too is below lo. */
+        if (v < lo || (errno == ERANGE && v == LLONG_MIN))
             return err_at(x, PP_ERR_INVALID, n, "key '%s': must be at least %lld, got '%.40s'", key,
                           (long long)lo, s);
         return err_at(x, PP_ERR_INVALID, n, "key '%s': must be at most %lld, got '%.40s'", key,
@@ -434,6 +435,12 @@ static pp_status parse_top(const cx *x, const yaml_node_t *root) {
     if (!given(v[K_BATCH])) return v[K_BATCH] ? type_err(x, v[K_BATCH], "batch_size", "an integer")
                                               : err_at(x, PP_ERR_PARSE, root, "missing key 'batch_size'");
     PP_TRY(get_int(x, v[K_BATCH], "batch_size", 1, INT64_MAX, &c->batch_size));
+    /* Each microbatch needs a sample: caught here, with the line, rather
+     * than by every worker's first step. */
+    if (c->microbatches > c->batch_size)
+        return err_at(x, PP_ERR_INVALID, v[K_MICROBATCHES],
+                      "key 'microbatches': %d microbatches for batch_size %lld", c->microbatches,
+                      (long long)c->batch_size);
     if (given(v[K_STEPS])) PP_TRY(get_int(x, v[K_STEPS], "steps", 0, INT64_MAX, &c->steps));
     if (given(v[K_LOSS])) PP_TRY(get_str(x, v[K_LOSS], "loss", &c->loss));
     if (given(v[K_OPTIMIZER])) PP_TRY(parse_optimizer(x, v[K_OPTIMIZER]));

@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <json-c/json.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -157,14 +158,16 @@ pp_status pp_checkpoint_load(const char *dir, pp_stage *st, pp_optim *opt, int64
     int64_t saved_step = 0, opt_steps = 0;
     if (!json_object_object_get_ex(state, "step", &v) || !json_object_is_type(v, json_type_int))
         s = pp_error(PP_ERR_PARSE, "%s: 'step' missing or not an integer", path);
-    else saved_step = json_object_get_int64(v);
+    else if ((saved_step = json_object_get_int64(v)) < 0)
+        s = pp_error(PP_ERR_PARSE, "%s: 'step' is negative (%" PRId64 ")", path, saved_step);
     if (s == PP_OK && opt) {
         const char *kind = pp_optim_kind_name(pp_optim_get_config(opt)->kind);
         if (!json_object_object_get_ex(state, "optimizer", &v) || strcmp(json_object_get_string(v), kind) != 0)
             s = pp_error(PP_ERR_INVALID, "%s: saved with another optimizer than %s", path, kind);
         else if (!json_object_object_get_ex(state, "optimizer_steps", &v) || !json_object_is_type(v, json_type_int))
             s = pp_error(PP_ERR_PARSE, "%s: 'optimizer_steps' missing", path);
-        else opt_steps = json_object_get_int64(v);
+        else if ((opt_steps = json_object_get_int64(v)) < 0) /* AdamW's bias correction would divide by 0 */
+            s = pp_error(PP_ERR_PARSE, "%s: 'optimizer_steps' is negative (%" PRId64 ")", path, opt_steps);
     }
     json_object_put(state);
     for (int i = 0; i < fp->n && s == PP_OK; i++) {

@@ -4,6 +4,7 @@
 #include "pippin/optim.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <strings.h>
 
@@ -59,6 +60,9 @@ pp_status pp_optim_new(const pp_optim_config *c, int64_t n, pp_optim **out) {
     *out = NULL;
     PP_TRY(check(c));
     if (n < 0) return pp_error(PP_ERR_INVALID, "negative parameter count");
+    /* sizeof(float) * n below must not wrap to a tiny buffer. */
+    if ((uint64_t)n > PTRDIFF_MAX / sizeof(float))
+        return pp_error(PP_ERR_INVALID, "%lld parameters: too many for one optimizer", (long long)n);
     pp_optim *o = calloc(1, sizeof *o);
     if (!o) return pp_error(PP_ERR_NOMEM, "out of memory");
     o->c = *c;

@@ -62,6 +62,10 @@ static pp_status layout(const pp_graph *g, int n, const int *values, pp_flat_par
         const pp_value *val = &g->values[v];
         if (val->kind != PP_VALUE_PARAM || !val->data || val->data->dtype != PP_F32)
             return pp_error(PP_ERR_INVALID, "'%s' is not a float32 parameter", val->name);
+        /* A second slot for one value: the graph would read only the last
+         * slot, so updates to the first would be silently lost. */
+        for (int j = 0; j < i; j++)
+            if (values[j] == v) return pp_error(PP_ERR_INVALID, "parameter '%s' is listed twice", val->name);
         fp->values[i] = v;
         fp->names[i] = strdup(val->name);
         if (!fp->names[i]) return pp_error(PP_ERR_NOMEM, "out of memory");
@@ -78,6 +82,7 @@ static pp_status layout(const pp_graph *g, int n, const int *values, pp_flat_par
 
 pp_status pp_flat_params_new(pp_graph *g, int n, const int *values, pp_flat_params **out) {
     *out = NULL;
+    if (n < 0 || (n && !values)) return pp_error(PP_ERR_INVALID, "pp_flat_params_new: %d parameters", n);
     pp_flat_params *fp = calloc(1, sizeof *fp);
     if (!fp) return pp_error(PP_ERR_NOMEM, "out of memory");
     size_t m = (size_t)(n ? n : 1);

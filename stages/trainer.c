@@ -94,6 +94,8 @@ pp_status pp_data_batch(const pp_tensor *data, int64_t step, int64_t batch, pp_t
     if (data->ndim < 1 || data->shape[0] < 1)
         return pp_error(PP_ERR_SHAPE, "training data needs at least one row along dim 0");
     if (batch < 1) return pp_error(PP_ERR_INVALID, "batch size %lld", (long long)batch);
+    /* A negative step would make the row index negative (C's %). */
+    if (step < 0) return pp_error(PP_ERR_INVALID, "training step %lld is negative", (long long)step);
     int64_t shape[PP_MAX_DIMS], rows = data->shape[0];
     memcpy(shape, data->shape, sizeof(int64_t) * (size_t)data->ndim);
     shape[0] = batch;

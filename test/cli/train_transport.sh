@@ -72,6 +72,25 @@ elif grep -q "no checkpoint here" "$tmp/err"; then
 else
     echo "not ok $n - resume without a checkpoint: $(cat "$tmp/err")"
 fi
+# a checkpoint edited to a negative optimizer step count is refused, naming
+# the file, rather than turning AdamW's parameters into NaN
+n=$((n + 1))
+ck="$tmp/ck-neg"
+set -- "$FX/mlp/model.onnx" --data "x=$FX/mlp/train_x.npy" --data "y=$FX/mlp/train_y.npy" --batch-size 4
+if "$PIPPIN" train "$@" --steps 2 --checkpoint "$ck" --checkpoint-every 1 >/dev/null 2>"$tmp/err"; then
+    for f in "$ck"/stage_*/state.json; do
+        sed 's/"optimizer_steps": *[0-9]*/"optimizer_steps": -3/' "$f" >"$f.new" && mv "$f.new" "$f"
+    done
+    if "$PIPPIN" train "$@" --steps 3 --checkpoint "$ck" --resume >/dev/null 2>"$tmp/err"; then
+        echo "not ok $n - a negative optimizer step count in a checkpoint was accepted"
+    elif grep -q "state.json: 'optimizer_steps' is negative" "$tmp/err"; then
+        echo "ok $n - negative optimizer_steps in a checkpoint refused: $(head -c 160 "$tmp/err")"
+    else
+        echo "not ok $n - negative optimizer_steps: $(cat "$tmp/err")"
+    fi
+else
+    echo "not ok $n - checkpoint for the negative-steps test: $(cat "$tmp/err")"
+fi
 
 # --trace/--svg: the last step's timeline, every compute action of every rank.
 n=$((n + 1))

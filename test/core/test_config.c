@@ -274,6 +274,8 @@ static void test_type_errors(void **state) {
     expect_err(BASE "microbatches: 2.5\n", PP_ERR_PARSE, 5, "key 'microbatches'", "'2.5'");
     expect_err(BASE "steps: 0x10\n", PP_ERR_PARSE, 5, "key 'steps'", NULL);
     expect_err(BASE "steps: 99999999999999999999999\n", PP_ERR_INVALID, 5, "key 'steps'", "at most");
+    /* An underflow is below the minimum, not above the maximum. */
+    expect_err(BASE "steps: -99999999999999999999999\n", PP_ERR_INVALID, 5, "key 'steps'", "at least 0");
     expect_err(BASE "optimizer: {lr: abc}\n", PP_ERR_PARSE, 5, "key 'optimizer.lr': expected a number, got 'abc'",
                NULL);
     expect_err(BASE "optimizer: {lr: nan}\n", PP_ERR_PARSE, 5, "key 'optimizer.lr'", NULL);
@@ -322,6 +324,7 @@ static void test_value_errors(void **state) {
     expect_err(BASE "steps: -1\n", PP_ERR_INVALID, 5, "key 'steps': must be at least 0, got '-1'", NULL);
     expect_err(BASE "microbatches: 0\n", PP_ERR_INVALID, 5, "key 'microbatches': must be at least 1", NULL);
     expect_err(BASE "microbatches: -3\n", PP_ERR_INVALID, 5, "key 'microbatches'", NULL);
+    expect_err(BASE "microbatches: 5\n", PP_ERR_INVALID, 5, "key 'microbatches'", "batch_size 4");
     expect_err("model: m.onnx\nbatch_size: 0\ndata: {x: x.npy}\nranks: [a]\n", PP_ERR_INVALID, 2,
                "key 'batch_size': must be at least 1", NULL);
     expect_err(BASE "timeout_ms: 0\n", PP_ERR_INVALID, 5, "key 'timeout_ms'", NULL);

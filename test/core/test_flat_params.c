@@ -1,5 +1,6 @@
-/* Flat parameter and gradient buffers: layout, views, lifetime,
- * accumulation; microbatch accumulation equals the full-batch gradient. */
+/* Flat parameter and gradient buffers: layout, views, lifetime, bad lists,
+ * accumulation; data batches; microbatch accumulation equals the full-batch
+ * gradient. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,7 +107,33 @@ static void test_not_a_parameter(void **state) {
     assert_int_equal(pp_flat_params_new(g, 1, &x, &fp), PP_ERR_INVALID);
     assert_null(fp);
     assert_non_null(strstr(pp_last_error(), "'x'"));
+    /* One parameter listed twice would get two slots of which the graph
+     * reads only the last: refused, and the graph is left alone. */
+    int twice[2] = {ids[0], ids[0]};
+    pp_tensor *before = g->values[ids[0]].data;
+    assert_int_equal(pp_flat_params_new(g, 2, twice, &fp), PP_ERR_INVALID);
+    assert_null(fp);
+    assert_non_null(strstr(pp_last_error(), "'a'"));
+    assert_ptr_equal(g->values[ids[0]].data, before);
+    assert_int_equal(pp_flat_params_new(g, -1, ids, &fp), PP_ERR_INVALID);
+    assert_int_equal(pp_flat_params_new(g, 1, NULL, &fp), PP_ERR_INVALID);
     pp_graph_free(g);
+}
+
+/* Batches of rows read in order, wrapping around; a negative step is an
+ * error, not a read before the data. */
+static void test_data_batch(void **state) {
+    (void)state;
+    pp_tensor *d = tu_f32(2, (int64_t[]){3, 2}, (float[]){0, 1, 10, 11, 20, 21}), *b;
+    TU_OK(pp_data_batch(d, 1, 2, &b)); /* rows 2, 0 */
+    assert_int_equal(b->shape[0], 2);
+    assert_true(((float *)b->data)[0] == 20.0f && ((float *)b->data)[3] == 1.0f);
+    pp_tensor_free(b);
+    b = NULL;
+    assert_int_equal(pp_data_batch(d, -1, 2, &b), PP_ERR_INVALID);
+    assert_non_null(strstr(pp_last_error(), "-1"));
+    assert_null(b);
+    pp_tensor_free(d);
 }
 
 /* Gradients of two half batches seeded with 1/2 add up to the gradient of
@@ -150,6 +177,7 @@ int main(void) {
         cmocka_unit_test(test_layout_and_views),
         cmocka_unit_test(test_accumulate_and_zero),
         cmocka_unit_test(test_not_a_parameter),
+        cmocka_unit_test(test_data_batch),
         cmocka_unit_test(test_microbatch_accumulation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -260,6 +260,11 @@ static void test_bad_settings(void **state) {
     assert_int_equal(pp_optim_new(&c, 3, &o), PP_ERR_INVALID);
     assert_non_null(strstr(pp_last_error(), "beta2"));
     assert_null(o);
+    /* A count whose byte size wraps around is refused, not given a tiny
+     * state buffer that every step would overrun. */
+    pp_optim_config_init(&c, PP_OPTIM_ADAMW);
+    assert_int_equal(pp_optim_new(&c, INT64_C(1) << 62, &o), PP_ERR_INVALID);
+    assert_null(o);
 }
 
 int main(void) {
