@@ -1,7 +1,10 @@
 /* Shared-memory rings between ranks on one host. See shm_ring.h. */
 #include "shm_ring.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -24,8 +27,15 @@ typedef struct ring_header {
     uint64_t data_bytes;
     uint64_t header_bytes;
     char pad[64 - 24];
-    _Atomic uint64_t consumed;
+    _Atomic uint64_t consumed;   /* written by the receiver */
+    char pad2[64 - 8];
+    _Atomic uint64_t head;       /* message rings: end of the last record published */
+    char pad3[64 - 8];
+    _Atomic uint32_t waiting;    /* message rings: the receiver is (about to be) asleep */
 } ring_header;
+
+#define SKIP_MARK UINT32_MAX
+#define RECORD_HEADER 8
 
 struct pp_shm_ring {
     char name[64];
@@ -213,6 +223,98 @@ void pp_shm_ring_release(pp_shm_ring *r, uint64_t end) {
     if (end <= r->released) return;
     r->released = end;
     atomic_store_explicit(&r->hdr->consumed, end, memory_order_release);
+}
+
+static uint64_t round8(uint64_t n) { return (n + 7) & ~(uint64_t)7; }
+
+int pp_shm_ring_msg_reserve(pp_shm_ring *r, size_t len, uint64_t *pos, void **dst) {
+    if (len > UINT32_MAX - 16) return 0;
+    uint64_t n = round8(RECORD_HEADER + len);
+    uint64_t before = r->head;
+    void *at;
+    if (!pp_shm_ring_reserve(r, (size_t)n, pos, &at)) return 0;
+    if (*pos != before) { /* skipped the end of the lap: say so where a record would start */
+        uint32_t mark = SKIP_MARK;
+        memcpy(r->data + before % r->size, &mark, sizeof mark);
+    }
+    uint32_t hdr[2] = {(uint32_t)len, 0};
+    memcpy(at, hdr, sizeof hdr);
+    *dst = (unsigned char *)at + RECORD_HEADER;
+    return 1;
+}
+
+int pp_shm_ring_msg_commit(pp_shm_ring *r, uint64_t pos, size_t len) {
+    r->head = pos + round8(RECORD_HEADER + len);
+    /* publish, then look at the waiting flag: with the receiver's store of
+     * the flag before its load of head (both seq_cst), one of the two sees
+     * the other, so a record is never left with nobody awake to read it */
+    atomic_store_explicit(&r->hdr->head, r->head, memory_order_seq_cst);
+    return atomic_load_explicit(&r->hdr->waiting, memory_order_seq_cst) != 0;
+}
+
+int pp_shm_ring_msg_next(pp_shm_ring *r, const void **data, size_t *len, uint64_t *end) {
+    uint64_t head = atomic_load_explicit(&r->hdr->head, memory_order_seq_cst);
+    uint64_t c = r->released;
+    if (c == head) return 0;
+    if (head < c || head - c > r->size || c % 8) {
+        pp_error(PP_ERR_PARSE, "message ring %s: head %llu, consumed %llu", r->name,
+                 (unsigned long long)head, (unsigned long long)c);
+        return -1;
+    }
+    uint32_t hdr[2];
+    memcpy(hdr, r->data + c % r->size, sizeof hdr);
+    if (hdr[0] == SKIP_MARK) { /* the rest of this lap is empty */
+        c += r->size - c % r->size;
+        if (c == head) return 0;
+        if (c > head) {
+            pp_error(PP_ERR_PARSE, "message ring %s: skip past the head", r->name);
+            return -1;
+        }
+        memcpy(hdr, r->data, sizeof hdr);
+    }
+    uint64_t n = round8(RECORD_HEADER + (uint64_t)hdr[0]);
+    if (hdr[0] == SKIP_MARK || c % r->size + n > r->size || c + n > head) {
+        pp_error(PP_ERR_PARSE, "message ring %s: record of %u bytes at %llu does not fit", r->name,
+                 hdr[0], (unsigned long long)c);
+        return -1;
+    }
+    *data = r->data + c % r->size + RECORD_HEADER;
+    *len = hdr[0];
+    *end = c + n;
+    return 1;
+}
+
+void pp_shm_ring_set_waiting(pp_shm_ring *r, int waiting) {
+    atomic_store_explicit(&r->hdr->waiting, waiting ? 1u : 0u, memory_order_seq_cst);
+}
+
+static int swept;
+
+static void sweep(void) {
+    DIR *d = opendir("/dev/shm");
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        const char *rest = NULL;
+        if (strncmp(e->d_name, "pippin-bell-", 12) == 0) rest = e->d_name + 12;
+        else if (strncmp(e->d_name, "pippin-", 7) == 0) rest = e->d_name + 7;
+        if (!rest) continue;
+        char *end;
+        long pid = strtol(rest, &end, 10);
+        if (end == rest || *end != '-' || pid <= 0 || pid == (long)getpid()) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive, or not ours to judge */
+        char path[512];
+        snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
+        struct stat st;
+        if (lstat(path, &st) == 0 && st.st_uid == geteuid() && unlink(path) == 0) swept++;
+    }
+    closedir(d);
+}
+
+int pp_shm_sweep_stale(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, sweep);
+    return swept;
 }
 
 void pp_shm_ring_close(pp_shm_ring *r) {

@@ -64,6 +64,35 @@ pp_status pp_shm_ring_locate(const pp_shm_ring *r, uint64_t pos, uint64_t n, con
 /* Receiver: everything before end is consumed; the sender may reuse it. */
 void pp_shm_ring_release(pp_shm_ring *r, uint64_t end);
 
+/* ---- message rings ----
+ *
+ * The same ring can carry whole messages (a packed envelope with its small
+ * tensors inline) instead of tensor bytes named by envelopes: records of
+ * [u32 length][u32 0][bytes], 8-aligned, published through a head position
+ * in the header, so the receiver finds them without any socket. A waiting
+ * flag in the header tells the sender when the receiver is asleep and
+ * needs its doorbell rung (see transport.c). */
+
+/* Sender: room for a record of len bytes; *dst is where to write them. 0:
+ * no room now. */
+int pp_shm_ring_msg_reserve(pp_shm_ring *r, size_t len, uint64_t *pos, void **dst);
+/* Sender: publishes the record reserved at pos. Returns 1 if the receiver
+ * said it is waiting (ring its doorbell). */
+int pp_shm_ring_msg_commit(pp_shm_ring *r, uint64_t pos, size_t len);
+/* Receiver: the next record, if any: its bytes, length and end (release(end)
+ * when done with it). 0: none; -1: a record that cannot be valid (the
+ * ring is unusable; PP_ERR_PARSE says why). */
+int pp_shm_ring_msg_next(pp_shm_ring *r, const void **data, size_t *len, uint64_t *end);
+/* Receiver: says it is going to sleep (1) or awake (0). After saying 1,
+ * check msg_next once more before sleeping. */
+void pp_shm_ring_set_waiting(pp_shm_ring *r, int waiting);
+
+/* Removes the rings and doorbells ("/dev/shm/pippin-PID-*",
+ * "pippin-bell-PID-*") of this user's processes that no longer exist: a
+ * process killed before it could clean up leaves them. Once per process;
+ * returns how many it removed. */
+int pp_shm_sweep_stale(void);
+
 /* Unmaps; the sender also unlinks the name. NULL is ignored. */
 void pp_shm_ring_close(pp_shm_ring *r);
 

@@ -82,8 +82,8 @@ typedef struct pp_transport_options {
     int heartbeat_ivl_ms;         /* ZMTP PING interval; default min(1000, timeout/4) */
     int heartbeat_timeout_ms;     /* peer silent this long = dead; default timeout_ms */
     int linger_ms;                /* close waits at most this for unsent data; default 1000 */
-    int sndhwm;                   /* messages queued per peer; default 1000 */
-    int rcvhwm;                   /* messages queued on the receive socket; default 1000 */
+    int sndhwm;                   /* messages queued per peer; default 64 */
+    int rcvhwm;                   /* messages queued on the receive socket; default 64 */
     int sndbuf, rcvbuf;           /* kernel socket buffers in bytes; 0: OS default */
     uint64_t max_message_bytes;   /* larger incoming messages are dropped; default 2 GiB */
     size_t frame_bytes;           /* large tensors go in frames of this size; default 1 MiB */
@@ -104,10 +104,11 @@ typedef struct pp_transport_options {
     int spin_us;
     /* Ranks on one host (peers exchange a host id when they connect) pass
      * tensors of at least zero_copy_min bytes through a shared-memory ring
-     * of this many bytes per destination instead of the socket: one copy in,
-     * one copy out, no kernel in between. A tensor that does not fit, or a
-     * full ring, falls back to the socket. 0: 64 MiB; < 0: never. Off with
-     * CURVE, whose promise is that every byte is encrypted. */
+     * per destination instead of the socket (one copy in, one copy out, no
+     * kernel in between), and small messages whole through a message ring
+     * with a doorbell (no ZeroMQ at all). The largest ring is this many
+     * bytes; what does not fit goes over the socket. 0: 1 GiB; < 0: never.
+     * Off with CURVE, whose promise is that every byte is encrypted. */
     int64_t shm_bytes;
 
     /* CURVE. With curve_secret_key set (Z85, 40 chars) every link is
@@ -153,7 +154,7 @@ typedef struct pp_transport_stats {
     uint64_t auth_failures;       /* CURVE clients the ZAP handler refused */
     uint64_t pending;             /* tensors waiting in the mailbox */
     uint64_t pending_bytes;
-    uint64_t shm_bytes_sent;      /* payload bytes that went through a shared-memory ring */
+    uint64_t shm_bytes_sent;      /* payload bytes that went through shared memory (same-host peers) */
     uint64_t shm_bytes_received;
 } pp_transport_stats;
 

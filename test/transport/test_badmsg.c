@@ -267,6 +267,85 @@ static void test_placements(void **state) {
     pp_shm_ring_close(ring);
 }
 
+/* Polls rank 1 until its dropped count reaches want. */
+static void wait_dropped(fixture *f, uint64_t want, const char *what) {
+    pp_transport_stats st;
+    int64_t deadline = tt_now_ms() + 3000;
+    do {
+        TT_OK(pp_transport_poll(f->t[1], 20));
+        pp_transport_stats_get(f->t[1], &st);
+    } while (st.dropped < want && tt_now_ms() < deadline);
+    if (st.dropped != want)
+        fail_msg("%s: dropped %llu, expected %llu", what, (unsigned long long)st.dropped,
+                 (unsigned long long)want);
+    f->dropped = st.dropped;
+}
+
+/* Writes envelope c as a record of a message ring. */
+static void ring_put(pp_shm_ring *ring, crafted *c) {
+    size_t n = pippin__envelope__get_packed_size(&c->env);
+    uint64_t pos;
+    void *dst;
+    assert_int_equal(pp_shm_ring_msg_reserve(ring, n, &pos, &dst), 1);
+    pippin__envelope__pack(&c->env, dst);
+    pp_shm_ring_msg_commit(ring, pos, n);
+}
+
+/* A stranger on this host announces a message ring as rank 0 and writes
+ * records to it: good ones are delivered, ones claiming another rank or
+ * carrying control kinds are dropped, and a ring with a broken record is
+ * given up (counted) without harm. */
+static void test_msg_ring_records(void **state) {
+    fixture *f = *state;
+    pp_shm_ring *ring;
+    TT_OK(pp_shm_ring_create(1 << 20, &ring));
+    crafted c;
+    craft(&c); c.env.kind = PIPPIN__KIND__KIND_CONTROL; c.env.n_tensors = 0;
+    char text[128];
+    snprintf(text, sizeof text, "msgring %s", pp_shm_ring_name(ring));
+    c.env.text = text;
+    raw_send_crafted(f, &c, 0, NULL);
+    float vals[6] = {1, 2, 3, 4, 5, 6};
+    craft(&c); c.meta[0].placement = PIPPIN__PLACEMENT__PLACEMENT_INLINE; c.meta[0].nframes = 0;
+    c.env.inline_data.data = (uint8_t *)vals; c.env.inline_data.len = 24; c.env.microbatch = 2000;
+    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, 2000, 0, 1, "x");
+    pp_tensor *got = NULL;
+    int64_t deadline = tt_now_ms() + 3000;
+    /* the announcement arrives over the socket; the record then waits in the ring */
+    ring_put(ring, &c);
+    while (!got && tt_now_ms() < deadline) {
+        pp_status s = pp_transport_recv(f->t[1], &k, 100, &got);
+        if (s != PP_OK && s != PP_ERR_TIMEOUT) fail_msg("%s", pp_last_error());
+    }
+    assert_non_null(got);
+    assert_memory_equal(got->data, vals, 24);
+    pp_tensor_free(got);
+    pp_transport_stats st;
+    pp_transport_stats_get(f->t[1], &st);
+    uint64_t base = st.dropped;
+    c.env.src_rank = 1; ring_put(ring, &c); /* claims rank 1 in rank 0's ring */
+    c.env.src_rank = 0; c.env.kind = PIPPIN__KIND__KIND_ABORT; c.env.n_tensors = 0; c.env.inline_data.len = 0;
+    c.env.text = "fake"; ring_put(ring, &c);
+    wait_dropped(f, base + 2, "records claiming another rank or a control kind");
+    pp_transport_stats_get(f->t[1], &st);
+    assert_int_equal(st.pending, 0);
+    /* a broken record header: the ring is dropped, one more count */
+    uint64_t pos;
+    void *dst;
+    assert_int_equal(pp_shm_ring_msg_reserve(ring, 16, &pos, &dst), 1);
+    uint32_t bogus = 1u << 30;
+    memcpy((char *)dst - 8, &bogus, sizeof bogus);
+    pp_shm_ring_msg_commit(ring, pos, 16);
+    wait_dropped(f, base + 3, "a broken ring");
+    pp_shm_ring_close(ring);
+    /* the socket still works */
+    pp_transport_key g = tt_key(PP_MSG_ACTIVATION, 0, f->good++, 0, 1, "x");
+    craft(&c); c.env.microbatch = g.microbatch;
+    raw_send_crafted(f, &c, 1, one_frame);
+    TT_OK(pp_transport_recv(f->t[1], &g, 2000, &got));
+    pp_tensor_free(got);
+}
+
 /* A frame over ZMQ_MAXMSGSIZE makes libzmq drop the stranger's connection;
  * other links are unaffected. */
 static void test_oversize_frame(void **state) {
@@ -292,6 +371,7 @@ int main(void) {
         cmocka_unit_test(test_wrong_frames),
         cmocka_unit_test(test_routing),
         cmocka_unit_test(test_placements),
+        cmocka_unit_test(test_msg_ring_records),
         cmocka_unit_test(test_oversize_frame),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

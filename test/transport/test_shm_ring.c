@@ -6,6 +6,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include "doorbell.h"
 #include "shm_ring.h"
 #include "tt_util.h"
 
@@ -145,6 +152,123 @@ static void test_close_unlinks(void **state) {
     pp_shm_ring_close(NULL);
 }
 
+/* Message records: in order, wrapping with skip marks, the waiting flag
+ * reported to the sender, nonsense in the ring detected. */
+static void test_msg_records(void **state) {
+    (void)state;
+    pp_shm_ring *tx, *rx;
+    TT_OK(pp_shm_ring_create(MIB, &tx));
+    TT_OK(pp_shm_ring_open(pp_shm_ring_name(tx), &rx));
+    const void *data;
+    size_t len;
+    uint64_t end, pos;
+    void *dst;
+    assert_int_equal(pp_shm_ring_msg_next(rx, &data, &len, &end), 0);
+    /* records of 1..3000 bytes, read as they come: several laps */
+    unsigned seen = 0;
+    for (unsigned i = 1; i <= 3000; i++) {
+        size_t n = 1 + (i * 7919u) % 3000;
+        assert_int_equal(pp_shm_ring_msg_reserve(tx, n, &pos, &dst), 1);
+        memset(dst, (int)(i & 0xff), n);
+        assert_int_equal(pp_shm_ring_msg_commit(tx, pos, n), 0); /* nobody waiting */
+        if (i % 3 == 0) /* the receiver lags a little */
+            while (pp_shm_ring_msg_next(rx, &data, &len, &end) == 1) {
+                seen++;
+                assert_int_equal(len, 1 + (seen * 7919u) % 3000);
+                assert_int_equal(((const unsigned char *)data)[len - 1], seen & 0xff);
+                pp_shm_ring_release(rx, end);
+            }
+    }
+    assert_int_equal(seen, 3000);
+    /* a full ring refuses, never overwrites */
+    unsigned fit = 0;
+    while (pp_shm_ring_msg_reserve(tx, 60000, &pos, &dst)) {
+        pp_shm_ring_msg_commit(tx, pos, 60000);
+        fit++;
+    }
+    assert_true(fit >= 15 && fit <= 17);
+    while (pp_shm_ring_msg_next(rx, &data, &len, &end) == 1) pp_shm_ring_release(rx, end);
+    /* the waiting flag reaches the sender */
+    pp_shm_ring_set_waiting(rx, 1);
+    assert_int_equal(pp_shm_ring_msg_reserve(tx, 10, &pos, &dst), 1);
+    assert_int_equal(pp_shm_ring_msg_commit(tx, pos, 10), 1);
+    pp_shm_ring_set_waiting(rx, 0);
+    assert_int_equal(pp_shm_ring_msg_next(rx, &data, &len, &end), 1);
+    /* a record header that cannot be valid makes the ring unusable */
+    pp_shm_ring_release(rx, end);
+    assert_int_equal(pp_shm_ring_msg_reserve(tx, 10, &pos, &dst), 1);
+    uint32_t bogus = 5000000; /* longer than the ring */
+    memcpy((char *)dst - 8, &bogus, sizeof bogus);
+    pp_shm_ring_msg_commit(tx, pos, 10);
+    assert_int_equal(pp_shm_ring_msg_next(rx, &data, &len, &end), -1);
+    tt_assert_mentions(pp_last_error(), "does not fit", NULL);
+    pp_shm_ring_close(rx);
+    pp_shm_ring_close(tx);
+}
+
+static int readable(int fd) {
+    struct pollfd p = {fd, POLLIN, 0};
+    return poll(&p, 1, 0) == 1;
+}
+
+static void test_doorbell(void **state) {
+    (void)state;
+    pp_doorbell *b;
+    TT_OK(pp_doorbell_create(&b));
+    assert_true(pp_doorbell_path_ok(pp_doorbell_path(b)));
+    int fd = pp_doorbell_open_peer(pp_doorbell_path(b));
+    assert_true(fd >= 0);
+    assert_false(readable(pp_doorbell_fd(b)));
+    for (int i = 0; i < 100000; i++) pp_doorbell_ring(fd); /* more than a FIFO holds: never blocks */
+    assert_true(readable(pp_doorbell_fd(b)));
+    pp_doorbell_clear(b);
+    assert_false(readable(pp_doorbell_fd(b)));
+    close(fd);
+    char path[128];
+    snprintf(path, sizeof path, "%s", pp_doorbell_path(b));
+    pp_doorbell_close(b);
+    struct stat st;
+    assert_int_not_equal(stat(path, &st), 0); /* removed */
+    /* names a peer may send */
+    assert_false(pp_doorbell_path_ok("/etc/passwd"));
+    assert_false(pp_doorbell_path_ok("/dev/shm/pippin-bell-../x"));
+    assert_false(pp_doorbell_path_ok("/dev/shm/pippin-bell-"));
+    assert_int_equal(pp_doorbell_open_peer("/dev/shm/pippin-bell-1-999999"), -1);
+    /* a regular file under a doorbell's name is not a doorbell */
+    snprintf(path, sizeof path, "/dev/shm/pippin-bell-%ld-77777", (long)getpid());
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fclose(f);
+    assert_int_equal(pp_doorbell_open_peer(path), -1);
+    unlink(path);
+}
+
+/* Rings and doorbells of a process that died are removed; those of live
+ * processes are not. */
+static void test_sweep_stale(void **state) {
+    (void)state;
+    pid_t child = fork();
+    if (child == 0) _exit(0);
+    assert_true(child > 0);
+    waitpid(child, NULL, 0); /* dead now */
+    char dead_ring[128], dead_bell[128], live_ring[128];
+    snprintf(dead_ring, sizeof dead_ring, "/dev/shm/pippin-%ld-1", (long)child);
+    snprintf(dead_bell, sizeof dead_bell, "/dev/shm/pippin-bell-%ld-1", (long)child);
+    snprintf(live_ring, sizeof live_ring, "/dev/shm/pippin-%ld-1", (long)getppid());
+    const char *paths[3] = {dead_ring, dead_bell, live_ring};
+    for (int i = 0; i < 3; i++) {
+        FILE *f = fopen(paths[i], "w");
+        assert_non_null(f);
+        fclose(f);
+    }
+    assert_true(pp_shm_sweep_stale() >= 2);
+    struct stat st;
+    assert_int_not_equal(stat(dead_ring, &st), 0);
+    assert_int_not_equal(stat(dead_bell, &st), 0);
+    assert_int_equal(stat(live_ring, &st), 0);
+    unlink(live_ring);
+}
+
 int main(void) {
     pp_log_set_level(PP_LOG_ERROR);
     const struct CMUnitTest tests[] = {
@@ -154,6 +278,9 @@ int main(void) {
         cmocka_unit_test(test_bogus_release),
         cmocka_unit_test(test_open_errors),
         cmocka_unit_test(test_close_unlinks),
+        cmocka_unit_test(test_msg_records),
+        cmocka_unit_test(test_doorbell),
+        cmocka_unit_test(test_sweep_stale),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

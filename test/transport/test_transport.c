@@ -211,6 +211,129 @@ static void test_shm_ring_grows(void **state) {
     tt_close_ranks(2, t);
 }
 
+/* Small messages between same-host ranks go whole through a message ring
+ * (no ZeroMQ), in any amount: a full ring falls back to the socket, and the
+ * ring wraps around many times. */
+static void test_msg_ring(void **state) {
+    (void)state;
+    pp_transport_options o = base_opts(3000);
+    o.shm_bytes = 0;
+    pp_transport *t[2];
+    tt_make_ranks("ipc", 2, &o, t);
+    TT_OK(pp_transport_wait_peers(t[0], 2000));
+    wait_shm(t);
+    int64_t s[1] = {1024}; /* 4 KiB: inline */
+    pp_tensor *x = tt_f32_seq(1, s, 7);
+    pp_transport_stats st;
+    /* the ring is announced with the first message and confirmed later */
+    int m = 0;
+    for (int64_t until = tt_now_ms() + 3000;; m++) {
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x");
+        TT_OK(pp_transport_send(t[0], &k, x));
+        pp_tensor *got;
+        TT_OK(pp_transport_recv(t[1], &k, 2000, &got));
+        tt_assert_same(got, x);
+        pp_tensor_free(got);
+        pp_transport_stats_get(t[0], &st);
+        if (st.shm_bytes_sent) break;
+        if (tt_now_ms() > until) fail_msg("small messages never took the message ring");
+    }
+    /* 1100 without receiving: about 1000 fit the 4 MiB ring, the rest take
+     * the socket (which holds 2 x 64 before the sender would wait) */
+    int first = ++m;
+    for (; m < first + 1100; m++) {
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x");
+        ((float *)x->data)[0] = (float)m; /* copied at send: inline or ring */
+        TT_OK(pp_transport_send(t[0], &k, x));
+    }
+    pp_transport_stats before;
+    pp_transport_stats_get(t[0], &before);
+    assert_true(before.shm_bytes_sent > 900 * x->nbytes);
+    assert_true(before.shm_bytes_sent < 1100 * x->nbytes);
+    for (int i = m - 1; i >= first; i--) {
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, i, 0, 1, "x");
+        pp_tensor *got;
+        TT_OK(pp_transport_recv(t[1], &k, 2000, &got));
+        assert_true(((float *)got->data)[0] == (float)i);
+        assert_true(((float *)got->data)[1] == 8.0f);
+        pp_tensor_free(got);
+    }
+    /* ping-pong, both ways, round the ring several times */
+    for (int i = 0; i < 3000; i++, m++) {
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x"), g = tt_key(PP_MSG_GRADIENT, 0, m, 1, 0, "g");
+        ((float *)x->data)[0] = (float)m;
+        TT_OK(pp_transport_send(t[0], &k, x));
+        pp_tensor *got;
+        TT_OK(pp_transport_recv(t[1], &k, 2000, &got));
+        TT_OK(pp_transport_send(t[1], &g, got));
+        pp_tensor_free(got);
+        TT_OK(pp_transport_recv(t[0], &g, 2000, &got));
+        assert_true(((float *)got->data)[0] == (float)m);
+        pp_tensor_free(got);
+    }
+    pp_transport_stats_get(t[0], &st);
+    assert_true(st.shm_bytes_sent >= before.shm_bytes_sent + 3000 * x->nbytes);
+    pp_transport_stats_get(t[1], &st);
+    assert_int_equal(st.dropped, 0);
+    assert_int_equal(st.pending, 0);
+    pp_tensor_free(x);
+    tt_close_ranks(2, t);
+    assert_int_equal(leftover_rings(), 0);
+}
+
+typedef struct sleeper {
+    pp_transport *t;
+    pp_status status;
+    pp_tensor *got;
+} sleeper;
+
+static void *sleep_in_recv(void *arg) {
+    sleeper *s = arg;
+    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 1, 0, 0, 1, "late");
+    s->status = pp_transport_recv(s->t, &k, 5000, &s->got);
+    return NULL;
+}
+
+/* A rank asleep in a receive is woken by its doorbell when a same-host peer
+ * writes to the message ring. */
+static void test_msg_ring_doorbell(void **state) {
+    (void)state;
+    pp_transport_options o = base_opts(3000);
+    o.shm_bytes = 0;
+    pp_transport *t[2];
+    tt_make_ranks("tcp", 2, &o, t);
+    TT_OK(pp_transport_wait_peers(t[0], 2000));
+    wait_shm(t);
+    int64_t s[1] = {4};
+    pp_tensor *x = tt_f32_seq(1, s, 1);
+    pp_transport_stats st = {0};
+    for (int m = 0; !st.shm_bytes_sent && m < 1000; m++) {
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x");
+        TT_OK(pp_transport_send(t[0], &k, x));
+        pp_tensor *got;
+        TT_OK(pp_transport_recv(t[1], &k, 2000, &got));
+        pp_tensor_free(got);
+        pp_transport_stats_get(t[0], &st);
+    }
+    assert_true(st.shm_bytes_sent > 0);
+    for (int round = 0; round < 5; round++) {
+        sleeper sl = {t[1], PP_OK, NULL};
+        pthread_t th;
+        pthread_create(&th, NULL, sleep_in_recv, &sl);
+        struct timespec nap = {0, 30 * 1000000};
+        nanosleep(&nap, NULL); /* long enough to be asleep */
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 1, 0, 0, 1, "late");
+        TT_OK(pp_transport_send(t[0], &k, x));
+        pthread_join(th, NULL); /* handing t[1] back to this thread */
+        TT_OK(sl.status);
+        tt_assert_same(sl.got, x);
+        pp_tensor_free(sl.got);
+    }
+    pp_transport_stats_get(t[0], &st);
+    pp_tensor_free(x);
+    tt_close_ranks(2, t);
+}
+
 /* Peers told apart by host id: one that claims another host (or a
  * transport with rings off) gets everything over the socket. */
 static void test_shm_off(void **state) {
@@ -779,6 +902,8 @@ int main(void) {
         cmocka_unit_test(test_shm_ring_grows),
         cmocka_unit_test(test_shm_full_ring_grows),
         cmocka_unit_test(test_shm_off),
+        cmocka_unit_test(test_msg_ring),
+        cmocka_unit_test(test_msg_ring_doorbell),
         cmocka_unit_test(test_sendv),
         cmocka_unit_test(test_inproc_zero_copy),
         cmocka_unit_test(test_sender_frees_early),
