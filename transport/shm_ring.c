@@ -37,6 +37,12 @@ typedef struct ring_header {
 #define SKIP_MARK UINT32_MAX
 #define RECORD_HEADER 8
 
+/* A receiver's range lent out as a tensor's storage, until the tensor is freed. */
+typedef struct loan {
+    uint64_t start;
+    int returned;
+} loan;
+
 struct pp_shm_ring {
     char name[64];
     int owner;           /* created here (the sender) */
@@ -44,9 +50,24 @@ struct pp_shm_ring {
     unsigned char *data;
     uint64_t size;       /* data bytes */
     size_t map_bytes;
+    uint64_t align;      /* sender: records start at multiples of this */
     uint64_t head;       /* sender: end of the last record written */
-    uint64_t released;   /* receiver: what it handed back last */
+    uint64_t settled;    /* receiver: everything before this is processed */
+    /* Receiver: loans in order (ids base_id, base_id+1, ...); the sender may
+     * reuse only what lies before the oldest loan still out. Tensors are
+     * freed on any thread, hence the lock; the mapping lives until the ring
+     * is closed and every loan is back. */
+    pthread_mutex_t lock;
+    int refs;
+    loan *loans;
+    size_t lfirst, nloans, lcap;
+    uint64_t base_id;
 };
+
+typedef struct loan_ticket {
+    pp_shm_ring *ring;
+    uint64_t id;
+} loan_ticket;
 
 /* Appends the first line of a file (without the newline) to buf. */
 static int append_line(char *buf, size_t cap, const char *path) {
@@ -100,6 +121,9 @@ pp_status pp_shm_ring_create(size_t data_bytes, pp_shm_ring **out) {
     pp_shm_ring *r = calloc(1, sizeof *r);
     if (!r) return pp_error(PP_ERR_NOMEM, "out of memory");
     r->owner = 1;
+    r->refs = 1;
+    r->align = 1;
+    pthread_mutex_init(&r->lock, NULL);
     int fd = -1;
     for (int tries = 0; fd < 0 && tries < 100; tries++) {
         snprintf(r->name, sizeof r->name, "/pippin-%ld-%u", (long)getpid(),
@@ -143,6 +167,9 @@ pp_status pp_shm_ring_open(const char *name, pp_shm_ring **out) {
     pp_shm_ring *r = calloc(1, sizeof *r);
     if (!r) return pp_error(PP_ERR_NOMEM, "out of memory");
     snprintf(r->name, sizeof r->name, "%s", name);
+    r->refs = 1;
+    r->align = 1;
+    pthread_mutex_init(&r->lock, NULL);
     int fd = shm_open(name, O_RDWR, 0);
     if (fd < 0) {
         pp_status s = pp_error(PP_ERR_IO, "shared-memory ring %s: %s (is the peer on another host "
@@ -169,7 +196,7 @@ pp_status pp_shm_ring_open(const char *name, pp_shm_ring **out) {
         return s;
     }
     r->size = r->hdr->data_bytes;
-    r->released = atomic_load_explicit(&r->hdr->consumed, memory_order_acquire);
+    r->settled = atomic_load_explicit(&r->hdr->consumed, memory_order_acquire);
     shm_unlink(name); /* both sides have it mapped now */
     *out = r;
     return PP_OK;
@@ -183,7 +210,7 @@ int pp_shm_ring_reserve(pp_shm_ring *r, size_t n, uint64_t *pos, void **dst) {
     if (n == 0 || n > r->size) return 0;
     uint64_t consumed = atomic_load_explicit(&r->hdr->consumed, memory_order_acquire);
     if (consumed > r->head) return 0; /* the receiver wrote nonsense: stop using the ring */
-    uint64_t start = r->head, off = start % r->size;
+    uint64_t start = (r->head + r->align - 1) / r->align * r->align, off = start % r->size;
     if (off + n > r->size) start += r->size - off; /* no straddling the end */
     if (start + n - consumed > r->size) return 0;
     *pos = start;
@@ -205,12 +232,12 @@ pp_status pp_shm_ring_locate(const pp_shm_ring *r, uint64_t pos, uint64_t n, con
     if (n == 0 || n > r->size || pos > UINT64_MAX - n)
         return pp_error(PP_ERR_PARSE, "shared-memory record of %llu bytes in a ring of %llu",
                         (unsigned long long)n, (unsigned long long)r->size);
-    if (pos < r->released)
+    if (pos < r->settled)
         return pp_error(PP_ERR_PARSE, "shared-memory record at %llu, before the consumed mark %llu",
-                        (unsigned long long)pos, (unsigned long long)r->released);
-    if (pos + n - r->released > r->size)
+                        (unsigned long long)pos, (unsigned long long)r->settled);
+    if (pos + n - r->settled > r->size)
         return pp_error(PP_ERR_PARSE, "shared-memory record at %llu runs more than a lap past the "
-                        "consumed mark %llu", (unsigned long long)pos, (unsigned long long)r->released);
+                        "consumed mark %llu", (unsigned long long)pos, (unsigned long long)r->settled);
     if (pos % r->size + n > r->size)
         return pp_error(PP_ERR_PARSE, "shared-memory record at %llu straddles the end of the ring",
                         (unsigned long long)pos);
@@ -219,10 +246,91 @@ pp_status pp_shm_ring_locate(const pp_shm_ring *r, uint64_t pos, uint64_t n, con
     return PP_OK;
 }
 
+/* With the lock held: the sender may reuse everything before the oldest
+ * loan still out, or everything settled if none is. */
+static void publish_consumed(pp_shm_ring *r) {
+    while (r->nloans && r->loans[r->lfirst].returned) {
+        r->lfirst++;
+        r->nloans--;
+        r->base_id++;
+    }
+    if (!r->nloans) r->lfirst = 0;
+    uint64_t c = r->nloans ? r->loans[r->lfirst].start : r->settled;
+    if (c > atomic_load_explicit(&r->hdr->consumed, memory_order_relaxed))
+        atomic_store_explicit(&r->hdr->consumed, c, memory_order_release);
+}
+
 void pp_shm_ring_release(pp_shm_ring *r, uint64_t end) {
-    if (end <= r->released) return;
-    r->released = end;
-    atomic_store_explicit(&r->hdr->consumed, end, memory_order_release);
+    if (end <= r->settled) return;
+    pthread_mutex_lock(&r->lock);
+    r->settled = end;
+    publish_consumed(r);
+    pthread_mutex_unlock(&r->lock);
+}
+
+void pp_shm_ring_set_align(pp_shm_ring *r, size_t align) { r->align = align ? align : 1; }
+
+static void unmap_free(pp_shm_ring *r) {
+    if (r->hdr) munmap(r->hdr, r->map_bytes);
+    if (r->owner) shm_unlink(r->name); /* ENOENT once the receiver unlinked it */
+    pthread_mutex_destroy(&r->lock);
+    free(r->loans);
+    free(r);
+}
+
+/* Drops one reference (the ring's owner or a loan); the last unmaps. */
+static void unref(pp_shm_ring *r) {
+    pthread_mutex_lock(&r->lock);
+    int last = --r->refs == 0;
+    pthread_mutex_unlock(&r->lock);
+    if (last) unmap_free(r);
+}
+
+static void return_loan(void *data, void *hint) {
+    (void)data;
+    loan_ticket *tk = hint;
+    pp_shm_ring *r = tk->ring;
+    pthread_mutex_lock(&r->lock);
+    r->loans[r->lfirst + (tk->id - r->base_id)].returned = 1;
+    publish_consumed(r);
+    pthread_mutex_unlock(&r->lock);
+    free(tk);
+    unref(r);
+}
+
+pp_status pp_shm_ring_lend(pp_shm_ring *r, uint64_t pos, uint64_t n, pp_dtype dt, int ndim,
+                           const int64_t *shape, pp_tensor **out) {
+    const void *src;
+    PP_TRY(pp_shm_ring_locate(r, pos, n, &src));
+    if ((uintptr_t)src % 64) return pp_error(PP_ERR_UNSUPPORTED, "ring record at %llu is not aligned",
+                                             (unsigned long long)pos);
+    loan_ticket *tk = malloc(sizeof *tk);
+    if (!tk) return pp_error(PP_ERR_NOMEM, "out of memory");
+    pthread_mutex_lock(&r->lock);
+    if (r->lfirst + r->nloans == r->lcap) { /* compact, or grow */
+        if (r->lfirst) {
+            memmove(r->loans, r->loans + r->lfirst, r->nloans * sizeof *r->loans);
+            r->lfirst = 0;
+        } else {
+            size_t cap = r->lcap ? 2 * r->lcap : 16;
+            loan *l = realloc(r->loans, cap * sizeof *l);
+            if (!l) {
+                pthread_mutex_unlock(&r->lock);
+                free(tk);
+                return pp_error(PP_ERR_NOMEM, "out of memory");
+            }
+            r->loans = l;
+            r->lcap = cap;
+        }
+    }
+    tk->ring = r;
+    tk->id = r->base_id + r->nloans;
+    r->loans[r->lfirst + r->nloans++] = (loan){pos, 0};
+    r->refs++;
+    pthread_mutex_unlock(&r->lock);
+    pp_status s = pp_tensor_wrap(dt, ndim, shape, (void *)src, return_loan, tk, out);
+    if (s != PP_OK) return_loan(NULL, tk);
+    return s;
 }
 
 static uint64_t round8(uint64_t n) { return (n + 7) & ~(uint64_t)7; }
@@ -254,7 +362,7 @@ int pp_shm_ring_msg_commit(pp_shm_ring *r, uint64_t pos, size_t len) {
 
 int pp_shm_ring_msg_next(pp_shm_ring *r, const void **data, size_t *len, uint64_t *end) {
     uint64_t head = atomic_load_explicit(&r->hdr->head, memory_order_seq_cst);
-    uint64_t c = r->released;
+    uint64_t c = r->settled;
     if (c == head) return 0;
     if (head < c || head - c > r->size || c % 8) {
         pp_error(PP_ERR_PARSE, "message ring %s: head %llu, consumed %llu", r->name,
@@ -318,8 +426,5 @@ int pp_shm_sweep_stale(void) {
 }
 
 void pp_shm_ring_close(pp_shm_ring *r) {
-    if (!r) return;
-    if (r->hdr) munmap(r->hdr, r->map_bytes);
-    if (r->owner) shm_unlink(r->name); /* ENOENT once the receiver unlinked it */
-    free(r);
+    if (r) unref(r);
 }

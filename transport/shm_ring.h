@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "pippin/status.h"
+#include "pippin/tensor.h"
 
 typedef struct pp_shm_ring pp_shm_ring;
 
@@ -61,8 +62,21 @@ int pp_shm_ring_drained(const pp_shm_ring *r);
  * written (after everything already handed back, inside one lap, not
  * straddling the end). PP_ERR_PARSE says what is wrong. */
 pp_status pp_shm_ring_locate(const pp_shm_ring *r, uint64_t pos, uint64_t n, const void **src);
-/* Receiver: everything before end is consumed; the sender may reuse it. */
+/* Receiver: everything before end is processed; the sender may reuse it,
+ * except what is lent out. */
 void pp_shm_ring_release(pp_shm_ring *r, uint64_t end);
+
+/* Receiver: the n bytes at pos (checked as by locate) as a tensor's storage,
+ * without a copy. The sender gets the space back when the tensor is freed
+ * (on any thread), in order: nothing after the oldest loan still out is
+ * reused before it. The mapping outlives pp_shm_ring_close until every
+ * loan is back. PP_ERR_UNSUPPORTED: not 64-byte aligned (copy instead). */
+pp_status pp_shm_ring_lend(pp_shm_ring *r, uint64_t pos, uint64_t n, pp_dtype dt, int ndim,
+                           const int64_t *shape, pp_tensor **out);
+
+/* Sender: records start at multiples of align (1 by default; 64 for
+ * tensors that the receiver lends out as they are). */
+void pp_shm_ring_set_align(pp_shm_ring *r, size_t align);
 
 /* ---- message rings ----
  *
@@ -93,7 +107,8 @@ void pp_shm_ring_set_waiting(pp_shm_ring *r, int waiting);
  * returns how many it removed. */
 int pp_shm_sweep_stale(void);
 
-/* Unmaps; the sender also unlinks the name. NULL is ignored. */
+/* Unmaps (once every loan is back); the sender also unlinks the name. NULL
+ * is ignored. */
 void pp_shm_ring_close(pp_shm_ring *r);
 
 #endif

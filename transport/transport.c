@@ -574,9 +574,13 @@ static pp_status rx_ring(pp_transport *t, int r, const char *name, pp_shm_ring *
     return PP_OK;
 }
 
-/* Copies a tensor out of the sender's ring. */
-static pp_status shm_tensor(pp_transport *t, const pp_shm_ring *ring, const pp_wire_tensor *wt,
+/* A tensor from the sender's ring: its bytes where they are (the space goes
+ * back to the sender when the tensor is freed), or copied out when the
+ * record is not aligned. */
+static pp_status shm_tensor(pp_transport *t, pp_shm_ring *ring, const pp_wire_tensor *wt,
                             pp_tensor **out) {
+    pp_status s = pp_shm_ring_lend(ring, wt->shm_pos, wt->nbytes, wt->dtype, wt->ndim, wt->shape, out);
+    if (s != PP_ERR_UNSUPPORTED) return s;
     const void *src;
     PP_TRY(pp_shm_ring_locate(ring, wt->shm_pos, wt->nbytes, &src));
     if (wt->nbytes >= POOL_MIN_BYTES && t->pool)
@@ -1242,6 +1246,7 @@ static pp_shm_ring *replace_ring(pp_transport *t, int r, size_t want) {
     if (p->ring_failed && want >= p->ring_failed) return p->tx_ring;
     pp_shm_ring *fresh;
     if (pp_shm_ring_create(want, &fresh) == PP_OK) {
+        pp_shm_ring_set_align(fresh, 64); /* the receiver lends tensors out in place */
         retire_ring(p);
         p->tx_ring = fresh;
     } else {

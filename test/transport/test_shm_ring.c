@@ -152,6 +152,59 @@ static void test_close_unlinks(void **state) {
     pp_shm_ring_close(NULL);
 }
 
+/* Tensors lent out of the ring in place: the sender gets space back only
+ * up to the oldest tensor still alive, whatever order they are freed in,
+ * and the mapping outlives the ring's close. */
+static void test_lend(void **state) {
+    (void)state;
+    pp_shm_ring *tx, *rx;
+    TT_OK(pp_shm_ring_create(MIB, &tx));
+    pp_shm_ring_set_align(tx, 64);
+    TT_OK(pp_shm_ring_open(pp_shm_ring_name(tx), &rx));
+    uint64_t pos[3];
+    void *dst;
+    int64_t shape[1] = {100};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(pp_shm_ring_reserve(tx, 400, &pos[i], &dst), 1);
+        assert_int_equal(pos[i] % 64, 0);
+        memset(dst, 'a' + i, 400);
+        pp_shm_ring_commit(tx, pos[i], 400);
+    }
+    pp_tensor *t0, *t1;
+    TT_OK(pp_shm_ring_lend(rx, pos[0], 400, PP_F32, 1, shape, &t0));
+    TT_OK(pp_shm_ring_lend(rx, pos[1], 400, PP_F32, 1, shape, &t1));
+    assert_int_equal(((char *)t1->data)[399], 'b');
+    pp_shm_ring_release(rx, pos[2] + 400); /* the third was copied and is done */
+    assert_false(pp_shm_ring_drained(tx));
+    pp_tensor_free(t1); /* out of order: t0 still holds everything after it */
+    assert_false(pp_shm_ring_drained(tx));
+    pp_tensor_free(t0);
+    assert_true(pp_shm_ring_drained(tx));
+    /* a loan outlives the receiver's close */
+    assert_int_equal(pp_shm_ring_reserve(tx, 400, &pos[0], &dst), 1);
+    memset(dst, 'z', 400);
+    pp_shm_ring_commit(tx, pos[0], 400);
+    TT_OK(pp_shm_ring_lend(rx, pos[0], 400, PP_F32, 1, shape, &t0));
+    pp_shm_ring_release(rx, pos[0] + 400); /* processed; the loan still holds it */
+    assert_false(pp_shm_ring_drained(tx));
+    pp_shm_ring_close(rx);
+    assert_int_equal(((char *)t0->data)[0], 'z');
+    pp_tensor_free(t0);
+    assert_true(pp_shm_ring_drained(tx));
+    pp_shm_ring_close(tx);
+    /* an unaligned record is not lent (the caller copies) */
+    TT_OK(pp_shm_ring_create(MIB, &tx));
+    TT_OK(pp_shm_ring_open(pp_shm_ring_name(tx), &rx));
+    assert_int_equal(pp_shm_ring_reserve(tx, 3, &pos[0], &dst), 1);
+    pp_shm_ring_commit(tx, pos[0], 3);
+    assert_int_equal(pp_shm_ring_reserve(tx, 400, &pos[1], &dst), 1);
+    pp_shm_ring_commit(tx, pos[1], 400);
+    assert_int_equal(pos[1], 3);
+    TT_FAILS(PP_ERR_UNSUPPORTED, pp_shm_ring_lend(rx, pos[1], 400, PP_F32, 1, shape, &t0), "aligned");
+    pp_shm_ring_close(rx);
+    pp_shm_ring_close(tx);
+}
+
 /* Message records: in order, wrapping with skip marks, the waiting flag
  * reported to the sender, nonsense in the ring detected. */
 static void test_msg_records(void **state) {
@@ -278,6 +331,7 @@ int main(void) {
         cmocka_unit_test(test_bogus_release),
         cmocka_unit_test(test_open_errors),
         cmocka_unit_test(test_close_unlinks),
+        cmocka_unit_test(test_lend),
         cmocka_unit_test(test_msg_records),
         cmocka_unit_test(test_doorbell),
         cmocka_unit_test(test_sweep_stale),

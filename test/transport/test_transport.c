@@ -179,6 +179,41 @@ static void test_shm_full_ring_grows(void **state) {
     assert_int_equal(leftover_rings(), 0);
 }
 
+/* Received ring tensors are the ring's memory: they stay valid however
+ * long they are held, in any order, and after the transport is closed. */
+static void test_shm_tensors_held(void **state) {
+    (void)state;
+    pp_transport_options o = base_opts(2000);
+    o.shm_bytes = 0;
+    pp_transport *t[2];
+    tt_make_ranks("ipc", 2, &o, t);
+    TT_OK(pp_transport_wait_peers(t[0], 2000));
+    wait_shm(t);
+    int64_t s[1] = {1 << 16}; /* 256 KiB */
+    pp_tensor *x[8], *got[8];
+    for (int m = 0; m < 8; m++) {
+        x[m] = tt_f32_seq(1, s, (float)m * 10);
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x");
+        TT_OK(pp_transport_send(t[0], &k, x[m]));
+        TT_OK(pp_transport_recv(t[1], &k, 2000, &got[m]));
+    }
+    /* the first four hold the first ring; more went to a bigger one */
+    pp_transport_stats st;
+    pp_transport_stats_get(t[0], &st);
+    assert_int_equal(st.shm_bytes_sent, 8 * x[0]->nbytes);
+    pp_tensor_free(got[5]);
+    pp_tensor_free(got[1]);
+    tt_close_ranks(2, t);
+    for (int m = 0; m < 8; m++) {
+        if (m != 5 && m != 1) {
+            tt_assert_same(got[m], x[m]);
+            pp_tensor_free(got[m]);
+        }
+        pp_tensor_free(x[m]);
+    }
+    assert_int_equal(leftover_rings(), 0);
+}
+
 /* A bigger tensor gets a bigger ring; messages naming the old ring that
  * are still unread are delivered, then the old ring is let go. */
 static void test_shm_ring_grows(void **state) {
@@ -901,6 +936,7 @@ int main(void) {
         cmocka_unit_test(test_shm_full_ring_falls_back),
         cmocka_unit_test(test_shm_ring_grows),
         cmocka_unit_test(test_shm_full_ring_grows),
+        cmocka_unit_test(test_shm_tensors_held),
         cmocka_unit_test(test_shm_off),
         cmocka_unit_test(test_msg_ring),
         cmocka_unit_test(test_msg_ring_doorbell),
