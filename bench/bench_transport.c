@@ -3,7 +3,8 @@
  * Throughput: tensors sent by one rank and received (as tensors) by another,
  * against raw libzmq PUSH/PULL moving each message as one zero-copy frame,
  * for 4 KiB .. 256 MiB over tcp loopback and ipc; round-trip latency of a
- * small message; CURVE throughput. Sender and receiver are threads with
+ * small message; CURVE throughput; and pippin's socket path alone (shared
+ * memory off, as between hosts), for information. Sender and receiver are threads with
  * their own ZeroMQ context each (one I/O thread each), as two processes
  * would have. Each figure is the median of a few repetitions; pippin and
  * raw run back to back in pairs, and the ratio is the median of the pairs'
@@ -35,7 +36,7 @@
 static int json;
 static int reps = 5;
 static int quick;
-static const char *only_endpoint; /* --endpoint: run just this one (tcp, ipc, tcp+curve, latency) */
+static const char *only_endpoint; /* --endpoint: run just this one (tcp, ipc, tcp+curve, tcp-noshm, latency) */
 static size_t only_size;          /* --size: just this many bytes */
 static size_t frame_bytes;        /* --frame-bytes: pippin's frame size (0: its default) */
 static long long recv_cache = 0;  /* --recv-cache: pippin's reassembly cache (0: default, <0 off) */
@@ -98,6 +99,8 @@ typedef struct pip_pair {
     char keys[2][2][PP_CURVE_KEY_CHARS + 1]; /* [rank][0 public, 1 secret] */
 } pip_pair;
 
+static int sockets_only; /* pippin without its same-host shared-memory paths */
+
 static void pip_open(pip_pair *p, const char *kind, int curve) {
     memset(p, 0, sizeof *p);
     char ep[2][256];
@@ -123,6 +126,7 @@ static void pip_open(pip_pair *p, const char *kind, int curve) {
         o.sndhwm = o.rcvhwm = hwm;
         o.sndbuf = o.rcvbuf = sockbuf;
         o.spin_us = spin_us;
+        if (sockets_only) o.shm_bytes = -1;
         if (curve) {
             o.curve_secret_key = p->keys[r][1];
             o.curve_rank_keys = pubs;
@@ -421,7 +425,7 @@ static void throughput_suite(const char *endpoint, const char *kind, int curve, 
             ratio[r] = pip[r] / raw[r];
         }
         double best_pip = median(pip, reps), best_raw = median(raw, reps);
-        double target = curve ? 0 : (bytes <= (1u << 20) ? 0.95 : (bytes >= (16u << 20) ? 1.5 : 0));
+        double target = curve || sockets_only ? 0 : (bytes <= (1u << 20) ? 0.95 : (bytes >= (16u << 20) ? 1.5 : 0));
         pp_transport_stats_get(pp.t[0], &after);
         double sent = (double)(after.bytes_sent - before.bytes_sent);
         double shm = sent > 0 ? (double)(after.shm_bytes_sent - before.shm_bytes_sent) / sent : 0;
@@ -445,7 +449,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--spin-us") && i + 1 < argc) spin_us = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: pippin-bench-transport [--json] [--reps N] [--quick] "
-                            "[--endpoint tcp|ipc|tcp+curve|latency] [--size BYTES] [--frame-bytes N] "
+                            "[--endpoint tcp|ipc|tcp+curve|tcp-noshm|latency] [--size BYTES] [--frame-bytes N] "
                             "[--recv-cache BYTES] [--hwm N] [--sockbuf BYTES] [--spin-us US]\n");
             return 2;
         }
@@ -467,6 +471,11 @@ int main(int argc, char **argv) {
     throughput_suite("ipc", "ipc", 0, sizes, 5);
     static const size_t curve_sizes[] = {1u << 20, 16u << 20};
     throughput_suite("tcp+curve", "tcp", 1, curve_sizes, 2);
+    /* the socket path alone, as between hosts (no target: informational) */
+    sockets_only = 1;
+    static const size_t socket_sizes[] = {4u << 10, 1u << 20, 16u << 20, 64u << 20};
+    throughput_suite("tcp-noshm", "tcp", 0, socket_sizes, 4);
+    sockets_only = 0;
 
     const char *kinds[2] = {"tcp", "ipc"};
     int n = quick ? 2000 : 5000;
