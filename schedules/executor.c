@@ -261,7 +261,7 @@ static pp_status sync_shared(pp_executor *ex, step_state *ss, pp_tensor *const *
             const float *s0 = snap[i]->data;
             for (int64_t j = 0; j < pp_tensor_numel(delta[a]); j++) d[j] -= s0[j];
             for (int b = 0; b < sh->n_stages && st == PP_OK; b++) {
-                if (b == a) continue;
+                if (b == a || ex->stages[sh->stages[b]]) continue; /* a stage here uses delta[a] itself */
                 pp_transport_key k = make_key(PP_MSG_GRADIENT, ss, ss->m, s, sh->stages[b], sh->name);
                 st = pp_transport_send(ex->t, &k, delta[a]);
             }

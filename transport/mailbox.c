@@ -144,8 +144,9 @@ size_t pp_mailbox_count(const pp_mailbox *mb) { return mb->count; }
 
 uint64_t pp_mailbox_bytes(const pp_mailbox *mb) { return mb->bytes; }
 
-size_t pp_mailbox_drop_before(pp_mailbox *mb, int64_t step) {
+size_t pp_mailbox_drop_before(pp_mailbox *mb, int64_t step, char *first, size_t cap) {
     size_t dropped = 0;
+    if (first && cap) first[0] = 0;
     for (size_t b = 0; b < mb->nbuckets; b++) {
         entry **p = &mb->buckets[b];
         while (*p) {
@@ -155,6 +156,7 @@ size_t pp_mailbox_drop_before(pp_mailbox *mb, int64_t step) {
                 continue;
             }
             *p = e->next;
+            if (!dropped && first && cap) pp_mbox_key_str(&e->key, first, cap);
             mb->count--;
             mb->bytes -= e->tensor ? e->tensor->nbytes : 0;
             pp_tensor_free(e->tensor);

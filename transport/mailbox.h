@@ -34,8 +34,9 @@ pp_tensor *pp_mailbox_take(pp_mailbox *mb, const pp_mbox_key *key);
 /* Entries and tensor bytes held. */
 size_t pp_mailbox_count(const pp_mailbox *mb);
 uint64_t pp_mailbox_bytes(const pp_mailbox *mb);
-/* Drops every entry of a step < step; returns how many. */
-size_t pp_mailbox_drop_before(pp_mailbox *mb, int64_t step);
+/* Drops every entry of a step < step; returns how many. The first one's
+ * key is written to first (cap bytes; may be NULL), for the warning. */
+size_t pp_mailbox_drop_before(pp_mailbox *mb, int64_t step, char *first, size_t cap);
 /* Key as text for messages: "activation step 3 microbatch 1 stage 0->1 'x'". */
 const char *pp_mbox_key_str(const pp_mbox_key *key, char *buf, size_t cap);
 

@@ -1601,12 +1601,13 @@ pp_status pp_transport_poll(pp_transport *t, int timeout_ms) {
 pp_status pp_transport_set_step(pp_transport *t, int64_t step) {
     if (step < 0) return pp_error(PP_ERR_INVALID, "transport rank %d: negative step", t->rank);
     t->cur_step = step;
-    size_t n = pp_mailbox_drop_before(t->mbox, step);
+    char first[400];
+    size_t n = pp_mailbox_drop_before(t->mbox, step, first, sizeof first);
     sync_pending(t);
     if (n) {
         stat_add(&t->st.dropped, n);
-        pp_warn("transport rank %d: step %" PRId64 ": dropped %zu unclaimed tensors of earlier steps",
-                t->rank, step, n);
+        pp_warn("transport rank %d: step %" PRId64 ": dropped %zu unclaimed tensors of earlier steps "
+                "(%s%s)", t->rank, step, n, first, n > 1 ? ", ..." : "");
     }
     return PP_OK;
 }

@@ -24,6 +24,7 @@ typedef struct {
     int n_grads;
     char *grad_names[64];
     pp_tensor *grads[64];
+    uint64_t left_over; /* tensors sent to this rank and never taken */
 } rank_job;
 
 static void *rank_main(void *arg) {
@@ -53,6 +54,11 @@ static void *rank_main(void *arg) {
     }
     j->status = s;
     if (s != PP_OK) snprintf(j->error, sizeof j->error, "%s", pp_last_error());
+    if (t) {
+        pp_transport_stats st;
+        pp_transport_stats_get(t, &st);
+        j->left_over = st.pending + st.dropped;
+    }
     pp_executor_free(ex);
     pp_transport_close(t);
     return NULL;
@@ -106,8 +112,14 @@ static void check_against_runner(const char *fx, const char *const *names, pp_sc
         assert_int_equal(pthread_create(&th[k], NULL, rank_main, &jobs[k]), 0);
     }
     for (int k = 0; k < nranks; k++) pthread_join(th[k], NULL);
-    for (int k = 0; k < nranks; k++)
+    for (int k = 0; k < nranks; k++) {
         if (jobs[k].status != PP_OK) fail_msg("%s %s rank %d: %s", fx, sched->name, k, jobs[k].error);
+        /* every tensor sent was used (a replicated parameter's delta sent to
+         * a stage on the same rank used to sit in the mailbox) */
+        if (jobs[k].left_over)
+            fail_msg("%s %s rank %d: %llu tensors never taken", fx, sched->name, k,
+                     (unsigned long long)jobs[k].left_over);
+    }
     int lo = pp_runner_loss_output(r), compared = 0;
     for (int k = 0; k < nranks; k++) {
         if (jobs[k].outs[lo]) {

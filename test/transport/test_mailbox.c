@@ -76,7 +76,10 @@ static void test_grow_and_purge(void **state) {
         TT_OK(pp_mailbox_put(mb, &k, scalar((float)i)));
     }
     assert_int_equal(pp_mailbox_count(mb), 5000);
-    assert_int_equal(pp_mailbox_drop_before(mb, 5), 2500);
+    char first[300];
+    assert_int_equal(pp_mailbox_drop_before(mb, 5, first, sizeof first), 2500);
+    tt_assert_mentions(first, "activation step ", "stage 0->1", NULL); /* names one of them */
+    assert_int_equal(pp_mailbox_drop_before(mb, 5, NULL, 0), 0);
     assert_int_equal(pp_mailbox_count(mb), 2500);
     for (int i = 0; i < 5000; i++) {
         snprintf(name, sizeof name, "v%d", i % 50);
