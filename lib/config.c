@@ -399,11 +399,12 @@ static pp_status parse_schedule(const cx *x, const yaml_node_t *n) {
 
 enum {
     K_MODEL, K_SPLIT, K_DIMS, K_MODE, K_SCHEDULE, K_MICROBATCHES, K_BATCH, K_STEPS, K_LOSS,
-    K_OPTIMIZER, K_DATA, K_TEXT, K_RANKS, K_BIND, K_TIMEOUT, K_SECURITY, K_OUTPUT, K_STAGES, K_COUNT
+    K_OPTIMIZER, K_DATA, K_TEXT, K_RANKS, K_BIND, K_TIMEOUT, K_SECURITY, K_OUTPUT, K_STAGES, K_SHM, K_COUNT
 };
 static const char *const top_keys[K_COUNT] = {
     "model", "split", "dims", "mode", "schedule", "microbatches", "batch_size", "steps", "loss",
-    "optimizer", "data", "text", "ranks", "bind", "timeout_ms", "security", "output_dir", "stages"};
+    "optimizer", "data", "text", "ranks", "bind", "timeout_ms", "security", "output_dir", "stages",
+    "shared_memory"};
 
 static pp_status parse_top(const cx *x, const yaml_node_t *root) {
     pp_config *c = x->c;
@@ -461,6 +462,7 @@ static pp_status parse_top(const cx *x, const yaml_node_t *root) {
     if (c->n_ranks == 0) return err_at(x, PP_ERR_INVALID, v[K_RANKS], "key 'ranks': no endpoints given");
     if (given(v[K_BIND])) PP_TRY(get_str(x, v[K_BIND], "bind", &c->bind));
     if (given(v[K_TIMEOUT])) PP_TRY(get_int32(x, v[K_TIMEOUT], "timeout_ms", 1, INT_MAX, &c->timeout_ms));
+    if (given(v[K_SHM])) PP_TRY(get_bool(x, v[K_SHM], "shared_memory", &c->shared_memory));
     if (given(v[K_SECURITY])) {
         yaml_node_t *lists[2];
         PP_TRY(parse_security(x, v[K_SECURITY], lists));
@@ -546,6 +548,7 @@ pp_status pp_config_parse(const char *text, size_t len, const char *name, const 
     c->microbatches = 1;
     c->steps = 1;
     c->timeout_ms = 10000;
+    c->shared_memory = 1;
     pp_optim_config_init(&c->optim, PP_OPTIM_ADAMW);
 
     yaml_parser_t parser;

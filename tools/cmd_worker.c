@@ -60,6 +60,7 @@ static pp_status open_transport(const pp_config *c, int rank, int nstages, const
     o.nstages = nstages;
     o.stage_ranks = stage_ranks;
     o.timeout_ms = c->timeout_ms;
+    if (!c->shared_memory) o.shm_bytes = -1;
     char secret[PP_CURVE_KEY_CHARS + 1];
     char(*pub)[PP_CURVE_KEY_CHARS + 1] = NULL;
     const char **pubs = NULL;

@@ -42,6 +42,18 @@ YAML
     port=$((port + 3))
 done
 
+# shared_memory: false keeps every byte on the sockets: same losses.
+n=$((n + 1))
+sed -e "s|output_dir: .*|output_dir: $tmp/out-noshm|" "$tmp/tcp.yaml" >"$tmp/noshm.yaml"
+echo "shared_memory: false" >>"$tmp/noshm.yaml"
+if ! "$PIPPIN" run "$tmp/noshm.yaml" >"$tmp/noshm.out" 2>"$tmp/noshm.err"; then
+    echo "not ok $n - run with shared_memory: false failed: $(tail -3 "$tmp/noshm.err")"
+elif [ "$(losses "$tmp/noshm.out")" != "$(losses "$tmp/ref")" ]; then
+    echo "not ok $n - run with shared_memory: false: losses differ: $(losses "$tmp/noshm.out" | tr '\n' ' ')"
+else
+    echo "ok $n - 3 workers over tcp with shared_memory: false match pippin train"
+fi
+
 # Stage files: each worker loads pipe.json and only its own stage_K.onnx.
 n=$((n + 1))
 "$PIPPIN" split "$FX/mlp/model.onnx" -o "$tmp/split" >/dev/null 2>&1

@@ -29,6 +29,7 @@
     "  - tcp://10.0.0.2:5555\n"                                                               \
     "bind: tcp://*:5555\n"                                                                    \
     "timeout_ms: 10000\n"                                                                     \
+    "shared_memory: false\n"                                                                  \
     "security:\n"                                                                             \
     "  secret_keys: [keys/rank0.key, keys/rank1.key]\n"                                       \
     "  public_keys: [keys/rank0.pub, keys/rank1.pub]\n"                                       \
@@ -108,6 +109,7 @@ static void test_full(void **state) {
     assert_string_equal(c->ranks[1], "tcp://10.0.0.2:5555");
     assert_string_equal(c->bind, "tcp://*:5555");
     assert_int_equal(c->timeout_ms, 10000);
+    assert_int_equal(c->shared_memory, 0);
     assert_int_equal(c->n_secret_keys, 2);
     assert_int_equal(c->n_public_keys, 2);
     assert_string_equal(c->secret_keys[0], "/cfg/keys/rank0.key");
@@ -190,6 +192,7 @@ static void test_defaults(void **state) {
     assert_int_equal(c->text_seq, 0);
     assert_null(c->bind);
     assert_int_equal(c->timeout_ms, 10000);
+    assert_int_equal(c->shared_memory, 1);
     assert_int_equal(c->n_secret_keys, 0);
     assert_int_equal(c->n_public_keys, 0);
     assert_null(c->secret_keys);

@@ -369,6 +369,40 @@ static void test_msg_ring_doorbell(void **state) {
     tt_close_ranks(2, t);
 }
 
+/* A receive that busy-polls first (spin_us) still gets every message, and
+ * still waits past the spin for a late one. */
+static void test_spin_receive(void **state) {
+    (void)state;
+    pp_transport_options o = base_opts(2000);
+    o.spin_us = 200;
+    pp_transport *t[2];
+    tt_make_ranks("tcp", 2, &o, t);
+    TT_OK(pp_transport_wait_peers(t[0], 2000));
+    int64_t s[1] = {16};
+    pp_tensor *x = tt_f32_seq(1, s, 2);
+    for (int m = 0; m < 50; m++) {
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x");
+        TT_OK(pp_transport_send(t[0], &k, x));
+        pp_tensor *got;
+        TT_OK(pp_transport_recv(t[1], &k, 2000, &got));
+        tt_assert_same(got, x);
+        pp_tensor_free(got);
+    }
+    sleeper sl = {t[1], PP_OK, NULL};
+    pthread_t th;
+    pthread_create(&th, NULL, sleep_in_recv, &sl);
+    struct timespec nap = {0, 20 * 1000000}; /* far longer than the spin */
+    nanosleep(&nap, NULL);
+    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 1, 0, 0, 1, "late");
+    TT_OK(pp_transport_send(t[0], &k, x));
+    pthread_join(th, NULL);
+    TT_OK(sl.status);
+    tt_assert_same(sl.got, x);
+    pp_tensor_free(sl.got);
+    pp_tensor_free(x);
+    tt_close_ranks(2, t);
+}
+
 /* Peers told apart by host id: one that claims another host (or a
  * transport with rings off) gets everything over the socket. */
 static void test_shm_off(void **state) {
@@ -940,6 +974,7 @@ int main(void) {
         cmocka_unit_test(test_shm_off),
         cmocka_unit_test(test_msg_ring),
         cmocka_unit_test(test_msg_ring_doorbell),
+        cmocka_unit_test(test_spin_receive),
         cmocka_unit_test(test_sendv),
         cmocka_unit_test(test_inproc_zero_copy),
         cmocka_unit_test(test_sender_frees_early),
