@@ -40,9 +40,11 @@ static int64_t dim_size(const char *expr, const char *batch_name, int64_t batch,
     return size;
 }
 
-pp_status pp_backward_stash_per_sample_dims(pp_graph *g, const pp_backward *b, const char *batch_name,
-                                            int n_dims, const char *const *dims, int64_t *per_sample,
-                                            int64_t *fixed) {
+/* The stash at batch 1 and 2 with dims sized as above; a dim no size is
+ * known for is the batch if it comes first, else `other`. */
+static pp_status stash_per_sample(pp_graph *g, const pp_backward *b, const char *batch_name, int n_dims,
+                                  const char *const *dims, int64_t other, int64_t *per_sample,
+                                  int64_t *fixed) {
     int n = b->n_inputs_before;
     pp_tensor **ins = calloc((size_t)n + 1, sizeof *ins);
     if (!ins) return pp_error(PP_ERR_NOMEM, "out of memory");
@@ -60,7 +62,7 @@ pp_status pp_backward_stash_per_sample_dims(pp_graph *g, const pp_backward *b, c
                 shape[d] = v->shape[d] >= 0 ? v->shape[d]
                            : v->dim_names[d] ? dim_size(v->dim_names[d], batch_name, batch, n_dims, dims)
                                              : 0;
-                if (shape[d] <= 0) shape[d] = d == 0 ? batch : 1;
+                if (shape[d] <= 0) shape[d] = d == 0 ? batch : other;
             }
             s = pp_tensor_new(v->dtype == PP_DTYPE_UNDEFINED ? PP_F32 : v->dtype, v->ndim, shape, &ins[k]);
         }
@@ -75,4 +77,15 @@ pp_status pp_backward_stash_per_sample_dims(pp_graph *g, const pp_backward *b, c
     *per_sample = bytes[1] - bytes[0];
     if (fixed) *fixed = bytes[0] - *per_sample;
     return PP_OK;
+}
+
+pp_status pp_backward_stash_per_sample_dims(pp_graph *g, const pp_backward *b, const char *batch_name,
+                                            int n_dims, const char *const *dims, int64_t *per_sample,
+                                            int64_t *fixed) {
+    return stash_per_sample(g, b, batch_name, n_dims, dims, 1, per_sample, fixed);
+}
+
+pp_status pp_backward_stash_per_sample(pp_graph *g, const pp_backward *b, int64_t other_dims,
+                                       int64_t *per_sample, int64_t *fixed) {
+    return stash_per_sample(g, b, NULL, 0, NULL, other_dims > 0 ? other_dims : 1, per_sample, fixed);
 }

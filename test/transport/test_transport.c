@@ -88,6 +88,16 @@ static void test_roundtrip_tcp(void **state) { (void)state; roundtrip("tcp", 0);
 static void test_roundtrip_ipc_shm(void **state) { (void)state; roundtrip("ipc", 1); }
 static void test_roundtrip_tcp_shm(void **state) { (void)state; roundtrip("tcp", 1); }
 
+/* Two connected ranks on kind with rings of up to shm_bytes (0: the
+ * default), once rank 0 knows rank 1 shares its host. */
+static void shm_pair(const char *kind, int64_t shm_bytes, int timeout_ms, pp_transport **t) {
+    pp_transport_options o = base_opts(timeout_ms);
+    o.shm_bytes = shm_bytes;
+    tt_make_ranks(kind, 2, &o, t);
+    TT_OK(pp_transport_wait_peers(t[0], 2000));
+    wait_shm(t);
+}
+
 /* Names of this process's rings still in /dev/shm. */
 static int leftover_rings(void) {
     char cmd[128], line[64];
@@ -102,12 +112,8 @@ static int leftover_rings(void) {
  * socket, and the ring is used again once the receiver has drained it. */
 static void test_shm_full_ring_falls_back(void **state) {
     (void)state;
-    pp_transport_options o = base_opts(2000);
-    o.shm_bytes = 1 << 20; /* one ring of 1 MiB */
     pp_transport *t[2];
-    tt_make_ranks("ipc", 2, &o, t);
-    TT_OK(pp_transport_wait_peers(t[0], 2000));
-    wait_shm(t);
+    shm_pair("ipc", 1 << 20, 2000, t);
     int64_t s[1] = {1 << 16}; /* 256 KiB */
     pp_tensor *x[6];
     for (int m = 0; m < 6; m++) {
@@ -148,12 +154,8 @@ static void test_shm_full_ring_falls_back(void **state) {
  * sending over the socket. */
 static void test_shm_full_ring_grows(void **state) {
     (void)state;
-    pp_transport_options o = base_opts(2000);
-    o.shm_bytes = 4 << 20;
     pp_transport *t[2];
-    tt_make_ranks("ipc", 2, &o, t);
-    TT_OK(pp_transport_wait_peers(t[0], 2000));
-    wait_shm(t);
+    shm_pair("ipc", 4 << 20, 2000, t);
     int64_t s[1] = {1 << 16}; /* 256 KiB: a 1 MiB ring, full after four */
     pp_tensor *x[12];
     for (int m = 0; m < 12; m++) {
@@ -183,12 +185,8 @@ static void test_shm_full_ring_grows(void **state) {
  * long they are held, in any order, and after the transport is closed. */
 static void test_shm_tensors_held(void **state) {
     (void)state;
-    pp_transport_options o = base_opts(2000);
-    o.shm_bytes = 0;
     pp_transport *t[2];
-    tt_make_ranks("ipc", 2, &o, t);
-    TT_OK(pp_transport_wait_peers(t[0], 2000));
-    wait_shm(t);
+    shm_pair("ipc", 0, 2000, t);
     int64_t s[1] = {1 << 16}; /* 256 KiB */
     pp_tensor *x[8], *got[8];
     for (int m = 0; m < 8; m++) {
@@ -218,12 +216,8 @@ static void test_shm_tensors_held(void **state) {
  * are still unread are delivered, then the old ring is let go. */
 static void test_shm_ring_grows(void **state) {
     (void)state;
-    pp_transport_options o = base_opts(2000);
-    o.shm_bytes = 0;
     pp_transport *t[2];
-    tt_make_ranks("tcp", 2, &o, t);
-    TT_OK(pp_transport_wait_peers(t[0], 2000));
-    wait_shm(t);
+    shm_pair("tcp", 0, 2000, t);
     int64_t s_small[1] = {1 << 15}, s_big[1] = {3 << 18}; /* 128 KiB (1 MiB ring), 3 MiB (16 MiB ring) */
     pp_tensor *a = tt_f32_seq(1, s_small, 1), *b = tt_f32_seq(1, s_big, 2);
     pp_transport_key ka = tt_key(PP_MSG_ACTIVATION, 0, 0, 0, 1, "a"), kb = tt_key(PP_MSG_ACTIVATION, 0, 1, 0, 1, "b");
@@ -251,12 +245,8 @@ static void test_shm_ring_grows(void **state) {
  * ring wraps around many times. */
 static void test_msg_ring(void **state) {
     (void)state;
-    pp_transport_options o = base_opts(3000);
-    o.shm_bytes = 0;
     pp_transport *t[2];
-    tt_make_ranks("ipc", 2, &o, t);
-    TT_OK(pp_transport_wait_peers(t[0], 2000));
-    wait_shm(t);
+    shm_pair("ipc", 0, 3000, t);
     int64_t s[1] = {1024}; /* 4 KiB: inline */
     pp_tensor *x = tt_f32_seq(1, s, 7);
     pp_transport_stats st;
@@ -333,12 +323,8 @@ static void *sleep_in_recv(void *arg) {
  * writes to the message ring. */
 static void test_msg_ring_doorbell(void **state) {
     (void)state;
-    pp_transport_options o = base_opts(3000);
-    o.shm_bytes = 0;
     pp_transport *t[2];
-    tt_make_ranks("tcp", 2, &o, t);
-    TT_OK(pp_transport_wait_peers(t[0], 2000));
-    wait_shm(t);
+    shm_pair("tcp", 0, 3000, t);
     int64_t s[1] = {4};
     pp_tensor *x = tt_f32_seq(1, s, 1);
     pp_transport_stats st = {0};
