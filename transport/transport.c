@@ -23,7 +23,8 @@
 
 #define DEFAULT_TIMEOUT_MS 10000
 #define DEFAULT_LINGER_MS 1000
-#define DEFAULT_HWM 64 /* libzmq leaks zero-copy frames still queued to a dead peer at close (seen with 1000) */
+#define DEFAULT_HWM 64 /* send side: libzmq leaks zero-copy frames still queued to a dead peer at close (seen with 1000) */
+#define DEFAULT_RCVHWM 1000 /* receive side: libzmq's default; a deep queue keeps the receiver from sleeping per message */
 #define DEFAULT_MAX_MESSAGE (UINT64_C(2) << 30)
 #define DEFAULT_FRAME_BYTES ((size_t)1 << 20)
 #define DEFAULT_ZERO_COPY_MIN ((size_t)64 << 10)
@@ -204,7 +205,7 @@ void pp_transport_options_init(pp_transport_options *o) {
     o->timeout_ms = DEFAULT_TIMEOUT_MS;
     o->linger_ms = DEFAULT_LINGER_MS;
     o->sndhwm = DEFAULT_HWM;
-    o->rcvhwm = DEFAULT_HWM;
+    o->rcvhwm = DEFAULT_RCVHWM;
     o->max_message_bytes = DEFAULT_MAX_MESSAGE;
     o->frame_bytes = DEFAULT_FRAME_BYTES;
     o->zero_copy_min = DEFAULT_ZERO_COPY_MIN;
@@ -230,7 +231,7 @@ static pp_status copy_options(pp_transport *t, const pp_transport_options *o) {
     t->grace_ms = t->hb_ivl_ms < 200 ? t->hb_ivl_ms : 200;
     t->linger_ms = o->linger_ms > 0 ? o->linger_ms : (o->linger_ms < 0 ? 0 : DEFAULT_LINGER_MS);
     t->sndhwm = o->sndhwm > 0 ? o->sndhwm : DEFAULT_HWM;
-    t->rcvhwm = o->rcvhwm > 0 ? o->rcvhwm : DEFAULT_HWM;
+    t->rcvhwm = o->rcvhwm > 0 ? o->rcvhwm : DEFAULT_RCVHWM;
     t->sndbuf = o->sndbuf > 0 ? o->sndbuf : 0;
     t->rcvbuf = o->rcvbuf > 0 ? o->rcvbuf : 0;
     t->max_message_bytes = o->max_message_bytes ? o->max_message_bytes : DEFAULT_MAX_MESSAGE;

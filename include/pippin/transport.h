@@ -83,7 +83,7 @@ typedef struct pp_transport_options {
     int heartbeat_timeout_ms;     /* peer silent this long = dead; default timeout_ms */
     int linger_ms;                /* close waits at most this for unsent data; default 1000 */
     int sndhwm;                   /* messages queued per peer; default 64 */
-    int rcvhwm;                   /* messages queued on the receive socket; default 64 */
+    int rcvhwm;                   /* messages queued on the receive socket; default 1000 */
     int sndbuf, rcvbuf;           /* kernel socket buffers in bytes; 0: OS default */
     uint64_t max_message_bytes;   /* larger incoming messages are dropped; default 2 GiB */
     size_t frame_bytes;           /* large tensors go in frames of this size; default 1 MiB */
