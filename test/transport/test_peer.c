@@ -41,8 +41,10 @@ static void read_line(int fd, char *buf, size_t cap) {
     buf[n] = 0;
 }
 
-/* The child: rank 1. It receives `receive` activations (if > 0) and then
- * idles until killed (20 s at most). */
+/* The child: rank 1. It receives `receive` activations (if > 0), or sends
+ * -receive gradients of 1 MiB (rank 0 is on this host: through the
+ * shared-memory ring) filled with their microbatch number, then idles until
+ * killed (20 s at most). */
 static void child_main(int to_parent, int from_parent, int receive) {
     alarm(20);
     pp_transport_options o = opts();
@@ -61,6 +63,19 @@ static void child_main(int to_parent, int from_parent, int receive) {
         pp_tensor *got;
         if (pp_transport_recv(t, &k, 10000, &got) != PP_OK) break;
         pp_tensor_free(got);
+    }
+    if (receive < 0) {
+        if (pp_transport_wait_peers(t, 5000) != PP_OK) _exit(2);
+        for (int i = 0; i < 500 && !pp_transport_peer_shm(t, 0); i++) pp_transport_poll(t, 10);
+        int64_t shape[1] = {1 << 18};
+        for (int m = 0; m < -receive; m++) {
+            pp_tensor *g;
+            if (pp_tensor_new(PP_F32, 1, shape, &g) != PP_OK) _exit(2);
+            for (int64_t i = 0; i < shape[0]; i++) ((float *)g->data)[i] = (float)m;
+            pp_transport_key k = tt_key(PP_MSG_GRADIENT, 0, m, 1, 0, "g");
+            if (pp_transport_send(t, &k, g) != PP_OK) _exit(2);
+            pp_tensor_free(g);
+        }
     }
     for (;;) pause();
 }
@@ -176,6 +191,31 @@ static void test_peer_dies_mid_stream(void **state) {
     stop_peer(&p);
 }
 
+/* Tensors received in place from a same-host peer's ring stay valid after
+ * that peer is killed: the memory is ours until we free it. */
+static void test_ring_tensors_outlive_sender(void **state) {
+    (void)state;
+    peer_proc p;
+    start_peer(&p, -4);
+    pp_tensor *got[4];
+    for (int m = 0; m < 4; m++) {
+        pp_transport_key k = tt_key(PP_MSG_GRADIENT, 0, m, 1, 0, "g");
+        TT_OK(pp_transport_recv(p.me, &k, 5000, &got[m]));
+    }
+    pp_transport_stats st;
+    pp_transport_stats_get(p.me, &st);
+    assert_true(st.shm_bytes_received > 0); /* at least the later ones came through the ring */
+    kill(p.pid, SIGKILL);
+    waitpid(p.pid, NULL, 0);
+    p.pid = 0;
+    for (int m = 0; m < 4; m++) {
+        const float *d = got[m]->data;
+        assert_true(d[0] == (float)m && d[(1 << 18) - 1] == (float)m);
+        pp_tensor_free(got[m]);
+    }
+    stop_peer(&p);
+}
+
 /* Close returns within linger even with data queued to a stopped peer. */
 static void test_close_with_stopped_peer(void **state) {
     (void)state;
@@ -201,6 +241,7 @@ int main(void) {
         cmocka_unit_test(test_killed_peer),
         cmocka_unit_test(test_silent_peer),
         cmocka_unit_test(test_peer_dies_mid_stream),
+        cmocka_unit_test(test_ring_tensors_outlive_sender),
         cmocka_unit_test(test_close_with_stopped_peer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
