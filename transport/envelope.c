@@ -96,6 +96,17 @@ size_t pp_envelope_packed_size(const pp_envelope *env) {
     return n;
 }
 
+pp_status pp_envelope_pack_into(const pp_envelope *env, void *(*alloc)(void *ctx, size_t n), void *ctx,
+                                size_t *len) {
+    pack_state ps;
+    PP_TRY(pack_begin(env, &ps));
+    size_t need = pp_wire_size(&ps.pb);
+    uint8_t *buf = alloc(ctx, need);
+    if (buf) *len = pp_wire_write(&ps.pb, buf);
+    pack_end(&ps);
+    return buf ? PP_OK : pp_error(PP_ERR_NOMEM, "no room for an envelope of %zu bytes", need);
+}
+
 pp_status pp_envelope_pack(const pp_envelope *env, void *buf, size_t cap, size_t *len) {
     pack_state ps;
     PP_TRY(pack_begin(env, &ps));
@@ -284,22 +295,19 @@ pp_status pp_envelope_decode(const void *data, size_t len, const pp_envelope_lim
     if (len > PP_ENVELOPE_MAX_BYTES)
         return pp_error(PP_ERR_PARSE, "envelope frame of %zu bytes (at most %u)", len,
                         PP_ENVELOPE_MAX_BYTES);
+    /* one allocation: this module's bookkeeping and the parsed message */
     Pippin__Envelope *pb;
-    PP_TRY(pp_wire_read(data, len, &pb));
-    decoded *dec = NULL;
+    void *block;
+    PP_TRY(pp_wire_read_with(data, len, sizeof(decoded), sizeof(pp_wire_tensor), &pb, &block));
+    decoded *dec = block;
+    dec->pb = pb;
+    memset(dec->tensors, 0, pb->n_tensors * sizeof dec->tensors[0]);
     pp_status s = pb->n_tensors > (lim && lim->max_tensors ? lim->max_tensors : DEFAULT_MAX_TENSORS)
                       ? pp_error(PP_ERR_PARSE, "%zu tensors (at most %" PRIu32 ")", pb->n_tensors,
                                  lim && lim->max_tensors ? lim->max_tensors : DEFAULT_MAX_TENSORS)
-                      : PP_OK;
-    if (s == PP_OK && !(dec = calloc(1, sizeof *dec + pb->n_tensors * sizeof dec->tensors[0])))
-        s = pp_error(PP_ERR_NOMEM, "out of memory decoding an envelope");
-    if (s == PP_OK) {
-        dec->pb = pb;
-        s = check_envelope(pb, lim, dec);
-    }
+                      : check_envelope(pb, lim, dec);
     if (s != PP_OK) {
-        free(dec);
-        free(pb);
+        free(block);
         return s;
     }
     out->version = pb->version;
@@ -323,11 +331,7 @@ pp_status pp_envelope_decode(const void *data, size_t len, const pp_envelope_lim
 
 void pp_envelope_clear(pp_envelope *env) {
     if (!env) return;
-    decoded *dec = env->priv_;
-    if (dec) {
-        free(dec->pb);
-        free(dec);
-    }
+    free(env->priv_); /* the decoded block, parsed message included */
     memset(env, 0, sizeof *env);
 }
 

@@ -336,20 +336,30 @@ static int read_envelope(reader *r, sink *s, Pippin__Envelope *e) {
 static size_t round_up(size_t n) { return (n + 15) & ~(size_t)15; }
 
 pp_status pp_wire_read(const uint8_t *data, size_t len, Pippin__Envelope **out) {
+    void *block;
+    return pp_wire_read_with(data, len, 0, 0, out, &block);
+}
+
+pp_status pp_wire_read_with(const uint8_t *data, size_t len, size_t head, size_t per_tensor,
+                            Pippin__Envelope **out, void **block_out) {
     *out = NULL;
+    *block_out = NULL;
     Pippin__Envelope counted;
     pippin__envelope__init(&counted);
     sink s = {0};
     reader r = {data, data + len};
     if (!read_envelope(&r, &s, &counted))
         return pp_error(PP_ERR_PARSE, "envelope is not a valid protobuf message: %s", bad);
-    /* one block: the envelope, the tensor metadata and pointers, shapes, strings */
+    /* one block: the caller's head, the envelope, the tensor metadata and
+     * pointers, shapes, strings */
+    size_t sz_head = round_up(head + per_tensor * s.n_tensors);
     size_t sz_env = round_up(sizeof(Pippin__Envelope));
     size_t sz_ptrs = round_up(s.n_tensors * sizeof(Pippin__TensorMeta *));
     size_t sz_metas = round_up(s.n_tensors * sizeof(Pippin__TensorMeta));
     size_t sz_shapes = round_up(s.n_shape * sizeof(int64_t));
-    char *block = malloc(sz_env + sz_ptrs + sz_metas + sz_shapes + s.str_bytes);
-    if (!block) return pp_error(PP_ERR_NOMEM, "out of memory decoding an envelope");
+    char *start = malloc(sz_head + sz_env + sz_ptrs + sz_metas + sz_shapes + s.str_bytes);
+    if (!start) return pp_error(PP_ERR_NOMEM, "out of memory decoding an envelope");
+    char *block = start + sz_head;
     Pippin__Envelope *e = (Pippin__Envelope *)block;
     pippin__envelope__init(e);
     e->n_tensors = s.n_tensors;
@@ -360,9 +370,10 @@ pp_status pp_wire_read(const uint8_t *data, size_t len, Pippin__Envelope **out) 
     s.strs = block + sz_env + sz_ptrs + sz_metas + sz_shapes;
     r.p = data;
     if (!read_envelope(&r, &s, e)) { /* cannot fail where the first pass passed */
-        free(block);
+        free(start);
         return pp_error(PP_ERR_INTERNAL, "envelope changed between passes: %s", bad);
     }
     *out = e;
+    *block_out = start;
     return PP_OK;
 }

@@ -25,5 +25,10 @@ size_t pp_wire_write(const Pippin__Envelope *pb, uint8_t *out);
  * Strings are copied and NUL-terminated; inline_data points into data. A
  * malformed message is PP_ERR_PARSE naming the field. */
 pp_status pp_wire_read(const uint8_t *data, size_t len, Pippin__Envelope **out);
+/* The same, with head + per_tensor * (number of tensors) bytes (16-byte
+ * aligned) for the caller at the start of the block: *block is that space,
+ * and free(*block) releases everything. */
+pp_status pp_wire_read_with(const uint8_t *data, size_t len, size_t head, size_t per_tensor,
+                            Pippin__Envelope **out, void **block);
 
 #endif

@@ -1329,15 +1329,28 @@ static pp_shm_ring *msg_ring(pp_transport *t, int r) {
     return p->tx_msg_ready ? p->tx_msg : NULL;
 }
 
+typedef struct ring_slot {
+    pp_shm_ring *ring;
+    uint64_t pos;
+} ring_slot;
+
+static void *alloc_in_ring(void *ctx, size_t n) {
+    ring_slot *rs = ctx;
+    void *dst;
+    return pp_shm_ring_msg_reserve(rs->ring, n, &rs->pos, &dst) ? dst : NULL;
+}
+
+static void *alloc_zmq_msg(void *ctx, size_t n) {
+    return zmq_msg_init_size(ctx, n) == 0 ? zmq_msg_data(ctx) : NULL;
+}
+
 /* Writes the envelope (every tensor inline) into the message ring to peer
  * r and rings its doorbell if it sleeps. 0: no room; use the socket. */
 static int send_by_ring(pp_transport *t, int r, pp_shm_ring *ring, const pp_envelope *env) {
-    size_t len = pp_envelope_packed_size(env);
-    uint64_t pos;
-    void *dst;
-    if (!len || !pp_shm_ring_msg_reserve(ring, len, &pos, &dst)) return 0;
-    if (pp_envelope_pack(env, dst, len, &len) != PP_OK) return 0; /* reserved space is simply skipped */
-    if (pp_shm_ring_msg_commit(ring, pos, len)) pp_doorbell_ring(t->peers[r].bell_fd);
+    ring_slot rs = {ring, 0};
+    size_t len;
+    if (pp_envelope_pack_into(env, alloc_in_ring, &rs, &len) != PP_OK) return 0;
+    if (pp_shm_ring_msg_commit(ring, rs.pos, len)) pp_doorbell_ring(t->peers[r].bell_fd);
     return 1;
 }
 
@@ -1461,10 +1474,8 @@ pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n
         return PP_OK;
     }
     zmq_msg_t m0;
-    size_t len = pp_envelope_packed_size(&env);
-    pp_status s = PP_OK;
-    if (len == 0 || zmq_msg_init_size(&m0, len) != 0) s = pp_error(PP_ERR_NOMEM, "out of memory");
-    else if ((s = pp_envelope_pack(&env, zmq_msg_data(&m0), len, &len)) != PP_OK) zmq_msg_close(&m0);
+    size_t len;
+    pp_status s = pp_envelope_pack_into(&env, alloc_zmq_msg, &m0, &len);
     if (wt != wt_stack) free(wt);
     PP_TRY(s);
     PP_TRY(send_first(t, r, &m0, nframes > 0, &act));

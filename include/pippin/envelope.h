@@ -113,6 +113,10 @@ typedef struct pp_envelope_limits {
  * The envelope is not validated here; the receiver does that. */
 size_t pp_envelope_packed_size(const pp_envelope *env);
 pp_status pp_envelope_pack(const pp_envelope *env, void *buf, size_t cap, size_t *len);
+/* Packs into memory alloc(ctx, n) provides for the n bytes it needs (NULL:
+ * none, PP_ERR_NOMEM); one pass where packed_size + pack take two. */
+pp_status pp_envelope_pack_into(const pp_envelope *env, void *(*alloc)(void *ctx, size_t n), void *ctx,
+                                size_t *len);
 
 /* Decodes frame 0 and validates every field against lim (NULL: defaults).
  * On success *out holds the envelope; release it with pp_envelope_clear.

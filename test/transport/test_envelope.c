@@ -26,6 +26,17 @@ static void expect_bad(crafted *c, const pp_envelope_limits *lim, const char *me
     TT_FAILS(PP_ERR_PARSE, decode_crafted(c, lim, &e), mention);
 }
 
+typedef struct buf_alloc {
+    uint8_t *buf;
+    size_t cap, *asked;
+} buf_alloc;
+
+static void *give_buffer(void *ctx, size_t n) {
+    buf_alloc *b = ctx;
+    *b->asked = n;
+    return n <= b->cap ? b->buf : NULL;
+}
+
 static void test_roundtrip(void **state) {
     (void)state;
     pp_wire_tensor wt[2] = {
@@ -75,6 +86,16 @@ static void test_roundtrip(void **state) {
     pp_envelope_clear(&d); /* twice is harmless */
     /* too small a buffer */
     TT_FAILS(PP_ERR_INVALID, pp_envelope_pack(&env, buf, 3, &len), "buffer");
+    /* packing into memory an allocator gives: the same bytes; none: an error */
+    uint8_t other[512];
+    size_t len2 = 0, asked = 0;
+    buf_alloc ba = {other, sizeof other, &asked};
+    TT_OK(pp_envelope_pack_into(&env, give_buffer, &ba, &len2));
+    assert_int_equal(asked, len);
+    assert_int_equal(len2, len);
+    assert_memory_equal(other, buf, len);
+    ba.cap = 4;
+    TT_FAILS(PP_ERR_NOMEM, pp_envelope_pack_into(&env, give_buffer, &ba, &len2), "no room");
 }
 
 /* Inline and shared-memory placements survive a round trip; only framed
