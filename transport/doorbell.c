@@ -69,7 +69,7 @@ int pp_doorbell_path_ok(const char *path) {
 
 int pp_doorbell_open_peer(const char *path) {
     if (!pp_doorbell_path_ok(path)) return -1;
-    int fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    int fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) return -1;
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISFIFO(st.st_mode) || st.st_uid != geteuid()) {

@@ -9,6 +9,7 @@
  * of their varint. */
 #include "envelope_wire.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -183,10 +184,17 @@ static int get_tag(reader *r, uint32_t *field, unsigned *wt) {
     return bad = "bad field tag", 0;
 }
 
+/* A length prefix as protobuf-c reads it: at most 5 bytes, not over INT_MAX. */
 static int get_len(reader *r, reader *sub) {
-    uint64_t n;
-    if (!get_varint(r, &n)) return 0;
-    if (n > (uint64_t)(r->end - r->p)) return bad = "length runs past the end", 0;
+    uint64_t n = 0;
+    unsigned i = 0;
+    for (;; i++) {
+        if (i == 5 || r->p + i >= r->end) return bad = "bad length prefix", 0;
+        n |= (uint64_t)(r->p[i] & 0x7f) << (7 * i);
+        if (!(r->p[i] & 0x80)) break;
+    }
+    r->p += i + 1;
+    if (n > INT_MAX || n > (uint64_t)(r->end - r->p)) return bad = "length runs past the end", 0;
     sub->p = r->p;
     sub->end = r->p + n;
     r->p += n;

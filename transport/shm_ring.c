@@ -20,13 +20,14 @@
 /* A ring larger than this in a peer's header is not believed. */
 #define MAX_RING_BYTES ((uint64_t)1 << 40)
 
-/* The first page of the shared object. Only `consumed` changes after
- * creation, written by the receiver; it has a cache line of its own. */
+/* The first page of the shared object. After creation the receiver writes
+ * `opened` once and `consumed` as it goes (a cache line of its own). */
 typedef struct ring_header {
     char magic[8];
     uint64_t data_bytes;
     uint64_t header_bytes;
-    char pad[64 - 24];
+    _Atomic uint32_t opened;     /* the receiver has mapped it (the name may go) */
+    char pad[64 - 28];
     _Atomic uint64_t consumed;   /* written by the receiver */
     char pad2[64 - 8];
     _Atomic uint64_t head;       /* message rings: end of the last record published */
@@ -160,8 +161,23 @@ pp_status pp_shm_ring_create(size_t data_bytes, pp_shm_ring **out) {
     return PP_OK;
 }
 
+int pp_shm_ring_name_ok(const char *name) {
+    static const char prefix[] = "/pippin-";
+    size_t n = sizeof prefix - 1;
+    if (strncmp(name, prefix, n) != 0 || !name[n]) return 0;
+    for (; name[n]; n++) {
+        char c = name[n];
+        if (n >= 63 || !((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                         c == '.' || c == '_' || c == '-'))
+            return 0;
+    }
+    return 1;
+}
+
 pp_status pp_shm_ring_open(const char *name, pp_shm_ring **out) {
     *out = NULL;
+    if (!pp_shm_ring_name_ok(name))
+        return pp_error(PP_ERR_PARSE, "'%s' is not a pippin shared-memory ring name", name);
     if (strlen(name) >= sizeof ((pp_shm_ring *)0)->name)
         return pp_error(PP_ERR_PARSE, "shared-memory ring name too long");
     pp_shm_ring *r = calloc(1, sizeof *r);
@@ -183,8 +199,13 @@ pp_status pp_shm_ring_open(const char *name, pp_shm_ring **out) {
         s = pp_error(PP_ERR_IO, "shared-memory ring %s: fstat: %s", name, strerror(errno));
     else if (st.st_uid != geteuid())
         s = pp_error(PP_ERR_PARSE, "shared-memory ring %s belongs to another user", name);
-    else if ((uint64_t)st.st_size <= HEADER_BYTES || (uint64_t)st.st_size > MAX_RING_BYTES + HEADER_BYTES)
+    else if ((uint64_t)st.st_size <= HEADER_BYTES || (uint64_t)st.st_size > MAX_RING_BYTES + HEADER_BYTES ||
+             (uint64_t)st.st_size % HEADER_BYTES)
         s = pp_error(PP_ERR_PARSE, "shared-memory ring %s has %lld bytes", name, (long long)st.st_size);
+    /* a sparse object (not made by pp_shm_ring_create) faults with SIGBUS
+     * when /dev/shm is full: refuse it */
+    else if ((uint64_t)st.st_blocks * 512 < (uint64_t)st.st_size)
+        s = pp_error(PP_ERR_PARSE, "shared-memory ring %s is not fully allocated", name);
     if (s == PP_OK) s = map_ring(r, fd, (size_t)st.st_size);
     close(fd);
     if (s == PP_OK && (memcmp(r->hdr->magic, RING_MAGIC, 8) != 0 || r->hdr->header_bytes != HEADER_BYTES ||
@@ -197,6 +218,7 @@ pp_status pp_shm_ring_open(const char *name, pp_shm_ring **out) {
     }
     r->size = r->hdr->data_bytes;
     r->settled = atomic_load_explicit(&r->hdr->consumed, memory_order_acquire);
+    atomic_store_explicit(&r->hdr->opened, 1, memory_order_release);
     shm_unlink(name); /* both sides have it mapped now */
     *out = r;
     return PP_OK;
@@ -220,6 +242,10 @@ int pp_shm_ring_reserve(pp_shm_ring *r, size_t n, uint64_t *pos, void **dst) {
 
 int pp_shm_ring_drained(const pp_shm_ring *r) {
     return atomic_load_explicit(&r->hdr->consumed, memory_order_acquire) == r->head;
+}
+
+int pp_shm_ring_opened(const pp_shm_ring *r) {
+    return atomic_load_explicit(&r->hdr->opened, memory_order_acquire) != 0;
 }
 
 void pp_shm_ring_commit(pp_shm_ring *r, uint64_t pos, size_t n) {

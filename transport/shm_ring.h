@@ -36,6 +36,10 @@ typedef struct pp_shm_ring pp_shm_ring;
  * /proc): then rings are not used. */
 void pp_shm_host_id(char *buf, size_t cap);
 
+/* 1 if name is one pp_shm_ring_create makes: "/pippin-" then letters,
+ * digits, '.', '_' or '-' (a peer sends it; it must not name anything else). */
+int pp_shm_ring_name_ok(const char *name);
+
 /* Sender: creates a ring with data_bytes of room (rounded up to pages) and
  * maps it with its pages already in memory. */
 pp_status pp_shm_ring_create(size_t data_bytes, pp_shm_ring **out);
@@ -57,6 +61,9 @@ void pp_shm_ring_commit(pp_shm_ring *r, uint64_t pos, size_t n);
 /* Sender: the receiver has consumed everything written (so it has mapped
  * the ring, if anything was written). */
 int pp_shm_ring_drained(const pp_shm_ring *r);
+/* Sender: the receiver has mapped the ring (closing it here loses nothing
+ * the receiver could still want). */
+int pp_shm_ring_opened(const pp_shm_ring *r);
 
 /* Receiver: the n bytes at pos, checked against what the sender may have
  * written (after everything already handed back, inside one lap, not

@@ -113,6 +113,7 @@ struct pp_transport {
     size_t shm_bytes;       /* ring size per same-host peer; 0: rings off */
     pp_doorbell *bell;      /* ours, announced in hellos (NULL: no message rings) */
     int n_rx_msg;           /* peers' message rings we read */
+    uint8_t *ring_copy;     /* a message ring record, copied before decoding */
     char host_id[HOST_ID_CHARS];
 
     stat_counters st;
@@ -698,6 +699,7 @@ static void handle_message(pp_transport *t, const void *f0, size_t len0, zmq_msg
         } else if (strncmp(env.text, "msgring ", 8) == 0 && t->bell) {
             /* the peer will write small messages to us through this ring;
              * what it wrote to the old one comes first */
+            receive_ring(t, r, want, got, INT32_MAX); /* a receive may be waiting for one of them */
             receive_ring(t, r, NULL, NULL, INT32_MAX);
             if (p->rx_msg) t->n_rx_msg--;
             pp_shm_ring_close(p->rx_msg);
@@ -780,6 +782,13 @@ static int receive_ring(pp_transport *t, int r, const pp_mbox_key *want, pp_tens
             p->rx_msg = NULL;
             t->n_rx_msg--;
             break;
+        }
+        /* decode a private copy: the sender can still write the ring, and
+         * the decoder reads its input twice (count, then fill) */
+        if (len <= PP_ENVELOPE_MAX_BYTES) {
+            if (!t->ring_copy && !(t->ring_copy = malloc(PP_ENVELOPE_MAX_BYTES))) break;
+            memcpy(t->ring_copy, data, len);
+            data = t->ring_copy;
         }
         handle_message(t, data, len, NULL, r, 1, 0, want, got);
         pp_shm_ring_release(p->rx_msg, end);
@@ -1146,6 +1155,7 @@ void pp_transport_close(pp_transport *t) {
     }
     free(t->peers);
     free(t->items);
+    free(t->ring_copy);
     free(t->stage_ranks);
     if (t->rank_keys) {
         memset(t->rank_keys, 0, (size_t)t->nranks * sizeof *t->rank_keys);
@@ -1245,6 +1255,10 @@ static size_t round_pow2(size_t n) {
 static pp_shm_ring *replace_ring(pp_transport *t, int r, size_t want) {
     peer *p = &t->peers[r];
     if (p->ring_failed && want >= p->ring_failed) return p->tx_ring;
+    /* one retired ring at a time: the receiver may not have opened the last
+     * one yet, and closing it would unlink a name a message in flight needs */
+    if (p->old_ring && !pp_shm_ring_drained(p->old_ring) && !pp_shm_ring_opened(p->old_ring))
+        return p->tx_ring;
     pp_shm_ring *fresh;
     if (pp_shm_ring_create(want, &fresh) == PP_OK) {
         pp_shm_ring_set_align(fresh, 64); /* the receiver lends tensors out in place */
@@ -1268,7 +1282,7 @@ static pp_shm_ring *tx_ring(pp_transport *t, int r, size_t largest) {
     if (p->inproc || !t->shm_bytes) return NULL;
     if (!p->hello_seen) drain(t, NULL, NULL); /* its hello may be waiting on our socket */
     if (!p->same_host) return NULL;
-    if (p->old_ring && pp_shm_ring_drained(p->old_ring)) {
+    if (p->old_ring && (pp_shm_ring_drained(p->old_ring) || pp_shm_ring_opened(p->old_ring))) {
         pp_shm_ring_close(p->old_ring);
         p->old_ring = NULL;
     }

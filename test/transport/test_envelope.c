@@ -247,6 +247,10 @@ static void test_wire_agrees_with_protobuf_c(void **state) {
         "0a05",             /* length past the end */
         "08ffffffffffffffffff01", /* 10-byte varint */
         "08ffffffffffffffffffff01", /* 11 bytes */
+        "5a808080808000",   /* text length in 6 bytes: protobuf-c reads at most 5 */
+        "0801fa01808080808000", /* the same in an unknown field */
+        "52071a808080808000", /* and in a tensor's packed shape */
+        "5a8080808000",     /* a 5-byte length of 0 is fine */
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         uint8_t buf[64];

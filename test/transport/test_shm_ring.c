@@ -123,6 +123,11 @@ static void test_bogus_release(void **state) {
 static void test_open_errors(void **state) {
     (void)state;
     pp_shm_ring *r;
+    /* names a peer may send: only pippin's own kind */
+    TT_FAILS(PP_ERR_PARSE, pp_shm_ring_open("/etc-passwd", &r), "not a pippin shared-memory ring name");
+    TT_FAILS(PP_ERR_PARSE, pp_shm_ring_open("/pippin-a/b", &r), "not a pippin");
+    TT_FAILS(PP_ERR_PARSE, pp_shm_ring_open("/pippin-", &r), "not a pippin");
+    assert_true(pp_shm_ring_name_ok("/pippin-123-4"));
     TT_FAILS(PP_ERR_IO, pp_shm_ring_open("/pippin-does-not-exist-42", &r), "/pippin-does-not-exist-42",
              "another host");
     /* an object that is not a ring */
@@ -130,13 +135,44 @@ static void test_open_errors(void **state) {
     snprintf(name, sizeof name, "/pippin-test-%ld", (long)getpid());
     int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
     assert_true(fd >= 0);
-    assert_int_equal(ftruncate(fd, 3 * 4096), 0);
+    assert_int_equal(posix_fallocate(fd, 0, 3 * 4096), 0);
     TT_FAILS(PP_ERR_PARSE, pp_shm_ring_open(name, &r), "bad header");
     assert_int_equal(ftruncate(fd, 100), 0);
     TT_FAILS(PP_ERR_PARSE, pp_shm_ring_open(name, &r), "100 bytes");
     close(fd);
     shm_unlink(name);
     TT_FAILS(PP_ERR_INVALID, pp_shm_ring_create(0, &r), "0 bytes");
+}
+
+/* A shared object with a ring's header, of size bytes, allocated or sparse. */
+static void fake_ring(const char *name, size_t size, int allocate) {
+    int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(allocate ? posix_fallocate(fd, 0, (off_t)size) : ftruncate(fd, (off_t)size), 0);
+    uint64_t hdr[3] = {0, size - 4096, 4096};
+    memcpy(hdr, "pippinR1", 8);
+    assert_int_equal(pwrite(fd, hdr, sizeof hdr, 0), (ssize_t)sizeof hdr);
+    close(fd);
+}
+
+/* A peer's object that could fault later is refused up front: a data size
+ * that is not whole pages (records could end past the mapping), or holes
+ * (SIGBUS on first touch once /dev/shm is full). */
+static void test_open_refuses_odd_objects(void **state) {
+    (void)state;
+    pp_shm_ring *r;
+    char name[64];
+    snprintf(name, sizeof name, "/pippin-test-odd-%ld", (long)getpid());
+    fake_ring(name, 4096 + 4095, 1);
+    TT_FAILS(PP_ERR_PARSE, pp_shm_ring_open(name, &r), "8191 bytes");
+    shm_unlink(name);
+    fake_ring(name, 4096 + MIB, 0);
+    TT_FAILS(PP_ERR_PARSE, pp_shm_ring_open(name, &r), "not fully allocated");
+    shm_unlink(name);
+    fake_ring(name, 4096 + MIB, 1); /* as pp_shm_ring_create makes it */
+    TT_OK(pp_shm_ring_open(name, &r));
+    assert_false(name_exists(name));
+    pp_shm_ring_close(r);
 }
 
 /* The sender unlinks a ring nobody opened; nothing is left behind. */
@@ -330,6 +366,7 @@ int main(void) {
         cmocka_unit_test(test_locate_refuses),
         cmocka_unit_test(test_bogus_release),
         cmocka_unit_test(test_open_errors),
+        cmocka_unit_test(test_open_refuses_odd_objects),
         cmocka_unit_test(test_close_unlinks),
         cmocka_unit_test(test_lend),
         cmocka_unit_test(test_msg_records),

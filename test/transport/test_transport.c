@@ -240,6 +240,44 @@ static void test_shm_ring_grows(void **state) {
     tt_close_ranks(2, t);
 }
 
+/* Growing twice before the receiver has read anything: the first ring is
+ * still named by an unread message, so it must not be unlinked yet (its
+ * message would be dropped); the sender keeps what it has meanwhile. */
+static void test_shm_ring_grows_twice(void **state) {
+    (void)state;
+    pp_transport *t[2];
+    shm_pair("ipc", 0, 2000, t);
+    int64_t sz[3][1] = {{1 << 16}, {1 << 18}, {1 << 20}}; /* 256 KiB, 1 MiB, 4 MiB: rings of 1, 4, 16 MiB */
+    pp_tensor *x[3];
+    for (int m = 0; m < 3; m++) {
+        x[m] = tt_f32_seq(1, sz[m], (float)m);
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x");
+        TT_OK(pp_transport_send(t[0], &k, x[m]));
+    }
+    for (int m = 0; m < 3; m++) {
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x");
+        pp_tensor *got;
+        TT_OK(pp_transport_recv(t[1], &k, 2000, &got));
+        tt_assert_same(got, x[m]);
+        pp_tensor_free(got);
+    }
+    pp_transport_stats st;
+    pp_transport_stats_get(t[1], &st);
+    assert_int_equal(st.dropped, 0);
+    /* the third took the socket; once the receiver has the rings, growing goes on */
+    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, 3, 0, 1, "x");
+    TT_OK(pp_transport_send(t[0], &k, x[2]));
+    pp_tensor *got;
+    TT_OK(pp_transport_recv(t[1], &k, 2000, &got));
+    tt_assert_same(got, x[2]);
+    pp_tensor_free(got);
+    pp_transport_stats_get(t[1], &st);
+    assert_int_equal(st.shm_bytes_received, x[0]->nbytes + x[1]->nbytes + x[2]->nbytes);
+    for (int m = 0; m < 3; m++) pp_tensor_free(x[m]);
+    tt_close_ranks(2, t);
+    assert_int_equal(leftover_rings(), 0);
+}
+
 /* Small messages between same-host ranks go whole through a message ring
  * (no ZeroMQ), in any amount: a full ring falls back to the socket, and the
  * ring wraps around many times. */
@@ -955,6 +993,7 @@ int main(void) {
         cmocka_unit_test(test_roundtrip_tcp_shm),
         cmocka_unit_test(test_shm_full_ring_falls_back),
         cmocka_unit_test(test_shm_ring_grows),
+        cmocka_unit_test(test_shm_ring_grows_twice),
         cmocka_unit_test(test_shm_full_ring_grows),
         cmocka_unit_test(test_shm_tensors_held),
         cmocka_unit_test(test_shm_off),
