@@ -1,5 +1,6 @@
 /* Doorbells: named FIFOs in /dev/shm. See doorbell.h. */
 #include "doorbell.h"
+#include "shm_ring.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -23,7 +24,8 @@ pp_status pp_doorbell_create(pp_doorbell **out) {
     pp_doorbell *b = calloc(1, sizeof *b);
     if (!b) return pp_error(PP_ERR_NOMEM, "out of memory");
     for (int tries = 0; tries < 100; tries++) {
-        snprintf(b->path, sizeof b->path, PREFIX "%ld-%u", (long)getpid(), atomic_fetch_add(&counter, 1) + 1);
+        snprintf(b->path, sizeof b->path, PREFIX "%llx-%ld-%u", pp_shm_pid_ns(), (long)getpid(),
+                 atomic_fetch_add(&counter, 1) + 1);
         if (mkfifo(b->path, 0600) == 0) break;
         if (errno != EEXIST) {
             pp_status s = pp_error(PP_ERR_IO, "doorbell %s: %s", b->path, strerror(errno));
@@ -63,7 +65,7 @@ void pp_doorbell_close(pp_doorbell *b) {
 int pp_doorbell_path_ok(const char *path) {
     if (strncmp(path, PREFIX, sizeof PREFIX - 1) != 0 || strlen(path) >= 96) return 0;
     for (const char *p = path + sizeof PREFIX - 1; *p; p++)
-        if (!((*p >= '0' && *p <= '9') || *p == '-')) return 0;
+        if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f') || *p == '-')) return 0;
     return path[sizeof PREFIX - 1] != 0;
 }
 

@@ -14,7 +14,8 @@
 
 typedef struct pp_doorbell pp_doorbell;
 
-/* Makes this rank's doorbell "/dev/shm/pippin-bell-PID-N" (mode 0600). */
+/* Makes this rank's doorbell "/dev/shm/pippin-bell-NS-PID-N" (mode 0600;
+ * NS: the PID namespace, see pp_shm_pid_ns). */
 pp_status pp_doorbell_create(pp_doorbell **out);
 const char *pp_doorbell_path(const pp_doorbell *b);
 /* Readable when rung. */

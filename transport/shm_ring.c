@@ -127,7 +127,7 @@ pp_status pp_shm_ring_create(size_t data_bytes, pp_shm_ring **out) {
     pthread_mutex_init(&r->lock, NULL);
     int fd = -1;
     for (int tries = 0; fd < 0 && tries < 100; tries++) {
-        snprintf(r->name, sizeof r->name, "/pippin-%ld-%u", (long)getpid(),
+        snprintf(r->name, sizeof r->name, "/pippin-%llx-%ld-%u", pp_shm_pid_ns(), (long)getpid(),
                  atomic_fetch_add(&counter, 1) + 1);
         fd = shm_open(r->name, O_CREAT | O_EXCL | O_RDWR, 0600);
         if (fd < 0 && errno != EEXIST) break;
@@ -422,6 +422,23 @@ void pp_shm_ring_set_waiting(pp_shm_ring *r, int waiting) {
     atomic_store_explicit(&r->hdr->waiting, waiting ? 1u : 0u, memory_order_seq_cst);
 }
 
+static unsigned long long pid_ns;
+
+static void read_pid_ns(void) {
+    char link[64];
+    ssize_t n = readlink("/proc/self/ns/pid", link, sizeof link - 1);
+    if (n <= 0) return;
+    link[n] = 0;
+    const char *open = strchr(link, '[');
+    if (open) pid_ns = strtoull(open + 1, NULL, 10);
+}
+
+unsigned long long pp_shm_pid_ns(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, read_pid_ns);
+    return pid_ns;
+}
+
 static int swept;
 
 static void sweep(void) {
@@ -434,6 +451,9 @@ static void sweep(void) {
         else if (strncmp(e->d_name, "pippin-", 7) == 0) rest = e->d_name + 7;
         if (!rest) continue;
         char *end;
+        unsigned long long ns = strtoull(rest, &end, 16);
+        if (end == rest || *end != '-' || ns != pp_shm_pid_ns()) continue; /* pids we cannot see */
+        rest = end + 1;
         long pid = strtol(rest, &end, 10);
         if (end == rest || *end != '-' || pid <= 0 || pid == (long)getpid()) continue;
         if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive, or not ours to judge */

@@ -108,10 +108,16 @@ int pp_shm_ring_msg_next(pp_shm_ring *r, const void **data, size_t *len, uint64_
  * check msg_next once more before sleeping. */
 void pp_shm_ring_set_waiting(pp_shm_ring *r, int waiting);
 
-/* Removes the rings and doorbells ("/dev/shm/pippin-PID-*",
- * "pippin-bell-PID-*") of this user's processes that no longer exist: a
- * process killed before it could clean up leaves them. Once per process;
- * returns how many it removed. */
+/* This process's PID namespace (the inode of /proc/self/ns/pid; 0 if
+ * unknown). Ring and doorbell names carry it with the pid, as
+ * "NS-PID" (NS in hex), so that the sweep below only ever judges processes
+ * it can see. */
+unsigned long long pp_shm_pid_ns(void);
+
+/* Removes the rings and doorbells ("/dev/shm/pippin-NS-PID-*",
+ * "pippin-bell-NS-PID-*") of this user's processes of this PID namespace
+ * that no longer exist: a process killed before it could clean up leaves
+ * them. Once per process; returns how many it removed. */
 int pp_shm_sweep_stale(void);
 
 /* Unmaps (once every loan is back); the sender also unlinks the name. NULL

@@ -333,19 +333,22 @@ static void test_doorbell(void **state) {
 }
 
 /* Rings and doorbells of a process that died are removed; those of live
- * processes are not. */
+ * processes are not, nor those of another PID namespace (a pid there means
+ * nothing here: containers sharing /dev/shm). */
 static void test_sweep_stale(void **state) {
     (void)state;
     pid_t child = fork();
     if (child == 0) _exit(0);
     assert_true(child > 0);
     waitpid(child, NULL, 0); /* dead now */
-    char dead_ring[128], dead_bell[128], live_ring[128];
-    snprintf(dead_ring, sizeof dead_ring, "/dev/shm/pippin-%ld-1", (long)child);
-    snprintf(dead_bell, sizeof dead_bell, "/dev/shm/pippin-bell-%ld-1", (long)child);
-    snprintf(live_ring, sizeof live_ring, "/dev/shm/pippin-%ld-1", (long)getppid());
-    const char *paths[3] = {dead_ring, dead_bell, live_ring};
-    for (int i = 0; i < 3; i++) {
+    char dead_ring[128], dead_bell[128], live_ring[128], other_ns[128];
+    unsigned long long ns = pp_shm_pid_ns();
+    snprintf(dead_ring, sizeof dead_ring, "/dev/shm/pippin-%llx-%ld-1", ns, (long)child);
+    snprintf(dead_bell, sizeof dead_bell, "/dev/shm/pippin-bell-%llx-%ld-1", ns, (long)child);
+    snprintf(live_ring, sizeof live_ring, "/dev/shm/pippin-%llx-%ld-1", ns, (long)getppid());
+    snprintf(other_ns, sizeof other_ns, "/dev/shm/pippin-%llx-%ld-1", ns + 1, (long)child);
+    const char *paths[4] = {dead_ring, dead_bell, live_ring, other_ns};
+    for (int i = 0; i < 4; i++) {
         FILE *f = fopen(paths[i], "w");
         assert_non_null(f);
         fclose(f);
@@ -355,7 +358,9 @@ static void test_sweep_stale(void **state) {
     assert_int_not_equal(stat(dead_ring, &st), 0);
     assert_int_not_equal(stat(dead_bell, &st), 0);
     assert_int_equal(stat(live_ring, &st), 0);
+    assert_int_equal(stat(other_ns, &st), 0);
     unlink(live_ring);
+    unlink(other_ns);
 }
 
 int main(void) {

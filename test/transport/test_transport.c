@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "shm_ring.h"
 #include "tt_util.h"
 
 static pp_transport_options base_opts(int timeout_ms) {
@@ -101,7 +102,8 @@ static void shm_pair(const char *kind, int64_t shm_bytes, int timeout_ms, pp_tra
 /* Names of this process's rings still in /dev/shm. */
 static int leftover_rings(void) {
     char cmd[128], line[64];
-    snprintf(cmd, sizeof cmd, "ls /dev/shm 2>/dev/null | grep -c '^pippin-%ld-'", (long)getpid());
+    snprintf(cmd, sizeof cmd, "ls /dev/shm 2>/dev/null | grep -c '^pippin-%llx-%ld-'", pp_shm_pid_ns(),
+             (long)getpid());
     FILE *f = popen(cmd, "r");
     int n = f && fgets(line, sizeof line, f) ? atoi(line) : -1;
     if (f) pclose(f);
