@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "envelope_wire.h"
+#include "shm_ring.h"
 #include "pippin.pb-c.h"
 
 #define DEFAULT_MAX_MESSAGE_BYTES (UINT64_C(2) << 30)
@@ -201,22 +202,6 @@ static pp_status check_tensor(const Pippin__TensorMeta *m, size_t i, pp_wire_ten
     return PP_OK;
 }
 
-/* "/pippin-" then letters, digits, '.', '_' or '-': a name shm_open takes
- * as it is, that cannot leave /dev/shm, and is safe to log. */
-static int shm_name_ok(const char *s) {
-    static const char prefix[] = "/pippin-";
-    if (strncmp(s, prefix, sizeof prefix - 1) != 0) return 0;
-    size_t n = sizeof prefix - 1;
-    for (; s[n]; n++) {
-        unsigned char c = (unsigned char)s[n];
-        if (n >= PP_ENVELOPE_MAX_SHM_NAME) return 0;
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '.' || c == '_' || c == '-'))
-            return 0;
-    }
-    return n > sizeof prefix - 1;
-}
-
 static pp_status check_envelope(const Pippin__Envelope *pb, const pp_envelope_limits *lim,
                                 decoded *dec) {
     uint64_t max_bytes = lim && lim->max_message_bytes ? lim->max_message_bytes
@@ -280,7 +265,7 @@ static pp_status check_envelope(const Pippin__Envelope *pb, const pp_envelope_li
                      pb->inline_data.len, inl);
     if (s == PP_OK && !pb->shm_name)
         s = pp_error(PP_ERR_PARSE, "shared-memory ring name missing");
-    if (s == PP_OK && in_shm && !shm_name_ok(pb->shm_name))
+    if (s == PP_OK && in_shm && !pp_shm_ring_name_ok(pb->shm_name))
         s = pp_error(PP_ERR_PARSE, "shared-memory ring name is not \"/pippin-\" and up to %u "
                      "letters, digits, '.', '_' or '-'", PP_ENVELOPE_MAX_SHM_NAME);
     if (s == PP_OK && !in_shm && pb->shm_name[0])

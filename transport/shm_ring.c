@@ -1,6 +1,8 @@
 /* Shared-memory rings between ranks on one host. See shm_ring.h. */
 #include "shm_ring.h"
 
+#include "pippin/envelope.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
@@ -45,7 +47,7 @@ typedef struct loan {
 } loan;
 
 struct pp_shm_ring {
-    char name[64];
+    char name[PP_ENVELOPE_MAX_SHM_NAME + 1];
     int owner;           /* created here (the sender) */
     ring_header *hdr;
     unsigned char *data;
@@ -167,7 +169,7 @@ int pp_shm_ring_name_ok(const char *name) {
     if (strncmp(name, prefix, n) != 0 || !name[n]) return 0;
     for (; name[n]; n++) {
         char c = name[n];
-        if (n >= 63 || !((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+        if (n >= PP_ENVELOPE_MAX_SHM_NAME || !((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
                          c == '.' || c == '_' || c == '-'))
             return 0;
     }

@@ -123,11 +123,13 @@ static atomic_uint monitor_counter;
 
 /* ---- small helpers ---- */
 
-static int64_t now_ms(void) {
+static int64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
+
+static int64_t now_ms(void) { return now_ns() / 1000000; }
 
 static void stat_add(atomic_ullong *c, uint64_t n) {
     /* one writer (the owner thread): a relaxed load and store, no lock prefix */
@@ -803,30 +805,16 @@ static int receive_rings(pp_transport *t, const pp_mbox_key *want, pp_tensor **g
     return k;
 }
 
-static int receive_one(pp_transport *t, const pp_mbox_key *want, pp_tensor **got, int wait_ms);
-
-/* Sleeps until the socket or the doorbell has something, at most wait_ms.
- * The rings say "waiting" first and are looked at once more, so a record
- * written meanwhile either is seen here or rings the doorbell. */
-static int wait_rings_and_socket(pp_transport *t, const pp_mbox_key *want, pp_tensor **got, int wait_ms) {
-    for (int r = 0; r < t->nranks; r++)
-        if (t->peers[r].rx_msg) pp_shm_ring_set_waiting(t->peers[r].rx_msg, 1);
-    int k = receive_rings(t, want, got, 1);
-    if (!k) {
-        zmq_pollitem_t it[2] = {{t->pull, 0, ZMQ_POLLIN, 0}, {NULL, pp_doorbell_fd(t->bell), ZMQ_POLLIN, 0}};
-        zmq_poll(it, 2, wait_ms);
-    }
-    for (int r = 0; r < t->nranks; r++)
-        if (t->peers[r].rx_msg) pp_shm_ring_set_waiting(t->peers[r].rx_msg, 0);
-    pp_doorbell_clear(t->bell);
-    return k ? k : receive_one(t, want, got, 0);
-}
+static int wait_events(pp_transport *t, int64_t timeout, peer *out_peer);
 
 /* Receives one whole message if one is waiting (in a message ring or on the
  * socket). Returns 1 if it handled a message, 0 if none was waiting. */
 static int receive_one(pp_transport *t, const pp_mbox_key *want, pp_tensor **got, int wait_ms) {
     if (receive_rings(t, want, got, 1)) return 1;
-    if (wait_ms > 0 && t->n_rx_msg) return wait_rings_and_socket(t, want, got, wait_ms);
+    if (wait_ms > 0 && t->n_rx_msg) { /* sleep on the socket and the doorbell together */
+        wait_events(t, wait_ms, NULL);
+        return receive_one(t, want, got, 0);
+    }
     if (grow_frames(t, 16) != PP_OK) return 0;
     if (wait_ms > 0 && wait_ms != t->rcvtimeo) {
         /* a blocking receive with a timeout: one wait inside libzmq, no poll
@@ -865,11 +853,6 @@ static int receive_one(pp_transport *t, const pp_mbox_key *want, pp_tensor **got
     return 1;
 }
 
-static int64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 /* Busy-polls the receive socket for up to spin_us before the caller blocks:
  * a message that arrives meanwhile is taken without the thread going to
@@ -895,9 +878,11 @@ static int drain(pp_transport *t, const pp_mbox_key *want, pp_tensor **got) {
     return k;
 }
 
-/* Waits up to timeout ms for the receive socket, a monitor, or (if out_peer
- * is given) room to send to that peer. Returns 1 if the send socket is
- * writable. */
+/* Waits up to timeout ms for the receive socket, a monitor, the doorbell
+ * (same-host peers' message rings), or (if out_peer is given) room to send
+ * to that peer. The rings say "waiting" first and are looked at once more,
+ * so a record written meanwhile either is seen or rings the doorbell.
+ * Returns 1 if the send socket is writable. */
 static int wait_events(pp_transport *t, int64_t timeout, peer *out_peer) {
     int n = 0;
     zmq_pollitem_t *it = t->items;

@@ -40,7 +40,7 @@ extern "C" {
  * whatever fits in PP_ENVELOPE_MAX_BYTES). */
 #define PP_ENVELOPE_INLINE_MAX 16384u
 /* Longest shared-memory ring name; names are "/pippin-" then [A-Za-z0-9._-]. */
-#define PP_ENVELOPE_MAX_SHM_NAME 100u
+#define PP_ENVELOPE_MAX_SHM_NAME 63u
 /* Longest abort reason / control text. */
 #define PP_ENVELOPE_MAX_TEXT 1024u
 

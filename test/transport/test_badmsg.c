@@ -293,12 +293,8 @@ static void ring_put(pp_shm_ring *ring, crafted *c) {
     pp_shm_ring_msg_commit(ring, pos, n);
 }
 
-/* A stranger on this host announces a message ring as rank 0 and writes
- * records to it: good ones are delivered, ones claiming another rank or
- * carrying control kinds are dropped, and a ring with a broken record is
- * given up (counted) without harm. */
-static void test_msg_ring_records(void **state) {
-    fixture *f = *state;
+/* A message ring the stranger makes and announces to rank 1 as rank 0's. */
+static pp_shm_ring *stranger_ring(fixture *f) {
     pp_shm_ring *ring;
     TT_OK(pp_shm_ring_create(1 << 20, &ring));
     crafted c;
@@ -307,6 +303,17 @@ static void test_msg_ring_records(void **state) {
     snprintf(text, sizeof text, "msgring %s", pp_shm_ring_name(ring));
     c.env.text = text;
     raw_send_crafted(f, &c, 0, NULL);
+    return ring;
+}
+
+/* A stranger on this host announces a message ring as rank 0 and writes
+ * records to it: good ones are delivered, ones claiming another rank or
+ * carrying control kinds are dropped, and a ring with a broken record is
+ * given up (counted) without harm. */
+static void test_msg_ring_records(void **state) {
+    fixture *f = *state;
+    pp_shm_ring *ring = stranger_ring(f);
+    crafted c;
     float vals[6] = {1, 2, 3, 4, 5, 6};
     craft(&c); c.meta[0].placement = PIPPIN__PLACEMENT__PLACEMENT_INLINE; c.meta[0].nframes = 0;
     c.env.inline_data.data = (uint8_t *)vals; c.env.inline_data.len = 24; c.env.microbatch = 2000;
@@ -370,14 +377,8 @@ static void *flip(void *arg) {
  * what its first look counted. */
 static void test_msg_ring_record_rewritten(void **state) {
     fixture *f = *state;
-    pp_shm_ring *ring;
-    TT_OK(pp_shm_ring_create(1 << 20, &ring));
+    pp_shm_ring *ring = stranger_ring(f);
     crafted c;
-    craft(&c); c.env.kind = PIPPIN__KIND__KIND_CONTROL; c.env.n_tensors = 0;
-    char text[128];
-    snprintf(text, sizeof text, "msgring %s", pp_shm_ring_name(ring));
-    c.env.text = text;
-    raw_send_crafted(f, &c, 0, NULL);
     wait_dropped(f, f->dropped, "the announcement");
     enum { LEN = 2000 };
     static uint8_t a[LEN], b[LEN];

@@ -10,6 +10,14 @@
 #include "shm_ring.h"
 #include "tt_util.h"
 
+/* Receives the tensor under k (2 s at most) and checks it equals want. */
+static void expect_recv(pp_transport *t, const pp_transport_key *k, const pp_tensor *want) {
+    pp_tensor *got;
+    TT_OK(pp_transport_recv(t, k, 2000, &got));
+    tt_assert_same(got, want);
+    pp_tensor_free(got);
+}
+
 static pp_transport_options base_opts(int timeout_ms) {
     pp_transport_options o;
     pp_transport_options_init(&o);
@@ -50,18 +58,12 @@ static void roundtrip(const char *kind, int shm) {
     for (int m = 2; m >= 0; m--)
         for (int i = 4; i >= 0; i--) {
             pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, names[i]);
-            pp_tensor *got;
-            TT_OK(pp_transport_recv(t[1], &k, 2000, &got));
-            tt_assert_same(got, in[i]);
-            pp_tensor_free(got);
+            expect_recv(t[1], &k, in[i]);
         }
     /* and a gradient back */
     pp_transport_key g = tt_key(PP_MSG_GRADIENT, 0, 0, 1, 0, "grad");
     TT_OK(pp_transport_send(t[1], &g, in[3]));
-    pp_tensor *got;
-    TT_OK(pp_transport_recv(t[0], &g, 2000, &got));
-    tt_assert_same(got, in[3]);
-    pp_tensor_free(got);
+    expect_recv(t[0], &g, in[3]);
 
     pp_transport_stats st;
     pp_transport_stats_get(t[0], &st);
@@ -128,19 +130,13 @@ static void test_shm_full_ring_falls_back(void **state) {
     assert_int_equal(st.shm_bytes_sent, 4 * x[0]->nbytes); /* four fit, two took the socket */
     for (int m = 5; m >= 0; m--) {
         pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x");
-        pp_tensor *got;
-        TT_OK(pp_transport_recv(t[1], &k, 2000, &got));
-        tt_assert_same(got, x[m]);
-        pp_tensor_free(got);
+        expect_recv(t[1], &k, x[m]);
     }
     /* drained: the next ones wrap around the ring */
     for (int m = 6; m < 12; m++) {
         pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x");
         TT_OK(pp_transport_send(t[0], &k, x[m % 6]));
-        pp_tensor *got;
-        TT_OK(pp_transport_recv(t[1], &k, 2000, &got));
-        tt_assert_same(got, x[m % 6]);
-        pp_tensor_free(got);
+        expect_recv(t[1], &k, x[m % 6]);
     }
     pp_transport_stats_get(t[0], &st);
     assert_int_equal(st.shm_bytes_sent, 10 * x[0]->nbytes);
@@ -173,10 +169,7 @@ static void test_shm_full_ring_grows(void **state) {
     assert_int_equal(leftover_rings(), 2); /* the 1 MiB one waits to be drained, then the 2 MiB one */
     for (int m = 0; m < 12; m++) {
         pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x");
-        pp_tensor *got;
-        TT_OK(pp_transport_recv(t[1], &k, 2000, &got));
-        tt_assert_same(got, x[m]);
-        pp_tensor_free(got);
+        expect_recv(t[1], &k, x[m]);
     }
     for (int m = 0; m < 12; m++) pp_tensor_free(x[m]);
     tt_close_ranks(2, t);
@@ -226,13 +219,8 @@ static void test_shm_ring_grows(void **state) {
     TT_OK(pp_transport_send(t[0], &ka, a));
     TT_OK(pp_transport_send(t[0], &kb, b));
     assert_int_equal(leftover_rings(), 2); /* neither opened by the receiver yet */
-    pp_tensor *got;
-    TT_OK(pp_transport_recv(t[1], &kb, 2000, &got));
-    tt_assert_same(got, b);
-    pp_tensor_free(got);
-    TT_OK(pp_transport_recv(t[1], &ka, 2000, &got));
-    tt_assert_same(got, a);
-    pp_tensor_free(got);
+    expect_recv(t[1], &kb, b);
+    expect_recv(t[1], &ka, a);
     assert_int_equal(leftover_rings(), 0); /* the receiver unlinked both */
     pp_transport_stats st;
     pp_transport_stats_get(t[1], &st);
@@ -258,10 +246,7 @@ static void test_shm_ring_grows_twice(void **state) {
     }
     for (int m = 0; m < 3; m++) {
         pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x");
-        pp_tensor *got;
-        TT_OK(pp_transport_recv(t[1], &k, 2000, &got));
-        tt_assert_same(got, x[m]);
-        pp_tensor_free(got);
+        expect_recv(t[1], &k, x[m]);
     }
     pp_transport_stats st;
     pp_transport_stats_get(t[1], &st);
@@ -269,10 +254,7 @@ static void test_shm_ring_grows_twice(void **state) {
     /* the third took the socket; once the receiver has the rings, growing goes on */
     pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, 3, 0, 1, "x");
     TT_OK(pp_transport_send(t[0], &k, x[2]));
-    pp_tensor *got;
-    TT_OK(pp_transport_recv(t[1], &k, 2000, &got));
-    tt_assert_same(got, x[2]);
-    pp_tensor_free(got);
+    expect_recv(t[1], &k, x[2]);
     pp_transport_stats_get(t[1], &st);
     assert_int_equal(st.shm_bytes_received, x[0]->nbytes + x[1]->nbytes + x[2]->nbytes);
     for (int m = 0; m < 3; m++) pp_tensor_free(x[m]);
@@ -295,10 +277,7 @@ static void test_msg_ring(void **state) {
     for (int64_t until = tt_now_ms() + 3000;; m++) {
         pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x");
         TT_OK(pp_transport_send(t[0], &k, x));
-        pp_tensor *got;
-        TT_OK(pp_transport_recv(t[1], &k, 2000, &got));
-        tt_assert_same(got, x);
-        pp_tensor_free(got);
+        expect_recv(t[1], &k, x);
         pp_transport_stats_get(t[0], &st);
         if (st.shm_bytes_sent) break;
         if (tt_now_ms() > until) fail_msg("small messages never took the message ring");
@@ -409,10 +388,7 @@ static void test_spin_receive(void **state) {
     for (int m = 0; m < 50; m++) {
         pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x");
         TT_OK(pp_transport_send(t[0], &k, x));
-        pp_tensor *got;
-        TT_OK(pp_transport_recv(t[1], &k, 2000, &got));
-        tt_assert_same(got, x);
-        pp_tensor_free(got);
+        expect_recv(t[1], &k, x);
     }
     sleeper sl = {t[1], PP_OK, NULL};
     pthread_t th;
@@ -444,10 +420,7 @@ static void test_shm_off(void **state) {
     pp_tensor *x = tt_f32_seq(1, s, 3);
     pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, 0, 0, 1, "x");
     TT_OK(pp_transport_send(t[0], &k, x));
-    pp_tensor *got;
-    TT_OK(pp_transport_recv(t[1], &k, 2000, &got));
-    tt_assert_same(got, x);
-    pp_tensor_free(got);
+    expect_recv(t[1], &k, x);
     pp_transport_stats st;
     pp_transport_stats_get(t[0], &st);
     assert_int_equal(st.shm_bytes_sent, 0);
@@ -468,10 +441,7 @@ static void test_sendv(void **state) {
     TT_OK(pp_transport_sendv(t[0], &k, 2, names, x));
     for (int i = 1; i >= 0; i--) {
         k.name = names[i];
-        pp_tensor *got;
-        TT_OK(pp_transport_recv(t[1], &k, 2000, &got));
-        tt_assert_same(got, x[i]);
-        pp_tensor_free(got);
+        expect_recv(t[1], &k, x[i]);
     }
     pp_transport_stats st;
     pp_transport_stats_get(t[1], &st);
@@ -755,11 +725,9 @@ static void test_goodbye(void **state) {
         char ep0[256];
         snprintf(ep0, sizeof ep0, "%s", pp_transport_endpoint(t[0]));
         pp_transport_close(t[0]);
-        pp_tensor *got;
-        TT_OK(pp_transport_recv(t[1], &k, 2000, &got));
-        tt_assert_same(got, x);
-        pp_tensor_free(got);
+        expect_recv(t[1], &k, x);
         k.microbatch = 1;
+        pp_tensor *got;
         int64_t t0 = tt_now_ms();
         TT_FAILS(PP_ERR_PEER, pp_transport_recv(t[1], &k, 5000, &got), "rank 0", ep0, "closed");
         assert_true(tt_now_ms() - t0 < 2000);
@@ -871,10 +839,7 @@ static void test_backpressure(void **state) {
     assert_true(sent >= 1);
     for (int m = 0; m < sent; m++) {
         pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x");
-        pp_tensor *got;
-        TT_OK(pp_transport_recv(t[1], &k, 2000, &got));
-        tt_assert_same(got, x);
-        pp_tensor_free(got);
+        expect_recv(t[1], &k, x);
     }
     pp_transport_stats stats;
     pp_transport_stats_get(t[0], &stats);
@@ -977,10 +942,7 @@ static void test_many_ranks_inproc_threads(void **state) {
     }
     for (int r = 0; r < 4; r++) {
         pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, 0, (r + 3) % 4, r, "ring");
-        pp_tensor *got;
-        TT_OK(pp_transport_recv(t[r], &k, 2000, &got));
-        tt_assert_same(got, x);
-        pp_tensor_free(got);
+        expect_recv(t[r], &k, x);
     }
     pp_tensor_free(x);
     tt_close_ranks(4, t);
