@@ -399,12 +399,13 @@ static pp_status parse_schedule(const cx *x, const yaml_node_t *n) {
 
 enum {
     K_MODEL, K_SPLIT, K_DIMS, K_MODE, K_SCHEDULE, K_MICROBATCHES, K_BATCH, K_STEPS, K_LOSS,
-    K_OPTIMIZER, K_DATA, K_TEXT, K_RANKS, K_BIND, K_TIMEOUT, K_SECURITY, K_OUTPUT, K_STAGES, K_SHM, K_COUNT
+    K_OPTIMIZER, K_DATA, K_TEXT, K_RANKS, K_BIND, K_TIMEOUT, K_SECURITY, K_OUTPUT, K_STAGES, K_SHM, K_FREEZE,
+    K_COUNT
 };
 static const char *const top_keys[K_COUNT] = {
     "model", "split", "dims", "mode", "schedule", "microbatches", "batch_size", "steps", "loss",
     "optimizer", "data", "text", "ranks", "bind", "timeout_ms", "security", "output_dir", "stages",
-    "shared_memory"};
+    "shared_memory", "freeze"};
 
 static pp_status parse_top(const cx *x, const yaml_node_t *root) {
     pp_config *c = x->c;
@@ -422,6 +423,10 @@ static pp_status parse_top(const cx *x, const yaml_node_t *root) {
         PP_TRY(get_path(x, v[K_MODEL], "model", &c->model));
     }
     if (given(v[K_SPLIT])) PP_TRY(parse_split(x, v[K_SPLIT]));
+    if (given(v[K_FREEZE]) && c->stages)
+        return err_at(x, PP_ERR_INVALID, v[K_FREEZE], "key 'freeze': stage files record what is trainable; "
+                      "freeze when splitting (pippin split --freeze PATTERN)");
+    if (given(v[K_FREEZE])) PP_TRY(get_str_list(x, v[K_FREEZE], "freeze", 0, CFG_MAX_ITEMS, &c->freeze, &c->n_freeze));
     if (given(v[K_DIMS])) PP_TRY(get_entries(x, v[K_DIMS], "dims", &c->dims, &c->n_dims, dim_value));
     if (given(v[K_MODE])) {
         const char *s;
@@ -505,6 +510,8 @@ void pp_config_free(pp_config *c) {
     free(c->split_before);
     for (int i = 0; c->split_after && i < c->n_split_after; i++) free(c->split_after[i]);
     free(c->split_after);
+    for (int i = 0; c->freeze && i < c->n_freeze; i++) free(c->freeze[i]);
+    free(c->freeze);
     for (int i = 0; c->dims && i < c->n_dims; i++) {
         free(c->dims[i].key);
         free(c->dims[i].value);

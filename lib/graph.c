@@ -1,6 +1,7 @@
 /* Graph IR builder: values, nodes, attributes and a name index. */
 #include "pippin/graph.h"
 
+#include <fnmatch.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -474,4 +475,31 @@ void pp_graph_param_stats(const pp_graph *g, int64_t *count, int64_t *bytes) {
         }
     if (count) *count = c;
     if (bytes) *bytes = b;
+}
+
+int pp_graph_is_frozen(const pp_graph *g, int v) {
+    const pp_value *val = &g->values[v];
+    /* initializers only: a Constant node's output has a producer */
+    return val->kind == PP_VALUE_CONST && val->data && val->producer < 0 && pp_dtype_is_float(val->data->dtype);
+}
+
+void pp_graph_frozen_stats(const pp_graph *g, int64_t *count, int64_t *bytes) {
+    int64_t c = 0, b = 0;
+    for (int i = 0; i < g->n_values; i++)
+        if (pp_graph_is_frozen(g, i)) {
+            c += pp_tensor_numel(g->values[i].data);
+            b += (int64_t)g->values[i].data->nbytes;
+        }
+    if (count) *count = c;
+    if (bytes) *bytes = b;
+}
+
+int pp_graph_freeze(pp_graph *g, const char *pattern) {
+    int n = 0;
+    for (int i = 0; i < g->n_values; i++)
+        if (g->values[i].kind == PP_VALUE_PARAM && fnmatch(pattern, g->values[i].name, 0) == 0) {
+            g->values[i].kind = PP_VALUE_CONST;
+            n++;
+        }
+    return n;
 }

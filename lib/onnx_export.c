@@ -1,6 +1,7 @@
 /* pp_graph -> ONNX model file. The messages point into the graph's own
  * memory (no copies); only the arrays of pointers are allocated here. */
 #include <errno.h>
+#include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,6 +155,30 @@ static Onnx__NodeProto *node_proto(arena *a, const pp_graph *g, const pp_node *n
     return np;
 }
 
+/* PP_ONNX_TRAINABLE_KEY: the names of the parameters that have data, as a
+ * JSON list (arena-owned copy). */
+static Onnx__StringStringEntryProto *trainable_entry(arena *a, const pp_graph *g) {
+    json_object *list = json_object_new_array();
+    if (!list) return NULL;
+    for (int v = 0; v < g->n_values; v++)
+        if (g->values[v].kind == PP_VALUE_PARAM && g->values[v].data &&
+            json_object_array_add(list, json_object_new_string(g->values[v].name)) != 0) {
+            json_object_put(list);
+            return NULL;
+        }
+    const char *text = json_object_to_json_string_ext(list, JSON_C_TO_STRING_PLAIN);
+    Onnx__StringStringEntryProto *e = arena_alloc(a, sizeof *e);
+    char *copy = text ? arena_alloc(a, strlen(text) + 1) : NULL;
+    if (e && copy) {
+        onnx__string_string_entry_proto__init(e);
+        strcpy(copy, text);
+        e->key = (char *)PP_ONNX_TRAINABLE_KEY;
+        e->value = copy;
+    }
+    json_object_put(list);
+    return copy ? e : NULL;
+}
+
 static pp_status build_model(arena *a, const pp_graph *g, Onnx__ModelProto *m) {
     Onnx__GraphProto *gp = arena_alloc(a, sizeof *gp);
     Onnx__OperatorSetIdProto *ops[2] = {arena_alloc(a, sizeof *ops[0]), arena_alloc(a, sizeof *ops[1])};
@@ -176,6 +201,10 @@ static pp_status build_model(arena *a, const pp_graph *g, Onnx__ModelProto *m) {
     ops[1]->version = 1;
     m->n_opset_import = 2;
     m->opset_import = opset;
+    Onnx__StringStringEntryProto **meta = arena_alloc(a, sizeof *meta);
+    if (!meta || !(meta[0] = trainable_entry(a, g))) return pp_error(PP_ERR_NOMEM, "out of memory exporting");
+    m->n_metadata_props = 1;
+    m->metadata_props = meta;
     gp->name = g->name;
 
     gp->node = arena_alloc(a, sizeof(void *) * (size_t)(g->n_nodes + 1));

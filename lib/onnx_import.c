@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <json-c/json.h>
+
 #include "onnx.pb-c.h"
 #include "file_io.h"
 #include "onnx_tensor.h"
@@ -217,6 +219,40 @@ static void record_declared_type(pp_value *v, const Onnx__ValueInfoProto *vi) {
     }
 }
 
+/* The exporter's record of which initializers are trainable (torch's
+ * named_parameters() with requires_grad): metadata PP_ONNX_TRAINABLE_KEY
+ * holding a JSON list of names. *list stays NULL when the model has none
+ * (a model from elsewhere: every float initializer is then trainable). */
+static pp_status read_trainable(const Onnx__ModelProto *m, const char *file, json_object **list) {
+    *list = NULL;
+    for (size_t i = 0; i < m->n_metadata_props; i++) {
+        const Onnx__StringStringEntryProto *e = m->metadata_props[i];
+        if (!e->key || strcmp(e->key, PP_ONNX_TRAINABLE_KEY) != 0) continue;
+        if (*list) {
+            json_object_put(*list);
+            *list = NULL;
+            return pp_error(PP_ERR_PARSE, "%s: metadata '%s' appears twice", file, PP_ONNX_TRAINABLE_KEY);
+        }
+        json_object *j = e->value ? json_tokener_parse(e->value) : NULL;
+        int ok = j && json_object_is_type(j, json_type_array);
+        for (size_t k = 0; ok && k < json_object_array_length(j); k++)
+            ok = json_object_is_type(json_object_array_get_idx(j, k), json_type_string);
+        if (!ok) {
+            json_object_put(j);
+            return pp_error(PP_ERR_PARSE, "%s: metadata '%s' is not a JSON list of initializer names",
+                            file, PP_ONNX_TRAINABLE_KEY);
+        }
+        *list = j;
+    }
+    return PP_OK;
+}
+
+static int listed(json_object *list, const char *name) {
+    for (size_t k = 0; k < json_object_array_length(list); k++)
+        if (strcmp(json_object_get_string(json_object_array_get_idx(list, k)), name) == 0) return 1;
+    return 0;
+}
+
 static pp_status build_graph(const Onnx__ModelProto *m, const char *file, pp_graph **out) {
     const Onnx__GraphProto *gp = m->graph;
     if (!gp) return pp_error(PP_ERR_PARSE, "%s: model has no graph", file);
@@ -224,11 +260,16 @@ static pp_status build_graph(const Onnx__ModelProto *m, const char *file, pp_gra
     PP_TRY(check_opsets(m, file, &opset));
     if (gp->n_sparse_initializer)
         return pp_error(PP_ERR_UNSUPPORTED, "%s: sparse initializers are not supported", file);
+    json_object *trainable;
+    PP_TRY(read_trainable(m, file, &trainable));
     pp_graph *g;
-    PP_TRY(pp_graph_new(gp->name, &g));
+    pp_status s = pp_graph_new(gp->name, &g);
+    if (s != PP_OK) {
+        json_object_put(trainable);
+        return s;
+    }
     g->opset = opset;
     g->source = strdup(file);
-    pp_status s = PP_OK;
     for (size_t i = 0; i < gp->n_initializer && s == PP_OK; i++) {
         const Onnx__TensorProto *tp = gp->initializer[i];
         char what[600];
@@ -240,7 +281,8 @@ static pp_status build_graph(const Onnx__ModelProto *m, const char *file, pp_gra
         pp_tensor *t;
         s = pp_onnx_tensor_from_proto(tp, what, &t);
         if (s != PP_OK) break;
-        pp_value_kind kind = pp_dtype_is_float(t->dtype) ? PP_VALUE_PARAM : PP_VALUE_CONST;
+        int trains = pp_dtype_is_float(t->dtype) && (!trainable || listed(trainable, tp->name));
+        pp_value_kind kind = trains ? PP_VALUE_PARAM : PP_VALUE_CONST;
         s = pp_graph_add_initializer(g, tp->name, kind, t, NULL);
         if (s != PP_OK) s = pp_error_context(s, "%s", file);
     }
@@ -258,6 +300,7 @@ static pp_status build_graph(const Onnx__ModelProto *m, const char *file, pp_gra
         else s = pp_graph_add_output(g, v);
         if (s == PP_OK) record_declared_type(&g->values[v], gp->output[i]);
     }
+    json_object_put(trainable);
     if (s == PP_OK) {
         s = pp_graph_resolve(g);
         if (s != PP_OK) s = pp_error_context(s, "%s", file);

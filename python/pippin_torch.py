@@ -13,7 +13,11 @@ Provides
   pippin expects: opset 17 (the highest PyTorch 1.13 writes), TRAINING mode
   (so equal-valued parameters are not merged into Identity nodes and
   parameters stay initializers named after their torch names), no constant
-  folding, and ``custom_opsets={"pippin": 1}``.
+  folding, and ``custom_opsets={"pippin": 1}``.  It records which
+  initializers are trainable (the model's parameters with requires_grad) in
+  the metadata ``pippin.trainable``; pippin trains exactly those and keeps
+  every other initializer (buffers such as causal masks, frozen parameters)
+  constant.
 
 Usage::
 
@@ -32,11 +36,13 @@ import warnings
 
 import torch
 
-__all__ = ["pipe_split", "register_onnx", "export", "OPSET", "DOMAIN"]
+__all__ = ["pipe_split", "register_onnx", "export", "trainable_names",
+           "OPSET", "DOMAIN", "TRAINABLE_KEY"]
 
 OPSET = 17          # highest opset torch.onnx supports in PyTorch 1.13
 DOMAIN = "pippin"
 DOMAIN_VERSION = 1
+TRAINABLE_KEY = "pippin.trainable"   # PP_ONNX_TRAINABLE_KEY in pippin/onnx.h
 
 _lib = None
 _onnx_registered = False
@@ -112,8 +118,10 @@ def export(model, args, path, input_names=None, output_names=None,
 
     ``args`` is a tuple of example inputs (or a single tensor).  Parameters
     become initializers named by their torch names (``blocks.0.ln_1.weight``);
-    buffers become initializers too.  The model is put back in the training
-    state it had before the call.
+    buffers become initializers too.  The names of the trainable ones
+    (``trainable_names(model)``) are written to the model's metadata
+    ``pippin.trainable`` as a JSON list.  The model is put back in the
+    training state it had before the call.
     """
     register_onnx()
     was_training = model.training
@@ -141,7 +149,33 @@ def export(model, args, path, input_names=None, output_names=None,
         model.train(was_training)
     if isinstance(path, (str, os.PathLike)):
         _fix_shapes(os.fspath(path))
+        _record_trainable(os.fspath(path), trainable_names(model))
     return path
+
+
+def trainable_names(model):
+    """Every name under which a parameter with requires_grad is reachable
+    (a tied parameter has several; the exporter keeps one of them)."""
+    names = []
+    for mod_name, mod in model.named_modules(prefix=""):
+        for pn, p in mod._parameters.items():
+            if p is not None and p.requires_grad:
+                names.append(mod_name + "." + pn if mod_name else pn)
+    return sorted(set(names))
+
+
+def _record_trainable(path, names):
+    import json
+    import onnx
+    m = onnx.load(path)
+    inits = {i.name for i in m.graph.initializer}
+    for e in list(m.metadata_props):
+        if e.key == TRAINABLE_KEY:
+            m.metadata_props.remove(e)
+    e = m.metadata_props.add()
+    e.key = TRAINABLE_KEY
+    e.value = json.dumps([n for n in names if n in inits])
+    onnx.save(m, path)
 
 
 def _dims(vi):

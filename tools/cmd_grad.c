@@ -14,12 +14,16 @@ static void grad_usage(FILE *f) {
             "usage: pippin grad MODEL.onnx --input NAME=FILE.npy ... --out DIR [--loss NAME]\n"
             "                   [--microbatches M] [--schedule KIND] [--split-before P]...\n"
             "                   [--split-after P]... [--transmit-shared] [--no-split]\n"
+            "                   [--freeze PATTERN]...\n"
             "Runs forward and backward on the batch and writes DIR/loss.npy and\n"
             "DIR/grad_<initializer name>.npy for every trainable parameter. The loss is the\n"
             "output named by --loss, else 'loss', else the only float scalar output.\n"
             "A model with pippin::PipeSplit markers (or a split spec) runs through its\n"
             "stages: M microbatches in the order of schedule KIND (default gpipe), loss\n"
-            "seeded with 1/M so the gradients are the full batch's.\n");
+            "seeded with 1/M so the gradients are the full batch's.\n"
+            "Trainable: the initializers the exporter listed (pippin_torch.export records\n"
+            "torch's parameters with requires_grad; buffers are constants), else every float\n"
+            "initializer; --freeze PATTERN (shell pattern on names) freezes more.\n");
 }
 
 /* Loss and gradients through the stages (local runner). */
@@ -112,7 +116,7 @@ int cmd_grad(int argc, char **argv) {
     pp_graph *g = NULL;
     pp_trainer *t = NULL;
     pp_tensor **feeds = NULL, *lt = NULL;
-    if (pp_onnx_load(argv[optind], &g) != PP_OK) goto done;
+    if (pp_split_args_load(&sa, argv[optind], &g) != PP_OK) goto done;
     feeds = calloc((size_t)g->n_inputs + 1, sizeof *feeds);
     if (!feeds) {
         pp_error(PP_ERR_NOMEM, "out of memory");

@@ -15,6 +15,7 @@ static void infer_usage(FILE *f) {
             "usage: pippin infer MODEL.onnx --input NAME=FILE.npy ... --output-dir DIR\n"
             "                    [--microbatches M] [--schedule KIND]\n"
             "                    [--split-before PREFIX]... [--split-after PREFIX]... [--no-split]\n"
+            "                    [--freeze PATTERN]...\n"
             "Runs the model on the CPU and writes DIR/<output name>.npy for each graph output\n"
             "('/' and ':' in names become '_'). A model with pippin::PipeSplit markers, or\n"
             "one given a split spec, runs through its stages with the batch cut into M\n"
@@ -134,7 +135,7 @@ int cmd_infer(int argc, char **argv) {
         goto out;
     }
     pp_graph *g;
-    if (pp_onnx_load(argv[optind], &g) != PP_OK) {
+    if (pp_split_args_load(&o.split, argv[optind], &g) != PP_OK) {
         rc = pp_cli_fail("infer");
         goto out;
     }

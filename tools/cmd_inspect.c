@@ -74,6 +74,13 @@ static json_object *model_json(const pp_graph *g, const op_count *ops, int n_ops
     json_object_object_add(root, "ops", jops);
     json_object_object_add(root, "parameters", json_object_new_int64(count));
     json_object_object_add(root, "parameter_bytes", json_object_new_int64(bytes));
+    pp_graph_frozen_stats(g, &count, &bytes);
+    json_object *frozen = json_object_new_array();
+    for (int v = 0; v < g->n_values; v++)
+        if (pp_graph_is_frozen(g, v)) json_object_array_add(frozen, json_object_new_string(g->values[v].name));
+    json_object_object_add(root, "frozen", json_object_new_int64(count));
+    json_object_object_add(root, "frozen_bytes", json_object_new_int64(bytes));
+    json_object_object_add(root, "frozen_initializers", frozen);
     json_object *splits = json_object_new_array();
     for (int i = 0; i < g->n_nodes; i++)
         if (is_pipe_split(&g->nodes[i])) json_object_array_add(splits, json_object_new_string(g->nodes[i].name));
@@ -94,7 +101,19 @@ static void print_text(const pp_graph *g, const op_count *ops, int n_ops) {
     for (int i = 0; i < g->n_outputs; i++)
         printf("  %-24s %s\n", g->values[g->outputs[i]].name,
                pp_cli_value_type(&g->values[g->outputs[i]], buf, sizeof buf));
-    printf("parameters: %lld (%.1f KiB)\n", (long long)count, (double)bytes / 1024.0);
+    printf("parameters: %lld (%.1f KiB) trainable\n", (long long)count, (double)bytes / 1024.0);
+    pp_graph_frozen_stats(g, &count, &bytes);
+    if (count) {
+        printf("frozen: %lld (%.1f KiB), never trained:", (long long)count, (double)bytes / 1024.0);
+        int shown = 0, n = 0;
+        for (int v = 0; v < g->n_values; v++) {
+            if (!pp_graph_is_frozen(g, v)) continue;
+            if (shown < 8) printf("%s %s", shown++ ? "," : "", g->values[v].name);
+            n++;
+        }
+        if (n > shown) printf(", ... (%d in all)", n);
+        printf("\n");
+    }
     printf("ops:\n");
     for (int i = 0; i < n_ops; i++) printf("  %-24s %d\n", ops[i].op, ops[i].count);
     int n_splits = 0;
@@ -306,7 +325,9 @@ static int print_backward(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, c
 static void inspect_usage(FILE *f) {
     fprintf(f, "usage: pippin inspect MODEL.onnx [--json] [--backward [-o OUT.onnx]]\n"
                "                      [--split-before PREFIX]... [--split-after PREFIX]... [--dim NAME=N]...\n"
-               "Shows inputs and outputs (dtype, shape), op counts, parameter count and bytes,\n"
+               "                      [--freeze PATTERN]...\n"
+               "Shows inputs and outputs (dtype, shape), op counts, parameter count and bytes\n"
+               "(trainable, and frozen: buffers and --freeze'd initializers, never trained),\n"
                "and the pipe-split markers found. With markers (or a split spec): a stage table\n"
                "(nodes, parameter bytes, stashed bytes per sample) and the values crossing\n"
                "stages with their bytes per sample. --backward derives the training graph and\n"
@@ -346,7 +367,7 @@ int cmd_inspect(int argc, char **argv) {
         return 2;
     }
     pp_graph *g;
-    if (pp_onnx_load(argv[optind], &g) != PP_OK) return pp_cli_fail("inspect");
+    if (pp_split_args_load(&sa, argv[optind], &g) != PP_OK) return pp_cli_fail("inspect");
     op_count *ops = calloc((size_t)g->n_nodes + 1, sizeof *ops);
     if (!ops) {
         pp_graph_free(g);

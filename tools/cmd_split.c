@@ -11,12 +11,15 @@
 static void split_usage(FILE *f) {
     fprintf(f,
             "usage: pippin split MODEL.onnx [--split-before PREFIX]... [--split-after PREFIX]...\n"
-            "                    [--transmit-shared] [--dim NAME=N]... -o DIR\n"
+            "                    [--transmit-shared] [--dim NAME=N]... [--freeze PATTERN]... -o DIR\n"
             "Cuts the model at its pippin::PipeSplit markers and/or before (after) the first\n"
             "(last) node whose name starts with PREFIX, and writes DIR/stage_K.onnx for each\n"
             "stage plus DIR/pipe.json (stages, edges with symbolic shapes, shared parameters).\n"
             "--dim sets the size of a symbolic input dim used to measure edge bytes per sample.\n"
-            "Shared parameters are replicated unless --transmit-shared.\n");
+            "Shared parameters are replicated unless --transmit-shared.\n"
+            "Trainable: the initializers the exporter listed (pippin_torch.export records\n"
+            "torch's parameters with requires_grad; buffers are constants), else every float\n"
+            "initializer; --freeze PATTERN (shell pattern on names) freezes more.\n");
 }
 
 int cmd_split(int argc, char **argv) {
@@ -52,7 +55,7 @@ int cmd_split(int argc, char **argv) {
     pp_pipe *p = NULL;
     pp_split_spec spec = pp_split_args_spec(&sa);
     int rc = 1;
-    if (pp_onnx_load(argv[optind], &g) != PP_OK) goto done;
+    if (pp_split_args_load(&sa, argv[optind], &g) != PP_OK) goto done;
     if (pp_pipe_split(g, &spec, &p) != PP_OK) goto done;
     if (pp_pipe_probe_shapes(p, sa.n_dims, sa.dims) != PP_OK) goto done;
     if (pp_pipe_save(p, out_dir) != PP_OK) goto done;

@@ -24,6 +24,7 @@ static void train_usage(FILE *f) {
             "                    [--microbatches M] [--loss NAME] [--save DIR] [--json]\n"
             "                    [--schedule KIND] [--split-before P]... [--split-after P]...\n"
             "                    [--transmit-shared] [--dim NAME=N]... [--no-split]\n"
+            "                    [--freeze PATTERN]...\n"
             "                    [--text FILE.txt --vocab VOCAB.json [--seq T]]\n"
             "                    [--transport inproc|ipc|tcp] [--trace FILE.json] [--svg FILE.svg]\n"
             "                    [--checkpoint DIR [--checkpoint-every N] [--resume]]\n"
@@ -43,6 +44,9 @@ static void train_usage(FILE *f) {
             "steps and at the end); --resume continues from it up to --steps in all, with\n"
             "exactly the losses an uninterrupted run prints (pipelined models).\n"
             "With --json, a loss that is not finite (nan, inf) is written as null.\n"
+            "Trainable: the initializers the exporter listed (pippin_torch.export records\n"
+            "torch's parameters with requires_grad; buffers are constants), else every float\n"
+            "initializer; --freeze PATTERN (shell pattern on names) freezes more.\n"
             "--text trains a character-level model on a text\n"
             "file instead of --data: windows of T+1 characters (T from --seq, else the\n"
             "model's fixed input length, else 64) feed the model's first two int64 inputs\n"
@@ -418,7 +422,7 @@ int cmd_train(int argc, char **argv) {
     pp_trainer *t = NULL;
     pp_optim *o = NULL;
     pp_tensor **data = NULL;
-    if (pp_onnx_load(argv[optind], &g) != PP_OK) goto done;
+    if (pp_split_args_load(&a.split, argv[optind], &g) != PP_OK) goto done;
     int n = g->n_inputs;
     data = calloc((size_t)n + 1, sizeof *data);
     if (!data) {

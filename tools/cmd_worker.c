@@ -32,10 +32,11 @@ static pp_status args_from_config(const pp_config *c, train_args *a, char (*dims
     a->opt = c->optim;
     a->split.transmit_shared = c->transmit_shared;
     a->split.loss = c->loss;
-    if (c->n_split_before > 64 || c->n_split_after > 64 || c->n_dims > 16)
-        return pp_error(PP_ERR_UNSUPPORTED, "%s: too many split points or dims", c->path);
+    if (c->n_split_before > 64 || c->n_split_after > 64 || c->n_dims > 16 || c->n_freeze > 64)
+        return pp_error(PP_ERR_UNSUPPORTED, "%s: too many split points, freeze patterns or dims", c->path);
     for (int i = 0; i < c->n_split_before; i++) a->split.before[a->split.n_before++] = c->split_before[i];
     for (int i = 0; i < c->n_split_after; i++) a->split.after[a->split.n_after++] = c->split_after[i];
+    for (int i = 0; i < c->n_freeze; i++) a->split.freeze[a->split.n_freeze++] = c->freeze[i];
     for (int i = 0; i < c->n_dims; i++) {
         snprintf(dims_buf[i], 128, "%s=%s", c->dims[i].key, c->dims[i].value);
         a->split.dims[a->split.n_dims++] = dims_buf[i];
@@ -88,7 +89,7 @@ static pp_status open_transport(const pp_config *c, int rank, int nstages, const
 static pp_status open_pipe(const pp_config *c, const train_args *a, int rank, pp_graph **g, pp_pipe **p,
                            pp_schedule **sched) {
     if (c->model) {
-        PP_TRY(pp_onnx_load(c->model, g));
+        PP_TRY(pp_split_args_load(&a->split, c->model, g));
         pp_split_spec spec = pp_split_args_spec(&a->split);
         PP_TRY(pp_pipe_split(*g, &spec, p));
         PP_TRY(pp_pipe_probe_shapes(*p, a->split.n_dims, a->split.dims));

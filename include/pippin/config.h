@@ -57,6 +57,8 @@ typedef struct pp_config {
     int n_split_before, n_split_after;
     char **split_before, **split_after;
     int transmit_shared;
+    int n_freeze;
+    char **freeze;           /* parameter name patterns to freeze (fnmatch) */
     int n_dims;
     pp_config_entry *dims;   /* value: a decimal size ("64") */
     int training;            /* mode: train (1) or infer (0); default train */

@@ -163,6 +163,17 @@ pp_status pp_graph_resolve(pp_graph *g);
 
 /* Parameter count and bytes (PARAM values only). */
 void pp_graph_param_stats(const pp_graph *g, int64_t *count, int64_t *bytes);
+/* 1 if value v is a frozen initializer: a float constant that is not
+ * trained (a buffer, a frozen parameter). */
+int pp_graph_is_frozen(const pp_graph *g, int v);
+/* Count and bytes of the frozen initializers. */
+void pp_graph_frozen_stats(const pp_graph *g, int64_t *count, int64_t *bytes);
+
+/* Freezes the parameters whose names match the shell pattern (fnmatch:
+ * "blocks.0.*", "*.mask"): they become constants, never get a gradient or
+ * an update. Returns how many it froze; matching none is not an error here
+ * (a stage may hold none of them). */
+int pp_graph_freeze(pp_graph *g, const char *pattern);
 
 #ifdef __cplusplus
 }

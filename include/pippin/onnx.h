@@ -10,8 +10,14 @@
 extern "C" {
 #endif
 
-/* Loads a model file into a new graph (ops resolved and checked). Float
- * initializers become parameters, others constants. Errors name the file
+/* Model metadata key naming the trainable initializers (a JSON list of
+ * names), written by python/pippin_torch.py and by pp_onnx_save. */
+#define PP_ONNX_TRAINABLE_KEY "pippin.trainable"
+
+/* Loads a model file into a new graph (ops resolved and checked). The float
+ * initializers named in the PP_ONNX_TRAINABLE_KEY metadata become parameters
+ * (all float initializers when the model has no such metadata); every
+ * other initializer is a constant. Errors name the file
  * and, where it applies, the node (name and op type). */
 pp_status pp_onnx_load(const char *path, pp_graph **out);
 /* The same from bytes in memory; name is used in messages. */
@@ -21,7 +27,8 @@ pp_status pp_onnx_tensor_parse(const void *bytes, size_t len, const char *name, 
                                char **tensor_name);
 pp_status pp_onnx_tensor_load(const char *path, pp_tensor **out, char **tensor_name);
 /* Writes g as an ONNX model (opset 17 plus the pippin domain). Node regions
- * are recorded in each node's doc_string and metadata. */
+ * are recorded in each node's doc_string and metadata; the parameters are
+ * listed under PP_ONNX_TRAINABLE_KEY, so constants stay constants on reload. */
 pp_status pp_onnx_save(const pp_graph *g, const char *path);
 
 #ifdef __cplusplus

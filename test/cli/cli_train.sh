@@ -27,10 +27,30 @@ expect 0 "gradients of 6 parameters" "grad mlp" -- grad "$FX/mlp/model.onnx" \
 count=$(ls "$tmp/g" | grep -c '^grad_fc[123]\.\(weight\|bias\)\.npy$')
 [ "$count" -eq 6 ] && [ -f "$tmp/g/loss.npy" ]
 ok $? "grad wrote loss.npy and one grad_<initializer>.npy per parameter"
-expect 0 "not trainable (no gradient reaches it): blocks.0.attn.mask" "grad gpt names frozen buffers" -- \
+expect 0 "" "grad gpt" -- \
     grad "$FX/gpt/model.onnx" --input "idx=$FX/gpt/idx.npy" --input "targets=$FX/gpt/targets.npy" --out "$tmp/gg"
-[ "$(ls "$tmp/gg" | grep -c '^grad_')" -eq 52 ] && [ -f "$tmp/gg/grad_tok_emb.weight.npy" ]
-ok $? "grad gpt wrote 52 gradients (tied embedding once)"
+[ "$(ls "$tmp/gg" | grep -c '^grad_')" -eq 52 ] && [ -f "$tmp/gg/grad_tok_emb.weight.npy" ] &&
+    [ ! -f "$tmp/gg/grad_blocks.0.attn.mask.npy" ]
+ok $? "grad gpt wrote 52 gradients (tied embedding once, none for the causal-mask buffers)"
+
+# Regression: float buffers and requires_grad=False parameters were trained.
+expect 0 "frozen: 76 (0.3 KiB), never trained: gain, mask, fc2.weight" "inspect shows buffers as frozen" -- \
+    inspect "$FX/buffer/model.onnx"
+expect 0 "parameters: 76 (0.3 KiB) trainable" "inspect counts trainable parameters apart" -- \
+    inspect "$FX/buffer/model.onnx"
+expect 0 "" "grad buffer" -- grad "$FX/buffer/model.onnx" --input "x=$FX/buffer/x.npy" \
+    --input "y=$FX/buffer/y.npy" --out "$tmp/gb"
+[ "$(ls "$tmp/gb" | grep -c '^grad_')" -eq 3 ] && [ ! -f "$tmp/gb/grad_mask.npy" ] && [ ! -f "$tmp/gb/grad_gain.npy" ]
+ok $? "grad buffer wrote gradients of the 3 trainable parameters only"
+expect 0 "" "grad --freeze" -- grad "$FX/buffer/model.onnx" --input "x=$FX/buffer/x.npy" \
+    --input "y=$FX/buffer/y.npy" --out "$tmp/gf" --freeze 'fc1.*'
+[ "$(ls "$tmp/gf" | grep -c '^grad_')" -eq 1 ] && [ -f "$tmp/gf/grad_fc2.bias.npy" ]
+ok $? "grad --freeze 'fc1.*' leaves only fc2.bias trainable"
+expect 1 "freeze pattern 'nothing*' matches no trainable initializer" "--freeze matching nothing" -- \
+    inspect "$FX/buffer/model.onnx" --freeze 'nothing*'
+"$PIPPIN" split "$FX/buffer/model.onnx" -o "$tmp/bs" >/dev/null 2>&1 &&
+    "$PIPPIN" inspect "$tmp/bs/stage_1.onnx" 2>&1 | grep -qF "never trained: mask, fc2.weight"
+ok $? "stage files keep buffers and frozen parameters frozen"
 expect 1 "training needs a float scalar loss" "grad with a non-scalar loss" -- grad "$FX/mlp/model.onnx" \
     --input "x=$FX/mlp/x.npy" --input "y=$FX/mlp/y.npy" --out "$tmp/g" --loss logits
 expect 1 "no output 'nope'" "grad with an unknown loss" -- grad "$FX/mlp/model.onnx" \
@@ -40,7 +60,7 @@ expect 1 "input 'y' not given" "grad with a missing input" -- grad "$FX/mlp/mode
 expect 2 "" "grad without --out" -- grad "$FX/mlp/model.onnx" --input "x=$FX/mlp/x.npy"
 
 # train: torch's trajectories
-for m in mlp gpt skip; do
+for m in mlp gpt skip buffer; do
     if [ $m = gpt ]; then data="--data idx=$FX/gpt/train_idx.npy --data targets=$FX/gpt/train_targets.npy"
     else data="--data x=$FX/$m/train_x.npy --data y=$FX/$m/train_y.npy"; fi
     bs=$(awk '/"batch_size"/ { gsub(/[^0-9]/, ""); print }' "$FX/$m/train_ref.json")

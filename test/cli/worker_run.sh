@@ -54,6 +54,24 @@ else
     echo "ok $n - 3 workers over tcp with shared_memory: false match pippin train"
 fi
 
+# freeze: the workers train what `pippin train --freeze` trains.
+n=$((n + 1))
+"$PIPPIN" train "$FX/mlp/model.onnx" --data "x=$FX/mlp/train_x.npy" --data "y=$FX/mlp/train_y.npy" \
+    --batch-size 4 --microbatches 2 --schedule 1f1b --steps 3 --optimizer adamw --lr 0.01 \
+    --weight-decay 0.01 --freeze 'fc2.*' >"$tmp/ref-frozen" 2>&1
+sed -e "s|output_dir: .*|output_dir: $tmp/out-frozen|" "$tmp/ipc.yaml" >"$tmp/frozen.yaml"
+echo "freeze: [\"fc2.*\"]" >>"$tmp/frozen.yaml"
+if ! "$PIPPIN" run "$tmp/frozen.yaml" >"$tmp/frozen.out" 2>"$tmp/frozen.err"; then
+    echo "not ok $n - run with freeze failed: $(tail -3 "$tmp/frozen.err")"
+elif [ "$(losses "$tmp/frozen.out")" != "$(losses "$tmp/ref-frozen")" ] ||
+    [ "$(losses "$tmp/frozen.out")" = "$(losses "$tmp/ref")" ]; then
+    echo "not ok $n - run with freeze: losses $(losses "$tmp/frozen.out" | tr '\n' ' ') vs train --freeze's"
+elif [ "$(ls "$tmp/out-frozen" | wc -l)" -ne 4 ]; then
+    echo "not ok $n - run with freeze: expected 4 parameter files, got $(ls "$tmp/out-frozen" | tr '\n' ' ')"
+else
+    echo "ok $n - workers with freeze: [fc2.*] match train --freeze and save the 4 trained parameters"
+fi
+
 # Stage files: each worker loads pipe.json and only its own stage_K.onnx.
 n=$((n + 1))
 "$PIPPIN" split "$FX/mlp/model.onnx" -o "$tmp/split" >/dev/null 2>&1

@@ -89,10 +89,17 @@ static void test_skip_matches_torch(void **state) {
 }
 
 /* 52 parameters (the head is tied to tok_emb: one gradient, both uses);
- * the 4 causal masks get no gradient and are frozen. */
+ * the 4 causal masks are buffers (constants). */
 static void test_gpt_matches_torch(void **state) {
     (void)state;
-    check_against_torch("gpt", 52, 4, 1e-4, 1e-6);
+    check_against_torch("gpt", 52, 0, 1e-4, 1e-6);
+}
+
+/* Regression: the float buffers (gain, additive mask) and the frozen
+ * fc2.weight get no gradient although the loss depends on them. */
+static void test_buffer_matches_torch(void **state) {
+    (void)state;
+    check_against_torch("buffer", 3, 0, 1e-4, 1e-6);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -544,6 +551,7 @@ int main(void) {
         cmocka_unit_test(test_mlp_matches_torch),
         cmocka_unit_test(test_skip_matches_torch),
         cmocka_unit_test(test_gpt_matches_torch),
+        cmocka_unit_test(test_buffer_matches_torch),
         cmocka_unit_test(test_regions_mlp),
         cmocka_unit_test(test_i_then_w_bitwise_mlp),
         cmocka_unit_test(test_i_then_w_bitwise_gpt_stages),

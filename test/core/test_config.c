@@ -120,6 +120,15 @@ static void test_full(void **state) {
     pp_config_free(c);
 }
 
+static void test_freeze(void **state) {
+    (void)state;
+    pp_config *c = parse_ok(BASE "freeze: [\"blocks.0.*\", mask]\n", "/d");
+    assert_int_equal(c->n_freeze, 2);
+    assert_string_equal(c->freeze[0], "blocks.0.*");
+    assert_string_equal(c->freeze[1], "mask");
+    pp_config_free(c);
+}
+
 /* The other alternatives: text instead of data, SGD, csv schedule, infer. */
 static void test_text_sgd_csv(void **state) {
     (void)state;
@@ -346,6 +355,8 @@ static void test_value_errors(void **state) {
     expect_err(BASE "schedule: nope\n", PP_ERR_INVALID, 5, "key 'schedule'", "zbv");
     expect_err(BASE "schedule: 'csv:'\n", PP_ERR_INVALID, 5, "key 'schedule'", NULL);
     expect_err(BASE "loss: ''\n", PP_ERR_INVALID, 5, "key 'loss': must not be empty", NULL);
+    expect_err("stages: split/\nbatch_size: 4\ndata: {x: x.npy}\nranks: [a]\nfreeze: [mask]\n", PP_ERR_INVALID, 5,
+               "key 'freeze'", "pippin split --freeze");
     expect_err("model: m.onnx\nbatch_size: 4\ndata: {x: x.npy}\nranks: []\n", PP_ERR_INVALID, 4, "key 'ranks'",
                NULL);
     expect_err("model: m.onnx\nbatch_size: 4\ndata: {}\nranks: [a]\n", PP_ERR_INVALID, 3, "key 'data'", NULL);
@@ -458,7 +469,8 @@ static void test_rank(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_full),         cmocka_unit_test(test_text_sgd_csv),
+        cmocka_unit_test(test_full),
+        cmocka_unit_test(test_freeze),         cmocka_unit_test(test_text_sgd_csv),
         cmocka_unit_test(test_defaults),     cmocka_unit_test(test_paths),
         cmocka_unit_test(test_type_errors),  cmocka_unit_test(test_duplicates),
         cmocka_unit_test(test_value_errors), cmocka_unit_test(test_yaml_errors),

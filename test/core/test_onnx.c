@@ -151,6 +151,81 @@ static void test_bad_models(void **state) {
     free(buf);
 }
 
+/* Regression: float buffers (a causal mask, a gain) and requires_grad=False
+ * parameters were trained as parameters. The exporter's pippin.trainable
+ * list decides; pp_onnx_save keeps it; a model without the list trains
+ * every float initializer unless frozen by pattern. */
+static int kind_of(const pp_graph *g, const char *name) {
+    int v = pp_graph_find_value(g, name);
+    assert_true(v >= 0);
+    return g->values[v].kind;
+}
+
+static void expect_buffer_kinds(const pp_graph *g) {
+    assert_int_equal(kind_of(g, "fc1.weight"), PP_VALUE_PARAM);
+    assert_int_equal(kind_of(g, "fc1.bias"), PP_VALUE_PARAM);
+    assert_int_equal(kind_of(g, "fc2.bias"), PP_VALUE_PARAM);
+    assert_int_equal(kind_of(g, "fc2.weight"), PP_VALUE_CONST); /* requires_grad=False */
+    assert_int_equal(kind_of(g, "gain"), PP_VALUE_CONST);       /* float buffers */
+    assert_int_equal(kind_of(g, "mask"), PP_VALUE_CONST);
+    int64_t count, frozen;
+    pp_graph_param_stats(g, &count, NULL);
+    pp_graph_frozen_stats(g, &frozen, NULL);
+    assert_int_equal(count, 8 * 8 + 8 + 4);
+    assert_int_equal(frozen, 4 * 8 + 8 + 6 * 6);
+}
+
+static void drop_metadata(Onnx__ModelProto *m) {
+    for (size_t i = 0; i < m->n_metadata_props; i++) m->metadata_props[i]->key[0] = 'x';
+}
+static void bad_trainable_list(Onnx__ModelProto *m) {
+    for (size_t i = 0; i < m->n_metadata_props; i++) m->metadata_props[i]->value[0] = '{';
+}
+
+static unsigned char *mutated_file(const char *path, mutator fn, size_t *len) {
+    unsigned char *buf = read_all(path, len);
+    Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, *len, buf);
+    assert_non_null(m);
+    free(buf);
+    fn(m);
+    *len = onnx__model_proto__get_packed_size(m);
+    buf = malloc(*len);
+    onnx__model_proto__pack(m, buf);
+    onnx__model_proto__free_unpacked(m, NULL);
+    return buf;
+}
+
+static void test_trainable_metadata(void **state) {
+    (void)state;
+    char fx[4096];
+    snprintf(fx, sizeof fx, "%s", tu_src_path("test/fixtures/buffer/model.onnx"));
+    pp_graph *g = tu_fixture_onnx("buffer", "model.onnx");
+    expect_buffer_kinds(g);
+    TU_OK(pp_onnx_save(g, tmp_model));
+    pp_graph_free(g);
+    TU_OK(pp_onnx_load(tmp_model, &g));
+    expect_buffer_kinds(g);
+    pp_graph_free(g);
+
+    /* Without the list every float initializer trains; freezing by pattern
+     * gives the exporter's answer back. */
+    size_t len;
+    unsigned char *buf = mutated_file(fx, drop_metadata, &len);
+    TU_OK(pp_onnx_parse(buf, len, "nolist.onnx", &g));
+    free(buf);
+    assert_int_equal(kind_of(g, "mask"), PP_VALUE_PARAM);
+    assert_int_equal(kind_of(g, "gain"), PP_VALUE_PARAM);
+    assert_int_equal(pp_graph_freeze(g, "fc2.w*"), 1);
+    assert_int_equal(pp_graph_freeze(g, "[gm]a[is][nk]"), 2);
+    assert_int_equal(pp_graph_freeze(g, "mask"), 0); /* already frozen */
+    expect_buffer_kinds(g);
+    pp_graph_free(g);
+
+    buf = mutated_file(fx, bad_trainable_list, &len);
+    expect_load_error(buf, len, PP_ERR_PARSE, "pippin.trainable", "JSON list");
+    free(buf);
+}
+
 static void test_garbage_and_truncation(void **state) {
     (void)state;
     const char garbage[] = "\xff\xff\xff\xff this is not protobuf \x00\x01";
@@ -244,6 +319,7 @@ int main(void) {
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_unknown_op),
         cmocka_unit_test(test_bad_models),
+        cmocka_unit_test(test_trainable_metadata),
         cmocka_unit_test(test_garbage_and_truncation),
         cmocka_unit_test(test_dtype_mismatch_names_node),
         cmocka_unit_test(test_missing_and_misshaped_inputs),

@@ -140,6 +140,13 @@ static void test_skip_trajectories(void **state) {
     check_trajectories("skip");
 }
 
+/* Regression: buffers and a frozen parameter stay put (AdamW's weight decay
+ * and momentum would move them if they were trained). */
+static void test_buffer_trajectories(void **state) {
+    (void)state;
+    check_trajectories("buffer");
+}
+
 static void test_gpt_trajectories(void **state) {
     (void)state;
     check_trajectories("gpt");
@@ -272,6 +279,7 @@ int main(void) {
         cmocka_unit_test(test_mlp_trajectories),
         cmocka_unit_test(test_skip_trajectories),
         cmocka_unit_test(test_gpt_trajectories),
+        cmocka_unit_test(test_buffer_trajectories),
         cmocka_unit_test(test_update_rules),
         cmocka_unit_test(test_state_and_lr),
         cmocka_unit_test(test_bad_settings),

@@ -23,6 +23,7 @@ static const fixture fixtures[] = {
     {"mlp", 2, {"x", "y"}},
     {"skip", 2, {"x", "y"}},
     {"gpt", 2, {"idx", "targets"}},
+    {"buffer", 2, {"x", "y"}}, /* float buffers and a frozen parameter */
 };
 
 static pp_pipe *split_model(const char *fx, const char *file, const pp_split_spec *spec) {
@@ -542,6 +543,8 @@ static void test_training_trajectories(void **state) {
     check_trajectory(&fixtures[1], "sgd_nesterov", PP_SCHED_GPIPE);
     check_trajectory(&fixtures[2], "adamw", PP_SCHED_INTERLEAVED_1F1B);
     check_trajectory(&fixtures[2], "sgd", PP_SCHED_1F1B);
+    check_trajectory(&fixtures[3], "adamw", PP_SCHED_1F1B);
+    check_trajectory(&fixtures[3], "sgd", PP_SCHED_ZB_H1);
 }
 
 /* x -> Relu -> [markers] -> Add(., w): markers given as a list of
