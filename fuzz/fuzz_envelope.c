@@ -19,7 +19,7 @@
 
 #include "envelope_wire.h"
 #include "pippin.pb-c.h"
-#include "pippin/envelope.h"
+#include "envelope.h"
 #include "pippin/log.h"
 
 #define MAX_FRAMES 64

@@ -7,8 +7,10 @@
 
 #include "autodiff_internal.h"
 #include "pippin/log.h"
-#include "pippin/op.h"
+#include "op.h"
 
+#include "status_internal.h"
+#include "log_internal.h"
 /* Working arrays of one pass, indexed by value (forward values only). */
 typedef struct pass {
     pp_graph *g;

@@ -4,7 +4,7 @@
 #define PIPPIN_AUTODIFF_INTERNAL_H
 
 #include "pippin/autodiff.h"
-#include "pippin/op.h"
+#include "op.h"
 
 typedef struct pp_ad_state {
     int n_fwd_nodes;   /* nodes of the graph before the pass */

@@ -6,6 +6,7 @@
 #include "pippin/autodiff.h"
 #include "pippin/exec.h"
 
+#include "status_internal.h"
 pp_status pp_autodiff_find_loss(const pp_graph *g, const char *loss_name, int *value) {
     const char *want = loss_name ? loss_name : "loss";
     for (int i = 0; i < g->n_outputs; i++)

@@ -5,6 +5,7 @@
 
 #include "pippin/autodiff.h"
 
+#include "status_internal.h"
 /* The size "name=N" in dims gives name; 0 if none does. */
 static int64_t named_size(const char *name, size_t len, int n_dims, const char *const *dims) {
     for (int i = 0; i < n_dims; i++) {

@@ -6,8 +6,9 @@
 #include <string.h>
 
 #include "pippin/log.h"
-#include "pippin/op.h"
+#include "op.h"
 
+#include "status_internal.h"
 struct pp_exec {
     pp_graph *g;
     int *all_nodes;         /* 0..n_nodes-1 */

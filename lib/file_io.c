@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "status_internal.h"
 pp_status pp_read_file(const char *path, size_t max_bytes, unsigned char **buf, size_t *len) {
     *buf = NULL;
     *len = 0;

@@ -5,8 +5,9 @@
 #include <string.h>
 
 #include "autodiff_internal.h"
-#include "pippin/op.h"
+#include "op.h"
 
+#include "status_internal.h"
 pp_status pp_ad_state_init(pp_ad_state *st, const pp_graph *g) {
     memset(st, 0, sizeof *st);
     st->n_fwd_nodes = g->n_nodes;

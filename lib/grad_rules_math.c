@@ -5,6 +5,7 @@
 
 #include "autodiff_internal.h"
 
+#include "status_internal.h"
 PP_GRAD_RULE(add) {
     for (int k = 0; k < 2; k++)
         if (c->need[k]) PP_TRY(pp_grad_sum_to(c, c->dy[0], pp_ad_in(c, k), &c->dx[k]));

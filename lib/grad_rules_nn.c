@@ -6,6 +6,7 @@
 
 #include "autodiff_internal.h"
 
+#include "status_internal.h"
 /* W if b = Transpose(W) of a 2-D W (nn.Linear on 3-D inputs, tied heads),
  * else -1. */
 static int transposed_weight(const pp_graph *g, int b) {

@@ -3,6 +3,7 @@
  * pp_grad_shape_of (taken during the forward). */
 #include "autodiff_internal.h"
 
+#include "status_internal.h"
 /* Identity, PipeSplit (n -> n), Dropout (inference identity). */
 PP_GRAD_RULE(identity) {
     const pp_node *n = &c->g->nodes[c->node];

@@ -6,8 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pippin/op.h"
+#include "op.h"
 
+#include "status_internal.h"
 /* Name index: open-addressing hash from value name to value index + 1. */
 typedef struct {
     int cap;   /* power of two */

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "log_internal.h"
 static atomic_int current_level = -1; /* -1: not read from the environment yet */
 static pp_log_handler handler_fn;
 static void *handler_user;

@@ -11,6 +11,7 @@
 #include "file_io.h"
 #include "pippin/status.h"
 
+#include "status_internal.h"
 static const char npy_magic[6] = {'\x93', 'N', 'U', 'M', 'P', 'Y'};
 
 typedef struct {

@@ -10,6 +10,7 @@
 #include "onnx_tensor.h"
 #include "pippin/onnx.h"
 
+#include "status_internal.h"
 /* Everything allocated while building the message, freed in one go. */
 typedef struct {
     void **ptrs;

@@ -12,8 +12,10 @@
 #include "onnx_tensor.h"
 #include "pippin/log.h"
 #include "pippin/onnx.h"
-#include "pippin/op.h"
+#include "op.h"
 
+#include "status_internal.h"
+#include "log_internal.h"
 #define PP_OPSET_MIN 13
 #define PP_OPSET_MAX 17
 /* protobuf messages are limited to 2 GiB */

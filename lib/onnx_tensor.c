@@ -6,6 +6,7 @@
 
 #include "pippin/status.h"
 
+#include "status_internal.h"
 pp_status pp_onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *what, pp_tensor **out) {
     *out = NULL;
     pp_dtype dt = (pp_dtype)tp->data_type;

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "status_internal.h"
 #define PP_ERROR_CAP 2048
 
 static _Thread_local char last_error[PP_ERROR_CAP];

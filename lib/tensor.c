@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "status_internal.h"
 /* Data buffers are 64-byte aligned for vector kernels and BLAS
  * (tensor_pool.c allocates them). */
 

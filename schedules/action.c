@@ -4,6 +4,7 @@
 
 #include "pippin/schedule.h"
 
+#include "status_internal.h"
 static const char *const kind_names[PP_ACT_KIND_COUNT] = {
     [PP_ACT_IDLE] = "",
     [PP_ACT_F] = "F",

@@ -7,6 +7,7 @@
 
 #include "pippin/sched_sim.h"
 
+#include "status_internal.h"
 pp_status pp_cost_model_new(int nstages, pp_cost_model **out) {
     *out = NULL;
     if (nstages < 1 || nstages > PP_SCHED_MAX_STAGES)

@@ -6,6 +6,7 @@
 
 #include "pippin/schedule.h"
 
+#include "status_internal.h"
 /* Longest cell we accept (a full compound action is far shorter). */
 #define CELL_MAX 1024
 

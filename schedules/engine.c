@@ -14,6 +14,7 @@
 
 #include "sched_internal.h"
 
+#include "status_internal.h"
 enum { RECVF_DONE = 1, RECVB_DONE = 2 };
 /* What a sleeping rank waits for: an entry of one of the time arrays. */
 enum { WAIT_NONE = 0, WAIT_TF, WAIT_TI, WAIT_TSF, WAIT_TSB };

@@ -15,6 +15,7 @@
 
 #include "sched_internal.h"
 
+#include "status_internal.h"
 /* Simulated actions the hill climb may spend (bounds its run time). */
 #define LS_BUDGET 40000000.0
 

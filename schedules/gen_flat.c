@@ -1,6 +1,7 @@
 /* Fill-drain style generators: GPipe, 1F1B and LoopedBFS. */
 #include "sched_internal.h"
 
+#include "status_internal.h"
 #define ADD(r, k, st, mb) PP_TRY(pp_sched_push(s, (r), pp_act((k), (st), (mb))))
 
 pp_status pp_gen_gpipe(pp_schedule *s) {

@@ -5,6 +5,7 @@
 
 #include "sched_internal.h"
 
+#include "status_internal.h"
 #define ADD(r, k, st, mb) PP_TRY(pp_sched_push(s, (r), pp_act((k), (st), (mb))))
 
 typedef struct ilv {

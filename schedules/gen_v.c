@@ -4,6 +4,7 @@
 
 #include "sched_internal.h"
 
+#include "status_internal.h"
 /* Appends unless the microbatch is beyond m (ZBV generates for
  * max(2p-1, m) microbatches and drops the extra ones). */
 static pp_status add_lt(pp_schedule *s, int r, pp_act_kind k, int st, int mb) {

@@ -6,6 +6,7 @@
 
 #include "sched_internal.h"
 
+#include "status_internal.h"
 static const struct {
     const char *name;  /* CLI name */
     const char *torch; /* torch.distributed.pipelining class name, if any */

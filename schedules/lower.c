@@ -5,6 +5,7 @@
 
 #include "sched_internal.h"
 
+#include "status_internal.h"
 typedef struct lower {
     const pp_schedule *in;
     pp_schedule *out;

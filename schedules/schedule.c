@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "status_internal.h"
 pp_status pp_schedule_new(int nranks, int nstages, int nmb, pp_schedule **out) {
     *out = NULL;
     if (nranks < 1 || nranks > PP_SCHED_MAX_RANKS)

@@ -3,6 +3,7 @@
 
 #include "sched_internal.h"
 
+#include "status_internal.h"
 void pp_sim_result_free(pp_sim_result *r) {
     if (!r) return;
     free(r->busy);

@@ -5,6 +5,7 @@
 
 #include "pippin/sched_trace.h"
 
+#include "status_internal.h"
 #define PLOT_W 1200.0
 #define LEFT 72.0
 #define RIGHT 24.0

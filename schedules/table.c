@@ -5,6 +5,7 @@
 #include "pippin/schedule.h"
 #include "sched_internal.h"
 
+#include "status_internal.h"
 typedef struct strbuf {
     char *p;
     size_t n, cap;

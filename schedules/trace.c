@@ -5,6 +5,7 @@
 
 #include "pippin/sched_trace.h"
 
+#include "status_internal.h"
 pp_status pp_trace_new(int nranks, pp_trace **out) {
     *out = NULL;
     if (nranks < 1) return pp_error(PP_ERR_INVALID, "trace: %d ranks", nranks);

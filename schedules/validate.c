@@ -5,6 +5,7 @@
 
 #include "sched_internal.h"
 
+#include "status_internal.h"
 enum {
     SEEN_F = 1,
     SEEN_I = 2,

@@ -3,6 +3,7 @@
 
 #include <string.h>
 
+#include "status_internal.h"
 int64_t pp_microbatch_rows(int64_t n, int m, int i) { return n / m + (i < n % m ? 1 : 0); }
 
 pp_status pp_microbatch_split(pp_tensor *t, int m, const char *name, pp_tensor **chunks) {

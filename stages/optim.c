@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <strings.h>
 
+#include "status_internal.h"
 struct pp_optim {
     pp_optim_config c;
     int64_t n, steps;

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "status_internal.h"
 #define ALIGN_ELEMS 16 /* 64 bytes of float32 */
 
 /* One allocation holding both buffers; freed when the pp_flat_params and

@@ -10,6 +10,7 @@
 #include "pippin/onnx.h"
 #include "pippin/pipe.h"
 
+#include "status_internal.h"
 static json_object *dims_json(const pp_pipe_edge *e) {
     if (e->ndim < 0) return NULL;
     json_object *arr = json_object_new_array();

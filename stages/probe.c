@@ -12,6 +12,7 @@
 #include "pippin/exec.h"
 #include "pippin/pipe.h"
 
+#include "status_internal.h"
 #define MAX_SYMS 8
 
 typedef struct {

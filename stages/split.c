@@ -5,8 +5,9 @@
 #include <string.h>
 
 #include "pippin/log.h"
-#include "pippin/op.h"
+#include "op.h"
 #include "pippin/pipe.h"
+#include "status_internal.h"
 
 typedef struct {
     int pos;          /* cut before node index pos */

@@ -12,6 +12,7 @@
 #include "pippin/log.h"
 #include "pippin/params.h"
 
+#include "status_internal.h"
 typedef struct {
     int mb;
     int backward_input_done;

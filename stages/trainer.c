@@ -7,6 +7,7 @@
 
 #include "pippin/exec.h"
 
+#include "status_internal.h"
 struct pp_trainer {
     pp_graph *g;
     pp_backward *b;

@@ -9,6 +9,7 @@
 
 #include "pippin/npy.h"
 
+#include "status_internal.h"
 pp_status pp_cli_add_named_npy(pp_named_tensors *nt, const char *arg) {
     const char *eq = strchr(arg, '=');
     if (!eq || eq == arg || !eq[1])

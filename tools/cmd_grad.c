@@ -9,6 +9,7 @@
 #include "pipe_cli.h"
 #include "pippin/pippin.h"
 
+#include "status_internal.h"
 static void grad_usage(FILE *f) {
     fprintf(f,
             "usage: pippin grad MODEL.onnx --input NAME=FILE.npy ... --out DIR [--loss NAME]\n"

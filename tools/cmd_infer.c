@@ -10,6 +10,7 @@
 #include "pipe_cli.h"
 #include "pippin/pippin.h"
 
+#include "status_internal.h"
 static void infer_usage(FILE *f) {
     fprintf(f,
             "usage: pippin infer MODEL.onnx --input NAME=FILE.npy ... --output-dir DIR\n"

@@ -13,6 +13,7 @@
 #include "pippin/pippin.h"
 #include "pippin/stage.h"
 
+#include "status_internal.h"
 typedef struct {
     const char *op;
     int count;

@@ -4,6 +4,7 @@
 
 #include "sched_cli.h"
 
+#include "status_internal.h"
 static void usage(FILE *f) {
     fprintf(f,
             "usage: pippin schedule --kind K --ranks P --microbatches M [--stages-per-rank V]\n"

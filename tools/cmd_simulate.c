@@ -5,6 +5,7 @@
 
 #include "sched_cli.h"
 
+#include "status_internal.h"
 static void usage(FILE *f) {
     fprintf(f,
             "usage: pippin simulate --kind K --ranks P --microbatches M [--stages-per-rank V]\n"

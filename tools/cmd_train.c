@@ -16,6 +16,7 @@
 #include "pippin/microbatch.h"
 #include "pippin/pippin.h"
 
+#include "status_internal.h"
 static void train_usage(FILE *f) {
     fprintf(f,
             "usage: pippin train MODEL.onnx --data NAME=FILE.npy ... --batch-size B --steps S\n"

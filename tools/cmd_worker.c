@@ -15,6 +15,7 @@
 #include "pippin/pippin.h"
 #include "train_args.h"
 
+#include "status_internal.h"
 /* The train_args a config describes (pointers into c; dims strings owned
  * by dims_buf). */
 static pp_status args_from_config(const pp_config *c, train_args *a, char (*dims_buf)[128]) {

@@ -4,36 +4,19 @@
 
 #include "commands.h"
 #include "pippin/status.h"
+#include "pippin/version.h"
 
 static const pp_command commands[] = {
-#ifdef PP_HAVE_CMD_INSPECT
     {"inspect", cmd_inspect, "show a model's inputs, outputs, ops, parameters and stages"},
-#endif
-#ifdef PP_HAVE_CMD_INFER
     {"infer", cmd_infer, "run a model on .npy inputs and write its outputs"},
-#endif
-#ifdef PP_HAVE_CMD_SCHEDULE
     {"schedule", cmd_schedule, "print a pipeline schedule's per-rank action lists"},
-#endif
-#ifdef PP_HAVE_CMD_SIMULATE
     {"simulate", cmd_simulate, "simulate a schedule: makespan, bubble, peak memory"},
-#endif
-#ifdef PP_HAVE_CMD_KEYGEN
     {"keygen", cmd_keygen, "make a CURVE key pair for encrypted links"},
-#endif
-#ifdef PP_HAVE_CMD_SPLIT
     {"split", cmd_split, "cut a model into stage files and pipe.json"},
-#endif
-#ifdef PP_HAVE_CMD_GRAD
     {"grad", cmd_grad, "loss and parameter gradients of a model on one batch"},
-#endif
-#ifdef PP_HAVE_CMD_TRAIN
     {"train", cmd_train, "train a model on .npy data with SGD or AdamW (one process)"},
-#endif
-#ifdef PP_HAVE_CMD_WORKER
     {"worker", cmd_worker, "run one rank of a pipeline from a YAML config"},
     {"run", cmd_run, "run every rank of a YAML config as local worker processes"},
-#endif
     {NULL, NULL, NULL},
 };
 
@@ -60,7 +43,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (strcmp(argv[1], "--version") == 0) {
-        printf("pippin " PP_VERSION "\n");
+        printf("pippin %s\n", pp_version());
         return 0;
     }
     for (const pp_command *c = commands; c->name; c++)

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "status_internal.h"
 int pp_cli_has_markers(const pp_graph *g) {
     for (int i = 0; i < g->n_nodes; i++)
         if (strcmp(g->nodes[i].op_type, "PipeSplit") == 0 && strcmp(g->nodes[i].domain, "pippin") == 0) return 1;

@@ -6,6 +6,7 @@
 
 #include "pippin/onnx.h"
 
+#include "status_internal.h"
 static int push(const char **arr, int *n, int cap, const char *v, const char *cmd, const char *flag) {
     if (*n >= cap) {
         fprintf(stderr, "pippin %s: too many %s flags (at most %d)\n", cmd, flag, cap);

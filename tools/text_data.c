@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "status_internal.h"
 /* Byte -> token id (-1: not in the vocabulary). */
 static pp_status load_vocab(const char *path, int64_t ids[256]) {
     for (int i = 0; i < 256; i++) ids[i] = -1;

@@ -2,6 +2,7 @@
 #include "pippin/checkpoint.h"
 #include "train_args.h"
 
+#include "status_internal.h"
 pp_status train_resume(const train_args *a, int n, pp_stage *const *stages, pp_optim *const *optims,
                        long long *first_step) {
     *first_step = 0;

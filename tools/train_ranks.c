@@ -12,6 +12,7 @@
 #include "pippin/trainer.h"
 #include "train_args.h"
 
+#include "status_internal.h"
 /* Inference: the outputs this rank computes, as DIR/<name>.npy (step 0)
  * or DIR/<name>_<step>.npy. */
 static pp_status save_rank_outputs(rank_job *j, long long step, pp_tensor **outs) {

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "status_internal.h"
 #define HUGE_PAGE ((size_t)2 << 20)
 #define MAX_CACHED 64
 

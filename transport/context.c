@@ -10,6 +10,8 @@
 
 #include "pippin/log.h"
 
+#include "status_internal.h"
+#include "log_internal.h"
 struct pp_zctx {
     struct pp_zctx *next;
     void *ctx;

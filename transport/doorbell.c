@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "status_internal.h"
 #define PREFIX "/dev/shm/pippin-bell-"
 
 struct pp_doorbell {

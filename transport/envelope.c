@@ -1,5 +1,5 @@
 /* Envelope encoding (protobuf-c), decoding and validation of every field. */
-#include "pippin/envelope.h"
+#include "envelope.h"
 
 #include <inttypes.h>
 #include <stddef.h>
@@ -10,6 +10,7 @@
 #include "shm_ring.h"
 #include "pippin.pb-c.h"
 
+#include "status_internal.h"
 #define DEFAULT_MAX_MESSAGE_BYTES (UINT64_C(2) << 30)
 #define DEFAULT_MAX_TENSORS 256u
 #define DEFAULT_MAX_FRAMES 65536u

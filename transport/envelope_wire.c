@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "status_internal.h"
+#include "envelope.h"
 enum { WT_VARINT = 0, WT_I64 = 1, WT_LEN = 2, WT_I32 = 5 };
 
 /* ---- writing ---- */

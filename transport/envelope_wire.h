@@ -17,6 +17,7 @@
 #include "pippin.pb-c.h"
 #include "pippin/status.h"
 
+#include "envelope.h"
 /* Packed size of pb, and writing it (out has that many bytes). */
 size_t pp_wire_size(const Pippin__Envelope *pb);
 size_t pp_wire_write(const Pippin__Envelope *pb, uint8_t *out);

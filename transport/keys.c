@@ -10,6 +10,8 @@
 #include "pippin/log.h"
 #include "pippin/transport.h"
 
+#include "status_internal.h"
+#include "log_internal.h"
 static const char z85_chars[] =
     "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#";
 

@@ -6,8 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pippin/envelope.h"
+#include "envelope.h"
 
+#include "status_internal.h"
 typedef struct entry {
     struct entry *next;     /* bucket chain, oldest first */
     uint64_t hash;

@@ -1,7 +1,7 @@
 /* Shared-memory rings between ranks on one host. See shm_ring.h. */
 #include "shm_ring.h"
 
-#include "pippin/envelope.h"
+#include "envelope.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "status_internal.h"
 #define RING_MAGIC "pippinR1"
 /* The header takes one page, so the data starts page-aligned. */
 #define HEADER_BYTES ((size_t)4096)

@@ -21,6 +21,9 @@
 #include "shm_ring.h"
 #include "pippin/log.h"
 
+#include "status_internal.h"
+#include "log_internal.h"
+#include "envelope.h"
 #define DEFAULT_TIMEOUT_MS 10000
 #define DEFAULT_LINGER_MS 1000
 #define DEFAULT_HWM 64 /* send side: libzmq leaks zero-copy frames still queued to a dead peer at close (seen with 1000) */

@@ -14,6 +14,8 @@
 
 #include "pippin/log.h"
 
+#include "status_internal.h"
+#include "log_internal.h"
 #define ZAP_ENDPOINT "inproc://zeromq.zap.01"
 #define ZAP_MAX_FRAMES 8
 

@@ -21,6 +21,8 @@
 #ifndef PIPPIN_AUTODIFF_H
 #define PIPPIN_AUTODIFF_H
 
+#include "pippin/export.h"
+
 #include <stdint.h>
 
 #include "pippin/graph.h"
@@ -45,36 +47,36 @@ typedef struct pp_grad_ctx {
 typedef pp_status (*pp_grad_rule)(pp_grad_ctx *c);
 
 /* The rule for an op; NULL when the op is not differentiable. */
-pp_grad_rule pp_grad_rule_find(const char *domain, const char *op_type);
+PP_API pp_grad_rule pp_grad_rule_find(const char *domain, const char *op_type);
 /* Bit k set: input k of the op may carry a gradient (index and shape inputs
  * never do). 0 when the op has no rule. */
-uint32_t pp_grad_rule_inputs(const char *domain, const char *op_type);
+PP_API uint32_t pp_grad_rule_inputs(const char *domain, const char *op_type);
 /* 1 for ops whose gradient is zero almost everywhere or whose outputs are
  * integers (Shape, Equal, ArgMax, Floor, ...): no gradient flows through them
  * and that is not an error. */
-int pp_grad_op_is_constant(const char *domain, const char *op_type);
+PP_API int pp_grad_op_is_constant(const char *domain, const char *op_type);
 
 /* Helpers for rules. Every node they add is named after the forward node
  * ("<node>/grad/<Op>_<n>") and becomes part of the backward. */
 /* Adds op_type(in...) with n_out outputs; out[i] receives the value ids
  * (-1 for an output left out: want[i] == 0; want may be NULL for all).
  * node (may be NULL) receives the node id, for setting attributes. */
-pp_status pp_grad_emit(pp_grad_ctx *c, const char *op_type, const char *domain, int n_in,
+PP_API pp_status pp_grad_emit(pp_grad_ctx *c, const char *op_type, const char *domain, int n_in,
                        const int *in, int n_out, const uint8_t *want, int *out, int *node);
 /* One output, no attributes: *out = op_type(a[, b]). b < -1 means unary. */
-pp_status pp_grad_op1(pp_grad_ctx *c, const char *op_type, const char *domain, int a, int b,
+PP_API pp_status pp_grad_op1(pp_grad_ctx *c, const char *op_type, const char *domain, int a, int b,
                       int *out);
 /* A scalar float32 constant value. */
-pp_status pp_grad_const_f32(pp_grad_ctx *c, float v, int *out);
+PP_API pp_status pp_grad_const_f32(pp_grad_ctx *c, float v, int *out);
 /* A 1-D int64 constant value. */
-pp_status pp_grad_const_i64(pp_grad_ctx *c, int n, const int64_t *vals, int *out);
+PP_API pp_status pp_grad_const_i64(pp_grad_ctx *c, int n, const int64_t *vals, int *out);
 /* A value holding v's shape at run time (1-D int64): a constant for
  * parameters and constants, else a Shape node run with the forward, so the
  * backward keeps a few bytes instead of the whole activation. Cached per v. */
-pp_status pp_grad_shape_of(pp_grad_ctx *c, int v, int *out);
+PP_API pp_status pp_grad_shape_of(pp_grad_ctx *c, int v, int *out);
 /* *out = grad summed over the dims along which `like` was broadcast
  * (pippin::SumToShape); grad itself when the shapes are known equal. */
-pp_status pp_grad_sum_to(pp_grad_ctx *c, int grad, int like, int *out);
+PP_API pp_status pp_grad_sum_to(pp_grad_ctx *c, int grad, int like, int *out);
 
 /* What to differentiate. */
 typedef struct pp_backward_spec {
@@ -118,28 +120,28 @@ typedef struct pp_backward {
  * pp_exec_run on g runs a whole training step. Errors: a loss that is not a
  * float scalar, a gradient asked for an integer input, an op without a rule
  * on a gradient path (named). On failure g may hold some added nodes. */
-pp_status pp_autodiff(pp_graph *g, const pp_backward_spec *spec, pp_backward **out);
-void pp_backward_free(pp_backward *b);
+PP_API pp_status pp_autodiff(pp_graph *g, const pp_backward_spec *spec, pp_backward **out);
+PP_API void pp_backward_free(pp_backward *b);
 
 /* The loss output of a model: the output named loss_name, or (NULL) the
  * output called "loss", else the only float scalar output. */
-pp_status pp_autodiff_find_loss(const pp_graph *g, const char *loss_name, int *value);
+PP_API pp_status pp_autodiff_find_loss(const pp_graph *g, const char *loss_name, int *value);
 /* Training graph of a whole model: pp_autodiff with the loss found as above
  * and, if wrt_float_inputs, the gradients of every float graph input (which
  * makes region I non-empty, as for a pipeline stage). For `pippin inspect
  * --backward`: call this, then pp_onnx_save. */
-pp_status pp_autodiff_model(pp_graph *g, const char *loss_name, int wrt_float_inputs,
+PP_API pp_status pp_autodiff_model(pp_graph *g, const char *loss_name, int wrt_float_inputs,
                             pp_backward **out);
 
 /* Stashed bytes for one forward run on the given inputs (inputs[i] feeds
  * g->inputs[i] for the inputs that existed before pp_autodiff). */
-pp_status pp_backward_stash_bytes(pp_graph *g, const pp_backward *b, pp_tensor *const *inputs,
+PP_API pp_status pp_backward_stash_bytes(pp_graph *g, const pp_backward *b, pp_tensor *const *inputs,
                                   int64_t *bytes);
 /* Stashed bytes per sample: runs the forward on zero inputs with a batch
  * (dim 0 of inputs whose dim 0 is dynamic) of 1 and of 2 and takes the
  * difference; other dynamic dims get other_dims (1 if <= 0). *fixed gets
  * the batch-independent part (may be NULL). */
-pp_status pp_backward_stash_per_sample(pp_graph *g, const pp_backward *b, int64_t other_dims,
+PP_API pp_status pp_backward_stash_per_sample(pp_graph *g, const pp_backward *b, int64_t other_dims,
                                        int64_t *per_sample, int64_t *fixed);
 /* The same with the dynamic input dims sized by name: dims lists "name=N"
  * (as pp_pipe_probe_shapes leaves in p->dims); dims named batch_name run at
@@ -147,14 +149,14 @@ pp_status pp_backward_stash_per_sample(pp_graph *g, const pp_backward *b, int64_
  * written as a product of names and numbers ("batch*seq", "2*seq", as
  * probed edges are) multiplies them; other dynamic dims get 1 (dim 0: the
  * batch). */
-pp_status pp_backward_stash_per_sample_dims(pp_graph *g, const pp_backward *b, const char *batch_name,
+PP_API pp_status pp_backward_stash_per_sample_dims(pp_graph *g, const pp_backward *b, const char *batch_name,
                                             int n_dims, const char *const *dims, int64_t *per_sample,
                                             int64_t *fixed);
 
 /* Keep masks (one byte per graph value, caller frees) for running the
  * regions apart with pp_exec_run_nodes: keep_f after F (stash and graph
  * outputs), keep_i after I (what W still reads, and I's results). */
-pp_status pp_backward_keep_masks(const pp_graph *g, const pp_backward *b, uint8_t **keep_f,
+PP_API pp_status pp_backward_keep_masks(const pp_graph *g, const pp_backward *b, uint8_t **keep_f,
                                  uint8_t **keep_i);
 
 #ifdef __cplusplus

@@ -10,6 +10,8 @@
 #ifndef PIPPIN_CHECKPOINT_H
 #define PIPPIN_CHECKPOINT_H
 
+#include "pippin/export.h"
+
 #include <stdint.h>
 
 #include "pippin/optim.h"
@@ -20,11 +22,11 @@ extern "C" {
 #endif
 
 /* step: the last step whose update is in the parameters. opt may be NULL. */
-pp_status pp_checkpoint_save(const char *dir, pp_stage *st, pp_optim *opt, int64_t step);
+PP_API pp_status pp_checkpoint_save(const char *dir, pp_stage *st, pp_optim *opt, int64_t step);
 /* Restores what pp_checkpoint_save wrote for this stage; *step (may be
  * NULL) gets the saved step. Parameters missing from the checkpoint, a
  * shape or optimizer that differs: errors naming the file. */
-pp_status pp_checkpoint_load(const char *dir, pp_stage *st, pp_optim *opt, int64_t *step);
+PP_API pp_status pp_checkpoint_load(const char *dir, pp_stage *st, pp_optim *opt, int64_t *step);
 
 #ifdef __cplusplus
 }

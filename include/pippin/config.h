@@ -35,6 +35,8 @@
 #ifndef PIPPIN_CONFIG_H
 #define PIPPIN_CONFIG_H
 
+#include "pippin/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -83,16 +85,16 @@ typedef struct pp_config {
 } pp_config;
 
 /* Reads and checks a config file. */
-pp_status pp_config_load(const char *path, pp_config **out);
+PP_API pp_status pp_config_load(const char *path, pp_config **out);
 /* The same from text in memory; name is used in messages and dir resolves
  * relative paths ("." if NULL). */
-pp_status pp_config_parse(const char *text, size_t len, const char *name, const char *dir, pp_config **out);
-void pp_config_free(pp_config *c);
+PP_API pp_status pp_config_parse(const char *text, size_t len, const char *name, const char *dir, pp_config **out);
+PP_API void pp_config_free(pp_config *c);
 
 /* This process's rank: rank_arg if >= 0, else the first of PIPPIN_RANK,
  * SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK that is set. Must be below
  * nranks. Errors name the variable that was wrong. */
-pp_status pp_config_rank(int rank_arg, int nranks, int *rank);
+PP_API pp_status pp_config_rank(int rank_arg, int nranks, int *rank);
 
 #ifdef __cplusplus
 }

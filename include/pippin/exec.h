@@ -7,6 +7,8 @@
 #ifndef PIPPIN_EXEC_H
 #define PIPPIN_EXEC_H
 
+#include "pippin/export.h"
+
 #include <stdint.h>
 
 #include "pippin/graph.h"
@@ -19,31 +21,31 @@ typedef struct pp_exec pp_exec;
 
 /* Resolves the graph's ops and plans buffer lifetimes. The graph must
  * outlive the executor and not gain nodes while it exists. */
-pp_status pp_exec_new(pp_graph *g, pp_exec **out);
-void pp_exec_free(pp_exec *ex);
+PP_API pp_status pp_exec_new(pp_graph *g, pp_exec **out);
+PP_API void pp_exec_free(pp_exec *ex);
 
 /* Runs every node. inputs[i] feeds g->inputs[i] (borrowed; dtypes and
  * known dims are checked); outputs[i] receives a new reference to the value
  * of g->outputs[i]. On failure no outputs are set. */
-pp_status pp_exec_run(pp_exec *ex, pp_tensor *const *inputs, pp_tensor **outputs);
+PP_API pp_status pp_exec_run(pp_exec *ex, pp_tensor *const *inputs, pp_tensor **outputs);
 
 /* Runs the given nodes, in order, over env (one slot per graph value).
  * Slots of parameters and constants that are NULL are filled from the graph.
  * Each node's outputs are stored in env. A value whose last reader among
  * these nodes has run is freed and its slot cleared, unless keep[v] != 0
  * (keep may be NULL: keep nothing but what no listed node reads). */
-pp_status pp_exec_run_nodes(pp_exec *ex, const int *nodes, int n_nodes, pp_tensor **env,
+PP_API pp_status pp_exec_run_nodes(pp_exec *ex, const int *nodes, int n_nodes, pp_tensor **env,
                             const uint8_t *keep);
 
 /* Kernels run and nodes answered from the shape cache since creation. */
-void pp_exec_stats(const pp_exec *ex, int64_t *kernels_run, int64_t *nodes_cached);
+PP_API void pp_exec_stats(const pp_exec *ex, int64_t *kernels_run, int64_t *nodes_cached);
 
 /* Runs one node on the given inputs (for tests and tools). */
-pp_status pp_exec_node(const pp_graph *g, int node, pp_tensor *const *inputs,
+PP_API pp_status pp_exec_node(const pp_graph *g, int node, pp_tensor *const *inputs,
                        pp_tensor **outputs);
 
 /* One-shot convenience: pp_exec_new + pp_exec_run + pp_exec_free. */
-pp_status pp_graph_run(pp_graph *g, pp_tensor *const *inputs, pp_tensor **outputs);
+PP_API pp_status pp_graph_run(pp_graph *g, pp_tensor *const *inputs, pp_tensor **outputs);
 
 #ifdef __cplusplus
 }

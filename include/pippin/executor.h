@@ -19,6 +19,8 @@
 #ifndef PIPPIN_EXECUTOR_H
 #define PIPPIN_EXECUTOR_H
 
+#include "pippin/export.h"
+
 #include "pippin/optim.h"
 #include "pippin/pipe.h"
 #include "pippin/schedule.h"
@@ -35,39 +37,39 @@ typedef struct pp_executor pp_executor;
  * edges must be probed (pp_pipe_probe_shapes) and whose graphs for those
  * stages must be loaded; they move out of p. The transport (created for
  * this rank with the same stage placement) stays the caller's. */
-pp_status pp_executor_new(pp_pipe *p, const pp_schedule *sched, int rank, int training, pp_transport *t,
+PP_API pp_status pp_executor_new(pp_pipe *p, const pp_schedule *sched, int rank, int training, pp_transport *t,
                           pp_executor **out);
-void pp_executor_free(pp_executor *ex);
+PP_API void pp_executor_free(pp_executor *ex);
 
 /* Receive deadline for each activation or gradient (default: the
  * transport's timeout). */
-void pp_executor_set_timeout(pp_executor *ex, int timeout_ms);
+PP_API void pp_executor_set_timeout(pp_executor *ex, int timeout_ms);
 
 /* One step of m microbatches. inputs[i] is the model input names[i] (a
  * whole batch); only inputs read by this rank's stages are needed (others
  * may be missing). outputs[o] (may be NULL) receives model output o merged
  * over microbatches if one of this rank's stages computes it, else NULL.
  * Errors name rank, action and peer. */
-pp_status pp_executor_step(pp_executor *ex, int64_t step, int m, int n_inputs, const char *const *names,
+PP_API pp_status pp_executor_step(pp_executor *ex, int64_t step, int m, int n_inputs, const char *const *names,
                            pp_tensor *const *inputs, pp_tensor **outputs);
 
 /* This rank's stages. */
-int pp_executor_n_stages(const pp_executor *ex);
-pp_stage *pp_executor_stage(pp_executor *ex, int i);
+PP_API int pp_executor_n_stages(const pp_executor *ex);
+PP_API pp_stage *pp_executor_stage(pp_executor *ex, int i);
 
 /* Records each action the following steps run into trace (one event per
  * compute action: rank, stage, microbatch, kind, start and end in
  * microseconds since origin_ms on CLOCK_MONOTONIC), in the format the
  * simulator writes (pippin/sched_trace.h). NULL stops recording. */
 struct pp_trace;
-void pp_executor_trace(pp_executor *ex, struct pp_trace *trace, double origin_ms);
+PP_API void pp_executor_trace(pp_executor *ex, struct pp_trace *trace, double origin_ms);
 
-void pp_executor_zero_grad(pp_executor *ex);
+PP_API void pp_executor_zero_grad(pp_executor *ex);
 /* One optimizer per local stage. */
-pp_status pp_executor_set_optimizer(pp_executor *ex, const pp_optim_config *c);
-pp_status pp_executor_optimizer_step(pp_executor *ex);
+PP_API pp_status pp_executor_set_optimizer(pp_executor *ex, const pp_optim_config *c);
+PP_API pp_status pp_executor_optimizer_step(pp_executor *ex);
 /* The optimizer of this rank's i-th stage (NULL before one is set). */
-pp_optim *pp_executor_optimizer(pp_executor *ex, int i);
+PP_API pp_optim *pp_executor_optimizer(pp_executor *ex, int i);
 
 #ifdef __cplusplus
 }

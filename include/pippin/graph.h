@@ -8,6 +8,8 @@
 #ifndef PIPPIN_GRAPH_H
 #define PIPPIN_GRAPH_H
 
+#include "pippin/export.h"
+
 #include <stdint.h>
 
 #include "pippin/status.h"
@@ -101,79 +103,79 @@ typedef struct pp_graph {
     int name_counter;  /* private: for generated names */
 } pp_graph;
 
-pp_status pp_graph_new(const char *name, pp_graph **out);
-void pp_graph_free(pp_graph *g);
+PP_API pp_status pp_graph_new(const char *name, pp_graph **out);
+PP_API void pp_graph_free(pp_graph *g);
 
 /* Value index by name, or -1. */
-int pp_graph_find_value(const pp_graph *g, const char *name);
+PP_API int pp_graph_find_value(const pp_graph *g, const char *name);
 /* Node index by name, or -1. */
-int pp_graph_find_node(const pp_graph *g, const char *name);
+PP_API int pp_graph_find_node(const pp_graph *g, const char *name);
 
 /* Adds a graph input. shape entries may be -1 (dynamic); ndim -1: unknown. */
-pp_status pp_graph_add_input(pp_graph *g, const char *name, pp_dtype dt, int ndim,
+PP_API pp_status pp_graph_add_input(pp_graph *g, const char *name, pp_dtype dt, int ndim,
                              const int64_t *shape, int *value_id);
 /* Adds a parameter or constant; takes ownership of data (also on failure). */
-pp_status pp_graph_add_initializer(pp_graph *g, const char *name, pp_value_kind kind,
+PP_API pp_status pp_graph_add_initializer(pp_graph *g, const char *name, pp_value_kind kind,
                                    pp_tensor *data, int *value_id);
 /* Adds a node and its output values. out_names may be NULL (names are made
  * up from the node name); an out_names entry "" makes an omitted output.
  * name may be NULL (made up from op_type). in entries may be -1. */
-pp_status pp_graph_add_node(pp_graph *g, const char *op_type, const char *domain,
+PP_API pp_status pp_graph_add_node(pp_graph *g, const char *op_type, const char *domain,
                             const char *name, int n_in, const int *in, int n_out,
                             const char *const *out_names, int *node_id);
-pp_status pp_graph_add_output(pp_graph *g, int value_id);
+PP_API pp_status pp_graph_add_output(pp_graph *g, int value_id);
 
 /* A fresh value name with the given prefix, unique in g. Returned string is
  * valid until the next call on this thread. */
-const char *pp_graph_unique_name(pp_graph *g, const char *prefix);
+PP_API const char *pp_graph_unique_name(pp_graph *g, const char *prefix);
 
 /* Attributes. The setters copy their arguments. */
-pp_status pp_node_set_int(pp_graph *g, int node, const char *name, int64_t v);
-pp_status pp_node_set_float(pp_graph *g, int node, const char *name, float v);
-pp_status pp_node_set_string(pp_graph *g, int node, const char *name, const char *v);
-pp_status pp_node_set_ints(pp_graph *g, int node, const char *name, int n, const int64_t *v);
-pp_status pp_node_set_floats(pp_graph *g, int node, const char *name, int n, const float *v);
+PP_API pp_status pp_node_set_int(pp_graph *g, int node, const char *name, int64_t v);
+PP_API pp_status pp_node_set_float(pp_graph *g, int node, const char *name, float v);
+PP_API pp_status pp_node_set_string(pp_graph *g, int node, const char *name, const char *v);
+PP_API pp_status pp_node_set_ints(pp_graph *g, int node, const char *name, int n, const int64_t *v);
+PP_API pp_status pp_node_set_floats(pp_graph *g, int node, const char *name, int n, const float *v);
 /* Takes ownership of t (also on failure). */
-pp_status pp_node_set_tensor(pp_graph *g, int node, const char *name, pp_tensor *t);
+PP_API pp_status pp_node_set_tensor(pp_graph *g, int node, const char *name, pp_tensor *t);
 /* Moves a fully built attribute (used by importers); takes ownership. */
-pp_status pp_node_add_attr(pp_graph *g, int node, pp_attr *attr);
+PP_API pp_status pp_node_add_attr(pp_graph *g, int node, pp_attr *attr);
 
 /* Deep copy of an attribute into dst (caller frees with pp_attr_clear). */
-pp_status pp_attr_clone(const pp_attr *src, pp_attr *dst);
-void pp_attr_clear(pp_attr *a);
+PP_API pp_status pp_attr_clone(const pp_attr *src, pp_attr *dst);
+PP_API void pp_attr_clear(pp_attr *a);
 /* Appends a copy of src's node (op, name, attributes, region) to dst with
  * inputs in_map[k] (dst value ids, -1 omitted) and outputs of the same
  * names. */
-pp_status pp_graph_copy_node(pp_graph *dst, const pp_graph *src, int node, const int *in_map,
+PP_API pp_status pp_graph_copy_node(pp_graph *dst, const pp_graph *src, int node, const int *in_map,
                              int *new_node);
 
-const pp_attr *pp_node_attr(const pp_node *n, const char *name);
-int64_t pp_node_attr_int(const pp_node *n, const char *name, int64_t def);
-float pp_node_attr_float(const pp_node *n, const char *name, float def);
-const char *pp_node_attr_string(const pp_node *n, const char *name, const char *def);
+PP_API const pp_attr *pp_node_attr(const pp_node *n, const char *name);
+PP_API int64_t pp_node_attr_int(const pp_node *n, const char *name, int64_t def);
+PP_API float pp_node_attr_float(const pp_node *n, const char *name, float def);
+PP_API const char *pp_node_attr_string(const pp_node *n, const char *name, const char *def);
 /* Number of ints (and *vals) or -1 if absent. */
-int pp_node_attr_ints(const pp_node *n, const char *name, const int64_t **vals);
+PP_API int pp_node_attr_ints(const pp_node *n, const char *name, const int64_t **vals);
 
 /* Human-readable node label for messages: "node 'name' (OpType)". */
-const char *pp_node_label(const pp_node *n, char *buf, size_t cap);
+PP_API const char *pp_node_label(const pp_node *n, char *buf, size_t cap);
 
 /* Checks structure: inputs defined before use, arity against the op, every op
  * known. Resolves node->op. Errors name the node. */
-pp_status pp_graph_resolve(pp_graph *g);
+PP_API pp_status pp_graph_resolve(pp_graph *g);
 
 /* Parameter count and bytes (PARAM values only). */
-void pp_graph_param_stats(const pp_graph *g, int64_t *count, int64_t *bytes);
+PP_API void pp_graph_param_stats(const pp_graph *g, int64_t *count, int64_t *bytes);
 /* 1 if value v is a frozen initializer: a float constant that is not
  * trained (a buffer, a frozen parameter). */
-int pp_graph_is_frozen(const pp_graph *g, int v);
+PP_API int pp_graph_is_frozen(const pp_graph *g, int v);
 /* Count and bytes of the frozen initializers. */
-void pp_graph_frozen_stats(const pp_graph *g, int64_t *count, int64_t *bytes);
+PP_API void pp_graph_frozen_stats(const pp_graph *g, int64_t *count, int64_t *bytes);
 
 /* Freezes the parameters whose names match the shell pattern (fnmatch:
  * "blocks.0.*", "*.mask"): they become constants, never get a gradient or
  * an update. Returns how many it froze; matching none is not an error here
  * (a stage may hold none of them). */
-int pp_graph_freeze(pp_graph *g, const char *pattern);
+PP_API int pp_graph_freeze(pp_graph *g, const char *pattern);
 
 #ifdef __cplusplus
 }

@@ -5,6 +5,8 @@
 #ifndef PIPPIN_LOG_H
 #define PIPPIN_LOG_H
 
+#include "pippin/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -21,20 +23,12 @@ typedef void (*pp_log_handler)(pp_log_level level, const char *msg, void *user);
 
 /* Messages below level are dropped. The initial level comes from the
  * PIPPIN_LOG environment variable (debug, info, warn, error, off). */
-void pp_log_set_level(pp_log_level level);
-pp_log_level pp_log_get_level(void);
+PP_API void pp_log_set_level(pp_log_level level);
+PP_API pp_log_level pp_log_get_level(void);
 
 /* NULL restores the default stderr handler. Not thread-safe with logging
  * calls in flight: install it before starting workers. */
-void pp_log_set_handler(pp_log_handler handler, void *user);
-
-void pp_log(pp_log_level level, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-
-#define pp_debug(...) pp_log(PP_LOG_DEBUG, __VA_ARGS__)
-#define pp_info(...) pp_log(PP_LOG_INFO, __VA_ARGS__)
-#define pp_warn(...) pp_log(PP_LOG_WARN, __VA_ARGS__)
-#define pp_log_error(...) pp_log(PP_LOG_ERROR, __VA_ARGS__)
+PP_API void pp_log_set_handler(pp_log_handler handler, void *user);
 
 #ifdef __cplusplus
 }

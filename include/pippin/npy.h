@@ -6,6 +6,8 @@
 #ifndef PIPPIN_NPY_H
 #define PIPPIN_NPY_H
 
+#include "pippin/export.h"
+
 #include <stddef.h>
 
 #include "pippin/tensor.h"
@@ -14,11 +16,11 @@
 extern "C" {
 #endif
 
-pp_status pp_npy_load(const char *path, pp_tensor **out);
+PP_API pp_status pp_npy_load(const char *path, pp_tensor **out);
 /* Parses an in-memory .npy image; name is used in error messages. */
-pp_status pp_npy_parse(const void *bytes, size_t len, const char *name, pp_tensor **out);
+PP_API pp_status pp_npy_parse(const void *bytes, size_t len, const char *name, pp_tensor **out);
 /* Writes version 1.0 (2.0 if the header needs it). */
-pp_status pp_npy_save(const char *path, const pp_tensor *t);
+PP_API pp_status pp_npy_save(const char *path, const pp_tensor *t);
 
 #ifdef __cplusplus
 }

@@ -2,6 +2,8 @@
 #ifndef PIPPIN_ONNX_H
 #define PIPPIN_ONNX_H
 
+#include "pippin/export.h"
+
 #include <stddef.h>
 
 #include "pippin/graph.h"
@@ -19,17 +21,17 @@ extern "C" {
  * (all float initializers when the model has no such metadata); every
  * other initializer is a constant. Errors name the file
  * and, where it applies, the node (name and op type). */
-pp_status pp_onnx_load(const char *path, pp_graph **out);
+PP_API pp_status pp_onnx_load(const char *path, pp_graph **out);
 /* The same from bytes in memory; name is used in messages. */
-pp_status pp_onnx_parse(const void *bytes, size_t len, const char *name, pp_graph **out);
+PP_API pp_status pp_onnx_parse(const void *bytes, size_t len, const char *name, pp_graph **out);
 /* Decodes a serialized TensorProto (the input_*.pb files of ONNX's tests). */
-pp_status pp_onnx_tensor_parse(const void *bytes, size_t len, const char *name, pp_tensor **out,
+PP_API pp_status pp_onnx_tensor_parse(const void *bytes, size_t len, const char *name, pp_tensor **out,
                                char **tensor_name);
-pp_status pp_onnx_tensor_load(const char *path, pp_tensor **out, char **tensor_name);
+PP_API pp_status pp_onnx_tensor_load(const char *path, pp_tensor **out, char **tensor_name);
 /* Writes g as an ONNX model (opset 17 plus the pippin domain). Node regions
  * are recorded in each node's doc_string and metadata; the parameters are
  * listed under PP_ONNX_TRAINABLE_KEY, so constants stay constants on reload. */
-pp_status pp_onnx_save(const pp_graph *g, const char *path);
+PP_API pp_status pp_onnx_save(const pp_graph *g, const char *path);
 
 #ifdef __cplusplus
 }

@@ -12,6 +12,8 @@
 #ifndef PIPPIN_OPTIM_H
 #define PIPPIN_OPTIM_H
 
+#include "pippin/export.h"
+
 #include <stdint.h>
 
 #include "pippin/status.h"
@@ -34,33 +36,33 @@ typedef struct pp_optim_config {
 
 /* torch's defaults: SGD lr 1e-3 (torch has none), no momentum, no decay;
  * AdamW lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 1e-2. */
-void pp_optim_config_init(pp_optim_config *c, pp_optim_kind kind);
+PP_API void pp_optim_config_init(pp_optim_config *c, pp_optim_kind kind);
 /* "sgd" or "adamw" (any case). */
-pp_status pp_optim_kind_parse(const char *name, pp_optim_kind *kind);
-const char *pp_optim_kind_name(pp_optim_kind kind);
+PP_API pp_status pp_optim_kind_parse(const char *name, pp_optim_kind *kind);
+PP_API const char *pp_optim_kind_name(pp_optim_kind kind);
 
 typedef struct pp_optim pp_optim;
 
 /* An optimizer for n elements. Checks the hyperparameters as torch does
  * (negative lr, momentum, weight decay, eps, betas outside [0, 1); nesterov
  * without momentum or with dampening). */
-pp_status pp_optim_new(const pp_optim_config *c, int64_t n, pp_optim **out);
-void pp_optim_free(pp_optim *o);
+PP_API pp_status pp_optim_new(const pp_optim_config *c, int64_t n, pp_optim **out);
+PP_API void pp_optim_free(pp_optim *o);
 
 /* One update of params (n elements) from grads. */
-pp_status pp_optim_step(pp_optim *o, float *params, const float *grads, int64_t n);
+PP_API pp_status pp_optim_step(pp_optim *o, float *params, const float *grads, int64_t n);
 /* Steps taken so far. */
-int64_t pp_optim_steps(const pp_optim *o);
+PP_API int64_t pp_optim_steps(const pp_optim *o);
 /* Changes the learning rate (for schedules). */
-void pp_optim_set_lr(pp_optim *o, double lr);
-const pp_optim_config *pp_optim_get_config(const pp_optim *o);
+PP_API void pp_optim_set_lr(pp_optim *o, double lr);
+PP_API const pp_optim_config *pp_optim_get_config(const pp_optim *o);
 
 /* State buffers (n elements each) for checkpoints: SGD has "momentum_buffer"
  * (meaningful after the first step), AdamW "exp_avg" and "exp_avg_sq".
  * Returns the number of buffers; *name and *buf (may be NULL) get buffer i. */
-int pp_optim_state(pp_optim *o, int i, const char **name, float **buf);
+PP_API int pp_optim_state(pp_optim *o, int i, const char **name, float **buf);
 /* Restores the step count (with the buffers written through pp_optim_state). */
-void pp_optim_set_steps(pp_optim *o, int64_t steps);
+PP_API void pp_optim_set_steps(pp_optim *o, int64_t steps);
 
 #ifdef __cplusplus
 }

@@ -9,6 +9,8 @@
 #ifndef PIPPIN_PARAMS_H
 #define PIPPIN_PARAMS_H
 
+#include "pippin/export.h"
+
 #include <stdint.h>
 
 #include "pippin/graph.h"
@@ -35,26 +37,26 @@ typedef struct pp_flat_params {
 /* Moves the given float32 PARAM values of g (n of them, in this order) into
  * one buffer and makes g's values views of it. g may be freed before or
  * after the result. Errors name a value that is no float32 parameter. */
-pp_status pp_flat_params_new(pp_graph *g, int n, const int *values, pp_flat_params **out);
-void pp_flat_params_free(pp_flat_params *fp);
+PP_API pp_status pp_flat_params_new(pp_graph *g, int n, const int *values, pp_flat_params **out);
+PP_API void pp_flat_params_free(pp_flat_params *fp);
 
 /* Index of a parameter by name, or -1. */
-int pp_flat_params_find(const pp_flat_params *fp, const char *name);
+PP_API int pp_flat_params_find(const pp_flat_params *fp, const char *name);
 
 /* Sets every gradient to zero. */
-void pp_flat_params_zero_grad(pp_flat_params *fp);
+PP_API void pp_flat_params_zero_grad(pp_flat_params *fp);
 /* grad[i] += g (same number of elements; float32). Accumulating microbatch
  * gradients this way gives the full-batch gradient when each microbatch's
  * loss gradient was seeded with 1/M. */
-pp_status pp_flat_params_accumulate(pp_flat_params *fp, int i, const pp_tensor *g);
+PP_API pp_status pp_flat_params_accumulate(pp_flat_params *fp, int i, const pp_tensor *g);
 
 /* New tensors (shape of parameter i) viewing parameter i or its gradient;
  * they keep the buffers alive. */
-pp_status pp_flat_params_data_view(pp_flat_params *fp, int i, pp_tensor **out);
-pp_status pp_flat_params_grad_view(pp_flat_params *fp, int i, pp_tensor **out);
+PP_API pp_status pp_flat_params_data_view(pp_flat_params *fp, int i, pp_tensor **out);
+PP_API pp_status pp_flat_params_grad_view(pp_flat_params *fp, int i, pp_tensor **out);
 
 /* Copies src into parameter i (same element count; float32). */
-pp_status pp_flat_params_set(pp_flat_params *fp, int i, const pp_tensor *src);
+PP_API pp_status pp_flat_params_set(pp_flat_params *fp, int i, const pp_tensor *src);
 
 #ifdef __cplusplus
 }

@@ -13,6 +13,8 @@
 #ifndef PIPPIN_PIPE_H
 #define PIPPIN_PIPE_H
 
+#include "pippin/export.h"
+
 #include "pippin/graph.h"
 
 #ifdef __cplusplus
@@ -69,34 +71,34 @@ typedef struct pp_pipe {
 
 /* Cuts g. g is not modified; stage graphs copy what they need. Errors name
  * the marker or prefix (an empty stage, a prefix that matches nothing). */
-pp_status pp_pipe_split(const pp_graph *g, const pp_split_spec *spec, pp_pipe **out);
-void pp_pipe_free(pp_pipe *p);
+PP_API pp_status pp_pipe_split(const pp_graph *g, const pp_split_spec *spec, pp_pipe **out);
+PP_API void pp_pipe_free(pp_pipe *p);
 
 /* Edge lookup by value name; -1 if absent. */
-int pp_pipe_find_edge(const pp_pipe *p, const char *value);
+PP_API int pp_pipe_find_edge(const pp_pipe *p, const char *value);
 
 /* Fills edge dtypes, symbolic shapes and bytes per sample by running the
  * whole pipe on small made-up inputs. dims_given lists "name=N" settings for
  * symbolic input dims (may be NULL); others default to small values. The
  * sizes used are left in p->dims, so that other byte counts can assume the
  * same ones. */
-pp_status pp_pipe_probe_shapes(pp_pipe *p, int n_dims_given, const char *const *dims_given);
+PP_API pp_status pp_pipe_probe_shapes(pp_pipe *p, int n_dims_given, const char *const *dims_given);
 
 /* The pipe.json text describing p (malloc'd; caller frees; NULL when out of
  * memory). */
-char *pp_pipe_to_json(const pp_pipe *p);
+PP_API char *pp_pipe_to_json(const pp_pipe *p);
 /* Writes DIR/stage_K.onnx for every stage and DIR/pipe.json. */
-pp_status pp_pipe_save(const pp_pipe *p, const char *dir);
+PP_API pp_status pp_pipe_save(const pp_pipe *p, const char *dir);
 /* Reads DIR/pipe.json and the stage files. */
-pp_status pp_pipe_load(const char *dir, pp_pipe **out);
+PP_API pp_status pp_pipe_load(const char *dir, pp_pipe **out);
 /* Reads DIR/pipe.json and only DIR/stage_<index>.onnx (other stages' graphs
  * stay NULL): what a worker for one stage needs (pp_stage_from_pipe). */
-pp_status pp_pipe_load_stage(const char *dir, int index, pp_pipe **out);
+PP_API pp_status pp_pipe_load_stage(const char *dir, int index, pp_pipe **out);
 /* Reads DIR/pipe.json alone (every p->stages[k] NULL): a worker learns the
  * stage count first, then loads its own stages with pp_pipe_load_graph. */
-pp_status pp_pipe_load_meta(const char *dir, pp_pipe **out);
+PP_API pp_status pp_pipe_load_meta(const char *dir, pp_pipe **out);
 /* Loads stage k's graph (the file pipe.json names) into p->stages[k]. */
-pp_status pp_pipe_load_graph(pp_pipe *p, const char *dir, int k);
+PP_API pp_status pp_pipe_load_graph(pp_pipe *p, const char *dir, int k);
 
 #ifdef __cplusplus
 }

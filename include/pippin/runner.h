@@ -6,6 +6,8 @@
 #ifndef PIPPIN_RUNNER_H
 #define PIPPIN_RUNNER_H
 
+#include "pippin/export.h"
+
 #include "pippin/optim.h"
 #include "pippin/pipe.h"
 #include "pippin/schedule.h"
@@ -19,11 +21,11 @@ typedef struct pp_runner pp_runner;
 
 /* Builds a stage object for every stage of p (probing edge shapes first if
  * needed). The stage graphs move out of p; p must outlive the runner. */
-pp_status pp_runner_new(pp_pipe *p, int training, pp_runner **out);
-void pp_runner_free(pp_runner *r);
+PP_API pp_status pp_runner_new(pp_pipe *p, int training, pp_runner **out);
+PP_API void pp_runner_free(pp_runner *r);
 
-int pp_runner_n_stages(const pp_runner *r);
-pp_stage *pp_runner_stage(pp_runner *r, int i);
+PP_API int pp_runner_n_stages(const pp_runner *r);
+PP_API pp_stage *pp_runner_stage(pp_runner *r, int i);
 
 /* One step over a batch: inputs[i] is the model input named names[i] (a
  * whole batch, split along dim 0 into m microbatches). sched holds the
@@ -34,32 +36,32 @@ pp_stage *pp_runner_stage(pp_runner *r, int i);
  * across their stages at the end. outputs[o] receives model output o merged
  * over microbatches (the loss: the mean of the microbatch losses); it may be
  * NULL. */
-pp_status pp_runner_step(pp_runner *r, int m, const pp_schedule *sched, int n_inputs,
+PP_API pp_status pp_runner_step(pp_runner *r, int m, const pp_schedule *sched, int n_inputs,
                          const char *const *names, pp_tensor *const *inputs, pp_tensor **outputs);
-void pp_runner_zero_grad(pp_runner *r);
+PP_API void pp_runner_zero_grad(pp_runner *r);
 /* Records the actions of the following steps into trace (see
  * pp_executor_trace); NULL stops recording. */
 struct pp_trace;
-void pp_runner_trace(pp_runner *r, struct pp_trace *trace, double origin_ms);
+PP_API void pp_runner_trace(pp_runner *r, struct pp_trace *trace, double origin_ms);
 
 /* Model outputs, in the model's order. */
-int pp_runner_n_outputs(const pp_runner *r);
-const char *pp_runner_output_name(const pp_runner *r, int o);
+PP_API int pp_runner_n_outputs(const pp_runner *r);
+PP_API const char *pp_runner_output_name(const pp_runner *r, int o);
 /* Index of the loss output, -1 if none. */
-int pp_runner_loss_output(const pp_runner *r);
+PP_API int pp_runner_loss_output(const pp_runner *r);
 
 /* One optimizer per stage over its flat buffers (same settings for all). */
-pp_status pp_runner_set_optimizer(pp_runner *r, const pp_optim_config *c);
+PP_API pp_status pp_runner_set_optimizer(pp_runner *r, const pp_optim_config *c);
 /* Updates every stage's parameters from its gradients. */
-pp_status pp_runner_optimizer_step(pp_runner *r);
+PP_API pp_status pp_runner_optimizer_step(pp_runner *r);
 /* Stage i's optimizer (NULL before pp_runner_set_optimizer). */
-pp_optim *pp_runner_optimizer(pp_runner *r, int i);
+PP_API pp_optim *pp_runner_optimizer(pp_runner *r, int i);
 
 /* The gradient of a parameter (a copy; from its first stage) or NULL if
  * no stage trains it. */
-pp_status pp_runner_param_grad(pp_runner *r, const char *name, pp_tensor **out);
+PP_API pp_status pp_runner_param_grad(pp_runner *r, const char *name, pp_tensor **out);
 /* The value of a parameter (a copy, from its first stage). */
-pp_status pp_runner_param(pp_runner *r, const char *name, pp_tensor **out);
+PP_API pp_status pp_runner_param(pp_runner *r, const char *name, pp_tensor **out);
 
 #ifdef __cplusplus
 }

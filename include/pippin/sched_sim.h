@@ -11,6 +11,8 @@
 #ifndef PIPPIN_SCHED_SIM_H
 #define PIPPIN_SCHED_SIM_H
 
+#include "pippin/export.h"
+
 #include "pippin/sched_trace.h"
 #include "pippin/schedule.h"
 #include "pippin/status.h"
@@ -33,17 +35,17 @@ typedef struct pp_cost_model {
 } pp_cost_model;
 
 /* F = I = W = 1 on every stage, no communication cost, no bytes. */
-pp_status pp_cost_model_new(int nstages, pp_cost_model **out);
-void pp_cost_model_free(pp_cost_model *c);
+PP_API pp_status pp_cost_model_new(int nstages, pp_cost_model **out);
+PP_API void pp_cost_model_free(pp_cost_model *c);
 /* Parses "F=1,I=1,W=1,c=0": keys F, I, W, B (full backward: I = B - W, or
  * I = W = B/2 when neither is given), c (latency), bw (bandwidth), bytes
  * (edge_bytes), mem (stash_bytes), wmem (wstash_bytes). A value is a number
  * or a colon-separated list with one number per stage ("F=1:2:1:1"). Keys
  * not given keep the defaults of pp_cost_model_new. */
-pp_status pp_cost_model_parse(const char *spec, int nstages, pp_cost_model **out);
+PP_API pp_status pp_cost_model_parse(const char *spec, int nstages, pp_cost_model **out);
 /* Time to move one microbatch's activation (or gradient) across the edge
  * from stage s to s+1 when the two are on different ranks. */
-double pp_cost_model_xfer(const pp_cost_model *c, int s);
+PP_API double pp_cost_model_xfer(const pp_cost_model *c, int s);
 
 typedef struct pp_sim_result {
     int nranks;
@@ -61,11 +63,11 @@ typedef struct pp_sim_result {
 /* Simulates s (costs NULL: unit costs, no comm). With trace != NULL every
  * action and transfer is appended to it. Fails on a deadlock, naming the
  * stuck rank and action. */
-pp_status pp_simulate(const pp_schedule *s, const pp_cost_model *costs, pp_trace *trace,
+PP_API pp_status pp_simulate(const pp_schedule *s, const pp_cost_model *costs, pp_trace *trace,
                       pp_sim_result **out);
-void pp_sim_result_free(pp_sim_result *r);
+PP_API void pp_sim_result_free(pp_sim_result *r);
 /* Longest per-rank span (last_end - first_start). */
-double pp_sim_result_span(const pp_sim_result *r);
+PP_API double pp_sim_result_span(const pp_sim_result *r);
 
 #ifdef __cplusplus
 }

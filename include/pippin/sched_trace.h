@@ -7,6 +7,8 @@
 #ifndef PIPPIN_SCHED_TRACE_H
 #define PIPPIN_SCHED_TRACE_H
 
+#include "pippin/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -39,22 +41,22 @@ typedef struct pp_trace {
     size_t cap;
 } pp_trace;
 
-pp_status pp_trace_new(int nranks, pp_trace **out);
-void pp_trace_free(pp_trace *t);
-pp_status pp_trace_add(pp_trace *t, const pp_trace_event *e);
+PP_API pp_status pp_trace_new(int nranks, pp_trace **out);
+PP_API void pp_trace_free(pp_trace *t);
+PP_API pp_status pp_trace_add(pp_trace *t, const pp_trace_event *e);
 
 /* Chrome trace: one process per rank (tid 0 compute, tid 1 communication),
  * complete ("X") events named like actions (`0F1`), args with stage and
  * microbatch. Times are multiplied by us_per_unit to get microseconds (1
  * for simulator units, 1e6 for seconds). */
-pp_status pp_trace_write_chrome(const pp_trace *t, FILE *f, double us_per_unit);
-pp_status pp_trace_save_chrome(const pp_trace *t, const char *path, double us_per_unit);
+PP_API pp_status pp_trace_write_chrome(const pp_trace *t, FILE *f, double us_per_unit);
+PP_API pp_status pp_trace_save_chrome(const pp_trace *t, const char *path, double us_per_unit);
 
 /* SVG: one row per rank, F / I / W / B / overlap / communication in
  * distinct colours over a pale idle background, microbatch numbers written
  * in boxes wide enough to hold them, a time axis and a legend. */
-pp_status pp_trace_write_svg(const pp_trace *t, FILE *f, const char *title);
-pp_status pp_trace_save_svg(const pp_trace *t, const char *path, const char *title);
+PP_API pp_status pp_trace_write_svg(const pp_trace *t, FILE *f, const char *title);
+PP_API pp_status pp_trace_save_svg(const pp_trace *t, const char *path, const char *title);
 
 #ifdef __cplusplus
 }

@@ -16,6 +16,8 @@
 #ifndef PIPPIN_SCHEDULE_H
 #define PIPPIN_SCHEDULE_H
 
+#include "pippin/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -68,9 +70,9 @@ static inline pp_action pp_act(pp_act_kind kind, int stage, int mb) {
 }
 
 /* "F", "SEND_B", "OVERLAP_F_B", ... ("" for IDLE). */
-const char *pp_act_kind_name(pp_act_kind kind);
+PP_API const char *pp_act_kind_name(pp_act_kind kind);
 /* F, I, W, B or OVERLAP_F_B. */
-int pp_act_is_compute(pp_act_kind kind);
+PP_API int pp_act_is_compute(pp_act_kind kind);
 
 typedef enum pp_placement {
     PP_PLACE_CUSTOM = 0, /* whatever stage_rank says (e.g. loaded from CSV) */
@@ -96,45 +98,45 @@ typedef struct pp_schedule {
 
 /* Empty schedule for nranks ranks. nstages and nmb may be 0 ("not known
  * yet"; pp_schedule_infer fills them in). */
-pp_status pp_schedule_new(int nranks, int nstages, int nmb, pp_schedule **out);
-void pp_schedule_free(pp_schedule *s);
+PP_API pp_status pp_schedule_new(int nranks, int nstages, int nmb, pp_schedule **out);
+PP_API void pp_schedule_free(pp_schedule *s);
 /* Fills stage_rank from a placement (needs nstages % nranks == 0). */
-pp_status pp_schedule_place(pp_schedule *s, pp_placement placement);
-pp_status pp_schedule_reserve(pp_schedule *s, int rank, size_t n);
-pp_status pp_schedule_append(pp_schedule *s, int rank, pp_action a);
+PP_API pp_status pp_schedule_place(pp_schedule *s, pp_placement placement);
+PP_API pp_status pp_schedule_reserve(pp_schedule *s, int rank, size_t n);
+PP_API pp_status pp_schedule_append(pp_schedule *s, int rank, pp_action a);
 /* Appends an OVERLAP_F_B made of n (1..PP_OVERLAP_MAX) plain actions. */
-pp_status pp_schedule_append_overlap(pp_schedule *s, int rank, const pp_action *subs, int n);
+PP_API pp_status pp_schedule_append_overlap(pp_schedule *s, int rank, const pp_action *subs, int n);
 /* The sub-actions of a compound action (NULL for a plain one). */
-const pp_action *pp_schedule_subs(const pp_schedule *s, const pp_action *a);
+PP_API const pp_action *pp_schedule_subs(const pp_schedule *s, const pp_action *a);
 /* Derives nstages, nmb and stage_rank from the actions (for schedules read
  * from files); keeps values already set when they cover every action. */
-pp_status pp_schedule_infer(pp_schedule *s);
+PP_API pp_status pp_schedule_infer(pp_schedule *s);
 /* Number of non-idle actions over all ranks. */
-size_t pp_schedule_count(const pp_schedule *s);
+PP_API size_t pp_schedule_count(const pp_schedule *s);
 /* 1 if the schedule holds SEND/RECV actions. */
-int pp_schedule_has_comms(const pp_schedule *s);
+PP_API int pp_schedule_has_comms(const pp_schedule *s);
 
 /* Text form of an action into buf (always NUL-terminated when n > 0);
  * returns the length it needs, like snprintf. s may be NULL for a plain
  * action. */
-int pp_action_format(const pp_schedule *s, const pp_action *a, char *buf, size_t n);
+PP_API int pp_action_format(const pp_schedule *s, const pp_action *a, char *buf, size_t n);
 /* Parses one action's text (len bytes, surrounding blanks ignored). A plain
  * action goes to *out with *nsub = 0; a compound one sets out->kind and puts
  * its sub-actions in sub[0..*nsub). An empty text is PP_ACT_IDLE. */
-pp_status pp_action_parse(const char *text, size_t len, pp_action *out,
+PP_API pp_status pp_action_parse(const char *text, size_t len, pp_action *out,
                           pp_action sub[PP_OVERLAP_MAX], int *nsub);
 
 /* CSV: one row per rank, one cell per step, an empty cell is idle; the
  * format torch's _dump_csv/_load_csv use. Errors name file, line and cell. */
-pp_status pp_schedule_parse_csv(const char *text, size_t len, const char *filename,
+PP_API pp_status pp_schedule_parse_csv(const char *text, size_t len, const char *filename,
                                 pp_schedule **out);
-pp_status pp_schedule_load_csv(const char *path, pp_schedule **out);
-pp_status pp_schedule_write_csv(const pp_schedule *s, FILE *f);
-pp_status pp_schedule_save_csv(const pp_schedule *s, const char *path);
+PP_API pp_status pp_schedule_load_csv(const char *path, pp_schedule **out);
+PP_API pp_status pp_schedule_write_csv(const pp_schedule *s, FILE *f);
+PP_API pp_status pp_schedule_save_csv(const pp_schedule *s, const char *path);
 
 /* torch's grid: one row per step, one column per rank; with err_step >= 0
  * that row ends in "<-- ERROR HERE". *out is malloc'd; caller frees. */
-pp_status pp_schedule_format_table(const pp_schedule *s, long err_step, char **out);
+PP_API pp_status pp_schedule_format_table(const pp_schedule *s, long err_step, char **out);
 
 /* ---- generators ---- */
 
@@ -154,12 +156,12 @@ typedef enum pp_sched_kind {
 
 /* "gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "interleaved-zb",
  * "zbv", "dualpipev", "zb-h1", "zb-h2", "auto". */
-const char *pp_sched_kind_name(pp_sched_kind k);
+PP_API const char *pp_sched_kind_name(pp_sched_kind k);
 /* Also accepts torch's class names (GPipe, Interleaved1F1B, ZBVZeroBubble,
  * ...), case-insensitively. */
-pp_status pp_sched_kind_parse(const char *name, pp_sched_kind *out);
+PP_API pp_status pp_sched_kind_parse(const char *name, pp_sched_kind *out);
 /* Stages per rank a kind uses when none is asked for (1 or 2). */
-int pp_sched_default_stages_per_rank(pp_sched_kind k);
+PP_API int pp_sched_default_stages_per_rank(pp_sched_kind k);
 
 struct pp_cost_model;
 
@@ -192,7 +194,7 @@ enum {
 };
 
 /* Compute-only schedule (F/I/W/B and OVERLAP_F_B, no idle steps). */
-pp_status pp_schedule_generate(const pp_sched_params *params, pp_schedule **out);
+PP_API pp_status pp_schedule_generate(const pp_sched_params *params, pp_schedule **out);
 
 /* ---- lowering and validation ---- */
 
@@ -207,7 +209,7 @@ enum {
  * produces it, so with asynchronous sends and blocking receives the result
  * deadlocks exactly when the compute-only schedule does (never, once it
  * validates). Idle steps are dropped. */
-pp_status pp_schedule_lower(const pp_schedule *in, unsigned flags, pp_schedule **out);
+PP_API pp_status pp_schedule_lower(const pp_schedule *in, unsigned flags, pp_schedule **out);
 
 /* Checks: every (stage, microbatch) has one F and either one B or one I and
  * one W; F before I/B before W; each stage on one rank; SEND/RECV (if any)
@@ -215,7 +217,7 @@ pp_status pp_schedule_lower(const pp_schedule *in, unsigned flags, pp_schedule *
  * met without deadlock. The error names rank, step and action; with
  * table != NULL a torch-style table marking the step is stored there
  * (malloc'd, caller frees; NULL when the error has no step). */
-pp_status pp_schedule_validate(const pp_schedule *s, char **table);
+PP_API pp_status pp_schedule_validate(const pp_schedule *s, char **table);
 
 #ifdef __cplusplus
 }

@@ -10,6 +10,8 @@
 #ifndef PIPPIN_STAGE_H
 #define PIPPIN_STAGE_H
 
+#include "pippin/export.h"
+
 #include <stddef.h>
 
 #include "pippin/graph.h"
@@ -33,72 +35,72 @@ typedef struct pp_stage_spec {
 } pp_stage_spec;
 
 /* Takes ownership of g (also on failure). */
-pp_status pp_stage_new(pp_graph *g, const pp_stage_spec *spec, pp_stage **out);
+PP_API pp_status pp_stage_new(pp_graph *g, const pp_stage_spec *spec, pp_stage **out);
 /* Stage `index` of a pipe whose edges have been probed: seeds are the float
  * values it sends on, wrt the float values it receives from other stages,
  * loss the pipe's loss if computed here. Moves the stage graph out of the
  * pipe (p->stages[index] becomes NULL). */
-pp_status pp_stage_from_pipe(pp_pipe *p, int index, int training, pp_stage **out);
-void pp_stage_free(pp_stage *st);
+PP_API pp_status pp_stage_from_pipe(pp_pipe *p, int index, int training, pp_stage **out);
+PP_API void pp_stage_free(pp_stage *st);
 
-const pp_graph *pp_stage_graph(const pp_stage *st);
-int pp_stage_index(const pp_stage *st);
+PP_API const pp_graph *pp_stage_graph(const pp_stage *st);
+PP_API int pp_stage_index(const pp_stage *st);
 /* Forward inputs/outputs (the stage graph's, before the backward was added). */
-int pp_stage_n_inputs(const pp_stage *st);
-const char *pp_stage_input_name(const pp_stage *st, int i);
-int pp_stage_n_outputs(const pp_stage *st);
-const char *pp_stage_output_name(const pp_stage *st, int i);
+PP_API int pp_stage_n_inputs(const pp_stage *st);
+PP_API const char *pp_stage_input_name(const pp_stage *st, int i);
+PP_API int pp_stage_n_outputs(const pp_stage *st);
+PP_API const char *pp_stage_output_name(const pp_stage *st, int i);
 /* Seeds (output gradients expected by backward_input, loss excluded) and
  * wrt (input gradients it returns), by name. */
-int pp_stage_n_grad_outputs(const pp_stage *st);
-const char *pp_stage_grad_output_name(const pp_stage *st, int i);
-int pp_stage_n_grad_inputs(const pp_stage *st);
-const char *pp_stage_grad_input_name(const pp_stage *st, int i);
+PP_API int pp_stage_n_grad_outputs(const pp_stage *st);
+PP_API const char *pp_stage_grad_output_name(const pp_stage *st, int i);
+PP_API int pp_stage_n_grad_inputs(const pp_stage *st);
+PP_API const char *pp_stage_grad_input_name(const pp_stage *st, int i);
 /* 1 if this stage computes the loss. */
-int pp_stage_has_loss(const pp_stage *st);
+PP_API int pp_stage_has_loss(const pp_stage *st);
 
 /* The backward of the loss is seeded with scale (1/M for M microbatches). */
-void pp_stage_set_loss_scale(pp_stage *st, float scale);
+PP_API void pp_stage_set_loss_scale(pp_stage *st, float scale);
 
 /* inputs[i] feeds forward input i (borrowed); outputs[o] gets a new
  * reference to forward output o. When training, the stash for mb is kept
  * until its backward. */
-pp_status pp_stage_forward(pp_stage *st, int mb, pp_tensor *const *inputs, pp_tensor **outputs);
+PP_API pp_status pp_stage_forward(pp_stage *st, int mb, pp_tensor *const *inputs, pp_tensor **outputs);
 /* out_grads[k]: gradient of grad output k (borrowed; NULL = zero);
  * in_grads[k] gets a new reference to the gradient of grad input k. */
-pp_status pp_stage_backward_input(pp_stage *st, int mb, pp_tensor *const *out_grads,
+PP_API pp_status pp_stage_backward_input(pp_stage *st, int mb, pp_tensor *const *out_grads,
                                   pp_tensor **in_grads);
-pp_status pp_stage_backward_weight(pp_stage *st, int mb);
-pp_status pp_stage_backward(pp_stage *st, int mb, pp_tensor *const *out_grads, pp_tensor **in_grads);
+PP_API pp_status pp_stage_backward_weight(pp_stage *st, int mb);
+PP_API pp_status pp_stage_backward(pp_stage *st, int mb, pp_tensor *const *out_grads, pp_tensor **in_grads);
 /* Drops every stashed microbatch (after a failed step, so the stage can run
  * the next one). Gradients already accumulated stay. */
-void pp_stage_discard_pending(pp_stage *st);
+PP_API void pp_stage_discard_pending(pp_stage *st);
 /* Microbatches whose forward ran and whose backward has not finished. */
-int pp_stage_pending(const pp_stage *st);
+PP_API int pp_stage_pending(const pp_stage *st);
 /* Bytes held in stashes right now. */
-size_t pp_stage_stash_bytes(const pp_stage *st);
+PP_API size_t pp_stage_stash_bytes(const pp_stage *st);
 
 /* Bytes the forward stashes for the backward, per sample (from runs at
  * batch 1 and 2; other dynamic input dims set to other_dims). Training
  * stages only. */
-pp_status pp_stage_stash_per_sample(pp_stage *st, int64_t other_dims, int64_t *per_sample);
+PP_API pp_status pp_stage_stash_per_sample(pp_stage *st, int64_t other_dims, int64_t *per_sample);
 /* The same with dynamic dims sized by name ("name=N", e.g. a probed pipe's
  * p->dims; batch_name runs at 1 and 2): pp_backward_stash_per_sample_dims. */
-pp_status pp_stage_stash_per_sample_dims(pp_stage *st, const char *batch_name, int n_dims,
+PP_API pp_status pp_stage_stash_per_sample_dims(pp_stage *st, const char *batch_name, int n_dims,
                                          const char *const *dims, int64_t *per_sample);
 
 /* Trainable parameters: one flat float32 buffer and one of gradients
  * (pippin/params.h); NULL for a stage not built for training. */
-pp_flat_params *pp_stage_params(pp_stage *st);
-int pp_stage_n_params(const pp_stage *st);
-const char *pp_stage_param_name(const pp_stage *st, int i);
+PP_API pp_flat_params *pp_stage_params(pp_stage *st);
+PP_API int pp_stage_n_params(const pp_stage *st);
+PP_API const char *pp_stage_param_name(const pp_stage *st, int i);
 /* Index of a parameter by name, -1 if absent. */
-int pp_stage_find_param(const pp_stage *st, const char *name);
-void pp_stage_zero_grad(pp_stage *st);
+PP_API int pp_stage_find_param(const pp_stage *st, const char *name);
+PP_API void pp_stage_zero_grad(pp_stage *st);
 /* Float initializers no gradient reaches (buffers such as a causal mask):
  * not trained. */
-int pp_stage_n_frozen(const pp_stage *st);
-const char *pp_stage_frozen_name(const pp_stage *st, int i);
+PP_API int pp_stage_n_frozen(const pp_stage *st);
+PP_API const char *pp_stage_frozen_name(const pp_stage *st, int i);
 
 #ifdef __cplusplus
 }

@@ -6,6 +6,8 @@
 #ifndef PIPPIN_STATUS_H
 #define PIPPIN_STATUS_H
 
+#include "pippin/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -26,30 +28,13 @@ typedef enum pp_status {
 } pp_status;
 
 /* Short name of a code, e.g. "invalid argument". Never NULL. */
-const char *pp_status_name(pp_status s);
+PP_API const char *pp_status_name(pp_status s);
 
 /* The last error message set on this thread ("" if none). */
-const char *pp_last_error(void);
-
-/* Sets this thread's error message (printf-style) and returns code, so a
- * caller can write `return pp_error(PP_ERR_INVALID, "node %s: ...", n);`. */
-pp_status pp_error(pp_status code, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-
-/* Prefixes the current message with more context: "ctx: old message".
- * Returns code unchanged. */
-pp_status pp_error_context(pp_status code, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+PP_API const char *pp_last_error(void);
 
 /* Clears this thread's message. */
-void pp_error_clear(void);
-
-/* Propagate a failure: evaluates expr once, returns it if not PP_OK. */
-#define PP_TRY(expr)                          \
-    do {                                      \
-        pp_status pp_try_s_ = (expr);         \
-        if (pp_try_s_ != PP_OK) return pp_try_s_; \
-    } while (0)
+PP_API void pp_error_clear(void);
 
 #ifdef __cplusplus
 }

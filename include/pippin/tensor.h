@@ -7,6 +7,8 @@
 #ifndef PIPPIN_TENSOR_H
 #define PIPPIN_TENSOR_H
 
+#include "pippin/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -33,13 +35,13 @@ typedef enum pp_dtype {
 } pp_dtype;
 
 /* Bytes per element; 0 for an unknown dtype. */
-size_t pp_dtype_size(pp_dtype dt);
+PP_API size_t pp_dtype_size(pp_dtype dt);
 /* "float32", "int64", ...; "undefined" for unknown codes. */
-const char *pp_dtype_name(pp_dtype dt);
+PP_API const char *pp_dtype_name(pp_dtype dt);
 /* Parses the names pp_dtype_name returns; PP_DTYPE_UNDEFINED if unknown. */
-pp_dtype pp_dtype_from_name(const char *name);
-int pp_dtype_is_float(pp_dtype dt);
-int pp_dtype_is_valid(pp_dtype dt);
+PP_API pp_dtype pp_dtype_from_name(const char *name);
+PP_API int pp_dtype_is_float(pp_dtype dt);
+PP_API int pp_dtype_is_valid(pp_dtype dt);
 
 typedef void (*pp_free_fn)(void *data, void *hint);
 
@@ -56,65 +58,65 @@ typedef struct pp_tensor {
 } pp_tensor;
 
 /* New tensor with zeroed data. ndim 0 is a scalar. */
-pp_status pp_tensor_new(pp_dtype dt, int ndim, const int64_t *shape, pp_tensor **out);
+PP_API pp_status pp_tensor_new(pp_dtype dt, int ndim, const int64_t *shape, pp_tensor **out);
 /* New tensor with uninitialised data (faster when every element is written). */
-pp_status pp_tensor_empty(pp_dtype dt, int ndim, const int64_t *shape, pp_tensor **out);
+PP_API pp_status pp_tensor_empty(pp_dtype dt, int ndim, const int64_t *shape, pp_tensor **out);
 /* Wraps caller memory without copying. free_fn (may be NULL: never freed)
  * runs with (data, hint) when the last reference is dropped. On failure
  * free_fn is not called. */
-pp_status pp_tensor_wrap(pp_dtype dt, int ndim, const int64_t *shape, void *data,
+PP_API pp_status pp_tensor_wrap(pp_dtype dt, int ndim, const int64_t *shape, void *data,
                          pp_free_fn free_fn, void *hint, pp_tensor **out);
 /* Deep copy. */
-pp_status pp_tensor_clone(const pp_tensor *src, pp_tensor **out);
+PP_API pp_status pp_tensor_clone(const pp_tensor *src, pp_tensor **out);
 /* New tensor of another shape sharing src's data (numel must match). */
-pp_status pp_tensor_view(pp_tensor *src, int ndim, const int64_t *shape, pp_tensor **out);
+PP_API pp_status pp_tensor_view(pp_tensor *src, int ndim, const int64_t *shape, pp_tensor **out);
 /* Rows [start, start+len) along dim 0 as a view sharing src's data. */
-pp_status pp_tensor_slice0(pp_tensor *src, int64_t start, int64_t len, pp_tensor **out);
+PP_API pp_status pp_tensor_slice0(pp_tensor *src, int64_t start, int64_t len, pp_tensor **out);
 /* Converts to another dtype (float<->int truncates toward zero, as numpy). */
-pp_status pp_tensor_cast(const pp_tensor *src, pp_dtype dt, pp_tensor **out);
+PP_API pp_status pp_tensor_cast(const pp_tensor *src, pp_dtype dt, pp_tensor **out);
 /* A 0-d f32 / i64 tensor. */
-pp_status pp_tensor_scalar_f32(float v, pp_tensor **out);
-pp_status pp_tensor_scalar_i64(int64_t v, pp_tensor **out);
+PP_API pp_status pp_tensor_scalar_f32(float v, pp_tensor **out);
+PP_API pp_status pp_tensor_scalar_i64(int64_t v, pp_tensor **out);
 
 /* Tensor buffers of 64 KiB and more are recycled instead of going back to
  * malloc (up to PIPPIN_TENSOR_CACHE_MB, default 256, MiB); this frees the
  * recycled ones now. */
-void pp_tensor_cache_release(void);
+PP_API void pp_tensor_cache_release(void);
 
 /* Adds a reference; returns t. */
-pp_tensor *pp_tensor_retain(pp_tensor *t);
+PP_API pp_tensor *pp_tensor_retain(pp_tensor *t);
 /* Drops a reference; frees at zero. NULL is ignored. */
-void pp_tensor_free(pp_tensor *t);
+PP_API void pp_tensor_free(pp_tensor *t);
 
-int64_t pp_tensor_numel(const pp_tensor *t);
-int64_t pp_shape_numel(int ndim, const int64_t *shape);
+PP_API int64_t pp_tensor_numel(const pp_tensor *t);
+PP_API int64_t pp_shape_numel(int ndim, const int64_t *shape);
 /* Checks dims >= 0 and that numel * elem_size fits in size_t; fills *nbytes. */
-pp_status pp_shape_bytes(pp_dtype dt, int ndim, const int64_t *shape, size_t *nbytes);
-int pp_shape_equal(int na, const int64_t *a, int nb, const int64_t *b);
+PP_API pp_status pp_shape_bytes(pp_dtype dt, int ndim, const int64_t *shape, size_t *nbytes);
+PP_API int pp_shape_equal(int na, const int64_t *a, int nb, const int64_t *b);
 /* "[2,3,4]" into buf; returns buf. */
-const char *pp_shape_str(int ndim, const int64_t *shape, char *buf, size_t cap);
+PP_API const char *pp_shape_str(int ndim, const int64_t *shape, char *buf, size_t cap);
 
 /* Element i as double (any dtype). */
-double pp_tensor_get_f64(const pp_tensor *t, int64_t i);
+PP_API double pp_tensor_get_f64(const pp_tensor *t, int64_t i);
 /* Element i as int64 (any dtype). */
-int64_t pp_tensor_get_i64(const pp_tensor *t, int64_t i);
-void pp_tensor_set_f64(pp_tensor *t, int64_t i, double v);
+PP_API int64_t pp_tensor_get_i64(const pp_tensor *t, int64_t i);
+PP_API void pp_tensor_set_f64(pp_tensor *t, int64_t i, double v);
 
 /* Half-precision conversions (round to nearest even). */
-float pp_f16_to_f32(uint16_t h);
-uint16_t pp_f32_to_f16(float f);
-float pp_bf16_to_f32(uint16_t h);
-uint16_t pp_f32_to_bf16(float f);
+PP_API float pp_f16_to_f32(uint16_t h);
+PP_API uint16_t pp_f32_to_f16(float f);
+PP_API float pp_bf16_to_f32(uint16_t h);
+PP_API uint16_t pp_f32_to_bf16(float f);
 
 /* out = ts[0] + ts[1] + ... + ts[n-1], added left to right (so the result
  * does not depend on arrival order); float32, equal shapes. n == 1 returns
  * a new reference to ts[0]. */
-pp_status pp_tensor_sum(pp_tensor *const *ts, int n, pp_tensor **out);
+PP_API pp_status pp_tensor_sum(pp_tensor *const *ts, int n, pp_tensor **out);
 
 /* Compare: every element |a-b| <= atol + rtol*|b| (NaN equals NaN). Shapes
  * and dtypes must match. Returns 1 if close; on mismatch writes a message
  * naming the first bad index into why (may be NULL). */
-int pp_tensor_allclose(const pp_tensor *a, const pp_tensor *b, double rtol, double atol,
+PP_API int pp_tensor_allclose(const pp_tensor *a, const pp_tensor *b, double rtol, double atol,
                        char *why, size_t why_cap);
 
 #ifdef __cplusplus

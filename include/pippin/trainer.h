@@ -4,6 +4,8 @@
 #ifndef PIPPIN_TRAINER_H
 #define PIPPIN_TRAINER_H
 
+#include "pippin/export.h"
+
 #include <stdint.h>
 
 #include "pippin/autodiff.h"
@@ -20,26 +22,26 @@ typedef struct pp_trainer pp_trainer;
 /* Adds the backward to g (pp_autodiff with the loss named loss_name, or
  * found as pp_autodiff_find_loss does) and moves its trainable parameters
  * into flat buffers. g must outlive the trainer and gain no nodes. */
-pp_status pp_trainer_new(pp_graph *g, const char *loss_name, pp_trainer **out);
-void pp_trainer_free(pp_trainer *t);
+PP_API pp_status pp_trainer_new(pp_graph *g, const char *loss_name, pp_trainer **out);
+PP_API void pp_trainer_free(pp_trainer *t);
 
 /* Forward and backward on one (micro)batch. inputs[i] feeds the model's
  * input i (the graph's inputs before autodiff). The loss gradient is seeded
  * with loss_scale (1/M for M microbatches, else 1); parameter gradients are
  * ADDED to the flat gradient buffer. *loss (may be NULL) gets the loss. A
  * loss that turns out not to be a scalar is an error. */
-pp_status pp_trainer_backward(pp_trainer *t, pp_tensor *const *inputs, float loss_scale,
+PP_API pp_status pp_trainer_backward(pp_trainer *t, pp_tensor *const *inputs, float loss_scale,
                               float *loss);
 
-pp_flat_params *pp_trainer_params(pp_trainer *t);
-const pp_backward *pp_trainer_autodiff(const pp_trainer *t);
+PP_API pp_flat_params *pp_trainer_params(pp_trainer *t);
+PP_API const pp_backward *pp_trainer_autodiff(const pp_trainer *t);
 /* The model's inputs (before autodiff): count, and value id of input i. */
-int pp_trainer_n_inputs(const pp_trainer *t);
+PP_API int pp_trainer_n_inputs(const pp_trainer *t);
 
 /* Rows (step*batch + j) mod N, j < batch, of data along dim 0: the batch
  * of training step `step` when a data set of N rows is read in order and
  * wraps around. */
-pp_status pp_data_batch(const pp_tensor *data, int64_t step, int64_t batch, pp_tensor **out);
+PP_API pp_status pp_data_batch(const pp_tensor *data, int64_t step, int64_t batch, pp_tensor **out);
 
 #ifdef __cplusplus
 }

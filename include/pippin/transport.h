@@ -47,16 +47,29 @@
 #ifndef PIPPIN_TRANSPORT_H
 #define PIPPIN_TRANSPORT_H
 
+#include "pippin/export.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
-#include "pippin/envelope.h"
 #include "pippin/status.h"
 #include "pippin/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* What a message carries. */
+typedef enum pp_msg_kind {
+    PP_MSG_ACTIVATION = 1,
+    PP_MSG_GRADIENT = 2,
+    PP_MSG_CONTROL = 3,
+    PP_MSG_HEARTBEAT = 4,
+    PP_MSG_ABORT = 5
+} pp_msg_kind;
+
+/* "activation", "gradient", ...; "unknown" for other values. */
+PP_API const char *pp_msg_kind_name(int kind);
 
 /* Z85 text of a CURVE key (32 bytes) is 40 characters. */
 #define PP_CURVE_KEY_CHARS 40
@@ -129,7 +142,7 @@ typedef struct pp_transport_options {
 } pp_transport_options;
 
 /* Fills o with the defaults above (rank 0 of 1, no endpoints). */
-void pp_transport_options_init(pp_transport_options *o);
+PP_API void pp_transport_options_init(pp_transport_options *o);
 
 /* What a send is addressed to and a receive waits for. kind is
  * PP_MSG_ACTIVATION, PP_MSG_GRADIENT or PP_MSG_CONTROL. */
@@ -168,37 +181,37 @@ typedef enum pp_peer_state {
     PP_PEER_SELF
 } pp_peer_state;
 
-const char *pp_peer_state_name(pp_peer_state s);
+PP_API const char *pp_peer_state_name(pp_peer_state s);
 
 typedef struct pp_transport pp_transport;
 
 /* Binds this rank's endpoint and connects to every peer whose endpoint is
  * known. Does not wait for peers (see pp_transport_wait_peers). */
-pp_status pp_transport_create(const pp_transport_options *opts, pp_transport **out);
+PP_API pp_status pp_transport_create(const pp_transport_options *opts, pp_transport **out);
 
 /* The endpoint this rank is bound to, wildcards resolved
  * ("tcp://127.0.0.1:41235"). Valid until close. */
-const char *pp_transport_endpoint(const pp_transport *t);
+PP_API const char *pp_transport_endpoint(const pp_transport *t);
 
 /* Sets or changes a peer's endpoint and connects to it. */
-pp_status pp_transport_connect_peer(pp_transport *t, int rank, const char *endpoint);
+PP_API pp_status pp_transport_connect_peer(pp_transport *t, int rank, const char *endpoint);
 
 /* Waits until every peer with a known tcp/ipc endpoint has connected
  * (inproc peers are not waited for). PP_ERR_TIMEOUT names the missing
  * ranks; PP_ERR_PEER names a peer that refused us. timeout_ms < 0: the
  * transport's timeout. */
-pp_status pp_transport_wait_peers(pp_transport *t, int timeout_ms);
+PP_API pp_status pp_transport_wait_peers(pp_transport *t, int timeout_ms);
 
 /* Sends tensor, filed at the receiver under key, to the rank running
  * key->dst_stage (a stage on this rank is served from the local mailbox
  * without copying). Waits at most the transport's timeout for the peer to
  * accept it; PP_ERR_TIMEOUT or PP_ERR_PEER name the rank and endpoint.
  * Keeps a reference to tensor until sent (see TENSOR CONTRACT). */
-pp_status pp_transport_send(pp_transport *t, const pp_transport_key *key, pp_tensor *tensor);
+PP_API pp_status pp_transport_send(pp_transport *t, const pp_transport_key *key, pp_tensor *tensor);
 
 /* Sends n tensors in one message; tensor i is filed under key with
  * name names[i] (key->name is ignored). Names must differ. */
-pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n,
+PP_API pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n,
                              const char *const *names, pp_tensor *const *tensors);
 
 /* Takes the tensor filed under key, waiting until it arrives. timeout_ms < 0:
@@ -206,54 +219,54 @@ pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n
  * key and the source rank and endpoint), PP_ERR_PEER (that rank died, went
  * silent, closed, or some rank aborted the run). On success *out is a new
  * reference owned by the caller. */
-pp_status pp_transport_recv(pp_transport *t, const pp_transport_key *key, int timeout_ms,
+PP_API pp_status pp_transport_recv(pp_transport *t, const pp_transport_key *key, int timeout_ms,
                             pp_tensor **out);
 
 /* Moves whatever has arrived into the mailbox, waiting at most timeout_ms
  * for the first message (0: do not wait). */
-pp_status pp_transport_poll(pp_transport *t, int timeout_ms);
+PP_API pp_status pp_transport_poll(pp_transport *t, int timeout_ms);
 
 /* Starts step `step`: later messages of older steps are dropped, and those
  * still in the mailbox are freed. */
-pp_status pp_transport_set_step(pp_transport *t, int64_t step);
+PP_API pp_status pp_transport_set_step(pp_transport *t, int64_t step);
 
 /* Tells every peer that this rank gives up the run (best effort, does not
  * wait). Their pending and later sends and receives fail with PP_ERR_PEER
  * quoting reason; so do this transport's. */
-pp_status pp_transport_abort(pp_transport *t, const char *reason);
+PP_API pp_status pp_transport_abort(pp_transport *t, const char *reason);
 
 /* Counters; callable from any thread. */
-void pp_transport_stats_get(const pp_transport *t, pp_transport_stats *out);
+PP_API void pp_transport_stats_get(const pp_transport *t, pp_transport_stats *out);
 
 /* A peer's connection state; callable from any thread. */
-pp_peer_state pp_transport_peer_state(const pp_transport *t, int rank);
+PP_API pp_peer_state pp_transport_peer_state(const pp_transport *t, int rank);
 
 /* 1 if large tensors to rank go through a shared-memory ring: it is on this
  * host, and has said so since it connected (peers introduce themselves
  * when they connect, so the first messages may still take the socket). */
-int pp_transport_peer_shm(const pp_transport *t, int rank);
+PP_API int pp_transport_peer_shm(const pp_transport *t, int rank);
 
 /* Says goodbye to the peers, closes the sockets (waiting at most linger_ms
  * for unsent data) and frees everything, including tensors left in the
  * mailbox. NULL is ignored. */
-void pp_transport_close(pp_transport *t);
+PP_API void pp_transport_close(pp_transport *t);
 
 /* ---- CURVE keys ---- */
 
 /* A new key pair as Z85 text (41 bytes each with the NUL). */
-pp_status pp_curve_keypair(char public_z85[PP_CURVE_KEY_CHARS + 1],
+PP_API pp_status pp_curve_keypair(char public_z85[PP_CURVE_KEY_CHARS + 1],
                            char secret_z85[PP_CURVE_KEY_CHARS + 1]);
 /* The public key of a secret key. */
-pp_status pp_curve_public_key(const char *secret_z85, char public_z85[PP_CURVE_KEY_CHARS + 1]);
+PP_API pp_status pp_curve_public_key(const char *secret_z85, char public_z85[PP_CURVE_KEY_CHARS + 1]);
 /* Checks that s is 40 characters of Z85 text. */
-int pp_curve_key_valid(const char *s);
+PP_API int pp_curve_key_valid(const char *s);
 /* Writes a new key pair: PREFIX.key (secret, mode 0600) and PREFIX.pub.
  * Existing files are an error unless overwrite. Fills public_z85 if not NULL. */
-pp_status pp_curve_write_keypair(const char *prefix, int overwrite,
+PP_API pp_status pp_curve_write_keypair(const char *prefix, int overwrite,
                                  char public_z85[PP_CURVE_KEY_CHARS + 1]);
 /* Reads a key file (.pub or .key: '#' comment lines, then the Z85 key on a
  * line of its own). Warns when a secret key file is readable by others. */
-pp_status pp_curve_read_key(const char *path, char z85[PP_CURVE_KEY_CHARS + 1]);
+PP_API pp_status pp_curve_read_key(const char *path, char z85[PP_CURVE_KEY_CHARS + 1]);
 
 #ifdef __cplusplus
 }

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "status_internal.h"
 /* "shapes [2,3] and [4]" / "shapes [2], [3] and [4]" into buf. */
 static const char *shapes_str(int n, const int *ndims, const int64_t *const *shapes, char *buf,
                               size_t cap) {

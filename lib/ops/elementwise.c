@@ -11,11 +11,12 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "pippin/op.h"
+#include "op.h"
 #include "broadcast.h"
 #include "vec.h"
 #include "widen.h"
 
+#include "status_internal.h"
 /* ------------------------------------------------------------------------ */
 /* Binary loops                                                              */
 

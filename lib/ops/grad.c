@@ -7,6 +7,7 @@
 #include "grad_kernels.h"
 #include "vec.h"
 
+#include "status_internal.h"
 pp_status pp_grad_k_f32(const pp_kernel_ctx *ctx, int k, const char *what) {
     if (k >= ctx->n_in || !ctx->in[k])
         return pp_kernel_error(ctx, PP_ERR_INVALID, "missing input %s", what);

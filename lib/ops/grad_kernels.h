@@ -3,7 +3,7 @@
 #ifndef PIPPIN_OPS_GRAD_KERNELS_H
 #define PIPPIN_OPS_GRAD_KERNELS_H
 
-#include "pippin/op.h"
+#include "op.h"
 #include "vec.h"
 
 /* Sums in PP_VEC_BLOCK float lanes, so the loops vectorise (the rounding

@@ -11,6 +11,7 @@
 
 #include "grad_kernels.h"
 
+#include "status_internal.h"
 /* ------------------------------------------------------------------------ */
 /* MatMul: y = a @ b with numpy batch broadcasting and 1-D promotion. */
 

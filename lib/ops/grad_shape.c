@@ -8,6 +8,7 @@
 #include "broadcast.h"
 #include "grad_kernels.h"
 
+#include "status_internal.h"
 /* ------------------------------------------------------------------------ */
 /* SumToShape(grad, shape): undo numpy broadcasting by summing. */
 

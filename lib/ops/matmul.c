@@ -9,8 +9,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "pippin/op.h"
+#include "op.h"
 
+#include "status_internal.h"
 /* BLAS takes int dimensions (OpenBLAS built without INTERFACE64). */
 static int fits_int(int64_t v) { return v >= 0 && v <= INT_MAX; }
 

@@ -1,5 +1,5 @@
 /* pippin-domain ops that the forward graph carries. */
-#include "pippin/op.h"
+#include "op.h"
 
 /* PipeSplit marks a stage boundary; run unsplit it is an identity on each of
  * its n inputs (n may be 0). */

@@ -13,10 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pippin/op.h"
+#include "op.h"
 #include "vec.h"
 #include "widen.h"
 
+#include "status_internal.h"
 #define SUM_CHUNK 4096
 
 static pp_status input(const pp_kernel_ctx *ctx, int i, const pp_tensor **t) {

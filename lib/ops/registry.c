@@ -3,8 +3,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "pippin/op.h"
+#include "op.h"
 
+#include "status_internal.h"
 static const pp_op *const families[] = {
     pp_ops_elementwise, pp_ops_reduce, pp_ops_shape, pp_ops_matmul, pp_ops_pippin, pp_ops_grad,
 };

@@ -8,10 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pippin/op.h"
+#include "op.h"
 
 #ifdef __SSE2__
 #include <immintrin.h>
+#include "status_internal.h"
 #endif
 
 /* ---------------------------------------------------------------- helpers */

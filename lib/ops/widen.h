@@ -4,7 +4,7 @@
 #ifndef PIPPIN_OPS_WIDEN_H
 #define PIPPIN_OPS_WIDEN_H
 
-#include "pippin/op.h"
+#include "op.h"
 
 /* The half dtype (PP_F16 or PP_BF16) of the first such input, or
  * PP_DTYPE_UNDEFINED when there is none. */

@@ -9,6 +9,7 @@
 #include "pippin/pipe.h"
 #include "test_util.h"
 
+#include "test_filter.h"
 /* Runs the training graph: model inputs from <model>/<input>.npy, loss seed
  * 1; outputs[] receives every graph output (caller frees). */
 static pp_tensor **run_training(pp_graph *g, const pp_backward *b, const char *model) {
@@ -565,5 +566,6 @@ int main(void) {
         cmocka_unit_test(test_slice_grad_huge_steps),
         cmocka_unit_test(test_omitted_input_gradient),
     };
+    tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,6 +5,7 @@
 
 #include "test_util.h"
 
+#include "test_filter.h"
 /* y = Reshape(x, Concat(Shape(x)[0], [-1])) + 1: the shape path depends
  * only on x's shape. */
 static pp_graph *reshape_graph(int *shape_node, int *concat_node) {
@@ -117,5 +118,6 @@ int main(void) {
         cmocka_unit_test(test_run_nodes_frees_and_keeps),
         cmocka_unit_test(test_views_not_copies),
     };
+    tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -12,6 +12,8 @@
 
 #include "test_util.h"
 
+#include "test_filter.h"
+#include "op.h"
 #define MAX_IN 6
 #define MAX_OUT 4
 
@@ -397,5 +399,6 @@ int main(void) {
         cmocka_unit_test(test_reductions),     cmocka_unit_test(test_shape_ops),
         cmocka_unit_test(test_where_mask),     cmocka_unit_test(test_gelu_patterns),
     };
+    tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

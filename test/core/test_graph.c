@@ -3,6 +3,8 @@
 
 #include "test_util.h"
 
+#include "test_filter.h"
+#include "op.h"
 static void test_builder_and_lookup(void **state) {
     (void)state;
     pp_graph *g;
@@ -126,5 +128,6 @@ int main(void) {
         cmocka_unit_test(test_resolve_errors),
         cmocka_unit_test(test_registry),
     };
+    tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

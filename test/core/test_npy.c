@@ -6,6 +6,7 @@
 
 #include "test_util.h"
 
+#include "test_filter.h"
 static char tmpdir[256];
 
 static int setup(void **state) {
@@ -150,5 +151,6 @@ int main(void) {
         cmocka_unit_test(test_bad_magic_and_truncation),
         cmocka_unit_test(test_unterminated_shape),
     };
+    tu_filter_from_env();
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -8,6 +8,7 @@
 #include "onnx.pb-c.h"
 #include "test_util.h"
 
+#include "test_filter.h"
 static char tmp_model[256];
 
 static int setup(void **state) {
@@ -325,5 +326,6 @@ int main(void) {
         cmocka_unit_test(test_missing_and_misshaped_inputs),
         cmocka_unit_test(test_unsupported_attribute_value),
     };
+    tu_filter_from_env();
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -11,6 +11,8 @@
 #include "../../lib/ops/broadcast.h"
 #include "test_util.h"
 
+#include "test_filter.h"
+#include "op.h"
 /* ------------------------------------------------------------- helpers */
 
 static pp_tensor *bools(int nd, const int64_t *shape, const uint8_t *vals) {
@@ -669,5 +671,6 @@ int main(void) {
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_registry),
     };
+    tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,6 +8,7 @@
 
 #include "test_util.h"
 
+#include "test_filter.h"
 /* ------------------------------------------------------------- helpers */
 
 static void expect(pp_tensor *got, pp_tensor *want, double rtol, double atol, const char *what) {
@@ -366,5 +367,6 @@ int main(void) {
         cmocka_unit_test(test_gemm),
         cmocka_unit_test(test_gemm_errors),
     };
+    tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

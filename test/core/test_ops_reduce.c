@@ -10,6 +10,8 @@
 
 #include "test_util.h"
 
+#include "test_filter.h"
+#include "op.h"
 /* ------------------------------------------------------------- helpers */
 
 /* n, values: for the (int n, const int64_t *axes) parameter pairs */
@@ -707,5 +709,6 @@ int main(void) {
         cmocka_unit_test(test_half_types),
         cmocka_unit_test(test_registry),
     };
+    tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,6 +8,7 @@
 
 #include "test_util.h"
 
+#include "test_filter.h"
 /* ------------------------------------------------------------- helpers */
 
 static pp_tensor *i32t(int nd, const int64_t *shape, const int32_t *v) {
@@ -1103,5 +1104,6 @@ int main(void) {
         cmocka_unit_test(test_hostile_shapes),
         cmocka_unit_test(test_arity),
     };
+    tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,6 +4,7 @@
 
 #include "test_util.h"
 
+#include "test_filter.h"
 static void test_new_is_zeroed(void **state) {
     (void)state;
     int64_t shape[] = {2, 3};
@@ -174,5 +175,6 @@ int main(void) {
         cmocka_unit_test(test_half_round_trip),   cmocka_unit_test(test_allclose),
         cmocka_unit_test(test_dtype_names),
     };
+    tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

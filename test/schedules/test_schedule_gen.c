@@ -3,6 +3,7 @@
 #include "sched_test_util.h"
 #include "torch_ref.h"
 
+#include "test_filter.h"
 static void test_torch_orders(void **state) {
     (void)state;
     char buf[8192];
@@ -318,5 +319,6 @@ int main(void) {
         cmocka_unit_test(test_auto),            cmocka_unit_test(test_auto_beats_heuristic),
         cmocka_unit_test(test_auto_errors),
     };
+    tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,6 +3,7 @@
 
 #include "sched_test_util.h"
 
+#include "test_filter.h"
 static void roundtrip(const char *in, const char *out) {
     pp_action a, sub[PP_OVERLAP_MAX];
     int nsub;
@@ -309,5 +310,6 @@ int main(void) {
         cmocka_unit_test(test_table),        cmocka_unit_test(test_validate),
         cmocka_unit_test(test_lower),        cmocka_unit_test(test_infer_and_limits),
     };
+    tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

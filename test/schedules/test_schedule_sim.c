@@ -2,6 +2,7 @@
  * the cost model's text form. */
 #include "sched_test_util.h"
 
+#include "test_filter.h"
 static const struct {
     double f, i, w;
 } cost_sets[] = {{1, 1, 1}, {2, 3, 1.5}, {1, 0.5, 0.25}, {18522, 18086, 9337}};
@@ -265,5 +266,6 @@ int main(void) {
         cmocka_unit_test(test_sim_errors),
         cmocka_unit_test(test_csv_idle),
     };
+    tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,6 +5,7 @@
 #include "pippin/sched_trace.h"
 #include "sched_test_util.h"
 
+#include "test_filter.h"
 static char *slurp(const char *path) {
     FILE *f = fopen(path, "rb");
     assert_non_null(f);
@@ -192,5 +193,6 @@ int main(void) {
         cmocka_unit_test(test_svg),
         cmocka_unit_test(test_external_events),
     };
+    tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -12,6 +12,8 @@
 #include "tt_craft.h"
 #include "tt_util.h"
 
+#include "test_filter.h"
+#include "envelope.h"
 typedef struct fixture {
     pp_transport *t[2];  /* rank 0 sends good messages, rank 1 receives */
     void *ctx, *raw;     /* a stranger's PUSH socket connected to rank 1 */
@@ -445,5 +447,6 @@ int main(void) {
         cmocka_unit_test(test_msg_ring_record_rewritten),
         cmocka_unit_test(test_oversize_frame),
     };
+    tu_filter_from_env();
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -10,6 +10,7 @@
 #include "pippin.pb-c.h"
 #include "tt_util.h"
 
+#include "test_filter.h"
 typedef struct keypair {
     char pub[PP_CURVE_KEY_CHARS + 1], sec[PP_CURVE_KEY_CHARS + 1];
 } keypair;
@@ -356,5 +357,6 @@ int main(void) {
         cmocka_unit_test(test_wrong_server_key),
         cmocka_unit_test(test_curve_option_errors),
     };
+    tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

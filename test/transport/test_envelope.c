@@ -8,6 +8,8 @@
 #include "tt_craft.h"
 #include "tt_util.h"
 
+#include "test_filter.h"
+#include "envelope.h"
 typedef tt_crafted crafted;
 
 static void craft(crafted *c) { tt_craft(c, 7, 3, 2); }
@@ -434,5 +436,6 @@ int main(void) {
         cmocka_unit_test(test_kind_names),  cmocka_unit_test(test_placements),
         cmocka_unit_test(test_bad_placements), cmocka_unit_test(test_wire_agrees_with_protobuf_c),
     };
+    tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,6 +9,7 @@
 
 #include "tt_util.h"
 
+#include "test_filter.h"
 static const char *exe;
 
 static int run(const char *args) {
@@ -65,5 +66,6 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_keygen_writes_pair),
         cmocka_unit_test(test_keygen_usage),
     };
+    tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,6 +4,7 @@
 #include "mailbox.h"
 #include "tt_util.h"
 
+#include "test_filter.h"
 static pp_tensor *scalar(float v) {
     pp_tensor *t;
     TT_OK(pp_tensor_scalar_f32(v, &t));
@@ -111,5 +112,6 @@ int main(void) {
         cmocka_unit_test(test_fifo_duplicates), cmocka_unit_test(test_grow_and_purge),
         cmocka_unit_test(test_key_str),
     };
+    tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

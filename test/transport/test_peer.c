@@ -9,6 +9,7 @@
 
 #include "tt_util.h"
 
+#include "test_filter.h"
 #define TIMEOUT_MS 300
 
 typedef struct peer_proc {
@@ -244,5 +245,6 @@ int main(void) {
         cmocka_unit_test(test_ring_tensors_outlive_sender),
         cmocka_unit_test(test_close_with_stopped_peer),
     };
+    tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

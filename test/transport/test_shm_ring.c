@@ -16,6 +16,7 @@
 #include "shm_ring.h"
 #include "tt_util.h"
 
+#include "test_filter.h"
 #define MIB ((size_t)1 << 20)
 
 static int name_exists(const char *name) {
@@ -378,5 +379,6 @@ int main(void) {
         cmocka_unit_test(test_doorbell),
         cmocka_unit_test(test_sweep_stale),
     };
+    tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,6 +10,7 @@
 #include "shm_ring.h"
 #include "tt_util.h"
 
+#include "test_filter.h"
 /* Receives the tensor under k (2 s at most) and checks it equals want. */
 static void expect_recv(pp_transport *t, const pp_transport_key *k, const pp_tensor *want) {
     pp_tensor *got;
@@ -982,5 +983,6 @@ int main(void) {
         cmocka_unit_test(test_control_messages),
         cmocka_unit_test(test_many_ranks_inproc_threads),
     };
+    tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "pippin/envelope.h"
+#include "envelope.h"
 #include "pippin/log.h"
 #include "pippin/status.h"
 #include "pippin/tensor.h"

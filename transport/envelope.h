@@ -26,6 +26,7 @@
 
 #include "pippin/status.h"
 #include "pippin/tensor.h"
+#include "pippin/transport.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -45,16 +46,7 @@ extern "C" {
 #define PP_ENVELOPE_MAX_TEXT 1024u
 
 /* Message kinds; values equal the protobuf enum pippin.Kind. */
-typedef enum pp_msg_kind {
-    PP_MSG_ACTIVATION = 1,
-    PP_MSG_GRADIENT = 2,
-    PP_MSG_CONTROL = 3,
-    PP_MSG_HEARTBEAT = 4,
-    PP_MSG_ABORT = 5
-} pp_msg_kind;
 
-/* "activation", "gradient", ...; "unknown" for other values. */
-const char *pp_msg_kind_name(int kind);
 
 /* Where a tensor's bytes travel; values equal the protobuf enum
  * pippin.Placement. */

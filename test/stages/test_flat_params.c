@@ -8,6 +8,7 @@
 #include "pippin/microbatch.h"
 #include "test_util.h"
 
+#include "test_filter.h"
 /* A graph y = (x * a + b) @ c with three parameters of odd sizes. */
 static pp_graph *small_graph(int *ids) {
     pp_graph *g;
@@ -180,5 +181,6 @@ int main(void) {
         cmocka_unit_test(test_data_batch),
         cmocka_unit_test(test_microbatch_accumulation),
     };
+    tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

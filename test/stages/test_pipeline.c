@@ -13,6 +13,7 @@
 #include "pippin/runner.h"
 #include "test_util.h"
 
+#include "test_filter.h"
 typedef struct {
     const char *name;
     int n_inputs;
@@ -734,5 +735,6 @@ int main(void) {
         cmocka_unit_test(test_accumulation_and_recovery),
         cmocka_unit_test(test_matches_unsplit_and_schedules_agree),
     };
+    tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,6 +8,7 @@
 
 #include "test_util.h"
 
+#include "test_filter.h"
 #define FULL                                                                                   \
     "model: examples/gpt/model.onnx        # relative paths: to the file's directory\n"       \
     "split:                                 # optional; markers in the model also cut\n"      \
@@ -476,5 +477,6 @@ int main(void) {
         cmocka_unit_test(test_value_errors), cmocka_unit_test(test_yaml_errors),
         cmocka_unit_test(test_rank),
     };
+    tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,6 +9,7 @@
 
 #include "test_util.h"
 
+#include "test_filter.h"
 #define MAX_RANKS 4
 
 typedef struct {
@@ -183,5 +184,6 @@ int main(void) {
         cmocka_unit_test(test_skip_zb_h1_over_ipc),
         cmocka_unit_test(test_mlp_gpipe),
     };
+    tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -19,6 +19,7 @@
 #include "file_io.h"
 #include "pippin/schedule.h"
 
+#include "status_internal.h"
 #define CFG_MAX_BYTES (1u << 20) /* the file */
 #define CFG_MAX_RANKS 4096
 #define CFG_MAX_ITEMS 4096       /* entries of any list or mapping */

@@ -10,6 +10,7 @@
 #include "pippin/sched_trace.h"
 #include "timing.h"
 
+#include "status_internal.h"
 struct pp_executor {
     pp_pipe *p;
     const pp_schedule *sched;

@@ -10,6 +10,7 @@
 
 #include "test_util.h"
 
+#include "test_filter.h"
 static double jnum(json_object *o, const char *key) {
     json_object *v;
     if (!json_object_object_get_ex(o, key, &v)) fail_msg("no key '%s'", key);
@@ -284,5 +285,6 @@ int main(void) {
         cmocka_unit_test(test_state_and_lr),
         cmocka_unit_test(test_bad_settings),
     };
+    tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

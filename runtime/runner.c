@@ -8,8 +8,9 @@
 
 #include "pippin/microbatch.h"
 #include "pippin/sched_trace.h"
-#include "../schedules/timing.h"
+#include "timing.h"
 
+#include "status_internal.h"
 typedef struct {
     int *in_edge;      /* per forward input: edge index */
     int *out_edge;     /* per forward output: edge it feeds, or -1 */

@@ -14,6 +14,7 @@
 #include "pippin/npy.h"
 #include "pippin/params.h"
 
+#include "status_internal.h"
 static void file_safe(const char *name, char *buf, size_t cap) {
     size_t i = 0;
     for (; name[i] && i + 1 < cap; i++) buf[i] = (name[i] == '/' || name[i] == ':') ? '_' : name[i];
