@@ -10,6 +10,7 @@
 #include "pippin/npy.h"
 
 #include "status_internal.h"
+#include "param_files.h"
 pp_status pp_cli_add_named_npy(pp_named_tensors *nt, const char *arg) {
     const char *eq = strchr(arg, '=');
     if (!eq || eq == arg || !eq[1])
@@ -71,35 +72,13 @@ pp_status pp_cli_match_inputs(const pp_graph *g, const pp_named_tensors *nt, pp_
     return PP_OK;
 }
 
-pp_status pp_cli_mkdirs(const char *path) {
-    char buf[4096];
-    if (strlen(path) >= sizeof buf) return pp_error(PP_ERR_INVALID, "path too long: %s", path);
-    strcpy(buf, path);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = '\0';
-        if (mkdir(buf, 0777) != 0 && errno != EEXIST)
-            return pp_error(PP_ERR_IO, "%s: %s", buf, strerror(errno));
-        *p = '/';
-    }
-    if (mkdir(buf, 0777) != 0 && errno != EEXIST)
-        return pp_error(PP_ERR_IO, "%s: %s", buf, strerror(errno));
-    return PP_OK;
+pp_status pp_cli_mkdirs(const char *path) { return pp_mkdirs(path); }
+
+pp_status pp_cli_save_named(const char *dir, const char *prefix, const char *name, const pp_tensor *t) {
+    return pp_save_named_npy(dir, prefix, name, t);
 }
 
-pp_status pp_cli_save_named(const char *dir, const char *prefix, const char *name,
-                            const pp_tensor *t) {
-    char safe[512], path[4096];
-    pp_cli_file_safe(name, safe, sizeof safe);
-    snprintf(path, sizeof path, "%s/%s%s.npy", dir, prefix, safe);
-    return pp_npy_save(path, t);
-}
-
-void pp_cli_file_safe(const char *name, char *buf, size_t cap) {
-    size_t i = 0;
-    for (; name[i] && i + 1 < cap; i++) buf[i] = (name[i] == '/' || name[i] == ':') ? '_' : name[i];
-    buf[i] = '\0';
-}
+void pp_cli_file_safe(const char *name, char *buf, size_t cap) { pp_file_safe_name(name, buf, cap); }
 
 const char *pp_cli_value_type(const pp_value *v, char *buf, size_t cap) {
     size_t n = (size_t)snprintf(buf, cap, "%s", pp_dtype_name(v->dtype));

@@ -1,6 +1,5 @@
 /* pippin train --transport: every rank a thread with its own ZeroMQ
  * transport and executor, as separate worker processes would run. */
-#include <cblas.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +7,7 @@
 #include <unistd.h>
 
 #include "pipe_cli.h"
+#include "pippin/exec.h"
 #include "pippin/executor.h"
 #include "pippin/trainer.h"
 #include "train_args.h"
@@ -149,7 +149,7 @@ int train_over_transport(const pp_graph *g, pp_tensor *const *data, const train_
     if (a->save && pp_cli_mkdirs(a->save) != PP_OK) goto done;
     /* The ranks are the parallelism: BLAS's own thread pool would only
      * spin against them for the same cores. */
-    openblas_set_num_threads(1);
+    pp_set_blas_threads(1);
     nr = sched->nranks;
     jobs = calloc((size_t)nr, sizeof *jobs);
     th = calloc((size_t)nr, sizeof *th);

@@ -47,6 +47,12 @@ PP_API pp_status pp_exec_node(const pp_graph *g, int node, pp_tensor *const *inp
 /* One-shot convenience: pp_exec_new + pp_exec_run + pp_exec_free. */
 PP_API pp_status pp_graph_run(pp_graph *g, pp_tensor *const *inputs, pp_tensor **outputs);
 
+/* Sets the BLAS library's own thread count (OpenBLAS); 0 when the BLAS
+ * pippin was linked with has no such setting (a generic CBLAS) or n < 1,
+ * 1 when set. Call it before running graphs, e.g. 1 when each rank of a
+ * pipeline on one host is a thread of its own. */
+PP_API int pp_set_blas_threads(int n);
+
 #ifdef __cplusplus
 }
 #endif

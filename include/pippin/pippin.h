@@ -25,5 +25,7 @@
 #include "pippin/executor.h"
 #include "pippin/checkpoint.h"
 #include "pippin/config.h"
+#include "pippin/version.h"
+#include "pippin/worker.h"
 
 #endif

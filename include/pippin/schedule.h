@@ -131,6 +131,11 @@ PP_API pp_status pp_action_parse(const char *text, size_t len, pp_action *out,
 PP_API pp_status pp_schedule_parse_csv(const char *text, size_t len, const char *filename,
                                 pp_schedule **out);
 PP_API pp_status pp_schedule_load_csv(const char *path, pp_schedule **out);
+/* A schedule as users name it (config files, --schedule): a kind that
+ * pp_sched_kind_parse knows, generated for n_stages stages (its default
+ * stages per rank) and m microbatches, or "csv:FILE". Validated, and its
+ * stage count checked against n_stages. spec NULL: *out NULL, PP_OK. */
+PP_API pp_status pp_schedule_from_spec(const char *spec, int n_stages, int m, pp_schedule **out);
 PP_API pp_status pp_schedule_write_csv(const pp_schedule *s, FILE *f);
 PP_API pp_status pp_schedule_save_csv(const pp_schedule *s, const char *path);
 

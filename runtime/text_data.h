@@ -2,8 +2,8 @@
  * a vocabulary (vocab.json: {"chars": [...]} or {"stoi": {...}}), cut into
  * windows of seq+1 characters; inputs are a window's first seq characters,
  * targets the same shifted by one. */
-#ifndef PIPPIN_TOOLS_TEXT_DATA_H
-#define PIPPIN_TOOLS_TEXT_DATA_H
+#ifndef PIPPIN_RUNTIME_TEXT_DATA_H
+#define PIPPIN_RUNTIME_TEXT_DATA_H
 
 #include "pippin/tensor.h"
 

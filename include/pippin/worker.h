@@ -1,0 +1,106 @@
+/* The worker API: one rank of a pipeline as library calls, for services
+ * that embed pippin. Everything `pippin worker CONFIG --rank R` does: config
+ * -> model or stage files -> this rank's stages -> transport to the other
+ * ranks -> executor and optimizer -> steps over the configured data ->
+ * checkpoints -> trained parameters (or outputs) in output_dir. `pippin
+ * worker` and `pippin run` are thin wrappers around it.
+ *
+ *     pp_worker_options o;
+ *     pp_worker_options_init(&o);
+ *     o.rank = 1;
+ *     o.progress = on_step;               // step, loss, time
+ *     pp_worker *w;
+ *     if (pp_worker_open("pipeline.yaml", &o, &w) != PP_OK) fail(pp_last_error());
+ *     pp_status s = pp_worker_run(w);     // all steps; pp_worker_step for one
+ *     pp_worker_close(w);
+ *
+ * Every rank of the config runs one worker (a process each, or a thread
+ * each); they find each other through the config's endpoints.
+ *
+ * Thread safety: one thread drives a worker (open, step/run, checkpoint,
+ * close); pp_worker_stop may be called from any thread or a signal handler.
+ * Different workers may run on different threads of one process. */
+#ifndef PIPPIN_WORKER_H
+#define PIPPIN_WORKER_H
+
+#include <stdint.h>
+
+#include "pippin/config.h"
+#include "pippin/export.h"
+#include "pippin/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct pp_worker pp_worker;
+
+/* What the progress callback gets after each step. */
+typedef struct pp_worker_progress {
+    int rank;
+    int64_t step;    /* the step just finished (0-based) */
+    int64_t steps;   /* steps in the run */
+    int has_loss;    /* 1 on the rank whose stage computes the loss */
+    float loss;      /* that step's loss (training), when has_loss */
+    double step_ms;  /* wall time of the step */
+} pp_worker_progress;
+
+typedef void (*pp_worker_progress_fn)(const pp_worker_progress *p, void *user);
+
+typedef struct pp_worker_options {
+    int rank;                   /* -1 (default): PIPPIN_RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK or PMI_RANK */
+    pp_worker_progress_fn progress; /* NULL: none */
+    void *progress_user;
+    const char *checkpoint_dir; /* NULL: no checkpoints */
+    int64_t checkpoint_every;   /* steps between checkpoints; 0: only after the last step */
+    int resume;                 /* continue from checkpoint_dir's last step */
+    int blas_threads;           /* > 0: the BLAS's thread count (pp_set_blas_threads); 0: leave it */
+} pp_worker_options;
+
+/* Defaults: rank -1, no progress callback, no checkpoints, BLAS untouched. */
+PP_API void pp_worker_options_init(pp_worker_options *o);
+
+/* Opens this rank's worker from a config file (docs/config.md). Loads the
+ * model (or this rank's stage files) and the data, builds the stages the
+ * schedule puts on the rank, connects its transport and, with o->resume,
+ * restores the checkpoint. Errors name the file, key, rank or peer. */
+PP_API pp_status pp_worker_open(const char *config_path, const pp_worker_options *o, pp_worker **out);
+/* The same from a parsed config, which must outlive the worker. */
+PP_API pp_status pp_worker_open_config(const pp_config *c, const pp_worker_options *o, pp_worker **out);
+
+/* Runs the next step (every rank runs the same step together). *done (may
+ * be NULL) is 1 when the run's last step has been run; after it the
+ * trained parameters (training) are in the config's output_dir. On failure
+ * the peers are told at once, and the worker refuses further steps. */
+PP_API pp_status pp_worker_step(pp_worker *w, int *done);
+/* Runs the remaining steps, or until pp_worker_stop: then it writes a
+ * checkpoint (when configured) of the last finished step and returns PP_OK
+ * with pp_worker_stopped 1. */
+PP_API pp_status pp_worker_run(pp_worker *w);
+/* Asks a running worker to stop after the step in progress. */
+PP_API void pp_worker_stop(pp_worker *w);
+PP_API int pp_worker_stopped(const pp_worker *w);
+
+/* Writes this rank's stages (parameters and optimizer state) as of the last
+ * finished step to dir (pippin/checkpoint.h's layout); every rank writes its
+ * own stages into the same directory. */
+PP_API pp_status pp_worker_checkpoint(pp_worker *w, const char *dir);
+
+PP_API int pp_worker_rank(const pp_worker *w);
+/* The step pp_worker_step runs next (after resume: the one after the
+ * checkpoint's), and the run's total. */
+PP_API int64_t pp_worker_next_step(const pp_worker *w);
+PP_API int64_t pp_worker_steps(const pp_worker *w);
+/* The global indices of this rank's stages: n, and index i. */
+PP_API int pp_worker_n_stages(const pp_worker *w);
+PP_API int pp_worker_stage_index(const pp_worker *w, int i);
+/* The endpoint this rank's transport listens on. */
+PP_API const char *pp_worker_endpoint(const pp_worker *w);
+
+/* Closes the transport (peers see a goodbye) and frees everything. */
+PP_API void pp_worker_close(pp_worker *w);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,385 @@
+/* The execution core: a step's actions over a set of stages, routed through
+ * a pp_route (stage_core.h). */
+#include "stage_core.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "pippin/microbatch.h"
+#include "status_internal.h"
+#include "timing.h"
+
+pp_status pp_core_init(pp_core *c, pp_pipe *p, const pp_schedule *sched, int rank, int training) {
+    memset(c, 0, sizeof *c);
+    c->p = p;
+    c->training = training;
+    c->n_stages = p->n_stages;
+    c->stages = calloc((size_t)p->n_stages + 1, sizeof *c->stages);
+    c->optims = calloc((size_t)p->n_stages + 1, sizeof *c->optims);
+    c->local = calloc((size_t)p->n_stages + 1, sizeof *c->local);
+    if (!c->stages || !c->optims || !c->local) return pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < p->n_stages; i++) {
+        if (rank >= 0 && sched->stage_rank[i] != rank) continue;
+        PP_TRY(pp_stage_from_pipe(p, i, training, &c->stages[i]));
+        c->local[c->n_local++] = i;
+    }
+    return PP_OK;
+}
+
+static void step_clear(pp_core *c) {
+    size_t ne = (size_t)c->p->n_edges * (size_t)c->m, no = (size_t)c->p->n_outputs * (size_t)c->m;
+    for (size_t i = 0; c->chunks && i < ne; i++) pp_tensor_free(c->chunks[i]);
+    for (size_t i = 0; c->outs && i < no; i++) pp_tensor_free(c->outs[i]);
+    for (int i = 0; c->snap && i < c->p->n_shared; i++) pp_tensor_free(c->snap[i]);
+    free(c->chunks);
+    free(c->outs);
+    free(c->done_f);
+    free(c->done_i);
+    free(c->done_w);
+    free(c->snap);
+    c->chunks = c->outs = c->snap = NULL;
+    c->done_f = c->done_i = c->done_w = NULL;
+    c->m = 0;
+}
+
+void pp_core_free(pp_core *c) {
+    step_clear(c);
+    for (int i = 0; i < c->n_stages; i++) {
+        if (c->stages) pp_stage_free(c->stages[i]);
+        if (c->optims) pp_optim_free(c->optims[i]);
+    }
+    free(c->stages);
+    free(c->optims);
+    free(c->local);
+    memset(c, 0, sizeof *c);
+}
+
+/* ---- replicated parameters ---- */
+
+/* The gradient of replicated parameter `name` in local stage s as a new
+ * tensor; zeros when no gradient reaches it there. */
+static pp_status replica_grad(pp_core *c, int s, const char *name, pp_tensor **out) {
+    pp_flat_params *fp = pp_stage_params(c->stages[s]);
+    int i = fp ? pp_flat_params_find(fp, name) : -1;
+    if (i >= 0) {
+        pp_tensor *view;
+        PP_TRY(pp_flat_params_grad_view(fp, i, &view));
+        pp_status st = pp_tensor_clone(view, out);
+        pp_tensor_free(view);
+        return st;
+    }
+    const pp_graph *g = pp_stage_graph(c->stages[s]);
+    int v = pp_graph_find_value(g, name);
+    if (v < 0 || !g->values[v].data) return pp_error(PP_ERR_INTERNAL, "stage %d has no parameter '%s'", s, name);
+    return pp_tensor_new(PP_F32, g->values[v].data->ndim, g->values[v].data->shape, out);
+}
+
+/* Before a step every copy of a replicated parameter has the same gradient
+ * S (zero after zero_grad); the first local copy that has one gives it. */
+static pp_status shared_snapshot(pp_core *c) {
+    const pp_pipe *p = c->p;
+    for (int i = 0; i < p->n_shared; i++) {
+        const pp_pipe_shared *sh = &p->shared[i];
+        int first = -1;
+        for (int a = 0; a < sh->n_stages; a++) {
+            int s = sh->stages[a];
+            if (!c->stages[s]) continue;
+            pp_flat_params *fp = pp_stage_params(c->stages[s]);
+            if (fp && pp_flat_params_find(fp, sh->name) >= 0) {
+                first = s;
+                break;
+            }
+            if (first < 0) first = s;
+        }
+        if (first >= 0) PP_TRY(replica_grad(c, first, sh->name, &c->snap[i]));
+    }
+    return PP_OK;
+}
+
+/* Every copy gets S + the sum, in stage order, of what each copy added this
+ * step (zero where no gradient reaches it): the same bits on every replica
+ * and on every rank, and gradients accumulated over earlier steps counted
+ * once. Deltas of copies in other cores travel through the route. */
+static pp_status sync_one(pp_core *c, const pp_route *r, int i) {
+    const pp_pipe_shared *sh = &c->p->shared[i];
+    int n = sh->n_stages;
+    pp_tensor **delta = calloc((size_t)n + 1, sizeof *delta);
+    pp_tensor **parts = calloc((size_t)n + 2, sizeof *parts);
+    pp_status st = delta && parts ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int a = 0; a < n && st == PP_OK; a++) {
+        int s = sh->stages[a];
+        if (!c->stages[s]) continue;
+        st = replica_grad(c, s, sh->name, &delta[a]);
+        if (st != PP_OK) break;
+        pp_flat_params *fp = pp_stage_params(c->stages[s]);
+        if (fp && pp_flat_params_find(fp, sh->name) >= 0) {
+            float *d = delta[a]->data;
+            const float *s0 = c->snap[i]->data;
+            for (int64_t j = 0; j < pp_tensor_numel(delta[a]); j++) d[j] -= s0[j];
+        }
+        for (int b = 0; b < n && st == PP_OK; b++)
+            if (!c->stages[sh->stages[b]]) st = r->send_delta(r->ctx, i, s, sh->stages[b], delta[a]);
+    }
+    for (int a = 0; a < n && st == PP_OK; a++) {
+        int s = sh->stages[a];
+        pp_flat_params *fp = c->stages[s] ? pp_stage_params(c->stages[s]) : NULL;
+        int pi = fp ? pp_flat_params_find(fp, sh->name) : -1;
+        if (!c->stages[s]) continue;
+        pp_tensor *total = NULL;
+        parts[0] = pp_tensor_retain(c->snap[i]);
+        for (int b = 0; b < n && st == PP_OK; b++) {
+            if (delta[b]) parts[b + 1] = pp_tensor_retain(delta[b]);
+            else st = r->recv_delta(r->ctx, i, sh->stages[b], s, &parts[b + 1]);
+        }
+        if (st == PP_OK) st = pp_tensor_sum(parts, n + 1, &total);
+        if (st == PP_OK && pi >= 0) {
+            if ((int64_t)total->nbytes != fp->numel[pi] * (int64_t)sizeof(float))
+                st = pp_error(PP_ERR_INTERNAL, "replicas of '%s' differ in size", sh->name);
+            else memcpy(fp->grad + fp->offset[pi], total->data, total->nbytes);
+        }
+        pp_tensor_free(total);
+        for (int b = 0; b <= n; b++) {
+            pp_tensor_free(parts[b]);
+            parts[b] = NULL;
+        }
+    }
+    for (int a = 0; delta && a < n; a++) pp_tensor_free(delta[a]);
+    free(delta);
+    free(parts);
+    return st == PP_OK ? PP_OK : pp_error_context(st, "syncing replicated parameter '%s'", sh->name);
+}
+
+/* ---- a step ---- */
+
+pp_status pp_core_step_begin(pp_core *c, int64_t step, int m, int n_inputs, const char *const *names,
+                             pp_tensor *const *inputs) {
+    const pp_pipe *p = c->p;
+    step_clear(c);
+    c->step = step;
+    c->m = m;
+    size_t ns = (size_t)p->n_stages * (size_t)m + 1;
+    c->chunks = calloc((size_t)p->n_edges * (size_t)m + 1, sizeof *c->chunks);
+    c->outs = calloc((size_t)p->n_outputs * (size_t)m + 1, sizeof *c->outs);
+    c->done_f = calloc(ns, 1);
+    c->done_i = calloc(ns, 1);
+    c->done_w = calloc(ns, 1);
+    c->snap = calloc((size_t)p->n_shared + 1, sizeof *c->snap);
+    if (!c->chunks || !c->outs || !c->done_f || !c->done_i || !c->done_w || !c->snap)
+        return pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < c->n_local; i++) {
+        pp_stage_set_loss_scale(c->stages[c->local[i]], 1.0f / (float)m);
+        pp_stage_discard_pending(c->stages[c->local[i]]); /* an inference step may leave none; a failed one is dropped */
+    }
+    if (c->training) PP_TRY(shared_snapshot(c));
+    for (int e = 0; e < p->n_edges; e++) {
+        const pp_pipe_edge *ed = &p->edges[e];
+        int needed = 0;
+        for (int k = 0; k < ed->n_consumers; k++) needed |= ed->producer < 0 && c->stages[ed->consumers[k]] != NULL;
+        if (!needed) continue;
+        int k = 0;
+        while (k < n_inputs && (!names[k] || strcmp(names[k], ed->value) != 0)) k++;
+        if (k == n_inputs || !inputs[k]) return pp_error(PP_ERR_INVALID, "model input '%s' not given", ed->value);
+        PP_TRY(pp_microbatch_split(inputs[k], m, ed->value, &c->chunks[e * m]));
+    }
+    return PP_OK;
+}
+
+static int forward_ready(const pp_core *c, const pp_route *r, int s, int mb) {
+    const pp_pipe *p = c->p;
+    pp_stage *st = c->stages[s];
+    if (!r->act_ready) return 1;
+    for (int i = 0; i < pp_stage_n_inputs(st); i++) {
+        int e = pp_pipe_find_edge(p, pp_stage_input_name(st, i));
+        if (e >= 0 && p->edges[e].producer >= 0 && !r->act_ready(r->ctx, e, mb, s)) return 0;
+    }
+    return 1;
+}
+
+static pp_status run_forward(pp_core *c, const pp_route *r, int s, int mb) {
+    pp_stage *st = c->stages[s];
+    const pp_pipe *p = c->p;
+    int m = c->m, ni = pp_stage_n_inputs(st), no = pp_stage_n_outputs(st);
+    pp_tensor **ins = calloc((size_t)ni + 1, sizeof *ins), **outs = calloc((size_t)no + 1, sizeof *outs);
+    pp_status status = ins && outs ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < ni && status == PP_OK; i++) {
+        const char *name = pp_stage_input_name(st, i);
+        int e = pp_pipe_find_edge(p, name);
+        if (e < 0) status = pp_error(PP_ERR_INTERNAL, "stage %d input '%s' has no edge", s, name);
+        else if (p->edges[e].producer < 0) ins[i] = pp_tensor_retain(c->chunks[e * m + mb]);
+        else status = r->recv_act(r->ctx, e, mb, s, &ins[i]);
+    }
+    if (status == PP_OK) status = pp_stage_forward(st, mb, ins, outs);
+    if (status == PP_OK) c->done_f[s * m + mb] = 1;
+    for (int o = 0; o < no && status == PP_OK; o++) {
+        const char *name = pp_stage_output_name(st, o);
+        int e = pp_pipe_find_edge(p, name);
+        for (int k = 0; e >= 0 && p->edges[e].producer == s && k < p->edges[e].n_consumers && status == PP_OK; k++)
+            status = r->send_act(r->ctx, e, mb, p->edges[e].consumers[k], outs[o]);
+        for (int mo = 0; mo < p->n_outputs; mo++)
+            if (p->output_stage[mo] == s && strcmp(p->outputs[mo], name) == 0)
+                c->outs[mo * m + mb] = pp_tensor_retain(outs[o]);
+    }
+    for (int i = 0; ins && i < ni; i++) pp_tensor_free(ins[i]);
+    for (int o = 0; outs && o < no; o++) pp_tensor_free(outs[o]);
+    free(ins);
+    free(outs);
+    return status;
+}
+
+static int backward_ready(const pp_core *c, const pp_route *r, int s, int mb) {
+    pp_stage *st = c->stages[s];
+    if (!c->done_f[s * c->m + mb]) return 0;
+    if (!r->grads_ready) return 1;
+    for (int k = 0; k < pp_stage_n_grad_outputs(st); k++)
+        if (!r->grads_ready(r->ctx, pp_pipe_find_edge(c->p, pp_stage_grad_output_name(st, k)), mb)) return 0;
+    return 1;
+}
+
+static pp_status run_backward_input(pp_core *c, const pp_route *r, int s, int mb) {
+    pp_stage *st = c->stages[s];
+    const pp_pipe *p = c->p;
+    int ng = pp_stage_n_grad_outputs(st), nw = pp_stage_n_grad_inputs(st);
+    pp_tensor **gout = calloc((size_t)ng + 1, sizeof *gout), **gin = calloc((size_t)nw + 1, sizeof *gin);
+    pp_status status = gout && gin ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int k = 0; k < ng && status == PP_OK; k++) {
+        const pp_pipe_edge *e = &p->edges[pp_pipe_find_edge(p, pp_stage_grad_output_name(st, k))];
+        int ei = (int)(e - p->edges);
+        pp_tensor **parts = calloc((size_t)e->n_consumers + 1, sizeof *parts);
+        if (!parts) status = pp_error(PP_ERR_NOMEM, "out of memory");
+        for (int j = 0; j < e->n_consumers && status == PP_OK; j++)
+            status = r->recv_grad(r->ctx, ei, mb, e->consumers[j], &parts[j]);
+        /* summed in consumer order: the same bits wherever the consumers run */
+        if (status == PP_OK) status = pp_tensor_sum(parts, e->n_consumers, &gout[k]);
+        for (int j = 0; parts && j < e->n_consumers; j++) pp_tensor_free(parts[j]);
+        free(parts);
+    }
+    if (status == PP_OK) status = pp_stage_backward_input(st, mb, gout, gin);
+    if (status == PP_OK) c->done_i[s * c->m + mb] = 1;
+    for (int k = 0; k < nw && status == PP_OK; k++) {
+        int e = pp_pipe_find_edge(p, pp_stage_grad_input_name(st, k));
+        if (e >= 0 && p->edges[e].producer >= 0) status = r->send_grad(r->ctx, e, mb, s, gin[k]);
+    }
+    for (int k = 0; gout && k < ng; k++) pp_tensor_free(gout[k]);
+    for (int k = 0; gin && k < nw; k++) pp_tensor_free(gin[k]);
+    free(gout);
+    free(gin);
+    return status;
+}
+
+static pp_status run_weight(pp_core *c, int s, int mb, int *ran) {
+    int i = s * c->m + mb;
+    if (!c->done_i[i]) return PP_OK; /* its I has not run yet */
+    if (c->done_w[i]) return pp_error(PP_ERR_STATE, "stage %d: weight gradient of microbatch %d scheduled twice", s, mb);
+    *ran = 1;
+    c->done_w[i] = 1;
+    return pp_stage_backward_weight(c->stages[s], mb);
+}
+
+static pp_status run_compute(pp_core *c, const pp_route *r, const pp_action *a, int *ran) {
+    int s = a->stage, mb = a->mb, m = c->m;
+    if (s < 0 || s >= c->n_stages || !c->stages[s] || mb < 0 || mb >= m)
+        return pp_error(PP_ERR_INVALID, "stage %d microbatch %d is not this core's to run (%d stages, %d microbatches)",
+                        s, mb, c->n_stages, m);
+    switch ((pp_act_kind)a->kind) {
+    case PP_ACT_F:
+        if (c->done_f[s * m + mb])
+            return pp_error(PP_ERR_STATE, "stage %d: forward of microbatch %d scheduled twice", s, mb);
+        if (!forward_ready(c, r, s, mb)) return PP_OK;
+        *ran = 1;
+        return run_forward(c, r, s, mb);
+    case PP_ACT_I:
+    case PP_ACT_B:
+        if (!c->training) { /* inference runs only a schedule's forwards */
+            *ran = 1;
+            return PP_OK;
+        }
+        if (c->done_i[s * m + mb])
+            return pp_error(PP_ERR_STATE, "stage %d: backward of microbatch %d scheduled twice", s, mb);
+        if (!backward_ready(c, r, s, mb)) return PP_OK;
+        *ran = 1;
+        PP_TRY(run_backward_input(c, r, s, mb));
+        if (a->kind == PP_ACT_I) return PP_OK;
+        *ran = 0;
+        return run_weight(c, s, mb, ran); /* B is I then W */
+    case PP_ACT_W:
+        if (!c->training) {
+            *ran = 1;
+            return PP_OK;
+        }
+        return run_weight(c, s, mb, ran);
+    default: return PP_OK;
+    }
+}
+
+pp_status pp_core_run_action(pp_core *c, const pp_route *r, int rank, const pp_action *a, int *ran) {
+    *ran = 0;
+    if (!pp_act_is_compute((pp_act_kind)a->kind)) { /* SEND/RECV go with the compute; REDUCE_GRAD at the end */
+        *ran = 1;
+        return PP_OK;
+    }
+    double t0 = c->trace ? pp_monotonic_ms() : 0;
+    PP_TRY(run_compute(c, r, a, ran));
+    if (c->trace && *ran)
+        PP_TRY(pp_trace_action(c->trace, rank, a, t0 - c->trace_origin_ms, pp_monotonic_ms() - c->trace_origin_ms));
+    return PP_OK;
+}
+
+static pp_status check_complete(const pp_core *c) {
+    for (int k = 0; k < c->n_local; k++) {
+        int s = c->local[k];
+        for (int mb = 0; mb < c->m; mb++) {
+            int i = s * c->m + mb;
+            if (!c->done_f[i])
+                return pp_error(PP_ERR_INVALID, "schedule never runs the forward of stage %d microbatch %d", s, mb);
+            if (c->training && (!c->done_i[i] || !c->done_w[i]))
+                return pp_error(PP_ERR_INVALID, "schedule never finishes the backward of stage %d microbatch %d", s, mb);
+        }
+    }
+    return PP_OK;
+}
+
+pp_status pp_core_step_end(pp_core *c, const pp_route *r, pp_status s, pp_tensor **outputs) {
+    const pp_pipe *p = c->p;
+    for (int o = 0; outputs && o < p->n_outputs; o++) outputs[o] = NULL;
+    if (s == PP_OK) s = check_complete(c);
+    for (int i = 0; s == PP_OK && c->training && i < p->n_shared; i++)
+        if (c->snap[i]) s = sync_one(c, r, i);
+    for (int o = 0; s == PP_OK && outputs && o < p->n_outputs; o++)
+        if (c->stages[p->output_stage[o]]) s = pp_microbatch_merge(&c->outs[o * c->m], c->m, p->outputs[o], &outputs[o]);
+    if (s != PP_OK) { /* a failed step must not wedge the next one */
+        for (int i = 0; i < c->n_local; i++) pp_stage_discard_pending(c->stages[c->local[i]]);
+        for (int o = 0; outputs && o < p->n_outputs; o++) {
+            pp_tensor_free(outputs[o]);
+            outputs[o] = NULL;
+        }
+    }
+    step_clear(c);
+    return s;
+}
+
+/* ---- gradients and optimizers ---- */
+
+void pp_core_zero_grad(pp_core *c) {
+    for (int i = 0; i < c->n_local; i++) pp_stage_zero_grad(c->stages[c->local[i]]);
+}
+
+pp_status pp_core_set_optimizer(pp_core *c, const pp_optim_config *cfg) {
+    for (int i = 0; i < c->n_local; i++) {
+        int s = c->local[i];
+        pp_optim_free(c->optims[s]);
+        c->optims[s] = NULL;
+        pp_flat_params *fp = pp_stage_params(c->stages[s]);
+        PP_TRY(pp_optim_new(cfg, fp ? fp->total : 0, &c->optims[s]));
+    }
+    return PP_OK;
+}
+
+pp_status pp_core_optimizer_step(pp_core *c) {
+    for (int i = 0; i < c->n_local; i++) {
+        int s = c->local[i];
+        if (!c->optims[s]) return pp_error(PP_ERR_STATE, "stage %d: no optimizer set", s);
+        pp_flat_params *fp = pp_stage_params(c->stages[s]);
+        if (fp) PP_TRY(pp_optim_step(c->optims[s], fp->data, fp->grad, fp->total));
+    }
+    return PP_OK;
+}

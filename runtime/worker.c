@@ -1,0 +1,350 @@
+/* One rank of a pipeline from its config (pippin/worker.h). */
+#include "pippin/worker.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "param_files.h"
+#include "pippin/checkpoint.h"
+#include "pippin/exec.h"
+#include "pippin/executor.h"
+#include "pippin/npy.h"
+#include "pippin/onnx.h"
+#include "pippin/trainer.h"
+#include "status_internal.h"
+#include "text_data.h"
+#include "timing.h"
+
+struct pp_worker {
+    const pp_config *c;
+    pp_config *owned_config;  /* opened from a path */
+    pp_worker_options opt;
+    int rank;
+    pp_graph *g;              /* the whole model (model:), else NULL */
+    pp_pipe *p;
+    pp_schedule *sched;
+    pp_transport *t;
+    pp_executor *ex;
+    int n_inputs;
+    const char **names;       /* the model inputs (pipe edges from no stage) */
+    pp_tensor **data;         /* per input: every row of its data */
+    int loss_output;          /* among the model outputs, -1 if none */
+    int64_t next_step;
+    atomic_int stop;
+    int stopped, failed;
+};
+
+void pp_worker_options_init(pp_worker_options *o) {
+    memset(o, 0, sizeof *o);
+    o->rank = -1;
+}
+
+/* ---- opening ---- */
+
+/* This rank's transport, with CURVE keys when the config has them. */
+static pp_status open_transport(pp_worker *w) {
+    const pp_config *c = w->c;
+    pp_transport_options o;
+    pp_transport_options_init(&o);
+    o.rank = w->rank;
+    o.nranks = c->n_ranks;
+    o.endpoints = (const char *const *)c->ranks;
+    o.bind_endpoint = c->bind;
+    o.nstages = w->sched->nstages;
+    o.stage_ranks = w->sched->stage_rank;
+    o.timeout_ms = c->timeout_ms;
+    if (!c->shared_memory) o.shm_bytes = -1;
+    char secret[PP_CURVE_KEY_CHARS + 1];
+    char(*pub)[PP_CURVE_KEY_CHARS + 1] = NULL;
+    const char **pubs = NULL;
+    pp_status s = PP_OK;
+    if (c->n_secret_keys) {
+        pub = calloc((size_t)c->n_ranks, sizeof *pub);
+        pubs = calloc((size_t)c->n_ranks, sizeof *pubs);
+        if (!pub || !pubs) s = pp_error(PP_ERR_NOMEM, "out of memory");
+        if (s == PP_OK) s = pp_curve_read_key(c->secret_keys[w->rank], secret);
+        for (int r = 0; r < c->n_ranks && s == PP_OK; r++) {
+            s = pp_curve_read_key(c->public_keys[r], pub[r]);
+            pubs[r] = pub[r];
+        }
+        o.curve_secret_key = secret;
+        o.curve_rank_keys = pubs;
+    }
+    if (s == PP_OK) s = pp_transport_create(&o, &w->t);
+    free(pub);
+    free(pubs);
+    return s;
+}
+
+/* The model split here (model:), or this rank's files of a `pippin split`
+ * directory (stages:); then the schedule. */
+static pp_status open_pipe(pp_worker *w) {
+    const pp_config *c = w->c;
+    if (c->model) {
+        PP_TRY(pp_onnx_load(c->model, &w->g));
+        for (int i = 0; i < c->n_freeze; i++)
+            if (pp_graph_freeze(w->g, c->freeze[i]) == 0)
+                return pp_error(PP_ERR_NOT_FOUND, "%s: freeze pattern '%s' matches no trainable initializer of %s",
+                                c->path, c->freeze[i], c->model);
+        pp_split_spec spec = {c->n_split_before, (const char *const *)c->split_before, c->n_split_after,
+                              (const char *const *)c->split_after, c->transmit_shared, 0, c->loss};
+        PP_TRY(pp_pipe_split(w->g, &spec, &w->p));
+        const char *dims[64];
+        char buf[64][128];
+        int nd = c->n_dims < 64 ? c->n_dims : 64;
+        for (int i = 0; i < nd; i++) {
+            snprintf(buf[i], sizeof buf[i], "%s=%s", c->dims[i].key, c->dims[i].value);
+            dims[i] = buf[i];
+        }
+        PP_TRY(pp_pipe_probe_shapes(w->p, nd, dims));
+    } else {
+        PP_TRY(pp_pipe_load_meta(c->stages, &w->p));
+        if (c->loss && (!w->p->loss || strcmp(w->p->loss, c->loss) != 0))
+            return pp_error(PP_ERR_INVALID, "%s: the split in %s has loss '%s', the config asks for '%s'", c->path,
+                            c->stages, w->p->loss ? w->p->loss : "(none)", c->loss);
+    }
+    PP_TRY(pp_schedule_from_spec(c->schedule, w->p->n_stages, c->microbatches, &w->sched));
+    if (w->sched->nranks != c->n_ranks)
+        return pp_error(PP_ERR_INVALID, "%s: schedule '%s' over %d stages needs %d ranks; the config lists %d",
+                        c->path, c->schedule, w->p->n_stages, w->sched->nranks, c->n_ranks);
+    for (int s = 0; !c->model && s < w->p->n_stages; s++)
+        if (w->sched->stage_rank[s] == w->rank) PP_TRY(pp_pipe_load_graph(w->p, c->stages, s));
+    if (c->training && !w->p->loss) return pp_error(PP_ERR_NOT_FOUND, "%s: the model has no loss output to train on", c->path);
+    return PP_OK;
+}
+
+/* data[i] for model input names[i]: the config's .npy files, or windows of
+ * its text for the first two int64 inputs (tokens, next tokens). */
+static pp_status open_data(pp_worker *w) {
+    const pp_config *c = w->c;
+    const pp_pipe *p = w->p;
+    w->names = calloc((size_t)p->n_edges + 1, sizeof *w->names);
+    w->data = calloc((size_t)p->n_edges + 1, sizeof *w->data);
+    if (!w->names || !w->data) return pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int e = 0; e < p->n_edges; e++)
+        if (p->edges[e].producer < 0) w->names[w->n_inputs++] = p->edges[e].value;
+    if (c->text_file) {
+        int tok[2], k = 0;
+        for (int i = 0; i < w->n_inputs && k < 2; i++) {
+            int e = pp_pipe_find_edge(p, w->names[i]);
+            if (p->edges[e].dtype == PP_I64) tok[k++] = i;
+        }
+        if (k < 2)
+            return pp_error(PP_ERR_INVALID, "%s: text data needs a model with two int64 inputs (tokens, targets)", c->path);
+        const pp_pipe_edge *e0 = &p->edges[pp_pipe_find_edge(p, w->names[tok[0]])];
+        int seq = c->text_seq;
+        if (!seq) seq = e0->ndim == 2 && e0->dims[1] && atoi(e0->dims[1]) > 0 ? atoi(e0->dims[1]) : 64;
+        PP_TRY(pp_text_windows(c->text_file, c->text_vocab, seq, &w->data[tok[0]], &w->data[tok[1]]));
+    }
+    for (int k = 0; k < c->n_data; k++) {
+        int i = 0;
+        while (i < w->n_inputs && strcmp(w->names[i], c->data[k].key) != 0) i++;
+        if (i == w->n_inputs)
+            return pp_error(PP_ERR_NOT_FOUND, "%s: data for '%s', which is no model input", c->path, c->data[k].key);
+        PP_TRY(pp_npy_load(c->data[k].value, &w->data[i]));
+    }
+    for (int i = 0; i < w->n_inputs; i++)
+        if (!w->data[i]) return pp_error(PP_ERR_INVALID, "%s: no data for model input '%s'", c->path, w->names[i]);
+    return PP_OK;
+}
+
+/* Every local stage's checkpoint, all of one step: the next step is the one
+ * after it. */
+static pp_status resume(pp_worker *w) {
+    const char *dir = w->opt.checkpoint_dir;
+    if (!dir) return pp_error(PP_ERR_INVALID, "resume needs a checkpoint directory");
+    int64_t saved = -1;
+    for (int i = 0; i < pp_executor_n_stages(w->ex); i++) {
+        int64_t step;
+        PP_TRY(pp_checkpoint_load(dir, pp_executor_stage(w->ex, i), pp_executor_optimizer(w->ex, i), &step));
+        if (i > 0 && step != saved)
+            return pp_error(PP_ERR_INVALID, "%s: stage %d was saved at step %lld, stage %d at step %lld", dir,
+                            pp_stage_index(pp_executor_stage(w->ex, 0)), (long long)saved,
+                            pp_stage_index(pp_executor_stage(w->ex, i)), (long long)step);
+        saved = step;
+    }
+    w->next_step = saved + 1;
+    return PP_OK;
+}
+
+pp_status pp_worker_open_config(const pp_config *c, const pp_worker_options *o, pp_worker **out) {
+    *out = NULL;
+    pp_worker *w = calloc(1, sizeof *w);
+    if (!w) return pp_error(PP_ERR_NOMEM, "out of memory");
+    w->c = c;
+    if (o) w->opt = *o;
+    else pp_worker_options_init(&w->opt);
+    w->loss_output = -1;
+    atomic_init(&w->stop, 0);
+    if (w->opt.blas_threads > 0) pp_set_blas_threads(w->opt.blas_threads);
+    pp_status s = pp_config_rank(w->opt.rank, c->n_ranks, &w->rank);
+    if (s == PP_OK) s = open_pipe(w);
+    if (s == PP_OK) s = open_data(w);
+    if (s == PP_OK && c->output_dir) s = pp_mkdirs(c->output_dir);
+    if (s == PP_OK) s = open_transport(w);
+    if (s == PP_OK) s = pp_executor_new(w->p, w->sched, w->rank, c->training, w->t, &w->ex);
+    if (s == PP_OK && c->training) s = pp_executor_set_optimizer(w->ex, &c->optim);
+    if (s == PP_OK && c->training && w->opt.resume) s = resume(w);
+    for (int k = 0; s == PP_OK && w->p->loss && k < w->p->n_outputs; k++)
+        if (strcmp(w->p->outputs[k], w->p->loss) == 0) w->loss_output = k;
+    if (s != PP_OK) {
+        s = w->rank >= 0 ? pp_error_context(s, "rank %d", w->rank) : s;
+        pp_worker_close(w);
+        return s;
+    }
+    *out = w;
+    return PP_OK;
+}
+
+pp_status pp_worker_open(const char *config_path, const pp_worker_options *o, pp_worker **out) {
+    *out = NULL;
+    pp_config *c;
+    PP_TRY(pp_config_load(config_path, &c));
+    pp_status s = pp_worker_open_config(c, o, out);
+    if (s != PP_OK) {
+        pp_config_free(c);
+        return s;
+    }
+    (*out)->owned_config = c;
+    return PP_OK;
+}
+
+/* ---- running ---- */
+
+/* Inference: the outputs this rank computes, as DIR/<name>.npy (step 0)
+ * or DIR/step<N>_<name>.npy. */
+static pp_status save_outputs(pp_worker *w, int64_t step, pp_tensor **outs) {
+    for (int o = 0; o < w->p->n_outputs; o++) {
+        if (!outs[o]) continue;
+        char prefix[64] = "";
+        if (step > 0) snprintf(prefix, sizeof prefix, "step%lld_", (long long)step);
+        PP_TRY(pp_save_named_npy(w->c->output_dir, prefix, w->p->outputs[o], outs[o]));
+    }
+    return PP_OK;
+}
+
+static pp_status local_stages(pp_worker *w, pp_stage ***stages) {
+    int n = pp_executor_n_stages(w->ex);
+    *stages = calloc((size_t)n + 1, sizeof **stages);
+    if (!*stages) return pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) (*stages)[i] = pp_executor_stage(w->ex, i);
+    return PP_OK;
+}
+
+static pp_status save_checkpoint(pp_worker *w, const char *dir, int64_t step) {
+    for (int i = 0; i < pp_executor_n_stages(w->ex); i++)
+        PP_TRY(pp_checkpoint_save(dir, pp_executor_stage(w->ex, i), pp_executor_optimizer(w->ex, i), step));
+    return PP_OK;
+}
+
+static pp_status after_step(pp_worker *w, int64_t step, pp_tensor **outs) {
+    const pp_config *c = w->c;
+    int last = step == c->steps - 1;
+    if (c->training && w->opt.checkpoint_dir &&
+        (last || (w->opt.checkpoint_every > 0 && (step + 1) % w->opt.checkpoint_every == 0)))
+        PP_TRY(save_checkpoint(w, w->opt.checkpoint_dir, step));
+    if (!c->training && c->output_dir) PP_TRY(save_outputs(w, step, outs));
+    if (last && c->training && c->output_dir) {
+        pp_stage **stages;
+        PP_TRY(local_stages(w, &stages));
+        pp_status s = pp_save_stage_params(w->p, pp_executor_n_stages(w->ex), stages, c->output_dir, "", 0, NULL);
+        free(stages);
+        PP_TRY(s);
+    }
+    return PP_OK;
+}
+
+static pp_status one_step(pp_worker *w, int64_t step, double *ms, float *loss, int *has_loss) {
+    const pp_config *c = w->c;
+    int n = w->n_inputs, n_out = w->p->n_outputs;
+    pp_tensor **batch = calloc((size_t)n + 1, sizeof *batch), **outs = calloc((size_t)n_out + 1, sizeof *outs);
+    pp_status s = batch && outs ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
+    double t0 = pp_monotonic_ms();
+    for (int i = 0; i < n && s == PP_OK; i++) s = pp_data_batch(w->data[i], step, c->batch_size, &batch[i]);
+    pp_executor_zero_grad(w->ex);
+    if (s == PP_OK) s = pp_executor_step(w->ex, step, c->microbatches, n, w->names, batch, outs);
+    if (s == PP_OK && c->training) s = pp_executor_optimizer_step(w->ex);
+    *ms = pp_monotonic_ms() - t0;
+    *has_loss = s == PP_OK && w->loss_output >= 0 && outs[w->loss_output];
+    if (*has_loss) *loss = (float)pp_tensor_get_f64(outs[w->loss_output], 0);
+    if (s == PP_OK) s = after_step(w, step, outs);
+    for (int i = 0; batch && i < n; i++) pp_tensor_free(batch[i]);
+    for (int o = 0; outs && o < n_out; o++) pp_tensor_free(outs[o]);
+    free(batch);
+    free(outs);
+    return s;
+}
+
+pp_status pp_worker_step(pp_worker *w, int *done) {
+    if (done) *done = w->next_step >= w->c->steps;
+    if (w->failed) return pp_error(PP_ERR_STATE, "rank %d: an earlier step failed", w->rank);
+    if (w->next_step >= w->c->steps) return PP_OK;
+    int64_t step = w->next_step;
+    double ms = 0;
+    float loss = 0;
+    int has_loss = 0;
+    pp_status s = one_step(w, step, &ms, &loss, &has_loss);
+    if (s != PP_OK) {
+        w->failed = 1;
+        char reason[512];
+        snprintf(reason, sizeof reason, "rank %d: %s", w->rank, pp_last_error());
+        pp_transport_abort(w->t, reason); /* peers fail at once instead of timing out */
+        return pp_error(s, "%s", reason);
+    }
+    w->next_step++;
+    if (w->opt.progress) {
+        pp_worker_progress pr = {w->rank, step, w->c->steps, has_loss, loss, ms};
+        w->opt.progress(&pr, w->opt.progress_user);
+    }
+    if (done) *done = w->next_step >= w->c->steps;
+    return PP_OK;
+}
+
+pp_status pp_worker_run(pp_worker *w) {
+    int done = 0;
+    while (!done) {
+        if (atomic_load(&w->stop)) {
+            w->stopped = 1;
+            if (w->c->training && w->opt.checkpoint_dir && w->next_step > 0)
+                PP_TRY(save_checkpoint(w, w->opt.checkpoint_dir, w->next_step - 1));
+            return PP_OK;
+        }
+        PP_TRY(pp_worker_step(w, &done));
+    }
+    return PP_OK;
+}
+
+void pp_worker_stop(pp_worker *w) { atomic_store(&w->stop, 1); }
+int pp_worker_stopped(const pp_worker *w) { return w->stopped; }
+
+pp_status pp_worker_checkpoint(pp_worker *w, const char *dir) {
+    if (!w->c->training) return pp_error(PP_ERR_STATE, "rank %d: an inference run has nothing to checkpoint", w->rank);
+    if (w->next_step == 0) return pp_error(PP_ERR_STATE, "rank %d: no step has finished yet", w->rank);
+    return save_checkpoint(w, dir, w->next_step - 1);
+}
+
+int pp_worker_rank(const pp_worker *w) { return w->rank; }
+int64_t pp_worker_next_step(const pp_worker *w) { return w->next_step; }
+int64_t pp_worker_steps(const pp_worker *w) { return w->c->steps; }
+int pp_worker_n_stages(const pp_worker *w) { return pp_executor_n_stages(w->ex); }
+int pp_worker_stage_index(const pp_worker *w, int i) {
+    return pp_stage_index(pp_executor_stage(((pp_worker *)w)->ex, i));
+}
+const char *pp_worker_endpoint(const pp_worker *w) { return pp_transport_endpoint(w->t); }
+
+void pp_worker_close(pp_worker *w) {
+    if (!w) return;
+    pp_executor_free(w->ex);
+    pp_transport_close(w->t);
+    for (int i = 0; w->data && i < w->n_inputs; i++) pp_tensor_free(w->data[i]);
+    free(w->data);
+    free(w->names);
+    pp_schedule_free(w->sched);
+    pp_pipe_free(w->p);
+    pp_graph_free(w->g);
+    pp_config_free(w->owned_config);
+    free(w);
+}
