@@ -1,0 +1,156 @@
+/* The worker API (pippin/worker.h): every rank of the MLP fixture's 3-stage
+ * pipeline as a worker on a thread of its own (inproc endpoints): torch's
+ * losses, resume from a checkpoint with the uninterrupted run's losses bit
+ * for bit, a stop from the progress callback, and open errors. */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "pippin/worker.h"
+#include "test_util.h"
+#include "test_filter.h"
+
+#define RANKS 3
+#define STEPS 3
+
+static char cfg_path[256], ckpt_dir[256];
+
+typedef struct {
+    int rank;
+    pp_worker_options o;
+    float loss[STEPS];
+    int n_loss;
+    int stop_after; /* -1: never */
+    pp_worker *w;
+    pp_status open_status, run_status;
+} rank_run;
+
+static void on_step(const pp_worker_progress *p, void *user) {
+    rank_run *r = user;
+    assert_int_equal(p->rank, r->rank);
+    assert_int_equal(p->steps, STEPS);
+    if (p->has_loss && p->step < STEPS) r->loss[p->step] = p->loss, r->n_loss++;
+    if (p->step == r->stop_after) pp_worker_stop(r->w);
+}
+
+static void *rank_main(void *arg) {
+    rank_run *r = arg;
+    r->run_status = pp_worker_run(r->w);
+    return NULL;
+}
+
+/* Opens every rank (in order: the transports connect lazily), runs them on
+ * threads, closes them. */
+static void run_all(rank_run *runs, const char *ckpt, int64_t every, int resume, int stop_after) {
+    pthread_t th[RANKS];
+    for (int r = 0; r < RANKS; r++) {
+        memset(&runs[r], 0, sizeof runs[r]);
+        runs[r].rank = r;
+        runs[r].stop_after = stop_after;
+        pp_worker_options_init(&runs[r].o);
+        runs[r].o.rank = r;
+        runs[r].o.progress = on_step;
+        runs[r].o.progress_user = &runs[r];
+        runs[r].o.checkpoint_dir = ckpt;
+        runs[r].o.checkpoint_every = every;
+        runs[r].o.resume = resume;
+        runs[r].open_status = pp_worker_open(cfg_path, &runs[r].o, &runs[r].w);
+        if (runs[r].open_status != PP_OK) fail_msg("rank %d: %s", r, pp_last_error());
+    }
+    for (int r = 0; r < RANKS; r++) assert_int_equal(pthread_create(&th[r], NULL, rank_main, &runs[r]), 0);
+    for (int r = 0; r < RANKS; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < RANKS; r++) {
+        if (runs[r].run_status != PP_OK) fail_msg("rank %d run failed", r);
+        pp_worker_close(runs[r].w);
+    }
+}
+
+static int setup(void **state) {
+    (void)state;
+    const char *fx = tu_src_path("test/fixtures/mlp");
+    char fxdir[4096];
+    snprintf(fxdir, sizeof fxdir, "%s", fx);
+    snprintf(cfg_path, sizeof cfg_path, "/tmp/pippin-test-worker-%d.yaml", (int)getpid());
+    snprintf(ckpt_dir, sizeof ckpt_dir, "/tmp/pippin-test-worker-%d-ckpt", (int)getpid());
+    FILE *f = fopen(cfg_path, "w");
+    if (!f) return -1;
+    fprintf(f,
+            "model: %s/model.onnx\nschedule: 1f1b\nmicrobatches: 2\nbatch_size: 4\nsteps: %d\n"
+            "optimizer: {kind: adamw, lr: 0.01, weight_decay: 0.01}\n"
+            "data: {x: %s/train_x.npy, y: %s/train_y.npy}\n"
+            "ranks: [inproc://w%d-0, inproc://w%d-1, inproc://w%d-2]\ntimeout_ms: 20000\n",
+            fxdir, STEPS, fxdir, fxdir, (int)getpid(), (int)getpid(), (int)getpid());
+    fclose(f);
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    unlink(cfg_path);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", ckpt_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* The losses of the last rank (it computes the loss) against torch's AdamW
+ * trajectory (test/fixtures/mlp/train_ref.json). */
+static void test_workers_match_torch(void **state) {
+    (void)state;
+    static const double torch_adamw[STEPS] = {2.263859510421753, 2.3356568813323975, 2.143181800842285};
+    rank_run runs[RANKS];
+    run_all(runs, NULL, 0, 0, -1);
+    assert_int_equal(runs[RANKS - 1].n_loss, STEPS);
+    assert_int_equal(runs[0].n_loss, 0);
+    for (int s = 0; s < STEPS; s++)
+        if (fabs(runs[RANKS - 1].loss[s] - torch_adamw[s]) > 1e-4)
+            fail_msg("step %d: loss %.7f, torch %.7f", s, runs[RANKS - 1].loss[s], torch_adamw[s]);
+}
+
+/* Stopped after step 0 with checkpoints, then resumed: steps 1 and 2 give
+ * the uninterrupted run's losses exactly. */
+static void test_stop_and_resume(void **state) {
+    (void)state;
+    rank_run full[RANKS], part[RANKS], rest[RANKS];
+    run_all(full, NULL, 0, 0, -1);
+    run_all(part, ckpt_dir, 1, 0, 0);
+    for (int r = 0; r < RANKS; r++) assert_int_equal(part[r].run_status, PP_OK);
+    assert_int_equal(part[RANKS - 1].n_loss, 1);
+    assert_true(part[RANKS - 1].loss[0] == full[RANKS - 1].loss[0]);
+    run_all(rest, ckpt_dir, 1, 1, -1);
+    assert_int_equal(rest[RANKS - 1].n_loss, STEPS - 1);
+    for (int s = 1; s < STEPS; s++)
+        if (rest[RANKS - 1].loss[s] != full[RANKS - 1].loss[s])
+            fail_msg("step %d after resume: loss %.9g, uninterrupted %.9g", s, rest[RANKS - 1].loss[s],
+                     full[RANKS - 1].loss[s]);
+}
+
+static void test_open_errors(void **state) {
+    (void)state;
+    pp_worker_options o;
+    pp_worker_options_init(&o);
+    assert_int_equal(o.rank, -1);
+    pp_worker *w = (pp_worker *)1;
+    o.rank = 7;
+    assert_int_not_equal(pp_worker_open(cfg_path, &o, &w), PP_OK);
+    assert_null(w);
+    assert_non_null(strstr(pp_last_error(), "7"));
+    o.rank = 0;
+    assert_int_equal(pp_worker_open("/nonexistent/pipeline.yaml", &o, &w), PP_ERR_IO);
+    assert_null(w);
+    o.resume = 1; /* resume needs a directory */
+    assert_int_not_equal(pp_worker_open(cfg_path, &o, &w), PP_OK);
+    assert_non_null(strstr(pp_last_error(), "checkpoint"));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_workers_match_torch),
+        cmocka_unit_test(test_stop_and_resume),
+        cmocka_unit_test(test_open_errors),
+    };
+    tu_filter_from_env();
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
