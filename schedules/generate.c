@@ -68,6 +68,13 @@ pp_status pp_sched_kind_parse(const char *name, pp_sched_kind *out) {
                     name);
 }
 
+void pp_sched_params_init(pp_sched_params *p, pp_sched_kind kind, int nranks, int nmb) {
+    memset(p, 0, sizeof *p);
+    p->kind = kind;
+    p->nranks = nranks;
+    p->nmb = nmb;
+}
+
 pp_status pp_schedule_generate(const pp_sched_params *pr, pp_schedule **out) {
     *out = NULL;
     if ((int)pr->kind < 0 || pr->kind >= PP_SCHED_KIND_COUNT)

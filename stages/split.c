@@ -359,6 +359,8 @@ static pp_status find_outputs(const splitter *sp, pp_pipe *p) {
     return PP_OK;
 }
 
+void pp_split_spec_init(pp_split_spec *s) { memset(s, 0, sizeof *s); }
+
 pp_status pp_pipe_split(const pp_graph *g, const pp_split_spec *spec, pp_pipe **out) {
     static const pp_split_spec default_spec = {0};
     if (!spec) spec = &default_spec;

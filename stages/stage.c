@@ -93,6 +93,11 @@ static pp_status build_backward(pp_stage *st, const pp_stage_spec *spec) {
     return pp_flat_params_new(g, b->n_params, b->params, &st->params);
 }
 
+void pp_stage_spec_init(pp_stage_spec *s, int index) {
+    memset(s, 0, sizeof *s);
+    s->index = index;
+}
+
 pp_status pp_stage_new(pp_graph *g, const pp_stage_spec *spec, pp_stage **out) {
     *out = NULL;
     pp_stage *st = calloc(1, sizeof *st);

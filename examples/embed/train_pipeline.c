@@ -33,10 +33,8 @@ int main(int argc, char **argv) {
     if (pp_runner_new(pipe, /*training=*/1, &runner) != PP_OK) return fail("build stages");
 
     /* A 1F1B schedule over one rank per stage, 4 microbatches per step. */
-    pp_sched_params sp = {0};
-    sp.kind = PP_SCHED_1F1B;
-    sp.nranks = pipe->n_stages;
-    sp.nmb = 4;
+    pp_sched_params sp;
+    pp_sched_params_init(&sp, PP_SCHED_1F1B, pipe->n_stages, 4);
     pp_schedule *sched;
     if (pp_schedule_generate(&sp, &sched) != PP_OK) return fail("schedule");
 

@@ -17,7 +17,9 @@
  * get a cheaper backward: a decomposed GELU (tanh or erf form, as PyTorch
  * writes F.gelu at opset 17) becomes one pippin::GeluGrad that keeps only
  * its input, and MatMul(x, Transpose(W)) sends its gradient straight to W,
- * so no transposed weight is kept for the backward. */
+ * so no transposed weight is kept for the backward.
+ *
+ * Thread safety: changes the graph it is given: one thread per graph. */
 #ifndef PIPPIN_AUTODIFF_H
 #define PIPPIN_AUTODIFF_H
 

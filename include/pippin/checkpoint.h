@@ -6,7 +6,9 @@
  * optimizer state buffer (flat, the stage's layout) and state.json
  * {"step": s, "optimizer": "adamw", "optimizer_steps": n, "parameters":
  * [names]}. A stage's directory is replaced as a whole (written beside it,
- * then renamed), so a crash mid-save leaves the previous checkpoint. */
+ * then renamed), so a crash mid-save leaves the previous checkpoint.
+ *
+ * Thread safety: reentrant; ranks may save their own stages into one directory at once. */
 #ifndef PIPPIN_CHECKPOINT_H
 #define PIPPIN_CHECKPOINT_H
 

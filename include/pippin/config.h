@@ -31,7 +31,9 @@
  *   output_dir: out/                       # trained parameters (train) or outputs (infer)
  *
  * Unknown keys, wrong types and bad values are errors naming the file, the
- * line and the key. */
+ * line and the key.
+ *
+ * Thread safety: reentrant; a parsed config is read-only and may be shared. */
 #ifndef PIPPIN_CONFIG_H
 #define PIPPIN_CONFIG_H
 

@@ -3,7 +3,9 @@
  * Shapes come from the actual inputs, so every call may use another batch
  * size. Integer shape sub-graphs (values computed from constants and Shape
  * outputs only) are evaluated once per input signature and cached. Every
- * intermediate buffer is freed right after its last use. */
+ * intermediate buffer is freed right after its last use.
+ *
+ * Thread safety: one thread runs a given pp_exec; different ones may run on different threads. */
 #ifndef PIPPIN_EXEC_H
 #define PIPPIN_EXEC_H
 

@@ -15,7 +15,9 @@
  * order, on every replica), so every copy gets the same update.
  *
  * With the same schedule, a run over the executor gives bit-for-bit the
- * numbers of the local runner (pippin/runner.h). */
+ * numbers of the local runner (pippin/runner.h).
+ *
+ * Thread safety: one thread drives an executor, the thread that owns its transport. */
 #ifndef PIPPIN_EXECUTOR_H
 #define PIPPIN_EXECUTOR_H
 

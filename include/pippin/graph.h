@@ -4,7 +4,10 @@
  * pointer across a call that adds to the graph). A value is a graph input, a
  * parameter (trainable initializer), a constant, or a node output. Nodes
  * reference an op from the registry (pippin/op.h) and carry ONNX-style
- * attributes. Backward nodes built by autodiff carry a region tag. */
+ * attributes. Backward nodes built by autodiff carry a region tag.
+ *
+ * Thread safety: a graph is not locked: build or change it from one thread;
+ * concurrent reads are fine. */
 #ifndef PIPPIN_GRAPH_H
 #define PIPPIN_GRAPH_H
 

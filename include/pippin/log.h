@@ -1,7 +1,10 @@
 /* Logging: the only way the library prints anything.
  *
  * By default messages at PP_LOG_WARN and above go to stderr. An embedding
- * service installs its own handler to route them elsewhere. */
+ * service installs its own handler to route them elsewhere.
+ *
+ * Thread safety: logging and the level are safe from any thread; install a
+ * handler before starting threads. */
 #ifndef PIPPIN_LOG_H
 #define PIPPIN_LOG_H
 

@@ -1,6 +1,8 @@
 /* Microbatches: a batch split along dim 0 into M chunks (uneven chunks as
  * torch.tensor_split makes them: the first N % M chunks get one more row),
- * and outputs merged back by concatenation (scalars by their mean). */
+ * and outputs merged back by concatenation (scalars by their mean).
+ *
+ * Thread safety: reentrant; no shared state. */
 #ifndef PIPPIN_MICROBATCH_H
 #define PIPPIN_MICROBATCH_H
 

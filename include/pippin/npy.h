@@ -2,7 +2,9 @@
  *
  * Supported dtypes: float32/64/16, int64/32/8, uint8, bool (little-endian,
  * C order). Fortran order, big-endian data, object arrays, unsupported dtypes
- * and truncated files are errors that name the file and the problem. */
+ * and truncated files are errors that name the file and the problem.
+ *
+ * Thread safety: reentrant; no shared state. */
 #ifndef PIPPIN_NPY_H
 #define PIPPIN_NPY_H
 

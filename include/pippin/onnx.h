@@ -1,4 +1,6 @@
-/* ONNX import and export (opsets 13-17, as PyTorch 1.13's exporter writes). */
+/* ONNX import and export (opsets 13-17, as PyTorch 1.13's exporter writes).
+ *
+ * Thread safety: reentrant; each call works on its own graph. */
 #ifndef PIPPIN_ONNX_H
 #define PIPPIN_ONNX_H
 

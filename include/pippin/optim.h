@@ -8,7 +8,8 @@
  * AdamW: p = p * (1 - lr*wd)
  *        m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g*g
  *        p = p - lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps),  t = 1, 2, ...
- */
+ *
+ * Thread safety: one thread uses an optimizer at a time; different optimizers are independent. */
 #ifndef PIPPIN_OPTIM_H
 #define PIPPIN_OPTIM_H
 

@@ -5,7 +5,9 @@
  * updates every tensor with one pass over one array.
  *
  * Each tensor starts on a 64-byte boundary; the padding between tensors is
- * zero in both buffers and stays zero under SGD and AdamW. */
+ * zero in both buffers and stays zero under SGD and AdamW.
+ *
+ * Thread safety: one thread uses a pp_flat_params at a time. */
 #ifndef PIPPIN_PARAMS_H
 #define PIPPIN_PARAMS_H
 

@@ -9,7 +9,9 @@
  * sub-graphs used by several stages are copied into each. A parameter used by
  * several stages is replicated (each holds a copy; gradients are summed
  * across them before the optimizer step) or transmitted (the first user
- * sends it as an activation). */
+ * sends it as an activation).
+ *
+ * Thread safety: splitting and loading are reentrant; a pipe is used by one thread at a time. */
 #ifndef PIPPIN_PIPE_H
 #define PIPPIN_PIPE_H
 
@@ -30,6 +32,10 @@ typedef struct pp_split_spec {
     int ignore_markers;        /* 1: do not cut at PipeSplit nodes */
     const char *loss;          /* the loss output; NULL: "loss", else the only float scalar */
 } pp_split_spec;
+
+/* Defaults: cut at the markers only, replicate shared parameters, the
+ * automatic loss. */
+PP_API void pp_split_spec_init(pp_split_spec *s);
 
 /* A value crossing stages. */
 typedef struct pp_pipe_edge {

@@ -1,5 +1,7 @@
 /* pippin: pipeline-parallel stage executor. Including this header includes
- * every public module. */
+ * every public module.
+ *
+ * Thread safety: each header says what holds for its module. */
 #ifndef PIPPIN_H
 #define PIPPIN_H
 

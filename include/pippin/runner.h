@@ -2,7 +2,9 @@
  * transport. It executes any schedule's per-rank action lists (ranks
  * interleaved as if they ran concurrently with blocking receives), routing
  * activations forward and gradients back in memory. Results do not depend on
- * the schedule. */
+ * the schedule.
+ *
+ * Thread safety: one thread drives a runner. */
 #ifndef PIPPIN_RUNNER_H
 #define PIPPIN_RUNNER_H
 

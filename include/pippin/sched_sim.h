@@ -7,7 +7,9 @@
  * ranks. Transfers overlap with compute and with each other. In a lowered
  * schedule the explicit SEND/RECV actions carry these dependencies instead:
  * SEND is asynchronous, RECV blocks until the data has arrived.
- * libc only. */
+ * libc only.
+ *
+ * Thread safety: reentrant; cost models and results belong to their caller. */
 #ifndef PIPPIN_SCHED_SIM_H
 #define PIPPIN_SCHED_SIM_H
 

@@ -3,7 +3,9 @@
  *
  * The simulator fills a pp_trace; the executor fills the same structure
  * from real timings, so a run and its simulation can be laid side by side.
- * libc only. */
+ * libc only.
+ *
+ * Thread safety: a trace is filled by one thread at a time. */
 #ifndef PIPPIN_SCHED_TRACE_H
 #define PIPPIN_SCHED_TRACE_H
 

@@ -12,7 +12,9 @@
  * stage s before F(s); SEND_B(s) leaves stage s after I/B(s), RECV_B(s)
  * arrives at stage s before I/B(s). Sends are asynchronous, receives block.
  *
- * Everything here depends on libc only. */
+ * Everything here depends on libc only.
+ *
+ * Thread safety: reentrant; a schedule is read-only once built and may be shared by threads. */
 #ifndef PIPPIN_SCHEDULE_H
 #define PIPPIN_SCHEDULE_H
 
@@ -188,6 +190,11 @@ typedef struct pp_sched_params {
     pp_sched_objective objective;
     unsigned auto_search; /* PP_AUTO_* bits; 0: all of them */
 } pp_sched_params;
+
+/* kind over nranks ranks and nmb microbatches, everything else default (the
+ * kind's stages per rank; for auto: unit costs, the default memory cap,
+ * every search). */
+PP_API void pp_sched_params_init(pp_sched_params *p, pp_sched_kind kind, int nranks, int nmb);
 
 /* What the auto scheduler tries (pp_sched_params.auto_search). */
 enum {

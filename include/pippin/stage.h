@@ -6,7 +6,9 @@
  * adds them into the stage's flat gradient buffer, then frees the
  * microbatch's stash. backward(mb) is both. Trainable parameters live in one
  * contiguous float32 buffer, their gradients in another (views per tensor,
- * like FSDP's flat parameter). */
+ * like FSDP's flat parameter).
+ *
+ * Thread safety: one thread drives a stage; different stages may run on different threads. */
 #ifndef PIPPIN_STAGE_H
 #define PIPPIN_STAGE_H
 
@@ -33,6 +35,9 @@ typedef struct pp_stage_spec {
     int n_wrt;                /* inputs whose gradients go back to earlier stages */
     const char *const *wrt;
 } pp_stage_spec;
+
+/* Stage `index`: inference, no loss, no seeds, no input gradients. */
+PP_API void pp_stage_spec_init(pp_stage_spec *s, int index);
 
 /* Takes ownership of g (also on failure). */
 PP_API pp_status pp_stage_new(pp_graph *g, const pp_stage_spec *spec, pp_stage **out);

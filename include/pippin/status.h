@@ -2,7 +2,9 @@
  *
  * Every fallible pippin function returns a pp_status: PP_OK (0) or a negative
  * code. The human-readable message, with context (file, node, stage, peer),
- * is kept per thread and read with pp_last_error(). */
+ * is kept per thread and read with pp_last_error().
+ *
+ * Thread safety: every function may be called from any thread; the message is per thread. */
 #ifndef PIPPIN_STATUS_H
 #define PIPPIN_STATUS_H
 

@@ -3,7 +3,10 @@
  * A tensor owns its data (allocated by pippin) or borrows it (the caller
  * passes a free function, called once when the last reference goes, as
  * zmq_msg_init_data and sqlite3_bind_blob do). Tensors are reference counted
- * so several graph values may share one buffer (Identity, Reshape). */
+ * so several graph values may share one buffer (Identity, Reshape).
+ *
+ * Thread safety: a tensor may be read and retained/freed from several threads
+ * (the count is atomic); writes need the caller's own ordering. */
 #ifndef PIPPIN_TENSOR_H
 #define PIPPIN_TENSOR_H
 

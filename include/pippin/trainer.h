@@ -1,6 +1,8 @@
 /* Single-process training of a whole model: autodiff, flat parameters and
  * one executor over the training graph. What `pippin grad` and `pippin
- * train` run; pipeline stages use the same pieces per stage. */
+ * train` run; pipeline stages use the same pieces per stage.
+ *
+ * Thread safety: one thread drives a trainer; pp_data_batch is reentrant. */
 #ifndef PIPPIN_TRAINER_H
 #define PIPPIN_TRAINER_H
 

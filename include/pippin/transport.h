@@ -43,7 +43,9 @@
  * reference until libzmq has written the bytes, which can be after send
  * returns. The caller must not modify a tensor's data after sending it (it
  * may drop its own reference at once). Received tensors belong to the
- * caller; free them with pp_tensor_free. */
+ * caller; free them with pp_tensor_free.
+ *
+ * Thread safety: see the THREADING CONTRACT below. */
 #ifndef PIPPIN_TRANSPORT_H
 #define PIPPIN_TRANSPORT_H
 

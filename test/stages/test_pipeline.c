@@ -715,9 +715,37 @@ static void test_accumulation_and_recovery(void **state) {
     pp_pipe_free(p);
 }
 
+/* The option structs' _init functions give what a zeroed struct meant:
+ * the same split, the same schedule. */
+static void test_option_inits(void **state) {
+    (void)state;
+    pp_split_spec spec;
+    pp_split_spec_init(&spec);
+    pp_pipe *a = split_model("gpt", "model.onnx", &spec), *b = split_model("gpt", "model.onnx", NULL);
+    assert_int_equal(a->n_stages, b->n_stages);
+    assert_int_equal(a->n_edges, b->n_edges);
+    assert_int_equal(a->n_shared, b->n_shared);
+    pp_pipe_free(a);
+    pp_pipe_free(b);
+    pp_sched_params sp;
+    pp_sched_params_init(&sp, PP_SCHED_ZB_H1, 4, 8);
+    pp_schedule *s;
+    TU_OK(pp_schedule_generate(&sp, &s));
+    assert_int_equal(s->nranks, 4);
+    assert_int_equal(s->nmb, 8);
+    TU_OK(pp_schedule_validate(s, NULL));
+    pp_schedule_free(s);
+    pp_stage_spec st;
+    pp_stage_spec_init(&st, 2);
+    assert_int_equal(st.index, 2);
+    assert_int_equal(st.training, 0);
+    assert_null(st.loss);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_split_markers),
+        cmocka_unit_test(test_option_inits),
         cmocka_unit_test(test_skip_connection_goes_direct),
         cmocka_unit_test(test_tied_embedding_replicated),
         cmocka_unit_test(test_transmit_shared),
