@@ -11,9 +11,6 @@
 #include "pippin.pb-c.h"
 
 #include "status_internal.h"
-#define DEFAULT_MAX_MESSAGE_BYTES (UINT64_C(2) << 30)
-#define DEFAULT_MAX_TENSORS 256u
-#define DEFAULT_MAX_FRAMES 65536u
 /* Stack space for the metadata of this many tensors when packing. */
 #define PACK_STACK_TENSORS 16
 
@@ -206,9 +203,9 @@ static pp_status check_tensor(const Pippin__TensorMeta *m, size_t i, pp_wire_ten
 static pp_status check_envelope(const Pippin__Envelope *pb, const pp_envelope_limits *lim,
                                 decoded *dec) {
     uint64_t max_bytes = lim && lim->max_message_bytes ? lim->max_message_bytes
-                                                       : DEFAULT_MAX_MESSAGE_BYTES;
-    uint32_t max_tensors = lim && lim->max_tensors ? lim->max_tensors : DEFAULT_MAX_TENSORS;
-    uint32_t max_frames = lim && lim->max_frames ? lim->max_frames : DEFAULT_MAX_FRAMES;
+                                                       : PP_ENVELOPE_DEFAULT_MAX_MESSAGE_BYTES;
+    uint32_t max_tensors = lim && lim->max_tensors ? lim->max_tensors : PP_ENVELOPE_DEFAULT_MAX_TENSORS;
+    uint32_t max_frames = lim && lim->max_frames ? lim->max_frames : PP_ENVELOPE_DEFAULT_MAX_FRAMES;
     int nstages = lim ? lim->nstages : 0;
     int nranks = lim ? lim->nranks : 0;
 
@@ -288,9 +285,9 @@ pp_status pp_envelope_decode(const void *data, size_t len, const pp_envelope_lim
     decoded *dec = block;
     dec->pb = pb;
     memset(dec->tensors, 0, pb->n_tensors * sizeof dec->tensors[0]);
-    pp_status s = pb->n_tensors > (lim && lim->max_tensors ? lim->max_tensors : DEFAULT_MAX_TENSORS)
+    pp_status s = pb->n_tensors > (lim && lim->max_tensors ? lim->max_tensors : PP_ENVELOPE_DEFAULT_MAX_TENSORS)
                       ? pp_error(PP_ERR_PARSE, "%zu tensors (at most %" PRIu32 ")", pb->n_tensors,
-                                 lim && lim->max_tensors ? lim->max_tensors : DEFAULT_MAX_TENSORS)
+                                 lim && lim->max_tensors ? lim->max_tensors : PP_ENVELOPE_DEFAULT_MAX_TENSORS)
                       : check_envelope(pb, lim, dec);
     if (s != PP_OK) {
         free(block);

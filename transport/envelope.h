@@ -44,6 +44,10 @@ extern "C" {
 #define PP_ENVELOPE_MAX_SHM_NAME 63u
 /* Longest abort reason / control text. */
 #define PP_ENVELOPE_MAX_TEXT 1024u
+/* Limits a receiver applies where pp_envelope_limits leaves them 0. */
+#define PP_ENVELOPE_DEFAULT_MAX_MESSAGE_BYTES (UINT64_C(2) << 30)
+#define PP_ENVELOPE_DEFAULT_MAX_TENSORS 256u
+#define PP_ENVELOPE_DEFAULT_MAX_FRAMES 65536u
 
 /* Message kinds; values equal the protobuf enum pippin.Kind. */
 

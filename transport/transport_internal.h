@@ -1,0 +1,223 @@
+/* Internal: the transport's state and the helpers its pieces share.
+ * transport.c: options, create and close, abort, stats. transport_peers.c:
+ * connections, monitors, hellos, liveness. transport_rings.c: the
+ * shared-memory rings to and from same-host peers. transport_send.c and
+ * transport_recv.c: the two directions. */
+#ifndef PIPPIN_TRANSPORT_INTERNAL_H
+#define PIPPIN_TRANSPORT_INTERNAL_H
+
+#include "pippin/transport.h"
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+#include <zmq.h>
+
+#include "bufpool.h"
+#include "context.h"
+#include "doorbell.h"
+#include "mailbox.h"
+#include "shm_ring.h"
+
+#include "status_internal.h"
+#include "log_internal.h"
+#include "envelope.h"
+
+#define HOST_ID_CHARS 256
+#define MAX_ENDPOINT 256
+/* Reassembled tensors at least this big come from the buffer pool. */
+#define POOL_MIN_BYTES ((size_t)1 << 20)
+/* Room for what a send or receive is doing, as text (pp_tp_action_str). */
+#define ACTION_CHARS 512
+/* Room for a mailbox key as text (pp_mbox_key_str). */
+#define KEY_CHARS 400
+
+/* Length of a string literal, for matching it as a prefix. */
+#define PREFIX_LEN(literal) (sizeof(literal) - 1)
+
+/* Control messages (PP_MSG_CONTROL, no tensors): the text is a command,
+ * some with an argument after the prefix. */
+#define CTL_HELLO "hello host="             /* our host id, then CTL_BELL and our doorbell */
+#define CTL_HELLO_REPLY "hello-reply host=" /* the same, answering a hello */
+#define CTL_BELL " bell="
+#define CTL_MSGRING "msgring "              /* ring name: small messages to you come here */
+#define CTL_MSGRING_OK "msgring-ok "        /* ring name: reading it */
+#define CTL_BYE "bye"                       /* the transport closed */
+
+typedef struct peer {
+    char *endpoint;         /* NULL: not known */
+    void *push;             /* owned by the transport's thread */
+    void *mon;              /* PAIR reading push's monitor events (tcp/ipc only) */
+    int inproc;
+    atomic_int state;       /* pp_peer_state */
+    int64_t down_since;     /* monotonic ms when state became DOWN */
+    const char *why;        /* last failure, for messages */
+    uint64_t seq;
+    int hello_sent;         /* our host id went out on the current connection */
+    int hello_seen;         /* its hello arrived (on this incarnation) */
+    int same_host;          /* its hello carried our host id: rings can be used */
+    size_t ring_failed;     /* creating a ring this big failed: do not try again */
+    pp_shm_ring *tx_ring;   /* ours, for large tensors to this peer */
+    pp_shm_ring *old_ring;  /* replaced by tx_ring, closed once the peer has drained it */
+    pp_shm_ring *rx_ring;   /* the peer's, for large tensors from it */
+    /* Small messages between same-host ranks skip ZeroMQ: whole envelopes
+     * go through a message ring, and the receiver's doorbell wakes it. */
+    int bell_fd;            /* the peer's doorbell (-1: none known) */
+    pp_shm_ring *tx_msg;    /* our message ring to it */
+    int tx_msg_ready;       /* it confirmed it reads tx_msg */
+    int tx_msg_failed;
+    pp_shm_ring *rx_msg;    /* its message ring to us */
+} peer;
+
+typedef struct stat_counters {
+    atomic_ullong messages_sent, messages_received, bytes_sent, bytes_received, dropped,
+        retries, timeouts, peer_failures, pending, pending_bytes, shm_bytes_sent, shm_bytes_received;
+} stat_counters;
+
+struct pp_transport {
+    int rank, nranks, nstages;
+    int *stage_ranks;
+    uint64_t run_id;
+    int timeout_ms, hb_ivl_ms, hb_timeout_ms, linger_ms, grace_ms;
+    int sndhwm, rcvhwm, sndbuf, rcvbuf;
+    uint64_t max_message_bytes;
+    size_t frame_bytes, zero_copy_min;
+    int64_t step_window, cur_step;
+
+    pp_zctx *zctx;
+    void *ctx;
+    void *pull;
+    char endpoint[MAX_ENDPOINT];
+    peer *peers;
+    pp_mailbox *mbox;
+    pp_bufpool *pool;
+    pp_envelope_limits lim;
+
+    int aborted, abort_rank;
+    char abort_text[PP_ENVELOPE_MAX_TEXT + 1];
+
+    int curve;
+    char secret_z85[PP_CURVE_KEY_CHARS + 1], public_z85[PP_CURVE_KEY_CHARS + 1];
+    char (*rank_keys)[PP_CURVE_KEY_CHARS + 1];
+    pp_zap_domain *zap_domain;
+    char zap_name[64];
+
+    zmq_msg_t *frames;      /* receive scratch: frame 0 and the data frames */
+    size_t *sizes;
+    size_t frames_cap;
+    zmq_pollitem_t *items;  /* poll scratch: 1 + pull + monitors */
+    int rcvtimeo;           /* ZMQ_RCVTIMEO currently set on pull */
+    int64_t spin_ns;        /* busy-poll this long before a receive blocks */
+    size_t shm_bytes;       /* ring size per same-host peer; 0: rings off */
+    pp_doorbell *bell;      /* ours, announced in hellos (NULL: no message rings) */
+    int n_rx_msg;           /* peers' message rings we read */
+    uint8_t *ring_copy;     /* a message ring record, copied before decoding */
+    char host_id[HOST_ID_CHARS];
+
+    stat_counters st;
+};
+
+/* What a send or receive is doing, turned into text only for errors. */
+typedef struct action {
+    int sending;
+    const pp_mbox_key *key;
+    int ntensors;
+} action;
+
+/* ---- small helpers ---- */
+
+static inline int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static inline int64_t now_ms(void) { return now_ns() / 1000000; }
+
+static inline void stat_add(atomic_ullong *c, uint64_t n) {
+    /* one writer (the owner thread): a relaxed load and store, no lock prefix */
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + n,
+                          memory_order_relaxed);
+}
+
+/* Mirrors the mailbox size into the counters other threads may read. */
+static inline void sync_pending(pp_transport *t) {
+    atomic_store_explicit(&t->st.pending, pp_mailbox_count(t->mbox), memory_order_relaxed);
+    atomic_store_explicit(&t->st.pending_bytes, pp_mailbox_bytes(t->mbox), memory_order_relaxed);
+}
+
+static inline const char *peer_ep(const pp_transport *t, int r) {
+    if (r == t->rank) return t->endpoint;
+    return t->peers[r].endpoint ? t->peers[r].endpoint : "(endpoint unknown)";
+}
+
+static inline pp_peer_state peer_state(const peer *p) {
+    return (pp_peer_state)atomic_load(&((peer *)p)->state);
+}
+
+static inline void set_state(peer *p, pp_peer_state s) { atomic_store(&p->state, (int)s); }
+
+static inline int setopt_int(void *s, int opt, int v) { return zmq_setsockopt(s, opt, &v, sizeof v); }
+
+static inline void close_socket(void *s) {
+    if (!s) return;
+    setopt_int(s, ZMQ_LINGER, 0);
+    zmq_close(s);
+}
+
+static inline int endpoint_usable(const char *ep) { return ep && ep[0] && !strchr(ep, '*'); }
+
+/* Control characters are kept out of names and texts: they get logged. */
+static inline int control_char(char c) { return (unsigned char)c < 0x20 || c == 0x7f; }
+
+static inline int name_ok(const char *s) {
+    if (!s || !s[0]) return 0;
+    size_t n = 0;
+    for (; s[n]; n++)
+        if (control_char(s[n]) || n >= PP_ENVELOPE_MAX_NAME) return 0;
+    return 1;
+}
+
+/* ---- transport.c ---- */
+
+pp_status pp_tp_common_sockopts(pp_transport *t, void *s, const char *what);
+pp_status pp_tp_abort_error(pp_transport *t);
+
+/* ---- transport_peers.c ---- */
+
+pp_status pp_tp_connect_peer(pp_transport *t, int r, const char *ep);
+void pp_tp_peer_close(peer *p);
+/* Takes the monitors' events and greets peers that came up. */
+void pp_tp_read_monitors(pp_transport *t);
+void pp_tp_say_hello(pp_transport *t, int r, const char *word);
+/* A tensorless message to peer r, without waiting. 1 if it went out. */
+int pp_tp_send_simple(pp_transport *t, int r, pp_msg_kind kind, const char *text);
+const char *pp_tp_action_str(const action *a, char *buf, size_t cap);
+pp_status pp_tp_check_peer(pp_transport *t, int r, const action *act, int64_t now, int64_t *wake);
+int pp_tp_peer_looks_gone(const pp_transport *t, int r, int64_t now);
+
+/* ---- transport_rings.c ---- */
+
+void pp_tp_retire_ring(peer *p);
+pp_shm_ring *pp_tp_tx_ring(pp_transport *t, int r, size_t largest);
+int pp_tp_ring_reserve(pp_transport *t, int r, pp_shm_ring **ring, int first, size_t n, uint64_t *pos,
+                       void **dst);
+pp_shm_ring *pp_tp_msg_ring(pp_transport *t, int r);
+int pp_tp_send_by_ring(pp_transport *t, int r, pp_shm_ring *ring, const pp_envelope *env);
+pp_status pp_tp_rx_ring(pp_transport *t, int r, const char *name, pp_shm_ring **out);
+pp_status pp_tp_shm_tensor(pp_transport *t, pp_shm_ring *ring, const pp_wire_tensor *wt,
+                           pp_tensor **out);
+void pp_tp_settle_ring(pp_shm_ring *ring, const pp_envelope *env);
+
+/* ---- transport_send.c ---- */
+
+pp_status pp_tp_check_key(const pp_transport *t, const pp_transport_key *k, int sending);
+
+/* ---- transport_recv.c ---- */
+
+int pp_tp_drain(pp_transport *t, const pp_mbox_key *want, pp_tensor **got);
+int pp_tp_wait_events(pp_transport *t, int64_t timeout, peer *out_peer);
+
+#endif

@@ -1,0 +1,296 @@
+/* The transport's peers: their sockets and monitors, the hellos that tell
+ * same-host peers apart, and whether a peer can still be expected to
+ * deliver. */
+#include "transport_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static atomic_uint monitor_counter;
+
+const char *pp_peer_state_name(pp_peer_state s) {
+    switch (s) {
+    case PP_PEER_UNKNOWN: return "endpoint unknown";
+    case PP_PEER_CONNECTING: return "connecting";
+    case PP_PEER_UP: return "connected";
+    case PP_PEER_DOWN: return "disconnected";
+    case PP_PEER_REJECTED: return "handshake refused";
+    case PP_PEER_CLOSED: return "closed";
+    case PP_PEER_SELF: return "self";
+    }
+    return "unknown";
+}
+
+/* ---- sockets ---- */
+
+void pp_tp_peer_close(peer *p) {
+    if (p->mon) {
+        if (p->push) zmq_socket_monitor(p->push, NULL, 0);
+        close_socket(p->mon);
+        p->mon = NULL;
+    }
+    if (p->push) {
+        zmq_close(p->push); /* linger was set at creation */
+        p->push = NULL;
+    }
+}
+
+static pp_status open_push(pp_transport *t, int r) {
+    peer *p = &t->peers[r];
+    p->push = zmq_socket(t->ctx, ZMQ_PUSH);
+    if (!p->push)
+        return pp_error(PP_ERR_IO, "transport rank %d: zmq_socket: %s", t->rank, zmq_strerror(zmq_errno()));
+    PP_TRY(pp_tp_common_sockopts(t, p->push, "send"));
+    if (setopt_int(p->push, ZMQ_SNDHWM, t->sndhwm) || setopt_int(p->push, ZMQ_LINGER, t->linger_ms) ||
+        setopt_int(p->push, ZMQ_IMMEDIATE, 1) || setopt_int(p->push, ZMQ_RECONNECT_IVL, 100) ||
+        setopt_int(p->push, ZMQ_RECONNECT_IVL_MAX, 1000))
+        return pp_error(PP_ERR_IO, "transport rank %d: send socket options: %s", t->rank,
+                        zmq_strerror(zmq_errno()));
+    if (t->curve) {
+        if (zmq_setsockopt(p->push, ZMQ_CURVE_SERVERKEY, t->rank_keys[r], PP_CURVE_KEY_CHARS) ||
+            zmq_setsockopt(p->push, ZMQ_CURVE_PUBLICKEY, t->public_z85, PP_CURVE_KEY_CHARS) ||
+            zmq_setsockopt(p->push, ZMQ_CURVE_SECRETKEY, t->secret_z85, PP_CURVE_KEY_CHARS))
+            return pp_error(PP_ERR_IO, "transport rank %d: CURVE client options: %s", t->rank,
+                            zmq_strerror(zmq_errno()));
+    }
+    return PP_OK;
+}
+
+pp_status pp_tp_connect_peer(pp_transport *t, int r, const char *ep) {
+    peer *p = &t->peers[r];
+    if (p->push && p->endpoint && strcmp(p->endpoint, ep) == 0) return PP_OK;
+    char *copy = strdup(ep);
+    if (!copy) return pp_error(PP_ERR_NOMEM, "out of memory");
+    if (p->push && p->endpoint) zmq_disconnect(p->push, p->endpoint);
+    free(p->endpoint);
+    p->endpoint = copy;
+    p->inproc = strncmp(ep, "inproc://", 9) == 0;
+    if (!p->push) {
+        pp_status s = open_push(t, r);
+        if (s == PP_OK && !p->inproc) {
+            char mon_ep[64];
+            snprintf(mon_ep, sizeof mon_ep, "inproc://pippin-monitor-%u",
+                     atomic_fetch_add(&monitor_counter, 1) + 1);
+            int events = ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+                         ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                         ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+            if (zmq_socket_monitor(p->push, mon_ep, events) != 0 ||
+                !(p->mon = zmq_socket(t->ctx, ZMQ_PAIR)) || zmq_connect(p->mon, mon_ep) != 0)
+                s = pp_error(PP_ERR_IO, "transport rank %d: monitor for rank %d: %s", t->rank, r,
+                             zmq_strerror(zmq_errno()));
+        }
+        if (s != PP_OK) {
+            pp_tp_peer_close(p);
+            return s;
+        }
+    }
+    if (zmq_connect(p->push, ep) != 0)
+        return pp_error(PP_ERR_IO, "transport rank %d: cannot connect to rank %d at %s: %s", t->rank, r,
+                        ep, zmq_strerror(zmq_errno()));
+    set_state(p, PP_PEER_CONNECTING);
+    return PP_OK;
+}
+
+pp_status pp_transport_connect_peer(pp_transport *t, int rank, const char *endpoint) {
+    if (rank < 0 || rank >= t->nranks || rank == t->rank)
+        return pp_error(PP_ERR_INVALID, "transport rank %d: cannot connect to rank %d", t->rank, rank);
+    if (!endpoint_usable(endpoint))
+        return pp_error(PP_ERR_INVALID, "transport rank %d: '%s' is not an endpoint to connect to",
+                        t->rank, endpoint ? endpoint : "(null)");
+    return pp_tp_connect_peer(t, rank, endpoint);
+}
+
+/* ---- monitors ---- */
+
+static void peer_event(pp_transport *t, int r, uint16_t ev) {
+    peer *p = &t->peers[r];
+    pp_peer_state s = peer_state(p);
+    switch (ev) {
+    case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
+        if (s != PP_PEER_CLOSED) set_state(p, PP_PEER_UP);
+        p->hello_sent = 0; /* maybe a new incarnation: tell it our host again */
+        pp_debug("transport rank %d: connected to rank %d (%s)", t->rank, r, peer_ep(t, r));
+        break;
+    case ZMQ_EVENT_DISCONNECTED:
+        if (s == PP_PEER_UP || s == PP_PEER_CONNECTING) {
+            if (s == PP_PEER_UP) stat_add(&t->st.peer_failures, 1);
+            set_state(p, PP_PEER_DOWN);
+            p->down_since = now_ms();
+            p->why = "connection lost (process exited, crashed, or silent past the heartbeat timeout)";
+            /* whoever comes back says hello again and gets fresh rings */
+            pp_tp_retire_ring(p);
+            p->hello_seen = p->same_host = 0;
+            pp_shm_ring_close(p->tx_msg);
+            p->tx_msg = NULL;
+            p->tx_msg_ready = p->tx_msg_failed = 0;
+            if (p->bell_fd >= 0) close(p->bell_fd);
+            p->bell_fd = -1;
+            pp_info("transport rank %d: lost connection to rank %d (%s)", t->rank, r, peer_ep(t, r));
+        }
+        break;
+    case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
+        set_state(p, PP_PEER_REJECTED);
+        p->down_since = now_ms();
+        p->why = "the peer refused our CURVE key";
+        break;
+    case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
+        set_state(p, PP_PEER_REJECTED);
+        p->down_since = now_ms();
+        p->why = "handshake protocol error (security settings differ?)";
+        break;
+    case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+        if (s == PP_PEER_UP || s == PP_PEER_CONNECTING) {
+            if (s == PP_PEER_UP) stat_add(&t->st.peer_failures, 1);
+            set_state(p, PP_PEER_DOWN);
+            p->down_since = now_ms();
+            p->why = "handshake failed or timed out";
+        }
+        break;
+    default:
+        break;
+    }
+}
+
+static void read_monitor(pp_transport *t, int r) {
+    peer *p = &t->peers[r];
+    for (;;) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, p->mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            return;
+        }
+        uint16_t ev = 0;
+        if (zmq_msg_size(&m) >= 6) memcpy(&ev, zmq_msg_data(&m), 2);
+        int more = zmq_msg_more(&m);
+        zmq_msg_close(&m);
+        while (more) { /* the endpoint frame */
+            zmq_msg_init(&m);
+            if (zmq_msg_recv(&m, p->mon, 0) < 0) {
+                zmq_msg_close(&m);
+                break;
+            }
+            more = zmq_msg_more(&m);
+            zmq_msg_close(&m);
+        }
+        peer_event(t, r, ev);
+    }
+}
+
+int pp_tp_send_simple(pp_transport *t, int r, pp_msg_kind kind, const char *text) {
+    peer *p = &t->peers[r];
+    if (!p->push) return 0;
+    pp_envelope env = {0};
+    env.version = PP_PROTOCOL_VERSION;
+    env.kind = kind;
+    env.run_id = t->run_id;
+    env.step = t->cur_step;
+    env.src_rank = t->rank;
+    env.seq = ++p->seq;
+    env.text = text;
+    uint8_t buf[PP_ENVELOPE_MAX_TEXT + 128];
+    size_t len;
+    if (pp_envelope_pack(&env, buf, sizeof buf, &len) != PP_OK) return 0;
+    return zmq_send(p->push, buf, len, ZMQ_DONTWAIT) >= 0;
+}
+
+/* Tells a newly connected peer which host we are on, so that it can send
+ * us large tensors through a shared-memory ring if it is on the same one. */
+void pp_tp_say_hello(pp_transport *t, int r, const char *word) {
+    peer *p = &t->peers[r];
+    if (peer_state(p) != PP_PEER_UP || !t->shm_bytes || !t->host_id[0]) return;
+    char text[HOST_ID_CHARS + 160];
+    snprintf(text, sizeof text, "%s%s%s%s", word, t->host_id, t->bell ? CTL_BELL : "",
+             t->bell ? pp_doorbell_path(t->bell) : "");
+    p->hello_sent = pp_tp_send_simple(t, r, PP_MSG_CONTROL, text);
+}
+
+void pp_tp_read_monitors(pp_transport *t) {
+    for (int r = 0; r < t->nranks; r++)
+        if (t->peers[r].mon) {
+            read_monitor(t, r);
+            if (!t->peers[r].hello_sent) pp_tp_say_hello(t, r, CTL_HELLO);
+        }
+}
+
+/* ---- liveness ---- */
+
+pp_status pp_transport_wait_peers(pp_transport *t, int timeout_ms) {
+    int64_t deadline = now_ms() + (timeout_ms < 0 ? t->timeout_ms : timeout_ms);
+    for (;;) {
+        pp_tp_read_monitors(t);
+        pp_tp_drain(t, NULL, NULL);
+        int64_t now = now_ms();
+        char missing[512] = "";
+        size_t len = 0;
+        for (int r = 0; r < t->nranks; r++) {
+            peer *p = &t->peers[r];
+            if (r == t->rank || !p->push || p->inproc) continue;
+            pp_peer_state s = peer_state(p);
+            if (s == PP_PEER_REJECTED)
+                return pp_error(PP_ERR_PEER, "transport rank %d: rank %d (%s): %s", t->rank, r,
+                                peer_ep(t, r), p->why);
+            if (s != PP_PEER_UP && len < sizeof missing - 1)
+                len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d (%s, %s)",
+                                        len ? ", " : "", r, peer_ep(t, r), pp_peer_state_name(s));
+        }
+        if (!len) return PP_OK;
+        if (len >= sizeof missing) len = sizeof missing - 1;
+        if (now >= deadline) {
+            stat_add(&t->st.timeouts, 1);
+            return pp_error(PP_ERR_TIMEOUT, "transport rank %d: ranks not connected after %d ms: %s",
+                            t->rank, timeout_ms < 0 ? t->timeout_ms : timeout_ms, missing);
+        }
+        pp_tp_wait_events(t, deadline - now, NULL);
+    }
+}
+
+const char *pp_tp_action_str(const action *a, char *buf, size_t cap) {
+    char k[KEY_CHARS];
+    pp_mbox_key_str(a->key, k, sizeof k);
+    snprintf(buf, cap, "%s %s%s", a->sending ? "sending" : "waiting for", k,
+             a->ntensors > 1 ? " (and more)" : "");
+    return buf;
+}
+
+/* PP_OK while peer r can still be expected to deliver; an error naming it
+ * once it is gone (disconnected for longer than the grace period, refused
+ * us when sending, or closed). *wake is lowered to when that would change. */
+pp_status pp_tp_check_peer(pp_transport *t, int r, const action *act, int64_t now, int64_t *wake) {
+    if (r == t->rank) return PP_OK;
+    peer *p = &t->peers[r];
+    pp_peer_state s = peer_state(p);
+    int sending = act->sending;
+    char doing[ACTION_CHARS];
+    if (s == PP_PEER_CLOSED || s == PP_PEER_REJECTED || s == PP_PEER_DOWN)
+        pp_tp_action_str(act, doing, sizeof doing);
+    if (s == PP_PEER_CLOSED)
+        return pp_error(PP_ERR_PEER, "transport rank %d: %s: rank %d (%s) has closed its transport",
+                        t->rank, doing, r, peer_ep(t, r));
+    if (s == PP_PEER_REJECTED && sending)
+        return pp_error(PP_ERR_PEER, "transport rank %d: %s: rank %d (%s): %s", t->rank, doing, r,
+                        peer_ep(t, r), p->why);
+    if (s == PP_PEER_DOWN) {
+        if (now - p->down_since >= t->grace_ms)
+            return pp_error(PP_ERR_PEER, "transport rank %d: %s: rank %d (%s) is unreachable: %s",
+                            t->rank, doing, r, peer_ep(t, r), p->why);
+        if (p->down_since + t->grace_ms < *wake) *wake = p->down_since + t->grace_ms;
+    }
+    return PP_OK;
+}
+
+/* Cheap test on what is already known (no socket calls). */
+int pp_tp_peer_looks_gone(const pp_transport *t, int r, int64_t now) {
+    if (t->aborted) return 1;
+    if (r == t->rank) return 0;
+    const peer *p = &t->peers[r];
+    pp_peer_state s = peer_state(p);
+    return s == PP_PEER_CLOSED || (s == PP_PEER_DOWN && now - p->down_since >= t->grace_ms);
+}
+
+pp_peer_state pp_transport_peer_state(const pp_transport *t, int rank) {
+    if (rank < 0 || rank >= t->nranks) return PP_PEER_UNKNOWN;
+    return peer_state(&t->peers[rank]);
+}

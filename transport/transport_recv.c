@@ -1,0 +1,477 @@
+/* Receiving: messages from the socket and from same-host peers' message
+ * rings are checked, then their tensors filed in the mailbox (or handed
+ * straight to a receive waiting for them). */
+#include "transport_internal.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Messages moved from the socket per pass before peer states are re-read. */
+#define DRAIN_BATCH 256
+/* Receive scratch for this many frames to begin with. */
+#define INITIAL_FRAMES 16
+/* Stack space for this many frames' pointers when reassembling a tensor. */
+#define STACK_FRAMES 8
+/* Longest single poll. */
+#define WAIT_MAX_MS 60000
+
+/* Warns about a dropped message: the first ten, then every power of two. */
+static void drop_msg(pp_transport *t, zmq_msg_t *m0, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void drop_msg(pp_transport *t, zmq_msg_t *m0, const char *fmt, ...) {
+    uint64_t n = atomic_load_explicit(&t->st.dropped, memory_order_relaxed) + 1;
+    stat_add(&t->st.dropped, 1);
+    if (n > 10 && (n & (n - 1)) != 0) return;
+    char why[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    const char *addr = m0 ? zmq_msg_gets(m0, "Peer-Address") : NULL;
+    pp_warn("transport rank %d (%s): dropped a message%s%s: %s (%" PRIu64 " dropped so far)", t->rank,
+            t->endpoint, addr ? " from " : "", addr ? addr : "", why, n);
+}
+
+static void free_zmq_msg(void *data, void *hint) {
+    (void)data;
+    zmq_msg_close(hint);
+    free(hint);
+}
+
+static pp_status grow_frames(pp_transport *t, size_t need) {
+    if (need <= t->frames_cap) return PP_OK;
+    size_t cap = t->frames_cap ? t->frames_cap : INITIAL_FRAMES;
+    while (cap < need) cap *= 2;
+    zmq_msg_t *f = realloc(t->frames, cap * sizeof *f);
+    if (!f) return pp_error(PP_ERR_NOMEM, "out of memory");
+    t->frames = f;
+    size_t *sz = realloc(t->sizes, cap * sizeof *sz);
+    if (!sz) return pp_error(PP_ERR_NOMEM, "out of memory");
+    t->sizes = sz;
+    t->frames_cap = cap;
+    return PP_OK;
+}
+
+/* Builds tensor i of a checked message from its frames (first frame f0). */
+static pp_status build_tensor(pp_transport *t, const pp_wire_tensor *wt, size_t f0, pp_tensor **out) {
+    if (wt->nframes == 1 && wt->nbytes >= t->zero_copy_min) {
+        void *data = zmq_msg_data(&t->frames[f0]);
+        size_t align = pp_dtype_size(wt->dtype);
+        if (align < 8) align = 8;
+        if (((uintptr_t)data & (align - 1)) == 0) {
+            zmq_msg_t *keep = malloc(sizeof *keep);
+            if (!keep) return pp_error(PP_ERR_NOMEM, "out of memory");
+            zmq_msg_init(keep);
+            zmq_msg_move(keep, &t->frames[f0]);
+            pp_status s = pp_tensor_wrap(wt->dtype, wt->ndim, wt->shape, zmq_msg_data(keep),
+                                         free_zmq_msg, keep, out);
+            if (s != PP_OK) free_zmq_msg(NULL, keep);
+            return s;
+        }
+    }
+    if (wt->nframes > 1 && wt->nbytes >= POOL_MIN_BYTES && t->pool) {
+        PP_TRY(pp_bufpool_tensor(t->pool, wt->dtype, wt->ndim, wt->shape, out));
+        char *dst = (*out)->data;
+        for (uint32_t k = 0; k < wt->nframes; k++) {
+            memcpy(dst, zmq_msg_data(&t->frames[f0 + k]), t->sizes[f0 + k]);
+            dst += t->sizes[f0 + k];
+        }
+        return PP_OK;
+    }
+    const void *stack_ptrs[STACK_FRAMES];
+    const void **ptrs = wt->nframes <= STACK_FRAMES ? stack_ptrs : malloc(wt->nframes * sizeof *ptrs);
+    if (!ptrs) return pp_error(PP_ERR_NOMEM, "out of memory");
+    for (uint32_t k = 0; k < wt->nframes; k++) ptrs[k] = zmq_msg_data(&t->frames[f0 + k]);
+    pp_status s = pp_envelope_tensor_copy(wt, ptrs, &t->sizes[f0], out);
+    if (ptrs != stack_ptrs) free(ptrs);
+    return s;
+}
+
+static int key_matches(const pp_mbox_key *want, const pp_envelope *env, const char *name) {
+    return want && want->kind == (int)env->kind && want->step == env->step &&
+           want->microbatch == env->microbatch && want->src_stage == env->src_stage &&
+           want->dst_stage == env->dst_stage && strcmp(want->name, name) == 0;
+}
+
+static int receive_ring(pp_transport *t, int r, const pp_mbox_key *want, pp_tensor **got, int max);
+
+/* Handles a complete message in t->frames[0..n): validate, then file. */
+/* A tensor matching want is handed to *got instead of being filed (the
+ * caller checked the mailbox holds nothing under that key). */
+/* Frame 0 is f0 (len0 bytes): the ZeroMQ frame m0, or (m0 NULL) a record of
+ * rank ring_rank's message ring. */
+static void handle_message(pp_transport *t, const void *f0, size_t len0, zmq_msg_t *m0, int ring_rank,
+                           size_t n, int too_many, const pp_mbox_key *want, pp_tensor **got) {
+    if (too_many) {
+        drop_msg(t, m0, "more than %u data frames",
+                 t->lim.max_frames ? t->lim.max_frames : PP_ENVELOPE_DEFAULT_MAX_FRAMES);
+        return;
+    }
+    pp_envelope env;
+    pp_shm_ring *ring = NULL;
+    if (pp_envelope_decode(f0, len0, &t->lim, &env) != PP_OK) {
+        drop_msg(t, m0, "%s", pp_last_error());
+        return;
+    }
+    for (size_t i = 1; i < n; i++) t->sizes[i] = zmq_msg_size(&t->frames[i]);
+    int r = env.src_rank;
+    if (pp_envelope_check_frames(&env, n - 1, t->sizes + 1) != PP_OK) {
+        drop_msg(t, m0, "claims rank %d: %s", r, pp_last_error());
+        goto done;
+    }
+    if (env.run_id != t->run_id) {
+        drop_msg(t, m0, "claims rank %d: run id %" PRIu64 ", this run is %" PRIu64, r, env.run_id,
+                 t->run_id);
+        goto done;
+    }
+    if (r == t->rank) {
+        drop_msg(t, m0, "claims to come from this rank (%d)", r);
+        goto done;
+    }
+    if (!m0 && (r != ring_rank || (env.kind != PP_MSG_ACTIVATION && env.kind != PP_MSG_GRADIENT))) {
+        drop_msg(t, m0, "a %s message claiming rank %d in rank %d's message ring",
+                 pp_msg_kind_name((int)env.kind), r, ring_rank);
+        goto done;
+    }
+    if (t->curve) {
+        const char *uid = zmq_msg_gets(m0, "User-Id");
+        if (!uid || strcmp(uid, t->rank_keys[r]) != 0) {
+            drop_msg(t, m0, "claims rank %d but was sent with CURVE key %s", r, uid ? uid : "(none)");
+            goto done;
+        }
+    }
+    /* the sender is who it says (as far as this link can tell): its ring
+     * may be opened */
+    if (env.shm_name[0] && pp_tp_rx_ring(t, r, env.shm_name, &ring) != PP_OK) {
+        drop_msg(t, m0, "claims rank %d: %s", r, pp_last_error());
+        goto done;
+    }
+    peer *p = &t->peers[r];
+    if (peer_state(p) == PP_PEER_CLOSED) /* a new incarnation of that rank */
+        set_state(p, p->inproc ? PP_PEER_CONNECTING : PP_PEER_UP);
+    if (env.kind == PP_MSG_ABORT) {
+        if (!t->aborted) {
+            t->aborted = 1;
+            t->abort_rank = r;
+            snprintf(t->abort_text, sizeof t->abort_text, "%s", env.text);
+            pp_log_error("transport rank %d: rank %d (%s) aborted the run: %s", t->rank, r,
+                         peer_ep(t, r), env.text);
+        }
+        goto done;
+    }
+    if (env.kind == PP_MSG_HEARTBEAT) goto done;
+    if (env.kind == PP_MSG_CONTROL && env.ntensors == 0) {
+        if (strcmp(env.text, CTL_BYE) == 0) {
+            set_state(p, PP_PEER_CLOSED);
+            pp_debug("transport rank %d: rank %d (%s) closed its transport", t->rank, r, peer_ep(t, r));
+        } else if (strncmp(env.text, CTL_HELLO, PREFIX_LEN(CTL_HELLO)) == 0 ||
+                   strncmp(env.text, CTL_HELLO_REPLY, PREFIX_LEN(CTL_HELLO_REPLY)) == 0) {
+            int reply = strncmp(env.text, CTL_HELLO_REPLY, PREFIX_LEN(CTL_HELLO_REPLY)) == 0;
+            const char *id = env.text + (reply ? PREFIX_LEN(CTL_HELLO_REPLY) : PREFIX_LEN(CTL_HELLO));
+            const char *bell = strstr(id, CTL_BELL);
+            size_t id_len = bell ? (size_t)(bell - id) : strlen(id);
+            p->hello_seen = 1;
+            p->same_host = t->shm_bytes && t->host_id[0] && strlen(t->host_id) == id_len &&
+                           strncmp(id, t->host_id, id_len) == 0;
+            if (p->bell_fd >= 0) close(p->bell_fd);
+            p->bell_fd = p->same_host && bell ? pp_doorbell_open_peer(bell + PREFIX_LEN(CTL_BELL)) : -1;
+            /* answer, so that after a reconnect on either side both know */
+            if (!reply) pp_tp_say_hello(t, r, CTL_HELLO_REPLY);
+            pp_debug("transport rank %d: rank %d (%s) is on %s host", t->rank, r, peer_ep(t, r),
+                     p->same_host ? "this" : "another");
+        } else if (strncmp(env.text, CTL_MSGRING, PREFIX_LEN(CTL_MSGRING)) == 0 && t->bell) {
+            /* the peer will write small messages to us through this ring;
+             * what it wrote to the old one comes first */
+            receive_ring(t, r, want, got, INT32_MAX); /* a receive may be waiting for one of them */
+            receive_ring(t, r, NULL, NULL, INT32_MAX);
+            if (p->rx_msg) t->n_rx_msg--;
+            pp_shm_ring_close(p->rx_msg);
+            p->rx_msg = NULL;
+            if (pp_shm_ring_open(env.text + PREFIX_LEN(CTL_MSGRING), &p->rx_msg) == PP_OK) {
+                t->n_rx_msg++;
+                char ok[PP_ENVELOPE_MAX_TEXT];
+                snprintf(ok, sizeof ok, CTL_MSGRING_OK "%s", env.text + PREFIX_LEN(CTL_MSGRING));
+                pp_tp_send_simple(t, r, PP_MSG_CONTROL, ok);
+            } else {
+                pp_warn("transport rank %d: rank %d's message ring: %s", t->rank, r, pp_last_error());
+            }
+        } else if (strncmp(env.text, CTL_MSGRING_OK, PREFIX_LEN(CTL_MSGRING_OK)) == 0) {
+            const char *name = env.text + PREFIX_LEN(CTL_MSGRING_OK);
+            if (p->tx_msg && strcmp(name, pp_shm_ring_name(p->tx_msg)) == 0) p->tx_msg_ready = 1;
+        } else {
+            drop_msg(t, m0, "claims rank %d: unknown control command '%s'", r, env.text);
+        }
+        goto done;
+    }
+    if (t->stage_ranks[env.dst_stage] != t->rank) {
+        drop_msg(t, m0, "claims rank %d: destination stage %d does not run on this rank", r,
+                 env.dst_stage);
+        goto done;
+    }
+    if (t->stage_ranks[env.src_stage] != r) {
+        drop_msg(t, m0, "claims rank %d: source stage %d runs on rank %d", r, env.src_stage,
+                 t->stage_ranks[env.src_stage]);
+        goto done;
+    }
+    if (env.step < t->cur_step || (t->step_window > 0 && env.step > t->cur_step + t->step_window)) {
+        drop_msg(t, m0, "claims rank %d: step %" PRId64 " outside the window [%" PRId64 ", %s%" PRId64 "]",
+                 r, env.step, t->cur_step, t->step_window > 0 ? "" : "inf ",
+                 t->step_window > 0 ? t->cur_step + t->step_window : (int64_t)0);
+        goto done;
+    }
+    size_t f = 1;
+    uint64_t bytes = 0;
+    for (int i = 0; i < env.ntensors; i++) {
+        const pp_wire_tensor *wt = &env.tensors[i];
+        pp_tensor *tensor = NULL;
+        pp_status s = wt->placement == PP_PLACE_INLINE ? pp_envelope_tensor_inline(&env, i, &tensor)
+                      : wt->placement == PP_PLACE_SHM  ? pp_tp_shm_tensor(t, ring, wt, &tensor)
+                                                       : build_tensor(t, wt, f, &tensor);
+        f += wt->nframes;
+        if (s != PP_OK) {
+            drop_msg(t, m0, "claims rank %d: tensor '%s': %s", r, wt->name, pp_last_error());
+            continue;
+        }
+        bytes += wt->nbytes;
+        if (wt->placement == PP_PLACE_SHM || !m0) stat_add(&t->st.shm_bytes_received, wt->nbytes);
+        if (got && !*got && key_matches(want, &env, wt->name)) {
+            *got = tensor;
+            continue;
+        }
+        pp_mbox_key key = {(int)env.kind, env.step, env.microbatch, env.src_stage, env.dst_stage, wt->name};
+        if (pp_mailbox_put(t->mbox, &key, tensor) != PP_OK) drop_msg(t, m0, "%s", pp_last_error());
+    }
+    stat_add(&t->st.messages_received, 1);
+    stat_add(&t->st.bytes_received, bytes);
+    sync_pending(t);
+done:
+    if (ring) pp_tp_settle_ring(ring, &env);
+    pp_envelope_clear(&env);
+}
+
+/* Handles up to max records waiting in rank r's message ring (stops early
+ * once a tensor under want arrived). Returns how many. */
+static int receive_ring(pp_transport *t, int r, const pp_mbox_key *want, pp_tensor **got, int max) {
+    peer *p = &t->peers[r];
+    int k = 0;
+    while (p->rx_msg && k < max && !(got && *got)) {
+        const void *data;
+        size_t len;
+        uint64_t end;
+        int rc = pp_shm_ring_msg_next(p->rx_msg, &data, &len, &end);
+        if (rc == 0) break;
+        if (rc < 0) { /* nothing more can be trusted in it */
+            drop_msg(t, NULL, "rank %d's message ring: %s", r, pp_last_error());
+            pp_shm_ring_close(p->rx_msg);
+            p->rx_msg = NULL;
+            t->n_rx_msg--;
+            break;
+        }
+        /* decode a private copy: the sender can still write the ring, and
+         * the decoder reads its input twice (count, then fill) */
+        if (len <= PP_ENVELOPE_MAX_BYTES) {
+            if (!t->ring_copy && !(t->ring_copy = malloc(PP_ENVELOPE_MAX_BYTES))) break;
+            memcpy(t->ring_copy, data, len);
+            data = t->ring_copy;
+        }
+        handle_message(t, data, len, NULL, r, 1, 0, want, got);
+        pp_shm_ring_release(p->rx_msg, end);
+        k++;
+    }
+    return k;
+}
+
+static int receive_rings(pp_transport *t, const pp_mbox_key *want, pp_tensor **got, int max) {
+    int k = 0;
+    for (int r = 0; t->n_rx_msg && r < t->nranks && k < max; r++) k += receive_ring(t, r, want, got, max - k);
+    return k;
+}
+
+/* Receives one whole message if one is waiting (in a message ring or on the
+ * socket). Returns 1 if it handled a message, 0 if none was waiting. */
+static int receive_one(pp_transport *t, const pp_mbox_key *want, pp_tensor **got, int wait_ms) {
+    if (receive_rings(t, want, got, 1)) return 1;
+    if (wait_ms > 0 && t->n_rx_msg) { /* sleep on the socket and the doorbell together */
+        pp_tp_wait_events(t, wait_ms, NULL);
+        return receive_one(t, want, got, 0);
+    }
+    if (grow_frames(t, INITIAL_FRAMES) != PP_OK) return 0;
+    if (wait_ms > 0 && wait_ms != t->rcvtimeo) {
+        /* a blocking receive with a timeout: one wait inside libzmq, no poll
+         * round trip for every message */
+        setopt_int(t->pull, ZMQ_RCVTIMEO, wait_ms);
+        t->rcvtimeo = wait_ms;
+    }
+    zmq_msg_init(&t->frames[0]);
+    if (zmq_msg_recv(&t->frames[0], t->pull, wait_ms > 0 ? 0 : ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&t->frames[0]);
+        return 0;
+    }
+    size_t n = 1, max_frames = (t->lim.max_frames ? t->lim.max_frames : PP_ENVELOPE_DEFAULT_MAX_FRAMES) + 1;
+    int too_many = 0, more = zmq_msg_more(&t->frames[0]);
+    while (more) {
+        /* the rest of a multipart message is already here: recv cannot block */
+        zmq_msg_t scratch, *m = &scratch;
+        if (n < max_frames && grow_frames(t, n + 1) == PP_OK) m = &t->frames[n];
+        zmq_msg_init(m);
+        if (zmq_msg_recv(m, t->pull, 0) < 0) {
+            zmq_msg_close(m);
+            too_many = 1; /* cannot happen; treat the message as bad */
+            break;
+        }
+        more = zmq_msg_more(m);
+        if (m == &scratch) {
+            zmq_msg_close(m);
+            too_many = 1;
+        } else {
+            n++;
+        }
+    }
+    handle_message(t, zmq_msg_data(&t->frames[0]), zmq_msg_size(&t->frames[0]), &t->frames[0], -1, n,
+                   too_many, want, got);
+    for (size_t i = 0; i < n; i++) zmq_msg_close(&t->frames[i]);
+    return 1;
+}
+
+
+/* Busy-polls the receive socket for up to spin_us before the caller blocks:
+ * a message that arrives meanwhile is taken without the thread going to
+ * sleep and being woken again, which costs more than the message itself
+ * when messages are small. Returns 1 if it handled a message. */
+static int spin_receive(pp_transport *t, const pp_mbox_key *want, pp_tensor **got) {
+    if (t->spin_ns <= 0) return 0;
+    int64_t until = now_ns() + t->spin_ns;
+    for (unsigned i = 1;; i++) {
+        if (receive_one(t, want, got, 0)) return 1;
+        if ((i & 15) == 0 && now_ns() >= until) return 0;
+    }
+}
+
+/* Moves waiting messages into the mailbox, at most DRAIN_BATCH. Returns the
+ * number handled; stops early when a tensor under want arrived (in *got). */
+int pp_tp_drain(pp_transport *t, const pp_mbox_key *want, pp_tensor **got) {
+    int k = 0;
+    while (k < DRAIN_BATCH && !(got && *got)) {
+        if (!receive_one(t, want, got, 0)) break;
+        k++;
+    }
+    return k;
+}
+
+/* Waits up to timeout ms for the receive socket, a monitor, the doorbell
+ * (same-host peers' message rings), or (if out_peer is given) room to send
+ * to that peer. The rings say "waiting" first and are looked at once more,
+ * so a record written meanwhile either is seen or rings the doorbell.
+ * Returns 1 if the send socket is writable. */
+int pp_tp_wait_events(pp_transport *t, int64_t timeout, peer *out_peer) {
+    int n = 0;
+    zmq_pollitem_t *it = t->items;
+    if (out_peer) it[n++] = (zmq_pollitem_t){out_peer->push, 0, ZMQ_POLLOUT, 0};
+    it[n++] = (zmq_pollitem_t){t->pull, 0, ZMQ_POLLIN, 0};
+    for (int r = 0; r < t->nranks; r++)
+        if (t->peers[r].mon) it[n++] = (zmq_pollitem_t){t->peers[r].mon, 0, ZMQ_POLLIN, 0};
+    if (timeout < 0) timeout = 0;
+    if (timeout > WAIT_MAX_MS) timeout = WAIT_MAX_MS;
+    /* same-host peers' message rings: say we sleep, then look once more */
+    int rings = t->n_rx_msg > 0;
+    if (rings) {
+        it[n++] = (zmq_pollitem_t){NULL, pp_doorbell_fd(t->bell), ZMQ_POLLIN, 0};
+        for (int r = 0; r < t->nranks; r++) {
+            pp_shm_ring *mr = t->peers[r].rx_msg;
+            const void *d;
+            size_t l;
+            uint64_t e;
+            if (!mr) continue;
+            pp_shm_ring_set_waiting(mr, 1);
+            if (pp_shm_ring_msg_next(mr, &d, &l, &e) != 0) timeout = 0; /* a record (or trouble) is there */
+        }
+    }
+    int rc = zmq_poll(it, n, (long)timeout);
+    if (rings) {
+        for (int r = 0; r < t->nranks; r++)
+            if (t->peers[r].rx_msg) pp_shm_ring_set_waiting(t->peers[r].rx_msg, 0);
+        pp_doorbell_clear(t->bell);
+        n--; /* the doorbell is not a monitor */
+    }
+    if (rc < 0) return 0;
+    int k = 0, writable = 0;
+    if (out_peer) writable = (it[k++].revents & ZMQ_POLLOUT) != 0;
+    k++; /* the receive socket: drained by the caller */
+    for (; k < n; k++)
+        if (it[k].revents & ZMQ_POLLIN) {
+            pp_tp_read_monitors(t);
+            break;
+        }
+    return writable;
+}
+
+/* ---- public ---- */
+
+pp_status pp_transport_recv(pp_transport *t, const pp_transport_key *key, int timeout_ms,
+                            pp_tensor **out) {
+    *out = NULL;
+    PP_TRY(pp_tp_check_key(t, key, 0));
+    if (!name_ok(key->name))
+        return pp_error(PP_ERR_INVALID, "transport rank %d: tensor name must be 1..%u printable bytes",
+                        t->rank, PP_ENVELOPE_MAX_NAME);
+    if (t->aborted) return pp_tp_abort_error(t);
+    pp_mbox_key k = {(int)key->kind, key->step, key->microbatch, key->src_stage, key->dst_stage, key->name};
+    if ((*out = pp_mailbox_take(t->mbox, &k))) {
+        sync_pending(t);
+        return PP_OK;
+    }
+    int timeout = timeout_ms < 0 ? t->timeout_ms : timeout_ms;
+    int64_t now = now_ms(), deadline = now + timeout;
+    /* Monitors are read (and the peer judged) every grace period, or at once
+     * when what is already known says the peer is gone; in between the loop
+     * is one blocking receive per message, as cheap as a plain zmq_recv. */
+    int64_t next_check = now + t->grace_ms;
+    int r = t->stage_ranks[key->src_stage];
+    action act = {0, &k, 1};
+    for (;;) {
+        int64_t wake = deadline;
+        if (now >= next_check || now >= deadline || pp_tp_peer_looks_gone(t, r, now)) {
+            /* what already arrived counts, even from a peer that is gone now */
+            pp_tp_read_monitors(t);
+            pp_tp_drain(t, &k, out);
+            if (*out) {
+                sync_pending(t);
+                return PP_OK;
+            }
+            if (t->aborted) return pp_tp_abort_error(t);
+            PP_TRY(pp_tp_check_peer(t, r, &act, now, &wake));
+            next_check = now + t->grace_ms;
+            if (now >= deadline) {
+                stat_add(&t->st.timeouts, 1);
+                pp_peer_state ps = r == t->rank ? PP_PEER_SELF : peer_state(&t->peers[r]);
+                char doing[ACTION_CHARS];
+                return pp_error(PP_ERR_TIMEOUT, "transport rank %d: timed out after %d ms %s from rank "
+                                "%d (%s, %s)", t->rank, timeout, pp_tp_action_str(&act, doing, sizeof doing),
+                                r, peer_ep(t, r), pp_peer_state_name(ps));
+            }
+        }
+        int64_t until = wake < next_check ? wake : next_check;
+        if (until > deadline) until = deadline;
+        int wait = until > now ? (int)(until - now) : 1;
+        if (!spin_receive(t, &k, out)) receive_one(t, &k, out, wait);
+        if (*out) {
+            sync_pending(t);
+            return PP_OK;
+        }
+        if (t->aborted) return pp_tp_abort_error(t);
+        now = now_ms();
+    }
+}
+
+pp_status pp_transport_poll(pp_transport *t, int timeout_ms) {
+    pp_tp_read_monitors(t);
+    if (pp_tp_drain(t, NULL, NULL) == 0 && timeout_ms > 0) {
+        pp_tp_wait_events(t, timeout_ms, NULL);
+        pp_tp_drain(t, NULL, NULL);
+    }
+    return t->aborted ? pp_tp_abort_error(t) : PP_OK;
+}

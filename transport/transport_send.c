@@ -1,0 +1,285 @@
+/* Sending: a message goes to this rank's own mailbox, through a message
+ * ring (small, same host), or over the socket with its large tensors in a
+ * tensor ring (same host) or in zero-copy frames. */
+#include "transport_internal.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Stack space for this many tensors' metadata when sending. */
+#define SEND_STACK_TENSORS 16
+
+static void release_tensor(void *data, void *hint) {
+    (void)data;
+    pp_tensor_free(hint);
+}
+
+pp_status pp_tp_check_key(const pp_transport *t, const pp_transport_key *k, int sending) {
+    if (!k) return pp_error(PP_ERR_INVALID, "transport rank %d: no key", t->rank);
+    if (k->kind != PP_MSG_ACTIVATION && k->kind != PP_MSG_GRADIENT && k->kind != PP_MSG_CONTROL)
+        return pp_error(PP_ERR_INVALID, "transport rank %d: cannot %s %s messages", t->rank,
+                        sending ? "send" : "receive", pp_msg_kind_name((int)k->kind));
+    if (k->step < 0 || k->microbatch < 0)
+        return pp_error(PP_ERR_INVALID, "transport rank %d: negative step or microbatch", t->rank);
+    if (k->src_stage < 0 || k->src_stage >= t->nstages || k->dst_stage < 0 || k->dst_stage >= t->nstages)
+        return pp_error(PP_ERR_INVALID, "transport rank %d: stages %d->%d not in [0, %d)", t->rank,
+                        k->src_stage, k->dst_stage, t->nstages);
+    int own = sending ? k->src_stage : k->dst_stage;
+    if (t->stage_ranks[own] != t->rank)
+        return pp_error(PP_ERR_INVALID, "transport rank %d: stage %d runs on rank %d, not here",
+                        t->rank, own, t->stage_ranks[own]);
+    return PP_OK;
+}
+
+static pp_status send_local(pp_transport *t, const pp_transport_key *key, int n,
+                            const char *const *names, pp_tensor *const *tensors) {
+    for (int i = 0; i < n; i++) {
+        pp_mbox_key k = {(int)key->kind, key->step, key->microbatch, key->src_stage, key->dst_stage, names[i]};
+        PP_TRY(pp_mailbox_put(t->mbox, &k, pp_tensor_retain(tensors[i])));
+        stat_add(&t->st.bytes_sent, tensors[i]->nbytes);
+    }
+    stat_add(&t->st.messages_sent, 1);
+    sync_pending(t);
+    return PP_OK;
+}
+
+/* Sends frame 0, waiting (and receiving meanwhile) until the peer takes it
+ * or the deadline passes. On failure m0 is closed. */
+static pp_status send_first(pp_transport *t, int r, zmq_msg_t *m0, int more, const action *act) {
+    peer *p = &t->peers[r];
+    char doing[ACTION_CHARS];
+    int flags = ZMQ_DONTWAIT | (more ? ZMQ_SNDMORE : 0);
+    int64_t deadline = -1;
+    for (;;) {
+        if (zmq_msg_send(m0, p->push, flags) >= 0) return PP_OK;
+        if (zmq_errno() != EAGAIN) {
+            int e = zmq_errno();
+            zmq_msg_close(m0);
+            return pp_error(PP_ERR_IO, "transport rank %d: %s: rank %d (%s): %s", t->rank,
+                            pp_tp_action_str(act, doing, sizeof doing), r, peer_ep(t, r), zmq_strerror(e));
+        }
+        int64_t now = now_ms();
+        if (deadline < 0) {
+            deadline = now + t->timeout_ms;
+            stat_add(&t->st.retries, 1);
+        }
+        pp_tp_read_monitors(t);
+        pp_tp_drain(t, NULL, NULL);
+        int64_t wake = deadline;
+        pp_status s = t->aborted ? pp_tp_abort_error(t) : pp_tp_check_peer(t, r, act, now, &wake);
+        if (s == PP_OK && now >= deadline) {
+            stat_add(&t->st.timeouts, 1);
+            pp_peer_state ps = peer_state(p);
+            s = pp_error(PP_ERR_TIMEOUT, "transport rank %d: %s: rank %d (%s) did not accept it within "
+                         "%d ms (%s)", t->rank, pp_tp_action_str(act, doing, sizeof doing), r,
+                         peer_ep(t, r), t->timeout_ms,
+                         ps == PP_PEER_UP ? "its queue is full: it is not receiving"
+                                          : ps == PP_PEER_CONNECTING && !p->inproc
+                                                ? "it has not connected"
+                                                : pp_peer_state_name(ps));
+        }
+        if (s != PP_OK) {
+            zmq_msg_close(m0);
+            return s;
+        }
+        pp_tp_wait_events(t, wake - now, p);
+    }
+}
+
+static void *alloc_zmq_msg(void *ctx, size_t n) {
+    return zmq_msg_init_size(ctx, n) == 0 ? zmq_msg_data(ctx) : NULL;
+}
+
+/* ---- public ---- */
+
+pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n,
+                             const char *const *names, pp_tensor *const *tensors) {
+    PP_TRY(pp_tp_check_key(t, key, 1));
+    if (n < 1 || (uint32_t)n > (t->lim.max_tensors ? t->lim.max_tensors : PP_ENVELOPE_DEFAULT_MAX_TENSORS) ||
+        !names || !tensors)
+        return pp_error(PP_ERR_INVALID, "transport rank %d: %d tensors in one message", t->rank, n);
+    uint64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        if (!name_ok(names[i]))
+            return pp_error(PP_ERR_INVALID, "transport rank %d: tensor name must be 1..%u printable "
+                            "bytes", t->rank, PP_ENVELOPE_MAX_NAME);
+        if (!tensors[i] || !pp_dtype_size(tensors[i]->dtype))
+            return pp_error(PP_ERR_INVALID, "transport rank %d: tensor '%s' is missing or has no "
+                            "dtype", t->rank, names[i]);
+        for (int j = 0; j < i; j++)
+            if (strcmp(names[i], names[j]) == 0)
+                return pp_error(PP_ERR_INVALID, "transport rank %d: tensor '%s' twice in one message",
+                                t->rank, names[i]);
+        total += tensors[i]->nbytes;
+    }
+    if (total > t->max_message_bytes)
+        return pp_error(PP_ERR_INVALID, "transport rank %d: message of %" PRIu64 " bytes exceeds the "
+                        "limit of %" PRIu64, t->rank, total, t->max_message_bytes);
+    if (t->aborted) return pp_tp_abort_error(t);
+    int r = t->stage_ranks[key->dst_stage];
+    if (r == t->rank) return send_local(t, key, n, names, tensors);
+    peer *p = &t->peers[r];
+    pp_mbox_key mk = {(int)key->kind, key->step, key->microbatch, key->src_stage, key->dst_stage, names[0]};
+    action act = {1, &mk, n};
+    char doing[ACTION_CHARS];
+    if (!p->push)
+        return pp_error(PP_ERR_STATE, "transport rank %d: %s: no endpoint known for rank %d",
+                        t->rank, pp_tp_action_str(&act, doing, sizeof doing), r);
+
+    size_t frame_bytes = p->inproc ? SIZE_MAX : t->frame_bytes;
+    size_t largest = 0;
+    for (int i = 0; i < n; i++)
+        if (tensors[i]->nbytes > largest) largest = tensors[i]->nbytes;
+    pp_shm_ring *ring = largest >= t->zero_copy_min ? pp_tp_tx_ring(t, r, largest) : NULL;
+    pp_wire_tensor wt_stack[SEND_STACK_TENSORS];
+    pp_wire_tensor *wt = n <= SEND_STACK_TENSORS ? wt_stack : calloc((size_t)n, sizeof *wt);
+    if (!wt) return pp_error(PP_ERR_NOMEM, "out of memory");
+    uint8_t place[PP_ENVELOPE_DEFAULT_MAX_TENSORS]; /* n fits, checked above; wt is gone by the data frames */
+    size_t nframes = 0, inline_bytes = 0;
+    uint64_t shm_bytes = 0;
+    int ninline = 0, inline_one = -1;
+    for (int i = 0; i < n; i++) {
+        const pp_tensor *x = tensors[i];
+        memset(&wt[i], 0, sizeof wt[i]);
+        wt[i].name = names[i];
+        wt[i].dtype = x->dtype;
+        wt[i].ndim = x->ndim;
+        memcpy(wt[i].shape, x->shape, sizeof wt[i].shape);
+        wt[i].nbytes = x->nbytes;
+        wt[i].placement = PP_PLACE_FRAMES;
+        uint64_t pos;
+        void *dst;
+        if (x->nbytes == 0) {
+            wt[i].nframes = 0;
+        } else if (x->nbytes < t->zero_copy_min && x->nbytes <= PP_ENVELOPE_INLINE_MAX - inline_bytes) {
+            /* small: its bytes ride in the envelope frame */
+            wt[i].placement = PP_PLACE_INLINE;
+            inline_bytes += x->nbytes;
+            ninline++;
+            inline_one = i;
+        } else if (x->nbytes < t->zero_copy_min) {
+            wt[i].nframes = 1;
+        } else if (pp_tp_ring_reserve(t, r, &ring, shm_bytes == 0, x->nbytes, &pos, &dst)) {
+            /* same host: one copy into shared memory, only the envelope on the socket */
+            memcpy(dst, x->data, x->nbytes);
+            pp_shm_ring_commit(ring, pos, x->nbytes);
+            wt[i].placement = PP_PLACE_SHM;
+            wt[i].shm_pos = pos;
+            shm_bytes += x->nbytes;
+        } else {
+            wt[i].nframes = (uint32_t)(x->nbytes / frame_bytes + (x->nbytes % frame_bytes != 0));
+        }
+        place[i] = (uint8_t)wt[i].placement;
+        nframes += wt[i].nframes;
+    }
+    /* the inline tensors' bytes, back to back: the tensor itself when there
+     * is one, else gathered here */
+    uint8_t gather[PP_ENVELOPE_INLINE_MAX];
+    const void *inline_data = NULL;
+    if (ninline == 1) {
+        inline_data = tensors[inline_one]->data;
+    } else if (ninline > 1) {
+        size_t off = 0;
+        for (int i = 0; i < n; i++)
+            if (wt[i].placement == PP_PLACE_INLINE) {
+                memcpy(gather + off, tensors[i]->data, wt[i].nbytes);
+                off += wt[i].nbytes;
+            }
+        inline_data = gather;
+    }
+    pp_envelope env = {0};
+    env.version = PP_PROTOCOL_VERSION;
+    env.kind = key->kind;
+    env.run_id = t->run_id;
+    env.step = key->step;
+    env.microbatch = key->microbatch;
+    env.src_stage = key->src_stage;
+    env.dst_stage = key->dst_stage;
+    env.src_rank = t->rank;
+    env.seq = p->seq + 1;
+    env.ntensors = n;
+    env.tensors = wt;
+    env.text = "";
+    env.inline_data = inline_data;
+    env.inline_bytes = inline_bytes;
+    env.shm_name = shm_bytes ? pp_shm_ring_name(ring) : "";
+    pp_shm_ring *mring = nframes == 0 && shm_bytes == 0 ? pp_tp_msg_ring(t, r) : NULL;
+    if (mring && pp_tp_send_by_ring(t, r, mring, &env)) {
+        if (wt != wt_stack) free(wt);
+        p->seq++;
+        stat_add(&t->st.messages_sent, 1);
+        stat_add(&t->st.bytes_sent, total);
+        stat_add(&t->st.shm_bytes_sent, total);
+        return PP_OK;
+    }
+    zmq_msg_t m0;
+    size_t len;
+    pp_status s = pp_envelope_pack_into(&env, alloc_zmq_msg, &m0, &len);
+    if (wt != wt_stack) free(wt);
+    PP_TRY(s);
+    PP_TRY(send_first(t, r, &m0, nframes > 0, &act));
+    p->seq++;
+
+    /* Data frames: after frame 0 went in, the rest of the message cannot
+     * hit the high-water mark; a failure means the connection died. */
+    size_t sent = 0;
+    int lost = 0, lost_more = 0;
+    for (int i = 0; i < n && !lost; i++) {
+        pp_tensor *x = tensors[i];
+        if (x->nbytes == 0 || place[i] != PP_PLACE_FRAMES) continue;
+        size_t off = 0;
+        while (off < x->nbytes && !lost) {
+            zmq_msg_t m;
+            size_t chunk;
+            if (x->nbytes < t->zero_copy_min) {
+                chunk = x->nbytes;
+                if (zmq_msg_init_size(&m, chunk) != 0) {
+                    lost = 1;
+                    lost_more = 1;
+                    break;
+                }
+                memcpy(zmq_msg_data(&m), x->data, chunk);
+            } else {
+                chunk = x->nbytes - off < frame_bytes ? x->nbytes - off : frame_bytes;
+                pp_tensor_retain(x);
+                if (zmq_msg_init_data(&m, (char *)x->data + off, chunk, release_tensor, x) != 0) {
+                    pp_tensor_free(x);
+                    lost = 1;
+                    lost_more = 1;
+                    break;
+                }
+            }
+            int more = sent + 1 < nframes;
+            if (zmq_msg_send(&m, p->push, ZMQ_DONTWAIT | (more ? ZMQ_SNDMORE : 0)) < 0) {
+                zmq_msg_close(&m);
+                lost = 1;
+                lost_more = more;
+                break;
+            }
+            off += chunk;
+            sent++;
+        }
+    }
+    if (lost) {
+        /* End the half-sent message. After a failed send libzmq drops the
+         * parts it still gets; after a failed allocation the receiver gets a
+         * message with an empty last frame and drops it. */
+        if (lost_more) zmq_send(p->push, "", 0, ZMQ_DONTWAIT);
+        stat_add(&t->st.peer_failures, 1);
+        return pp_error(PP_ERR_PEER, "transport rank %d: %s: connection to rank %d (%s) lost "
+                        "mid-message", t->rank, pp_tp_action_str(&act, doing, sizeof doing), r, peer_ep(t, r));
+    }
+    stat_add(&t->st.messages_sent, 1);
+    stat_add(&t->st.bytes_sent, total);
+    stat_add(&t->st.shm_bytes_sent, shm_bytes);
+    return PP_OK;
+}
+
+pp_status pp_transport_send(pp_transport *t, const pp_transport_key *key, pp_tensor *tensor) {
+    if (!key) return pp_error(PP_ERR_INVALID, "transport: no key");
+    const char *names[1] = {key->name};
+    pp_tensor *ts[1] = {tensor};
+    return pp_transport_sendv(t, key, 1, names, ts);
+}
