@@ -1,5 +1,5 @@
 /* Pipeline configuration files (YAML): one file describes a whole pipeline
- * and every rank's worker reads the same file (DESIGN.md, "Configuration").
+ * and every rank's worker reads the same file (docs/config.md).
  *
  *   model: examples/gpt/model.onnx        # relative paths: to the file's directory
  *   stages: split/                         # instead of model: `pippin split` output (pipe.json);

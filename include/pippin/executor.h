@@ -1,7 +1,7 @@
 /* The executor: one rank of a pipeline. It owns the stages the schedule
  * places on this rank and runs the rank's action list in order, receiving
  * activations and gradients from other ranks over a pp_transport and
- * sending its own (DESIGN.md, "Executor").
+ * sending its own (docs/architecture.md).
  *
  * F waits for its inputs (model inputs come from the caller, stage inputs
  * from the transport; a stage on the same rank is served from the local

@@ -66,7 +66,7 @@ typedef struct pp_attr {
     char **strings;
 } pp_attr;
 
-/* Where a node belongs in a training graph (DESIGN.md, "Symbolic backward"). */
+/* Where a node belongs in a training graph (docs/architecture.md, the I/W split). */
 typedef enum pp_region {
     PP_REGION_FORWARD = 0,
     PP_REGION_BACKWARD_INPUT = 1,  /* I: needed for some input gradient */

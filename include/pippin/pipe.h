@@ -1,6 +1,5 @@
 /* The pipe: a graph cut into stages at pipe-split markers or at a split
- * spec, with the values that cross between stages (DESIGN.md, "Pipe-split
- * markers").
+ * spec, with the values that cross between stages (docs/architecture.md).
  *
  * Each stage is a graph of its own: its inputs are the values it receives
  * (from other stages or the data loader), its outputs the values it sends on

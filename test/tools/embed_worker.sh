@@ -32,6 +32,29 @@ else
     echo "ok $n - worker_pipeline: 3 processes through the worker API match pippin train and save 6 parameters"
 fi
 
+# Two ranks, two processes: the GPT fixture's 4 stages under zero-bubble V.
+"$PIPPIN" train "$FX/gpt/model.onnx" --data "idx=$FX/gpt/train_idx.npy" --data "targets=$FX/gpt/train_targets.npy" \
+    --batch-size 4 --microbatches 4 --schedule zbv --steps 2 --optimizer sgd --lr 0.1 >"$tmp/ref2" 2>&1
+cat >"$tmp/gpt.yaml" <<YAML
+model: $FX/gpt/model.onnx
+schedule: zbv
+microbatches: 4
+batch_size: 4
+steps: 2
+optimizer: {kind: sgd, lr: 0.1}
+data: {idx: $FX/gpt/train_idx.npy, targets: $FX/gpt/train_targets.npy}
+ranks: [ipc://$tmp/g0, ipc://$tmp/g1]
+timeout_ms: 20000
+YAML
+n=$((n + 1))
+if ! "$EXAMPLE" "$tmp/gpt.yaml" >"$tmp/gpt.txt" 2>"$tmp/gpt.err"; then
+    echo "not ok $n - worker_pipeline with 2 ranks failed: $(tail -3 "$tmp/gpt.err")"
+elif [ -z "$(losses "$tmp/ref2")" ] || [ "$(losses "$tmp/gpt.txt")" != "$(losses "$tmp/ref2")" ]; then
+    echo "not ok $n - 2 ranks: losses $(losses "$tmp/gpt.txt" | tr '\n' ' ') differ from pippin train's $(losses "$tmp/ref2" | tr '\n' ' ')"
+else
+    echo "ok $n - worker_pipeline: 2 ranks in 2 processes (zbv, 4 stages) match pippin train"
+fi
+
 expect_example_fail() { # description, config text
     n=$((n + 1))
     printf '%s\n' "$2" >"$tmp/bad.yaml"
