@@ -21,7 +21,8 @@ static void grad_usage(FILE *f) {
             "output named by --loss, else 'loss', else the only float scalar output.\n"
             "A model with pippin::PipeSplit markers (or a split spec) runs through its\n"
             "stages: M microbatches in the order of schedule KIND (default gpipe), loss\n"
-            "seeded with 1/M so the gradients are the full batch's.\n"
+            "seeded with 1/M so the gradients are the full batch's. A model without stages\n"
+            "runs as one stage when M > 1; --schedule needs stages.\n"
             "Trainable: the initializers the exporter listed (pippin_torch.export records\n"
             "torch's parameters with requires_grad; buffers are constants), else every float\n"
             "initializer; --freeze PATTERN (shell pattern on names) freezes more.\n");
@@ -45,8 +46,9 @@ static int grad_pipelined(const pp_graph *g, const pp_named_tensors *in, const p
     if (!outs || pp_cli_runner_step(r, m, sched, in, outs) != PP_OK) goto done;
     if (pp_cli_mkdirs(out_dir) != PP_OK || pp_cli_save_named(out_dir, "", "loss", outs[lo]) != PP_OK) goto done;
     if (pp_cli_save_runner_params(p, r, out_dir, "grad_", 1, &count) != PP_OK) goto done;
-    printf("loss %.9g; gradients of %d parameters (%d stages, %d microbatches) written to %s\n",
-           pp_tensor_get_f64(outs[lo], 0), count, p->n_stages, m, out_dir);
+    printf("loss %.9g; gradients of %d parameters (%d stage%s, %d microbatch%s) written to %s\n",
+           pp_tensor_get_f64(outs[lo], 0), count, p->n_stages, p->n_stages == 1 ? "" : "s", m, m == 1 ? "" : "es",
+           out_dir);
     for (int s = 0; s < pp_runner_n_stages(r); s++)
         for (int i = 0; i < pp_stage_n_frozen(pp_runner_stage(r, s)); i++)
             printf("not trainable (no gradient reaches it): %s (stage %d)\n",
@@ -125,7 +127,19 @@ int cmd_grad(int argc, char **argv) {
     }
     if (pp_cli_match_inputs(g, &inputs, feeds) != PP_OK) goto done;
     sa.loss = loss_name;
-    if (!no_split && (pp_cli_has_markers(g) || pp_split_args_any(&sa))) {
+    int staged = !no_split && (pp_cli_has_markers(g) || pp_split_args_any(&sa));
+    if (schedule && !staged) { /* a schedule orders stages: refuse rather than ignore it */
+        if (no_split)
+            pp_error(PP_ERR_INVALID, "--schedule %s: --no-split runs the model whole, with no stages to schedule; "
+                     "drop one of the two", schedule);
+        else
+            pp_error(PP_ERR_INVALID, "--schedule %s: the model has no stages (no pipe-split markers, no "
+                     "--split-before/--split-after); give it stages with --split-before PREFIX or "
+                     "--split-after PREFIX (a node-name prefix such as /fc2/), or drop --schedule", schedule);
+        goto done;
+    }
+    /* As infer: M > 1 microbatches of a model without stages run as one stage. */
+    if (staged || (!no_split && microbatches > 1)) {
         rc = grad_pipelined(g, &inputs, &sa, microbatches, schedule, out_dir);
         goto done;
     }

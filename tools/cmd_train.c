@@ -44,6 +44,7 @@ static void train_usage(FILE *f) {
             "--checkpoint saves every stage's parameters and optimizer state to DIR (every N\n"
             "steps and at the end); --resume continues from it up to --steps in all, with\n"
             "exactly the losses an uninterrupted run prints (pipelined models).\n"
+            "--schedule needs a model with stages; without, it is an error.\n"
             "With --json, a loss that is not finite (nan, inf) is written as null.\n"
             "Trainable: the initializers the exporter listed (pippin_torch.export records\n"
             "torch's parameters with requires_grad; buffers are constants), else every float\n"
@@ -433,7 +434,19 @@ int cmd_train(int argc, char **argv) {
     if (a.text && train_text_inputs(g, &a) != PP_OK) goto done;
     if (pp_cli_match_inputs(g, &a.data, data) != PP_OK) goto done;
     a.split.loss = a.loss;
-    if (!a.no_split && (pp_cli_has_markers(g) || pp_split_args_any(&a.split))) {
+    int staged = !a.no_split && (pp_cli_has_markers(g) || pp_split_args_any(&a.split));
+    if (a.schedule && !staged) { /* a schedule orders stages: refuse rather than ignore it */
+        if (a.no_split)
+            pp_error(PP_ERR_INVALID, "--schedule %s: --no-split trains the model whole, with no stages to schedule; "
+                     "drop one of the two", a.schedule);
+        else
+            pp_error(PP_ERR_INVALID, "--schedule %s: the model has no stages (no pipe-split markers, no "
+                     "--split-before/--split-after); give it stages with --split-before PREFIX or "
+                     "--split-after PREFIX (a node-name prefix such as /fc2/), or drop --schedule "
+                     "(--microbatches alone accumulates gradients without stages)", a.schedule);
+        goto done;
+    }
+    if (staged) {
         rc = a.transport ? train_over_transport(g, data, &a) : train_pipelined(g, data, &a);
         goto done;
     }

@@ -34,6 +34,12 @@ expect 2 "--vocab" "train --text without --vocab" -- train "$SRC/examples/gpt/mo
 expect 0 "step 1: loss" "train the example GPT on text through 4 stages" -- train "$SRC/examples/gpt/model.onnx" --text "$SRC/examples/data/tiny.txt" --vocab "$SRC/examples/gpt/vocab.json" --batch-size 4 --microbatches 2 --schedule zb-h1 --steps 2 --optimizer adamw
 expect 1 "schedule" "train with a schedule that needs 2 stages per rank on an odd pipe" -- train "$FX/mlp/model.onnx" --data "x=$FX/mlp/train_x.npy" --data "y=$FX/mlp/train_y.npy" --batch-size 4 --microbatches 2 --schedule zbv --steps 1
 expect 0 "gradients of 6 parameters (3 stages, 2 microbatches)" "grad through the stages" -- grad "$FX/mlp/model.onnx" --input "x=$FX/mlp/x.npy" --input "y=$FX/mlp/y.npy" --microbatches 2 --schedule 1f1b --out "$tmp/g"
+# --schedule on a model without stages is refused, not ignored (regression:
+# grad and train ran the model whole and dropped the schedule).
+expect 1 "the model has no stages" "grad --schedule on a model without stages" -- grad "$FX/mlp/model_nosplit.onnx" --input "x=$FX/mlp/x.npy" --input "y=$FX/mlp/y.npy" --microbatches 2 --schedule 1f1b --out "$tmp/g2"
+expect 1 "the model has no stages" "train --schedule on a model without stages" -- train "$FX/mlp/model_nosplit.onnx" --data "x=$FX/mlp/train_x.npy" --data "y=$FX/mlp/train_y.npy" --batch-size 4 --microbatches 2 --schedule 1f1b --steps 1
+expect 1 "--no-split" "train --schedule with --no-split" -- train "$FX/mlp/model.onnx" --data "x=$FX/mlp/train_x.npy" --data "y=$FX/mlp/train_y.npy" --batch-size 4 --schedule 1f1b --no-split --steps 1
+expect 0 "(1 stage, 2 microbatches)" "grad --microbatches 2 on a model without stages runs it as one stage, as infer does" -- grad "$FX/mlp/model_nosplit.onnx" --input "x=$FX/mlp/x.npy" --input "y=$FX/mlp/y.npy" --microbatches 2 --out "$tmp/g3"
 expect 1 "positive integer" "split with a zero --dim (regression: SIGFPE)" -- split "$FX/gpt/model.onnx" --dim batch=0 -o "$tmp/s2"
 expect 1 "not a dynamic input dim" "split with a misspelt --dim" -- split "$FX/gpt/model.onnx" --dim btach=4 -o "$tmp/s2"
 n=$((n + 1))
