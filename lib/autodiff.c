@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "autodiff_internal.h"
+#include "grow.h"
 #include "pippin/log.h"
 #include "op.h"
 
@@ -208,14 +209,13 @@ static pp_status sweep(pass *p) {
     return PP_OK;
 }
 
-static pp_status grow_ints(int **arr, int n) {
-    int *q = realloc(*arr, sizeof(int) * (size_t)(n + 1));
-    if (!q) return pp_error(PP_ERR_NOMEM, "out of memory in autodiff");
-    *arr = q;
+/* Appends v to *arr, an array of exactly *n ints (pp_backward's lists). On
+ * failure *arr and *n are unchanged: pp_backward_free still frees it all. */
+static pp_status push(int **arr, int *n, int v) {
+    PP_TRY(PP_GROW_EXACT(*arr, *n));
+    (*arr)[(*n)++] = v;
     return PP_OK;
 }
-#define PUSH(arr, n, v) \
-    do { PP_TRY(grow_ints(&(arr), (n))); (arr)[(n)++] = (v); } while (0)
 
 /* Makes gradient *gv of value v a graph output, typed like v (so an
  * exported training graph declares it); an Identity keeps outputs unique and
@@ -262,14 +262,14 @@ static pp_status collect(pass *p, const pp_backward_spec *spec, pp_backward *b) 
     for (int v = 0; v < p->st.n_fwd_values; v++) {
         if (g->values[v].kind != PP_VALUE_PARAM || !value_is_float(&g->values[v])) continue;
         if (p->acc[v] < 0) {
-            PUSH(b->frozen, b->n_frozen, v);
+            PP_TRY(push(&b->frozen, &b->n_frozen, v));
             continue;
         }
         int gv = p->acc[v];
         PP_TRY(add_grad_output(g, &c, v, &gv));
-        PUSH(b->params, b->n_params, v);
-        PP_TRY(grow_ints(&b->param_grads, b->n_params));
-        b->param_grads[b->n_params - 1] = gv;
+        PP_TRY(PP_GROW_EXACT(b->param_grads, b->n_params));
+        b->param_grads[b->n_params] = gv;
+        PP_TRY(push(&b->params, &b->n_params, v));
     }
     return PP_OK;
 }
@@ -314,7 +314,7 @@ static pp_status regions(pass *p, pp_backward *b) {
             continue;
         }
         n->region = PP_REGION_FORWARD;
-        PUSH(b->forward_nodes, b->n_forward, j);
+        if ((s = push(&b->forward_nodes, &b->n_forward, j)) != PP_OK) goto done;
         int d = 0;
         for (int k = 0; k < n->n_in; k++)
             if (n->in[k] >= 0) d |= dep[n->in[k]];
@@ -327,8 +327,9 @@ static pp_status regions(pass *p, pp_backward *b) {
     for (int j = nf; j < g->n_nodes; j++) {
         pp_node *n = &g->nodes[j];
         if (pp_ad_is_side(&p->st, j)) continue;
-        if (n->region == PP_REGION_BACKWARD_INPUT) PUSH(b->i_nodes, b->n_i, j);
-        else PUSH(b->w_nodes, b->n_w, j);
+        s = n->region == PP_REGION_BACKWARD_INPUT ? push(&b->i_nodes, &b->n_i, j)
+                                                  : push(&b->w_nodes, &b->n_w, j);
+        if (s != PP_OK) goto done;
         for (int k = 0; k < n->n_in; k++) {
             int v = n->in[k];
             if (v < 0) continue;
@@ -345,9 +346,9 @@ static pp_status regions(pass *p, pp_backward *b) {
     for (int v = 0; v < g->n_values; v++) {
         if (seen[v] & 1) {
             b->stash_static[b->n_stash] = (uint8_t)!dep[v];
-            PUSH(b->stash, b->n_stash, v);
+            if ((s = push(&b->stash, &b->n_stash, v)) != PP_OK) goto done;
         }
-        if (seen[v] & 2) PUSH(b->handoff, b->n_handoff, v);
+        if ((seen[v] & 2) && (s = push(&b->handoff, &b->n_handoff, v)) != PP_OK) goto done;
     }
 done:
     free(mark);

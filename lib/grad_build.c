@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "autodiff_internal.h"
+#include "grow.h"
 #include "op.h"
 
 #include "status_internal.h"
@@ -37,15 +38,9 @@ int pp_ad_is_side(const pp_ad_state *st, int node) {
 }
 
 static pp_status mark_side(pp_ad_state *st, int node) {
-    if (node >= st->cap_side) {
-        int cap = st->cap_side ? st->cap_side : 256;
-        while (cap <= node) cap *= 2;
-        uint8_t *p = realloc(st->side, (size_t)cap);
-        if (!p) return pp_error(PP_ERR_NOMEM, "out of memory in autodiff");
-        memset(p + st->cap_side, 0, (size_t)(cap - st->cap_side));
-        st->side = p;
-        st->cap_side = cap;
-    }
+    int old = st->cap_side;
+    PP_TRY(PP_GROW(st->side, st->cap_side, node));
+    if (st->cap_side > old) memset(st->side + old, 0, (size_t)(st->cap_side - old));
     st->side[node] = 1;
     return PP_OK;
 }

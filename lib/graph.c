@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grow.h"
 #include "op.h"
 
 #include "status_internal.h"
@@ -57,17 +58,6 @@ static pp_status index_add(pp_graph *g, int value) {
             if (v != value && g->values[v].name) index_put(ix, g, v);
     }
     index_put(ix, g, value);
-    return PP_OK;
-}
-
-/* Grows an array of elem-size items so that one more fits. */
-static pp_status grow(void **arr, int *cap, int n, size_t elem) {
-    if (n < *cap) return PP_OK;
-    int ncap = *cap ? *cap * 2 : 16;
-    void *p = realloc(*arr, (size_t)ncap * elem);
-    if (!p) return pp_error(PP_ERR_NOMEM, "out of memory growing the graph");
-    *arr = p;
-    *cap = ncap;
     return PP_OK;
 }
 
@@ -153,7 +143,7 @@ static pp_status add_value(pp_graph *g, const char *name, pp_value_kind kind, in
     if (!name || !name[0]) return pp_error(PP_ERR_INVALID, "value with an empty name");
     if (index_lookup(g, name) >= 0)
         return pp_error(PP_ERR_INVALID, "value '%s' is defined twice", name);
-    PP_TRY(grow((void **)&g->values, &g->cap_values, g->n_values, sizeof *g->values));
+    PP_TRY(PP_GROW(g->values, g->cap_values, g->n_values));
     pp_value *v = &g->values[g->n_values];
     memset(v, 0, sizeof *v);
     v->name = dup_str(name);
@@ -183,7 +173,7 @@ pp_status pp_graph_add_input(pp_graph *g, const char *name, pp_dtype dt, int ndi
     v->dtype = dt;
     v->ndim = ndim;
     for (int i = 0; i < ndim && shape; i++) v->shape[i] = shape[i];
-    PP_TRY(grow((void **)&g->inputs, &g->cap_inputs, g->n_inputs, sizeof *g->inputs));
+    PP_TRY(PP_GROW(g->inputs, g->cap_inputs, g->n_inputs));
     g->inputs[g->n_inputs++] = id;
     if (value_id) *value_id = id;
     return PP_OK;
@@ -213,7 +203,7 @@ pp_status pp_graph_add_node(pp_graph *g, const char *op_type, const char *domain
     for (int i = 0; i < n_in; i++)
         if (in[i] < -1 || in[i] >= g->n_values)
             return pp_error(PP_ERR_INVALID, "%s node: input %d refers to no value", op_type, i);
-    PP_TRY(grow((void **)&g->nodes, &g->cap_nodes, g->n_nodes, sizeof *g->nodes));
+    PP_TRY(PP_GROW(g->nodes, g->cap_nodes, g->n_nodes));
     int nid = g->n_nodes;
     pp_node *n = &g->nodes[nid];
     memset(n, 0, sizeof *n);
@@ -253,19 +243,19 @@ pp_status pp_graph_add_node(pp_graph *g, const char *op_type, const char *domain
 pp_status pp_graph_add_output(pp_graph *g, int value_id) {
     if (value_id < 0 || value_id >= g->n_values)
         return pp_error(PP_ERR_INVALID, "graph output refers to no value");
-    PP_TRY(grow((void **)&g->outputs, &g->cap_outputs, g->n_outputs, sizeof *g->outputs));
+    PP_TRY(PP_GROW(g->outputs, g->cap_outputs, g->n_outputs));
     g->outputs[g->n_outputs++] = value_id;
     return PP_OK;
 }
 
 pp_status pp_node_add_attr(pp_graph *g, int node, pp_attr *attr) {
     pp_node *n = &g->nodes[node];
-    pp_attr *a = realloc(n->attrs, sizeof *a * (size_t)(n->n_attr + 1));
-    if (!a) {
+    pp_status s = PP_GROW_EXACT(n->attrs, n->n_attr);
+    if (s != PP_OK) {
         pp_attr_clear(attr);
-        return pp_error(PP_ERR_NOMEM, "out of memory adding an attribute");
+        return s;
     }
-    n->attrs = a;
+    pp_attr *a = n->attrs;
     /* A later attribute of the same name replaces the earlier one. */
     for (int i = 0; i < n->n_attr; i++)
         if (strcmp(a[i].name, attr->name) == 0) {

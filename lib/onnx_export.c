@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grow.h"
 #include "onnx.pb-c.h"
 #include "onnx_tensor.h"
 #include "pippin/onnx.h"
@@ -14,21 +15,15 @@
 /* Everything allocated while building the message, freed in one go. */
 typedef struct {
     void **ptrs;
-    size_t n, cap;
+    int n, cap;
     int failed;
 } arena;
 
 static void *arena_alloc(arena *a, size_t size) {
     if (a->failed) return NULL;
-    if (a->n == a->cap) {
-        size_t cap = a->cap ? a->cap * 2 : 256;
-        void **p = realloc(a->ptrs, cap * sizeof *p);
-        if (!p) {
-            a->failed = 1;
-            return NULL;
-        }
-        a->ptrs = p;
-        a->cap = cap;
+    if (PP_GROW(a->ptrs, a->cap, a->n) != PP_OK) {
+        a->failed = 1;
+        return NULL;
     }
     void *m = calloc(1, size ? size : 1);
     if (!m) {
@@ -40,7 +35,7 @@ static void *arena_alloc(arena *a, size_t size) {
 }
 
 static void arena_free(arena *a) {
-    for (size_t i = 0; i < a->n; i++) free(a->ptrs[i]);
+    for (int i = 0; i < a->n; i++) free(a->ptrs[i]);
     free(a->ptrs);
 }
 

@@ -186,7 +186,7 @@ static pp_status check_opsets(const Onnx__ModelProto *m, const char *file, int *
 }
 
 /* PyTorch's eval-mode export merges equal initializers into one plus
- * Identity nodes, silently tying separate parameters (DESIGN.md). */
+ * Identity nodes, silently tying separate parameters. */
 static void warn_identity_params(const pp_graph *g) {
     for (int i = 0; i < g->n_nodes; i++) {
         const pp_node *n = &g->nodes[i];

@@ -51,7 +51,11 @@ pp_status pp_node_error(const pp_node *n, pp_status code, const char *fmt, ...)
 /* Op families (lib/ops/<family>.c), each an array terminated by {NULL}. */
 extern const pp_op pp_ops_elementwise[]; /* binary arithmetic, unary math, activations */
 extern const pp_op pp_ops_reduce[];      /* reductions, softmax, norms, losses */
-extern const pp_op pp_ops_shape[];       /* reshape/transpose/concat/slice/gather/cast... */
+extern const pp_op pp_ops_reshape[];     /* Reshape, Squeeze, Transpose, Identity, Dropout... */
+extern const pp_op pp_ops_slice[];       /* Concat, Split, Slice, Gather... */
+extern const pp_op pp_ops_pad[];         /* Expand, Tile, Pad, Trilu */
+extern const pp_op pp_ops_cast[];        /* Cast, CastLike */
+extern const pp_op pp_ops_constant[];    /* Shape, Size, Range, ConstantOfShape, Constant */
 extern const pp_op pp_ops_matmul[];      /* MatMul, Gemm */
 extern const pp_op pp_ops_pippin[];      /* PipeSplit */
 extern const pp_op pp_ops_grad[];        /* pippin-domain helper ops emitted by autodiff */

@@ -128,16 +128,7 @@ int cmd_grad(int argc, char **argv) {
     if (pp_cli_match_inputs(g, &inputs, feeds) != PP_OK) goto done;
     sa.loss = loss_name;
     int staged = !no_split && (pp_cli_has_markers(g) || pp_split_args_any(&sa));
-    if (schedule && !staged) { /* a schedule orders stages: refuse rather than ignore it */
-        if (no_split)
-            pp_error(PP_ERR_INVALID, "--schedule %s: --no-split runs the model whole, with no stages to schedule; "
-                     "drop one of the two", schedule);
-        else
-            pp_error(PP_ERR_INVALID, "--schedule %s: the model has no stages (no pipe-split markers, no "
-                     "--split-before/--split-after); give it stages with --split-before PREFIX or "
-                     "--split-after PREFIX (a node-name prefix such as /fc2/), or drop --schedule", schedule);
-        goto done;
-    }
+    if (pp_cli_schedule_needs_stages(schedule, staged, no_split, NULL) != PP_OK) goto done;
     /* As infer: M > 1 microbatches of a model without stages run as one stage. */
     if (staged || (!no_split && microbatches > 1)) {
         rc = grad_pipelined(g, &inputs, &sa, microbatches, schedule, out_dir);

@@ -76,7 +76,8 @@ static int infer_pipelined(pp_graph *g, const pp_named_tensors *in, const infer_
     if (!outs || !names) goto done;
     if (pp_cli_runner_step(r, o->microbatches, sched, in, outs) != PP_OK) goto done;
     for (int i = 0; i < n; i++) names[i] = pp_runner_output_name(r, i);
-    printf("ran %d stages, %d microbatches\n", p->n_stages, o->microbatches);
+    printf("ran %d stage%s, %d microbatch%s\n", p->n_stages, p->n_stages == 1 ? "" : "s", o->microbatches,
+           o->microbatches == 1 ? "" : "es");
     rc = write_outputs(o->out_dir, n, names, outs);
 done:
     for (int i = 0; outs && i < n; i++) pp_tensor_free(outs[i]);
@@ -140,8 +141,10 @@ int cmd_infer(int argc, char **argv) {
         rc = pp_cli_fail("infer");
         goto out;
     }
-    int pipelined = !o.no_split && (pp_cli_has_markers(g) || pp_split_args_any(&o.split) || o.microbatches > 1);
-    rc = pipelined ? infer_pipelined(g, &inputs, &o) : infer_unsplit(g, &inputs, o.out_dir);
+    int staged = !o.no_split && (pp_cli_has_markers(g) || pp_split_args_any(&o.split));
+    int pipelined = staged || (!o.no_split && o.microbatches > 1); /* M > 1 without stages: one stage */
+    if (pp_cli_schedule_needs_stages(o.schedule, staged, o.no_split, NULL) != PP_OK) rc = 1;
+    else rc = pipelined ? infer_pipelined(g, &inputs, &o) : infer_unsplit(g, &inputs, o.out_dir);
     if (rc) pp_cli_fail("infer");
     pp_graph_free(g);
 out:

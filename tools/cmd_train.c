@@ -435,17 +435,9 @@ int cmd_train(int argc, char **argv) {
     if (pp_cli_match_inputs(g, &a.data, data) != PP_OK) goto done;
     a.split.loss = a.loss;
     int staged = !a.no_split && (pp_cli_has_markers(g) || pp_split_args_any(&a.split));
-    if (a.schedule && !staged) { /* a schedule orders stages: refuse rather than ignore it */
-        if (a.no_split)
-            pp_error(PP_ERR_INVALID, "--schedule %s: --no-split trains the model whole, with no stages to schedule; "
-                     "drop one of the two", a.schedule);
-        else
-            pp_error(PP_ERR_INVALID, "--schedule %s: the model has no stages (no pipe-split markers, no "
-                     "--split-before/--split-after); give it stages with --split-before PREFIX or "
-                     "--split-after PREFIX (a node-name prefix such as /fc2/), or drop --schedule "
-                     "(--microbatches alone accumulates gradients without stages)", a.schedule);
+    if (pp_cli_schedule_needs_stages(a.schedule, staged, a.no_split,
+                                     " (--microbatches alone accumulates gradients without stages)") != PP_OK)
         goto done;
-    }
     if (staged) {
         rc = a.transport ? train_over_transport(g, data, &a) : train_pipelined(g, data, &a);
         goto done;

@@ -12,6 +12,17 @@ int pp_cli_has_markers(const pp_graph *g) {
     return 0;
 }
 
+pp_status pp_cli_schedule_needs_stages(const char *schedule, int staged, int no_split, const char *hint) {
+    if (!schedule || staged) return PP_OK;
+    if (no_split)
+        return pp_error(PP_ERR_INVALID, "--schedule %s: --no-split runs the model whole, with no stages to schedule; "
+                        "drop one of the two", schedule);
+    return pp_error(PP_ERR_INVALID, "--schedule %s: the model has no stages (no pipe-split markers, no "
+                    "--split-before/--split-after); give it stages with --split-before PREFIX or "
+                    "--split-after PREFIX (a node-name prefix such as /fc2/), or drop --schedule%s", schedule,
+                    hint ? hint : "");
+}
+
 pp_status pp_cli_open_pipeline(const pp_graph *g, const pp_split_args *sa, int training, pp_pipe **pipe,
                                pp_runner **runner) {
     pp_split_spec spec = pp_split_args_spec(sa);

@@ -10,6 +10,9 @@
 
 /* 1 if g holds pippin::PipeSplit markers. */
 int pp_cli_has_markers(const pp_graph *g);
+/* A schedule orders stages: --schedule on a model run without stages is
+ * refused rather than ignored. PP_OK when there is nothing to refuse. */
+pp_status pp_cli_schedule_needs_stages(const char *schedule, int staged, int no_split, const char *hint);
 
 /* Splits g (markers and/or sa's prefixes) and builds a runner. */
 pp_status pp_cli_open_pipeline(const pp_graph *g, const pp_split_args *sa, int training, pp_pipe **pipe,

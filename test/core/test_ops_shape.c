@@ -1,5 +1,5 @@
-/* Shape and data-movement kernels (lib/ops/shape.c): hand-computed cases,
- * naive reference checks for the strided-copy paths, zero-copy views,
+/* Shape and data-movement kernels (lib/ops/reshape.c, slice.c, pad.c,
+ * cast.c, constant.c): hand-computed cases, naive reference checks for the strided-copy paths, zero-copy views,
  * 0-sized and scalar tensors, and error cases that must name the node. */
 #include <math.h>
 #include <stdio.h>

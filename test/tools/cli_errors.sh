@@ -39,6 +39,8 @@ expect 0 "gradients of 6 parameters (3 stages, 2 microbatches)" "grad through th
 expect 1 "the model has no stages" "grad --schedule on a model without stages" -- grad "$FX/mlp/model_nosplit.onnx" --input "x=$FX/mlp/x.npy" --input "y=$FX/mlp/y.npy" --microbatches 2 --schedule 1f1b --out "$tmp/g2"
 expect 1 "the model has no stages" "train --schedule on a model without stages" -- train "$FX/mlp/model_nosplit.onnx" --data "x=$FX/mlp/train_x.npy" --data "y=$FX/mlp/train_y.npy" --batch-size 4 --microbatches 2 --schedule 1f1b --steps 1
 expect 1 "--no-split" "train --schedule with --no-split" -- train "$FX/mlp/model.onnx" --data "x=$FX/mlp/train_x.npy" --data "y=$FX/mlp/train_y.npy" --batch-size 4 --schedule 1f1b --no-split --steps 1
+expect 1 "the model has no stages" "infer --schedule on a model without stages" -- infer "$FX/mlp/model_nosplit.onnx" --input "x=$FX/mlp/x.npy" --input "y=$FX/mlp/y.npy" --schedule 1f1b --output-dir "$tmp/o3"
+expect 0 "ran 1 stage, 2 microbatches" "infer --microbatches without stages runs one stage (grammar)" -- infer "$FX/mlp/model_nosplit.onnx" --input "x=$FX/mlp/x.npy" --input "y=$FX/mlp/y.npy" --microbatches 2 --output-dir "$tmp/o4"
 expect 0 "(1 stage, 2 microbatches)" "grad --microbatches 2 on a model without stages runs it as one stage, as infer does" -- grad "$FX/mlp/model_nosplit.onnx" --input "x=$FX/mlp/x.npy" --input "y=$FX/mlp/y.npy" --microbatches 2 --out "$tmp/g3"
 expect 1 "positive integer" "split with a zero --dim (regression: SIGFPE)" -- split "$FX/gpt/model.onnx" --dim batch=0 -o "$tmp/s2"
 expect 1 "not a dynamic input dim" "split with a misspelt --dim" -- split "$FX/gpt/model.onnx" --dim btach=4 -o "$tmp/s2"

@@ -61,9 +61,9 @@ expect_example_fail() { # description, config text
     if "$EXAMPLE" "$tmp/bad.yaml" >"$tmp/bad.out" 2>"$tmp/bad.err"; then
         echo "not ok $n - $1: exit 0"
     elif ! grep -q "bad.yaml" "$tmp/bad.err"; then
-        echo "not ok $n - $1: the error does not name the file: $(head -c 200 "$tmp/bad.err")"
+        echo "not ok $n - $1: the error does not name the file: $(head -c 200 "$tmp/bad.err" | tr "\n" " ")"
     else
-        echo "ok $n - $1: $(head -c 120 "$tmp/bad.err")"
+        echo "ok $n - $1: $(head -c 120 "$tmp/bad.err" | tr "\n" " ")"
     fi
 }
 expect_example_fail "a config with a missing key fails, naming the file" "model: $FX/mlp/model.onnx
