@@ -400,6 +400,11 @@ static pp_status run_pass(pass *p, const pp_backward_spec *spec, pp_backward *b)
     return regions(p, b);
 }
 
+void pp_backward_spec_init(pp_backward_spec *s) {
+    memset(s, 0, sizeof *s);
+    s->loss = -1;
+}
+
 pp_status pp_autodiff(pp_graph *g, const pp_backward_spec *spec, pp_backward **out) {
     *out = NULL;
     PP_TRY(pp_graph_resolve(g));

@@ -89,6 +89,9 @@ typedef struct pp_backward_spec {
     /* every float PARAM reached by a gradient gets one */
 } pp_backward_spec;
 
+/* No loss (-1), no seeds, no input gradients. */
+PP_API void pp_backward_spec_init(pp_backward_spec *s);
+
 /* What pp_autodiff built (value and node ids of the graph). */
 typedef struct pp_backward {
     /* seed_grads[i]: NEW graph input carrying dL/d(seed_values[i]). For the

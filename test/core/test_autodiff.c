@@ -457,7 +457,11 @@ static void test_error_no_rule(void **state) {
     TU_OK(pp_node_set_int(g, node, "keepdims", 0));
     loss = g->nodes[node].out[0];
     TU_OK(pp_graph_add_output(g, loss));
-    pp_backward_spec spec = {loss, 0, NULL, 0, NULL};
+    pp_backward_spec spec;
+    pp_backward_spec_init(&spec);
+    assert_int_equal(spec.loss, -1);
+    assert_int_equal(spec.n_seeds + spec.n_wrt, 0);
+    spec.loss = loss;
     pp_backward *b = NULL;
     pp_status s = pp_autodiff(g, &spec, &b);
     if (s == PP_ERR_UNSUPPORTED && strstr(pp_last_error(), "unsupported op")) {
