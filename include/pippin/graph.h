@@ -3,7 +3,7 @@
  * Values and nodes are addressed by index (arrays grow, so never keep a
  * pointer across a call that adds to the graph). A value is a graph input, a
  * parameter (trainable initializer), a constant, or a node output. Nodes
- * reference an op from the registry (pippin/op.h) and carry ONNX-style
+ * reference an op from the registry (lib/op.h, internal) and carry ONNX-style
  * attributes. Backward nodes built by autodiff carry a region tag.
  *
  * Thread safety: a graph is not locked: build or change it from one thread;

@@ -7,7 +7,7 @@
  * pippin's process-wide context gives them), `ipc://` or `tcp://`.
  *
  * A message is multipart: frame 0 is a packed protobuf envelope
- * (pippin/envelope.h), then the raw bytes of each tensor. Tensors of at
+ * (transport/pippin.proto), then the raw bytes of each tensor. Tensors of at
  * least `zero_copy_min` bytes are sent without copying, in frames of
  * `frame_bytes`; smaller ones are copied. Received tensors are filed in a
  * mailbox by (kind, step, microbatch, source stage, destination stage,
