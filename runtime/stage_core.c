@@ -112,6 +112,10 @@ static pp_status sync_one(pp_core *c, const pp_route *r, int i) {
         st = replica_grad(c, s, sh->name, &delta[a]);
         if (st != PP_OK) break;
         pp_flat_params *fp = pp_stage_params(c->stages[s]);
+        if (pp_tensor_numel(delta[a]) != pp_tensor_numel(c->snap[i])) {
+            st = pp_error(PP_ERR_INTERNAL, "replicas of '%s' differ in size", sh->name);
+            break;
+        }
         if (fp && pp_flat_params_find(fp, sh->name) >= 0) {
             float *d = delta[a]->data;
             const float *s0 = c->snap[i]->data;
@@ -278,7 +282,7 @@ static pp_status run_weight(pp_core *c, int s, int mb, int *ran) {
 static pp_status run_compute(pp_core *c, const pp_route *r, const pp_action *a, int *ran) {
     int s = a->stage, mb = a->mb, m = c->m;
     if (s < 0 || s >= c->n_stages || !c->stages[s] || mb < 0 || mb >= m)
-        return pp_error(PP_ERR_INVALID, "stage %d microbatch %d is not this core's to run (%d stages, %d microbatches)",
+        return pp_error(PP_ERR_INVALID, "stage %d microbatch %d is not on this rank (%d stages, %d microbatches)",
                         s, mb, c->n_stages, m);
     switch ((pp_act_kind)a->kind) {
     case PP_ACT_F:

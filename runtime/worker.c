@@ -33,8 +33,10 @@ struct pp_worker {
     pp_tensor **data;         /* per input: every row of its data */
     int loss_output;          /* among the model outputs, -1 if none */
     int64_t next_step;
-    atomic_int stop;
-    int stopped, failed;
+    atomic_int stop;          /* asked locally (pp_worker_stop) */
+    int stop_agreed;          /* some rank asked: every rank stops after this step */
+    int stopped, failed, params_written;
+    int resumed;              /* the ranks have not yet agreed on the step */
 };
 
 void pp_worker_options_init(pp_worker_options *o) {
@@ -94,9 +96,11 @@ static pp_status open_pipe(pp_worker *w) {
         PP_TRY(pp_pipe_split(w->g, &spec, &w->p));
         const char *dims[64];
         char buf[64][128];
-        int nd = c->n_dims < 64 ? c->n_dims : 64;
+        int nd = c->n_dims;
+        if (nd > 64) return pp_error(PP_ERR_UNSUPPORTED, "%s: more than 64 dims", c->path);
         for (int i = 0; i < nd; i++) {
-            snprintf(buf[i], sizeof buf[i], "%s=%s", c->dims[i].key, c->dims[i].value);
+            if ((size_t)snprintf(buf[i], sizeof buf[i], "%s=%s", c->dims[i].key, c->dims[i].value) >= sizeof buf[i])
+                return pp_error(PP_ERR_INVALID, "%s: dims entry '%s' is too long", c->path, c->dims[i].key);
             dims[i] = buf[i];
         }
         PP_TRY(pp_pipe_probe_shapes(w->p, nd, dims));
@@ -106,6 +110,7 @@ static pp_status open_pipe(pp_worker *w) {
             return pp_error(PP_ERR_INVALID, "%s: the split in %s has loss '%s', the config asks for '%s'", c->path,
                             c->stages, w->p->loss ? w->p->loss : "(none)", c->loss);
     }
+    if (!c->schedule) return pp_error(PP_ERR_INVALID, "%s: no schedule", c->path ? c->path : "config");
     PP_TRY(pp_schedule_from_spec(c->schedule, w->p->n_stages, c->microbatches, &w->sched));
     if (w->sched->nranks != c->n_ranks)
         return pp_error(PP_ERR_INVALID, "%s: schedule '%s' over %d stages needs %d ranks; the config lists %d",
@@ -151,6 +156,50 @@ static pp_status open_data(pp_worker *w) {
     return PP_OK;
 }
 
+/* Every rank tells every other rank `mine` (keyed by step and a
+ * microbatch number past the step's last, which data never uses) and gets
+ * theirs: *lo and *hi are the smallest and largest value of all ranks, *who
+ * (may be NULL) a rank with *hi. Sends go first, so no rank waits on a rank
+ * that waits on it. */
+static pp_status exchange(pp_worker *w, int64_t step, int slot, int64_t mine, int64_t *lo, int64_t *hi, int *who) {
+    const pp_schedule *sc = w->sched;
+    int nr = sc->nranks, mb = w->c->microbatches + slot;
+    *lo = *hi = mine;
+    if (who) *who = w->rank;
+    int *first = malloc(sizeof(int) * (size_t)nr);
+    pp_tensor *t = NULL;
+    pp_status s = first ? pp_tensor_new(PP_I64, 1, (int64_t[]){1}, &t) : pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int st = sc->nstages - 1; s == PP_OK && st >= 0; st--) first[sc->stage_rank[st]] = st;
+    if (s == PP_OK) ((int64_t *)t->data)[0] = mine;
+    for (int r = 0; r < nr && s == PP_OK; r++) {
+        pp_transport_key k = {PP_MSG_GRADIENT, step, mb, first[w->rank], first[r], "pippin:agree"};
+        if (r != w->rank) s = pp_transport_send(w->t, &k, t);
+    }
+    for (int r = 0; r < nr && s == PP_OK; r++) {
+        if (r == w->rank) continue;
+        pp_transport_key k = {PP_MSG_GRADIENT, step, mb, first[r], first[w->rank], "pippin:agree"};
+        pp_tensor *got = NULL;
+        s = pp_transport_recv(w->t, &k, w->c->timeout_ms, &got);
+        if (s == PP_OK && (got->dtype != PP_I64 || pp_tensor_numel(got) != 1))
+            s = pp_error(PP_ERR_PEER, "rank %d sent a malformed agreement message", r);
+        if (s == PP_OK) {
+            int64_t v = ((int64_t *)got->data)[0];
+            if (v < *lo) *lo = v;
+            if (v > *hi) {
+                *hi = v;
+                if (who) *who = r;
+            }
+        }
+        pp_tensor_free(got);
+    }
+    pp_tensor_free(t);
+    free(first);
+    return s;
+}
+
+/* Agreement slots (microbatch numbers past the step's last). */
+enum { SLOT_STOP = 1, SLOT_RESUME = 2 };
+
 /* Every local stage's checkpoint, all of one step: the next step is the one
  * after it. */
 static pp_status resume(pp_worker *w) {
@@ -167,6 +216,23 @@ static pp_status resume(pp_worker *w) {
         saved = step;
     }
     w->next_step = saved + 1;
+    w->resumed = 1;
+    return PP_OK;
+}
+
+/* Before the first step after a resume, every rank must start from the
+ * same step: a directory whose stages were saved at different steps is
+ * refused, naming them (not at open, which must not wait for the peers). */
+static pp_status agree_on_resume(pp_worker *w) {
+    int64_t lo, hi;
+    int who;
+    PP_TRY(exchange(w, 0, SLOT_RESUME, w->next_step, &lo, &hi, &who));
+    w->resumed = 0;
+    if (lo != hi)
+        return pp_error(PP_ERR_INVALID, "rank %d: %s: the ranks' stages were saved at different steps (this rank's "
+                        "at %lld, rank %d's at %lld, the oldest at %lld); resume needs one step for every rank",
+                        w->rank, w->opt.checkpoint_dir, (long long)w->next_step - 1, who, (long long)hi - 1,
+                        (long long)lo - 1);
     return PP_OK;
 }
 
@@ -185,13 +251,15 @@ pp_status pp_worker_open_config(const pp_config *c, const pp_worker_options *o, 
     if (s == PP_OK) s = open_data(w);
     if (s == PP_OK && c->output_dir) s = pp_mkdirs(c->output_dir);
     if (s == PP_OK) s = open_transport(w);
+    if (s != PP_OK && w->rank >= 0) s = pp_error_context(s, "rank %d", w->rank);
     if (s == PP_OK) s = pp_executor_new(w->p, w->sched, w->rank, c->training, w->t, &w->ex);
     if (s == PP_OK && c->training) s = pp_executor_set_optimizer(w->ex, &c->optim);
-    if (s == PP_OK && c->training && w->opt.resume) s = resume(w);
+    if (s == PP_OK && w->opt.resume && !c->training)
+        s = pp_error(PP_ERR_INVALID, "rank %d: resume: an inference run has no checkpoint to resume", w->rank);
+    if (s == PP_OK && c->training && w->opt.resume) s = pp_error_context(resume(w), "rank %d", w->rank);
     for (int k = 0; s == PP_OK && w->p->loss && k < w->p->n_outputs; k++)
         if (strcmp(w->p->outputs[k], w->p->loss) == 0) w->loss_output = k;
     if (s != PP_OK) {
-        s = w->rank >= 0 ? pp_error_context(s, "rank %d", w->rank) : s;
         pp_worker_close(w);
         return s;
     }
@@ -247,14 +315,20 @@ static pp_status after_step(pp_worker *w, int64_t step, pp_tensor **outs) {
         (last || (w->opt.checkpoint_every > 0 && (step + 1) % w->opt.checkpoint_every == 0)))
         PP_TRY(save_checkpoint(w, w->opt.checkpoint_dir, step));
     if (!c->training && c->output_dir) PP_TRY(save_outputs(w, step, outs));
-    if (last && c->training && c->output_dir) {
-        pp_stage **stages;
-        PP_TRY(local_stages(w, &stages));
-        pp_status s = pp_save_stage_params(w->p, pp_executor_n_stages(w->ex), stages, c->output_dir, "", 0, NULL);
-        free(stages);
-        PP_TRY(s);
-    }
     return PP_OK;
+}
+
+/* The trained parameters in output_dir once the run is over (also when it
+ * resumed at its end, or has no steps). */
+static pp_status finish(pp_worker *w) {
+    const pp_config *c = w->c;
+    if (!c->training || !c->output_dir || w->params_written) return PP_OK;
+    pp_stage **stages;
+    PP_TRY(local_stages(w, &stages));
+    pp_status s = pp_save_stage_params(w->p, pp_executor_n_stages(w->ex), stages, c->output_dir, "", 0, NULL);
+    free(stages);
+    if (s == PP_OK) w->params_written = 1;
+    return s;
 }
 
 static pp_status one_step(pp_worker *w, int64_t step, double *ms, float *loss, int *has_loss) {
@@ -267,6 +341,7 @@ static pp_status one_step(pp_worker *w, int64_t step, double *ms, float *loss, i
     pp_executor_zero_grad(w->ex);
     if (s == PP_OK) s = pp_executor_step(w->ex, step, c->microbatches, n, w->names, batch, outs);
     if (s == PP_OK && c->training) s = pp_executor_optimizer_step(w->ex);
+    if (s == PP_OK) w->next_step = step + 1; /* the parameters are now those after `step` */
     *ms = pp_monotonic_ms() - t0;
     *has_loss = s == PP_OK && w->loss_output >= 0 && outs[w->loss_output];
     if (*has_loss) *loss = (float)pp_tensor_get_f64(outs[w->loss_output], 0);
@@ -279,40 +354,49 @@ static pp_status one_step(pp_worker *w, int64_t step, double *ms, float *loss, i
 }
 
 pp_status pp_worker_step(pp_worker *w, int *done) {
-    if (done) *done = w->next_step >= w->c->steps;
+    if (done) *done = w->next_step >= w->c->steps || w->stop_agreed;
     if (w->failed) return pp_error(PP_ERR_STATE, "rank %d: an earlier step failed", w->rank);
-    if (w->next_step >= w->c->steps) return PP_OK;
+    if (w->stop_agreed) return PP_OK;
+    pp_status s = w->resumed && w->sched->nranks > 1 ? agree_on_resume(w) : PP_OK;
+    if (s == PP_OK && w->next_step >= w->c->steps) s = finish(w);
+    if (s != PP_OK || w->next_step >= w->c->steps) {
+        if (s != PP_OK) w->failed = 1;
+        return s;
+    }
     int64_t step = w->next_step;
     double ms = 0;
     float loss = 0;
     int has_loss = 0;
-    pp_status s = one_step(w, step, &ms, &loss, &has_loss);
-    if (s != PP_OK) {
-        w->failed = 1;
-        char reason[512];
-        snprintf(reason, sizeof reason, "rank %d: %s", w->rank, pp_last_error());
-        pp_transport_abort(w->t, reason); /* peers fail at once instead of timing out */
-        return pp_error(s, "%s", reason);
-    }
-    w->next_step++;
-    if (w->opt.progress) {
+    s = one_step(w, step, &ms, &loss, &has_loss);
+    if (s == PP_OK && w->opt.progress) { /* before the vote: a stop asked here counts for this step */
         pp_worker_progress pr = {w->rank, step, w->c->steps, has_loss, loss, ms};
         w->opt.progress(&pr, w->opt.progress_user);
     }
-    if (done) *done = w->next_step >= w->c->steps;
+    /* Every rank learns whether any rank was asked to stop, so all stop
+     * after the same step and their checkpoints agree. */
+    int64_t lo = 0, any = atomic_load(&w->stop);
+    if (s == PP_OK && w->sched->nranks > 1) s = exchange(w, step, SLOT_STOP, any, &lo, &any, NULL);
+    if (s == PP_OK && any) w->stop_agreed = 1;
+    if (s == PP_OK && w->next_step >= w->c->steps) s = finish(w);
+    if (s != PP_OK) {
+        w->failed = 1;
+        char reason[1024];
+        snprintf(reason, sizeof reason, "%s", pp_last_error());
+        pp_transport_abort(w->t, reason); /* peers fail at once instead of timing out */
+        return pp_error(s, "%s", reason);
+    }
+    if (done) *done = w->next_step >= w->c->steps || w->stop_agreed;
     return PP_OK;
 }
 
 pp_status pp_worker_run(pp_worker *w) {
     int done = 0;
-    while (!done) {
-        if (atomic_load(&w->stop)) {
-            w->stopped = 1;
-            if (w->c->training && w->opt.checkpoint_dir && w->next_step > 0)
-                PP_TRY(save_checkpoint(w, w->opt.checkpoint_dir, w->next_step - 1));
-            return PP_OK;
-        }
-        PP_TRY(pp_worker_step(w, &done));
+    while (!done) PP_TRY(pp_worker_step(w, &done));
+    if (w->stop_agreed && w->next_step < w->c->steps) {
+        w->stopped = 1;
+        if (w->c->training && w->opt.checkpoint_dir && w->next_step > 0 &&
+            !(w->opt.checkpoint_every > 0 && w->next_step % w->opt.checkpoint_every == 0)) /* not saved yet */
+            PP_TRY(save_checkpoint(w, w->opt.checkpoint_dir, w->next_step - 1));
     }
     return PP_OK;
 }
@@ -321,6 +405,7 @@ void pp_worker_stop(pp_worker *w) { atomic_store(&w->stop, 1); }
 int pp_worker_stopped(const pp_worker *w) { return w->stopped; }
 
 pp_status pp_worker_checkpoint(pp_worker *w, const char *dir) {
+    if (w->failed) return pp_error(PP_ERR_STATE, "rank %d: a step failed; its state is not a step's end", w->rank);
     if (!w->c->training) return pp_error(PP_ERR_STATE, "rank %d: an inference run has nothing to checkpoint", w->rank);
     if (w->next_step == 0) return pp_error(PP_ERR_STATE, "rank %d: no step has finished yet", w->rank);
     return save_checkpoint(w, dir, w->next_step - 1);

@@ -18,7 +18,10 @@ pp_status pp_microbatch_split(pp_tensor *t, int m, const char *name, pp_tensor *
         int64_t rows = pp_microbatch_rows(t->shape[0], m, i);
         pp_status s = pp_tensor_slice0(t, start, rows, &chunks[i]);
         if (s != PP_OK) {
-            for (int k = 0; k < i; k++) pp_tensor_free(chunks[k]);
+            for (int k = 0; k < i; k++) {
+                pp_tensor_free(chunks[k]);
+                chunks[k] = NULL; /* the caller may free what it holds */
+            }
             return s;
         }
         start += rows;

@@ -2,6 +2,7 @@
  * pippin run: one worker process per rank of that config, on this machine. */
 #include <errno.h>
 #include <getopt.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,9 +27,13 @@ static void print_progress(const pp_worker_progress *pr, void *user) {
 
 static pp_worker *volatile running; /* for the signal handler */
 
+/* The first SIGINT/SIGTERM asks every rank to stop after the step in
+ * progress (SA_RESETHAND: a second one ends the process at once, e.g. while
+ * a receive waits for a peer that is gone). */
 static void on_signal(int sig) {
     (void)sig;
-    if (running) pp_worker_stop(running);
+    pp_worker *w = running;
+    if (w) pp_worker_stop(w);
 }
 
 static void worker_usage(FILE *f) {
@@ -106,6 +111,7 @@ int cmd_worker(int argc, char **argv) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESETHAND;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     int rc = pp_worker_run(w) == PP_OK ? 0 : pp_cli_fail("worker");
@@ -114,7 +120,13 @@ int cmd_worker(int argc, char **argv) {
                 (long long)pp_worker_next_step(w) - 1);
         rc = 1;
     }
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &block, &old); /* no handler may run on a freed worker */
     running = NULL;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     pp_worker_close(w);
     pp_config_free(cfg);
     return rc;

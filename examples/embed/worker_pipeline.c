@@ -7,6 +7,7 @@
  *
  * Builds with `pkg-config --cflags --libs pippin` after `meson install`
  * (or as build/examples/worker_pipeline in the source tree). */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -59,7 +60,10 @@ int main(int argc, char **argv) {
     for (int r = 0; r < n; r++) {
         pids[r] = fork();
         if (pids[r] == 0) _exit(run_rank(argv[1], r));
-        if (pids[r] < 0) return 1;
+        if (pids[r] < 0) { /* the ranks already started would wait for this one */
+            for (int k = 0; k < r; k++) kill(pids[k], SIGTERM);
+            return 1;
+        }
     }
     int rc = 0;
     for (int r = 0; r < n; r++) {

@@ -17,9 +17,15 @@
  * Every rank of the config runs one worker (a process each, or a thread
  * each); they find each other through the config's endpoints.
  *
+ * Stopping is collective: after each step the ranks tell each other whether
+ * one was asked to stop (a few bytes per peer), so every rank stops after
+ * the same step and their checkpoints agree. A resume checks, before its
+ * first step, that every rank resumes from the same step.
+ *
  * Thread safety: one thread drives a worker (open, step/run, checkpoint,
- * close); pp_worker_stop may be called from any thread or a signal handler.
- * Different workers may run on different threads of one process. */
+ * close); pp_worker_stop may be called from any thread or a signal handler,
+ * but not after (or while) pp_worker_close runs. Different workers may run
+ * on different threads of one process. */
 #ifndef PIPPIN_WORKER_H
 #define PIPPIN_WORKER_H
 
@@ -51,9 +57,9 @@ typedef struct pp_worker_options {
     int rank;                   /* -1 (default): PIPPIN_RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK or PMI_RANK */
     pp_worker_progress_fn progress; /* NULL: none */
     void *progress_user;
-    const char *checkpoint_dir; /* NULL: no checkpoints */
+    const char *checkpoint_dir; /* NULL: no checkpoints (borrowed: must outlive the worker) */
     int64_t checkpoint_every;   /* steps between checkpoints; 0: only after the last step */
-    int resume;                 /* continue from checkpoint_dir's last step */
+    int resume;                 /* continue from checkpoint_dir's last step (training runs) */
     int blas_threads;           /* > 0: the BLAS's thread count (pp_set_blas_threads); 0: leave it */
 } pp_worker_options;
 
@@ -69,13 +75,14 @@ PP_API pp_status pp_worker_open(const char *config_path, const pp_worker_options
 PP_API pp_status pp_worker_open_config(const pp_config *c, const pp_worker_options *o, pp_worker **out);
 
 /* Runs the next step (every rank runs the same step together). *done (may
- * be NULL) is 1 when the run's last step has been run; after it the
- * trained parameters (training) are in the config's output_dir. On failure
- * the peers are told at once, and the worker refuses further steps. */
+ * be NULL) is 1 when the run's last step has been run, or the ranks agreed
+ * to stop; at the end the trained parameters (training) are in the
+ * config's output_dir. On failure the peers are told at once, and the
+ * worker refuses further steps. */
 PP_API pp_status pp_worker_step(pp_worker *w, int *done);
-/* Runs the remaining steps, or until pp_worker_stop: then it writes a
- * checkpoint (when configured) of the last finished step and returns PP_OK
- * with pp_worker_stopped 1. */
+/* Runs the remaining steps, or until some rank's pp_worker_stop: then every
+ * rank writes a checkpoint (when configured) of the same last finished step
+ * and returns PP_OK with pp_worker_stopped 1. */
 PP_API pp_status pp_worker_run(pp_worker *w);
 /* Asks a running worker to stop after the step in progress. */
 PP_API void pp_worker_stop(pp_worker *w);
