@@ -9,6 +9,37 @@
 #include "status_internal.h"
 #include "timing.h"
 
+static pp_status link_stage(pp_core *c, int s) {
+    const pp_pipe *p = c->p;
+    pp_stage *st = c->stages[s];
+    pp_core_links *l = &c->links[s];
+    int ni = pp_stage_n_inputs(st), no = pp_stage_n_outputs(st);
+    int ng = pp_stage_n_grad_outputs(st), nw = pp_stage_n_grad_inputs(st);
+    l->in_edge = calloc((size_t)ni + 1, sizeof(int));
+    l->out_edge = calloc((size_t)no + 1, sizeof(int));
+    l->out_model = calloc((size_t)no + 1, sizeof(int));
+    l->gout_edge = calloc((size_t)ng + 1, sizeof(int));
+    l->gin_edge = calloc((size_t)nw + 1, sizeof(int));
+    if (!l->in_edge || !l->out_edge || !l->out_model || !l->gout_edge || !l->gin_edge)
+        return pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < ni; i++)
+        if ((l->in_edge[i] = pp_pipe_find_edge(p, pp_stage_input_name(st, i))) < 0)
+            return pp_error(PP_ERR_INTERNAL, "stage %d input '%s' has no edge", s, pp_stage_input_name(st, i));
+    for (int o = 0; o < no; o++) {
+        const char *name = pp_stage_output_name(st, o);
+        int e = pp_pipe_find_edge(p, name);
+        l->out_edge[o] = e >= 0 && p->edges[e].producer == s ? e : -1;
+        l->out_model[o] = -1;
+        for (int k = 0; k < p->n_outputs; k++)
+            if (p->output_stage[k] == s && strcmp(p->outputs[k], name) == 0) l->out_model[o] = k;
+    }
+    for (int k = 0; k < ng; k++)
+        if ((l->gout_edge[k] = pp_pipe_find_edge(p, pp_stage_grad_output_name(st, k))) < 0)
+            return pp_error(PP_ERR_INTERNAL, "stage %d gradient of '%s' has no edge", s, pp_stage_grad_output_name(st, k));
+    for (int k = 0; k < nw; k++) l->gin_edge[k] = pp_pipe_find_edge(p, pp_stage_grad_input_name(st, k));
+    return PP_OK;
+}
+
 pp_status pp_core_init(pp_core *c, pp_pipe *p, const pp_schedule *sched, int rank, int training) {
     memset(c, 0, sizeof *c);
     c->p = p;
@@ -17,11 +48,13 @@ pp_status pp_core_init(pp_core *c, pp_pipe *p, const pp_schedule *sched, int ran
     c->stages = calloc((size_t)p->n_stages + 1, sizeof *c->stages);
     c->optims = calloc((size_t)p->n_stages + 1, sizeof *c->optims);
     c->local = calloc((size_t)p->n_stages + 1, sizeof *c->local);
-    if (!c->stages || !c->optims || !c->local) return pp_error(PP_ERR_NOMEM, "out of memory");
+    c->links = calloc((size_t)p->n_stages + 1, sizeof *c->links);
+    if (!c->stages || !c->optims || !c->local || !c->links) return pp_error(PP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < p->n_stages; i++) {
         if (rank >= 0 && sched->stage_rank[i] != rank) continue;
         PP_TRY(pp_stage_from_pipe(p, i, training, &c->stages[i]));
         c->local[c->n_local++] = i;
+        PP_TRY(link_stage(c, i));
     }
     return PP_OK;
 }
@@ -47,7 +80,15 @@ void pp_core_free(pp_core *c) {
     for (int i = 0; i < c->n_stages; i++) {
         if (c->stages) pp_stage_free(c->stages[i]);
         if (c->optims) pp_optim_free(c->optims[i]);
+        if (c->links) {
+            free(c->links[i].in_edge);
+            free(c->links[i].out_edge);
+            free(c->links[i].out_model);
+            free(c->links[i].gout_edge);
+            free(c->links[i].gin_edge);
+        }
     }
+    free(c->links);
     free(c->stages);
     free(c->optims);
     free(c->local);
@@ -193,8 +234,8 @@ static int forward_ready(const pp_core *c, const pp_route *r, int s, int mb) {
     pp_stage *st = c->stages[s];
     if (!r->act_ready) return 1;
     for (int i = 0; i < pp_stage_n_inputs(st); i++) {
-        int e = pp_pipe_find_edge(p, pp_stage_input_name(st, i));
-        if (e >= 0 && p->edges[e].producer >= 0 && !r->act_ready(r->ctx, e, mb, s)) return 0;
+        int e = c->links[s].in_edge[i];
+        if (p->edges[e].producer >= 0 && !r->act_ready(r->ctx, e, mb, s)) return 0;
     }
     return 1;
 }
@@ -205,23 +246,19 @@ static pp_status run_forward(pp_core *c, const pp_route *r, int s, int mb) {
     int m = c->m, ni = pp_stage_n_inputs(st), no = pp_stage_n_outputs(st);
     pp_tensor **ins = calloc((size_t)ni + 1, sizeof *ins), **outs = calloc((size_t)no + 1, sizeof *outs);
     pp_status status = ins && outs ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
+    const pp_core_links *l = &c->links[s];
     for (int i = 0; i < ni && status == PP_OK; i++) {
-        const char *name = pp_stage_input_name(st, i);
-        int e = pp_pipe_find_edge(p, name);
-        if (e < 0) status = pp_error(PP_ERR_INTERNAL, "stage %d input '%s' has no edge", s, name);
-        else if (p->edges[e].producer < 0) ins[i] = pp_tensor_retain(c->chunks[e * m + mb]);
+        int e = l->in_edge[i];
+        if (p->edges[e].producer < 0) ins[i] = pp_tensor_retain(c->chunks[e * m + mb]);
         else status = r->recv_act(r->ctx, e, mb, s, &ins[i]);
     }
     if (status == PP_OK) status = pp_stage_forward(st, mb, ins, outs);
     if (status == PP_OK) c->done_f[s * m + mb] = 1;
     for (int o = 0; o < no && status == PP_OK; o++) {
-        const char *name = pp_stage_output_name(st, o);
-        int e = pp_pipe_find_edge(p, name);
-        for (int k = 0; e >= 0 && p->edges[e].producer == s && k < p->edges[e].n_consumers && status == PP_OK; k++)
+        int e = l->out_edge[o];
+        for (int k = 0; e >= 0 && k < p->edges[e].n_consumers && status == PP_OK; k++)
             status = r->send_act(r->ctx, e, mb, p->edges[e].consumers[k], outs[o]);
-        for (int mo = 0; mo < p->n_outputs; mo++)
-            if (p->output_stage[mo] == s && strcmp(p->outputs[mo], name) == 0)
-                c->outs[mo * m + mb] = pp_tensor_retain(outs[o]);
+        if (l->out_model[o] >= 0) c->outs[l->out_model[o] * m + mb] = pp_tensor_retain(outs[o]);
     }
     for (int i = 0; ins && i < ni; i++) pp_tensor_free(ins[i]);
     for (int o = 0; outs && o < no; o++) pp_tensor_free(outs[o]);
@@ -235,7 +272,7 @@ static int backward_ready(const pp_core *c, const pp_route *r, int s, int mb) {
     if (!c->done_f[s * c->m + mb]) return 0;
     if (!r->grads_ready) return 1;
     for (int k = 0; k < pp_stage_n_grad_outputs(st); k++)
-        if (!r->grads_ready(r->ctx, pp_pipe_find_edge(c->p, pp_stage_grad_output_name(st, k)), mb)) return 0;
+        if (!r->grads_ready(r->ctx, c->links[s].gout_edge[k], mb)) return 0;
     return 1;
 }
 
@@ -246,8 +283,8 @@ static pp_status run_backward_input(pp_core *c, const pp_route *r, int s, int mb
     pp_tensor **gout = calloc((size_t)ng + 1, sizeof *gout), **gin = calloc((size_t)nw + 1, sizeof *gin);
     pp_status status = gout && gin ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
     for (int k = 0; k < ng && status == PP_OK; k++) {
-        const pp_pipe_edge *e = &p->edges[pp_pipe_find_edge(p, pp_stage_grad_output_name(st, k))];
-        int ei = (int)(e - p->edges);
+        int ei = c->links[s].gout_edge[k];
+        const pp_pipe_edge *e = &p->edges[ei];
         pp_tensor **parts = calloc((size_t)e->n_consumers + 1, sizeof *parts);
         if (!parts) status = pp_error(PP_ERR_NOMEM, "out of memory");
         for (int j = 0; j < e->n_consumers && status == PP_OK; j++)
@@ -260,7 +297,7 @@ static pp_status run_backward_input(pp_core *c, const pp_route *r, int s, int mb
     if (status == PP_OK) status = pp_stage_backward_input(st, mb, gout, gin);
     if (status == PP_OK) c->done_i[s * c->m + mb] = 1;
     for (int k = 0; k < nw && status == PP_OK; k++) {
-        int e = pp_pipe_find_edge(p, pp_stage_grad_input_name(st, k));
+        int e = c->links[s].gin_edge[k];
         if (e >= 0 && p->edges[e].producer >= 0) status = r->send_grad(r->ctx, e, mb, s, gin[k]);
     }
     for (int k = 0; gout && k < ng; k++) pp_tensor_free(gout[k]);

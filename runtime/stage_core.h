@@ -40,12 +40,21 @@ typedef struct pp_route {
     pp_status (*recv_delta)(void *ctx, int shared, int from, int to, pp_tensor **out);
 } pp_route;
 
+/* A local stage's values as pipe edges, looked up once: per forward input
+ * its edge; per forward output the edge it produces (-1: none) and the
+ * model output it is (-1: none); per incoming gradient (an output's) and
+ * outgoing gradient (an input's) the edge. */
+typedef struct pp_core_links {
+    int *in_edge, *out_edge, *out_model, *gout_edge, *gin_edge;
+} pp_core_links;
+
 typedef struct pp_core {
     pp_pipe *p;
     int training;
     int n_stages;       /* the pipe's */
     pp_stage **stages;  /* [n_stages]: NULL where not in this core */
     pp_optim **optims;  /* [n_stages] */
+    pp_core_links *links; /* [n_stages]: set for local stages */
     int n_local;
     int *local;         /* indices of this core's stages, ascending */
     pp_trace *trace;    /* NULL: not recording */

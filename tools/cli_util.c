@@ -72,14 +72,6 @@ pp_status pp_cli_match_inputs(const pp_graph *g, const pp_named_tensors *nt, pp_
     return PP_OK;
 }
 
-pp_status pp_cli_mkdirs(const char *path) { return pp_mkdirs(path); }
-
-pp_status pp_cli_save_named(const char *dir, const char *prefix, const char *name, const pp_tensor *t) {
-    return pp_save_named_npy(dir, prefix, name, t);
-}
-
-void pp_cli_file_safe(const char *name, char *buf, size_t cap) { pp_file_safe_name(name, buf, cap); }
-
 const char *pp_cli_value_type(const pp_value *v, char *buf, size_t cap) {
     size_t n = (size_t)snprintf(buf, cap, "%s", pp_dtype_name(v->dtype));
     if (v->ndim < 0 || n >= cap) return buf;

@@ -3,6 +3,7 @@
 #define PIPPIN_TOOLS_CLI_UTIL_H
 
 #include "pippin/graph.h"
+#include "param_files.h" /* pp_mkdirs, pp_save_named_npy, pp_file_safe_name */
 #include "pippin/tensor.h"
 
 /* A list of NAME=FILE.npy arguments, loaded. */
@@ -18,13 +19,6 @@ void pp_cli_named_free(pp_named_tensors *nt);
 /* Orders nt to match g's inputs: out[i] feeds g->inputs[i] (borrowed).
  * Unknown names and missing inputs are errors listing the expected names. */
 pp_status pp_cli_match_inputs(const pp_graph *g, const pp_named_tensors *nt, pp_tensor **out);
-/* Creates a directory (and parents) if missing. */
-pp_status pp_cli_mkdirs(const char *path);
-/* Writes t as DIR/<prefix><name>.npy, name made file-safe as below. */
-pp_status pp_cli_save_named(const char *dir, const char *prefix, const char *name,
-                            const pp_tensor *t);
-/* A value name made safe for a file name ('/' and ':' become '_'). */
-void pp_cli_file_safe(const char *name, char *buf, size_t cap);
 /* Describes a value's type, e.g. "float32[batch,16]". */
 const char *pp_cli_value_type(const pp_value *v, char *buf, size_t cap);
 

@@ -37,14 +37,14 @@ static int grad_pipelined(const pp_graph *g, const pp_named_tensors *in, const p
     pp_tensor **outs = NULL;
     int rc = 1, count = 0, lo;
     if (pp_cli_open_pipeline(g, sa, 1, &p, &r) != PP_OK) goto done;
-    if (pp_cli_schedule(schedule, p->n_stages, m, &sched) != PP_OK) goto done;
+    if (pp_schedule_from_spec(schedule, p->n_stages, m, &sched) != PP_OK) goto done;
     if ((lo = pp_runner_loss_output(r)) < 0) {
         pp_error(PP_ERR_NOT_FOUND, "the model has no loss output");
         goto done;
     }
     outs = calloc((size_t)pp_runner_n_outputs(r) + 1, sizeof *outs);
     if (!outs || pp_cli_runner_step(r, m, sched, in, outs) != PP_OK) goto done;
-    if (pp_cli_mkdirs(out_dir) != PP_OK || pp_cli_save_named(out_dir, "", "loss", outs[lo]) != PP_OK) goto done;
+    if (pp_mkdirs(out_dir) != PP_OK || pp_save_named_npy(out_dir, "", "loss", outs[lo]) != PP_OK) goto done;
     if (pp_cli_save_runner_params(p, r, out_dir, "grad_", 1, &count) != PP_OK) goto done;
     printf("loss %.9g; gradients of %d parameters (%d stage%s, %d microbatch%s) written to %s\n",
            pp_tensor_get_f64(outs[lo], 0), count, p->n_stages, p->n_stages == 1 ? "" : "s", m, m == 1 ? "" : "es",
@@ -137,14 +137,14 @@ int cmd_grad(int argc, char **argv) {
     if (pp_trainer_new(g, loss_name, &t) != PP_OK) goto done;
     float loss;
     if (pp_trainer_backward(t, feeds, 1.0f, &loss) != PP_OK) goto done;
-    if (pp_cli_mkdirs(out_dir) != PP_OK) goto done;
-    if (pp_tensor_scalar_f32(loss, &lt) != PP_OK || pp_cli_save_named(out_dir, "", "loss", lt) != PP_OK)
+    if (pp_mkdirs(out_dir) != PP_OK) goto done;
+    if (pp_tensor_scalar_f32(loss, &lt) != PP_OK || pp_save_named_npy(out_dir, "", "loss", lt) != PP_OK)
         goto done;
     pp_flat_params *fp = pp_trainer_params(t);
     for (int i = 0; i < fp->n; i++) {
         pp_tensor *gv;
         if (pp_flat_params_grad_view(fp, i, &gv) != PP_OK) goto done;
-        pp_status s = pp_cli_save_named(out_dir, "grad_", fp->names[i], gv);
+        pp_status s = pp_save_named_npy(out_dir, "grad_", fp->names[i], gv);
         pp_tensor_free(gv);
         if (s != PP_OK) goto done;
     }

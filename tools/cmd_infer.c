@@ -30,10 +30,10 @@ typedef struct {
 } infer_opts;
 
 static int write_outputs(const char *dir, int n, const char *const *names, pp_tensor **outs) {
-    if (pp_cli_mkdirs(dir) != PP_OK) return 1;
+    if (pp_mkdirs(dir) != PP_OK) return 1;
     for (int i = 0; i < n; i++) {
         char safe[512], path[4096], shape[128];
-        pp_cli_file_safe(names[i], safe, sizeof safe);
+        pp_file_safe_name(names[i], safe, sizeof safe);
         snprintf(path, sizeof path, "%s/%s.npy", dir, safe);
         if (pp_npy_save(path, outs[i]) != PP_OK) return 1;
         printf("%s: %s%s -> %s\n", names[i], pp_dtype_name(outs[i]->dtype),
@@ -69,7 +69,7 @@ static int infer_pipelined(pp_graph *g, const pp_named_tensors *in, const infer_
     pp_tensor **feeds = calloc((size_t)g->n_inputs + 1, sizeof *feeds);
     if (!feeds || pp_cli_match_inputs(g, in, feeds) != PP_OK) goto done; /* names checked early */
     if (pp_cli_open_pipeline(g, &o->split, 0, &p, &r) != PP_OK) goto done;
-    if (pp_cli_schedule(o->schedule, p->n_stages, o->microbatches, &sched) != PP_OK) goto done;
+    if (pp_schedule_from_spec(o->schedule, p->n_stages, o->microbatches, &sched) != PP_OK) goto done;
     n = pp_runner_n_outputs(r);
     outs = calloc((size_t)n + 1, sizeof *outs);
     names = calloc((size_t)n + 1, sizeof *names);

@@ -240,11 +240,11 @@ static pp_status train_step(pp_trainer *t, pp_tensor *const *data, int n, const 
 }
 
 static pp_status save_params(pp_flat_params *fp, const char *dir) {
-    PP_TRY(pp_cli_mkdirs(dir));
+    PP_TRY(pp_mkdirs(dir));
     for (int i = 0; i < fp->n; i++) {
         pp_tensor *t;
         PP_TRY(pp_flat_params_data_view(fp, i, &t));
-        pp_status s = pp_cli_save_named(dir, "", fp->names[i], t);
+        pp_status s = pp_save_named_npy(dir, "", fp->names[i], t);
         pp_tensor_free(t);
         PP_TRY(s);
     }
@@ -310,7 +310,7 @@ static int train_pipelined(const pp_graph *g, pp_tensor *const *data, const trai
     if (!batch || !names) goto done;
     for (int i = 0; i < n; i++) names[i] = g->values[g->inputs[i]].name;
     if (pp_cli_open_pipeline(g, &a->split, 1, &p, &r) != PP_OK) goto done;
-    if (pp_cli_schedule(a->schedule, p->n_stages, a->microbatches, &sched) != PP_OK) goto done;
+    if (pp_schedule_from_spec(a->schedule, p->n_stages, a->microbatches, &sched) != PP_OK) goto done;
     if (pp_runner_set_optimizer(r, &a->opt) != PP_OK) goto done;
     if ((a->trace || a->svg) && pp_trace_new(sched ? sched->nranks : p->n_stages, &trace) != PP_OK) goto done;
     if ((lo = pp_runner_loss_output(r)) < 0) {

@@ -37,18 +37,9 @@ pp_status pp_cli_open_pipeline(const pp_graph *g, const pp_split_args *sa, int t
     return s;
 }
 
-pp_status pp_cli_schedule(const char *kind, int n_stages, int m, pp_schedule **out) {
-    return pp_schedule_from_spec(kind, n_stages, m, out);
-}
-
 pp_status pp_cli_runner_step(pp_runner *r, int m, const pp_schedule *sched, const pp_named_tensors *in,
                              pp_tensor **outputs) {
     return pp_runner_step(r, m, sched, in->n, (const char *const *)in->names, in->tensors, outputs);
-}
-
-pp_status pp_cli_save_stage_params(const pp_pipe *p, int n, pp_stage *const *stages, const char *dir,
-                                   const char *prefix, int grads, int *count) {
-    return pp_save_stage_params(p, n, stages, dir, prefix, grads, count);
 }
 
 pp_status pp_cli_save_runner_params(const pp_pipe *p, pp_runner *r, const char *dir, const char *prefix, int grads,
@@ -57,7 +48,7 @@ pp_status pp_cli_save_runner_params(const pp_pipe *p, pp_runner *r, const char *
     pp_stage **stages = calloc((size_t)n + 1, sizeof *stages);
     if (!stages) return pp_error(PP_ERR_NOMEM, "out of memory");
     for (int s = 0; s < n; s++) stages[s] = pp_runner_stage(r, s);
-    pp_status st = pp_cli_save_stage_params(p, n, stages, dir, prefix, grads, count);
+    pp_status st = pp_save_stage_params(p, n, stages, dir, prefix, grads, count);
     free(stages);
     return st;
 }

@@ -20,7 +20,7 @@ static pp_status save_rank_outputs(rank_job *j, long long step, pp_tensor **outs
         if (!outs[o]) continue;
         char prefix[64] = "";
         if (step > 0) snprintf(prefix, sizeof prefix, "step%lld_", step);
-        PP_TRY(pp_cli_save_named(j->a->save, prefix, j->p->outputs[o], outs[o]));
+        PP_TRY(pp_save_named_npy(j->a->save, prefix, j->p->outputs[o], outs[o]));
     }
     return PP_OK;
 }
@@ -62,7 +62,7 @@ void *train_rank_main(void *arg) {
             outs[o] = NULL;
         }
     }
-    if (s == PP_OK && a->training && a->save) s = pp_cli_save_stage_params(j->p, ns, stages, a->save, "", 0, NULL);
+    if (s == PP_OK && a->training && a->save) s = pp_save_stage_params(j->p, ns, stages, a->save, "", 0, NULL);
     if (s != PP_OK) {
         snprintf(j->error, sizeof j->error, "%s", pp_last_error());
         pp_transport_abort(j->t, j->error); /* peers fail at once instead of timing out */
@@ -145,8 +145,8 @@ int train_over_transport(const pp_graph *g, pp_tensor *const *data, const train_
         pp_error(PP_ERR_NOT_FOUND, "the model has no loss output to train on");
         goto done;
     }
-    if (pp_cli_schedule(a->schedule, p->n_stages, a->microbatches, &sched) != PP_OK) goto done;
-    if (a->save && pp_cli_mkdirs(a->save) != PP_OK) goto done;
+    if (pp_schedule_from_spec(a->schedule, p->n_stages, a->microbatches, &sched) != PP_OK) goto done;
+    if (a->save && pp_mkdirs(a->save) != PP_OK) goto done;
     /* The ranks are the parallelism: BLAS's own thread pool would only
      * spin against them for the same cores. */
     pp_set_blas_threads(1);

@@ -105,11 +105,9 @@ static void test_unknown_op(void **state) {
 /* Rewrites the saved model through protobuf-c to make it bad in one way. */
 typedef void (*mutator)(Onnx__ModelProto *m);
 
-static unsigned char *mutated(mutator fn, size_t *len) {
-    pp_graph *g = small_graph("Add");
-    TU_OK(pp_onnx_save(g, tmp_model));
-    pp_graph_free(g);
-    unsigned char *buf = read_all(tmp_model, len);
+/* The model file at path, rewritten by fn. */
+static unsigned char *mutated_file(const char *path, mutator fn, size_t *len) {
+    unsigned char *buf = read_all(path, len);
     Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, *len, buf);
     assert_non_null(m);
     free(buf);
@@ -119,6 +117,13 @@ static unsigned char *mutated(mutator fn, size_t *len) {
     onnx__model_proto__pack(m, buf);
     onnx__model_proto__free_unpacked(m, NULL);
     return buf;
+}
+
+static unsigned char *mutated(mutator fn, size_t *len) {
+    pp_graph *g = small_graph("Add");
+    TU_OK(pp_onnx_save(g, tmp_model));
+    pp_graph_free(g);
+    return mutated_file(tmp_model, fn, len);
 }
 
 /* Strings are edited in place: protobuf-c frees what it allocated. */
@@ -181,19 +186,6 @@ static void drop_metadata(Onnx__ModelProto *m) {
 }
 static void bad_trainable_list(Onnx__ModelProto *m) {
     for (size_t i = 0; i < m->n_metadata_props; i++) m->metadata_props[i]->value[0] = '{';
-}
-
-static unsigned char *mutated_file(const char *path, mutator fn, size_t *len) {
-    unsigned char *buf = read_all(path, len);
-    Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, *len, buf);
-    assert_non_null(m);
-    free(buf);
-    fn(m);
-    *len = onnx__model_proto__get_packed_size(m);
-    buf = malloc(*len);
-    onnx__model_proto__pack(m, buf);
-    onnx__model_proto__free_unpacked(m, NULL);
-    return buf;
 }
 
 static void test_trainable_metadata(void **state) {

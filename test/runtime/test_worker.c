@@ -42,9 +42,10 @@ static void *rank_main(void *arg) {
     return NULL;
 }
 
-/* Opens every rank (in order: the transports connect lazily), runs them on
- * threads, closes them. */
-static void run_all(rank_run *runs, const char *ckpt, int64_t every, int resume, int stop_after) {
+/* Opens every rank (in order: the transports connect lazily) with these
+ * settings, then runs them on threads until each stops. */
+static void open_and_run(rank_run *runs, pp_worker_progress_fn progress, const char *ckpt, int64_t every,
+                         int resume, int stop_after) {
     pthread_t th[RANKS];
     for (int r = 0; r < RANKS; r++) {
         memset(&runs[r], 0, sizeof runs[r]);
@@ -52,7 +53,7 @@ static void run_all(rank_run *runs, const char *ckpt, int64_t every, int resume,
         runs[r].stop_after = stop_after;
         pp_worker_options_init(&runs[r].o);
         runs[r].o.rank = r;
-        runs[r].o.progress = on_step;
+        runs[r].o.progress = progress;
         runs[r].o.progress_user = &runs[r];
         runs[r].o.checkpoint_dir = ckpt;
         runs[r].o.checkpoint_every = every;
@@ -62,6 +63,11 @@ static void run_all(rank_run *runs, const char *ckpt, int64_t every, int resume,
     }
     for (int r = 0; r < RANKS; r++) assert_int_equal(pthread_create(&th[r], NULL, rank_main, &runs[r]), 0);
     for (int r = 0; r < RANKS; r++) pthread_join(th[r], NULL);
+}
+
+/* open_and_run, every rank must succeed, then close them. */
+static void run_all(rank_run *runs, const char *ckpt, int64_t every, int resume, int stop_after) {
+    open_and_run(runs, on_step, ckpt, every, resume, stop_after);
     for (int r = 0; r < RANKS; r++) {
         if (runs[r].run_status != PP_OK) fail_msg("rank %d run failed", r);
         assert_false(runs[r].bad_progress);
@@ -146,21 +152,9 @@ static void test_stop_one_rank_and_mixed_steps(void **state) {
     rank_run runs[RANKS];
     run_all(runs, ckpt_dir, 0, 0, -1); /* the whole run: a checkpoint of step 2 */
     rank_run part[RANKS];
-    pthread_t th[RANKS];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", ckpt_dir);
     assert_int_equal(system(cmd), 0);
-    for (int r = 0; r < RANKS; r++) {
-        memset(&part[r], 0, sizeof part[r]);
-        part[r].rank = r;
-        pp_worker_options_init(&part[r].o);
-        part[r].o.rank = r;
-        part[r].o.progress = stop_rank0_on_step1;
-        part[r].o.progress_user = &part[r];
-        part[r].o.checkpoint_dir = ckpt_dir;
-        TU_OK(pp_worker_open(cfg_path, &part[r].o, &part[r].w));
-    }
-    for (int r = 0; r < RANKS; r++) assert_int_equal(pthread_create(&th[r], NULL, rank_main, &part[r]), 0);
-    for (int r = 0; r < RANKS; r++) pthread_join(th[r], NULL);
+    open_and_run(part, stop_rank0_on_step1, ckpt_dir, 0, 0, -1);
     for (int r = 0; r < RANKS; r++) {
         assert_int_equal(part[r].run_status, PP_OK);
         assert_true(pp_worker_stopped(part[r].w));
@@ -185,16 +179,7 @@ static void test_stop_one_rank_and_mixed_steps(void **state) {
     fputs(text, f);
     fclose(f);
     rank_run again[RANKS];
-    for (int r = 0; r < RANKS; r++) {
-        memset(&again[r], 0, sizeof again[r]);
-        pp_worker_options_init(&again[r].o);
-        again[r].o.rank = r;
-        again[r].o.checkpoint_dir = ckpt_dir;
-        again[r].o.resume = 1;
-        TU_OK(pp_worker_open(cfg_path, &again[r].o, &again[r].w));
-    }
-    for (int r = 0; r < RANKS; r++) assert_int_equal(pthread_create(&th[r], NULL, rank_main, &again[r]), 0);
-    for (int r = 0; r < RANKS; r++) pthread_join(th[r], NULL);
+    open_and_run(again, NULL, ckpt_dir, 0, 1, -1);
     for (int r = 0; r < RANKS; r++) {
         assert_int_equal(again[r].run_status, PP_ERR_INVALID);
         pp_worker_close(again[r].w);
