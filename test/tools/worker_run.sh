@@ -155,4 +155,40 @@ if "$PIPPIN" worker "$tmp/ipc.yaml" --rank 7 >/dev/null 2>"$tmp/rank.err"; then
 else
     echo "ok $n - rank out of range refused: $(head -c 150 "$tmp/rank.err")"
 fi
+# SIGINT in the middle of a run: every worker stops after the same step with
+# a checkpoint; --resume finishes with the uninterrupted run's losses.
+n=$((n + 1))
+cat >"$tmp/sig.yaml" <<YAML
+model: $SRC/examples/gpt/model.onnx
+schedule: 1f1b
+microbatches: 4
+batch_size: 16
+steps: 30
+optimizer: {kind: adamw, lr: 0.002}
+text: {file: $SRC/examples/data/tiny.txt, vocab: $SRC/examples/gpt/vocab.json, seq: 64}
+ranks: [ipc://$tmp/s0, ipc://$tmp/s1, ipc://$tmp/s2, ipc://$tmp/s3]
+timeout_ms: 20000
+YAML
+"$PIPPIN" run "$tmp/sig.yaml" >"$tmp/sig-full.out" 2>&1
+pids=""
+for r in 0 1 2 3; do
+    "$PIPPIN" worker "$tmp/sig.yaml" --rank $r --checkpoint "$tmp/sig-ck" >"$tmp/sig$r.out" 2>"$tmp/sig$r.err" &
+    pids="$pids $!"
+done
+sleep 1
+# shellcheck disable=SC2086
+kill -INT $pids 2>/dev/null
+wait
+stopped=$(cat "$tmp"/sig?.err | grep -o "stopped after step [0-9]*" | sort -u)
+for r in 0 1 2 3; do
+    "$PIPPIN" worker "$tmp/sig.yaml" --rank $r --checkpoint "$tmp/sig-ck" --resume >"$tmp/res$r.out" 2>"$tmp/res$r.err" &
+done
+wait
+if [ "$(echo "$stopped" | wc -l)" -ne 1 ]; then
+    echo "not ok $n - SIGINT: the workers stopped after different steps: $stopped"
+elif [ "$(cat "$tmp/sig3.out" "$tmp/res3.out" | grep -o '^step [0-9]*: loss [0-9.]*')" != "$(losses "$tmp/sig-full.out")" ]; then
+    echo "not ok $n - SIGINT then --resume: losses differ from the uninterrupted run"
+else
+    echo "ok $n - SIGINT to 4 workers: all ${stopped:-ran to the end}; --resume gives the uninterrupted losses"
+fi
 echo "1..$n"
