@@ -212,8 +212,9 @@ pp_status pp_npy_save(const char *path, const pp_tensor *t) {
         major = 2;
     }
     size_t hlen = total - pre;
-    FILE *f = fopen(path, "wb");
-    if (!f) return pp_error(PP_ERR_IO, "%s: %s", path, strerror(errno));
+    pp_atomic_file af; /* never a truncated file in place of a good one */
+    PP_TRY(pp_atomic_open(path, &af));
+    FILE *f = af.f;
     unsigned char head[12];
     memcpy(head, npy_magic, 6);
     head[6] = (unsigned char)major;
@@ -226,7 +227,10 @@ pp_status pp_npy_save(const char *path, const pp_tensor *t) {
     for (size_t i = (size_t)dlen; ok && i + 1 < hlen; i++) ok = fputc(' ', f) != EOF;
     ok = ok && fputc('\n', f) != EOF;
     if (ok && t->nbytes) ok = fwrite(t->data, 1, t->nbytes, f) == t->nbytes;
-    if (fclose(f) != 0) ok = 0;
-    if (!ok) return pp_error(PP_ERR_IO, "%s: write failed", path);
-    return PP_OK;
+    if (!ok) {
+        pp_status s = pp_error(PP_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+        pp_atomic_discard(&af);
+        return s;
+    }
+    return pp_atomic_commit(&af);
 }

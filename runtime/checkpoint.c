@@ -1,191 +1,369 @@
-/* Stage checkpoints: parameters and optimizer state as .npy files. */
+/* Stage checkpoints as safetensors files in committed step directories
+ * (pippin/checkpoint.h). */
 #include "pippin/checkpoint.h"
 
 #include <dirent.h>
 #include <errno.h>
-#include <json-c/json.h>
 #include <inttypes.h>
+#include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "pippin/npy.h"
+#include "file_io.h"
+#include "hash.h"
+#include "param_files.h"
 #include "pippin/params.h"
-
+#include "pippin/safetensors.h"
 #include "status_internal.h"
-static void file_safe(const char *name, char *buf, size_t cap) {
-    size_t i = 0;
-    for (; name[i] && i + 1 < cap; i++) buf[i] = (name[i] == '/' || name[i] == ':') ? '_' : name[i];
-    buf[i] = '\0';
+
+#define OPTIM_PREFIX "pippin.optim."
+#define MANIFEST "manifest.json"
+
+static void step_dir(const char *dir, int64_t step, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s/step_%" PRId64, dir, step);
 }
 
-static pp_status make_dirs(const char *path) {
-    char buf[4096];
-    if (strlen(path) >= sizeof buf) return pp_error(PP_ERR_INVALID, "path too long: %s", path);
-    strcpy(buf, path);
-    for (char *p = buf + 1;; p++) {
-        if (*p != '/' && *p) continue;
-        char c = *p;
-        *p = '\0';
-        if (mkdir(buf, 0777) != 0 && errno != EEXIST) return pp_error(PP_ERR_IO, "%s: %s", buf, strerror(errno));
-        if (!c) break;
-        *p = c;
+void pp_checkpoint_stage_path(const char *dir, int64_t step, int stage, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s/step_%" PRId64 "/stage_%d.safetensors", dir, step, stage);
+}
+
+/* The hash recorded in a stage file: its tensors' bytes, in file order. */
+static uint64_t tensors_hash(int n, pp_tensor *const *t) {
+    uint64_t h = PP_HASH64_SEED;
+    for (int i = 0; i < n; i++) h = pp_hash64(h, t[i]->data, t[i]->nbytes);
+    return h;
+}
+
+/* ---- writing ---- */
+
+pp_status pp_checkpoint_save_stage(const char *dir, int64_t step, pp_stage *st, pp_optim *opt) {
+    pp_flat_params *fp = pp_stage_params(st);
+    int k = pp_stage_index(st);
+    if (!fp) return pp_error(PP_ERR_STATE, "stage %d has no trainable parameters to save", k);
+    if (step < 0) return pp_error(PP_ERR_INVALID, "stage %d: checkpoint of step %" PRId64, k, step);
+    char sdir[4096], path[4200];
+    step_dir(dir, step, sdir, sizeof sdir);
+    PP_TRY(pp_mkdirs(sdir));
+    PP_TRY(pp_fsync_parent(sdir)); /* the step directory's entry in dir */
+    int n_opt = opt ? pp_optim_state(opt, -1, NULL, NULL) : 0, n = fp->n + n_opt;
+    const char **names = calloc((size_t)n + 1, sizeof *names);
+    char **owned = calloc((size_t)n_opt + 1, sizeof *owned);
+    pp_tensor **ts = calloc((size_t)n + 1, sizeof *ts);
+    pp_status s = names && owned && ts ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < fp->n && s == PP_OK; i++) {
+        names[i] = fp->names[i];
+        if (strncmp(names[i], OPTIM_PREFIX, strlen(OPTIM_PREFIX)) == 0)
+            s = pp_error(PP_ERR_UNSUPPORTED, "stage %d: parameter '%s' has the name prefix checkpoints reserve for the optimizer",
+                         k, names[i]);
+        if (s == PP_OK) s = pp_flat_params_data_view(fp, i, &ts[i]);
     }
-    return PP_OK;
+    for (int i = 0; i < n_opt && s == PP_OK; i++) {
+        const char *bname;
+        float *buf;
+        pp_optim_state(opt, i, &bname, &buf);
+        size_t len = strlen(OPTIM_PREFIX) + strlen(bname) + 1;
+        if (!(owned[i] = malloc(len))) s = pp_error(PP_ERR_NOMEM, "out of memory");
+        else snprintf(owned[i], len, OPTIM_PREFIX "%s", bname);
+        names[fp->n + i] = owned[i];
+        int64_t total = fp->total;
+        if (s == PP_OK) s = pp_tensor_wrap(PP_F32, 1, &total, buf, NULL, NULL, &ts[fp->n + i]);
+    }
+    if (s == PP_OK) {
+        char v_step[32], v_stage[16], v_steps[32], v_hash[32];
+        snprintf(v_step, sizeof v_step, "%" PRId64, step);
+        snprintf(v_stage, sizeof v_stage, "%d", k);
+        snprintf(v_steps, sizeof v_steps, "%" PRId64, opt ? pp_optim_steps(opt) : (int64_t)0);
+        snprintf(v_hash, sizeof v_hash, "%016" PRIx64, tensors_hash(n, ts));
+        const char *keys[] = {"pippin.format", "pippin.step", "pippin.stage", "pippin.optimizer", "pippin.optimizer_steps",
+                              "pippin.hash"};
+        const char *vals[] = {"checkpoint", v_step, v_stage,
+                              opt ? pp_optim_kind_name(pp_optim_get_config(opt)->kind) : "none", v_steps, v_hash};
+        pp_checkpoint_stage_path(dir, step, k, path, sizeof path);
+        s = pp_safetensors_save(path, n, names, ts, 6, keys, vals);
+    }
+    for (int i = 0; ts && i < n; i++) pp_tensor_free(ts[i]);
+    for (int i = 0; owned && i < n_opt; i++) free(owned[i]);
+    free(ts);
+    free(owned);
+    free(names);
+    return s;
 }
 
-/* Removes a directory of plain files (a stage checkpoint). */
-static void remove_flat_dir(const char *path) {
-    DIR *d = opendir(path);
+pp_status pp_checkpoint_commit(const char *dir, int64_t step, int n_stages) {
+    char sdir[4096], path[4200];
+    step_dir(dir, step, sdir, sizeof sdir);
+    PP_TRY(pp_mkdirs(sdir));
+    json_object *m = json_object_new_object(), *files = json_object_new_array();
+    json_object_object_add(m, "format", json_object_new_string("pippin-checkpoint"));
+    json_object_object_add(m, "version", json_object_new_int(1));
+    json_object_object_add(m, "step", json_object_new_int64(step));
+    json_object_object_add(m, "stages", json_object_new_int(n_stages));
+    for (int k = 0; k < n_stages; k++) {
+        char f[64];
+        snprintf(f, sizeof f, "stage_%d.safetensors", k);
+        json_object_array_add(files, json_object_new_string(f));
+    }
+    json_object_object_add(m, "files", files);
+    const char *text = json_object_to_json_string_ext(m, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_NOSLASHESCAPE);
+    snprintf(path, sizeof path, "%s/" MANIFEST, sdir);
+    pp_atomic_file af;
+    pp_status s = pp_atomic_open(path, &af);
+    if (s == PP_OK) {
+        if (fputs(text, af.f) < 0 || fputc('\n', af.f) == EOF) {
+            s = pp_error(PP_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+            pp_atomic_discard(&af);
+        } else {
+            s = pp_atomic_commit(&af);
+        }
+    }
+    json_object_put(m);
+    return s;
+}
+
+/* ---- reading ---- */
+
+/* "step_<N>" -> N; 0 if the name is not a step directory. */
+static int parse_step_name(const char *name, int64_t *step) {
+    if (strncmp(name, "step_", 5) != 0 || !name[5]) return 0;
+    int64_t v = 0;
+    for (const char *p = name + 5; *p; p++) {
+        if (*p < '0' || *p > '9' || v > (INT64_MAX - 9) / 10) return 0;
+        v = v * 10 + (*p - '0');
+    }
+    *step = v;
+    return 1;
+}
+
+/* The manifest of step: 1 and its stage count when it commits that step. */
+static int read_manifest(const char *dir, int64_t step, int *n_stages) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/step_%" PRId64 "/" MANIFEST, dir, step);
+    unsigned char *buf;
+    size_t len;
+    if (pp_read_file(path, 1 << 20, &buf, &len) != PP_OK) return 0;
+    buf[len] = '\0';
+    json_object *m = json_tokener_parse((const char *)buf), *v;
+    free(buf);
+    int ok = m && json_object_is_type(m, json_type_object) && json_object_object_get_ex(m, "format", &v) &&
+             json_object_is_type(v, json_type_string) && strcmp(json_object_get_string(v), "pippin-checkpoint") == 0 &&
+             json_object_object_get_ex(m, "step", &v) && json_object_is_type(v, json_type_int) &&
+             json_object_get_int64(v) == step && json_object_object_get_ex(m, "stages", &v) &&
+             json_object_is_type(v, json_type_int) && json_object_get_int64(v) > 0 && json_object_get_int64(v) < (1 << 20);
+    if (ok) *n_stages = (int)json_object_get_int64(v);
+    json_object_put(m);
+    return ok;
+}
+
+static int by_step(const void *a, const void *b) {
+    const pp_checkpoint_step *x = a, *y = b;
+    return (x->step > y->step) - (x->step < y->step);
+}
+
+/* Stage files in a step directory, and their bytes. */
+static void count_files(const char *sdir, pp_checkpoint_step *cs) {
+    DIR *d = opendir(sdir);
     if (!d) return;
     struct dirent *e;
-    char file[8192];
+    char path[8192];
+    while ((e = readdir(d))) {
+        size_t len = strlen(e->d_name);
+        if (strncmp(e->d_name, "stage_", 6) != 0 || len < 12 || strcmp(e->d_name + len - 12, ".safetensors") != 0)
+            continue;
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/%s", sdir, e->d_name);
+        if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
+        cs->n_files++;
+        cs->bytes += (int64_t)sb.st_size;
+    }
+    closedir(d);
+}
+
+pp_status pp_checkpoint_list(const char *dir, pp_checkpoint_step **steps, int *n) {
+    *steps = NULL;
+    *n = 0;
+    DIR *d = opendir(dir);
+    if (!d) return pp_error(errno == ENOENT ? PP_ERR_NOT_FOUND : PP_ERR_IO, "%s: %s", dir, strerror(errno));
+    pp_checkpoint_step *v = NULL;
+    int cap = 0;
+    pp_status s = PP_OK;
+    struct dirent *e;
+    while (s == PP_OK && (e = readdir(d))) {
+        int64_t step;
+        if (!parse_step_name(e->d_name, &step)) continue;
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 16;
+            pp_checkpoint_step *nv = realloc(v, sizeof *v * (size_t)cap);
+            if (!nv) {
+                s = pp_error(PP_ERR_NOMEM, "out of memory");
+                break;
+            }
+            v = nv;
+        }
+        pp_checkpoint_step *cs = &v[(*n)++];
+        memset(cs, 0, sizeof *cs);
+        cs->step = step;
+        cs->committed = read_manifest(dir, step, &cs->n_stages);
+        char sdir[4200];
+        step_dir(dir, step, sdir, sizeof sdir);
+        count_files(sdir, cs);
+    }
+    closedir(d);
+    if (s != PP_OK) {
+        free(v);
+        *n = 0;
+        return s;
+    }
+    if (*n) qsort(v, (size_t)*n, sizeof *v, by_step);
+    *steps = v;
+    return PP_OK;
+}
+
+pp_status pp_checkpoint_latest(const char *dir, int64_t *step) {
+    pp_checkpoint_step *v;
+    int n;
+    pp_status s = pp_checkpoint_list(dir, &v, &n);
+    if (s == PP_ERR_NOT_FOUND) return pp_error(s, "%s: no checkpoint here (the directory does not exist)", dir);
+    PP_TRY(s);
+    int i = n - 1;
+    while (i >= 0 && !v[i].committed) i--;
+    if (i >= 0) *step = v[i].step;
+    free(v);
+    if (i < 0) return pp_error(PP_ERR_NOT_FOUND, "%s: no committed checkpoint here (no step_N/" MANIFEST ")", dir);
+    return PP_OK;
+}
+
+pp_status pp_checkpoint_keep_from(const char *dir, int keep, int64_t *before) {
+    *before = INT64_MIN;
+    pp_checkpoint_step *v;
+    int n;
+    PP_TRY(pp_checkpoint_list(dir, &v, &n));
+    for (int i = n - 1, seen = 0; i >= 0 && keep > 0; i--)
+        if (v[i].committed && ++seen == keep) {
+            *before = v[i].step;
+            break;
+        }
+    free(v);
+    return PP_OK;
+}
+
+static void remove_step_dir(const char *sdir) {
+    char path[8192];
+    snprintf(path, sizeof path, "%s/" MANIFEST, sdir);
+    if (unlink(path) == 0) pp_fsync_dir(sdir); /* uncommitted before anything else goes */
+    DIR *d = opendir(sdir);
+    if (!d) return;
+    struct dirent *e;
     while ((e = readdir(d)))
         if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-            snprintf(file, sizeof file, "%s/%s", path, e->d_name);
-            unlink(file);
+            snprintf(path, sizeof path, "%s/%s", sdir, e->d_name);
+            unlink(path);
         }
     closedir(d);
-    rmdir(path);
+    rmdir(sdir); /* another rank may still be removing its files: then it removes the directory */
 }
 
-static pp_status save_floats(const char *dir, const char *name, float *data, int64_t n) {
-    char path[8192];
-    snprintf(path, sizeof path, "%s/%s.npy", dir, name);
-    pp_tensor *t;
-    PP_TRY(pp_tensor_wrap(PP_F32, 1, &n, data, NULL, NULL, &t));
-    pp_status s = pp_npy_save(path, t);
-    pp_tensor_free(t);
-    return s;
+pp_status pp_checkpoint_prune(const char *dir, int64_t before) {
+    pp_checkpoint_step *v;
+    int n;
+    PP_TRY(pp_checkpoint_list(dir, &v, &n));
+    for (int i = 0; i < n && v[i].step < before; i++) {
+        char sdir[4200];
+        step_dir(dir, v[i].step, sdir, sizeof sdir);
+        remove_step_dir(sdir);
+    }
+    free(v);
+    return pp_fsync_dir(dir);
 }
 
-pp_status pp_checkpoint_save(const char *dir, pp_stage *st, pp_optim *opt, int64_t step) {
+static pp_status check_meta(const pp_safetensors *f, const char *path, const char *key, const char *want) {
+    const char *got = pp_safetensors_meta(f, key);
+    if (!got) return pp_error(PP_ERR_PARSE, "%s: metadata '%s' missing: not a pippin checkpoint", path, key);
+    if (want && strcmp(got, want) != 0)
+        return pp_error(PP_ERR_INVALID, "%s: %s is '%s', expected '%s'", path, key, got, want);
+    return PP_OK;
+}
+
+static pp_status meta_int(const pp_safetensors *f, const char *path, const char *key, int64_t *out) {
+    PP_TRY(check_meta(f, path, key, NULL));
+    const char *v = pp_safetensors_meta(f, key);
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (errno || *end || end == v || x < 0) return pp_error(PP_ERR_PARSE, "%s: %s is '%s', not a count", path, key, v);
+    *out = x;
+    return PP_OK;
+}
+
+/* Copies the checkpoint's tensor `name` into dst (n floats). */
+static pp_status load_floats(const pp_safetensors *f, const char *path, const char *name, float *dst, int64_t n,
+                             int ndim, const int64_t *shape) {
+    const pp_tensor *t = pp_safetensors_find(f, name);
+    if (!t) return pp_error(PP_ERR_NOT_FOUND, "%s: no tensor '%s' (the stage has it)", path, name);
+    int same = t->dtype == PP_F32 && pp_tensor_numel(t) == n && (ndim < 0 || t->ndim == ndim);
+    for (int d = 0; same && ndim >= 0 && d < ndim; d++) same = t->shape[d] == shape[d];
+    if (!same)
+        return pp_error(PP_ERR_SHAPE, "%s: tensor '%s' is %s with %lld elements; the stage's is float32 with %lld", path,
+                        name, pp_dtype_name(t->dtype), (long long)pp_tensor_numel(t), (long long)n);
+    if (n) memcpy(dst, t->data, (size_t)n * sizeof(float));
+    return PP_OK;
+}
+
+static pp_status load_file(const pp_safetensors *f, const char *path, int64_t step, pp_stage *st, pp_optim *opt) {
     pp_flat_params *fp = pp_stage_params(st);
-    if (!fp) return pp_error(PP_ERR_STATE, "stage %d has no trainable parameters to save", pp_stage_index(st));
-    char final[4096], tmp[4200], old[4200];
-    snprintf(final, sizeof final, "%s/stage_%d", dir, pp_stage_index(st));
-    snprintf(tmp, sizeof tmp, "%s.tmp", final);
-    snprintf(old, sizeof old, "%s.old", final);
-    remove_flat_dir(tmp);
-    PP_TRY(make_dirs(tmp));
-    pp_status s = PP_OK;
-    for (int i = 0; i < fp->n && s == PP_OK; i++) /* file names must not collide */
-        for (int k = 0; k < i && s == PP_OK; k++) {
-            char a[512], b[512];
-            file_safe(fp->names[i], a, sizeof a);
-            file_safe(fp->names[k], b, sizeof b);
-            if (strcmp(a, b) == 0)
-                s = pp_error(PP_ERR_UNSUPPORTED, "stage %d: parameters '%s' and '%s' would share the file %s.npy",
-                             pp_stage_index(st), fp->names[k], fp->names[i], a);
-        }
-    if (s != PP_OK) {
-        remove_flat_dir(tmp);
-        return s;
+    char want[32];
+    PP_TRY(check_meta(f, path, "pippin.format", "checkpoint"));
+    snprintf(want, sizeof want, "%" PRId64, step);
+    PP_TRY(check_meta(f, path, "pippin.step", want));
+    snprintf(want, sizeof want, "%d", pp_stage_index(st));
+    PP_TRY(check_meta(f, path, "pippin.stage", want));
+    snprintf(want, sizeof want, "%016" PRIx64, tensors_hash(f->n, f->tensors));
+    if (check_meta(f, path, "pippin.hash", want) != PP_OK)
+        return pp_error(PP_ERR_INVALID, "%s: the tensors' hash differs from the one recorded: the file is damaged", path);
+    int n_opt = opt ? pp_optim_state(opt, -1, NULL, NULL) : 0;
+    int64_t opt_steps = 0;
+    if (opt) { /* everything is checked before the stage is touched */
+        const char *kind = pp_optim_kind_name(pp_optim_get_config(opt)->kind);
+        if (check_meta(f, path, "pippin.optimizer", kind) != PP_OK)
+            return pp_error(PP_ERR_INVALID, "%s: saved with optimizer '%s', this run uses %s", path,
+                            pp_safetensors_meta(f, "pippin.optimizer") ? pp_safetensors_meta(f, "pippin.optimizer") : "?",
+                            kind);
+        PP_TRY(meta_int(f, path, "pippin.optimizer_steps", &opt_steps));
     }
-    json_object *names = json_object_new_array();
-    for (int i = 0; i < fp->n && s == PP_OK; i++) {
-        char safe[512], path[8192];
-        file_safe(fp->names[i], safe, sizeof safe);
-        snprintf(path, sizeof path, "%s/%s.npy", tmp, safe);
-        pp_tensor *view;
-        s = pp_flat_params_data_view(fp, i, &view);
-        if (s == PP_OK) s = pp_npy_save(path, view);
-        pp_tensor_free(view);
-        json_object_array_add(names, json_object_new_string(fp->names[i]));
+    for (int i = 0; i < f->n; i++) {
+        if (strncmp(f->names[i], OPTIM_PREFIX, strlen(OPTIM_PREFIX)) == 0) continue;
+        int k = 0;
+        while (k < fp->n && strcmp(fp->names[k], f->names[i]) != 0) k++;
+        if (k == fp->n) return pp_error(PP_ERR_INVALID, "%s: holds parameter '%s', which stage %d does not have", path,
+                                        f->names[i], pp_stage_index(st));
     }
-    for (int i = 0; opt && s == PP_OK && i < pp_optim_state(opt, -1, NULL, NULL); i++) {
-        const char *bname;
-        float *buf;
-        pp_optim_state(opt, i, &bname, &buf);
-        char fname[128];
-        snprintf(fname, sizeof fname, "optim_%s", bname);
-        s = save_floats(tmp, fname, buf, fp->total);
-    }
-    json_object *state = json_object_new_object();
-    json_object_object_add(state, "step", json_object_new_int64(step));
-    json_object_object_add(state, "stage", json_object_new_int(pp_stage_index(st)));
+    for (int i = 0; i < fp->n; i++)
+        PP_TRY(load_floats(f, path, fp->names[i], fp->data + fp->offset[i], fp->numel[i], fp->ndims[i],
+                           fp->shapes + (size_t)i * PP_MAX_DIMS));
     if (opt) {
-        json_object_object_add(state, "optimizer", json_object_new_string(pp_optim_kind_name(pp_optim_get_config(opt)->kind)));
-        json_object_object_add(state, "optimizer_steps", json_object_new_int64(pp_optim_steps(opt)));
+        for (int i = 0; i < n_opt; i++) {
+            const char *bname;
+            float *buf;
+            pp_optim_state(opt, i, &bname, &buf);
+            char name[256];
+            snprintf(name, sizeof name, OPTIM_PREFIX "%s", bname);
+            PP_TRY(load_floats(f, path, name, buf, fp->total, -1, NULL));
+        }
+        pp_optim_set_steps(opt, opt_steps);
     }
-    json_object_object_add(state, "parameters", names);
-    char path[8192];
-    snprintf(path, sizeof path, "%s/state.json", tmp);
-    if (s == PP_OK && json_object_to_file_ext(path, state, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_NOSLASHESCAPE) != 0)
-        s = pp_error(PP_ERR_IO, "%s: write failed", path);
-    json_object_put(state);
-    if (s != PP_OK) {
-        remove_flat_dir(tmp);
-        return s;
-    }
-    /* Swap in the new directory; the old one goes only once the new is in place. */
-    remove_flat_dir(old);
-    int had_old = rename(final, old) == 0;
-    if (!had_old && errno != ENOENT) s = pp_error(PP_ERR_IO, "%s: %s", final, strerror(errno));
-    if (s == PP_OK && rename(tmp, final) != 0) {
-        s = pp_error(PP_ERR_IO, "%s: %s", final, strerror(errno));
-        if (had_old) rename(old, final); /* keep the previous checkpoint */
-        remove_flat_dir(tmp);
-        return s;
-    }
-    if (s == PP_OK) remove_flat_dir(old);
-    return s;
+    return PP_OK;
 }
 
-static pp_status load_into(const char *path, float *dst, int64_t n) {
-    pp_tensor *t;
-    PP_TRY(pp_npy_load(path, &t));
-    pp_status s = PP_OK;
-    if (t->dtype != PP_F32 || pp_tensor_numel(t) != n)
-        s = pp_error(PP_ERR_SHAPE, "%s: holds %lld %s values, the stage needs %lld float32", path,
-                     (long long)pp_tensor_numel(t), pp_dtype_name(t->dtype), (long long)n);
-    else if (n)
-        memcpy(dst, t->data, (size_t)n * sizeof(float));
-    pp_tensor_free(t);
-    return s;
-}
-
-pp_status pp_checkpoint_load(const char *dir, pp_stage *st, pp_optim *opt, int64_t *step) {
+pp_status pp_checkpoint_load_stage(const char *dir, int64_t step, pp_stage *st, pp_optim *opt) {
     pp_flat_params *fp = pp_stage_params(st);
     if (!fp) return pp_error(PP_ERR_STATE, "stage %d has no trainable parameters to load", pp_stage_index(st));
-    char sdir[4096], path[8192];
-    snprintf(sdir, sizeof sdir, "%s/stage_%d", dir, pp_stage_index(st));
-    snprintf(path, sizeof path, "%s/state.json", sdir);
-    json_object *state = json_object_from_file(path), *v;
-    if (!state) return pp_error(PP_ERR_IO, "%s: no checkpoint here (%s)", path, json_util_get_last_err());
-    pp_status s = PP_OK;
-    int64_t saved_step = 0, opt_steps = 0;
-    if (!json_object_object_get_ex(state, "step", &v) || !json_object_is_type(v, json_type_int))
-        s = pp_error(PP_ERR_PARSE, "%s: 'step' missing or not an integer", path);
-    else if ((saved_step = json_object_get_int64(v)) < 0)
-        s = pp_error(PP_ERR_PARSE, "%s: 'step' is negative (%" PRId64 ")", path, saved_step);
-    if (s == PP_OK && opt) {
-        const char *kind = pp_optim_kind_name(pp_optim_get_config(opt)->kind);
-        if (!json_object_object_get_ex(state, "optimizer", &v) || strcmp(json_object_get_string(v), kind) != 0)
-            s = pp_error(PP_ERR_INVALID, "%s: saved with another optimizer than %s", path, kind);
-        else if (!json_object_object_get_ex(state, "optimizer_steps", &v) || !json_object_is_type(v, json_type_int))
-            s = pp_error(PP_ERR_PARSE, "%s: 'optimizer_steps' missing", path);
-        else if ((opt_steps = json_object_get_int64(v)) < 0) /* AdamW's bias correction would divide by 0 */
-            s = pp_error(PP_ERR_PARSE, "%s: 'optimizer_steps' is negative (%" PRId64 ")", path, opt_steps);
-    }
-    json_object_put(state);
-    for (int i = 0; i < fp->n && s == PP_OK; i++) {
-        char safe[512];
-        file_safe(fp->names[i], safe, sizeof safe);
-        snprintf(path, sizeof path, "%s/%s.npy", sdir, safe);
-        s = load_into(path, fp->data + fp->offset[i], fp->numel[i]);
-    }
-    for (int i = 0; opt && s == PP_OK && i < pp_optim_state(opt, -1, NULL, NULL); i++) {
-        const char *bname;
-        float *buf;
-        pp_optim_state(opt, i, &bname, &buf);
-        snprintf(path, sizeof path, "%s/optim_%s.npy", sdir, bname);
-        s = load_into(path, buf, fp->total);
-    }
-    if (s != PP_OK) return s;
-    if (opt) pp_optim_set_steps(opt, opt_steps);
-    if (step) *step = saved_step;
-    return PP_OK;
+    char path[4200];
+    pp_checkpoint_stage_path(dir, step, pp_stage_index(st), path, sizeof path);
+    pp_safetensors *f;
+    PP_TRY(pp_safetensors_load(path, &f));
+    pp_status s = load_file(f, path, step, st, opt);
+    pp_safetensors_free(f);
+    return s;
 }

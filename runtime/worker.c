@@ -7,6 +7,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "agree.h"
+#include "checkpoint_sync.h"
 #include "param_files.h"
 #include "pippin/checkpoint.h"
 #include "pippin/exec.h"
@@ -36,7 +38,11 @@ struct pp_worker {
     atomic_int stop;          /* asked locally (pp_worker_stop) */
     int stop_agreed;          /* some rank asked: every rank stops after this step */
     int stopped, failed, params_written;
-    int resumed;              /* the ranks have not yet agreed on the step */
+    int resume_pending;       /* the ranks restore the checkpoint before the first step */
+    pp_agree agree;
+    pp_ckpt_sync ck;          /* ck.dir NULL: no checkpoints */
+    pp_stage **stages;        /* this rank's, and their optimizers */
+    pp_optim **optims;
 };
 
 void pp_worker_options_init(pp_worker_options *o) {
@@ -156,83 +162,35 @@ static pp_status open_data(pp_worker *w) {
     return PP_OK;
 }
 
-/* Every rank tells every other rank `mine` (keyed by step and a
- * microbatch number past the step's last, which data never uses) and gets
- * theirs: *lo and *hi are the smallest and largest value of all ranks, *who
- * (may be NULL) a rank with *hi. Sends go first, so no rank waits on a rank
- * that waits on it. */
-static pp_status exchange(pp_worker *w, int64_t step, int slot, int64_t mine, int64_t *lo, int64_t *hi, int *who) {
-    const pp_schedule *sc = w->sched;
-    int nr = sc->nranks, mb = w->c->microbatches + slot;
-    *lo = *hi = mine;
-    if (who) *who = w->rank;
-    int *first = malloc(sizeof(int) * (size_t)nr);
-    pp_tensor *t = NULL;
-    pp_status s = first ? pp_tensor_new(PP_I64, 1, (int64_t[]){1}, &t) : pp_error(PP_ERR_NOMEM, "out of memory");
-    for (int st = sc->nstages - 1; s == PP_OK && st >= 0; st--) first[sc->stage_rank[st]] = st;
-    if (s == PP_OK) ((int64_t *)t->data)[0] = mine;
-    for (int r = 0; r < nr && s == PP_OK; r++) {
-        pp_transport_key k = {PP_MSG_GRADIENT, step, mb, first[w->rank], first[r], "pippin:agree"};
-        if (r != w->rank) s = pp_transport_send(w->t, &k, t);
+/* Checkpoints from the options, else from the config; resume waits for
+ * the first step (it needs the peers), except with no peers to ask. */
+static pp_status open_checkpoints(pp_worker *w) {
+    const pp_config *c = w->c;
+    int n = pp_executor_n_stages(w->ex);
+    w->stages = calloc((size_t)n + 1, sizeof *w->stages);
+    w->optims = calloc((size_t)n + 1, sizeof *w->optims);
+    if (!w->stages || !w->optims) return pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) {
+        w->stages[i] = pp_executor_stage(w->ex, i);
+        w->optims[i] = pp_executor_optimizer(w->ex, i);
     }
-    for (int r = 0; r < nr && s == PP_OK; r++) {
-        if (r == w->rank) continue;
-        pp_transport_key k = {PP_MSG_GRADIENT, step, mb, first[r], first[w->rank], "pippin:agree"};
-        pp_tensor *got = NULL;
-        s = pp_transport_recv(w->t, &k, w->c->timeout_ms, &got);
-        if (s == PP_OK && (got->dtype != PP_I64 || pp_tensor_numel(got) != 1))
-            s = pp_error(PP_ERR_PEER, "rank %d sent a malformed agreement message", r);
-        if (s == PP_OK) {
-            int64_t v = ((int64_t *)got->data)[0];
-            if (v < *lo) *lo = v;
-            if (v > *hi) {
-                *hi = v;
-                if (who) *who = r;
-            }
-        }
-        pp_tensor_free(got);
-    }
-    pp_tensor_free(t);
-    free(first);
-    return s;
-}
-
-/* Agreement slots (microbatch numbers past the step's last). */
-enum { SLOT_STOP = 1, SLOT_RESUME = 2 };
-
-/* Every local stage's checkpoint, all of one step: the next step is the one
- * after it. */
-static pp_status resume(pp_worker *w) {
-    const char *dir = w->opt.checkpoint_dir;
-    if (!dir) return pp_error(PP_ERR_INVALID, "resume needs a checkpoint directory");
-    int64_t saved = -1;
-    for (int i = 0; i < pp_executor_n_stages(w->ex); i++) {
-        int64_t step;
-        PP_TRY(pp_checkpoint_load(dir, pp_executor_stage(w->ex, i), pp_executor_optimizer(w->ex, i), &step));
-        if (i > 0 && step != saved)
-            return pp_error(PP_ERR_INVALID, "%s: stage %d was saved at step %lld, stage %d at step %lld", dir,
-                            pp_stage_index(pp_executor_stage(w->ex, 0)), (long long)saved,
-                            pp_stage_index(pp_executor_stage(w->ex, i)), (long long)step);
-        saved = step;
-    }
-    w->next_step = saved + 1;
-    w->resumed = 1;
-    return PP_OK;
-}
-
-/* Before the first step after a resume, every rank must start from the
- * same step: a directory whose stages were saved at different steps is
- * refused, naming them (not at open, which must not wait for the peers). */
-static pp_status agree_on_resume(pp_worker *w) {
-    int64_t lo, hi;
-    int who;
-    PP_TRY(exchange(w, 0, SLOT_RESUME, w->next_step, &lo, &hi, &who));
-    w->resumed = 0;
-    if (lo != hi)
-        return pp_error(PP_ERR_INVALID, "rank %d: %s: the ranks' stages were saved at different steps (this rank's "
-                        "at %lld, rank %d's at %lld, the oldest at %lld); resume needs one step for every rank",
-                        w->rank, w->opt.checkpoint_dir, (long long)w->next_step - 1, who, (long long)hi - 1,
-                        (long long)lo - 1);
+    w->agree = (pp_agree){w->t, w->sched, w->rank, c->microbatches, c->timeout_ms};
+    pp_ckpt_sync *ck = &w->ck;
+    ck->dir = w->opt.checkpoint_dir;
+    ck->every = w->opt.checkpoint_every;
+    ck->keep = w->opt.checkpoint_keep > 0 ? w->opt.checkpoint_keep : 2;
+    ck->agree = w->agree;
+    ck->n = n;
+    ck->stages = w->stages;
+    ck->optims = w->optims;
+    ck->n_stages_total = w->p->n_stages;
+    if (!w->opt.resume) return PP_OK;
+    if (!c->training) return pp_error(PP_ERR_INVALID, "resume: an inference run has no checkpoint to resume");
+    if (!ck->dir) return pp_error(PP_ERR_INVALID, "resume needs a checkpoint directory");
+    if (w->sched->nranks == 1) return pp_ckpt_resume(ck, w->opt.resume == PP_WORKER_RESUME_IF_ANY, &w->next_step);
+    int64_t latest; /* refuse at once what the first step would refuse */
+    if (w->rank == 0 && w->opt.resume != PP_WORKER_RESUME_IF_ANY) PP_TRY(pp_checkpoint_latest(ck->dir, &latest));
+    w->resume_pending = 1;
     return PP_OK;
 }
 
@@ -254,9 +212,7 @@ pp_status pp_worker_open_config(const pp_config *c, const pp_worker_options *o, 
     if (s != PP_OK && w->rank >= 0) s = pp_error_context(s, "rank %d", w->rank);
     if (s == PP_OK) s = pp_executor_new(w->p, w->sched, w->rank, c->training, w->t, &w->ex);
     if (s == PP_OK && c->training) s = pp_executor_set_optimizer(w->ex, &c->optim);
-    if (s == PP_OK && w->opt.resume && !c->training)
-        s = pp_error(PP_ERR_INVALID, "rank %d: resume: an inference run has no checkpoint to resume", w->rank);
-    if (s == PP_OK && c->training && w->opt.resume) s = pp_error_context(resume(w), "rank %d", w->rank);
+    if (s == PP_OK) s = pp_error_context(open_checkpoints(w), "rank %d", w->rank);
     for (int k = 0; s == PP_OK && w->p->loss && k < w->p->n_outputs; k++)
         if (strcmp(w->p->outputs[k], w->p->loss) == 0) w->loss_output = k;
     if (s != PP_OK) {
@@ -294,26 +250,9 @@ static pp_status save_outputs(pp_worker *w, int64_t step, pp_tensor **outs) {
     return PP_OK;
 }
 
-static pp_status local_stages(pp_worker *w, pp_stage ***stages) {
-    int n = pp_executor_n_stages(w->ex);
-    *stages = calloc((size_t)n + 1, sizeof **stages);
-    if (!*stages) return pp_error(PP_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < n; i++) (*stages)[i] = pp_executor_stage(w->ex, i);
-    return PP_OK;
-}
-
-static pp_status save_checkpoint(pp_worker *w, const char *dir, int64_t step) {
-    for (int i = 0; i < pp_executor_n_stages(w->ex); i++)
-        PP_TRY(pp_checkpoint_save(dir, pp_executor_stage(w->ex, i), pp_executor_optimizer(w->ex, i), step));
-    return PP_OK;
-}
-
 static pp_status after_step(pp_worker *w, int64_t step, pp_tensor **outs) {
     const pp_config *c = w->c;
-    int last = step == c->steps - 1;
-    if (c->training && w->opt.checkpoint_dir &&
-        (last || (w->opt.checkpoint_every > 0 && (step + 1) % w->opt.checkpoint_every == 0)))
-        PP_TRY(save_checkpoint(w, w->opt.checkpoint_dir, step));
+    if (c->training && pp_ckpt_due(&w->ck, step, c->steps)) PP_TRY(pp_ckpt_save(&w->ck, step));
     if (!c->training && c->output_dir) PP_TRY(save_outputs(w, step, outs));
     return PP_OK;
 }
@@ -323,10 +262,7 @@ static pp_status after_step(pp_worker *w, int64_t step, pp_tensor **outs) {
 static pp_status finish(pp_worker *w) {
     const pp_config *c = w->c;
     if (!c->training || !c->output_dir || w->params_written) return PP_OK;
-    pp_stage **stages;
-    PP_TRY(local_stages(w, &stages));
-    pp_status s = pp_save_stage_params(w->p, pp_executor_n_stages(w->ex), stages, c->output_dir, "", 0, NULL);
-    free(stages);
+    pp_status s = pp_save_stage_params(w->p, pp_executor_n_stages(w->ex), w->stages, c->output_dir, "", 0, NULL);
     if (s == PP_OK) w->params_written = 1;
     return s;
 }
@@ -357,7 +293,11 @@ pp_status pp_worker_step(pp_worker *w, int *done) {
     if (done) *done = w->next_step >= w->c->steps || w->stop_agreed;
     if (w->failed) return pp_error(PP_ERR_STATE, "rank %d: an earlier step failed", w->rank);
     if (w->stop_agreed) return PP_OK;
-    pp_status s = w->resumed && w->sched->nranks > 1 ? agree_on_resume(w) : PP_OK;
+    pp_status s = PP_OK;
+    if (w->resume_pending) {
+        s = pp_ckpt_resume(&w->ck, w->opt.resume == PP_WORKER_RESUME_IF_ANY, &w->next_step);
+        w->resume_pending = 0;
+    }
     if (s == PP_OK && w->next_step >= w->c->steps) s = finish(w);
     if (s != PP_OK || w->next_step >= w->c->steps) {
         if (s != PP_OK) w->failed = 1;
@@ -374,9 +314,9 @@ pp_status pp_worker_step(pp_worker *w, int *done) {
     }
     /* Every rank learns whether any rank was asked to stop, so all stop
      * after the same step and their checkpoints agree. */
-    int64_t lo = 0, any = atomic_load(&w->stop);
-    if (s == PP_OK && w->sched->nranks > 1) s = exchange(w, step, SLOT_STOP, any, &lo, &any, NULL);
-    if (s == PP_OK && any) w->stop_agreed = 1;
+    pp_agree_result vote = {0};
+    if (s == PP_OK) s = pp_agree_int(&w->agree, step, PP_AGREE_STOP, atomic_load(&w->stop), &vote);
+    if (s == PP_OK && vote.hi) w->stop_agreed = 1;
     if (s == PP_OK && w->next_step >= w->c->steps) s = finish(w);
     if (s != PP_OK) {
         w->failed = 1;
@@ -394,9 +334,8 @@ pp_status pp_worker_run(pp_worker *w) {
     while (!done) PP_TRY(pp_worker_step(w, &done));
     if (w->stop_agreed && w->next_step < w->c->steps) {
         w->stopped = 1;
-        if (w->c->training && w->opt.checkpoint_dir && w->next_step > 0 &&
-            !(w->opt.checkpoint_every > 0 && w->next_step % w->opt.checkpoint_every == 0)) /* not saved yet */
-            PP_TRY(save_checkpoint(w, w->opt.checkpoint_dir, w->next_step - 1));
+        if (w->c->training && w->ck.dir && w->next_step > 0 && !pp_ckpt_due(&w->ck, w->next_step - 1, w->c->steps))
+            PP_TRY(pp_ckpt_save(&w->ck, w->next_step - 1)); /* not saved yet */
     }
     return PP_OK;
 }
@@ -408,7 +347,10 @@ pp_status pp_worker_checkpoint(pp_worker *w, const char *dir) {
     if (w->failed) return pp_error(PP_ERR_STATE, "rank %d: a step failed; its state is not a step's end", w->rank);
     if (!w->c->training) return pp_error(PP_ERR_STATE, "rank %d: an inference run has nothing to checkpoint", w->rank);
     if (w->next_step == 0) return pp_error(PP_ERR_STATE, "rank %d: no step has finished yet", w->rank);
-    return save_checkpoint(w, dir, w->next_step - 1);
+    pp_ckpt_sync ck = w->ck; /* the same protocol, into dir; its pruning history stays apart */
+    ck.dir = dir;
+    ck.n_recent = 0;
+    return pp_ckpt_save(&ck, w->next_step - 1);
 }
 
 int pp_worker_rank(const pp_worker *w) { return w->rank; }
@@ -424,6 +366,8 @@ void pp_worker_close(pp_worker *w) {
     if (!w) return;
     pp_executor_free(w->ex);
     pp_transport_close(w->t);
+    free(w->stages);
+    free(w->optims);
     for (int i = 0; w->data && i < w->n_inputs; i++) pp_tensor_free(w->data[i]);
     free(w->data);
     free(w->names);

@@ -28,7 +28,8 @@ static void train_usage(FILE *f) {
             "                    [--freeze PATTERN]...\n"
             "                    [--text FILE.txt --vocab VOCAB.json [--seq T]]\n"
             "                    [--transport inproc|ipc|tcp] [--trace FILE.json] [--svg FILE.svg]\n"
-            "                    [--checkpoint DIR [--checkpoint-every N] [--resume]]\n"
+            "                    [--checkpoint DIR [--checkpoint-every N] [--checkpoint-keep K]\n"
+            "                     [--resume]]\n"
             "Step i trains on rows (i*B + j) mod N, j < B, of every data file (N rows along\n"
             "dim 0), and prints the loss of that batch before the update; --json prints\n"
             "{\"step\": i, \"loss\": x} per line. With --microbatches M each batch is split in\n"
@@ -42,8 +43,11 @@ static void train_usage(FILE *f) {
             "stages, as separate workers would. --trace/--svg write the timeline of the last\n"
             "step (every rank's actions), as `pippin simulate` does for a simulation.\n"
             "--checkpoint saves every stage's parameters and optimizer state to DIR (every N\n"
-            "steps and at the end); --resume continues from it up to --steps in all, with\n"
-            "exactly the losses an uninterrupted run prints (pipelined models).\n"
+            "steps and at the end) as DIR/step_N/stage_K.safetensors, committed by a manifest\n"
+            "once every stage's file is on disk, keeping the K newest (default 2); --resume\n"
+            "continues from the newest committed one up to --steps in all, with exactly the\n"
+            "losses an uninterrupted run prints (pipelined models). `pippin checkpoint`\n"
+            "lists, inspects and exports them.\n"
             "--schedule needs a model with stages; without, it is an error.\n"
             "With --json, a loss that is not finite (nan, inf) is written as null.\n"
             "Trainable: the initializers the exporter listed (pippin_torch.export records\n"
@@ -84,7 +88,7 @@ static int parse(int argc, char **argv, train_args *a) {
         {"seq", required_argument, NULL, 'q'},     {"transport", required_argument, NULL, 'X'},
         {"trace", required_argument, NULL, 'R'},  {"svg", required_argument, NULL, 'G'},
         {"checkpoint", required_argument, NULL, 'C'}, {"checkpoint-every", required_argument, NULL, 'E'},
-        {"resume", no_argument, NULL, 'U'},
+        {"resume", no_argument, NULL, 'U'},       {"checkpoint-keep", required_argument, NULL, 'k'},
         PP_SPLIT_LONG_OPTIONS,
         {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
     };
@@ -139,6 +143,13 @@ static int parse(int argc, char **argv, train_args *a) {
             }
             a->checkpoint_every = (long long)x;
             continue;
+        case 'k':
+            if (num("--checkpoint-keep", optarg, &x) || x != (int)x || x < 1) {
+                fprintf(stderr, "pippin train: --checkpoint-keep '%s': need a positive count\n", optarg);
+                return 2;
+            }
+            a->checkpoint_keep = (int)x;
+            continue;
         case 'G': a->svg = optarg; continue;
         case 'X':
             if (strcmp(optarg, "inproc") && strcmp(optarg, "ipc") && strcmp(optarg, "tcp")) {
@@ -173,8 +184,8 @@ static int parse(int argc, char **argv, train_args *a) {
         fprintf(stderr, "pippin train: need one MODEL.onnx, --data (or --text), --batch-size and --steps\n");
         return 2;
     }
-    if ((a->resume || a->checkpoint_every) && !a->checkpoint) {
-        fprintf(stderr, "pippin train: --resume and --checkpoint-every need --checkpoint DIR\n");
+    if ((a->resume || a->checkpoint_every || a->checkpoint_keep) && !a->checkpoint) {
+        fprintf(stderr, "pippin train: --resume, --checkpoint-every and --checkpoint-keep need --checkpoint DIR\n");
         return 2;
     }
     if (a->text && (!a->vocab || a->data.n)) {
@@ -332,7 +343,9 @@ static int train_pipelined(const pp_graph *g, pp_tensor *const *data, const trai
         optims[i] = pp_runner_optimizer(r, i);
     }
     long long first = 0;
-    if (train_resume(a, ns, stages, optims, &first) != PP_OK) goto done;
+    pp_ckpt_sync ck;
+    train_ckpt_init(a, NULL, sched, 0, p->n_stages, ns, stages, optims, &ck);
+    if (train_resume(&ck, a, &first) != PP_OK) goto done;
     if (first && !a->json) printf("resumed from %s after step %lld\n", a->checkpoint, first - 1);
     double total = 0;
     for (long long step = first; step < a->steps; step++) {
@@ -346,7 +359,7 @@ static int train_pipelined(const pp_graph *g, pp_tensor *const *data, const trai
         if (trace && step == a->steps - 1) pp_runner_trace(r, trace, t0);
         if (pp_runner_step(r, a->microbatches, sched, n, names, batch, outs) != PP_OK) goto done;
         if (pp_runner_optimizer_step(r) != PP_OK) goto done;
-        if (train_checkpoint(a, step, ns, stages, optims) != PP_OK) goto done;
+        if (train_checkpoint(&ck, a, step) != PP_OK) goto done;
         double ms = pp_cli_now_ms() - t0;
         total += ms;
         float loss = (float)pp_tensor_get_f64(outs[lo], 0);

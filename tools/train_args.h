@@ -8,6 +8,7 @@
 #include "pippin/sched_trace.h"
 #include "pippin/optim.h"
 #include "split_args.h"
+#include "checkpoint_sync.h"
 
 typedef struct train_args {
     pp_named_tensors data;
@@ -22,7 +23,8 @@ typedef struct train_args {
     const char *trace, *svg; /* timeline of the last step: Chrome trace JSON, SVG */
     const char *checkpoint;  /* directory for checkpoints, NULL: none */
     long long checkpoint_every; /* steps between checkpoints (and one at the end); 0: end only */
-    int resume;              /* start from the checkpoint in `checkpoint` */
+    int resume;              /* start from the newest committed checkpoint in `checkpoint` */
+    int checkpoint_keep;     /* committed checkpoints kept; 0: 2 */
     int training;          /* 0: forward only (pippin worker in infer mode) */
     pp_optim_config opt;
 } train_args;
@@ -36,6 +38,7 @@ typedef struct rank_job {
     pp_tensor *const *data;  /* per model input */
     pp_pipe *p;
     pp_transport *t;         /* owned by the rank's thread once it runs */
+    const pp_schedule *sched;
     pp_executor *ex;
     int loss_output;         /* index of the loss among the model outputs, -1 if none */
     struct pp_trace *trace;  /* records the last step when not NULL */
@@ -56,13 +59,15 @@ pp_status train_text_inputs(const pp_graph *g, train_args *a);
 /* The same for named inputs; model_seq is used unless a->seq is set. */
 pp_status train_text_data(train_args *a, const char *tokens, const char *targets, int model_seq);
 
-/* Resumes the given stages from a->checkpoint (when a->resume): *first_step
- * gets the step after the saved one, the same for every stage. */
-pp_status train_resume(const train_args *a, int n, pp_stage *const *stages, pp_optim *const *optims,
-                       long long *first_step);
-/* Saves the given stages after `step` when the checkpoint settings ask. */
-pp_status train_checkpoint(const train_args *a, long long step, int n, pp_stage *const *stages,
-                           pp_optim *const *optims);
+/* The checkpoint protocol for this rank's n stages (t NULL: this process
+ * holds all n_total stages). */
+void train_ckpt_init(const train_args *a, pp_transport *t, const pp_schedule *sched, int rank, int n_total, int n,
+                     pp_stage *const *stages, pp_optim *const *optims, pp_ckpt_sync *ck);
+/* Resumes from a->checkpoint's newest committed step (when a->resume);
+ * *first_step gets the step after it. Collective over the ranks. */
+pp_status train_resume(pp_ckpt_sync *ck, const train_args *a, long long *first_step);
+/* Saves and commits `step` when the checkpoint settings ask. Collective. */
+pp_status train_checkpoint(pp_ckpt_sync *ck, const train_args *a, long long step);
 
 /* Writes a->trace / a->svg from a recorded trace (nothing if neither). */
 pp_status train_save_trace(const train_args *a, const struct pp_trace *t);

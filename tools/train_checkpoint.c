@@ -1,29 +1,31 @@
-/* pippin train --checkpoint / --resume: save and restore stages. */
-#include "pippin/checkpoint.h"
+/* pippin train --checkpoint / --resume: the committed-checkpoint protocol
+ * (runtime/checkpoint_sync.h) for the local runner and for rank threads. */
 #include "train_args.h"
 
 #include "status_internal.h"
-pp_status train_resume(const train_args *a, int n, pp_stage *const *stages, pp_optim *const *optims,
-                       long long *first_step) {
+
+void train_ckpt_init(const train_args *a, pp_transport *t, const pp_schedule *sched, int rank, int n_total, int n,
+                     pp_stage *const *stages, pp_optim *const *optims, pp_ckpt_sync *ck) {
+    *ck = (pp_ckpt_sync){0};
+    ck->dir = a->checkpoint;
+    ck->every = a->checkpoint_every;
+    ck->keep = a->checkpoint_keep > 0 ? a->checkpoint_keep : 2;
+    ck->agree = (pp_agree){t, sched, rank, a->microbatches, 10000};
+    ck->n = n;
+    ck->stages = stages;
+    ck->optims = optims;
+    ck->n_stages_total = n_total;
+}
+
+pp_status train_resume(pp_ckpt_sync *ck, const train_args *a, long long *first_step) {
     *first_step = 0;
     if (!a->resume) return PP_OK;
-    int64_t saved = -1;
-    for (int i = 0; i < n; i++) {
-        int64_t step;
-        PP_TRY(pp_checkpoint_load(a->checkpoint, stages[i], optims[i], &step));
-        if (i > 0 && step != saved)
-            return pp_error(PP_ERR_INVALID, "%s: stage %d was saved at step %lld, stage %d at step %lld", a->checkpoint,
-                            pp_stage_index(stages[0]), (long long)saved, pp_stage_index(stages[i]), (long long)step);
-        saved = step;
-    }
-    *first_step = saved + 1;
+    int64_t next;
+    PP_TRY(pp_ckpt_resume(ck, 0, &next));
+    *first_step = next;
     return PP_OK;
 }
 
-pp_status train_checkpoint(const train_args *a, long long step, int n, pp_stage *const *stages,
-                           pp_optim *const *optims) {
-    if (!a->checkpoint) return PP_OK;
-    int due = step == a->steps - 1 || (a->checkpoint_every > 0 && (step + 1) % a->checkpoint_every == 0);
-    for (int i = 0; due && i < n; i++) PP_TRY(pp_checkpoint_save(a->checkpoint, stages[i], optims[i], step));
-    return PP_OK;
+pp_status train_checkpoint(pp_ckpt_sync *ck, const train_args *a, long long step) {
+    return pp_ckpt_due(ck, step, a->steps) ? pp_ckpt_save(ck, step) : PP_OK;
 }

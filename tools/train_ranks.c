@@ -41,7 +41,9 @@ void *train_rank_main(void *arg) {
         optims[i] = pp_executor_optimizer(j->ex, i);
     }
     long long first = 0;
-    if (s == PP_OK && a->training) s = train_resume(a, ns, stages, optims, &first);
+    pp_ckpt_sync ck;
+    train_ckpt_init(a, j->t, j->sched, j->rank, j->p->n_stages, ns, stages, optims, &ck);
+    if (s == PP_OK && a->training) s = train_resume(&ck, a, &first);
     for (long long step = first; step < a->steps && s == PP_OK; step++) {
         double t0 = pp_cli_now_ms();
         for (int i = 0; i < n && s == PP_OK; i++) {
@@ -53,7 +55,7 @@ void *train_rank_main(void *arg) {
         if (j->trace && step == a->steps - 1) pp_executor_trace(j->ex, j->trace, j->trace_origin_ms);
         if (s == PP_OK) s = pp_executor_step(j->ex, step, a->microbatches, n, names, batch, outs);
         if (s == PP_OK && a->training) s = pp_executor_optimizer_step(j->ex);
-        if (s == PP_OK && a->training) s = train_checkpoint(a, step, ns, stages, optims);
+        if (s == PP_OK && a->training) s = train_checkpoint(&ck, a, step);
         if (s == PP_OK && j->loss_output >= 0 && outs[j->loss_output]) /* the rank with the loss reports */
             train_print_progress(step, a, (float)pp_tensor_get_f64(outs[j->loss_output], 0), pp_cli_now_ms() - t0);
         if (s == PP_OK && !a->training && a->save) s = save_rank_outputs(j, step, outs);
@@ -158,7 +160,7 @@ int train_over_transport(const pp_graph *g, pp_tensor *const *data, const train_
     if (!names) goto done;
     for (int i = 0; i < g->n_inputs; i++) names[i] = g->values[g->inputs[i]].name;
     for (int r = 0; r < nr; r++)
-        jobs[r] = (rank_job){r, a, g->n_inputs, names, data, p, NULL, NULL, pp_cli_loss_output(p), NULL, 0, PP_OK, ""};
+        jobs[r] = (rank_job){r, a, g->n_inputs, names, data, p, NULL, sched, NULL, pp_cli_loss_output(p), NULL, 0, PP_OK, ""};
     for (int r = 0; r < nr && (a->trace || a->svg); r++) /* one per rank: no sharing between threads */
         if (pp_trace_new(nr, &jobs[r].trace) != PP_OK) goto done;
     if (open_transports(sched, a->transport, jobs) != PP_OK) goto done;

@@ -21,7 +21,9 @@ extern "C" {
 PP_API pp_status pp_npy_load(const char *path, pp_tensor **out);
 /* Parses an in-memory .npy image; name is used in error messages. */
 PP_API pp_status pp_npy_parse(const void *bytes, size_t len, const char *name, pp_tensor **out);
-/* Writes version 1.0 (2.0 if the header needs it). */
+/* Writes version 1.0 (2.0 if the header needs it), durably: to a file
+ * beside path, fsynced, then renamed over it (a crash leaves the old file
+ * or the whole new one). */
 PP_API pp_status pp_npy_save(const char *path, const pp_tensor *t);
 
 #ifdef __cplusplus

@@ -9,6 +9,7 @@
 #include "pippin/log.h"
 #include "pippin/tensor.h"
 #include "pippin/npy.h"
+#include "pippin/safetensors.h"
 #include "pippin/graph.h"
 #include "pippin/exec.h"
 #include "pippin/onnx.h"

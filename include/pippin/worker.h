@@ -19,8 +19,13 @@
  *
  * Stopping is collective: after each step the ranks tell each other whether
  * one was asked to stop (a few bytes per peer), so every rank stops after
- * the same step and their checkpoints agree. A resume checks, before its
- * first step, that every rank resumes from the same step.
+ * the same step and their checkpoints agree. Checkpoints are committed
+ * together: each rank writes its stages' files for a step durably, and
+ * rank 0 commits the step once every rank has (pippin/checkpoint.h), so a
+ * crash at any moment leaves the newest committed step whole. A resume
+ * takes rank 0's newest committed step; every rank loads it, and they agree
+ * that all did before the first action (with more than one rank this
+ * happens in the first pp_worker_step).
  *
  * Thread safety: one thread drives a worker (open, step/run, checkpoint,
  * close); pp_worker_stop may be called from any thread or a signal handler,
@@ -59,9 +64,16 @@ typedef struct pp_worker_options {
     void *progress_user;
     const char *checkpoint_dir; /* NULL: no checkpoints (borrowed: must outlive the worker) */
     int64_t checkpoint_every;   /* steps between checkpoints; 0: only after the last step */
-    int resume;                 /* continue from checkpoint_dir's last step (training runs) */
+    /* 1 (PP_WORKER_RESUME): continue after the newest committed checkpoint
+     * in checkpoint_dir, failing if there is none; PP_WORKER_RESUME_IF_ANY:
+     * the same, or start at step 0 when there is none. Training runs. */
+    int resume;
     int blas_threads;           /* > 0: the BLAS's thread count (pp_set_blas_threads); 0: leave it */
+    int checkpoint_keep;        /* committed checkpoints kept; 0: 2 */
 } pp_worker_options;
+
+#define PP_WORKER_RESUME 1
+#define PP_WORKER_RESUME_IF_ANY 2
 
 /* Defaults: rank -1, no progress callback, no checkpoints, BLAS untouched. */
 PP_API void pp_worker_options_init(pp_worker_options *o);
@@ -88,14 +100,15 @@ PP_API pp_status pp_worker_run(pp_worker *w);
 PP_API void pp_worker_stop(pp_worker *w);
 PP_API int pp_worker_stopped(const pp_worker *w);
 
-/* Writes this rank's stages (parameters and optimizer state) as of the last
- * finished step to dir (pippin/checkpoint.h's layout); every rank writes its
- * own stages into the same directory. */
+/* Writes a checkpoint of the last finished step to dir (pippin/checkpoint.h):
+ * collective, like a step: every rank calls it, each writes its own stages,
+ * and rank 0 commits the step once all have. */
 PP_API pp_status pp_worker_checkpoint(pp_worker *w, const char *dir);
 
 PP_API int pp_worker_rank(const pp_worker *w);
-/* The step pp_worker_step runs next (after resume: the one after the
- * checkpoint's), and the run's total. */
+/* The step pp_worker_step runs next (after a resume: the one after the
+ * checkpoint's, known at open with one rank and after the first
+ * pp_worker_step with several), and the run's total. */
 PP_API int64_t pp_worker_next_step(const pp_worker *w);
 PP_API int64_t pp_worker_steps(const pp_worker *w);
 /* The global indices of this rank's stages: n, and index i. */

@@ -1,0 +1,91 @@
+/* Agreements between ranks over their transports (agree.h). */
+#include "agree.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "status_internal.h"
+
+#define AGREE_NAME "pippin:agree"
+
+/* first[r]: the lowest stage on rank r, which names the rank in keys. */
+static pp_status first_stages(const pp_schedule *sc, int **first) {
+    *first = malloc(sizeof(int) * (size_t)sc->nranks);
+    if (!*first) return pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int st = sc->nstages - 1; st >= 0; st--) (*first)[sc->stage_rank[st]] = st;
+    return PP_OK;
+}
+
+/* Sends t to every peer, then hands each peer's tensor to got(). */
+static pp_status all_to_all(const pp_agree *a, int64_t step, int slot, pp_tensor *t,
+                            pp_status (*got)(void *user, int rank, const pp_tensor *t), void *user) {
+    const pp_schedule *sc = a->sched;
+    int nr = sc->nranks, mb = a->microbatches + slot, *first;
+    PP_TRY(first_stages(sc, &first));
+    pp_status s = PP_OK;
+    for (int r = 0; r < nr && s == PP_OK; r++) {
+        pp_transport_key k = {PP_MSG_GRADIENT, step, mb, first[a->rank], first[r], AGREE_NAME};
+        if (r != a->rank) s = pp_transport_send(a->t, &k, t);
+    }
+    for (int r = 0; r < nr && s == PP_OK; r++) {
+        if (r == a->rank) continue;
+        pp_transport_key k = {PP_MSG_GRADIENT, step, mb, first[r], first[a->rank], AGREE_NAME};
+        pp_tensor *in = NULL;
+        s = pp_transport_recv(a->t, &k, a->timeout_ms, &in);
+        if (s == PP_OK) s = got(user, r, in);
+        pp_tensor_free(in);
+    }
+    free(first);
+    return s;
+}
+
+static pp_status got_int(void *user, int rank, const pp_tensor *t) {
+    pp_agree_result *r = user;
+    if (t->dtype != PP_I64 || pp_tensor_numel(t) != 1)
+        return pp_error(PP_ERR_PEER, "rank %d sent a malformed agreement message", rank);
+    int64_t v = ((const int64_t *)t->data)[0];
+    if (v < r->lo) {
+        r->lo = v;
+        r->who_lo = rank;
+    }
+    if (v > r->hi) {
+        r->hi = v;
+        r->who_hi = rank;
+    }
+    return PP_OK;
+}
+
+pp_status pp_agree_int(const pp_agree *a, int64_t step, int slot, int64_t mine, pp_agree_result *r) {
+    *r = (pp_agree_result){mine, mine, a->rank, a->rank};
+    if (!a->t || a->sched->nranks < 2) return PP_OK;
+    pp_tensor *t;
+    PP_TRY(pp_tensor_new(PP_I64, 1, (int64_t[]){1}, &t));
+    ((int64_t *)t->data)[0] = mine;
+    pp_status s = all_to_all(a, step, slot, t, got_int, r);
+    pp_tensor_free(t);
+    return s;
+}
+
+typedef struct bytes_ctx {
+    pp_agree_check_fn check;
+    void *user;
+} bytes_ctx;
+
+static pp_status got_bytes(void *user, int rank, const pp_tensor *t) {
+    bytes_ctx *c = user;
+    if (t->dtype != PP_U8 || t->ndim != 1)
+        return pp_error(PP_ERR_PEER, "rank %d sent a malformed agreement message", rank);
+    return c->check(c->user, rank, t->data, t->nbytes);
+}
+
+pp_status pp_agree_bytes(const pp_agree *a, int64_t step, int slot, const uint8_t *mine, size_t n,
+                         pp_agree_check_fn check, void *user) {
+    if (!a->t || a->sched->nranks < 2) return PP_OK;
+    pp_tensor *t;
+    PP_TRY(pp_tensor_new(PP_U8, 1, (int64_t[]){(int64_t)n}, &t));
+    if (n) memcpy(t->data, mine, n);
+    bytes_ctx c = {check, user};
+    pp_status s = all_to_all(a, step, slot, t, got_bytes, &c);
+    pp_tensor_free(t);
+    return s;
+}

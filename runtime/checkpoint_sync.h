@@ -1,0 +1,40 @@
+/* Internal: checkpoints that every rank commits together. Each rank writes
+ * its stages' files for step N (durably), the ranks agree that all of them
+ * did, then rank 0 writes N's manifest: the commit. Resume takes rank 0's
+ * newest committed step, every rank loads it and they agree that all did,
+ * before the first action. Used by the worker and by `pippin train`. */
+#ifndef PIPPIN_RUNTIME_CHECKPOINT_SYNC_H
+#define PIPPIN_RUNTIME_CHECKPOINT_SYNC_H
+
+#include <stdint.h>
+
+#include "agree.h"
+#include "pippin/optim.h"
+#include "pippin/stage.h"
+
+#define PP_CKPT_RECENT 64
+
+typedef struct pp_ckpt_sync {
+    const char *dir;
+    int64_t every;            /* steps between checkpoints; 0: only after the last */
+    int keep;                 /* committed steps kept (>= 1) */
+    pp_agree agree;           /* agree.t NULL: this process holds every stage */
+    int n;                    /* this rank's stages */
+    pp_stage *const *stages;
+    pp_optim *const *optims;  /* may hold NULLs */
+    int n_stages_total;       /* stages of the whole pipeline */
+    /* Steps every rank wrote, newest last (ranks other than 0 prune from it). */
+    int64_t recent[PP_CKPT_RECENT];
+    int n_recent;
+} pp_ckpt_sync;
+
+/* Whether step (0-based, of steps) ends with a checkpoint. */
+int pp_ckpt_due(const pp_ckpt_sync *c, int64_t step, int64_t steps);
+/* The collective save and commit of step (every rank calls it for the same
+ * step); then steps older than the keep newest committed are removed. */
+pp_status pp_ckpt_save(pp_ckpt_sync *c, int64_t step);
+/* The collective resume: *next_step gets the step after the one restored.
+ * if_any: with no committed checkpoint start at step 0 instead of failing. */
+pp_status pp_ckpt_resume(pp_ckpt_sync *c, int if_any, int64_t *next_step);
+
+#endif
