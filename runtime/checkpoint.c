@@ -311,17 +311,29 @@ static pp_status load_floats(const pp_safetensors *f, const char *path, const ch
     return PP_OK;
 }
 
+pp_status pp_checkpoint_read_file(const char *path, pp_safetensors **out) {
+    pp_safetensors *f;
+    PP_TRY(pp_safetensors_load(path, &f));
+    char want[32];
+    snprintf(want, sizeof want, "%016" PRIx64, tensors_hash(f->n, f->tensors));
+    pp_status s = check_meta(f, path, "pippin.format", "checkpoint");
+    if (s == PP_OK && check_meta(f, path, "pippin.hash", want) != PP_OK)
+        s = pp_error(PP_ERR_INVALID, "%s: the tensors' hash differs from the one recorded: the file is damaged", path);
+    if (s != PP_OK) {
+        pp_safetensors_free(f);
+        return s;
+    }
+    *out = f;
+    return PP_OK;
+}
+
 static pp_status load_file(const pp_safetensors *f, const char *path, int64_t step, pp_stage *st, pp_optim *opt) {
     pp_flat_params *fp = pp_stage_params(st);
     char want[32];
-    PP_TRY(check_meta(f, path, "pippin.format", "checkpoint"));
     snprintf(want, sizeof want, "%" PRId64, step);
     PP_TRY(check_meta(f, path, "pippin.step", want));
     snprintf(want, sizeof want, "%d", pp_stage_index(st));
     PP_TRY(check_meta(f, path, "pippin.stage", want));
-    snprintf(want, sizeof want, "%016" PRIx64, tensors_hash(f->n, f->tensors));
-    if (check_meta(f, path, "pippin.hash", want) != PP_OK)
-        return pp_error(PP_ERR_INVALID, "%s: the tensors' hash differs from the one recorded: the file is damaged", path);
     int n_opt = opt ? pp_optim_state(opt, -1, NULL, NULL) : 0;
     int64_t opt_steps = 0;
     if (opt) { /* everything is checked before the stage is touched */
@@ -362,7 +374,7 @@ pp_status pp_checkpoint_load_stage(const char *dir, int64_t step, pp_stage *st, 
     char path[4200];
     pp_checkpoint_stage_path(dir, step, pp_stage_index(st), path, sizeof path);
     pp_safetensors *f;
-    PP_TRY(pp_safetensors_load(path, &f));
+    PP_TRY(pp_checkpoint_read_file(path, &f));
     pp_status s = load_file(f, path, step, st, opt);
     pp_safetensors_free(f);
     return s;

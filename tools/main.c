@@ -17,6 +17,7 @@ static const pp_command commands[] = {
     {"train", cmd_train, "train a model on .npy data with SGD or AdamW (one process)"},
     {"worker", cmd_worker, "run one rank of a pipeline from a YAML config"},
     {"run", cmd_run, "run every rank of a YAML config as local worker processes"},
+    {"checkpoint", cmd_checkpoint, "list, inspect and export training checkpoints"},
     {NULL, NULL, NULL},
 };
 

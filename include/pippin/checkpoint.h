@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #include "pippin/optim.h"
+#include "pippin/safetensors.h"
 #include "pippin/stage.h"
 
 #ifdef __cplusplus
@@ -68,6 +69,9 @@ PP_API pp_status pp_checkpoint_list(const char *dir, pp_checkpoint_step **steps,
  * newest committed steps: the keep-th newest committed step, or INT64_MIN
  * when there are fewer. */
 PP_API pp_status pp_checkpoint_keep_from(const char *dir, int keep, int64_t *before);
+/* Reads a stage file and checks that it is a pippin checkpoint whose
+ * tensors match their recorded hash (errors name the file). */
+PP_API pp_status pp_checkpoint_read_file(const char *path, pp_safetensors **out);
 /* The path of a stage file: DIR/step_<step>/stage_<stage>.safetensors. */
 PP_API void pp_checkpoint_stage_path(const char *dir, int64_t step, int stage, char *buf, size_t cap);
 
