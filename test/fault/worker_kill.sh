@@ -1,0 +1,86 @@
+#!/bin/sh
+# Fault suite: one of 4 worker processes (checkpoint after every step) is
+# killed with SIGKILL at a random moment. The others exit with an error
+# naming the dead rank within their timeout (no hang), and restarting all
+# four with --resume finishes with the uninterrupted run's losses and
+# trained parameters, bit for bit. TAP output.
+. "$(dirname "$0")/../tools/tap.sh"
+TRIALS=${PIPPIN_FAULT_WORKER_TRIALS:-5}
+losses() { grep -o "^step [0-9]*: loss [0-9.]*" "$1"; }
+errors() { cat "$@" | grep 'pippin worker:' | grep -v ', stages [0-9]'; } # not the start-up line
+cfg() { # NAME OUTDIR
+    cat >"$tmp/$1.yaml" <<YAML
+model: $SRC/examples/gpt/model.onnx
+schedule: 1f1b
+microbatches: 2
+batch_size: 8
+steps: 12
+optimizer: {kind: adamw, lr: 0.002}
+text: {file: $SRC/examples/data/tiny.txt, vocab: $SRC/examples/gpt/vocab.json, seq: 64}
+ranks: [ipc://$tmp/$1-0, ipc://$tmp/$1-1, ipc://$tmp/$1-2, ipc://$tmp/$1-3]
+timeout_ms: 3000
+output_dir: $2
+YAML
+}
+start_all() { # CONFIG CKPT TAG [--resume]
+    pids=""
+    for r in 0 1 2 3; do
+        "$PIPPIN" worker "$1" --rank $r --checkpoint "$2" --checkpoint-every 1 $4 >"$tmp/$3$r.out" 2>"$tmp/$3$r.err" &
+        pids="$pids $!"
+    done
+}
+cfg full "$tmp/full-params"
+n=1
+start=$(date +%s%N)
+if ! "$PIPPIN" run "$tmp/full.yaml" >"$tmp/full.out" 2>"$tmp/full.err"; then
+    echo "not ok $n - uninterrupted run: $(tail -3 "$tmp/full.err")"
+    echo "1..$n"
+    exit 0
+fi
+run_ms=$(( ($(date +%s%N) - start) / 1000000 ))
+echo "ok $n - uninterrupted run: $(losses "$tmp/full.out" | wc -l) steps in $run_ms ms"
+for trial in $(seq 1 "$TRIALS"); do
+    n=$((n + 1))
+    cfg t$trial "$tmp/params$trial"
+    ck="$tmp/ck$trial"
+    victim=$(( $(od -An -N1 -tu1 /dev/urandom) % 4 ))
+    delay_ms=$(( 200 + $(od -An -N2 -tu2 /dev/urandom) % (run_ms / 2 + 1) ))
+    t0=$(date +%s)
+    start_all "$tmp/t$trial.yaml" "$ck" part
+    sleep "$(printf '%d.%03d' $((delay_ms / 1000)) $((delay_ms % 1000)))"
+    set -- $pids
+    eval "vpid=\${$((victim + 1))}"
+    kill -9 "$vpid" 2>/dev/null
+    wait
+    took=$(( $(date +%s) - t0 ))
+    named=1
+    for r in 0 1 2 3; do
+        [ $r = $victim ] && continue
+        # a survivor that finished before the kill has nothing to report
+        if [ -n "$(errors "$tmp/part$r.err")" ] && ! errors "$tmp/part$r.err" | grep -q "rank $victim"; then named=0; fi
+    done
+    if [ $named = 0 ]; then
+        echo "not ok $n - trial $trial: a survivor's error does not name rank $victim: $(errors "$tmp"/part?.err | head -3)"
+        continue
+    fi
+    if [ "$took" -gt 30 ]; then
+        echo "not ok $n - trial $trial: the survivors took $took s to give up on rank $victim"
+        continue
+    fi
+    resume=""
+    "$PIPPIN" checkpoint list "$ck" 2>/dev/null | grep -q "newest committed" && resume=--resume
+    start_all "$tmp/t$trial.yaml" "$ck" rest "$resume"
+    wait
+    fails=$(errors "$tmp"/rest?.err | wc -l)
+    lines=$(losses "$tmp/rest3.out" | wc -l)
+    if [ "$fails" -ne 0 ]; then
+        echo "not ok $n - trial $trial (rank $victim killed after $delay_ms ms): restart failed: $(errors "$tmp"/rest?.err | head -2)"
+    elif [ "$lines" -gt 0 ] && [ "$(losses "$tmp/full.out" | tail -n "$lines")" != "$(losses "$tmp/rest3.out")" ]; then
+        echo "not ok $n - trial $trial (rank $victim killed after $delay_ms ms): losses differ after the restart"
+    elif ! diff -r "$tmp/full-params" "$tmp/params$trial" >/dev/null; then
+        echo "not ok $n - trial $trial (rank $victim killed after $delay_ms ms): trained parameters differ"
+    else
+        echo "ok $n - trial $trial: rank $victim killed after $delay_ms ms, the others gave up in ${took}s naming it; restart ${resume:-from scratch} ran the last $lines steps bit-identically"
+    fi
+done
+echo "1..$n"
