@@ -40,9 +40,12 @@ static uint64_t tensors_hash(int n, pp_tensor *const *t) {
 /* ---- writing ---- */
 
 pp_status pp_checkpoint_save_stage(const char *dir, int64_t step, pp_stage *st, pp_optim *opt) {
-    pp_flat_params *fp = pp_stage_params(st);
+    pp_flat_params none = {0}, *fp = pp_stage_params(st);
     int k = pp_stage_index(st);
-    if (!fp) return pp_error(PP_ERR_STATE, "stage %d has no trainable parameters to save", k);
+    if (!fp) { /* a stage without parameters still has its file: every stage of a step is there */
+        fp = &none;
+        opt = NULL;
+    }
     if (step < 0) return pp_error(PP_ERR_INVALID, "stage %d: checkpoint of step %" PRId64, k, step);
     char sdir[4096], path[4200];
     step_dir(dir, step, sdir, sizeof sdir);
@@ -328,7 +331,11 @@ pp_status pp_checkpoint_read_file(const char *path, pp_safetensors **out) {
 }
 
 static pp_status load_file(const pp_safetensors *f, const char *path, int64_t step, pp_stage *st, pp_optim *opt) {
-    pp_flat_params *fp = pp_stage_params(st);
+    pp_flat_params none = {0}, *fp = pp_stage_params(st);
+    if (!fp) {
+        fp = &none;
+        opt = NULL;
+    }
     char want[32];
     snprintf(want, sizeof want, "%" PRId64, step);
     PP_TRY(check_meta(f, path, "pippin.step", want));
@@ -369,8 +376,6 @@ static pp_status load_file(const pp_safetensors *f, const char *path, int64_t st
 }
 
 pp_status pp_checkpoint_load_stage(const char *dir, int64_t step, pp_stage *st, pp_optim *opt) {
-    pp_flat_params *fp = pp_stage_params(st);
-    if (!fp) return pp_error(PP_ERR_STATE, "stage %d has no trainable parameters to load", pp_stage_index(st));
     char path[4200];
     pp_checkpoint_stage_path(dir, step, pp_stage_index(st), path, sizeof path);
     pp_safetensors *f;

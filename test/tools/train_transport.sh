@@ -72,6 +72,19 @@ elif grep -q "no checkpoint here" "$tmp/err"; then
 else
     echo "not ok $n - resume without a checkpoint: $(cat "$tmp/err")"
 fi
+# a stage without parameters (split before /Tanh: stage 2 holds only
+# elementwise ops) has its checkpoint file too; resume is bit for bit
+n=$((n + 1))
+set -- "$FX/mlp/model.onnx" --data "x=$FX/mlp/train_x.npy" --data "y=$FX/mlp/train_y.npy" --batch-size 4 \
+    --split-before /Tanh --microbatches 2 --schedule 1f1b --json --transport tcp
+if "$PIPPIN" train "$@" --steps 3 >"$tmp/full" 2>"$tmp/err" &&
+    "$PIPPIN" train "$@" --steps 2 --checkpoint "$tmp/ck-noparam" >/dev/null 2>>"$tmp/err" &&
+    "$PIPPIN" train "$@" --steps 3 --checkpoint "$tmp/ck-noparam" --resume >"$tmp/resumed" 2>>"$tmp/err" &&
+    [ "$(tail -1 "$tmp/full")" = "$(cat "$tmp/resumed")" ] && [ -f "$tmp/ck-noparam/step_2/stage_2.safetensors" ]; then
+    echo "ok $n - checkpoint and resume with a stage that has no parameters"
+else
+    echo "not ok $n - stage without parameters: $(head -c 300 "$tmp/err")"
+fi
 # a checkpoint edited to a negative optimizer step count is refused, naming
 # the file, rather than turning AdamW's parameters into NaN
 n=$((n + 1))
