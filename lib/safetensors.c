@@ -101,12 +101,13 @@ void pp_safetensors_free(pp_safetensors *st) {
     free(st);
 }
 
-/* A JSON integer in [0, max]. */
+/* A JSON integer in [0, max]. json-c saturates what does not fit an
+ * int64 to INT64_MAX, so that value is refused too. */
 static int get_u64(json_object *v, uint64_t max, uint64_t *out) {
     if (!json_object_is_type(v, json_type_int)) return 0;
     errno = 0;
     int64_t x = json_object_get_int64(v);
-    if (errno || x < 0 || (uint64_t)x > max) return 0;
+    if (errno || x < 0 || x == INT64_MAX || (uint64_t)x > max) return 0;
     *out = (uint64_t)x;
     return 1;
 }
@@ -242,8 +243,14 @@ pp_status pp_safetensors_parse(const void *bytes, size_t len, const char *name, 
     for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | b[i];
     if (hlen > PP_SAFETENSORS_MAX_HEADER || hlen > len - 8)
         return pp_error(PP_ERR_PARSE, "%s: header of %" PRIu64 " bytes in a file of %zu", name, hlen, len);
+    /* json-c would take leading blanks, invalid UTF-8 and an escaped NUL
+     * (which cuts a name short, so two names could become one) */
+    if (hlen == 0 || b[8] != '{') return pp_error(PP_ERR_PARSE, "%s: the header does not start with '{'", name);
+    if (memmem(b + 8, hlen, "\\u0000", 6))
+        return pp_error(PP_ERR_PARSE, "%s: the header holds an escaped NUL character", name);
     json_tokener *tok = json_tokener_new_ex(64);
     if (!tok) return pp_error(PP_ERR_NOMEM, "%s: out of memory", name);
+    json_tokener_set_flags(tok, JSON_TOKENER_STRICT | JSON_TOKENER_VALIDATE_UTF8);
     json_object *head = json_tokener_parse_ex(tok, (const char *)b + 8, (int)hlen);
     enum json_tokener_error err = json_tokener_get_error(tok);
     size_t used = json_tokener_get_parse_end(tok);

@@ -16,11 +16,13 @@ static pp_status first_stages(const pp_schedule *sc, int **first) {
     return PP_OK;
 }
 
+int pp_agree_long_timeout(int timeout_ms) { return timeout_ms > 300000 ? timeout_ms : 300000; }
+
 /* Sends t to every peer, then hands each peer's tensor to got(). */
 static pp_status all_to_all(const pp_agree *a, int64_t step, int slot, pp_tensor *t,
                             pp_status (*got)(void *user, int rank, const pp_tensor *t), void *user) {
     const pp_schedule *sc = a->sched;
-    int nr = sc->nranks, mb = a->microbatches + slot, *first;
+    int nr = sc->nranks, mb = PP_AGREE_MICROBATCH + slot, *first;
     PP_TRY(first_stages(sc, &first));
     pp_status s = PP_OK;
     for (int r = 0; r < nr && s == PP_OK; r++) {
@@ -31,7 +33,7 @@ static pp_status all_to_all(const pp_agree *a, int64_t step, int slot, pp_tensor
         if (r == a->rank) continue;
         pp_transport_key k = {PP_MSG_GRADIENT, step, mb, first[r], first[a->rank], AGREE_NAME};
         pp_tensor *in = NULL;
-        s = pp_transport_recv(a->t, &k, a->timeout_ms, &in);
+        s = pp_transport_recv(a->t, &k, slot == PP_AGREE_STOP ? a->timeout_ms : a->long_timeout_ms, &in);
         if (s == PP_OK) s = got(user, r, in);
         pp_tensor_free(in);
     }

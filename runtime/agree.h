@@ -1,7 +1,10 @@
 /* Internal: small agreements between the ranks of a run over their
  * transports (stop votes, the resume step, checkpoint commits, the run
- * identity). Each is keyed as a gradient message of a microbatch number past
- * the step's last (which data never uses) with a value name of its own. */
+ * identity). Each is keyed as a gradient message of the step with a
+ * microbatch number no schedule uses (PP_AGREE_MICROBATCH + slot, the same
+ * whatever each rank's microbatch count: ranks configured with different
+ * counts still meet, and their identities tell them so) and a value name of
+ * its own. */
 #ifndef PIPPIN_RUNTIME_AGREE_H
 #define PIPPIN_RUNTIME_AGREE_H
 
@@ -14,11 +17,18 @@ typedef struct pp_agree {
     pp_transport *t;         /* NULL: a single process holds every stage (no one to ask) */
     const pp_schedule *sched;
     int rank;
-    int microbatches;
-    int timeout_ms;
+    int timeout_ms;          /* the stop vote: ranks reach it together */
+    /* Checkpoint commits, resume and the identity wait for the slowest
+     * rank's disk or model load; a dead peer still fails them at once
+     * (heartbeats), so this may be long. */
+    int long_timeout_ms;
 } pp_agree;
 
-/* Agreement slots: the microbatch number is microbatches + slot. */
+/* The default long_timeout_ms: 5 minutes, or timeout_ms if longer. */
+int pp_agree_long_timeout(int timeout_ms);
+
+/* Agreement slots: the microbatch number is PP_AGREE_MICROBATCH + slot. */
+#define PP_AGREE_MICROBATCH (1 << 30)
 enum { PP_AGREE_STOP = 1, PP_AGREE_RESUME = 2, PP_AGREE_RESUME_OK = 3, PP_AGREE_CHECKPOINT = 4, PP_AGREE_IDENTITY = 5 };
 
 typedef struct pp_agree_result {

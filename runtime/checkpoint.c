@@ -30,10 +30,29 @@ void pp_checkpoint_stage_path(const char *dir, int64_t step, int stage, char *bu
     snprintf(buf, cap, "%s/step_%" PRId64 "/stage_%d.safetensors", dir, step, stage);
 }
 
-/* The hash recorded in a stage file: its tensors' bytes, in file order. */
-static uint64_t tensors_hash(int n, pp_tensor *const *t) {
+static int by_key(const void *a, const void *b) {
+    return strcmp(**(const char *const *const *)a, **(const char *const *const *)b);
+}
+
+/* The hash recorded in a stage file: its tensors' names and bytes in file
+ * order, then its metadata (but the hash itself) in key order, so a changed
+ * step count shows as much as a changed weight. */
+static uint64_t file_hash(int n, const char *const *names, pp_tensor *const *t, int n_meta, const char *const *keys,
+                          const char *const *vals) {
     uint64_t h = PP_HASH64_SEED;
-    for (int i = 0; i < n; i++) h = pp_hash64(h, t[i]->data, t[i]->nbytes);
+    for (int i = 0; i < n; i++) {
+        h = pp_hash64(h, names[i], strlen(names[i]) + 1);
+        h = pp_hash64(h, t[i]->data, t[i]->nbytes);
+    }
+    const char *const *order[64][2];
+    int m = 0;
+    for (int i = 0; i < n_meta && m < 64; i++)
+        if (strcmp(keys[i], "pippin.hash") != 0) order[m][0] = &keys[i], order[m++][1] = &vals[i];
+    qsort(order, (size_t)m, sizeof order[0], by_key);
+    for (int i = 0; i < m; i++) {
+        h = pp_hash64(h, *order[i][0], strlen(*order[i][0]) + 1);
+        h = pp_hash64(h, *order[i][1], strlen(*order[i][1]) + 1);
+    }
     return h;
 }
 
@@ -51,6 +70,7 @@ pp_status pp_checkpoint_save_stage(const char *dir, int64_t step, pp_stage *st, 
     step_dir(dir, step, sdir, sizeof sdir);
     PP_TRY(pp_mkdirs(sdir));
     PP_TRY(pp_fsync_parent(sdir)); /* the step directory's entry in dir */
+    PP_TRY(pp_fsync_parent(dir));  /* and dir's own, when it is new */
     int n_opt = opt ? pp_optim_state(opt, -1, NULL, NULL) : 0, n = fp->n + n_opt;
     const char **names = calloc((size_t)n + 1, sizeof *names);
     char **owned = calloc((size_t)n_opt + 1, sizeof *owned);
@@ -79,11 +99,11 @@ pp_status pp_checkpoint_save_stage(const char *dir, int64_t step, pp_stage *st, 
         snprintf(v_step, sizeof v_step, "%" PRId64, step);
         snprintf(v_stage, sizeof v_stage, "%d", k);
         snprintf(v_steps, sizeof v_steps, "%" PRId64, opt ? pp_optim_steps(opt) : (int64_t)0);
-        snprintf(v_hash, sizeof v_hash, "%016" PRIx64, tensors_hash(n, ts));
         const char *keys[] = {"pippin.format", "pippin.step", "pippin.stage", "pippin.optimizer", "pippin.optimizer_steps",
                               "pippin.hash"};
         const char *vals[] = {"checkpoint", v_step, v_stage,
                               opt ? pp_optim_kind_name(pp_optim_get_config(opt)->kind) : "none", v_steps, v_hash};
+        snprintf(v_hash, sizeof v_hash, "%016" PRIx64, file_hash(n, names, ts, 5, keys, vals));
         pp_checkpoint_stage_path(dir, step, k, path, sizeof path);
         s = pp_safetensors_save(path, n, names, ts, 6, keys, vals);
     }
@@ -131,6 +151,7 @@ pp_status pp_checkpoint_commit(const char *dir, int64_t step, int n_stages) {
 /* "step_<N>" -> N; 0 if the name is not a step directory. */
 static int parse_step_name(const char *name, int64_t *step) {
     if (strncmp(name, "step_", 5) != 0 || !name[5]) return 0;
+    if (name[5] == '0' && name[6]) return 0; /* one directory per step: step_7, never step_007 */
     int64_t v = 0;
     for (const char *p = name + 5; *p; p++) {
         if (*p < '0' || *p > '9' || v > (INT64_MAX - 9) / 10) return 0;
@@ -234,7 +255,15 @@ pp_status pp_checkpoint_latest(const char *dir, int64_t *step) {
     while (i >= 0 && !v[i].committed) i--;
     if (i >= 0) *step = v[i].step;
     free(v);
-    if (i < 0) return pp_error(PP_ERR_NOT_FOUND, "%s: no committed checkpoint here (no step_N/" MANIFEST ")", dir);
+    if (i < 0) {
+        char old[4200];
+        struct stat sb;
+        snprintf(old, sizeof old, "%s/stage_0/state.json", dir);
+        if (stat(old, &sb) == 0)
+            return pp_error(PP_ERR_NOT_FOUND, "%s: holds a checkpoint in the layout of pippin 0.2 (stage_K/*.npy), "
+                            "which this version does not read; committed checkpoints are step_N/ directories", dir);
+        return pp_error(PP_ERR_NOT_FOUND, "%s: no committed checkpoint here (no step_N/" MANIFEST ")", dir);
+    }
     return PP_OK;
 }
 
@@ -300,7 +329,8 @@ static pp_status meta_int(const pp_safetensors *f, const char *path, const char 
     return PP_OK;
 }
 
-/* Copies the checkpoint's tensor `name` into dst (n floats). */
+/* Checks the checkpoint's tensor `name` against n floats of this shape
+ * (ndim < 0: any), and copies it into dst unless dst is NULL. */
 static pp_status load_floats(const pp_safetensors *f, const char *path, const char *name, float *dst, int64_t n,
                              int ndim, const int64_t *shape) {
     const pp_tensor *t = pp_safetensors_find(f, name);
@@ -310,7 +340,7 @@ static pp_status load_floats(const pp_safetensors *f, const char *path, const ch
     if (!same)
         return pp_error(PP_ERR_SHAPE, "%s: tensor '%s' is %s with %lld elements; the stage's is float32 with %lld", path,
                         name, pp_dtype_name(t->dtype), (long long)pp_tensor_numel(t), (long long)n);
-    if (n) memcpy(dst, t->data, (size_t)n * sizeof(float));
+    if (n && dst) memcpy(dst, t->data, (size_t)n * sizeof(float));
     return PP_OK;
 }
 
@@ -318,10 +348,13 @@ pp_status pp_checkpoint_read_file(const char *path, pp_safetensors **out) {
     pp_safetensors *f;
     PP_TRY(pp_safetensors_load(path, &f));
     char want[32];
-    snprintf(want, sizeof want, "%016" PRIx64, tensors_hash(f->n, f->tensors));
+    snprintf(want, sizeof want, "%016" PRIx64,
+             file_hash(f->n, (const char *const *)f->names, f->tensors, f->n_meta, (const char *const *)f->meta_keys,
+                       (const char *const *)f->meta_values));
     pp_status s = check_meta(f, path, "pippin.format", "checkpoint");
+    if (s == PP_OK) s = check_meta(f, path, "pippin.hash", NULL);
     if (s == PP_OK && check_meta(f, path, "pippin.hash", want) != PP_OK)
-        s = pp_error(PP_ERR_INVALID, "%s: the tensors' hash differs from the one recorded: the file is damaged", path);
+        s = pp_error(PP_ERR_INVALID, "%s: the contents' hash differs from the one recorded: the file is damaged", path);
     if (s != PP_OK) {
         pp_safetensors_free(f);
         return s;
@@ -343,7 +376,7 @@ static pp_status load_file(const pp_safetensors *f, const char *path, int64_t st
     PP_TRY(check_meta(f, path, "pippin.stage", want));
     int n_opt = opt ? pp_optim_state(opt, -1, NULL, NULL) : 0;
     int64_t opt_steps = 0;
-    if (opt) { /* everything is checked before the stage is touched */
+    if (opt) {
         const char *kind = pp_optim_kind_name(pp_optim_get_config(opt)->kind);
         if (check_meta(f, path, "pippin.optimizer", kind) != PP_OK)
             return pp_error(PP_ERR_INVALID, "%s: saved with optimizer '%s', this run uses %s", path,
@@ -358,20 +391,20 @@ static pp_status load_file(const pp_safetensors *f, const char *path, int64_t st
         if (k == fp->n) return pp_error(PP_ERR_INVALID, "%s: holds parameter '%s', which stage %d does not have", path,
                                         f->names[i], pp_stage_index(st));
     }
-    for (int i = 0; i < fp->n; i++)
-        PP_TRY(load_floats(f, path, fp->names[i], fp->data + fp->offset[i], fp->numel[i], fp->ndims[i],
-                           fp->shapes + (size_t)i * PP_MAX_DIMS));
-    if (opt) {
+    for (int copy = 0; copy < 2; copy++) { /* check all, then copy: a refused file leaves the stage as it was */
+        for (int i = 0; i < fp->n; i++)
+            PP_TRY(load_floats(f, path, fp->names[i], copy ? fp->data + fp->offset[i] : NULL, fp->numel[i],
+                               fp->ndims[i], fp->shapes + (size_t)i * PP_MAX_DIMS));
         for (int i = 0; i < n_opt; i++) {
             const char *bname;
             float *buf;
             pp_optim_state(opt, i, &bname, &buf);
             char name[256];
             snprintf(name, sizeof name, OPTIM_PREFIX "%s", bname);
-            PP_TRY(load_floats(f, path, name, buf, fp->total, -1, NULL));
+            PP_TRY(load_floats(f, path, name, copy ? buf : NULL, fp->total, -1, NULL));
         }
-        pp_optim_set_steps(opt, opt_steps);
     }
+    if (opt) pp_optim_set_steps(opt, opt_steps);
     return PP_OK;
 }
 

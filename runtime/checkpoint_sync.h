@@ -33,8 +33,16 @@ int pp_ckpt_due(const pp_ckpt_sync *c, int64_t step, int64_t steps);
 /* The collective save and commit of step (every rank calls it for the same
  * step); then steps older than the keep newest committed are removed. */
 pp_status pp_ckpt_save(pp_ckpt_sync *c, int64_t step);
-/* The collective resume: *next_step gets the step after the one restored.
- * if_any: with no committed checkpoint start at step 0 instead of failing. */
-pp_status pp_ckpt_resume(pp_ckpt_sync *c, int if_any, int64_t *next_step);
+/* How a run with checkpoints starts. */
+typedef enum pp_ckpt_start_mode {
+    PP_CKPT_FRESH = 0,    /* at step 0; a directory that holds committed steps is refused (they
+                           * belong to another run, and keep and resume would mix the two) */
+    PP_CKPT_RESUME = 1,   /* after the newest committed step; none is an error */
+    PP_CKPT_RESUME_IF_ANY = 2 /* the same, or at step 0 when there is none */
+} pp_ckpt_start_mode;
+
+/* The collective start (every rank calls it before its first step):
+ * *next_step gets the step to run first, after the one restored. */
+pp_status pp_ckpt_start(pp_ckpt_sync *c, pp_ckpt_start_mode mode, int64_t *next_step);
 
 #endif

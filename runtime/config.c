@@ -6,6 +6,7 @@
  * PP_ERR_INVALID. */
 #include "pippin/config.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -24,6 +25,8 @@
 #define CFG_MAX_RANKS 4096
 #define CFG_MAX_ITEMS 4096       /* entries of any list or mapping */
 #define CFG_MAX_STR 4096         /* bytes of any string value or key */
+#define CFG_MAX_DEPTH 32         /* nested lists and mappings */
+#define CFG_MAX_RUN_ID 256       /* bytes of run_id */
 
 typedef struct cx {
     const char *file;
@@ -398,15 +401,107 @@ static pp_status parse_schedule(const cx *x, const yaml_node_t *n) {
     return PP_OK;
 }
 
+static pp_status parse_checkpoint(const cx *x, const yaml_node_t *m) {
+    static const char *const keys[] = {"dir", "every", "keep"};
+    yaml_node_t *v[3];
+    pp_config *c = x->c;
+    PP_TRY(match_keys(x, m, "checkpoint", keys, 3, v));
+    if (!given(v[0]))
+        return v[0] ? type_err(x, v[0], "checkpoint.dir", "a path")
+                    : err_at(x, PP_ERR_PARSE, m, "missing key 'checkpoint.dir'");
+    PP_TRY(get_path(x, v[0], "checkpoint.dir", &c->checkpoint_dir));
+    if (given(v[1])) PP_TRY(get_int(x, v[1], "checkpoint.every", 0, INT64_MAX, &c->checkpoint_every));
+    if (given(v[2])) PP_TRY(get_int32(x, v[2], "checkpoint.keep", 1, INT_MAX, &c->checkpoint_keep));
+    return PP_OK;
+}
+
+static pp_status parse_run_id(const cx *x, const yaml_node_t *n) {
+    PP_TRY(get_str(x, n, "run_id", &x->c->run_id));
+    size_t len = strlen(x->c->run_id);
+    if (len > CFG_MAX_RUN_ID)
+        return err_at(x, PP_ERR_INVALID, n, "key 'run_id': longer than %d bytes", CFG_MAX_RUN_ID);
+    for (const unsigned char *p = (const unsigned char *)x->c->run_id; *p; p++)
+        if (*p < 0x20 || *p == 0x7f)
+            return err_at(x, PP_ERR_INVALID, n, "key 'run_id': contains a control character");
+    return PP_OK;
+}
+
+/* ------------------------------------------------------------ protected mode */
+
+/* h[0..n) names this host only: localhost, 127.0.0.0/8 or ::1 (also as
+ * ::ffff:127.x.y.z). Wildcards (*, 0.0.0.0, ::) and interface names do not. */
+static int host_is_loopback(const char *h, size_t n) {
+    char buf[64];
+    if (n == 0 || n >= sizeof buf) return 0;
+    memcpy(buf, h, n);
+    buf[n] = '\0';
+    if (!strcasecmp(buf, "localhost")) return 1;
+    struct in_addr a4;
+    if (inet_pton(AF_INET, buf, &a4) == 1) return ((const unsigned char *)&a4)[0] == 127;
+    struct in6_addr a6;
+    if (inet_pton(AF_INET6, buf, &a6) == 1)
+        return IN6_IS_ADDR_LOOPBACK(&a6) || (IN6_IS_ADDR_V4MAPPED(&a6) && a6.s6_addr[12] == 127);
+    return 0;
+}
+
+/* One address of a tcp endpoint, "host:port" or "[v6]:port". */
+static int tcp_addr_is_loopback(const char *p, size_t n) {
+    if (n && p[0] == '[') {
+        const char *e = memchr(p, ']', n);
+        return e && host_is_loopback(p + 1, (size_t)(e - p - 1));
+    }
+    size_t colon = n;
+    while (colon > 0 && p[colon - 1] != ':') colon--;
+    return host_is_loopback(p, colon ? colon - 1 : n);
+}
+
+/* 1: traffic never leaves this host (ipc, inproc, loopback tcp; a string
+ * that is no endpoint at all is the transport's to refuse). 0: it may. */
+static int endpoint_is_local(const char *ep) {
+    if (!strncmp(ep, "ipc://", 6) || !strncmp(ep, "inproc://", 9) || !strstr(ep, "://")) return 1;
+    if (strncmp(ep, "tcp://", 6)) return 0; /* tipc, vmci, ws, pgm, ...: a network */
+    /* tcp://SOURCE;DEST names two addresses: both must be loopback. */
+    for (const char *p = ep + 6;;) {
+        const char *semi = strchr(p, ';');
+        size_t n = semi ? (size_t)(semi - p) : strlen(p);
+        if (!tcp_addr_is_loopback(p, n)) return 0;
+        if (!semi) return 1;
+        p = semi + 1;
+    }
+}
+
+static pp_status check_endpoint(const cx *x, const yaml_node_t *n, const char *key, const char *ep) {
+    if (endpoint_is_local(ep)) return PP_OK;
+    return err_at(x, PP_ERR_INVALID, n,
+                  "key '%s': endpoint '%.200s' is not loopback and the config has no 'security' (CURVE), "
+                  "so anyone who can reach it could read or change the run; set 'insecure: true' to allow "
+                  "unencrypted traffic, or configure 'security:' (pippin keygen)",
+                  key, ep);
+}
+
+/* Like Redis's protected mode: without CURVE, only endpoints on this host
+ * unless the config says insecure: true. */
+static pp_status check_protected(const cx *x, const yaml_node_t *ranks, const yaml_node_t *bind) {
+    const pp_config *c = x->c;
+    if (c->insecure || c->n_secret_keys > 0) return PP_OK;
+    char path[64];
+    for (int i = 0; i < c->n_ranks; i++) {
+        key_path(path, sizeof path, "", "ranks", i);
+        PP_TRY(check_endpoint(x, node(x, ranks->data.sequence.items.start[i]), path, c->ranks[i]));
+    }
+    if (c->bind) PP_TRY(check_endpoint(x, bind, "bind", c->bind));
+    return PP_OK;
+}
+
 enum {
     K_MODEL, K_SPLIT, K_DIMS, K_MODE, K_SCHEDULE, K_MICROBATCHES, K_BATCH, K_STEPS, K_LOSS,
     K_OPTIMIZER, K_DATA, K_TEXT, K_RANKS, K_BIND, K_TIMEOUT, K_SECURITY, K_OUTPUT, K_STAGES, K_SHM, K_FREEZE,
-    K_COUNT
+    K_CHECKPOINT, K_RUN_ID, K_INSECURE, K_COUNT
 };
 static const char *const top_keys[K_COUNT] = {
     "model", "split", "dims", "mode", "schedule", "microbatches", "batch_size", "steps", "loss",
     "optimizer", "data", "text", "ranks", "bind", "timeout_ms", "security", "output_dir", "stages",
-    "shared_memory", "freeze"};
+    "shared_memory", "freeze", "checkpoint", "run_id", "insecure"};
 
 static pp_status parse_top(const cx *x, const yaml_node_t *root) {
     pp_config *c = x->c;
@@ -480,7 +575,15 @@ static pp_status parse_top(const cx *x, const yaml_node_t *root) {
                               counts[i], counts[i] == 1 ? "" : "s", c->n_ranks, c->n_ranks == 1 ? "" : "s");
     }
     if (given(v[K_OUTPUT])) PP_TRY(get_path(x, v[K_OUTPUT], "output_dir", &c->output_dir));
-    return PP_OK;
+    if (given(v[K_CHECKPOINT])) {
+        if (!c->training)
+            return err_at(x, PP_ERR_INVALID, v[K_CHECKPOINT],
+                          "key 'checkpoint': checkpoints need mode: train (this config infers)");
+        PP_TRY(parse_checkpoint(x, v[K_CHECKPOINT]));
+    }
+    if (given(v[K_RUN_ID])) PP_TRY(parse_run_id(x, v[K_RUN_ID]));
+    if (given(v[K_INSECURE])) PP_TRY(get_bool(x, v[K_INSECURE], "insecure", &c->insecure));
+    return check_protected(x, v[K_RANKS], v[K_BIND]);
 }
 
 /* ------------------------------------------------------------ entry points */
@@ -500,6 +603,40 @@ static pp_status yaml_fail(const yaml_parser_t *p, const char *file, const char 
         return pp_error(PP_ERR_PARSE, "%s:%zu: invalid YAML: %s (%s at line %zu)", file, line, problem,
                         p->context, p->context_mark.line + 1);
     return pp_error(PP_ERR_PARSE, "%s:%zu: invalid YAML: %s", file, line, problem);
+}
+
+/* A pass over the events before the document is built: libyaml has no
+ * nesting limit, and its scanner's cost grows with the depth (500 KB of
+ * '[' took over 30 s). This pass stops at the first level too deep. */
+static pp_status check_depth(const char *file, const char *text, size_t len) {
+    yaml_parser_t p;
+    if (!yaml_parser_initialize(&p)) return pp_error(PP_ERR_NOMEM, "%s: out of memory", file);
+    yaml_parser_set_input_string(&p, (const unsigned char *)(text ? text : ""), len);
+    pp_status s = PP_OK;
+    int depth = 0;
+    for (;;) {
+        yaml_event_t e;
+        if (!yaml_parser_parse(&p, &e)) {
+            s = yaml_fail(&p, file, text, len);
+            break;
+        }
+        yaml_event_type_t t = e.type;
+        size_t line = e.start_mark.line + 1;
+        yaml_event_delete(&e);
+        if (t == YAML_SEQUENCE_START_EVENT || t == YAML_MAPPING_START_EVENT) {
+            if (++depth > CFG_MAX_DEPTH) {
+                s = pp_error(PP_ERR_UNSUPPORTED, "%s:%zu: lists and mappings nested more than %d levels deep",
+                             file, line, CFG_MAX_DEPTH);
+                break;
+            }
+        } else if (t == YAML_SEQUENCE_END_EVENT || t == YAML_MAPPING_END_EVENT) {
+            depth--;
+        } else if (t == YAML_STREAM_END_EVENT) {
+            break;
+        }
+    }
+    yaml_parser_delete(&p);
+    return s;
 }
 
 void pp_config_free(pp_config *c) {
@@ -535,6 +672,8 @@ void pp_config_free(pp_config *c) {
     for (int i = 0; c->public_keys && i < c->n_public_keys; i++) free(c->public_keys[i]);
     free(c->public_keys);
     free(c->output_dir);
+    free(c->checkpoint_dir);
+    free(c->run_id);
     free(c);
 }
 
@@ -547,6 +686,8 @@ pp_status pp_config_parse(const char *text, size_t len, const char *name, const 
     if (len > CFG_MAX_BYTES)
         return pp_error(PP_ERR_UNSUPPORTED, "%s: %zu bytes (a config has at most %u)", name, len, CFG_MAX_BYTES);
 
+    PP_TRY(check_depth(name, text, len));
+
     pp_config *c = calloc(1, sizeof *c);
     if (!c || !(c->path = strdup(name)) || !(c->schedule = strdup("gpipe"))) {
         pp_config_free(c);
@@ -557,6 +698,7 @@ pp_status pp_config_parse(const char *text, size_t len, const char *name, const 
     c->steps = 1;
     c->timeout_ms = 10000;
     c->shared_memory = 1;
+    c->checkpoint_keep = 2;
     pp_optim_config_init(&c->optim, PP_OPTIM_ADAMW);
 
     yaml_parser_t parser;

@@ -11,11 +11,13 @@
 #include "checkpoint_sync.h"
 #include "param_files.h"
 #include "pippin/checkpoint.h"
+#include "run_identity.h"
 #include "pippin/exec.h"
 #include "pippin/executor.h"
 #include "pippin/npy.h"
 #include "pippin/onnx.h"
 #include "pippin/trainer.h"
+#include "log_internal.h"
 #include "status_internal.h"
 #include "text_data.h"
 #include "timing.h"
@@ -38,11 +40,16 @@ struct pp_worker {
     atomic_int stop;          /* asked locally (pp_worker_stop) */
     int stop_agreed;          /* some rank asked: every rank stops after this step */
     int stopped, failed, params_written;
-    int resume_pending;       /* the ranks restore the checkpoint before the first step */
+    int start_pending;        /* the ranks agree how to start (and resume) before the first step */
+    pp_ckpt_start_mode start_mode;
     pp_agree agree;
     pp_ckpt_sync ck;          /* ck.dir NULL: no checkpoints */
     pp_stage **stages;        /* this rank's, and their optimizers */
     pp_optim **optims;
+    uint8_t *identity;        /* this rank's run identity, encoded (runtime/run_identity.h) */
+    size_t identity_bytes;
+    pp_run_identity *id;
+    int identity_pending;     /* the ranks compare identities before the first step */
 };
 
 void pp_worker_options_init(pp_worker_options *o) {
@@ -162,6 +169,22 @@ static pp_status open_data(pp_worker *w) {
     return PP_OK;
 }
 
+/* What every rank must agree on (config values that affect numbers, the
+ * model and data files, every copy of a tied parameter), from this rank's
+ * stages before any step or resume changes them; compared in the first
+ * step. */
+static pp_status open_identity(pp_worker *w) {
+    int n = pp_executor_n_stages(w->ex);
+    pp_stage **st = calloc((size_t)n + 1, sizeof *st);
+    if (!st) return pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) st[i] = pp_executor_stage(w->ex, i);
+    pp_status s = pp_run_identity_compute(w->c, w->p, n, st, &w->id);
+    free(st);
+    if (s == PP_OK) s = pp_run_identity_encode(w->id, &w->identity, &w->identity_bytes);
+    w->identity_pending = s == PP_OK && w->sched->nranks > 1;
+    return s;
+}
+
 /* Checkpoints from the options, else from the config; resume waits for
  * the first step (it needs the peers), except with no peers to ask. */
 static pp_status open_checkpoints(pp_worker *w) {
@@ -174,23 +197,36 @@ static pp_status open_checkpoints(pp_worker *w) {
         w->stages[i] = pp_executor_stage(w->ex, i);
         w->optims[i] = pp_executor_optimizer(w->ex, i);
     }
-    w->agree = (pp_agree){w->t, w->sched, w->rank, c->microbatches, c->timeout_ms};
+    w->agree = (pp_agree){w->t, w->sched, w->rank, c->timeout_ms, pp_agree_long_timeout(c->timeout_ms)};
     pp_ckpt_sync *ck = &w->ck;
     ck->dir = w->opt.checkpoint_dir;
     ck->every = w->opt.checkpoint_every;
-    ck->keep = w->opt.checkpoint_keep > 0 ? w->opt.checkpoint_keep : 2;
+    ck->keep = w->opt.checkpoint_keep;
+    if (!ck->dir && c->checkpoint_dir) { /* the config's checkpoint: block */
+        ck->dir = c->checkpoint_dir;
+        ck->every = c->checkpoint_every;
+        if (!ck->keep) ck->keep = c->checkpoint_keep;
+    }
+    if (ck->keep <= 0) ck->keep = 2;
     ck->agree = w->agree;
     ck->n = n;
     ck->stages = w->stages;
     ck->optims = w->optims;
     ck->n_stages_total = w->p->n_stages;
-    if (!w->opt.resume) return PP_OK;
-    if (!c->training) return pp_error(PP_ERR_INVALID, "resume: an inference run has no checkpoint to resume");
-    if (!ck->dir) return pp_error(PP_ERR_INVALID, "resume needs a checkpoint directory");
-    if (w->sched->nranks == 1) return pp_ckpt_resume(ck, w->opt.resume == PP_WORKER_RESUME_IF_ANY, &w->next_step);
+    if (w->opt.resume && !c->training)
+        return pp_error(PP_ERR_INVALID, "resume: an inference run has no checkpoint to resume");
+    if (w->opt.resume && !ck->dir) return pp_error(PP_ERR_INVALID, "resume needs a checkpoint directory");
+    if (!c->training || !ck->dir) {
+        ck->dir = NULL;
+        return PP_OK;
+    }
+    w->start_mode = w->opt.resume == PP_WORKER_RESUME          ? PP_CKPT_RESUME
+                    : w->opt.resume == PP_WORKER_RESUME_IF_ANY ? PP_CKPT_RESUME_IF_ANY
+                                                               : PP_CKPT_FRESH;
+    if (w->sched->nranks == 1) return pp_ckpt_start(ck, w->start_mode, &w->next_step);
     int64_t latest; /* refuse at once what the first step would refuse */
-    if (w->rank == 0 && w->opt.resume != PP_WORKER_RESUME_IF_ANY) PP_TRY(pp_checkpoint_latest(ck->dir, &latest));
-    w->resume_pending = 1;
+    if (w->rank == 0 && w->start_mode == PP_CKPT_RESUME) PP_TRY(pp_checkpoint_latest(ck->dir, &latest));
+    w->start_pending = 1;
     return PP_OK;
 }
 
@@ -212,6 +248,7 @@ pp_status pp_worker_open_config(const pp_config *c, const pp_worker_options *o, 
     if (s != PP_OK && w->rank >= 0) s = pp_error_context(s, "rank %d", w->rank);
     if (s == PP_OK) s = pp_executor_new(w->p, w->sched, w->rank, c->training, w->t, &w->ex);
     if (s == PP_OK && c->training) s = pp_executor_set_optimizer(w->ex, &c->optim);
+    if (s == PP_OK) s = pp_error_context(open_identity(w), "rank %d", w->rank);
     if (s == PP_OK) s = pp_error_context(open_checkpoints(w), "rank %d", w->rank);
     for (int k = 0; s == PP_OK && w->p->loss && k < w->p->n_outputs; k++)
         if (strcmp(w->p->outputs[k], w->p->loss) == 0) w->loss_output = k;
@@ -289,19 +326,39 @@ static pp_status one_step(pp_worker *w, int64_t step, double *ms, float *loss, i
     return s;
 }
 
+/* A failed step: the peers are told at once (instead of at their
+ * deadlines) and this worker refuses further steps. */
+static pp_status fail(pp_worker *w, pp_status s) {
+    w->failed = 1;
+    char reason[1024];
+    snprintf(reason, sizeof reason, "%s", pp_last_error());
+    pp_transport_abort(w->t, reason);
+    return pp_error(s, "%s", reason);
+}
+
 pp_status pp_worker_step(pp_worker *w, int *done) {
     if (done) *done = w->next_step >= w->c->steps || w->stop_agreed;
     if (w->failed) return pp_error(PP_ERR_STATE, "rank %d: an earlier step failed", w->rank);
     if (w->stop_agreed) return PP_OK;
     pp_status s = PP_OK;
-    if (w->resume_pending) {
-        s = pp_ckpt_resume(&w->ck, w->opt.resume == PP_WORKER_RESUME_IF_ANY, &w->next_step);
-        w->resume_pending = 0;
+    if (w->identity_pending) { /* a skewed rank is refused before anything runs */
+        pp_run_identity_peer me = {w->id, w->rank};
+        s = pp_agree_bytes(&w->agree, 0, PP_AGREE_IDENTITY, w->identity, w->identity_bytes,
+                           pp_run_identity_check_peer, &me);
+        w->identity_pending = 0;
+    }
+    if (s == PP_OK && w->start_pending) {
+        s = pp_ckpt_start(&w->ck, w->start_mode, &w->next_step);
+        w->start_pending = 0;
+        if (s == PP_OK && w->next_step > w->c->steps)
+            pp_warn("rank %d: the checkpoint is of step %lld, past the run's %lld steps: nothing to do", w->rank,
+                    (long long)w->next_step - 1, (long long)w->c->steps);
     }
     if (s == PP_OK && w->next_step >= w->c->steps) s = finish(w);
-    if (s != PP_OK || w->next_step >= w->c->steps) {
-        if (s != PP_OK) w->failed = 1;
-        return s;
+    if (s != PP_OK) return fail(w, s);
+    if (w->next_step >= w->c->steps) {
+        if (done) *done = 1;
+        return PP_OK;
     }
     int64_t step = w->next_step;
     double ms = 0;
@@ -318,13 +375,7 @@ pp_status pp_worker_step(pp_worker *w, int *done) {
     if (s == PP_OK) s = pp_agree_int(&w->agree, step, PP_AGREE_STOP, atomic_load(&w->stop), &vote);
     if (s == PP_OK && vote.hi) w->stop_agreed = 1;
     if (s == PP_OK && w->next_step >= w->c->steps) s = finish(w);
-    if (s != PP_OK) {
-        w->failed = 1;
-        char reason[1024];
-        snprintf(reason, sizeof reason, "%s", pp_last_error());
-        pp_transport_abort(w->t, reason); /* peers fail at once instead of timing out */
-        return pp_error(s, "%s", reason);
-    }
+    if (s != PP_OK) return fail(w, s);
     if (done) *done = w->next_step >= w->c->steps || w->stop_agreed;
     return PP_OK;
 }
@@ -368,6 +419,8 @@ void pp_worker_close(pp_worker *w) {
     pp_transport_close(w->t);
     free(w->stages);
     free(w->optims);
+    free(w->identity);
+    pp_run_identity_free(w->id);
     for (int i = 0; w->data && i < w->n_inputs; i++) pp_tensor_free(w->data[i]);
     free(w->data);
     free(w->names);

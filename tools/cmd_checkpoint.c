@@ -1,5 +1,6 @@
 /* pippin checkpoint: list, inspect and export the checkpoints that
  * training writes (pippin/checkpoint.h). */
+#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -126,6 +127,15 @@ static pp_status export_step(const char *dir, int64_t step, const char *out, int
                 if ((first = pp_safetensors_find(files[j], name))) at = j;
             if (first && (first->nbytes != t->nbytes || memcmp(first->data, t->data, t->nbytes) != 0))
                 s = pp_error(PP_ERR_INVALID, "%s: parameter '%s' differs from its copy in stage %d", path, name, at);
+            for (int j = 0; j <= k && !first && s == PP_OK; j++) /* two names, one file name */
+                for (int q = 0; q < (j < k ? files[j]->n : i) && s == PP_OK; q++) {
+                    char a[512], b[512];
+                    pp_file_safe_name(name, a, sizeof a);
+                    pp_file_safe_name(files[j]->names[q], b, sizeof b);
+                    if (strcmp(a, b) == 0 && strcmp(name, files[j]->names[q]) != 0)
+                        s = pp_error(PP_ERR_UNSUPPORTED, "%s: parameters '%s' and '%s' would both be %s/%s.npy", path,
+                                     files[j]->names[q], name, out, a);
+                }
             if (!first && s == PP_OK) {
                 s = pp_save_named_npy(out, "", name, t);
                 if (s == PP_OK) ++*written;
@@ -139,8 +149,9 @@ static pp_status export_step(const char *dir, int64_t step, const char *out, int
 
 static int parse_step(const char *arg, int64_t *step) {
     char *end;
+    errno = 0;
     long long v = strtoll(arg, &end, 10);
-    if (*end || end == arg || v < 0) {
+    if (errno || *end || end == arg || v < 0) {
         fprintf(stderr, "pippin checkpoint: --step '%s': need a step number\n", arg);
         return 0;
     }

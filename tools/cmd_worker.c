@@ -37,14 +37,18 @@ static void on_signal(int sig) {
 }
 
 static void worker_usage(FILE *f) {
-    fprintf(f, "usage: pippin worker CONFIG.yaml [--rank R] [--checkpoint DIR [--checkpoint-every N] [--resume]]\n"
+    fprintf(f, "usage: pippin worker CONFIG.yaml [--rank R] [--checkpoint DIR [--checkpoint-every N]\n"
+               "                     [--checkpoint-keep K]] [--resume | --resume-if-any]\n"
                "Runs one rank of the pipeline the config describes (docs/config.md): builds the\n"
                "stages the schedule puts on this rank, connects to the other ranks' endpoints,\n"
                "and trains (or infers) for the configured steps. The rank comes from --rank,\n"
                "else PIPPIN_RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK or PMI_RANK.\n"
-               "--checkpoint saves this rank's stages to DIR every N steps and after the last;\n"
-               "--resume continues from DIR. SIGINT/SIGTERM stop after the step in progress\n"
-               "(with a checkpoint when --checkpoint is given).\n");
+               "--checkpoint (or the config's checkpoint: block) saves this rank's stages to\n"
+               "DIR/step_N/ every N steps and after the last; rank 0 commits a step once every\n"
+               "rank's files are on disk, and the K newest committed steps are kept (default 2).\n"
+               "--resume continues after the newest committed step (an error if there is none);\n"
+               "--resume-if-any starts at step 0 when there is none. SIGINT/SIGTERM stop every\n"
+               "rank after the step in progress (with a checkpoint when checkpoints are on).\n");
 }
 
 static int parse_count(const char *arg, const char *flag, long long max, long long *out) {
@@ -63,6 +67,8 @@ int cmd_worker(int argc, char **argv) {
                                          {"checkpoint", required_argument, NULL, 'c'},
                                          {"checkpoint-every", required_argument, NULL, 'e'},
                                          {"resume", no_argument, NULL, 'R'},
+                                         {"resume-if-any", no_argument, NULL, 'A'},
+                                         {"checkpoint-keep", required_argument, NULL, 'k'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     pp_worker_options o;
@@ -80,7 +86,16 @@ int cmd_worker(int argc, char **argv) {
             if (!parse_count(optarg, "--checkpoint-every", INT64_MAX, &v)) return 2;
             o.checkpoint_every = v;
         } else if (c == 'R') {
-            o.resume = 1;
+            o.resume = PP_WORKER_RESUME;
+        } else if (c == 'A') {
+            o.resume = PP_WORKER_RESUME_IF_ANY;
+        } else if (c == 'k') {
+            if (!parse_count(optarg, "--checkpoint-keep", 1 << 20, &v)) return 2;
+            if (v < 1) {
+                fprintf(stderr, "pippin worker: --checkpoint-keep '%s': need at least 1\n", optarg);
+                return 2;
+            }
+            o.checkpoint_keep = (int)v;
         } else if (c == 'h') {
             worker_usage(stdout);
             return 0;
@@ -89,12 +104,17 @@ int cmd_worker(int argc, char **argv) {
             return 2;
         }
     }
-    if (optind != argc - 1 || ((o.resume || o.checkpoint_every) && !o.checkpoint_dir)) {
+    if (optind != argc - 1 || ((o.checkpoint_every || o.checkpoint_keep) && !o.checkpoint_dir)) {
         worker_usage(stderr);
         return 2;
     }
     pp_config *cfg = NULL;
     if (pp_config_load(argv[optind], &cfg) != PP_OK) return pp_cli_fail("worker");
+    if (o.resume && !o.checkpoint_dir && !cfg->checkpoint_dir) {
+        fprintf(stderr, "pippin worker: --resume needs --checkpoint DIR or a checkpoint: block in %s\n", argv[optind]);
+        pp_config_free(cfg);
+        return 2;
+    }
     o.progress = print_progress;
     o.progress_user = cfg;
     pp_worker *w = NULL;
@@ -129,65 +149,5 @@ int cmd_worker(int argc, char **argv) {
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     pp_worker_close(w);
     pp_config_free(cfg);
-    return rc;
-}
-
-/* ---- pippin run ---- */
-
-static void run_usage(FILE *f) {
-    fprintf(f, "usage: pippin run CONFIG.yaml\n"
-               "Starts one `pippin worker CONFIG.yaml --rank R` process per rank of the config on\n"
-               "this machine and waits for them. If a worker fails, the others are stopped and the\n"
-               "failed ranks are named.\n");
-}
-
-int cmd_run(int argc, char **argv) {
-    if (argc != 2 || argv[1][0] == '-') {
-        int help = argc == 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0);
-        run_usage(help ? stdout : stderr);
-        return help ? 0 : 2;
-    }
-    pp_config *cfg;
-    if (pp_config_load(argv[1], &cfg) != PP_OK) return pp_cli_fail("run");
-    int n = cfg->n_ranks, rc = 0;
-    pp_config_free(cfg);
-    pid_t *pids = calloc((size_t)n, sizeof *pids);
-    if (!pids) return 1;
-    fflush(stdout);
-    for (int r = 0; r < n; r++) {
-        pids[r] = fork();
-        if (pids[r] == 0) {
-            char rank[16];
-            snprintf(rank, sizeof rank, "%d", r);
-            execl("/proc/self/exe", "pippin", "worker", argv[1], "--rank", rank, (char *)NULL);
-            fprintf(stderr, "pippin run: cannot start rank %d: %s\n", r, strerror(errno));
-            _exit(127);
-        }
-        if (pids[r] < 0) {
-            fprintf(stderr, "pippin run: fork for rank %d: %s\n", r, strerror(errno));
-            rc = 1;
-            n = r;
-            break;
-        }
-    }
-    /* Wait for all; the first failure stops the rest (they would only time out). */
-    for (int left = n; left > 0; left--) {
-        int status;
-        pid_t pid = wait(&status);
-        if (pid < 0) break;
-        int r = 0;
-        while (r < n && pids[r] != pid) r++;
-        int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-        if (r < n) pids[r] = 0;
-        if (!ok) {
-            if (WIFSIGNALED(status)) fprintf(stderr, "pippin run: rank %d killed by signal %d\n", r, WTERMSIG(status));
-            else fprintf(stderr, "pippin run: rank %d failed (exit %d)\n", r, WEXITSTATUS(status));
-            if (!rc)
-                for (int k = 0; k < n; k++)
-                    if (pids[k] > 0) kill(pids[k], SIGTERM);
-            rc = 1;
-        }
-    }
-    free(pids);
     return rc;
 }

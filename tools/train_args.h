@@ -63,8 +63,9 @@ pp_status train_text_data(train_args *a, const char *tokens, const char *targets
  * holds all n_total stages). */
 void train_ckpt_init(const train_args *a, pp_transport *t, const pp_schedule *sched, int rank, int n_total, int n,
                      pp_stage *const *stages, pp_optim *const *optims, pp_ckpt_sync *ck);
-/* Resumes from a->checkpoint's newest committed step (when a->resume);
- * *first_step gets the step after it. Collective over the ranks. */
+/* Starts the checkpoints: resumes from a->checkpoint's newest committed
+ * step (when a->resume; *first_step gets the step after it), or checks that
+ * the directory holds no committed step of another run. Collective. */
 pp_status train_resume(pp_ckpt_sync *ck, const train_args *a, long long *first_step);
 /* Saves and commits `step` when the checkpoint settings ask. Collective. */
 pp_status train_checkpoint(pp_ckpt_sync *ck, const train_args *a, long long step);

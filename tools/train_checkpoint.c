@@ -10,7 +10,7 @@ void train_ckpt_init(const train_args *a, pp_transport *t, const pp_schedule *sc
     ck->dir = a->checkpoint;
     ck->every = a->checkpoint_every;
     ck->keep = a->checkpoint_keep > 0 ? a->checkpoint_keep : 2;
-    ck->agree = (pp_agree){t, sched, rank, a->microbatches, 10000};
+    ck->agree = (pp_agree){t, sched, rank, 10000, pp_agree_long_timeout(10000)};
     ck->n = n;
     ck->stages = stages;
     ck->optims = optims;
@@ -19,9 +19,9 @@ void train_ckpt_init(const train_args *a, pp_transport *t, const pp_schedule *sc
 
 pp_status train_resume(pp_ckpt_sync *ck, const train_args *a, long long *first_step) {
     *first_step = 0;
-    if (!a->resume) return PP_OK;
+    if (!ck->dir) return PP_OK;
     int64_t next;
-    PP_TRY(pp_ckpt_resume(ck, 0, &next));
+    PP_TRY(pp_ckpt_start(ck, a->resume ? PP_CKPT_RESUME : PP_CKPT_FRESH, &next));
     *first_step = next;
     return PP_OK;
 }

@@ -29,6 +29,17 @@
  *     secret_keys: [keys/rank0.key, keys/rank1.key]   # rank r reads only entry r
  *     public_keys: [keys/rank0.pub, keys/rank1.pub]
  *   output_dir: out/                       # trained parameters (train) or outputs (infer)
+ *   checkpoint: {dir: ckpt/, every: 10, keep: 2}  # mode train: committed checkpoints
+ *                                          #   every N steps (0: after the last only), K newest kept
+ *   run_id: gpt-small-01                   # optional: this run's identity (default: random)
+ *   insecure: false                        # true: allow non-loopback tcp without security:
+ *
+ * Without `security:`, a tcp endpoint in ranks or bind that is not loopback
+ * (127.0.0.0/8, ::1, localhost; wildcards 0.0.0.0, * and :: are not) is
+ * refused unless `insecure: true`, as is any other network transport; ipc://
+ * and inproc:// are always fine.
+ *
+ * The file is at most 1 MiB and YAML nests at most 32 levels deep.
  *
  * Unknown keys, wrong types and bad values are errors naming the file, the
  * line and the key.
@@ -84,6 +95,11 @@ typedef struct pp_config {
     int n_secret_keys, n_public_keys;
     char **secret_keys, **public_keys; /* key file paths (resolved) */
     char *output_dir;        /* NULL: none (resolved) */
+    char *checkpoint_dir;    /* checkpoint.dir (resolved); NULL: no checkpoints */
+    int64_t checkpoint_every; /* checkpoint.every: steps between checkpoints; default 0: after the last only */
+    int checkpoint_keep;     /* checkpoint.keep: committed checkpoints kept, >= 1; default 2 */
+    char *run_id;            /* NULL: none given */
+    int insecure;            /* allow unencrypted non-loopback endpoints; default 0 */
 } pp_config;
 
 /* Reads and checks a config file. */

@@ -1,9 +1,12 @@
 /* Pipeline config files: a full config with every key, defaults, path
  * resolution, every kind of error (each naming file, line and key), YAML
- * syntax errors, and choosing the rank from --rank or the environment. */
+ * syntax errors, the nesting and size limits, checkpoint/run_id/insecure,
+ * the protected mode (no unencrypted non-loopback endpoint unless
+ * insecure: true), and choosing the rank from --rank or the environment. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "test_util.h"
@@ -34,14 +37,17 @@
     "security:\n"                                                                             \
     "  secret_keys: [keys/rank0.key, keys/rank1.key]\n"                                       \
     "  public_keys: [keys/rank0.pub, keys/rank1.pub]\n"                                       \
-    "output_dir: out/\n"
+    "output_dir: out/\n"                                                                     \
+    "checkpoint: {dir: ckpt/, every: 10, keep: 3}\n"                                         \
+    "run_id: gpt-small-01\n"                                                                 \
+    "insecure: false\n"
 
 /* Four lines every error case starts from. */
 #define BASE                   \
     "model: m.onnx\n"          \
     "batch_size: 4\n"          \
     "data: {x: x.npy}\n"       \
-    "ranks: [tcp://a:1, tcp://b:2]\n"
+    "ranks: [tcp://127.0.0.1:1, tcp://localhost:2]\n"
 
 static pp_config *parse_ok(const char *text, const char *dir) {
     pp_config *c = NULL;
@@ -118,6 +124,11 @@ static void test_full(void **state) {
     assert_string_equal(c->public_keys[0], "/cfg/keys/rank0.pub");
     assert_string_equal(c->public_keys[1], "/cfg/keys/rank1.pub");
     assert_string_equal(c->output_dir, "/cfg/out/");
+    assert_string_equal(c->checkpoint_dir, "/cfg/ckpt/");
+    assert_int_equal(c->checkpoint_every, 10);
+    assert_int_equal(c->checkpoint_keep, 3);
+    assert_string_equal(c->run_id, "gpt-small-01");
+    assert_int_equal(c->insecure, 0);
     pp_config_free(c);
 }
 
@@ -207,11 +218,21 @@ static void test_defaults(void **state) {
     assert_int_equal(c->n_public_keys, 0);
     assert_null(c->secret_keys);
     assert_null(c->output_dir);
+    assert_null(c->checkpoint_dir);
+    assert_int_equal(c->checkpoint_every, 0);
+    assert_int_equal(c->checkpoint_keep, 2);
+    assert_null(c->run_id);
+    assert_int_equal(c->insecure, 0);
     pp_config_free(c);
 
     /* Null values mean "the default"; an optimizer with only a kind gets
      * that kind's defaults. */
-    c = parse_ok(BASE "loss: ~\nbind: null\nsplit:\nsteps:\noptimizer: {kind: sgd}\n", ".");
+    c = parse_ok(BASE "loss: ~\nbind: null\nsplit:\nsteps:\noptimizer: {kind: sgd}\ncheckpoint:\nrun_id: ~\n"
+                      "insecure: null\n", ".");
+    assert_null(c->checkpoint_dir);
+    assert_int_equal(c->checkpoint_keep, 2);
+    assert_null(c->run_id);
+    assert_int_equal(c->insecure, 0);
     assert_null(c->loss);
     assert_null(c->bind);
     assert_int_equal(c->steps, 1);
@@ -405,6 +426,184 @@ static void test_yaml_errors(void **state) {
     expect_err(BASE "split: &s {before: *s}\n", PP_ERR_PARSE, 5, "key 'split.before'", NULL);
 }
 
+/* checkpoint: {dir, every, keep}, run_id, insecure: values, defaults inside
+ * checkpoint, and every error naming file, line and key. */
+static void test_checkpoint_run_id(void **state) {
+    (void)state;
+    pp_config *c = parse_ok(BASE "checkpoint:\n  dir: ck\n", "/a");
+    assert_string_equal(c->checkpoint_dir, "/a/ck"); /* resolved like other paths */
+    assert_int_equal(c->checkpoint_every, 0);
+    assert_int_equal(c->checkpoint_keep, 2);
+    pp_config_free(c);
+    c = parse_ok(BASE "checkpoint: {dir: /abs/ck, every: 1, keep: 1}\nrun_id: 'run 7: lr=3e-3'\n", "/a");
+    assert_string_equal(c->checkpoint_dir, "/abs/ck");
+    assert_int_equal(c->checkpoint_every, 1);
+    assert_int_equal(c->checkpoint_keep, 1);
+    assert_string_equal(c->run_id, "run 7: lr=3e-3");
+    pp_config_free(c);
+
+    expect_err(BASE "checkpoint: {every: 2}\n", PP_ERR_PARSE, 5, "missing key 'checkpoint.dir'", NULL);
+    expect_err(BASE "checkpoint: {dir: ~}\n", PP_ERR_PARSE, 5, "key 'checkpoint.dir'", "a path");
+    expect_err(BASE "checkpoint: {dir: ck, keep: 0}\n", PP_ERR_INVALID, 5, "key 'checkpoint.keep'", "at least 1");
+    expect_err(BASE "checkpoint: {dir: ck, every: -1}\n", PP_ERR_INVALID, 5, "key 'checkpoint.every'",
+               "at least 0");
+    expect_err(BASE "checkpoint: {dir: ck, every: often}\n", PP_ERR_PARSE, 5, "key 'checkpoint.every'",
+               "an integer");
+    expect_err(BASE "checkpoint:\n  dir: ck\n  kept: 3\n", PP_ERR_PARSE, 7, "unknown key 'checkpoint.kept'",
+               "keep");
+    expect_err(BASE "checkpoint: ck/\n", PP_ERR_PARSE, 5, "key 'checkpoint': expected a mapping", NULL);
+    /* Only a training run checkpoints. */
+    expect_err("model: m.onnx\nmode: infer\nbatch_size: 4\nranks: [a]\ncheckpoint: {dir: ck}\n", PP_ERR_INVALID, 5,
+               "key 'checkpoint'", "mode: train");
+    expect_err(BASE "run_id: [a]\n", PP_ERR_PARSE, 5, "key 'run_id': expected a string", NULL);
+    expect_err(BASE "run_id: ''\n", PP_ERR_INVALID, 5, "key 'run_id': must not be empty", NULL);
+    expect_err(BASE "run_id: \"a\\tb\"\n", PP_ERR_INVALID, 5, "key 'run_id'", "control character");
+    char big[400];
+    int n = snprintf(big, sizeof big, BASE "run_id: ");
+    memset(big + n, 'r', 257);
+    strcpy(big + n + 257, "\n");
+    expect_err(big, PP_ERR_INVALID, 5, "key 'run_id'", "256 bytes");
+    big[n + 256] = '\n';
+    big[n + 257] = '\0';
+    c = parse_ok(big, NULL);
+    assert_int_equal(strlen(c->run_id), 256);
+    pp_config_free(c);
+
+    c = parse_ok(BASE "insecure: yes\n", NULL);
+    assert_int_equal(c->insecure, 1);
+    pp_config_free(c);
+    expect_err(BASE "insecure: sometimes\n", PP_ERR_PARSE, 5, "key 'insecure'", "true or false");
+}
+
+/* Protected mode: without security, an endpoint off this host needs
+ * insecure: true; the error names file, line, key and endpoint and says
+ * what to do. */
+#define HEAD "model: m.onnx\nbatch_size: 4\ndata: {x: x.npy}\n"
+static void test_protected_mode(void **state) {
+    (void)state;
+    static const char *const local[] = {
+        "ranks: [tcp://127.0.0.1:5555, tcp://127.0.0.2:5556]\n",
+        "ranks: [tcp://127.255.0.9:1]\nbind: tcp://127.0.0.1:1\n",
+        "ranks: [tcp://localhost:1, tcp://LOCALHOST:2]\n",
+        "ranks: ['tcp://[::1]:5555', 'tcp://[::ffff:127.0.0.1]:5556']\n",
+        "ranks: ['tcp://127.0.0.1:9;127.0.0.1:5555']\n", /* source;destination */
+        "ranks: [ipc:///tmp/a, 'inproc://b', ipc://@abstract]\nbind: ipc:///tmp/c\n",
+    };
+    for (size_t i = 0; i < sizeof local / sizeof local[0]; i++) {
+        char text[512];
+        snprintf(text, sizeof text, HEAD "%s", local[i]);
+        pp_config_free(parse_ok(text, NULL));
+    }
+    static const struct {
+        const char *tail;
+        int line, n_ranks;
+        const char *key, *endpoint;
+    } refused[] = {
+        {"ranks: [tcp://127.0.0.1:1, tcp://10.0.0.1:5555]\n", 4, 2, "key 'ranks[1]'", "'tcp://10.0.0.1:5555'"},
+        {"ranks:\n  - tcp://127.0.0.1:1\n  - tcp://127.0.0.1:2\n  - tcp://node7:3\n", 7, 3, "key 'ranks[2]'",
+         "tcp://node7:3"},
+        {"ranks: [tcp://127.0.0.1:1]\nbind: tcp://0.0.0.0:1\n", 5, 1, "key 'bind'", "tcp://0.0.0.0:1"},
+        {"ranks: [tcp://127.0.0.1:1]\nbind: tcp://*:1\n", 5, 1, "key 'bind'", "tcp://*:1"},
+        {"ranks: ['tcp://[::]:1']\n", 4, 1, "key 'ranks[0]'", "tcp://[::]:1"},
+        {"ranks: ['tcp://[2001:db8::1]:1']\n", 4, 1, "key 'ranks[0]'", NULL},
+        {"ranks: [tcp://128.0.0.1:1]\n", 4, 1, "key 'ranks[0]'", NULL},
+        {"ranks: [tcp://localhost.example.com:1]\n", 4, 1, "key 'ranks[0]'", NULL},
+        {"ranks: [tcp://lo:1]\n", 4, 1, "key 'ranks[0]'", NULL},              /* an interface name */
+        {"ranks: [tcp://127.0.0.1:1;10.0.0.2:1]\n", 4, 1, "key 'ranks[0]'", NULL}, /* one of two */
+        {"ranks: ['tipc://{5560,0,0}']\n", 4, 1, "key 'ranks[0]'", NULL},        /* other networks too */
+        {"ranks: [TCP://127.0.0.1:1]\n", 4, 1, "key 'ranks[0]'", NULL},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        char text[512];
+        snprintf(text, sizeof text, HEAD "%s", refused[i].tail);
+        expect_err(text, PP_ERR_INVALID, refused[i].line, refused[i].key, refused[i].endpoint);
+        expect_err(text, PP_ERR_INVALID, refused[i].line, "set 'insecure: true' to allow unencrypted traffic",
+                   "'security:'");
+        /* insecure: true allows it; so does CURVE. */
+        snprintf(text, sizeof text, HEAD "%sinsecure: true\n", refused[i].tail);
+        pp_config_free(parse_ok(text, NULL));
+        static const char *const keys[] = {"", "a", "a, b", "a, b, c"};
+        const char *k = keys[refused[i].n_ranks];
+        snprintf(text, sizeof text, HEAD "%ssecurity:\n  secret_keys: [%s]\n  public_keys: [%s]\n", refused[i].tail,
+                 k, k);
+        pp_config_free(parse_ok(text, NULL));
+    }
+    /* insecure: false is the default, said explicitly. */
+    expect_err(HEAD "ranks: [tcp://10.0.0.1:1]\ninsecure: false\n", PP_ERR_INVALID, 4, "key 'ranks[0]'",
+               "insecure: true");
+    /* Other errors come first: the endpoint rule runs on a config that is
+     * otherwise valid. */
+    expect_err(HEAD "ranks: [tcp://10.0.0.1:1]\nsteps: -1\n", PP_ERR_INVALID, 5, "key 'steps'", NULL);
+}
+
+/* Text nested far too deep fails at once (libyaml's scanner slows down
+ * with the depth: 500 KB of brackets used to take over 30 s), with the file
+ * and line; 32 levels are allowed, 33 are not. */
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void test_nesting_limit(void **state) {
+    (void)state;
+    const char *head = "model: m.onnx\nbatch_size: 1\ndata: {x: x}\nranks: ";
+    size_t half = 250000, hl = strlen(head);
+    char *t = malloc(hl + 2 * half + 2);
+    assert_non_null(t);
+    memcpy(t, head, hl);
+    memset(t + hl, '[', half);
+    memset(t + hl + half, ']', half);
+    strcpy(t + hl + 2 * half, "\n");
+    double t0 = now_s();
+    expect_err(t, PP_ERR_UNSUPPORTED, 4, "nested more than 32 levels", NULL);
+    double took = now_s() - t0;
+    if (took > 1.0) fail_msg("500 KB of nested brackets took %.2f s to refuse", took);
+    /* Unclosed: still the depth, not a syntax error at the end. */
+    t[hl + half] = '\0';
+    expect_err(t, PP_ERR_UNSUPPORTED, 4, "nested more than 32 levels", NULL);
+    free(t);
+
+    /* The boundary: the top mapping is level 1, so 31 lists under a key
+     * are 32 levels (a type error), 32 lists are too many. */
+    char text[512];
+    int n = snprintf(text, sizeof text, BASE "loss: ");
+    for (int i = 0; i < 31; i++) text[n++] = '[';
+    for (int i = 0; i < 31; i++) text[n++] = ']';
+    strcpy(text + n, "\n");
+    expect_err(text, PP_ERR_PARSE, 5, "key 'loss': expected a string", NULL);
+    n = snprintf(text, sizeof text, BASE "loss: ");
+    for (int i = 0; i < 32; i++) text[n++] = '[';
+    for (int i = 0; i < 32; i++) text[n++] = ']';
+    strcpy(text + n, "\n");
+    expect_err(text, PP_ERR_UNSUPPORTED, 5, "nested more than 32 levels", NULL);
+
+    /* Block style counts the same: 40 nested mappings by indentation. */
+    size_t cap = 8192, len = (size_t)snprintf(text, sizeof text, "%s", BASE);
+    char *b = malloc(cap);
+    assert_non_null(b);
+    memcpy(b, text, len);
+    for (int i = 0; i < 40; i++) len += (size_t)snprintf(b + len, cap - len, "%*sk%d:\n", 2 * i, "", i);
+    expect_err(b, PP_ERR_UNSUPPORTED, 0, "nested more than 32 levels", NULL);
+    free(b);
+
+    /* A file over 1 MiB is refused before it is read. */
+    char dir[64], file[128];
+    snprintf(dir, sizeof dir, "/tmp/pippin-config-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    snprintf(file, sizeof file, "%s/big.yaml", dir);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    for (int i = 0; i < (1 << 20) / 16 + 1; i++) fputs("# padding line.\n", f);
+    fclose(f);
+    pp_config *c = (pp_config *)1;
+    assert_int_equal(pp_config_load(file, &c), PP_ERR_UNSUPPORTED);
+    assert_null(c);
+    assert_non_null(strstr(pp_last_error(), file));
+    unlink(file);
+    rmdir(dir);
+}
+
 static void clear_rank_env(void) {
     unsetenv("PIPPIN_RANK");
     unsetenv("SLURM_PROCID");
@@ -475,6 +674,8 @@ int main(void) {
         cmocka_unit_test(test_defaults),     cmocka_unit_test(test_paths),
         cmocka_unit_test(test_type_errors),  cmocka_unit_test(test_duplicates),
         cmocka_unit_test(test_value_errors), cmocka_unit_test(test_yaml_errors),
+        cmocka_unit_test(test_checkpoint_run_id), cmocka_unit_test(test_protected_mode),
+        cmocka_unit_test(test_nesting_limit),
         cmocka_unit_test(test_rank),
     };
     tu_filter_from_env();

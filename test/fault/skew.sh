@@ -1,0 +1,83 @@
+#!/bin/sh
+# Fault suite: a rank whose config or files differ from the others' is
+# refused before the first step, every rank naming the difference (no run
+# to exit 0 with wrong losses, no timeout). TAP output.
+. "$(dirname "$0")/../tools/tap.sh"
+errors() { cat "$@" | grep 'pippin worker:' | grep -v ', stages [0-9]'; }
+base() { # NAME: a 3-rank mlp config on ipc
+    cat >"$tmp/$1.yaml" <<YAML
+model: $FX/mlp/model.onnx
+schedule: 1f1b
+microbatches: 2
+batch_size: 4
+steps: 3
+optimizer: {kind: adamw, lr: 0.01, weight_decay: 0.01}
+data: {x: $FX/mlp/train_x.npy, y: $FX/mlp/train_y.npy}
+ranks: [ipc://$tmp/$1-0, ipc://$tmp/$1-1, ipc://$tmp/$1-2]
+timeout_ms: 5000
+YAML
+}
+# skew NAME NEEDLE DESCRIPTION SED-EXPRESSION: rank 1 reads the edited config
+skew() {
+    base "$1"
+    sed -e "$4" "$tmp/$1.yaml" >"$tmp/$1-odd.yaml"
+    for r in 0 1 2; do
+        cfg="$tmp/$1.yaml"
+        [ $r = 1 ] && cfg="$tmp/$1-odd.yaml"
+        timeout 60 "$PIPPIN" worker "$cfg" --rank $r >"$tmp/$1-$r.out" 2>"$tmp/$1-$r.err" &
+    done
+    wait
+    refused=0
+    for r in 0 1 2; do errors "$tmp/$1-$r.err" | grep -q -- "$2" && refused=$((refused + 1)); done
+    if [ $refused -eq 3 ] && ! grep -q "^step" "$tmp/$1-2.out"; then
+        ok 0 "$3: every rank refused before a step: $(errors "$tmp/$1-0.err" | head -c 160)"
+    else
+        ok 1 "$3: $refused of 3 ranks named '$2': $(errors "$tmp/$1"-?.err | head -3)"
+    fi
+}
+skew lr "optimizer.lr" "a different learning rate" 's/lr: 0.01/lr: 0.02/'
+skew mb "microbatches" "different microbatches" 's/microbatches: 2/microbatches: 4/'
+skew sched "schedule" "a different schedule" 's/schedule: 1f1b/schedule: gpipe/'
+cp "$FX/mlp/train_x.npy" "$tmp/x-copy.npy"
+printf '\001' | dd of="$tmp/x-copy.npy" bs=1 seek=200 conv=notrunc 2>/dev/null
+skew data "data.x" "a data file that differs in one byte" "s|x: [^,]*,|x: $tmp/x-copy.npy,|"
+
+# stages: a tied parameter. The GPT example split into stage files; rank
+# 3's stage file holds the tied embedding too. Without pipe.json's
+# shared_parameters each copy would train on its own: refused.
+"$PIPPIN" split "$SRC/examples/gpt/model.onnx" -o "$tmp/split" >/dev/null 2>"$tmp/split.err"
+cat >"$tmp/gpt.yaml" <<YAML
+stages: $tmp/split
+schedule: 1f1b
+microbatches: 2
+batch_size: 8
+steps: 2
+text: {file: $SRC/examples/data/tiny.txt, vocab: $SRC/examples/gpt/vocab.json, seq: 64}
+ranks: [ipc://$tmp/g0, ipc://$tmp/g1, ipc://$tmp/g2, ipc://$tmp/g3]
+timeout_ms: 5000
+YAML
+run4() { # TAG
+    for r in 0 1 2 3; do
+        timeout 60 "$PIPPIN" worker "$tmp/gpt.yaml" --rank $r >"$tmp/$1-$r.out" 2>"$tmp/$1-$r.err" &
+    done
+    wait
+}
+run4 gpt-ok
+if [ -n "$(errors "$tmp"/gpt-ok-?.err)" ]; then
+    ok 1 "stage files as split: $(errors "$tmp"/gpt-ok-?.err | head -2)"
+else
+    ok 0 "stage files as split: 4 workers agree and train"
+fi
+python3 - "$tmp/split/pipe.json" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+p["shared_parameters"] = []
+json.dump(p, open(sys.argv[1], "w"))
+PY
+run4 gpt-noshare
+if errors "$tmp"/gpt-noshare-0.err | grep -q "shared" && errors "$tmp"/gpt-noshare-3.err | grep -q "shared"; then
+    ok 0 "pipe.json without its shared_parameters refused: $(errors "$tmp/gpt-noshare-3.err" | head -c 200)"
+else
+    ok 1 "pipe.json without shared_parameters: $(errors "$tmp"/gpt-noshare-?.err | head -3) $(head -2 "$tmp/gpt-noshare-3.out")"
+fi
+echo "1..$n"
