@@ -1,5 +1,5 @@
-/* pippin worker: one rank of a pipeline described by a YAML config; and
- * pippin run: one worker process per rank of that config, on this machine. */
+/* pippin worker: one rank of a pipeline described by a YAML config
+ * (`pippin run`, which starts one per rank, is tools/cmd_run.c). */
 #include <errno.h>
 #include <getopt.h>
 #include <pthread.h>
