@@ -33,7 +33,7 @@ static pp_status all_to_all(const pp_agree *a, int64_t step, int slot, pp_tensor
         if (r == a->rank) continue;
         pp_transport_key k = {PP_MSG_GRADIENT, step, mb, first[r], first[a->rank], AGREE_NAME};
         pp_tensor *in = NULL;
-        s = pp_transport_recv(a->t, &k, slot == PP_AGREE_STOP ? a->timeout_ms : a->long_timeout_ms, &in);
+        s = pp_transport_recv(a->t, &k, pp_agree_slow(slot) ? a->long_timeout_ms : a->timeout_ms, &in);
         if (s == PP_OK) s = got(user, r, in);
         pp_tensor_free(in);
     }

@@ -17,10 +17,9 @@ typedef struct pp_agree {
     pp_transport *t;         /* NULL: a single process holds every stage (no one to ask) */
     const pp_schedule *sched;
     int rank;
-    int timeout_ms;          /* the stop vote: ranks reach it together */
-    /* Checkpoint commits, resume and the identity wait for the slowest
-     * rank's disk or model load; a dead peer still fails them at once
-     * (heartbeats), so this may be long. */
+    int timeout_ms;          /* the stop vote and the identity, like any message */
+    /* Checkpoint commits and resume wait for the slowest rank's disk; a
+     * dead peer still fails them at once (heartbeats), so this may be long. */
     int long_timeout_ms;
 } pp_agree;
 
@@ -30,6 +29,11 @@ int pp_agree_long_timeout(int timeout_ms);
 /* Agreement slots: the microbatch number is PP_AGREE_MICROBATCH + slot. */
 #define PP_AGREE_MICROBATCH (1 << 30)
 enum { PP_AGREE_STOP = 1, PP_AGREE_RESUME = 2, PP_AGREE_RESUME_OK = 3, PP_AGREE_CHECKPOINT = 4, PP_AGREE_IDENTITY = 5 };
+
+/* Whether slot waits long_timeout_ms: the checkpoint and resume slots. */
+static inline int pp_agree_slow(int slot) {
+    return slot == PP_AGREE_CHECKPOINT || slot == PP_AGREE_RESUME || slot == PP_AGREE_RESUME_OK;
+}
 
 typedef struct pp_agree_result {
     int64_t lo, hi;          /* the smallest and largest value of all ranks */

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "agree.h"
+#include "hash.h"
 #include "checkpoint_sync.h"
 #include "param_files.h"
 #include "pippin/checkpoint.h"
@@ -71,6 +72,8 @@ static pp_status open_transport(pp_worker *w) {
     o.nstages = w->sched->nstages;
     o.stage_ranks = w->sched->stage_rank;
     o.timeout_ms = c->timeout_ms;
+    /* The config's run_id keeps other runs' messages out (0: the transport's default) */
+    if (c->run_id) o.run_id = pp_hash64(PP_HASH64_SEED, c->run_id, strlen(c->run_id)) | 1;
     if (!c->shared_memory) o.shm_bytes = -1;
     char secret[PP_CURVE_KEY_CHARS + 1];
     char(*pub)[PP_CURVE_KEY_CHARS + 1] = NULL;

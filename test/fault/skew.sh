@@ -24,7 +24,7 @@ skew() {
     for r in 0 1 2; do
         cfg="$tmp/$1.yaml"
         [ $r = 1 ] && cfg="$tmp/$1-odd.yaml"
-        timeout 60 "$PIPPIN" worker "$cfg" --rank $r >"$tmp/$1-$r.out" 2>"$tmp/$1-$r.err" &
+        timeout -k 5 60 "$PIPPIN" worker "$cfg" --rank $r >"$tmp/$1-$r.out" 2>"$tmp/$1-$r.err" &
     done
     wait
     refused=0
@@ -42,6 +42,26 @@ cp "$FX/mlp/train_x.npy" "$tmp/x-copy.npy"
 printf '\001' | dd of="$tmp/x-copy.npy" bs=1 seek=200 conv=notrunc 2>/dev/null
 skew data "data.x" "a data file that differs in one byte" "s|x: [^,]*,|x: $tmp/x-copy.npy,|"
 
+# run_id: the same on every rank trains; a rank of another run (another
+# run_id) is not heard at all (its messages carry another wire run id), so
+# the others fail at their deadline instead of mixing two runs
+base rid
+echo "run_id: exp-1" >>"$tmp/rid.yaml"
+sed -e 's/timeout_ms: 5000/timeout_ms: 2000/' "$tmp/rid.yaml" >"$tmp/rid2.yaml"
+sed -e 's/run_id: exp-1/run_id: exp-2/' "$tmp/rid2.yaml" >"$tmp/rid-odd.yaml"
+for r in 0 1 2; do timeout -k 5 60 "$PIPPIN" worker "$tmp/rid2.yaml" --rank $r >"$tmp/rid-$r.out" 2>"$tmp/rid-$r.err" & done
+wait
+[ -z "$(errors "$tmp"/rid-?.err)" ] && grep -q "^step 2" "$tmp/rid-2.out"
+ok $? "the same run_id on every rank: the run trains"
+for r in 0 1 2; do
+    cfg="$tmp/rid2.yaml"
+    [ $r = 1 ] && cfg="$tmp/rid-odd.yaml"
+    timeout -k 5 60 "$PIPPIN" worker "$cfg" --rank $r >"$tmp/rid-$r.out" 2>"$tmp/rid-$r.err" &
+done
+wait
+[ "$(errors "$tmp"/rid-?.err | wc -l)" -ge 2 ] && ! grep -q "^step" "$tmp/rid-2.out"
+ok $? "a rank with another run_id is not heard: no step runs ($(errors "$tmp/rid-0.err" | head -c 120))"
+
 # stages: a tied parameter. The GPT example split into stage files; rank
 # 3's stage file holds the tied embedding too. Without pipe.json's
 # shared_parameters each copy would train on its own: refused.
@@ -58,7 +78,7 @@ timeout_ms: 5000
 YAML
 run4() { # TAG
     for r in 0 1 2 3; do
-        timeout 60 "$PIPPIN" worker "$tmp/gpt.yaml" --rank $r >"$tmp/$1-$r.out" 2>"$tmp/$1-$r.err" &
+        timeout -k 5 60 "$PIPPIN" worker "$tmp/gpt.yaml" --rank $r >"$tmp/$1-$r.out" 2>"$tmp/$1-$r.err" &
     done
     wait
 }
