@@ -193,7 +193,6 @@ static pp_status add_config(pp_run_identity *id, const pp_config *c) {
     }
     PP_TRY(add_int(id, "n_ranks", c->n_ranks));
     PP_TRY(add_list(id, "ranks", c->n_ranks, c->ranks));
-    PP_TRY(add_bool(id, "shared_memory", c->shared_memory));
     PP_TRY(add_text(id, "security", c->n_secret_keys > 0 ? "curve" : "off"));
     if (c->run_id) PP_TRY(add_text(id, "run_id", c->run_id));
     PP_TRY(add_bool(id, "checkpoint", c->checkpoint_dir != NULL)); /* the directory itself is each rank's */

@@ -12,7 +12,7 @@
  *          mode, schedule, microbatches, batch_size, steps, loss,
  *          optimizer.kind and optimizer.<each hyper-parameter>, dims.<name>,
  *          split.before, split.after, split.transmit_shared, freeze,
- *          text.seq, n_ranks, ranks (the endpoints), shared_memory,
+ *          text.seq, n_ranks, ranks (the endpoints),
  *          security (on/off: each rank reads only its own secret key, so the
  *          key files are not compared), run_id (when given), checkpoint
  *          (on/off; not the directory) and checkpoint.every. Not: bind,

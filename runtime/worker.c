@@ -178,13 +178,14 @@ static pp_status open_data(pp_worker *w) {
  * step. */
 static pp_status open_identity(pp_worker *w) {
     int n = pp_executor_n_stages(w->ex);
-    pp_stage **st = calloc((size_t)n + 1, sizeof *st);
-    if (!st) return pp_error(PP_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < n; i++) st[i] = pp_executor_stage(w->ex, i);
-    pp_status s = pp_run_identity_compute(w->c, w->p, n, st, &w->id);
-    free(st);
+    if (w->sched->nranks == 1) return PP_OK; /* no one to compare with */
+    /* the checkpoint settings this worker uses (options override the config) */
+    pp_config eff = *w->c;
+    eff.checkpoint_dir = (char *)w->ck.dir;
+    eff.checkpoint_every = w->ck.every;
+    pp_status s = pp_run_identity_compute(&eff, w->p, n, w->stages, &w->id);
     if (s == PP_OK) s = pp_run_identity_encode(w->id, &w->identity, &w->identity_bytes);
-    w->identity_pending = s == PP_OK && w->sched->nranks > 1;
+    w->identity_pending = s == PP_OK;
     return s;
 }
 
@@ -251,8 +252,8 @@ pp_status pp_worker_open_config(const pp_config *c, const pp_worker_options *o, 
     if (s != PP_OK && w->rank >= 0) s = pp_error_context(s, "rank %d", w->rank);
     if (s == PP_OK) s = pp_executor_new(w->p, w->sched, w->rank, c->training, w->t, &w->ex);
     if (s == PP_OK && c->training) s = pp_executor_set_optimizer(w->ex, &c->optim);
-    if (s == PP_OK) s = pp_error_context(open_identity(w), "rank %d", w->rank);
     if (s == PP_OK) s = pp_error_context(open_checkpoints(w), "rank %d", w->rank);
+    if (s == PP_OK) s = pp_error_context(open_identity(w), "rank %d", w->rank);
     for (int k = 0; s == PP_OK && w->p->loss && k < w->p->n_outputs; k++)
         if (strcmp(w->p->outputs[k], w->p->loss) == 0) w->loss_output = k;
     if (s != PP_OK) {

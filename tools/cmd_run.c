@@ -61,6 +61,8 @@ static pid_t spawn(const job *j, int r, int resume, pid_t pgid, pid_t launcher, 
     }
     setpgid(0, pgid);
     if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != launcher) _exit(1);
+    signal(SIGINT, SIG_DFL); /* not an ignore inherited by the launcher: the worker must hear a stop */
+    signal(SIGTERM, SIG_DFL);
     sigprocmask(SIG_SETMASK, child_mask, NULL);
     char rank[16];
     snprintf(rank, sizeof rank, "%d", r);
@@ -218,6 +220,14 @@ int cmd_run(int argc, char **argv) {
         pp_config_free(cfg);
         return 2;
     }
+    int64_t mark = -1; /* the newest committed step when the last attempt started */
+    if (cfg->checkpoint_dir && pp_checkpoint_latest(cfg->checkpoint_dir, &mark) != PP_OK) mark = -1;
+    if (!resume && mark >= 0) { /* the workers would refuse it; a restart must not then resume it */
+        fprintf(stderr, "pippin run: %s holds committed checkpoints up to step %lld of an earlier run: resume it "
+                "(--resume) or use another directory\n", cfg->checkpoint_dir, (long long)mark);
+        pp_config_free(cfg);
+        return 1;
+    }
     job j = {.config = path, .n = cfg->n_ranks};
     /* A failed peer is noticed within timeout_ms; then give the step's
      * end and a checkpoint some time before killing. */
@@ -251,8 +261,14 @@ int cmd_run(int argc, char **argv) {
         pid_t pgid = 0;
         int resume_now = resume;
         if (attempt > 0) {
-            int64_t step = 0;
+            int64_t step = -1;
             int any = cfg->checkpoint_dir && pp_checkpoint_latest(cfg->checkpoint_dir, &step) == PP_OK;
+            if (attempt > 1 && (any ? step : -1) == mark) { /* a failure that repeats: restarting will not help */
+                fprintf(stderr, "pippin run: giving up: the last attempt committed no new step (restart %d of %d)\n",
+                        attempt, restarts);
+                break;
+            }
+            mark = any ? step : -1;
             resume_now = resume || any;
             if (any)
                 fprintf(stderr, "pippin run: restart %d of %d: every rank from step %lld (committed in %s)\n", attempt,

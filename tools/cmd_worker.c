@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "commands.h"
@@ -27,13 +28,28 @@ static void print_progress(const pp_worker_progress *pr, void *user) {
 
 static pp_worker *volatile running; /* for the signal handler */
 
+static volatile sig_atomic_t signalled;
+static struct timespec first_signal;
+
 /* The first SIGINT/SIGTERM asks every rank to stop after the step in
- * progress (SA_RESETHAND: a second one ends the process at once, e.g. while
- * a receive waits for a peer that is gone). */
+ * progress; another one more than a second later ends the process at once
+ * (e.g. while a receive waits for a peer that is gone). Within the second
+ * it is the same request delivered twice: systemd, Slurm and `timeout`
+ * signal every process of a job, and pippin run forwards it as well. */
 static void on_signal(int sig) {
-    (void)sig;
-    pp_worker *w = running;
-    if (w) pp_worker_stop(w);
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (!signalled) {
+        signalled = 1;
+        first_signal = now;
+        pp_worker *w = running;
+        if (w) pp_worker_stop(w);
+        return;
+    }
+    long long ms = (now.tv_sec - first_signal.tv_sec) * 1000LL + (now.tv_nsec - first_signal.tv_nsec) / 1000000;
+    if (ms < 1000) return;
+    signal(sig, SIG_DFL);
+    raise(sig);
 }
 
 static void worker_usage(FILE *f) {
@@ -131,7 +147,6 @@ int cmd_worker(int argc, char **argv) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
-    sa.sa_flags = SA_RESETHAND;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     int rc = pp_worker_run(w) == PP_OK ? 0 : pp_cli_fail("worker");

@@ -42,6 +42,18 @@ cp "$FX/mlp/train_x.npy" "$tmp/x-copy.npy"
 printf '\001' | dd of="$tmp/x-copy.npy" bs=1 seek=200 conv=notrunc 2>/dev/null
 skew data "data.x" "a data file that differs in one byte" "s|x: [^,]*,|x: $tmp/x-copy.npy,|"
 
+# checkpoint settings given on the command line count as much as the config's
+base cke
+for r in 0 1 2; do
+    every=1
+    [ $r = 1 ] && every=2
+    timeout -k 5 60 "$PIPPIN" worker "$tmp/cke.yaml" --rank $r --checkpoint "$tmp/cke-ck" --checkpoint-every $every \
+        >"$tmp/cke-$r.out" 2>"$tmp/cke-$r.err" &
+done
+wait
+[ "$(errors "$tmp"/cke-?.err | grep -c 'checkpoint.every')" -eq 3 ]
+ok $? "--checkpoint-every 2 on one rank, 1 on the others: refused naming checkpoint.every ($(errors "$tmp/cke-0.err" | head -c 120))"
+
 # run_id: the same on every rank trains; a rank of another run (another
 # run_id) is not heard at all (its messages carry another wire run id), so
 # the others fail at their deadline instead of mixing two runs

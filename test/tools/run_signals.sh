@@ -215,4 +215,17 @@ n=$((n + 1))
 "$PIPPIN" run >/dev/null 2>&1
 rc=$?
 if [ $rc -eq 2 ]; then echo "ok $n - no config: exit 2"; else echo "not ok $n - no config: exit $rc"; fi
+# a checkpoint directory that already holds a committed step of an earlier
+# run: without --resume, pippin run refuses at once (and never "restarts"
+# into resuming it)
+n=$((n + 1))
+cfg stale 5 "checkpoint: {dir: $tmp/restart-ck, every: 1}"
+timeout 60 "$PIPPIN" run "$tmp/stale.yaml" --restart 3 >"$tmp/stale.out" 2>"$tmp/stale.err"
+rc=$?
+if [ $rc -eq 1 ] && grep -q "of an earlier run" "$tmp/stale.err" && ! grep -q "restart 1" "$tmp/stale.err" &&
+    ! grep -q "^step" "$tmp/stale.out"; then
+    echo "ok $n - another run's committed checkpoints: refused, no restart resumes them"
+else
+    echo "not ok $n - stale checkpoint dir: exit $rc: $(tail -3 "$tmp/stale.err")"
+fi
 echo "1..$n"
