@@ -14,6 +14,7 @@ typedef struct entry {
     uint64_t hash;
     pp_mbox_key key;        /* key.name points at name_buf */
     pp_tensor *tensor;
+    int owner;              /* whose bytes these are (-1: nobody's) */
     char name_buf[];
 } entry;
 
@@ -22,7 +23,16 @@ struct pp_mailbox {
     size_t nbuckets;        /* power of two */
     size_t count;
     uint64_t bytes;
+    uint64_t *owner_bytes;  /* per owner */
+    int nowners;
 };
+
+static void account(pp_mailbox *mb, const entry *e, int sign) {
+    uint64_t n = e->tensor ? e->tensor->nbytes : 0;
+    mb->bytes = sign > 0 ? mb->bytes + n : mb->bytes - n;
+    if (e->owner >= 0 && e->owner < mb->nowners)
+        mb->owner_bytes[e->owner] = sign > 0 ? mb->owner_bytes[e->owner] + n : mb->owner_bytes[e->owner] - n;
+}
 
 static uint64_t mix(uint64_t h, uint64_t v) {
     h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
@@ -72,7 +82,22 @@ void pp_mailbox_free(pp_mailbox *mb) {
         }
     }
     free(mb->buckets);
+    free(mb->owner_bytes);
     free(mb);
+}
+
+pp_status pp_mailbox_set_owners(pp_mailbox *mb, int n) {
+    if (n <= mb->nowners) return PP_OK;
+    uint64_t *ob = realloc(mb->owner_bytes, (size_t)n * sizeof *ob);
+    if (!ob) return pp_error(PP_ERR_NOMEM, "out of memory allocating a mailbox");
+    memset(ob + mb->nowners, 0, (size_t)(n - mb->nowners) * sizeof *ob);
+    mb->owner_bytes = ob;
+    mb->nowners = n;
+    return PP_OK;
+}
+
+uint64_t pp_mailbox_owner_bytes(const pp_mailbox *mb, int owner) {
+    return owner >= 0 && owner < mb->nowners ? mb->owner_bytes[owner] : 0;
 }
 
 /* Doubles the table; chains keep their relative order. */
@@ -104,6 +129,10 @@ static void grow(pp_mailbox *mb) {
 }
 
 pp_status pp_mailbox_put(pp_mailbox *mb, const pp_mbox_key *key, pp_tensor *t) {
+    return pp_mailbox_put_from(mb, key, -1, t);
+}
+
+pp_status pp_mailbox_put_from(pp_mailbox *mb, const pp_mbox_key *key, int owner, pp_tensor *t) {
     const char *name = key->name ? key->name : "";
     size_t len = strlen(name);
     entry *e = malloc(sizeof *e + len + 1);
@@ -116,13 +145,14 @@ pp_status pp_mailbox_put(pp_mailbox *mb, const pp_mbox_key *key, pp_tensor *t) {
     e->key.name = e->name_buf;
     e->hash = key_hash(key);
     e->tensor = t;
+    e->owner = owner;
     e->next = NULL;
     if (mb->count + 1 > mb->nbuckets) grow(mb);
     entry **p = &mb->buckets[e->hash & (mb->nbuckets - 1)];
     while (*p) p = &(*p)->next;
     *p = e;
     mb->count++;
-    mb->bytes += t ? t->nbytes : 0;
+    account(mb, e, 1);
     return PP_OK;
 }
 
@@ -134,7 +164,7 @@ pp_tensor *pp_mailbox_take(pp_mailbox *mb, const pp_mbox_key *key) {
         *p = e->next;
         pp_tensor *t = e->tensor;
         mb->count--;
-        mb->bytes -= t ? t->nbytes : 0;
+        account(mb, e, -1);
         free(e);
         return t;
     }
@@ -159,7 +189,7 @@ size_t pp_mailbox_drop_before(pp_mailbox *mb, int64_t step, char *first, size_t 
             *p = e->next;
             if (!dropped && first && cap) pp_mbox_key_str(&e->key, first, cap);
             mb->count--;
-            mb->bytes -= e->tensor ? e->tensor->nbytes : 0;
+            account(mb, e, -1);
             pp_tensor_free(e->tensor);
             free(e);
             dropped++;

@@ -28,6 +28,13 @@ void pp_mailbox_free(pp_mailbox *mb);
  * reference to t, also on failure. Entries with equal keys are kept and
  * taken first in, first out. */
 pp_status pp_mailbox_put(pp_mailbox *mb, const pp_mbox_key *key, pp_tensor *t);
+/* The same, counting t's bytes against owner (0 <= owner < the count given
+ * to pp_mailbox_set_owners; -1: nobody) until the entry leaves. */
+pp_status pp_mailbox_put_from(pp_mailbox *mb, const pp_mbox_key *key, int owner, pp_tensor *t);
+/* Owners 0..n-1 get byte counters (call before the first put). */
+pp_status pp_mailbox_set_owners(pp_mailbox *mb, int n);
+/* Tensor bytes held that owner filed. */
+uint64_t pp_mailbox_owner_bytes(const pp_mailbox *mb, int owner);
 /* Removes and returns the oldest tensor filed under key (the caller owns
  * the reference), or NULL if there is none. */
 pp_tensor *pp_mailbox_take(pp_mailbox *mb, const pp_mbox_key *key);

@@ -4,10 +4,17 @@
  * steps and abort, stats; transport_internal.h lists the other pieces. */
 #include "transport_internal.h"
 
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/random.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define DEFAULT_TIMEOUT_MS 10000
@@ -29,6 +36,25 @@
 #define HB_TTL_MIN_MS 100
 #define HB_TTL_MAX_MS 65000
 #define IPC_SCHEME "ipc://"
+/* Messages more than this many steps ahead are dropped (step_window 0). */
+#define DEFAULT_STEP_WINDOW 2
+/* Bytes one peer's messages may hold in the mailbox (max_pending_bytes_per_peer 0). */
+#define DEFAULT_PENDING_PER_PEER ((int64_t)1 << 30)
+#define LOCK_SUFFIX ".lock"
+/* Errors mention the file limit when fewer descriptors than this are left. */
+#define FILES_SPARE 4
+
+/* 64 random bits, never 0 (getrandom; the clock and pid if that fails). */
+static uint64_t random_u64(void) {
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        v = ((uint64_t)ts.tv_nsec << 32) ^ (uint64_t)ts.tv_sec ^ ((uint64_t)getpid() << 16) ^ (uint64_t)(uintptr_t)&v;
+        v *= 0x9e3779b97f4a7c15ull;
+    }
+    return v ? v : 1;
+}
 
 /* ---- options ---- */
 
@@ -55,7 +81,11 @@ static pp_status copy_options(pp_transport *t, const pp_transport_options *o) {
         return pp_error(PP_ERR_INVALID, "transport: rank %d has no endpoint to bind", o->rank);
     t->rank = o->rank;
     t->nranks = o->nranks;
+    /* run identity: given, drawn here (rank 0), or learned in the handshake */
     t->run_id = o->run_id;
+    if (!t->run_id && (o->rank == 0 || o->nranks == 1)) t->run_id = random_u64();
+    t->run_known = t->run_id != 0;
+    t->nonce = random_u64();
     t->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : DEFAULT_TIMEOUT_MS;
     t->hb_timeout_ms = o->heartbeat_timeout_ms > 0 ? o->heartbeat_timeout_ms : t->timeout_ms;
     int hb_default = t->hb_timeout_ms / HB_PER_TIMEOUT;
@@ -73,7 +103,9 @@ static pp_status copy_options(pp_transport *t, const pp_transport_options *o) {
     t->frame_bytes = o->frame_bytes ? o->frame_bytes : DEFAULT_FRAME_BYTES;
     if (t->frame_bytes < MIN_FRAME_BYTES) t->frame_bytes = MIN_FRAME_BYTES;
     t->zero_copy_min = o->zero_copy_min ? o->zero_copy_min : DEFAULT_ZERO_COPY_MIN;
-    t->step_window = o->step_window > 0 ? o->step_window : 0;
+    t->step_window = o->step_window > 0 ? o->step_window : (o->step_window < 0 ? 0 : DEFAULT_STEP_WINDOW);
+    t->max_pending_per_peer = o->max_pending_bytes_per_peer > 0 ? (uint64_t)o->max_pending_bytes_per_peer
+                              : o->max_pending_bytes_per_peer < 0 ? 0 : (uint64_t)DEFAULT_PENDING_PER_PEER;
     t->shm_bytes = o->shm_bytes < 0 || o->curve_secret_key
                        ? 0 /* CURVE promises encrypted links: keep every byte on them */
                        : (size_t)(o->shm_bytes ? o->shm_bytes : DEFAULT_SHM_BYTES);
@@ -139,6 +171,85 @@ pp_status pp_tp_common_sockopts(pp_transport *t, void *s, const char *what) {
     return PP_OK;
 }
 
+/* An ipc:// path (not a wildcard, not abstract) gets PATH.lock beside it,
+ * held with flock while the transport lives: libzmq would silently take a
+ * bound socket file over. A lock of a process that died is free again (the
+ * kernel drops flocks with the process); the file is removed at close. The
+ * inode is checked after locking, so a holder that removed the file at
+ * close meanwhile does not let two transports both believe they hold it. */
+static pp_status lock_ipc(pp_transport *t, const char *ep) {
+    t->lock_fd = -1;
+    if (strncmp(ep, IPC_SCHEME, PREFIX_LEN(IPC_SCHEME)) != 0) return PP_OK;
+    const char *path = ep + PREFIX_LEN(IPC_SCHEME);
+    if (!path[0] || path[0] == '@' || strcmp(path, "*") == 0) return PP_OK;
+    size_t n = strlen(path) + sizeof LOCK_SUFFIX;
+    t->lock_path = malloc(n);
+    if (!t->lock_path) return pp_error(PP_ERR_NOMEM, "out of memory");
+    snprintf(t->lock_path, n, "%s" LOCK_SUFFIX, path);
+    for (int attempt = 0; attempt < 100; attempt++) {
+        int fd = open(t->lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+        if (fd < 0)
+            return pp_error(PP_ERR_IO, "transport rank %d: cannot create the lock %s for ipc endpoint %s: %s",
+                            t->rank, t->lock_path, ep, strerror(errno));
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            int e = errno;
+            close(fd);
+            if (e == EWOULDBLOCK)
+                return pp_error(PP_ERR_IO, "transport rank %d: cannot bind %s: another worker holds this ipc "
+                                "endpoint (its lock %s is taken); is this rank already running?", t->rank, ep,
+                                t->lock_path);
+            return pp_error(PP_ERR_IO, "transport rank %d: cannot lock %s for ipc endpoint %s: %s", t->rank,
+                            t->lock_path, ep, strerror(e));
+        }
+        struct stat a, b;
+        if (fstat(fd, &a) == 0 && stat(t->lock_path, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+            t->lock_fd = fd;
+            return PP_OK;
+        }
+        close(fd); /* removed by its last holder meanwhile: take the new file */
+    }
+    return pp_error(PP_ERR_IO, "transport rank %d: cannot lock %s for ipc endpoint %s", t->rank, t->lock_path, ep);
+}
+
+static void unlock_ipc(pp_transport *t) {
+    if (t->lock_fd >= 0) {
+        unlink(t->lock_path); /* while holding it: see lock_ipc */
+        close(t->lock_fd);
+    }
+    t->lock_fd = -1;
+    free(t->lock_path);
+    t->lock_path = NULL;
+}
+
+static long file_limit(void) {
+    struct rlimit rl;
+    return getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY ? (long)rl.rlim_cur : -1;
+}
+
+/* Open file descriptors of this process (-2: cannot even open a directory,
+ * i.e. at the limit; -1: unknown). */
+static long open_files(void) {
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) return errno == EMFILE || errno == ENFILE ? -2 : -1;
+    long n = -1; /* the directory's own descriptor */
+    while (readdir(d)) n++;
+    closedir(d);
+    return n - 2; /* . and .. */
+}
+
+const char *pp_tp_conn_note(pp_transport *t, char *buf, size_t cap) {
+    (void)t;
+    if (!cap) return buf;
+    buf[0] = 0;
+    long limit = file_limit(), open = open_files();
+    if (limit > 0 && (open == -2 || open >= limit - FILES_SPARE)) {
+        if (open == -2) open = limit;
+        snprintf(buf, cap, "; this process has %ld of its %ld file descriptors open (RLIMIT_NOFILE): "
+                 "incoming connections are refused (a flood of connections? raise ulimit -n)", open, limit);
+    }
+    return buf;
+}
+
 static pp_status open_pull(pp_transport *t, const char *bind_ep) {
     t->pull = zmq_socket(t->ctx, ZMQ_PULL);
     if (!t->pull)
@@ -156,6 +267,7 @@ static pp_status open_pull(pp_transport *t, const char *bind_ep) {
             return pp_error(PP_ERR_IO, "transport rank %d: CURVE server options: %s", t->rank,
                             zmq_strerror(zmq_errno()));
     }
+    PP_TRY(lock_ipc(t, bind_ep));
     if (zmq_bind(t->pull, bind_ep) != 0)
         return pp_error(PP_ERR_IO, "transport rank %d: cannot bind %s: %s", t->rank, bind_ep,
                         zmq_strerror(zmq_errno()));
@@ -173,7 +285,9 @@ pp_status pp_transport_create(const pp_transport_options *opts, pp_transport **o
     pp_transport *t = calloc(1, sizeof *t);
     if (!t) return pp_error(PP_ERR_NOMEM, "out of memory");
     t->zap_domain = NULL;
+    t->lock_fd = -1;
     pp_status s = copy_options(t, opts);
+    snprintf(t->proc, sizeof t->proc, "%llx-%ld", pp_shm_pid_ns(), (long)getpid());
     if (s == PP_OK) {
         t->peers = calloc((size_t)t->nranks, sizeof *t->peers);
         t->items = calloc((size_t)t->nranks + 3, sizeof *t->items);
@@ -187,6 +301,7 @@ pp_status pp_transport_create(const pp_transport_options *opts, pp_transport **o
             pp_warn("transport rank %d: %s", t->rank, pp_last_error());
     }
     if (s == PP_OK) s = pp_mailbox_new(&t->mbox);
+    if (s == PP_OK) s = pp_mailbox_set_owners(t->mbox, t->nranks);
     if (s == PP_OK && opts->recv_cache_bytes >= 0)
         s = pp_bufpool_new(opts->recv_cache_bytes ? (size_t)opts->recv_cache_bytes
                                                   : (size_t)DEFAULT_RECV_CACHE, &t->pool);
@@ -237,7 +352,10 @@ void pp_transport_close(pp_transport *t) {
         /* goodbye to every connected peer (a send to one that is not
          * connected fails at once: ZMQ_IMMEDIATE) */
         for (int r = 0; r < t->nranks; r++)
-            if (r != t->rank && t->peers[r].push) pp_tp_send_simple(t, r, PP_MSG_CONTROL, CTL_BYE);
+            if (r != t->rank && t->peers[r].push) {
+                pp_tp_tell(t, r); /* a peer accepts it only from a rank that completed the handshake */
+                pp_tp_send_simple(t, r, PP_MSG_CONTROL, CTL_BYE);
+            }
         for (int r = 0; r < t->nranks; r++) {
             pp_tp_peer_close(&t->peers[r]);
             pp_shm_ring_close(t->peers[r].tx_ring);
@@ -247,6 +365,7 @@ void pp_transport_close(pp_transport *t) {
             pp_shm_ring_close(t->peers[r].rx_msg);
             if (t->peers[r].bell_fd >= 0) close(t->peers[r].bell_fd);
             free(t->peers[r].endpoint);
+            free(t->peers[r].addr);
         }
     }
     close_socket(t->pull);
@@ -254,6 +373,7 @@ void pp_transport_close(pp_transport *t) {
     if (t->pull && strncmp(t->endpoint, IPC_SCHEME, PREFIX_LEN(IPC_SCHEME)) == 0 &&
         t->endpoint[PREFIX_LEN(IPC_SCHEME)] != '@')
         unlink(t->endpoint + PREFIX_LEN(IPC_SCHEME));
+    unlock_ipc(t);
     if (t->frames_cap) {
         free(t->frames);
         free(t->sizes);
@@ -282,6 +402,7 @@ void pp_transport_close(pp_transport *t) {
 pp_status pp_transport_set_step(pp_transport *t, int64_t step) {
     if (step < 0) return pp_error(PP_ERR_INVALID, "transport rank %d: negative step", t->rank);
     t->cur_step = step;
+    t->step_set = 1;
     char first[KEY_CHARS];
     size_t n = pp_mailbox_drop_before(t->mbox, step, first, sizeof first);
     sync_pending(t);
@@ -305,7 +426,10 @@ pp_status pp_transport_abort(pp_transport *t, const char *reason) {
         t->abort_text[j] = 0;
     }
     for (int r = 0; r < t->nranks; r++)
-        if (r != t->rank) pp_tp_send_simple(t, r, PP_MSG_ABORT, t->abort_text);
+        if (r != t->rank) {
+            pp_tp_tell(t, r); /* a peer accepts it only from a rank that completed the handshake */
+            pp_tp_send_simple(t, r, PP_MSG_ABORT, t->abort_text);
+        }
     return PP_OK;
 }
 
@@ -335,4 +459,8 @@ void pp_transport_stats_get(const pp_transport *t, pp_transport_stats *out) {
     out->pending_bytes = atomic_load_explicit(&c->pending_bytes, memory_order_relaxed);
     out->shm_bytes_sent = atomic_load_explicit(&c->shm_bytes_sent, memory_order_relaxed);
     out->shm_bytes_received = atomic_load_explicit(&c->shm_bytes_received, memory_order_relaxed);
+    out->dropped_window = atomic_load_explicit(&c->dropped_window, memory_order_relaxed);
+    out->dropped_over_cap = atomic_load_explicit(&c->dropped_over_cap, memory_order_relaxed);
+    out->dropped_foreign = atomic_load_explicit(&c->dropped_foreign, memory_order_relaxed);
+
 }

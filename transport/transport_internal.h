@@ -38,10 +38,18 @@
 #define PREFIX_LEN(literal) (sizeof(literal) - 1)
 
 /* Control messages (PP_MSG_CONTROL, no tensors): the text is a command,
- * some with an argument after the prefix. */
-#define CTL_HELLO "hello host="             /* our host id, then CTL_BELL and our doorbell */
-#define CTL_HELLO_REPLY "hello-reply host=" /* the same, answering a hello */
+ * some with an argument after the prefix. A hello is
+ *   hello run=RUN nonce=NONCE echo=ECHO proc=NS-PID host=HOSTID[ bell=PATH]
+ * (RUN, NONCE, ECHO 16 hex digits): our run id (0: not known yet), our
+ * nonce, the nonce of the peer's last hello (0: none yet), the prefix of our
+ * shared-memory names, our host id (empty without rings) and doorbell. A
+ * message echoing our nonce proves it comes from the process bound at the
+ * peer's endpoint (only that one got our hello): its address is pinned and
+ * its run id adopted. */
+#define CTL_HELLO "hello "             /* please answer */
+#define CTL_HELLO_REPLY "hello-reply " /* the same, answering a hello */
 #define CTL_BELL " bell="
+#define CTL_HOST " host="
 #define CTL_MSGRING "msgring "              /* ring name: small messages to you come here */
 #define CTL_MSGRING_OK "msgring-ok "        /* ring name: reading it */
 #define CTL_BYE "bye"                       /* the transport closed */
@@ -55,8 +63,15 @@ typedef struct peer {
     int64_t down_since;     /* monotonic ms when state became DOWN */
     const char *why;        /* last failure, for messages */
     uint64_t seq;
-    int hello_sent;         /* our host id went out on the current connection */
+    int hello_sent;         /* our hello went out on the current connection */
     int hello_seen;         /* its hello arrived (on this incarnation) */
+    int64_t hello_at;       /* monotonic ms of our last hello */
+    uint64_t echo;          /* its nonce, from its last accepted hello (0: none) */
+    int told;               /* we sent it our run id and its nonce on the current connection */
+    int verified;           /* it echoed our nonce: its messages are accepted from addr */
+    char *addr;             /* ZeroMQ Peer-Address of its verifying message (NULL: none, inproc) */
+    uint64_t foreign_run;   /* run id of the last hello for it that we refused (for errors) */
+    char proc[48];          /* "NS-PID" from its hello: the prefix of its ring names */
     int same_host;          /* its hello carried our host id: rings can be used */
     size_t ring_failed;     /* creating a ring this big failed: do not try again */
     pp_shm_ring *tx_ring;   /* ours, for large tensors to this peer */
@@ -73,18 +88,26 @@ typedef struct peer {
 
 typedef struct stat_counters {
     atomic_ullong messages_sent, messages_received, bytes_sent, bytes_received, dropped,
-        retries, timeouts, peer_failures, pending, pending_bytes, shm_bytes_sent, shm_bytes_received;
+        retries, timeouts, peer_failures, pending, pending_bytes, shm_bytes_sent, shm_bytes_received,
+        dropped_window, dropped_over_cap, dropped_foreign;
 } stat_counters;
 
 struct pp_transport {
     int rank, nranks, nstages;
     int *stage_ranks;
-    uint64_t run_id;
+    uint64_t run_id;        /* valid when run_known */
+    int run_known;
+    uint64_t nonce;         /* ours, in every hello: never 0 */
+    char proc[48];          /* our "NS-PID" */
     int timeout_ms, hb_ivl_ms, hb_timeout_ms, linger_ms, grace_ms;
     int sndhwm, rcvhwm, sndbuf, rcvbuf;
     uint64_t max_message_bytes;
     size_t frame_bytes, zero_copy_min;
-    int64_t step_window, cur_step;
+    int64_t step_window, cur_step; /* step_window 0: no upper bound */
+    int step_set;           /* pp_transport_set_step was called: the window's upper bound applies */
+    uint64_t max_pending_per_peer; /* 0: no cap */
+    int lock_fd;            /* flock on ipc PATH.lock (-1: none) */
+    char *lock_path;
 
     pp_zctx *zctx;
     void *ctx;
@@ -180,10 +203,18 @@ static inline int name_ok(const char *s) {
     return 1;
 }
 
+/* Peer-Address strings equal (NULL only equals NULL). */
+static inline int same_addr(const char *a, const char *b) {
+    return (!a && !b) || (a && b && strcmp(a, b) == 0);
+}
+
 /* ---- transport.c ---- */
 
 pp_status pp_tp_common_sockopts(pp_transport *t, void *s, const char *what);
 pp_status pp_tp_abort_error(pp_transport *t);
+/* "; this process has N of its L file descriptors open ..." when it is at
+ * its file limit (incoming connections are then refused); "" otherwise. */
+const char *pp_tp_conn_note(pp_transport *t, char *buf, size_t cap);
 
 /* ---- transport_peers.c ---- */
 
@@ -192,6 +223,16 @@ void pp_tp_peer_close(peer *p);
 /* Takes the monitors' events and greets peers that came up. */
 void pp_tp_read_monitors(pp_transport *t);
 void pp_tp_say_hello(pp_transport *t, int r, const char *word);
+/* Handles a hello or hello-reply claiming rank r that came from addr; m0
+ * for drop messages. */
+void pp_tp_handle_hello(pp_transport *t, int r, const pp_envelope *env, zmq_msg_t *m0, const char *addr);
+/* Sends our run id and peer r's nonce to r if not done on this connection;
+ * 1 if told. */
+int pp_tp_tell(pp_transport *t, int r);
+/* Waits (receiving meanwhile) until peer r can accept our messages (we told
+ * it our run id and echoed its nonce on this connection) or the deadline
+ * passes. */
+pp_status pp_tp_await_ready(pp_transport *t, int r, const action *act);
 /* A tensorless message to peer r, without waiting. 1 if it went out. */
 int pp_tp_send_simple(pp_transport *t, int r, pp_msg_kind kind, const char *text);
 const char *pp_tp_action_str(const action *a, char *buf, size_t cap);
@@ -207,6 +248,9 @@ int pp_tp_ring_reserve(pp_transport *t, int r, pp_shm_ring **ring, int first, si
 pp_shm_ring *pp_tp_msg_ring(pp_transport *t, int r);
 int pp_tp_send_by_ring(pp_transport *t, int r, pp_shm_ring *ring, const pp_envelope *env);
 pp_status pp_tp_rx_ring(pp_transport *t, int r, const char *name, pp_shm_ring **out);
+/* 1 if name can be one of rank r's rings (the prefix its hello gave); 0
+ * with the error set otherwise. */
+int pp_tp_ring_name_ok(pp_transport *t, int r, const char *name);
 pp_status pp_tp_shm_tensor(pp_transport *t, pp_shm_ring *ring, const pp_wire_tensor *wt,
                            pp_tensor **out);
 void pp_tp_settle_ring(pp_shm_ring *ring, const pp_envelope *env);
@@ -218,6 +262,10 @@ pp_status pp_tp_check_key(const pp_transport *t, const pp_transport_key *k, int 
 /* ---- transport_recv.c ---- */
 
 int pp_tp_drain(pp_transport *t, const pp_mbox_key *want, pp_tensor **got);
+/* Counts and (rate-limited) logs a dropped message; counter is one of the
+ * stats breakdowns or NULL. */
+void pp_tp_drop(pp_transport *t, zmq_msg_t *m0, atomic_ullong *counter, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 int pp_tp_wait_events(pp_transport *t, int64_t timeout, peer *out_peer);
 
 #endif

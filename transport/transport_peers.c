@@ -3,10 +3,14 @@
  * deliver. */
 #include "transport_internal.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+/* A peer that has not answered our hello hears it again this often. */
+#define HELLO_RETRY_MS 250
 
 static atomic_uint monitor_counter;
 
@@ -111,6 +115,7 @@ static void peer_event(pp_transport *t, int r, uint16_t ev) {
     case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
         if (s != PP_PEER_CLOSED) set_state(p, PP_PEER_UP);
         p->hello_sent = 0; /* maybe a new incarnation: tell it our host again */
+        p->told = 0;       /* and our run id, on this connection */
         pp_debug("transport rank %d: connected to rank %d (%s)", t->rank, r, peer_ep(t, r));
         break;
     case ZMQ_EVENT_DISCONNECTED:
@@ -122,6 +127,7 @@ static void peer_event(pp_transport *t, int r, uint16_t ev) {
             /* whoever comes back says hello again and gets fresh rings */
             pp_tp_retire_ring(p);
             p->hello_seen = p->same_host = 0;
+            p->told = 0;
             pp_shm_ring_close(p->tx_msg);
             p->tx_msg = NULL;
             p->tx_msg_ready = p->tx_msg_failed = 0;
@@ -196,23 +202,195 @@ int pp_tp_send_simple(pp_transport *t, int r, pp_msg_kind kind, const char *text
     return zmq_send(p->push, buf, len, ZMQ_DONTWAIT) >= 0;
 }
 
-/* Tells a newly connected peer which host we are on, so that it can send
- * us large tensors through a shared-memory ring if it is on the same one. */
+/* Tells a newly connected peer our run id (if known), our nonce, its own
+ * nonce back (proving we got its hello), and which host we are on, so that
+ * it can send us large tensors through a shared-memory ring if it is on the
+ * same one. */
 void pp_tp_say_hello(pp_transport *t, int r, const char *word) {
     peer *p = &t->peers[r];
-    if (peer_state(p) != PP_PEER_UP || !t->shm_bytes || !t->host_id[0]) return;
-    char text[HOST_ID_CHARS + 160];
-    snprintf(text, sizeof text, "%s%s%s%s", word, t->host_id, t->bell ? CTL_BELL : "",
-             t->bell ? pp_doorbell_path(t->bell) : "");
-    p->hello_sent = pp_tp_send_simple(t, r, PP_MSG_CONTROL, text);
+    if (!p->push || (!p->inproc && peer_state(p) != PP_PEER_UP)) return;
+    int rings = t->shm_bytes && t->host_id[0];
+    char text[HOST_ID_CHARS + 320];
+    int n = snprintf(text, sizeof text, "%srun=%016" PRIx64 " nonce=%016" PRIx64 " echo=%016" PRIx64 " proc=%s"
+                     CTL_HOST "%s%s%s", word, t->run_known ? t->run_id : 0, t->nonce, p->echo, t->proc,
+                     rings ? t->host_id : "", rings && t->bell ? CTL_BELL : "",
+                     rings && t->bell ? pp_doorbell_path(t->bell) : "");
+    if (n < 0 || (size_t)n >= sizeof text || (size_t)n > PP_ENVELOPE_MAX_TEXT) return;
+    int sent = pp_tp_send_simple(t, r, PP_MSG_CONTROL, text);
+    if (!sent) return;
+    if (strcmp(word, CTL_HELLO) == 0) {
+        p->hello_sent = 1;
+        p->hello_at = now_ms();
+    }
+    if (t->run_known && p->echo) p->told = 1;
+}
+
+int pp_tp_tell(pp_transport *t, int r) {
+    peer *p = &t->peers[r];
+    if (!p->told && t->run_known && p->echo) pp_tp_say_hello(t, r, CTL_HELLO_REPLY);
+    return p->told;
 }
 
 void pp_tp_read_monitors(pp_transport *t) {
-    for (int r = 0; r < t->nranks; r++)
-        if (t->peers[r].mon) {
-            read_monitor(t, r);
-            if (!t->peers[r].hello_sent) pp_tp_say_hello(t, r, CTL_HELLO);
+    int64_t now = -1;
+    for (int r = 0; r < t->nranks; r++) {
+        peer *p = &t->peers[r];
+        if (!p->push) continue;
+        if (p->mon) read_monitor(t, r);
+        if (!p->hello_sent) {
+            pp_tp_say_hello(t, r, CTL_HELLO);
+        } else if (!p->verified) { /* it may have missed it, or a stranger overwrote our nonce there */
+            if (now < 0) now = now_ms();
+            if (now - p->hello_at >= HELLO_RETRY_MS) pp_tp_say_hello(t, r, CTL_HELLO);
         }
+        pp_tp_tell(t, r);
+    }
+}
+
+/* ---- the hello handshake ---- */
+
+/* Reads "KEY=16 hex digits " at *s. */
+static int hex_field(const char **s, const char *key, uint64_t *v) {
+    size_t k = strlen(key);
+    if (strncmp(*s, key, k) != 0) return 0;
+    const char *p = *s + k;
+    uint64_t x = 0;
+    int i = 0;
+    for (; i < 16; i++) {
+        char c = p[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (d < 0) return 0;
+        x = x << 4 | (uint64_t)d;
+    }
+    if (p[16] != ' ') return 0;
+    *v = x;
+    *s = p + 17;
+    return 1;
+}
+
+static void learned_run(pp_transport *t, int from) {
+    pp_debug("transport rank %d: run id %016" PRIx64 " (from rank %d)", t->rank, t->run_id, from);
+    for (int q = 0; q < t->nranks; q++)
+        if (q != t->rank) pp_tp_tell(t, q); /* peers waiting to send to us can go on */
+}
+
+void pp_tp_handle_hello(pp_transport *t, int r, const pp_envelope *env, zmq_msg_t *m0, const char *addr) {
+    peer *p = &t->peers[r];
+    int reply = strncmp(env->text, CTL_HELLO_REPLY, PREFIX_LEN(CTL_HELLO_REPLY)) == 0;
+    const char *s = env->text + (reply ? PREFIX_LEN(CTL_HELLO_REPLY) : PREFIX_LEN(CTL_HELLO));
+    uint64_t run, nonce, echo;
+    if (!hex_field(&s, "run=", &run) || !hex_field(&s, "nonce=", &nonce) || !hex_field(&s, "echo=", &echo) ||
+        strncmp(s, "proc=", 5) != 0) {
+        pp_tp_drop(t, m0, NULL, "claims rank %d: malformed hello '%s'", r, env->text);
+        return;
+    }
+    const char *proc = s + 5, *host = strstr(proc, CTL_HOST);
+    size_t proc_len = host ? (size_t)(host - proc) : 0;
+    if (!host || !nonce || proc_len >= sizeof p->proc) {
+        pp_tp_drop(t, m0, NULL, "claims rank %d: malformed hello '%s'", r, env->text);
+        return;
+    }
+    if ((run && t->run_known && run != t->run_id) || (env->run_id && env->run_id != run)) {
+        p->foreign_run = run ? run : env->run_id;
+        pp_tp_drop(t, m0, &t->st.dropped_foreign, "claims rank %d: a hello of run id %016" PRIx64
+                   ", this run is %016" PRIx64 " (another run using this endpoint?)", r, p->foreign_run,
+                   t->run_known ? t->run_id : 0);
+        return;
+    }
+    if (echo == t->nonce) {
+        /* only the process bound at rank r's endpoint got our nonce: this is
+         * rank r, and its address is the one to accept messages from */
+        if (!p->verified || !same_addr(p->addr, addr)) {
+            char *copy = addr ? strdup(addr) : NULL;
+            if (addr && !copy) return;
+            free(p->addr);
+            p->addr = copy;
+            pp_debug("transport rank %d: rank %d (%s) answered our hello from '%s'", t->rank, r,
+                     peer_ep(t, r), addr ? addr : "(inproc)");
+        }
+        p->verified = 1;
+        p->foreign_run = 0;
+        if (run && !t->run_known) {
+            t->run_id = run;
+            t->run_known = 1;
+            learned_run(t, r);
+        }
+    } else if (p->verified && !same_addr(p->addr, addr)) {
+        /* not the address rank r answered from: a stranger, or a new
+         * incarnation of r, which answers our next hello on reconnect */
+        pp_tp_drop(t, m0, &t->st.dropped_foreign, "claims rank %d: a hello from '%s', but rank %d answered "
+                   "from '%s'", r, addr ? addr : "(inproc)", r, p->addr ? p->addr : "(inproc)");
+        return;
+    }
+    if (nonce != p->echo) {
+        p->echo = nonce;
+        p->told = 0;
+    }
+    memcpy(p->proc, proc, proc_len);
+    p->proc[proc_len] = 0;
+    const char *id = host + PREFIX_LEN(CTL_HOST);
+    const char *bell = strstr(id, CTL_BELL);
+    size_t id_len = bell ? (size_t)(bell - id) : strlen(id);
+    p->hello_seen = 1;
+    p->same_host = t->shm_bytes && t->host_id[0] && id_len && strlen(t->host_id) == id_len &&
+                   strncmp(id, t->host_id, id_len) == 0;
+    if (p->bell_fd >= 0) close(p->bell_fd);
+    p->bell_fd = p->same_host && bell ? pp_doorbell_open_peer(bell + PREFIX_LEN(CTL_BELL)) : -1;
+    /* answer, so that after a reconnect on either side both know */
+    if (!reply) pp_tp_say_hello(t, r, CTL_HELLO_REPLY);
+    else pp_tp_tell(t, r);
+    pp_debug("transport rank %d: rank %d (%s) is on %s host", t->rank, r, peer_ep(t, r),
+             p->same_host ? "this" : "another");
+}
+
+int pp_transport_peer_ready(const pp_transport *t, int rank) {
+    if (rank < 0 || rank >= t->nranks || rank == t->rank) return 0;
+    const peer *p = &t->peers[rank];
+    return t->run_known && p->verified && p->told;
+}
+
+/* Why peer r is not ready, for errors. */
+static const char *not_ready_why(const pp_transport *t, int r, char *buf, size_t cap) {
+    const peer *p = &t->peers[r];
+    pp_peer_state ps = peer_state(p);
+    if (ps == PP_PEER_CONNECTING && !p->inproc) snprintf(buf, cap, "it has not connected");
+    else if (p->foreign_run)
+        snprintf(buf, cap, "a hello for it carried run id %016" PRIx64 ", this run is %016" PRIx64
+                 ": is it another run's rank?", p->foreign_run, t->run_known ? t->run_id : 0);
+    else if (!t->run_known)
+        snprintf(buf, cap, "this rank has not learned the run id yet: no rank that knows it (rank 0 first) "
+                 "answered its hello");
+    else if (!p->echo) snprintf(buf, cap, "it has not said hello: does it know this rank's endpoint?");
+    else if (!p->told) snprintf(buf, cap, "this rank could not answer its hello");
+    else if (!p->verified) snprintf(buf, cap, "it has not answered this rank's hello");
+    else snprintf(buf, cap, "%s", pp_peer_state_name(ps));
+    return buf;
+}
+
+pp_status pp_tp_await_ready(pp_transport *t, int r, const action *act) {
+    if (t->peers[r].told) return PP_OK;
+    int64_t now = now_ms(), deadline = now + t->timeout_ms;
+    stat_add(&t->st.retries, 1);
+    for (;;) {
+        pp_tp_read_monitors(t);
+        pp_tp_drain(t, NULL, NULL);
+        if (t->peers[r].told) return PP_OK;
+        int64_t wake = deadline;
+        if (t->aborted) return pp_tp_abort_error(t);
+        PP_TRY(pp_tp_check_peer(t, r, act, now, &wake));
+        if (now >= deadline) {
+            stat_add(&t->st.timeouts, 1);
+            char doing[ACTION_CHARS], why[256], note[256];
+            return pp_error(PP_ERR_TIMEOUT, "transport rank %d: %s: rank %d (%s) did not complete the hello "
+                            "handshake within %d ms (%s)%s", t->rank, pp_tp_action_str(act, doing, sizeof doing),
+                            r, peer_ep(t, r), t->timeout_ms, not_ready_why(t, r, why, sizeof why),
+                            pp_tp_conn_note(t, note, sizeof note));
+        }
+        int64_t until = now + t->grace_ms < wake ? now + t->grace_ms : wake;
+        if (until > now + HELLO_RETRY_MS) until = now + HELLO_RETRY_MS;
+        pp_tp_wait_events(t, until - now, NULL);
+        now = now_ms();
+    }
 }
 
 /* ---- liveness ---- */

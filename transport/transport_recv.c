@@ -19,12 +19,12 @@
 /* Longest single poll. */
 #define WAIT_MAX_MS 60000
 
-/* Warns about a dropped message: the first ten, then every power of two. */
-static void drop_msg(pp_transport *t, zmq_msg_t *m0, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void drop_msg(pp_transport *t, zmq_msg_t *m0, const char *fmt, ...) {
+/* Counts a dropped message (also in counter, a breakdown, if given) and
+ * warns about it: the first ten, then every power of two. */
+void pp_tp_drop(pp_transport *t, zmq_msg_t *m0, atomic_ullong *counter, const char *fmt, ...) {
     uint64_t n = atomic_load_explicit(&t->st.dropped, memory_order_relaxed) + 1;
     stat_add(&t->st.dropped, 1);
+    if (counter) stat_add(counter, 1);
     if (n > 10 && (n & (n - 1)) != 0) return;
     char why[512];
     va_list ap;
@@ -35,6 +35,8 @@ static void drop_msg(pp_transport *t, zmq_msg_t *m0, const char *fmt, ...) {
     pp_warn("transport rank %d (%s): dropped a message%s%s: %s (%" PRIu64 " dropped so far)", t->rank,
             t->endpoint, addr ? " from " : "", addr ? addr : "", why, n);
 }
+
+#define drop_msg(t, m0, ...) pp_tp_drop(t, m0, NULL, __VA_ARGS__)
 
 static void free_zmq_msg(void *data, void *hint) {
     (void)data;
@@ -123,11 +125,6 @@ static void handle_message(pp_transport *t, const void *f0, size_t len0, zmq_msg
         drop_msg(t, m0, "claims rank %d: %s", r, pp_last_error());
         goto done;
     }
-    if (env.run_id != t->run_id) {
-        drop_msg(t, m0, "claims rank %d: run id %" PRIu64 ", this run is %" PRIu64, r, env.run_id,
-                 t->run_id);
-        goto done;
-    }
     if (r == t->rank) {
         drop_msg(t, m0, "claims to come from this rank (%d)", r);
         goto done;
@@ -137,12 +134,43 @@ static void handle_message(pp_transport *t, const void *f0, size_t len0, zmq_msg
                  pp_msg_kind_name((int)env.kind), r, ring_rank);
         goto done;
     }
-    if (t->curve) {
+    if (t->curve && m0) {
         const char *uid = zmq_msg_gets(m0, "User-Id");
         if (!uid || strcmp(uid, t->rank_keys[r]) != 0) {
             drop_msg(t, m0, "claims rank %d but was sent with CURVE key %s", r, uid ? uid : "(none)");
             goto done;
         }
+    }
+    peer *p = &t->peers[r];
+    /* where it came from: "IP" (tcp), ":UID:GID:PID" (ipc), none (inproc) */
+    const char *addr = m0 ? zmq_msg_gets(m0, "Peer-Address") : NULL;
+    if (env.kind == PP_MSG_CONTROL && env.ntensors == 0 &&
+        (strncmp(env.text, CTL_HELLO, PREFIX_LEN(CTL_HELLO)) == 0 ||
+         strncmp(env.text, CTL_HELLO_REPLY, PREFIX_LEN(CTL_HELLO_REPLY)) == 0)) {
+        if (m0) pp_tp_handle_hello(t, r, &env, m0, addr);
+        else drop_msg(t, m0, "a hello in rank %d's message ring", r);
+        goto done;
+    }
+    /* Everything else only from the rank's handshake connection, in this run. */
+    if (!t->run_known) {
+        pp_tp_drop(t, m0, &t->st.dropped_foreign, "claims rank %d: this rank has not learned the run id yet "
+                   "(run id %016" PRIx64 " claimed)", r, env.run_id);
+        goto done;
+    }
+    if (env.run_id != t->run_id) {
+        pp_tp_drop(t, m0, &t->st.dropped_foreign, "claims rank %d: run id %" PRIu64 ", this run is %" PRIu64,
+                   r, env.run_id, t->run_id);
+        goto done;
+    }
+    if (m0 && !p->verified) {
+        pp_tp_drop(t, m0, &t->st.dropped_foreign, "claims rank %d, which has not answered this rank's hello",
+                   r);
+        goto done;
+    }
+    if (m0 && !same_addr(addr, p->addr)) {
+        pp_tp_drop(t, m0, &t->st.dropped_foreign, "claims rank %d, whose handshake came from '%s'", r,
+                   p->addr ? p->addr : "(inproc)");
+        goto done;
     }
     /* the sender is who it says (as far as this link can tell): its ring
      * may be opened */
@@ -150,7 +178,6 @@ static void handle_message(pp_transport *t, const void *f0, size_t len0, zmq_msg
         drop_msg(t, m0, "claims rank %d: %s", r, pp_last_error());
         goto done;
     }
-    peer *p = &t->peers[r];
     if (peer_state(p) == PP_PEER_CLOSED) /* a new incarnation of that rank */
         set_state(p, p->inproc ? PP_PEER_CONNECTING : PP_PEER_UP);
     if (env.kind == PP_MSG_ABORT) {
@@ -168,37 +195,27 @@ static void handle_message(pp_transport *t, const void *f0, size_t len0, zmq_msg
         if (strcmp(env.text, CTL_BYE) == 0) {
             set_state(p, PP_PEER_CLOSED);
             pp_debug("transport rank %d: rank %d (%s) closed its transport", t->rank, r, peer_ep(t, r));
-        } else if (strncmp(env.text, CTL_HELLO, PREFIX_LEN(CTL_HELLO)) == 0 ||
-                   strncmp(env.text, CTL_HELLO_REPLY, PREFIX_LEN(CTL_HELLO_REPLY)) == 0) {
-            int reply = strncmp(env.text, CTL_HELLO_REPLY, PREFIX_LEN(CTL_HELLO_REPLY)) == 0;
-            const char *id = env.text + (reply ? PREFIX_LEN(CTL_HELLO_REPLY) : PREFIX_LEN(CTL_HELLO));
-            const char *bell = strstr(id, CTL_BELL);
-            size_t id_len = bell ? (size_t)(bell - id) : strlen(id);
-            p->hello_seen = 1;
-            p->same_host = t->shm_bytes && t->host_id[0] && strlen(t->host_id) == id_len &&
-                           strncmp(id, t->host_id, id_len) == 0;
-            if (p->bell_fd >= 0) close(p->bell_fd);
-            p->bell_fd = p->same_host && bell ? pp_doorbell_open_peer(bell + PREFIX_LEN(CTL_BELL)) : -1;
-            /* answer, so that after a reconnect on either side both know */
-            if (!reply) pp_tp_say_hello(t, r, CTL_HELLO_REPLY);
-            pp_debug("transport rank %d: rank %d (%s) is on %s host", t->rank, r, peer_ep(t, r),
-                     p->same_host ? "this" : "another");
         } else if (strncmp(env.text, CTL_MSGRING, PREFIX_LEN(CTL_MSGRING)) == 0 && t->bell) {
-            /* the peer will write small messages to us through this ring;
-             * what it wrote to the old one comes first */
+            /* the peer will write small messages to us through this ring:
+             * open and check it first, so that a bad announcement leaves
+             * the current one in place; what the peer wrote to the old one
+             * comes first */
+            const char *name = env.text + PREFIX_LEN(CTL_MSGRING);
+            pp_shm_ring *fresh = NULL;
+            if (!pp_tp_ring_name_ok(t, r, name) || pp_shm_ring_open(name, &fresh) != PP_OK) {
+                drop_msg(t, m0, "claims rank %d: message ring '%s': %s", r, name, pp_last_error());
+                goto done;
+            }
             receive_ring(t, r, want, got, INT32_MAX); /* a receive may be waiting for one of them */
             receive_ring(t, r, NULL, NULL, INT32_MAX);
             if (p->rx_msg) t->n_rx_msg--;
             pp_shm_ring_close(p->rx_msg);
-            p->rx_msg = NULL;
-            if (pp_shm_ring_open(env.text + PREFIX_LEN(CTL_MSGRING), &p->rx_msg) == PP_OK) {
-                t->n_rx_msg++;
-                char ok[PP_ENVELOPE_MAX_TEXT];
-                snprintf(ok, sizeof ok, CTL_MSGRING_OK "%s", env.text + PREFIX_LEN(CTL_MSGRING));
-                pp_tp_send_simple(t, r, PP_MSG_CONTROL, ok);
-            } else {
-                pp_warn("transport rank %d: rank %d's message ring: %s", t->rank, r, pp_last_error());
-            }
+            p->rx_msg = fresh;
+            t->n_rx_msg++;
+            char ok[PP_ENVELOPE_MAX_TEXT];
+            snprintf(ok, sizeof ok, CTL_MSGRING_OK "%s", name);
+            pp_tp_tell(t, r);
+            pp_tp_send_simple(t, r, PP_MSG_CONTROL, ok);
         } else if (strncmp(env.text, CTL_MSGRING_OK, PREFIX_LEN(CTL_MSGRING_OK)) == 0) {
             const char *name = env.text + PREFIX_LEN(CTL_MSGRING_OK);
             if (p->tx_msg && strcmp(name, pp_shm_ring_name(p->tx_msg)) == 0) p->tx_msg_ready = 1;
@@ -217,11 +234,32 @@ static void handle_message(pp_transport *t, const void *f0, size_t len0, zmq_msg
                  t->stage_ranks[env.src_stage]);
         goto done;
     }
-    if (env.step < t->cur_step || (t->step_window > 0 && env.step > t->cur_step + t->step_window)) {
-        drop_msg(t, m0, "claims rank %d: step %" PRId64 " outside the window [%" PRId64 ", %s%" PRId64 "]",
-                 r, env.step, t->cur_step, t->step_window > 0 ? "" : "inf ",
-                 t->step_window > 0 ? t->cur_step + t->step_window : (int64_t)0);
+    if (env.step < t->cur_step) {
+        drop_msg(t, m0, "claims rank %d: step %" PRId64 " is before the current step %" PRId64, r, env.step,
+                 t->cur_step);
         goto done;
+    }
+    if (t->step_set && t->step_window > 0 && env.step > t->cur_step + t->step_window) {
+        pp_tp_drop(t, m0, &t->st.dropped_window, "claims rank %d: step %" PRId64 " is more than %" PRId64
+                   " steps ahead of the current step %" PRId64, r, env.step, t->step_window, t->cur_step);
+        goto done;
+    }
+    if (t->max_pending_per_peer) {
+        /* what this message would leave waiting in the mailbox (a tensor a
+         * receive is waiting for is not kept) */
+        uint64_t keep = 0;
+        int handed = !(got && !*got);
+        for (int i = 0; i < env.ntensors; i++) {
+            if (!handed && key_matches(want, &env, env.tensors[i].name)) handed = 1;
+            else keep += env.tensors[i].nbytes;
+        }
+        uint64_t have = pp_mailbox_owner_bytes(t->mbox, r);
+        if (keep && have + keep > t->max_pending_per_peer) {
+            pp_tp_drop(t, m0, &t->st.dropped_over_cap, "claims rank %d: %" PRIu64 " bytes would join the %"
+                       PRIu64 " already waiting from it, over max_pending_bytes_per_peer (%" PRIu64 ")", r,
+                       keep, have, t->max_pending_per_peer);
+            goto done;
+        }
     }
     size_t f = 1;
     uint64_t bytes = 0;
@@ -243,7 +281,7 @@ static void handle_message(pp_transport *t, const void *f0, size_t len0, zmq_msg
             continue;
         }
         pp_mbox_key key = {(int)env.kind, env.step, env.microbatch, env.src_stage, env.dst_stage, wt->name};
-        if (pp_mailbox_put(t->mbox, &key, tensor) != PP_OK) drop_msg(t, m0, "%s", pp_last_error());
+        if (pp_mailbox_put_from(t->mbox, &key, r, tensor) != PP_OK) drop_msg(t, m0, "%s", pp_last_error());
     }
     stat_add(&t->st.messages_received, 1);
     stat_add(&t->st.bytes_received, bytes);
@@ -448,10 +486,10 @@ pp_status pp_transport_recv(pp_transport *t, const pp_transport_key *key, int ti
             if (now >= deadline) {
                 stat_add(&t->st.timeouts, 1);
                 pp_peer_state ps = r == t->rank ? PP_PEER_SELF : peer_state(&t->peers[r]);
-                char doing[ACTION_CHARS];
+                char doing[ACTION_CHARS], note[256];
                 return pp_error(PP_ERR_TIMEOUT, "transport rank %d: timed out after %d ms %s from rank "
-                                "%d (%s, %s)", t->rank, timeout, pp_tp_action_str(&act, doing, sizeof doing),
-                                r, peer_ep(t, r), pp_peer_state_name(ps));
+                                "%d (%s, %s)%s", t->rank, timeout, pp_tp_action_str(&act, doing, sizeof doing),
+                                r, peer_ep(t, r), pp_peer_state_name(ps), pp_tp_conn_note(t, note, sizeof note));
             }
         }
         int64_t until = wake < next_check ? wake : next_check;

@@ -152,14 +152,28 @@ int pp_tp_send_by_ring(pp_transport *t, int r, pp_shm_ring *ring, const pp_envel
 
 /* ---- receiving ---- */
 
+int pp_tp_ring_name_ok(pp_transport *t, int r, const char *name) {
+    const peer *p = &t->peers[r];
+    size_t n = strlen(p->proc);
+    if (!n || strncmp(name, "/pippin-", 8) != 0 || strncmp(name + 8, p->proc, n) != 0 || name[8 + n] != '-') {
+        pp_error(PP_ERR_INVALID, "not a ring of rank %d (its rings are /pippin-%s-N)", r,
+                 n ? p->proc : "(unknown: no hello)");
+        return 0;
+    }
+    return 1;
+}
+
 /* Rank r's ring called name, mapped on first use and again whenever the
- * peer starts a new one. */
+ * peer starts a new one. The new one is checked (its name is rank r's, it
+ * opens) before the current one is let go: a bad name leaves it in place. */
 pp_status pp_tp_rx_ring(pp_transport *t, int r, const char *name, pp_shm_ring **out) {
     peer *p = &t->peers[r];
     if (!p->rx_ring || strcmp(pp_shm_ring_name(p->rx_ring), name) != 0) {
+        if (!pp_tp_ring_name_ok(t, r, name)) return PP_ERR_INVALID;
+        pp_shm_ring *fresh;
+        PP_TRY(pp_shm_ring_open(name, &fresh));
         pp_shm_ring_close(p->rx_ring);
-        p->rx_ring = NULL;
-        PP_TRY(pp_shm_ring_open(name, &p->rx_ring));
+        p->rx_ring = fresh;
     }
     *out = p->rx_ring;
     return PP_OK;

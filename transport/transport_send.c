@@ -127,6 +127,8 @@ pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n
     if (!p->push)
         return pp_error(PP_ERR_STATE, "transport rank %d: %s: no endpoint known for rank %d",
                         t->rank, pp_tp_action_str(&act, doing, sizeof doing), r);
+    /* the peer accepts messages only once it knows us (the hello handshake) */
+    PP_TRY(pp_tp_await_ready(t, r, &act));
 
     size_t frame_bytes = p->inproc ? SIZE_MAX : t->frame_bytes;
     size_t largest = 0;

@@ -91,7 +91,12 @@ typedef struct pp_transport_options {
      * on rank r (nstages = nranks). */
     int nstages;
     const int *stage_ranks;
-    uint64_t run_id;              /* messages of another run id are dropped */
+    /* Run identity on the wire: messages of another run id are dropped.
+     * 0: rank 0 draws a random 64-bit id at create and the other ranks learn
+     * it from the hello handshake (a rank that has not learned it yet drops
+     * every message but hellos, and sends nothing but hellos); nonzero
+     * (e.g. from a config): every rank uses it as given. */
+    uint64_t run_id;
 
     int timeout_ms;               /* default send/receive deadline; default 10000 */
     int heartbeat_ivl_ms;         /* ZMTP PING interval; default min(1000, timeout/4) */
@@ -108,8 +113,9 @@ typedef struct pp_transport_options {
      * bytes (saves the page faults of fresh memory). 0: 512 MiB; < 0: off. */
     int64_t recv_cache_bytes;
     /* Step window: messages of a step below the current one (see
-     * pp_transport_set_step) are dropped; with step_window > 0 so are
-     * messages more than step_window steps ahead. */
+     * pp_transport_set_step) are dropped, and once pp_transport_set_step has
+     * been called so are messages more than step_window steps ahead of it.
+     * 0: 2 steps; < 0: no upper bound. */
     int64_t step_window;
     /* A receive that finds nothing busy-polls this long before it sleeps,
      * since waking a sleeping thread costs more than a small message. Pays
@@ -141,6 +147,11 @@ typedef struct pp_transport_options {
      * transport using it closes). A caller's context is never terminated. */
     void *zmq_context;
     int io_threads;               /* default 1 */
+
+    /* Bytes of tensors from one peer that may wait in the mailbox; a
+     * message that would go over is dropped (stats.dropped_over_cap).
+     * 0: 1 GiB; < 0: no cap. (Appended: the struct only grows.) */
+    int64_t max_pending_bytes_per_peer;
 } pp_transport_options;
 
 /* Fills o with the defaults above (rank 0 of 1, no endpoints). */
@@ -171,6 +182,11 @@ typedef struct pp_transport_stats {
     uint64_t pending_bytes;
     uint64_t shm_bytes_sent;      /* payload bytes that went through shared memory (same-host peers) */
     uint64_t shm_bytes_received;
+    /* Appended (the struct only grows). Each is also counted in dropped. */
+    uint64_t dropped_window;      /* more than step_window steps ahead */
+    uint64_t dropped_over_cap;    /* over max_pending_bytes_per_peer */
+    uint64_t dropped_foreign;     /* another run id, a sender that has not completed the hello
+                                   * handshake, or from another address than its handshake */
 } pp_transport_stats;
 
 typedef enum pp_peer_state {
@@ -188,7 +204,10 @@ PP_API const char *pp_peer_state_name(pp_peer_state s);
 typedef struct pp_transport pp_transport;
 
 /* Binds this rank's endpoint and connects to every peer whose endpoint is
- * known. Does not wait for peers (see pp_transport_wait_peers). */
+ * known. Does not wait for peers (see pp_transport_wait_peers). An ipc://
+ * endpoint is locked (flock on PATH.lock beside the socket, released at
+ * close or when the process dies): a second transport binding the same path
+ * fails with PP_ERR_IO naming it, instead of taking the socket over. */
 PP_API pp_status pp_transport_create(const pp_transport_options *opts, pp_transport **out);
 
 /* The endpoint this rank is bound to, wildcards resolved
@@ -229,7 +248,8 @@ PP_API pp_status pp_transport_recv(pp_transport *t, const pp_transport_key *key,
 PP_API pp_status pp_transport_poll(pp_transport *t, int timeout_ms);
 
 /* Starts step `step`: later messages of older steps are dropped, and those
- * still in the mailbox are freed. */
+ * still in the mailbox are freed; from the first call on, messages more than
+ * step_window steps ahead are dropped too. */
 PP_API pp_status pp_transport_set_step(pp_transport *t, int64_t step);
 
 /* Tells every peer that this rank gives up the run (best effort, does not
@@ -242,6 +262,13 @@ PP_API void pp_transport_stats_get(const pp_transport *t, pp_transport_stats *ou
 
 /* A peer's connection state; callable from any thread. */
 PP_API pp_peer_state pp_transport_peer_state(const pp_transport *t, int rank);
+
+/* 1 once rank has completed the hello handshake with this rank: it answered
+ * this rank's hello on the connection its messages come from (they are
+ * accepted from then on), this rank knows the run id and has answered the
+ * rank's hello (so it accepts this rank's messages). A send waits, within
+ * its deadline, for the last part: the rank's hello and this rank's answer. */
+PP_API int pp_transport_peer_ready(const pp_transport *t, int rank);
 
 /* 1 if large tensors to rank go through a shared-memory ring: it is on this
  * host, and has said so since it connected (peers introduce themselves

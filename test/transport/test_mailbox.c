@@ -106,11 +106,39 @@ static void test_key_str(void **state) {
                         "gradient step 4 microbatch 2 stage 3->1 'h'");
 }
 
+/* Bytes are counted per owner (the source rank) until entries leave by
+ * take or purge; unowned entries count only in the total. */
+static void test_owner_bytes(void **state) {
+    (void)state;
+    pp_mailbox *mb;
+    TT_OK(pp_mailbox_new(&mb));
+    TT_OK(pp_mailbox_set_owners(mb, 3));
+    for (int m = 0; m < 4; m++) {
+        pp_mbox_key k = {PP_MSG_ACTIVATION, m, 0, 0, 1, "x"};
+        TT_OK(pp_mailbox_put_from(mb, &k, m % 2 ? 2 : 1, scalar((float)m)));
+    }
+    pp_mbox_key own = {PP_MSG_ACTIVATION, 9, 0, 1, 1, "x"};
+    TT_OK(pp_mailbox_put(mb, &own, scalar(9)));
+    assert_int_equal(pp_mailbox_owner_bytes(mb, 1), 8);
+    assert_int_equal(pp_mailbox_owner_bytes(mb, 2), 8);
+    assert_int_equal(pp_mailbox_owner_bytes(mb, 0), 0);
+    assert_int_equal(pp_mailbox_owner_bytes(mb, 7), 0);
+    assert_int_equal(pp_mailbox_bytes(mb), 20);
+    pp_mbox_key k1 = {PP_MSG_ACTIVATION, 1, 0, 0, 1, "x"};
+    assert_true(val(pp_mailbox_take(mb, &k1)) == 1.0f);
+    assert_int_equal(pp_mailbox_owner_bytes(mb, 2), 4);
+    assert_int_equal(pp_mailbox_drop_before(mb, 3, NULL, 0), 2); /* steps 0 and 2 */
+    assert_int_equal(pp_mailbox_owner_bytes(mb, 1), 0);
+    assert_int_equal(pp_mailbox_owner_bytes(mb, 2), 4);
+    assert_int_equal(pp_mailbox_bytes(mb), 8);
+    pp_mailbox_free(mb);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_any_order),       cmocka_unit_test(test_keys_differ),
         cmocka_unit_test(test_fifo_duplicates), cmocka_unit_test(test_grow_and_purge),
-        cmocka_unit_test(test_key_str),
+        cmocka_unit_test(test_key_str),         cmocka_unit_test(test_owner_bytes),
     };
     tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);

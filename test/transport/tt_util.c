@@ -83,6 +83,23 @@ void tt_make_ranks(const char *kind, int n, const pp_transport_options *tmpl, pp
     for (int r = 0; r < n; r++)
         for (int k = 0; k < n; k++)
             if (k != r) TT_OK(pp_transport_connect_peer(out[r], k, pp_transport_endpoint(out[k])));
+    tt_handshake(n, out);
+}
+
+void tt_handshake(int n, pp_transport **t) {
+    int64_t deadline = tt_now_ms() + 5000;
+    for (;;) {
+        int ready = 1;
+        for (int r = 0; r < n; r++) {
+            TT_OK(pp_transport_poll(t[r], 0));
+            for (int k = 0; k < n; k++)
+                if (k != r && !pp_transport_peer_ready(t[r], k)) ready = 0;
+        }
+        if (ready) return;
+        if (tt_now_ms() > deadline) fail_msg("the ranks did not complete their hello handshakes in 5 s");
+        struct timespec nap = {0, 1000000};
+        nanosleep(&nap, NULL);
+    }
 }
 
 void tt_close_ranks(int n, pp_transport **t) {

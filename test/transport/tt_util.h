@@ -49,6 +49,10 @@ void tt_endpoint(const char *kind, int r, char *buf, size_t cap);
  * to each other. */
 void tt_make_ranks(const char *kind, int n, const pp_transport_options *tmpl, pp_transport **out);
 void tt_close_ranks(int n, pp_transport **t);
+/* Polls ranks 0..n-1 in turn until every pair completed the hello
+ * handshake (pp_transport_peer_ready), so that crafted messages from
+ * strangers meet ranks that know each other. */
+void tt_handshake(int n, pp_transport **t);
 
 /* f32 tensor [n] with values base + i. */
 pp_tensor *tt_f32_seq(int ndim, const int64_t *shape, float base);

@@ -1,0 +1,496 @@
+/* Fault tolerance and integrity of the transport: a bounded mailbox, the run
+ * identity on the wire, messages only from the handshake's address, ring
+ * announcements checked before use, the ipc endpoint lock, and a flood of
+ * connections against the file limit. Real sockets, bounded in time. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "pippin.pb-c.h"
+#include "tt_craft.h"
+#include "tt_util.h"
+
+#include "test_filter.h"
+
+static pp_transport_options base(uint64_t run_id) {
+    pp_transport_options o;
+    pp_transport_options_init(&o);
+    o.timeout_ms = 2000;
+    o.linger_ms = 100;
+    o.run_id = run_id;
+    return o;
+}
+
+/* A raw ZeroMQ PUSH socket connected to ep (a stranger). */
+typedef struct stranger {
+    void *ctx, *s;
+} stranger;
+
+static stranger stranger_at(const char *ep) {
+    stranger st;
+    st.ctx = zmq_ctx_new();
+    st.s = zmq_socket(st.ctx, ZMQ_PUSH);
+    int zero = 0;
+    zmq_setsockopt(st.s, ZMQ_LINGER, &zero, sizeof zero);
+    assert_int_equal(zmq_connect(st.s, ep), 0);
+    return st;
+}
+
+static void stranger_close(stranger *st) {
+    zmq_close(st->s);
+    zmq_ctx_term(st->ctx);
+}
+
+/* Sends envelope c (with one 24-byte data frame if it has a FRAMES tensor). */
+static void send_crafted(void *s, tt_crafted *c) {
+    uint8_t buf[1024];
+    size_t n = pippin__envelope__pack(&c->env, buf);
+    int frames = c->env.n_tensors && c->meta[0].placement == PIPPIN__PLACEMENT__PLACEMENT_FRAMES;
+    assert_true(zmq_send(s, buf, n, frames ? ZMQ_SNDMORE : 0) >= 0);
+    if (frames) {
+        uint8_t data[24] = {0};
+        assert_true(zmq_send(s, data, sizeof data, 0) >= 0);
+    }
+}
+
+/* A control message (no tensors) claiming rank 0. */
+static void craft_control(tt_crafted *c, uint64_t run_id, int kind, const char *text) {
+    tt_craft(c, run_id, 0, 0);
+    c->env.kind = kind;
+    c->env.n_tensors = 0;
+    c->env.text = (char *)text;
+}
+
+/* Polls t until its dropped count reaches want (3 s at most). */
+static pp_transport_stats wait_dropped(pp_transport *t, uint64_t want) {
+    pp_transport_stats st;
+    int64_t deadline = tt_now_ms() + 3000;
+    do {
+        TT_OK(pp_transport_poll(t, 20));
+        pp_transport_stats_get(t, &st);
+    } while (st.dropped < want && tt_now_ms() < deadline);
+    if (st.dropped != want)
+        fail_msg("dropped %llu, expected %llu", (unsigned long long)st.dropped, (unsigned long long)want);
+    return st;
+}
+
+/* A good message from rank 0 to rank 1 still arrives. */
+static void expect_link(pp_transport **t, int mb) {
+    int64_t s[1] = {6};
+    pp_tensor *x = tt_f32_seq(1, s, (float)mb);
+    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, mb, 0, 1, "x");
+    TT_OK(pp_transport_send(t[0], &k, x));
+    pp_tensor *got;
+    TT_OK(pp_transport_recv(t[1], &k, 2000, &got));
+    tt_assert_same(got, x);
+    pp_tensor_free(got);
+    pp_tensor_free(x);
+}
+
+/* 1. A flood of future-step messages from a peer that passes every check
+ * (rank 0 itself): those past the step window and those over the per-peer
+ * byte cap are dropped and counted, pending bytes stay under the cap, and
+ * the legitimate messages still arrive. */
+static void test_flood_bounded(void **state) {
+    (void)state;
+    pp_transport_options o = base(0);
+    o.shm_bytes = -1;
+    o.max_pending_bytes_per_peer = 1 << 20;
+    pp_transport *t[2];
+    tt_make_ranks("tcp", 2, &o, t);
+    TT_OK(pp_transport_set_step(t[1], 0));
+    int64_t s[1] = {16384}; /* 64 KiB */
+    pp_tensor *x = tt_f32_seq(1, s, 0);
+    enum { FLOOD = 300 };
+    for (int i = 0; i < FLOOD; i++) {
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 30, i, 0, 1, "x"); /* far ahead */
+        TT_OK(pp_transport_send(t[0], &k, x));
+        if (i % 50 == 0) TT_OK(pp_transport_poll(t[1], 0));
+    }
+    for (int i = 0; i < FLOOD; i++) {
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 2, i, 0, 1, "x"); /* in the window */
+        TT_OK(pp_transport_send(t[0], &k, x));
+        if (i % 50 == 0) TT_OK(pp_transport_poll(t[1], 0));
+    }
+    pp_transport_stats st = wait_dropped(t[1], FLOOD + FLOOD - 16);
+    assert_int_equal(st.dropped_window, FLOOD);
+    assert_int_equal(st.dropped_over_cap, FLOOD - 16);
+    assert_int_equal(st.dropped_foreign, 0);
+    assert_int_equal(st.pending, 16);
+    assert_true(st.pending_bytes <= (1u << 20));
+    /* the legitimate traffic: a tensor a receive waits for is not held
+     * back by the cap, and what was kept is there */
+    int64_t s1[1] = {6};
+    pp_tensor *y = tt_f32_seq(1, s1, 5);
+    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, 7, 0, 1, "y");
+    TT_OK(pp_transport_send(t[0], &k, y));
+    pp_tensor *got;
+    TT_OK(pp_transport_recv(t[1], &k, 2000, &got));
+    tt_assert_same(got, y);
+    pp_tensor_free(got);
+    pp_transport_key kept = tt_key(PP_MSG_ACTIVATION, 2, 0, 0, 1, "x");
+    TT_OK(pp_transport_recv(t[1], &kept, 0, &got));
+    tt_assert_same(got, x);
+    pp_tensor_free(got);
+    /* moving on frees the rest: room for new messages */
+    TT_OK(pp_transport_set_step(t[1], 3));
+    pp_transport_stats_get(t[1], &st);
+    assert_int_equal(st.pending, 0);
+    assert_int_equal(st.pending_bytes, 0);
+    pp_transport_key later = tt_key(PP_MSG_ACTIVATION, 4, 0, 0, 1, "x");
+    TT_OK(pp_transport_send(t[0], &later, x));
+    TT_OK(pp_transport_recv(t[1], &later, 2000, &got));
+    pp_tensor_free(got);
+    pp_tensor_free(y);
+    pp_tensor_free(x);
+    tt_close_ranks(2, t);
+}
+
+/* The window is on by default (2 steps) and can be turned off. */
+static void test_window_default(void **state) {
+    (void)state;
+    for (int off = 0; off < 2; off++) {
+        pp_transport_options o = base(0);
+        o.step_window = off ? -1 : 0;
+        pp_transport *t[2];
+        tt_make_ranks("inproc", 2, &o, t);
+        TT_OK(pp_transport_set_step(t[1], 1));
+        int64_t s[1] = {2};
+        pp_tensor *x = tt_f32_seq(1, s, 0);
+        pp_transport_key k3 = tt_key(PP_MSG_ACTIVATION, 3, 0, 0, 1, "x");
+        pp_transport_key k4 = tt_key(PP_MSG_ACTIVATION, 4, 0, 0, 1, "x");
+        TT_OK(pp_transport_send(t[0], &k3, x));
+        TT_OK(pp_transport_send(t[0], &k4, x));
+        pp_tensor *got;
+        TT_OK(pp_transport_recv(t[1], &k3, 1000, &got));
+        pp_tensor_free(got);
+        if (off) {
+            TT_OK(pp_transport_recv(t[1], &k4, 1000, &got));
+            pp_tensor_free(got);
+        } else {
+            TT_FAILS(PP_ERR_TIMEOUT, pp_transport_recv(t[1], &k4, 100, &got), "timed out");
+            pp_transport_stats st;
+            pp_transport_stats_get(t[1], &st);
+            assert_int_equal(st.dropped_window, 1);
+        }
+        pp_tensor_free(x);
+        tt_close_ranks(2, t);
+    }
+}
+
+/* 2. Run identity: with run_id 0 everywhere, rank 0 draws one and the others
+ * learn it; a stranger who does not know it (run id 0 or a guess) can
+ * neither abort the run nor slip in activations. */
+static void test_stranger_without_run_id(void **state) {
+    (void)state;
+    pp_transport_options o = base(0);
+    pp_transport *t[3];
+    tt_make_ranks("tcp", 3, &o, t);
+    /* ranks 1 and 2 learned the run id: they talk to each other */
+    int64_t s[1] = {6};
+    pp_tensor *x = tt_f32_seq(1, s, 1);
+    pp_transport_key k12 = tt_key(PP_MSG_ACTIVATION, 0, 0, 1, 2, "x");
+    TT_OK(pp_transport_send(t[1], &k12, x));
+    pp_tensor *got;
+    TT_OK(pp_transport_recv(t[2], &k12, 2000, &got));
+    pp_tensor_free(got);
+    stranger st = stranger_at(pp_transport_endpoint(t[1]));
+    tt_crafted c;
+    const uint64_t guesses[3] = {0, 1, 77};
+    for (int i = 0; i < 3; i++) {
+        craft_control(&c, guesses[i], PIPPIN__KIND__KIND_ABORT, "stop");
+        send_crafted(st.s, &c);
+        tt_craft(&c, guesses[i], 0, 5); /* a forged activation for rank 1 */
+        send_crafted(st.s, &c);
+        craft_control(&c, guesses[i], PIPPIN__KIND__KIND_CONTROL, "bye");
+        send_crafted(st.s, &c);
+    }
+    pp_transport_stats ps = wait_dropped(t[1], 9);
+    assert_int_equal(ps.dropped_foreign, 9);
+    assert_int_equal(pp_transport_peer_state(t[1], 0), PP_PEER_UP);
+    pp_transport_key forged = tt_key(PP_MSG_ACTIVATION, 0, 5, 0, 1, "x");
+    TT_FAILS(PP_ERR_TIMEOUT, pp_transport_recv(t[1], &forged, 50, &got), "timed out");
+    expect_link(t, 1);
+    stranger_close(&st);
+    pp_tensor_free(x);
+    tt_close_ranks(3, t);
+}
+
+/* A rank that cannot learn the run id (rank 0 is not there) sends nothing
+ * and says why. */
+static void test_run_id_not_learned(void **state) {
+    (void)state;
+    char eps[3][256];
+    for (int r = 0; r < 3; r++) tt_endpoint("inproc", r, eps[r], sizeof eps[r]);
+    const char *list[3] = {eps[0], eps[1], eps[2]};
+    pp_transport_options o = base(0);
+    o.timeout_ms = 300;
+    o.nranks = 3;
+    o.endpoints = list;
+    pp_transport *t[2];
+    o.rank = 1;
+    TT_OK(pp_transport_create(&o, &t[0]));
+    o.rank = 2;
+    TT_OK(pp_transport_create(&o, &t[1]));
+    for (int i = 0; i < 20; i++) {
+        TT_OK(pp_transport_poll(t[0], 1));
+        TT_OK(pp_transport_poll(t[1], 1));
+    }
+    int64_t s[1] = {2};
+    pp_tensor *x = tt_f32_seq(1, s, 0);
+    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, 0, 1, 2, "x");
+    TT_FAILS(PP_ERR_TIMEOUT, pp_transport_send(t[0], &k, x), "rank 2", "run id");
+    assert_false(pp_transport_peer_ready(t[0], 2));
+    pp_tensor_free(x);
+    tt_close_ranks(2, t);
+}
+
+/* 3. Messages only from the handshake's address: over tcp a stranger on
+ * another address (127.0.0.2) that knows the run id is refused, control
+ * messages included. */
+static void test_other_address_tcp(void **state) {
+    (void)state;
+    pp_transport_options o = base(77);
+    pp_transport *t[2];
+    tt_make_ranks("tcp", 2, &o, t);
+    const char *ep = pp_transport_endpoint(t[1]);
+    char src[300];
+    snprintf(src, sizeof src, "tcp://127.0.0.2:0;%s", ep + 6);
+    stranger st = stranger_at(src);
+    tt_crafted c;
+    craft_control(&c, 77, PIPPIN__KIND__KIND_ABORT, "stop");
+    send_crafted(st.s, &c);
+    tt_craft(&c, 77, 0, 5);
+    send_crafted(st.s, &c);
+    craft_control(&c, 77, PIPPIN__KIND__KIND_CONTROL, "bye");
+    send_crafted(st.s, &c);
+    pp_transport_stats ps = wait_dropped(t[1], 3);
+    assert_int_equal(ps.dropped_foreign, 3);
+    assert_int_equal(pp_transport_peer_state(t[1], 0), PP_PEER_UP);
+    expect_link(t, 1);
+    stranger_close(&st);
+    tt_close_ranks(2, t);
+}
+
+/* The same over ipc, where the address names the sending process: a
+ * stranger process of this user that knows the run id is refused. */
+static void test_other_process_ipc(void **state) {
+    (void)state;
+    pp_transport_options o = base(77);
+    pp_transport *t[2];
+    tt_make_ranks("ipc", 2, &o, t);
+    char ep[256];
+    snprintf(ep, sizeof ep, "%s", pp_transport_endpoint(t[1]));
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        alarm(10);
+        stranger st = stranger_at(ep);
+        tt_crafted c;
+        craft_control(&c, 77, PIPPIN__KIND__KIND_ABORT, "stop");
+        send_crafted(st.s, &c);
+        tt_craft(&c, 77, 0, 5);
+        send_crafted(st.s, &c);
+        sleep(1); /* let it go out */
+        zmq_close(st.s);
+        _exit(0);
+    }
+    pp_transport_stats ps = wait_dropped(t[1], 2);
+    assert_int_equal(ps.dropped_foreign, 2);
+    int status;
+    waitpid(pid, &status, 0);
+    expect_link(t, 1);
+    tt_close_ranks(2, t);
+}
+
+/* A ring announcement or a shared-memory envelope naming a ring that is not
+ * the peer's is dropped before the current ring is touched: the peer's
+ * small messages keep flowing through its message ring. */
+static void test_bad_ring_announcement(void **state) {
+    (void)state;
+    pp_transport_options o = base(77);
+    pp_transport *t[2];
+    tt_make_ranks("tcp", 2, &o, t);
+    /* rank 0 sets up its message ring to rank 1 */
+    for (int m = 0; m < 20; m++) expect_link(t, m);
+    pp_transport_stats before;
+    pp_transport_stats_get(t[1], &before);
+    assert_true(before.shm_bytes_received > 0);
+    stranger st = stranger_at(pp_transport_endpoint(t[1]));
+    tt_crafted c;
+    craft_control(&c, 77, PIPPIN__KIND__KIND_CONTROL, "msgring /pippin-1-1-1");
+    send_crafted(st.s, &c);
+    craft_control(&c, 77, PIPPIN__KIND__KIND_CONTROL, "msgring /pippin-not-there");
+    send_crafted(st.s, &c);
+    tt_craft(&c, 77, 0, 9);
+    c.meta[0].placement = PIPPIN__PLACEMENT__PLACEMENT_SHM;
+    c.meta[0].nframes = 0;
+    c.env.shm_name = "/pippin-1-1-2";
+    send_crafted(st.s, &c);
+    wait_dropped(t[1], before.dropped + 3);
+    for (int m = 20; m < 40; m++) expect_link(t, m);
+    pp_transport_stats after;
+    pp_transport_stats_get(t[1], &after);
+    assert_true(after.shm_bytes_received >= before.shm_bytes_received + 20 * 24);
+    assert_int_equal(after.dropped, before.dropped + 3);
+    stranger_close(&st);
+    tt_close_ranks(2, t);
+}
+
+/* 4. Two transports cannot bind one ipc path; a stale lock file (its
+ * holder gone) does not block; the lock goes at close. */
+static void test_ipc_lock(void **state) {
+    (void)state;
+    const char *dir = tt_tmpdir();
+    char ep[300], lock[300];
+    snprintf(ep, sizeof ep, "ipc://%s/rank0", dir);
+    snprintf(lock, sizeof lock, "%s/rank0.lock", dir);
+    FILE *f = fopen(lock, "w"); /* left by a worker that died */
+    fclose(f);
+    const char *eps[1] = {ep};
+    pp_transport_options o = base(0);
+    o.endpoints = eps;
+    pp_transport *a, *b;
+    TT_OK(pp_transport_create(&o, &a));
+    TT_FAILS(PP_ERR_IO, pp_transport_create(&o, &b), ep, "another worker", lock);
+    struct stat sb;
+    assert_int_equal(stat(ep + 6, &sb), 0); /* the first one's socket is untouched */
+    /* a second process too */
+    pid_t pid = fork();
+    if (pid == 0) { /* libzmq contexts do not survive fork: a fresh one */
+        pp_transport *c;
+        o.zmq_context = zmq_ctx_new();
+        _exit(pp_transport_create(&o, &c) == PP_ERR_IO && strstr(pp_last_error(), "another worker") ? 0 : 1);
+    }
+    int status;
+    waitpid(pid, &status, 0);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    pp_transport_close(a);
+    assert_int_not_equal(stat(lock, &sb), 0);
+    TT_OK(pp_transport_create(&o, &b));
+    pp_transport_close(b);
+    tt_rmdir_all(dir);
+}
+
+/* 5. A flood of idle connections against a small file limit: no crash, the
+ * ranks' own link keeps working, and errors name the limit. Runs in a child
+ * with RLIMIT_NOFILE 64; the flood comes from this process. */
+static int flood_child(int to_parent, int from_parent) {
+    struct rlimit rl = {64, 64};
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) return 10;
+    pp_transport_options o = base(0);
+    o.shm_bytes = -1;
+    o.timeout_ms = 500;
+    o.zmq_context = zmq_ctx_new(); /* libzmq contexts do not survive fork */
+    pp_transport *t[2];
+    const char *eps[2] = {"tcp://127.0.0.1:*", "tcp://127.0.0.1:*"};
+    o.nranks = 2;
+    o.endpoints = eps;
+    for (int r = 0; r < 2; r++) {
+        o.rank = r;
+        if (pp_transport_create(&o, &t[r]) != PP_OK) return 20;
+    }
+    for (int r = 0; r < 2; r++)
+        if (pp_transport_connect_peer(t[r], 1 - r, pp_transport_endpoint(t[1 - r])) != PP_OK) return 21;
+    for (int i = 0; i < 2000 && !(pp_transport_peer_ready(t[0], 1) && pp_transport_peer_ready(t[1], 0)); i++) {
+        pp_transport_poll(t[0], 1);
+        pp_transport_poll(t[1], 1);
+    }
+    const char *ep = pp_transport_endpoint(t[1]);
+    if (write(to_parent, ep, strlen(ep) + 1) < 0) return 11;
+    char go;
+    if (read(from_parent, &go, 1) != 1) return 12; /* the flood is in */
+    for (int i = 0; i < 50; i++) pp_transport_poll(t[1], 5);
+    pp_tensor *x;
+    int64_t shape[1] = {6};
+    if (pp_tensor_new(PP_F32, 1, shape, &x) != PP_OK) return 22;
+    pp_transport_key kx = tt_key(PP_MSG_ACTIVATION, 0, 1, 0, 1, "x");
+    pp_tensor *got = NULL;
+    if (pp_transport_send(t[0], &kx, x) != PP_OK) return 23;
+    if (pp_transport_recv(t[1], &kx, 2000, &got) != PP_OK) return 24;
+    pp_tensor_free(got);
+    pp_tensor_free(x);
+    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, 99, 0, 1, "x");
+    if (pp_transport_recv(t[1], &k, 100, &got) != PP_ERR_TIMEOUT || !strstr(pp_last_error(), "of its 64 file descriptors open"))
+        return 14;
+    fprintf(stderr, "# %s\n", pp_last_error());
+    for (int r = 0; r < 2; r++) pp_transport_close(t[r]);
+    return 0;
+}
+
+static void test_connection_flood(void **state) {
+    (void)state;
+    int up[2], down[2];
+    assert_int_equal(pipe(up), 0);
+    assert_int_equal(pipe(down), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        alarm(30);
+        close(up[0]);
+        close(down[1]);
+        _exit(flood_child(up[1], down[0]));
+    }
+    close(up[1]);
+    close(down[0]);
+    char ep[256] = "";
+    size_t n = 0;
+    while (n + 1 < sizeof ep && read(up[0], ep + n, 1) == 1 && ep[n]) n++;
+    ep[n] = 0;
+    const char *colon = strrchr(ep, ':');
+    assert_non_null(colon);
+    struct sockaddr_in sa = {0};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)atoi(colon + 1));
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    enum { CONNS = 200 };
+    int fds[CONNS], made = 0;
+    for (int i = 0; i < CONNS; i++) {
+        /* non-blocking: once the child's accept queue is full, connects
+         * would wait for it */
+        fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        if (fds[i] < 0) break;
+        if (connect(fds[i], (struct sockaddr *)&sa, sizeof sa) != 0 && errno != EINPROGRESS) {
+            close(fds[i]);
+            break;
+        }
+        made++;
+    }
+    assert_true(made > 64);
+    usleep(200000);
+    assert_int_equal(write(down[1], "g", 1), 1);
+    int status;
+    waitpid(pid, &status, 0);
+    for (int i = 0; i < made; i++) close(fds[i]);
+    close(up[0]);
+    close(down[1]);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("child %s %d", WIFEXITED(status) ? "exited with" : "died of signal",
+                 WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_flood_bounded),
+        cmocka_unit_test(test_window_default),
+        cmocka_unit_test(test_stranger_without_run_id),
+        cmocka_unit_test(test_run_id_not_learned),
+        cmocka_unit_test(test_other_address_tcp),
+        cmocka_unit_test(test_other_process_ipc),
+        cmocka_unit_test(test_bad_ring_announcement),
+        cmocka_unit_test(test_ipc_lock),
+        cmocka_unit_test(test_connection_flood),
+    };
+    tu_filter_from_env();
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
