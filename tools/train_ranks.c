@@ -83,7 +83,7 @@ void *train_rank_main(void *arg) {
 /* Creates every rank's transport (in this thread; each is then handed to
  * its rank's thread). tcp binds loopback on a free port, so endpoints are
  * exchanged after binding. */
-static pp_status open_transports(const pp_schedule *sched, const char *kind, rank_job *jobs) {
+static pp_status open_transports(const pp_schedule *sched, const char *kind, int training, rank_job *jobs) {
     int nr = sched->nranks;
     char (*eps)[128] = calloc((size_t)nr, sizeof *eps);
     const char **endpoints = calloc((size_t)nr, sizeof *endpoints);
@@ -104,6 +104,9 @@ static pp_status open_transports(const pp_schedule *sched, const char *kind, ran
         o.endpoints = endpoints;
         o.nstages = sched->nstages;
         o.stage_ranks = sched->stage_rank;
+        /* inference has no per-step exchange to keep ranks within the step
+         * window: rank 0 may run many steps ahead */
+        if (!training) o.step_window = -1;
         s = pp_transport_create(&o, &jobs[r].t);
         endpoints[r] = mine;
     }
@@ -163,7 +166,7 @@ int train_over_transport(const pp_graph *g, pp_tensor *const *data, const train_
         jobs[r] = (rank_job){r, a, g->n_inputs, names, data, p, NULL, sched, NULL, pp_cli_loss_output(p), NULL, 0, PP_OK, ""};
     for (int r = 0; r < nr && (a->trace || a->svg); r++) /* one per rank: no sharing between threads */
         if (pp_trace_new(nr, &jobs[r].trace) != PP_OK) goto done;
-    if (open_transports(sched, a->transport, jobs) != PP_OK) goto done;
+    if (open_transports(sched, a->transport, a->training, jobs) != PP_OK) goto done;
     for (int r = 0; r < nr; r++) {
         if (pp_executor_new(p, sched, r, 1, jobs[r].t, &jobs[r].ex) != PP_OK) goto done;
         if (pp_executor_set_optimizer(jobs[r].ex, &a->opt) != PP_OK) goto done;

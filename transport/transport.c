@@ -39,7 +39,7 @@
 /* Messages more than this many steps ahead are dropped (step_window 0). */
 #define DEFAULT_STEP_WINDOW 2
 /* Bytes one peer's messages may hold in the mailbox (max_pending_bytes_per_peer 0). */
-#define DEFAULT_PENDING_PER_PEER ((int64_t)1 << 30)
+#define DEFAULT_PENDING_PER_PEER ((int64_t)4 << 30)
 #define LOCK_SUFFIX ".lock"
 /* Errors mention the file limit when fewer descriptors than this are left. */
 #define FILES_SPARE 4
@@ -238,15 +238,21 @@ static long open_files(void) {
 }
 
 const char *pp_tp_conn_note(pp_transport *t, char *buf, size_t cap) {
-    (void)t;
     if (!cap) return buf;
     buf[0] = 0;
+    size_t n = 0;
     long limit = file_limit(), open = open_files();
     if (limit > 0 && (open == -2 || open >= limit - FILES_SPARE)) {
         if (open == -2) open = limit;
-        snprintf(buf, cap, "; this process has %ld of its %ld file descriptors open (RLIMIT_NOFILE): "
-                 "incoming connections are refused (a flood of connections? raise ulimit -n)", open, limit);
+        n = (size_t)snprintf(buf, cap, "; this process has %ld of its %ld file descriptors open (RLIMIT_NOFILE): "
+                             "incoming connections are refused (a flood of connections? raise ulimit -n)", open, limit);
     }
+    /* a dropped message is never sent again: say so, or the wait looks like a slow peer */
+    unsigned long long cap_drops = atomic_load_explicit(&t->st.dropped_over_cap, memory_order_relaxed),
+                       window_drops = atomic_load_explicit(&t->st.dropped_window, memory_order_relaxed);
+    if ((cap_drops || window_drops) && n < cap)
+        snprintf(buf + n, cap - n, "; %llu messages were dropped over max_pending_bytes_per_peer and %llu more "
+                 "than step_window steps ahead (raise them if the schedule parks that much)", cap_drops, window_drops);
     return buf;
 }
 

@@ -149,8 +149,10 @@ typedef struct pp_transport_options {
     int io_threads;               /* default 1 */
 
     /* Bytes of tensors from one peer that may wait in the mailbox; a
-     * message that would go over is dropped (stats.dropped_over_cap).
-     * 0: 1 GiB; < 0: no cap. (Appended: the struct only grows.) */
+     * message that would go over is dropped (stats.dropped_over_cap; a
+     * receive that then times out says so). A schedule can park many
+     * microbatches' activations from one peer (GPipe: all of them): raise
+     * it for those. 0: 4 GiB; < 0: no cap. (Appended: the struct only grows.) */
     int64_t max_pending_bytes_per_peer;
 } pp_transport_options;
 
