@@ -4,11 +4,14 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "status_internal.h"
@@ -84,6 +87,18 @@ int pp_doorbell_open_peer(const char *path) {
 
 void pp_doorbell_ring(int fd) {
     if (fd < 0) return;
-    ssize_t w = write(fd, "", 1);
-    (void)w; /* EAGAIN: full, so it is rung already */
+    /* A peer that died leaves a FIFO without a reader, and a write to it
+     * raises SIGPIPE, which would end the whole process: block it for this
+     * write and take back the one the write raised. */
+    sigset_t pipe_set, old, pending;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, &old);
+    int was_pending = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE);
+    ssize_t w = write(fd, "", 1); /* EAGAIN: full, so it is rung already */
+    if (w < 0 && errno == EPIPE && !was_pending) {
+        struct timespec zero = {0, 0};
+        sigtimedwait(&pipe_set, NULL, &zero);
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
 }

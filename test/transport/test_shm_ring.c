@@ -313,10 +313,18 @@ static void test_doorbell(void **state) {
     assert_true(readable(pp_doorbell_fd(b)));
     pp_doorbell_clear(b);
     assert_false(readable(pp_doorbell_fd(b)));
-    close(fd);
     char path[128];
     snprintf(path, sizeof path, "%s", pp_doorbell_path(b));
     pp_doorbell_close(b);
+    /* the peer died (no reader left): ringing must not raise SIGPIPE, which
+     * would end this process (regression: a worker died silently when its
+     * peer was killed), nor leave one pending */
+    pp_doorbell_ring(fd);
+    pp_doorbell_ring(fd);
+    sigset_t pending;
+    assert_int_equal(sigpending(&pending), 0);
+    assert_false(sigismember(&pending, SIGPIPE));
+    close(fd);
     struct stat st;
     assert_int_not_equal(stat(path, &st), 0); /* removed */
     /* names a peer may send */
