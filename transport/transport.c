@@ -439,6 +439,11 @@ pp_status pp_transport_abort(pp_transport *t, const char *reason) {
     return PP_OK;
 }
 
+const char *pp_transport_abort_reason(const pp_transport *t, int *rank) {
+    if (rank) *rank = t->aborted ? t->abort_rank : -1;
+    return t->aborted ? t->abort_text : NULL;
+}
+
 pp_status pp_tp_abort_error(pp_transport *t) {
     if (t->abort_rank == t->rank)
         return pp_error(PP_ERR_PEER, "transport rank %d: this rank aborted the run: %s", t->rank,

@@ -44,8 +44,10 @@
  * nonce, the nonce of the peer's last hello (0: none yet), the prefix of our
  * shared-memory names, our host id (empty without rings) and doorbell. A
  * message echoing our nonce proves it comes from the process bound at the
- * peer's endpoint (only that one got our hello): its address is pinned and
- * its run id adopted. */
+ * peer's endpoint (only that one got our hello): its address is pinned, and
+ * rank 0's run id adopted. Once pinned, a hello that echoes our nonce with a
+ * nonce of its own that differs is a new process at that endpoint: the rank
+ * restarted, and is closed for this transport (rejoin takes new ones). */
 #define CTL_HELLO "hello "             /* please answer */
 #define CTL_HELLO_REPLY "hello-reply " /* the same, answering a hello */
 #define CTL_BELL " bell="
@@ -69,6 +71,7 @@ typedef struct peer {
     uint64_t echo;          /* its nonce, from its last accepted hello (0: none) */
     int told;               /* we sent it our run id and its nonce on the current connection */
     int verified;           /* it echoed our nonce: its messages are accepted from addr */
+    int restarted;          /* a new process answered at its endpoint: it stays closed */
     char *addr;             /* ZeroMQ Peer-Address of its verifying message (NULL: none, inproc) */
     uint64_t foreign_run;   /* run id of the last hello for it that we refused (for errors) */
     char proc[48];          /* "NS-PID" from its hello: the prefix of its ring names */

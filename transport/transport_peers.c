@@ -297,6 +297,20 @@ void pp_tp_handle_hello(pp_transport *t, int r, const pp_envelope *env, zmq_msg_
                    t->run_known ? t->run_id : 0);
         return;
     }
+    if (p->verified && p->echo && nonce != p->echo && echo == t->nonce) {
+        /* the process bound at rank r's endpoint is not the one this run
+         * exchanged with: r restarted, and what it held is gone */
+        if (!p->restarted) {
+            p->restarted = 1;
+            if (peer_state(p) != PP_PEER_CLOSED) stat_add(&t->st.peer_failures, 1);
+            set_state(p, PP_PEER_CLOSED);
+            p->why = "it restarted: a new process answered at its endpoint";
+            pp_info("transport rank %d: rank %d (%s) restarted: a new process answered at its endpoint", t->rank,
+                    r, peer_ep(t, r));
+        }
+        pp_tp_drop(t, m0, &t->st.dropped_foreign, "claims rank %d: a new process at its endpoint (it restarted)", r);
+        return;
+    }
     if (echo == t->nonce) {
         /* only the process bound at rank r's endpoint got our nonce: this is
          * rank r, and its address is the one to accept messages from */
@@ -310,7 +324,7 @@ void pp_tp_handle_hello(pp_transport *t, int r, const pp_envelope *env, zmq_msg_
         }
         p->verified = 1;
         p->foreign_run = 0;
-        if (run && !t->run_known) {
+        if (run && !t->run_known && r == 0) { /* rank 0 draws it; a stale survivor of another attempt may not */
             t->run_id = run;
             t->run_known = 1;
             learned_run(t, r);
@@ -358,7 +372,7 @@ static const char *not_ready_why(const pp_transport *t, int r, char *buf, size_t
         snprintf(buf, cap, "a hello for it carried run id %016" PRIx64 ", this run is %016" PRIx64
                  ": is it another run's rank?", p->foreign_run, t->run_known ? t->run_id : 0);
     else if (!t->run_known)
-        snprintf(buf, cap, "this rank has not learned the run id yet: no rank that knows it (rank 0 first) "
+        snprintf(buf, cap, "this rank has not learned the run id yet: rank 0, which hands it out, has not "
                  "answered its hello");
     else if (!p->echo) snprintf(buf, cap, "it has not said hello: does it know this rank's endpoint?");
     else if (!p->told) snprintf(buf, cap, "this rank could not answer its hello");
@@ -444,6 +458,9 @@ pp_status pp_tp_check_peer(pp_transport *t, int r, const action *act, int64_t no
     char doing[ACTION_CHARS];
     if (s == PP_PEER_CLOSED || s == PP_PEER_REJECTED || s == PP_PEER_DOWN)
         pp_tp_action_str(act, doing, sizeof doing);
+    if (s == PP_PEER_CLOSED && p->restarted)
+        return pp_error(PP_ERR_PEER, "transport rank %d: %s: rank %d (%s): %s", t->rank, doing, r, peer_ep(t, r),
+                        p->why);
     if (s == PP_PEER_CLOSED)
         return pp_error(PP_ERR_PEER, "transport rank %d: %s: rank %d (%s) has closed its transport",
                         t->rank, doing, r, peer_ep(t, r));

@@ -178,7 +178,7 @@ static void handle_message(pp_transport *t, const void *f0, size_t len0, zmq_msg
         drop_msg(t, m0, "claims rank %d: %s", r, pp_last_error());
         goto done;
     }
-    if (peer_state(p) == PP_PEER_CLOSED) /* a new incarnation of that rank */
+    if (peer_state(p) == PP_PEER_CLOSED && !p->restarted) /* it closed, and came back on the same connection */
         set_state(p, p->inproc ? PP_PEER_CONNECTING : PP_PEER_UP);
     if (env.kind == PP_MSG_ABORT) {
         if (!t->aborted) {

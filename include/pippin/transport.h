@@ -259,6 +259,11 @@ PP_API pp_status pp_transport_set_step(pp_transport *t, int64_t step);
  * quoting reason; so do this transport's. */
 PP_API pp_status pp_transport_abort(pp_transport *t, const char *reason);
 
+/* The first abort this transport saw (its own or a peer's): NULL while
+ * there is none; else the reason, and *rank (may be NULL) the rank that
+ * gave up. Valid until close. */
+PP_API const char *pp_transport_abort_reason(const pp_transport *t, int *rank);
+
 /* Counters; callable from any thread. */
 PP_API void pp_transport_stats_get(const pp_transport *t, pp_transport_stats *out);
 

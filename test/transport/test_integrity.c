@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/select.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -479,12 +480,152 @@ static void test_connection_flood(void **state) {
                  WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
 }
 
+/* Only rank 0 hands out the run id: a rank that knows it (here from its
+ * options) but is not rank 0 does not teach it, so a survivor of an earlier
+ * attempt cannot pull a new process into its run. */
+static void test_run_id_only_from_rank0(void **state) {
+    (void)state;
+    char eps[3][256];
+    for (int r = 0; r < 3; r++) tt_endpoint("inproc", r, eps[r], sizeof eps[r]);
+    const char *list[3] = {eps[0], eps[1], eps[2]};
+    pp_transport_options o = base(0);
+    o.timeout_ms = 300;
+    o.nranks = 3;
+    o.endpoints = list;
+    pp_transport *t[2];
+    o.rank = 1;
+    o.run_id = 77;
+    TT_OK(pp_transport_create(&o, &t[0]));
+    o.rank = 2;
+    o.run_id = 0;
+    TT_OK(pp_transport_create(&o, &t[1]));
+    for (int i = 0; i < 20; i++) {
+        TT_OK(pp_transport_poll(t[0], 1));
+        TT_OK(pp_transport_poll(t[1], 1));
+    }
+    int64_t s[1] = {2};
+    pp_tensor *x = tt_f32_seq(1, s, 0);
+    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, 0, 2, 1, "x");
+    TT_FAILS(PP_ERR_TIMEOUT, pp_transport_send(t[1], &k, x), "rank 1", "run id", "rank 0");
+    pp_tensor_free(x);
+    tt_close_ranks(2, t);
+}
+
+/* Rank 2 in a process of its own. First incarnation: sends rank 1 a
+ * tensor, then dies without a goodbye (as a crash does) when a byte comes
+ * on `die`. Second incarnation (at the same endpoint): tries to send rank 1
+ * a tensor and exits 0 if it is refused, 1 if it got through. */
+static int rank2_incarnation(const char *const *eps, int second, int die) {
+    pp_transport_options o = base(0);
+    o.timeout_ms = second ? 1500 : 5000;
+    o.nranks = 3;
+    o.endpoints = eps;
+    o.rank = 2;
+    pp_transport *t;
+    if (pp_transport_create(&o, &t) != PP_OK) return 2;
+    int64_t s[1] = {3};
+    pp_tensor *x = tt_f32_seq(1, s, second ? 100 : 0);
+    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, second, 2, 1, "x");
+    pp_status st = pp_transport_send(t, &k, x);
+    pp_tensor_free(x);
+    if (!second) {
+        if (st != PP_OK) return 3;
+        char b;
+        for (;;) { /* answer hellos until told to die */
+            pp_transport_poll(t, 20);
+            struct timeval tv = {0, 0};
+            fd_set fds;
+            FD_ZERO(&fds);
+            FD_SET(die, &fds);
+            if (select(die + 1, &fds, NULL, NULL, &tv) > 0) break;
+        }
+        if (read(die, &b, 1) < 0) return 4;
+        return 0; /* _exit: no goodbye, like a crash */
+    }
+    pp_transport_close(t);
+    return st == PP_OK ? 1 : 0;
+}
+
+/* A rank that dies and is started again at the same endpoint: the ranks
+ * that knew the first process see a new one answer their hello, name the
+ * rank as restarted at once, and accept nothing from it (rejoining is a new
+ * transport's job). */
+static void test_restarted_peer(void **state) {
+    (void)state;
+    char eps[3][256];
+    for (int r = 0; r < 3; r++) tt_endpoint("ipc", r, eps[r], sizeof eps[r]);
+    const char *list[3] = {eps[0], eps[1], eps[2]};
+    int die[2];
+    assert_int_equal(pipe(die), 0);
+    /* the incarnations are forked by a helper forked before this process
+     * has a ZeroMQ context (a child must not inherit a live one) */
+    pid_t spawner = fork();
+    assert_true(spawner >= 0);
+    if (spawner == 0) {
+        alarm(20);
+        close(die[1]);
+        for (int second = 0; second < 2; second++) {
+            pid_t pid = fork();
+            if (pid == 0) _exit(rank2_incarnation(list, second, die[0]));
+            int status;
+            if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) _exit(10);
+            if (WEXITSTATUS(status) != 0) _exit(10 + 2 * second + WEXITSTATUS(status));
+        }
+        _exit(0);
+    }
+    close(die[0]);
+    pp_transport_options o = base(0);
+    o.nranks = 3;
+    o.endpoints = list;
+    pp_transport *t[2];
+    o.rank = 0;
+    TT_OK(pp_transport_create(&o, &t[0]));
+    o.rank = 1;
+    TT_OK(pp_transport_create(&o, &t[1]));
+    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, 0, 2, 1, "x");
+    pp_tensor *got = NULL;
+    int64_t deadline = tt_now_ms() + 5000;
+    while (!got && tt_now_ms() < deadline) {
+        TT_OK(pp_transport_poll(t[0], 10));
+        pp_status s = pp_transport_recv(t[1], &k, 10, &got);
+        if (s != PP_OK && s != PP_ERR_TIMEOUT) fail_msg("%s", pp_last_error());
+    }
+    assert_non_null(got);
+    pp_tensor_free(got);
+    while (!pp_transport_peer_ready(t[0], 2) && tt_now_ms() < deadline) TT_OK(pp_transport_poll(t[0], 10));
+    assert_true(pp_transport_peer_ready(t[0], 2));
+    assert_int_equal(write(die[1], "x", 1), 1);
+    deadline = tt_now_ms() + 8000;
+    while ((pp_transport_peer_state(t[0], 2) != PP_PEER_CLOSED || pp_transport_peer_state(t[1], 2) != PP_PEER_CLOSED) &&
+           tt_now_ms() < deadline) {
+        TT_OK(pp_transport_poll(t[0], 10));
+        TT_OK(pp_transport_poll(t[1], 10));
+    }
+    pp_transport_key k2 = tt_key(PP_MSG_ACTIVATION, 0, 1, 2, 1, "x");
+    TT_FAILS(PP_ERR_PEER, pp_transport_recv(t[1], &k2, 100, &got), "rank 2", "restarted");
+    pp_transport_key k20 = tt_key(PP_MSG_ACTIVATION, 0, 1, 2, 0, "x");
+    TT_FAILS(PP_ERR_PEER, pp_transport_recv(t[0], &k20, 100, &got), "rank 2", "restarted");
+    int status;
+    for (;;) { /* keep answering while the second incarnation tries */
+        pid_t w = waitpid(spawner, &status, WNOHANG);
+        if (w == spawner) break;
+        pp_transport_poll(t[0], 10);
+        pp_transport_poll(t[1], 10);
+    }
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    close(die[1]);
+    tt_close_ranks(2, t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_flood_bounded),
         cmocka_unit_test(test_window_default),
         cmocka_unit_test(test_stranger_without_run_id),
         cmocka_unit_test(test_run_id_not_learned),
+        cmocka_unit_test(test_run_id_only_from_rank0),
+        cmocka_unit_test(test_restarted_peer),
         cmocka_unit_test(test_other_address_tcp),
         cmocka_unit_test(test_other_process_ipc),
         cmocka_unit_test(test_bad_ring_announcement),
