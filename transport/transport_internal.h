@@ -44,8 +44,8 @@
  * nonce, the nonce of the peer's last hello (0: none yet), the prefix of our
  * shared-memory names, our host id (empty without rings) and doorbell. A
  * message echoing our nonce proves it comes from the process bound at the
- * peer's endpoint (only that one got our hello): its address is pinned, and
- * rank 0's run id adopted. Once pinned, a hello that echoes our nonce with a
+ * peer's endpoint (only that one got our hello): its address is pinned and
+ * its run id adopted. Once pinned, a hello that echoes our nonce with a
  * nonce of its own that differs is a new process at that endpoint: the rank
  * restarted, and is closed for this transport (rejoin takes new ones). */
 #define CTL_HELLO "hello "             /* please answer */

@@ -324,7 +324,7 @@ void pp_tp_handle_hello(pp_transport *t, int r, const pp_envelope *env, zmq_msg_
         }
         p->verified = 1;
         p->foreign_run = 0;
-        if (run && !t->run_known && r == 0) { /* rank 0 draws it; a stale survivor of another attempt may not */
+        if (run && !t->run_known) {
             t->run_id = run;
             t->run_known = 1;
             learned_run(t, r);
@@ -372,7 +372,7 @@ static const char *not_ready_why(const pp_transport *t, int r, char *buf, size_t
         snprintf(buf, cap, "a hello for it carried run id %016" PRIx64 ", this run is %016" PRIx64
                  ": is it another run's rank?", p->foreign_run, t->run_known ? t->run_id : 0);
     else if (!t->run_known)
-        snprintf(buf, cap, "this rank has not learned the run id yet: rank 0, which hands it out, has not "
+        snprintf(buf, cap, "this rank has not learned the run id yet: no rank that knows it (rank 0 first) "
                  "answered its hello");
     else if (!p->echo) snprintf(buf, cap, "it has not said hello: does it know this rank's endpoint?");
     else if (!p->told) snprintf(buf, cap, "this rank could not answer its hello");

@@ -480,37 +480,6 @@ static void test_connection_flood(void **state) {
                  WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
 }
 
-/* Only rank 0 hands out the run id: a rank that knows it (here from its
- * options) but is not rank 0 does not teach it, so a survivor of an earlier
- * attempt cannot pull a new process into its run. */
-static void test_run_id_only_from_rank0(void **state) {
-    (void)state;
-    char eps[3][256];
-    for (int r = 0; r < 3; r++) tt_endpoint("inproc", r, eps[r], sizeof eps[r]);
-    const char *list[3] = {eps[0], eps[1], eps[2]};
-    pp_transport_options o = base(0);
-    o.timeout_ms = 300;
-    o.nranks = 3;
-    o.endpoints = list;
-    pp_transport *t[2];
-    o.rank = 1;
-    o.run_id = 77;
-    TT_OK(pp_transport_create(&o, &t[0]));
-    o.rank = 2;
-    o.run_id = 0;
-    TT_OK(pp_transport_create(&o, &t[1]));
-    for (int i = 0; i < 20; i++) {
-        TT_OK(pp_transport_poll(t[0], 1));
-        TT_OK(pp_transport_poll(t[1], 1));
-    }
-    int64_t s[1] = {2};
-    pp_tensor *x = tt_f32_seq(1, s, 0);
-    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, 0, 2, 1, "x");
-    TT_FAILS(PP_ERR_TIMEOUT, pp_transport_send(t[1], &k, x), "rank 1", "run id", "rank 0");
-    pp_tensor_free(x);
-    tt_close_ranks(2, t);
-}
-
 /* Rank 2 in a process of its own. First incarnation: sends rank 1 a
  * tensor, then dies without a goodbye (as a crash does) when a byte comes
  * on `die`. Second incarnation (at the same endpoint): tries to send rank 1
@@ -624,7 +593,6 @@ int main(void) {
         cmocka_unit_test(test_window_default),
         cmocka_unit_test(test_stranger_without_run_id),
         cmocka_unit_test(test_run_id_not_learned),
-        cmocka_unit_test(test_run_id_only_from_rank0),
         cmocka_unit_test(test_restarted_peer),
         cmocka_unit_test(test_other_address_tcp),
         cmocka_unit_test(test_other_process_ipc),
