@@ -51,6 +51,12 @@ struct pp_worker {
     size_t identity_bytes;
     pp_run_identity *id;
     int identity_pending;     /* the ranks compare identities before the first step */
+    /* Rejoin (pippin/worker.h): after a peer's failure this worker reopens
+     * everything above from the config and rolls back with the others. */
+    int rejoin_ms;            /* 0: off */
+    int resume_mode;          /* what open_checkpoints does: opt.resume, then RESUME_IF_ANY */
+    double rejoin_deadline;   /* monotonic ms while rejoining (until a step completes), else 0 */
+    int rejoins;
 };
 
 void pp_worker_options_init(pp_worker_options *o) {
@@ -217,21 +223,62 @@ static pp_status open_checkpoints(pp_worker *w) {
     ck->stages = w->stages;
     ck->optims = w->optims;
     ck->n_stages_total = w->p->n_stages;
-    if (w->opt.resume && !c->training)
+    if (w->resume_mode && !c->training && !w->rejoins)
         return pp_error(PP_ERR_INVALID, "resume: an inference run has no checkpoint to resume");
-    if (w->opt.resume && !ck->dir) return pp_error(PP_ERR_INVALID, "resume needs a checkpoint directory");
+    if (w->resume_mode == PP_WORKER_RESUME && !ck->dir)
+        return pp_error(PP_ERR_INVALID, "resume needs a checkpoint directory");
     if (!c->training || !ck->dir) {
         ck->dir = NULL;
         return PP_OK;
     }
-    w->start_mode = w->opt.resume == PP_WORKER_RESUME          ? PP_CKPT_RESUME
-                    : w->opt.resume == PP_WORKER_RESUME_IF_ANY ? PP_CKPT_RESUME_IF_ANY
-                                                               : PP_CKPT_FRESH;
+    w->start_mode = w->resume_mode == PP_WORKER_RESUME          ? PP_CKPT_RESUME
+                    : w->resume_mode == PP_WORKER_RESUME_IF_ANY ? PP_CKPT_RESUME_IF_ANY
+                                                                : PP_CKPT_FRESH;
     if (w->sched->nranks == 1) return pp_ckpt_start(ck, w->start_mode, &w->next_step);
     int64_t latest; /* refuse at once what the first step would refuse */
     if (w->rank == 0 && w->start_mode == PP_CKPT_RESUME) PP_TRY(pp_checkpoint_latest(ck->dir, &latest));
     w->start_pending = 1;
     return PP_OK;
+}
+
+/* Everything a run holds, from the config: dropped and opened again when
+ * the worker rejoins. */
+static pp_status open_run(pp_worker *w) {
+    const pp_config *c = w->c;
+    w->loss_output = -1;
+    w->next_step = 0;
+    w->failed = w->params_written = 0;
+    pp_status s = open_pipe(w);
+    if (s == PP_OK) s = open_data(w);
+    if (s == PP_OK && c->output_dir) s = pp_mkdirs(c->output_dir);
+    if (s == PP_OK) s = open_transport(w);
+    if (s != PP_OK) s = pp_error_context(s, "rank %d", w->rank);
+    if (s == PP_OK) s = pp_executor_new(w->p, w->sched, w->rank, c->training, w->t, &w->ex);
+    if (s == PP_OK && c->training) s = pp_executor_set_optimizer(w->ex, &c->optim);
+    if (s == PP_OK) s = pp_error_context(open_checkpoints(w), "rank %d", w->rank);
+    if (s == PP_OK) s = pp_error_context(open_identity(w), "rank %d", w->rank);
+    for (int k = 0; s == PP_OK && w->p->loss && k < w->p->n_outputs; k++)
+        if (strcmp(w->p->outputs[k], w->p->loss) == 0) w->loss_output = k;
+    return s;
+}
+
+static void close_run(pp_worker *w) {
+    pp_executor_free(w->ex);
+    pp_transport_close(w->t);
+    free(w->stages);
+    free(w->optims);
+    free(w->identity);
+    pp_run_identity_free(w->id);
+    for (int i = 0; w->data && i < w->n_inputs; i++) pp_tensor_free(w->data[i]);
+    free(w->data);
+    free(w->names);
+    pp_schedule_free(w->sched);
+    pp_pipe_free(w->p);
+    pp_graph_free(w->g);
+    w->ex = NULL, w->t = NULL, w->stages = NULL, w->optims = NULL, w->identity = NULL, w->id = NULL;
+    w->data = NULL, w->names = NULL, w->n_inputs = 0, w->sched = NULL, w->p = NULL, w->g = NULL;
+    w->identity_pending = w->start_pending = 0;
+    memset(&w->ck, 0, sizeof w->ck);
 }
 
 pp_status pp_worker_open_config(const pp_config *c, const pp_worker_options *o, pp_worker **out) {
@@ -241,21 +288,13 @@ pp_status pp_worker_open_config(const pp_config *c, const pp_worker_options *o, 
     w->c = c;
     if (o) w->opt = *o;
     else pp_worker_options_init(&w->opt);
-    w->loss_output = -1;
     atomic_init(&w->stop, 0);
+    w->resume_mode = w->opt.resume;
+    w->rejoin_ms = w->opt.rejoin_timeout_ms ? w->opt.rejoin_timeout_ms : c->rejoin_timeout_ms;
+    if (w->rejoin_ms < 0) w->rejoin_ms = 0;
     if (w->opt.blas_threads > 0) pp_set_blas_threads(w->opt.blas_threads);
     pp_status s = pp_config_rank(w->opt.rank, c->n_ranks, &w->rank);
-    if (s == PP_OK) s = open_pipe(w);
-    if (s == PP_OK) s = open_data(w);
-    if (s == PP_OK && c->output_dir) s = pp_mkdirs(c->output_dir);
-    if (s == PP_OK) s = open_transport(w);
-    if (s != PP_OK && w->rank >= 0) s = pp_error_context(s, "rank %d", w->rank);
-    if (s == PP_OK) s = pp_executor_new(w->p, w->sched, w->rank, c->training, w->t, &w->ex);
-    if (s == PP_OK && c->training) s = pp_executor_set_optimizer(w->ex, &c->optim);
-    if (s == PP_OK) s = pp_error_context(open_checkpoints(w), "rank %d", w->rank);
-    if (s == PP_OK) s = pp_error_context(open_identity(w), "rank %d", w->rank);
-    for (int k = 0; s == PP_OK && w->p->loss && k < w->p->n_outputs; k++)
-        if (strcmp(w->p->outputs[k], w->p->loss) == 0) w->loss_output = k;
+    if (s == PP_OK) s = open_run(w);
     if (s != PP_OK) {
         pp_worker_close(w);
         return s;
@@ -330,14 +369,107 @@ static pp_status one_step(pp_worker *w, int64_t step, double *ms, float *loss, i
     return s;
 }
 
+#define REJOIN_PREFIX "rejoin: "
+
+/* Whether failure s can be recovered by rejoining: a peer died, restarted,
+ * went silent or stopped answering, or rolled back itself (its abort says
+ * so). A peer's other aborts (its own error, a skewed config) and this
+ * rank's own errors end the run. */
+static int recoverable(pp_worker *w, pp_status s) {
+    if (!w->rejoin_ms || !w->t || w->sched->nranks < 2) return 0;
+    if (s != PP_ERR_PEER && s != PP_ERR_TIMEOUT) return 0;
+    int by;
+    const char *why = pp_transport_abort_reason(w->t, &by);
+    if (why) return by != w->rank && strncmp(why, REJOIN_PREFIX, strlen(REJOIN_PREFIX)) == 0;
+    if (s == PP_ERR_TIMEOUT) return 1;
+    for (int r = 0; r < w->sched->nranks; r++) {
+        pp_peer_state ps = pp_transport_peer_state(w->t, r);
+        if (r != w->rank && (ps == PP_PEER_DOWN || ps == PP_PEER_CLOSED)) return 1;
+    }
+    return 0;
+}
+
+static double now_ms(void) { return pp_monotonic_ms(); }
+
+/* Waits until every peer completed the hello handshake with this rank's
+ * new transport, or the rejoin deadline passes. */
+static pp_status await_peers(pp_worker *w) {
+    for (;;) {
+        char missing[256] = "";
+        size_t len = 0;
+        for (int r = 0; r < w->sched->nranks; r++)
+            if (r != w->rank && !pp_transport_peer_ready(w->t, r) && len < sizeof missing - 1)
+                len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d (%s)", len ? ", " : "", r,
+                                        pp_peer_state_name(pp_transport_peer_state(w->t, r)));
+        if (!len) return PP_OK;
+        if (atomic_load(&w->stop)) return pp_error(PP_ERR_STATE, "rank %d: stopped while waiting for ranks %s to rejoin",
+                                                   w->rank, missing);
+        double left = w->rejoin_deadline - now_ms();
+        if (left <= 0)
+            return pp_error(PP_ERR_TIMEOUT, "rank %d: ranks %s did not come back within rejoin_timeout_ms %d", w->rank,
+                            missing, w->rejoin_ms);
+        PP_TRY(pp_transport_poll(w->t, left < 50 ? (int)left + 1 : 50));
+    }
+}
+
+/* Drops the run and opens it again: the transport anew (a fresh handshake
+ * with every rank, restarted ones included), the parameters and optimizer
+ * state from the newest committed checkpoint (or the initial ones). The
+ * first step then agrees, as at any start, on identity and step. */
+static pp_status rejoin(pp_worker *w, const char *why) {
+    if (!w->rejoin_deadline) {
+        w->rejoin_deadline = now_ms() + w->rejoin_ms;
+        pp_warn("rank %d: %s; rolling back to the newest committed checkpoint, waiting up to %d ms for every rank",
+                w->rank, why, w->rejoin_ms);
+    } else {
+        pp_info("rank %d: rejoining again: %s", w->rank, why);
+    }
+    w->rejoins++;
+    w->resume_mode = PP_WORKER_RESUME_IF_ANY;
+    pp_status s;
+    for (;;) {
+        close_run(w);
+        s = open_run(w);
+        if (s == PP_OK) s = await_peers(w);
+        if (s == PP_OK || s == PP_ERR_TIMEOUT || atomic_load(&w->stop) || now_ms() >= w->rejoin_deadline) break;
+        if (s == PP_ERR_PEER && recoverable(w, s)) continue; /* a peer rolled back again meanwhile */
+        if (s != PP_ERR_IO) break; /* only the endpoint can be busy a moment (its old socket closing) */
+        pp_debug("rank %d: rejoin: %s; trying again", w->rank, pp_last_error());
+        struct timespec pause = {0, 100 * 1000 * 1000};
+        nanosleep(&pause, NULL);
+    }
+    if (s != PP_OK) {
+        w->failed = 1;
+        char reason[1024];
+        snprintf(reason, sizeof reason, "%s", pp_last_error());
+        if (w->t) pp_transport_abort(w->t, reason);
+        return pp_error(s, "%s (rejoining after: %s)", reason, why);
+    }
+    return PP_OK;
+}
+
 /* A failed step: the peers are told at once (instead of at their
- * deadlines) and this worker refuses further steps. */
+ * deadlines). With rejoin on and a peer's failure to blame, every rank
+ * rolls back together; otherwise this worker refuses further steps. */
 static pp_status fail(pp_worker *w, pp_status s) {
-    w->failed = 1;
     char reason[1024];
     snprintf(reason, sizeof reason, "%s", pp_last_error());
+    if (recoverable(w, s) && now_ms() < (w->rejoin_deadline ? w->rejoin_deadline : now_ms() + 1)) {
+        char tell[1100];
+        snprintf(tell, sizeof tell, REJOIN_PREFIX "rank %d rolls back: %s", w->rank, reason);
+        pp_transport_abort(w->t, tell);
+        return rejoin(w, reason);
+    }
+    w->failed = 1;
     pp_transport_abort(w->t, reason);
     return pp_error(s, "%s", reason);
+}
+
+/* fail() for pp_worker_step: after a rejoin the run goes on. */
+static pp_status fail_step(pp_worker *w, pp_status s, int *done) {
+    s = fail(w, s);
+    if (s == PP_OK && done) *done = 0;
+    return s;
 }
 
 pp_status pp_worker_step(pp_worker *w, int *done) {
@@ -359,7 +491,7 @@ pp_status pp_worker_step(pp_worker *w, int *done) {
                     (long long)w->next_step - 1, (long long)w->c->steps);
     }
     if (s == PP_OK && w->next_step >= w->c->steps) s = finish(w);
-    if (s != PP_OK) return fail(w, s);
+    if (s != PP_OK) return fail_step(w, s, done);
     if (w->next_step >= w->c->steps) {
         if (done) *done = 1;
         return PP_OK;
@@ -369,6 +501,7 @@ pp_status pp_worker_step(pp_worker *w, int *done) {
     float loss = 0;
     int has_loss = 0;
     s = one_step(w, step, &ms, &loss, &has_loss);
+    if (s == PP_OK) w->rejoin_deadline = 0; /* every rank is back */
     if (s == PP_OK && w->opt.progress) { /* before the vote: a stop asked here counts for this step */
         pp_worker_progress pr = {w->rank, step, w->c->steps, has_loss, loss, ms};
         w->opt.progress(&pr, w->opt.progress_user);
@@ -379,7 +512,7 @@ pp_status pp_worker_step(pp_worker *w, int *done) {
     if (s == PP_OK) s = pp_agree_int(&w->agree, step, PP_AGREE_STOP, atomic_load(&w->stop), &vote);
     if (s == PP_OK && vote.hi) w->stop_agreed = 1;
     if (s == PP_OK && w->next_step >= w->c->steps) s = finish(w);
-    if (s != PP_OK) return fail(w, s);
+    if (s != PP_OK) return fail_step(w, s, done);
     if (done) *done = w->next_step >= w->c->steps || w->stop_agreed;
     return PP_OK;
 }
@@ -417,20 +550,11 @@ int pp_worker_stage_index(const pp_worker *w, int i) {
 }
 const char *pp_worker_endpoint(const pp_worker *w) { return pp_transport_endpoint(w->t); }
 
+int pp_worker_rejoins(const pp_worker *w) { return w->rejoins; }
+
 void pp_worker_close(pp_worker *w) {
     if (!w) return;
-    pp_executor_free(w->ex);
-    pp_transport_close(w->t);
-    free(w->stages);
-    free(w->optims);
-    free(w->identity);
-    pp_run_identity_free(w->id);
-    for (int i = 0; w->data && i < w->n_inputs; i++) pp_tensor_free(w->data[i]);
-    free(w->data);
-    free(w->names);
-    pp_schedule_free(w->sched);
-    pp_pipe_free(w->p);
-    pp_graph_free(w->g);
+    close_run(w);
     pp_config_free(w->owned_config);
     free(w);
 }

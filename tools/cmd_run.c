@@ -2,8 +2,10 @@
  * config, on this machine. The first failure stops the rest; SIGINT and
  * SIGTERM are forwarded to every worker (which stop together after the step
  * in progress), a second one kills them; no worker outlives the launcher
- * (each has PR_SET_PDEATHSIG). With --restart N, a failed job is restarted
- * whole, from the newest committed checkpoint, up to N times.
+ * (each has PR_SET_PDEATHSIG). With --restart N, the workers rejoin: a
+ * failed worker is started again alone (up to N times in all) while the
+ * others wait for it, and every rank rolls back to the newest committed
+ * checkpoint together (pippin/worker.h).
  *
  * The launcher blocks SIGINT, SIGTERM and SIGCHLD and takes them with
  * sigwaitinfo, so no signal is lost between checking and waiting. The
@@ -37,6 +39,13 @@ typedef struct job {
     double first_at; /* and when it came */
     double kill_at;  /* monotonic seconds: SIGKILL what is left then (0: never) */
     double grace_s;  /* after a failure, how long the others get to stop */
+    int rejoin_ms;   /* > 0: workers rejoin (--restart) */
+    int restarts_left;
+    int resume_any;  /* restarted workers take --resume-if-any (the config has checkpoint:) */
+    int64_t *mark;   /* per rank: the newest committed step when it was last restarted (-2: never) */
+    const char *ckpt_dir;
+    pid_t pgid, launcher;
+    const sigset_t *child_mask;
 } job;
 
 static double now_s(void) {
@@ -52,28 +61,79 @@ static void signal_all(job *j, int sig) {
 
 /* Forks rank r's worker. The child joins process group pgid (0: a new one,
  * led by itself), asks to be sent SIGTERM when the launcher dies and checks
- * that the launcher is still there (it may have died before the prctl). */
-static pid_t spawn(const job *j, int r, int resume, pid_t pgid, pid_t launcher, const sigset_t *child_mask) {
+ * that the launcher is still there (it may have died before the prctl).
+ * resume: 0, or the worker flag to continue from a checkpoint. */
+static pid_t spawn(const job *j, int r, const char *resume) {
     pid_t pid = fork();
     if (pid != 0) {
-        if (pid > 0) setpgid(pid, pgid ? pgid : pid); /* also here: whichever runs first */
+        if (pid > 0) setpgid(pid, j->pgid ? j->pgid : pid); /* also here: whichever runs first */
         return pid;
     }
-    setpgid(0, pgid);
-    if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != launcher) _exit(1);
+    setpgid(0, j->pgid);
+    if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != j->launcher) _exit(1);
     signal(SIGINT, SIG_DFL); /* not an ignore inherited by the launcher: the worker must hear a stop */
     signal(SIGTERM, SIG_DFL);
-    sigprocmask(SIG_SETMASK, child_mask, NULL);
-    char rank[16];
+    sigprocmask(SIG_SETMASK, j->child_mask, NULL);
+    char rank[16], rejoin[16];
     snprintf(rank, sizeof rank, "%d", r);
-    char *argv[] = {"pippin", "worker", (char *)j->config, "--rank", rank, resume ? "--resume" : NULL, NULL};
+    snprintf(rejoin, sizeof rejoin, "%d", j->rejoin_ms);
+    char *argv[9] = {"pippin", "worker", (char *)j->config, "--rank", rank};
+    int n = 5;
+    if (j->rejoin_ms > 0) argv[n++] = "--rejoin-timeout-ms", argv[n++] = rejoin;
+    if (resume) argv[n++] = (char *)resume;
+    argv[n] = NULL;
     execv("/proc/self/exe", argv);
     fprintf(stderr, "pippin run: cannot start rank %d: %s\n", r, strerror(errno));
     _exit(127);
 }
 
-/* A worker ended: rank r (or -1: not ours). The first failure stops the
- * others; they get grace_s, then SIGKILL. */
+/* Stops the job: the others get SIGTERM (they would only wait for the
+ * failed one until their timeout), then grace_s, then SIGKILL. */
+static void stop_job(job *j) {
+    if (!j->failed && !j->stop_sig && j->live > 0) {
+        signal_all(j, SIGTERM);
+        j->kill_at = now_s() + j->grace_s;
+    }
+    j->failed = 1;
+}
+
+/* With rejoin: starts failed rank r again while the others wait for it,
+ * unless the restarts are used up or r failed before without a step
+ * committed since (restarting it will not help). 1 if restarted. */
+static int restart_rank(job *j, int r) {
+    if (j->rejoin_ms <= 0 || j->stop_sig || j->failed) return 0;
+    int64_t step = -1;
+    if (!j->ckpt_dir || pp_checkpoint_latest(j->ckpt_dir, &step) != PP_OK) step = -1;
+    if (j->restarts_left <= 0) {
+        fprintf(stderr, "pippin run: rank %d failed and the restarts (--restart) are used up\n", r);
+        return 0;
+    }
+    if (j->mark[r] == step) {
+        fprintf(stderr, "pippin run: giving up: rank %d failed again and no new step was committed since its last "
+                "restart\n", r);
+        return 0;
+    }
+    j->mark[r] = step;
+    j->restarts_left--;
+    pid_t pid = spawn(j, r, j->resume_any ? "--resume-if-any" : NULL);
+    if (pid < 0) {
+        fprintf(stderr, "pippin run: fork for rank %d: %s\n", r, strerror(errno));
+        return 0;
+    }
+    j->pids[r] = pid;
+    j->live++;
+    if (step >= 0)
+        fprintf(stderr, "pippin run: restarted rank %d (%d restart%s left); every rank rolls back to step %lld "
+                "(committed in %s)\n", r, j->restarts_left, j->restarts_left == 1 ? "" : "s", (long long)step,
+                j->ckpt_dir);
+    else
+        fprintf(stderr, "pippin run: restarted rank %d (%d restart%s left); every rank starts again from step 0 (no "
+                "committed checkpoint)\n", r, j->restarts_left, j->restarts_left == 1 ? "" : "s");
+    return 1;
+}
+
+/* A worker ended: rank r (or -1: not ours). A failure restarts it (with
+ * rejoin) or stops the others. */
 static void reaped(job *j, pid_t pid, int status) {
     int r = 0;
     while (r < j->n && j->pids[r] != pid) r++;
@@ -86,13 +146,7 @@ static void reaped(job *j, pid_t pid, int status) {
         if (WIFSIGNALED(status)) fprintf(stderr, "pippin run: rank %d killed by signal %d\n", r, WTERMSIG(status));
         else fprintf(stderr, "pippin run: rank %d failed (exit %d)\n", r, WEXITSTATUS(status));
     }
-    if (!j->failed && !j->stop_sig) {
-        if (j->live > 0) {
-            signal_all(j, SIGTERM); /* they would only wait for it until their timeout */
-            j->kill_at = now_s() + j->grace_s;
-        }
-    }
-    j->failed = 1;
+    if (!restart_rank(j, r)) stop_job(j);
 }
 
 /* A SIGINT/SIGTERM for the launcher: the first is forwarded, a second one
@@ -151,21 +205,6 @@ static void wait_all(job *j, const sigset_t *set) {
     }
 }
 
-/* Sleeps seconds unless SIGINT/SIGTERM comes first (then counts it). */
-static void pause_s(job *j, double seconds) {
-    sigset_t stop;
-    sigemptyset(&stop);
-    sigaddset(&stop, SIGINT);
-    sigaddset(&stop, SIGTERM);
-    double until = now_s() + seconds;
-    for (double left; !j->signals && (left = until - now_s()) > 0;) {
-        struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
-        siginfo_t info;
-        int sig = sigtimedwait(&stop, &info, &ts);
-        if (sig == SIGINT || sig == SIGTERM) user_signal(j, sig, &info);
-    }
-}
-
 static void run_usage(FILE *f) {
     fprintf(f,
             "usage: pippin run CONFIG.yaml [--resume] [--restart N]\n"
@@ -176,9 +215,10 @@ static void run_usage(FILE *f) {
             "checkpoint:); a second signal kills them. A worker whose launcher dies stops too.\n"
             "  --resume     every worker continues from the newest committed checkpoint in the\n"
             "               config's checkpoint.dir\n"
-            "  --restart N  after a failure, stop every worker and start them all again, from\n"
-            "               the newest committed checkpoint in checkpoint.dir (from the start\n"
-            "               when there is none), at most N times (default 0)\n"
+            "  --restart N  a failed worker is started again (N times in all, default 0) while\n"
+            "               the others wait for it (rejoin_timeout_ms, default 60000); then every\n"
+            "               rank rolls back to the newest committed checkpoint in checkpoint.dir\n"
+            "               (step 0 when there is none) and goes on\n"
             "Exit status: 0 when every worker succeeded, 1 otherwise, 2 for a usage error.\n");
 }
 
@@ -220,23 +260,33 @@ int cmd_run(int argc, char **argv) {
         pp_config_free(cfg);
         return 2;
     }
-    int64_t mark = -1; /* the newest committed step when the last attempt started */
+    int64_t mark = -1;
     if (cfg->checkpoint_dir && pp_checkpoint_latest(cfg->checkpoint_dir, &mark) != PP_OK) mark = -1;
-    if (!resume && mark >= 0) { /* the workers would refuse it; a restart must not then resume it */
+    if (!resume && mark >= 0) { /* the workers would refuse it */
         fprintf(stderr, "pippin run: %s holds committed checkpoints up to step %lld of an earlier run: resume it "
                 "(--resume) or use another directory\n", cfg->checkpoint_dir, (long long)mark);
         pp_config_free(cfg);
         return 1;
     }
-    job j = {.config = path, .n = cfg->n_ranks};
+    job j = {.config = path, .n = cfg->n_ranks, .restarts_left = restarts, .ckpt_dir = cfg->checkpoint_dir};
+    if (restarts > 0) {
+        j.rejoin_ms = cfg->rejoin_timeout_ms > 0 ? cfg->rejoin_timeout_ms : 60000;
+        if (j.rejoin_ms < 3 * cfg->timeout_ms) j.rejoin_ms = 3 * cfg->timeout_ms;
+        j.resume_any = cfg->training && cfg->checkpoint_dir;
+    }
     /* A failed peer is noticed within timeout_ms; then give the step's
      * end and a checkpoint some time before killing. */
     j.grace_s = 2.0 * cfg->timeout_ms / 1000.0 + 10.0;
-    if (!(j.pids = calloc((size_t)j.n, sizeof *j.pids))) {
+    j.pids = calloc((size_t)j.n, sizeof *j.pids);
+    j.mark = calloc((size_t)j.n, sizeof *j.mark);
+    if (!j.pids || !j.mark) {
+        free(j.pids);
+        free(j.mark);
         pp_config_free(cfg);
         fprintf(stderr, "pippin run: out of memory\n");
         return 1;
     }
+    for (int r = 0; r < j.n; r++) j.mark[r] = -2;
 
     sigset_t set, old, child_mask;
     sigemptyset(&set);
@@ -249,72 +299,34 @@ int cmd_run(int argc, char **argv) {
     sigdelset(&child_mask, SIGINT);
     sigdelset(&child_mask, SIGTERM);
     sigdelset(&child_mask, SIGCHLD);
-    pid_t launcher = getpid();
+    j.launcher = getpid();
+    j.child_mask = &child_mask;
 
-    int rc = 1;
-    for (int attempt = 0;; attempt++) {
-        fflush(stdout);
-        fflush(stderr);
-        j.live = 0;
-        j.failed = 0;
-        j.kill_at = 0;
-        pid_t pgid = 0;
-        int resume_now = resume;
-        if (attempt > 0) {
-            int64_t step = -1;
-            int any = cfg->checkpoint_dir && pp_checkpoint_latest(cfg->checkpoint_dir, &step) == PP_OK;
-            if (attempt > 1 && (any ? step : -1) == mark) { /* a failure that repeats: restarting will not help */
-                fprintf(stderr, "pippin run: giving up: the last attempt committed no new step (restart %d of %d)\n",
-                        attempt, restarts);
-                break;
-            }
-            mark = any ? step : -1;
-            resume_now = resume || any;
-            if (any)
-                fprintf(stderr, "pippin run: restart %d of %d: every rank from step %lld (committed in %s)\n", attempt,
-                        restarts, (long long)step, cfg->checkpoint_dir);
-            else
-                fprintf(stderr, "pippin run: restart %d of %d: every rank from the %s\n", attempt, restarts,
-                        resume ? "checkpoint" : "start (no committed checkpoint)");
-        }
-        for (int r = 0; r < j.n && !j.signals; r++) {
-            pid_t pid = spawn(&j, r, resume_now, pgid, launcher, &child_mask);
-            if (pid < 0) {
-                fprintf(stderr, "pippin run: fork for rank %d: %s\n", r, strerror(errno));
-                j.failed = 1;
-                signal_all(&j, SIGTERM);
-                j.kill_at = now_s() + j.grace_s;
-                break;
-            }
-            if (!pgid) pgid = pid;
-            j.pids[r] = pid;
-            j.live++;
-            /* A signal while starting: the ones started hear it at once. */
-            siginfo_t info;
-            struct timespec zero = {0, 0};
-            sigset_t stop;
-            sigemptyset(&stop);
-            sigaddset(&stop, SIGINT);
-            sigaddset(&stop, SIGTERM);
-            int sig = sigtimedwait(&stop, &info, &zero);
-            if (sig == SIGINT || sig == SIGTERM) user_signal(&j, sig, &info);
-        }
-        wait_all(&j, &set);
-        if (!j.failed && !j.signals) {
-            rc = 0;
+    fflush(stdout);
+    fflush(stderr);
+    for (int r = 0; r < j.n && !j.signals; r++) {
+        pid_t pid = spawn(&j, r, resume ? "--resume" : NULL);
+        if (pid < 0) {
+            fprintf(stderr, "pippin run: fork for rank %d: %s\n", r, strerror(errno));
+            stop_job(&j);
             break;
         }
-        if (j.signals) {
-            fprintf(stderr, "pippin run: stopped by %s\n", j.stop_sig == SIGINT ? "SIGINT" : "SIGTERM");
-            break;
-        }
-        if (attempt >= restarts) break;
-        pause_s(&j, 1.0); /* let the dead ones' sockets and locks go */
-        if (j.signals) {
-            fprintf(stderr, "pippin run: stopped by %s\n", j.stop_sig == SIGINT ? "SIGINT" : "SIGTERM");
-            break;
-        }
+        if (!j.pgid) j.pgid = pid;
+        j.pids[r] = pid;
+        j.live++;
+        /* A signal while starting: the ones started hear it at once. */
+        siginfo_t info;
+        struct timespec zero = {0, 0};
+        sigset_t stop;
+        sigemptyset(&stop);
+        sigaddset(&stop, SIGINT);
+        sigaddset(&stop, SIGTERM);
+        int sig = sigtimedwait(&stop, &info, &zero);
+        if (sig == SIGINT || sig == SIGTERM) user_signal(&j, sig, &info);
     }
+    wait_all(&j, &set);
+    int rc = !j.failed && !j.signals ? 0 : 1;
+    if (j.signals) fprintf(stderr, "pippin run: stopped by %s\n", j.stop_sig == SIGINT ? "SIGINT" : "SIGTERM");
 
     /* Signals that came after the last worker ended must not kill us when
      * the mask is restored. */
@@ -324,6 +336,7 @@ int cmd_run(int argc, char **argv) {
     }
     sigprocmask(SIG_SETMASK, &old, NULL);
     free(j.pids);
+    free(j.mark);
     pp_config_free(cfg);
     return rc;
 }

@@ -2,6 +2,7 @@
  * (`pippin run`, which starts one per rank, is tools/cmd_run.c). */
 #include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -55,6 +56,7 @@ static void on_signal(int sig) {
 static void worker_usage(FILE *f) {
     fprintf(f, "usage: pippin worker CONFIG.yaml [--rank R] [--checkpoint DIR [--checkpoint-every N]\n"
                "                     [--checkpoint-keep K]] [--resume | --resume-if-any]\n"
+               "                     [--rejoin-timeout-ms T]\n"
                "Runs one rank of the pipeline the config describes (docs/config.md): builds the\n"
                "stages the schedule puts on this rank, connects to the other ranks' endpoints,\n"
                "and trains (or infers) for the configured steps. The rank comes from --rank,\n"
@@ -64,7 +66,11 @@ static void worker_usage(FILE *f) {
                "rank's files are on disk, and the K newest committed steps are kept (default 2).\n"
                "--resume continues after the newest committed step (an error if there is none);\n"
                "--resume-if-any starts at step 0 when there is none. SIGINT/SIGTERM stop every\n"
-               "rank after the step in progress (with a checkpoint when checkpoints are on).\n");
+               "rank after the step in progress (with a checkpoint when checkpoints are on).\n"
+               "--rejoin-timeout-ms (or the config's rejoin_timeout_ms): when a peer dies or\n"
+               "restarts, wait up to T ms for every rank to come back, then roll back together to\n"
+               "the newest committed checkpoint (step 0 without one) and go on; a restarted rank\n"
+               "rejoins when started with --resume-if-any (0: a failure ends the run).\n");
 }
 
 static int parse_count(const char *arg, const char *flag, long long max, long long *out) {
@@ -85,6 +91,7 @@ int cmd_worker(int argc, char **argv) {
                                          {"resume", no_argument, NULL, 'R'},
                                          {"resume-if-any", no_argument, NULL, 'A'},
                                          {"checkpoint-keep", required_argument, NULL, 'k'},
+                                         {"rejoin-timeout-ms", required_argument, NULL, 'J'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     pp_worker_options o;
@@ -112,6 +119,9 @@ int cmd_worker(int argc, char **argv) {
                 return 2;
             }
             o.checkpoint_keep = (int)v;
+        } else if (c == 'J') {
+            if (!parse_count(optarg, "--rejoin-timeout-ms", INT_MAX, &v)) return 2;
+            o.rejoin_timeout_ms = v ? (int)v : -1;
         } else if (c == 'h') {
             worker_usage(stdout);
             return 0;

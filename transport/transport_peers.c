@@ -290,16 +290,10 @@ void pp_tp_handle_hello(pp_transport *t, int r, const pp_envelope *env, zmq_msg_
         pp_tp_drop(t, m0, NULL, "claims rank %d: malformed hello '%s'", r, env->text);
         return;
     }
-    if ((run && t->run_known && run != t->run_id) || (env->run_id && env->run_id != run)) {
-        p->foreign_run = run ? run : env->run_id;
-        pp_tp_drop(t, m0, &t->st.dropped_foreign, "claims rank %d: a hello of run id %016" PRIx64
-                   ", this run is %016" PRIx64 " (another run using this endpoint?)", r, p->foreign_run,
-                   t->run_known ? t->run_id : 0);
-        return;
-    }
     if (p->verified && p->echo && nonce != p->echo && echo == t->nonce) {
-        /* the process bound at rank r's endpoint is not the one this run
-         * exchanged with: r restarted, and what it held is gone */
+        /* the process bound at rank r's endpoint (it got our hello) is not
+         * the one this run exchanged with: r restarted, and what it held is
+         * gone (its run id may be new too: checked before that) */
         if (!p->restarted) {
             p->restarted = 1;
             if (peer_state(p) != PP_PEER_CLOSED) stat_add(&t->st.peer_failures, 1);
@@ -309,6 +303,24 @@ void pp_tp_handle_hello(pp_transport *t, int r, const pp_envelope *env, zmq_msg_
                     r, peer_ep(t, r));
         }
         pp_tp_drop(t, m0, &t->st.dropped_foreign, "claims rank %d: a new process at its endpoint (it restarted)", r);
+        return;
+    }
+    if ((run && t->run_known && run != t->run_id) || (env->run_id && env->run_id != run)) {
+        p->foreign_run = run ? run : env->run_id;
+        pp_tp_drop(t, m0, &t->st.dropped_foreign, "claims rank %d: a hello of run id %016" PRIx64
+                   ", this run is %016" PRIx64 " (another run using this endpoint?)", r, p->foreign_run,
+                   t->run_known ? t->run_id : 0);
+        if (!reply && !p->verified) {
+            /* Echo its nonce once, changing nothing here: if it is an older
+             * process of this run that knew an earlier incarnation of this
+             * rank, that proves to it that this rank restarted. */
+            uint64_t echo_was = p->echo;
+            int told_was = p->told;
+            p->echo = nonce;
+            pp_tp_say_hello(t, r, CTL_HELLO_REPLY);
+            p->echo = echo_was;
+            p->told = told_was;
+        }
         return;
     }
     if (echo == t->nonce) {

@@ -33,6 +33,7 @@
  *                                          #   every N steps (0: after the last only), K newest kept
  *   run_id: gpt-small-01                   # optional: this run's identity (default: random)
  *   insecure: false                        # true: allow non-loopback tcp without security:
+ *   rejoin_timeout_ms: 60000               # optional: wait for a failed rank to come back
  *
  * Without `security:`, a tcp endpoint in ranks or bind that is not loopback
  * (127.0.0.0/8, ::1, localhost; wildcards 0.0.0.0, * and :: are not) is
@@ -100,6 +101,8 @@ typedef struct pp_config {
     int checkpoint_keep;     /* checkpoint.keep: committed checkpoints kept, >= 1; default 2 */
     char *run_id;            /* NULL: none given */
     int insecure;            /* allow unencrypted non-loopback endpoints; default 0 */
+    int rejoin_timeout_ms;   /* > 0: survivors of a peer's failure wait this long for it to rejoin
+                              * (pippin/worker.h); default 0: a failure ends the run */
 } pp_config;
 
 /* Reads and checks a config file. */

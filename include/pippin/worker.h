@@ -70,6 +70,10 @@ typedef struct pp_worker_options {
     int resume;
     int blas_threads;           /* > 0: the BLAS's thread count (pp_set_blas_threads); 0: leave it */
     int checkpoint_keep;        /* committed checkpoints kept; 0: 2 */
+    /* > 0: when a peer fails (dies, restarts, goes silent), wait this long
+     * for every rank to come back and roll back together (below); < 0:
+     * off; 0: the config's rejoin_timeout_ms (default off). */
+    int rejoin_timeout_ms;
 } pp_worker_options;
 
 #define PP_WORKER_RESUME 1
@@ -96,6 +100,21 @@ PP_API pp_status pp_worker_step(pp_worker *w, int *done);
  * rank writes a checkpoint (when configured) of the same last finished step
  * and returns PP_OK with pp_worker_stopped 1. */
 PP_API pp_status pp_worker_run(pp_worker *w);
+/* Rejoin. With rejoin_timeout_ms, a step that fails because of a peer (it
+ * died, went silent, restarted, or rolled back itself) does not end the
+ * run: this worker tells the others, drops its transport, executor and
+ * parameters, opens them again from the config, and waits for every rank
+ * to complete a fresh handshake (a dead rank started again, by `pippin run
+ * --restart` or by hand with --resume-if-any, joins this way); then, as at
+ * any start, the ranks agree on their identity and resume from rank 0's
+ * newest committed checkpoint (from step 0 without one). The losses after
+ * that are those of an uninterrupted run. pp_worker_step returns PP_OK
+ * and pp_worker_next_step goes back. A rank that is not back in time, or
+ * a failure that is not a peer's (this rank's own error, a peer's abort
+ * for its own error, a skewed config), ends the run with an error naming
+ * it. The number of rejoins so far: */
+PP_API int pp_worker_rejoins(const pp_worker *w);
+
 /* Asks a running worker to stop after the step in progress. */
 PP_API void pp_worker_stop(pp_worker *w);
 PP_API int pp_worker_stopped(const pp_worker *w);
