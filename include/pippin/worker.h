@@ -112,7 +112,8 @@ PP_API pp_status pp_worker_run(pp_worker *w);
  * and pp_worker_next_step goes back. A rank that is not back in time, or
  * a failure that is not a peer's (this rank's own error, a peer's abort
  * for its own error, a skewed config), ends the run with an error naming
- * it. The number of rejoins so far: */
+ * it. Rejoin needs tcp or ipc endpoints (an inproc link to a rank that
+ * binds again is not re-made). The number of rejoins so far: */
 PP_API int pp_worker_rejoins(const pp_worker *w);
 
 /* Asks a running worker to stop after the step in progress. */

@@ -271,6 +271,82 @@ static void test_open_errors(void **state) {
     assert_non_null(strstr(pp_last_error(), "checkpoint"));
 }
 
+/* Rejoin (pippin/worker.h): rank 1 "dies" after step 1 (its worker is closed
+ * mid-run) and comes back as a new worker with --resume-if-any; ranks 0 and
+ * 2 wait for it, and every rank rolls back to the committed step 1 (or
+ * whichever is newest) and goes on: the losses of every step, as last
+ * reported, are the uninterrupted run's bit for bit. */
+static void *rank1_dies_and_returns(void *arg) {
+    rank_run *r = arg;
+    int done = 0;
+    while (!done && pp_worker_next_step(r->w) < 2) {
+        r->run_status = pp_worker_step(r->w, &done);
+        if (r->run_status != PP_OK) break;
+    }
+    pp_worker_close(r->w); /* the first incarnation ends here */
+    r->w = NULL;
+    r->o.resume = PP_WORKER_RESUME_IF_ANY;
+    r->open_status = pp_worker_open(cfg_path, &r->o, &r->w);
+    if (r->open_status != PP_OK) {
+        snprintf(r->err, sizeof r->err, "%s", pp_last_error());
+        return NULL;
+    }
+    return rank_main(r);
+}
+
+static void test_rejoin_on_threads(void **state) {
+    (void)state;
+    rank_run full[RANKS], runs[RANKS];
+    run_all(full, NULL, 0, 0, -1);
+    /* the same config over ipc: rejoin needs links that reconnect (tcp, ipc) */
+    char inproc_cfg[sizeof cfg_path], line[4096];
+    snprintf(inproc_cfg, sizeof inproc_cfg, "%s", cfg_path);
+    snprintf(cfg_path, sizeof cfg_path, "/tmp/pippin-test-worker-%d-ipc.yaml", (int)getpid());
+    FILE *in = fopen(inproc_cfg, "r"), *out = fopen(cfg_path, "w");
+    assert_non_null(in);
+    assert_non_null(out);
+    while (fgets(line, sizeof line, in))
+        if (strncmp(line, "ranks:", 6) == 0)
+            fprintf(out, "ranks: [ipc://%s-0, ipc://%s-1, ipc://%s-2]\n", cfg_path, cfg_path, cfg_path);
+        else
+            fputs(line, out);
+    fclose(in);
+    fclose(out);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", ckpt_dir);
+    assert_int_equal(system(cmd), 0);
+    pthread_t th[RANKS];
+    for (int r = 0; r < RANKS; r++) {
+        memset(&runs[r], 0, sizeof runs[r]);
+        runs[r].rank = r;
+        runs[r].stop_after = -1;
+        pp_worker_options_init(&runs[r].o);
+        runs[r].o.rank = r;
+        runs[r].o.progress = on_step;
+        runs[r].o.progress_user = &runs[r];
+        runs[r].o.checkpoint_dir = ckpt_dir;
+        runs[r].o.checkpoint_every = 1;
+        runs[r].o.rejoin_timeout_ms = 20000;
+        if (pp_worker_open(cfg_path, &runs[r].o, &runs[r].w) != PP_OK) fail_msg("rank %d: %s", r, pp_last_error());
+    }
+    for (int r = 0; r < RANKS; r++)
+        assert_int_equal(pthread_create(&th[r], NULL, r == 1 ? rank1_dies_and_returns : rank_main, &runs[r]), 0);
+    for (int r = 0; r < RANKS; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < RANKS; r++) {
+        if (runs[r].open_status != PP_OK || runs[r].run_status != PP_OK)
+            fail_msg("rank %d: %s", r, runs[r].err);
+        if (r != 1 && pp_worker_rejoins(runs[r].w) < 1) fail_msg("rank %d did not rejoin", r);
+        assert_int_equal(pp_worker_next_step(runs[r].w), STEPS);
+        pp_worker_close(runs[r].w);
+    }
+    unlink(cfg_path);
+    snprintf(cfg_path, sizeof cfg_path, "%s", inproc_cfg);
+    for (int s = 0; s < STEPS; s++)
+        if (runs[RANKS - 1].loss[s] != full[RANKS - 1].loss[s])
+            fail_msg("step %d after the rejoin: loss %.9g, uninterrupted %.9g", s, runs[RANKS - 1].loss[s],
+                     full[RANKS - 1].loss[s]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_workers_match_torch),
@@ -278,6 +354,7 @@ int main(void) {
         cmocka_unit_test(test_stop_one_rank_partial_and_damaged),
         cmocka_unit_test(test_per_rank_directories),
         cmocka_unit_test(test_open_errors),
+        cmocka_unit_test(test_rejoin_on_threads),
     };
     tu_filter_from_env();
     return cmocka_run_group_tests(tests, setup, teardown);

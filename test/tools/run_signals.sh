@@ -2,8 +2,8 @@
 # pippin run and signals: SIGTERM or SIGINT to the launcher stops every
 # worker after the same step and leaves no process; a second signal kills
 # them; a launcher killed with SIGKILL takes its workers with it (they stop
-# by themselves: PR_SET_PDEATHSIG); --restart N restarts the whole job after
-# a worker dies and ends with the uninterrupted run's losses. Every run is
+# by themselves: PR_SET_PDEATHSIG); --restart N restarts a worker that dies
+# while the others wait for it, and ends with the uninterrupted run's losses. Every run is
 # bounded with timeout. TAP.
 . "$(dirname "$0")/tap.sh"
 losses() { grep -o "^step [0-9]*: loss [0-9.]*" "$1"; }
@@ -150,10 +150,11 @@ else
     fi
 fi
 
-# 6. --restart: a worker killed in the middle of the run; pippin run stops
-# the others and starts all four again (from the newest committed
-# checkpoint, or from the start when there is none), exits 0, and every
-# step's loss is the uninterrupted run's.
+# 6. --restart: a worker killed in the middle of the run; pippin run starts
+# it again alone, the three others wait for it (they are started once), all
+# roll back to the newest committed checkpoint (or the start when there is
+# none), pippin run exits 0, and every step's loss is the uninterrupted
+# run's.
 n=$((n + 1))
 cfg ref 40
 cfg restart 40 "checkpoint: {dir: $tmp/restart-ck, every: 1}"
@@ -167,15 +168,18 @@ else
     finish $lpid 120
     if [ $rc -ne 0 ]; then
         echo "not ok $n - --restart 2: pippin run exited $rc: $(tail -5 "$tmp/restart.err")"
-    elif ! grep -q "restart 1 of 2" "$tmp/restart.err"; then
+    elif ! grep -q "restarted rank 1 (1 restart left)" "$tmp/restart.err"; then
         echo "not ok $n - --restart 2: no restart: $(tail -5 "$tmp/restart.err")"
+    elif [ "$(grep -c "pippin worker: rank 1 of 4" "$tmp/restart.err")" -ne 2 ] ||
+        [ "$(grep -c "pippin worker: rank [023] of 4" "$tmp/restart.err")" -ne 3 ]; then
+        echo "not ok $n - --restart 2: not only rank 1 was started again: $(grep "pippin worker: rank" "$tmp/restart.err")"
     elif [ "$(losses "$tmp/restart.out" | sort -u)" != "$(losses "$tmp/ref.out" | sort -u)" ] ||
         [ "$(losses "$tmp/ref.out" | wc -l)" -ne 40 ]; then
         echo "not ok $n - --restart: losses differ from the uninterrupted run's"
     elif ! gone "$tmp/restart.yaml" 1; then
         echo "not ok $n - --restart: workers left behind"
     else
-        echo "ok $n - --restart 2 after a SIGKILLed worker: $(grep -o "restart 1 of 2: .*" "$tmp/restart.err"); losses as uninterrupted"
+        echo "ok $n - --restart 2 after a SIGKILLed worker: $(grep -o "restarted rank 1 .*" "$tmp/restart.err"); the others waited; losses as uninterrupted"
     fi
 fi
 

@@ -1,0 +1,166 @@
+#!/bin/sh
+# Fault suite: recovery without restarting everyone. One of 4 training
+# workers (checkpoint after every step) is SIGKILLed at a random moment;
+# the three others do not exit but wait for it (rejoin_timeout_ms), and
+# once it is started again every rank rolls back to the newest committed
+# checkpoint. The run must end with the uninterrupted run's losses and
+# trained parameters, bit for bit. Trials alternate between
+#   - `pippin run --restart 3` over ipc (the launcher restarts the worker),
+#   - workers started by hand over tcp, the dead one restarted by hand with
+#     --resume-if-any after a random pause,
+#   - `pippin run --restart 3` with no checkpoint: everyone starts over.
+# Then a rank that never comes back: every survivor exits with an error
+# naming it once rejoin_timeout_ms has passed. TAP output; bounded.
+. "$(dirname "$0")/../tools/tap.sh"
+TRIALS=${PIPPIN_FAULT_REJOIN_TRIALS:-6}
+STEPS=40
+losses() { grep -o "^step [0-9]*: loss [0-9.]*" "$1"; }
+last_losses() { losses "$1" | awk '{last[$2] = $0} END {for (s in last) print last[s]}' | sort -t' ' -k2 -n; }
+rand() { echo $(( $(od -An -N2 -tu2 /dev/urandom) % $1 )); }
+msleep() { sleep "$(printf '%d.%03d' $(($1 / 1000)) $(($1 % 1000)))"; }
+cfg() { # NAME OUTDIR RANKS [EXTRA LINE]
+    cat >"$tmp/$1.yaml" <<YAML
+model: $SRC/examples/gpt/model.onnx
+schedule: 1f1b
+microbatches: 2
+batch_size: 8
+steps: $STEPS
+optimizer: {kind: adamw, lr: 0.002}
+text: {file: $SRC/examples/data/tiny.txt, vocab: $SRC/examples/gpt/vocab.json, seq: 64}
+ranks: [$3]
+timeout_ms: 3000
+output_dir: $2
+$4
+YAML
+}
+ipc_ranks() { echo "ipc://$tmp/$1-0, ipc://$tmp/$1-1, ipc://$tmp/$1-2, ipc://$tmp/$1-3"; }
+tcp_ranks() {
+    base=$((20000 + $(rand 40000)))
+    echo "tcp://127.0.0.1:$base, tcp://127.0.0.1:$((base + 1)), tcp://127.0.0.1:$((base + 2)), tcp://127.0.0.1:$((base + 3))"
+}
+crashed() { grep -l "AddressSanitizer\|runtime error:\|LeakSanitizer" "$@" 2>/dev/null | head -1; }
+
+cfg full "$tmp/full-params" "$(ipc_ranks full)"
+start=$(date +%s%N)
+if ! timeout 120 "$PIPPIN" run "$tmp/full.yaml" >"$tmp/full.out" 2>"$tmp/full.err"; then
+    ok 1 "uninterrupted run: $(tail -3 "$tmp/full.err")"
+    echo "1..$n"
+    exit 0
+fi
+run_ms=$(( ($(date +%s%N) - start) / 1000000 ))
+ok 0 "uninterrupted run: $(losses "$tmp/full.out" | wc -l) steps in $run_ms ms"
+
+# check TRIAL DESC OUT PARAMS: the run's last loss of every step and its
+# trained parameters are the uninterrupted run's.
+check() {
+    if [ "$(last_losses "$3")" != "$(losses "$tmp/full.out")" ]; then
+        ok 1 "trial $1 ($2): losses differ from the uninterrupted run's"
+    elif ! diff -r "$tmp/full-params" "$4" >/dev/null 2>&1; then
+        ok 1 "trial $1 ($2): trained parameters differ"
+    else
+        ok 0 "trial $1: $2; losses and parameters as uninterrupted"
+    fi
+}
+
+for trial in $(seq 1 "$TRIALS"); do
+    victim=$(rand 4)
+    delay_ms=$((300 + $(rand $((run_ms * 6 / 10 + 1)))))
+    kind=$((trial % 3))
+    t=t$trial
+    if [ $kind -ne 2 ]; then
+        ck="checkpoint: {dir: $tmp/ck$trial, every: 1}"
+    else
+        ck=""
+    fi
+    if [ $kind -ne 1 ]; then # pippin run restarts the dead worker
+        cfg $t "$tmp/p$trial" "$(ipc_ranks $t)" "$ck"
+        timeout 300 "$PIPPIN" run "$tmp/$t.yaml" --restart 3 >"$tmp/$t.out" 2>"$tmp/$t.err" &
+        lpid=$!
+        msleep $delay_ms
+        pkill -9 -f "worker $tmp/$t.yaml --rank $victim"
+        wait $lpid
+        rc=$?
+        desc="pippin run --restart, rank $victim killed after $delay_ms ms"
+        [ -z "$ck" ] && desc="$desc, no checkpoint"
+        if [ $rc -ne 0 ]; then
+            ok 1 "trial $trial ($desc): pippin run exited $rc: $(grep -v 'dropped a message' "$tmp/$t.err" | tail -4)"
+        elif [ -n "$(crashed "$tmp/$t.err")" ]; then
+            ok 1 "trial $trial ($desc): a sanitizer report: $(grep -m1 -A3 "Sanitizer\|runtime error" "$tmp/$t.err")"
+        elif [ "$(grep -c "pippin worker: rank [0-3] of 4" "$tmp/$t.err")" -gt 5 ]; then
+            ok 1 "trial $trial ($desc): more than the dead worker was started again"
+        else
+            check $trial "$desc, $(grep -c "restarted rank" "$tmp/$t.err") restart(s)" "$tmp/$t.out" "$tmp/p$trial"
+        fi
+        continue
+    fi
+    # by hand over tcp: the dead rank is started again after a pause
+    cfg $t "$tmp/p$trial" "$(tcp_ranks)" "$ck"
+    pids=""
+    for r in 0 1 2 3; do
+        timeout 300 "$PIPPIN" worker "$tmp/$t.yaml" --rank $r --rejoin-timeout-ms 20000 \
+            >"$tmp/$t-$r.out" 2>"$tmp/$t-$r.err" &
+        pids="$pids $!"
+    done
+    msleep $delay_ms
+    pkill -9 -f "worker $tmp/$t.yaml --rank $victim "
+    pause_ms=$(rand 1500)
+    msleep $pause_ms
+    timeout 300 "$PIPPIN" worker "$tmp/$t.yaml" --rank $victim --rejoin-timeout-ms 20000 --resume-if-any \
+        >"$tmp/$t-again.out" 2>"$tmp/$t-again.err" &
+    again=$!
+    codes=""
+    r=0
+    for p in $pids; do
+        wait "$p"
+        c=$?
+        [ $r -ne $victim ] && codes="$codes $c"
+        r=$((r + 1))
+    done
+    wait $again
+    codes="$codes $?"
+    desc="by hand over tcp, rank $victim killed after $delay_ms ms, back $pause_ms ms later"
+    if [ "$(echo $codes)" != "0 0 0 0" ]; then
+        ok 1 "trial $trial ($desc): exit codes$codes: $(cat "$tmp/$t"-*.err | grep -v 'dropped a message' | grep 'pippin worker: rank [0-9]:' | head -3)"
+    elif [ -n "$(crashed "$tmp/$t"-*.err)" ]; then
+        ok 1 "trial $trial ($desc): a sanitizer report in $(crashed "$tmp/$t"-*.err)"
+    else
+        cat "$tmp/$t-3.out" >"$tmp/$t-losses" # rank 3 computes the loss: before and after its restart
+        [ $victim -eq 3 ] && cat "$tmp/$t-again.out" >>"$tmp/$t-losses"
+        check $trial "$desc" "$tmp/$t-losses" "$tmp/p$trial"
+    fi
+done
+
+# A rank that never comes back: the survivors wait rejoin_timeout_ms, then
+# exit 1 naming it.
+cfg gone "$tmp/gone-params" "$(ipc_ranks gone)" "checkpoint: {dir: $tmp/gone-ck, every: 1}"
+victim=$(rand 4)
+pids=""
+for r in 0 1 2 3; do
+    timeout 120 "$PIPPIN" worker "$tmp/gone.yaml" --rank $r --rejoin-timeout-ms 2000 \
+        >"$tmp/gone-$r.out" 2>"$tmp/gone-$r.err" &
+    pids="$pids $!"
+done
+msleep $((300 + $(rand $((run_ms / 2 + 1)))))
+pkill -9 -f "worker $tmp/gone.yaml --rank $victim "
+t0=$(date +%s)
+bad=""
+r=0
+for p in $pids; do
+    wait "$p"
+    c=$?
+    if [ $r -ne $victim ]; then
+        [ $c -ne 1 ] && bad="$bad rank $r exited $c;"
+        grep -q "ranks $victim (.*) did not come back within rejoin_timeout_ms 2000" "$tmp/gone-$r.err" ||
+            bad="$bad rank $r does not name rank $victim: $(tail -c 300 "$tmp/gone-$r.err");"
+    fi
+    r=$((r + 1))
+done
+took=$(( $(date +%s) - t0 ))
+if [ -n "$bad" ]; then
+    ok 1 "rank $victim never back:$bad"
+elif [ $took -gt 20 ]; then
+    ok 1 "rank $victim never back: the survivors took $took s to give up"
+else
+    ok 0 "rank $victim never back: every survivor exits 1 naming it after rejoin_timeout_ms (${took} s)"
+fi
+echo "1..$n"
