@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "pippin/log.h"
+#include "grow.h"
 #include "op.h"
 #include "pippin/pipe.h"
 #include "status_internal.h"
@@ -134,9 +135,8 @@ static int producer_stage(const splitter *sp, int v) {
 static pp_status add_consumer(pp_pipe *p, const char *name, int producer, int consumer) {
     int e = pp_pipe_find_edge(p, name);
     if (e < 0) {
-        pp_pipe_edge *edges = realloc(p->edges, sizeof *edges * (size_t)(p->n_edges + 1));
-        if (!edges) return pp_error(PP_ERR_NOMEM, "out of memory");
-        p->edges = edges;
+        PP_TRY(PP_GROW_EXACT(p->edges, p->n_edges));
+        pp_pipe_edge *edges = p->edges;
         e = p->n_edges++;
         memset(&edges[e], 0, sizeof edges[e]);
         edges[e].value = strdup(name);
@@ -148,9 +148,8 @@ static pp_status add_consumer(pp_pipe *p, const char *name, int producer, int co
     pp_pipe_edge *ed = &p->edges[e];
     for (int k = 0; k < ed->n_consumers; k++)
         if (ed->consumers[k] == consumer) return PP_OK;
-    int *cs = realloc(ed->consumers, sizeof *cs * (size_t)(ed->n_consumers + 1));
-    if (!cs) return pp_error(PP_ERR_NOMEM, "out of memory");
-    ed->consumers = cs;
+    PP_TRY(PP_GROW_EXACT(ed->consumers, ed->n_consumers));
+    int *cs = ed->consumers;
     int k = ed->n_consumers++;
     while (k > 0 && cs[k - 1] > consumer) { /* keep ascending */
         cs[k] = cs[k - 1];
@@ -211,13 +210,9 @@ static pp_status find_edges_and_shared(const splitter *sp, pp_pipe *p) {
         int n_users;
         param_users(sp, v, users, &n_users);
         if (n_users < 2) continue;
-        pp_pipe_shared *sh = realloc(p->shared, sizeof *sh * (size_t)(p->n_shared + 1));
-        if (!sh) {
-            s = pp_error(PP_ERR_NOMEM, "out of memory");
-            break;
-        }
-        p->shared = sh;
-        sh = &p->shared[p->n_shared++];
+        s = PP_GROW_EXACT(p->shared, p->n_shared);
+        if (s != PP_OK) break;
+        pp_pipe_shared *sh = &p->shared[p->n_shared++];
         sh->name = strdup(g->values[v].name);
         sh->n_stages = n_users;
         sh->stages = malloc(sizeof(int) * (size_t)n_users);

@@ -9,6 +9,7 @@
 
 #include "pippin/npy.h"
 
+#include "grow.h"
 #include "status_internal.h"
 #include "param_files.h"
 pp_status pp_cli_add_named_npy(pp_named_tensors *nt, const char *arg) {
@@ -17,15 +18,16 @@ pp_status pp_cli_add_named_npy(pp_named_tensors *nt, const char *arg) {
         return pp_error(PP_ERR_INVALID, "'%s': expected NAME=FILE.npy", arg);
     pp_tensor *t;
     PP_TRY(pp_npy_load(eq + 1, &t));
-    char **names = realloc(nt->names, sizeof(char *) * (size_t)(nt->n + 1));
-    if (names) nt->names = names;
-    pp_tensor **ts = realloc(nt->tensors, sizeof(pp_tensor *) * (size_t)(nt->n + 1));
-    if (ts) nt->tensors = ts;
-    char *name = strndup(arg, (size_t)(eq - arg));
-    if (!names || !ts || !name) {
+    /* Both arrays grow to exactly nt->n + 1; on a failure nothing is added
+     * (a slot already grown is reused by the next call). */
+    pp_status s = PP_GROW_EXACT(nt->names, nt->n);
+    if (s == PP_OK) s = PP_GROW_EXACT(nt->tensors, nt->n);
+    char *name = s == PP_OK ? strndup(arg, (size_t)(eq - arg)) : NULL;
+    if (s == PP_OK && !name) s = pp_error(PP_ERR_NOMEM, "out of memory");
+    if (s != PP_OK) {
         free(name);
         pp_tensor_free(t);
-        return pp_error(PP_ERR_NOMEM, "out of memory");
+        return s;
     }
     nt->names[nt->n] = name;
     nt->tensors[nt->n] = t;

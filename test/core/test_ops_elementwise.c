@@ -8,10 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../lib/ops/broadcast.h"
 #include "test_util.h"
 
 #include "test_filter.h"
+#include "broadcast.h"
 #include "op.h"
 /* ------------------------------------------------------------- helpers */
 
