@@ -347,7 +347,10 @@ static pp_status finish(pp_worker *w) {
     return s;
 }
 
-static pp_status one_step(pp_worker *w, int64_t step, double *ms, float *loss, int *has_loss) {
+/* Runs step `step`, reports it to the progress callback, then writes what
+ * is due (a checkpoint, outputs): the report comes first, so a crash
+ * between the two repeats the step's report rather than losing it. */
+static pp_status one_step(pp_worker *w, int64_t step) {
     const pp_config *c = w->c;
     int n = w->n_inputs, n_out = w->p->n_outputs;
     pp_tensor **batch = calloc((size_t)n + 1, sizeof *batch), **outs = calloc((size_t)n_out + 1, sizeof *outs);
@@ -357,10 +360,17 @@ static pp_status one_step(pp_worker *w, int64_t step, double *ms, float *loss, i
     pp_executor_zero_grad(w->ex);
     if (s == PP_OK) s = pp_executor_step(w->ex, step, c->microbatches, n, w->names, batch, outs);
     if (s == PP_OK && c->training) s = pp_executor_optimizer_step(w->ex);
-    if (s == PP_OK) w->next_step = step + 1; /* the parameters are now those after `step` */
-    *ms = pp_monotonic_ms() - t0;
-    *has_loss = s == PP_OK && w->loss_output >= 0 && outs[w->loss_output];
-    if (*has_loss) *loss = (float)pp_tensor_get_f64(outs[w->loss_output], 0);
+    if (s == PP_OK) {
+        w->next_step = step + 1; /* the parameters are now those after `step` */
+        w->rejoin_deadline = 0;  /* every rank is back */
+    }
+    if (s == PP_OK && w->opt.progress) { /* before the vote: a stop asked here counts for this step */
+        int has_loss = w->loss_output >= 0 && outs[w->loss_output];
+        pp_worker_progress pr = {w->rank, step, c->steps, has_loss,
+                                 has_loss ? (float)pp_tensor_get_f64(outs[w->loss_output], 0) : 0.0f,
+                                 pp_monotonic_ms() - t0};
+        w->opt.progress(&pr, w->opt.progress_user);
+    }
     if (s == PP_OK) s = after_step(w, step, outs);
     for (int i = 0; batch && i < n; i++) pp_tensor_free(batch[i]);
     for (int o = 0; outs && o < n_out; o++) pp_tensor_free(outs[o]);
@@ -497,15 +507,7 @@ pp_status pp_worker_step(pp_worker *w, int *done) {
         return PP_OK;
     }
     int64_t step = w->next_step;
-    double ms = 0;
-    float loss = 0;
-    int has_loss = 0;
-    s = one_step(w, step, &ms, &loss, &has_loss);
-    if (s == PP_OK) w->rejoin_deadline = 0; /* every rank is back */
-    if (s == PP_OK && w->opt.progress) { /* before the vote: a stop asked here counts for this step */
-        pp_worker_progress pr = {w->rank, step, w->c->steps, has_loss, loss, ms};
-        w->opt.progress(&pr, w->opt.progress_user);
-    }
+    s = one_step(w, step);
     /* Every rank learns whether any rank was asked to stop, so all stop
      * after the same step and their checkpoints agree. */
     pp_agree_result vote = {0};

@@ -72,7 +72,7 @@ typedef struct peer {
     int told;               /* we sent it our run id and its nonce on the current connection */
     int verified;           /* it echoed our nonce: its messages are accepted from addr */
     int restarted;          /* a new process answered at its endpoint: it stays closed */
-    char *addr;             /* ZeroMQ Peer-Address of its verifying message (NULL: none, inproc) */
+    char *addr;             /* pp_tp_peer_addr of its verifying message (NULL: none, inproc) */
     uint64_t foreign_run;   /* run id of the last hello for it that we refused (for errors) */
     char proc[48];          /* "NS-PID" from its hello: the prefix of its ring names */
     int same_host;          /* its hello carried our host id: rings can be used */
@@ -206,7 +206,13 @@ static inline int name_ok(const char *s) {
     return 1;
 }
 
-/* Peer-Address strings equal (NULL only equals NULL). */
+/* Where a message came from, as pinned by the hello handshake: tcp
+ * "IP:PORT" of the connection, ipc ":UID:GID:PID" of the process (libzmq's
+ * Peer-Address), NULL for inproc. buf holds the tcp form. */
+#define PEER_ADDR_CHARS 64
+const char *pp_tp_peer_addr(zmq_msg_t *m0, char buf[PEER_ADDR_CHARS]);
+
+/* Peer addresses equal (NULL only equals NULL). */
 static inline int same_addr(const char *a, const char *b) {
     return (!a && !b) || (a && b && strcmp(a, b) == 0);
 }

@@ -8,6 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 /* Messages moved from the socket per pass before peer states are re-read. */
@@ -21,6 +24,30 @@
 
 /* Counts a dropped message (also in counter, a breakdown, if given) and
  * warns about it: the first ten, then every power of two. */
+const char *pp_tp_peer_addr(zmq_msg_t *m0, char buf[PEER_ADDR_CHARS]) {
+    const char *zaddr = zmq_msg_gets(m0, "Peer-Address");
+    /* tcp: libzmq gives the IP only, which every process on that host
+     * shares; the connection's own port (from the socket it came in on)
+     * pins the one connection that answered the handshake */
+    int fd = zmq_msg_get(m0, ZMQ_SRCFD);
+    struct sockaddr_storage sa;
+    socklen_t len = sizeof sa;
+    if (fd >= 0 && getpeername(fd, (struct sockaddr *)&sa, &len) == 0) {
+        char ip[INET6_ADDRSTRLEN];
+        if (sa.ss_family == AF_INET &&
+            inet_ntop(AF_INET, &((struct sockaddr_in *)&sa)->sin_addr, ip, sizeof ip)) {
+            snprintf(buf, PEER_ADDR_CHARS, "%s:%u", ip, ntohs(((struct sockaddr_in *)&sa)->sin_port));
+            return buf;
+        }
+        if (sa.ss_family == AF_INET6 &&
+            inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&sa)->sin6_addr, ip, sizeof ip)) {
+            snprintf(buf, PEER_ADDR_CHARS, "[%s]:%u", ip, ntohs(((struct sockaddr_in6 *)&sa)->sin6_port));
+            return buf;
+        }
+    }
+    return zaddr; /* ipc: ":UID:GID:PID" names the process; none: NULL */
+}
+
 void pp_tp_drop(pp_transport *t, zmq_msg_t *m0, atomic_ullong *counter, const char *fmt, ...) {
     uint64_t n = atomic_load_explicit(&t->st.dropped, memory_order_relaxed) + 1;
     stat_add(&t->st.dropped, 1);
@@ -31,7 +58,8 @@ void pp_tp_drop(pp_transport *t, zmq_msg_t *m0, atomic_ullong *counter, const ch
     va_start(ap, fmt);
     vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
-    const char *addr = m0 ? zmq_msg_gets(m0, "Peer-Address") : NULL;
+    char buf[PEER_ADDR_CHARS];
+    const char *addr = m0 ? pp_tp_peer_addr(m0, buf) : NULL;
     pp_warn("transport rank %d (%s): dropped a message%s%s: %s (%" PRIu64 " dropped so far)", t->rank,
             t->endpoint, addr ? " from " : "", addr ? addr : "", why, n);
 }
@@ -142,8 +170,8 @@ static void handle_message(pp_transport *t, const void *f0, size_t len0, zmq_msg
         }
     }
     peer *p = &t->peers[r];
-    /* where it came from: "IP" (tcp), ":UID:GID:PID" (ipc), none (inproc) */
-    const char *addr = m0 ? zmq_msg_gets(m0, "Peer-Address") : NULL;
+    char addr_buf[PEER_ADDR_CHARS];
+    const char *addr = m0 ? pp_tp_peer_addr(m0, addr_buf) : NULL;
     if (env.kind == PP_MSG_CONTROL && env.ntensors == 0 &&
         (strncmp(env.text, CTL_HELLO, PREFIX_LEN(CTL_HELLO)) == 0 ||
          strncmp(env.text, CTL_HELLO_REPLY, PREFIX_LEN(CTL_HELLO_REPLY)) == 0)) {

@@ -1,10 +1,12 @@
-/* Crafted bad messages from a raw ZeroMQ PUSH socket: each is dropped,
- * logged and counted, and the link keeps working. */
+/* Crafted bad messages from a raw ZeroMQ PUSH socket that completed the
+ * hello handshake as rank 0 (a verified peer gone bad): each is dropped,
+ * logged and counted, and the links keep working. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "pippin.pb-c.h"
@@ -15,14 +17,55 @@
 #include "test_filter.h"
 #include "envelope.h"
 typedef struct fixture {
-    pp_transport *t[2];  /* rank 0 sends good messages, rank 1 receives */
-    void *ctx, *raw;     /* a stranger's PUSH socket connected to rank 1 */
+    /* t[1] receives; t[2] sends good messages; rank 0 is the stranger: a
+     * raw PULL socket bound at rank 0's endpoint (rank 1's hellos to rank 0
+     * come there) and a raw PUSH socket connected to rank 1, which answers
+     * rank 1's hello. So its connection is the one rank 1 pins for rank 0,
+     * and what it sends meets every check after that (a verified peer gone
+     * bad). */
+    pp_transport *t[3];
+    void *ctx, *raw, *pull;
     uint64_t dropped;    /* rank 1's count so far */
     int good;            /* good messages sent so far */
     pp_tensor *x;
 } fixture;
 
 #define MAX_MSG (1u << 20)
+
+/* Reads rank 1's hello at the raw PULL socket and answers it from the raw
+ * PUSH socket with its nonce echoed, as rank 0 of run 77 in this process. */
+static void impersonate_rank0(fixture *f) {
+    uint64_t nonce = 0;
+    int64_t deadline = tt_now_ms() + 5000;
+    while (!nonce && tt_now_ms() < deadline) {
+        TT_OK(pp_transport_poll(f->t[1], 10));
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        while (!nonce && zmq_msg_recv(&m, f->pull, ZMQ_DONTWAIT) >= 0) {
+            Pippin__Envelope *e = pippin__envelope__unpack(NULL, zmq_msg_size(&m), zmq_msg_data(&m));
+            const char *n = e && e->text ? strstr(e->text, "nonce=") : NULL;
+            if (n && strncmp(e->text, "hello", 5) == 0) nonce = strtoull(n + 6, NULL, 16);
+            if (e) pippin__envelope__free_unpacked(e, NULL);
+        }
+        zmq_msg_close(&m);
+    }
+    assert_true(nonce != 0);
+    char text[256];
+    snprintf(text, sizeof text, "hello-reply run=%016llx nonce=%016llx echo=%016llx proc=%llx-%ld host=", 77ULL,
+             0x5eed5eed5eedULL, (unsigned long long)nonce, pp_shm_pid_ns(), (long)getpid());
+    Pippin__Envelope env = PIPPIN__ENVELOPE__INIT;
+    env.version = 1;
+    env.kind = PIPPIN__KIND__KIND_CONTROL;
+    env.run_id = 77;
+    env.src_rank = 0;
+    env.seq = 1;
+    env.text = text;
+    uint8_t buf[512];
+    size_t len = pippin__envelope__pack(&env, buf);
+    assert_true(zmq_send(f->raw, buf, len, 0) >= 0);
+    while (!pp_transport_peer_ready(f->t[1], 0) && tt_now_ms() < deadline) TT_OK(pp_transport_poll(f->t[1], 10));
+    assert_true(pp_transport_peer_ready(f->t[1], 0));
+}
 
 static int setup(void **state) {
     fixture *f = calloc(1, sizeof *f);
@@ -32,29 +75,38 @@ static int setup(void **state) {
     o.linger_ms = 100;
     o.run_id = 77;
     o.max_message_bytes = MAX_MSG;
-    /* rank 0 keeps off message rings: the stranger below announces its own
-     * as rank 0's, and from this process it passes every check a real one
-     * does (same address, same pid) */
-    char eps[2][256];
-    const char *list[2] = {NULL, NULL};
-    for (int r = 0; r < 2; r++) {
-        pp_transport_options ro = o;
+    f->ctx = zmq_ctx_new();
+    f->pull = zmq_socket(f->ctx, ZMQ_PULL);
+    int zero = 0;
+    zmq_setsockopt(f->pull, ZMQ_LINGER, &zero, sizeof zero);
+    assert_int_equal(zmq_bind(f->pull, "tcp://127.0.0.1:*"), 0);
+    char eps[3][256];
+    size_t n = sizeof eps[0];
+    assert_int_equal(zmq_getsockopt(f->pull, ZMQ_LAST_ENDPOINT, eps[0], &n), 0);
+    const char *list[3] = {eps[0], NULL, NULL};
+    for (int r = 1; r < 3; r++) {
         tt_endpoint("tcp", r, eps[r], sizeof eps[r]);
-        list[0] = list[1] = NULL;
-        list[r] = eps[r];
+        pp_transport_options ro = o;
+        list[1] = r == 1 ? eps[1] : NULL;
+        list[2] = r == 2 ? eps[2] : NULL;
         ro.rank = r;
-        ro.nranks = 2;
+        ro.nranks = 3;
         ro.endpoints = list;
-        if (r == 0) ro.shm_bytes = -1;
+        if (r == 2) ro.shm_bytes = -1; /* rank 1 takes rings the stranger announces; rank 2 has none */
         TT_OK(pp_transport_create(&ro, &f->t[r]));
     }
-    for (int r = 0; r < 2; r++) TT_OK(pp_transport_connect_peer(f->t[r], 1 - r, pp_transport_endpoint(f->t[1 - r])));
-    tt_handshake(2, f->t);
-    f->ctx = zmq_ctx_new();
+    TT_OK(pp_transport_connect_peer(f->t[1], 2, pp_transport_endpoint(f->t[2])));
+    TT_OK(pp_transport_connect_peer(f->t[2], 1, pp_transport_endpoint(f->t[1])));
     f->raw = zmq_socket(f->ctx, ZMQ_PUSH);
-    int zero = 0;
     zmq_setsockopt(f->raw, ZMQ_LINGER, &zero, sizeof zero);
     assert_int_equal(zmq_connect(f->raw, pp_transport_endpoint(f->t[1])), 0);
+    impersonate_rank0(f);
+    int64_t deadline = tt_now_ms() + 5000;
+    while ((!pp_transport_peer_ready(f->t[1], 2) || !pp_transport_peer_ready(f->t[2], 1)) && tt_now_ms() < deadline) {
+        TT_OK(pp_transport_poll(f->t[1], 1));
+        TT_OK(pp_transport_poll(f->t[2], 1));
+    }
+    assert_true(pp_transport_peer_ready(f->t[1], 2) && pp_transport_peer_ready(f->t[2], 1));
     int64_t s[2] = {2, 3};
     f->x = tt_f32_seq(2, s, 1);
     *state = f;
@@ -64,8 +116,9 @@ static int setup(void **state) {
 static int teardown(void **state) {
     fixture *f = *state;
     zmq_close(f->raw);
+    zmq_close(f->pull);
     zmq_ctx_term(f->ctx);
-    tt_close_ranks(2, f->t);
+    tt_close_ranks(3, f->t);
     pp_tensor_free(f->x);
     free(f);
     return 0;
@@ -114,8 +167,8 @@ static void expect_dropped(fixture *f, const char *what) {
                  (unsigned long long)f->dropped, (unsigned long long)st.dropped);
     f->dropped = st.dropped;
     assert_int_equal(st.pending, 0); /* nothing was filed */
-    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, f->good++, 0, 1, "x");
-    TT_OK(pp_transport_send(f->t[0], &k, f->x));
+    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, f->good++, 2, 1, "x");
+    TT_OK(pp_transport_send(f->t[2], &k, f->x));
     pp_tensor *got;
     TT_OK(pp_transport_recv(f->t[1], &k, 2000, &got));
     tt_assert_same(got, f->x);
@@ -441,8 +494,8 @@ static void test_oversize_frame(void **state) {
     fixture *f = *state;
     size_t n[1] = {MAX_MSG + 1};
     raw_send(f, 1, NULL, n);
-    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, f->good++, 0, 1, "x");
-    TT_OK(pp_transport_send(f->t[0], &k, f->x));
+    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, f->good++, 2, 1, "x");
+    TT_OK(pp_transport_send(f->t[2], &k, f->x));
     pp_tensor *got;
     TT_OK(pp_transport_recv(f->t[1], &k, 2000, &got));
     pp_tensor_free(got);

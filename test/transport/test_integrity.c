@@ -283,6 +283,32 @@ static void test_other_address_tcp(void **state) {
     tt_close_ranks(2, t);
 }
 
+/* The same from the same IP (127.0.0.1, another process's connection):
+ * the pinned connection is IP and port, not the IP alone. */
+static void test_same_ip_other_connection_tcp(void **state) {
+    (void)state;
+    pp_transport_options o = base(77);
+    pp_transport *t[2];
+    tt_make_ranks("tcp", 2, &o, t);
+    stranger st = stranger_at(pp_transport_endpoint(t[1]));
+    tt_crafted c;
+    craft_control(&c, 77, PIPPIN__KIND__KIND_ABORT, "stop");
+    send_crafted(st.s, &c);
+    tt_craft(&c, 77, 0, 5);
+    send_crafted(st.s, &c);
+    craft_control(&c, 77, PIPPIN__KIND__KIND_CONTROL, "bye");
+    send_crafted(st.s, &c);
+    pp_transport_stats ps = wait_dropped(t[1], 3);
+    assert_int_equal(ps.dropped_foreign, 3);
+    assert_int_equal(pp_transport_peer_state(t[1], 0), PP_PEER_UP);
+    pp_tensor *got;
+    pp_transport_key forged = tt_key(PP_MSG_ACTIVATION, 0, 5, 0, 1, "x");
+    TT_FAILS(PP_ERR_TIMEOUT, pp_transport_recv(t[1], &forged, 50, &got), "timed out");
+    expect_link(t, 1);
+    stranger_close(&st);
+    tt_close_ranks(2, t);
+}
+
 /* The same over ipc, where the address names the sending process: a
  * stranger process of this user that knows the run id is refused. */
 static void test_other_process_ipc(void **state) {
@@ -595,6 +621,7 @@ int main(void) {
         cmocka_unit_test(test_run_id_not_learned),
         cmocka_unit_test(test_restarted_peer),
         cmocka_unit_test(test_other_address_tcp),
+        cmocka_unit_test(test_same_ip_other_connection_tcp),
         cmocka_unit_test(test_other_process_ipc),
         cmocka_unit_test(test_bad_ring_announcement),
         cmocka_unit_test(test_ipc_lock),
