@@ -345,6 +345,7 @@ pp_status pp_transport_create(const pp_transport_options *opts, pp_transport **o
         pp_transport_close(t);
         return pp_error(keep, "%s", msg);
     }
+    pp_tp_conn_budget_init(t, opts->max_incoming_connections > 0 ? (size_t)opts->max_incoming_connections : 0);
     pp_debug("transport rank %d: bound %s", t->rank, t->endpoint);
     *out = t;
     return PP_OK;
@@ -393,6 +394,7 @@ void pp_transport_close(pp_transport *t) {
     }
     free(t->peers);
     free(t->items);
+    pp_tp_conn_budget_close(t);
     free(t->ring_copy);
     free(t->stage_ranks);
     if (t->rank_keys) {
@@ -473,5 +475,6 @@ void pp_transport_stats_get(const pp_transport *t, pp_transport_stats *out) {
     out->dropped_window = atomic_load_explicit(&c->dropped_window, memory_order_relaxed);
     out->dropped_over_cap = atomic_load_explicit(&c->dropped_over_cap, memory_order_relaxed);
     out->dropped_foreign = atomic_load_explicit(&c->dropped_foreign, memory_order_relaxed);
+    out->shed_connections = atomic_load_explicit(&c->shed_connections, memory_order_relaxed);
 
 }

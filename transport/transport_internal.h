@@ -92,8 +92,14 @@ typedef struct peer {
 typedef struct stat_counters {
     atomic_ullong messages_sent, messages_received, bytes_sent, bytes_received, dropped,
         retries, timeouts, peer_failures, pending, pending_bytes, shm_bytes_sent, shm_bytes_received,
-        dropped_window, dropped_over_cap, dropped_foreign;
+        dropped_window, dropped_over_cap, dropped_foreign, shed_connections;
 } stat_counters;
+
+/* An incoming connection that no rank's handshake pinned (transport_conns.c). */
+typedef struct pp_tp_stranger {
+    int fd;
+    char addr[80];
+} pp_tp_stranger;
 
 struct pp_transport {
     int rank, nranks, nstages;
@@ -110,6 +116,12 @@ struct pp_transport {
     int step_set;           /* pp_transport_set_step was called: the window's upper bound applies */
     uint64_t max_pending_per_peer; /* 0: no cap */
     int lock_fd;            /* flock on ipc PATH.lock (-1: none) */
+    int bound_port;         /* tcp: our port, whose accepted connections are budgeted; 0: none */
+    size_t conn_budget;     /* incoming connections kept before strangers are shed */
+    int64_t conns_swept_at; /* monotonic ms of the last look at them */
+    pp_tp_stranger *strangers; /* unpinned incoming connections at that look */
+    void *fd_dir;           /* DIR of /proc/self/fd, kept open for those looks */
+    size_t n_strangers;
     char *lock_path;
 
     pp_zctx *zctx;
@@ -216,6 +228,14 @@ const char *pp_tp_peer_addr(zmq_msg_t *m0, char buf[PEER_ADDR_CHARS]);
 static inline int same_addr(const char *a, const char *b) {
     return (!a && !b) || (a && b && strcmp(a, b) == 0);
 }
+
+/* ---- transport_conns.c ---- */
+/* Sets the budget (0: 4 per rank + 32) once the endpoint is bound. */
+void pp_tp_conn_budget_init(pp_transport *t, size_t budget);
+/* At most once a second: over budget or near the file limit, shuts down
+ * incoming connections no handshake pinned. */
+void pp_tp_conn_budget(pp_transport *t, int64_t now);
+void pp_tp_conn_budget_close(pp_transport *t);
 
 /* ---- transport.c ---- */
 

@@ -233,6 +233,7 @@ int pp_tp_tell(pp_transport *t, int r) {
 
 void pp_tp_read_monitors(pp_transport *t) {
     int64_t now = -1;
+    if (t->bound_port) pp_tp_conn_budget(t, now_ms());
     for (int r = 0; r < t->nranks; r++) {
         peer *p = &t->peers[r];
         if (!p->push) continue;

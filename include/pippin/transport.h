@@ -154,6 +154,10 @@ typedef struct pp_transport_options {
      * microbatches' activations from one peer (GPipe: all of them): raise
      * it for those. 0: 4 GiB; < 0: no cap. (Appended: the struct only grows.) */
     int64_t max_pending_bytes_per_peer;
+    /* tcp: incoming connections kept before those that completed no hello
+     * handshake are shut down (also whenever the process nears its file
+     * limit); stats.shed_connections counts them. 0: 4 per rank + 32. */
+    int max_incoming_connections;
 } pp_transport_options;
 
 /* Fills o with the defaults above (rank 0 of 1, no endpoints). */
@@ -189,6 +193,7 @@ typedef struct pp_transport_stats {
     uint64_t dropped_over_cap;    /* over max_pending_bytes_per_peer */
     uint64_t dropped_foreign;     /* another run id, a sender that has not completed the hello
                                    * handshake, or from another address than its handshake */
+    uint64_t shed_connections;    /* incoming tcp connections shut down over the budget (strangers) */
 } pp_transport_stats;
 
 typedef enum pp_peer_state {
