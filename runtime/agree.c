@@ -18,6 +18,19 @@ static pp_status first_stages(const pp_schedule *sc, int **first) {
 
 int pp_agree_long_timeout(int timeout_ms) { return timeout_ms > 300000 ? timeout_ms : 300000; }
 
+/* What an agreement is, for errors (its keys show only a microbatch number
+ * no schedule uses). */
+static const char *slot_name(int slot) {
+    switch (slot) {
+    case PP_AGREE_STOP: return "the stop vote after step";
+    case PP_AGREE_RESUME: return "the agreement on where to start (rank 0's newest committed checkpoint)";
+    case PP_AGREE_RESUME_OK: return "the agreement that every rank loaded the checkpoint";
+    case PP_AGREE_CHECKPOINT: return "the checkpoint commit of step";
+    case PP_AGREE_IDENTITY: return "the run identity check";
+    default: return "an agreement";
+    }
+}
+
 /* Sends t to every peer, then hands each peer's tensor to got(). */
 static pp_status all_to_all(const pp_agree *a, int64_t step, int slot, pp_tensor *t,
                             pp_status (*got)(void *user, int rank, const pp_tensor *t), void *user) {
@@ -38,7 +51,10 @@ static pp_status all_to_all(const pp_agree *a, int64_t step, int slot, pp_tensor
         pp_tensor_free(in);
     }
     free(first);
-    return s;
+    if (s == PP_OK) return s;
+    if (slot == PP_AGREE_STOP || slot == PP_AGREE_CHECKPOINT)
+        return pp_error_context(s, "%s %lld", slot_name(slot), (long long)step);
+    return pp_error_context(s, "%s", slot_name(slot));
 }
 
 static pp_status got_int(void *user, int rank, const pp_tensor *t) {
