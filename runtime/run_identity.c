@@ -2,6 +2,8 @@
  * and the comparison between two ranks' (runtime/run_identity.h). */
 #include "run_identity.h"
 
+#include "pippin/version.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -155,6 +157,8 @@ static pp_status add_file(pp_run_identity *id, const char *key, const char *path
 
 static pp_status add_config(pp_run_identity *id, const pp_config *c) {
     char key[PP_RUN_IDENTITY_MAX_KEY + 1];
+    /* kernels and their summation order may differ between versions */
+    PP_TRY(add_text(id, "pippin.version", pp_version()));
     PP_TRY(add_text(id, "mode", c->training ? "train" : "infer"));
     const char *sched = c->schedule ? c->schedule : "gpipe";
     if (!strncmp(sched, "csv:", 4)) PP_TRY(add_file(id, "schedule", sched + 4));

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "pippin/version.h"
 #include "run_identity.h"
 #include "test_util.h"
 
@@ -147,7 +148,7 @@ static void test_identical_configs_agree(void **state) {
     assert_true(pp_run_identity_digest(a) == pp_run_identity_digest(w));
     assert_int_equal(pp_run_identity_count(w), pp_run_identity_count(a));
     /* the keys this config gives, and their kinds */
-    static const char *const values[] = {"mode", "schedule", "microbatches", "batch_size", "steps", "loss",
+    static const char *const values[] = {"pippin.version", "mode", "schedule", "microbatches", "batch_size", "steps", "loss",
                                          "optimizer.kind", "optimizer.lr", "optimizer.weight_decay",
                                          "optimizer.beta1", "optimizer.beta2", "optimizer.eps", "optimizer.momentum",
                                          "split.before", "freeze", "n_ranks", "ranks", "security",
@@ -158,6 +159,7 @@ static void test_identical_configs_agree(void **state) {
         assert_int_equal(e->kind, PP_RUN_IDENTITY_VALUE);
     }
     assert_string_equal(pp_run_identity_find(a, "optimizer.lr")->detail, "0.003");
+    assert_string_equal(pp_run_identity_find(a, "pippin.version")->detail, pp_version());
     static const char *const files[] = {"model", "data.idx", "data.targets"};
     for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
         const pp_run_identity_entry *e = pp_run_identity_find(a, files[i]);
