@@ -56,7 +56,7 @@ pp_status pp_ckpt_save(pp_ckpt_sync *c, int64_t step) {
         return pp_error(mine, "rank %d: checkpoint of step %" PRId64 ": %s", c->agree.rank, step, why);
     PP_TRY(agreed);
     if (r.lo == 0)
-        return pp_error(PP_ERR_PEER, "rank %d: checkpoint of step %" PRId64 ": rank %d could not write its stage files "
+        return pp_error(PP_ERR_IO, "rank %d: checkpoint of step %" PRId64 ": rank %d could not write its stage files "
                         "(its log says why); the previous checkpoint stays", c->agree.rank, step, r.who_lo);
     if (c->agree.rank == 0)
         PP_TRY(pp_error_context(pp_checkpoint_commit(c->dir, step, c->n_stages_total), "rank 0: checkpoint of step %" PRId64, step));
@@ -72,7 +72,7 @@ pp_status pp_ckpt_start(pp_ckpt_sync *c, pp_ckpt_start_mode mode, int64_t *next_
         int64_t latest;
         if (pp_checkpoint_latest(c->dir, &latest) == PP_OK)
             s = pp_error(PP_ERR_INVALID, "%s holds committed checkpoints up to step %" PRId64 " of an earlier run: "
-                         "resume it (--resume) or use another directory", c->dir, latest);
+                         "resume it (--resume; a restarted worker: --resume-if-any) or use another directory", c->dir, latest);
         else
             proposal = -1;
     } else if (rank == 0) {
@@ -90,7 +90,7 @@ pp_status pp_ckpt_start(pp_ckpt_sync *c, pp_ckpt_start_mode mode, int64_t *next_
     if (s != PP_OK) return pp_error(s, "rank 0: %s", why);
     PP_TRY(agreed);
     if (r.hi == INT64_MIN + 1)
-        return pp_error(PP_ERR_PEER, "rank %d: rank 0 refused the checkpoint directory (its log says why)", rank);
+        return pp_error(PP_ERR_INVALID, "rank %d: rank 0 refused the checkpoint directory (its log says why)", rank);
     int64_t step = r.hi;
     if (step < 0) { /* from the start: nothing to load */
         *next_step = 0;
@@ -106,7 +106,7 @@ pp_status pp_ckpt_start(pp_ckpt_sync *c, pp_ckpt_start_mode mode, int64_t *next_
                         step, why);
     PP_TRY(agreed);
     if (r.lo == 0)
-        return pp_error(PP_ERR_PEER, "rank %d: resume from step %" PRId64 ": rank %d could not load its stages (its log "
+        return pp_error(PP_ERR_IO, "rank %d: resume from step %" PRId64 ": rank %d could not load its stages (its log "
                         "says why)", rank, step, r.who_lo);
     c->n_recent = 0;
     c->recent[c->n_recent++] = step;

@@ -621,7 +621,7 @@ pp_status pp_run_identity_check_peer(void *user, int rank, const uint8_t *bytes,
     const pp_run_identity_peer *me = user;
     pp_run_identity *theirs;
     pp_status s = pp_run_identity_decode(bytes, n, &theirs);
-    if (s != PP_OK) return pp_error_context(PP_ERR_PEER, "rank %d's run identity", rank);
+    if (s != PP_OK) return pp_error_context(PP_ERR_INVALID, "rank %d's run identity", rank);
     s = pp_run_identity_compare(me->mine, me->my_rank, theirs, rank);
     pp_run_identity_free(theirs);
     return s;

@@ -55,7 +55,9 @@ struct pp_worker {
      * everything above from the config and rolls back with the others. */
     int rejoin_ms;            /* 0: off */
     int resume_mode;          /* what open_checkpoints does: opt.resume, then RESUME_IF_ANY */
-    double rejoin_deadline;   /* monotonic ms while rejoining (until a step completes), else 0 */
+    double rejoin_deadline;   /* monotonic ms while rejoining (until a step past the failed one completes), else 0 */
+    int64_t failed_step;      /* the step whose failure started the rejoin */
+    pp_run_identity *first_id; /* the identity at the first open: a rejoin must find the same files */
     int rejoins;
 };
 
@@ -98,6 +100,16 @@ static pp_status open_transport(pp_worker *w) {
         o.curve_rank_keys = pubs;
     }
     if (s == PP_OK) s = pp_transport_create(&o, &w->t);
+    /* A worker started again where its last process died may find the
+     * port held a moment (a peer reconnecting to it can even take it, a
+     * tcp self-connect, when it is in the ephemeral range): with rejoin on,
+     * try for a while. */
+    for (double until = pp_monotonic_ms() + (w->rejoin_ms < 10000 ? w->rejoin_ms : 10000);
+         s == PP_ERR_IO && w->rejoin_ms > 0 && strstr(pp_last_error(), "in use") && pp_monotonic_ms() < until;) {
+        struct timespec pause = {0, 100 * 1000 * 1000};
+        nanosleep(&pause, NULL);
+        s = pp_transport_create(&o, &w->t);
+    }
     free(pub);
     free(pubs);
     return s;
@@ -191,6 +203,14 @@ static pp_status open_identity(pp_worker *w) {
     eff.checkpoint_every = w->ck.every;
     pp_status s = pp_run_identity_compute(&eff, w->p, n, w->stages, &w->id);
     if (s == PP_OK) s = pp_run_identity_encode(w->id, &w->identity, &w->identity_bytes);
+    if (s == PP_OK && !w->first_id) { /* kept: a rejoin reloads the files, which must not have changed */
+        pp_run_identity *copy;
+        s = pp_run_identity_decode(w->identity, w->identity_bytes, &copy);
+        if (s == PP_OK) w->first_id = copy;
+    } else if (s == PP_OK && pp_run_identity_compare(w->first_id, w->rank, w->id, w->rank) != PP_OK) {
+        s = pp_error(PP_ERR_INVALID, "rank %d: what this rank loaded again to rejoin differs from what the run "
+                     "started with (a file changed on disk?): %s", w->rank, pp_last_error());
+    }
     w->identity_pending = s == PP_OK;
     return s;
 }
@@ -362,7 +382,7 @@ static pp_status one_step(pp_worker *w, int64_t step) {
     if (s == PP_OK && c->training) s = pp_executor_optimizer_step(w->ex);
     if (s == PP_OK) {
         w->next_step = step + 1; /* the parameters are now those after `step` */
-        w->rejoin_deadline = 0;  /* every rank is back */
+        if (step > w->failed_step) w->rejoin_deadline = 0; /* past the failure: a new one gets its own wait */
     }
     if (s == PP_OK && w->opt.progress) { /* before the vote: a stop asked here counts for this step */
         int has_loss = w->loss_output >= 0 && outs[w->loss_output];
@@ -388,6 +408,7 @@ static pp_status one_step(pp_worker *w, int64_t step) {
 static int recoverable(pp_worker *w, pp_status s) {
     if (!w->rejoin_ms || !w->t || w->sched->nranks < 2) return 0;
     if (s != PP_ERR_PEER && s != PP_ERR_TIMEOUT) return 0;
+    (void)pp_transport_poll(w->t, 0); /* a peer's abort may still wait in the socket */
     int by;
     const char *why = pp_transport_abort_reason(w->t, &by);
     if (why) return by != w->rank && strncmp(why, REJOIN_PREFIX, strlen(REJOIN_PREFIX)) == 0;
@@ -429,6 +450,7 @@ static pp_status await_peers(pp_worker *w) {
 static pp_status rejoin(pp_worker *w, const char *why) {
     if (!w->rejoin_deadline) {
         w->rejoin_deadline = now_ms() + w->rejoin_ms;
+        w->failed_step = w->next_step;
         pp_warn("rank %d: %s; rolling back to the newest committed checkpoint, waiting up to %d ms for every rank",
                 w->rank, why, w->rejoin_ms);
     } else {
@@ -546,17 +568,19 @@ pp_status pp_worker_checkpoint(pp_worker *w, const char *dir) {
 int pp_worker_rank(const pp_worker *w) { return w->rank; }
 int64_t pp_worker_next_step(const pp_worker *w) { return w->next_step; }
 int64_t pp_worker_steps(const pp_worker *w) { return w->c->steps; }
-int pp_worker_n_stages(const pp_worker *w) { return pp_executor_n_stages(w->ex); }
+/* After a rejoin that failed there is no run: no stages, no endpoint. */
+int pp_worker_n_stages(const pp_worker *w) { return w->ex ? pp_executor_n_stages(w->ex) : 0; }
 int pp_worker_stage_index(const pp_worker *w, int i) {
-    return pp_stage_index(pp_executor_stage(((pp_worker *)w)->ex, i));
+    return w->ex ? pp_stage_index(pp_executor_stage(((pp_worker *)w)->ex, i)) : -1;
 }
-const char *pp_worker_endpoint(const pp_worker *w) { return pp_transport_endpoint(w->t); }
+const char *pp_worker_endpoint(const pp_worker *w) { return w->t ? pp_transport_endpoint(w->t) : ""; }
 
 int pp_worker_rejoins(const pp_worker *w) { return w->rejoins; }
 
 void pp_worker_close(pp_worker *w) {
     if (!w) return;
     close_run(w);
+    pp_run_identity_free(w->first_id);
     pp_config_free(w->owned_config);
     free(w);
 }

@@ -14,6 +14,7 @@
  * (a worker dies at once on its second signal). */
 #include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +41,7 @@ typedef struct job {
     double kill_at;  /* monotonic seconds: SIGKILL what is left then (0: never) */
     double grace_s;  /* after a failure, how long the others get to stop */
     int rejoin_ms;   /* > 0: workers rejoin (--restart) */
+    int finished;    /* a worker exited 0: the run is over, nothing to rejoin */
     int restarts_left;
     int resume_any;  /* restarted workers take --resume-if-any (the config has checkpoint:) */
     int64_t *mark;   /* per rank: the newest committed step when it was last restarted (-2: never) */
@@ -97,11 +99,14 @@ static void stop_job(job *j) {
     j->failed = 1;
 }
 
-/* With rejoin: starts failed rank r again while the others wait for it,
- * unless the restarts are used up or r failed before without a step
- * committed since (restarting it will not help). 1 if restarted. */
-static int restart_rank(job *j, int r) {
-    if (j->rejoin_ms <= 0 || j->stop_sig || j->failed) return 0;
+/* With rejoin: starts rank r again while the others wait for it, when it
+ * died of a signal (killed, crashed) -- a worker that exits with an error
+ * failed for a reason a restart repeats -- unless the run is over, the
+ * restarts are used up, or r died before without a step committed since.
+ * 1 if restarted. */
+static int restart_rank(job *j, int r, int status) {
+    if (j->rejoin_ms <= 0 || j->stop_sig || j->failed || j->finished) return 0;
+    if (!WIFSIGNALED(status)) return 0;
     int64_t step = -1;
     if (!j->ckpt_dir || pp_checkpoint_latest(j->ckpt_dir, &step) != PP_OK) step = -1;
     if (j->restarts_left <= 0) {
@@ -140,13 +145,16 @@ static void reaped(job *j, pid_t pid, int status) {
     if (r == j->n) return;
     j->pids[r] = 0;
     j->live--;
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+        j->finished = 1;
+        return;
+    }
     /* After the user's stop, workers end with "stopped" (exit 1): no news. */
     if (!j->stop_sig) {
         if (WIFSIGNALED(status)) fprintf(stderr, "pippin run: rank %d killed by signal %d\n", r, WTERMSIG(status));
         else fprintf(stderr, "pippin run: rank %d failed (exit %d)\n", r, WEXITSTATUS(status));
     }
-    if (!restart_rank(j, r)) stop_job(j);
+    if (!restart_rank(j, r, status)) stop_job(j);
 }
 
 /* A SIGINT/SIGTERM for the launcher: the first is forwarded, a second one
@@ -215,10 +223,11 @@ static void run_usage(FILE *f) {
             "checkpoint:); a second signal kills them. A worker whose launcher dies stops too.\n"
             "  --resume     every worker continues from the newest committed checkpoint in the\n"
             "               config's checkpoint.dir\n"
-            "  --restart N  a failed worker is started again (N times in all, default 0) while\n"
-            "               the others wait for it (rejoin_timeout_ms, default 60000); then every\n"
-            "               rank rolls back to the newest committed checkpoint in checkpoint.dir\n"
-            "               (step 0 when there is none) and goes on\n"
+            "  --restart N  a worker that dies of a signal (killed, crashed) is started again\n"
+            "               (N times in all, default 0) while the others wait for it\n"
+            "               (rejoin_timeout_ms, default 60000); then every rank rolls back to the\n"
+            "               newest committed checkpoint in checkpoint.dir (step 0 when there is\n"
+            "               none) and goes on. A worker that exits with an error stops the job\n"
             "Exit status: 0 when every worker succeeded, 1 otherwise, 2 for a usage error.\n");
 }
 
@@ -271,7 +280,8 @@ int cmd_run(int argc, char **argv) {
     job j = {.config = path, .n = cfg->n_ranks, .restarts_left = restarts, .ckpt_dir = cfg->checkpoint_dir};
     if (restarts > 0) {
         j.rejoin_ms = cfg->rejoin_timeout_ms > 0 ? cfg->rejoin_timeout_ms : 60000;
-        if (j.rejoin_ms < 3 * cfg->timeout_ms) j.rejoin_ms = 3 * cfg->timeout_ms;
+        long long at_least = 3LL * cfg->timeout_ms;
+        if (j.rejoin_ms < at_least) j.rejoin_ms = at_least > INT_MAX ? INT_MAX : (int)at_least;
         j.resume_any = cfg->training && cfg->checkpoint_dir;
     }
     /* A failed peer is noticed within timeout_ms; then give the step's

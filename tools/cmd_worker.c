@@ -136,7 +136,7 @@ int cmd_worker(int argc, char **argv) {
     }
     pp_config *cfg = NULL;
     if (pp_config_load(argv[optind], &cfg) != PP_OK) return pp_cli_fail("worker");
-    if (o.resume && !o.checkpoint_dir && !cfg->checkpoint_dir) {
+    if (o.resume == PP_WORKER_RESUME && !o.checkpoint_dir && !cfg->checkpoint_dir) {
         fprintf(stderr, "pippin worker: --resume needs --checkpoint DIR or a checkpoint: block in %s\n", argv[optind]);
         pp_config_free(cfg);
         return 2;

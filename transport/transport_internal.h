@@ -224,9 +224,16 @@ static inline int name_ok(const char *s) {
 #define PEER_ADDR_CHARS 64
 const char *pp_tp_peer_addr(zmq_msg_t *m0, char buf[PEER_ADDR_CHARS]);
 
-/* Peer addresses equal (NULL only equals NULL). */
+/* Whether message address b is pinned address a (NULL only equals NULL).
+ * A tcp message read after its connection closed has only its IP (the
+ * descriptor is gone): it matches a's IP. So a peer's last messages before
+ * it exits (data, goodbye, abort) still count; a stranger on the peer's
+ * host that closes its connection at once can pass too (use CURVE). */
 static inline int same_addr(const char *a, const char *b) {
-    return (!a && !b) || (a && b && strcmp(a, b) == 0);
+    if (!a || !b) return !a && !b;
+    if (strcmp(a, b) == 0) return 1;
+    size_t n = strlen(b);
+    return b[0] != ':' && strchr(a, ':') && strncmp(a, b, n) == 0 && a[n] == ':' && !strchr(a + n + 1, ':');
 }
 
 /* ---- transport_conns.c ---- */

@@ -277,6 +277,7 @@ static void learned_run(pp_transport *t, int from) {
 
 void pp_tp_handle_hello(pp_transport *t, int r, const pp_envelope *env, zmq_msg_t *m0, const char *addr) {
     peer *p = &t->peers[r];
+    if (t->aborted) return; /* done with this run: a new process must not learn anything from it */
     int reply = strncmp(env->text, CTL_HELLO_REPLY, PREFIX_LEN(CTL_HELLO_REPLY)) == 0;
     const char *s = env->text + (reply ? PREFIX_LEN(CTL_HELLO_REPLY) : PREFIX_LEN(CTL_HELLO));
     uint64_t run, nonce, echo;

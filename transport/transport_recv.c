@@ -45,7 +45,7 @@ const char *pp_tp_peer_addr(zmq_msg_t *m0, char buf[PEER_ADDR_CHARS]) {
             return buf;
         }
     }
-    return zaddr; /* ipc: ":UID:GID:PID" names the process; none: NULL */
+    return zaddr; /* ipc: ":UID:GID:PID" names the process; tcp after the connection closed: the IP */
 }
 
 void pp_tp_drop(pp_transport *t, zmq_msg_t *m0, atomic_ullong *counter, const char *fmt, ...) {
@@ -195,7 +195,7 @@ static void handle_message(pp_transport *t, const void *f0, size_t len0, zmq_msg
                    r);
         goto done;
     }
-    if (m0 && !same_addr(addr, p->addr)) {
+    if (m0 && !same_addr(p->addr, addr)) {
         pp_tp_drop(t, m0, &t->st.dropped_foreign, "claims rank %d, whose handshake came from '%s'", r,
                    p->addr ? p->addr : "(inproc)");
         goto done;

@@ -55,7 +55,7 @@ for kind in ipc tcp; do
     if [ $kind = ipc ]; then
         eps() { echo "ipc://$tmp/$1-0, ipc://$tmp/$1-1, ipc://$tmp/$1-2, ipc://$tmp/$1-3"; }
     else
-        base=$((20000 + $(od -An -N2 -tu2 /dev/urandom) % 40000))
+        base=$((20000 + $(od -An -N2 -tu2 /dev/urandom) % 12000)) # below the ephemeral ports
         eps() { echo "tcp://127.0.0.1:$base, tcp://127.0.0.1:$((base + 1)), tcp://127.0.0.1:$((base + 2)), tcp://127.0.0.1:$((base + 3))"; }
     fi
     cfg $kind-calm "$tmp/$kind-calm-params" "$(eps $kind-calm)"

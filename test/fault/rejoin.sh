@@ -35,7 +35,7 @@ YAML
 }
 ipc_ranks() { echo "ipc://$tmp/$1-0, ipc://$tmp/$1-1, ipc://$tmp/$1-2, ipc://$tmp/$1-3"; }
 tcp_ranks() {
-    base=$((20000 + $(rand 40000)))
+    base=$((20000 + $(rand 12000))) # below the ephemeral ports (32768-): no tcp self-connect
     echo "tcp://127.0.0.1:$base, tcp://127.0.0.1:$((base + 1)), tcp://127.0.0.1:$((base + 2)), tcp://127.0.0.1:$((base + 3))"
 }
 crashed() { grep -l "AddressSanitizer\|runtime error:\|LeakSanitizer" "$@" 2>/dev/null | head -1; }
@@ -129,6 +129,71 @@ for trial in $(seq 1 "$TRIALS"); do
         check $trial "$desc" "$tmp/$t-losses" "$tmp/p$trial"
     fi
 done
+
+# A failure that comes back after every rollback (rank 3 stalls past
+# timeout_ms each time it finishes step 20, like a slow evaluation) ends the
+# run once rejoin_timeout_ms has passed since it first failed, instead of
+# rolling back forever. (Regression: each completed step restarted the wait.)
+cfg stall "$tmp/stall-params" "$(ipc_ranks stall)" "checkpoint: {dir: $tmp/stall-ck, every: 5}"
+pids=""
+for r in 0 1 2 3; do
+    timeout 120 "$PIPPIN" worker "$tmp/stall.yaml" --rank $r --rejoin-timeout-ms 10000 \
+        >"$tmp/stall-$r.out" 2>"$tmp/stall-$r.err" &
+    pids="$pids $!"
+done
+set -- $pids
+sleep 0.3
+p3=""
+for p in $(pgrep -f "worker $tmp/stall.yaml --rank 3 "); do # the worker, not timeout(1)
+    [ "$(cat "/proc/$p/comm" 2>/dev/null)" = pippin ] && p3=$p
+done
+seen=0
+t0=$(date +%s)
+while kill -0 "$p3" 2>/dev/null && [ $(($(date +%s) - t0)) -lt 100 ]; do
+    k=$(grep -c "^step 20:" "$tmp/stall-3.out")
+    if [ "$k" -gt $seen ]; then
+        seen=$k
+        kill -STOP "$p3"
+        sleep 4
+        kill -CONT "$p3"
+    fi
+    sleep 0.01
+done
+codes=""
+for p in $pids; do
+    wait "$p"
+    codes="$codes $?"
+done
+took=$(( $(date +%s) - t0 ))
+if [ "$(echo $codes)" = "0 0 0 0" ]; then
+    ok 1 "a failure that repeats after every rollback: the run went on (step 20 reached $seen times)"
+elif [ "$seen" -gt 8 ] || [ $took -gt 60 ]; then
+    ok 1 "a failure that repeats after every rollback: step 20 reached $seen times in $took s"
+else
+    ok 0 "a failure that repeats after every rollback ends the run (step 20 reached $seen times, $took s)"
+fi
+
+# Files that change on disk while the run is on (here the text data) are
+# not picked up by a rejoin, which reloads them: the rejoining ranks refuse
+# to go on, naming what differs. (Regression: the run went on with other
+# losses.)
+cp "$SRC/examples/data/tiny.txt" "$tmp/changing.txt"
+cfg changed "$tmp/changed-params" "$(ipc_ranks changed)" "checkpoint: {dir: $tmp/changed-ck, every: 1}"
+sed -i "s|file: $SRC/examples/data/tiny.txt|file: $tmp/changing.txt|" "$tmp/changed.yaml"
+timeout 120 "$PIPPIN" run "$tmp/changed.yaml" --restart 3 >"$tmp/changed.out" 2>"$tmp/changed.err" &
+lpid=$!
+msleep 700
+tr 'a-y' 'b-z' <"$SRC/examples/data/tiny.txt" >"$tmp/changing.txt"
+pkill -9 -f "worker $tmp/changed.yaml --rank 2"
+wait $lpid
+rc=$?
+if [ $rc -eq 0 ]; then
+    ok 1 "data changed on disk before a rejoin: the run went on"
+elif ! grep -q "differs from what the run started with" "$tmp/changed.err"; then
+    ok 1 "data changed on disk before a rejoin: exit $rc without naming it: $(grep -v dropped "$tmp/changed.err" | tail -2)"
+else
+    ok 0 "data changed on disk before a rejoin: refused ($(grep -o 'differs from what the run started with[^:]*: [^(]*' "$tmp/changed.err" | head -1 | cut -c1-120))"
+fi
 
 # A rank that never comes back: the survivors wait rejoin_timeout_ms, then
 # exit 1 naming it.

@@ -484,7 +484,7 @@ static void test_decode_hostile(void **state) {
     }
     /* the pp_agree_bytes check: a peer's garbage is its fault */
     pp_run_identity_peer me = {id, 0};
-    assert_int_equal(pp_run_identity_check_peer(&me, 2, (const uint8_t *)"junk", 4), PP_ERR_PEER);
+    assert_int_equal(pp_run_identity_check_peer(&me, 2, (const uint8_t *)"junk", 4), PP_ERR_INVALID);
     assert_non_null(strstr(pp_last_error(), "rank 2's run identity"));
     TU_OK(pp_run_identity_check_peer(&me, 2, b, n));
     free(m);

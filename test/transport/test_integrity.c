@@ -680,6 +680,40 @@ static void test_connection_budget(void **state) {
     tt_close_ranks(2, t);
 }
 
+/* A stranger on the ranks' host that knows no run id cannot make one rank
+ * believe another restarted: hellos claiming each rank, sent from its own
+ * connections, leave both links up and working. (Regression: with
+ * addresses pinned by IP only, rank 0 marked rank 1 restarted.) */
+static void test_stranger_cannot_fake_restart(void **state) {
+    (void)state;
+    pp_transport_options o = base(0);
+    pp_transport *t[2];
+    tt_make_ranks("tcp", 2, &o, t);
+    tt_handshake(2, t);
+    tt_crafted c;
+    stranger s1 = stranger_at(pp_transport_endpoint(t[1]));
+    craft_control(&c, 0, PIPPIN__KIND__KIND_CONTROL,
+                  "hello run=0000000000000000 nonce=1111111111111111 echo=0000000000000000 proc=x host=");
+    c.env.src_rank = 0;
+    send_crafted(s1.s, &c);
+    stranger s0 = stranger_at(pp_transport_endpoint(t[0]));
+    craft_control(&c, 0, PIPPIN__KIND__KIND_CONTROL,
+                  "hello run=0000000000000000 nonce=2222222222222222 echo=0000000000000000 proc=x host=");
+    c.env.src_rank = 1;
+    send_crafted(s0.s, &c);
+    int64_t end = tt_now_ms() + 800;
+    while (tt_now_ms() < end) {
+        TT_OK(pp_transport_poll(t[0], 5));
+        TT_OK(pp_transport_poll(t[1], 5));
+    }
+    assert_int_equal(pp_transport_peer_state(t[0], 1), PP_PEER_UP);
+    assert_int_equal(pp_transport_peer_state(t[1], 0), PP_PEER_UP);
+    expect_link(t, 3);
+    stranger_close(&s0);
+    stranger_close(&s1);
+    tt_close_ranks(2, t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_flood_bounded),
@@ -689,6 +723,7 @@ int main(void) {
         cmocka_unit_test(test_restarted_peer),
         cmocka_unit_test(test_other_address_tcp),
         cmocka_unit_test(test_same_ip_other_connection_tcp),
+        cmocka_unit_test(test_stranger_cannot_fake_restart),
         cmocka_unit_test(test_other_process_ipc),
         cmocka_unit_test(test_bad_ring_announcement),
         cmocka_unit_test(test_ipc_lock),
