@@ -25,6 +25,7 @@
 #include "pippin/sched_sim.h"
 #include "pippin/sched_trace.h"
 #include "pippin/transport.h"
+#include "pippin/client.h"
 #include "pippin/executor.h"
 #include "pippin/checkpoint.h"
 #include "pippin/config.h"

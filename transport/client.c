@@ -1,0 +1,200 @@
+/* A serving pipeline's client (pippin/client.h): a ZeroMQ DEALER socket to
+ * the front endpoint's ROUTER; responses are matched to requests by id, and
+ * those that arrive while another is waited for are kept. */
+#include "pippin/client.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <zmq.h>
+
+#include "serve_wire.h"
+#include "status_internal.h"
+
+#define DEFAULT_MAX_RESPONSE ((int64_t)1 << 30)
+#define MAX_KEPT 4096 /* responses kept for later waits */
+
+struct pp_client {
+    void *ctx, *sock;
+    char endpoint[256];
+    uint64_t next_id;
+    size_t max_response;
+    pp_response **kept; /* arrived, not yet waited for */
+    size_t n_kept;
+    uint64_t *cancelled;
+    size_t n_cancelled;
+};
+
+void pp_client_options_init(pp_client_options *o) { memset(o, 0, sizeof *o); }
+
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+pp_status pp_client_connect(const char *endpoint, const pp_client_options *o, pp_client **out) {
+    *out = NULL;
+    if (!endpoint || (strncmp(endpoint, "tcp://", 6) != 0 && strncmp(endpoint, "ipc://", 6) != 0))
+        return pp_error(PP_ERR_INVALID, "client: '%s' is not a tcp:// or ipc:// endpoint", endpoint ? endpoint : "(null)");
+    pp_client *c = calloc(1, sizeof *c);
+    if (!c) return pp_error(PP_ERR_NOMEM, "out of memory");
+    snprintf(c->endpoint, sizeof c->endpoint, "%s", endpoint);
+    c->max_response = (size_t)(o && o->max_response_bytes > 0 ? o->max_response_bytes : DEFAULT_MAX_RESPONSE);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    c->next_id = ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)ts.tv_sec; /* distinct ids across reconnects */
+    if (!c->next_id) c->next_id = 1;
+    c->ctx = zmq_ctx_new();
+    c->sock = c->ctx ? zmq_socket(c->ctx, ZMQ_DEALER) : NULL;
+    int zero = 0;
+    int64_t max = (int64_t)c->max_response + 4096;
+    if (!c->sock || zmq_setsockopt(c->sock, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+        zmq_setsockopt(c->sock, ZMQ_MAXMSGSIZE, &max, sizeof max) != 0 || zmq_connect(c->sock, endpoint) != 0) {
+        pp_status s = pp_error(PP_ERR_IO, "client: cannot connect to %s: %s", endpoint, zmq_strerror(zmq_errno()));
+        pp_client_close(c);
+        return s;
+    }
+    *out = c;
+    return PP_OK;
+}
+
+static pp_status send_request(pp_client *c, const pp_serve_request *r) {
+    void *buf;
+    size_t n;
+    PP_TRY(pp_serve_request_encode(r, &buf, &n));
+    int rc = zmq_send(c->sock, buf, n, ZMQ_DONTWAIT);
+    free(buf);
+    if (rc < 0)
+        return pp_error(PP_ERR_IO, "client: sending to %s: %s", c->endpoint,
+                        zmq_errno() == EAGAIN ? "too many requests queued (is the service there?)" : zmq_strerror(zmq_errno()));
+    return PP_OK;
+}
+
+pp_status pp_client_submit(pp_client *c, int n, const char *const *names, pp_tensor *const *inputs, int n_out,
+                           const char *const *outputs, uint32_t timeout_ms, uint64_t *id) {
+    if (n < 0 || n > PP_SERVE_MAX_TENSORS || n_out < 0 || n_out > PP_SERVE_MAX_TENSORS)
+        return pp_error(PP_ERR_INVALID, "client: %d inputs, %d outputs (at most %d each)", n, n_out, PP_SERVE_MAX_TENSORS);
+    pp_serve_request r = {0};
+    r.id = c->next_id++;
+    r.kind = PP_SERVE_KIND_INFER;
+    r.n_inputs = n;
+    r.names = (char **)names;
+    r.inputs = (pp_tensor **)inputs;
+    r.n_outputs = n_out;
+    r.outputs = (char **)outputs;
+    r.timeout_ms = timeout_ms;
+    PP_TRY(send_request(c, &r));
+    *id = r.id;
+    return PP_OK;
+}
+
+pp_status pp_client_submit_stats(pp_client *c, uint64_t *id) {
+    pp_serve_request r = {0};
+    r.id = c->next_id++;
+    r.kind = PP_SERVE_KIND_STATS;
+    PP_TRY(send_request(c, &r));
+    *id = r.id;
+    return PP_OK;
+}
+
+static int cancelled(pp_client *c, uint64_t id, int forget) {
+    for (size_t i = 0; i < c->n_cancelled; i++)
+        if (c->cancelled[i] == id) {
+            if (forget) c->cancelled[i] = c->cancelled[--c->n_cancelled];
+            return 1;
+        }
+    return 0;
+}
+
+void pp_client_cancel(pp_client *c, uint64_t id) {
+    for (size_t i = 0; i < c->n_kept; i++)
+        if (c->kept[i]->id == id) {
+            pp_response_free(c->kept[i]);
+            c->kept[i] = c->kept[--c->n_kept];
+            return;
+        }
+    uint64_t *grown = realloc(c->cancelled, (c->n_cancelled + 1) * sizeof *grown);
+    if (!grown) return;
+    c->cancelled = grown;
+    c->cancelled[c->n_cancelled++] = id;
+}
+
+/* A kept response for id (0: any), taken out. */
+static pp_response *take_kept(pp_client *c, uint64_t id) {
+    for (size_t i = 0; i < c->n_kept; i++)
+        if (!id || c->kept[i]->id == id) {
+            pp_response *r = c->kept[i];
+            memmove(c->kept + i, c->kept + i + 1, (c->n_kept - i - 1) * sizeof *c->kept);
+            c->n_kept--;
+            return r;
+        }
+    return NULL;
+}
+
+pp_status pp_client_wait(pp_client *c, uint64_t id, int timeout_ms, pp_response **out) {
+    *out = take_kept(c, id);
+    if (*out) return PP_OK;
+    int64_t deadline = now_ms() + (timeout_ms < 0 ? 0 : timeout_ms);
+    for (;;) {
+        int64_t left = deadline - now_ms();
+        zmq_pollitem_t it = {c->sock, 0, ZMQ_POLLIN, 0};
+        int rc = zmq_poll(&it, 1, left > 0 ? (long)left : 0);
+        if (rc < 0 && zmq_errno() != EINTR)
+            return pp_error(PP_ERR_IO, "client: waiting on %s: %s", c->endpoint, zmq_strerror(zmq_errno()));
+        if (rc <= 0) {
+            if (now_ms() >= deadline)
+                return pp_error(PP_ERR_TIMEOUT, "client: no response from %s within %d ms%s", c->endpoint, timeout_ms,
+                                id ? "" : " (to any request)");
+            continue;
+        }
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, c->sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            continue;
+        }
+        int more = zmq_msg_more(&m);
+        pp_response *r = NULL;
+        pp_status s = more ? pp_error(PP_ERR_PARSE, "a response of several frames")
+                           : pp_serve_response_decode(zmq_msg_data(&m), zmq_msg_size(&m), c->max_response, &r);
+        zmq_msg_close(&m);
+        while (more) { /* drop the rest of a malformed one */
+            zmq_msg_init(&m);
+            if (zmq_msg_recv(&m, c->sock, 0) < 0) more = 0;
+            else more = zmq_msg_more(&m);
+            zmq_msg_close(&m);
+        }
+        if (s != PP_OK) return pp_error_context(s, "client: a response from %s", c->endpoint);
+        if (cancelled(c, r->id, 1)) {
+            pp_response_free(r);
+            continue;
+        }
+        if (!id || r->id == id) {
+            *out = r;
+            return PP_OK;
+        }
+        if (c->n_kept == MAX_KEPT) { /* nobody waits for these: drop the oldest */
+            pp_response_free(c->kept[0]);
+            memmove(c->kept, c->kept + 1, (c->n_kept - 1) * sizeof *c->kept);
+            c->n_kept--;
+        }
+        pp_response **grown = realloc(c->kept, (c->n_kept + 1) * sizeof *grown);
+        if (!grown) {
+            pp_response_free(r);
+            return pp_error(PP_ERR_NOMEM, "out of memory");
+        }
+        c->kept = grown;
+        c->kept[c->n_kept++] = r;
+    }
+}
+
+void pp_client_close(pp_client *c) {
+    if (!c) return;
+    for (size_t i = 0; i < c->n_kept; i++) pp_response_free(c->kept[i]);
+    free(c->kept);
+    free(c->cancelled);
+    if (c->sock) zmq_close(c->sock);
+    if (c->ctx) zmq_ctx_term(c->ctx);
+    free(c);
+}
