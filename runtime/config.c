@@ -358,6 +358,26 @@ static pp_status parse_text(const cx *x, const yaml_node_t *m) {
     return PP_OK;
 }
 
+static pp_status parse_serve(const cx *x, const yaml_node_t *m) {
+    static const char *const keys[] = {"endpoint", "max_batch", "max_wait_us", "max_queue", "max_inflight",
+                                       "max_request_bytes"};
+    yaml_node_t *v[6];
+    pp_config *c = x->c;
+    PP_TRY(match_keys(x, m, "serve", keys, 6, v));
+    if (!given(v[0])) return v[0] ? type_err(x, v[0], "serve.endpoint", "an endpoint")
+                                  : err_at(x, PP_ERR_PARSE, m, "missing key 'serve.endpoint'");
+    PP_TRY(get_str(x, v[0], "serve.endpoint", &c->serve_endpoint));
+    if (strncmp(c->serve_endpoint, "tcp://", 6) != 0 && strncmp(c->serve_endpoint, "ipc://", 6) != 0)
+        return err_at(x, PP_ERR_INVALID, v[0], "key 'serve.endpoint': '%.80s' is not a tcp:// or ipc:// endpoint",
+                      c->serve_endpoint);
+    if (given(v[1])) PP_TRY(get_int32(x, v[1], "serve.max_batch", 1, 1 << 20, &c->serve_max_batch));
+    if (given(v[2])) PP_TRY(get_int32(x, v[2], "serve.max_wait_us", 0, 60 * 1000 * 1000, &c->serve_max_wait_us));
+    if (given(v[3])) PP_TRY(get_int32(x, v[3], "serve.max_queue", 1, 1 << 20, &c->serve_max_queue));
+    if (given(v[4])) PP_TRY(get_int32(x, v[4], "serve.max_inflight", 0, 1 << 16, &c->serve_max_inflight));
+    if (given(v[5])) PP_TRY(get_int(x, v[5], "serve.max_request_bytes", 1, INT64_MAX, &c->serve_max_request_bytes));
+    return PP_OK;
+}
+
 static pp_status parse_security(const cx *x, const yaml_node_t *m, yaml_node_t **lists) {
     static const char *const keys[] = {"secret_keys", "public_keys"};
     pp_config *c = x->c;
@@ -496,12 +516,12 @@ static pp_status check_protected(const cx *x, const yaml_node_t *ranks, const ya
 enum {
     K_MODEL, K_SPLIT, K_DIMS, K_MODE, K_SCHEDULE, K_MICROBATCHES, K_BATCH, K_STEPS, K_LOSS,
     K_OPTIMIZER, K_DATA, K_TEXT, K_RANKS, K_BIND, K_TIMEOUT, K_SECURITY, K_OUTPUT, K_STAGES, K_SHM, K_FREEZE,
-    K_CHECKPOINT, K_RUN_ID, K_INSECURE, K_REJOIN, K_COUNT
+    K_CHECKPOINT, K_RUN_ID, K_INSECURE, K_REJOIN, K_SERVE, K_COUNT
 };
 static const char *const top_keys[K_COUNT] = {
     "model", "split", "dims", "mode", "schedule", "microbatches", "batch_size", "steps", "loss",
     "optimizer", "data", "text", "ranks", "bind", "timeout_ms", "security", "output_dir", "stages",
-    "shared_memory", "freeze", "checkpoint", "run_id", "insecure", "rejoin_timeout_ms"};
+    "shared_memory", "freeze", "checkpoint", "run_id", "insecure", "rejoin_timeout_ms", "serve"};
 
 static pp_status parse_top(const cx *x, const yaml_node_t *root) {
     pp_config *c = x->c;
@@ -526,17 +546,24 @@ static pp_status parse_top(const cx *x, const yaml_node_t *root) {
     if (given(v[K_DIMS])) PP_TRY(get_entries(x, v[K_DIMS], "dims", &c->dims, &c->n_dims, dim_value));
     if (given(v[K_MODE])) {
         const char *s;
-        PP_TRY(scalar_text(x, v[K_MODE], "mode", "train or infer", &s));
+        PP_TRY(scalar_text(x, v[K_MODE], "mode", "train, infer or serve", &s));
         if (!strcmp(s, "train")) c->training = 1;
         else if (!strcmp(s, "infer")) c->training = 0;
-        else return err_at(x, PP_ERR_INVALID, v[K_MODE], "key 'mode': expected train or infer, got '%.60s'", s);
+        else if (!strcmp(s, "serve")) c->training = 0, c->serving = 1;
+        else return err_at(x, PP_ERR_INVALID, v[K_MODE], "key 'mode': expected train, infer or serve, got '%.60s'", s);
     }
     if (given(v[K_SCHEDULE])) PP_TRY(parse_schedule(x, v[K_SCHEDULE]));
     if (given(v[K_MICROBATCHES]))
         PP_TRY(get_int32(x, v[K_MICROBATCHES], "microbatches", 1, PP_SCHED_MAX_MB, &c->microbatches));
-    if (!given(v[K_BATCH])) return v[K_BATCH] ? type_err(x, v[K_BATCH], "batch_size", "an integer")
+    if (c->serving && given(v[K_SERVE])) PP_TRY(parse_serve(x, v[K_SERVE]));
+    else if (c->serving)
+        return err_at(x, PP_ERR_PARSE, v[K_SERVE] ? v[K_SERVE] : root, "mode serve needs a 'serve:' section with an endpoint");
+    else if (given(v[K_SERVE]))
+        return err_at(x, PP_ERR_INVALID, v[K_SERVE], "key 'serve': only for mode: serve");
+    if (c->serving && !given(v[K_BATCH])) c->batch_size = c->serve_max_batch; /* requests bring their rows */
+    else if (!given(v[K_BATCH])) return v[K_BATCH] ? type_err(x, v[K_BATCH], "batch_size", "an integer")
                                               : err_at(x, PP_ERR_PARSE, root, "missing key 'batch_size'");
-    PP_TRY(get_int(x, v[K_BATCH], "batch_size", 1, INT64_MAX, &c->batch_size));
+    else PP_TRY(get_int(x, v[K_BATCH], "batch_size", 1, INT64_MAX, &c->batch_size));
     /* Each microbatch needs a sample: caught here, with the line, rather
      * than by every worker's first step. */
     if (c->microbatches > c->batch_size)
@@ -666,6 +693,7 @@ void pp_config_free(pp_config *c) {
     free(c->data);
     free(c->text_file);
     free(c->text_vocab);
+    free(c->serve_endpoint);
     for (int i = 0; c->ranks && i < c->n_ranks; i++) free(c->ranks[i]);
     free(c->ranks);
     free(c->bind);
@@ -701,6 +729,10 @@ pp_status pp_config_parse(const char *text, size_t len, const char *name, const 
     c->timeout_ms = 10000;
     c->shared_memory = 1;
     c->checkpoint_keep = 2;
+    c->serve_max_batch = 8;
+    c->serve_max_wait_us = 500;
+    c->serve_max_queue = 256;
+    c->serve_max_request_bytes = (int64_t)64 << 20;
     pp_optim_config_init(&c->optim, PP_OPTIM_ADAMW);
 
     yaml_parser_t parser;

@@ -159,7 +159,7 @@ static pp_status add_config(pp_run_identity *id, const pp_config *c) {
     char key[PP_RUN_IDENTITY_MAX_KEY + 1];
     /* kernels and their summation order may differ between versions */
     PP_TRY(add_text(id, "pippin.version", pp_version()));
-    PP_TRY(add_text(id, "mode", c->training ? "train" : "infer"));
+    PP_TRY(add_text(id, "mode", c->training ? "train" : c->serving ? "serve" : "infer"));
     const char *sched = c->schedule ? c->schedule : "gpipe";
     if (!strncmp(sched, "csv:", 4)) PP_TRY(add_file(id, "schedule", sched + 4));
     else PP_TRY(add_text(id, "schedule", sched));

@@ -13,6 +13,7 @@
 #include "param_files.h"
 #include "pippin/checkpoint.h"
 #include "run_identity.h"
+#include "serve.h"
 #include "pippin/exec.h"
 #include "pippin/executor.h"
 #include "pippin/npy.h"
@@ -80,6 +81,7 @@ static pp_status open_transport(pp_worker *w) {
     o.nstages = w->sched->nstages;
     o.stage_ranks = w->sched->stage_rank;
     o.timeout_ms = c->timeout_ms;
+    if (c->serving) o.step_window = -1; /* batches run ahead on the front: serve.max_inflight bounds them */
     /* The config's run_id keeps other runs' messages out (0: the transport's default) */
     if (c->run_id) o.run_id = pp_hash64(PP_HASH64_SEED, c->run_id, strlen(c->run_id)) | 1;
     if (!c->shared_memory) o.shm_bytes = -1;
@@ -145,7 +147,10 @@ static pp_status open_pipe(pp_worker *w) {
                             c->stages, w->p->loss ? w->p->loss : "(none)", c->loss);
     }
     if (!c->schedule) return pp_error(PP_ERR_INVALID, "%s: no schedule", c->path ? c->path : "config");
-    PP_TRY(pp_schedule_from_spec(c->schedule, w->p->n_stages, c->microbatches, &w->sched));
+    /* serving: each batch is one microbatch through the stages in order;
+     * batches overlap across ranks instead */
+    PP_TRY(pp_schedule_from_spec(c->serving ? "gpipe" : c->schedule, w->p->n_stages, c->serving ? 1 : c->microbatches,
+                                 &w->sched));
     if (w->sched->nranks != c->n_ranks)
         return pp_error(PP_ERR_INVALID, "%s: schedule '%s' over %d stages needs %d ranks; the config lists %d",
                         c->path, c->schedule, w->p->n_stages, w->sched->nranks, c->n_ranks);
@@ -269,7 +274,7 @@ static pp_status open_run(pp_worker *w) {
     w->next_step = 0;
     w->failed = w->params_written = 0;
     pp_status s = open_pipe(w);
-    if (s == PP_OK) s = open_data(w);
+    if (s == PP_OK && !c->serving) s = open_data(w);
     if (s == PP_OK && c->output_dir) s = pp_mkdirs(c->output_dir);
     if (s == PP_OK) s = open_transport(w);
     if (s != PP_OK) s = pp_error_context(s, "rank %d", w->rank);
@@ -505,6 +510,7 @@ static pp_status fail_step(pp_worker *w, pp_status s, int *done) {
 }
 
 pp_status pp_worker_step(pp_worker *w, int *done) {
+    if (w->c->serving) return pp_error(PP_ERR_STATE, "rank %d: a serving worker has no steps: pp_worker_run serves", w->rank);
     if (done) *done = w->next_step >= w->c->steps || w->stop_agreed;
     if (w->failed) return pp_error(PP_ERR_STATE, "rank %d: an earlier step failed", w->rank);
     if (w->stop_agreed) return PP_OK;
@@ -542,6 +548,12 @@ pp_status pp_worker_step(pp_worker *w, int *done) {
 }
 
 pp_status pp_worker_run(pp_worker *w) {
+    if (w->c->serving) {
+        pp_serve_ctx x = {w->c, w->p, w->sched, w->ex, w->t, w->rank, &w->stop};
+        pp_status s = pp_serve_run(&x);
+        if (s != PP_OK) return fail(w, s) == PP_OK ? pp_error(s, "rank %d: serving ended", w->rank) : s;
+        return PP_OK;
+    }
     int done = 0;
     while (!done) PP_TRY(pp_worker_step(w, &done));
     if (w->stop_agreed && w->next_step < w->c->steps) {

@@ -335,7 +335,8 @@ int cmd_run(int argc, char **argv) {
         if (sig == SIGINT || sig == SIGTERM) user_signal(&j, sig, &info);
     }
     wait_all(&j, &set);
-    int rc = !j.failed && !j.signals ? 0 : 1;
+    /* a service ends by a signal: that is its normal end when every worker drained cleanly */
+    int rc = !j.failed && (!j.signals || cfg->serving) ? 0 : 1;
     if (j.signals) fprintf(stderr, "pippin run: stopped by %s\n", j.stop_sig == SIGINT ? "SIGINT" : "SIGTERM");
 
     /* Signals that came after the last worker ended must not kill us when

@@ -26,5 +26,6 @@ int cmd_run(int argc, char **argv);
 int cmd_grad(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_checkpoint(int argc, char **argv);
+int cmd_request(int argc, char **argv);
 
 #endif

@@ -18,6 +18,7 @@ static const pp_command commands[] = {
     {"worker", cmd_worker, "run one rank of a pipeline from a YAML config"},
     {"run", cmd_run, "run every rank of a YAML config as local worker processes"},
     {"checkpoint", cmd_checkpoint, "list, inspect and export training checkpoints"},
+    {"request", cmd_request, "send one request to a serving pipeline (mode: serve)"},
     {NULL, NULL, NULL},
 };
 

@@ -9,7 +9,7 @@
  *     after: []
  *     transmit_shared: false
  *   dims: {seq: 64}                        # sizes of dynamic dims, for shape probing
- *   mode: train                            # train | infer
+ *   mode: train                            # train | infer | serve
  *   schedule: 1f1b                         # any `pippin schedule` kind, or csv:FILE
  *   microbatches: 4
  *   batch_size: 16
@@ -34,6 +34,8 @@
  *   run_id: gpt-small-01                   # optional: this run's identity (default: random)
  *   insecure: false                        # true: allow non-loopback tcp without security:
  *   rejoin_timeout_ms: 60000               # optional: wait for a failed rank to come back
+ *   serve: {endpoint: tcp://127.0.0.1:5600, max_batch: 8, max_wait_us: 500,   # mode serve
+ *           max_queue: 256, max_inflight: 0, max_request_bytes: 67108864}
  *
  * Without `security:`, a tcp endpoint in ranks or bind that is not loopback
  * (127.0.0.0/8, ::1, localhost; wildcards 0.0.0.0, * and :: are not) is
@@ -103,6 +105,14 @@ typedef struct pp_config {
     int insecure;            /* allow unencrypted non-loopback endpoints; default 0 */
     int rejoin_timeout_ms;   /* > 0: survivors of a peer's failure wait this long for it to rejoin
                               * (pippin/worker.h); default 0: a failure ends the run */
+    /* mode: serve (docs/serving.md): the serve: section */
+    int serving;
+    char *serve_endpoint;    /* serve.endpoint: the front's ROUTER (tcp:// or ipc://) */
+    int serve_max_batch;     /* serve.max_batch: rows merged into one batch; default 8 */
+    int serve_max_wait_us;   /* serve.max_wait_us: how long a batch waits to fill; default 500 */
+    int serve_max_queue;     /* serve.max_queue: requests waiting or running; past it "busy"; default 256 */
+    int serve_max_inflight;  /* serve.max_inflight: batches in the pipeline at once; default ranks + 1 */
+    int64_t serve_max_request_bytes; /* serve.max_request_bytes: default 64 MiB */
 } pp_config;
 
 /* Reads and checks a config file. */

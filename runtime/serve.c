@@ -1,0 +1,741 @@
+/* A standing pipeline that answers requests (serve.h, docs/serving.md). */
+#include "serve.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <zmq.h>
+
+#include "log_internal.h"
+#include "serve_wire.h"
+#include "status_internal.h"
+#include "timing.h"
+
+/* Keys of serving messages: a microbatch number no schedule or agreement
+ * uses; answers to the front at steps past any batch number, so that the
+ * front's own steps (which drop older steps' messages) never drop them. */
+#define SERVE_MB (1 << 29)
+#define ANSWER_STEP ((int64_t)1 << 40)
+#define BATCH_NAME "pippin:batch"
+#define FAIL_NAME "pippin:fail"
+#define LATENCIES 1024
+
+typedef struct job {
+    zmq_msg_t who; /* the client's routing id */
+    pp_serve_request req;
+    int64_t rows;
+    double arrived, deadline; /* monotonic ms */
+    pp_response *resp;
+} job;
+
+typedef struct batch {
+    int64_t b;
+    job **jobs;
+    int n_jobs;
+    int64_t rows;
+    pp_tensor **outs; /* per model output, once here */
+    double started;
+    int failed;       /* answered with an error already; waiting only to drain */
+    char *error;
+} batch;
+
+typedef struct stats {
+    atomic_llong requests, ok, bad, busy, timeouts, failed, batches, batch_rows;
+    atomic_int in_system; /* accepted and not yet answered */
+    pthread_mutex_t lock;
+    double latency[LATENCIES];
+    long n_latency;
+} stats;
+
+typedef struct serve {
+    const pp_serve_ctx *x;
+    const pp_config *c;
+    const pp_pipe *p;
+    int front;           /* the rank holding stage 0 */
+    int *first_stage;    /* per rank */
+    int n_in;            /* model inputs */
+    int *in_edge;
+    void *zctx, *pair_front, *pair_worker, *router;
+    pthread_t thread;
+    atomic_int front_stop;
+    stats st;
+    char pair_ep[64];
+    /* the front rank's thread */
+    job **pending;
+    int n_pending, cap_pending;
+    batch *inflight;
+    int n_inflight, max_inflight;
+    int64_t next_b;
+} serve;
+
+static double now_ms(void) { return pp_monotonic_ms(); }
+
+/* ---- checking a request against the model's inputs ---- */
+
+static pp_status check_request(serve *s, const pp_serve_request *r, int64_t *rows) {
+    const pp_pipe *p = s->p;
+    char sym_name[16][64];
+    int64_t sym_val[16];
+    int n_sym = 0;
+    *rows = -1;
+    for (int k = 0; k < r->n_inputs; k++) {
+        int i = 0;
+        while (i < s->n_in && strcmp(p->edges[s->in_edge[i]].value, r->names[k]) != 0) i++;
+        if (i == s->n_in) return pp_error(PP_ERR_INVALID, "input '%s' is not a model input", r->names[k]);
+    }
+    for (int i = 0; i < s->n_in; i++) {
+        const pp_pipe_edge *e = &p->edges[s->in_edge[i]];
+        int k = 0;
+        while (k < r->n_inputs && strcmp(r->names[k], e->value) != 0) k++;
+        if (k == r->n_inputs) return pp_error(PP_ERR_INVALID, "model input '%s' not given", e->value);
+        const pp_tensor *t = r->inputs[k];
+        if (e->dtype != PP_DTYPE_UNDEFINED && t->dtype != e->dtype)
+            return pp_error(PP_ERR_INVALID, "input '%s': dtype %s, the model takes %s", e->value,
+                            pp_dtype_name(t->dtype), pp_dtype_name(e->dtype));
+        if (e->ndim >= 0 && t->ndim != e->ndim)
+            return pp_error(PP_ERR_INVALID, "input '%s': %d dims, the model takes %d", e->value, t->ndim, e->ndim);
+        if (t->ndim < 1) return pp_error(PP_ERR_INVALID, "input '%s': a scalar; inputs have a batch dim first", e->value);
+        if (*rows < 0) *rows = t->shape[0];
+        else if (t->shape[0] != *rows)
+            return pp_error(PP_ERR_INVALID, "input '%s': %" PRId64 " rows, another input has %" PRId64, e->value,
+                            t->shape[0], *rows);
+        for (int d = 0; e->ndim >= 0 && d < t->ndim; d++) {
+            const char *dim = e->dims[d];
+            if (!dim) continue;
+            char *end;
+            long long fixed = strtoll(dim, &end, 10);
+            if (!*end && end != dim) {
+                if (t->shape[d] != fixed)
+                    return pp_error(PP_ERR_INVALID, "input '%s' dim %d: %" PRId64 ", the model takes %lld", e->value, d,
+                                    t->shape[d], fixed);
+                continue;
+            }
+            int j = 0;
+            while (j < n_sym && strcmp(sym_name[j], dim) != 0) j++;
+            if (j < n_sym && sym_val[j] != t->shape[d])
+                return pp_error(PP_ERR_INVALID, "input '%s' dim %d ('%s'): %" PRId64 ", another input has %" PRId64,
+                                e->value, d, dim, t->shape[d], sym_val[j]);
+            if (j == n_sym && n_sym < 16) {
+                snprintf(sym_name[n_sym], sizeof sym_name[n_sym], "%s", dim);
+                sym_val[n_sym++] = t->shape[d];
+            }
+        }
+    }
+    if (*rows < 1) return pp_error(PP_ERR_INVALID, "no rows");
+    for (int o = 0; o < r->n_outputs; o++) {
+        int k = 0;
+        while (k < p->n_outputs && strcmp(p->outputs[k], r->outputs[o]) != 0) k++;
+        if (k == p->n_outputs) return pp_error(PP_ERR_INVALID, "output '%s' is not a model output", r->outputs[o]);
+    }
+    return PP_OK;
+}
+
+/* ---- the front thread: the ROUTER socket ---- */
+
+static void send_reply(serve *s, zmq_msg_t *who, const pp_response *r) {
+    void *buf;
+    size_t n;
+    if (pp_serve_response_encode(r, &buf, &n) != PP_OK) return;
+    zmq_msg_t id;
+    zmq_msg_init(&id);
+    zmq_msg_copy(&id, who);
+    if (zmq_msg_send(&id, s->router, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0) zmq_send(s->router, buf, n, ZMQ_DONTWAIT);
+    zmq_msg_close(&id);
+    free(buf);
+}
+
+static void reply_error(serve *s, zmq_msg_t *who, uint64_t id, int code, const char *error) {
+    pp_response r = {id, code, (char *)error, 0, NULL, NULL, NULL};
+    send_reply(s, who, &r);
+}
+
+static char *stats_json(serve *s) {
+    double lat[LATENCIES];
+    pthread_mutex_lock(&s->st.lock);
+    long n = s->st.n_latency < LATENCIES ? s->st.n_latency : LATENCIES;
+    memcpy(lat, s->st.latency, sizeof(double) * (size_t)n);
+    pthread_mutex_unlock(&s->st.lock);
+    for (long i = 1; i < n; i++) /* insertion sort: at most 1024 */
+        for (long j = i; j > 0 && lat[j - 1] > lat[j]; j--) {
+            double t = lat[j];
+            lat[j] = lat[j - 1];
+            lat[j - 1] = t;
+        }
+    char *out = malloc(512);
+    if (!out) return NULL;
+    long long batches = atomic_load(&s->st.batches);
+    snprintf(out, 512,
+             "{\"requests\": %lld, \"ok\": %lld, \"bad_request\": %lld, \"busy\": %lld, \"timeout\": %lld, "
+             "\"failed\": %lld, \"in_system\": %d, \"batches\": %lld, \"mean_batch_rows\": %.2f, "
+             "\"latency_ms_p50\": %.3f, \"latency_ms_p99\": %.3f}",
+             (long long)atomic_load(&s->st.requests), (long long)atomic_load(&s->st.ok),
+             (long long)atomic_load(&s->st.bad), (long long)atomic_load(&s->st.busy),
+             (long long)atomic_load(&s->st.timeouts), (long long)atomic_load(&s->st.failed),
+             atomic_load(&s->st.in_system), batches,
+             batches ? (double)atomic_load(&s->st.batch_rows) / (double)batches : 0.0, n ? lat[n / 2] : 0.0,
+             n ? lat[(n * 99) / 100 < n ? (n * 99) / 100 : n - 1] : 0.0);
+    return out;
+}
+
+static void take_request(serve *s) {
+    zmq_msg_t who, body;
+    zmq_msg_init(&who);
+    zmq_msg_init(&body);
+    if (zmq_msg_recv(&who, s->router, ZMQ_DONTWAIT) < 0 || !zmq_msg_more(&who) ||
+        zmq_msg_recv(&body, s->router, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&who);
+        zmq_msg_close(&body);
+        return;
+    }
+    while (zmq_msg_more(&body)) { /* one frame is a request: drop the rest */
+        zmq_msg_t extra;
+        zmq_msg_init(&extra);
+        int more = zmq_msg_recv(&extra, s->router, ZMQ_DONTWAIT) >= 0 && zmq_msg_more(&extra);
+        zmq_msg_close(&extra);
+        if (!more) break;
+    }
+    atomic_fetch_add(&s->st.requests, 1);
+    job *j = calloc(1, sizeof *j);
+    pp_status ok = j ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
+    if (ok == PP_OK)
+        ok = pp_serve_request_decode(zmq_msg_data(&body), zmq_msg_size(&body),
+                                     (size_t)s->c->serve_max_request_bytes, &j->req);
+    if (ok == PP_OK && j->req.kind == PP_SERVE_KIND_STATS) {
+        char *json = stats_json(s);
+        pp_response r = {j->req.id, PP_SERVE_OK, "", 0, NULL, NULL, json};
+        send_reply(s, &who, &r);
+        free(json);
+        pp_serve_request_clear(&j->req);
+        free(j);
+        zmq_msg_close(&who);
+        zmq_msg_close(&body);
+        return;
+    }
+    if (ok == PP_OK) ok = check_request(s, &j->req, &j->rows);
+    if (ok != PP_OK) {
+        atomic_fetch_add(&s->st.bad, 1);
+        reply_error(s, &who, j ? j->req.id : 0, PP_SERVE_BAD_REQUEST, pp_last_error());
+    } else if (atomic_load(&s->st.in_system) >= s->c->serve_max_queue) {
+        atomic_fetch_add(&s->st.busy, 1);
+        char why[128];
+        snprintf(why, sizeof why, "%d requests are waiting or running (serve.max_queue)", s->c->serve_max_queue);
+        reply_error(s, &who, j->req.id, PP_SERVE_BUSY, why);
+        ok = PP_ERR_STATE;
+    }
+    if (ok != PP_OK) {
+        if (j) pp_serve_request_clear(&j->req);
+        free(j);
+        zmq_msg_close(&who);
+        zmq_msg_close(&body);
+        return;
+    }
+    zmq_msg_init(&j->who);
+    zmq_msg_move(&j->who, &who);
+    j->arrived = now_ms();
+    j->deadline = j->arrived + (j->req.timeout_ms ? j->req.timeout_ms : (uint32_t)s->c->timeout_ms);
+    atomic_fetch_add(&s->st.in_system, 1);
+    if (zmq_send(s->pair_front, &j, sizeof j, 0) != sizeof j) { /* cannot happen: inproc */
+        atomic_fetch_sub(&s->st.in_system, 1);
+        reply_error(s, &j->who, j->req.id, PP_SERVE_UNAVAILABLE, "the service is shutting down");
+        zmq_msg_close(&j->who);
+        pp_serve_request_clear(&j->req);
+        free(j);
+    }
+    zmq_msg_close(&body);
+}
+
+static void free_job(job *j) {
+    zmq_msg_close(&j->who);
+    pp_serve_request_clear(&j->req);
+    pp_response_free(j->resp);
+    free(j);
+}
+
+/* A job answered by the rank's thread: send it, count it. */
+static void answer_job(serve *s) {
+    job *j;
+    if (zmq_recv(s->pair_front, &j, sizeof j, ZMQ_DONTWAIT) != sizeof j) return;
+    send_reply(s, &j->who, j->resp);
+    int code = j->resp->code;
+    atomic_fetch_add(code == PP_SERVE_OK        ? &s->st.ok
+                     : code == PP_SERVE_TIMEOUT ? &s->st.timeouts
+                                                : &s->st.failed,
+                     1);
+    if (code == PP_SERVE_OK) {
+        pthread_mutex_lock(&s->st.lock);
+        s->st.latency[s->st.n_latency++ % LATENCIES] = now_ms() - j->arrived;
+        pthread_mutex_unlock(&s->st.lock);
+    }
+    atomic_fetch_sub(&s->st.in_system, 1);
+    free_job(j);
+}
+
+static void *front_main(void *arg) {
+    serve *s = arg;
+    while (!atomic_load(&s->front_stop)) {
+        zmq_pollitem_t items[2] = {{s->router, 0, ZMQ_POLLIN, 0}, {s->pair_front, 0, ZMQ_POLLIN, 0}};
+        if (zmq_poll(items, 2, 100) <= 0) continue;
+        if (items[1].revents & ZMQ_POLLIN) answer_job(s);
+        if (items[0].revents & ZMQ_POLLIN) take_request(s);
+    }
+    while (zmq_poll((zmq_pollitem_t[]){{s->pair_front, 0, ZMQ_POLLIN, 0}}, 1, 0) > 0) answer_job(s);
+    return NULL;
+}
+
+/* ---- the front rank's thread: batches ---- */
+
+static void respond(serve *s, job *j, int code, const char *error) {
+    if (!j->resp) {
+        j->resp = calloc(1, sizeof *j->resp);
+        if (!j->resp) return; /* out of memory: the client times out */
+        j->resp->id = j->req.id;
+        j->resp->code = code;
+        j->resp->error = strdup(error ? error : "");
+    }
+    zmq_send(s->pair_worker, &j, sizeof j, 0);
+}
+
+static int compatible(const job *a, const job *b) {
+    for (int k = 0; k < a->req.n_inputs; k++) {
+        int m = 0;
+        while (m < b->req.n_inputs && strcmp(b->req.names[m], a->req.names[k]) != 0) m++;
+        const pp_tensor *x = a->req.inputs[k], *y = b->req.inputs[m];
+        if (x->dtype != y->dtype || x->ndim != y->ndim) return 0;
+        for (int d = 1; d < x->ndim; d++)
+            if (x->shape[d] != y->shape[d]) return 0;
+    }
+    return 1;
+}
+
+static void take_jobs(serve *s) {
+    job *j;
+    while (zmq_recv(s->pair_worker, &j, sizeof j, ZMQ_DONTWAIT) == sizeof j) {
+        if (s->n_pending == s->cap_pending) {
+            int cap = s->cap_pending ? 2 * s->cap_pending : 64;
+            job **grown = realloc(s->pending, (size_t)cap * sizeof *grown);
+            if (!grown) {
+                respond(s, j, PP_SERVE_UNAVAILABLE, "out of memory");
+                continue;
+            }
+            s->pending = grown, s->cap_pending = cap;
+        }
+        s->pending[s->n_pending++] = j;
+    }
+}
+
+static void expire_pending(serve *s, double now) {
+    int k = 0;
+    for (int i = 0; i < s->n_pending; i++) {
+        job *j = s->pending[i];
+        if (now < j->deadline) s->pending[k++] = j;
+        else respond(s, j, PP_SERVE_TIMEOUT, "not started within its timeout (the service is busy)");
+    }
+    s->n_pending = k;
+}
+
+/* The pending jobs to run next (the oldest and those like it, up to
+ * max_batch rows); 0 if the batch should wait to fill. */
+static int pick(serve *s, double now, job **picked, int64_t *rows, double *wait_ms) {
+    int n = 0;
+    *rows = 0;
+    for (int i = 0; i < s->n_pending; i++) {
+        job *j = s->pending[i];
+        if (n && (!compatible(picked[0], j) || *rows + j->rows > s->c->serve_max_batch)) continue;
+        picked[n++] = j;
+        *rows += j->rows;
+        if (*rows >= s->c->serve_max_batch) break;
+    }
+    double ready_at = s->pending[0]->arrived + s->c->serve_max_wait_us / 1000.0;
+    *wait_ms = ready_at - now;
+    return *rows >= s->c->serve_max_batch || now >= ready_at ? n : 0;
+}
+
+static pp_status concat(job **jobs, int n, const char *name, int64_t rows, pp_tensor **out) {
+    const pp_tensor *first = NULL;
+    for (int k = 0; k < jobs[0]->req.n_inputs; k++)
+        if (strcmp(jobs[0]->req.names[k], name) == 0) first = jobs[0]->req.inputs[k];
+    if (!first) return pp_error(PP_ERR_STATE, "serve: input '%s' missing from a checked request", name);
+    int64_t shape[PP_MAX_DIMS];
+    memcpy(shape, first->shape, sizeof shape);
+    shape[0] = rows;
+    PP_TRY(pp_tensor_empty(first->dtype, first->ndim, shape, out));
+    size_t off = 0;
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < jobs[i]->req.n_inputs; k++)
+            if (strcmp(jobs[i]->req.names[k], name) == 0) {
+                memcpy((char *)(*out)->data + off, jobs[i]->req.inputs[k]->data, jobs[i]->req.inputs[k]->nbytes);
+                off += jobs[i]->req.inputs[k]->nbytes;
+            }
+    return PP_OK;
+}
+
+/* Starts a batch: its header and the model inputs they consume to every
+ * other rank, then this rank's stages. */
+static pp_status launch(serve *s, job **jobs, int n, int64_t rows) {
+    const pp_pipe *p = s->p;
+    const pp_serve_ctx *x = s->x;
+    batch *bt = &s->inflight[s->n_inflight];
+    memset(bt, 0, sizeof *bt);
+    bt->b = s->next_b++;
+    bt->rows = rows;
+    bt->started = now_ms();
+    bt->jobs = malloc(sizeof *bt->jobs * (size_t)n);
+    bt->outs = calloc((size_t)p->n_outputs + 1, sizeof *bt->outs);
+    pp_tensor **ins = calloc((size_t)s->n_in + 2, sizeof *ins);
+    const char **names = calloc((size_t)s->n_in + 2, sizeof *names);
+    pp_status st = bt->jobs && bt->outs && ins && names ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
+    if (st == PP_OK) memcpy(bt->jobs, jobs, sizeof *jobs * (size_t)n), bt->n_jobs = n;
+    for (int i = 0; st == PP_OK && i < s->n_in; i++) {
+        names[i] = p->edges[s->in_edge[i]].value;
+        st = concat(jobs, n, names[i], rows, &ins[i]);
+    }
+    s->n_inflight++;
+    atomic_fetch_add(&s->st.batches, 1);
+    atomic_fetch_add(&s->st.batch_rows, rows);
+    pp_tensor *hdr = NULL;
+    if (st == PP_OK) st = pp_tensor_new(PP_I64, 1, (int64_t[]){2}, &hdr);
+    if (st == PP_OK) ((int64_t *)hdr->data)[1] = rows;
+    for (int r = 0; st == PP_OK && r < x->sched->nranks; r++) {
+        if (r == s->front) continue;
+        const char *send_names[66];
+        pp_tensor *send[66];
+        int k = 0;
+        send_names[k] = BATCH_NAME, send[k++] = hdr;
+        for (int i = 0; i < s->n_in && k < 66; i++) {
+            const pp_pipe_edge *e = &p->edges[s->in_edge[i]];
+            int wanted = 0;
+            for (int c = 0; c < e->n_consumers; c++) wanted |= x->sched->stage_rank[e->consumers[c]] == r;
+            if (wanted) send_names[k] = names[i], send[k++] = ins[i];
+        }
+        pp_transport_key key = {PP_MSG_ACTIVATION, bt->b, SERVE_MB, s->first_stage[s->front], s->first_stage[r], ""};
+        st = pp_transport_sendv(x->t, &key, k, send_names, send);
+    }
+    pp_tensor **outs = calloc((size_t)p->n_outputs + 1, sizeof *outs);
+    if (st == PP_OK && !outs) st = pp_error(PP_ERR_NOMEM, "out of memory");
+    if (st == PP_OK) st = pp_executor_step(x->ex, bt->b, 1, s->n_in, names, ins, outs);
+    for (int o = 0; outs && o < p->n_outputs; o++) bt->outs[o] = outs[o];
+    free(outs);
+    for (int i = 0; ins && i < s->n_in; i++) pp_tensor_free(ins[i]);
+    free(ins);
+    free(names);
+    pp_tensor_free(hdr);
+    for (int i = 0; i < n; i++) { /* taken off the pending list */
+        int k = 0;
+        while (k < s->n_pending && s->pending[k] != jobs[i]) k++;
+        memmove(s->pending + k, s->pending + k + 1, sizeof *s->pending * (size_t)(s->n_pending - k - 1));
+        s->n_pending--;
+    }
+    if (st != PP_OK) {
+        if (st == PP_ERR_PEER) return st; /* a rank is gone: the caller fails everything */
+        bt->failed = 1;
+        bt->error = strdup(pp_last_error());
+        for (int i = 0; i < bt->n_jobs; i++) respond(s, bt->jobs[i], PP_SERVE_FAILED, bt->error);
+    }
+    return PP_OK;
+}
+
+/* Job j's rows [off, off+rows) of every output it wants; an output that is
+ * not batch-major (a scalar loss) only when the batch is j alone. */
+static pp_status split_outputs(serve *s, batch *bt, job *j, int64_t off) {
+    const pp_pipe *p = s->p;
+    pp_response *r = calloc(1, sizeof *r);
+    if (!r) return pp_error(PP_ERR_NOMEM, "out of memory");
+    j->resp = r;
+    r->id = j->req.id;
+    r->error = strdup("");
+    r->names = calloc((size_t)p->n_outputs + 1, sizeof *r->names);
+    r->outputs = calloc((size_t)p->n_outputs + 1, sizeof *r->outputs);
+    if (!r->error || !r->names || !r->outputs) return pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int o = 0; o < p->n_outputs; o++) {
+        int wanted = j->req.n_outputs == 0;
+        for (int k = 0; k < j->req.n_outputs; k++) wanted |= strcmp(j->req.outputs[k], p->outputs[o]) == 0;
+        pp_tensor *t = bt->outs[o];
+        if (!wanted || !t) continue;
+        pp_tensor *part = NULL;
+        if (t->ndim >= 1 && t->shape[0] == bt->rows) PP_TRY(pp_tensor_slice0(t, off, j->rows, &part));
+        else if (bt->n_jobs == 1) part = pp_tensor_retain(t);
+        else continue;
+        r->outputs[r->n_outputs] = part;
+        if (!(r->names[r->n_outputs++] = strdup(p->outputs[o]))) return pp_error(PP_ERR_NOMEM, "out of memory");
+    }
+    return PP_OK;
+}
+
+/* Takes what arrived for the oldest batch; answers it when complete. 1 if
+ * it was finished. */
+static pp_status poll_oldest(serve *s, int *done) {
+    *done = 0;
+    if (!s->n_inflight) return PP_OK;
+    const pp_serve_ctx *x = s->x;
+    const pp_pipe *p = s->p;
+    batch *bt = &s->inflight[0];
+    int missing = 0;
+    char why[1200] = "";
+    for (int o = 0; o < p->n_outputs; o++) {
+        int r = x->sched->stage_rank[p->output_stage[o]];
+        if (bt->outs[o] || r == s->front) continue;
+        pp_transport_key k = {PP_MSG_ACTIVATION, ANSWER_STEP + bt->b, SERVE_MB, s->first_stage[r],
+                              s->first_stage[s->front], p->outputs[o]};
+        pp_status st = pp_transport_recv(x->t, &k, 0, &bt->outs[o]);
+        if (st == PP_ERR_TIMEOUT) missing++;
+        else if (st != PP_OK) return st;
+    }
+    for (int r = 0; missing && !why[0] && r < x->sched->nranks; r++) {
+        if (r == s->front) continue;
+        pp_transport_key k = {PP_MSG_ACTIVATION, ANSWER_STEP + bt->b, SERVE_MB + 1, s->first_stage[r],
+                              s->first_stage[s->front], FAIL_NAME};
+        pp_tensor *f = NULL;
+        pp_status st = pp_transport_recv(x->t, &k, 0, &f);
+        if (st == PP_OK) {
+            snprintf(why, sizeof why, "rank %d: %.*s", r, (int)f->nbytes, (const char *)f->data);
+            pp_tensor_free(f);
+        } else if (st != PP_ERR_TIMEOUT) {
+            return st;
+        }
+    }
+    double age = now_ms() - bt->started;
+    if (missing && !why[0] && age > 2.0 * s->c->timeout_ms)
+        snprintf(why, sizeof why, "batch %" PRId64 ": the model outputs did not come back within %d ms", bt->b,
+                 2 * s->c->timeout_ms);
+    if (missing && !why[0]) return PP_OK;
+    int64_t off = 0;
+    for (int i = 0; !bt->failed && i < bt->n_jobs; i++) {
+        job *j = bt->jobs[i];
+        if (why[0]) {
+            respond(s, j, PP_SERVE_FAILED, why);
+        } else if (split_outputs(s, bt, j, off) != PP_OK) {
+            pp_response_free(j->resp);
+            j->resp = NULL;
+            respond(s, j, PP_SERVE_FAILED, pp_last_error());
+        } else {
+            respond(s, j, PP_SERVE_OK, NULL);
+        }
+        off += j->rows;
+    }
+    for (int o = 0; o < p->n_outputs; o++) pp_tensor_free(bt->outs[o]);
+    free(bt->outs);
+    free(bt->jobs);
+    free(bt->error);
+    memmove(s->inflight, s->inflight + 1, sizeof *s->inflight * (size_t)(s->n_inflight - 1));
+    s->n_inflight--;
+    *done = 1;
+    return PP_OK;
+}
+
+static void fail_all(serve *s, int code, const char *why) {
+    for (int i = 0; i < s->n_inflight; i++) {
+        batch *bt = &s->inflight[i];
+        for (int k = 0; !bt->failed && k < bt->n_jobs; k++) respond(s, bt->jobs[k], code, why);
+        for (int o = 0; o < s->p->n_outputs; o++) pp_tensor_free(bt->outs[o]);
+        free(bt->outs);
+        free(bt->jobs);
+        free(bt->error);
+    }
+    s->n_inflight = 0;
+    for (int i = 0; i < s->n_pending; i++) respond(s, s->pending[i], code, why);
+    s->n_pending = 0;
+}
+
+static pp_status front_rank(serve *s) {
+    const pp_serve_ctx *x = s->x;
+    pp_status st = PP_OK;
+    job **picked = malloc(sizeof *picked * (size_t)(s->c->serve_max_queue + 1));
+    if (!picked) return pp_error(PP_ERR_NOMEM, "out of memory");
+    pp_info("serve: rank %d answers requests at %s", x->rank, s->c->serve_endpoint);
+    while (!atomic_load(x->stop) && st == PP_OK) {
+        take_jobs(s);
+        double now = now_ms();
+        expire_pending(s, now);
+        int progressed = 0;
+        double wait_ms = 100;
+        if (s->n_pending && s->n_inflight < s->max_inflight) {
+            int64_t rows;
+            int n = pick(s, now, picked, &rows, &wait_ms);
+            if (n) st = launch(s, picked, n, rows), progressed = 1;
+        }
+        int done = 1;
+        while (st == PP_OK && done && s->n_inflight) {
+            st = poll_oldest(s, &done);
+            progressed |= done;
+        }
+        if (progressed || st != PP_OK) continue;
+        if (s->n_inflight) {
+            st = pp_transport_poll(x->t, 1); /* outputs on their way */
+        } else {
+            long ms = s->n_pending ? (long)(wait_ms > 0 ? wait_ms + 1 : 0) : 100;
+            zmq_poll((zmq_pollitem_t[]){{s->pair_worker, 0, ZMQ_POLLIN, 0}}, 1, ms);
+        }
+    }
+    char why[1024];
+    snprintf(why, sizeof why, "%s", st == PP_OK ? "the service is shutting down" : pp_last_error());
+    if (st == PP_OK) { /* let what is in the pipeline finish */
+        double until = now_ms() + s->c->timeout_ms;
+        while (s->n_inflight && now_ms() < until && st == PP_OK) {
+            int done;
+            st = poll_oldest(s, &done);
+            if (st == PP_OK && !done) st = pp_transport_poll(x->t, 5);
+        }
+    }
+    take_jobs(s);
+    fail_all(s, PP_SERVE_UNAVAILABLE, why);
+    /* the other ranks end after the batch they wait for: a header saying so */
+    pp_tensor *hdr = NULL;
+    if (pp_tensor_new(PP_I64, 1, (int64_t[]){2}, &hdr) == PP_OK) {
+        ((int64_t *)hdr->data)[0] = 1;
+        for (int r = 0; r < x->sched->nranks; r++) {
+            if (r == s->front) continue;
+            pp_transport_key key = {PP_MSG_ACTIVATION, s->next_b, SERVE_MB, s->first_stage[s->front],
+                                    s->first_stage[r], BATCH_NAME};
+            const char *nm[1] = {BATCH_NAME};
+            (void)pp_transport_sendv(x->t, &key, 1, nm, &hdr);
+        }
+        pp_tensor_free(hdr);
+    }
+    free(picked);
+    return st;
+}
+
+/* ---- the other ranks ---- */
+
+static pp_status stage_rank(serve *s) {
+    const pp_serve_ctx *x = s->x;
+    const pp_pipe *p = s->p;
+    int me = s->first_stage[x->rank], fr = s->first_stage[s->front];
+    const char **names = calloc((size_t)s->n_in + 1, sizeof *names);
+    pp_tensor **ins = calloc((size_t)s->n_in + 1, sizeof *ins), **outs = calloc((size_t)p->n_outputs + 1, sizeof *outs);
+    pp_status st = names && ins && outs ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int64_t b = 0; st == PP_OK; b++) {
+        pp_tensor *hdr = NULL;
+        pp_transport_key k = {PP_MSG_ACTIVATION, b, SERVE_MB, fr, me, BATCH_NAME};
+        while ((st = pp_transport_recv(x->t, &k, 200, &hdr)) == PP_ERR_TIMEOUT && !atomic_load(x->stop)) {
+        }
+        if (st == PP_ERR_TIMEOUT) { /* stopped while idle */
+            st = PP_OK;
+            break;
+        }
+        if (st != PP_OK) break;
+        int64_t flags = ((const int64_t *)hdr->data)[0];
+        pp_tensor_free(hdr);
+        if (flags & 1) break; /* the front is done */
+        int n = 0;
+        for (int i = 0; st == PP_OK && i < s->n_in; i++) {
+            const pp_pipe_edge *e = &p->edges[s->in_edge[i]];
+            int wanted = 0;
+            for (int c = 0; c < e->n_consumers; c++) wanted |= x->sched->stage_rank[e->consumers[c]] == x->rank;
+            if (!wanted) continue;
+            pp_transport_key ki = {PP_MSG_ACTIVATION, b, SERVE_MB, fr, me, e->value};
+            names[n] = e->value;
+            st = pp_transport_recv(x->t, &ki, -1, &ins[n]);
+            if (st == PP_OK) n++;
+        }
+        pp_status ran = st == PP_OK ? pp_executor_step(x->ex, b, 1, n, names, ins, outs) : st;
+        for (int i = 0; i < n; i++) pp_tensor_free(ins[i]), ins[i] = NULL;
+        if (ran == PP_ERR_PEER && pp_transport_abort_reason(x->t, NULL)) {
+            st = ran;
+            break;
+        }
+        for (int o = 0; o < p->n_outputs; o++) {
+            if (ran == PP_OK && outs[o]) {
+                pp_transport_key ko = {PP_MSG_ACTIVATION, ANSWER_STEP + b, SERVE_MB, me, fr, p->outputs[o]};
+                st = pp_transport_send(x->t, &ko, outs[o]);
+            }
+            pp_tensor_free(outs[o]);
+            outs[o] = NULL;
+        }
+        if (ran != PP_OK) { /* this batch only: the front answers its requests, the service goes on */
+            const char *why = pp_last_error();
+            pp_warn("serve: rank %d, batch %" PRId64 ": %s", x->rank, b, why);
+            pp_tensor *f;
+            size_t len = strlen(why);
+            st = pp_tensor_new(PP_U8, 1, (int64_t[]){(int64_t)len}, &f);
+            if (st == PP_OK) {
+                memcpy(f->data, why, len);
+                pp_transport_key kf = {PP_MSG_ACTIVATION, ANSWER_STEP + b, SERVE_MB + 1, me, fr, FAIL_NAME};
+                st = pp_transport_send(x->t, &kf, f);
+                pp_tensor_free(f);
+            }
+        }
+    }
+    free(names);
+    free(ins);
+    free(outs);
+    return st;
+}
+
+/* ---- setup ---- */
+
+static void serve_free(serve *s) {
+    if (s->router) zmq_close(s->router);
+    if (s->pair_front) zmq_close(s->pair_front);
+    if (s->pair_worker) zmq_close(s->pair_worker);
+    if (s->zctx) zmq_ctx_term(s->zctx);
+    free(s->first_stage);
+    free(s->in_edge);
+    free(s->pending);
+    free(s->inflight);
+    pthread_mutex_destroy(&s->st.lock);
+}
+
+static pp_status open_front(serve *s) {
+    s->zctx = zmq_ctx_new();
+    if (!s->zctx) return pp_error(PP_ERR_IO, "serve: no ZeroMQ context");
+    s->router = zmq_socket(s->zctx, ZMQ_ROUTER);
+    s->pair_front = zmq_socket(s->zctx, ZMQ_PAIR);
+    s->pair_worker = zmq_socket(s->zctx, ZMQ_PAIR);
+    if (!s->router || !s->pair_front || !s->pair_worker) return pp_error(PP_ERR_IO, "serve: cannot make sockets");
+    int zero = 0, hwm = 0;
+    int64_t max = s->c->serve_max_request_bytes + 65536;
+    zmq_setsockopt(s->router, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &max, sizeof max);
+    zmq_setsockopt(s->pair_front, ZMQ_SNDHWM, &hwm, sizeof hwm); /* never drops: bounded by max_queue */
+    zmq_setsockopt(s->pair_worker, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    snprintf(s->pair_ep, sizeof s->pair_ep, "inproc://pippin-serve-%p", (void *)s);
+    if (zmq_bind(s->pair_front, s->pair_ep) != 0 || zmq_connect(s->pair_worker, s->pair_ep) != 0)
+        return pp_error(PP_ERR_IO, "serve: inproc pair: %s", zmq_strerror(zmq_errno()));
+    if (zmq_bind(s->router, s->c->serve_endpoint) != 0)
+        return pp_error(PP_ERR_IO, "serve: cannot bind the front endpoint %s: %s", s->c->serve_endpoint,
+                        zmq_strerror(zmq_errno()));
+    return PP_OK;
+}
+
+pp_status pp_serve_run(const pp_serve_ctx *x) {
+    serve s;
+    memset(&s, 0, sizeof s);
+    s.x = x;
+    s.c = x->c;
+    s.p = x->p;
+    pthread_mutex_init(&s.st.lock, NULL);
+    s.front = x->sched->stage_rank[0];
+    s.first_stage = malloc(sizeof(int) * (size_t)x->sched->nranks);
+    s.in_edge = malloc(sizeof(int) * ((size_t)x->p->n_edges + 1));
+    s.max_inflight = x->c->serve_max_inflight > 0 ? x->c->serve_max_inflight : x->sched->nranks + 1;
+    s.inflight = calloc((size_t)s.max_inflight + 1, sizeof *s.inflight);
+    pp_status st = s.first_stage && s.in_edge && s.inflight ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int r = 0; st == PP_OK && r < x->sched->nranks; r++) s.first_stage[r] = -1;
+    for (int stg = x->sched->nstages - 1; st == PP_OK && stg >= 0; stg--) s.first_stage[x->sched->stage_rank[stg]] = stg;
+    for (int e = 0; st == PP_OK && e < x->p->n_edges; e++)
+        if (x->p->edges[e].producer < 0) s.in_edge[s.n_in++] = e;
+    if (st == PP_OK && x->rank != s.front) {
+        st = stage_rank(&s);
+        serve_free(&s);
+        return st;
+    }
+    if (st == PP_OK) st = open_front(&s);
+    int started = st == PP_OK && pthread_create(&s.thread, NULL, front_main, &s) == 0;
+    if (st == PP_OK && !started) st = pp_error(PP_ERR_IO, "serve: cannot start the front thread");
+    if (st == PP_OK) st = front_rank(&s);
+    if (started) {
+        double until = now_ms() + 1000; /* answers on their way out */
+        while (atomic_load(&s.st.in_system) > 0 && now_ms() < until) {
+            struct timespec nap = {0, 5 * 1000 * 1000};
+            nanosleep(&nap, NULL);
+        }
+        atomic_store(&s.front_stop, 1);
+        pthread_join(s.thread, NULL);
+    }
+    serve_free(&s);
+    return st;
+}

@@ -1,0 +1,195 @@
+#!/bin/sh
+# Serving (mode: serve): the example GPT as a standing 4-rank pipeline over
+# ipc, started by `pippin run`, answering `pippin request`:
+#   - outputs equal `pippin infer` on the same inputs, bit for bit, for
+#     requests of different shapes (variable seq length);
+#   - 12 concurrent clients are all answered, dynamic batching merges them
+#     (fewer batches than requests), each result equals infer's within 1e-5;
+#   - bad requests (unknown input, wrong dtype, mismatched dims, an output
+#     that does not exist) get an error naming it, and the service goes on;
+#   - a full queue answers "busy" at once;
+#   - a dead stage worker: the request in flight fails with an error naming
+#     the rank, within the timeout (no hang);
+#   - SIGTERM ends every worker, exit 0, no process left.
+# TAP output; every wait is bounded.
+. "$(dirname "$0")/tap.sh"
+PY=/usr/bin/python3
+cfg() { # NAME EXTRA-SERVE-KEYS
+    cat >"$tmp/$1.yaml" <<YAML
+model: $SRC/examples/gpt/model.onnx
+mode: serve
+dims: {batch: 4, seq: 64}
+ranks: [ipc://$tmp/$1-0, ipc://$tmp/$1-1, ipc://$tmp/$1-2, ipc://$tmp/$1-3]
+timeout_ms: 3000
+serve: {endpoint: ipc://$tmp/$1-front, $2}
+YAML
+}
+up() { # NAME: waits for the front to answer
+    for _ in $(seq 1 100); do
+        timeout 5 "$PIPPIN" request "ipc://$tmp/$1-front" --stats --timeout-ms 500 >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    return 1
+}
+start() { # NAME: pippin run in the background
+    timeout 300 "$PIPPIN" run "$tmp/$1.yaml" >"$tmp/$1.out" 2>"$tmp/$1.err" &
+    lpid=$!
+    up "$1"
+}
+gone() { ! pgrep -f "worker $tmp/$1.yaml" >/dev/null; }
+
+$PY - "$tmp" <<'PYEOF'
+import sys, numpy as np
+d = sys.argv[1]
+rng = np.random.default_rng(1)
+for i, (b, t) in enumerate([(2, 64), (3, 64), (1, 32)] + [(1, 64)] * 12):
+    np.save(f"{d}/idx{i}.npy", rng.integers(0, 58, (b, t)).astype(np.int64))
+    np.save(f"{d}/tg{i}.npy", rng.integers(0, 58, (b, t)).astype(np.int64))
+np.save(f"{d}/float_idx.npy", np.zeros((1, 64), np.float32))
+np.save(f"{d}/short_tg.npy", np.zeros((1, 32), np.int64))
+PYEOF
+for i in $(seq 0 14); do
+    mkdir -p "$tmp/ref$i"
+    "$PIPPIN" infer "$SRC/examples/gpt/model.onnx" --input "idx=$tmp/idx$i.npy" --input "targets=$tmp/tg$i.npy" \
+        --output-dir "$tmp/ref$i" >/dev/null 2>&1
+done
+req() { # I OUTDIR [more args]: a request for inputs I
+    i=$1 out=$2
+    shift 2
+    mkdir -p "$out"
+    timeout 30 "$PIPPIN" request "ipc://$tmp/s-front" --input "idx=$tmp/idx$i.npy" --input "targets=$tmp/tg$i.npy" \
+        --output logits --output-dir "$out" "$@" >"$out.stdout" 2>"$out.stderr"
+}
+
+cfg s "max_batch: 16, max_wait_us: 20000"
+if ! start s; then
+    ok 1 "the service did not come up: $(tail -3 "$tmp/s.err")"
+    echo "1..$n"
+    exit 0
+fi
+ok 0 "pippin run serves the 4-rank GPT"
+
+# one at a time, three shapes
+bad=""
+for i in 0 1 2; do
+    req $i "$tmp/o$i" || bad="$bad request $i failed: $(cat "$tmp/o$i.stderr");"
+    cmp -s "$tmp/o$i/logits.npy" "$tmp/ref$i/logits.npy" || bad="$bad request $i differs from infer;"
+done
+ok "$([ -z "$bad" ] && echo 0 || echo 1)" "requests of 2x64, 3x64 and 1x32 tokens: logits bit-identical to pippin infer$bad"
+
+# concurrent clients
+pids=""
+for i in $(seq 3 14); do
+    req $i "$tmp/c$i" &
+    pids="$pids $!"
+done
+fails=0
+for p in $pids; do wait "$p" || fails=$((fails + 1)); done
+close=$($PY - "$tmp" <<'PYEOF'
+import sys, numpy as np
+d = sys.argv[1]
+worst = 0.0
+for i in range(3, 15):
+    a, b = np.load(f"{d}/c{i}/logits.npy"), np.load(f"{d}/ref{i}/logits.npy")
+    worst = max(worst, float(np.max(np.abs(a - b))))
+print("ok" if worst <= 1e-5 else "max difference %g" % worst)
+PYEOF
+)
+stats=$("$PIPPIN" request "ipc://$tmp/s-front" --stats)
+batches=$(echo "$stats" | $PY -c 'import json,sys; print(json.load(sys.stdin)["batches"])')
+if [ $fails -ne 0 ]; then
+    ok 1 "12 concurrent clients: $fails failed: $(cat "$tmp"/c*.stderr | head -3)"
+elif [ "$close" != ok ]; then
+    ok 1 "12 concurrent clients: results differ from infer: $close"
+elif [ "$batches" -ge 15 ]; then
+    ok 1 "12 concurrent clients: no batching ($batches batches for 15 requests)"
+else
+    ok 0 "12 concurrent clients answered, equal to infer within 1e-5; 15 requests in $batches batches"
+fi
+
+# bad requests, each named; the service goes on
+expect_bad() { # DESC NEEDLE ARGS...
+    desc=$1 needle=$2
+    shift 2
+    timeout 30 "$PIPPIN" request "ipc://$tmp/s-front" --output-dir "$tmp" "$@" >/dev/null 2>"$tmp/bad.err"
+    rc=$?
+    if [ $rc -ne 1 ] || ! grep -qF -- "$needle" "$tmp/bad.err"; then
+        ok 1 "$desc: exit $rc: $(cat "$tmp/bad.err")"
+    else
+        ok 0 "$desc: $(cat "$tmp/bad.err")"
+    fi
+}
+expect_bad "unknown input" "bad request: input 'foo' is not a model input" \
+    --input "idx=$tmp/idx0.npy" --input "targets=$tmp/tg0.npy" --input "foo=$tmp/tg0.npy"
+expect_bad "wrong dtype" "input 'idx': dtype float32, the model takes int64" \
+    --input "idx=$tmp/float_idx.npy" --input "targets=$tmp/tg3.npy"
+expect_bad "dims that disagree" "input 'targets' dim 1 ('seq'): 32, another input has 64" \
+    --input "idx=$tmp/idx3.npy" --input "targets=$tmp/short_tg.npy"
+expect_bad "a missing input" "model input 'targets' not given" --input "idx=$tmp/idx3.npy"
+expect_bad "an unknown output" "output 'nope' is not a model output" \
+    --input "idx=$tmp/idx0.npy" --input "targets=$tmp/tg0.npy" --output nope
+req 0 "$tmp/after" && cmp -s "$tmp/after/logits.npy" "$tmp/ref0/logits.npy"
+ok $? "after the bad requests the service still answers correctly"
+
+# SIGTERM: every worker ends, exit 0
+kill -TERM $lpid
+wait $lpid
+rc=$?
+sleep 0.2
+if [ $rc -ne 0 ] || ! gone s; then
+    ok 1 "SIGTERM: pippin run exit $rc, workers left: $(pgrep -f "worker $tmp/s.yaml" | tr '\n' ' ')"
+else
+    ok 0 "SIGTERM: the service drains and every worker exits (exit 0)"
+fi
+
+# a full queue answers busy at once: the first request waits 1.5 s to fill its batch
+cfg q "max_batch: 64, max_wait_us: 1500000, max_queue: 1"
+if start q; then
+    timeout 30 "$PIPPIN" request "ipc://$tmp/q-front" --input "idx=$tmp/idx3.npy" --input "targets=$tmp/tg3.npy" \
+        --output-dir "$tmp" >/dev/null 2>"$tmp/q1.err" &
+    first=$!
+    sleep 0.3
+    timeout 30 "$PIPPIN" request "ipc://$tmp/q-front" --input "idx=$tmp/idx4.npy" --input "targets=$tmp/tg4.npy" \
+        --output-dir "$tmp" >/dev/null 2>"$tmp/q2.err"
+    rc2=$?
+    wait $first
+    rc1=$?
+    if [ $rc1 -ne 0 ] || [ $rc2 -ne 1 ] || ! grep -q "busy" "$tmp/q2.err"; then
+        ok 1 "full queue: first exit $rc1 ($(cat "$tmp/q1.err")), second exit $rc2 ($(cat "$tmp/q2.err"))"
+    else
+        ok 0 "full queue: the second request is told at once: $(cat "$tmp/q2.err")"
+    fi
+    kill -TERM $lpid
+    wait $lpid
+else
+    ok 1 "the max_queue 1 service did not come up: $(tail -3 "$tmp/q.err")"
+fi
+
+# a dead stage worker (workers started by hand: pippin run would stop them
+# all): the request fails with an error naming the rank, within the timeout
+cfg k "max_batch: 8, max_wait_us: 1000"
+kpids=""
+for r in 0 1 2 3; do
+    timeout 120 "$PIPPIN" worker "$tmp/k.yaml" --rank $r >"$tmp/k$r.out" 2>"$tmp/k$r.err" &
+    kpids="$kpids $!"
+done
+if up k; then
+    pkill -9 -f "worker $tmp/k.yaml --rank 2"
+    t0=$(date +%s)
+    timeout 60 "$PIPPIN" request "ipc://$tmp/k-front" --input "idx=$tmp/idx0.npy" --input "targets=$tmp/tg0.npy" \
+        --output-dir "$tmp" --timeout-ms 8000 >/dev/null 2>"$tmp/k.req.err"
+    rc=$?
+    took=$(($(date +%s) - t0))
+    if [ $rc -ne 1 ] || [ $took -gt 15 ]; then
+        ok 1 "dead stage worker: exit $rc after $took s: $(cat "$tmp/k.req.err")"
+    elif ! grep -q "rank 2" "$tmp/k.req.err"; then
+        ok 1 "dead stage worker: the error does not name rank 2: $(cat "$tmp/k.req.err")"
+    else
+        ok 0 "dead stage worker: the request fails in $took s: $(cut -c1-200 "$tmp/k.req.err")"
+    fi
+else
+    ok 1 "the third service did not come up: $(tail -3 "$tmp/k0.err")"
+fi
+for p in $kpids; do kill -TERM "$p" 2>/dev/null; done
+for p in $kpids; do wait "$p"; done
+echo "1..$n"
