@@ -612,7 +612,10 @@ static pp_status parse_top(const cx *x, const yaml_node_t *root) {
     }
     if (given(v[K_RUN_ID])) PP_TRY(parse_run_id(x, v[K_RUN_ID]));
     if (given(v[K_INSECURE])) PP_TRY(get_bool(x, v[K_INSECURE], "insecure", &c->insecure));
-    return check_protected(x, v[K_RANKS], v[K_BIND]);
+    PP_TRY(check_protected(x, v[K_RANKS], v[K_BIND]));
+    /* the front has no client authentication yet: CURVE keys for the ranks do not cover it */
+    if (c->serving && !c->insecure) PP_TRY(check_endpoint(x, v[K_SERVE], "serve.endpoint", c->serve_endpoint));
+    return PP_OK;
 }
 
 /* ------------------------------------------------------------ entry points */

@@ -373,7 +373,7 @@ static void test_value_errors(void **state) {
     expect_err(BASE "optimizer: {kind: adam}\n", PP_ERR_INVALID, 5, "key 'optimizer.kind'", "'adam'");
     expect_err(BASE "optimizer:\n  kind: sgd\n  nesterov: true\n", PP_ERR_INVALID, 7, "key 'optimizer.nesterov'",
                NULL);
-    expect_err(BASE "mode: eval\n", PP_ERR_INVALID, 5, "key 'mode': expected train or infer, got 'eval'", NULL);
+    expect_err(BASE "mode: eval\n", PP_ERR_INVALID, 5, "key 'mode': expected train, infer or serve, got 'eval'", NULL);
     expect_err(BASE "schedule: nope\n", PP_ERR_INVALID, 5, "key 'schedule'", "zbv");
     expect_err(BASE "schedule: 'csv:'\n", PP_ERR_INVALID, 5, "key 'schedule'", NULL);
     expect_err(BASE "loss: ''\n", PP_ERR_INVALID, 5, "key 'loss': must not be empty", NULL);
@@ -428,6 +428,47 @@ static void test_yaml_errors(void **state) {
 
 /* checkpoint: {dir, every, keep}, run_id, insecure: values, defaults inside
  * checkpoint, and every error naming file, line and key. */
+/* mode: serve and its serve: section: defaults, values, errors. */
+static void test_serve(void **state) {
+    (void)state;
+    const char *base = "model: m.onnx\nranks: [ipc:///tmp/a, ipc:///tmp/b]\nmode: serve\n";
+    char text[1024];
+    snprintf(text, sizeof text, "%sserve: {endpoint: 'tcp://127.0.0.1:5600'}\n", base);
+    pp_config *c = parse_ok(text, "/a");
+    assert_true(c->serving);
+    assert_false(c->training);
+    assert_string_equal(c->serve_endpoint, "tcp://127.0.0.1:5600");
+    assert_int_equal(c->serve_max_batch, 8);
+    assert_int_equal(c->serve_max_wait_us, 500);
+    assert_int_equal(c->serve_max_queue, 256);
+    assert_int_equal(c->serve_max_inflight, 0);
+    assert_true(c->serve_max_request_bytes == (int64_t)64 << 20);
+    pp_config_free(c);
+    snprintf(text, sizeof text, "%sserve: {endpoint: ipc:///tmp/f, max_batch: 32, max_wait_us: 0, max_queue: 9, "
+             "max_inflight: 3, max_request_bytes: 1000}\n", base);
+    c = parse_ok(text, "/a");
+    assert_int_equal(c->serve_max_batch, 32);
+    assert_int_equal(c->serve_max_wait_us, 0);
+    assert_int_equal(c->serve_max_queue, 9);
+    assert_int_equal(c->serve_max_inflight, 3);
+    assert_true(c->serve_max_request_bytes == 1000);
+    pp_config_free(c);
+    expect_err(base, PP_ERR_PARSE, 0, "mode serve needs a 'serve:' section", NULL);
+    snprintf(text, sizeof text, "%sserve: {max_batch: 4}\n", base);
+    expect_err(text, PP_ERR_PARSE, 4, "missing key 'serve.endpoint'", NULL);
+    snprintf(text, sizeof text, "%sserve: {endpoint: 'inproc://x'}\n", base);
+    expect_err(text, PP_ERR_INVALID, 4, "'inproc://x' is not a tcp:// or ipc:// endpoint", NULL);
+    snprintf(text, sizeof text, "%sserve: {endpoint: ipc:///f, max_batch: 0}\n", base);
+    expect_err(text, PP_ERR_INVALID, 4, "serve.max_batch", NULL);
+    snprintf(text, sizeof text, "%sserve: {endpoint: ipc:///f, speed: 3}\n", base);
+    expect_err(text, PP_ERR_PARSE, 4, "speed", NULL);
+    expect_err(BASE "serve: {endpoint: ipc:///f}\n", PP_ERR_INVALID, 5, "key 'serve': only for mode: serve", NULL);
+    snprintf(text, sizeof text, "%sserve: {endpoint: 'tcp://10.0.0.1:5600'}\n", base);
+    expect_err(text, PP_ERR_INVALID, 4, "serve.endpoint", "insecure");
+    snprintf(text, sizeof text, "%sserve: {endpoint: 'tcp://10.0.0.1:5600'}\ninsecure: true\n", base);
+    pp_config_free(parse_ok(text, "/a"));
+}
+
 static void test_checkpoint_run_id(void **state) {
     (void)state;
     pp_config *c = parse_ok(BASE "checkpoint:\n  dir: ck\n", "/a");
@@ -674,7 +715,8 @@ int main(void) {
         cmocka_unit_test(test_defaults),     cmocka_unit_test(test_paths),
         cmocka_unit_test(test_type_errors),  cmocka_unit_test(test_duplicates),
         cmocka_unit_test(test_value_errors), cmocka_unit_test(test_yaml_errors),
-        cmocka_unit_test(test_checkpoint_run_id), cmocka_unit_test(test_protected_mode),
+        cmocka_unit_test(test_checkpoint_run_id),
+        cmocka_unit_test(test_serve), cmocka_unit_test(test_protected_mode),
         cmocka_unit_test(test_nesting_limit),
         cmocka_unit_test(test_rank),
     };
