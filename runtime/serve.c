@@ -287,6 +287,8 @@ static void *front_main(void *arg) {
 
 /* ---- the front rank's thread: batches ---- */
 
+/* Hands j back to the front thread with its response: j belongs to that
+ * thread from here on (it sends and frees it). */
 static void respond(serve *s, job *j, int code, const char *error) {
     if (!j->resp) {
         j->resp = calloc(1, sizeof *j->resp);
@@ -504,6 +506,7 @@ static pp_status poll_oldest(serve *s, int *done) {
     int64_t off = 0;
     for (int i = 0; !bt->failed && i < bt->n_jobs; i++) {
         job *j = bt->jobs[i];
+        int64_t rows = j->rows; /* a job handed back is the front thread's (it frees it) */
         if (why[0]) {
             respond(s, j, PP_SERVE_FAILED, why);
         } else if (split_outputs(s, bt, j, off) != PP_OK) {
@@ -513,7 +516,7 @@ static pp_status poll_oldest(serve *s, int *done) {
         } else {
             respond(s, j, PP_SERVE_OK, NULL);
         }
-        off += j->rows;
+        off += rows;
     }
     for (int o = 0; o < p->n_outputs; o++) pp_tensor_free(bt->outs[o]);
     free(bt->outs);
