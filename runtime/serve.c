@@ -22,6 +22,7 @@
 #define BATCH_NAME "pippin:batch"
 #define FAIL_NAME "pippin:fail"
 #define LATENCIES 1024
+#define STATS_LOG_MS 60000 /* a stats line in the log this often (info level) */
 
 typedef struct job {
     zmq_msg_t who; /* the client's routing id */
@@ -548,7 +549,14 @@ static pp_status front_rank(serve *s) {
     job **picked = malloc(sizeof *picked * (size_t)(s->c->serve_max_queue + 1));
     if (!picked) return pp_error(PP_ERR_NOMEM, "out of memory");
     pp_info("serve: rank %d answers requests at %s", x->rank, s->c->serve_endpoint);
+    double log_at = now_ms() + STATS_LOG_MS;
     while (!atomic_load(x->stop) && st == PP_OK) {
+        if (now_ms() >= log_at) { /* the periodic stats line */
+            char *json = stats_json(s);
+            if (json) pp_info("serve: %s", json);
+            free(json);
+            log_at = now_ms() + STATS_LOG_MS;
+        }
         take_jobs(s);
         double now = now_ms();
         expire_pending(s, now);

@@ -51,6 +51,10 @@ run() {
     echo $? >"$tmp/$1.rc"
 }
 
+# AddressSanitizer keeps freed memory in quarantine: peak memory means
+# nothing there (the losses and parameters are still checked)
+sanitized=""
+ldd "$PIPPIN" 2>/dev/null | grep -q libasan && sanitized=" (memory not checked under AddressSanitizer)"
 for kind in ipc tcp; do
     if [ $kind = ipc ]; then
         eps() { echo "ipc://$tmp/$1-0, ipc://$tmp/$1-1, ipc://$tmp/$1-2, ipc://$tmp/$1-3"; }
@@ -83,10 +87,10 @@ for kind in ipc tcp; do
         ok 1 "$kind: the attacked run's trained parameters differ"
     elif [ "$drops" -eq 0 ]; then
         ok 1 "$kind: no worker reported dropping a message: the attack did not reach them"
-    elif [ "$attacked_kb" -gt $((calm_kb + 98304)) ]; then
+    elif [ "$attacked_kb" -gt $((calm_kb + 98304)) ] && [ -z "$sanitized" ]; then
         ok 1 "$kind: peak worker memory $attacked_kb kB under attack, $calm_kb kB without"
     else
-        ok 0 "$kind: 40 steps under attack as without, bit for bit; $drops drop reports; peak worker RSS $((attacked_kb / 1024)) MiB (unattacked $((calm_kb / 1024)) MiB)"
+        ok 0 "$kind: 40 steps under attack as without, bit for bit; $drops drop reports; peak worker RSS $((attacked_kb / 1024)) MiB (unattacked $((calm_kb / 1024)) MiB)$sanitized"
     fi
 done
 echo "1..$n"

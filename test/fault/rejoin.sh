@@ -87,7 +87,7 @@ for trial in $(seq 1 "$TRIALS"); do
         elif [ -n "$(crashed "$tmp/$t.err")" ]; then
             ok 1 "trial $trial ($desc): a sanitizer report: $(grep -m1 -A3 "Sanitizer\|runtime error" "$tmp/$t.err")"
         elif [ "$(grep -c "pippin worker: rank [0-3] of 4" "$tmp/$t.err")" -gt 5 ]; then
-            ok 1 "trial $trial ($desc): more than the dead worker was started again"
+            ok 1 "trial $trial ($desc): more than the dead worker was started again: $(grep 'pippin run:' "$tmp/$t.err" | tr '\n' ' ')"
         else
             check $trial "$desc, $(grep -c "restarted rank" "$tmp/$t.err") restart(s)" "$tmp/$t.out" "$tmp/p$trial"
         fi

@@ -143,9 +143,11 @@ static void *serve_fake(void *arg) {
         if (zmq_msg_recv(&id, s, 0) < 0 || zmq_msg_recv(&body, s, 0) < 0) break;
         handled++;
         pp_serve_request r;
-        if (pp_serve_request_decode(zmq_msg_data(&body), zmq_msg_size(&body), 1 << 20, &r) != PP_OK) continue;
-        if (r.timeout_ms == 1) {
+        if (pp_serve_request_decode(zmq_msg_data(&body), zmq_msg_size(&body), 1 << 20, &r) != PP_OK ||
+            r.timeout_ms == 1) { /* never answered */
             pp_serve_request_clear(&r);
+            zmq_msg_close(&id);
+            zmq_msg_close(&body);
             continue;
         }
         pp_response resp = {r.id, PP_SERVE_OK, "", r.n_inputs, r.names, r.inputs, NULL};
@@ -177,6 +179,10 @@ static void *serve_fake(void *arg) {
         pp_serve_request_clear(&r);
         zmq_msg_close(&id);
         zmq_msg_close(&body);
+    }
+    if (holding) {
+        zmq_msg_close(&held_id);
+        zmq_msg_close(&held_body);
     }
     zmq_close(s);
     return NULL;
