@@ -131,6 +131,34 @@ expect_bad "an unknown output" "output 'nope' is not a model output" \
 req 0 "$tmp/after" && cmp -s "$tmp/after/logits.npy" "$tmp/ref0/logits.npy"
 ok $? "after the bad requests the service still answers correctly"
 
+# the Python client (python/pippin_client.py, python3-zmq)
+if $PY -c 'import zmq' 2>/dev/null; then
+    res=$(PYTHONPATH="$SRC/python" $PY - "$tmp" "ipc://$tmp/s-front" <<'PYEOF'
+import sys, numpy as np
+from pippin_client import Client, ServeError
+d, ep = sys.argv[1], sys.argv[2]
+c = Client(ep)
+ids = [c.submit({"idx": np.load(f"{d}/idx{i}.npy"), "targets": np.load(f"{d}/tg{i}.npy")}, ["logits"]) for i in (0, 2)]
+for i, rid in zip((2, 0), reversed(ids)):  # waited for out of order
+    r = c.wait(rid)
+    assert r.code == 0, r.error
+    assert np.array_equal(r.outputs["logits"], np.load(f"{d}/ref{i}/logits.npy")), "request %d differs" % i
+try:
+    c.request({"idx": np.zeros((1, 64), np.float32), "targets": np.zeros((1, 64), np.int64)})
+    print("a bad request was answered ok")
+    sys.exit(0)
+except ServeError as e:
+    assert e.kind == "bad request" and "dtype float32" in str(e), str(e)
+assert c.stats()["requests"] > 0
+print("ok")
+PYEOF
+)
+    [ "$res" = ok ]
+    ok $? "Python client: two requests waited for out of order equal infer bit for bit; a bad one raises ServeError; stats ${res#ok}"
+else
+    ok 1 "Python client: python3-zmq missing (scripts/install-deps installs it)"
+fi
+
 # SIGTERM: every worker ends, exit 0
 kill -TERM $lpid
 wait $lpid
