@@ -340,7 +340,8 @@ static void expire_pending(serve *s, double now) {
 }
 
 /* The pending jobs to run next (the oldest and those like it, up to
- * max_batch rows); 0 if the batch should wait to fill. */
+ * max_batch rows); 0 if the batch should wait to fill: only while other
+ * batches are in the pipeline, and at most max_wait_us. */
 static int pick(serve *s, double now, job **picked, int64_t *rows, double *wait_ms) {
     int n = 0;
     *rows = 0;
@@ -353,7 +354,9 @@ static int pick(serve *s, double now, job **picked, int64_t *rows, double *wait_
     }
     double ready_at = s->pending[0]->arrived + s->c->serve_max_wait_us / 1000.0;
     *wait_ms = ready_at - now;
-    return *rows >= s->c->serve_max_batch || now >= ready_at ? n : 0;
+    /* an idle pipeline starts at once (waiting would only add latency);
+     * a busy one waits up to max_wait_us for the batch to fill */
+    return *rows >= s->c->serve_max_batch || now >= ready_at || s->n_inflight == 0 ? n : 0;
 }
 
 static pp_status concat(job **jobs, int n, const char *name, int64_t rows, pp_tensor **out) {

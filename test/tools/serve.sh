@@ -170,16 +170,20 @@ else
     ok 0 "SIGTERM: the service drains and every worker exits (exit 0)"
 fi
 
-# a full queue answers busy at once: the first request waits 1.5 s to fill its batch
-cfg q "max_batch: 64, max_wait_us: 1500000, max_queue: 1"
+# a full queue answers busy at once: the first request is held in the
+# pipeline (rank 1 stopped with SIGSTOP) when the second comes
+cfg q "max_batch: 8, max_queue: 1"
 if start q; then
-    timeout 30 "$PIPPIN" request "ipc://$tmp/q-front" --input "idx=$tmp/idx3.npy" --input "targets=$tmp/tg3.npy" \
-        --output-dir "$tmp" >/dev/null 2>"$tmp/q1.err" &
+    r1=$(pgrep -f "worker $tmp/q.yaml --rank 1") # pippin run's child, no wrapper
+    kill -STOP $r1
+    timeout 60 "$PIPPIN" request "ipc://$tmp/q-front" --input "idx=$tmp/idx3.npy" --input "targets=$tmp/tg3.npy" \
+        --output-dir "$tmp" --timeout-ms 20000 >/dev/null 2>"$tmp/q1.err" &
     first=$!
     sleep 0.3
     timeout 30 "$PIPPIN" request "ipc://$tmp/q-front" --input "idx=$tmp/idx4.npy" --input "targets=$tmp/tg4.npy" \
         --output-dir "$tmp" >/dev/null 2>"$tmp/q2.err"
     rc2=$?
+    kill -CONT $r1
     wait $first
     rc1=$?
     if [ $rc1 -ne 0 ] || [ $rc2 -ne 1 ] || ! grep -q "busy" "$tmp/q2.err"; then
