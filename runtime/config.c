@@ -374,7 +374,8 @@ static pp_status parse_serve(const cx *x, const yaml_node_t *m) {
     if (given(v[2])) PP_TRY(get_int32(x, v[2], "serve.max_wait_us", 0, 60 * 1000 * 1000, &c->serve_max_wait_us));
     if (given(v[3])) PP_TRY(get_int32(x, v[3], "serve.max_queue", 1, 1 << 20, &c->serve_max_queue));
     if (given(v[4])) PP_TRY(get_int32(x, v[4], "serve.max_inflight", 0, 1 << 16, &c->serve_max_inflight));
-    if (given(v[5])) PP_TRY(get_int(x, v[5], "serve.max_request_bytes", 1, INT64_MAX, &c->serve_max_request_bytes));
+    if (given(v[5]))
+        PP_TRY(get_int(x, v[5], "serve.max_request_bytes", 1, (int64_t)1 << 40, &c->serve_max_request_bytes));
     return PP_OK;
 }
 

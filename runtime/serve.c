@@ -22,6 +22,7 @@
 #define BATCH_NAME "pippin:batch"
 #define FAIL_NAME "pippin:fail"
 #define LATENCIES 1024
+#define GRAVES 64 /* batches answered without all their outputs, drained a while */
 #define STATS_LOG_MS 60000 /* a stats line in the log this often (info level) */
 
 typedef struct job {
@@ -29,6 +30,7 @@ typedef struct job {
     pp_serve_request req;
     int64_t rows;
     double arrived, deadline; /* monotonic ms */
+    int solo;                 /* runs in a batch of its own (retried alone) */
     pp_response *resp;
 } job;
 
@@ -39,8 +41,6 @@ typedef struct batch {
     int64_t rows;
     pp_tensor **outs; /* per model output, once here */
     double started;
-    int failed;       /* answered with an error already; waiting only to drain */
-    char *error;
 } batch;
 
 typedef struct stats {
@@ -69,6 +69,12 @@ typedef struct serve {
     int n_pending, cap_pending;
     batch *inflight;
     int n_inflight, max_inflight;
+    struct {
+        int64_t b;
+        double until;
+    } graves[GRAVES];
+    int n_graves;
+    atomic_int closing; /* the front thread answers new requests "unavailable" itself */
     int64_t next_b;
 } serve;
 
@@ -99,6 +105,7 @@ static pp_status check_request(serve *s, const pp_serve_request *r, int64_t *row
         if (e->ndim >= 0 && t->ndim != e->ndim)
             return pp_error(PP_ERR_INVALID, "input '%s': %d dims, the model takes %d", e->value, t->ndim, e->ndim);
         if (t->ndim < 1) return pp_error(PP_ERR_INVALID, "input '%s': a scalar; inputs have a batch dim first", e->value);
+        if (pp_tensor_numel(t) == 0) return pp_error(PP_ERR_INVALID, "input '%s': empty (a dim of 0)", e->value);
         if (*rows < 0) *rows = t->shape[0];
         else if (t->shape[0] != *rows)
             return pp_error(PP_ERR_INVALID, "input '%s': %" PRId64 " rows, another input has %" PRId64, e->value,
@@ -126,6 +133,8 @@ static pp_status check_request(serve *s, const pp_serve_request *r, int64_t *row
         }
     }
     if (*rows < 1) return pp_error(PP_ERR_INVALID, "no rows");
+    if (*rows > s->c->serve_max_batch)
+        return pp_error(PP_ERR_INVALID, "%" PRId64 " rows, more than serve.max_batch %d", *rows, s->c->serve_max_batch);
     for (int o = 0; o < r->n_outputs; o++) {
         int k = 0;
         while (k < p->n_outputs && strcmp(p->outputs[k], r->outputs[o]) != 0) k++;
@@ -216,7 +225,10 @@ static void take_request(serve *s) {
         return;
     }
     if (ok == PP_OK) ok = check_request(s, &j->req, &j->rows);
-    if (ok != PP_OK) {
+    if (ok == PP_OK && atomic_load(&s->closing)) {
+        reply_error(s, &who, j->req.id, PP_SERVE_UNAVAILABLE, "the service is shutting down");
+        ok = PP_ERR_STATE;
+    } else if (ok != PP_OK) {
         atomic_fetch_add(&s->st.bad, 1);
         reply_error(s, &who, j ? j->req.id : 0, PP_SERVE_BAD_REQUEST, pp_last_error());
     } else if (atomic_load(&s->st.in_system) >= s->c->serve_max_queue) {
@@ -259,8 +271,9 @@ static void free_job(job *j) {
 static void answer_job(serve *s) {
     job *j;
     if (zmq_recv(s->pair_front, &j, sizeof j, ZMQ_DONTWAIT) != sizeof j) return;
-    send_reply(s, &j->who, j->resp);
-    int code = j->resp->code;
+    pp_response oom = {j->req.id, PP_SERVE_UNAVAILABLE, "out of memory", 0, NULL, NULL, NULL};
+    send_reply(s, &j->who, j->resp ? j->resp : &oom);
+    int code = j->resp ? j->resp->code : PP_SERVE_UNAVAILABLE;
     atomic_fetch_add(code == PP_SERVE_OK        ? &s->st.ok
                      : code == PP_SERVE_TIMEOUT ? &s->st.timeouts
                                                 : &s->st.failed,
@@ -293,8 +306,9 @@ static void *front_main(void *arg) {
 static void respond(serve *s, job *j, int code, const char *error) {
     if (!j->resp) {
         j->resp = calloc(1, sizeof *j->resp);
-        if (!j->resp) return; /* out of memory: the client times out */
-        j->resp->id = j->req.id;
+        if (j->resp) j->resp->id = j->req.id;
+    }
+    if (j->resp && !j->resp->error) {
         j->resp->code = code;
         j->resp->error = strdup(error ? error : "");
     }
@@ -347,11 +361,13 @@ static int pick(serve *s, double now, job **picked, int64_t *rows, double *wait_
     *rows = 0;
     for (int i = 0; i < s->n_pending; i++) {
         job *j = s->pending[i];
-        if (n && (!compatible(picked[0], j) || *rows + j->rows > s->c->serve_max_batch)) continue;
+        if (n && (picked[0]->solo || j->solo || !compatible(picked[0], j) || *rows + j->rows > s->c->serve_max_batch))
+            continue;
         picked[n++] = j;
         *rows += j->rows;
         if (*rows >= s->c->serve_max_batch) break;
     }
+    if (picked[0]->solo) return 1;
     double ready_at = s->pending[0]->arrived + s->c->serve_max_wait_us / 1000.0;
     *wait_ms = ready_at - now;
     /* an idle pipeline starts at once (waiting would only add latency);
@@ -378,74 +394,122 @@ static pp_status concat(job **jobs, int n, const char *name, int64_t rows, pp_te
     return PP_OK;
 }
 
-/* Starts a batch: its header and the model inputs they consume to every
- * other rank, then this rank's stages. */
-static pp_status launch(serve *s, job **jobs, int n, int64_t rows) {
-    const pp_pipe *p = s->p;
+/* Sends every other rank the header of batch b (flags: 1 the service ends,
+ * 2 skip this batch) with the model inputs its stages consume (ins, NULL
+ * with a skip). */
+static pp_status send_headers(serve *s, int64_t b, int64_t flags, int64_t rows, const char **names, pp_tensor **ins) {
     const pp_serve_ctx *x = s->x;
-    batch *bt = &s->inflight[s->n_inflight];
-    memset(bt, 0, sizeof *bt);
-    bt->b = s->next_b++;
-    bt->rows = rows;
-    bt->started = now_ms();
-    bt->jobs = malloc(sizeof *bt->jobs * (size_t)n);
-    bt->outs = calloc((size_t)p->n_outputs + 1, sizeof *bt->outs);
-    pp_tensor **ins = calloc((size_t)s->n_in + 2, sizeof *ins);
-    const char **names = calloc((size_t)s->n_in + 2, sizeof *names);
-    pp_status st = bt->jobs && bt->outs && ins && names ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
-    if (st == PP_OK) memcpy(bt->jobs, jobs, sizeof *jobs * (size_t)n), bt->n_jobs = n;
-    for (int i = 0; st == PP_OK && i < s->n_in; i++) {
-        names[i] = p->edges[s->in_edge[i]].value;
-        st = concat(jobs, n, names[i], rows, &ins[i]);
-    }
-    s->n_inflight++;
-    atomic_fetch_add(&s->st.batches, 1);
-    atomic_fetch_add(&s->st.batch_rows, rows);
+    const pp_pipe *p = s->p;
     pp_tensor *hdr = NULL;
-    if (st == PP_OK) st = pp_tensor_new(PP_I64, 1, (int64_t[]){2}, &hdr);
-    if (st == PP_OK) ((int64_t *)hdr->data)[1] = rows;
+    PP_TRY(pp_tensor_new(PP_I64, 1, (int64_t[]){2}, &hdr));
+    ((int64_t *)hdr->data)[0] = flags;
+    ((int64_t *)hdr->data)[1] = rows;
+    pp_status st = PP_OK;
     for (int r = 0; st == PP_OK && r < x->sched->nranks; r++) {
         if (r == s->front) continue;
-        const char *send_names[66];
-        pp_tensor *send[66];
+        const char *send_names[PP_SERVE_MAX_TENSORS + 2];
+        pp_tensor *send[PP_SERVE_MAX_TENSORS + 2];
         int k = 0;
         send_names[k] = BATCH_NAME, send[k++] = hdr;
-        for (int i = 0; i < s->n_in && k < 66; i++) {
+        for (int i = 0; ins && i < s->n_in && k < PP_SERVE_MAX_TENSORS + 2; i++) {
             const pp_pipe_edge *e = &p->edges[s->in_edge[i]];
             int wanted = 0;
             for (int c = 0; c < e->n_consumers; c++) wanted |= x->sched->stage_rank[e->consumers[c]] == r;
             if (wanted) send_names[k] = names[i], send[k++] = ins[i];
         }
-        pp_transport_key key = {PP_MSG_ACTIVATION, bt->b, SERVE_MB, s->first_stage[s->front], s->first_stage[r], ""};
+        pp_transport_key key = {PP_MSG_ACTIVATION, b, SERVE_MB, s->first_stage[s->front], s->first_stage[r], ""};
         st = pp_transport_sendv(x->t, &key, k, send_names, send);
     }
-    pp_tensor **outs = calloc((size_t)p->n_outputs + 1, sizeof *outs);
-    if (st == PP_OK && !outs) st = pp_error(PP_ERR_NOMEM, "out of memory");
-    if (st == PP_OK) st = pp_executor_step(x->ex, bt->b, 1, s->n_in, names, ins, outs);
-    for (int o = 0; outs && o < p->n_outputs; o++) bt->outs[o] = outs[o];
-    free(outs);
+    pp_tensor_free(hdr);
+    return st;
+}
+
+static void unpend(serve *s, job *j) {
+    int k = 0;
+    while (k < s->n_pending && s->pending[k] != j) k++;
+    if (k == s->n_pending) return;
+    memmove(s->pending + k, s->pending + k + 1, sizeof *s->pending * (size_t)(s->n_pending - k - 1));
+    s->n_pending--;
+}
+
+/* Puts j back at the head of the queue to run in a batch of its own. */
+static void requeue_solo(serve *s, job *j) {
+    j->solo = 1;
+    if (s->n_pending == s->cap_pending) { /* cannot happen: it was just taken off */
+        respond(s, j, PP_SERVE_FAILED, "out of memory");
+        return;
+    }
+    memmove(s->pending + 1, s->pending, sizeof *s->pending * (size_t)s->n_pending);
+    s->pending[0] = j;
+    s->n_pending++;
+}
+
+/* Starts a batch. Stage 0 runs first: if it refuses the batch (a token out
+ * of range, say), the other ranks are told to skip it and its requests are
+ * answered (each again alone, when several were merged: one bad request
+ * must not fail the others); else they get the header and the model inputs
+ * their stages consume. Returns an error only when a rank is unreachable. */
+static pp_status launch(serve *s, job **jobs, int n, int64_t rows) {
+    const pp_pipe *p = s->p;
+    const pp_serve_ctx *x = s->x;
+    for (int i = 0; i < n; i++) unpend(s, jobs[i]);
+    pp_tensor **ins = calloc((size_t)s->n_in + 1, sizeof *ins), **outs = calloc((size_t)p->n_outputs + 1, sizeof *outs);
+    const char **names = calloc((size_t)s->n_in + 1, sizeof *names);
+    job **kept = malloc(sizeof *kept * (size_t)n);
+    pp_status st = ins && outs && names && kept ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int i = 0; st == PP_OK && i < s->n_in; i++) {
+        names[i] = p->edges[s->in_edge[i]].value;
+        st = concat(jobs, n, names[i], rows, &ins[i]);
+    }
+    int64_t b = s->next_b;
+    pp_status ran = st;
+    if (st == PP_OK) {
+        s->next_b++; /* from here every rank hears of batch b */
+        ran = pp_executor_step(x->ex, b, 1, s->n_in, names, ins, outs);
+        if (ran == PP_OK) st = send_headers(s, b, 0, rows, names, ins);
+        else st = send_headers(s, b, 2, rows, NULL, NULL);
+    }
+    char why[1024];
+    snprintf(why, sizeof why, "%s", pp_last_error());
     for (int i = 0; ins && i < s->n_in; i++) pp_tensor_free(ins[i]);
     free(ins);
     free(names);
-    pp_tensor_free(hdr);
-    for (int i = 0; i < n; i++) { /* taken off the pending list */
-        int k = 0;
-        while (k < s->n_pending && s->pending[k] != jobs[i]) k++;
-        memmove(s->pending + k, s->pending + k + 1, sizeof *s->pending * (size_t)(s->n_pending - k - 1));
-        s->n_pending--;
+    if (st != PP_OK) { /* a rank cannot be reached: the caller fails everything */
+        for (int o = 0; outs && o < p->n_outputs; o++) pp_tensor_free(outs[o]);
+        free(outs);
+        free(kept);
+        for (int i = 0; i < n; i++) respond(s, jobs[i], PP_SERVE_UNAVAILABLE, why);
+        return pp_error(st, "%s", why);
     }
-    if (st != PP_OK) {
-        if (st == PP_ERR_PEER) return st; /* a rank is gone: the caller fails everything */
-        bt->failed = 1;
-        bt->error = strdup(pp_last_error());
-        for (int i = 0; i < bt->n_jobs; i++) respond(s, bt->jobs[i], PP_SERVE_FAILED, bt->error);
+    if (ran != PP_OK) {
+        for (int o = 0; outs && o < p->n_outputs; o++) pp_tensor_free(outs[o]);
+        free(outs);
+        free(kept);
+        for (int i = 0; i < n; i++) {
+            if (n > 1) requeue_solo(s, jobs[i]);
+            else respond(s, jobs[i], PP_SERVE_FAILED, why);
+        }
+        return PP_OK;
     }
+    batch *bt = &s->inflight[s->n_inflight++];
+    memset(bt, 0, sizeof *bt);
+    bt->b = b;
+    bt->rows = rows;
+    bt->started = now_ms();
+    bt->jobs = kept;
+    memcpy(bt->jobs, jobs, sizeof *jobs * (size_t)n);
+    bt->n_jobs = n;
+    bt->outs = outs;
+    atomic_fetch_add(&s->st.batches, 1);
+    atomic_fetch_add(&s->st.batch_rows, rows);
     return PP_OK;
 }
 
-/* Job j's rows [off, off+rows) of every output it wants; an output that is
- * not batch-major (a scalar loss) only when the batch is j alone. */
-static pp_status split_outputs(serve *s, batch *bt, job *j, int64_t off) {
+/* Job j's rows [off, off+rows) of every output it wants. An output that is
+ * not batch-major (a scalar loss) comes only from a batch of j alone: a job
+ * that named it is run again alone (*again). */
+static pp_status split_outputs(serve *s, batch *bt, job *j, int64_t off, int *again) {
+    *again = 0;
     const pp_pipe *p = s->p;
     pp_response *r = calloc(1, sizeof *r);
     if (!r) return pp_error(PP_ERR_NOMEM, "out of memory");
@@ -461,13 +525,52 @@ static pp_status split_outputs(serve *s, batch *bt, job *j, int64_t off) {
         pp_tensor *t = bt->outs[o];
         if (!wanted || !t) continue;
         pp_tensor *part = NULL;
-        if (t->ndim >= 1 && t->shape[0] == bt->rows) PP_TRY(pp_tensor_slice0(t, off, j->rows, &part));
-        else if (bt->n_jobs == 1) part = pp_tensor_retain(t);
-        else continue;
+        if (t->ndim >= 1 && t->shape[0] == bt->rows) {
+            PP_TRY(pp_tensor_slice0(t, off, j->rows, &part));
+        } else if (bt->n_jobs == 1) {
+            part = pp_tensor_retain(t);
+        } else if (j->req.n_outputs) { /* asked for by name: it gets it, alone */
+            *again = 1;
+            return PP_OK;
+        } else {
+            continue; /* "every output" of a merged batch: the batch-major ones */
+        }
         r->outputs[r->n_outputs] = part;
         if (!(r->names[r->n_outputs++] = strdup(p->outputs[o]))) return pp_error(PP_ERR_NOMEM, "out of memory");
     }
     return PP_OK;
+}
+
+/* A batch answered without all its outputs (a rank failed it, or they were
+ * late): what still comes for it is taken and dropped for a while, so the
+ * mailbox never keeps it (answers are at steps no later step drops). */
+static void bury(serve *s, int64_t b) {
+    int i = s->n_graves < GRAVES ? s->n_graves++ : (int)(b % GRAVES);
+    s->graves[i].b = b;
+    s->graves[i].until = now_ms() + 4.0 * s->c->timeout_ms;
+}
+
+static void sweep_graves(serve *s) {
+    const pp_serve_ctx *x = s->x;
+    const pp_pipe *p = s->p;
+    for (int g = 0; g < s->n_graves;) {
+        int64_t b = s->graves[g].b;
+        for (int r = 0; r < x->sched->nranks; r++) {
+            if (r == s->front) continue;
+            pp_tensor *t = NULL;
+            pp_transport_key k = {PP_MSG_ACTIVATION, ANSWER_STEP + b, SERVE_MB + 1, s->first_stage[r],
+                                  s->first_stage[s->front], FAIL_NAME};
+            if (pp_transport_recv(x->t, &k, 0, &t) == PP_OK) pp_tensor_free(t);
+            for (int o = 0; o < p->n_outputs; o++) {
+                if (x->sched->stage_rank[p->output_stage[o]] != r) continue;
+                pp_transport_key ko = {PP_MSG_ACTIVATION, ANSWER_STEP + b, SERVE_MB, s->first_stage[r],
+                                       s->first_stage[s->front], p->outputs[o]};
+                if (pp_transport_recv(x->t, &ko, 0, &t) == PP_OK) pp_tensor_free(t);
+            }
+        }
+        if (now_ms() > s->graves[g].until) s->graves[g] = s->graves[--s->n_graves];
+        else g++;
+    }
 }
 
 /* Takes what arrived for the oldest batch; answers it when complete. 1 if
@@ -489,43 +592,48 @@ static pp_status poll_oldest(serve *s, int *done) {
         if (st == PP_ERR_TIMEOUT) missing++;
         else if (st != PP_OK) return st;
     }
-    for (int r = 0; missing && !why[0] && r < x->sched->nranks; r++) {
+    for (int r = 0; missing && r < x->sched->nranks; r++) { /* every rank's, so none is left behind */
         if (r == s->front) continue;
         pp_transport_key k = {PP_MSG_ACTIVATION, ANSWER_STEP + bt->b, SERVE_MB + 1, s->first_stage[r],
                               s->first_stage[s->front], FAIL_NAME};
         pp_tensor *f = NULL;
         pp_status st = pp_transport_recv(x->t, &k, 0, &f);
-        if (st == PP_OK) {
-            snprintf(why, sizeof why, "rank %d: %.*s", r, (int)f->nbytes, (const char *)f->data);
-            pp_tensor_free(f);
-        } else if (st != PP_ERR_TIMEOUT) {
-            return st;
-        }
+        if (st == PP_OK && !why[0]) snprintf(why, sizeof why, "rank %d: %.*s", r, (int)f->nbytes, (const char *)f->data);
+        pp_tensor_free(f);
+        if (st != PP_OK && st != PP_ERR_TIMEOUT) return st;
     }
     double age = now_ms() - bt->started;
     if (missing && !why[0] && age > 2.0 * s->c->timeout_ms)
         snprintf(why, sizeof why, "batch %" PRId64 ": the model outputs did not come back within %d ms", bt->b,
                  2 * s->c->timeout_ms);
     if (missing && !why[0]) return PP_OK;
+    if (missing) bury(s, bt->b); /* what still comes for it is drained, never kept */
     int64_t off = 0;
-    for (int i = 0; !bt->failed && i < bt->n_jobs; i++) {
+    for (int i = 0; i < bt->n_jobs; i++) {
         job *j = bt->jobs[i];
         int64_t rows = j->rows; /* a job handed back is the front thread's (it frees it) */
         if (why[0]) {
             respond(s, j, PP_SERVE_FAILED, why);
-        } else if (split_outputs(s, bt, j, off) != PP_OK) {
-            pp_response_free(j->resp);
-            j->resp = NULL;
-            respond(s, j, PP_SERVE_FAILED, pp_last_error());
         } else {
-            respond(s, j, PP_SERVE_OK, NULL);
+            int again = 0;
+            pp_status sp = split_outputs(s, bt, j, off, &again);
+            if (sp == PP_OK && again) { /* it wants an output only a batch of its own gives */
+                pp_response_free(j->resp);
+                j->resp = NULL;
+                requeue_solo(s, j);
+            } else if (sp != PP_OK) {
+                pp_response_free(j->resp);
+                j->resp = NULL;
+                respond(s, j, PP_SERVE_FAILED, pp_last_error());
+            } else {
+                respond(s, j, PP_SERVE_OK, NULL);
+            }
         }
         off += rows;
     }
     for (int o = 0; o < p->n_outputs; o++) pp_tensor_free(bt->outs[o]);
     free(bt->outs);
     free(bt->jobs);
-    free(bt->error);
     memmove(s->inflight, s->inflight + 1, sizeof *s->inflight * (size_t)(s->n_inflight - 1));
     s->n_inflight--;
     *done = 1;
@@ -535,11 +643,10 @@ static pp_status poll_oldest(serve *s, int *done) {
 static void fail_all(serve *s, int code, const char *why) {
     for (int i = 0; i < s->n_inflight; i++) {
         batch *bt = &s->inflight[i];
-        for (int k = 0; !bt->failed && k < bt->n_jobs; k++) respond(s, bt->jobs[k], code, why);
+        for (int k = 0; k < bt->n_jobs; k++) respond(s, bt->jobs[k], code, why);
         for (int o = 0; o < s->p->n_outputs; o++) pp_tensor_free(bt->outs[o]);
         free(bt->outs);
         free(bt->jobs);
-        free(bt->error);
     }
     s->n_inflight = 0;
     for (int i = 0; i < s->n_pending; i++) respond(s, s->pending[i], code, why);
@@ -575,6 +682,7 @@ static pp_status front_rank(serve *s) {
             st = poll_oldest(s, &done);
             progressed |= done;
         }
+        if (s->n_graves) sweep_graves(s);
         if (progressed || st != PP_OK) continue;
         if (s->n_inflight) {
             st = pp_transport_poll(x->t, 1); /* outputs on their way */
@@ -593,8 +701,15 @@ static pp_status front_rank(serve *s) {
             if (st == PP_OK && !done) st = pp_transport_poll(x->t, 5);
         }
     }
+    atomic_store(&s->closing, 1);
     take_jobs(s);
     fail_all(s, PP_SERVE_UNAVAILABLE, why);
+    /* requests that were on their way to this thread when closing was set */
+    for (double until = now_ms() + 1000; atomic_load(&s->st.in_system) > 0 && now_ms() < until;) {
+        zmq_poll((zmq_pollitem_t[]){{s->pair_worker, 0, ZMQ_POLLIN, 0}}, 1, 5);
+        take_jobs(s);
+        fail_all(s, PP_SERVE_UNAVAILABLE, why);
+    }
     /* the other ranks end after the batch they wait for: a header saying so */
     pp_tensor *hdr = NULL;
     if (pp_tensor_new(PP_I64, 1, (int64_t[]){2}, &hdr) == PP_OK) {
@@ -634,6 +749,7 @@ static pp_status stage_rank(serve *s) {
         int64_t flags = ((const int64_t *)hdr->data)[0];
         pp_tensor_free(hdr);
         if (flags & 1) break; /* the front is done */
+        if (flags & 2) continue; /* stage 0 refused this batch */
         int n = 0;
         for (int i = 0; st == PP_OK && i < s->n_in; i++) {
             const pp_pipe_edge *e = &p->edges[s->in_edge[i]];
@@ -701,7 +817,10 @@ static pp_status open_front(serve *s) {
     s->pair_worker = zmq_socket(s->zctx, ZMQ_PAIR);
     if (!s->router || !s->pair_front || !s->pair_worker) return pp_error(PP_ERR_IO, "serve: cannot make sockets");
     int zero = 0, hwm = 0;
-    int64_t max = s->c->serve_max_request_bytes + 65536;
+    /* up to twice the limit reaches the decoder, which answers "bad request";
+     * past that libzmq drops the connection without an answer */
+    int64_t max = s->c->serve_max_request_bytes < ((int64_t)1 << 40) ? 2 * s->c->serve_max_request_bytes + 65536
+                                                                      : INT64_MAX;
     zmq_setsockopt(s->router, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &max, sizeof max);
     zmq_setsockopt(s->pair_front, ZMQ_SNDHWM, &hwm, sizeof hwm); /* never drops: bounded by max_queue */

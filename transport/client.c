@@ -12,7 +12,7 @@
 #include "status_internal.h"
 
 #define DEFAULT_MAX_RESPONSE ((int64_t)1 << 30)
-#define MAX_KEPT 4096 /* responses kept for later waits */
+#define MAX_KEPT 4096 /* responses kept for later waits (past it the oldest is dropped), and cancelled ids */
 
 struct pp_client {
     void *ctx, *sock;
@@ -114,6 +114,10 @@ void pp_client_cancel(pp_client *c, uint64_t id) {
             c->kept[i] = c->kept[--c->n_kept];
             return;
         }
+    if (c->n_cancelled == MAX_KEPT) { /* the oldest cancelled ones will not come any more */
+        memmove(c->cancelled, c->cancelled + 1, (c->n_cancelled - 1) * sizeof *c->cancelled);
+        c->n_cancelled--;
+    }
     uint64_t *grown = realloc(c->cancelled, (c->n_cancelled + 1) * sizeof *grown);
     if (!grown) return;
     c->cancelled = grown;

@@ -47,6 +47,11 @@ for i, (b, t) in enumerate([(2, 64), (3, 64), (1, 32)] + [(1, 64)] * 12):
     np.save(f"{d}/tg{i}.npy", rng.integers(0, 58, (b, t)).astype(np.int64))
 np.save(f"{d}/float_idx.npy", np.zeros((1, 64), np.float32))
 np.save(f"{d}/short_tg.npy", np.zeros((1, 32), np.int64))
+bad = rng.integers(0, 58, (1, 64)).astype(np.int64)
+bad[0, 0] = 100  # past the vocabulary: stage 0's Gather refuses it
+np.save(f"{d}/bad_tok.npy", bad)
+np.save(f"{d}/empty.npy", np.zeros((0, 64), np.int64))
+np.save(f"{d}/rows17.npy", np.zeros((17, 64), np.int64))
 PYEOF
 for i in $(seq 0 14); do
     mkdir -p "$tmp/ref$i"
@@ -128,8 +133,56 @@ expect_bad "dims that disagree" "input 'targets' dim 1 ('seq'): 32, another inpu
 expect_bad "a missing input" "model input 'targets' not given" --input "idx=$tmp/idx3.npy"
 expect_bad "an unknown output" "output 'nope' is not a model output" \
     --input "idx=$tmp/idx0.npy" --input "targets=$tmp/tg0.npy" --output nope
+expect_bad "an empty input" "input 'idx': empty" --input "idx=$tmp/empty.npy" --input "targets=$tmp/empty.npy"
+expect_bad "more rows than max_batch" "17 rows, more than serve.max_batch 16" \
+    --input "idx=$tmp/rows17.npy" --input "targets=$tmp/rows17.npy"
 req 0 "$tmp/after" && cmp -s "$tmp/after/logits.npy" "$tmp/ref0/logits.npy"
 ok $? "after the bad requests the service still answers correctly"
+
+# a request stage 0 refuses (a token past the vocabulary) fails alone: good
+# requests sent with it, maybe merged into its batch, are answered right
+timeout 30 "$PIPPIN" request "ipc://$tmp/s-front" --input "idx=$tmp/bad_tok.npy" --input "targets=$tmp/tg3.npy" \
+    --output-dir "$tmp" >/dev/null 2>"$tmp/badtok.err" &
+bpid=$!
+pids=""
+for i in 3 4 5; do
+    req $i "$tmp/g$i" &
+    pids="$pids $!"
+done
+fails=0
+for p in $pids; do wait "$p" || fails=$((fails + 1)); done
+wait $bpid
+brc=$?
+close() { # DIR-PREFIX I...: each DIR-PREFIX$I/logits.npy within 1e-5 of infer's (merged batches round differently)
+    prefix=$1
+    shift
+    $PY - "$tmp" "$prefix" "$@" <<'PYEOF'
+import sys, numpy as np
+d, prefix, ids = sys.argv[1], sys.argv[2], sys.argv[3:]
+bad = [i for i in ids if not np.allclose(np.load(f"{prefix}{i}/logits.npy"), np.load(f"{d}/ref{i}/logits.npy"), atol=1e-5, rtol=0)]
+print(len(bad))
+PYEOF
+}
+fails=$((fails + $(close "$tmp/g" 3 4 5)))
+if [ $brc -ne 1 ] || ! grep -q "failed:" "$tmp/badtok.err" || [ $fails -ne 0 ]; then
+    ok 1 "a request stage 0 refuses: exit $brc ($(cat "$tmp/badtok.err")), $fails good ones failed or differ: $(cat "$tmp"/g?.stderr)"
+else
+    ok 0 "a request stage 0 refuses fails alone ($(cut -c1-100 "$tmp/badtok.err")...); 3 good ones sent with it are right"
+fi
+
+# an output asked for by name that is not batch-major (the scalar loss) is
+# never left out of an answer: such a request runs alone when need be
+pids=""
+for i in 6 7 8 9; do
+    mkdir -p "$tmp/l$i"
+    timeout 30 "$PIPPIN" request "ipc://$tmp/s-front" --input "idx=$tmp/idx$i.npy" --input "targets=$tmp/tg$i.npy" \
+        --output loss --output-dir "$tmp/l$i" >/dev/null 2>"$tmp/l$i.err" &
+    pids="$pids $!"
+done
+fails=0
+for p in $pids; do wait "$p" || fails=$((fails + 1)); done
+for i in 6 7 8 9; do cmp -s "$tmp/l$i/loss.npy" "$tmp/ref$i/loss.npy" || fails=$((fails + 1)); done
+ok $fails "4 concurrent requests for the scalar loss each get it, equal to infer's ($fails missing or wrong)"
 
 # the Python client (python/pippin_client.py, python3-zmq)
 if $PY -c 'import zmq' 2>/dev/null; then
