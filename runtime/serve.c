@@ -394,31 +394,35 @@ static pp_status concat(job **jobs, int n, const char *name, int64_t rows, pp_te
     return PP_OK;
 }
 
+/* Whether a stage on rank r consumes model input i. */
+static int consumes(const serve *s, int i, int r) {
+    const pp_pipe_edge *e = &s->p->edges[s->in_edge[i]];
+    for (int c = 0; c < e->n_consumers; c++)
+        if (s->x->sched->stage_rank[e->consumers[c]] == r) return 1;
+    return 0;
+}
+
 /* Sends every other rank the header of batch b (flags: 1 the service ends,
  * 2 skip this batch) with the model inputs its stages consume (ins, NULL
  * with a skip). */
 static pp_status send_headers(serve *s, int64_t b, int64_t flags, int64_t rows, const char **names, pp_tensor **ins) {
     const pp_serve_ctx *x = s->x;
-    const pp_pipe *p = s->p;
     pp_tensor *hdr = NULL;
     PP_TRY(pp_tensor_new(PP_I64, 1, (int64_t[]){2}, &hdr));
     ((int64_t *)hdr->data)[0] = flags;
     ((int64_t *)hdr->data)[1] = rows;
     pp_status st = PP_OK;
-    for (int r = 0; st == PP_OK && r < x->sched->nranks; r++) {
+    for (int r = 0; r < x->sched->nranks; r++) { /* every rank, even after one failed; the first error */
         if (r == s->front) continue;
         const char *send_names[PP_SERVE_MAX_TENSORS + 2];
         pp_tensor *send[PP_SERVE_MAX_TENSORS + 2];
         int k = 0;
         send_names[k] = BATCH_NAME, send[k++] = hdr;
-        for (int i = 0; ins && i < s->n_in && k < PP_SERVE_MAX_TENSORS + 2; i++) {
-            const pp_pipe_edge *e = &p->edges[s->in_edge[i]];
-            int wanted = 0;
-            for (int c = 0; c < e->n_consumers; c++) wanted |= x->sched->stage_rank[e->consumers[c]] == r;
-            if (wanted) send_names[k] = names[i], send[k++] = ins[i];
-        }
+        for (int i = 0; ins && i < s->n_in && k < PP_SERVE_MAX_TENSORS + 2; i++)
+            if (consumes(s, i, r)) send_names[k] = names[i], send[k++] = ins[i];
         pp_transport_key key = {PP_MSG_ACTIVATION, b, SERVE_MB, s->first_stage[s->front], s->first_stage[r], ""};
-        st = pp_transport_sendv(x->t, &key, k, send_names, send);
+        pp_status sent = pp_transport_sendv(x->t, &key, k, send_names, send);
+        if (st == PP_OK) st = sent;
     }
     pp_tensor_free(hdr);
     return st;
@@ -711,18 +715,7 @@ static pp_status front_rank(serve *s) {
         fail_all(s, PP_SERVE_UNAVAILABLE, why);
     }
     /* the other ranks end after the batch they wait for: a header saying so */
-    pp_tensor *hdr = NULL;
-    if (pp_tensor_new(PP_I64, 1, (int64_t[]){2}, &hdr) == PP_OK) {
-        ((int64_t *)hdr->data)[0] = 1;
-        for (int r = 0; r < x->sched->nranks; r++) {
-            if (r == s->front) continue;
-            pp_transport_key key = {PP_MSG_ACTIVATION, s->next_b, SERVE_MB, s->first_stage[s->front],
-                                    s->first_stage[r], BATCH_NAME};
-            const char *nm[1] = {BATCH_NAME};
-            (void)pp_transport_sendv(x->t, &key, 1, nm, &hdr);
-        }
-        pp_tensor_free(hdr);
-    }
+    (void)send_headers(s, s->next_b, 1, 0, NULL, NULL);
     free(picked);
     return st;
 }
@@ -753,9 +746,7 @@ static pp_status stage_rank(serve *s) {
         int n = 0;
         for (int i = 0; st == PP_OK && i < s->n_in; i++) {
             const pp_pipe_edge *e = &p->edges[s->in_edge[i]];
-            int wanted = 0;
-            for (int c = 0; c < e->n_consumers; c++) wanted |= x->sched->stage_rank[e->consumers[c]] == x->rank;
-            if (!wanted) continue;
+            if (!consumes(s, i, x->rank)) continue;
             pp_transport_key ki = {PP_MSG_ACTIVATION, b, SERVE_MB, fr, me, e->value};
             names[n] = e->value;
             st = pp_transport_recv(x->t, &ki, -1, &ins[n]);

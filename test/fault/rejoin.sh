@@ -39,6 +39,16 @@ tcp_ranks() {
     echo "tcp://127.0.0.1:$base, tcp://127.0.0.1:$((base + 1)), tcp://127.0.0.1:$((base + 2)), tcp://127.0.0.1:$((base + 3))"
 }
 crashed() { grep -l "AddressSanitizer\|runtime error:\|LeakSanitizer" "$@" 2>/dev/null | head -1; }
+# workers NAME REJOIN_MS: ranks 0-3 of NAME.yaml by hand, their pids in $pids,
+# output in NAME-R.out/.err
+workers() {
+    pids=""
+    for r in 0 1 2 3; do
+        timeout 300 "$PIPPIN" worker "$tmp/$1.yaml" --rank $r --rejoin-timeout-ms "$2" \
+            >"$tmp/$1-$r.out" 2>"$tmp/$1-$r.err" &
+        pids="$pids $!"
+    done
+}
 
 cfg full "$tmp/full-params" "$(ipc_ranks full)"
 start=$(date +%s%N)
@@ -95,12 +105,7 @@ for trial in $(seq 1 "$TRIALS"); do
     fi
     # by hand over tcp: the dead rank is started again after a pause
     cfg $t "$tmp/p$trial" "$(tcp_ranks)" "$ck"
-    pids=""
-    for r in 0 1 2 3; do
-        timeout 300 "$PIPPIN" worker "$tmp/$t.yaml" --rank $r --rejoin-timeout-ms 20000 \
-            >"$tmp/$t-$r.out" 2>"$tmp/$t-$r.err" &
-        pids="$pids $!"
-    done
+    workers $t 20000
     msleep $delay_ms
     pkill -9 -f "worker $tmp/$t.yaml --rank $victim "
     pause_ms=$(rand 1500)
@@ -135,13 +140,7 @@ done
 # run once rejoin_timeout_ms has passed since it first failed, instead of
 # rolling back forever. (Regression: each completed step restarted the wait.)
 cfg stall "$tmp/stall-params" "$(ipc_ranks stall)" "checkpoint: {dir: $tmp/stall-ck, every: 5}"
-pids=""
-for r in 0 1 2 3; do
-    timeout 120 "$PIPPIN" worker "$tmp/stall.yaml" --rank $r --rejoin-timeout-ms 10000 \
-        >"$tmp/stall-$r.out" 2>"$tmp/stall-$r.err" &
-    pids="$pids $!"
-done
-set -- $pids
+workers stall 10000
 sleep 0.3
 p3=""
 for p in $(pgrep -f "worker $tmp/stall.yaml --rank 3 "); do # the worker, not timeout(1)
@@ -199,12 +198,7 @@ fi
 # exit 1 naming it.
 cfg gone "$tmp/gone-params" "$(ipc_ranks gone)" "checkpoint: {dir: $tmp/gone-ck, every: 1}"
 victim=$(rand 4)
-pids=""
-for r in 0 1 2 3; do
-    timeout 120 "$PIPPIN" worker "$tmp/gone.yaml" --rank $r --rejoin-timeout-ms 2000 \
-        >"$tmp/gone-$r.out" 2>"$tmp/gone-$r.err" &
-    pids="$pids $!"
-done
+workers gone 2000
 msleep $((300 + $(rand $((run_ms / 2 + 1)))))
 pkill -9 -f "worker $tmp/gone.yaml --rank $victim "
 t0=$(date +%s)

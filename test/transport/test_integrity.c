@@ -256,41 +256,18 @@ static void test_run_id_not_learned(void **state) {
     tt_close_ranks(2, t);
 }
 
-/* 3. Messages only from the handshake's address: over tcp a stranger on
- * another address (127.0.0.2) that knows the run id is refused, control
- * messages included. */
-static void test_other_address_tcp(void **state) {
-    (void)state;
+/* 3. Messages only from the handshake's connection. A stranger connected to rank 1 from source_ip (NULL: the ranks' own
+ * 127.0.0.1) that knows the run id sends an ABORT, an activation and a
+ * goodbye claiming rank 0: all three are dropped as foreign, rank 0 stays
+ * up, the forged tensor is never filed, and the real link still works. */
+static void stranger_refused_tcp(const char *source_ip) {
     pp_transport_options o = base(77);
     pp_transport *t[2];
     tt_make_ranks("tcp", 2, &o, t);
     const char *ep = pp_transport_endpoint(t[1]);
     char src[300];
-    snprintf(src, sizeof src, "tcp://127.0.0.2:0;%s", ep + 6);
-    stranger st = stranger_at(src);
-    tt_crafted c;
-    craft_control(&c, 77, PIPPIN__KIND__KIND_ABORT, "stop");
-    send_crafted(st.s, &c);
-    tt_craft(&c, 77, 0, 5);
-    send_crafted(st.s, &c);
-    craft_control(&c, 77, PIPPIN__KIND__KIND_CONTROL, "bye");
-    send_crafted(st.s, &c);
-    pp_transport_stats ps = wait_dropped(t[1], 3);
-    assert_int_equal(ps.dropped_foreign, 3);
-    assert_int_equal(pp_transport_peer_state(t[1], 0), PP_PEER_UP);
-    expect_link(t, 1);
-    stranger_close(&st);
-    tt_close_ranks(2, t);
-}
-
-/* The same from the same IP (127.0.0.1, another process's connection):
- * the pinned connection is IP and port, not the IP alone. */
-static void test_same_ip_other_connection_tcp(void **state) {
-    (void)state;
-    pp_transport_options o = base(77);
-    pp_transport *t[2];
-    tt_make_ranks("tcp", 2, &o, t);
-    stranger st = stranger_at(pp_transport_endpoint(t[1]));
+    snprintf(src, sizeof src, "tcp://%s:0;%s", source_ip ? source_ip : "", ep + 6);
+    stranger st = stranger_at(source_ip ? src : ep);
     tt_crafted c;
     craft_control(&c, 77, PIPPIN__KIND__KIND_ABORT, "stop");
     send_crafted(st.s, &c);
@@ -307,6 +284,19 @@ static void test_same_ip_other_connection_tcp(void **state) {
     expect_link(t, 1);
     stranger_close(&st);
     tt_close_ranks(2, t);
+}
+
+/* From another address (127.0.0.2). */
+static void test_other_address_tcp(void **state) {
+    (void)state;
+    stranger_refused_tcp("127.0.0.2");
+}
+
+/* The same from the same IP (127.0.0.1, another process's connection):
+ * the pinned connection is IP and port, not the IP alone. */
+static void test_same_ip_other_connection_tcp(void **state) {
+    (void)state;
+    stranger_refused_tcp(NULL);
 }
 
 /* The same over ipc, where the address names the sending process: a
