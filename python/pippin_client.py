@@ -5,7 +5,14 @@ for services written in Python. Needs Debian's python3-zmq and numpy.
     c = Client("tcp://127.0.0.1:5600")
     out = c.request({"idx": tokens, "targets": targets}, outputs=["logits"])
     print(out["logits"].shape)
+    for piece in c.generate(text="ROMEO:", max_tokens=40, session="chat-1"):
+        print(piece.text, end="", flush=True)   # piece.tokens: the token ids
 
+`generate` runs the service's generation loop (a causal language model,
+greedy or sampled) and yields each message of the stream as it arrives.
+With `session=` the model's state (a KV cache) stays on the stages, so the
+next request or generation of that session continues from it;
+`end_session` drops it.
 `submit` sends without waiting and returns the request id; `wait` takes the
 response to one id (or any); responses that arrive for other ids are kept.
 A response that is not "ok" raises ServeError with the service's message.
@@ -21,7 +28,9 @@ import time
 import numpy as np
 import zmq
 
-CODES = {0: "ok", 1: "bad request", 2: "busy", 3: "timeout", 4: "failed", 5: "unavailable"}
+CODES = {0: "ok", 1: "bad request", 2: "busy", 3: "timeout", 4: "failed", 5: "unavailable",
+         6: "session lost"}
+KIND_INFER, KIND_STATS, KIND_GENERATE, KIND_CANCEL, KIND_END_SESSION = 0, 1, 2, 3, 4
 # numpy dtype <-> ONNX TensorProto.DataType
 DTYPES = {np.dtype("float32"): 1, np.dtype("uint8"): 2, np.dtype("int8"): 3, np.dtype("int32"): 6,
           np.dtype("int64"): 7, np.dtype("bool"): 9, np.dtype("float16"): 10, np.dtype("float64"): 11}
@@ -29,7 +38,7 @@ NUMPY = {v: k for k, v in DTYPES.items()}
 
 
 class ServeError(Exception):
-    """A response that is not ok: .code (0-5), .kind ("busy", ...), message."""
+    """A response that is not ok: .code (0-6), .kind ("busy", ...), message."""
 
     def __init__(self, code, message):
         self.code = code
@@ -133,7 +142,8 @@ def _read_tensor(buf):
 class Response:
     def __init__(self, buf):
         self.id, self.code, self.error, self.outputs, self.stats = 0, 0, "", {}, None
-        for num, _, v in _fields(buf):
+        self.tokens, self.text, self.more = [], "", False
+        for num, wire, v in _fields(buf):
             if num == 1:
                 self.id = v
             elif num == 2:
@@ -145,6 +155,17 @@ class Response:
                 self.outputs[name] = a
             elif num == 5:
                 self.stats = bytes(v).decode(errors="replace")
+            elif num == 6 and wire == 2:  # packed
+                j = 0
+                while j < len(v):
+                    t, j = _read_varint(v, j)
+                    self.tokens.append(t - (1 << 64) if t >> 63 else t)
+            elif num == 6:
+                self.tokens.append(v - (1 << 64) if v >> 63 else v)
+            elif num == 7:
+                self.text = bytes(v).decode(errors="replace")
+            elif num == 8:
+                self.more = bool(v)
 
 
 class Client:
@@ -158,10 +179,11 @@ class Client:
         self._sock.connect(endpoint)
         self._ids = itertools.count((int(time.time() * 1e6) ^ os.getpid() << 40) & ((1 << 63) - 1) or 1)
         self._kept = {}
+        self._cancelled = set()
 
-    def submit(self, inputs, outputs=None, timeout_ms=0, kind=0):
+    def submit(self, inputs, outputs=None, timeout_ms=0, kind=KIND_INFER, session=None, extra=b"", rid=None):
         """Sends a request ({name: array}); returns its id at once."""
-        rid = next(self._ids)
+        rid = rid or next(self._ids)
         msg = _field(1, 0, _varint(rid))
         if kind:
             msg += _field(2, 0, _varint(kind))
@@ -171,14 +193,20 @@ class Client:
             msg += _bytes(4, name.encode())
         if timeout_ms:
             msg += _field(5, 0, _varint(timeout_ms))
-        self._sock.send(msg)
+        if session:
+            msg += _bytes(6, session.encode())
+        self._sock.send(msg + extra)
         return rid
 
     def wait(self, rid=None, timeout_ms=10000):
         """The response to request rid (None: to any), a Response; raises
         TimeoutError when none came in time."""
         if rid in self._kept or (rid is None and self._kept):
-            return self._kept.pop(rid if rid is not None else next(iter(self._kept)))
+            key = rid if rid is not None else next(iter(self._kept))
+            r = self._kept[key].pop(0)
+            if not self._kept[key]:
+                del self._kept[key]
+            return r
         deadline = time.monotonic() + timeout_ms / 1000.0
         while True:
             left = deadline - time.monotonic()
@@ -187,20 +215,70 @@ class Client:
                     raise TimeoutError("no response from %s within %d ms" % (self.endpoint, timeout_ms))
                 continue
             r = Response(self._sock.recv())
+            if r.id in self._cancelled:
+                if not r.more:
+                    self._cancelled.discard(r.id)
+                continue
             if rid is None or r.id == rid:
                 return r
-            self._kept[r.id] = r
+            self._kept.setdefault(r.id, []).append(r)
 
-    def request(self, inputs, outputs=None, timeout_ms=10000):
+    def request(self, inputs, outputs=None, timeout_ms=10000, session=None):
         """Sends a request and waits: {output name: array}, or ServeError."""
-        r = self.wait(self.submit(inputs, outputs, timeout_ms), timeout_ms + 1000)
+        r = self.wait(self.submit(inputs, outputs, timeout_ms, session=session), timeout_ms + 1000)
         if r.code != 0:
             raise ServeError(r.code, r.error)
         return r.outputs
 
+    def generate(self, tokens=None, text=None, max_tokens=16, temperature=0.0, top_k=0, seed=0, stop=(),
+                 session=None, timeout_ms=10000):
+        """Yields the stream of a generation (Response objects: .tokens,
+        .text); raises ServeError on an error. Give prompt tokens (int64
+        [1, T] or [T]) or text (the service's serve.vocab)."""
+        if (tokens is None) == (text is None):
+            raise ValueError("give tokens or text, one of them")
+        extra = b""
+        if text is not None:
+            extra += _bytes(7, text.encode())
+        extra += _field(8, 0, _varint(max_tokens))
+        if temperature:
+            extra += _field(9, 5, np.float32(temperature).tobytes())
+        if top_k:
+            extra += _field(10, 0, _varint(top_k))
+        if seed:
+            extra += _field(11, 0, _varint(seed))
+        if stop:
+            extra += _bytes(12, b"".join(_varint(int(t)) for t in stop))
+        inputs = None if tokens is None else {"tokens": np.asarray(tokens, dtype=np.int64).reshape(1, -1)}
+        rid = self.submit(inputs, None, timeout_ms, KIND_GENERATE, session, extra)
+        try:
+            while True:
+                r = self.wait(rid, timeout_ms + 1000)
+                if r.code != 0:
+                    raise ServeError(r.code, r.error)
+                yield r
+                if not r.more:
+                    return
+        except GeneratorExit:
+            self.cancel(rid)
+            raise
+
+    def cancel(self, rid):
+        """Stops a generation; its remaining messages are dropped."""
+        self._sock.send(_field(1, 0, _varint(rid)) + _field(2, 0, _varint(KIND_CANCEL)))
+        kept = self._kept.pop(rid, [])
+        if not any(not r.more for r in kept):
+            self._cancelled.add(rid)
+
+    def end_session(self, session, timeout_ms=5000):
+        """Drops a session and its state on every stage."""
+        r = self.wait(self.submit(None, kind=KIND_END_SESSION, session=session), timeout_ms)
+        if r.code != 0:
+            raise ServeError(r.code, r.error)
+
     def stats(self, timeout_ms=5000):
         """The service's counters (a dict)."""
-        r = self.wait(self.submit(None, kind=1), timeout_ms)
+        r = self.wait(self.submit(None, kind=KIND_STATS), timeout_ms)
         if r.code != 0:
             raise ServeError(r.code, r.error)
         return json.loads(r.stats or "{}")

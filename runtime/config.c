@@ -292,6 +292,10 @@ static pp_status dim_value(const cx *x, const yaml_node_t *n, const char *key, c
     return PP_OK;
 }
 
+static pp_status str_value(const cx *x, const yaml_node_t *n, const char *key, char **out) {
+    return get_str(x, n, key, out);
+}
+
 /* ------------------------------------------------------------ sections */
 
 /* Given: present and not null (a null value means "use the default"). */
@@ -359,11 +363,12 @@ static pp_status parse_text(const cx *x, const yaml_node_t *m) {
 }
 
 static pp_status parse_serve(const cx *x, const yaml_node_t *m) {
-    static const char *const keys[] = {"endpoint", "max_batch", "max_wait_us", "max_queue", "max_inflight",
-                                       "max_request_bytes"};
-    yaml_node_t *v[6];
+    static const char *const keys[] = {"endpoint",     "max_batch",       "max_wait_us",       "max_queue",
+                                       "max_inflight", "max_request_bytes", "max_sessions",    "session_idle_ms",
+                                       "session_max_bytes", "state",       "vocab",             "context"};
+    yaml_node_t *v[12];
     pp_config *c = x->c;
-    PP_TRY(match_keys(x, m, "serve", keys, 6, v));
+    PP_TRY(match_keys(x, m, "serve", keys, 12, v));
     if (!given(v[0])) return v[0] ? type_err(x, v[0], "serve.endpoint", "an endpoint")
                                   : err_at(x, PP_ERR_PARSE, m, "missing key 'serve.endpoint'");
     PP_TRY(get_str(x, v[0], "serve.endpoint", &c->serve_endpoint));
@@ -376,6 +381,13 @@ static pp_status parse_serve(const cx *x, const yaml_node_t *m) {
     if (given(v[4])) PP_TRY(get_int32(x, v[4], "serve.max_inflight", 0, 1 << 16, &c->serve_max_inflight));
     if (given(v[5]))
         PP_TRY(get_int(x, v[5], "serve.max_request_bytes", 1, (int64_t)1 << 40, &c->serve_max_request_bytes));
+    if (given(v[6])) PP_TRY(get_int32(x, v[6], "serve.max_sessions", 1, 1 << 20, &c->serve_max_sessions));
+    if (given(v[7])) PP_TRY(get_int32(x, v[7], "serve.session_idle_ms", 1, INT_MAX, &c->serve_session_idle_ms));
+    if (given(v[8]))
+        PP_TRY(get_int(x, v[8], "serve.session_max_bytes", 1, (int64_t)1 << 50, &c->serve_session_max_bytes));
+    if (given(v[9])) PP_TRY(get_entries(x, v[9], "serve.state", &c->serve_state, &c->n_serve_state, str_value));
+    if (given(v[10])) PP_TRY(get_path(x, v[10], "serve.vocab", &c->serve_vocab));
+    if (given(v[11])) PP_TRY(get_int32(x, v[11], "serve.context", 0, INT_MAX, &c->serve_context));
     return PP_OK;
 }
 
@@ -517,12 +529,12 @@ static pp_status check_protected(const cx *x, const yaml_node_t *ranks, const ya
 enum {
     K_MODEL, K_SPLIT, K_DIMS, K_MODE, K_SCHEDULE, K_MICROBATCHES, K_BATCH, K_STEPS, K_LOSS,
     K_OPTIMIZER, K_DATA, K_TEXT, K_RANKS, K_BIND, K_TIMEOUT, K_SECURITY, K_OUTPUT, K_STAGES, K_SHM, K_FREEZE,
-    K_CHECKPOINT, K_RUN_ID, K_INSECURE, K_REJOIN, K_SERVE, K_COUNT
+    K_CHECKPOINT, K_RUN_ID, K_INSECURE, K_REJOIN, K_SERVE, K_PARAMS, K_COUNT
 };
 static const char *const top_keys[K_COUNT] = {
     "model", "split", "dims", "mode", "schedule", "microbatches", "batch_size", "steps", "loss",
     "optimizer", "data", "text", "ranks", "bind", "timeout_ms", "security", "output_dir", "stages",
-    "shared_memory", "freeze", "checkpoint", "run_id", "insecure", "rejoin_timeout_ms", "serve"};
+    "shared_memory", "freeze", "checkpoint", "run_id", "insecure", "rejoin_timeout_ms", "serve", "params"};
 
 static pp_status parse_top(const cx *x, const yaml_node_t *root) {
     pp_config *c = x->c;
@@ -605,6 +617,10 @@ static pp_status parse_top(const cx *x, const yaml_node_t *root) {
                               counts[i], counts[i] == 1 ? "" : "s", c->n_ranks, c->n_ranks == 1 ? "" : "s");
     }
     if (given(v[K_OUTPUT])) PP_TRY(get_path(x, v[K_OUTPUT], "output_dir", &c->output_dir));
+    if (given(v[K_PARAMS])) {
+        if (!c->model) return err_at(x, PP_ERR_INVALID, v[K_PARAMS], "key 'params': needs 'model' (not 'stages')");
+        PP_TRY(get_path(x, v[K_PARAMS], "params", &c->params));
+    }
     if (given(v[K_CHECKPOINT])) {
         if (!c->training)
             return err_at(x, PP_ERR_INVALID, v[K_CHECKPOINT],
@@ -698,6 +714,13 @@ void pp_config_free(pp_config *c) {
     free(c->text_file);
     free(c->text_vocab);
     free(c->serve_endpoint);
+    free(c->serve_vocab);
+    free(c->params);
+    for (int i = 0; c->serve_state && i < c->n_serve_state; i++) {
+        free(c->serve_state[i].key);
+        free(c->serve_state[i].value);
+    }
+    free(c->serve_state);
     for (int i = 0; c->ranks && i < c->n_ranks; i++) free(c->ranks[i]);
     free(c->ranks);
     free(c->bind);
@@ -737,6 +760,9 @@ pp_status pp_config_parse(const char *text, size_t len, const char *name, const 
     c->serve_max_wait_us = 500;
     c->serve_max_queue = 256;
     c->serve_max_request_bytes = (int64_t)64 << 20;
+    c->serve_max_sessions = 64;
+    c->serve_session_idle_ms = 10 * 60 * 1000;
+    c->serve_session_max_bytes = (int64_t)1 << 30;
     pp_optim_config_init(&c->optim, PP_OPTIM_ADAMW);
 
     yaml_parser_t parser;

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "pippin/npy.h"
 #include "status_internal.h"
@@ -61,5 +62,40 @@ pp_status pp_save_stage_params(const pp_pipe *p, int n, pp_stage *const *stages,
         }
     }
     if (count) *count = saved;
+    return PP_OK;
+}
+
+pp_status pp_load_params_dir(pp_graph *g, const char *dir, int *loaded) {
+    *loaded = 0;
+    for (int v = 0; v < g->n_values; v++) {
+        pp_value *val = &g->values[v];
+        if ((val->kind != PP_VALUE_PARAM && val->kind != PP_VALUE_CONST) || !val->data || !val->name) continue;
+        char safe[512], path[4096];
+        pp_file_safe_name(val->name, safe, sizeof safe);
+        if ((size_t)snprintf(path, sizeof path, "%s/%s.npy", dir, safe) >= sizeof path)
+            return pp_error(PP_ERR_INVALID, "params: path too long for '%s'", val->name);
+        if (access(path, F_OK) != 0) {
+            if (val->kind == PP_VALUE_PARAM) /* a half-trained model must not be served silently */
+                return pp_error(PP_ERR_NOT_FOUND, "params: %s has no file for parameter '%s' (%s)", dir, val->name, path);
+            continue; /* buffers (masks) keep the model's values */
+        }
+        pp_tensor *t = NULL;
+        PP_TRY(pp_npy_load(path, &t));
+        const pp_tensor *old = val->data;
+        int same = t->dtype == old->dtype && t->ndim == old->ndim;
+        for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == old->shape[d];
+        if (!same) {
+            char a[128], b[128];
+            pp_status s = pp_error(PP_ERR_INVALID, "params: %s is %s%s, parameter '%s' of the model is %s%s", path,
+                                   pp_dtype_name(t->dtype), pp_shape_str(t->ndim, t->shape, a, sizeof a), val->name,
+                                   pp_dtype_name(old->dtype), pp_shape_str(old->ndim, old->shape, b, sizeof b));
+            pp_tensor_free(t);
+            return s;
+        }
+        pp_tensor_free(val->data);
+        val->data = t;
+        (*loaded)++;
+    }
+    if (!*loaded) return pp_error(PP_ERR_NOT_FOUND, "params: no file in %s matches a parameter of the model", dir);
     return PP_OK;
 }

@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 
+#include "pippin/graph.h"
 #include "pippin/pipe.h"
 #include "pippin/stage.h"
 
@@ -19,5 +20,11 @@ pp_status pp_save_named_npy(const char *dir, const char *prefix, const char *nam
  * the pipe lists for it. *count (may be NULL) gets the number written. */
 pp_status pp_save_stage_params(const pp_pipe *p, int n, pp_stage *const *stages, const char *dir,
                                const char *prefix, int grads, int *count);
+
+/* Replaces g's initializers by DIR/<file-safe name>.npy (as --save and
+ * output_dir write them): every trainable parameter must have its file, of
+ * the same dtype and shape; buffers without one keep their values.
+ * *loaded: files read. */
+pp_status pp_load_params_dir(pp_graph *g, const char *dir, int *loaded);
 
 #endif

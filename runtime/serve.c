@@ -10,8 +10,11 @@
 #include <zmq.h>
 
 #include "log_internal.h"
+#include "serve_sample.h"
+#include "serve_state.h"
 #include "serve_wire.h"
 #include "status_internal.h"
+#include "text_data.h"
 #include "timing.h"
 
 /* Keys of serving messages: a microbatch number no schedule or agreement
@@ -24,6 +27,12 @@
 #define LATENCIES 1024
 #define GRAVES 64 /* batches answered without all their outputs, drained a while */
 #define STATS_LOG_MS 60000 /* a stats line in the log this often (info level) */
+#define LOST 256           /* sessions remembered as lost, to tell their next request */
+#define HDR_DROPS 64       /* session drops one batch header carries */
+#define HDR_LEN 5          /* flags, rows, session, fresh, drops; then the dropped sessions */
+#define SESSION_LOST_PREFIX "session lost"
+
+struct session;
 
 typedef struct job {
     zmq_msg_t who; /* the client's routing id */
@@ -32,7 +41,28 @@ typedef struct job {
     double arrived, deadline; /* monotonic ms */
     int solo;                 /* runs in a batch of its own (retried alone) */
     pp_response *resp;
+    int partial;              /* a message of a stream, not the request's last */
+    struct session *sess;     /* the session its state lives in, or NULL */
+    /* a generation: the tokens so far (prompt, then produced) */
+    int64_t *toks;
+    int n_toks, cap_toks, n_fed, feeding;
+    uint32_t produced;
+    uint64_t rng;
+    int cancelled;
 } job;
+
+typedef struct session {
+    char *name;      /* NULL: a generation's own (dropped when it ends) */
+    int64_t handle;  /* how the ranks know it */
+    double used;
+    int jobs;        /* its jobs waiting or running */
+    int running;     /* a batch of it is in the pipeline */
+    int started;     /* its state exists on the ranks */
+    int has_next;    /* a generation's last token, not yet fed: goes first next time */
+    int64_t next_token;
+    int ended;       /* out of the table; freed with its last job */
+    char why[256];   /* why it ended, for its jobs still waiting */
+} session;
 
 typedef struct batch {
     int64_t b;
@@ -41,10 +71,13 @@ typedef struct batch {
     int64_t rows;
     pp_tensor **outs; /* per model output, once here */
     double started;
+    session *sess;
 } batch;
 
 typedef struct stats {
-    atomic_llong requests, ok, bad, busy, timeouts, failed, batches, batch_rows;
+    atomic_llong requests, ok, bad, busy, timeouts, failed, batches, batch_rows, tokens, lost;
+    atomic_int sessions;
+    atomic_llong state_bytes, busy_us; /* this rank's: session state kept; time in its stages */
     atomic_int in_system; /* accepted and not yet answered */
     pthread_mutex_t lock;
     double latency[LATENCIES];
@@ -76,6 +109,25 @@ typedef struct serve {
     int n_graves;
     atomic_int closing; /* the front thread answers new requests "unavailable" itself */
     int64_t next_b;
+    /* state and generation (every rank) */
+    pp_state_pair *pairs;
+    int n_pairs;
+    int *state_in, *state_out; /* per model input / output: its pair + 1, or 0 */
+    pp_state_store *store;
+    int token_in, logits_out; /* the generation's input and output, or -1 */
+    int64_t vocab[256];       /* byte -> token, with serve.vocab */
+    unsigned char *token_byte; /* token -> byte */
+    int64_t n_token_byte;
+    /* sessions (the front rank's thread) */
+    session **sessions;
+    int n_sessions, cap_sessions;
+    int64_t next_handle;
+    struct {
+        char *name, *why;
+    } lost[LOST];
+    int64_t lost_next;
+    int64_t *drops;
+    int n_drops, cap_drops;
 } serve;
 
 static double now_ms(void) { return pp_monotonic_ms(); }
@@ -92,9 +144,16 @@ static pp_status check_request(serve *s, const pp_serve_request *r, int64_t *row
         int i = 0;
         while (i < s->n_in && strcmp(p->edges[s->in_edge[i]].value, r->names[k]) != 0) i++;
         if (i == s->n_in) return pp_error(PP_ERR_INVALID, "input '%s' is not a model input", r->names[k]);
+        if (s->state_in[i])
+            return pp_error(PP_ERR_INVALID, "input '%s' is state the service keeps per session (serve.state)",
+                            r->names[k]);
     }
+    if (r->session[0] && !s->n_pairs)
+        return pp_error(PP_ERR_INVALID, "session '%s': the model keeps no state between requests (no output "
+                        "present.X feeding an input past_key_values.X; see serve.state)", r->session);
     for (int i = 0; i < s->n_in; i++) {
         const pp_pipe_edge *e = &p->edges[s->in_edge[i]];
+        if (s->state_in[i]) continue;
         int k = 0;
         while (k < r->n_inputs && strcmp(r->names[k], e->value) != 0) k++;
         if (k == r->n_inputs) return pp_error(PP_ERR_INVALID, "model input '%s' not given", e->value);
@@ -139,7 +198,58 @@ static pp_status check_request(serve *s, const pp_serve_request *r, int64_t *row
         int k = 0;
         while (k < p->n_outputs && strcmp(p->outputs[k], r->outputs[o]) != 0) k++;
         if (k == p->n_outputs) return pp_error(PP_ERR_INVALID, "output '%s' is not a model output", r->outputs[o]);
+        if (s->state_out[k])
+            return pp_error(PP_ERR_INVALID, "output '%s' is state the service keeps on its stage (serve.state)",
+                            r->outputs[o]);
     }
+    return PP_OK;
+}
+
+/* A generation's prompt, into j->toks: tokens (int64 [1, T] or [T]) or text
+ * through serve.vocab. */
+static pp_status check_generate(serve *s, job *j) {
+    const pp_serve_request *r = &j->req;
+    if (s->token_in < 0 || s->logits_out < 0)
+        return pp_error(PP_ERR_INVALID, "generate: the model needs one int64 token input besides its state and a "
+                        "float output 'logits' [batch, seq, vocab] (this one has %s)",
+                        s->token_in < 0 ? "other inputs too, or no int64 one" : "no such output");
+    const char *text = r->text;
+    int64_t n = 0;
+    const int64_t *given = NULL;
+    if (text[0]) {
+        if (r->n_inputs) return pp_error(PP_ERR_INVALID, "generate: give the prompt as text or as tokens, not both");
+        if (!s->token_byte) return pp_error(PP_ERR_INVALID, "generate: a text prompt needs serve.vocab in the config");
+        n = (int64_t)strlen(text);
+    } else {
+        if (r->n_inputs != 1) return pp_error(PP_ERR_INVALID, "generate: the prompt is one tensor of tokens (or text)");
+        const pp_tensor *t = r->inputs[0];
+        if (t->dtype != PP_I64 || t->ndim < 1 || t->ndim > 2 || (t->ndim == 2 && t->shape[0] != 1))
+            return pp_error(PP_ERR_INVALID, "generate: the prompt tokens are int64 [1, T] (one sequence), not %s%s",
+                            pp_dtype_name(t->dtype), t->ndim == 2 ? " with several rows" : " of that rank");
+        n = pp_tensor_numel(t);
+        given = t->data;
+    }
+    if (r->session[0] && !s->n_pairs)
+        return pp_error(PP_ERR_INVALID, "session '%s': the model keeps no state between requests (no output "
+                        "present.X feeding an input past_key_values.X; see serve.state)", r->session);
+    if (n < 1 && !r->session[0]) return pp_error(PP_ERR_INVALID, "generate: an empty prompt");
+    j->cap_toks = (int)(n + r->max_tokens + 2);
+    if (!(j->toks = malloc(sizeof *j->toks * (size_t)j->cap_toks))) return pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int64_t i = 0; i < n; i++) {
+        if (given) {
+            j->toks[i] = given[i];
+        } else {
+            int64_t id = s->vocab[(unsigned char)text[i]];
+            if (id < 0)
+                return pp_error(PP_ERR_INVALID, "generate: the prompt's character %lld (byte 0x%02x) is not in serve.vocab",
+                                (long long)i, (unsigned char)text[i]);
+            j->toks[i] = id;
+        }
+    }
+    j->n_toks = (int)n;
+    j->rng = r->seed;
+    j->solo = 1;
+    j->rows = 1;
     return PP_OK;
 }
 
@@ -174,20 +284,32 @@ static char *stats_json(serve *s) {
             lat[j] = lat[j - 1];
             lat[j - 1] = t;
         }
-    char *out = malloc(512);
+    char *out = malloc(768);
     if (!out) return NULL;
     long long batches = atomic_load(&s->st.batches);
-    snprintf(out, 512,
+    snprintf(out, 768,
              "{\"requests\": %lld, \"ok\": %lld, \"bad_request\": %lld, \"busy\": %lld, \"timeout\": %lld, "
              "\"failed\": %lld, \"in_system\": %d, \"batches\": %lld, \"mean_batch_rows\": %.2f, "
-             "\"latency_ms_p50\": %.3f, \"latency_ms_p99\": %.3f}",
+             "\"tokens\": %lld, \"sessions\": %d, \"sessions_lost\": %lld, \"front_state_bytes\": %lld, "
+             "\"front_busy_ms\": %.1f, \"latency_ms_p50\": %.3f, \"latency_ms_p99\": %.3f}",
              (long long)atomic_load(&s->st.requests), (long long)atomic_load(&s->st.ok),
              (long long)atomic_load(&s->st.bad), (long long)atomic_load(&s->st.busy),
              (long long)atomic_load(&s->st.timeouts), (long long)atomic_load(&s->st.failed),
              atomic_load(&s->st.in_system), batches,
-             batches ? (double)atomic_load(&s->st.batch_rows) / (double)batches : 0.0, n ? lat[n / 2] : 0.0,
+             batches ? (double)atomic_load(&s->st.batch_rows) / (double)batches : 0.0,
+             (long long)atomic_load(&s->st.tokens), atomic_load(&s->st.sessions), (long long)atomic_load(&s->st.lost),
+             (long long)atomic_load(&s->st.state_bytes), (double)atomic_load(&s->st.busy_us) / 1000.0,
+             n ? lat[n / 2] : 0.0,
              n ? lat[(n * 99) / 100 < n ? (n * 99) / 100 : n - 1] : 0.0);
     return out;
+}
+
+static void free_job(job *j) {
+    zmq_msg_close(&j->who);
+    pp_serve_request_clear(&j->req);
+    pp_response_free(j->resp);
+    free(j->toks);
+    free(j);
 }
 
 static void take_request(serve *s) {
@@ -224,7 +346,15 @@ static void take_request(serve *s) {
         zmq_msg_close(&body);
         return;
     }
-    if (ok == PP_OK) ok = check_request(s, &j->req, &j->rows);
+    if (ok == PP_OK && j->req.kind == PP_SERVE_KIND_CANCEL) { /* to the rank's thread; never answered */
+        zmq_msg_init(&j->who);
+        zmq_msg_move(&j->who, &who);
+        if (zmq_send(s->pair_front, &j, sizeof j, 0) != sizeof j) free_job(j);
+        zmq_msg_close(&body);
+        return;
+    }
+    if (ok == PP_OK && j->req.kind == PP_SERVE_KIND_INFER) ok = check_request(s, &j->req, &j->rows);
+    if (ok == PP_OK && j->req.kind == PP_SERVE_KIND_GENERATE) ok = check_generate(s, j);
     if (ok == PP_OK && atomic_load(&s->closing)) {
         reply_error(s, &who, j->req.id, PP_SERVE_UNAVAILABLE, "the service is shutting down");
         ok = PP_ERR_STATE;
@@ -240,6 +370,7 @@ static void take_request(serve *s) {
     }
     if (ok != PP_OK) {
         if (j) pp_serve_request_clear(&j->req);
+        if (j) free(j->toks);
         free(j);
         zmq_msg_close(&who);
         zmq_msg_close(&body);
@@ -260,17 +391,15 @@ static void take_request(serve *s) {
     zmq_msg_close(&body);
 }
 
-static void free_job(job *j) {
-    zmq_msg_close(&j->who);
-    pp_serve_request_clear(&j->req);
-    pp_response_free(j->resp);
-    free(j);
-}
-
 /* A job answered by the rank's thread: send it, count it. */
 static void answer_job(serve *s) {
     job *j;
     if (zmq_recv(s->pair_front, &j, sizeof j, ZMQ_DONTWAIT) != sizeof j) return;
+    if (j->partial) { /* one message of a stream: the request goes on */
+        send_reply(s, &j->who, j->resp);
+        free_job(j);
+        return;
+    }
     pp_response oom = {j->req.id, PP_SERVE_UNAVAILABLE, "out of memory", 0, NULL, NULL, NULL};
     send_reply(s, &j->who, j->resp ? j->resp : &oom);
     int code = j->resp ? j->resp->code : PP_SERVE_UNAVAILABLE;
@@ -301,9 +430,12 @@ static void *front_main(void *arg) {
 
 /* ---- the front rank's thread: batches ---- */
 
+static void release_session(serve *s, job *j);
+
 /* Hands j back to the front thread with its response: j belongs to that
  * thread from here on (it sends and frees it). */
 static void respond(serve *s, job *j, int code, const char *error) {
+    release_session(s, j);
     if (!j->resp) {
         j->resp = calloc(1, sizeof *j->resp);
         if (j->resp) j->resp->id = j->req.id;
@@ -327,9 +459,189 @@ static int compatible(const job *a, const job *b) {
     return 1;
 }
 
+/* ---- sessions (the front rank's thread) ---- */
+
+/* Session h's state is to go from every rank (with the next header). */
+static void queue_drop(serve *s, int64_t h) {
+    pp_state_drop(s->store, h);
+    atomic_store(&s->st.state_bytes, pp_state_bytes(s->store));
+    if (s->n_drops == s->cap_drops) {
+        int cap = s->cap_drops ? 2 * s->cap_drops : 64;
+        int64_t *grown = realloc(s->drops, sizeof *grown * (size_t)cap);
+        if (!grown) return; /* the ranks keep it until their byte bound drops it */
+        s->drops = grown, s->cap_drops = cap;
+    }
+    s->drops[s->n_drops++] = h;
+}
+
+static void remember_lost(serve *s, const char *name, const char *why) {
+    int i = (int)(s->lost_next++ % LOST);
+    free(s->lost[i].name);
+    free(s->lost[i].why);
+    s->lost[i].name = strdup(name);
+    s->lost[i].why = strdup(why);
+    atomic_fetch_add(&s->st.lost, 1);
+}
+
+/* Why session name was lost (taken out: its next request starts afresh), or NULL. */
+static char *take_lost(serve *s, const char *name) {
+    for (int i = 0; i < LOST; i++)
+        if (s->lost[i].name && strcmp(s->lost[i].name, name) == 0) {
+            char *why = s->lost[i].why;
+            free(s->lost[i].name);
+            s->lost[i].name = NULL;
+            s->lost[i].why = NULL;
+            return why ? why : strdup("session lost");
+        }
+    return NULL;
+}
+
+/* Ends a session: its state goes from every rank; when why is given, its
+ * waiting jobs and a named one's next request are told why. Freed now, or
+ * with its last job. */
+static void end_session(serve *s, session *x, const char *why) {
+    int i = 0;
+    while (i < s->n_sessions && s->sessions[i] != x) i++;
+    if (i < s->n_sessions) {
+        s->sessions[i] = s->sessions[--s->n_sessions];
+        atomic_store(&s->st.sessions, s->n_sessions);
+    }
+    if (x->started) queue_drop(s, x->handle);
+    x->started = 0;
+    if (why && x->name && !x->ended) remember_lost(s, x->name, why);
+    if (!x->ended) snprintf(x->why, sizeof x->why, "%s", why ? why : SESSION_LOST_PREFIX ": ended");
+    x->ended = 1;
+    if (x->jobs) return;
+    free(x->name);
+    free(x);
+}
+
+static session *find_session(serve *s, const char *name) {
+    for (int i = 0; i < s->n_sessions; i++)
+        if (s->sessions[i]->name && strcmp(s->sessions[i]->name, name) == 0) return s->sessions[i];
+    return NULL;
+}
+
+/* A new session (name NULL: a generation's own); at serve.max_sessions the
+ * least recently used idle one makes room, else NULL with the reason. */
+static session *new_session(serve *s, const char *name, char *why, size_t cap) {
+    if (s->n_sessions >= s->c->serve_max_sessions) {
+        session *lru = NULL;
+        for (int i = 0; i < s->n_sessions; i++)
+            if (!s->sessions[i]->jobs && (!lru || s->sessions[i]->used < lru->used)) lru = s->sessions[i];
+        if (!lru) {
+            snprintf(why, cap, "%d sessions are busy (serve.max_sessions)", s->c->serve_max_sessions);
+            return NULL;
+        }
+        char msg[160];
+        snprintf(msg, sizeof msg, SESSION_LOST_PREFIX ": ended to make room for a new one (serve.max_sessions %d)",
+                 s->c->serve_max_sessions);
+        end_session(s, lru, msg);
+    }
+    if (s->n_sessions == s->cap_sessions) {
+        int c = s->cap_sessions ? 2 * s->cap_sessions : 16;
+        session **grown = realloc(s->sessions, sizeof *grown * (size_t)c);
+        if (!grown) return snprintf(why, cap, "out of memory"), NULL;
+        s->sessions = grown, s->cap_sessions = c;
+    }
+    session *x = calloc(1, sizeof *x);
+    if (!x || (name && !(x->name = strdup(name)))) {
+        free(x);
+        snprintf(why, cap, "out of memory");
+        return NULL;
+    }
+    x->handle = ++s->next_handle;
+    x->used = now_ms();
+    s->sessions[s->n_sessions++] = x;
+    atomic_store(&s->st.sessions, s->n_sessions);
+    return x;
+}
+
+static void release_session(serve *s, job *j) {
+    session *x = j->sess;
+    if (!x) return;
+    j->sess = NULL;
+    x->jobs--;
+    x->used = now_ms();
+    if (!x->jobs && (x->ended || !x->name)) end_session(s, x, NULL);
+}
+
+static void expire_sessions(serve *s, double now) {
+    for (int i = 0; i < s->n_sessions; i++) {
+        session *x = s->sessions[i];
+        if (x->jobs || now - x->used < s->c->serve_session_idle_ms) continue;
+        char why[160];
+        snprintf(why, sizeof why, SESSION_LOST_PREFIX ": unused for %d ms (serve.session_idle_ms)",
+                 s->c->serve_session_idle_ms);
+        end_session(s, x, why);
+        i--;
+    }
+}
+
+static int same_client(const job *a, const job *b) {
+    zmq_msg_t *x = (zmq_msg_t *)&a->who, *y = (zmq_msg_t *)&b->who;
+    return a->req.id == b->req.id && zmq_msg_size(x) == zmq_msg_size(y) &&
+           memcmp(zmq_msg_data(x), zmq_msg_data(y), zmq_msg_size(x)) == 0;
+}
+
+static void respond(serve *s, job *j, int code, const char *error);
+static void unpend(serve *s, job *j);
+
+/* A client cancelled its generation: a waiting one ends now, a running one
+ * when its batch is back. */
+static void cancel(serve *s, job *c) {
+    for (int i = 0; i < s->n_pending; i++)
+        if (same_client(s->pending[i], c) && s->pending[i]->toks) {
+            job *j = s->pending[i];
+            unpend(s, j);
+            respond(s, j, PP_SERVE_FAILED, "cancelled");
+            break;
+        }
+    for (int b = 0; b < s->n_inflight; b++)
+        for (int k = 0; k < s->inflight[b].n_jobs; k++)
+            if (same_client(s->inflight[b].jobs[k], c)) s->inflight[b].jobs[k]->cancelled = 1;
+    free_job(c);
+}
+
+/* Ties a request to its session, creating it; 0 and an answer sent when it
+ * cannot run (its session was lost, too many sessions). */
+static int attach_session(serve *s, job *j) {
+    const char *name = j->req.session;
+    if (!name[0] && !(j->toks && s->n_pairs)) return 1; /* no state kept across requests */
+    session *x = name[0] ? find_session(s, name) : NULL;
+    if (name[0] && !x) {
+        char *why = take_lost(s, name);
+        if (why) {
+            respond(s, j, PP_SERVE_SESSION_LOST, why);
+            free(why);
+            return 0;
+        }
+        if (j->req.kind == PP_SERVE_KIND_END_SESSION) { /* nothing to end */
+            respond(s, j, PP_SERVE_OK, NULL);
+            return 0;
+        }
+    }
+    if (!x) {
+        char why[160];
+        if (!(x = new_session(s, name[0] ? name : NULL, why, sizeof why))) {
+            atomic_fetch_add(&s->st.busy, 1);
+            respond(s, j, PP_SERVE_BUSY, why);
+            return 0;
+        }
+    }
+    j->sess = x;
+    x->jobs++;
+    j->solo = 1; /* a session's batches carry its state: one request each */
+    return 1;
+}
+
 static void take_jobs(serve *s) {
     job *j;
     while (zmq_recv(s->pair_worker, &j, sizeof j, ZMQ_DONTWAIT) == sizeof j) {
+        if (j->req.kind == PP_SERVE_KIND_CANCEL) {
+            cancel(s, j);
+            continue;
+        }
         if (s->n_pending == s->cap_pending) {
             int cap = s->cap_pending ? 2 * s->cap_pending : 64;
             job **grown = realloc(s->pending, (size_t)cap * sizeof *grown);
@@ -339,6 +651,7 @@ static void take_jobs(serve *s) {
             }
             s->pending = grown, s->cap_pending = cap;
         }
+        if (!attach_session(s, j)) continue;
         s->pending[s->n_pending++] = j;
     }
 }
@@ -353,26 +666,49 @@ static void expire_pending(serve *s, double now) {
     s->n_pending = k;
 }
 
-/* The pending jobs to run next (the oldest and those like it, up to
- * max_batch rows); 0 if the batch should wait to fill: only while other
- * batches are in the pipeline, and at most max_wait_us. */
+static int eligible(const job *j) {
+    return j->req.kind != PP_SERVE_KIND_END_SESSION && !(j->sess && j->sess->running);
+}
+
+/* The pending jobs to run next (the oldest that can run and those like it,
+ * up to max_batch rows); 0 if none can run yet, or the batch should wait to
+ * fill: only while other batches are in the pipeline, and at most
+ * max_wait_us. */
 static int pick(serve *s, double now, job **picked, int64_t *rows, double *wait_ms) {
-    int n = 0;
+    int n = 0, head = 0;
     *rows = 0;
-    for (int i = 0; i < s->n_pending; i++) {
+    while (head < s->n_pending && !eligible(s->pending[head])) head++;
+    if (head == s->n_pending) return 0; /* each waits for its session's batch */
+    for (int i = head; i < s->n_pending; i++) {
         job *j = s->pending[i];
-        if (n && (picked[0]->solo || j->solo || !compatible(picked[0], j) || *rows + j->rows > s->c->serve_max_batch))
+        if (n && (picked[0]->solo || j->solo || !eligible(j) || !compatible(picked[0], j) ||
+                  *rows + j->rows > s->c->serve_max_batch))
             continue;
         picked[n++] = j;
         *rows += j->rows;
         if (*rows >= s->c->serve_max_batch) break;
     }
     if (picked[0]->solo) return 1;
-    double ready_at = s->pending[0]->arrived + s->c->serve_max_wait_us / 1000.0;
+    double ready_at = picked[0]->arrived + s->c->serve_max_wait_us / 1000.0;
     *wait_ms = ready_at - now;
     /* an idle pipeline starts at once (waiting would only add latency);
      * a busy one waits up to max_wait_us for the batch to fill */
     return *rows >= s->c->serve_max_batch || now >= ready_at || s->n_inflight == 0 ? n : 0;
+}
+
+/* Requests to end a session whose other requests are done. */
+static void run_ends(serve *s) {
+    for (int i = 0; i < s->n_pending; i++) {
+        job *j = s->pending[i];
+        if (j->req.kind != PP_SERVE_KIND_END_SESSION || !j->sess || j->sess->jobs > 1) continue;
+        unpend(s, j);
+        session *x = j->sess;
+        j->sess = NULL;
+        x->jobs--;
+        end_session(s, x, NULL);
+        respond(s, j, PP_SERVE_OK, NULL);
+        i--;
+    }
 }
 
 static pp_status concat(job **jobs, int n, const char *name, int64_t rows, pp_tensor **out) {
@@ -403,14 +739,18 @@ static int consumes(const serve *s, int i, int r) {
 }
 
 /* Sends every other rank the header of batch b (flags: 1 the service ends,
- * 2 skip this batch) with the model inputs its stages consume (ins, NULL
- * with a skip). */
-static pp_status send_headers(serve *s, int64_t b, int64_t flags, int64_t rows, const char **names, pp_tensor **ins) {
+ * 2 skip this batch; the batch's session and whether it starts afresh; the
+ * sessions whose state is to go) with the model inputs its stages consume
+ * (ins, NULL with a skip; state inputs are each rank's own). */
+static pp_status send_headers(serve *s, int64_t b, int64_t flags, int64_t rows, const char **names, pp_tensor **ins,
+                              int64_t session, int fresh) {
     const pp_serve_ctx *x = s->x;
     pp_tensor *hdr = NULL;
-    PP_TRY(pp_tensor_new(PP_I64, 1, (int64_t[]){2}, &hdr));
-    ((int64_t *)hdr->data)[0] = flags;
-    ((int64_t *)hdr->data)[1] = rows;
+    int n_drop = s->n_drops < HDR_DROPS ? s->n_drops : HDR_DROPS;
+    PP_TRY(pp_tensor_new(PP_I64, 1, (int64_t[]){HDR_LEN + n_drop}, &hdr));
+    int64_t *h = hdr->data;
+    h[0] = flags, h[1] = rows, h[2] = session, h[3] = fresh, h[4] = n_drop;
+    memcpy(h + HDR_LEN, s->drops, sizeof *h * (size_t)n_drop);
     pp_status st = PP_OK;
     for (int r = 0; r < x->sched->nranks; r++) { /* every rank, even after one failed; the first error */
         if (r == s->front) continue;
@@ -419,12 +759,16 @@ static pp_status send_headers(serve *s, int64_t b, int64_t flags, int64_t rows, 
         int k = 0;
         send_names[k] = BATCH_NAME, send[k++] = hdr;
         for (int i = 0; ins && i < s->n_in && k < PP_SERVE_MAX_TENSORS + 2; i++)
-            if (consumes(s, i, r)) send_names[k] = names[i], send[k++] = ins[i];
+            if (consumes(s, i, r) && !s->state_in[i]) send_names[k] = names[i], send[k++] = ins[i];
         pp_transport_key key = {PP_MSG_ACTIVATION, b, SERVE_MB, s->first_stage[s->front], s->first_stage[r], ""};
         pp_status sent = pp_transport_sendv(x->t, &key, k, send_names, send);
         if (st == PP_OK) st = sent;
     }
     pp_tensor_free(hdr);
+    if (st == PP_OK) { /* those drops are on their way */
+        memmove(s->drops, s->drops + n_drop, sizeof *s->drops * (size_t)(s->n_drops - n_drop));
+        s->n_drops -= n_drop;
+    }
     return st;
 }
 
@@ -448,35 +792,93 @@ static void requeue_solo(serve *s, job *j) {
     s->n_pending++;
 }
 
+/* The tokens a generation feeds next, as its request's one input: those
+ * not yet in its session's state, or (a model without state) all of them,
+ * the last serve.context at most. */
+static pp_status gen_feed(serve *s, job *j) {
+    session *x = j->sess;
+    if (x && x->has_next && !j->n_fed && !j->produced) { /* the last generation's final token goes first */
+        memmove(j->toks + 1, j->toks, sizeof *j->toks * (size_t)j->n_toks);
+        j->toks[0] = x->next_token;
+        j->n_toks++;
+        x->has_next = 0;
+    }
+    int start = j->n_fed;
+    if (!s->n_pairs) start = s->c->serve_context && j->n_toks > s->c->serve_context ? j->n_toks - s->c->serve_context : 0;
+    int len = j->n_toks - start;
+    if (len < 1) return pp_error(PP_ERR_INVALID, "generate: an empty prompt");
+    pp_tensor *t = NULL;
+    PP_TRY(pp_tensor_new(PP_I64, 2, (int64_t[]){1, len}, &t));
+    memcpy(t->data, j->toks + start, sizeof *j->toks * (size_t)len);
+    char *name = strdup(s->p->edges[s->in_edge[s->token_in]].value);
+    char **names = calloc(2, sizeof *names);
+    pp_tensor **ins = calloc(2, sizeof *ins);
+    if (!name || !names || !ins) {
+        free(name), free(names), free(ins), pp_tensor_free(t);
+        return pp_error(PP_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < j->req.n_inputs; i++) free(j->req.names[i]), pp_tensor_free(j->req.inputs[i]);
+    free(j->req.names);
+    free(j->req.inputs);
+    names[0] = name, ins[0] = t;
+    j->req.names = names, j->req.inputs = ins, j->req.n_inputs = 1;
+    j->feeding = j->n_toks;
+    return PP_OK;
+}
+
 /* Starts a batch. Stage 0 runs first: if it refuses the batch (a token out
  * of range, say), the other ranks are told to skip it and its requests are
  * answered (each again alone, when several were merged: one bad request
  * must not fail the others); else they get the header and the model inputs
- * their stages consume. Returns an error only when a rank is unreachable. */
+ * their stages consume. A session's state inputs come from each rank's
+ * store and its state outputs stay there. Returns an error only when a rank
+ * is unreachable. */
 static pp_status launch(serve *s, job **jobs, int n, int64_t rows) {
     const pp_pipe *p = s->p;
     const pp_serve_ctx *x = s->x;
     for (int i = 0; i < n; i++) unpend(s, jobs[i]);
+    session *sess = n == 1 ? jobs[0]->sess : NULL;
+    if (sess && sess->ended) {
+        respond(s, jobs[0], PP_SERVE_SESSION_LOST, sess->why);
+        return PP_OK;
+    }
+    if (jobs[0]->toks && gen_feed(s, jobs[0]) != PP_OK) {
+        respond(s, jobs[0], PP_SERVE_BAD_REQUEST, pp_last_error());
+        return PP_OK;
+    }
+    int64_t handle = sess ? sess->handle : 0;
+    int fresh = !sess || !sess->started;
     pp_tensor **ins = calloc((size_t)s->n_in + 1, sizeof *ins), **outs = calloc((size_t)p->n_outputs + 1, sizeof *outs);
+    pp_tensor **state = calloc((size_t)s->n_pairs + 1, sizeof *state);
     const char **names = calloc((size_t)s->n_in + 1, sizeof *names);
     job **kept = malloc(sizeof *kept * (size_t)n);
-    pp_status st = ins && outs && names && kept ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
+    pp_status st = ins && outs && state && names && kept ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
     for (int i = 0; st == PP_OK && i < s->n_in; i++) {
         names[i] = p->edges[s->in_edge[i]].value;
-        st = concat(jobs, n, names[i], rows, &ins[i]);
+        if (!s->state_in[i]) st = concat(jobs, n, names[i], rows, &ins[i]);
     }
     int64_t b = s->next_b;
     pp_status ran = st;
     if (st == PP_OK) {
+        ran = pp_state_inputs(s->store, handle, fresh, rows, state);
+        for (int k = 0; ran == PP_OK && k < s->n_pairs; k++) ins[s->pairs[k].in] = state[k];
         s->next_b++; /* from here every rank hears of batch b */
-        ran = pp_executor_step(x->ex, b, 1, s->n_in, names, ins, outs);
-        if (ran == PP_OK) st = send_headers(s, b, 0, rows, names, ins);
-        else st = send_headers(s, b, 2, rows, NULL, NULL);
+        double t0 = now_ms();
+        if (ran == PP_OK) ran = pp_executor_step(x->ex, b, 1, s->n_in, names, ins, outs);
+        atomic_fetch_add(&s->st.busy_us, (long long)((now_ms() - t0) * 1000));
+        if (ran == PP_OK) {
+            pp_state_keep(s->store, handle, outs);
+            atomic_store(&s->st.state_bytes, pp_state_bytes(s->store));
+            st = send_headers(s, b, 0, rows, names, ins, handle, fresh);
+        } else {
+            st = send_headers(s, b, 2, rows, NULL, NULL, 0, 0);
+        }
     }
     char why[1024];
     snprintf(why, sizeof why, "%s", pp_last_error());
     for (int i = 0; ins && i < s->n_in; i++) pp_tensor_free(ins[i]);
     free(ins);
+    free(state);
     free(names);
     if (st != PP_OK) { /* a rank cannot be reached: the caller fails everything */
         for (int o = 0; outs && o < p->n_outputs; o++) pp_tensor_free(outs[o]);
@@ -489,12 +891,15 @@ static pp_status launch(serve *s, job **jobs, int n, int64_t rows) {
         for (int o = 0; outs && o < p->n_outputs; o++) pp_tensor_free(outs[o]);
         free(outs);
         free(kept);
+        int lost = strncmp(why, SESSION_LOST_PREFIX, strlen(SESSION_LOST_PREFIX)) == 0;
+        if (sess && lost) end_session(s, sess, why);
         for (int i = 0; i < n; i++) {
             if (n > 1) requeue_solo(s, jobs[i]);
-            else respond(s, jobs[i], PP_SERVE_FAILED, why);
+            else respond(s, jobs[i], lost ? PP_SERVE_SESSION_LOST : PP_SERVE_FAILED, why);
         }
         return PP_OK;
     }
+    if (sess) sess->running = 1, sess->started = 1;
     batch *bt = &s->inflight[s->n_inflight++];
     memset(bt, 0, sizeof *bt);
     bt->b = b;
@@ -504,6 +909,7 @@ static pp_status launch(serve *s, job **jobs, int n, int64_t rows) {
     memcpy(bt->jobs, jobs, sizeof *jobs * (size_t)n);
     bt->n_jobs = n;
     bt->outs = outs;
+    bt->sess = sess;
     atomic_fetch_add(&s->st.batches, 1);
     atomic_fetch_add(&s->st.batch_rows, rows);
     return PP_OK;
@@ -566,7 +972,7 @@ static void sweep_graves(serve *s) {
                                   s->first_stage[s->front], FAIL_NAME};
             if (pp_transport_recv(x->t, &k, 0, &t) == PP_OK) pp_tensor_free(t);
             for (int o = 0; o < p->n_outputs; o++) {
-                if (x->sched->stage_rank[p->output_stage[o]] != r) continue;
+                if (x->sched->stage_rank[p->output_stage[o]] != r || s->state_out[o]) continue;
                 pp_transport_key ko = {PP_MSG_ACTIVATION, ANSWER_STEP + b, SERVE_MB, s->first_stage[r],
                                        s->first_stage[s->front], p->outputs[o]};
                 if (pp_transport_recv(x->t, &ko, 0, &t) == PP_OK) pp_tensor_free(t);
@@ -575,6 +981,79 @@ static void sweep_graves(serve *s) {
         if (now_ms() > s->graves[g].until) s->graves[g] = s->graves[--s->n_graves];
         else g++;
     }
+}
+
+/* A message of j's stream: tokens, their text, whether more follow. */
+static pp_response *gen_message(serve *s, job *j, const int64_t *toks, int n, int more) {
+    pp_response *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->id = j->req.id;
+    r->code = PP_SERVE_OK;
+    r->error = strdup("");
+    r->tokens = malloc(sizeof *r->tokens * (size_t)(n + 1));
+    r->more = more;
+    if (s->token_byte) r->text = calloc((size_t)n + 1, 1);
+    if (!r->error || !r->tokens || (s->token_byte && !r->text)) {
+        pp_response_free(r);
+        return NULL;
+    }
+    memcpy(r->tokens, toks, sizeof *toks * (size_t)n);
+    r->n_tokens = n;
+    for (int i = 0, k = 0; r->text && i < n; i++)
+        if (toks[i] >= 0 && toks[i] < s->n_token_byte && s->token_byte[toks[i]]) r->text[k++] = (char)s->token_byte[toks[i]];
+    return r;
+}
+
+/* A generation's batch is back: choose the next token from the last
+ * position's logits, stream it, and go on (the job waits in the queue for
+ * its next step) or end. */
+static void gen_next(serve *s, batch *bt, job *j) {
+    const pp_tensor *lg = bt->outs[s->logits_out];
+    if (!lg || lg->dtype != PP_F32 || lg->ndim < 1 || lg->shape[lg->ndim - 1] < 1) {
+        respond(s, j, PP_SERVE_FAILED, "generate: the model's logits output is missing or not float32 [.., vocab]");
+        return;
+    }
+    int64_t vocab = lg->shape[lg->ndim - 1], tok;
+    const float *row = (const float *)lg->data + (pp_tensor_numel(lg) - vocab);
+    if (pp_sample_token(row, vocab, j->req.temperature, j->req.top_k, &j->rng, &tok) != PP_OK) {
+        respond(s, j, PP_SERVE_FAILED, pp_last_error());
+        return;
+    }
+    j->n_fed = j->feeding;
+    j->toks[j->n_toks++] = tok;
+    j->produced++;
+    atomic_fetch_add(&s->st.tokens, 1);
+    int done = j->produced >= j->req.max_tokens || j->cancelled;
+    for (int i = 0; i < j->req.n_stop; i++) done |= tok == j->req.stop[i];
+    /* a model with state cannot take positions past serve.context */
+    done |= s->n_pairs && s->c->serve_context && j->n_toks >= s->c->serve_context;
+    if (done) {
+        if (j->sess && j->sess->name) j->sess->has_next = 1, j->sess->next_token = tok;
+        pp_response_free(j->resp);
+        j->resp = gen_message(s, j, &tok, 1, 0);
+        respond(s, j, j->cancelled ? PP_SERVE_FAILED : PP_SERVE_OK, j->cancelled ? "cancelled" : NULL);
+        return;
+    }
+    job *note = calloc(1, sizeof *note);
+    if (note && (note->resp = gen_message(s, j, &tok, 1, 1))) {
+        zmq_msg_init(&note->who);
+        zmq_msg_copy(&note->who, &j->who);
+        note->partial = 1;
+        zmq_send(s->pair_worker, &note, sizeof note, 0);
+    } else {
+        free(note);
+    }
+    j->deadline = now_ms() + (j->req.timeout_ms ? j->req.timeout_ms : (uint32_t)s->c->timeout_ms);
+    if (s->n_pending == s->cap_pending) { /* rare: the queue grew full while it ran */
+        int cap = s->cap_pending ? 2 * s->cap_pending : 64;
+        job **grown = realloc(s->pending, (size_t)cap * sizeof *grown);
+        if (!grown) {
+            respond(s, j, PP_SERVE_FAILED, "out of memory");
+            return;
+        }
+        s->pending = grown, s->cap_pending = cap;
+    }
+    s->pending[s->n_pending++] = j; /* behind the others: generations take turns */
 }
 
 /* Takes what arrived for the oldest batch; answers it when complete. 1 if
@@ -589,7 +1068,7 @@ static pp_status poll_oldest(serve *s, int *done) {
     char why[1200] = "";
     for (int o = 0; o < p->n_outputs; o++) {
         int r = x->sched->stage_rank[p->output_stage[o]];
-        if (bt->outs[o] || r == s->front) continue;
+        if (bt->outs[o] || r == s->front || s->state_out[o]) continue;
         pp_transport_key k = {PP_MSG_ACTIVATION, ANSWER_STEP + bt->b, SERVE_MB, s->first_stage[r],
                               s->first_stage[s->front], p->outputs[o]};
         pp_status st = pp_transport_recv(x->t, &k, 0, &bt->outs[o]);
@@ -612,12 +1091,20 @@ static pp_status poll_oldest(serve *s, int *done) {
                  2 * s->c->timeout_ms);
     if (missing && !why[0]) return PP_OK;
     if (missing) bury(s, bt->b); /* what still comes for it is drained, never kept */
+    if (bt->sess) {
+        bt->sess->running = 0;
+        /* a rank after the failing one kept its state, one before did not: it cannot go on */
+        if (why[0]) end_session(s, bt->sess, why);
+    }
     int64_t off = 0;
     for (int i = 0; i < bt->n_jobs; i++) {
         job *j = bt->jobs[i];
         int64_t rows = j->rows; /* a job handed back is the front thread's (it frees it) */
         if (why[0]) {
-            respond(s, j, PP_SERVE_FAILED, why);
+            int lost = strstr(why, SESSION_LOST_PREFIX ":") != NULL;
+            respond(s, j, lost ? PP_SERVE_SESSION_LOST : PP_SERVE_FAILED, why);
+        } else if (j->toks) {
+            gen_next(s, bt, j);
         } else {
             int again = 0;
             pp_status sp = split_outputs(s, bt, j, off, &again);
@@ -674,6 +1161,10 @@ static pp_status front_rank(serve *s) {
         take_jobs(s);
         double now = now_ms();
         expire_pending(s, now);
+        run_ends(s);
+        expire_sessions(s, now);
+        if (s->n_drops && !s->n_inflight && !s->n_pending) /* dropped state goes now, not with the next batch */
+            st = send_headers(s, s->next_b++, 2, 0, NULL, NULL, 0, 0);
         int progressed = 0;
         double wait_ms = 100;
         if (s->n_pending && s->n_inflight < s->max_inflight) {
@@ -715,7 +1206,7 @@ static pp_status front_rank(serve *s) {
         fail_all(s, PP_SERVE_UNAVAILABLE, why);
     }
     /* the other ranks end after the batch they wait for: a header saying so */
-    (void)send_headers(s, s->next_b, 1, 0, NULL, NULL);
+    (void)send_headers(s, s->next_b, 1, 0, NULL, NULL, 0, 0);
     free(picked);
     return st;
 }
@@ -728,7 +1219,8 @@ static pp_status stage_rank(serve *s) {
     int me = s->first_stage[x->rank], fr = s->first_stage[s->front];
     const char **names = calloc((size_t)s->n_in + 1, sizeof *names);
     pp_tensor **ins = calloc((size_t)s->n_in + 1, sizeof *ins), **outs = calloc((size_t)p->n_outputs + 1, sizeof *outs);
-    pp_status st = names && ins && outs ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
+    pp_tensor **state = calloc((size_t)s->n_pairs + 1, sizeof *state);
+    pp_status st = names && ins && outs && state ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
     for (int64_t b = 0; st == PP_OK; b++) {
         pp_tensor *hdr = NULL;
         pp_transport_key k = {PP_MSG_ACTIVATION, b, SERVE_MB, fr, me, BATCH_NAME};
@@ -739,20 +1231,33 @@ static pp_status stage_rank(serve *s) {
             break;
         }
         if (st != PP_OK) break;
-        int64_t flags = ((const int64_t *)hdr->data)[0];
+        const int64_t *h = hdr->data;
+        int64_t numel = pp_tensor_numel(hdr);
+        if (hdr->dtype != PP_I64 || numel < HDR_LEN || h[4] < 0 || h[4] > numel - HDR_LEN) {
+            pp_tensor_free(hdr);
+            st = pp_error(PP_ERR_PEER, "serve: rank %d: a malformed batch header from the front", x->rank);
+            break;
+        }
+        int64_t flags = h[0], rows = h[1], session = h[2];
+        int fresh = h[3] != 0;
+        for (int64_t d = 0; d < h[4]; d++) pp_state_drop(s->store, h[HDR_LEN + d]);
         pp_tensor_free(hdr);
         if (flags & 1) break; /* the front is done */
         if (flags & 2) continue; /* stage 0 refused this batch */
         int n = 0;
         for (int i = 0; st == PP_OK && i < s->n_in; i++) {
             const pp_pipe_edge *e = &p->edges[s->in_edge[i]];
-            if (!consumes(s, i, x->rank)) continue;
+            if (!consumes(s, i, x->rank) || s->state_in[i]) continue;
             pp_transport_key ki = {PP_MSG_ACTIVATION, b, SERVE_MB, fr, me, e->value};
             names[n] = e->value;
             st = pp_transport_recv(x->t, &ki, -1, &ins[n]);
             if (st == PP_OK) n++;
         }
-        pp_status ran = st == PP_OK ? pp_executor_step(x->ex, b, 1, n, names, ins, outs) : st;
+        pp_status ran = st == PP_OK ? pp_state_inputs(s->store, session, fresh, rows, state) : st;
+        for (int k = 0; ran == PP_OK && k < s->n_pairs; k++)
+            if (state[k]) names[n] = p->edges[s->in_edge[s->pairs[k].in]].value, ins[n++] = state[k];
+        if (ran == PP_OK) ran = pp_executor_step(x->ex, b, 1, n, names, ins, outs);
+        if (ran == PP_OK) pp_state_keep(s->store, session, outs);
         for (int i = 0; i < n; i++) pp_tensor_free(ins[i]), ins[i] = NULL;
         if (ran == PP_ERR_PEER && pp_transport_abort_reason(x->t, NULL)) {
             st = ran;
@@ -783,6 +1288,7 @@ static pp_status stage_rank(serve *s) {
     free(names);
     free(ins);
     free(outs);
+    free(state);
     return st;
 }
 
@@ -797,7 +1303,55 @@ static void serve_free(serve *s) {
     free(s->in_edge);
     free(s->pending);
     free(s->inflight);
+    pp_state_store_free(s->store);
+    free(s->pairs);
+    free(s->state_in);
+    free(s->state_out);
+    free(s->token_byte);
+    while (s->n_sessions) {
+        session *x = s->sessions[0];
+        x->jobs = 0;
+        end_session(s, x, NULL);
+    }
+    free(s->sessions);
+    free(s->drops);
+    for (int i = 0; i < LOST; i++) free(s->lost[i].name), free(s->lost[i].why);
     pthread_mutex_destroy(&s->st.lock);
+}
+
+/* The model's state pairs and this rank's store; the generation's token
+ * input and logits output; the vocabulary for text prompts. */
+static pp_status open_state(serve *s) {
+    const pp_pipe *p = s->p;
+    PP_TRY(pp_state_pairs(s->c, p, s->x->sched, s->n_in, s->in_edge, &s->pairs, &s->n_pairs));
+    s->state_in = calloc((size_t)s->n_in + 1, sizeof *s->state_in);
+    s->state_out = calloc((size_t)p->n_outputs + 1, sizeof *s->state_out);
+    if (!s->state_in || !s->state_out) return pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int k = 0; k < s->n_pairs; k++) s->state_in[s->pairs[k].in] = s->state_out[s->pairs[k].out] = k + 1;
+    PP_TRY(pp_state_store_new(p, s->in_edge, s->pairs, s->n_pairs, s->x->rank, s->c->serve_session_max_bytes,
+                              &s->store));
+    s->token_in = s->logits_out = -1;
+    for (int i = 0; i < s->n_in; i++) {
+        if (s->state_in[i]) continue;
+        const pp_pipe_edge *e = &p->edges[s->in_edge[i]];
+        if (s->token_in >= 0 || (e->dtype != PP_I64 && e->dtype != PP_DTYPE_UNDEFINED)) { /* not one int64 input */
+            s->token_in = -1;
+            break;
+        }
+        s->token_in = i;
+    }
+    for (int o = 0; o < p->n_outputs; o++)
+        if (strcmp(p->outputs[o], "logits") == 0) s->logits_out = o;
+    if (s->n_pairs) pp_info("serve: rank %d: %d state input%s kept per session", s->x->rank, s->n_pairs, s->n_pairs == 1 ? "" : "s");
+    if (!s->c->serve_vocab) return PP_OK;
+    PP_TRY(pp_text_vocab(s->c->serve_vocab, s->vocab));
+    for (int c = 0; c < 256; c++)
+        if (s->vocab[c] >= s->n_token_byte) s->n_token_byte = s->vocab[c] + 1;
+    if (s->n_token_byte > (1 << 24)) return pp_error(PP_ERR_INVALID, "%s: token ids up to %lld", s->c->serve_vocab, (long long)s->n_token_byte);
+    if (!(s->token_byte = calloc((size_t)s->n_token_byte + 1, 1))) return pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int c = 1; c < 256; c++)
+        if (s->vocab[c] >= 0) s->token_byte[s->vocab[c]] = (unsigned char)c;
+    return PP_OK;
 }
 
 static pp_status open_front(serve *s) {
@@ -842,6 +1396,7 @@ pp_status pp_serve_run(const pp_serve_ctx *x) {
     for (int stg = x->sched->nstages - 1; st == PP_OK && stg >= 0; stg--) s.first_stage[x->sched->stage_rank[stg]] = stg;
     for (int e = 0; st == PP_OK && e < x->p->n_edges; e++)
         if (x->p->edges[e].producer < 0) s.in_edge[s.n_in++] = e;
+    if (st == PP_OK) st = open_state(&s);
     if (st == PP_OK && x->rank != s.front) {
         st = stage_rank(&s);
         serve_free(&s);

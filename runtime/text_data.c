@@ -8,8 +8,7 @@
 #include <string.h>
 
 #include "status_internal.h"
-/* Byte -> token id (-1: not in the vocabulary). */
-static pp_status load_vocab(const char *path, int64_t ids[256]) {
+pp_status pp_text_vocab(const char *path, int64_t ids[256]) {
     for (int i = 0; i < 256; i++) ids[i] = -1;
     json_object *root = json_object_from_file(path), *v;
     if (!root) return pp_error(PP_ERR_PARSE, "%s: cannot read JSON (%s)", path, json_util_get_last_err());
@@ -41,7 +40,7 @@ pp_status pp_text_windows(const char *text_path, const char *vocab_path, int seq
     *inputs = *targets = NULL;
     if (seq < 1) return pp_error(PP_ERR_INVALID, "sequence length %d", seq);
     int64_t ids[256];
-    PP_TRY(load_vocab(vocab_path, ids));
+    PP_TRY(pp_text_vocab(vocab_path, ids));
     FILE *f = fopen(text_path, "rb");
     if (!f) return pp_error(PP_ERR_IO, "%s: %s", text_path, strerror(errno));
     size_t cap = 1 << 16, len = 0;

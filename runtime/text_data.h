@@ -13,4 +13,7 @@
 pp_status pp_text_windows(const char *text_path, const char *vocab_path, int seq, pp_tensor **inputs,
                           pp_tensor **targets);
 
+/* A character vocabulary: ids[byte] = token id, -1 for bytes it lacks. */
+pp_status pp_text_vocab(const char *path, int64_t ids[256]);
+
 #endif

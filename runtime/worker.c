@@ -123,6 +123,12 @@ static pp_status open_pipe(pp_worker *w) {
     const pp_config *c = w->c;
     if (c->model) {
         PP_TRY(pp_onnx_load(c->model, &w->g));
+        if (c->params) {
+            int loaded;
+            pp_status ps = pp_load_params_dir(w->g, c->params, &loaded);
+            if (ps != PP_OK) return pp_error_context(ps, "%s", c->path);
+            pp_info("rank %d: %d parameters from %s", w->rank, loaded, c->params);
+        }
         for (int i = 0; i < c->n_freeze; i++)
             if (pp_graph_freeze(w->g, c->freeze[i]) == 0)
                 return pp_error(PP_ERR_NOT_FOUND, "%s: freeze pattern '%s' matches no trainable initializer of %s",

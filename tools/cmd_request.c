@@ -14,14 +14,18 @@
 
 static void request_usage(FILE *f) {
     fprintf(f, "usage: pippin request ENDPOINT --input NAME=FILE.npy ... [--output NAME ...]\n"
-               "                      [--output-dir DIR] [--timeout-ms T]\n"
+               "                      [--output-dir DIR] [--timeout-ms T] [--session ID]\n"
                "       pippin request ENDPOINT --stats\n"
+               "       pippin request ENDPOINT --end-session ID\n"
                "Sends one request to a serving pipeline (a config with mode: serve) and writes\n"
                "each output it gets back as DIR/<name>.npy (default: the current directory).\n"
                "--output picks outputs (default: all). --timeout-ms (default 10000) bounds the\n"
                "service's work and this wait. --stats prints the service's counters as JSON.\n"
+               "--session keeps the model's state (a KV cache) on its stages for the next\n"
+               "request of session ID; --end-session drops it.\n"
                "Exit status: 0 on success; 1 with the service's error (bad request, busy,\n"
-               "timeout, failed, unavailable) or when no answer came; 2 for a usage error.\n");
+               "timeout, failed, unavailable, session lost) or when no answer came; 2 for a\n"
+               "usage error.\n");
 }
 
 int cmd_request(int argc, char **argv) {
@@ -30,9 +34,11 @@ int cmd_request(int argc, char **argv) {
                                          {"output-dir", required_argument, NULL, 'd'},
                                          {"timeout-ms", required_argument, NULL, 't'},
                                          {"stats", no_argument, NULL, 's'},
+                                         {"session", required_argument, NULL, 'S'},
+                                         {"end-session", required_argument, NULL, 'E'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
-    const char *in_names[MAX_ARGS], *in_files[MAX_ARGS], *outs[MAX_ARGS], *dir = ".";
+    const char *in_names[MAX_ARGS], *in_files[MAX_ARGS], *outs[MAX_ARGS], *dir = ".", *session = NULL, *end = NULL;
     int n_in = 0, n_out = 0, stats = 0, c;
     long timeout = 10000;
     optind = 1;
@@ -60,6 +66,10 @@ int cmd_request(int argc, char **argv) {
             }
         } else if (c == 's') {
             stats = 1;
+        } else if (c == 'S') {
+            session = optarg;
+        } else if (c == 'E') {
+            end = optarg;
         } else if (c == 'h') {
             request_usage(stdout);
             return 0;
@@ -68,7 +78,7 @@ int cmd_request(int argc, char **argv) {
             return 2;
         }
     }
-    if (optind != argc - 1 || (!stats && n_in == 0)) {
+    if (optind != argc - 1 || (!stats && !end && n_in == 0)) {
         request_usage(stderr);
         return 2;
     }
@@ -83,7 +93,8 @@ int cmd_request(int argc, char **argv) {
     pp_status s = pp_client_connect(argv[optind], NULL, &cl);
     if (s == PP_OK)
         s = stats ? pp_client_submit_stats(cl, &id)
-                  : pp_client_submit(cl, n_in, in_names, ins, n_out, outs, (uint32_t)timeout, &id);
+            : end ? pp_client_end_session(cl, end, &id)
+                  : pp_client_submit_session(cl, session, n_in, in_names, ins, n_out, outs, (uint32_t)timeout, &id);
     pp_response *r = NULL;
     if (s == PP_OK) s = pp_client_wait(cl, id, (int)timeout + 1000, &r);
     int rc = 0;

@@ -27,5 +27,6 @@ int cmd_grad(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_checkpoint(int argc, char **argv);
 int cmd_request(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
 
 #endif

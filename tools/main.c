@@ -19,6 +19,7 @@ static const pp_command commands[] = {
     {"run", cmd_run, "run every rank of a YAML config as local worker processes"},
     {"checkpoint", cmd_checkpoint, "list, inspect and export training checkpoints"},
     {"request", cmd_request, "send one request to a serving pipeline (mode: serve)"},
+    {"generate", cmd_generate, "generate text or tokens with a serving pipeline (mode: serve)"},
     {NULL, NULL, NULL},
 };
 

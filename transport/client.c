@@ -71,8 +71,9 @@ static pp_status send_request(pp_client *c, const pp_serve_request *r) {
     return PP_OK;
 }
 
-pp_status pp_client_submit(pp_client *c, int n, const char *const *names, pp_tensor *const *inputs, int n_out,
-                           const char *const *outputs, uint32_t timeout_ms, uint64_t *id) {
+pp_status pp_client_submit_session(pp_client *c, const char *session, int n, const char *const *names,
+                                   pp_tensor *const *inputs, int n_out, const char *const *outputs, uint32_t timeout_ms,
+                                   uint64_t *id) {
     if (n < 0 || n > PP_SERVE_MAX_TENSORS || n_out < 0 || n_out > PP_SERVE_MAX_TENSORS)
         return pp_error(PP_ERR_INVALID, "client: %d inputs, %d outputs (at most %d each)", n, n_out, PP_SERVE_MAX_TENSORS);
     pp_serve_request r = {0};
@@ -84,6 +85,54 @@ pp_status pp_client_submit(pp_client *c, int n, const char *const *names, pp_ten
     r.n_outputs = n_out;
     r.outputs = (char **)outputs;
     r.timeout_ms = timeout_ms;
+    r.session = (char *)session;
+    PP_TRY(send_request(c, &r));
+    *id = r.id;
+    return PP_OK;
+}
+
+pp_status pp_client_submit(pp_client *c, int n, const char *const *names, pp_tensor *const *inputs, int n_out,
+                           const char *const *outputs, uint32_t timeout_ms, uint64_t *id) {
+    return pp_client_submit_session(c, NULL, n, names, inputs, n_out, outputs, timeout_ms, id);
+}
+
+void pp_generate_options_init(pp_generate_options *o) {
+    memset(o, 0, sizeof *o);
+    o->max_tokens = 16;
+}
+
+pp_status pp_client_submit_generate(pp_client *c, const pp_tensor *tokens, const char *text,
+                                    const pp_generate_options *o, uint64_t *id) {
+    if (!tokens == !text) return pp_error(PP_ERR_INVALID, "client: a generation needs prompt tokens or text (one of them)");
+    if (o->n_stop < 0 || o->n_stop > PP_SERVE_MAX_STOP)
+        return pp_error(PP_ERR_INVALID, "client: %d stop tokens (at most %d)", o->n_stop, PP_SERVE_MAX_STOP);
+    pp_serve_request r = {0};
+    const char *name = "tokens";
+    r.id = c->next_id++;
+    r.kind = PP_SERVE_KIND_GENERATE;
+    r.n_inputs = tokens ? 1 : 0;
+    r.names = (char **)&name;
+    r.inputs = (pp_tensor **)&tokens;
+    r.text = (char *)text;
+    r.timeout_ms = o->timeout_ms;
+    r.session = (char *)o->session;
+    r.max_tokens = o->max_tokens;
+    r.temperature = o->temperature;
+    r.top_k = o->top_k;
+    r.seed = o->seed;
+    r.n_stop = o->n_stop;
+    r.stop = (int64_t *)o->stop;
+    PP_TRY(send_request(c, &r));
+    *id = r.id;
+    return PP_OK;
+}
+
+pp_status pp_client_end_session(pp_client *c, const char *session, uint64_t *id) {
+    if (!session || !session[0]) return pp_error(PP_ERR_INVALID, "client: ending a session needs its name");
+    pp_serve_request r = {0};
+    r.id = c->next_id++;
+    r.kind = PP_SERVE_KIND_END_SESSION;
+    r.session = (char *)session;
     PP_TRY(send_request(c, &r));
     *id = r.id;
     return PP_OK;
@@ -108,12 +157,21 @@ static int cancelled(pp_client *c, uint64_t id, int forget) {
 }
 
 void pp_client_cancel(pp_client *c, uint64_t id) {
-    for (size_t i = 0; i < c->n_kept; i++)
-        if (c->kept[i]->id == id) {
-            pp_response_free(c->kept[i]);
-            c->kept[i] = c->kept[--c->n_kept];
-            return;
+    pp_serve_request stop = {0}; /* a generation stops; anything else runs to its end */
+    stop.id = id;
+    stop.kind = PP_SERVE_KIND_CANCEL;
+    (void)send_request(c, &stop);
+    int last_kept = 0; /* the final message of a stream is here: nothing more comes */
+    for (size_t i = 0; i < c->n_kept;) {
+        if (c->kept[i]->id != id) {
+            i++;
+            continue;
         }
+        last_kept |= !c->kept[i]->more;
+        pp_response_free(c->kept[i]);
+        c->kept[i] = c->kept[--c->n_kept];
+    }
+    if (last_kept) return;
     if (c->n_cancelled == MAX_KEPT) { /* the oldest cancelled ones will not come any more */
         memmove(c->cancelled, c->cancelled + 1, (c->n_cancelled - 1) * sizeof *c->cancelled);
         c->n_cancelled--;
@@ -170,7 +228,7 @@ pp_status pp_client_wait(pp_client *c, uint64_t id, int timeout_ms, pp_response 
             zmq_msg_close(&m);
         }
         if (s != PP_OK) return pp_error_context(s, "client: a response from %s", c->endpoint);
-        if (cancelled(c, r->id, 1)) {
+        if (cancelled(c, r->id, !r->more)) { /* a stream's messages until its last */
             pp_response_free(r);
             continue;
         }

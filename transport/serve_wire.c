@@ -1,6 +1,7 @@
 /* The serving wire format (serve_wire.h). */
 #include "serve_wire.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,6 +16,7 @@ const char *pp_serve_code_name(int code) {
     case PP_SERVE_TIMEOUT: return "timeout";
     case PP_SERVE_FAILED: return "failed";
     case PP_SERVE_UNAVAILABLE: return "unavailable";
+    case PP_SERVE_SESSION_LOST: return "session lost";
     default: return "unknown";
     }
 }
@@ -71,6 +73,9 @@ void pp_serve_request_clear(pp_serve_request *r) {
     free(r->names);
     free(r->inputs);
     free(r->outputs);
+    free(r->session);
+    free(r->text);
+    free(r->stop);
     memset(r, 0, sizeof *r);
 }
 
@@ -79,13 +84,39 @@ pp_status pp_serve_request_decode(const void *buf, size_t n, size_t max_bytes, p
     Pippin__Serve__Request *w = pippin__serve__request__unpack(NULL, n, buf);
     if (!w) return pp_error(PP_ERR_PARSE, "not a request (malformed protobuf)");
     pp_status s = PP_OK;
-    if (w->kind != PIPPIN__SERVE__KIND__KIND_INFER && w->kind != PIPPIN__SERVE__KIND__KIND_STATS)
+    if ((int)w->kind < PP_SERVE_KIND_INFER || (int)w->kind > PP_SERVE_KIND_END_SESSION)
         s = pp_error(PP_ERR_PARSE, "unknown request kind %d", (int)w->kind);
     else if (w->n_inputs > PP_SERVE_MAX_TENSORS || w->n_outputs > PP_SERVE_MAX_TENSORS)
         s = pp_error(PP_ERR_PARSE, "more than %d inputs or outputs", PP_SERVE_MAX_TENSORS);
+    else if (w->session && w->session[0] && !name_ok(w->session))
+        s = pp_error(PP_ERR_PARSE, "a session name that is too long (at most %d bytes) or not printable", PP_SERVE_MAX_NAME);
+    else if (w->text && strlen(w->text) > max_bytes)
+        s = pp_error(PP_ERR_PARSE, "a prompt text larger than the service takes");
+    else if (w->n_stop > PP_SERVE_MAX_STOP)
+        s = pp_error(PP_ERR_PARSE, "%zu stop tokens, at most %d", w->n_stop, PP_SERVE_MAX_STOP);
+    else if (w->kind == PIPPIN__SERVE__KIND__KIND_GENERATE && (w->max_tokens < 1 || w->max_tokens > PP_SERVE_MAX_TOKENS))
+        s = pp_error(PP_ERR_PARSE, "max_tokens %u: expected 1 to %d", w->max_tokens, PP_SERVE_MAX_TOKENS);
+    else if (!isfinite(w->temperature) || w->temperature < 0)
+        s = pp_error(PP_ERR_PARSE, "temperature %g: expected a finite number >= 0", (double)w->temperature);
+    else if (w->kind == PIPPIN__SERVE__KIND__KIND_END_SESSION && !(w->session && w->session[0]))
+        s = pp_error(PP_ERR_PARSE, "ending a session needs its name");
     out->id = w->id;
     out->kind = (int)w->kind;
     out->timeout_ms = w->timeout_ms;
+    out->max_tokens = w->max_tokens;
+    out->temperature = w->temperature;
+    out->top_k = w->top_k;
+    out->seed = w->seed;
+    if (s == PP_OK) {
+        out->session = strdup(w->session ? w->session : "");
+        out->text = strdup(w->text ? w->text : "");
+        out->stop = malloc(sizeof *out->stop * (w->n_stop + 1));
+        if (!out->session || !out->text || !out->stop) s = pp_error(PP_ERR_NOMEM, "out of memory");
+        else {
+            if (w->n_stop) memcpy(out->stop, w->stop, sizeof *out->stop * w->n_stop);
+            out->n_stop = (int)w->n_stop;
+        }
+    }
     if (s == PP_OK) {
         out->names = calloc(w->n_inputs + 1, sizeof *out->names);
         out->inputs = calloc(w->n_inputs + 1, sizeof *out->inputs);
@@ -124,8 +155,16 @@ pp_status pp_serve_request_encode(const pp_serve_request *r, void **buf, size_t 
     *buf = NULL;
     Pippin__Serve__Request w = PIPPIN__SERVE__REQUEST__INIT;
     w.id = r->id;
-    w.kind = r->kind == PP_SERVE_KIND_STATS ? PIPPIN__SERVE__KIND__KIND_STATS : PIPPIN__SERVE__KIND__KIND_INFER;
+    w.kind = (Pippin__Serve__Kind)r->kind;
     w.timeout_ms = r->timeout_ms;
+    w.session = r->session ? r->session : (char *)"";
+    w.text = r->text ? r->text : (char *)"";
+    w.max_tokens = r->max_tokens;
+    w.temperature = r->temperature;
+    w.top_k = r->top_k;
+    w.seed = r->seed;
+    w.n_stop = (size_t)r->n_stop;
+    w.stop = r->stop;
     Pippin__Serve__Tensor *ts = calloc((size_t)r->n_inputs + 1, sizeof *ts);
     Pippin__Serve__Tensor **tp = calloc((size_t)r->n_inputs + 1, sizeof *tp);
     if (!ts || !tp) {
@@ -157,6 +196,10 @@ pp_status pp_serve_response_encode(const pp_response *r, void **buf, size_t *n) 
     w.code = (Pippin__Serve__Code)r->code;
     w.error = r->error ? r->error : (char *)"";
     w.stats = r->stats ? r->stats : (char *)"";
+    w.n_tokens = (size_t)r->n_tokens;
+    w.tokens = r->tokens;
+    w.text = r->text ? r->text : (char *)"";
+    w.more = r->more;
     Pippin__Serve__Tensor *ts = calloc((size_t)r->n_outputs + 1, sizeof *ts);
     Pippin__Serve__Tensor **tp = calloc((size_t)r->n_outputs + 1, sizeof *tp);
     if (!ts || !tp) {
@@ -189,6 +232,8 @@ void pp_response_free(pp_response *r) {
     free(r->outputs);
     free(r->error);
     free(r->stats);
+    free(r->tokens);
+    free(r->text);
     free(r);
 }
 
@@ -200,6 +245,18 @@ pp_status pp_serve_response_decode(const void *buf, size_t n, size_t max_bytes, 
     pp_status s = r ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
     if (s == PP_OK && w->n_outputs > PP_SERVE_MAX_TENSORS)
         s = pp_error(PP_ERR_PARSE, "more than %d outputs", PP_SERVE_MAX_TENSORS);
+    if (s == PP_OK && (w->n_tokens > PP_SERVE_MAX_TOKENS || (w->text && strlen(w->text) > max_bytes)))
+        s = pp_error(PP_ERR_PARSE, "more than %d tokens, or a text larger than the client takes", PP_SERVE_MAX_TOKENS);
+    if (s == PP_OK) {
+        r->more = w->more;
+        r->tokens = malloc(sizeof *r->tokens * (w->n_tokens + 1));
+        r->text = w->text && w->text[0] ? strdup(w->text) : NULL;
+        if (!r->tokens || (w->text && w->text[0] && !r->text)) s = pp_error(PP_ERR_NOMEM, "out of memory");
+        else {
+            if (w->n_tokens) memcpy(r->tokens, w->tokens, sizeof *r->tokens * w->n_tokens);
+            r->n_tokens = (int)w->n_tokens;
+        }
+    }
     if (s == PP_OK) {
         r->id = w->id;
         r->code = (int)w->code;

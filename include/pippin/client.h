@@ -33,7 +33,8 @@ typedef enum pp_serve_code {
     PP_SERVE_BUSY = 2,        /* the service's queue is full: try again later */
     PP_SERVE_TIMEOUT = 3,     /* not answered within the request's timeout */
     PP_SERVE_FAILED = 4,      /* a stage failed on it (the error names the stage and rank) */
-    PP_SERVE_UNAVAILABLE = 5  /* shutting down, or a stage is gone */
+    PP_SERVE_UNAVAILABLE = 5, /* shutting down, or a stage is gone */
+    PP_SERVE_SESSION_LOST = 6 /* the session's state is gone (expired, evicted, a stage failed): start a new one */
 } pp_serve_code;
 
 /* "ok", "bad request", ... */
@@ -47,6 +48,11 @@ typedef struct pp_response {
     char **names;
     pp_tensor **outputs;
     char *stats;           /* a stats request's JSON, else NULL */
+    /* a generation's messages (pp_client_submit_generate) */
+    int n_tokens;
+    int64_t *tokens;       /* the tokens produced since the previous message */
+    char *text;            /* those tokens as text when the service has a vocabulary, else NULL */
+    int more;              /* more messages follow for this id: wait for it again */
 } pp_response;
 
 PP_API void pp_response_free(pp_response *r);
@@ -69,6 +75,36 @@ PP_API pp_status pp_client_connect(const char *endpoint, const pp_client_options
 PP_API pp_status pp_client_submit(pp_client *c, int n, const char *const *names, pp_tensor *const *inputs, int n_out,
                                   const char *const *outputs, uint32_t timeout_ms, uint64_t *id);
 
+/* The same with a session: the model's state (a KV cache: present.X feeding
+ * past_key_values.X) stays on the stages between requests of one session
+ * (docs/serving.md). session NULL or "": none. */
+PP_API pp_status pp_client_submit_session(pp_client *c, const char *session, int n, const char *const *names,
+                                          pp_tensor *const *inputs, int n_out, const char *const *outputs,
+                                          uint32_t timeout_ms, uint64_t *id);
+
+typedef struct pp_generate_options {
+    uint32_t max_tokens;   /* tokens to produce (>= 1) */
+    float temperature;     /* 0: greedy (the most likely token) */
+    uint32_t top_k;        /* sample among the k most likely; 0: all */
+    uint64_t seed;         /* the sampler's seed: the same seed gives the same tokens */
+    int n_stop;
+    const int64_t *stop;   /* tokens that end the generation (the stop token is produced) */
+    const char *session;   /* NULL or "": a one-off; else the conversation continues there */
+    uint32_t timeout_ms;   /* per produced token; 0: the service's default */
+} pp_generate_options;
+
+PP_API void pp_generate_options_init(pp_generate_options *o);
+
+/* Starts a generation from prompt tokens (int64 [1, T]) or, when tokens is
+ * NULL, from text in the service's vocabulary. The service streams the
+ * tokens: pp_client_wait(c, id, ...) returns one message per token (or
+ * more), ->more set on all but the last. */
+PP_API pp_status pp_client_submit_generate(pp_client *c, const pp_tensor *tokens, const char *text,
+                                           const pp_generate_options *o, uint64_t *id);
+
+/* Drops a session and its state on every stage (answered like a request). */
+PP_API pp_status pp_client_end_session(pp_client *c, const char *session, uint64_t *id);
+
 /* Asks for the service's counters (pp_client_wait gives them in ->stats). */
 PP_API pp_status pp_client_submit_stats(pp_client *c, uint64_t *id);
 
@@ -77,7 +113,8 @@ PP_API pp_status pp_client_submit_stats(pp_client *c, uint64_t *id);
  * is not the one waited for is kept for a later wait. */
 PP_API pp_status pp_client_wait(pp_client *c, uint64_t id, int timeout_ms, pp_response **out);
 
-/* Forgets request id: its response, when it comes, is dropped. */
+/* Forgets request id: its responses, when they come, are dropped; a
+ * generation is told to stop. */
 PP_API void pp_client_cancel(pp_client *c, uint64_t id);
 
 PP_API void pp_client_close(pp_client *c);

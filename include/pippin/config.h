@@ -113,6 +113,14 @@ typedef struct pp_config {
     int serve_max_queue;     /* serve.max_queue: requests waiting or running; past it "busy"; default 256 */
     int serve_max_inflight;  /* serve.max_inflight: batches in the pipeline at once; default ranks + 1 */
     int64_t serve_max_request_bytes; /* serve.max_request_bytes: default 64 MiB */
+    int serve_max_sessions;          /* serve.max_sessions: open sessions; default 64 */
+    int serve_session_idle_ms;       /* serve.session_idle_ms: a session unused this long is dropped; default 10 min */
+    int64_t serve_session_max_bytes; /* serve.session_max_bytes: state one rank keeps; default 1 GiB */
+    int n_serve_state;
+    pp_config_entry *serve_state;    /* serve.state: output -> input it feeds next time; none: present.X -> past_key_values.X */
+    char *serve_vocab;               /* serve.vocab: vocab.json for text prompts (resolved); NULL: tokens only */
+    int serve_context;               /* serve.context: tokens a stateless model sees when generating; 0: all */
+    char *params;                    /* params: a directory of <name>.npy that replace the model's initializers */
 } pp_config;
 
 /* Reads and checks a config file. */
