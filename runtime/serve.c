@@ -13,6 +13,7 @@
 #include "serve_sample.h"
 #include "serve_state.h"
 #include "serve_wire.h"
+#include "serve_curve.h"
 #include "status_internal.h"
 #include "text_data.h"
 #include "timing.h"
@@ -93,6 +94,7 @@ typedef struct serve {
     int n_in;            /* model inputs */
     int *in_edge;
     void *zctx, *pair_front, *pair_worker, *router;
+    pp_serve_curve *curve; /* the front's CURVE server and client allow-list (with security:) */
     pthread_t thread;
     atomic_int front_stop;
     stats st;
@@ -440,6 +442,8 @@ static void respond(serve *s, job *j, int code, const char *error) {
         j->resp = calloc(1, sizeof *j->resp);
         if (j->resp) j->resp->id = j->req.id;
     }
+    if (code == PP_SERVE_SESSION_LOST && error && strncmp(error, SESSION_LOST_PREFIX ": ", strlen(SESSION_LOST_PREFIX) + 2) == 0)
+        error += strlen(SESSION_LOST_PREFIX) + 2; /* the code says it already */
     if (j->resp && !j->resp->error) {
         j->resp->code = code;
         j->resp->error = strdup(error ? error : "");
@@ -1298,6 +1302,7 @@ static void serve_free(serve *s) {
     if (s->router) zmq_close(s->router);
     if (s->pair_front) zmq_close(s->pair_front);
     if (s->pair_worker) zmq_close(s->pair_worker);
+    pp_serve_curve_close(s->curve); /* its ZAP handler's sockets are on zctx */
     if (s->zctx) zmq_ctx_term(s->zctx);
     free(s->first_stage);
     free(s->in_edge);
@@ -1373,6 +1378,7 @@ static pp_status open_front(serve *s) {
     snprintf(s->pair_ep, sizeof s->pair_ep, "inproc://pippin-serve-%p", (void *)s);
     if (zmq_bind(s->pair_front, s->pair_ep) != 0 || zmq_connect(s->pair_worker, s->pair_ep) != 0)
         return pp_error(PP_ERR_IO, "serve: inproc pair: %s", zmq_strerror(zmq_errno()));
+    PP_TRY(pp_serve_curve_open(s->c, s->x->rank, s->zctx, s->router, &s->curve)); /* with security: only */
     if (zmq_bind(s->router, s->c->serve_endpoint) != 0)
         return pp_error(PP_ERR_IO, "serve: cannot bind the front endpoint %s: %s", s->c->serve_endpoint,
                         zmq_strerror(zmq_errno()));
