@@ -18,6 +18,19 @@ Provides
   the metadata ``pippin.trainable``; pippin trains exactly those and keeps
   every other initializer (buffers such as causal masks, frozen parameters)
   constant.
+* ``export_decoder(model, idx, past, path, n_layers, ...)`` -- ``export`` for
+  a causal language model with a KV cache, under the names the serving
+  layer (and HF/optimum) use.  ``model(idx, *past_flat)`` must return
+  ``(logits, *presents_flat)``; ``past_flat`` is ``[k0, v0, k1, v1, ...]``,
+  each ``[batch, heads, past, head_dim]``, and the presents are the
+  concatenated caches ``[batch, heads, past + seq, head_dim]``.  ONNX
+  inputs ``idx``, ``past_key_values.{i}.key``, ``past_key_values.{i}.value``;
+  outputs ``logits``, ``present.{i}.key``, ``present.{i}.value``; dynamic
+  axes ``batch``, ``seq``, ``past`` and ``total``.  Trace it with a past
+  length > 0 (a 0-sized example dim would be specialised away); the graph
+  then runs with an empty past too (``[batch, heads, 0, head_dim]``, the
+  first step of a generation).  ``pipe_split`` markers in the model are
+  kept as usual.
 
 Usage::
 
@@ -36,8 +49,9 @@ import warnings
 
 import torch
 
-__all__ = ["pipe_split", "register_onnx", "export", "trainable_names",
-           "OPSET", "DOMAIN", "TRAINABLE_KEY"]
+__all__ = ["pipe_split", "register_onnx", "export", "export_decoder",
+           "decoder_io_names", "trainable_names", "OPSET", "DOMAIN",
+           "TRAINABLE_KEY"]
 
 OPSET = 17          # highest opset torch.onnx supports in PyTorch 1.13
 DOMAIN = "pippin"
@@ -151,6 +165,94 @@ def export(model, args, path, input_names=None, output_names=None,
         _fix_shapes(os.fspath(path))
         _record_trainable(os.fspath(path), trainable_names(model))
     return path
+
+
+def decoder_io_names(n_layers):
+    """(input_names, output_names) of a decoder export with ``n_layers``
+    layers of KV cache: ``idx``, ``past_key_values.{i}.key``,
+    ``past_key_values.{i}.value`` / ``logits``, ``present.{i}.key``,
+    ``present.{i}.value``, in the order of ``model(idx, *past_flat)`` and
+    its results."""
+    ins, outs = ["idx"], ["logits"]
+    for i in range(n_layers):
+        ins += ["past_key_values.%d.key" % i, "past_key_values.%d.value" % i]
+        outs += ["present.%d.key" % i, "present.%d.value" % i]
+    return ins, outs
+
+
+def _flatten_past(past, n_layers):
+    flat = []
+    for p in past:
+        if isinstance(p, (tuple, list)):
+            flat.extend(p)
+        else:
+            flat.append(p)
+    if len(flat) != 2 * n_layers:
+        raise ValueError("export_decoder: %d past tensors for %d layers "
+                         "(want 2 per layer: key, value)" % (len(flat),
+                                                              n_layers))
+    for t in flat:
+        if not torch.is_tensor(t) or t.dim() != 4:
+            raise ValueError("export_decoder: each past tensor must be "
+                             "[batch, heads, past, head_dim]")
+        if t.size(2) == 0:
+            raise ValueError("export_decoder: trace with a past length > 0 "
+                             "(an empty example past makes the tracer fix "
+                             "the past dim at 0)")
+    return flat
+
+
+def export_decoder(model, idx, past, path, n_layers, opset_version=OPSET,
+                   verbose=False, extra_dynamic_axes=None):
+    """Export a causal LM with a KV cache (see the module docstring).
+
+    ``model(idx, *past_flat)`` returns ``(logits, *presents_flat)``.
+    ``idx`` is an int64 ``[batch, seq]`` example; ``past`` is either the flat
+    list ``[k0, v0, k1, v1, ...]`` or ``n_layers`` (key, value) pairs, each
+    ``[batch, heads, past, head_dim]`` with past > 0.  Returns ``path``.
+    The usual ``export`` settings apply (opset 17, TRAINING mode so the
+    initializers keep their torch names, metadata ``pippin.trainable``,
+    PipeSplit markers).  ``extra_dynamic_axes`` is merged into the dynamic
+    axes written for the decoder names.
+    """
+    flat = _flatten_past(past, n_layers)
+    ins, outs = decoder_io_names(n_layers)
+    dyn = {"idx": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}}
+    for n in ins[1:]:
+        dyn[n] = {0: "batch", 2: "past"}
+    for n in outs[1:]:
+        dyn[n] = {0: "batch", 2: "total"}
+    if extra_dynamic_axes:
+        dyn.update(extra_dynamic_axes)
+    export(model, (idx, *flat), path, input_names=ins, output_names=outs,
+           dynamic_axes=dyn, opset_version=opset_version, verbose=verbose)
+    if isinstance(path, (str, os.PathLike)):
+        _fix_present_shapes(os.fspath(path), n_layers)
+    return path
+
+
+def _fix_present_shapes(path, n_layers):
+    """present.{i}.* has the shape of past_key_values.{i}.* with dim 2
+    'total'.  ONNX shape inference cannot follow the key/value reshapes
+    behind a PipeSplit (their shapes are computed), so without this the
+    presents of later stages keep PyTorch's made-up dim names."""
+    import onnx
+    m = onnx.load(path)
+    ins = {i.name: i for i in m.graph.input}
+    changed = False
+    for o in m.graph.output:
+        if not o.name.startswith("present."):
+            continue
+        src = ins.get("past_key_values." + o.name[len("present."):])
+        if src is None or len(_dims(src)) != 4:
+            continue
+        o.type.CopyFrom(src.type)
+        d = _dims(o)[2]
+        d.Clear()
+        d.dim_param = "total"
+        changed = True
+    if changed:
+        onnx.save(m, path)
 
 
 def trainable_names(model):

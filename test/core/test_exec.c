@@ -1,5 +1,7 @@
 /* The executor: buffers freed after their last use, the shape sub-graph
- * cache per input signature, and running node subsets. */
+ * cache per input signature, running node subsets, and the KV-cache decoder
+ * fixture with an empty and a non-empty past. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -112,11 +114,56 @@ static void test_views_not_copies(void **state) {
     pp_graph_free(g);
 }
 
+/* The KV-cache decoder fixture (test/fixtures/decoder) on one executor, as
+ * a generation loop uses it: a step with an EMPTY past (past_key_values.*
+ * [1,4,0,8]: Shape/Gather give P = 0, Concat with a 0-sized input, Range
+ * from 0, the mask sliced [0:T, :T]), then one with P = 6, then the empty
+ * one again (the shape cache must key on the past length). Outputs
+ * (logits, present.*) within 1e-4 of torch's. */
+static void run_decoder_step(pp_exec *ex, const pp_graph *g, const char *prefix) {
+    pp_tensor *ins[16] = {0}, *outs[16] = {0};
+    char file[128];
+    assert_true(g->n_inputs <= 16 && g->n_outputs <= 16);
+    for (int i = 0; i < g->n_inputs; i++) {
+        snprintf(file, sizeof file, "%s%s.npy", prefix, g->values[g->inputs[i]].name);
+        ins[i] = tu_fixture_npy("decoder", file);
+    }
+    if (strcmp(prefix, "step0_") == 0) {
+        assert_int_equal(ins[1]->ndim, 4);
+        assert_int_equal(ins[1]->shape[2], 0);
+        assert_int_equal(ins[1]->nbytes, 0);
+    }
+    TU_OK(pp_exec_run(ex, ins, outs));
+    for (int o = 0; o < g->n_outputs; o++) {
+        snprintf(file, sizeof file, "%s%s.npy", prefix, g->values[g->outputs[o]].name);
+        pp_tensor *want = tu_fixture_npy("decoder", file);
+        tu_assert_close(outs[o], want, 0, 1e-4, file);
+        pp_tensor_free(want);
+        pp_tensor_free(outs[o]);
+    }
+    for (int i = 0; i < g->n_inputs; i++) pp_tensor_free(ins[i]);
+}
+
+static void test_decoder_empty_past(void **state) {
+    (void)state;
+    pp_graph *g = tu_fixture_onnx("decoder", "decoder.onnx");
+    assert_int_equal(g->n_inputs, 7);  /* idx, past_key_values.{0,1,2}.{key,value} */
+    assert_int_equal(g->n_outputs, 7); /* logits, present.{0,1,2}.{key,value} */
+    pp_exec *ex;
+    TU_OK(pp_exec_new(g, &ex));
+    run_decoder_step(ex, g, "step0_");
+    run_decoder_step(ex, g, "step_");
+    run_decoder_step(ex, g, "step0_");
+    pp_exec_free(ex);
+    pp_graph_free(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dynamic_batch_and_shape_cache),
         cmocka_unit_test(test_run_nodes_frees_and_keeps),
         cmocka_unit_test(test_views_not_copies),
+        cmocka_unit_test(test_decoder_empty_past),
     };
     tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
