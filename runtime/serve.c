@@ -10,10 +10,10 @@
 #include <zmq.h>
 
 #include "log_internal.h"
+#include "serve_front.h"
 #include "serve_sample.h"
 #include "serve_state.h"
 #include "serve_wire.h"
-#include "serve_curve.h"
 #include "status_internal.h"
 #include "text_data.h"
 #include "timing.h"
@@ -25,7 +25,6 @@
 #define ANSWER_STEP ((int64_t)1 << 40)
 #define BATCH_NAME "pippin:batch"
 #define FAIL_NAME "pippin:fail"
-#define LATENCIES 1024
 #define GRAVES 64 /* batches answered without all their outputs, drained a while */
 #define STATS_LOG_MS 60000 /* a stats line in the log this often (info level) */
 #define LOST 256           /* sessions remembered as lost, to tell their next request */
@@ -35,24 +34,9 @@
 
 struct session;
 
-typedef struct job {
-    zmq_msg_t who; /* the client's routing id */
-    pp_serve_request req;
-    int64_t rows;
-    double arrived, deadline; /* monotonic ms */
-    int solo;                 /* runs in a batch of its own (retried alone) */
-    pp_response *resp;
-    int partial;              /* a message of a stream, not the request's last */
-    struct session *sess;     /* the session its state lives in, or NULL */
-    /* a generation: the tokens so far (prompt, then produced) */
-    int64_t *toks;
-    int n_toks, cap_toks, n_fed, feeding;
-    uint32_t produced;
-    uint64_t rng;
-    int cancelled;
-} job;
+typedef pp_serve_job job;
 
-typedef struct session {
+typedef struct pp_serve_session {
     char *name;      /* NULL: a generation's own (dropped when it ends) */
     int64_t handle;  /* how the ranks know it */
     double used;
@@ -75,15 +59,6 @@ typedef struct batch {
     session *sess;
 } batch;
 
-typedef struct stats {
-    atomic_llong requests, ok, bad, busy, timeouts, failed, batches, batch_rows, tokens, lost;
-    atomic_int sessions;
-    atomic_llong state_bytes, busy_us; /* this rank's: session state kept; time in its stages */
-    atomic_int in_system; /* accepted and not yet answered */
-    pthread_mutex_t lock;
-    double latency[LATENCIES];
-    long n_latency;
-} stats;
 
 typedef struct serve {
     const pp_serve_ctx *x;
@@ -93,12 +68,7 @@ typedef struct serve {
     int *first_stage;    /* per rank */
     int n_in;            /* model inputs */
     int *in_edge;
-    void *zctx, *pair_front, *pair_worker, *router;
-    pp_serve_curve *curve; /* the front's CURVE server and client allow-list (with security:) */
-    pthread_t thread;
-    atomic_int front_stop;
-    stats st;
-    char pair_ep[64];
+    pp_serve_front *f;   /* on the front rank: its endpoint, counters and lost sessions */
     /* the front rank's thread */
     job **pending;
     int n_pending, cap_pending;
@@ -109,7 +79,6 @@ typedef struct serve {
         double until;
     } graves[GRAVES];
     int n_graves;
-    atomic_int closing; /* the front thread answers new requests "unavailable" itself */
     int64_t next_b;
     /* state and generation (every rank) */
     pp_state_pair *pairs;
@@ -124,10 +93,6 @@ typedef struct serve {
     session **sessions;
     int n_sessions, cap_sessions;
     int64_t next_handle;
-    struct {
-        char *name, *why;
-    } lost[LOST];
-    int64_t lost_next;
     int64_t *drops;
     int n_drops, cap_drops;
 } serve;
@@ -255,181 +220,6 @@ static pp_status check_generate(serve *s, job *j) {
     return PP_OK;
 }
 
-/* ---- the front thread: the ROUTER socket ---- */
-
-static void send_reply(serve *s, zmq_msg_t *who, const pp_response *r) {
-    void *buf;
-    size_t n;
-    if (pp_serve_response_encode(r, &buf, &n) != PP_OK) return;
-    zmq_msg_t id;
-    zmq_msg_init(&id);
-    zmq_msg_copy(&id, who);
-    if (zmq_msg_send(&id, s->router, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0) zmq_send(s->router, buf, n, ZMQ_DONTWAIT);
-    zmq_msg_close(&id);
-    free(buf);
-}
-
-static void reply_error(serve *s, zmq_msg_t *who, uint64_t id, int code, const char *error) {
-    pp_response r = {id, code, (char *)error, 0, NULL, NULL, NULL};
-    send_reply(s, who, &r);
-}
-
-static char *stats_json(serve *s) {
-    double lat[LATENCIES];
-    pthread_mutex_lock(&s->st.lock);
-    long n = s->st.n_latency < LATENCIES ? s->st.n_latency : LATENCIES;
-    memcpy(lat, s->st.latency, sizeof(double) * (size_t)n);
-    pthread_mutex_unlock(&s->st.lock);
-    for (long i = 1; i < n; i++) /* insertion sort: at most 1024 */
-        for (long j = i; j > 0 && lat[j - 1] > lat[j]; j--) {
-            double t = lat[j];
-            lat[j] = lat[j - 1];
-            lat[j - 1] = t;
-        }
-    char *out = malloc(768);
-    if (!out) return NULL;
-    long long batches = atomic_load(&s->st.batches);
-    snprintf(out, 768,
-             "{\"requests\": %lld, \"ok\": %lld, \"bad_request\": %lld, \"busy\": %lld, \"timeout\": %lld, "
-             "\"failed\": %lld, \"in_system\": %d, \"batches\": %lld, \"mean_batch_rows\": %.2f, "
-             "\"tokens\": %lld, \"sessions\": %d, \"sessions_lost\": %lld, \"front_state_bytes\": %lld, "
-             "\"front_busy_ms\": %.1f, \"latency_ms_p50\": %.3f, \"latency_ms_p99\": %.3f}",
-             (long long)atomic_load(&s->st.requests), (long long)atomic_load(&s->st.ok),
-             (long long)atomic_load(&s->st.bad), (long long)atomic_load(&s->st.busy),
-             (long long)atomic_load(&s->st.timeouts), (long long)atomic_load(&s->st.failed),
-             atomic_load(&s->st.in_system), batches,
-             batches ? (double)atomic_load(&s->st.batch_rows) / (double)batches : 0.0,
-             (long long)atomic_load(&s->st.tokens), atomic_load(&s->st.sessions), (long long)atomic_load(&s->st.lost),
-             (long long)atomic_load(&s->st.state_bytes), (double)atomic_load(&s->st.busy_us) / 1000.0,
-             n ? lat[n / 2] : 0.0,
-             n ? lat[(n * 99) / 100 < n ? (n * 99) / 100 : n - 1] : 0.0);
-    return out;
-}
-
-static void free_job(job *j) {
-    zmq_msg_close(&j->who);
-    pp_serve_request_clear(&j->req);
-    pp_response_free(j->resp);
-    free(j->toks);
-    free(j);
-}
-
-static void take_request(serve *s) {
-    zmq_msg_t who, body;
-    zmq_msg_init(&who);
-    zmq_msg_init(&body);
-    if (zmq_msg_recv(&who, s->router, ZMQ_DONTWAIT) < 0 || !zmq_msg_more(&who) ||
-        zmq_msg_recv(&body, s->router, ZMQ_DONTWAIT) < 0) {
-        zmq_msg_close(&who);
-        zmq_msg_close(&body);
-        return;
-    }
-    while (zmq_msg_more(&body)) { /* one frame is a request: drop the rest */
-        zmq_msg_t extra;
-        zmq_msg_init(&extra);
-        int more = zmq_msg_recv(&extra, s->router, ZMQ_DONTWAIT) >= 0 && zmq_msg_more(&extra);
-        zmq_msg_close(&extra);
-        if (!more) break;
-    }
-    atomic_fetch_add(&s->st.requests, 1);
-    job *j = calloc(1, sizeof *j);
-    pp_status ok = j ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
-    if (ok == PP_OK)
-        ok = pp_serve_request_decode(zmq_msg_data(&body), zmq_msg_size(&body),
-                                     (size_t)s->c->serve_max_request_bytes, &j->req);
-    if (ok == PP_OK && j->req.kind == PP_SERVE_KIND_STATS) {
-        char *json = stats_json(s);
-        pp_response r = {j->req.id, PP_SERVE_OK, "", 0, NULL, NULL, json};
-        send_reply(s, &who, &r);
-        free(json);
-        pp_serve_request_clear(&j->req);
-        free(j);
-        zmq_msg_close(&who);
-        zmq_msg_close(&body);
-        return;
-    }
-    if (ok == PP_OK && j->req.kind == PP_SERVE_KIND_CANCEL) { /* to the rank's thread; never answered */
-        zmq_msg_init(&j->who);
-        zmq_msg_move(&j->who, &who);
-        if (zmq_send(s->pair_front, &j, sizeof j, 0) != sizeof j) free_job(j);
-        zmq_msg_close(&body);
-        return;
-    }
-    if (ok == PP_OK && j->req.kind == PP_SERVE_KIND_INFER) ok = check_request(s, &j->req, &j->rows);
-    if (ok == PP_OK && j->req.kind == PP_SERVE_KIND_GENERATE) ok = check_generate(s, j);
-    if (ok == PP_OK && atomic_load(&s->closing)) {
-        reply_error(s, &who, j->req.id, PP_SERVE_UNAVAILABLE, "the service is shutting down");
-        ok = PP_ERR_STATE;
-    } else if (ok != PP_OK) {
-        atomic_fetch_add(&s->st.bad, 1);
-        reply_error(s, &who, j ? j->req.id : 0, PP_SERVE_BAD_REQUEST, pp_last_error());
-    } else if (atomic_load(&s->st.in_system) >= s->c->serve_max_queue) {
-        atomic_fetch_add(&s->st.busy, 1);
-        char why[128];
-        snprintf(why, sizeof why, "%d requests are waiting or running (serve.max_queue)", s->c->serve_max_queue);
-        reply_error(s, &who, j->req.id, PP_SERVE_BUSY, why);
-        ok = PP_ERR_STATE;
-    }
-    if (ok != PP_OK) {
-        if (j) pp_serve_request_clear(&j->req);
-        if (j) free(j->toks);
-        free(j);
-        zmq_msg_close(&who);
-        zmq_msg_close(&body);
-        return;
-    }
-    zmq_msg_init(&j->who);
-    zmq_msg_move(&j->who, &who);
-    j->arrived = now_ms();
-    j->deadline = j->arrived + (j->req.timeout_ms ? j->req.timeout_ms : (uint32_t)s->c->timeout_ms);
-    atomic_fetch_add(&s->st.in_system, 1);
-    if (zmq_send(s->pair_front, &j, sizeof j, 0) != sizeof j) { /* cannot happen: inproc */
-        atomic_fetch_sub(&s->st.in_system, 1);
-        reply_error(s, &j->who, j->req.id, PP_SERVE_UNAVAILABLE, "the service is shutting down");
-        zmq_msg_close(&j->who);
-        pp_serve_request_clear(&j->req);
-        free(j);
-    }
-    zmq_msg_close(&body);
-}
-
-/* A job answered by the rank's thread: send it, count it. */
-static void answer_job(serve *s) {
-    job *j;
-    if (zmq_recv(s->pair_front, &j, sizeof j, ZMQ_DONTWAIT) != sizeof j) return;
-    if (j->partial) { /* one message of a stream: the request goes on */
-        send_reply(s, &j->who, j->resp);
-        free_job(j);
-        return;
-    }
-    pp_response oom = {j->req.id, PP_SERVE_UNAVAILABLE, "out of memory", 0, NULL, NULL, NULL};
-    send_reply(s, &j->who, j->resp ? j->resp : &oom);
-    int code = j->resp ? j->resp->code : PP_SERVE_UNAVAILABLE;
-    atomic_fetch_add(code == PP_SERVE_OK        ? &s->st.ok
-                     : code == PP_SERVE_TIMEOUT ? &s->st.timeouts
-                                                : &s->st.failed,
-                     1);
-    if (code == PP_SERVE_OK) {
-        pthread_mutex_lock(&s->st.lock);
-        s->st.latency[s->st.n_latency++ % LATENCIES] = now_ms() - j->arrived;
-        pthread_mutex_unlock(&s->st.lock);
-    }
-    atomic_fetch_sub(&s->st.in_system, 1);
-    free_job(j);
-}
-
-static void *front_main(void *arg) {
-    serve *s = arg;
-    while (!atomic_load(&s->front_stop)) {
-        zmq_pollitem_t items[2] = {{s->router, 0, ZMQ_POLLIN, 0}, {s->pair_front, 0, ZMQ_POLLIN, 0}};
-        if (zmq_poll(items, 2, 100) <= 0) continue;
-        if (items[1].revents & ZMQ_POLLIN) answer_job(s);
-        if (items[0].revents & ZMQ_POLLIN) take_request(s);
-    }
-    while (zmq_poll((zmq_pollitem_t[]){{s->pair_front, 0, ZMQ_POLLIN, 0}}, 1, 0) > 0) answer_job(s);
-    return NULL;
-}
-
 /* ---- the front rank's thread: batches ---- */
 
 static void release_session(serve *s, job *j);
@@ -448,7 +238,7 @@ static void respond(serve *s, job *j, int code, const char *error) {
         j->resp->code = code;
         j->resp->error = strdup(error ? error : "");
     }
-    zmq_send(s->pair_worker, &j, sizeof j, 0);
+    pp_serve_front_answer(s->f, j);
 }
 
 static int compatible(const job *a, const job *b) {
@@ -468,7 +258,7 @@ static int compatible(const job *a, const job *b) {
 /* Session h's state is to go from every rank (with the next header). */
 static void queue_drop(serve *s, int64_t h) {
     pp_state_drop(s->store, h);
-    atomic_store(&s->st.state_bytes, pp_state_bytes(s->store));
+    atomic_store(&s->f->st.state_bytes, pp_state_bytes(s->store));
     if (s->n_drops == s->cap_drops) {
         int cap = s->cap_drops ? 2 * s->cap_drops : 64;
         int64_t *grown = realloc(s->drops, sizeof *grown * (size_t)cap);
@@ -479,22 +269,22 @@ static void queue_drop(serve *s, int64_t h) {
 }
 
 static void remember_lost(serve *s, const char *name, const char *why) {
-    int i = (int)(s->lost_next++ % LOST);
-    free(s->lost[i].name);
-    free(s->lost[i].why);
-    s->lost[i].name = strdup(name);
-    s->lost[i].why = strdup(why);
-    atomic_fetch_add(&s->st.lost, 1);
+    int i = (int)(s->f->lost_next++ % LOST);
+    free(s->f->lost[i].name);
+    free(s->f->lost[i].why);
+    s->f->lost[i].name = strdup(name);
+    s->f->lost[i].why = strdup(why);
+    atomic_fetch_add(&s->f->st.lost, 1);
 }
 
 /* Why session name was lost (taken out: its next request starts afresh), or NULL. */
 static char *take_lost(serve *s, const char *name) {
     for (int i = 0; i < LOST; i++)
-        if (s->lost[i].name && strcmp(s->lost[i].name, name) == 0) {
-            char *why = s->lost[i].why;
-            free(s->lost[i].name);
-            s->lost[i].name = NULL;
-            s->lost[i].why = NULL;
+        if (s->f->lost[i].name && strcmp(s->f->lost[i].name, name) == 0) {
+            char *why = s->f->lost[i].why;
+            free(s->f->lost[i].name);
+            s->f->lost[i].name = NULL;
+            s->f->lost[i].why = NULL;
             return why ? why : strdup("session lost");
         }
     return NULL;
@@ -508,7 +298,7 @@ static void end_session(serve *s, session *x, const char *why) {
     while (i < s->n_sessions && s->sessions[i] != x) i++;
     if (i < s->n_sessions) {
         s->sessions[i] = s->sessions[--s->n_sessions];
-        atomic_store(&s->st.sessions, s->n_sessions);
+        atomic_store(&s->f->st.sessions, s->n_sessions);
     }
     if (x->started) queue_drop(s, x->handle);
     x->started = 0;
@@ -557,7 +347,7 @@ static session *new_session(serve *s, const char *name, char *why, size_t cap) {
     x->handle = ++s->next_handle;
     x->used = now_ms();
     s->sessions[s->n_sessions++] = x;
-    atomic_store(&s->st.sessions, s->n_sessions);
+    atomic_store(&s->f->st.sessions, s->n_sessions);
     return x;
 }
 
@@ -604,7 +394,7 @@ static void cancel(serve *s, job *c) {
     for (int b = 0; b < s->n_inflight; b++)
         for (int k = 0; k < s->inflight[b].n_jobs; k++)
             if (same_client(s->inflight[b].jobs[k], c)) s->inflight[b].jobs[k]->cancelled = 1;
-    free_job(c);
+    pp_serve_job_free(c);
 }
 
 /* Ties a request to its session, creating it; 0 and an answer sent when it
@@ -628,7 +418,7 @@ static int attach_session(serve *s, job *j) {
     if (!x) {
         char why[160];
         if (!(x = new_session(s, name[0] ? name : NULL, why, sizeof why))) {
-            atomic_fetch_add(&s->st.busy, 1);
+            atomic_fetch_add(&s->f->st.busy, 1);
             respond(s, j, PP_SERVE_BUSY, why);
             return 0;
         }
@@ -641,9 +431,16 @@ static int attach_session(serve *s, job *j) {
 
 static void take_jobs(serve *s) {
     job *j;
-    while (zmq_recv(s->pair_worker, &j, sizeof j, ZMQ_DONTWAIT) == sizeof j) {
+    while ((j = pp_serve_front_take(s->f))) {
         if (j->req.kind == PP_SERVE_KIND_CANCEL) {
             cancel(s, j);
+            continue;
+        }
+        pp_status ok = PP_OK;
+        if (j->req.kind == PP_SERVE_KIND_INFER) ok = check_request(s, &j->req, &j->rows);
+        if (j->req.kind == PP_SERVE_KIND_GENERATE) ok = check_generate(s, j);
+        if (ok != PP_OK) {
+            respond(s, j, PP_SERVE_BAD_REQUEST, pp_last_error());
             continue;
         }
         if (s->n_pending == s->cap_pending) {
@@ -869,10 +666,10 @@ static pp_status launch(serve *s, job **jobs, int n, int64_t rows) {
         s->next_b++; /* from here every rank hears of batch b */
         double t0 = now_ms();
         if (ran == PP_OK) ran = pp_executor_step(x->ex, b, 1, s->n_in, names, ins, outs);
-        atomic_fetch_add(&s->st.busy_us, (long long)((now_ms() - t0) * 1000));
+        atomic_fetch_add(&s->f->st.busy_us, (long long)((now_ms() - t0) * 1000));
         if (ran == PP_OK) {
             pp_state_keep(s->store, handle, outs);
-            atomic_store(&s->st.state_bytes, pp_state_bytes(s->store));
+            atomic_store(&s->f->st.state_bytes, pp_state_bytes(s->store));
             st = send_headers(s, b, 0, rows, names, ins, handle, fresh);
         } else {
             st = send_headers(s, b, 2, rows, NULL, NULL, 0, 0);
@@ -914,8 +711,8 @@ static pp_status launch(serve *s, job **jobs, int n, int64_t rows) {
     bt->n_jobs = n;
     bt->outs = outs;
     bt->sess = sess;
-    atomic_fetch_add(&s->st.batches, 1);
-    atomic_fetch_add(&s->st.batch_rows, rows);
+    atomic_fetch_add(&s->f->st.batches, 1);
+    atomic_fetch_add(&s->f->st.batch_rows, rows);
     return PP_OK;
 }
 
@@ -1026,7 +823,7 @@ static void gen_next(serve *s, batch *bt, job *j) {
     j->n_fed = j->feeding;
     j->toks[j->n_toks++] = tok;
     j->produced++;
-    atomic_fetch_add(&s->st.tokens, 1);
+    atomic_fetch_add(&s->f->st.tokens, 1);
     int done = j->produced >= j->req.max_tokens || j->cancelled;
     for (int i = 0; i < j->req.n_stop; i++) done |= tok == j->req.stop[i];
     /* a model with state cannot take positions past serve.context */
@@ -1043,7 +840,7 @@ static void gen_next(serve *s, batch *bt, job *j) {
         zmq_msg_init(&note->who);
         zmq_msg_copy(&note->who, &j->who);
         note->partial = 1;
-        zmq_send(s->pair_worker, &note, sizeof note, 0);
+        pp_serve_front_answer(s->f, note);
     } else {
         free(note);
     }
@@ -1157,7 +954,7 @@ static pp_status front_rank(serve *s) {
     double log_at = now_ms() + STATS_LOG_MS;
     while (!atomic_load(x->stop) && st == PP_OK) {
         if (now_ms() >= log_at) { /* the periodic stats line */
-            char *json = stats_json(s);
+            char *json = pp_serve_front_stats(s->f);
             if (json) pp_info("serve: %s", json);
             free(json);
             log_at = now_ms() + STATS_LOG_MS;
@@ -1187,7 +984,7 @@ static pp_status front_rank(serve *s) {
             st = pp_transport_poll(x->t, 1); /* outputs on their way */
         } else {
             long ms = s->n_pending ? (long)(wait_ms > 0 ? wait_ms + 1 : 0) : 100;
-            zmq_poll((zmq_pollitem_t[]){{s->pair_worker, 0, ZMQ_POLLIN, 0}}, 1, ms);
+            zmq_poll((zmq_pollitem_t[]){{s->f->pair_worker, 0, ZMQ_POLLIN, 0}}, 1, ms);
         }
     }
     char why[1024];
@@ -1200,12 +997,23 @@ static pp_status front_rank(serve *s) {
             if (st == PP_OK && !done) st = pp_transport_poll(x->t, 5);
         }
     }
-    atomic_store(&s->closing, 1);
+    if (st == PP_OK) {
+        pp_serve_front_set_state(s->f, PP_FRONT_CLOSING, why);
+    } else { /* the front stays up: told how the service is (the worker may rejoin) */
+        char told[1100];
+        snprintf(told, sizeof told, "degraded: %s", why);
+        pp_serve_front_set_state(s->f, PP_FRONT_DEGRADED, told);
+        /* every session has state on every rank: none can go on */
+        char lost[1100];
+        snprintf(lost, sizeof lost, SESSION_LOST_PREFIX ": the service lost a rank (%s)", why);
+        for (int i = 0; i < s->n_sessions; i++)
+            if (s->sessions[i]->name) remember_lost(s, s->sessions[i]->name, lost);
+    }
     take_jobs(s);
     fail_all(s, PP_SERVE_UNAVAILABLE, why);
-    /* requests that were on their way to this thread when closing was set */
-    for (double until = now_ms() + 1000; atomic_load(&s->st.in_system) > 0 && now_ms() < until;) {
-        zmq_poll((zmq_pollitem_t[]){{s->pair_worker, 0, ZMQ_POLLIN, 0}}, 1, 5);
+    /* requests that were on their way to this thread when the state changed */
+    for (double until = now_ms() + 1000; atomic_load(&s->f->st.in_system) > 0 && now_ms() < until;) {
+        zmq_poll((zmq_pollitem_t[]){{s->f->pair_worker, 0, ZMQ_POLLIN, 0}}, 1, 5);
         take_jobs(s);
         fail_all(s, PP_SERVE_UNAVAILABLE, why);
     }
@@ -1299,11 +1107,6 @@ static pp_status stage_rank(serve *s) {
 /* ---- setup ---- */
 
 static void serve_free(serve *s) {
-    if (s->router) zmq_close(s->router);
-    if (s->pair_front) zmq_close(s->pair_front);
-    if (s->pair_worker) zmq_close(s->pair_worker);
-    pp_serve_curve_close(s->curve); /* its ZAP handler's sockets are on zctx */
-    if (s->zctx) zmq_ctx_term(s->zctx);
     free(s->first_stage);
     free(s->in_edge);
     free(s->pending);
@@ -1320,8 +1123,6 @@ static void serve_free(serve *s) {
     }
     free(s->sessions);
     free(s->drops);
-    for (int i = 0; i < LOST; i++) free(s->lost[i].name), free(s->lost[i].why);
-    pthread_mutex_destroy(&s->st.lock);
 }
 
 /* The model's state pairs and this rank's store; the generation's token
@@ -1359,39 +1160,13 @@ static pp_status open_state(serve *s) {
     return PP_OK;
 }
 
-static pp_status open_front(serve *s) {
-    s->zctx = zmq_ctx_new();
-    if (!s->zctx) return pp_error(PP_ERR_IO, "serve: no ZeroMQ context");
-    s->router = zmq_socket(s->zctx, ZMQ_ROUTER);
-    s->pair_front = zmq_socket(s->zctx, ZMQ_PAIR);
-    s->pair_worker = zmq_socket(s->zctx, ZMQ_PAIR);
-    if (!s->router || !s->pair_front || !s->pair_worker) return pp_error(PP_ERR_IO, "serve: cannot make sockets");
-    int zero = 0, hwm = 0;
-    /* up to twice the limit reaches the decoder, which answers "bad request";
-     * past that libzmq drops the connection without an answer */
-    int64_t max = s->c->serve_max_request_bytes < ((int64_t)1 << 40) ? 2 * s->c->serve_max_request_bytes + 65536
-                                                                      : INT64_MAX;
-    zmq_setsockopt(s->router, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &max, sizeof max);
-    zmq_setsockopt(s->pair_front, ZMQ_SNDHWM, &hwm, sizeof hwm); /* never drops: bounded by max_queue */
-    zmq_setsockopt(s->pair_worker, ZMQ_SNDHWM, &hwm, sizeof hwm);
-    snprintf(s->pair_ep, sizeof s->pair_ep, "inproc://pippin-serve-%p", (void *)s);
-    if (zmq_bind(s->pair_front, s->pair_ep) != 0 || zmq_connect(s->pair_worker, s->pair_ep) != 0)
-        return pp_error(PP_ERR_IO, "serve: inproc pair: %s", zmq_strerror(zmq_errno()));
-    PP_TRY(pp_serve_curve_open(s->c, s->x->rank, s->zctx, s->router, &s->curve)); /* with security: only */
-    if (zmq_bind(s->router, s->c->serve_endpoint) != 0)
-        return pp_error(PP_ERR_IO, "serve: cannot bind the front endpoint %s: %s", s->c->serve_endpoint,
-                        zmq_strerror(zmq_errno()));
-    return PP_OK;
-}
-
 pp_status pp_serve_run(const pp_serve_ctx *x) {
     serve s;
     memset(&s, 0, sizeof s);
     s.x = x;
     s.c = x->c;
     s.p = x->p;
-    pthread_mutex_init(&s.st.lock, NULL);
+    s.f = x->front;
     s.front = x->sched->stage_rank[0];
     s.first_stage = malloc(sizeof(int) * (size_t)x->sched->nranks);
     s.in_edge = malloc(sizeof(int) * ((size_t)x->p->n_edges + 1));
@@ -1408,19 +1183,17 @@ pp_status pp_serve_run(const pp_serve_ctx *x) {
         serve_free(&s);
         return st;
     }
-    if (st == PP_OK) st = open_front(&s);
-    int started = st == PP_OK && pthread_create(&s.thread, NULL, front_main, &s) == 0;
-    if (st == PP_OK && !started) st = pp_error(PP_ERR_IO, "serve: cannot start the front thread");
-    if (st == PP_OK) st = front_rank(&s);
-    if (started) {
-        double until = now_ms() + 1000; /* answers on their way out */
-        while (atomic_load(&s.st.in_system) > 0 && now_ms() < until) {
-            struct timespec nap = {0, 5 * 1000 * 1000};
-            nanosleep(&nap, NULL);
-        }
-        atomic_store(&s.front_stop, 1);
-        pthread_join(s.thread, NULL);
+    if (st == PP_OK && !s.f) st = pp_error(PP_ERR_STATE, "serve: rank %d holds stage 0 but has no front endpoint", x->rank);
+    if (st == PP_OK) {
+        pp_serve_front_set_state(s.f, PP_FRONT_SERVING, NULL);
+        st = front_rank(&s);
     }
     serve_free(&s);
     return st;
+}
+
+pp_status pp_serve_front_for(const pp_config *c, const pp_schedule *sched, int rank, pp_serve_front **out) {
+    *out = NULL;
+    if (sched->stage_rank[0] != rank) return PP_OK;
+    return pp_serve_front_open(c, rank, out);
 }

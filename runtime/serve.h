@@ -17,6 +17,7 @@
 #include "pippin/pipe.h"
 #include "pippin/schedule.h"
 #include "pippin/transport.h"
+#include "serve_front.h"
 
 typedef struct pp_serve_ctx {
     const pp_config *c;
@@ -26,10 +27,16 @@ typedef struct pp_serve_ctx {
     pp_transport *t;
     int rank;
     atomic_int *stop;        /* set from any thread: drain and return */
+    pp_serve_front *front;   /* the rank holding stage 0's endpoint (it outlives the run); else NULL */
 } pp_serve_ctx;
 
+/* Opens the front endpoint when this rank holds stage 0 (*out NULL on the
+ * others). */
+pp_status pp_serve_front_for(const pp_config *c, const pp_schedule *sched, int rank, pp_serve_front **out);
+
 /* Serves until *stop (the front then tells the other ranks to end) or a
- * peer fails. */
+ * peer fails: then the front endpoint stays up, answering "degraded", its
+ * sessions are lost, and the caller may rejoin and serve again. */
 pp_status pp_serve_run(const pp_serve_ctx *x);
 
 #endif

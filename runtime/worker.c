@@ -60,6 +60,7 @@ struct pp_worker {
     int64_t failed_step;      /* the step whose failure started the rejoin */
     pp_run_identity *first_id; /* the identity at the first open: a rejoin must find the same files */
     int rejoins;
+    pp_serve_front *front;    /* serving, on the rank holding stage 0: the endpoint clients use (outlives rejoins) */
 };
 
 void pp_worker_options_init(pp_worker_options *o) {
@@ -326,6 +327,7 @@ pp_status pp_worker_open_config(const pp_config *c, const pp_worker_options *o, 
     if (w->opt.blas_threads > 0) pp_set_blas_threads(w->opt.blas_threads);
     pp_status s = pp_config_rank(w->opt.rank, c->n_ranks, &w->rank);
     if (s == PP_OK) s = open_run(w);
+    if (s == PP_OK && c->serving) s = pp_serve_front_for(c, w->sched, w->rank, &w->front);
     if (s != PP_OK) {
         pp_worker_close(w);
         return s;
@@ -554,11 +556,17 @@ pp_status pp_worker_step(pp_worker *w, int *done) {
 }
 
 pp_status pp_worker_run(pp_worker *w) {
-    if (w->c->serving) {
-        pp_serve_ctx x = {w->c, w->p, w->sched, w->ex, w->t, w->rank, &w->stop};
-        pp_status s = pp_serve_run(&x);
-        if (s != PP_OK) return fail(w, s) == PP_OK ? pp_error(s, "rank %d: serving ended", w->rank) : s;
-        return PP_OK;
+    if (w->c->serving) { /* after a peer's failure, rejoin (when on) and serve again */
+        for (;;) {
+            pp_serve_ctx x = {w->c, w->p, w->sched, w->ex, w->t, w->rank, &w->stop, w->front};
+            pp_status s = pp_serve_run(&x);
+            if (s == PP_OK) return PP_OK;
+            if (atomic_load(&w->stop)) return s;
+            PP_TRY(fail(w, s));
+            w->rejoin_deadline = 0; /* every rank is back: a later failure gets its own wait */
+            if (w->front) atomic_fetch_add(&w->front->st.rejoins, 1);
+            pp_info("rank %d: every rank is back; serving again", w->rank);
+        }
     }
     int done = 0;
     while (!done) PP_TRY(pp_worker_step(w, &done));
@@ -597,6 +605,7 @@ int pp_worker_rejoins(const pp_worker *w) { return w->rejoins; }
 
 void pp_worker_close(pp_worker *w) {
     if (!w) return;
+    pp_serve_front_close(w->front);
     close_run(w);
     pp_run_identity_free(w->first_id);
     pp_config_free(w->owned_config);
