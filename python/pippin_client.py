@@ -168,14 +168,44 @@ class Response:
                 self.more = bool(v)
 
 
+def read_key(path):
+    """The Z85 key (a str of 40 characters) in a `pippin keygen` file
+    (PREFIX.pub or PREFIX.key): the first line that is not blank or a
+    '#' comment."""
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line and not line.startswith("#"):
+                if len(line) != 40:
+                    raise ValueError("%s: not a CURVE key (expected 40 characters of Z85 text)" % path)
+                return line
+    raise ValueError("%s: no key in the file" % path)
+
+
 class Client:
-    def __init__(self, endpoint, context=None):
+    """endpoint: the front (tcp:// or ipc://). For a service whose config has
+    security: (docs/serving.md "Security"), server_key is the front rank's
+    public key and public_key/secret_key this client's pair (Z85 strings,
+    read_key reads them from `pippin keygen` files); all three or none. A
+    front that refuses the key never answers: waits raise TimeoutError."""
+
+    def __init__(self, endpoint, server_key=None, public_key=None, secret_key=None, context=None):
         if not endpoint.startswith(("tcp://", "ipc://")):
             raise ValueError("'%s' is not a tcp:// or ipc:// endpoint" % endpoint)
+        keys = (server_key, public_key, secret_key)
+        if any(k is not None for k in keys) and not all(k is not None for k in keys):
+            raise ValueError("CURVE needs server_key, public_key and secret_key (all three)")
         self.endpoint = endpoint
+        self._curve = server_key is not None
         self._ctx = context or zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        if self._curve:
+            if not zmq.has("curve"):
+                raise RuntimeError("CURVE requested but this libzmq lacks it")
+            self._sock.curve_serverkey = server_key.encode() if isinstance(server_key, str) else server_key
+            self._sock.curve_publickey = public_key.encode() if isinstance(public_key, str) else public_key
+            self._sock.curve_secretkey = secret_key.encode() if isinstance(secret_key, str) else secret_key
         self._sock.connect(endpoint)
         self._ids = itertools.count((int(time.time() * 1e6) ^ os.getpid() << 40) & ((1 << 63) - 1) or 1)
         self._kept = {}
@@ -212,7 +242,10 @@ class Client:
             left = deadline - time.monotonic()
             if left <= 0 or not self._sock.poll(int(left * 1000) + 1):
                 if time.monotonic() >= deadline:
-                    raise TimeoutError("no response from %s within %d ms" % (self.endpoint, timeout_ms))
+                    raise TimeoutError("no response from %s within %d ms%s" % (
+                        self.endpoint, timeout_ms,
+                        " (CURVE: a front that refuses this client's key, or whose key is not server_key,"
+                        " never answers)" if self._curve else ""))
                 continue
             r = Response(self._sock.recv())
             if r.id in self._cancelled:

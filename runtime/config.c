@@ -362,13 +362,17 @@ static pp_status parse_text(const cx *x, const yaml_node_t *m) {
     return PP_OK;
 }
 
-static pp_status parse_serve(const cx *x, const yaml_node_t *m) {
+/* *client_keys: the serve.client_keys node, or NULL (checked against
+ * security: once that is read). */
+static pp_status parse_serve(const cx *x, const yaml_node_t *m, yaml_node_t **client_keys) {
     static const char *const keys[] = {"endpoint",     "max_batch",       "max_wait_us",       "max_queue",
                                        "max_inflight", "max_request_bytes", "max_sessions",    "session_idle_ms",
-                                       "session_max_bytes", "state",       "vocab",             "context"};
-    yaml_node_t *v[12];
+                                       "session_max_bytes", "state",       "vocab",             "context",
+                                       "client_keys"};
+    yaml_node_t *v[13];
     pp_config *c = x->c;
-    PP_TRY(match_keys(x, m, "serve", keys, 12, v));
+    PP_TRY(match_keys(x, m, "serve", keys, 13, v));
+    *client_keys = v[12];
     if (!given(v[0])) return v[0] ? type_err(x, v[0], "serve.endpoint", "an endpoint")
                                   : err_at(x, PP_ERR_PARSE, m, "missing key 'serve.endpoint'");
     PP_TRY(get_str(x, v[0], "serve.endpoint", &c->serve_endpoint));
@@ -388,6 +392,11 @@ static pp_status parse_serve(const cx *x, const yaml_node_t *m) {
     if (given(v[9])) PP_TRY(get_entries(x, v[9], "serve.state", &c->serve_state, &c->n_serve_state, str_value));
     if (given(v[10])) PP_TRY(get_path(x, v[10], "serve.vocab", &c->serve_vocab));
     if (given(v[11])) PP_TRY(get_int32(x, v[11], "serve.context", 0, INT_MAX, &c->serve_context));
+    if (v[12]) {
+        if (!given(v[12])) return type_err(x, v[12], "serve.client_keys", "a list of paths");
+        PP_TRY(get_str_list(x, v[12], "serve.client_keys", 1, CFG_MAX_ITEMS, &c->serve_client_keys,
+                            &c->n_serve_client_keys));
+    }
     return PP_OK;
 }
 
@@ -568,7 +577,8 @@ static pp_status parse_top(const cx *x, const yaml_node_t *root) {
     if (given(v[K_SCHEDULE])) PP_TRY(parse_schedule(x, v[K_SCHEDULE]));
     if (given(v[K_MICROBATCHES]))
         PP_TRY(get_int32(x, v[K_MICROBATCHES], "microbatches", 1, PP_SCHED_MAX_MB, &c->microbatches));
-    if (c->serving && given(v[K_SERVE])) PP_TRY(parse_serve(x, v[K_SERVE]));
+    yaml_node_t *client_keys = NULL;
+    if (c->serving && given(v[K_SERVE])) PP_TRY(parse_serve(x, v[K_SERVE], &client_keys));
     else if (c->serving)
         return err_at(x, PP_ERR_PARSE, v[K_SERVE] ? v[K_SERVE] : root, "mode serve needs a 'serve:' section with an endpoint");
     else if (given(v[K_SERVE]))
@@ -630,8 +640,16 @@ static pp_status parse_top(const cx *x, const yaml_node_t *root) {
     if (given(v[K_RUN_ID])) PP_TRY(parse_run_id(x, v[K_RUN_ID]));
     if (given(v[K_INSECURE])) PP_TRY(get_bool(x, v[K_INSECURE], "insecure", &c->insecure));
     PP_TRY(check_protected(x, v[K_RANKS], v[K_BIND]));
-    /* the front has no client authentication yet: CURVE keys for the ranks do not cover it */
-    if (c->serving && !c->insecure) PP_TRY(check_endpoint(x, v[K_SERVE], "serve.endpoint", c->serve_endpoint));
+    /* With security: the front is a CURVE server admitting serve.client_keys
+     * only; without it, the front is plaintext (protected mode applies). */
+    if (c->serving && client_keys && c->n_secret_keys == 0)
+        return err_at(x, PP_ERR_INVALID, client_keys,
+                      "key 'serve.client_keys': needs 'security:' (the front uses its rank's CURVE key pair)");
+    if (c->serving && c->n_secret_keys > 0 && c->n_serve_client_keys == 0)
+        return err_at(x, PP_ERR_INVALID, client_keys ? client_keys : v[K_SERVE],
+                      "serve.client_keys: needed with security: the clients the front admits");
+    if (c->serving && !c->insecure && c->n_secret_keys == 0)
+        PP_TRY(check_endpoint(x, v[K_SERVE], "serve.endpoint", c->serve_endpoint));
     return PP_OK;
 }
 
@@ -715,6 +733,8 @@ void pp_config_free(pp_config *c) {
     free(c->text_vocab);
     free(c->serve_endpoint);
     free(c->serve_vocab);
+    for (int i = 0; c->serve_client_keys && i < c->n_serve_client_keys; i++) free(c->serve_client_keys[i]);
+    free(c->serve_client_keys);
     free(c->params);
     for (int i = 0; c->serve_state && i < c->n_serve_state; i++) {
         free(c->serve_state[i].key);

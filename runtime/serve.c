@@ -945,13 +945,15 @@ static void fail_all(serve *s, int code, const char *why) {
     s->n_pending = 0;
 }
 
+static pp_status peers_alive(const serve *s);
+
 static pp_status front_rank(serve *s) {
     const pp_serve_ctx *x = s->x;
     pp_status st = PP_OK;
     job **picked = malloc(sizeof *picked * (size_t)(s->c->serve_max_queue + 1));
     if (!picked) return pp_error(PP_ERR_NOMEM, "out of memory");
     pp_info("serve: rank %d answers requests at %s", x->rank, s->c->serve_endpoint);
-    double log_at = now_ms() + STATS_LOG_MS;
+    double log_at = now_ms() + STATS_LOG_MS, check_at = 0;
     while (!atomic_load(x->stop) && st == PP_OK) {
         if (now_ms() >= log_at) { /* the periodic stats line */
             char *json = pp_serve_front_stats(s->f);
@@ -980,6 +982,11 @@ static pp_status front_rank(serve *s) {
         }
         if (s->n_graves) sweep_graves(s);
         if (progressed || st != PP_OK) continue;
+        if (now >= check_at) { /* an idle pipeline notices a lost rank too: degraded at once */
+            check_at = now + 200;
+            if ((st = pp_transport_poll(x->t, 0)) == PP_OK) st = peers_alive(s);
+            if (st != PP_OK) continue;
+        }
         if (s->n_inflight) {
             st = pp_transport_poll(x->t, 1); /* outputs on their way */
         } else {
@@ -1017,10 +1024,24 @@ static pp_status front_rank(serve *s) {
         take_jobs(s);
         fail_all(s, PP_SERVE_UNAVAILABLE, why);
     }
-    /* the other ranks end after the batch they wait for: a header saying so */
-    (void)send_headers(s, s->next_b, 1, 0, NULL, NULL, 0, 0);
+    /* the other ranks end after the batch they wait for: a header saying so
+     * (after a failure they rejoin instead, told by the worker's abort) */
+    if (st == PP_OK) (void)send_headers(s, s->next_b, 1, 0, NULL, NULL, 0, 0);
     free(picked);
     return st;
+}
+
+/* PP_ERR_PEER naming the first rank that died, went silent or closed (the
+ * worker then rejoins, when rejoin is on); else PP_OK. */
+static pp_status peers_alive(const serve *s) {
+    for (int r = 0; r < s->x->sched->nranks; r++) {
+        if (r == s->x->rank) continue;
+        pp_peer_state ps = pp_transport_peer_state(s->x->t, r);
+        if (ps == PP_PEER_DOWN || ps == PP_PEER_CLOSED || ps == PP_PEER_REJECTED)
+            return pp_error(PP_ERR_PEER, "serve: rank %d (stage %d) is %s", r, s->first_stage[r],
+                            pp_peer_state_name(ps));
+    }
+    return PP_OK;
 }
 
 /* ---- the other ranks ---- */
@@ -1037,6 +1058,10 @@ static pp_status stage_rank(serve *s) {
         pp_tensor *hdr = NULL;
         pp_transport_key k = {PP_MSG_ACTIVATION, b, SERVE_MB, fr, me, BATCH_NAME};
         while ((st = pp_transport_recv(x->t, &k, 200, &hdr)) == PP_ERR_TIMEOUT && !atomic_load(x->stop)) {
+            if ((st = peers_alive(s)) == PP_OK) continue;
+            /* a header sent before the peer went (the last one, at a shutdown) still counts */
+            if (pp_transport_recv(x->t, &k, 500, &hdr) == PP_OK) st = PP_OK;
+            break;
         }
         if (st == PP_ERR_TIMEOUT) { /* stopped while idle */
             st = PP_OK;
@@ -1148,7 +1173,9 @@ static pp_status open_state(serve *s) {
     }
     for (int o = 0; o < p->n_outputs; o++)
         if (strcmp(p->outputs[o], "logits") == 0) s->logits_out = o;
-    if (s->n_pairs) pp_info("serve: rank %d: %d state input%s kept per session", s->x->rank, s->n_pairs, s->n_pairs == 1 ? "" : "s");
+    int mine = 0;
+    for (int k = 0; k < s->n_pairs; k++) mine += s->pairs[k].rank == s->x->rank;
+    if (mine) pp_info("serve: rank %d: %d state input%s kept per session", s->x->rank, mine, mine == 1 ? "" : "s");
     if (!s->c->serve_vocab) return PP_OK;
     PP_TRY(pp_text_vocab(s->c->serve_vocab, s->vocab));
     for (int c = 0; c < 256; c++)

@@ -464,8 +464,9 @@ static pp_status rejoin(pp_worker *w, const char *why) {
     if (!w->rejoin_deadline) {
         w->rejoin_deadline = now_ms() + w->rejoin_ms;
         w->failed_step = w->next_step;
-        pp_warn("rank %d: %s; rolling back to the newest committed checkpoint, waiting up to %d ms for every rank",
-                w->rank, why, w->rejoin_ms);
+        pp_warn("rank %d: %s; %s, waiting up to %d ms for every rank", w->rank, why,
+                w->c->serving ? "serving again once they are back" : "rolling back to the newest committed checkpoint",
+                w->rejoin_ms);
     } else {
         pp_info("rank %d: rejoining again: %s", w->rank, why);
     }

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "client_keys.h"
 #include "commands.h"
 #include "pippin/client.h"
 #include "pippin/npy.h"
@@ -16,6 +17,7 @@ static void generate_usage(FILE *f) {
     fprintf(f, "usage: pippin generate ENDPOINT (--prompt TEXT | --tokens FILE.npy) [--max-tokens N]\n"
                "                       [--temperature T] [--top-k K] [--seed S] [--stop TOKEN]...\n"
                "                       [--session ID] [--timeout-ms T] [--tokens-out]\n"
+               "                       [--server-key FILE.pub --key PREFIX]\n"
                "Asks a serving pipeline to continue a prompt (text in the service's serve.vocab,\n"
                "or int64 tokens [1, T]) and prints what it produces as it arrives: the text when\n"
                "the service has a vocabulary, else (or with --tokens-out) one token id per line.\n"
@@ -23,8 +25,10 @@ static void generate_usage(FILE *f) {
                "reproducibly for a --seed). --stop ends at a token (printed). --max-tokens\n"
                "defaults to 16. With --session the model's state stays on its stages, so the\n"
                "next generate on that session continues the conversation. --timeout-ms (default\n"
-               "10000) bounds each token. Exit status: 0 on success; 1 with the service's\n"
-               "error; 2 for a usage error.\n");
+               "10000) bounds each token. --server-key (the front rank's .pub) and --key (this\n"
+               "client's PREFIX.key and PREFIX.pub from pippin keygen) talk CURVE to a service\n"
+               "whose config has security: (the client's .pub in its serve.client_keys).\n"
+               "Exit status: 0 on success; 1 with the service's error; 2 for a usage error.\n");
 }
 
 static int number(const char *opt, const char *s, double lo, double hi, double *out) {
@@ -48,9 +52,11 @@ int cmd_generate(int argc, char **argv) {
                                          {"session", required_argument, NULL, 's'},
                                          {"timeout-ms", required_argument, NULL, 't'},
                                          {"tokens-out", no_argument, NULL, 'o'},
+                                         {"server-key", required_argument, NULL, 'V'},
+                                         {"key", required_argument, NULL, 'y'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
-    const char *prompt = NULL, *tokens_file = NULL;
+    const char *prompt = NULL, *tokens_file = NULL, *server_key = NULL, *key = NULL;
     int64_t stop[MAX_STOP];
     pp_generate_options g;
     pp_generate_options_init(&g);
@@ -86,6 +92,8 @@ int cmd_generate(int argc, char **argv) {
             if (number("--timeout-ms", optarg, 1, 3600000, &timeout)) return 2;
             break;
         case 'o': ids_out = 1; break;
+        case 'V': server_key = optarg; break;
+        case 'y': key = optarg; break;
         case 'h': generate_usage(stdout); return 0;
         default: generate_usage(stderr); return 2;
         }
@@ -96,11 +104,19 @@ int cmd_generate(int argc, char **argv) {
     }
     g.stop = stop;
     g.timeout_ms = (uint32_t)timeout;
+    pp_client_options co;
+    pp_client_options_init(&co);
+    pp_cli_keys keys;
+    int krc = pp_cli_read_keys("generate", server_key, key, &keys, &co);
+    if (krc) {
+        if (krc == 2) generate_usage(stderr);
+        return krc;
+    }
     pp_tensor *toks = NULL;
     if (tokens_file && pp_npy_load(tokens_file, &toks) != PP_OK) return pp_cli_fail("generate");
     pp_client *cl = NULL;
     uint64_t id = 0;
-    pp_status s = pp_client_connect(argv[optind], NULL, &cl);
+    pp_status s = pp_client_connect(argv[optind], &co, &cl);
     if (s == PP_OK) s = pp_client_submit_generate(cl, toks, prompt, &g, &id);
     int rc = 0, more = 1;
     while (s == PP_OK && more && rc == 0) {
@@ -124,5 +140,6 @@ int cmd_generate(int argc, char **argv) {
     else if (rc == 0 && prompt && !ids_out) printf("\n");
     pp_client_close(cl);
     pp_tensor_free(toks);
+    memset(&keys, 0, sizeof keys);
     return rc;
 }

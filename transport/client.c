@@ -5,6 +5,8 @@
 
 #include <stdlib.h>
 #include <string.h>
+
+#include "pippin/transport.h"
 #include <time.h>
 #include <zmq.h>
 
@@ -19,6 +21,7 @@ struct pp_client {
     char endpoint[256];
     uint64_t next_id;
     size_t max_response;
+    int curve; /* a CURVE client: a refused key looks like silence */
     pp_response **kept; /* arrived, not yet waited for */
     size_t n_kept;
     uint64_t *cancelled;
@@ -31,6 +34,26 @@ static int64_t now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Makes the DEALER a CURVE client when o gives the keys. */
+static pp_status curve_options(pp_client *c, const pp_client_options *o) {
+    if (!o || (!o->server_key && !o->public_key && !o->secret_key)) return PP_OK;
+    if (!o->server_key || !o->public_key || !o->secret_key)
+        return pp_error(PP_ERR_INVALID, "client: CURVE needs server_key, public_key and secret_key (all three)");
+    const char *names[3] = {"server_key", "public_key", "secret_key"};
+    const char *keys[3] = {o->server_key, o->public_key, o->secret_key};
+    for (int i = 0; i < 3; i++)
+        if (!pp_curve_key_valid(keys[i]))
+            return pp_error(PP_ERR_INVALID, "client: %s is not a CURVE key (40 characters of Z85)", names[i]);
+    if (!zmq_has("curve")) return pp_error(PP_ERR_UNSUPPORTED, "client: CURVE requested but libzmq lacks it");
+    if (!c->sock) return PP_OK; /* reported by the caller */
+    if (zmq_setsockopt(c->sock, ZMQ_CURVE_SERVERKEY, o->server_key, PP_CURVE_KEY_CHARS) != 0 ||
+        zmq_setsockopt(c->sock, ZMQ_CURVE_PUBLICKEY, o->public_key, PP_CURVE_KEY_CHARS) != 0 ||
+        zmq_setsockopt(c->sock, ZMQ_CURVE_SECRETKEY, o->secret_key, PP_CURVE_KEY_CHARS) != 0)
+        return pp_error(PP_ERR_IO, "client: CURVE options: %s", zmq_strerror(zmq_errno()));
+    c->curve = 1;
+    return PP_OK;
 }
 
 pp_status pp_client_connect(const char *endpoint, const pp_client_options *o, pp_client **out) {
@@ -49,6 +72,11 @@ pp_status pp_client_connect(const char *endpoint, const pp_client_options *o, pp
     c->sock = c->ctx ? zmq_socket(c->ctx, ZMQ_DEALER) : NULL;
     int zero = 0;
     int64_t max = (int64_t)c->max_response + 4096;
+    pp_status ks = curve_options(c, o);
+    if (ks != PP_OK) {
+        pp_client_close(c);
+        return ks;
+    }
     if (!c->sock || zmq_setsockopt(c->sock, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
         zmq_setsockopt(c->sock, ZMQ_MAXMSGSIZE, &max, sizeof max) != 0 || zmq_connect(c->sock, endpoint) != 0) {
         pp_status s = pp_error(PP_ERR_IO, "client: cannot connect to %s: %s", endpoint, zmq_strerror(zmq_errno()));
@@ -206,8 +234,11 @@ pp_status pp_client_wait(pp_client *c, uint64_t id, int timeout_ms, pp_response 
             return pp_error(PP_ERR_IO, "client: waiting on %s: %s", c->endpoint, zmq_strerror(zmq_errno()));
         if (rc <= 0) {
             if (now_ms() >= deadline)
-                return pp_error(PP_ERR_TIMEOUT, "client: no response from %s within %d ms%s", c->endpoint, timeout_ms,
-                                id ? "" : " (to any request)");
+                return pp_error(PP_ERR_TIMEOUT, "client: no response from %s within %d ms%s%s", c->endpoint,
+                                timeout_ms, id ? "" : " (to any request)",
+                                c->curve ? " (CURVE: a front that refuses this client's key, or whose key is not "
+                                           "server_key, never answers)"
+                                         : "");
             continue;
         }
         zmq_msg_t m;

@@ -59,6 +59,17 @@ PP_API void pp_response_free(pp_response *r);
 
 typedef struct pp_client_options {
     int64_t max_response_bytes; /* larger responses are refused; 0: 1 GiB */
+    /* CURVE, for a front whose config has security: (docs/serving.md
+     * "Security"): each a 40-character Z85 key, as in the files of `pippin
+     * keygen` (pp_curve_read_key in pippin/transport.h reads one). server_key
+     * is the front rank's public key (its .pub); public_key/secret_key are
+     * this client's own pair, whose public key must be in the service's
+     * serve.client_keys. All three or none (NULL: plaintext). A front that
+     * refuses the key (or a plaintext client of a CURVE front) never answers:
+     * the wait ends with PP_ERR_TIMEOUT. */
+    const char *server_key;
+    const char *public_key;
+    const char *secret_key;
 } pp_client_options;
 
 PP_API void pp_client_options_init(pp_client_options *o);

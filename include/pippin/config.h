@@ -35,7 +35,8 @@
  *   insecure: false                        # true: allow non-loopback tcp without security:
  *   rejoin_timeout_ms: 60000               # optional: wait for a failed rank to come back
  *   serve: {endpoint: tcp://127.0.0.1:5600, max_batch: 8, max_wait_us: 500,   # mode serve
- *           max_queue: 256, max_inflight: 0, max_request_bytes: 67108864}
+ *           max_queue: 256, max_inflight: 0, max_request_bytes: 67108864,
+ *           client_keys: [keys/client.pub]}   # with security: only: the clients the front admits (CURVE)
  *
  * Without `security:`, a tcp endpoint in ranks or bind that is not loopback
  * (127.0.0.0/8, ::1, localhost; wildcards 0.0.0.0, * and :: are not) is
@@ -120,6 +121,9 @@ typedef struct pp_config {
     pp_config_entry *serve_state;    /* serve.state: output -> input it feeds next time; none: present.X -> past_key_values.X */
     char *serve_vocab;               /* serve.vocab: vocab.json for text prompts (resolved); NULL: tokens only */
     int serve_context;               /* serve.context: tokens a stateless model sees when generating; 0: all */
+    int n_serve_client_keys;
+    char **serve_client_keys;        /* serve.client_keys: public key files (resolved) of the clients the front
+                                      * admits; required with security:, refused without it */
     char *params;                    /* params: a directory of <name>.npy that replace the model's initializers */
 } pp_config;
 

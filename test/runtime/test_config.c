@@ -467,6 +467,24 @@ static void test_serve(void **state) {
     expect_err(text, PP_ERR_INVALID, 4, "serve.endpoint", "insecure");
     snprintf(text, sizeof text, "%sserve: {endpoint: 'tcp://10.0.0.1:5600'}\ninsecure: true\n", base);
     pp_config_free(parse_ok(text, "/a"));
+
+    /* CURVE on the front: serve.client_keys with security:, and only then */
+    const char *sec = "security: {secret_keys: [r0.key, r1.key], public_keys: [r0.pub, r1.pub]}\n";
+    snprintf(text, sizeof text, "%sserve: {endpoint: 'tcp://10.0.0.1:5600', client_keys: [c/a.pub, /k/b.pub]}\n%s",
+             base, sec);
+    c = parse_ok(text, "/a"); /* not loopback: fine with security */
+    assert_int_equal(c->n_serve_client_keys, 2);
+    assert_string_equal(c->serve_client_keys[0], "/a/c/a.pub"); /* resolved like other paths */
+    assert_string_equal(c->serve_client_keys[1], "/k/b.pub");
+    pp_config_free(c);
+    snprintf(text, sizeof text, "%sserve: {endpoint: ipc:///f, client_keys: [a.pub]}\n", base);
+    expect_err(text, PP_ERR_INVALID, 4, "key 'serve.client_keys'", "needs 'security:'");
+    snprintf(text, sizeof text, "%sserve: {endpoint: ipc:///f}\n%s", base, sec);
+    expect_err(text, PP_ERR_INVALID, 4, "serve.client_keys: needed with security: the clients the front admits", NULL);
+    snprintf(text, sizeof text, "%sserve:\n  endpoint: ipc:///f\n  client_keys: []\n%s", base, sec);
+    expect_err(text, PP_ERR_INVALID, 6, "serve.client_keys: needed with security", NULL);
+    snprintf(text, sizeof text, "%sserve: {endpoint: ipc:///f, client_keys: a.pub}\n%s", base, sec);
+    expect_err(text, PP_ERR_PARSE, 4, "serve.client_keys", "a list");
 }
 
 static void test_checkpoint_run_id(void **state) {
