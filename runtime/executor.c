@@ -49,6 +49,8 @@ void pp_executor_free(pp_executor *ex) {
 
 void pp_executor_set_timeout(pp_executor *ex, int timeout_ms) { ex->timeout_ms = timeout_ms; }
 
+double pp_executor_compute_ms(const pp_executor *ex) { return ex->core.compute_ms; }
+
 void pp_executor_trace(pp_executor *ex, pp_trace *trace, double origin_ms) {
     ex->core.trace = trace;
     ex->core.trace_origin_ms = origin_ms;

@@ -23,6 +23,9 @@
  * front's own steps (which drop older steps' messages) never drop them. */
 #define SERVE_MB (1 << 29)
 #define ANSWER_STEP ((int64_t)1 << 40)
+#define STATS_STEP ((int64_t)1 << 41) /* + a rank's report number: its counters to the front */
+#define STATS_NAME "pippin:stats"
+#define STATS_EVERY_MS 500
 #define BATCH_NAME "pippin:batch"
 #define FAIL_NAME "pippin:fail"
 #define GRAVES 64 /* batches answered without all their outputs, drained a while */
@@ -95,6 +98,13 @@ typedef struct serve {
     int64_t next_handle;
     int64_t *drops;
     int n_drops, cap_drops;
+    /* per-rank counters: the front's next report number from each rank; a
+     * rank's own reports */
+    int64_t *stats_seq;
+    int64_t stats_sent;
+    int64_t rank_batches;
+    double stats_at;
+    int stats_dirty;
 } serve;
 
 static double now_ms(void) { return pp_monotonic_ms(); }
@@ -946,6 +956,7 @@ static void fail_all(serve *s, int code, const char *why) {
 }
 
 static pp_status peers_alive(const serve *s);
+static void take_stats(serve *s);
 
 static pp_status front_rank(serve *s) {
     const pp_serve_ctx *x = s->x;
@@ -953,7 +964,7 @@ static pp_status front_rank(serve *s) {
     job **picked = malloc(sizeof *picked * (size_t)(s->c->serve_max_queue + 1));
     if (!picked) return pp_error(PP_ERR_NOMEM, "out of memory");
     pp_info("serve: rank %d answers requests at %s", x->rank, s->c->serve_endpoint);
-    double log_at = now_ms() + STATS_LOG_MS, check_at = 0;
+    double log_at = now_ms() + STATS_LOG_MS, check_at = 0, stats_at = 0;
     while (!atomic_load(x->stop) && st == PP_OK) {
         if (now_ms() >= log_at) { /* the periodic stats line */
             char *json = pp_serve_front_stats(s->f);
@@ -981,6 +992,10 @@ static pp_status front_rank(serve *s) {
             progressed |= done;
         }
         if (s->n_graves) sweep_graves(s);
+        if (now >= stats_at) { /* the ranks' reports, busy or not */
+            stats_at = now + 200;
+            take_stats(s);
+        }
         if (progressed || st != PP_OK) continue;
         if (now >= check_at) { /* an idle pipeline notices a lost rank too: degraded at once */
             check_at = now + 200;
@@ -1031,6 +1046,53 @@ static pp_status front_rank(serve *s) {
     return st;
 }
 
+/* A stage rank's counters to the front, at most every STATS_EVERY_MS
+ * (force: now, when there is news); best effort. */
+static void report_stats(serve *s, int force) {
+    double now = now_ms();
+    if (!s->stats_dirty || (!force && now < s->stats_at)) return;
+    pp_tensor *t = NULL;
+    if (pp_tensor_new(PP_I64, 1, (int64_t[]){4}, &t) != PP_OK) return;
+    int64_t *v = t->data;
+    v[0] = (int64_t)(pp_executor_compute_ms(s->x->ex) * 1000), v[1] = s->rank_batches;
+    v[2] = pp_state_bytes(s->store), v[3] = pp_state_count(s->store);
+    pp_transport_key k = {PP_MSG_ACTIVATION, STATS_STEP + s->stats_sent, SERVE_MB + 2, s->first_stage[s->x->rank],
+                          s->first_stage[s->front], STATS_NAME};
+    if (pp_transport_send(s->x->t, &k, t) == PP_OK) s->stats_sent++;
+    pp_tensor_free(t);
+    s->stats_at = now + STATS_EVERY_MS;
+    s->stats_dirty = 0;
+}
+
+/* The front takes the ranks' reports that came, and notes its own. */
+static void take_stats(serve *s) {
+    struct pp_serve_rank_stats *rs = s->f->st.ranks;
+    for (int r = 0; r < s->x->sched->nranks && r < s->f->st.n_ranks; r++) {
+        if (r == s->front) continue;
+        pp_tensor *t = NULL;
+        for (;;) {
+            pp_transport_key k = {PP_MSG_ACTIVATION, STATS_STEP + s->stats_seq[r], SERVE_MB + 2, s->first_stage[r],
+                                  s->first_stage[s->front], STATS_NAME};
+            if (pp_transport_recv(s->x->t, &k, 0, &t) != PP_OK) break;
+            s->stats_seq[r]++;
+            if (t->dtype == PP_I64 && pp_tensor_numel(t) == 4) {
+                const int64_t *v = t->data;
+                atomic_store(&rs[r].compute_us, v[0]), atomic_store(&rs[r].batches, v[1]);
+                atomic_store(&rs[r].state_bytes, v[2]), atomic_store(&rs[r].sessions, v[3]);
+            }
+            pp_tensor_free(t);
+        }
+    }
+    if (s->front < s->f->st.n_ranks) {
+        atomic_store(&rs[s->front].compute_us, (long long)(pp_executor_compute_ms(s->x->ex) * 1000));
+        atomic_store(&rs[s->front].batches, atomic_load(&s->f->st.batches));
+        atomic_store(&rs[s->front].state_bytes, pp_state_bytes(s->store));
+        atomic_store(&rs[s->front].sessions, pp_state_count(s->store));
+    }
+    atomic_store(&s->f->st.pending, s->n_pending);
+    atomic_store(&s->f->st.inflight, s->n_inflight);
+}
+
 /* PP_ERR_PEER naming the first rank that died, went silent or closed (the
  * worker then rejoins, when rejoin is on); else PP_OK. */
 static pp_status peers_alive(const serve *s) {
@@ -1058,6 +1120,7 @@ static pp_status stage_rank(serve *s) {
         pp_tensor *hdr = NULL;
         pp_transport_key k = {PP_MSG_ACTIVATION, b, SERVE_MB, fr, me, BATCH_NAME};
         while ((st = pp_transport_recv(x->t, &k, 200, &hdr)) == PP_ERR_TIMEOUT && !atomic_load(x->stop)) {
+            report_stats(s, 1);
             if ((st = peers_alive(s)) == PP_OK) continue;
             /* a header sent before the peer went (the last one, at a shutdown) still counts */
             if (pp_transport_recv(x->t, &k, 500, &hdr) == PP_OK) st = PP_OK;
@@ -1095,6 +1158,8 @@ static pp_status stage_rank(serve *s) {
             if (state[k]) names[n] = p->edges[s->in_edge[s->pairs[k].in]].value, ins[n++] = state[k];
         if (ran == PP_OK) ran = pp_executor_step(x->ex, b, 1, n, names, ins, outs);
         if (ran == PP_OK) pp_state_keep(s->store, session, outs);
+        s->rank_batches++;
+        s->stats_dirty = 1;
         for (int i = 0; i < n; i++) pp_tensor_free(ins[i]), ins[i] = NULL;
         if (ran == PP_ERR_PEER && pp_transport_abort_reason(x->t, NULL)) {
             st = ran;
@@ -1121,6 +1186,7 @@ static pp_status stage_rank(serve *s) {
                 pp_tensor_free(f);
             }
         }
+        if (st == PP_OK) report_stats(s, 0);
     }
     free(names);
     free(ins);
@@ -1148,6 +1214,7 @@ static void serve_free(serve *s) {
     }
     free(s->sessions);
     free(s->drops);
+    free(s->stats_seq);
 }
 
 /* The model's state pairs and this rank's store; the generation's token
@@ -1211,6 +1278,8 @@ pp_status pp_serve_run(const pp_serve_ctx *x) {
         return st;
     }
     if (st == PP_OK && !s.f) st = pp_error(PP_ERR_STATE, "serve: rank %d holds stage 0 but has no front endpoint", x->rank);
+    if (st == PP_OK && !(s.stats_seq = calloc((size_t)x->sched->nranks + 1, sizeof *s.stats_seq)))
+        st = pp_error(PP_ERR_NOMEM, "out of memory");
     if (st == PP_OK) {
         pp_serve_front_set_state(s.f, PP_FRONT_SERVING, NULL);
         st = front_rank(&s);

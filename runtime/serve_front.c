@@ -58,7 +58,7 @@ char *pp_serve_front_stats(pp_serve_front *f) {
     for (size_t i = 0, k = 0; f->why[i] && k < sizeof why - 2; i++) /* as a JSON string */
         if (f->why[i] != '"' && f->why[i] != '\\' && (unsigned char)f->why[i] >= 0x20) why[k++] = f->why[i];
     pthread_mutex_unlock(&f->lock);
-    size_t cap = 1536;
+    size_t cap = 1536 + (size_t)st->n_ranks * 160;
     char *out = malloc(cap);
     if (!out) return NULL;
     long long batches = atomic_load(&st->batches);
@@ -67,15 +67,26 @@ char *pp_serve_front_stats(pp_serve_front *f) {
              "\"busy\": %lld, \"timeout\": %lld, \"failed\": %lld, \"unavailable\": %lld, \"in_system\": %d, "
              "\"batches\": %lld, \"mean_batch_rows\": %.2f, \"tokens\": %lld, \"sessions\": %d, "
              "\"sessions_lost\": %lld, \"rejoins\": %lld, \"front_state_bytes\": %lld, \"front_busy_ms\": %.1f, "
-             "\"latency_ms_p50\": %.3f, \"latency_ms_p99\": %.3f}",
+             "\"pending\": %d, \"inflight\": %d, \"latency_ms_p50\": %.3f, \"latency_ms_p99\": %.3f, \"ranks\": [",
              state_name(atomic_load(&f->state)), why, (long long)atomic_load(&st->requests),
              (long long)atomic_load(&st->ok), (long long)atomic_load(&st->bad), (long long)atomic_load(&st->busy),
              (long long)atomic_load(&st->timeouts), (long long)atomic_load(&st->failed),
              (long long)atomic_load(&st->unavailable), atomic_load(&st->in_system), batches,
              batches ? (double)atomic_load(&st->batch_rows) / (double)batches : 0.0, (long long)atomic_load(&st->tokens),
              atomic_load(&st->sessions), (long long)atomic_load(&st->lost), (long long)atomic_load(&st->rejoins),
-             (long long)atomic_load(&st->state_bytes), (double)atomic_load(&st->busy_us) / 1000.0, n ? lat[n / 2] : 0.0,
+             (long long)atomic_load(&st->state_bytes), (double)atomic_load(&st->busy_us) / 1000.0,
+             atomic_load(&st->pending), atomic_load(&st->inflight), n ? lat[n / 2] : 0.0,
              n ? lat[(n * 99) / 100 < n ? (n * 99) / 100 : n - 1] : 0.0);
+    for (int r = 0; r < st->n_ranks; r++) { /* each stage's work, as its rank last said */
+        size_t len = strlen(out);
+        snprintf(out + len, cap - len,
+                 "%s{\"rank\": %d, \"compute_ms\": %.1f, \"batches\": %lld, \"state_bytes\": %lld, \"sessions\": %lld}",
+                 r ? ", " : "", r, (double)atomic_load(&st->ranks[r].compute_us) / 1000.0,
+                 (long long)atomic_load(&st->ranks[r].batches), (long long)atomic_load(&st->ranks[r].state_bytes),
+                 (long long)atomic_load(&st->ranks[r].sessions));
+    }
+    size_t len = strlen(out);
+    snprintf(out + len, cap - len, "]}");
     return out;
 }
 
@@ -213,6 +224,14 @@ pp_status pp_serve_front_open(const pp_config *c, int rank, pp_serve_front **out
     f->c = c;
     pthread_mutex_init(&f->lock, NULL);
     pthread_mutex_init(&f->st.lock, NULL);
+    f->st.n_ranks = c->n_ranks;
+    f->st.ranks = calloc((size_t)c->n_ranks + 1, sizeof *f->st.ranks);
+    if (!f->st.ranks) {
+        pthread_mutex_destroy(&f->lock);
+        pthread_mutex_destroy(&f->st.lock);
+        free(f);
+        return pp_error(PP_ERR_NOMEM, "out of memory");
+    }
     atomic_store(&f->state, PP_FRONT_DEGRADED);
     snprintf(f->why, sizeof f->why, "the service is starting");
     pp_status s = PP_OK;
@@ -286,5 +305,6 @@ void pp_serve_front_close(pp_serve_front *f) {
     pthread_mutex_destroy(&f->lock);
     pthread_mutex_destroy(&f->st.lock);
     for (int i = 0; i < 256; i++) free(f->lost[i].name), free(f->lost[i].why);
+    free(f->st.ranks);
     free(f);
 }

@@ -46,6 +46,11 @@ typedef struct pp_serve_stats {
     atomic_int in_system; /* accepted and not yet answered */
     atomic_int sessions;
     atomic_llong state_bytes, busy_us; /* the front rank's: session state kept; time in its stages */
+    atomic_int pending, inflight;      /* requests waiting for the pipeline; batches in it */
+    int n_ranks;
+    struct pp_serve_rank_stats {       /* per rank, as it last reported (serve.c) */
+        atomic_llong compute_us, batches, state_bytes, sessions;
+    } *ranks;
     pthread_mutex_t lock;
     double latency[PP_SERVE_LATENCIES];
     long n_latency;

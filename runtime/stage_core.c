@@ -252,7 +252,9 @@ static pp_status run_forward(pp_core *c, const pp_route *r, int s, int mb) {
         if (p->edges[e].producer < 0) ins[i] = pp_tensor_retain(c->chunks[e * m + mb]);
         else status = r->recv_act(r->ctx, e, mb, s, &ins[i]);
     }
+    double t0 = pp_monotonic_ms();
     if (status == PP_OK) status = pp_stage_forward(st, mb, ins, outs);
+    c->compute_ms += pp_monotonic_ms() - t0;
     if (status == PP_OK) c->done_f[s * m + mb] = 1;
     for (int o = 0; o < no && status == PP_OK; o++) {
         int e = l->out_edge[o];
@@ -294,7 +296,9 @@ static pp_status run_backward_input(pp_core *c, const pp_route *r, int s, int mb
         for (int j = 0; parts && j < e->n_consumers; j++) pp_tensor_free(parts[j]);
         free(parts);
     }
+    double t0 = pp_monotonic_ms();
     if (status == PP_OK) status = pp_stage_backward_input(st, mb, gout, gin);
+    c->compute_ms += pp_monotonic_ms() - t0;
     if (status == PP_OK) c->done_i[s * c->m + mb] = 1;
     for (int k = 0; k < nw && status == PP_OK; k++) {
         int e = c->links[s].gin_edge[k];
@@ -313,7 +317,10 @@ static pp_status run_weight(pp_core *c, int s, int mb, int *ran) {
     if (c->done_w[i]) return pp_error(PP_ERR_STATE, "stage %d: weight gradient of microbatch %d scheduled twice", s, mb);
     *ran = 1;
     c->done_w[i] = 1;
-    return pp_stage_backward_weight(c->stages[s], mb);
+    double t0 = pp_monotonic_ms();
+    pp_status st = pp_stage_backward_weight(c->stages[s], mb);
+    c->compute_ms += pp_monotonic_ms() - t0;
+    return st;
 }
 
 static pp_status run_compute(pp_core *c, const pp_route *r, const pp_action *a, int *ran) {

@@ -59,6 +59,7 @@ typedef struct pp_core {
     int *local;         /* indices of this core's stages, ascending */
     pp_trace *trace;    /* NULL: not recording */
     double trace_origin_ms;
+    double compute_ms;    /* time in the stages' kernels (forward, backward), for serving's stats */
     /* The step in progress (pp_core_step_begin .. pp_core_step_end). */
     int64_t step;
     int m;

@@ -66,6 +66,10 @@ PP_API pp_stage *pp_executor_stage(pp_executor *ex, int i);
 struct pp_trace;
 PP_API void pp_executor_trace(pp_executor *ex, struct pp_trace *trace, double origin_ms);
 
+/* Milliseconds this rank's stages have spent in their kernels (forward and
+ * backward; not waiting for inputs) since the executor was made. */
+PP_API double pp_executor_compute_ms(const pp_executor *ex);
+
 PP_API void pp_executor_zero_grad(pp_executor *ex);
 /* One optimizer per local stage. */
 PP_API pp_status pp_executor_set_optimizer(pp_executor *ex, const pp_optim_config *c);

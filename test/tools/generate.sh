@@ -131,13 +131,17 @@ try:
     raise AssertionError("a character outside the vocabulary was taken")
 except ServeError as e:
     assert e.kind == "bad request" and "not in serve.vocab" in str(e), str(e)
+import time
+time.sleep(0.5)  # the ranks report their counters when idle
 stats = c.stats()
 assert stats["tokens"] > 50 and stats["sessions"] >= 1, stats
+ranks = stats["ranks"]
+assert [r["rank"] for r in ranks] == [0, 1, 2] and all(r["batches"] > 20 and r["compute_ms"] > 0 for r in ranks), ranks
 print("ok")
 PYEOF
 )
 [ "$res" = ok ]
-ok $? "Python client: a continued session equals one generation; session requests give one request's logits; end_session; seeded sampling; stop token; streaming; cancel; bad requests named${res#ok}"
+ok $? "Python client: a continued session equals one generation; session requests give one request's logits; end_session; seeded sampling; stop token; streaming; cancel; bad requests named; per-rank stats${res#ok}"
 
 # sessions end; the next request is told once, then starts afresh
 lost() { # DESC NEEDLE SESSION

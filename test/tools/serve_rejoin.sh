@@ -55,7 +55,7 @@ ok $? "serving; a session is open: $(cat "$tmp/req.err")"
 first0=$pid0 first1=$pid1
 
 pkill -9 -f "worker $tmp/s.yaml --rank 2" # the worker itself, not its timeout wrapper
-wait $pid2 2>/dev/null
+for _ in $(seq 1 50); do kill -0 "$pid2" 2>/dev/null || break; sleep 0.1; done
 wait_state degraded
 rc=$?
 why=$(state | $PY -c 'import json, sys; print(json.load(sys.stdin)["why"])' 2>/dev/null)
