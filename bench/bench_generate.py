@@ -8,9 +8,7 @@ test/fixtures/gen_fixtures.py's GPT in mode "cache" (d 256, 8 heads, 4
 layers, block 256, vocab 58, random weights from a fixed seed; cached under
 --cache). Each is served by `pippin run` (mode: serve, one worker process per
 stage, one BLAS thread each) as 4 ranks (its PipeSplit markers) and as 2
-ranks (the markers made Identity, `split: {before: ["/blocks.2/"]}`), and,
-as a diagnostic, as 4 ranks with the weights' Transpose nodes folded into
-the initializers (what ORT's graph optimizer does at load), and
+ranks (the markers made Identity, `split: {before: ["/blocks.2/"]}`), and
 driven by closed-loop generation clients (pippin-bench-generate: 1, 4, 16
 clients; each generation a random 16-token prompt, 32 greedy tokens, no
 session): tokens/s, time to the first token, and the per-token latency (the
@@ -98,32 +96,6 @@ def unmarked(src, dst):
     onnx.save(m, dst)
 
 
-def folded(src, dst):
-    """A diagnostic: the model with each Transpose of an initializer (every
-    Linear's weight, as torch exports it) replaced by the transposed
-    initializer, as ONNX Runtime's constant folding does at load; pippin runs
-    those Transposes (a copy of the weight) on every step."""
-    import onnx
-    from onnx import numpy_helper
-    m = onnx.load(src)
-    inits = {t.name: t for t in m.graph.initializer}
-    drop = [n for n in m.graph.node if n.op_type == "Transpose" and n.input[0] in inits]
-    for n in drop:
-        perm = [list(a.ints) for a in n.attribute if a.name == "perm"]
-        a = numpy_helper.to_array(inits[n.input[0]])
-        m.graph.initializer.append(numpy_helper.from_array((a.transpose(perm[0]) if perm else a.T).copy(), n.output[0]))
-        m.graph.node.remove(n)
-    used = {i for n in m.graph.node for i in n.input}
-    for t in [t for t in m.graph.initializer if t.name not in used]:
-        m.graph.initializer.remove(t)
-    names = {t.name for t in m.graph.initializer}
-    for p in m.metadata_props:
-        if p.key == "pippin.trainable":
-            p.value = json.dumps([x for x in json.loads(p.value) if x in names])
-    onnx.save(m, dst)
-    return len(drop)
-
-
 class Service:
     def __init__(self, pippin, tmp, name, model, ranks, context, split=None):
         self.pippin, self.ep = pippin, f"ipc://{tmp}/{name}-front"
@@ -207,11 +179,8 @@ def main():
             ort_toks = [int(x) for x in lines[0].split()[1].split(",")]
             ort = [json.loads(l) for l in lines[1:] if l.startswith("{")]
 
-            fold = os.path.join(tmp, key + "_folded.onnx")
-            info["folded"] = folded(model, fold)
             layouts = [("4 ranks", dict(model=model, ranks=info["stages"])),
-                       ("2 ranks", dict(model=plain, ranks=2, split=[f"/blocks.{info['layers'] // 2}/"])),
-                       ("4 ranks, folded", dict(model=fold, ranks=info["stages"]))]
+                       ("2 ranks", dict(model=plain, ranks=2, split=[f"/blocks.{info['layers'] // 2}/"]))]
             rows, agree = [], None
             for lname, kw in layouts:
                 svc = Service(pippin, tmp, f"{key}-{len(rows)}", context=info["block"], **kw)
@@ -240,8 +209,6 @@ def main():
         print(f"\n{key}: d {info['d']}, {info['heads']} heads, {info['layers']} layers, block {info['block']}, "
               f"vocab {info['vocab']}, {info['params'] / 1e6:.2f}M parameters; "
               f"pippin's and ORT's greedy tokens {'agree' if agree else 'DIFFER'}")
-        print(f"('folded': a diagnostic, its {info['folded']} weight Transposes done once, as ORT's constant "
-              "folding does; pippin runs them every step)")
         print(f"{'':38}{'tokens/s':>10}{'first ms':>10}{'tok p50':>10}{'tok p99':>10}")
         for lname, r in rows:
             print(f"{'pippin ' + lname + ', ' + str(r['clients']) + ' clients':38}{r['tokens_per_s']:>10.1f}{r['first_p50_ms']:>10.2f}"

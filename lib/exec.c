@@ -1,5 +1,7 @@
 /* Graph executor: runs nodes in order, frees buffers after their last use,
- * and caches the integer shape sub-graphs per input signature. */
+ * and caches the integer shape sub-graphs per input signature; with
+ * constant parameters also what depends on weights alone (a transposed
+ * weight), for every signature. */
 #include "pippin/exec.h"
 
 #include <stdlib.h>
@@ -14,6 +16,8 @@ struct pp_exec {
     int *all_nodes;         /* 0..n_nodes-1 */
     uint8_t *is_output;     /* per value: a graph output (never freed early) */
     uint8_t *static_node;   /* per node: depends only on constants and input shapes */
+    uint8_t *const_node;    /* per node: depends only on constants (kept across signatures) */
+    int params_constant;    /* parameters count as constants (pp_exec_set_constant_params) */
     pp_tensor **cache;      /* per value: cached output of a static node */
     int64_t kernels_run, nodes_cached; /* counters for pp_exec_stats */
     int n_sig;
@@ -29,29 +33,35 @@ static pp_status alloc_zeroed(void **p, size_t n, size_t size) {
  * static if all its inputs are constants or outputs of static nodes. */
 static void mark_static(pp_exec *ex) {
     const pp_graph *g = ex->g;
-    uint8_t *static_value = calloc((size_t)g->n_values + 1, 1);
-    if (!static_value) return; /* caching is an optimisation only */
-    for (int v = 0; v < g->n_values; v++)
-        static_value[v] = g->values[v].kind == PP_VALUE_CONST;
+    /* per value: 1 static (constants, shapes), 2 constant too */
+    uint8_t *level = calloc((size_t)g->n_values + 1, 1);
+    memset(ex->static_node, 0, (size_t)g->n_nodes);
+    memset(ex->const_node, 0, (size_t)g->n_nodes);
+    if (!level) return; /* caching is an optimisation only */
+    for (int v = 0; v < g->n_values; v++) {
+        pp_value_kind k = g->values[v].kind;
+        level[v] = k == PP_VALUE_CONST || (ex->params_constant && k == PP_VALUE_PARAM) ? 2 : 0;
+    }
     for (int i = 0; i < g->n_nodes; i++) {
         const pp_node *n = &g->nodes[i];
-        int is_static = 1;
+        int lv = 2;
         if (strcmp(n->op_type, "Shape") == 0 || strcmp(n->op_type, "Size") == 0) {
-            is_static = 1;
+            lv = n->n_in > 0 && n->in[0] >= 0 && level[n->in[0]] == 2 ? 2 : 1;
         } else if (n->domain[0] && strcmp(n->domain, "ai.onnx") != 0) {
-            is_static = 0;
+            lv = 0;
         } else if (strncmp(n->op_type, "Random", 6) == 0 || strcmp(n->op_type, "Dropout") == 0 ||
                    strcmp(n->op_type, "Bernoulli") == 0) {
-            is_static = 0;
+            lv = 0;
         } else {
             for (int k = 0; k < n->n_in; k++)
-                if (n->in[k] >= 0 && !static_value[n->in[k]]) is_static = 0;
+                if (n->in[k] >= 0 && level[n->in[k]] < lv) lv = level[n->in[k]];
         }
-        ex->static_node[i] = (uint8_t)is_static;
+        ex->static_node[i] = (uint8_t)(lv >= 1);
+        ex->const_node[i] = (uint8_t)(lv == 2);
         for (int k = 0; k < n->n_out; k++)
-            if (n->out[k] >= 0) static_value[n->out[k]] = (uint8_t)is_static;
+            if (n->out[k] >= 0) level[n->out[k]] = (uint8_t)lv;
     }
-    free(static_value);
+    free(level);
 }
 
 pp_status pp_exec_new(pp_graph *g, pp_exec **out) {
@@ -62,6 +72,7 @@ pp_status pp_exec_new(pp_graph *g, pp_exec **out) {
     pp_status s = alloc_zeroed((void **)&ex->all_nodes, (size_t)g->n_nodes, sizeof(int));
     if (!s) s = alloc_zeroed((void **)&ex->is_output, (size_t)g->n_values, 1);
     if (!s) s = alloc_zeroed((void **)&ex->static_node, (size_t)g->n_nodes, 1);
+    if (!s) s = alloc_zeroed((void **)&ex->const_node, (size_t)g->n_nodes, 1);
     if (!s) s = alloc_zeroed((void **)&ex->cache, (size_t)g->n_values, sizeof(pp_tensor *));
     if (!s) s = alloc_zeroed((void **)&ex->sig, (size_t)g->n_inputs * (PP_MAX_DIMS + 2), sizeof(int64_t));
     if (s) {
@@ -75,17 +86,29 @@ pp_status pp_exec_new(pp_graph *g, pp_exec **out) {
     return PP_OK;
 }
 
-static void clear_cache(pp_exec *ex) {
+/* Drops what belongs to the last input signature (all: everything). */
+static void clear_cache_of(pp_exec *ex, int all) {
     for (int v = 0; v < ex->g->n_values; v++) {
+        int p = ex->g->values[v].producer;
+        if (!all && p >= 0 && ex->const_node[p]) continue; /* the same for every signature */
         pp_tensor_free(ex->cache[v]);
         ex->cache[v] = NULL;
     }
 }
 
+static void clear_cache(pp_exec *ex) { clear_cache_of(ex, 0); }
+
+void pp_exec_set_constant_params(pp_exec *ex, int on) {
+    clear_cache_of(ex, 1);
+    ex->params_constant = on != 0;
+    mark_static(ex);
+}
+
 void pp_exec_free(pp_exec *ex) {
     if (!ex) return;
-    if (ex->cache) clear_cache(ex);
+    if (ex->cache) clear_cache_of(ex, 1);
     free(ex->cache);
+    free(ex->const_node);
     free(ex->all_nodes);
     free(ex->is_output);
     free(ex->static_node);

@@ -115,6 +115,7 @@ pp_status pp_stage_new(pp_graph *g, const pp_stage_spec *spec, pp_stage **out) {
     pp_status s = pp_graph_resolve(g);
     if (s == PP_OK && spec->training) s = build_backward(st, spec);
     if (s == PP_OK) s = pp_exec_new(g, &st->ex);
+    if (s == PP_OK && !spec->training) pp_exec_set_constant_params(st->ex, 1); /* weights never change here */
     if (s != PP_OK) {
         pp_stage_free(st);
         return s;

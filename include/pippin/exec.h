@@ -42,6 +42,12 @@ PP_API pp_status pp_exec_run_nodes(pp_exec *ex, const int *nodes, int n_nodes, p
 /* Kernels run and nodes answered from the shape cache since creation. */
 PP_API void pp_exec_stats(const pp_exec *ex, int64_t *kernels_run, int64_t *nodes_cached);
 
+/* Declares (on != 0) that the graph's parameters will not change from now
+ * on, as in inference: what is computed from parameters and constants alone
+ * (a transposed weight, a folded constant) is then computed once and kept
+ * for every input shape. Off again before changing a parameter. */
+PP_API void pp_exec_set_constant_params(pp_exec *ex, int on);
+
 /* Runs one node on the given inputs (for tests and tools). */
 PP_API pp_status pp_exec_node(const pp_graph *g, int node, pp_tensor *const *inputs,
                        pp_tensor **outputs);

@@ -158,12 +158,44 @@ static void test_decoder_empty_past(void **state) {
     pp_graph_free(g);
 }
 
+/* With constant parameters, what depends on weights alone (each linear
+ * layer's Transpose of its weight) runs once, not at every step of a
+ * generation whose shapes change; the results stay the same. */
+static void test_constant_params_fold_weights(void **state) {
+    (void)state;
+    pp_graph *g = tu_fixture_onnx("decoder", "decoder.onnx");
+    pp_exec *ex;
+    TU_OK(pp_exec_new(g, &ex));
+    run_decoder_step(ex, g, "step0_");
+    int64_t plain0, plain1, cached0, cached1;
+    pp_exec_stats(ex, &plain0, NULL);
+    run_decoder_step(ex, g, "step_"); /* another signature: the per-shape cache starts again */
+    pp_exec_stats(ex, &plain1, NULL);
+    pp_exec_set_constant_params(ex, 1);
+    run_decoder_step(ex, g, "step0_");
+    pp_exec_stats(ex, &cached0, NULL);
+    run_decoder_step(ex, g, "step_"); /* checked against PyTorch inside */
+    run_decoder_step(ex, g, "step0_");
+    pp_exec_stats(ex, &cached1, NULL);
+    int64_t per_step_plain = plain1 - plain0, per_step_cached = (cached1 - cached0) / 2;
+    assert_true(per_step_cached < per_step_plain); /* the weight-only nodes ran once */
+    pp_exec_set_constant_params(ex, 0); /* and off again: the weight-only nodes run again */
+    int64_t off0, off1;
+    pp_exec_stats(ex, &off0, NULL);
+    run_decoder_step(ex, g, "step_");
+    pp_exec_stats(ex, &off1, NULL);
+    assert_true(off1 - off0 >= per_step_plain);
+    pp_exec_free(ex);
+    pp_graph_free(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dynamic_batch_and_shape_cache),
         cmocka_unit_test(test_run_nodes_frees_and_keeps),
         cmocka_unit_test(test_views_not_copies),
         cmocka_unit_test(test_decoder_empty_past),
+        cmocka_unit_test(test_constant_params_fold_weights),
     };
     tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
