@@ -368,10 +368,10 @@ static pp_status parse_serve(const cx *x, const yaml_node_t *m, yaml_node_t **cl
     static const char *const keys[] = {"endpoint",     "max_batch",       "max_wait_us",       "max_queue",
                                        "max_inflight", "max_request_bytes", "max_sessions",    "session_idle_ms",
                                        "session_max_bytes", "state",       "vocab",             "context",
-                                       "client_keys"};
-    yaml_node_t *v[13];
+                                       "client_keys", "max_tokens"};
+    yaml_node_t *v[14];
     pp_config *c = x->c;
-    PP_TRY(match_keys(x, m, "serve", keys, 13, v));
+    PP_TRY(match_keys(x, m, "serve", keys, 14, v));
     *client_keys = v[12];
     if (!given(v[0])) return v[0] ? type_err(x, v[0], "serve.endpoint", "an endpoint")
                                   : err_at(x, PP_ERR_PARSE, m, "missing key 'serve.endpoint'");
@@ -392,6 +392,7 @@ static pp_status parse_serve(const cx *x, const yaml_node_t *m, yaml_node_t **cl
     if (given(v[9])) PP_TRY(get_entries(x, v[9], "serve.state", &c->serve_state, &c->n_serve_state, str_value));
     if (given(v[10])) PP_TRY(get_path(x, v[10], "serve.vocab", &c->serve_vocab));
     if (given(v[11])) PP_TRY(get_int32(x, v[11], "serve.context", 0, INT_MAX, &c->serve_context));
+    if (given(v[13])) PP_TRY(get_int32(x, v[13], "serve.max_tokens", 1, 1 << 20, &c->serve_max_tokens));
     if (v[12]) {
         if (!given(v[12])) return type_err(x, v[12], "serve.client_keys", "a list of paths");
         PP_TRY(get_str_list(x, v[12], "serve.client_keys", 1, CFG_MAX_ITEMS, &c->serve_client_keys,
@@ -781,6 +782,7 @@ pp_status pp_config_parse(const char *text, size_t len, const char *name, const 
     c->serve_max_queue = 256;
     c->serve_max_request_bytes = (int64_t)64 << 20;
     c->serve_max_sessions = 64;
+    c->serve_max_tokens = 4096;
     c->serve_session_idle_ms = 10 * 60 * 1000;
     c->serve_session_max_bytes = (int64_t)1 << 30;
     pp_optim_config_init(&c->optim, PP_OPTIM_ADAMW);

@@ -34,6 +34,7 @@
 #define HDR_DROPS 64       /* session drops one batch header carries */
 #define HDR_LEN 5          /* flags, rows, session, fresh, drops; then the dropped sessions */
 #define SESSION_LOST_PREFIX "session lost"
+#define MAX_PROMPT (1 << 20) /* tokens in a prompt, without serve.context */
 
 struct session;
 
@@ -49,6 +50,9 @@ typedef struct pp_serve_session {
     int has_next;    /* a generation's last token, not yet fed: goes first next time */
     int64_t next_token;
     int ended;       /* out of the table; freed with its last job */
+    job *owner;      /* a generation holding it from its first step to its last */
+    int64_t positions; /* tokens its state holds (the front's store says) */
+    int64_t scan;    /* pick()'s pass that saw its first waiting job */
     char why[256];   /* why it ended, for its jobs still waiting */
 } session;
 
@@ -83,6 +87,7 @@ typedef struct serve {
     } graves[GRAVES];
     int n_graves;
     int64_t next_b;
+    int64_t scans; /* pick()'s passes */
     /* state and generation (every rank) */
     pp_state_pair *pairs;
     int n_pairs;
@@ -210,10 +215,20 @@ static pp_status check_generate(serve *s, job *j) {
         return pp_error(PP_ERR_INVALID, "session '%s': the model keeps no state between requests (no output "
                         "present.X feeding an input past_key_values.X; see serve.state)", r->session);
     if (n < 1 && !r->session[0]) return pp_error(PP_ERR_INVALID, "generate: an empty prompt");
-    j->cap_toks = (int)(n + r->max_tokens + 2);
+    int64_t limit = s->c->serve_context && s->n_pairs ? s->c->serve_context : MAX_PROMPT;
+    if (n > limit)
+        return pp_error(PP_ERR_INVALID, "generate: a prompt of %lld tokens, more than %s %lld", (long long)n,
+                        limit == MAX_PROMPT ? "the service takes," : "serve.context", (long long)limit);
+    if (r->max_tokens > (uint32_t)s->c->serve_max_tokens)
+        return pp_error(PP_ERR_INVALID, "generate: max_tokens %u, more than serve.max_tokens %d", r->max_tokens,
+                        s->c->serve_max_tokens);
+    j->cap_toks = (int)(n + r->max_tokens + 2); /* both bounded above: no overflow */
     if (!(j->toks = malloc(sizeof *j->toks * (size_t)j->cap_toks))) return pp_error(PP_ERR_NOMEM, "out of memory");
     for (int64_t i = 0; i < n; i++) {
         if (given) {
+            if (given[i] < 0)
+                return pp_error(PP_ERR_INVALID, "generate: prompt token %lld is %lld (token ids are >= 0)", (long long)i,
+                                (long long)given[i]);
             j->toks[i] = given[i];
         } else {
             int64_t id = s->vocab[(unsigned char)text[i]];
@@ -303,7 +318,7 @@ static char *take_lost(serve *s, const char *name) {
 /* Ends a session: its state goes from every rank; when why is given, its
  * waiting jobs and a named one's next request are told why. Freed now, or
  * with its last job. */
-static void end_session(serve *s, session *x, const char *why) {
+static void end_session(serve *s, session *x, const char *why, int remember) {
     int i = 0;
     while (i < s->n_sessions && s->sessions[i] != x) i++;
     if (i < s->n_sessions) {
@@ -312,7 +327,7 @@ static void end_session(serve *s, session *x, const char *why) {
     }
     if (x->started) queue_drop(s, x->handle);
     x->started = 0;
-    if (why && x->name && !x->ended) remember_lost(s, x->name, why);
+    if (why && remember && x->name && !x->ended) remember_lost(s, x->name, why);
     if (!x->ended) snprintf(x->why, sizeof x->why, "%s", why ? why : SESSION_LOST_PREFIX ": ended");
     x->ended = 1;
     if (x->jobs) return;
@@ -340,7 +355,7 @@ static session *new_session(serve *s, const char *name, char *why, size_t cap) {
         char msg[160];
         snprintf(msg, sizeof msg, SESSION_LOST_PREFIX ": ended to make room for a new one (serve.max_sessions %d)",
                  s->c->serve_max_sessions);
-        end_session(s, lru, msg);
+        end_session(s, lru, msg, 1);
     }
     if (s->n_sessions == s->cap_sessions) {
         int c = s->cap_sessions ? 2 * s->cap_sessions : 16;
@@ -367,7 +382,8 @@ static void release_session(serve *s, job *j) {
     j->sess = NULL;
     x->jobs--;
     x->used = now_ms();
-    if (!x->jobs && (x->ended || !x->name)) end_session(s, x, NULL);
+    if (x->owner == j) x->owner = NULL;
+    if (!x->jobs && (x->ended || !x->name)) end_session(s, x, NULL, 0);
 }
 
 static void expire_sessions(serve *s, double now) {
@@ -377,7 +393,7 @@ static void expire_sessions(serve *s, double now) {
         char why[160];
         snprintf(why, sizeof why, SESSION_LOST_PREFIX ": unused for %d ms (serve.session_idle_ms)",
                  s->c->serve_session_idle_ms);
-        end_session(s, x, why);
+        end_session(s, x, why, 1);
         i--;
     }
 }
@@ -404,6 +420,7 @@ static void cancel(serve *s, job *c) {
     for (int b = 0; b < s->n_inflight; b++)
         for (int k = 0; k < s->inflight[b].n_jobs; k++)
             if (same_client(s->inflight[b].jobs[k], c)) s->inflight[b].jobs[k]->cancelled = 1;
+    atomic_fetch_sub(&s->f->cancels, 1);
     pp_serve_job_free(c);
 }
 
@@ -477,8 +494,18 @@ static void expire_pending(serve *s, double now) {
     s->n_pending = k;
 }
 
-static int eligible(const job *j) {
-    return j->req.kind != PP_SERVE_KIND_END_SESSION && !(j->sess && j->sess->running);
+/* Whether j may start now: a session's requests go one at a time, in the
+ * order they came (a generation keeps its session from its first step to
+ * its last); pending[] is walked in order with a new scan number, so the
+ * first job of each session seen in this pass is its head. */
+static int eligible(const job *j, int64_t scan) {
+    session *x = j->sess;
+    if (!x) return 1;
+    int head = x->scan != scan;
+    x->scan = scan;
+    if (x->running) return 0;
+    if (x->owner) return x->owner == j;
+    return head && j->req.kind != PP_SERVE_KIND_END_SESSION;
 }
 
 /* The pending jobs to run next (the oldest that can run and those like it,
@@ -486,19 +513,19 @@ static int eligible(const job *j) {
  * fill: only while other batches are in the pipeline, and at most
  * max_wait_us. */
 static int pick(serve *s, double now, job **picked, int64_t *rows, double *wait_ms) {
-    int n = 0, head = 0;
+    int n = 0;
+    int64_t scan = ++s->scans;
     *rows = 0;
-    while (head < s->n_pending && !eligible(s->pending[head])) head++;
-    if (head == s->n_pending) return 0; /* each waits for its session's batch */
-    for (int i = head; i < s->n_pending; i++) {
+    for (int i = 0; i < s->n_pending; i++) {
         job *j = s->pending[i];
-        if (n && (picked[0]->solo || j->solo || !eligible(j) || !compatible(picked[0], j) ||
-                  *rows + j->rows > s->c->serve_max_batch))
+        if (!eligible(j, scan)) continue; /* it waits for its session's earlier request */
+        if (n && (picked[0]->solo || j->solo || !compatible(picked[0], j) || *rows + j->rows > s->c->serve_max_batch))
             continue;
         picked[n++] = j;
         *rows += j->rows;
         if (*rows >= s->c->serve_max_batch) break;
     }
+    if (!n) return 0;
     if (picked[0]->solo) return 1;
     double ready_at = picked[0]->arrived + s->c->serve_max_wait_us / 1000.0;
     *wait_ms = ready_at - now;
@@ -511,12 +538,16 @@ static int pick(serve *s, double now, job **picked, int64_t *rows, double *wait_
 static void run_ends(serve *s) {
     for (int i = 0; i < s->n_pending; i++) {
         job *j = s->pending[i];
-        if (j->req.kind != PP_SERVE_KIND_END_SESSION || !j->sess || j->sess->jobs > 1) continue;
+        if (j->req.kind != PP_SERVE_KIND_END_SESSION || !j->sess) continue;
+        session *y = j->sess;
+        int first = 1; /* no earlier request of its session waits */
+        for (int k = 0; k < i && first; k++) first = s->pending[k]->sess != y;
+        if (!y->ended && (!first || y->running || y->owner)) continue;
         unpend(s, j);
         session *x = j->sess;
         j->sess = NULL;
         x->jobs--;
-        end_session(s, x, NULL);
+        end_session(s, x, NULL, 0); /* a second end of the same session: already ended, answered alike */
         respond(s, j, PP_SERVE_OK, NULL);
         i--;
     }
@@ -561,7 +592,7 @@ static pp_status send_headers(serve *s, int64_t b, int64_t flags, int64_t rows, 
     PP_TRY(pp_tensor_new(PP_I64, 1, (int64_t[]){HDR_LEN + n_drop}, &hdr));
     int64_t *h = hdr->data;
     h[0] = flags, h[1] = rows, h[2] = session, h[3] = fresh, h[4] = n_drop;
-    memcpy(h + HDR_LEN, s->drops, sizeof *h * (size_t)n_drop);
+    if (n_drop) memcpy(h + HDR_LEN, s->drops, sizeof *h * (size_t)n_drop);
     pp_status st = PP_OK;
     for (int r = 0; r < x->sched->nranks; r++) { /* every rank, even after one failed; the first error */
         if (r == s->front) continue;
@@ -576,7 +607,7 @@ static pp_status send_headers(serve *s, int64_t b, int64_t flags, int64_t rows, 
         if (st == PP_OK) st = sent;
     }
     pp_tensor_free(hdr);
-    if (st == PP_OK) { /* those drops are on their way */
+    if (st == PP_OK && n_drop) { /* those drops are on their way */
         memmove(s->drops, s->drops + n_drop, sizeof *s->drops * (size_t)(s->n_drops - n_drop));
         s->n_drops -= n_drop;
     }
@@ -608,16 +639,19 @@ static void requeue_solo(serve *s, job *j) {
  * the last serve.context at most. */
 static pp_status gen_feed(serve *s, job *j) {
     session *x = j->sess;
-    if (x && x->has_next && !j->n_fed && !j->produced) { /* the last generation's final token goes first */
+    if (x && x->has_next && !j->n_fed && !j->produced && !j->took_next) { /* the last generation's final token first */
         memmove(j->toks + 1, j->toks, sizeof *j->toks * (size_t)j->n_toks);
         j->toks[0] = x->next_token;
         j->n_toks++;
-        x->has_next = 0;
+        j->took_next = 1; /* the session forgets it once the step ran */
     }
     int start = j->n_fed;
     if (!s->n_pairs) start = s->c->serve_context && j->n_toks > s->c->serve_context ? j->n_toks - s->c->serve_context : 0;
     int len = j->n_toks - start;
     if (len < 1) return pp_error(PP_ERR_INVALID, "generate: an empty prompt");
+    if (s->n_pairs && s->c->serve_context && x && x->positions + len > s->c->serve_context)
+        return pp_error(PP_ERR_INVALID, "generate: the session holds %lld tokens; %d more would pass serve.context %d",
+                        (long long)x->positions, len, s->c->serve_context);
     pp_tensor *t = NULL;
     PP_TRY(pp_tensor_new(PP_I64, 2, (int64_t[]){1, len}, &t));
     memcpy(t->data, j->toks + start, sizeof *j->toks * (size_t)len);
@@ -703,14 +737,20 @@ static pp_status launch(serve *s, job **jobs, int n, int64_t rows) {
         free(outs);
         free(kept);
         int lost = strncmp(why, SESSION_LOST_PREFIX, strlen(SESSION_LOST_PREFIX)) == 0;
-        if (sess && lost) end_session(s, sess, why);
+        if (sess && lost) end_session(s, sess, why, 0); /* this request is told; the next starts afresh */
         for (int i = 0; i < n; i++) {
             if (n > 1) requeue_solo(s, jobs[i]);
             else respond(s, jobs[i], lost ? PP_SERVE_SESSION_LOST : PP_SERVE_FAILED, why);
         }
         return PP_OK;
     }
-    if (sess) sess->running = 1, sess->started = 1;
+    if (sess) {
+        sess->running = 1, sess->started = 1;
+        int64_t held = pp_state_length(s->store, handle);
+        if (held >= 0) sess->positions = held;
+        if (jobs[0]->toks) sess->owner = jobs[0]; /* until its last token */
+        if (jobs[0]->took_next) sess->has_next = 0;
+    }
     batch *bt = &s->inflight[s->n_inflight++];
     memset(bt, 0, sizeof *bt);
     bt->b = b;
@@ -836,8 +876,8 @@ static void gen_next(serve *s, batch *bt, job *j) {
     atomic_fetch_add(&s->f->st.tokens, 1);
     int done = j->produced >= j->req.max_tokens || j->cancelled;
     for (int i = 0; i < j->req.n_stop; i++) done |= tok == j->req.stop[i];
-    /* a model with state cannot take positions past serve.context */
-    done |= s->n_pairs && s->c->serve_context && j->n_toks >= s->c->serve_context;
+    /* a model with state cannot take positions past serve.context: the next step would feed one more */
+    done |= s->n_pairs && s->c->serve_context && j->sess && j->sess->positions + 1 > s->c->serve_context;
     if (done) {
         if (j->sess && j->sess->name) j->sess->has_next = 1, j->sess->next_token = tok;
         pp_response_free(j->resp);
@@ -905,7 +945,8 @@ static pp_status poll_oldest(serve *s, int *done) {
     if (bt->sess) {
         bt->sess->running = 0;
         /* a rank after the failing one kept its state, one before did not: it cannot go on */
-        if (why[0]) end_session(s, bt->sess, why);
+        /* the request is told; a "failed" one leaves the next told "session lost" too */
+        if (why[0]) end_session(s, bt->sess, why, strstr(why, SESSION_LOST_PREFIX ":") == NULL);
     }
     int64_t off = 0;
     for (int i = 0; i < bt->n_jobs; i++) {
@@ -1202,17 +1243,16 @@ static void serve_free(serve *s) {
     free(s->in_edge);
     free(s->pending);
     free(s->inflight);
+    for (int i = 0; i < s->n_sessions; i++) { /* every job was answered: nothing refers to them */
+        free(s->sessions[i]->name);
+        free(s->sessions[i]);
+    }
+    free(s->sessions);
     pp_state_store_free(s->store);
     free(s->pairs);
     free(s->state_in);
     free(s->state_out);
     free(s->token_byte);
-    while (s->n_sessions) {
-        session *x = s->sessions[0];
-        x->jobs = 0;
-        end_session(s, x, NULL);
-    }
-    free(s->sessions);
     free(s->drops);
     free(s->stats_seq);
 }

@@ -19,16 +19,38 @@ void pp_serve_job_free(pp_serve_job *j) {
     free(j);
 }
 
-static void send_reply(pp_serve_front *f, zmq_msg_t *who, const pp_response *r) {
+/* Sends r to the client who; 0 when the client is gone (the router is
+ * mandatory: no silent drop to an unknown peer, and no high-water mark:
+ * what a slow client has not read yet waits, bounded by serve.max_queue
+ * requests of at most serve.max_tokens tokens). */
+static int send_reply(pp_serve_front *f, zmq_msg_t *who, const pp_response *r) {
     void *buf;
     size_t n;
-    if (pp_serve_response_encode(r, &buf, &n) != PP_OK) return;
+    if (pp_serve_response_encode(r, &buf, &n) != PP_OK) return 1;
     zmq_msg_t id;
     zmq_msg_init(&id);
     zmq_msg_copy(&id, who);
-    if (zmq_msg_send(&id, f->router, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0) zmq_send(f->router, buf, n, ZMQ_DONTWAIT);
+    int sent = zmq_msg_send(&id, f->router, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0;
+    if (sent) zmq_send(f->router, buf, n, ZMQ_DONTWAIT);
     zmq_msg_close(&id);
     free(buf);
+    return sent || zmq_errno() != EHOSTUNREACH;
+}
+
+/* Tells the rank thread to stop client who's request id (it went away). */
+static void forward_cancel(pp_serve_front *f, zmq_msg_t *who, uint64_t id) {
+    if (atomic_load(&f->cancels) >= f->c->serve_max_queue) return;
+    pp_serve_job *c = calloc(1, sizeof *c);
+    if (!c) return;
+    zmq_msg_init(&c->who);
+    zmq_msg_copy(&c->who, who);
+    c->req.id = id;
+    c->req.kind = PP_SERVE_KIND_CANCEL;
+    atomic_fetch_add(&f->cancels, 1);
+    if (zmq_send(f->pair_front, &c, sizeof c, 0) != sizeof c) {
+        atomic_fetch_sub(&f->cancels, 1);
+        pp_serve_job_free(c);
+    }
 }
 
 static void reply_error(pp_serve_front *f, zmq_msg_t *who, uint64_t id, int code, const char *error) {
@@ -127,9 +149,8 @@ static void take_request(pp_serve_front *f) {
         send_reply(f, &who, &r);
         free(json);
         ok = PP_ERR_STATE;
-    } else if (kind == PP_SERVE_KIND_CANCEL) { /* to the rank thread, never answered */
-        zmq_msg_move(&j->who, &who);
-        if (zmq_send(f->pair_front, &j, sizeof j, 0) == sizeof j) j = NULL;
+    } else if (kind == PP_SERVE_KIND_CANCEL) { /* to the rank thread, never answered; bounded like requests */
+        if (state == PP_FRONT_SERVING) forward_cancel(f, &who, j->req.id);
         ok = PP_ERR_STATE;
     } else if (state != PP_FRONT_SERVING) {
         char why[1100];
@@ -167,8 +188,8 @@ static void take_request(pp_serve_front *f) {
 static void answer_job(pp_serve_front *f) {
     pp_serve_job *j;
     if (zmq_recv(f->pair_front, &j, sizeof j, ZMQ_DONTWAIT) != sizeof j) return;
-    if (j->partial) { /* one message of a stream: the request goes on */
-        send_reply(f, &j->who, j->resp);
+    if (j->partial) { /* one message of a stream: the request goes on, unless its client is gone */
+        if (!send_reply(f, &j->who, j->resp)) forward_cancel(f, &j->who, j->req.id);
         pp_serve_job_free(j);
         return;
     }
@@ -243,12 +264,14 @@ pp_status pp_serve_front_open(const pp_config *c, int rank, pp_serve_front **out
     }
     if (!f->zctx || !f->router || !f->pair_front || !f->pair_worker) s = pp_error(PP_ERR_IO, "serve: cannot make sockets");
     if (s == PP_OK) {
-        int zero = 0, hwm = 0;
+        int zero = 0, hwm = 0, one = 1;
         /* up to twice the limit reaches the decoder, which answers "bad request";
          * past that libzmq drops the connection without an answer */
         int64_t max = c->serve_max_request_bytes < ((int64_t)1 << 40) ? 2 * c->serve_max_request_bytes + 65536 : INT64_MAX;
         zmq_setsockopt(f->router, ZMQ_LINGER, &zero, sizeof zero);
         zmq_setsockopt(f->router, ZMQ_MAXMSGSIZE, &max, sizeof max);
+        zmq_setsockopt(f->router, ZMQ_SNDHWM, &hwm, sizeof hwm);
+        zmq_setsockopt(f->router, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
         zmq_setsockopt(f->pair_front, ZMQ_SNDHWM, &hwm, sizeof hwm); /* never drops: bounded by max_queue */
         zmq_setsockopt(f->pair_worker, ZMQ_SNDHWM, &hwm, sizeof hwm);
         snprintf(f->pair_ep, sizeof f->pair_ep, "inproc://pippin-serve-%p", (void *)f);

@@ -37,6 +37,7 @@ typedef struct pp_serve_job {
     uint32_t produced;
     uint64_t rng;
     int cancelled;
+    int took_next;            /* its prompt starts with its session's pending token */
 } pp_serve_job;
 
 void pp_serve_job_free(pp_serve_job *j);
@@ -67,6 +68,7 @@ typedef struct pp_serve_front {
     pthread_t thread;
     int started;
     atomic_int stop, state;
+    atomic_int cancels;   /* cancels on their way to the rank thread (at most serve.max_queue) */
     pthread_mutex_t lock; /* why */
     char why[1024];       /* degraded: what happened */
     pp_serve_stats st;

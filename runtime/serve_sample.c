@@ -34,6 +34,8 @@ pp_status pp_sample_token(const float *logits, int64_t n, float temperature, uin
         int64_t best = 0;
         for (int64_t i = 1; i < n; i++)
             if (logits[i] > logits[best]) best = i;
+        if (isinf(logits[best]) && logits[best] < 0)
+            return pp_error(PP_ERR_INVALID, "the model's logits are all -inf: no token to choose");
         *token = best;
         return PP_OK;
     }
@@ -42,6 +44,13 @@ pp_status pp_sample_token(const float *logits, int64_t n, float temperature, uin
     for (int64_t i = 0; i < n; i++) s[i].v = logits[i], s[i].i = i;
     qsort(s, (size_t)n, sizeof *s, by_value_desc);
     int64_t k = top_k && (int64_t)top_k < n ? (int64_t)top_k : n;
+    if (isinf(s[0].v)) { /* +inf: certain (the first such token); all -inf: nothing to draw from */
+        int64_t best = s[0].i;
+        free(s);
+        if (logits[best] < 0) return pp_error(PP_ERR_INVALID, "the model's logits are all -inf: no token to choose");
+        *token = best;
+        return PP_OK;
+    }
     double total = 0;
     for (int64_t i = 0; i < k; i++) total += exp(((double)s[i].v - (double)s[0].v) / (double)temperature);
     double u = (double)(next_u64(rng) >> 11) * (1.0 / 9007199254740992.0) * total; /* [0, total) */

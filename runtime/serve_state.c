@@ -216,5 +216,12 @@ void pp_state_keep(pp_state_store *st, int64_t h, pp_tensor **outs) {
     }
 }
 
+int64_t pp_state_length(pp_state_store *st, int64_t h) {
+    held *x = h ? find(st, h) : NULL;
+    for (int k = 0; x && k < st->n_pairs; k++)
+        if (x->t[k]) return x->t[k]->shape[st->pairs[k].grow_dim];
+    return -1;
+}
+
 int pp_state_count(const pp_state_store *st) { return st->n_held; }
 int64_t pp_state_bytes(const pp_state_store *st) { return st->bytes; }

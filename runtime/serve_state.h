@@ -46,6 +46,9 @@ pp_status pp_state_inputs(pp_state_store *st, int64_t h, int fresh, int64_t rows
 void pp_state_keep(pp_state_store *st, int64_t h, pp_tensor **outs);
 
 void pp_state_drop(pp_state_store *st, int64_t h);
+/* The length of session h's growing dim on this rank (the tokens it has
+ * seen), or -1 when this rank holds none of its state. */
+int64_t pp_state_length(pp_state_store *st, int64_t h);
 int pp_state_count(const pp_state_store *st);
 int64_t pp_state_bytes(const pp_state_store *st);
 

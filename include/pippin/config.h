@@ -125,6 +125,7 @@ typedef struct pp_config {
     char **serve_client_keys;        /* serve.client_keys: public key files (resolved) of the clients the front
                                       * admits; required with security:, refused without it */
     char *params;                    /* params: a directory of <name>.npy that replace the model's initializers */
+    int serve_max_tokens;            /* serve.max_tokens: most tokens one generation may ask for; default 4096 */
 } pp_config;
 
 /* Reads and checks a config file. */
