@@ -31,6 +31,7 @@ import zmq
 CODES = {0: "ok", 1: "bad request", 2: "busy", 3: "timeout", 4: "failed", 5: "unavailable",
          6: "session lost"}
 KIND_INFER, KIND_STATS, KIND_GENERATE, KIND_CANCEL, KIND_END_SESSION = 0, 1, 2, 3, 4
+MAX_KEPT = 4096  # responses kept for later waits, and cancelled ids (the oldest go first), as the C client
 # numpy dtype <-> ONNX TensorProto.DataType
 DTYPES = {np.dtype("float32"): 1, np.dtype("uint8"): 2, np.dtype("int8"): 3, np.dtype("int32"): 6,
           np.dtype("int64"): 7, np.dtype("bool"): 9, np.dtype("float16"): 10, np.dtype("float64"): 11}
@@ -209,7 +210,7 @@ class Client:
         self._sock.connect(endpoint)
         self._ids = itertools.count((int(time.time() * 1e6) ^ os.getpid() << 40) & ((1 << 63) - 1) or 1)
         self._kept = {}
-        self._cancelled = set()
+        self._cancelled = {}  # ids whose remaining messages are dropped (ordered: the oldest go first)
 
     def submit(self, inputs, outputs=None, timeout_ms=0, kind=KIND_INFER, session=None, extra=b"", rid=None):
         """Sends a request ({name: array}); returns its id at once."""
@@ -250,10 +251,15 @@ class Client:
             r = Response(self._sock.recv())
             if r.id in self._cancelled:
                 if not r.more:
-                    self._cancelled.discard(r.id)
+                    self._cancelled.pop(r.id, None)
                 continue
             if rid is None or r.id == rid:
                 return r
+            if sum(len(v) for v in self._kept.values()) >= MAX_KEPT:  # nobody waits for these: drop the oldest
+                oldest = next(iter(self._kept))
+                self._kept[oldest].pop(0)
+                if not self._kept[oldest]:
+                    del self._kept[oldest]
             self._kept.setdefault(r.id, []).append(r)
 
     def request(self, inputs, outputs=None, timeout_ms=10000, session=None):
@@ -284,16 +290,17 @@ class Client:
             extra += _bytes(12, b"".join(_varint(int(t)) for t in stop))
         inputs = None if tokens is None else {"tokens": np.asarray(tokens, dtype=np.int64).reshape(1, -1)}
         rid = self.submit(inputs, None, timeout_ms, KIND_GENERATE, session, extra)
+        last = False
         try:
-            while True:
+            while not last:
                 r = self.wait(rid, timeout_ms + 1000)
+                last = not r.more or r.code != 0
                 if r.code != 0:
                     raise ServeError(r.code, r.error)
                 yield r
-                if not r.more:
-                    return
         except GeneratorExit:
-            self.cancel(rid)
+            if not last:  # closed mid-stream: the service stops it
+                self.cancel(rid)
             raise
 
     def cancel(self, rid):
@@ -301,7 +308,9 @@ class Client:
         self._sock.send(_field(1, 0, _varint(rid)) + _field(2, 0, _varint(KIND_CANCEL)))
         kept = self._kept.pop(rid, [])
         if not any(not r.more for r in kept):
-            self._cancelled.add(rid)
+            if len(self._cancelled) >= MAX_KEPT:
+                self._cancelled.pop(next(iter(self._cancelled)))
+            self._cancelled[rid] = True
 
     def end_session(self, session, timeout_ms=5000):
         """Drops a session and its state on every stage."""
