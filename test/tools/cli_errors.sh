@@ -94,5 +94,12 @@ json_check "train --json with a diverging loss: every line is JSON (nan as null)
 json_check "simulate --json with overflowing costs is JSON (inf as null)" "$tmp/sim.json" \
     "assert d['makespan'] is None and d['peak_activations'] == [2, 1], d"
 expect 0 "step 0: loss" "train without a pipeline, 2048 microbatches (regression: fixed arrays overflowed)" -- train "$FX/mlp/model_nosplit.onnx" --data "x=$FX/mlp/train_x.npy" --data "y=$FX/mlp/train_y.npy" --batch-size 2048 --microbatches 2048 --steps 1
+# pippin generate / request: usage errors exit 2 before any network
+expect 2 "usage: pippin generate" "generate without an endpoint" -- generate --prompt hi
+expect 2 "usage: pippin generate" "generate with both --prompt and --tokens" -- generate ipc:///nowhere --prompt hi --tokens x.npy
+expect 2 "--temperature '-1'" "generate with a negative temperature" -- generate ipc:///nowhere --prompt hi --temperature -1
+expect 2 "--max-tokens '0'" "generate with --max-tokens 0" -- generate ipc:///nowhere --prompt hi --max-tokens 0
+expect 1 "No such file" "generate with a missing token file" -- generate ipc:///nowhere --tokens "$tmp/none.npy"
+expect 2 "usage: pippin request" "request with neither inputs, --stats nor --end-session" -- request ipc:///nowhere
 echo "1..$n"
 exit 0
