@@ -298,14 +298,17 @@ class Client:
                 if r.code != 0:
                     raise ServeError(r.code, r.error)
                 yield r
-        except GeneratorExit:
-            if not last:  # closed mid-stream: the service stops it
+        except (GeneratorExit, TimeoutError):
+            if not last:  # closed or given up mid-stream: the service stops it
                 self.cancel(rid)
             raise
 
     def cancel(self, rid):
         """Stops a generation; its remaining messages are dropped."""
-        self._sock.send(_field(1, 0, _varint(rid)) + _field(2, 0, _varint(KIND_CANCEL)))
+        try:
+            self._sock.send(_field(1, 0, _varint(rid)) + _field(2, 0, _varint(KIND_CANCEL)), zmq.NOBLOCK)
+        except zmq.ZMQError:  # closed, or the service unreachable: nothing to stop there
+            pass
         kept = self._kept.pop(rid, [])
         if not any(not r.more for r in kept):
             if len(self._cancelled) >= MAX_KEPT:

@@ -252,6 +252,9 @@ static void release_session(serve *s, job *j);
 /* Hands j back to the front thread with its response: j belongs to that
  * thread from here on (it sends and frees it). */
 static void respond(serve *s, job *j, int code, const char *error) {
+    /* a generation's last token reached its client but not the state: the session feeds it first next time */
+    if (j->toks && j->produced && j->n_fed < j->n_toks && j->sess && j->sess->name && !j->sess->ended)
+        j->sess->has_next = 1, j->sess->next_token = j->toks[j->n_toks - 1];
     release_session(s, j);
     if (!j->resp) {
         j->resp = calloc(1, sizeof *j->resp);
@@ -488,8 +491,16 @@ static void expire_pending(serve *s, double now) {
     int k = 0;
     for (int i = 0; i < s->n_pending; i++) {
         job *j = s->pending[i];
-        if (now < j->deadline) s->pending[k++] = j;
-        else respond(s, j, PP_SERVE_TIMEOUT, "not started within its timeout (the service is busy)");
+        session *x = j->sess;
+        if (x && ((x->owner && x->owner != j) || (x->running && x->owner != j))) {
+            /* it waits for its session's earlier request: its timeout counts from when it can start */
+            j->deadline = now + (j->req.timeout_ms ? j->req.timeout_ms : (uint32_t)s->c->timeout_ms);
+            s->pending[k++] = j;
+        } else if (now < j->deadline) {
+            s->pending[k++] = j;
+        } else {
+            respond(s, j, PP_SERVE_TIMEOUT, "not started within its timeout (the service is busy)");
+        }
     }
     s->n_pending = k;
 }
@@ -747,7 +758,8 @@ static pp_status launch(serve *s, job **jobs, int n, int64_t rows) {
     if (sess) {
         sess->running = 1, sess->started = 1;
         int64_t held = pp_state_length(s->store, handle);
-        if (held >= 0) sess->positions = held;
+        if (held >= 0) sess->positions = held; /* the front holds some of its state: the exact count */
+        else if (jobs[0]->toks) sess->positions = (fresh ? 0 : sess->positions) + jobs[0]->feeding - jobs[0]->n_fed;
         if (jobs[0]->toks) sess->owner = jobs[0]; /* until its last token */
         if (jobs[0]->took_next) sess->has_next = 0;
     }
@@ -879,9 +891,13 @@ static void gen_next(serve *s, batch *bt, job *j) {
     /* a model with state cannot take positions past serve.context: the next step would feed one more */
     done |= s->n_pairs && s->c->serve_context && j->sess && j->sess->positions + 1 > s->c->serve_context;
     if (done) {
-        if (j->sess && j->sess->name) j->sess->has_next = 1, j->sess->next_token = tok;
         pp_response_free(j->resp);
         j->resp = gen_message(s, j, &tok, 1, 0);
+        if (j->resp && j->cancelled) { /* the client asked to stop: told so (it drops it) and counted so */
+            j->resp->code = PP_SERVE_FAILED;
+            free(j->resp->error);
+            j->resp->error = strdup("cancelled");
+        }
         respond(s, j, j->cancelled ? PP_SERVE_FAILED : PP_SERVE_OK, j->cancelled ? "cancelled" : NULL);
         return;
     }
@@ -889,6 +905,7 @@ static void gen_next(serve *s, batch *bt, job *j) {
     if (note && (note->resp = gen_message(s, j, &tok, 1, 1))) {
         zmq_msg_init(&note->who);
         zmq_msg_copy(&note->who, &j->who);
+        note->req.id = j->req.id; /* a cancel for a client gone names it */
         note->partial = 1;
         pp_serve_front_answer(s->f, note);
     } else {

@@ -10,6 +10,8 @@
 #include "status_internal.h"
 #include "timing.h"
 
+#define REPLY_HWM 65536 /* messages queued to one client that does not read */
+
 void pp_serve_job_free(pp_serve_job *j) {
     if (!j) return;
     zmq_msg_close(&j->who);
@@ -19,10 +21,10 @@ void pp_serve_job_free(pp_serve_job *j) {
     free(j);
 }
 
-/* Sends r to the client who; 0 when the client is gone (the router is
- * mandatory: no silent drop to an unknown peer, and no high-water mark:
- * what a slow client has not read yet waits, bounded by serve.max_queue
- * requests of at most serve.max_tokens tokens). */
+/* Sends r to the client who; 0 when the client is gone or does not read
+ * (the router is mandatory: no silent drop to an unknown peer; past
+ * REPLY_HWM unread messages a client gets no more, and its generation is
+ * stopped). */
 static int send_reply(pp_serve_front *f, zmq_msg_t *who, const pp_response *r) {
     void *buf;
     size_t n;
@@ -34,7 +36,7 @@ static int send_reply(pp_serve_front *f, zmq_msg_t *who, const pp_response *r) {
     if (sent) zmq_send(f->router, buf, n, ZMQ_DONTWAIT);
     zmq_msg_close(&id);
     free(buf);
-    return sent || zmq_errno() != EHOSTUNREACH;
+    return sent || (zmq_errno() != EHOSTUNREACH && zmq_errno() != EAGAIN);
 }
 
 /* Tells the rank thread to stop client who's request id (it went away). */
@@ -270,7 +272,8 @@ pp_status pp_serve_front_open(const pp_config *c, int rank, pp_serve_front **out
         int64_t max = c->serve_max_request_bytes < ((int64_t)1 << 40) ? 2 * c->serve_max_request_bytes + 65536 : INT64_MAX;
         zmq_setsockopt(f->router, ZMQ_LINGER, &zero, sizeof zero);
         zmq_setsockopt(f->router, ZMQ_MAXMSGSIZE, &max, sizeof max);
-        zmq_setsockopt(f->router, ZMQ_SNDHWM, &hwm, sizeof hwm);
+        int reply_hwm = REPLY_HWM;
+        zmq_setsockopt(f->router, ZMQ_SNDHWM, &reply_hwm, sizeof reply_hwm);
         zmq_setsockopt(f->router, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
         zmq_setsockopt(f->pair_front, ZMQ_SNDHWM, &hwm, sizeof hwm); /* never drops: bounded by max_queue */
         zmq_setsockopt(f->pair_worker, ZMQ_SNDHWM, &hwm, sizeof hwm);

@@ -230,6 +230,24 @@ if start n; then
     rc=$?
     [ "$(wc -l <"$tmp/g3")" = 40 ]
     ok $((rc + $?)) "without a cache a generation goes past the model's 32 positions (serve.context keeps the last 32): exit $rc $(cat "$tmp/g3.err")"
+    res=$(PYTHONPATH="$SRC/python" $PY - "ipc://$tmp/n-front" <<'PYEOF' 2>&1
+import sys, time, zmq
+from pippin_client import Client
+ep = sys.argv[1]
+c = Client(ep, context=zmq.Context())
+g = c.generate(text="CELIA:", max_tokens=4000)
+next(g)
+c._sock.close(linger=0)  # the client goes away mid-stream, without a cancel
+time.sleep(1.5)
+t1 = Client(ep).stats()["tokens"]
+time.sleep(1.0)
+st = Client(ep).stats()
+print("ok" if st["tokens"] == t1 and st["in_system"] == 0 else
+      "tokens %d -> %d, in_system %d" % (t1, st["tokens"], st["in_system"]))
+PYEOF
+)
+    [ "$res" = ok ]
+    ok $? "a client gone mid-stream: its generation stops (no tokens for nobody) ${res#ok}"
     timeout 30 "$PIPPIN" request "ipc://$tmp/n-front" --input "idx=$tmp/seq.npy" --session s --output-dir "$tmp" \
         >/dev/null 2>"$tmp/ns.err"
     rc=$?
