@@ -6,8 +6,11 @@
  * ratios.
  *
  *   pippin-bench-serve ENDPOINT [--clients N] [--seconds S] [--batch B] [--seq T] [--vocab V]
+ *                      [--inputs idx,targets]
  *
- * Inputs are the example GPT's: idx and targets, int64 [B, T]. */
+ * Every input (--inputs, comma-separated; default the example GPT's idx and
+ * targets) is int64 [B, T] of random tokens below V; the output asked for is
+ * logits. Up to 1024 clients, each its own thread and connection. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,8 +20,12 @@
 #include "pippin/client.h"
 #include "pippin/tensor.h"
 
+#define MAX_INPUTS 8
+
 typedef struct {
     const char *endpoint;
+    int n_inputs;
+    const char *inputs[MAX_INPUTS];
     double seconds;
     int batch, seq, vocab, id;
     double *lat;
@@ -37,22 +44,29 @@ static void *run(void *arg) {
     pp_client *c;
     if (pp_client_connect(w->endpoint, NULL, &c) != PP_OK) {
         snprintf(w->error, sizeof w->error, "%s", pp_last_error());
+        w->errors++;
         return NULL;
     }
-    pp_tensor *in[2];
+    pp_tensor *in[MAX_INPUTS] = {0};
     int64_t shape[2] = {w->batch, w->seq};
     unsigned seed = 7u + (unsigned)w->id;
-    for (int k = 0; k < 2; k++) {
-        if (pp_tensor_new(PP_I64, 2, shape, &in[k]) != PP_OK) return NULL;
+    for (int k = 0; k < w->n_inputs; k++) {
+        if (pp_tensor_new(PP_I64, 2, shape, &in[k]) != PP_OK) {
+            snprintf(w->error, sizeof w->error, "%s", pp_last_error());
+            w->errors++;
+            for (int j = 0; j < k; j++) pp_tensor_free(in[j]);
+            pp_client_close(c);
+            return NULL;
+        }
         for (int64_t i = 0; i < shape[0] * shape[1]; i++) ((int64_t *)in[k]->data)[i] = rand_r(&seed) % w->vocab;
     }
-    const char *names[2] = {"idx", "targets"}, *outs[1] = {"logits"};
+    const char *outs[1] = {"logits"};
     double end = now_ms() + w->seconds * 1e3;
     while (now_ms() < end) {
         double t0 = now_ms();
         uint64_t id;
         pp_response *r = NULL;
-        if (pp_client_submit(c, 2, names, in, 1, outs, 10000, &id) != PP_OK ||
+        if (pp_client_submit(c, w->n_inputs, w->inputs, in, 1, outs, 10000, &id) != PP_OK ||
             pp_client_wait(c, id, 11000, &r) != PP_OK || r->code != PP_SERVE_OK) {
             w->errors++;
             snprintf(w->error, sizeof w->error, "%s", r ? r->error : pp_last_error());
@@ -67,8 +81,7 @@ static void *run(void *arg) {
         }
         w->lat[w->n++] = now_ms() - t0;
     }
-    pp_tensor_free(in[0]);
-    pp_tensor_free(in[1]);
+    for (int k = 0; k < w->n_inputs; k++) pp_tensor_free(in[k]);
     pp_client_close(c);
     return NULL;
 }
@@ -80,26 +93,47 @@ static int cmp(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s ENDPOINT [--clients N] [--seconds S] [--batch B] [--seq T] [--vocab V]\n", argv[0]);
+        fprintf(stderr,
+                "usage: %s ENDPOINT [--clients N] [--seconds S] [--batch B] [--seq T] [--vocab V] "
+                "[--inputs idx,targets]\n",
+                argv[0]);
         return 2;
     }
     int clients = 1, batch = 1, seq = 64, vocab = 58;
     double seconds = 5;
+    char inputs[256] = "idx,targets";
     for (int i = 2; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--clients")) clients = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--seconds")) seconds = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--batch")) batch = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--seq")) seq = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--vocab")) vocab = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--inputs")) snprintf(inputs, sizeof inputs, "%s", argv[i + 1]);
+        else {
+            fprintf(stderr, "%s: unknown option %s\n", argv[0], argv[i]);
+            return 2;
+        }
     }
+    const char *names[MAX_INPUTS];
+    int n_inputs = 0;
+    for (char *save = NULL, *t = strtok_r(inputs, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (n_inputs == MAX_INPUTS) return 2;
+        names[n_inputs++] = t;
+    }
+    if (n_inputs == 0) return 2;
     if (clients < 1 || clients > 1024 || batch < 1 || seq < 1 || vocab < 1) return 2;
     worker *w = calloc((size_t)clients, sizeof *w);
     pthread_t *th = calloc((size_t)clients, sizeof *th);
     if (!w || !th) return 1;
     double t0 = now_ms();
     for (int i = 0; i < clients; i++) {
-        w[i] = (worker){argv[1], seconds, batch, seq, vocab, i, NULL, 0, 0, 0, ""};
-        pthread_create(&th[i], NULL, run, &w[i]);
+        w[i] = (worker){.endpoint = argv[1], .n_inputs = n_inputs, .seconds = seconds, .batch = batch,
+                        .seq = seq, .vocab = vocab, .id = i};
+        memcpy(w[i].inputs, names, sizeof names[0] * (size_t)n_inputs);
+        if (pthread_create(&th[i], NULL, run, &w[i])) {
+            fprintf(stderr, "%s: cannot start client thread %d\n", argv[0], i);
+            return 1;
+        }
     }
     long n = 0, errors = 0;
     for (int i = 0; i < clients; i++) {
@@ -120,7 +154,11 @@ int main(int argc, char **argv) {
            "\"p50_ms\": %.3f, \"p99_ms\": %.3f}\n",
            clients, n, errors, n / wall, (double)n * batch * seq / wall, n && all ? all[n / 2] : 0.0,
            n && all ? all[(long)((double)n * 0.99) < n ? (long)((double)n * 0.99) : n - 1] : 0.0);
-    if (errors) fprintf(stderr, "pippin-bench-serve: %ld errors, e.g. %s\n", errors, w[0].error);
+    for (int i = 0; i < clients && errors; i++)
+        if (w[i].errors) {
+            fprintf(stderr, "pippin-bench-serve: %ld errors, e.g. %s\n", errors, w[i].error);
+            break;
+        }
     free(all);
     free(w);
     free(th);

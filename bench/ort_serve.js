@@ -1,6 +1,8 @@
 // ONNX Runtime (npm's onnxruntime-node, CPU) as a plain server would answer
 // the serving benchmark's requests: one at a time, and batched. Prints one
-// JSON line per thread count. Used by bench/bench_serve.py.
+// JSON line per thread count. Every model input (idx, and targets for the
+// example GPT) gets int64 [batch, seq] random tokens below VOCAB. Used by
+// bench/bench_serve.py.
 //   node bench/ort_serve.js MODEL.onnx SECONDS SEQ VOCAB BATCHED THREADS...
 const ort = require('onnxruntime-node');
 
@@ -11,10 +13,9 @@ function tokens(n, vocab) {
 }
 
 async function measure(session, batch, seq, vocab, seconds) {
-    const feeds = {
-        idx: new ort.Tensor('int64', tokens(batch * seq, vocab), [batch, seq]),
-        targets: new ort.Tensor('int64', tokens(batch * seq, vocab), [batch, seq]),
-    };
+    const feeds = {};
+    for (const name of session.inputNames)
+        feeds[name] = new ort.Tensor('int64', tokens(batch * seq, vocab), [batch, seq]);
     for (let i = 0; i < 3; i++) await session.run(feeds, ['logits']);
     const lat = [];
     const end = performance.now() + seconds * 1000;
