@@ -64,6 +64,13 @@ PP_GRAD_RULE(gemm);
 PP_GRAD_RULE(softmax);   /* Softmax LogSoftmax */
 PP_GRAD_RULE(layer_norm);
 PP_GRAD_RULE(sce_loss);
+PP_GRAD_RULE(maxpool);   /* pippin::MaxPoolGrad(dy, indices, shape_x) */
+PP_GRAD_RULE(avgpool);   /* pippin::AveragePoolGrad(dy, shape_x) */
+PP_GRAD_RULE(global_avgpool);
+PP_GRAD_RULE(global_maxpool);
+PP_GRAD_RULE(activation); /* Clip HardSigmoid HardSwish Elu Selu Softplus Softsign */
+PP_GRAD_RULE(prelu);
+PP_GRAD_RULE(conv);      /* Conv: pippin::ConvGradInput, ConvGradWeight */
 PP_GRAD_RULE(identity);  /* Identity PipeSplit Dropout: dx[k] = dy[k] */
 PP_GRAD_RULE(reshape);   /* Reshape Flatten Squeeze Unsqueeze */
 PP_GRAD_RULE(expand);

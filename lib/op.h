@@ -59,6 +59,9 @@ extern const pp_op pp_ops_constant[];    /* Shape, Size, Range, ConstantOfShape,
 extern const pp_op pp_ops_matmul[];      /* MatMul, Gemm */
 extern const pp_op pp_ops_pippin[];      /* PipeSplit */
 extern const pp_op pp_ops_grad[];        /* pippin-domain helper ops emitted by autodiff */
+extern const pp_op pp_ops_pool[];        /* MaxPool, AveragePool, Global*Pool and their grads */
+extern const pp_op pp_ops_grad_act[];    /* pippin::ClipGrad, EluGrad... (activation derivatives) */
+extern const pp_op pp_ops_conv[];        /* Conv, pippin::ConvGradInput/ConvGradWeight */
 
 #ifdef __cplusplus
 }

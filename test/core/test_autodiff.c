@@ -89,6 +89,12 @@ static void test_skip_matches_torch(void **state) {
     check_against_torch("skip", 8, 0, 1e-4, 1e-6);
 }
 
+/* Conv2d (one grouped, strided), ReLU, a Reshape and a Linear. */
+static void test_cnn_matches_torch(void **state) {
+    (void)state;
+    check_against_torch("cnn", 6, 0, 1e-4, 1e-6);
+}
+
 /* 52 parameters (the head is tied to tok_emb: one gradient, both uses);
  * the 4 causal masks are buffers (constants). */
 static void test_gpt_matches_torch(void **state) {
@@ -229,6 +235,29 @@ static void test_i_then_w_bitwise_mlp(void **state) {
 
 /* Each stage of the GPT pipe as a zero-bubble schedule runs it: gradients
  * of the stage's outputs given, gradients of its float inputs wanted. */
+/* Conv: dx (ConvGradInput) in I, dW/dB (ConvGradWeight) in W; I then W
+ * equals the whole backward. */
+static void test_i_then_w_bitwise_cnn(void **state) {
+    (void)state;
+    pp_graph *g = tu_fixture_onnx("cnn", "model.onnx");
+    int nf = g->n_nodes;
+    pp_backward *b = NULL;
+    TU_OK(pp_autodiff_model(g, NULL, 1, &b));
+    check_regions(g, b, nf);
+    int gi = 0, gw = 0;
+    for (int i = 0; i < b->n_i; i++) gi += !strcmp(g->nodes[b->i_nodes[i]].op_type, "ConvGradInput");
+    for (int i = 0; i < b->n_w; i++) gw += !strcmp(g->nodes[b->w_nodes[i]].op_type, "ConvGradWeight");
+    assert_int_equal(gi, 2); /* d/dx asked: both convs pass dx */
+    assert_int_equal(gw, 2);
+    pp_tensor *ins[3] = {tu_fixture_npy("cnn", "x.npy"), tu_fixture_npy("cnn", "y.npy"), NULL};
+    TU_OK(pp_tensor_scalar_f32(0.25f, &ins[2]));
+    assert_int_equal(g->n_inputs, 3);
+    check_bitwise(g, b, ins);
+    for (int i = 0; i < 3; i++) pp_tensor_free(ins[i]);
+    pp_backward_free(b);
+    pp_graph_free(g);
+}
+
 static void test_i_then_w_bitwise_gpt_stages(void **state) {
     (void)state;
     pp_graph *g = tu_fixture_onnx("gpt", "model.onnx");
@@ -555,11 +584,13 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mlp_matches_torch),
         cmocka_unit_test(test_skip_matches_torch),
+        cmocka_unit_test(test_cnn_matches_torch),
         cmocka_unit_test(test_gpt_matches_torch),
         cmocka_unit_test(test_buffer_matches_torch),
         cmocka_unit_test(test_regions_mlp),
         cmocka_unit_test(test_i_then_w_bitwise_mlp),
         cmocka_unit_test(test_i_then_w_bitwise_gpt_stages),
+        cmocka_unit_test(test_i_then_w_bitwise_cnn),
         cmocka_unit_test(test_varying_microbatch_sizes),
         cmocka_unit_test(test_stash_per_sample),
         cmocka_unit_test(test_stash_per_sample_dims),

@@ -392,12 +392,106 @@ static void test_gelu_patterns(void **state) {
         for (int e = 0; e < 2; e++) check_gelu(t, e);
 }
 
+/* Pooling and activations (lib/grad_rules_pool.c). */
+
+/* Distinct values, shuffled, at least 0.02 apart: a max pool's argmax does
+ * not move under the finite-difference step. */
+static pp_tensor *distinct(int ndim, const int64_t *shape) {
+    pp_tensor *t = rnd(ndim, shape, 0, 1, 0);
+    int64_t n = pp_tensor_numel(t);
+    float *d = t->data;
+    for (int64_t i = 0; i < n; i++) d[i] = -1.0f + 0.02f * (float)i;
+    for (int64_t i = n - 1; i > 0; i--) {
+        int64_t j = (int64_t)(frand(0, 1) * (float)(i + 1)) % (i + 1);
+        float v = d[i];
+        d[i] = d[j];
+        d[j] = v;
+    }
+    return t;
+}
+#define RD(...) distinct(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t), (int64_t[]){__VA_ARGS__})
+#define F32V(...) tu_f32(1, (int64_t[]){sizeof((float[]){__VA_ARGS__}) / sizeof(float)}, (float[]){__VA_ARGS__})
+
+static void test_pooling(void **state) {
+    (void)state;
+    check((gc_case){"MaxPool", "x", {RD(1, 2, 5, 5)}, 1, "kernel_shape=2,2"});
+    check((gc_case){"MaxPool", "x", {RD(2, 2, 6, 6)}, 1, "kernel_shape=3,3 strides=2,2 pads=1,1,1,1"});
+    check((gc_case){"MaxPool", "x", {RD(1, 2, 5, 5)}, 1, "kernel_shape=2,2 strides=2,2 ceil_mode=1"});
+    check((gc_case){"MaxPool", "x", {RD(2, 3, 7)}, 1, "kernel_shape=l:3 strides=l:2"});
+    check((gc_case){"MaxPool", "x", {RD(1, 2, 6, 6)}, 1,
+                    "kernel_shape=2,2 dilations=2,2 auto_pad=s:SAME_UPPER"});
+    /* with the Indices output (int64, no seed), and column-major indices */
+    check((gc_case){"MaxPool", "x", {RD(1, 2, 5, 5)}, 2, "kernel_shape=3,3 strides=2,2"});
+    check((gc_case){"MaxPool", "x", {RD(1, 2, 5, 4)}, 2, "kernel_shape=2,2 storage_order=1"});
+    check((gc_case){"MaxPool", "x", {RD(1, 1, 4, 4, 4)}, 1, "kernel_shape=2,2,2 strides=2,1,2"});
+    for (int cip = 0; cip < 2; cip++) {
+        char a[160];
+        snprintf(a, sizeof a, "kernel_shape=3,3 strides=2,2 pads=1,1,1,1 count_include_pad=%d", cip);
+        check((gc_case){"AveragePool", "x", {R(2, 2, 5, 5)}, 1, a});
+        snprintf(a, sizeof a, "kernel_shape=2,2 strides=2,2 ceil_mode=1 count_include_pad=%d", cip);
+        check((gc_case){"AveragePool", "x", {R(1, 2, 5, 5)}, 1, a});
+        snprintf(a, sizeof a, "kernel_shape=l:3 strides=l:2 pads=1,0 count_include_pad=%d", cip);
+        check((gc_case){"AveragePool", "x", {R(2, 2, 8)}, 1, a});
+        snprintf(a, sizeof a, "kernel_shape=3,2 auto_pad=s:SAME_LOWER count_include_pad=%d", cip);
+        check((gc_case){"AveragePool", "x", {R(1, 2, 4, 5)}, 1, a});
+    }
+    check((gc_case){"AveragePool", "x", {R(1, 1, 4, 4, 4)}, 1, "kernel_shape=2,2,2 strides=2,2,2"});
+    check((gc_case){"GlobalAveragePool", "x", {R(2, 3, 4, 4)}, 1});
+    check((gc_case){"GlobalAveragePool", "x", {R(2, 3, 5)}, 1});
+    check((gc_case){"GlobalMaxPool", "x", {RD(2, 3, 3, 3)}, 1});
+    check((gc_case){"GlobalMaxPool", "x", {RD(2, 2, 6)}, 1});
+}
+
+static void test_activations(void **state) {
+    (void)state;
+    /* kinks kept away from the finite-difference step */
+    float v[] = {-4, -2.9f, -1.2f, -0.45f, -0.1f, 0.2f, 0.7f, 1.4f, 2.6f, 3.5f};
+    int64_t n = 10;
+    check((gc_case){"Clip", "xcc", {tu_f32(1, &n, v), F32V(-1), F32V(1.5f)}, 1});
+    check((gc_case){"Clip", "xc", {tu_f32(1, &n, v), F32V(0)}, 1});
+    check((gc_case){"Clip", "x-c", {tu_f32(1, &n, v), NULL, F32V(6)}, 1});
+    check((gc_case){"HardSigmoid", "x", {tu_f32(1, &n, v)}, 1});
+    check((gc_case){"HardSigmoid", "x", {tu_f32(1, &n, v)}, 1, "alpha=f:0.25 beta=f:0.55"});
+    check((gc_case){"HardSwish", "x", {tu_f32(1, &n, v)}, 1});
+    check((gc_case){"Elu", "x", {RGAP(2, 5)}, 1});
+    check((gc_case){"Elu", "x", {RGAP(2, 5)}, 1, "alpha=f:0.5"});
+    check((gc_case){"Selu", "x", {RGAP(2, 5)}, 1});
+    check((gc_case){"Selu", "x", {RGAP(2, 5)}, 1, "alpha=f:2 gamma=f:1.5"});
+    check((gc_case){"Softplus", "x", {R(2, 5)}, 1});
+    check((gc_case){"Softsign", "x", {R(2, 5)}, 1});
+    check((gc_case){"LeakyRelu", "x", {RGAP(2, 4)}, 1});
+    check((gc_case){"PRelu", "xp", {RGAP(2, 3, 2, 2), RGAP(3, 1, 1)}, 1});
+    check((gc_case){"PRelu", "xp", {RGAP(2, 4), RGAP(1)}, 1});
+    check((gc_case){"PRelu", "xx", {RGAP(3, 4), RGAP(3, 4)}, 1});
+}
+
+/* Conv: dx through pippin::ConvGradInput, dW and dB through ConvGradWeight. */
+static void test_conv(void **state) {
+    (void)state;
+    check((gc_case){"Conv", "xp", {R(2, 2, 5, 5), R(3, 2, 3, 3)}, 1});
+    check((gc_case){"Conv", "xpp", {R(2, 2, 5, 4), R(3, 2, 3, 2), R(3)}, 1});
+    check((gc_case){"Conv", "xpp", {R(1, 2, 7, 6), R(2, 2, 3, 3), R(2)}, 1, "strides=2,2"});
+    check((gc_case){"Conv", "xp", {R(2, 1, 4, 5), R(2, 1, 3, 3)}, 1, "pads=1,1,1,1"});
+    check((gc_case){"Conv", "xpp", {R(1, 2, 7, 7), R(2, 2, 3, 3), R(2)}, 1,
+                    "strides=2,2 pads=1,0,1,1"});
+    check((gc_case){"Conv", "xpp", {R(2, 4, 5, 5), R(4, 2, 3, 3), R(4)}, 1, "group=2 pads=1,1,1,1"});
+    check((gc_case){"Conv", "xp", {R(1, 3, 5, 5), R(3, 1, 3, 3)}, 1, "group=3"}); /* depthwise */
+    check((gc_case){"Conv", "xp", {R(1, 2, 7, 7), R(2, 2, 3, 2)}, 1, "dilations=2,2"});
+    check((gc_case){"Conv", "xpp", {R(2, 2, 9), R(3, 2, 3), R(3)}, 1});                 /* 1-D */
+    check((gc_case){"Conv", "xp", {R(2, 2, 9), R(2, 1, 3)}, 1, "strides=l:2 pads=1,1 group=2"});
+    check((gc_case){"Conv", "xp", {R(1, 2, 6, 5), R(2, 2, 2, 3)}, 1, "auto_pad=s:SAME_UPPER strides=2,1"});
+    check((gc_case){"Conv", "xp", {R(1, 1, 6, 5), R(2, 1, 2, 2)}, 1, "auto_pad=s:SAME_LOWER"});
+    check((gc_case){"Conv", "xpp", {R(1, 3, 4, 4), R(2, 3, 1, 1), R(2)}, 1});           /* 1x1 */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_arithmetic),     cmocka_unit_test(test_unary),
         cmocka_unit_test(test_matmul),         cmocka_unit_test(test_normalization),
         cmocka_unit_test(test_reductions),     cmocka_unit_test(test_shape_ops),
         cmocka_unit_test(test_where_mask),     cmocka_unit_test(test_gelu_patterns),
+        cmocka_unit_test(test_pooling),        cmocka_unit_test(test_activations),
+        cmocka_unit_test(test_conv),
     };
     tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);

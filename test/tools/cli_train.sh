@@ -32,6 +32,10 @@ expect 0 "" "grad gpt" -- \
 [ "$(ls "$tmp/gg" | grep -c '^grad_')" -eq 52 ] && [ -f "$tmp/gg/grad_tok_emb.weight.npy" ] &&
     [ ! -f "$tmp/gg/grad_blocks.0.attn.mask.npy" ]
 ok $? "grad gpt wrote 52 gradients (tied embedding once, none for the causal-mask buffers)"
+expect 0 "gradients of 6 parameters" "grad cnn (Conv)" -- grad "$FX/cnn/model.onnx" \
+    --input "x=$FX/cnn/x.npy" --input "y=$FX/cnn/y.npy" --microbatches 2 --schedule 1f1b --out "$tmp/gc"
+[ "$(ls "$tmp/gc" | grep -c '^grad_conv[12]\.\(weight\|bias\)\.npy$')" -eq 4 ]
+ok $? "grad cnn wrote the conv gradients"
 
 # Regression: float buffers and requires_grad=False parameters were trained.
 expect 0 "frozen: 76 (0.3 KiB), never trained: gain, mask, fc2.weight" "inspect shows buffers as frozen" -- \
@@ -60,7 +64,7 @@ expect 1 "input 'y' not given" "grad with a missing input" -- grad "$FX/mlp/mode
 expect 2 "" "grad without --out" -- grad "$FX/mlp/model.onnx" --input "x=$FX/mlp/x.npy"
 
 # train: torch's trajectories
-for m in mlp gpt skip buffer; do
+for m in mlp gpt skip buffer cnn; do
     if [ $m = gpt ]; then data="--data idx=$FX/gpt/train_idx.npy --data targets=$FX/gpt/train_targets.npy"
     else data="--data x=$FX/$m/train_x.npy --data y=$FX/$m/train_y.npy"; fi
     bs=$(awk '/"batch_size"/ { gsub(/[^0-9]/, ""); print }' "$FX/$m/train_ref.json")
