@@ -40,31 +40,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from bench_serve import ort_dir  # noqa: E402
-
-LARGE = dict(vocab_size=58, block_size=256, n_embd=256, n_head=8, n_layer=4)
-
-
-def export_large(cache):
-    """The larger decoder (random weights, seed 0), exported once."""
-    name = "gpt_v{vocab_size}_b{block_size}_d{n_embd}_h{n_head}_l{n_layer}.onnx".format(**LARGE)
-    path = os.path.join(cache, name)
-    if os.path.exists(path):
-        return path
-    os.makedirs(cache, exist_ok=True)
-    sys.path.insert(0, os.path.join(ROOT, "test", "fixtures"))
-    import torch
-    import warnings
-    import gen_fixtures as gf
-    torch.manual_seed(0)
-    model = gf.GPT(**LARGE).eval()
-    tmp = path + ".tmp"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        gf.export_gpt_decoder(model, tmp)
-    os.replace(tmp, path)
-    return path
-
+from bench_serve import export_large, ort_dir  # noqa: E402
 
 def describe(path):
     """heads, head dim, layers, vocab, block, d, parameters of a decoder."""
@@ -158,7 +134,7 @@ def main():
     try:
         models = {"example": os.path.join(ROOT, "examples", "gpt", "decoder.onnx")}
         if "large" in a.models:
-            models["large"] = export_large(a.cache)
+            models["large"] = export_large(a.cache, "decoder")
         for key in a.models.split(","):
             model = models[key]
             info = describe(model)

@@ -71,9 +71,11 @@ def ort_dir(cache):
     return cache
 
 
-def export_large(cache):
-    """The larger GPT, idx -> logits (random weights, seed 0), exported once."""
-    name = "gpt_logits_v{vocab_size}_b{block_size}_d{n_embd}_h{n_head}_l{n_layer}.onnx".format(**LARGE)
+def export_large(cache, kind="logits"):
+    """The larger GPT (random weights, seed 0), exported once: kind "logits"
+    (idx -> logits) or "decoder" (with a KV cache, bench_generate.py)."""
+    prefix = "gpt_logits" if kind == "logits" else "gpt"
+    name = prefix + "_v{vocab_size}_b{block_size}_d{n_embd}_h{n_head}_l{n_layer}.onnx".format(**LARGE)
     path = os.path.join(cache, name)
     if os.path.exists(path):
         return path
@@ -87,7 +89,7 @@ def export_large(cache):
     tmp = path + ".tmp"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        gf.export_gpt_logits(model, tmp)
+        (gf.export_gpt_logits if kind == "logits" else gf.export_gpt_decoder)(model, tmp)
     os.replace(tmp, path)
     return path
 
