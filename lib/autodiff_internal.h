@@ -80,5 +80,13 @@ PP_GRAD_RULE(split);
 PP_GRAD_RULE(slice);
 PP_GRAD_RULE(gather);
 PP_GRAD_RULE(cast);
+PP_GRAD_RULE(sin);
+PP_GRAD_RULE(cos);
+PP_GRAD_RULE(trilu);
+PP_GRAD_RULE(cumsum);
+PP_GRAD_RULE(tile);
+PP_GRAD_RULE(reduce_ext); /* ReduceMax ReduceMin ReduceProd ReduceL2 ReduceLogSumExp */
+PP_GRAD_RULE(gather_elements);
+PP_GRAD_RULE(topk);
 
 #endif

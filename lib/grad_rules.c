@@ -65,6 +65,19 @@ static const rule_entry rules[] = {
     {"", "Slice", pp_grad_rule_slice, 1},
     {"", "Gather", pp_grad_rule_gather, 1},
     {"", "Cast", pp_grad_rule_cast, 1},
+    {"", "Sin", pp_grad_rule_sin, 1},
+    {"", "Cos", pp_grad_rule_cos, 1},
+    {"", "Trilu", pp_grad_rule_trilu, 1},
+    {"", "CumSum", pp_grad_rule_cumsum, 1},
+    {"", "Tile", pp_grad_rule_tile, 1},
+    {"", "ReduceMax", pp_grad_rule_reduce_ext, 1},
+    {"", "ReduceMin", pp_grad_rule_reduce_ext, 1},
+    {"", "ReduceProd", pp_grad_rule_reduce_ext, 1},
+    {"", "ReduceL2", pp_grad_rule_reduce_ext, 1},
+    {"", "ReduceLogSumExp", pp_grad_rule_reduce_ext, 1},
+    {"", "GatherElements", pp_grad_rule_gather_elements, 1},
+    {"", "Mish", pp_grad_rule_unary_x, 1},
+    {"", "TopK", pp_grad_rule_topk, 1},
 };
 
 /* Ops through which no gradient flows, by nature (integer or boolean

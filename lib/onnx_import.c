@@ -12,12 +12,11 @@
 #include "onnx_tensor.h"
 #include "pippin/log.h"
 #include "pippin/onnx.h"
+#include "onnx_upgrade.h"
 #include "op.h"
 
 #include "status_internal.h"
 #include "log_internal.h"
-#define PP_OPSET_MIN 13
-#define PP_OPSET_MAX 17
 /* protobuf messages are limited to 2 GiB */
 #define PP_ONNX_MAX_BYTES ((size_t)2 << 30)
 
@@ -179,6 +178,9 @@ static pp_status check_opsets(const Onnx__ModelProto *m, const char *file, int *
         if (d[0] == '\0' || strcmp(d, "ai.onnx") == 0) *opset = (int)o->version;
     }
     if (*opset == 0) return pp_error(PP_ERR_UNSUPPORTED, "%s: no default-domain opset import", file);
+    if (m->has_ir_version && m->ir_version > PP_IR_VERSION_MAX)
+        return pp_error(PP_ERR_UNSUPPORTED, "%s: IR version %lld is not supported (pippin reads up to %d)",
+                        file, (long long)m->ir_version, PP_IR_VERSION_MAX);
     if (*opset < PP_OPSET_MIN || *opset > PP_OPSET_MAX)
         return pp_error(PP_ERR_UNSUPPORTED, "%s: opset %d is not supported (pippin reads %d to %d)",
                         file, *opset, PP_OPSET_MIN, PP_OPSET_MAX);
@@ -294,6 +296,7 @@ static pp_status build_graph(const Onnx__ModelProto *m, const char *file, pp_gra
         s = add_graph_input(g, gp->input[i], file);
     }
     for (size_t i = 0; i < gp->n_node && s == PP_OK; i++) s = add_node(g, gp->node[i], (int)i, file);
+    if (s == PP_OK) s = pp_onnx_upgrade(g, opset, file);
     for (size_t i = 0; i < gp->n_output && s == PP_OK; i++) {
         const char *name = gp->output[i]->name;
         int v = name ? pp_graph_find_value(g, name) : -1;

@@ -61,6 +61,8 @@ extern const pp_op pp_ops_pippin[];      /* PipeSplit */
 extern const pp_op pp_ops_grad[];        /* pippin-domain helper ops emitted by autodiff */
 extern const pp_op pp_ops_pool[];        /* MaxPool, AveragePool, Global*Pool and their grads */
 extern const pp_op pp_ops_grad_act[];    /* pippin::ClipGrad, EluGrad... (activation derivatives) */
+extern const pp_op pp_ops_misc[];        /* CumSum, Mish, Scatter*, TopK, Einsum, InstanceNorm,
+                                            pippin::TileGrad, GatherElementsGrad, MishGrad */
 extern const pp_op pp_ops_conv[];        /* Conv, pippin::ConvGradInput/ConvGradWeight */
 
 #ifdef __cplusplus

@@ -1,4 +1,7 @@
-/* ONNX import and export (opsets 13-17, as PyTorch 1.13's exporter writes).
+/* ONNX import and export. Import reads default-domain opsets 7-21 and IR
+ * versions up to 10 (older and newer op versions are converted or refused
+ * by lib/onnx_upgrade.c); export writes the graph's opset, as PyTorch 1.13's
+ * exporter does for 13-17.
  *
  * Thread safety: reentrant; each call works on its own graph. */
 #ifndef PIPPIN_ONNX_H

@@ -771,9 +771,17 @@ static pp_status hardmax_run(pp_kernel_ctx *ctx) {
     if (x->dtype != PP_F32 && x->dtype != PP_F64) return unsupported_dtype(ctx, x->dtype);
     if (x->ndim == 0) return pp_kernel_error(ctx, PP_ERR_SHAPE, "input must have rank >= 1");
     int axis = 0;
-    PP_TRY(norm_axis(ctx, pp_node_attr_int(ctx->node, "axis", -1), x->ndim, &axis));
     int64_t outer, len, inner;
-    split_at(x, axis, &outer, &len, &inner);
+    if (ctx->graph && ctx->graph->opset < 13) {
+        /* Opset 1-12: coerced to 2-D at axis (default 1), as Softmax. */
+        PP_TRY(norm_axis(ctx, pp_node_attr_int(ctx->node, "axis", 1), x->ndim, &axis));
+        outer = pp_shape_numel(axis, x->shape);
+        len = pp_shape_numel(x->ndim - axis, x->shape + axis);
+        inner = 1;
+    } else {
+        PP_TRY(norm_axis(ctx, pp_node_attr_int(ctx->node, "axis", -1), x->ndim, &axis));
+        split_at(x, axis, &outer, &len, &inner);
+    }
     pp_tensor *y;
     PP_TRY(pp_tensor_new(x->dtype, x->ndim, x->shape, &y));
     for (int64_t o = 0; o < outer && len > 0; o++)

@@ -484,6 +484,38 @@ static void test_conv(void **state) {
     check((gc_case){"Conv", "xpp", {R(1, 3, 4, 4), R(2, 3, 1, 1), R(2)}, 1});           /* 1x1 */
 }
 
+static void test_misc_ops(void **state) {
+    (void)state;
+    check((gc_case){"Sin", "x", {R(2, 5)}, 1});
+    check((gc_case){"Cos", "x", {R(2, 5)}, 1});
+    check((gc_case){"Mish", "x", {R(2, 5)}, 1});
+    check((gc_case){"Mish", "x", {tu_f32(1, (int64_t[]){4}, (float[]){-6, -2.5f, 3, 8})}, 1});
+    check((gc_case){"Trilu", "x", {R(3, 4)}, 1});
+    check((gc_case){"Trilu", "xc", {R(2, 3, 4), tu_i64(0, NULL, (int64_t[]){-1})}, 1, "upper=0"});
+    check((gc_case){"CumSum", "xc", {R(3, 4), tu_i64(0, NULL, (int64_t[]){1})}, 1});
+    check((gc_case){"CumSum", "xc", {R(3, 4), tu_i64(0, NULL, (int64_t[]){0})}, 1,
+                    "exclusive=1 reverse=1"});
+    check((gc_case){"CumSum", "pc", {R(5), tu_i64(0, NULL, (int64_t[]){-1})}, 1, "reverse=1"});
+    check((gc_case){"Tile", "xc", {R(2, 3), I64V(2, 3)}, 1});
+    check((gc_case){"Tile", "pc", {R(3, 1, 2), I64V(1, 4, 1)}, 1});
+    check((gc_case){"GatherElements", "xc", {R(3, 4), tu_i64(2, (int64_t[]){3, 3},
+                    (int64_t[]){0, 3, 0, 1, 1, -1, 2, 0, 2})}, 1, "axis=1"});
+    check((gc_case){"GatherElements", "pc", {R(3, 2), tu_i64(2, (int64_t[]){4, 2},
+                    (int64_t[]){0, 2, 1, 1, 2, 0, 2, 2})}, 1});
+    check((gc_case){"ReduceMax", "x", {R(3, 4)}, 1, "axes=l:1"});
+    check((gc_case){"ReduceMax", "x", {R(2, 3, 4)}, 1, "axes=0,2 keepdims=0"});
+    check((gc_case){"ReduceMin", "x", {R(3, 4)}, 1, "axes=l:0 keepdims=0"});
+    check((gc_case){"ReduceMin", "x", {R(2, 3)}, 1});
+    check((gc_case){"ReduceProd", "x", {RPOS(3, 4)}, 1, "axes=l:1"});
+    check((gc_case){"ReduceProd", "x", {RGAP(2, 3)}, 1, "keepdims=0"});
+    check((gc_case){"ReduceL2", "x", {RGAP(3, 4)}, 1, "axes=l:-1 keepdims=0"});
+    check((gc_case){"ReduceL2", "x", {R(2, 3, 2)}, 1});
+    check((gc_case){"ReduceLogSumExp", "x", {R(3, 4)}, 1, "axes=l:1"});
+    check((gc_case){"ReduceLogSumExp", "x", {R(2, 3, 4)}, 1, "axes=0,1 keepdims=0"});
+    check((gc_case){"TopK", "xc", {R(3, 5), I64V(2)}, 2});
+    check((gc_case){"TopK", "xc", {R(4, 3), I64V(3)}, 2, "axis=0 largest=0"});
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_arithmetic),     cmocka_unit_test(test_unary),
@@ -492,6 +524,7 @@ int main(void) {
         cmocka_unit_test(test_where_mask),     cmocka_unit_test(test_gelu_patterns),
         cmocka_unit_test(test_pooling),        cmocka_unit_test(test_activations),
         cmocka_unit_test(test_conv),
+        cmocka_unit_test(test_misc_ops),
     };
     tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -130,7 +130,7 @@ static unsigned char *mutated(mutator fn, size_t *len) {
 static void drop_initializer(Onnx__ModelProto *m) { m->graph->node[0]->input[1][0] = 'q'; }
 static void old_opset(Onnx__ModelProto *m) {
     for (size_t i = 0; i < m->n_opset_import; i++)
-        if (!m->opset_import[i]->domain || !m->opset_import[i]->domain[0]) m->opset_import[i]->version = 9;
+        if (!m->opset_import[i]->domain || !m->opset_import[i]->domain[0]) m->opset_import[i]->version = 6;
 }
 static void bad_tensor(Onnx__ModelProto *m) { m->graph->initializer[0]->raw_data.len = 5; }
 static void bad_dtype(Onnx__ModelProto *m) { m->graph->initializer[0]->data_type = 8; /* string */ }
@@ -144,7 +144,7 @@ static void test_bad_models(void **state) {
     expect_load_error(buf, len, PP_ERR_NOT_FOUND, "input 'q'", "/layer/add");
     free(buf);
     buf = mutated(old_opset, &len);
-    expect_load_error(buf, len, PP_ERR_UNSUPPORTED, "opset 9", NULL);
+    expect_load_error(buf, len, PP_ERR_UNSUPPORTED, "opset 6", NULL);
     free(buf);
     buf = mutated(bad_tensor, &len);
     expect_load_error(buf, len, PP_ERR_PARSE, "initializer 'w'", "bytes");

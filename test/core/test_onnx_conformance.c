@@ -3,7 +3,7 @@
  * skipped cases marked "# SKIP" with the reason.
  *
  * A case is skipped as unsupported when its model does not load with
- * PP_ERR_UNSUPPORTED (unknown op, opset outside 13-17, unsupported dtype or
+ * PP_ERR_UNSUPPORTED (unknown op, opset outside 7-21, unsupported dtype or
  * attribute). A supported case may only be skipped when it is listed, with
  * its reason, in test/conformance-skips.txt. */
 #include <dirent.h>
