@@ -175,7 +175,8 @@ static pp_status check_opsets(const Onnx__ModelProto *m, const char *file, int *
     for (size_t i = 0; i < m->n_opset_import; i++) {
         const Onnx__OperatorSetIdProto *o = m->opset_import[i];
         const char *d = o->domain ? o->domain : "";
-        if (d[0] == '\0' || strcmp(d, "ai.onnx") == 0) *opset = (int)o->version;
+        if (d[0] == '\0' || strcmp(d, "ai.onnx") == 0)
+            *opset = o->version > 0 && o->version < 1000 ? (int)o->version : -1; /* never truncated into range */
     }
     if (*opset == 0) return pp_error(PP_ERR_UNSUPPORTED, "%s: no default-domain opset import", file);
     if (m->has_ir_version && m->ir_version > PP_IR_VERSION_MAX)

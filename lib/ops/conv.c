@@ -16,6 +16,8 @@
 
 #include "status_internal.h"
 
+#define CONV_ATTR_MAX (1 << 20) /* kernel, stride, dilation, pad, group: far above any real model */
+
 typedef struct conv_plan {
     int nsp;                          /* spatial rank of the node (1 or 2) */
     int64_t N, C, M, G, Cg, Mg;       /* batch, in/out channels, groups, per group */
@@ -62,14 +64,14 @@ static pp_status conv_check_attrs(const pp_node *n, int nsp_known) {
             return pp_node_error(n, PP_ERR_INVALID,
                                  "attribute '%s' has %d spatial dims, expected %d", lists[i], r, nsp);
         nsp = r;
-        for (int k = 0; k < a->n; k++)
-            if (i == 3 ? a->ints[k] < 0 : a->ints[k] < 1)
-                return pp_node_error(n, PP_ERR_INVALID, "attribute '%s' has a bad entry %" PRId64,
-                                     lists[i], a->ints[k]);
+        for (int k = 0; k < a->n; k++) /* bounded: every index product stays far from overflow */
+            if ((i == 3 ? a->ints[k] < 0 : a->ints[k] < 1) || a->ints[k] > CONV_ATTR_MAX)
+                return pp_node_error(n, PP_ERR_INVALID, "attribute '%s' has a bad entry %" PRId64 " (expected %s to %d)",
+                                     lists[i], a->ints[k], i == 3 ? "0" : "1", CONV_ATTR_MAX);
     }
     const pp_attr *g = pp_node_attr(n, "group");
-    if (g && (g->type != PP_ATTR_INT || g->i < 1))
-        return pp_node_error(n, PP_ERR_INVALID, "group must be a positive int");
+    if (g && (g->type != PP_ATTR_INT || g->i < 1 || g->i > CONV_ATTR_MAX))
+        return pp_node_error(n, PP_ERR_INVALID, "group must be an int from 1 to %d", CONV_ATTR_MAX);
     return PP_OK;
 }
 

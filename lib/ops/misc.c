@@ -15,22 +15,22 @@
 
 /* CumSum(x, axis) with attributes exclusive and reverse; float32, float64,
  * int32 and int64. */
-#define CUMSUM_LOOP(T)                                                                           \
+#define CUMSUM_LOOP(T, A) /* A: the accumulator (unsigned for ints: wraps, no UB) */                                                                           \
     do {                                                                                         \
         const T *src = (const T *)x->data;                                                       \
         T *dst = (T *)y->data;                                                                   \
         for (int64_t o = 0; o < outer; o++)                                                      \
             for (int64_t i = 0; i < inner; i++) {                                                \
-                T acc = 0;                                                                       \
+                A acc = 0;                                                                       \
                 for (int64_t k = 0; k < len; k++) {                                              \
                     int64_t kk = reverse ? len - 1 - k : k;                                      \
                     int64_t at = (o * len + kk) * inner + i;                                     \
                     if (exclusive) {                                                             \
-                        dst[at] = acc;                                                           \
-                        acc += src[at];                                                          \
+                        dst[at] = (T)acc;                                                           \
+                        acc += (A)src[at];                                                          \
                     } else {                                                                     \
-                        acc += src[at];                                                          \
-                        dst[at] = acc;                                                           \
+                        acc += (A)src[at];                                                          \
+                        dst[at] = (T)acc;                                                           \
                     }                                                                            \
                 }                                                                                \
             }                                                                                    \
@@ -63,10 +63,10 @@ static pp_status cumsum_run(pp_kernel_ctx *ctx) {
     }
     PP_TRY(pp_tensor_empty(x->dtype, nd, x->shape, &y));
     switch (x->dtype) {
-    case PP_F32: CUMSUM_LOOP(float); break;
-    case PP_F64: CUMSUM_LOOP(double); break;
-    case PP_I32: CUMSUM_LOOP(int32_t); break;
-    default: CUMSUM_LOOP(int64_t); break;
+    case PP_F32: CUMSUM_LOOP(float, float); break;
+    case PP_F64: CUMSUM_LOOP(double, double); break;
+    case PP_I32: CUMSUM_LOOP(int32_t, uint32_t); break;
+    default: CUMSUM_LOOP(int64_t, uint64_t); break;
     }
     ctx->out[0] = y;
     return PP_OK;

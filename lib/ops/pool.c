@@ -31,6 +31,8 @@ static int attr_ints(const pp_node *n, const char *name, int want, int64_t *v, i
     return 1;
 }
 
+#define POOL_ATTR_MAX (1 << 20) /* kernel, stride, dilation, pad: far above any real model */
+
 /* Attribute checks shared by the load-time check and the kernels. */
 static pp_status pool_attrs_ok(const pp_node *n, int *nsp) {
     const int64_t *ks = NULL;
@@ -38,12 +40,22 @@ static pp_status pool_attrs_ok(const pp_node *n, int *nsp) {
     if (nk < 1) return pp_node_error(n, PP_ERR_INVALID, "kernel_shape is required");
     if (nk > 3)
         return pp_node_error(n, PP_ERR_UNSUPPORTED, "%d-D pooling is not supported (1-D to 3-D)", nk);
+    /* bounded so that every index product below stays far from overflow */
     for (int i = 0; i < nk; i++)
-        if (ks[i] < 1) return pp_node_error(n, PP_ERR_INVALID, "kernel_shape must be positive");
-    int64_t tmp[6];
-    if (attr_ints(n, "strides", nk, tmp, 1) < 0 || attr_ints(n, "dilations", nk, tmp, 1) < 0 ||
-        attr_ints(n, "pads", 2 * nk, tmp, 0) < 0)
+        if (ks[i] < 1 || ks[i] > POOL_ATTR_MAX)
+            return pp_node_error(n, PP_ERR_INVALID, "kernel_shape %lld: expected 1 to %d", (long long)ks[i],
+                                 POOL_ATTR_MAX);
+    int64_t st[3], dl[3], pd[6];
+    if (attr_ints(n, "strides", nk, st, 1) < 0 || attr_ints(n, "dilations", nk, dl, 1) < 0 ||
+        attr_ints(n, "pads", 2 * nk, pd, 0) < 0)
         return pp_node_error(n, PP_ERR_INVALID, "strides, dilations or pads do not match kernel_shape");
+    for (int i = 0; i < nk; i++)
+        if (st[i] < 1 || st[i] > POOL_ATTR_MAX || dl[i] < 1 || dl[i] > POOL_ATTR_MAX)
+            return pp_node_error(n, PP_ERR_INVALID, "strides and dilations must be 1 to %d", POOL_ATTR_MAX);
+    for (int i = 0; i < 2 * nk; i++)
+        if (pd[i] < 0 || pd[i] > POOL_ATTR_MAX)
+            return pp_node_error(n, PP_ERR_INVALID, "pads must be 0 to %d, not %lld", POOL_ATTR_MAX,
+                                 (long long)pd[i]);
     const char *ap = pp_node_attr_string(n, "auto_pad", "NOTSET");
     if (strcmp(ap, "NOTSET") && strcmp(ap, "VALID") && strcmp(ap, "SAME_UPPER") &&
         strcmp(ap, "SAME_LOWER"))

@@ -128,6 +128,13 @@ static unsigned char *mutated(mutator fn, size_t *len) {
 
 /* Strings are edited in place: protobuf-c frees what it allocated. */
 static void drop_initializer(Onnx__ModelProto *m) { m->graph->node[0]->input[1][0] = 'q'; }
+/* regression (review): 2^32 + 13 used to be read as opset 13 */
+static void huge_opset(Onnx__ModelProto *m) {
+    for (size_t i = 0; i < m->n_opset_import; i++)
+        if (!m->opset_import[i]->domain || !m->opset_import[i]->domain[0])
+            m->opset_import[i]->version = ((int64_t)1 << 32) + 13;
+}
+
 static void old_opset(Onnx__ModelProto *m) {
     for (size_t i = 0; i < m->n_opset_import; i++)
         if (!m->opset_import[i]->domain || !m->opset_import[i]->domain[0]) m->opset_import[i]->version = 6;
@@ -145,6 +152,9 @@ static void test_bad_models(void **state) {
     free(buf);
     buf = mutated(old_opset, &len);
     expect_load_error(buf, len, PP_ERR_UNSUPPORTED, "opset 6", NULL);
+    free(buf);
+    buf = mutated(huge_opset, &len);
+    expect_load_error(buf, len, PP_ERR_UNSUPPORTED, "is not supported", NULL);
     free(buf);
     buf = mutated(bad_tensor, &len);
     expect_load_error(buf, len, PP_ERR_PARSE, "initializer 'w'", "bytes");

@@ -319,6 +319,23 @@ static void test_conv_errors(void **state) {
     TU_OK(pp_node_set_string(t.g, t.node, "auto_pad", "SAME"));
     tu_node_expect_error(&t, PP_ERR_INVALID, "auto_pad");
     tu_node_free(&t);
+    /* regressions (review): attributes whose products overflowed */
+    const char *attrs[3] = {"dilations", "strides", "pads"};
+    for (int a = 0; a < 3; a++) {
+        ins[0] = rand_f32(3, (int64_t[]){1, 1, 4});
+        ins[1] = rand_f32(3, (int64_t[]){1, 1, 3});
+        tu_node_init(&t, "Conv", 2, ins, 1, NULL);
+        int64_t huge[2] = {INT64_MAX / 2, 0};
+        TU_OK(pp_node_set_ints(t.g, t.node, attrs[a], a == 2 ? 2 : 1, huge));
+        tu_node_expect_error(&t, PP_ERR_INVALID, attrs[a]);
+        tu_node_free(&t);
+    }
+    ins[0] = rand_f32(3, (int64_t[]){1, 1, 4});
+    ins[1] = rand_f32(3, (int64_t[]){1, 1, 3});
+    tu_node_init(&t, "Conv", 2, ins, 1, NULL);
+    TU_OK(pp_node_set_int(t.g, t.node, "group", (int64_t)1 << 62));
+    tu_node_expect_error(&t, PP_ERR_INVALID, "group");
+    tu_node_free(&t);
 }
 
 int main(void) {

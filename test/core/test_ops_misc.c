@@ -78,6 +78,14 @@ static void test_cumsum_random(void **state) {
 static void test_cumsum_errors(void **state) {
     (void)state;
     tu_node t;
+    /* regression (review): an int32 sum past INT32_MAX wraps (as ONNX Runtime), no undefined behaviour */
+    pp_tensor *wrap[2] = {T(PP_I32, 1, SHAPE(2), INT32_MAX, 5), tu_i64(0, NULL, (const int64_t[]){0})};
+    tu_node_init(&t, "CumSum", 2, wrap, 1, NULL);
+    pp_tensor *y = tu_node_run_one(&t);
+    assert_int_equal(((const int32_t *)y->data)[1], INT32_MIN + 4);
+    pp_tensor_free(y);
+    tu_node_free(&t);
+
     pp_tensor *ins[2] = {F32(1, SHAPE(2), 1, 2), tu_i64(0, NULL, (const int64_t[]){1})};
     tu_node_init(&t, "CumSum", 2, ins, 1, NULL);
     tu_node_expect_error(&t, PP_ERR_SHAPE, "axis");

@@ -261,6 +261,25 @@ static void test_pool_errors(void **state) {
     TU_OK(pp_node_set_ints(t.g, t.node, "kernel_shape", 1, (int64_t[]){2}));
     tu_node_expect_error(&t, PP_ERR_UNSUPPORTED, "float32 only");
     tu_node_free(&t);
+    /* regressions (review): a dilation that overflowed the window's extent
+     * read and wrote past the buffers; negative pads were taken */
+    const char *pool_ops[2] = {"MaxPool", "AveragePool"};
+    for (int o = 0; o < 2; o++) {
+        tu_node_init(&t, pool_ops[o], 1, (pp_tensor *[]){rand_f32(3, SHAPE(1, 1, 4))}, 1, NULL);
+        TU_OK(pp_node_set_ints(t.g, t.node, "kernel_shape", 1, (int64_t[]){3}));
+        TU_OK(pp_node_set_ints(t.g, t.node, "dilations", 1, (int64_t[]){INT64_MAX}));
+        tu_node_expect_error(&t, PP_ERR_INVALID, "dilations");
+        tu_node_free(&t);
+        tu_node_init(&t, pool_ops[o], 1, (pp_tensor *[]){rand_f32(3, SHAPE(1, 1, 4))}, 1, NULL);
+        TU_OK(pp_node_set_ints(t.g, t.node, "kernel_shape", 1, (int64_t[]){2}));
+        TU_OK(pp_node_set_ints(t.g, t.node, "pads", 2, (int64_t[]){-3, 5}));
+        tu_node_expect_error(&t, PP_ERR_INVALID, "pads");
+        tu_node_free(&t);
+        tu_node_init(&t, pool_ops[o], 1, (pp_tensor *[]){rand_f32(3, SHAPE(1, 1, 4))}, 1, NULL);
+        TU_OK(pp_node_set_ints(t.g, t.node, "kernel_shape", 1, (int64_t[]){(int64_t)1 << 40}));
+        tu_node_expect_error(&t, PP_ERR_INVALID, "kernel_shape");
+        tu_node_free(&t);
+    }
 }
 
 /* Activation derivatives against their formulas. */
