@@ -157,7 +157,7 @@ static void take_request(pp_serve_front *f) {
     } else if (state != PP_FRONT_SERVING) {
         char why[1100];
         pthread_mutex_lock(&f->lock);
-        snprintf(why, sizeof why, "%s", state == PP_FRONT_CLOSING ? "the service is shutting down" : f->why);
+        snprintf(why, sizeof why, "%s", f->why[0] ? f->why : "the service is shutting down");
         pthread_mutex_unlock(&f->lock);
         atomic_fetch_add(&f->st.unavailable, 1);
         reply_error(f, &who, j->req.id, PP_SERVE_UNAVAILABLE, why);
@@ -300,7 +300,17 @@ pp_status pp_serve_front_open(const pp_config *c, int rank, pp_serve_front **out
 void pp_serve_front_close(pp_serve_front *f) {
     if (!f) return;
     if (f->started) {
-        atomic_store(&f->state, PP_FRONT_CLOSING);
+        if (atomic_load(&f->state) == PP_FRONT_DEGRADED) { /* it ends because of that: still said */
+            char why[900];
+            pthread_mutex_lock(&f->lock);
+            snprintf(why, sizeof why, "%.899s", f->why);
+            pthread_mutex_unlock(&f->lock);
+            char told[sizeof f->why];
+            snprintf(told, sizeof told, "the service is shutting down after: %.900s", why);
+            pp_serve_front_set_state(f, PP_FRONT_CLOSING, told);
+        } else {
+            atomic_store(&f->state, PP_FRONT_CLOSING);
+        }
         pp_serve_job *j; /* what the rank thread never took */
         for (double until = pp_monotonic_ms() + 1000; atomic_load(&f->st.in_system) > 0 && pp_monotonic_ms() < until;) {
             while ((j = pp_serve_front_take(f))) {
@@ -312,7 +322,9 @@ void pp_serve_front_close(pp_serve_front *f) {
                 if (j->resp) {
                     j->resp->id = j->req.id;
                     j->resp->code = PP_SERVE_UNAVAILABLE;
-                    j->resp->error = strdup("the service is shutting down");
+                    pthread_mutex_lock(&f->lock);
+                    j->resp->error = strdup(f->why[0] ? f->why : "the service is shutting down");
+                    pthread_mutex_unlock(&f->lock);
                 }
                 pp_serve_front_answer(f, j);
             }
