@@ -58,6 +58,9 @@ PP_GRAD_RULE(log);
 PP_GRAD_RULE(unary_y);   /* Tanh Sigmoid Relu Sqrt: pippin::<Op>Grad(dy, y) */
 PP_GRAD_RULE(unary_x);   /* Erf Gelu LeakyRelu: pippin::<Op>Grad(dy, x) */
 PP_GRAD_RULE(reduce);    /* ReduceSum ReduceMean */
+/* v (shaped as the reduction node's result) broadcast back to shape, with its
+ * axes and keepdims; mean: divided by the reduced count (grad_rules_math.c). */
+pp_status pp_grad_expand_reduced(pp_grad_ctx *c, int v, int shape, int mean, int *out);
 PP_GRAD_RULE(where);
 PP_GRAD_RULE(matmul);
 PP_GRAD_RULE(gemm);

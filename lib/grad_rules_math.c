@@ -97,9 +97,8 @@ static pp_status unary(pp_grad_ctx *c, int t) {
 PP_GRAD_RULE(unary_y) { return unary(c, pp_ad_out(c, 0)); }
 PP_GRAD_RULE(unary_x) { return unary(c, pp_ad_in(c, 0)); }
 
-PP_GRAD_RULE(reduce) {
+pp_status pp_grad_expand_reduced(pp_grad_ctx *c, int v, int shape, int mean, int *out) {
     const pp_node *n = &c->g->nodes[c->node];
-    int mean = strcmp(n->op_type, "ReduceMean") == 0;
     int64_t keepdims = pp_node_attr_int(n, "keepdims", 1);
     int64_t noop = pp_node_attr_int(n, "noop_with_empty_axes", 0);
     const int64_t *ax = NULL;
@@ -107,16 +106,20 @@ PP_GRAD_RULE(reduce) {
     int64_t axes[PP_MAX_DIMS];
     if (n_ax > PP_MAX_DIMS) return pp_node_error(n, PP_ERR_UNSUPPORTED, "too many axes");
     for (int i = 0; i < n_ax; i++) axes[i] = ax[i];
-    int x = pp_ad_in(c, 0), axes_in = pp_ad_in(c, 1), shape, id;
-    PP_TRY(pp_grad_shape_of(c, x, &shape));
-    int in[3] = {c->dy[0], shape, axes_in};
-    PP_TRY(pp_grad_emit(c, "ExpandReduced", "pippin", axes_in >= 0 ? 3 : 2, in, 1, NULL,
-                        &c->dx[0], &id));
+    int axes_in = pp_ad_in(c, 1), id;
+    int in[3] = {v, shape, axes_in};
+    PP_TRY(pp_grad_emit(c, "ExpandReduced", "pippin", axes_in >= 0 ? 3 : 2, in, 1, NULL, out, &id));
     PP_TRY(pp_node_set_int(c->g, id, "keepdims", keepdims));
     PP_TRY(pp_node_set_int(c->g, id, "noop_with_empty_axes", noop));
     PP_TRY(pp_node_set_int(c->g, id, "mean", mean));
     if (n_ax >= 0) PP_TRY(pp_node_set_ints(c->g, id, "axes", n_ax, axes));
     return PP_OK;
+}
+
+PP_GRAD_RULE(reduce) {
+    int shape, mean = strcmp(c->g->nodes[c->node].op_type, "ReduceMean") == 0;
+    PP_TRY(pp_grad_shape_of(c, pp_ad_in(c, 0), &shape));
+    return pp_grad_expand_reduced(c, c->dy[0], shape, mean, &c->dx[0]);
 }
 
 PP_GRAD_RULE(where) {

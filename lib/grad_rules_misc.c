@@ -59,28 +59,6 @@ PP_GRAD_RULE(gather_elements) {
     return pp_node_set_int(c->g, id, "axis", axis);
 }
 
-/* v (shaped as the reduction's result) broadcast back to x's shape, with the
- * forward's axes and keepdims. */
-static pp_status expand_back(pp_grad_ctx *c, int v, int shape, int *out) {
-    const pp_node *n = &c->g->nodes[c->node];
-    int64_t keepdims = pp_node_attr_int(n, "keepdims", 1);
-    int64_t noop = pp_node_attr_int(n, "noop_with_empty_axes", 0);
-    const int64_t *ax = NULL;
-    int n_ax = pp_node_attr_ints(n, "axes", &ax);
-    int64_t axes[PP_MAX_DIMS];
-    if (n_ax > PP_MAX_DIMS) return pp_node_error(n, PP_ERR_UNSUPPORTED, "too many axes");
-    for (int i = 0; i < n_ax; i++) axes[i] = ax[i];
-    int axes_in = pp_ad_in(c, 1), id;
-    int in[3] = {v, shape, axes_in};
-    PP_TRY(pp_grad_emit(c, "ExpandReduced", "pippin", axes_in >= 0 ? 3 : 2, in, 1, NULL, out,
-                        &id));
-    PP_TRY(pp_node_set_int(c->g, id, "keepdims", keepdims));
-    PP_TRY(pp_node_set_int(c->g, id, "noop_with_empty_axes", noop));
-    PP_TRY(pp_node_set_int(c->g, id, "mean", 0));
-    if (n_ax >= 0) PP_TRY(pp_node_set_ints(c->g, id, "axes", n_ax, axes));
-    return PP_OK;
-}
-
 /* With dyb, yb: dy and y broadcast back to x's shape,
  *   Max/Min:    dx = dyb * (x == yb)   (every tied extreme gets dy)
  *   Prod:       dx = dyb * yb / x      (x without zeros)
@@ -90,8 +68,8 @@ PP_GRAD_RULE(reduce_ext) {
     const char *op = c->g->nodes[c->node].op_type;
     int x = pp_ad_in(c, 0), y = pp_ad_out(c, 0), shape, dyb, yb, f, id;
     PP_TRY(pp_grad_shape_of(c, x, &shape));
-    PP_TRY(expand_back(c, c->dy[0], shape, &dyb));
-    PP_TRY(expand_back(c, y, shape, &yb));
+    PP_TRY(pp_grad_expand_reduced(c, c->dy[0], shape, 0, &dyb));
+    PP_TRY(pp_grad_expand_reduced(c, y, shape, 0, &yb));
     if (strcmp(op, "ReduceMax") == 0 || strcmp(op, "ReduceMin") == 0) {
         int eq;
         PP_TRY(pp_grad_op1(c, "Equal", "", x, yb, &eq));
