@@ -1180,8 +1180,11 @@ static pp_status stage_rank(serve *s) {
         while ((st = pp_transport_recv(x->t, &k, 200, &hdr)) == PP_ERR_TIMEOUT && !atomic_load(x->stop)) {
             report_stats(s, 1);
             if ((st = peers_alive(s)) == PP_OK) continue;
+            char why[512]; /* the lost peer, not the wait below, is what the others are told */
+            snprintf(why, sizeof why, "%s", pp_last_error());
             /* a header sent before the peer went (the last one, at a shutdown) still counts */
             if (pp_transport_recv(x->t, &k, 500, &hdr) == PP_OK) st = PP_OK;
+            else st = pp_error(PP_ERR_PEER, "%s", why);
             break;
         }
         if (st == PP_ERR_TIMEOUT) { /* stopped while idle */
