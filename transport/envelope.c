@@ -63,6 +63,7 @@ static pp_status pack_begin(const pp_envelope *env, pack_state *ps) {
     pb->inline_data.len = env->inline_data ? env->inline_bytes : 0;
     pb->inline_data.data = (uint8_t *)env->inline_data;
     pb->shm_name = (char *)(env->shm_name ? env->shm_name : "");
+    pb->sender_nonce = env->sender_nonce;
     pb->n_tensors = (size_t)env->ntensors;
     pb->tensors = env->ntensors ? ps->ptrs : NULL;
     for (int i = 0; i < env->ntensors; i++) {
@@ -308,6 +309,7 @@ pp_status pp_envelope_decode(const void *data, size_t len, const pp_envelope_lim
     out->inline_data = pb->inline_data.len ? pb->inline_data.data : NULL;
     out->inline_bytes = pb->inline_data.len;
     out->shm_name = pb->shm_name;
+    out->sender_nonce = pb->sender_nonce;
     out->priv_ = dec;
     return PP_OK;
 }

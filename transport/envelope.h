@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-#define PP_PROTOCOL_VERSION 1u
+#define PP_PROTOCOL_VERSION 2u
 /* Largest frame 0 a receiver accepts. */
 #define PP_ENVELOPE_MAX_BYTES 65536u
 /* Longest value name (bytes, without the terminating NUL). */
@@ -92,6 +92,8 @@ typedef struct pp_envelope {
     size_t inline_bytes;
     /* The sender's ring for PP_PLACE_SHM tensors; "" when there are none. */
     const char *shm_name;
+    /* The sender's handshake nonce (transport-internal: see pippin.proto). */
+    uint64_t sender_nonce;
     /* private: decoded storage, released by pp_envelope_clear */
     void *priv_;
 } pp_envelope;

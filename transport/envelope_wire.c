@@ -89,7 +89,7 @@ size_t pp_wire_size(const Pippin__Envelope *pb) {
     for (size_t i = 0; i < pb->n_tensors; i++) n += len_field_size(meta_size(pb->tensors[i]));
     n += str_field_size(pb->text);
     if (pb->inline_data.len) n += len_field_size(pb->inline_data.len);
-    return n + str_field_size(pb->shm_name);
+    return n + str_field_size(pb->shm_name) + varint_field_size(pb->sender_nonce);
 }
 
 size_t pp_wire_write(const Pippin__Envelope *pb, uint8_t *out) {
@@ -122,6 +122,7 @@ size_t pp_wire_write(const Pippin__Envelope *pb, uint8_t *out) {
     p = put_str_field(p, 11, pb->text);
     p = put_bytes_field(p, 12, pb->inline_data.data, pb->inline_data.len);
     p = put_str_field(p, 13, pb->shm_name);
+    p = put_varint_field(p, 14, pb->sender_nonce);
     return (size_t)(p - out);
 }
 
@@ -334,6 +335,9 @@ static int read_envelope(reader *r, sink *s, Pippin__Envelope *e) {
             break;
         case 13:
             if (!want(wt, WT_LEN) || !get_str(r, s, &e->shm_name)) return 0;
+            break;
+        case 14:
+            if (!want(wt, WT_VARINT) || !get_varint(r, &e->sender_nonce)) return 0;
             break;
         default:
             if (!skip(r, wt)) return 0;

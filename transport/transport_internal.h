@@ -228,7 +228,8 @@ const char *pp_tp_peer_addr(zmq_msg_t *m0, char buf[PEER_ADDR_CHARS]);
  * A tcp message read after its connection closed has only its IP (the
  * descriptor is gone): it matches a's IP. So a peer's last messages before
  * it exits (data, goodbye, abort) still count; a stranger on the peer's
- * host that closes its connection at once can pass too (use CURVE). */
+ * host that closes its connection at once passes this test too, and is
+ * stopped by the handshake nonce every message carries. */
 static inline int same_addr(const char *a, const char *b) {
     if (!a || !b) return !a && !b;
     if (strcmp(a, b) == 0) return 1;

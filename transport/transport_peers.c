@@ -194,6 +194,7 @@ int pp_tp_send_simple(pp_transport *t, int r, pp_msg_kind kind, const char *text
     env.run_id = t->run_id;
     env.step = t->cur_step;
     env.src_rank = t->rank;
+    env.sender_nonce = t->nonce;
     env.seq = ++p->seq;
     env.text = text;
     uint8_t buf[PP_ENVELOPE_MAX_TEXT + 128];
@@ -343,9 +344,11 @@ void pp_tp_handle_hello(pp_transport *t, int r, const pp_envelope *env, zmq_msg_
             t->run_known = 1;
             learned_run(t, r);
         }
-    } else if (p->verified && !same_addr(p->addr, addr)) {
-        /* not the address rank r answered from: a stranger, or a new
-         * incarnation of r, which answers our next hello on reconnect */
+    } else if (p->verified && !(addr ? p->addr && strcmp(p->addr, addr) == 0 : !p->addr)) {
+        /* not exactly the address rank r answered from: a stranger, or a
+         * new incarnation of r, which answers our next hello on reconnect
+         * (a hello read after its connection closed shows only the IP: it
+         * must not replace the nonce r proved) */
         pp_tp_drop(t, m0, &t->st.dropped_foreign, "claims rank %d: a hello from '%s', but rank %d answered "
                    "from '%s'", r, addr ? addr : "(inproc)", r, p->addr ? p->addr : "(inproc)");
         return;

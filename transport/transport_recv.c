@@ -195,6 +195,14 @@ static void handle_message(pp_transport *t, const void *f0, size_t len0, zmq_msg
                    r);
         goto done;
     }
+    /* the nonce of the hello this rank verified: a message read after its
+     * tcp connection closed has only the host's IP to show, which a
+     * stranger on that host shares; the nonce it cannot know */
+    if (env.sender_nonce != p->echo) {
+        pp_tp_drop(t, m0, &t->st.dropped_foreign, "claims rank %d but does not carry the nonce of rank %d's "
+                   "handshake", r, r);
+        goto done;
+    }
     if (m0 && !same_addr(p->addr, addr)) {
         pp_tp_drop(t, m0, &t->st.dropped_foreign, "claims rank %d, whose handshake came from '%s'", r,
                    p->addr ? p->addr : "(inproc)");

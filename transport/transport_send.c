@@ -200,6 +200,7 @@ pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n
     env.src_stage = key->src_stage;
     env.dst_stage = key->dst_stage;
     env.src_rank = t->rank;
+    env.sender_nonce = t->nonce;
     env.seq = p->seq + 1;
     env.ntensors = n;
     env.tensors = wt;

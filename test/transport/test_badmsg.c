@@ -52,9 +52,9 @@ static void impersonate_rank0(fixture *f) {
     assert_true(nonce != 0);
     char text[256];
     snprintf(text, sizeof text, "hello-reply run=%016llx nonce=%016llx echo=%016llx proc=%llx-%ld host=", 77ULL,
-             0x5eed5eed5eedULL, (unsigned long long)nonce, pp_shm_pid_ns(), (long)getpid());
+             TT_RAW_NONCE, (unsigned long long)nonce, pp_shm_pid_ns(), (long)getpid());
     Pippin__Envelope env = PIPPIN__ENVELOPE__INIT;
-    env.version = 1;
+    env.version = PP_PROTOCOL_VERSION;
     env.kind = PIPPIN__KIND__KIND_CONTROL;
     env.run_id = 77;
     env.src_rank = 0;

@@ -7,6 +7,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "envelope.h"
 #include "pippin.pb-c.h"
 #include "tt_util.h"
 
@@ -228,7 +229,7 @@ static void raw_send_valid(void *sock) {
     Pippin__Envelope env = PIPPIN__ENVELOPE__INIT;
     Pippin__TensorMeta meta = PIPPIN__TENSOR_META__INIT, *ptr = &meta;
     int64_t shape[1] = {6};
-    env.version = 1;
+    env.version = PP_PROTOCOL_VERSION;
     env.kind = PIPPIN__KIND__KIND_ACTIVATION;
     env.dst_stage = 1;
     env.n_tensors = 1;
@@ -293,7 +294,7 @@ static void test_allowed_key_cannot_spoof_rank(void **state) {
     assert_int_equal(zmq_connect(s, pp_transport_endpoint(b)), 0);
     /* the handshake succeeds (the key is listed); the message claims rank 0 */
     Pippin__Envelope env = PIPPIN__ENVELOPE__INIT;
-    env.version = 1;
+    env.version = PP_PROTOCOL_VERSION;
     env.kind = PIPPIN__KIND__KIND_ABORT;
     env.text = "spoofed abort";
     uint8_t buf[128];

@@ -2,13 +2,15 @@
 
 #include <string.h>
 
+#include "envelope.h"
 #include "pippin/tensor.h"
 
 void tt_craft(tt_crafted *c, uint64_t run_id, int64_t step, int32_t microbatch) {
     static const char *const names[4] = {"x", "y", "z", "w"};
     memset(c, 0, sizeof *c);
     pippin__envelope__init(&c->env);
-    c->env.version = 1;
+    c->env.version = PP_PROTOCOL_VERSION;
+    c->env.sender_nonce = TT_RAW_NONCE;
     c->env.kind = PIPPIN__KIND__KIND_ACTIVATION;
     c->env.run_id = run_id;
     c->env.step = step;

@@ -16,6 +16,10 @@ typedef struct tt_crafted {
     int64_t shape[4][12];
 } tt_crafted;
 
+/* The nonce of the raw rank 0 of test_badmsg.c's hello: its crafted
+ * messages carry it. */
+#define TT_RAW_NONCE 0x5eed5eed5eedULL
+
 void tt_craft(tt_crafted *c, uint64_t run_id, int64_t step, int32_t microbatch);
 
 #endif
