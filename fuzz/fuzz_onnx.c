@@ -1,5 +1,8 @@
 /* libFuzzer target: ONNX model decoding, graph building and checking. Any
- * input must give a graph or an error, never a crash or a leak. */
+ * input must give a graph or an error, never a crash or a leak. Bytes
+ * parsed from memory have no directory, so an initializer with external
+ * data is refused (after its entries are checked) before any file is
+ * opened: no input reaches the file system (seed external.onnx). */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>

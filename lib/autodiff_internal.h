@@ -74,6 +74,14 @@ PP_GRAD_RULE(global_maxpool);
 PP_GRAD_RULE(activation); /* Clip HardSigmoid HardSwish Elu Selu Softplus Softsign */
 PP_GRAD_RULE(prelu);
 PP_GRAD_RULE(conv);      /* Conv: pippin::ConvGradInput, ConvGradWeight */
+PP_GRAD_RULE(conv_transpose); /* pippin::ConvTransposeGradInput, ConvTransposeGradWeight */
+PP_GRAD_RULE(resize);    /* Resize Upsample: pippin::ResizeGrad */
+PP_GRAD_RULE(group_norm); /* GroupNormalization InstanceNormalization */
+PP_GRAD_RULE(pad);       /* pippin::PadGrad */
+PP_GRAD_RULE(reciprocal);
+PP_GRAD_RULE(abs);
+PP_GRAD_RULE(lstm);      /* LSTM: pippin::LSTMGrad */
+PP_GRAD_RULE(gru);       /* GRU: pippin::GRUGrad */
 PP_GRAD_RULE(identity);  /* Identity PipeSplit Dropout: dx[k] = dy[k] */
 PP_GRAD_RULE(reshape);   /* Reshape Flatten Squeeze Unsqueeze */
 PP_GRAD_RULE(expand);

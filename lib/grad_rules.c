@@ -51,6 +51,18 @@ static const rule_entry rules[] = {
     {"", "Softsign", pp_grad_rule_activation, 1},
     {"", "PRelu", pp_grad_rule_prelu, 3},
     {"", "Conv", pp_grad_rule_conv, 7},
+    {"", "ConvTranspose", pp_grad_rule_conv_transpose, 7},
+    {"", "Resize", pp_grad_rule_resize, 1},
+    {"", "Upsample", pp_grad_rule_resize, 1},
+    {"", "GroupNormalization", pp_grad_rule_group_norm, 7},
+    {"", "InstanceNormalization", pp_grad_rule_group_norm, 7},
+    {"", "Pad", pp_grad_rule_pad, 1},
+    {"", "Reciprocal", pp_grad_rule_reciprocal, 1},
+    {"", "Abs", pp_grad_rule_abs, 1},
+    {"", "LSTM", pp_grad_rule_lstm, 0xef}, /* X W R B initial_h initial_c P */
+    {"", "GRU", pp_grad_rule_gru, 0x2f},   /* X W R B initial_h */
+    {"pippin", "LSTMTrain", pp_grad_rule_lstm, 0xef}, /* their training forms */
+    {"pippin", "GRUTrain", pp_grad_rule_gru, 0x2f},
     {"", "Identity", pp_grad_rule_identity, 1},
     {"", "Dropout", pp_grad_rule_identity, 1},
     {"pippin", "PipeSplit", pp_grad_rule_identity, ALL},

@@ -77,6 +77,21 @@ PP_GRAD_RULE(exp) { return pp_grad_op1(c, "Mul", "", c->dy[0], pp_ad_out(c, 0), 
 
 PP_GRAD_RULE(log) { return pp_grad_op1(c, "Div", "", c->dy[0], pp_ad_in(c, 0), &c->dx[0]); }
 
+/* y = 1/x: dx = -dy * y * y */
+PP_GRAD_RULE(reciprocal) {
+    int y = pp_ad_out(c, 0), t, u;
+    PP_TRY(pp_grad_op1(c, "Mul", "", y, y, &t));
+    PP_TRY(pp_grad_op1(c, "Mul", "", c->dy[0], t, &u));
+    return pp_grad_op1(c, "Neg", "", u, -2, &c->dx[0]);
+}
+
+/* dx = dy * sign(x) (0 at 0, as PyTorch) */
+PP_GRAD_RULE(abs) {
+    int s;
+    PP_TRY(pp_grad_op1(c, "Sign", "", pp_ad_in(c, 0), -2, &s));
+    return pp_grad_op1(c, "Mul", "", c->dy[0], s, &c->dx[0]);
+}
+
 /* pippin::<Op>Grad(dy, t) with the forward's attributes copied. */
 static pp_status unary(pp_grad_ctx *c, int t) {
     const pp_node *n = &c->g->nodes[c->node];

@@ -66,7 +66,7 @@ PP_GRAD_RULE(gemm) {
         if (!tb) PP_TRY(gemm(c, a, dy, !ta, 0, alpha, &c->dx[1]));  /* op(A)^T dY */
         else PP_TRY(gemm(c, dy, a, 1, ta, alpha, &c->dx[1]));       /* dY^T op(A) */
     }
-    if (c->need[2] && cc >= 0) {
+    if (cc >= 0 && c->need[2]) { /* need[] has entries only for the inputs the node has */
         int s;
         PP_TRY(pp_grad_sum_to(c, dy, cc, &s));
         if (beta != 1.0f) {

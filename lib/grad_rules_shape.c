@@ -1,5 +1,5 @@
 /* Gradient rules of data-movement ops: identities, reshapes, Transpose,
- * Expand, Concat/Split, Slice, Gather and Cast. Shapes they need come from
+ * Expand, Concat/Split, Slice, Gather, Pad and Cast. Shapes they need come from
  * pp_grad_shape_of (taken during the forward). */
 #include "autodiff_internal.h"
 
@@ -92,6 +92,27 @@ PP_GRAD_RULE(gather) {
     PP_TRY(pp_grad_shape_of(c, pp_ad_in(c, 0), &in[2]));
     PP_TRY(pp_grad_emit(c, "GatherGrad", "pippin", 3, in, 1, NULL, &c->dx[0], &id));
     return pp_node_set_int(c->g, id, "axis", axis);
+}
+
+/* Pad (any mode): dx = pippin::PadGrad(dy, shape_x, pads, axes), dy summed
+ * back where each padded element was read; the fill value gets none. */
+PP_GRAD_RULE(pad) {
+    const pp_node *n = &c->g->nodes[c->node];
+    int in[4] = {c->dy[0], -1, pp_ad_in(c, 1), pp_ad_in(c, 3)}, id;
+    int n_in = in[3] >= 0 ? 4 : in[2] >= 0 ? 3 : 2;
+    PP_TRY(pp_grad_shape_of(c, pp_ad_in(c, 0), &in[1]));
+    PP_TRY(pp_grad_emit(c, "PadGrad", "pippin", n_in, in, 1, NULL, &c->dx[0], &id));
+    n = &c->g->nodes[c->node];
+    const char *keep[2] = {"mode", "pads"};
+    for (int k = 0; k < 2; k++) {
+        const pp_attr *a = pp_node_attr(n, keep[k]);
+        if (!a) continue;
+        pp_attr copy;
+        PP_TRY(pp_attr_clone(a, &copy));
+        PP_TRY(pp_node_add_attr(c->g, id, &copy));
+        n = &c->g->nodes[c->node];
+    }
+    return PP_OK;
 }
 
 /* Float-to-float casts pass the gradient back in the input's type. */

@@ -5,9 +5,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "grow.h"
 #include "onnx.pb-c.h"
+#include "onnx_external.h"
 #include "onnx_tensor.h"
 #include "pippin/onnx.h"
 
@@ -233,27 +235,60 @@ static pp_status build_model(arena *a, const pp_graph *g, Onnx__ModelProto *m) {
     return PP_OK;
 }
 
-pp_status pp_onnx_save(const pp_graph *g, const char *path) {
+static void *arena_cb(void *ctx, size_t size) { return arena_alloc(ctx, size); }
+
+void pp_onnx_save_options_init(pp_onnx_save_options *o) {
+    memset(o, 0, sizeof *o);
+    o->external_data = PP_ONNX_EXTERNAL_AUTO;
+    o->external_min_bytes = 1024;
+}
+
+pp_status pp_onnx_save(const pp_graph *g, const char *path) { return pp_onnx_save_with(g, path, NULL); }
+
+pp_status pp_onnx_save_with(const pp_graph *g, const char *path, const pp_onnx_save_options *o) {
+    pp_onnx_save_options defaults;
+    if (!o) {
+        pp_onnx_save_options_init(&defaults);
+        o = &defaults;
+    }
+    if (o->external_data != PP_ONNX_EXTERNAL_AUTO && o->external_data != PP_ONNX_EXTERNAL_ALWAYS &&
+        o->external_data != PP_ONNX_EXTERNAL_NEVER)
+        return pp_error(PP_ERR_INVALID, "%s: unknown external data mode %d", path, (int)o->external_data);
     arena a = {0};
     Onnx__ModelProto m;
+    pp_atomic_file data = {0}, model = {0};
+    int moved = 0;
     pp_status s = build_model(&a, g, &m);
     uint8_t *buf = NULL;
     size_t len = 0;
     if (s == PP_OK) {
         len = onnx__model_proto__get_packed_size(&m);
-        if (len >= (size_t)INT32_MAX) s = pp_error(PP_ERR_UNSUPPORTED, "%s: model over 2 GiB", path);
+        if (o->external_data == PP_ONNX_EXTERNAL_ALWAYS ||
+            (o->external_data == PP_ONNX_EXTERNAL_AUTO && len > PP_ONNX_EXTERNAL_THRESHOLD)) {
+            s = pp_onnx_ext_write(&m, path, o->external_min_bytes, arena_cb, &a, &data, &moved);
+            len = onnx__model_proto__get_packed_size(&m);
+        }
+    }
+    if (s == PP_OK) {
+        if (len >= (size_t)INT32_MAX)
+            s = pp_error(PP_ERR_UNSUPPORTED, "%s: model over 2 GiB%s", path,
+                         moved ? " even with its initializers in external data"
+                               : " (save it with external data)");
         else if (!(buf = malloc(len ? len : 1))) s = pp_error(PP_ERR_NOMEM, "out of memory exporting");
         else onnx__model_proto__pack(&m, buf);
     }
     arena_free(&a);
-    if (s != PP_OK) return s;
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-        free(buf);
-        return pp_error(PP_ERR_IO, "%s: %s", path, strerror(errno));
-    }
-    int ok = fwrite(buf, 1, len, f) == len;
-    if (fclose(f) != 0) ok = 0;
+    if (s == PP_OK) s = pp_atomic_open(path, &model);
+    if (s == PP_OK && fwrite(buf, 1, len, model.f) != len)
+        s = pp_error(PP_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+    /* Both files are on disk before either is renamed, so a failure leaves
+     * the old pair; the side file goes first (the new model needs it). */
+    if (s == PP_OK && moved && (fflush(model.f) != 0 || fsync(fileno(model.f)) != 0))
+        s = pp_error(PP_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+    if (s == PP_OK && moved) s = pp_atomic_commit(&data);
+    if (s == PP_OK) s = pp_atomic_commit(&model);
+    pp_atomic_discard(&data);
+    pp_atomic_discard(&model);
     free(buf);
-    return ok ? PP_OK : pp_error(PP_ERR_IO, "%s: write failed", path);
+    return s;
 }

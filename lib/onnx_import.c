@@ -9,6 +9,7 @@
 
 #include "onnx.pb-c.h"
 #include "file_io.h"
+#include "onnx_external.h"
 #include "onnx_tensor.h"
 #include "pippin/log.h"
 #include "pippin/onnx.h"
@@ -258,7 +259,7 @@ static int listed(json_object *list, const char *name) {
     return 0;
 }
 
-static pp_status build_graph(const Onnx__ModelProto *m, const char *file, pp_graph **out) {
+static pp_status build_graph(const Onnx__ModelProto *m, const char *file, pp_onnx_ext *ext, pp_graph **out) {
     const Onnx__GraphProto *gp = m->graph;
     if (!gp) return pp_error(PP_ERR_PARSE, "%s: model has no graph", file);
     int opset;
@@ -284,7 +285,8 @@ static pp_status build_graph(const Onnx__ModelProto *m, const char *file, pp_gra
         }
         snprintf(what, sizeof what, "%s: initializer '%s'", file, tp->name);
         pp_tensor *t;
-        s = pp_onnx_tensor_from_proto(tp, what, &t);
+        s = pp_onnx_ext_is_external(tp) ? pp_onnx_ext_load(ext, tp, what, &t)
+                                        : pp_onnx_tensor_from_proto(tp, what, &t);
         if (s != PP_OK) break;
         int trains = pp_dtype_is_float(t->dtype) && (!trainable || listed(trainable, tp->name));
         pp_value_kind kind = trains ? PP_VALUE_PARAM : PP_VALUE_CONST;
@@ -320,13 +322,22 @@ static pp_status build_graph(const Onnx__ModelProto *m, const char *file, pp_gra
     return PP_OK;
 }
 
-pp_status pp_onnx_parse(const void *bytes, size_t len, const char *name, pp_graph **out) {
+/* base_dir: where external data is looked for; NULL refuses it. */
+static pp_status parse_model(const void *bytes, size_t len, const char *name, const char *base_dir,
+                             pp_graph **out) {
     *out = NULL;
     Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, len, bytes);
     if (!m) return pp_error(PP_ERR_PARSE, "%s: not an ONNX model (protobuf decoding failed)", name);
-    pp_status s = build_graph(m, name, out);
+    pp_onnx_ext *ext;
+    pp_status s = pp_onnx_ext_open(base_dir, &ext);
+    if (s == PP_OK) s = build_graph(m, name, ext, out);
+    pp_onnx_ext_close(ext); /* the tensors keep what they borrow */
     onnx__model_proto__free_unpacked(m, NULL);
     return s;
+}
+
+pp_status pp_onnx_parse(const void *bytes, size_t len, const char *name, pp_graph **out) {
+    return parse_model(bytes, len, name, NULL, out);
 }
 
 pp_status pp_onnx_load(const char *path, pp_graph **out) {
@@ -334,7 +345,18 @@ pp_status pp_onnx_load(const char *path, pp_graph **out) {
     size_t len;
     *out = NULL;
     PP_TRY(pp_read_file(path, PP_ONNX_MAX_BYTES, &buf, &len));
-    pp_status s = pp_onnx_parse(buf, len, path, out);
+    /* external data locations are relative to the model file's directory */
+    char *dir = malloc(strlen(path) + 2);
+    pp_status s = PP_OK;
+    if (!dir) s = pp_error(PP_ERR_NOMEM, "out of memory");
+    else {
+        strcpy(dir, path);
+        char *slash = strrchr(dir, '/');
+        if (!slash) strcpy(dir, ".");
+        else slash[slash == dir ? 1 : 0] = '\0';
+        s = parse_model(buf, len, path, dir, out);
+    }
+    free(dir);
     free(buf);
     return s;
 }

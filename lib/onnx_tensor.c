@@ -7,25 +7,36 @@
 #include "pippin/status.h"
 
 #include "status_internal.h"
-pp_status pp_onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *what, pp_tensor **out) {
-    *out = NULL;
+pp_status pp_onnx_tensor_header(const Onnx__TensorProto *tp, const char *what, pp_dtype *dtype, int *ndim,
+                                int64_t *shape, size_t *nbytes) {
     pp_dtype dt = (pp_dtype)tp->data_type;
     if (!pp_dtype_is_valid(dt))
         return pp_error(PP_ERR_UNSUPPORTED, "%s: unsupported data type %d", what, tp->data_type);
-    if (tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL)
-        return pp_error(PP_ERR_UNSUPPORTED, "%s: external data files are not supported", what);
     if (tp->segment) return pp_error(PP_ERR_UNSUPPORTED, "%s: segmented tensors are not supported", what);
     if (tp->n_dims > PP_MAX_DIMS)
         return pp_error(PP_ERR_UNSUPPORTED, "%s: %zu dims (at most %d)", what, tp->n_dims, PP_MAX_DIMS);
-    int64_t shape[PP_MAX_DIMS];
     for (size_t i = 0; i < tp->n_dims; i++) {
         if (tp->dims[i] < 0) return pp_error(PP_ERR_PARSE, "%s: negative dimension", what);
         shape[i] = tp->dims[i];
     }
-    size_t nbytes;
-    if (pp_shape_bytes(dt, (int)tp->n_dims, shape, &nbytes) != PP_OK)
+    if (pp_shape_bytes(dt, (int)tp->n_dims, shape, nbytes) != PP_OK)
         return pp_error_context(PP_ERR_PARSE, "%s", what);
-    int64_t numel = pp_shape_numel((int)tp->n_dims, shape);
+    *dtype = dt;
+    *ndim = (int)tp->n_dims;
+    return PP_OK;
+}
+
+pp_status pp_onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *what, pp_tensor **out) {
+    *out = NULL;
+    /* initializers with external data are read by lib/onnx_external.c */
+    if (tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL)
+        return pp_error(PP_ERR_UNSUPPORTED, "%s: external data is supported for graph initializers only", what);
+    pp_dtype dt;
+    int ndim;
+    int64_t shape[PP_MAX_DIMS];
+    size_t nbytes;
+    PP_TRY(pp_onnx_tensor_header(tp, what, &dt, &ndim, shape, &nbytes));
+    int64_t numel = pp_shape_numel(ndim, shape);
     size_t have = 0;
     if (tp->has_raw_data) have = tp->raw_data.len;
     else if (dt == PP_F32) have = tp->n_float_data;
@@ -36,7 +47,7 @@ pp_status pp_onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *wha
         return pp_error(PP_ERR_PARSE, "%s: holds %zu %s, shape needs %zu", what, have,
                         tp->has_raw_data ? "bytes" : "values",
                         tp->has_raw_data ? nbytes : (size_t)numel);
-    PP_TRY(pp_tensor_empty(dt, (int)tp->n_dims, shape, out));
+    PP_TRY(pp_tensor_empty(dt, ndim, shape, out));
     pp_tensor *t = *out;
     if (tp->has_raw_data) {
         if (nbytes) memcpy(t->data, tp->raw_data.data, nbytes);

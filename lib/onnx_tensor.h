@@ -6,6 +6,10 @@
 #include "onnx.pb-c.h"
 #include "pippin/tensor.h"
 
+/* Checks tp's data type and dims (what names it in messages) and gives
+ * them with the byte size they need; the data itself is not looked at. */
+pp_status pp_onnx_tensor_header(const Onnx__TensorProto *tp, const char *what, pp_dtype *dtype, int *ndim,
+                                int64_t *shape, size_t *nbytes);
 /* Decodes tp; what names it in messages ("initializer 'w'"). */
 pp_status pp_onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *what, pp_tensor **out);
 /* Fills tp (already initialised with onnx__tensor_proto__init) pointing at

@@ -11,7 +11,8 @@
  *            'split' attributes (< 13), the other Reduce* with an 'axes'
  *            attribute (< 18) or input (>= 18), Clip's 'min'/'max'
  *            attributes (< 11), Pad's 'pads'/'value' attributes (< 11) and
- *            'axes' input (>= 18), Slice's 'starts'/'ends'/'axes' attributes
+ *            'axes' input (>= 18) and 'wrap' mode (19), Slice's
+ *            'starts'/'ends'/'axes' attributes
  *            (< 10), Dropout's 'ratio' attribute (< 12), Split's
  *            'num_outputs' (>= 18), Softmax/LogSoftmax/Hardmax coercing the
  *            input to 2-D at 'axis' (< 13; the kernels look at g->opset).
@@ -23,9 +24,12 @@
  * Versions that only widen types or add attributes whose defaults match the
  * old behaviour (MaxPool ceil_mode/dilations at 10, Gemm's optional C at 11,
  * Reshape allowzero at 14, AveragePool dilations at 19, Cast saturate at 19
- * which only concerns float8) need no entry. Ops pippin has no kernel for
- * (Upsample, Resize, TopK, GroupNormalization, ...) are refused by
- * pp_graph_resolve as unknown ops. */
+ * which only concerns float8) need no entry. Resize's forms (10: X and
+ * scales; 11-13: roi, scales, sizes; 18: axes, keep_aspect_ratio_policy,
+ * antialias; 19: half_pixel_symmetric), Upsample's (7: 'scales' attribute,
+ * 9: input) and GroupNormalization's scale per group (18) or per channel
+ * (21) are read by their kernels (lib/ops/resize.c, group_norm.c). Ops
+ * pippin has no kernel for are refused by pp_graph_resolve as unknown ops. */
 #include <string.h>
 
 #include "onnx_upgrade.h"
@@ -100,15 +104,6 @@ static pp_status dropout_mask(const upgrade_ctx *c) {
     return PP_OK;
 }
 
-/* Pad 19: 'wrap' mode. */
-static pp_status pad_mode(const upgrade_ctx *c) {
-    const char *mode = pp_node_attr_string(&c->g->nodes[c->node], "mode", "constant");
-    if (strcmp(mode, "constant") != 0 && strcmp(mode, "reflect") != 0 && strcmp(mode, "edge") != 0)
-        return refuse(c, "Pad mode other than constant, reflect or edge (opset 19 added 'wrap') "
-                         "is not supported");
-    return PP_OK;
-}
-
 static const upgrade_rule rules[] = {
     {"Squeeze", 7, 12, NULL, "'axes' attribute, an input from 13"},
     {"Unsqueeze", 7, 12, NULL, "'axes' attribute, an input from 13"},
@@ -127,7 +122,7 @@ static const upgrade_rule rules[] = {
     {"Clip", 7, 10, NULL, "'min'/'max' attributes, inputs from 11"},
     {"Pad", 7, 10, NULL, "'pads'/'value' attributes, inputs from 11"},
     {"Pad", 18, 21, NULL, "optional 'axes' input (18)"},
-    {"Pad", 19, 21, pad_mode, "'wrap' mode (19)"},
+    {"Pad", 19, 21, NULL, "'wrap' mode (19)"},
     {"Slice", 7, 9, NULL, "'starts'/'ends'/'axes' attributes, inputs from 10"},
     {"Dropout", 7, 9, dropout_mask, "mask of the input's type, bool from 10"},
     {"Dropout", 7, 11, NULL, "'ratio' attribute, an input from 12"},

@@ -53,7 +53,7 @@ extern const pp_op pp_ops_elementwise[]; /* binary arithmetic, unary math, activ
 extern const pp_op pp_ops_reduce[];      /* reductions, softmax, norms, losses */
 extern const pp_op pp_ops_reshape[];     /* Reshape, Squeeze, Transpose, Identity, Dropout... */
 extern const pp_op pp_ops_slice[];       /* Concat, Split, Slice, Gather... */
-extern const pp_op pp_ops_pad[];         /* Expand, Tile, Pad, Trilu */
+extern const pp_op pp_ops_pad[];         /* Expand, Tile, Pad, Trilu, pippin::PadGrad */
 extern const pp_op pp_ops_cast[];        /* Cast, CastLike */
 extern const pp_op pp_ops_constant[];    /* Shape, Size, Range, ConstantOfShape, Constant */
 extern const pp_op pp_ops_matmul[];      /* MatMul, Gemm */
@@ -64,6 +64,12 @@ extern const pp_op pp_ops_grad_act[];    /* pippin::ClipGrad, EluGrad... (activa
 extern const pp_op pp_ops_misc[];        /* CumSum, Mish, Scatter*, TopK, Einsum, InstanceNorm,
                                             pippin::TileGrad, GatherElementsGrad, MishGrad */
 extern const pp_op pp_ops_conv[];        /* Conv, pippin::ConvGradInput/ConvGradWeight */
+extern const pp_op pp_ops_conv_transpose[]; /* ConvTranspose, pippin::ConvTransposeGrad{Input,Weight} */
+extern const pp_op pp_ops_resize[];      /* Resize, Upsample, pippin::ResizeGrad */
+extern const pp_op pp_ops_group_norm[];  /* GroupNormalization, pippin::GroupNormGrad{Input,Weight} */
+extern const pp_op pp_ops_rnn[];         /* LSTM, GRU, pippin::LSTMTrain/GRUTrain (with stash) */
+extern const pp_op pp_ops_grad_rnn[];    /* pippin::LSTMGrad, GRUGrad (backward through time),
+                                            LSTMGradWeight, GRUGradWeight */
 
 #ifdef __cplusplus
 }

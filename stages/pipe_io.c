@@ -104,12 +104,14 @@ char *pp_pipe_to_json(const pp_pipe *p) {
     return copy;
 }
 
-pp_status pp_pipe_save(const pp_pipe *p, const char *dir) {
+pp_status pp_pipe_save(const pp_pipe *p, const char *dir) { return pp_pipe_save_with(p, dir, NULL); }
+
+pp_status pp_pipe_save_with(const pp_pipe *p, const char *dir, const pp_onnx_save_options *o) {
     if (mkdir(dir, 0777) != 0 && errno != EEXIST) return pp_error(PP_ERR_IO, "%s: %s", dir, strerror(errno));
     char path[4096];
     for (int s = 0; s < p->n_stages; s++) {
         snprintf(path, sizeof path, "%s/stage_%d.onnx", dir, s);
-        PP_TRY(pp_onnx_save(p->stages[s], path));
+        PP_TRY(pp_onnx_save_with(p->stages[s], path, o));
     }
     snprintf(path, sizeof path, "%s/pipe.json", dir);
     json_object *root = pipe_json(p);

@@ -35,8 +35,43 @@ PP_API pp_status pp_onnx_tensor_parse(const void *bytes, size_t len, const char 
 PP_API pp_status pp_onnx_tensor_load(const char *path, pp_tensor **out, char **tensor_name);
 /* Writes g as an ONNX model (opset 17 plus the pippin domain). Node regions
  * are recorded in each node's doc_string and metadata; the parameters are
- * listed under PP_ONNX_TRAINABLE_KEY, so constants stay constants on reload. */
+ * listed under PP_ONNX_TRAINABLE_KEY, so constants stay constants on reload.
+ * The file is replaced durably (temporary file, fsync, rename). Default
+ * options: initializers go to the side file PATH.data when the model would
+ * exceed PP_ONNX_EXTERNAL_THRESHOLD bytes (see pp_onnx_save_with). */
 PP_API pp_status pp_onnx_save(const pp_graph *g, const char *path);
+
+/* External data (ONNX's format for models over 2 GiB): initializers kept in
+ * a side file that the model names by a path relative to its own
+ * directory. pp_onnx_load reads them (mapping the file; a location must
+ * stay inside the model's directory, offsets and lengths must fit);
+ * pp_onnx_parse and pp_onnx_tensor_parse refuse them (bytes in memory have
+ * no directory). */
+typedef enum pp_onnx_external_mode {
+    PP_ONNX_EXTERNAL_AUTO = 0, /* external when the model would exceed the threshold */
+    PP_ONNX_EXTERNAL_ALWAYS,   /* external (initializers of at least external_min_bytes) */
+    PP_ONNX_EXTERNAL_NEVER     /* all in the model file (fails past 2 GiB) */
+} pp_onnx_external_mode;
+
+/* Model size (bytes) past which PP_ONNX_EXTERNAL_AUTO moves the
+ * initializers out: about 1.8 GiB, below protobuf's 2 GiB limit. */
+#define PP_ONNX_EXTERNAL_THRESHOLD ((size_t)1932735283u)
+
+typedef struct pp_onnx_save_options {
+    pp_onnx_external_mode external_data; /* default PP_ONNX_EXTERNAL_AUTO */
+    /* Initializers smaller than this stay in the model file when the others
+     * move out (default 1024, as onnx's size_threshold; 0 moves all but
+     * empty ones). */
+    size_t external_min_bytes;
+} pp_onnx_save_options;
+
+PP_API void pp_onnx_save_options_init(pp_onnx_save_options *o);
+/* pp_onnx_save with options (NULL: the defaults). With external data the
+ * initializers go to PATH.data (recorded as location 'BASENAME.data'), each
+ * at an offset that is a multiple of 4096 (of 64 under 4096 bytes), so a
+ * load borrows them without a copy; the side file is renamed into place
+ * just before the model file. */
+PP_API pp_status pp_onnx_save_with(const pp_graph *g, const char *path, const pp_onnx_save_options *o);
 
 #ifdef __cplusplus
 }

@@ -17,6 +17,7 @@
 #include "pippin/export.h"
 
 #include "pippin/graph.h"
+#include "pippin/onnx.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -94,6 +95,9 @@ PP_API pp_status pp_pipe_probe_shapes(pp_pipe *p, int n_dims_given, const char *
 PP_API char *pp_pipe_to_json(const pp_pipe *p);
 /* Writes DIR/stage_K.onnx for every stage and DIR/pipe.json. */
 PP_API pp_status pp_pipe_save(const pp_pipe *p, const char *dir);
+/* The same, each stage file written with o (NULL: the defaults): with
+ * external data a stage's initializers go to DIR/stage_K.onnx.data. */
+PP_API pp_status pp_pipe_save_with(const pp_pipe *p, const char *dir, const pp_onnx_save_options *o);
 /* Reads DIR/pipe.json and the stage files. */
 PP_API pp_status pp_pipe_load(const char *dir, pp_pipe **out);
 /* Reads DIR/pipe.json and only DIR/stage_<index>.onnx (other stages' graphs

@@ -3,7 +3,8 @@
  * (dW = sum over the batch of dy col^T, and dB = sum of dy over batch and
  * space), kept apart so the input gradient holds no weight-gradient work.
  *
- * Every kernel goes through im2col per batch item and group, then one sgemm.
+ * Every kernel goes through im2col per batch item and group, then one sgemm;
+ * the three GEMM cores are shared with ConvTranspose (conv_internal.h).
  * A 1-D conv is a 2-D conv of height 1. A 1x1 kernel with unit strides and no
  * padding skips im2col (the input is its own column matrix). */
 #include <cblas.h>
@@ -12,20 +13,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "conv_internal.h"
 #include "grad_kernels.h"
 
 #include "status_internal.h"
 
-#define CONV_ATTR_MAX (1 << 20) /* kernel, stride, dilation, pad, group: far above any real model */
+#define CONV_ATTR_MAX PP_CONV_ATTR_MAX /* kernel, stride, dilation, pad, group: far above any real model */
 
-typedef struct conv_plan {
-    int nsp;                          /* spatial rank of the node (1 or 2) */
-    int64_t N, C, M, G, Cg, Mg;       /* batch, in/out channels, groups, per group */
-    int64_t ih, iw, kh, kw, oh, ow;   /* 2-D view (1-D: ih = kh = oh = 1) */
-    int64_t sh, sw, dh, dw, ph, pw;   /* strides, dilations, head pads */
-    int64_t K, L, IL;                 /* Cg*kh*kw, oh*ow, ih*iw */
-    int direct;                       /* 1x1, unit stride, no pad: col = x */
-} conv_plan;
+typedef pp_conv_plan conv_plan;
 
 /* ---------------------------------------------------------- attributes */
 
@@ -168,6 +163,10 @@ static pp_status conv_plan_make(const pp_kernel_ctx *ctx, int xnd, const int64_t
         p->ih = in[0], p->kh = k[0], p->oh = out[0], p->sh = s[0], p->dh = d[0], p->ph = ph[0];
         p->iw = in[1], p->kw = k[1], p->ow = out[1], p->sw = s[1], p->dw = d[1], p->pw = ph[1];
     }
+    return pp_conv_plan_finish(ctx, p);
+}
+
+pp_status pp_conv_plan_finish(const pp_kernel_ctx *ctx, conv_plan *p) {
     p->K = p->Cg * p->kh * p->kw;
     p->L = p->oh * p->ow;
     p->IL = p->ih * p->iw;
@@ -249,6 +248,76 @@ static pp_status scratch(const pp_kernel_ctx *ctx, const conv_plan *p, float **c
     return PP_OK;
 }
 
+/* ---------------------------------------------------------- GEMM cores */
+
+pp_status pp_conv_forward(const pp_kernel_ctx *ctx, const conv_plan *p, const float *xd,
+                          const float *wd, float *yd) {
+    if (p->K == 0) {
+        memset(yd, 0, (size_t)(p->N * p->M * p->L) * sizeof(float));
+        return PP_OK;
+    }
+    float *col;
+    PP_TRY(scratch(ctx, p, &col));
+    for (int64_t n = 0; n < p->N; n++)
+        for (int64_t g = 0; g < p->G; g++) {
+            const float *xg = xd + (n * p->C + g * p->Cg) * p->IL;
+            float *yg = yd + (n * p->M + g * p->Mg) * p->L;
+            const float *cm = xg;
+            if (!p->direct) {
+                im2col(p, xg, col);
+                cm = col;
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)p->Mg, (int)p->L,
+                        (int)p->K, 1.0f, wd + g * p->Mg * p->K, (int)p->K, cm, (int)p->L, 0.0f,
+                        yg, (int)p->L);
+        }
+    free(col);
+    return PP_OK;
+}
+
+pp_status pp_conv_backward_data(const pp_kernel_ctx *ctx, const conv_plan *p, const float *dyd,
+                                const float *wd, float *dxd) {
+    memset(dxd, 0, (size_t)(p->N * p->C * p->IL) * sizeof(float));
+    if (p->K == 0 || p->L == 0 || p->Mg == 0) return PP_OK;
+    float *col;
+    PP_TRY(scratch(ctx, p, &col));
+    for (int64_t n = 0; n < p->N; n++)
+        for (int64_t g = 0; g < p->G; g++) {
+            float *dxg = dxd + (n * p->C + g * p->Cg) * p->IL;
+            float *cm = p->direct ? dxg : col;
+            /* col[K x L] = W_g^T [K x Mg] dy_g [Mg x L] */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)p->K, (int)p->L, (int)p->Mg,
+                        1.0f, wd + g * p->Mg * p->K, (int)p->K,
+                        dyd + (n * p->M + g * p->Mg) * p->L, (int)p->L, 0.0f, cm, (int)p->L);
+            if (!p->direct) col2im(p, col, dxg);
+        }
+    free(col);
+    return PP_OK;
+}
+
+pp_status pp_conv_backward_filter(const pp_kernel_ctx *ctx, const conv_plan *p, const float *dyd,
+                                  const float *xd, float *dwd) {
+    memset(dwd, 0, (size_t)(p->M * p->K) * sizeof(float));
+    if (p->K == 0 || p->L == 0 || p->Mg == 0) return PP_OK;
+    float *col;
+    PP_TRY(scratch(ctx, p, &col));
+    for (int64_t n = 0; n < p->N; n++)
+        for (int64_t g = 0; g < p->G; g++) {
+            const float *xg = xd + (n * p->C + g * p->Cg) * p->IL;
+            const float *cm = xg;
+            if (!p->direct) {
+                im2col(p, xg, col);
+                cm = col;
+            }
+            /* dW_g[Mg x K] += dy_g [Mg x L] col^T [L x K] */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)p->Mg, (int)p->K, (int)p->L,
+                        1.0f, dyd + (n * p->M + g * p->Mg) * p->L, (int)p->L, cm, (int)p->L,
+                        n ? 1.0f : 0.0f, dwd + g * p->Mg * p->K, (int)p->K);
+        }
+    free(col);
+    return PP_OK;
+}
+
 /* ---------------------------------------------------------------- Conv */
 
 static pp_status conv_run(pp_kernel_ctx *ctx) {
@@ -269,29 +338,11 @@ static pp_status conv_run(pp_kernel_ctx *ctx) {
         return PP_OK;
     }
     float *yd = y->data;
-    const float *xd = x->data, *wd = w->data;
-    if (p.K == 0) {
-        memset(yd, 0, y->nbytes);
-    }
-    float *col;
-    pp_status s = scratch(ctx, &p, &col);
+    pp_status s = pp_conv_forward(ctx, &p, x->data, w->data, yd);
     if (s != PP_OK) {
         pp_tensor_free(y);
         return s;
     }
-    for (int64_t n = 0; n < p.N && p.K > 0; n++)
-        for (int64_t g = 0; g < p.G; g++) {
-            const float *xg = xd + (n * p.C + g * p.Cg) * p.IL;
-            float *yg = yd + (n * p.M + g * p.Mg) * p.L;
-            const float *cm = xg;
-            if (!p.direct) {
-                im2col(&p, xg, col);
-                cm = col;
-            }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)p.Mg, (int)p.L, (int)p.K,
-                        1.0f, wd + g * p.Mg * p.K, (int)p.K, cm, (int)p.L, 0.0f, yg, (int)p.L);
-        }
-    free(col);
     if (bias) {
         const float *bd = bias->data;
         for (int64_t n = 0; n < p.N; n++)
@@ -329,25 +380,11 @@ static pp_status conv_grad_input_run(pp_kernel_ctx *ctx) {
         ctx->out[0] = dx;
         return PP_OK;
     }
-    float *col;
-    pp_status s = scratch(ctx, &p, &col);
+    pp_status s = pp_conv_backward_data(ctx, &p, dy->data, w->data, dx->data);
     if (s != PP_OK) {
         pp_tensor_free(dx);
         return s;
     }
-    const float *dyd = dy->data, *wd = w->data;
-    float *dxd = dx->data;
-    for (int64_t n = 0; n < p.N; n++)
-        for (int64_t g = 0; g < p.G; g++) {
-            float *dxg = dxd + (n * p.C + g * p.Cg) * p.IL;
-            float *cm = p.direct ? dxg : col;
-            /* col[K x L] = W_g^T [K x Mg] dy_g [Mg x L] */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)p.K, (int)p.L, (int)p.Mg,
-                        1.0f, wd + g * p.Mg * p.K, (int)p.K, dyd + (n * p.M + g * p.Mg) * p.L,
-                        (int)p.L, 0.0f, cm, (int)p.L);
-            if (!p.direct) col2im(&p, col, dxg);
-        }
-    free(col);
     ctx->out[0] = dx;
     return PP_OK;
 }
@@ -371,31 +408,15 @@ static pp_status conv_grad_weight_run(pp_kernel_ctx *ctx) {
         return pp_kernel_error(ctx, PP_ERR_SHAPE, "dy is %s, the conv's output is %s",
                                pp_shape_str(dy->ndim, dy->shape, a, sizeof a),
                                pp_shape_str(x->ndim, ys, b, sizeof b));
-    const float *dyd = dy->data, *xd = x->data;
+    const float *dyd = dy->data;
     if (ctx->node->out[0] >= 0) {
         pp_tensor *dw;
         PP_TRY(pp_tensor_new(PP_F32, wnd, wsh, &dw));
-        float *col = NULL;
-        pp_status s = p.K && p.L ? scratch(ctx, &p, &col) : PP_OK;
+        pp_status s = dw->nbytes ? pp_conv_backward_filter(ctx, &p, dyd, x->data, dw->data) : PP_OK;
         if (s != PP_OK) {
             pp_tensor_free(dw);
             return s;
         }
-        float *dwd = dw->data;
-        for (int64_t n = 0; n < p.N && p.K && p.L && p.Mg; n++)
-            for (int64_t g = 0; g < p.G; g++) {
-                const float *xg = xd + (n * p.C + g * p.Cg) * p.IL;
-                const float *cm = xg;
-                if (!p.direct) {
-                    im2col(&p, xg, col);
-                    cm = col;
-                }
-                /* dW_g[Mg x K] += dy_g [Mg x L] col^T [L x K] */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)p.Mg, (int)p.K, (int)p.L,
-                            1.0f, dyd + (n * p.M + g * p.Mg) * p.L, (int)p.L, cm, (int)p.L,
-                            n ? 1.0f : 0.0f, dwd + g * p.Mg * p.K, (int)p.K);
-            }
-        free(col);
         ctx->out[0] = dw;
     }
     if (ctx->n_out > 1 && ctx->node->out[1] >= 0) {

@@ -1,10 +1,12 @@
-/* Pad family: Expand, Tile, Pad, Trilu: a new tensor of the input's
- * elements laid out again, replicated or filled around. */
+/* Pad family: Expand, Tile, Pad (and its gradient pippin::PadGrad), Trilu:
+ * a new tensor of the input's elements laid out again, replicated or filled
+ * around. */
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "grad_kernels.h"
 #include "shape_kernels.h"
 
 #include "status_internal.h"
@@ -135,41 +137,81 @@ static pp_status tile_run(pp_kernel_ctx *ctx) {
 
 /* ------------------------------------------------------------------ Pad */
 
-/* Edge / reflect padding: each output index along a dim maps to a source
- * index (tables per dim); the innermost dim is copied element by element. */
-static pp_status pad_index_mode(pp_kernel_ctx *ctx, const pp_tensor *x, const int64_t *shape,
-                                const int64_t *lo, int reflect) {
-    int nd = x->ndim;
-    for (int i = 0; i < nd; i++)
-        if (x->shape[i] == 0 && shape[i] > 0)
-            return pp_kernel_error(ctx, PP_ERR_SHAPE, "cannot %s-pad empty axis %d",
-                                   reflect ? "reflect" : "edge", i);
-    pp_tensor *y;
-    PP_TRY(pp_tensor_empty(x->dtype, nd, shape, &y));
+enum { PAD_CONSTANT, PAD_EDGE, PAD_REFLECT, PAD_WRAP };
+
+static int pad_mode_of(const char *mode) {
+    if (!strcmp(mode, "constant")) return PAD_CONSTANT;
+    if (!strcmp(mode, "edge")) return PAD_EDGE;
+    if (!strcmp(mode, "reflect")) return PAD_REFLECT;
+    if (!strcmp(mode, "wrap")) return PAD_WRAP;
+    return -1;
+}
+
+/* Source index along a dim of n entries for output index o (lo = head
+ * pad), or -1 where the constant fills. */
+static int64_t pad_source(int mode, int64_t o, int64_t lo, int64_t n) {
+    int64_t i = o - lo;
+    switch (mode) {
+    case PAD_CONSTANT: return i < 0 || i >= n ? -1 : i;
+    case PAD_EDGE: return i < 0 ? 0 : i >= n ? n - 1 : i;
+    case PAD_REFLECT: { /* mirror without repeating the edge, as numpy */
+        if (n == 1) return 0;
+        int64_t period = 2 * (n - 1);
+        i %= period;
+        if (i < 0) i += period;
+        return i >= n ? period - i : i;
+    }
+    default:
+        i %= n;
+        return i < 0 ? i + n : i;
+    }
+}
+
+/* Per output dim, the source offset (index times x's stride, -1: fill) of
+ * each output index, in one block (*mem, freed by the caller). */
+static pp_status pad_tables(const pp_kernel_ctx *ctx, int mode, int nd, const int64_t *xshape,
+                            const int64_t *shape, const int64_t *lo, int64_t **t, int64_t **mem) {
+    static const char *const names[] = {"constant", "edge", "reflect", "wrap"};
+    for (int i = 0; i < nd; i++) {
+        if (mode != PAD_CONSTANT && xshape[i] == 0 && shape[i] > 0)
+            return pp_kernel_error(ctx, PP_ERR_SHAPE, "cannot %s-pad empty axis %d", names[mode], i);
+        /* wrap over a crop: runtimes disagree (crop first, or wrap over the
+         * whole axis); refuse rather than pick one silently */
+        int64_t hi = shape[i] - xshape[i] - lo[i];
+        if (mode == PAD_WRAP && ((lo[i] < 0 && hi > 0) || (lo[i] > 0 && hi < 0)))
+            return pp_kernel_error(ctx, PP_ERR_UNSUPPORTED, "wrap padding that crops one end of axis %d and "
+                                   "pads the other is not supported", i);
+    }
     int64_t total = 0;
     for (int i = 0; i < nd; i++) total += shape[i];
     int64_t *tab = malloc(sizeof(int64_t) * (size_t)(total ? total : 1));
-    if (!tab) {
-        pp_tensor_free(y);
-        return pp_error(PP_ERR_NOMEM, "out of memory");
-    }
-    int64_t *t[PP_MAX_DIMS], istr[PP_MAX_DIMS];
-    pp_contiguous_strides(nd, x->shape, istr);
+    if (!tab) return pp_kernel_error(ctx, PP_ERR_NOMEM, "out of memory");
+    int64_t istr[PP_MAX_DIMS];
+    pp_contiguous_strides(nd, xshape, istr);
     int64_t *p = tab;
     for (int d = 0; d < nd; p += shape[d], d++) {
         t[d] = p;
-        int64_t n = x->shape[d], period = 2 * (n - 1);
         for (int64_t o = 0; o < shape[d]; o++) {
-            int64_t i = o - lo[d];
-            if (!reflect || n == 1) {
-                i = i < 0 ? 0 : i >= n ? n - 1 : i;
-            } else { /* mirror without repeating the edge, as numpy */
-                i %= period;
-                if (i < 0) i += period;
-                if (i >= n) i = period - i;
-            }
-            p[o] = i * istr[d];
+            int64_t i = pad_source(mode, o, lo[d], xshape[d]);
+            p[o] = i < 0 ? -1 : i * istr[d];
         }
+    }
+    *mem = tab;
+    return PP_OK;
+}
+
+/* Edge / reflect / wrap padding through the tables; the innermost dim is
+ * copied element by element. */
+static pp_status pad_index_mode(pp_kernel_ctx *ctx, const pp_tensor *x, const int64_t *shape,
+                                const int64_t *lo, int mode) {
+    int nd = x->ndim;
+    int64_t *t[PP_MAX_DIMS], *tab;
+    PP_TRY(pad_tables(ctx, mode, nd, x->shape, shape, lo, t, &tab));
+    pp_tensor *y;
+    pp_status st = pp_tensor_empty(x->dtype, nd, shape, &y);
+    if (st != PP_OK) {
+        free(tab);
+        return st;
     }
     size_t es = pp_dtype_size(x->dtype);
     int64_t n = pp_tensor_numel(y), idx[PP_MAX_DIMS] = {0};
@@ -196,33 +238,30 @@ static pp_status pad_index_mode(pp_kernel_ctx *ctx, const pp_tensor *x, const in
     return PP_OK;
 }
 
-static pp_status pad_run(pp_kernel_ctx *ctx) {
-    pp_tensor *x = ctx->in[0];
-    int nd = x->ndim;
-    const char *mode = pp_node_attr_string(ctx->node, "mode", "constant");
-    int edge = strcmp(mode, "edge") == 0, reflect = strcmp(mode, "reflect") == 0;
-    if (strcmp(mode, "constant") != 0 && !edge && !reflect)
-        return pp_kernel_error(ctx, PP_ERR_UNSUPPORTED,
-                               "mode '%s' (supported: constant, edge, reflect)", mode);
+/* Head pads (lo) and the padded shape of x from the pads (the tensor pads_t,
+ * or the 'pads' attribute before opset 11) and the optional axes. */
+static pp_status pad_geometry(pp_kernel_ctx *ctx, int nd, const int64_t *xshape,
+                              const pp_tensor *pads_t, const pp_tensor *axes_t, int64_t *lo,
+                              int64_t *shape) {
     int64_t pads[2 * PP_MAX_DIMS], axes[PP_MAX_DIMS];
     int np, na = -1;
-    if (pp_kernel_input(ctx, 1)) {
-        PP_TRY(pp_read_ints(ctx, ctx->in[1], "pads", pads, 2 * PP_MAX_DIMS, &np));
+    if (pads_t) {
+        PP_TRY(pp_read_ints(ctx, pads_t, "pads", pads, 2 * PP_MAX_DIMS, &np));
     } else {
         const int64_t *v;
         np = pp_node_attr_ints(ctx->node, "pads", &v);
         if (np < 0 || np > 2 * PP_MAX_DIMS) return pp_kernel_error(ctx, PP_ERR_INVALID, "bad pads");
         memcpy(pads, v, sizeof(int64_t) * (size_t)np);
     }
-    if (pp_kernel_input(ctx, 3))
-        PP_TRY(pp_read_ints(ctx, ctx->in[3], "axes", axes, PP_MAX_DIMS, &na));
+    if (axes_t) PP_TRY(pp_read_ints(ctx, axes_t, "axes", axes, PP_MAX_DIMS, &na));
     if (na < 0) {
         na = nd;
         for (int i = 0; i < nd; i++) axes[i] = i;
     }
     if (np != 2 * na)
         return pp_kernel_error(ctx, PP_ERR_SHAPE, "%d pads for %d axes", np, na);
-    int64_t lo[PP_MAX_DIMS] = {0}, hi[PP_MAX_DIMS] = {0}, shape[PP_MAX_DIMS];
+    int64_t hi[PP_MAX_DIMS] = {0};
+    for (int i = 0; i < nd; i++) lo[i] = 0;
     for (int i = 0; i < na; i++) {
         int a = pp_norm_axis(axes[i], nd);
         if (a < 0)
@@ -235,12 +274,37 @@ static pp_status pad_run(pp_kernel_ctx *ctx) {
             return pp_kernel_error(ctx, PP_ERR_SHAPE, "pad on axis %d out of range", a);
     }
     for (int i = 0; i < nd; i++) {
-        shape[i] = x->shape[i] + lo[i] + hi[i];
+        shape[i] = xshape[i] + lo[i] + hi[i];
         if (shape[i] < 0)
             return pp_kernel_error(ctx, PP_ERR_SHAPE, "pads make axis %d negative", i);
     }
     if (!shape_fits(nd, shape)) return pp_kernel_error(ctx, PP_ERR_SHAPE, "padded shape overflows");
-    if (edge || reflect) return pad_index_mode(ctx, x, shape, lo, reflect);
+    return PP_OK;
+}
+
+static pp_status pad_check(const pp_graph *g, const pp_node *n) {
+    (void)g;
+    const char *mode = pp_node_attr_string(n, "mode", "constant");
+    if (pad_mode_of(mode) < 0)
+        return pp_node_error(n, PP_ERR_UNSUPPORTED,
+                             "mode '%s' (supported: constant, edge, reflect, wrap)", mode);
+    return PP_OK;
+}
+
+static pp_status pad_run(pp_kernel_ctx *ctx) {
+    pp_tensor *x = ctx->in[0];
+    int nd = x->ndim;
+    const char *mode = pp_node_attr_string(ctx->node, "mode", "constant");
+    int m = pad_mode_of(mode);
+    if (m < 0)
+        return pp_kernel_error(ctx, PP_ERR_UNSUPPORTED,
+                               "mode '%s' (supported: constant, edge, reflect, wrap)", mode);
+    int64_t lo[PP_MAX_DIMS], shape[PP_MAX_DIMS];
+    PP_TRY(pad_geometry(ctx, nd, x->shape, pp_kernel_input(ctx, 1), pp_kernel_input(ctx, 3), lo,
+                        shape));
+    if (m != PAD_CONSTANT) return pad_index_mode(ctx, x, shape, lo, m);
+    int64_t hi[PP_MAX_DIMS];
+    for (int i = 0; i < nd; i++) hi[i] = shape[i] - x->shape[i] - lo[i];
     size_t es = pp_dtype_size(x->dtype);
     /* The fill value in x's dtype. */
     unsigned char val[8] = {0};
@@ -287,6 +351,64 @@ static pp_status pad_run(pp_kernel_ctx *ctx) {
     return PP_OK;
 }
 
+/* -------------------------------------------------------------- PadGrad */
+
+/* PadGrad(dy, shape_x, pads, axes) -> dx, with the forward's mode (and its
+ * 'pads' attribute before opset 11): dy summed back into the x position
+ * each padded element was read from (fill positions pass nothing). */
+static pp_status pad_grad_run(pp_kernel_ctx *ctx) {
+    PP_TRY(pp_grad_k_f32(ctx, 0, "dy"));
+    int nd;
+    int64_t xs[PP_MAX_DIMS], lo[PP_MAX_DIMS], shape[PP_MAX_DIMS];
+    PP_TRY(pp_grad_k_shape(ctx, 1, &nd, xs));
+    const pp_tensor *dy = ctx->in[0];
+    int m = pad_mode_of(pp_node_attr_string(ctx->node, "mode", "constant"));
+    if (m < 0) return pp_kernel_error(ctx, PP_ERR_UNSUPPORTED, "unknown mode");
+    PP_TRY(pad_geometry(ctx, nd, xs, pp_kernel_input(ctx, 2), pp_kernel_input(ctx, 3), lo, shape));
+    char a[128], b[128];
+    if (!pp_shape_equal(dy->ndim, dy->shape, nd, shape))
+        return pp_kernel_error(ctx, PP_ERR_SHAPE, "dy is %s, the padded shape %s",
+                               pp_shape_s(dy, a, sizeof a), pp_shape_str(nd, shape, b, sizeof b));
+    pp_tensor *dx;
+    PP_TRY(pp_tensor_new(PP_F32, nd, xs, &dx));
+    int64_t n = pp_tensor_numel(dy);
+    if (!dx->nbytes || !n) {
+        ctx->out[0] = dx;
+        return PP_OK;
+    }
+    int64_t *t[PP_MAX_DIMS], *tab;
+    pp_status st = pad_tables(ctx, m, nd, xs, shape, lo, t, &tab);
+    if (st != PP_OK) {
+        pp_tensor_free(dx);
+        return st;
+    }
+    const float *g = dy->data;
+    float *d = dx->data;
+    int64_t idx[PP_MAX_DIMS] = {0}, inner = nd ? shape[nd - 1] : 1;
+    for (int64_t o = 0; o < n; o += inner, g += inner) {
+        int64_t base = 0;
+        int fill = 0;
+        for (int k = 0; k + 1 < nd; k++) {
+            int64_t v = t[k][idx[k]];
+            if (v < 0) fill = 1;
+            base += v;
+        }
+        if (nd == 0) d[0] += g[0];
+        else if (!fill) {
+            const int64_t *tl = t[nd - 1];
+            for (int64_t j = 0; j < inner; j++)
+                if (tl[j] >= 0) d[base + tl[j]] += g[j];
+        }
+        for (int k = nd - 2; k >= 0; k--) {
+            if (++idx[k] < shape[k]) break;
+            idx[k] = 0;
+        }
+    }
+    free(tab);
+    ctx->out[0] = dx;
+    return PP_OK;
+}
+
 /* --------------------------------------------------------------- Trilu */
 
 static pp_status trilu_run(pp_kernel_ctx *ctx) {
@@ -326,7 +448,9 @@ static pp_status trilu_run(pp_kernel_ctx *ctx) {
 const pp_op pp_ops_pad[] = {
     {"Expand", "", 2, 2, 1, 1, NULL, expand_run},
     {"Tile", "", 2, 2, 1, 1, NULL, tile_run},
-    {"Pad", "", 1, 4, 1, 1, NULL, pad_run},
+    {"Pad", "", 1, 4, 1, 1, pad_check, pad_run},
+    /* dy, shape_x, pads, axes -> dx */
+    {"PadGrad", "pippin", 2, 4, 1, 1, pad_check, pad_grad_run},
     {"Trilu", "", 1, 2, 1, 1, NULL, trilu_run},
     {NULL},
 };

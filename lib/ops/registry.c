@@ -11,6 +11,10 @@ static const pp_op *const families[] = {
     pp_ops_constant, pp_ops_matmul, pp_ops_pippin, pp_ops_grad,
     pp_ops_pool, pp_ops_grad_act,
     pp_ops_conv,
+    pp_ops_conv_transpose,
+    pp_ops_resize,
+    pp_ops_group_norm,
+    pp_ops_rnn, pp_ops_grad_rnn,
     pp_ops_misc,
 };
 

@@ -95,6 +95,22 @@ static void test_cnn_matches_torch(void **state) {
     check_against_torch("cnn", 6, 0, 1e-4, 1e-6);
 }
 
+/* A tiny UNet: Conv, ConvTranspose (grouped, output_padding), Resize
+ * nearest and bilinear (scales), GroupNorm as PyTorch 1.13 exports it
+ * (InstanceNormalization + Reshape + Mul + Add) and an MSE loss. */
+static void test_unet_matches_torch(void **state) {
+    (void)state;
+    check_against_torch("unet", 10, 0, 1e-4, 1e-6);
+}
+
+/* Linear, a 2-layer bidirectional LSTM (batch_first, torch's Slice/Concat
+ * weight reordering) and a GRU (linear_before_reset): backward through time
+ * via pippin::LSTMGrad / GRUGrad. */
+static void test_rnn_matches_torch(void **state) {
+    (void)state;
+    check_against_torch("rnn", 24, 0, 1e-4, 1e-6);
+}
+
 /* 52 parameters (the head is tied to tok_emb: one gradient, both uses);
  * the 4 causal masks are buffers (constants). */
 static void test_gpt_matches_torch(void **state) {
@@ -585,6 +601,8 @@ int main(void) {
         cmocka_unit_test(test_mlp_matches_torch),
         cmocka_unit_test(test_skip_matches_torch),
         cmocka_unit_test(test_cnn_matches_torch),
+        cmocka_unit_test(test_unet_matches_torch),
+        cmocka_unit_test(test_rnn_matches_torch),
         cmocka_unit_test(test_gpt_matches_torch),
         cmocka_unit_test(test_buffer_matches_torch),
         cmocka_unit_test(test_regions_mlp),

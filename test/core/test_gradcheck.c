@@ -484,7 +484,76 @@ static void test_conv(void **state) {
     check((gc_case){"Conv", "xpp", {R(1, 3, 4, 4), R(2, 3, 1, 1), R(2)}, 1});           /* 1x1 */
 }
 
+/* ConvTranspose: dx through pippin::ConvTransposeGradInput (a Conv forward),
+ * dW and dB through ConvTransposeGradWeight. */
+static void test_conv_transpose(void **state) {
+    (void)state;
+    check((gc_case){"ConvTranspose", "xp", {R(2, 2, 3, 3), R(2, 3, 3, 3)}, 1});
+    check((gc_case){"ConvTranspose", "xpp", {R(1, 2, 3, 4), R(2, 3, 2, 3), R(3)}, 1, "strides=2,2"});
+    check((gc_case){"ConvTranspose", "xpp", {R(1, 2, 4, 3), R(2, 2, 3, 3), R(2)}, 1,
+                    "strides=2,2 pads=1,1,1,0 output_padding=1,1"});
+    check((gc_case){"ConvTranspose", "xp", {R(2, 4, 3, 3), R(4, 1, 3, 3)}, 1,
+                    "group=2 dilations=2,1"});
+    check((gc_case){"ConvTranspose", "xpp", {R(1, 3, 4, 4), R(3, 1, 2, 2), R(3)}, 1,
+                    "group=3 strides=2,2"}); /* depthwise */
+    check((gc_case){"ConvTranspose", "xpp", {R(2, 2, 5), R(2, 3, 3), R(3)}, 1, "strides=l:2 pads=1,0"});
+    check((gc_case){"ConvTranspose", "xp", {R(1, 1, 3, 3), R(1, 2, 3, 3)}, 1,
+                    "strides=3,2 output_shape=10,8"});
+    check((gc_case){"ConvTranspose", "xp", {R(1, 1, 3, 3), R(1, 2, 3, 3)}, 1,
+                    "strides=2,2 auto_pad=s:SAME_UPPER"});
+    check((gc_case){"ConvTranspose", "xpp", {R(1, 3, 4, 4), R(3, 2, 1, 1), R(2)}, 1}); /* 1x1 */
+}
+
+/* Resize / Upsample through pippin::ResizeGrad. */
+static void test_resize(void **state) {
+    (void)state;
+    check((gc_case){"Resize", "x-c", {R(1, 2, 2, 3), NULL, F32V(1, 1, 2, 2)}, 1, "mode=s:nearest"});
+    check((gc_case){"Resize", "x-c", {R(1, 2, 2, 3), NULL, F32V(1, 1, 2, 2)}, 1,
+                    "mode=s:nearest coordinate_transformation_mode=s:asymmetric nearest_mode=s:floor"});
+    check((gc_case){"Resize", "x-c", {R(1, 1, 3, 4), NULL, F32V(1, 1, 2, 2)}, 1,
+                    "mode=s:linear coordinate_transformation_mode=s:pytorch_half_pixel"});
+    check((gc_case){"Resize", "x-c", {R(2, 1, 3, 3), NULL, F32V(1, 1, 2, 1.5f)}, 1,
+                    "mode=s:linear coordinate_transformation_mode=s:align_corners"});
+    check((gc_case){"Resize", "x-c", {R(1, 2, 4, 6), NULL, F32V(1, 1, 0.5f, 0.5f)}, 1,
+                    "mode=s:linear"});
+    check((gc_case){"Resize", "x--c", {R(1, 1, 3, 2), NULL, NULL, I64V(1, 1, 5, 7)}, 1,
+                    "mode=s:nearest coordinate_transformation_mode=s:half_pixel "
+                    "nearest_mode=s:round_prefer_ceil"});
+    check((gc_case){"Resize", "x-c", {R(1, 2, 3, 2, 2), NULL, F32V(1, 1, 2, 2, 2)}, 1,
+                    "mode=s:linear"}); /* trilinear */
+    check((gc_case){"Resize", "x--c", {R(2, 3, 5), NULL, NULL, I64V(8)}, 1, "mode=s:linear axes=l:2"});
+    check((gc_case){"Upsample", "xc", {R(1, 1, 2, 3), F32V(1, 1, 2, 3)}, 1, "mode=s:nearest"});
+    check((gc_case){"Upsample", "xc", {R(1, 1, 2, 3), F32V(1, 1, 2, 2)}, 1, "mode=s:linear"});
+}
+
+/* GroupNormalization (scale per group or per channel) and
+ * InstanceNormalization through pippin::GroupNormGradInput / Weight. */
+static void test_group_norm(void **state) {
+    (void)state;
+    check((gc_case){"GroupNormalization", "xpp", {R(2, 4, 3), R(2), R(2)}, 1, "num_groups=2"});
+    check((gc_case){"GroupNormalization", "xpp", {R(2, 6, 2, 2), R(6), R(6)}, 1,
+                    "num_groups=3 epsilon=f:0.01"});
+    check((gc_case){"GroupNormalization", "xcp", {R(1, 4, 5), R(4), R(4)}, 1, "num_groups=1"});
+    check((gc_case){"GroupNormalization", "xpp", {R(2, 3, 4), R(3), R(3)}, 1, "num_groups=3"});
+    check((gc_case){"InstanceNormalization", "xpp", {R(2, 3, 2, 3), R(3), R(3)}, 1});
+    check((gc_case){"InstanceNormalization", "xcc", {R(2, 2, 5), R(2), R(2)}, 1, "epsilon=f:0.001"});
+}
+
+/* Pad in every mode through pippin::PadGrad. */
+static void test_pad(void **state) {
+    (void)state;
+    check((gc_case){"Pad", "xc", {R(2, 3), I64V(1, 2, 0, 1)}, 1});
+    check((gc_case){"Pad", "xcc", {R(2, 3), I64V(1, 0, 2, -1), F32V(0.5f)}, 1});
+    check((gc_case){"Pad", "xc", {R(2, 3, 3), I64V(0, 1, 2, 0, 2, 1)}, 1, "mode=s:edge"});
+    check((gc_case){"Pad", "xc", {R(3, 4), I64V(2, 3, 1, 3)}, 1, "mode=s:reflect"});
+    check((gc_case){"Pad", "xc", {R(2, 3), I64V(1, 4, 3, 2)}, 1, "mode=s:wrap"});
+    check((gc_case){"Pad", "xc-c", {R(2, 3, 4), I64V(1, 2, 2, 1), NULL, I64V(0, -1)}, 1,
+                    "mode=s:reflect"});
+}
+
 static void test_misc_ops(void **state) {
+    check((gc_case){"Reciprocal", "x", {RGAP(2, 5)}, 1, .tol = 5e-3});
+    check((gc_case){"Abs", "x", {RGAP(2, 5)}, 1});
     (void)state;
     check((gc_case){"Sin", "x", {R(2, 5)}, 1});
     check((gc_case){"Cos", "x", {R(2, 5)}, 1});
@@ -524,6 +593,10 @@ int main(void) {
         cmocka_unit_test(test_where_mask),     cmocka_unit_test(test_gelu_patterns),
         cmocka_unit_test(test_pooling),        cmocka_unit_test(test_activations),
         cmocka_unit_test(test_conv),
+        cmocka_unit_test(test_conv_transpose),
+        cmocka_unit_test(test_resize),
+        cmocka_unit_test(test_group_norm),
+        cmocka_unit_test(test_pad),
         cmocka_unit_test(test_misc_ops),
     };
     tu_filter_from_env();

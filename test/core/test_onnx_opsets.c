@@ -251,9 +251,23 @@ static void test_refused_versions(void **state) {
     expect_refused(&m, "opset 6", "7 to 21");
     m = one_node("Relu", 22, 1, s6, 0, NULL, 1);
     expect_refused(&m, "opset 22", "7 to 21");
-    m = one_node("Pad", 19, 1, s6, 0, NULL, 1);
+    /* Pad 19's wrap mode runs (it was refused before pippin had it). */
+    const int64_t p21[] = {2, 1}, s9[] = {9}, s12[] = {12};
+    m = one_node("Pad", 19, 1, s6, 1, (pp_tensor *[]){tu_i64(1, (int64_t[]){2}, p21)}, 1);
     TU_OK(pp_node_set_string(m.g, m.node, "mode", "wrap"));
-    expect_refused(&m, "opset 19", "wrap");
+    const float wrapped[] = {5, 6, 1, 2, 3, 4, 5, 6, 1};
+    pp_tensor *ww = tu_f32(1, s9, wrapped);
+    expect_run(&m, tu_f32(1, s6, v6), 1, &ww, "Pad-19 wrap");
+    /* Resize 10 (X, scales) and Upsample 7 (scales attribute): asymmetric,
+     * nearest rounds down. */
+    const float x2[] = {1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6};
+    m = one_node("Resize", 10, 1, s6, 1, (pp_tensor *[]){tu_f32(1, (int64_t[]){1}, (float[]){2})}, 1);
+    ww = tu_f32(1, s12, x2);
+    expect_run(&m, tu_f32(1, s6, v6), 1, &ww, "Resize-10");
+    m = one_node("Upsample", 7, 1, s6, 0, NULL, 1);
+    TU_OK(pp_node_set_floats(m.g, m.node, "scales", 1, (float[]){2}));
+    ww = tu_f32(1, s12, x2);
+    expect_run(&m, tu_f32(1, s6, v6), 1, &ww, "Upsample-7");
     /* Relu at opsets 7 and 21 runs. */
     const float neg[] = {-1, 2, -3, 4, -5, 6}, pos[] = {0, 2, 0, 4, 0, 6};
     for (int opset = 7; opset <= 21; opset += 14) {

@@ -25,6 +25,7 @@ static const fixture fixtures[] = {
     {"skip", 2, {"x", "y"}},
     {"gpt", 2, {"idx", "targets"}},
     {"buffer", 2, {"x", "y"}}, /* float buffers and a frozen parameter */
+    {"rnn", 2, {"x", "y"}},    /* LSTM (2 layers, bidirectional) between markers, GRU */
 };
 
 static pp_pipe *split_model(const char *fx, const char *file, const pp_split_spec *spec) {
@@ -343,6 +344,20 @@ static void test_training_gpipe_1f1b_zb(void **state) {
         check_training(f, 2, zb, "zb-h1 (F/I/W)");
         pp_schedule_free(zb);
     }
+}
+
+/* The rnn fixture (markers around the LSTM) under 1F1B with 4 microbatches
+ * of one sequence each: the loss and every gradient match torch's (and so
+ * the unsplit model's, test_autodiff.c). */
+static void test_rnn_1f1b_4_microbatches(void **state) {
+    (void)state;
+    const fixture *f = NULL;
+    for (size_t k = 0; k < sizeof fixtures / sizeof fixtures[0]; k++)
+        if (!strcmp(fixtures[k].name, "rnn")) f = &fixtures[k];
+    assert_non_null(f);
+    pp_schedule *s = make_schedule(PP_SCHED_1F1B, 3, 4, 1);
+    check_training(f, 4, s, "1f1b");
+    pp_schedule_free(s);
 }
 
 static void test_interleaved_and_v(void **state) {
@@ -755,6 +770,7 @@ int main(void) {
         cmocka_unit_test(test_inference_matches_unsplit),
         cmocka_unit_test(test_too_few_samples),
         cmocka_unit_test(test_training_gpipe_1f1b_zb),
+        cmocka_unit_test(test_rnn_1f1b_4_microbatches),
         cmocka_unit_test(test_interleaved_and_v),
         cmocka_unit_test(test_stage_files_run),
         cmocka_unit_test(test_stage_misuse),
