@@ -213,6 +213,7 @@ pp_status pp_core_step_begin(pp_core *c, int64_t step, int m, int n_inputs, cons
         return pp_error(PP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < c->n_local; i++) {
         pp_stage_set_loss_scale(c->stages[c->local[i]], 1.0f / (float)m);
+        pp_stage_set_step(c->stages[c->local[i]], step);
         pp_stage_discard_pending(c->stages[c->local[i]]); /* an inference step may leave none; a failed one is dropped */
     }
     if (c->training) PP_TRY(shared_snapshot(c));

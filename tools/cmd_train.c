@@ -357,6 +357,7 @@ static int train_pipelined(const pp_graph *g, pp_tensor *const *data, const trai
         }
         pp_runner_zero_grad(r);
         if (trace && step == a->steps - 1) pp_runner_trace(r, trace, t0);
+        pp_runner_set_step(r, step);
         if (pp_runner_step(r, a->microbatches, sched, n, names, batch, outs) != PP_OK) goto done;
         if (pp_runner_optimizer_step(r) != PP_OK) goto done;
         if (train_checkpoint(&ck, a, step) != PP_OK) goto done;

@@ -102,6 +102,16 @@ PP_API const char *pp_stage_param_name(const pp_stage *st, int i);
 /* Index of a parameter by name, -1 if absent. */
 PP_API int pp_stage_find_param(const pp_stage *st, const char *name);
 PP_API void pp_stage_zero_grad(pp_stage *st);
+/* The step the following forwards belong to (default 0): training-mode
+ * Dropout draws its masks from (step, microbatch, node). */
+PP_API void pp_stage_set_step(pp_stage *st, int64_t step);
+/* State the training forward updates: BatchNormalization's running mean and
+ * variance (initializers, never trained), replaced after each microbatch's
+ * forward in microbatch order. The tensor is the graph's own (borrowed);
+ * writing it (a checkpoint load) sets the state. */
+PP_API int pp_stage_n_state(const pp_stage *st);
+PP_API const char *pp_stage_state_name(const pp_stage *st, int i);
+PP_API pp_tensor *pp_stage_state_tensor(pp_stage *st, int i);
 /* Float initializers no gradient reaches (buffers such as a causal mask):
  * not trained. */
 PP_API int pp_stage_n_frozen(const pp_stage *st);

@@ -11,6 +11,7 @@ static const pp_op *const families[] = {
     pp_ops_constant, pp_ops_matmul, pp_ops_pippin, pp_ops_grad,
     pp_ops_pool, pp_ops_grad_act,
     pp_ops_conv,
+    pp_ops_dropout,
     pp_ops_misc,
 };
 
