@@ -10,12 +10,19 @@
 
 #include "status_internal.h"
 
-/* The scalar constant in value v (a CONST value with data), as a double. */
+/* The scalar constant in value v (an initializer, or a Constant node's
+ * 'value', as PyTorch exports Dropout's ratio and training_mode), as a double. */
 static int const_scalar(const pp_graph *g, int v, double *out) {
     if (v < 0 || v >= g->n_values) return 0;
     const pp_value *val = &g->values[v];
-    if (val->kind != PP_VALUE_CONST || !val->data || pp_tensor_numel(val->data) != 1) return 0;
-    *out = pp_tensor_get_f64(val->data, 0);
+    const pp_tensor *t = val->kind == PP_VALUE_CONST ? val->data : NULL;
+    if (val->kind == PP_VALUE_NODE && val->producer >= 0) {
+        const pp_node *p = &g->nodes[val->producer];
+        const pp_attr *a = strcmp(p->op_type, "Constant") == 0 && !p->domain[0] ? pp_node_attr(p, "value") : NULL;
+        if (a && a->type == PP_ATTR_TENSOR) t = a->t;
+    }
+    if (!t || pp_tensor_numel(t) != 1) return 0;
+    *out = pp_tensor_get_f64(t, 0);
     return 1;
 }
 

@@ -65,6 +65,19 @@ static void bn_stats(const pp_kernel_ctx *ctx, const bn_dims *d, const pp_tensor
     }
 }
 
+/* sum of g[i] * (x[i] - m), centred first: sum(g x) - m sum(g) cancels
+ * catastrophically in float when |m| is large against x's spread (a conv's
+ * output often is), which put whole percents into the gradients */
+PP_VINLINE float vdot_centred(const float *restrict g, const float *restrict x, float m, int64_t n) {
+    float acc[PP_VEC_BLOCK] = {0}, s = 0;
+    int64_t i = 0;
+    for (; i + PP_VEC_BLOCK <= n; i += PP_VEC_BLOCK)
+        for (int j = 0; j < PP_VEC_BLOCK; j++) acc[j] += g[i + j] * (x[i + j] - m);
+    for (int j = 0; j < PP_VEC_BLOCK; j++) s += acc[j];
+    for (; i < n; i++) s += g[i] * (x[i] - m);
+    return s;
+}
+
 /* Per channel: sum(dy) and sum(dy * xhat). */
 static void bn_sums(const bn_dims *d, const float *dy, const float *x, const double *mu, const double *inv,
                     double *s_dy, double *s_dyx) {
@@ -72,9 +85,8 @@ static void bn_sums(const bn_dims *d, const float *dy, const float *x, const dou
         double a = 0, b = 0;
         for (int64_t i = 0; i < d->n; i++) {
             const float *g = dy + (i * d->c + ch) * d->inner, *xr = x + (i * d->c + ch) * d->inner;
-            float sg = pp_grad_vsum(g, d->inner);
-            a += sg;
-            b += (double)pp_grad_vdot(g, xr, d->inner) - mu[ch] * sg;
+            a += pp_grad_vsum(g, d->inner);
+            b += vdot_centred(g, xr, (float)mu[ch], d->inner);
         }
         s_dy[ch] = a;
         s_dyx[ch] = b * inv[ch];
