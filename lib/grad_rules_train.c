@@ -20,6 +20,16 @@ static int const_scalar(const pp_graph *g, int v, double *out) {
         const pp_node *p = &g->nodes[val->producer];
         const pp_attr *a = strcmp(p->op_type, "Constant") == 0 && !p->domain[0] ? pp_node_attr(p, "value") : NULL;
         if (a && a->type == PP_ATTR_TENSOR) t = a->t;
+        const pp_attr *f = strcmp(p->op_type, "Constant") == 0 && !p->domain[0] ? pp_node_attr(p, "value_float") : NULL;
+        const pp_attr *i = strcmp(p->op_type, "Constant") == 0 && !p->domain[0] ? pp_node_attr(p, "value_int") : NULL;
+        if (f && f->type == PP_ATTR_FLOAT) {
+            *out = f->f;
+            return 1;
+        }
+        if (i && i->type == PP_ATTR_INT) {
+            *out = (double)i->i;
+            return 1;
+        }
     }
     if (!t || pp_tensor_numel(t) != 1) return 0;
     *out = pp_tensor_get_f64(t, 0);

@@ -241,7 +241,7 @@ pp_status pp_graph_add_node(pp_graph *g, const char *op_type, const char *domain
 }
 
 pp_status pp_node_add_output(pp_graph *g, int node, int k, int *value_id) {
-    if (node < 0 || node >= g->n_nodes || k < 0 || k > 64)
+    if (node < 0 || node >= g->n_nodes || k < 0 || k >= 64)
         return pp_error(PP_ERR_INVALID, "no node %d or output %d", node, k);
     pp_node *n = &g->nodes[node];
     if (k < n->n_out && n->out[k] >= 0) {

@@ -97,6 +97,11 @@ pp_status pp_checkpoint_save_stage(const char *dir, int64_t step, pp_stage *st, 
     }
     for (int i = 0; i < n_state && s == PP_OK; i++) { /* BatchNorm's running statistics, under their names */
         names[fp->n + n_opt + i] = pp_stage_state_name(st, i);
+        if (strncmp(names[fp->n + n_opt + i], OPTIM_PREFIX, strlen(OPTIM_PREFIX)) == 0) {
+            s = pp_error(PP_ERR_UNSUPPORTED, "stage %d: state '%s' has the name prefix checkpoints reserve for the "
+                         "optimizer", k, names[fp->n + n_opt + i]);
+            break;
+        }
         ts[fp->n + n_opt + i] = pp_tensor_retain(pp_stage_state_tensor(st, i));
     }
     if (s == PP_OK) {
@@ -397,6 +402,11 @@ static pp_status load_file(const pp_safetensors *f, const char *path, int64_t st
         if (k == fp->n && j == pp_stage_n_state(st)) return pp_error(PP_ERR_INVALID, "%s: holds parameter '%s', which stage %d does not have", path,
                                         f->names[i], pp_stage_index(st));
     }
+    for (int i = 0; i < pp_stage_n_state(st); i++)
+        if (!pp_safetensors_find(f, pp_stage_state_name(st, i)))
+            return pp_error(PP_ERR_NOT_FOUND, "%s: no running statistics '%s' for stage %d: the checkpoint was written "
+                            "before pippin kept BatchNormalization state (or by another model)", path,
+                            pp_stage_state_name(st, i), pp_stage_index(st));
     for (int copy = 0; copy < 2; copy++) { /* check all, then copy: a refused file leaves the stage as it was */
         for (int i = 0; i < fp->n; i++)
             PP_TRY(load_floats(f, path, fp->names[i], copy ? fp->data + fp->offset[i] : NULL, fp->numel[i],

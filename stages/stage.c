@@ -37,7 +37,7 @@ struct pp_stage {
     int n_mbs, cap_mbs;
     pp_flat_params *params; /* trainable parameters, in bw->params order */
     pp_train_state state;   /* what each training forward updates */
-    int64_t step;           /* pp_stage_set_step: for the random stream */
+    int64_t step;           /* pp_stage_begin_step: for the random stream */
 };
 
 static pp_status stage_error(const pp_stage *st, pp_status code, const char *fmt, const char *a, int mb) {
@@ -384,7 +384,12 @@ void pp_stage_zero_grad(pp_stage *st) {
     if (st->params) pp_flat_params_zero_grad(st->params);
 }
 
-void pp_stage_set_step(pp_stage *st, int64_t step) { st->step = step; }
+pp_status pp_stage_begin_step(pp_stage *st, int64_t step) {
+    st->step = step;
+    return st->training ? pp_train_state_snapshot(&st->state, st->g) : PP_OK;
+}
+
+void pp_stage_abort_step(pp_stage *st) { pp_train_state_restore(&st->state, st->g); }
 
 int pp_stage_n_state(const pp_stage *st) { return st->state.n; }
 const char *pp_stage_state_name(const pp_stage *st, int i) { return st->g->values[st->state.dst[i]].name; }

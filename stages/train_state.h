@@ -21,8 +21,9 @@
 
 typedef struct pp_train_state {
     int n;
-    int *src; /* per state: the value the forward computes */
-    int *dst; /* per state: the initializer it replaces */
+    int *src;          /* per state: the value the forward computes */
+    int *dst;          /* per state: the initializer it replaces (its own copy) */
+    pp_tensor **snap;  /* per state: its value when the step began */
 } pp_train_state;
 
 /* Rewrites g for training (training != 0) or inference, before autodiff. */
@@ -31,6 +32,12 @@ pp_status pp_train_state_prepare(pp_graph *g, int training, pp_train_state *ts);
 void pp_train_state_keep(const pp_train_state *ts, uint8_t *keep);
 /* After a forward over env: copies each computed value into its initializer. */
 pp_status pp_train_state_update(const pp_train_state *ts, pp_graph *g, pp_tensor *const *env);
+/* The same from computed[i], the value of state i (NULL: not computed). */
+pp_status pp_train_state_update_from(const pp_train_state *ts, pp_graph *g, pp_tensor *const *computed);
+/* Remembers the state (a step begins); puts the remembered state back (the
+ * step failed: a retry must not apply its microbatches twice). */
+pp_status pp_train_state_snapshot(pp_train_state *ts, const pp_graph *g);
+void pp_train_state_restore(const pp_train_state *ts, pp_graph *g);
 void pp_train_state_clear(pp_train_state *ts);
 
 #endif

@@ -5,7 +5,7 @@
  * u_i in [0, 1) is >= r, and then scaled by 1 / (1 - r) (r = 1 drops all).
  * The draws come from Philox4x32-10 (lib/philox.h) keyed by the executor's
  * random stream (run seed, step, microbatch: pp_exec_set_random_stream) and
- * the node's name, so a mask is the same whatever the schedule, the ranks,
+ * the name of the node's output, so a mask is the same whatever the schedule, the ranks,
  * the timing, or a resume from a checkpoint. The node's own 'seed'
  * attribute, when given, is mixed into the key. */
 #include <string.h>
@@ -35,20 +35,23 @@ static void draw_mask(const pp_kernel_ctx *ctx, double ratio, int64_t n, uint8_t
     const pp_random_stream *rs = ctx->random;
     pp_random_stream none = {0, 0, 0};
     if (!rs) rs = &none;
-    const char *name = ctx->node->name ? ctx->node->name : "";
+    /* the output's name: unique in a graph (node names need not be), and
+     * the same in every stage graph and on every rank */
+    int y = ctx->node->n_out > 0 ? ctx->node->out[0] : -1;
+    const char *name = y >= 0 && ctx->graph ? ctx->graph->values[y].name : ctx->node->name ? ctx->node->name : "";
     uint64_t k = pp_hash64(PP_HASH64_SEED ^ rs->seed, name, strlen(name));
     uint64_t hi[3] = {(uint64_t)rs->step >> 32, (uint64_t)rs->microbatch >> 32,
                       (uint64_t)pp_node_attr_int(ctx->node, "seed", 0)};
     k = pp_hash64(k, hi, sizeof hi);
     uint32_t key[2] = {(uint32_t)k, (uint32_t)(k >> 32)};
-    /* u >= ratio with u = r24 / 2^24: keep iff r24 >= ceil(ratio * 2^24) */
-    double t = ratio * 16777216.0;
-    uint32_t threshold = (uint32_t)t + ((double)(uint32_t)t < t);
+    /* u >= ratio with u = r / 2^32: keep iff r >= ceil(ratio * 2^32) */
+    double t = ratio * 4294967296.0;
+    uint64_t threshold = (uint64_t)t + ((double)(uint64_t)t < t);
     for (int64_t b = 0; b * 4 < n; b++) {
         uint32_t ctr[4] = {(uint32_t)b, (uint32_t)((uint64_t)b >> 32), (uint32_t)rs->microbatch,
                            (uint32_t)rs->step}, r[4];
         pp_philox4x32(key, ctr, r);
-        for (int j = 0; j < 4 && b * 4 + j < n; j++) keep[b * 4 + j] = (r[j] >> 8) >= threshold;
+        for (int j = 0; j < 4 && b * 4 + j < n; j++) keep[b * 4 + j] = (uint64_t)r[j] >= threshold;
     }
 }
 

@@ -7,7 +7,8 @@
  *   dx = scale / sqrt(v + eps) * (dy - mean(dy) - xhat * mean(dy * xhat)).
  * With training_mode=0 the given mean and var are constants:
  *   dx = dy * scale / sqrt(var + eps).
- * Either way dscale = sum(dy * xhat), dB = sum(dy). Float32, sums in double. */
+ * Either way dscale = sum(dy * xhat), dB = sum(dy). Float32; each row is
+ * summed in float lanes, the rows in double. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -85,8 +86,9 @@ static void bn_sums(const bn_dims *d, const float *dy, const float *x, const dou
         double a = 0, b = 0;
         for (int64_t i = 0; i < d->n; i++) {
             const float *g = dy + (i * d->c + ch) * d->inner, *xr = x + (i * d->c + ch) * d->inner;
-            a += pp_grad_vsum(g, d->inner);
-            b += vdot_centred(g, xr, (float)mu[ch], d->inner);
+            float m = (float)mu[ch], sg = pp_grad_vsum(g, d->inner);
+            a += sg;
+            b += vdot_centred(g, xr, m, d->inner) + ((double)m - mu[ch]) * sg; /* centred on mu, not its float */
         }
         s_dy[ch] = a;
         s_dyx[ch] = b * inv[ch];

@@ -1127,6 +1127,14 @@ static pp_status batchnorm_run(pp_kernel_ctx *ctx) {
         double m = pp_tensor_get_f64(mean, ch), v = pp_tensor_get_f64(var, ch);
         if (training) {
             double sum = 0, sq = 0, cnt = (double)(n * inner);
+            if (cnt <= 1) { /* no variance to speak of; PyTorch refuses it too */
+                pp_tensor_free(y);
+                pp_tensor_free(rm);
+                pp_tensor_free(rv);
+                return pp_kernel_error(ctx, PP_ERR_SHAPE, "training mode needs more than 1 value per channel "
+                                       "(%lld here: batch %lld); use larger microbatches", (long long)cnt,
+                                       (long long)n);
+            }
             for (int pass = 0; pass < 2; pass++) {
                 for (int64_t i = 0; i < n; i++) {
                     const char *row = (const char *)x->data + (size_t)((i * c + ch) * inner) * es;
