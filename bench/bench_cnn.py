@@ -23,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -148,6 +149,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--iters", type=int, default=5)
     a = ap.parse_args()
+    warnings.filterwarnings("ignore")  # the exporter's notes on num_batches_tracked, once per BatchNorm
     lib = load_lib(a.lib)
     print("CNN training step (forward + backward, all parameter gradients), batch %d, %dx%d images, "
           "median of %d, wall ms" % (a.batch, a.size, a.size, a.iters))
