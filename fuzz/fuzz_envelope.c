@@ -73,6 +73,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     env.dst_stage = 1;
     env.src_rank = 0;
     env.seq = 9;
+    env.sender_nonce = 0x8877665544332211ull;
     env.ntensors = 2;
     env.tensors = wt;
     env.text = "";
@@ -120,7 +121,7 @@ static void differential(const uint8_t *data, size_t len) {
     check(ours->version == ref->version && ours->kind == ref->kind && ours->run_id == ref->run_id &&
           ours->step == ref->step && ours->microbatch == ref->microbatch &&
           ours->src_stage == ref->src_stage && ours->dst_stage == ref->dst_stage &&
-          ours->seq == ref->seq && ours->src_rank == ref->src_rank &&
+          ours->seq == ref->seq && ours->src_rank == ref->src_rank && ours->sender_nonce == ref->sender_nonce &&
           same_str(ours->text, ref->text) && same_str(ours->shm_name, ref->shm_name) &&
           ours->inline_data.len == ref->inline_data.len &&
           (!ref->inline_data.len || memcmp(ours->inline_data.data, ref->inline_data.data, ref->inline_data.len) == 0) &&
@@ -208,6 +209,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         pp_envelope again;
         check(pp_envelope_decode(buf, len, &lim, &again) == PP_OK);
         check(again.kind == env.kind && again.step == env.step && again.seq == env.seq &&
+              again.sender_nonce == env.sender_nonce &&
               again.ntensors == env.ntensors && strcmp(again.text, env.text) == 0);
         for (int i = 0; i < env.ntensors; i++)
             check(strcmp(again.tensors[i].name, env.tensors[i].name) == 0 &&

@@ -409,6 +409,7 @@ pp_status pp_autodiff(pp_graph *g, const pp_backward_spec *spec, pp_backward **o
     *out = NULL;
     PP_TRY(pp_graph_resolve(g));
     PP_TRY(check_spec(g, spec));
+    PP_TRY(pp_ad_prepare_training_ops(g));
     pp_backward *b = calloc(1, sizeof *b);
     if (!b) return pp_error(PP_ERR_NOMEM, "out of memory in autodiff");
     b->n_values_before = g->n_values;

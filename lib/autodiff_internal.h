@@ -99,5 +99,9 @@ PP_GRAD_RULE(tile);
 PP_GRAD_RULE(reduce_ext); /* ReduceMax ReduceMin ReduceProd ReduceL2 ReduceLogSumExp */
 PP_GRAD_RULE(gather_elements);
 PP_GRAD_RULE(topk);
+PP_GRAD_RULE(dropout);    /* training: pippin::DropoutGrad(dy, mask) (grad_rules_train.c) */
+PP_GRAD_RULE(batch_norm); /* pippin::BatchNormGradInput, BatchNormGradWeight */
+/* Gives every training-mode Dropout a mask output (the backward reads it). */
+pp_status pp_ad_prepare_training_ops(pp_graph *g);
 
 #endif

@@ -20,6 +20,7 @@ struct pp_exec {
     int params_constant;    /* parameters count as constants (pp_exec_set_constant_params) */
     pp_tensor **cache;      /* per value: cached output of a static node */
     int64_t kernels_run, nodes_cached; /* counters for pp_exec_stats */
+    pp_random_stream random; /* pp_exec_set_random_stream */
     int n_sig;
     int64_t *sig;           /* dtype, ndim, dims of each input at the last run */
 };
@@ -104,6 +105,10 @@ void pp_exec_set_constant_params(pp_exec *ex, int on) {
     mark_static(ex);
 }
 
+void pp_exec_set_random_stream(pp_exec *ex, uint64_t seed, int64_t step, int64_t microbatch) {
+    ex->random = (pp_random_stream){seed, step, microbatch};
+}
+
 void pp_exec_free(pp_exec *ex) {
     if (!ex) return;
     if (ex->cache) clear_cache_of(ex, 1);
@@ -146,7 +151,7 @@ static pp_status run_node(pp_exec *ex, int i, pp_tensor **env) {
         ins[k] = env[v];
     }
     memset(outs, 0, sizeof(pp_tensor *) * (size_t)n->n_out);
-    pp_kernel_ctx ctx = {g, n, n->n_in, ins, n->n_out, outs};
+    pp_kernel_ctx ctx = {g, n, n->n_in, ins, n->n_out, outs, &ex->random};
     ex->kernels_run++;
     pp_status s = n->op->run(&ctx);
     for (int k = 0; k < n->n_out && s == PP_OK; k++)

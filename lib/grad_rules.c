@@ -64,7 +64,8 @@ static const rule_entry rules[] = {
     {"pippin", "LSTMTrain", pp_grad_rule_lstm, 0xef}, /* their training forms */
     {"pippin", "GRUTrain", pp_grad_rule_gru, 0x2f},
     {"", "Identity", pp_grad_rule_identity, 1},
-    {"", "Dropout", pp_grad_rule_identity, 1},
+    {"", "Dropout", pp_grad_rule_dropout, 1},
+    {"", "BatchNormalization", pp_grad_rule_batch_norm, 7},
     {"pippin", "PipeSplit", pp_grad_rule_identity, ALL},
     {"", "Reshape", pp_grad_rule_reshape, 1},
     {"", "Flatten", pp_grad_rule_reshape, 1},

@@ -240,6 +240,33 @@ pp_status pp_graph_add_node(pp_graph *g, const char *op_type, const char *domain
     return PP_OK;
 }
 
+pp_status pp_node_add_output(pp_graph *g, int node, int k, int *value_id) {
+    if (node < 0 || node >= g->n_nodes || k < 0 || k >= 64)
+        return pp_error(PP_ERR_INVALID, "no node %d or output %d", node, k);
+    pp_node *n = &g->nodes[node];
+    if (k < n->n_out && n->out[k] >= 0) {
+        if (value_id) *value_id = n->out[k];
+        return PP_OK;
+    }
+    if (k >= n->n_out) {
+        int *grown = realloc(n->out, sizeof(int) * (size_t)(k + 1));
+        if (!grown) return pp_error(PP_ERR_NOMEM, "out of memory adding an output");
+        n->out = grown;
+        for (int i = n->n_out; i <= k; i++) n->out[i] = -1;
+        n->n_out = k + 1;
+    }
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s_out%d", n->name, k);
+    const char *oname = index_lookup(g, buf) >= 0 ? pp_graph_unique_name(g, buf) : buf;
+    int vid;
+    PP_TRY(add_value(g, oname, PP_VALUE_NODE, &vid));
+    g->values[vid].producer = node;
+    g->values[vid].producer_output = k;
+    g->nodes[node].out[k] = vid;
+    if (value_id) *value_id = vid;
+    return PP_OK;
+}
+
 pp_status pp_graph_add_output(pp_graph *g, int value_id) {
     if (value_id < 0 || value_id >= g->n_values)
         return pp_error(PP_ERR_INVALID, "graph output refers to no value");

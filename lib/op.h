@@ -15,6 +15,13 @@
 extern "C" {
 #endif
 
+/* Where random ops draw from (pp_exec_set_random_stream). */
+typedef struct pp_random_stream {
+    uint64_t seed;
+    int64_t step;
+    int64_t microbatch;
+} pp_random_stream;
+
 typedef struct pp_kernel_ctx {
     const pp_graph *graph;
     const pp_node *node;
@@ -23,6 +30,7 @@ typedef struct pp_kernel_ctx {
     int n_out;
     pp_tensor **out;      /* the kernel sets out[i] (new reference) for each
                              output whose node->out[i] >= 0 */
+    const pp_random_stream *random; /* NULL: seed, step and microbatch 0 */
 } pp_kernel_ctx;
 
 typedef struct pp_op {
@@ -63,6 +71,7 @@ extern const pp_op pp_ops_pool[];        /* MaxPool, AveragePool, Global*Pool an
 extern const pp_op pp_ops_grad_act[];    /* pippin::ClipGrad, EluGrad... (activation derivatives) */
 extern const pp_op pp_ops_misc[];        /* CumSum, Mish, Scatter*, TopK, Einsum, InstanceNorm,
                                             pippin::TileGrad, GatherElementsGrad, MishGrad */
+extern const pp_op pp_ops_dropout[];     /* Dropout (Philox masks in training), pippin::DropoutGrad */
 extern const pp_op pp_ops_conv[];        /* Conv, pippin::ConvGradInput/ConvGradWeight */
 extern const pp_op pp_ops_conv_transpose[]; /* ConvTranspose, pippin::ConvTransposeGrad{Input,Weight} */
 extern const pp_op pp_ops_resize[];      /* Resize, Upsample, pippin::ResizeGrad */

@@ -135,10 +135,13 @@ def export(model, args, path, input_names=None, output_names=None,
     buffers become initializers too.  The names of the trainable ones
     (``trainable_names(model)``) are written to the model's metadata
     ``pippin.trainable`` as a JSON list.  The model is put back in the
-    training state it had before the call.
+    training state it had before the call, and its buffers keep (and the file
+    holds) their values from before the call: tracing in training mode runs
+    the model once, which would move BatchNorm's running statistics.
     """
     register_onnx()
     was_training = model.training
+    buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
     model.train()
     try:
         with warnings.catch_warnings():
@@ -161,9 +164,12 @@ def export(model, args, path, input_names=None, output_names=None,
             )
     finally:
         model.train(was_training)
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                b.copy_(buffers[n])
     if isinstance(path, (str, os.PathLike)):
         _fix_shapes(os.fspath(path))
-        _record_trainable(os.fspath(path), trainable_names(model))
+        _record_trainable(os.fspath(path), trainable_names(model), buffers)
     return path
 
 
@@ -266,11 +272,18 @@ def trainable_names(model):
     return sorted(set(names))
 
 
-def _record_trainable(path, names):
+def _record_trainable(path, names, buffers=None):
+    """Writes the trainable names to the metadata, and the buffers' values
+    from before the export into their initializers."""
     import json
     import onnx
+    from onnx import numpy_helper
     m = onnx.load(path)
     inits = {i.name for i in m.graph.initializer}
+    for i, init in enumerate(m.graph.initializer):
+        if buffers and init.name in buffers:
+            m.graph.initializer[i].CopyFrom(
+                numpy_helper.from_array(buffers[init.name].cpu().numpy(), init.name))
     for e in list(m.metadata_props):
         if e.key == TRAINABLE_KEY:
             m.metadata_props.remove(e)

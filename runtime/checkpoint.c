@@ -71,7 +71,8 @@ pp_status pp_checkpoint_save_stage(const char *dir, int64_t step, pp_stage *st, 
     PP_TRY(pp_mkdirs(sdir));
     PP_TRY(pp_fsync_parent(sdir)); /* the step directory's entry in dir */
     PP_TRY(pp_fsync_parent(dir));  /* and dir's own, when it is new */
-    int n_opt = opt ? pp_optim_state(opt, -1, NULL, NULL) : 0, n = fp->n + n_opt;
+    int n_opt = opt ? pp_optim_state(opt, -1, NULL, NULL) : 0, n_state = pp_stage_n_state(st);
+    int n = fp->n + n_opt + n_state;
     const char **names = calloc((size_t)n + 1, sizeof *names);
     char **owned = calloc((size_t)n_opt + 1, sizeof *owned);
     pp_tensor **ts = calloc((size_t)n + 1, sizeof *ts);
@@ -93,6 +94,15 @@ pp_status pp_checkpoint_save_stage(const char *dir, int64_t step, pp_stage *st, 
         names[fp->n + i] = owned[i];
         int64_t total = fp->total;
         if (s == PP_OK) s = pp_tensor_wrap(PP_F32, 1, &total, buf, NULL, NULL, &ts[fp->n + i]);
+    }
+    for (int i = 0; i < n_state && s == PP_OK; i++) { /* BatchNorm's running statistics, under their names */
+        names[fp->n + n_opt + i] = pp_stage_state_name(st, i);
+        if (strncmp(names[fp->n + n_opt + i], OPTIM_PREFIX, strlen(OPTIM_PREFIX)) == 0) {
+            s = pp_error(PP_ERR_UNSUPPORTED, "stage %d: state '%s' has the name prefix checkpoints reserve for the "
+                         "optimizer", k, names[fp->n + n_opt + i]);
+            break;
+        }
+        ts[fp->n + n_opt + i] = pp_tensor_retain(pp_stage_state_tensor(st, i));
     }
     if (s == PP_OK) {
         char v_step[32], v_stage[16], v_steps[32], v_hash[32];
@@ -386,11 +396,17 @@ static pp_status load_file(const pp_safetensors *f, const char *path, int64_t st
     }
     for (int i = 0; i < f->n; i++) {
         if (strncmp(f->names[i], OPTIM_PREFIX, strlen(OPTIM_PREFIX)) == 0) continue;
-        int k = 0;
+        int k = 0, j = 0;
         while (k < fp->n && strcmp(fp->names[k], f->names[i]) != 0) k++;
-        if (k == fp->n) return pp_error(PP_ERR_INVALID, "%s: holds parameter '%s', which stage %d does not have", path,
+        while (j < pp_stage_n_state(st) && strcmp(pp_stage_state_name(st, j), f->names[i]) != 0) j++;
+        if (k == fp->n && j == pp_stage_n_state(st)) return pp_error(PP_ERR_INVALID, "%s: holds parameter '%s', which stage %d does not have", path,
                                         f->names[i], pp_stage_index(st));
     }
+    for (int i = 0; i < pp_stage_n_state(st); i++)
+        if (!pp_safetensors_find(f, pp_stage_state_name(st, i)))
+            return pp_error(PP_ERR_NOT_FOUND, "%s: no running statistics '%s' for stage %d: the checkpoint was written "
+                            "before pippin kept BatchNormalization state (or by another model)", path,
+                            pp_stage_state_name(st, i), pp_stage_index(st));
     for (int copy = 0; copy < 2; copy++) { /* check all, then copy: a refused file leaves the stage as it was */
         for (int i = 0; i < fp->n; i++)
             PP_TRY(load_floats(f, path, fp->names[i], copy ? fp->data + fp->offset[i] : NULL, fp->numel[i],
@@ -402,6 +418,14 @@ static pp_status load_file(const pp_safetensors *f, const char *path, int64_t st
             char name[256];
             snprintf(name, sizeof name, OPTIM_PREFIX "%s", bname);
             PP_TRY(load_floats(f, path, name, copy ? buf : NULL, fp->total, -1, NULL));
+        }
+        for (int i = 0; i < pp_stage_n_state(st); i++) {
+            pp_tensor *t = pp_stage_state_tensor(st, i);
+            if (t->dtype != PP_F32)
+                return pp_error(PP_ERR_UNSUPPORTED, "%s: state '%s' is %s (float32 only)", path,
+                                pp_stage_state_name(st, i), pp_dtype_name(t->dtype));
+            PP_TRY(load_floats(f, path, pp_stage_state_name(st, i), copy ? t->data : NULL, pp_tensor_numel(t),
+                               t->ndim, t->shape));
         }
     }
     if (opt) pp_optim_set_steps(opt, opt_steps);

@@ -60,6 +60,13 @@ pp_status pp_save_stage_params(const pp_pipe *p, int n, pp_stage *const *stages,
             PP_TRY(st);
             saved++;
         }
+        /* state the training updated (BatchNorm's running statistics): the
+         * trained model needs it (a serving `params:` directory loads it) */
+        for (int i = 0; !grads && i < pp_stage_n_state(stages[s]); i++) {
+            PP_TRY(pp_save_named_npy(dir, prefix, pp_stage_state_name(stages[s], i),
+                                     pp_stage_state_tensor(stages[s], i)));
+            saved++;
+        }
     }
     if (count) *count = saved;
     return PP_OK;

@@ -24,6 +24,7 @@ typedef struct {
 struct pp_runner {
     pp_core core;
     memory_route mem;
+    int64_t next_step; /* pp_runner_set_step */
 };
 
 static int consumer_index(const pp_pipe_edge *ed, int s) {
@@ -250,7 +251,7 @@ pp_status pp_runner_step(pp_runner *r, int m, const pp_schedule *sched, int n_in
     pp_route route = memory_route_of(&r->mem);
     mem_clear(&r->mem);
     pp_status s = mem_begin(&r->mem, r->core.p, m);
-    if (s == PP_OK) s = pp_core_step_begin(&r->core, 0, m, n_inputs, names, inputs);
+    if (s == PP_OK) s = pp_core_step_begin(&r->core, r->next_step++, m, n_inputs, names, inputs);
     if (s == PP_OK) s = run_schedule(r, &route, sched);
     s = pp_core_step_end(&r->core, &route, s, outputs);
     mem_clear(&r->mem);
@@ -285,6 +286,8 @@ pp_status pp_runner_set_optimizer(pp_runner *r, const pp_optim_config *c) {
     if (!r->core.training) return pp_error(PP_ERR_STATE, "the runner was not built for training");
     return pp_core_set_optimizer(&r->core, c);
 }
+
+void pp_runner_set_step(pp_runner *r, int64_t step) { r->next_step = step; }
 
 pp_status pp_runner_optimizer_step(pp_runner *r) { return pp_core_optimizer_step(&r->core); }
 

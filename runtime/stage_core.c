@@ -213,6 +213,7 @@ pp_status pp_core_step_begin(pp_core *c, int64_t step, int m, int n_inputs, cons
         return pp_error(PP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < c->n_local; i++) {
         pp_stage_set_loss_scale(c->stages[c->local[i]], 1.0f / (float)m);
+        PP_TRY(pp_stage_begin_step(c->stages[c->local[i]], step));
         pp_stage_discard_pending(c->stages[c->local[i]]); /* an inference step may leave none; a failed one is dropped */
     }
     if (c->training) PP_TRY(shared_snapshot(c));
@@ -395,7 +396,10 @@ pp_status pp_core_step_end(pp_core *c, const pp_route *r, pp_status s, pp_tensor
     for (int o = 0; s == PP_OK && outputs && o < p->n_outputs; o++)
         if (c->stages[p->output_stage[o]]) s = pp_microbatch_merge(&c->outs[o * c->m], c->m, p->outputs[o], &outputs[o]);
     if (s != PP_OK) { /* a failed step must not wedge the next one */
-        for (int i = 0; i < c->n_local; i++) pp_stage_discard_pending(c->stages[c->local[i]]);
+        for (int i = 0; i < c->n_local; i++) {
+            pp_stage_discard_pending(c->stages[c->local[i]]);
+            pp_stage_abort_step(c->stages[c->local[i]]);
+        }
         for (int o = 0; outputs && o < p->n_outputs; o++) {
             pp_tensor_free(outputs[o]);
             outputs[o] = NULL;

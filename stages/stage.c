@@ -13,6 +13,7 @@
 #include "pippin/params.h"
 
 #include "status_internal.h"
+#include "train_state.h"
 typedef struct {
     int mb;
     int backward_input_done;
@@ -35,6 +36,8 @@ struct pp_stage {
     mb_state *mbs;
     int n_mbs, cap_mbs;
     pp_flat_params *params; /* trainable parameters, in bw->params order */
+    pp_train_state state;   /* what each training forward updates */
+    int64_t step;           /* pp_stage_begin_step: for the random stream */
 };
 
 static pp_status stage_error(const pp_stage *st, pp_status code, const char *fmt, const char *a, int mb) {
@@ -113,7 +116,9 @@ pp_status pp_stage_new(pp_graph *g, const pp_stage_spec *spec, pp_stage **out) {
     st->n_fwd_inputs = g->n_inputs;
     st->n_fwd_outputs = g->n_outputs;
     pp_status s = pp_graph_resolve(g);
+    if (s == PP_OK) s = pp_train_state_prepare(g, spec->training, &st->state);
     if (s == PP_OK && spec->training) s = build_backward(st, spec);
+    if (s == PP_OK && spec->training) pp_train_state_keep(&st->state, st->keep_f);
     if (s == PP_OK) s = pp_exec_new(g, &st->ex);
     if (s == PP_OK && !spec->training) pp_exec_set_constant_params(st->ex, 1); /* weights never change here */
     if (s != PP_OK) {
@@ -179,6 +184,7 @@ void pp_stage_free(pp_stage *st) {
     free(st->out_grad_seed);
     pp_graph_free(st->g);
     pp_flat_params_free(st->params);
+    pp_train_state_clear(&st->state);
     free(st);
 }
 
@@ -254,7 +260,9 @@ pp_status pp_stage_forward(pp_stage *st, int mb, pp_tensor *const *inputs, pp_te
         env[g->inputs[i]] = pp_tensor_retain(inputs[i]);
     }
     pp_backward *b = st->bw;
+    pp_exec_set_random_stream(st->ex, 0, st->step, mb);
     pp_status s = pp_exec_run_nodes(st->ex, b->forward_nodes, b->n_forward, env, st->keep_f);
+    if (s == PP_OK) s = pp_train_state_update(&st->state, g, env);
     for (int o = 0; s == PP_OK && o < st->n_fwd_outputs; o++)
         if (!env[g->outputs[o]] && !(env[g->outputs[o]] = pp_tensor_retain(g->values[g->outputs[o]].data)))
             s = stage_error(st, PP_ERR_INTERNAL, "output '%s' not computed (microbatch %d)",
@@ -375,6 +383,17 @@ pp_flat_params *pp_stage_params(pp_stage *st) { return st->params; }
 void pp_stage_zero_grad(pp_stage *st) {
     if (st->params) pp_flat_params_zero_grad(st->params);
 }
+
+pp_status pp_stage_begin_step(pp_stage *st, int64_t step) {
+    st->step = step;
+    return st->training ? pp_train_state_snapshot(&st->state, st->g) : PP_OK;
+}
+
+void pp_stage_abort_step(pp_stage *st) { pp_train_state_restore(&st->state, st->g); }
+
+int pp_stage_n_state(const pp_stage *st) { return st->state.n; }
+const char *pp_stage_state_name(const pp_stage *st, int i) { return st->g->values[st->state.dst[i]].name; }
+pp_tensor *pp_stage_state_tensor(pp_stage *st, int i) { return st->g->values[st->state.dst[i]].data; }
 
 int pp_stage_n_frozen(const pp_stage *st) { return st->bw ? st->bw->n_frozen : 0; }
 const char *pp_stage_frozen_name(const pp_stage *st, int i) { return st->g->values[st->bw->frozen[i]].name; }

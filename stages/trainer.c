@@ -8,6 +8,7 @@
 #include "pippin/exec.h"
 
 #include "status_internal.h"
+#include "train_state.h"
 struct pp_trainer {
     pp_graph *g;
     pp_backward *b;
@@ -16,6 +17,10 @@ struct pp_trainer {
     int loss_out;        /* index of the loss among the graph outputs */
     int *grad_out;       /* per flat parameter: index of its gradient output */
     pp_tensor **ins, **outs;
+    pp_train_state state; /* BatchNorm's running statistics (train_state.h) */
+    int *state_out;       /* per state: its index among the graph outputs */
+    pp_tensor **computed; /* per state: scratch */
+    int64_t step, microbatch; /* pp_trainer_set_step */
 };
 
 void pp_trainer_free(pp_trainer *t) {
@@ -26,6 +31,9 @@ void pp_trainer_free(pp_trainer *t) {
     free(t->grad_out);
     free(t->ins);
     free(t->outs);
+    free(t->state_out);
+    free(t->computed);
+    pp_train_state_clear(&t->state);
     free(t);
 }
 
@@ -40,7 +48,17 @@ pp_status pp_trainer_new(pp_graph *g, const char *loss_name, pp_trainer **out) {
     pp_trainer *t = calloc(1, sizeof *t);
     if (!t) return pp_error(PP_ERR_NOMEM, "out of memory");
     t->g = g;
-    pp_status s = pp_autodiff_model(g, loss_name, 0, &t->b);
+    pp_status s = pp_train_state_prepare(g, 1, &t->state);
+    if (s == PP_OK) s = pp_autodiff_model(g, loss_name, 0, &t->b);
+    if (s == PP_OK) {
+        t->state_out = calloc((size_t)t->state.n + 1, sizeof(int));
+        t->computed = calloc((size_t)t->state.n + 1, sizeof *t->computed);
+        if (!t->state_out || !t->computed) s = pp_error(PP_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; s == PP_OK && i < t->state.n; i++) { /* state values become outputs: the run keeps them */
+        t->state_out[i] = g->n_outputs;
+        s = pp_graph_add_output(g, t->state.src[i]);
+    }
     if (s == PP_OK) s = pp_flat_params_new(g, t->b->n_params, t->b->params, &t->fp);
     if (s == PP_OK) s = pp_exec_new(g, &t->ex);
     if (s == PP_OK) {
@@ -70,9 +88,11 @@ pp_status pp_trainer_backward(pp_trainer *t, pp_tensor *const *inputs, float los
     pp_tensor *seed;
     PP_TRY(pp_tensor_scalar_f32(loss_scale, &seed));
     t->ins[n] = seed; /* the loss seed is the one input autodiff added */
+    pp_exec_set_random_stream(t->ex, 0, t->step, t->microbatch);
     pp_status s = pp_exec_run(t->ex, t->ins, t->outs);
     pp_tensor_free(seed);
     PP_TRY(s);
+    for (int i = 0; i < t->state.n; i++) t->computed[i] = t->outs[t->state_out[i]];
     const pp_tensor *l = t->outs[t->loss_out];
     if (pp_tensor_numel(l) != 1 || l->dtype != PP_F32)
         s = pp_error(PP_ERR_INVALID, "loss '%s' is not a float32 scalar (%lld elements)",
@@ -80,6 +100,7 @@ pp_status pp_trainer_backward(pp_trainer *t, pp_tensor *const *inputs, float los
     if (s == PP_OK && loss) *loss = ((const float *)l->data)[0];
     for (int i = 0; s == PP_OK && i < t->fp->n; i++)
         s = pp_flat_params_accumulate(t->fp, i, t->outs[t->grad_out[i]]);
+    if (s == PP_OK) s = pp_train_state_update_from(&t->state, g, t->computed);
     for (int i = 0; i < g->n_outputs; i++) {
         pp_tensor_free(t->outs[i]);
         t->outs[i] = NULL;
@@ -88,6 +109,15 @@ pp_status pp_trainer_backward(pp_trainer *t, pp_tensor *const *inputs, float los
 }
 
 pp_flat_params *pp_trainer_params(pp_trainer *t) { return t->fp; }
+
+void pp_trainer_set_step(pp_trainer *t, int64_t step, int64_t microbatch) {
+    t->step = step;
+    t->microbatch = microbatch;
+}
+
+int pp_trainer_n_state(const pp_trainer *t) { return t->state.n; }
+const char *pp_trainer_state_name(const pp_trainer *t, int i) { return t->g->values[t->state.dst[i]].name; }
+pp_tensor *pp_trainer_state_tensor(pp_trainer *t, int i) { return t->g->values[t->state.dst[i]].data; }
 const pp_backward *pp_trainer_autodiff(const pp_trainer *t) { return t->b; }
 int pp_trainer_n_inputs(const pp_trainer *t) { return t->b->n_inputs_before; }
 

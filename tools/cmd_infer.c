@@ -48,7 +48,8 @@ static int infer_unsplit(pp_graph *g, const pp_named_tensors *in, const char *di
     const char **names = calloc((size_t)g->n_outputs + 1, sizeof *names);
     int rc = 1;
     if (!feeds || !outs || !names) pp_error(PP_ERR_NOMEM, "out of memory");
-    else if (pp_cli_match_inputs(g, in, feeds) == PP_OK && pp_graph_run(g, feeds, outs) == PP_OK) {
+    else if (pp_cli_match_inputs(g, in, feeds) == PP_OK && pp_graph_prepare_inference(g) == PP_OK &&
+             pp_graph_run(g, feeds, outs) == PP_OK) {
         for (int i = 0; i < g->n_outputs; i++) names[i] = g->values[g->outputs[i]].name;
         rc = write_outputs(dir, g->n_outputs, names, outs);
     }

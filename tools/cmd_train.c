@@ -237,6 +237,7 @@ static pp_status train_step(pp_trainer *t, pp_tensor *const *data, int n, const 
     double sum = 0;
     for (int k = 0; k < m && s == PP_OK; k++) {
         for (int i = 0; i < n; i++) ins[i] = chunks[(size_t)i * (size_t)m + (size_t)k];
+        pp_trainer_set_step(t, step, k);
         float l;
         s = pp_trainer_backward(t, ins, 1.0f / (float)m, &l);
         sum += l;
@@ -250,7 +251,8 @@ static pp_status train_step(pp_trainer *t, pp_tensor *const *data, int n, const 
     return s;
 }
 
-static pp_status save_params(pp_flat_params *fp, const char *dir) {
+static pp_status save_params(pp_trainer *tr, const char *dir) {
+    pp_flat_params *fp = pp_trainer_params(tr);
     PP_TRY(pp_mkdirs(dir));
     for (int i = 0; i < fp->n; i++) {
         pp_tensor *t;
@@ -259,6 +261,8 @@ static pp_status save_params(pp_flat_params *fp, const char *dir) {
         pp_tensor_free(t);
         PP_TRY(s);
     }
+    for (int i = 0; i < pp_trainer_n_state(tr); i++) /* BatchNorm's running statistics */
+        PP_TRY(pp_save_named_npy(dir, "", pp_trainer_state_name(tr, i), pp_trainer_state_tensor(tr, i)));
     return PP_OK;
 }
 
@@ -357,6 +361,7 @@ static int train_pipelined(const pp_graph *g, pp_tensor *const *data, const trai
         }
         pp_runner_zero_grad(r);
         if (trace && step == a->steps - 1) pp_runner_trace(r, trace, t0);
+        pp_runner_set_step(r, step);
         if (pp_runner_step(r, a->microbatches, sched, n, names, batch, outs) != PP_OK) goto done;
         if (pp_runner_optimizer_step(r) != PP_OK) goto done;
         if (train_checkpoint(&ck, a, step) != PP_OK) goto done;
@@ -470,7 +475,7 @@ int cmd_train(int argc, char **argv) {
         train_print_progress(step, &a, loss, pp_cli_now_ms() - t0);
         fflush(stdout);
     }
-    if (a.save && save_params(fp, a.save) != PP_OK) goto done;
+    if (a.save && save_params(t, a.save) != PP_OK) goto done;
     rc = 0;
 done:
     if (rc) pp_cli_fail("train");

@@ -352,6 +352,13 @@ void pp_tp_handle_hello(pp_transport *t, int r, const pp_envelope *env, zmq_msg_
         pp_tp_drop(t, m0, &t->st.dropped_foreign, "claims rank %d: a hello from '%s', but rank %d answered "
                    "from '%s'", r, addr ? addr : "(inproc)", r, p->addr ? p->addr : "(inproc)");
         return;
+    } else if (p->verified && nonce != p->echo) {
+        /* from r's address, but a nonce r never proved and no echo of ours:
+         * whoever took that address after r's connection closed (a
+         * restarted r echoes our nonce, above) */
+        pp_tp_drop(t, m0, &t->st.dropped_foreign, "claims rank %d: a hello with another nonce that does not "
+                   "echo this rank's", r);
+        return;
     }
     if (nonce != p->echo) {
         p->echo = nonce;

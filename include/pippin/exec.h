@@ -48,6 +48,12 @@ PP_API void pp_exec_stats(const pp_exec *ex, int64_t *kernels_run, int64_t *node
  * for every input shape. Off again before changing a parameter. */
 PP_API void pp_exec_set_constant_params(pp_exec *ex, int on);
 
+/* The stream random ops draw from in the runs that follow: training-mode
+ * Dropout's mask is a function of (seed, step, microbatch, node name,
+ * element) alone (Philox4x32-10), so the same step and microbatch give the
+ * same mask on any rank, in any order. Default: all 0. */
+PP_API void pp_exec_set_random_stream(pp_exec *ex, uint64_t seed, int64_t step, int64_t microbatch);
+
 /* Runs one node on the given inputs (for tests and tools). */
 PP_API pp_status pp_exec_node(const pp_graph *g, int node, pp_tensor *const *inputs,
                        pp_tensor **outputs);

@@ -127,6 +127,9 @@ PP_API pp_status pp_graph_add_node(pp_graph *g, const char *op_type, const char 
                             const char *name, int n_in, const int *in, int n_out,
                             const char *const *out_names, int *node_id);
 PP_API pp_status pp_graph_add_output(pp_graph *g, int value_id);
+/* Gives node's output k (omitted, or past its last output) a new value
+ * (named from the node); an output that has one keeps it. */
+PP_API pp_status pp_node_add_output(pp_graph *g, int node, int k, int *value_id);
 
 /* A fresh value name with the given prefix, unique in g. Returned string is
  * valid until the next call on this thread. */

@@ -40,6 +40,10 @@ PP_API pp_stage *pp_runner_stage(pp_runner *r, int i);
  * NULL. */
 PP_API pp_status pp_runner_step(pp_runner *r, int m, const pp_schedule *sched, int n_inputs,
                          const char *const *names, pp_tensor *const *inputs, pp_tensor **outputs);
+/* The step index the next pp_runner_step runs as (default 0, then one more
+ * per step): training-mode Dropout's masks depend on it, so a resumed run
+ * sets the step it resumes at. */
+PP_API void pp_runner_set_step(pp_runner *r, int64_t step);
 PP_API void pp_runner_zero_grad(pp_runner *r);
 /* Records the actions of the following steps into trace (see
  * pp_executor_trace); NULL stops recording. */

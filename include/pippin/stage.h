@@ -102,6 +102,25 @@ PP_API const char *pp_stage_param_name(const pp_stage *st, int i);
 /* Index of a parameter by name, -1 if absent. */
 PP_API int pp_stage_find_param(const pp_stage *st, const char *name);
 PP_API void pp_stage_zero_grad(pp_stage *st);
+/* A step begins: the following forwards belong to it (training-mode
+ * Dropout draws its masks from (step, microbatch, node); default step 0),
+ * and the state (below) is remembered. */
+PP_API pp_status pp_stage_begin_step(pp_stage *st, int64_t step);
+/* The step failed: the state goes back to what it was when it began, so a
+ * retried step does not apply its microbatches twice. */
+PP_API void pp_stage_abort_step(pp_stage *st);
+/* State the training forward updates: BatchNormalization's running mean and
+ * variance (initializers, never trained), replaced after each microbatch's
+ * forward in microbatch order. The tensor is the graph's own (borrowed);
+ * writing it (a checkpoint load) sets the state. */
+PP_API int pp_stage_n_state(const pp_stage *st);
+PP_API const char *pp_stage_state_name(const pp_stage *st, int i);
+PP_API pp_tensor *pp_stage_state_tensor(pp_stage *st, int i);
+/* Rewrites a graph exported in training mode for inference (pp_stage_new
+ * does it for stages built without training): BatchNormalization with
+ * training_mode=1 uses its running statistics, training-mode Dropout passes
+ * values through. */
+PP_API pp_status pp_graph_prepare_inference(pp_graph *g);
 /* Float initializers no gradient reaches (buffers such as a causal mask):
  * not trained. */
 PP_API int pp_stage_n_frozen(const pp_stage *st);

@@ -36,6 +36,14 @@ PP_API pp_status pp_trainer_backward(pp_trainer *t, pp_tensor *const *inputs, fl
                               float *loss);
 
 PP_API pp_flat_params *pp_trainer_params(pp_trainer *t);
+/* The step and microbatch the next pp_trainer_backward belongs to (default
+ * 0, 0): training-mode Dropout draws its masks from them. */
+PP_API void pp_trainer_set_step(pp_trainer *t, int64_t step, int64_t microbatch);
+/* State each pp_trainer_backward updates (BatchNorm's running statistics,
+ * as pp_stage_n_state); the tensors are the graph's own. */
+PP_API int pp_trainer_n_state(const pp_trainer *t);
+PP_API const char *pp_trainer_state_name(const pp_trainer *t, int i);
+PP_API pp_tensor *pp_trainer_state_tensor(pp_trainer *t, int i);
 PP_API const pp_backward *pp_trainer_autodiff(const pp_trainer *t);
 /* The model's inputs (before autodiff): count, and value id of input i. */
 PP_API int pp_trainer_n_inputs(const pp_trainer *t);

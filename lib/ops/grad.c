@@ -127,6 +127,9 @@ const pp_op pp_ops_grad[] = {
     /* dy, x, scale -> dx;  dy, x -> dscale, dbias */
     {"LayerNormGradInput", "pippin", 3, 3, 1, 1, NULL, pp_grad_layer_norm_input_run},
     {"LayerNormGradWeight", "pippin", 2, 2, 1, 2, NULL, pp_grad_layer_norm_weight_run},
+    /* dy, x, scale, mean, var -> dx;  dy, x, mean, var -> dscale, dB */
+    {"BatchNormGradInput", "pippin", 3, 5, 1, 1, NULL, pp_grad_batch_norm_input_run},
+    {"BatchNormGradWeight", "pippin", 2, 4, 1, 2, NULL, pp_grad_batch_norm_weight_run},
     /* dloss, scores, labels[, weights] -> dscores */
     {"SoftmaxCrossEntropyLossGrad", "pippin", 3, 4, 1, 1, NULL, pp_grad_sce_loss_run},
     {NULL},

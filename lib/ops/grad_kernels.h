@@ -60,6 +60,9 @@ pp_status pp_grad_softmax_run(pp_kernel_ctx *ctx);
 pp_status pp_grad_log_softmax_run(pp_kernel_ctx *ctx);
 pp_status pp_grad_layer_norm_input_run(pp_kernel_ctx *ctx);
 pp_status pp_grad_layer_norm_weight_run(pp_kernel_ctx *ctx);
+/* grad_bn.c: dy, x, scale, mean, var -> dx;  dy, x, mean, var -> dscale, dB */
+pp_status pp_grad_batch_norm_input_run(pp_kernel_ctx *ctx);
+pp_status pp_grad_batch_norm_weight_run(pp_kernel_ctx *ctx);
 pp_status pp_grad_sce_loss_run(pp_kernel_ctx *ctx);
 
 #endif

@@ -1108,6 +1108,7 @@ static pp_status batchnorm_run(pp_kernel_ctx *ctx) {
     double eps = pp_node_attr_float(ctx->node, "epsilon", 1e-5f);
     double momentum = pp_node_attr_float(ctx->node, "momentum", 0.9f);
     int training = pp_node_attr_int(ctx->node, "training_mode", 0) != 0;
+    int unbiased = pp_node_attr_int(ctx->node, "unbiased_running_var", 0) != 0;
     if (!training && (wants_output(ctx, 1) || wants_output(ctx, 2)))
         return pp_kernel_error(ctx, PP_ERR_INVALID,
                                "running mean and variance outputs need training_mode=1");
@@ -1126,6 +1127,14 @@ static pp_status batchnorm_run(pp_kernel_ctx *ctx) {
         double m = pp_tensor_get_f64(mean, ch), v = pp_tensor_get_f64(var, ch);
         if (training) {
             double sum = 0, sq = 0, cnt = (double)(n * inner);
+            if (cnt <= 1) { /* no variance to speak of; PyTorch refuses it too */
+                pp_tensor_free(y);
+                pp_tensor_free(rm);
+                pp_tensor_free(rv);
+                return pp_kernel_error(ctx, PP_ERR_SHAPE, "training mode needs more than 1 value per channel "
+                                       "(%lld here: batch %lld); use larger microbatches", (long long)cnt,
+                                       (long long)n);
+            }
             for (int pass = 0; pass < 2; pass++) {
                 for (int64_t i = 0; i < n; i++) {
                     const char *row = (const char *)x->data + (size_t)((i * c + ch) * inner) * es;
@@ -1142,7 +1151,11 @@ static pp_status batchnorm_run(pp_kernel_ctx *ctx) {
             v = sq / cnt;
             double m0 = pp_tensor_get_f64(mean, ch), v0 = pp_tensor_get_f64(var, ch);
             if (rm) pp_tensor_set_f64(rm, ch, m0 * momentum + m * (1 - momentum));
-            if (rv) pp_tensor_set_f64(rv, ch, v0 * momentum + v * (1 - momentum));
+            /* unbiased_running_var (set by pippin's training stages): the
+             * running variance takes the batch's unbiased variance, as
+             * PyTorch's BatchNorm does; ONNX's reference takes the biased */
+            double vr = unbiased && cnt > 1 ? v * cnt / (cnt - 1) : v;
+            if (rv) pp_tensor_set_f64(rv, ch, v0 * momentum + vr * (1 - momentum));
         }
         double a = pp_tensor_get_f64(sc, ch) / sqrt(v + eps);
         double b = pp_tensor_get_f64(bias, ch) - m * a;

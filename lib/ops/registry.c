@@ -15,6 +15,7 @@ static const pp_op *const families[] = {
     pp_ops_resize,
     pp_ops_group_norm,
     pp_ops_rnn, pp_ops_grad_rnn,
+    pp_ops_dropout,
     pp_ops_misc,
 };
 

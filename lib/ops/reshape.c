@@ -1,5 +1,5 @@
-/* Reshape family: Identity, Reshape, Flatten, Squeeze, Unsqueeze, Transpose
- * and Dropout (inference: a pass-through). Pure reshapes return views that
+/* Reshape family: Identity, Reshape, Flatten, Squeeze, Unsqueeze and
+ * Transpose (Dropout is in dropout.c). Pure reshapes return views that
  * share their input's buffer; Transpose copies unless only unit dims move. */
 #include <inttypes.h>
 #include <stdint.h>
@@ -223,35 +223,6 @@ static pp_status transpose_run(pp_kernel_ctx *ctx) {
     return PP_OK;
 }
 
-/* ------------------------------------------------------------- Dropout */
-
-static pp_status dropout_run(pp_kernel_ctx *ctx) {
-    pp_tensor *x = ctx->in[0];
-    const pp_tensor *tr = pp_kernel_input(ctx, 1), *tm = pp_kernel_input(ctx, 2);
-    int training = 0;
-    if (tm) {
-        if (pp_tensor_numel(tm) != 1)
-            return pp_kernel_error(ctx, PP_ERR_SHAPE, "training_mode must be a scalar");
-        training = pp_tensor_get_f64(tm, 0) != 0;
-    }
-    if (training) {
-        double ratio = tr ? (pp_tensor_numel(tr) == 1 ? pp_tensor_get_f64(tr, 0) : -1)
-                          : pp_node_attr_float(ctx->node, "ratio", 0.5f);
-        if (ratio != 0)
-            return pp_kernel_error(ctx, PP_ERR_UNSUPPORTED,
-                                   "training-mode dropout with ratio %g is not supported "
-                                   "(export with dropout disabled or p=0)", ratio);
-    }
-    pp_tensor *mask = NULL;
-    if (pp_kernel_want_out(ctx, 1)) {
-        PP_TRY(pp_tensor_empty(PP_BOOL, x->ndim, x->shape, &mask));
-        if (mask->nbytes) memset(mask->data, 1, mask->nbytes);
-        ctx->out[1] = mask;
-    }
-    ctx->out[0] = pp_tensor_retain(x);
-    return PP_OK;
-}
-
 /* ---------------------------------------------------------------- table */
 
 const pp_op pp_ops_reshape[] = {
@@ -261,6 +232,5 @@ const pp_op pp_ops_reshape[] = {
     {"Squeeze", "", 1, 2, 1, 1, NULL, squeeze_run},
     {"Unsqueeze", "", 1, 2, 1, 1, NULL, unsqueeze_run},
     {"Transpose", "", 1, 1, 1, 1, transpose_check, transpose_run},
-    {"Dropout", "", 1, 3, 1, 2, NULL, dropout_run},
     {NULL},
 };

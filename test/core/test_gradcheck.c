@@ -275,6 +275,14 @@ static void test_normalization(void **state) {
     check((gc_case){"LogSoftmax", "x", {R(2, 3, 2)}, 1, "axis=0"});
     check((gc_case){"LayerNormalization", "xpp", {R(2, 3, 4), R(4), R(4)}, 1});
     check((gc_case){"LayerNormalization", "xp", {R(2, 3, 2), R(3, 2)}, 1, "axis=1 epsilon=f:0.01"});
+    /* through the batch statistics; eval mode: the given ones */
+    check((gc_case){"BatchNormalization", "xppcc", {R(3, 2, 4), RPOS(2), R(2), R(2), RPOS(2)}, 1,
+                    "training_mode=1 epsilon=f:0.01"});
+    check((gc_case){"BatchNormalization", "xppcc", {R(4, 3), RPOS(3), R(3), R(3), RPOS(3)}, 1, "training_mode=1"});
+    check((gc_case){"BatchNormalization", "xppcc", {R(2, 3, 2, 2), RPOS(3), R(3), R(3), RPOS(3)}, 1});
+    /* training-mode Dropout: the forward's mask (the same draw each run) */
+    check((gc_case){"Dropout", "xcc", {R(40), T(PP_F32, 1, SHAPE(1), 0.3), T(PP_BOOL, 1, SHAPE(1), 1)}, 1});
+    check((gc_case){"Dropout", "xcc", {R(2, 5), T(PP_F32, 1, SHAPE(1), 0.0), T(PP_BOOL, 1, SHAPE(1), 1)}, 1});
     check((gc_case){"SoftmaxCrossEntropyLoss", "xc", {R(4, 5), I64V(1, 0, 4, 2)}, 1});
     check((gc_case){"SoftmaxCrossEntropyLoss", "xc", {R(4, 5), I64V(1, 0, 4, 2)}, 2,
                     "reduction=s:sum"});

@@ -972,13 +972,23 @@ static void test_identity_dropout(void **state) {
     pp_tensor_free(o[1]);
     tu_node_free(&t);
 
-    /* training with ratio > 0 is refused; ratio 0 is an identity */
+    /* training: ratio 1 drops everything, a ratio past 1 is refused (ratios
+     * in between: test_ops_dropout.c); ratio 0 is an identity */
     ins[0] = F32(1, SHAPE(2), 1, 2);
-    ins[1] = tu_f32(0, NULL, (const float[]){0.5f});
+    ins[1] = tu_f32(0, NULL, (const float[]){1.0f});
     TU_OK(pp_tensor_empty(PP_BOOL, 0, NULL, &ins[2]));
     *(uint8_t *)ins[2]->data = 1;
     tu_node_init(&t, "Dropout", 3, ins, 1, NULL);
-    tu_node_expect_error(&t, PP_ERR_UNSUPPORTED, NULL);
+    y = tu_node_run_one(&t);
+    expect(y, F32(1, SHAPE(2), 0, 0), "ratio 1");
+    pp_tensor_free(y);
+    tu_node_free(&t);
+    ins[0] = F32(1, SHAPE(2), 1, 2);
+    ins[1] = tu_f32(0, NULL, (const float[]){1.5f});
+    TU_OK(pp_tensor_empty(PP_BOOL, 0, NULL, &ins[2]));
+    *(uint8_t *)ins[2]->data = 1;
+    tu_node_init(&t, "Dropout", 3, ins, 1, NULL);
+    tu_node_expect_error(&t, PP_ERR_INVALID, "outside [0, 1]");
     tu_node_free(&t);
     ins[0] = F32(1, SHAPE(2), 1, 2);
     ins[1] = tu_f32(0, NULL, (const float[]){0.0f});

@@ -90,6 +90,20 @@ expect 0 "step 1: loss" "train prints one line per step" -- train "$FX/mlp/model
     --save "$tmp/p"
 [ -f "$tmp/p/fc1.weight.npy" ]
 ok $? "train --save wrote the parameters"
+# BatchNorm's running statistics are state: --save writes them, checkpoints
+# hold them, and a resumed run ends where an uninterrupted one does
+bn="$FX/bn/model.onnx --data x=$FX/bn/x.npy --data y=$FX/bn/y.npy --batch-size 4 --microbatches 2 --schedule 1f1b"
+# shellcheck disable=SC2086
+"$PIPPIN" train $bn --steps 4 --save "$tmp/bn-full" >/dev/null 2>"$tmp/err"
+ok $? "train bn: $(head -c 200 "$tmp/err")"
+[ -f "$tmp/bn-full/bn1.running_mean.npy" ] && [ -f "$tmp/bn-full/bn3.running_var.npy" ] &&
+    ! cmp -s "$tmp/bn-full/bn1.running_mean.npy" "$tmp/bn-full/bn1.running_var.npy"
+ok $? "train --save wrote BatchNorm's running statistics"
+# shellcheck disable=SC2086
+"$PIPPIN" train $bn --steps 2 --checkpoint "$tmp/bn-ck" --checkpoint-every 1 >/dev/null 2>"$tmp/err" &&
+    "$PIPPIN" train $bn --steps 4 --checkpoint "$tmp/bn-ck" --checkpoint-every 1 --resume \
+        --save "$tmp/bn-resumed" >/dev/null 2>>"$tmp/err" && diff -r "$tmp/bn-full" "$tmp/bn-resumed" >"$tmp/diff"
+ok $? "train bn resumed from a checkpoint ends with the uninterrupted run's parameters and statistics: $(head -c 300 "$tmp/err" "$tmp/diff")"
 expect 2 "unknown optimizer 'adam'" "train with an unknown optimizer" -- train "$FX/mlp/model.onnx" \
     --data "x=$FX/mlp/train_x.npy" --data "y=$FX/mlp/train_y.npy" --batch-size 4 --steps 1 --optimizer adam
 expect 2 "nesterov" "train nesterov without momentum" -- train "$FX/mlp/model.onnx" \

@@ -232,7 +232,13 @@ if start q; then
     timeout 60 "$PIPPIN" request "ipc://$tmp/q-front" --input "idx=$tmp/idx3.npy" --input "targets=$tmp/tg3.npy" \
         --output-dir "$tmp" --timeout-ms 20000 >/dev/null 2>"$tmp/q1.err" &
     first=$!
-    sleep 0.3
+    # the second only once the service holds the first (a fixed pause was
+    # too short on a loaded machine: the second came first and got in)
+    for _ in $(seq 20); do # (within timeout_ms: the stopped rank must not be given up)
+        timeout 1 "$PIPPIN" request "ipc://$tmp/q-front" --stats --timeout-ms 300 2>/dev/null |
+            grep -Eq '"in_system": [1-9]' && break
+        sleep 0.05
+    done
     timeout 30 "$PIPPIN" request "ipc://$tmp/q-front" --input "idx=$tmp/idx4.npy" --input "targets=$tmp/tg4.npy" \
         --output-dir "$tmp" >/dev/null 2>"$tmp/q2.err"
     rc2=$?

@@ -55,6 +55,7 @@ static void test_roundtrip(void **state) {
     env.dst_stage = 1;
     env.src_rank = 2;
     env.seq = 1234567;
+    env.sender_nonce = 0xfedcba9876543210ull; /* past 2^63: a 10-byte varint */
     env.ntensors = 2;
     env.tensors = wt;
     env.text = "";
@@ -74,6 +75,7 @@ static void test_roundtrip(void **state) {
     assert_int_equal(d.dst_stage, 1);
     assert_int_equal(d.src_rank, 2);
     assert_int_equal(d.seq, 1234567);
+    assert_true(d.sender_nonce == 0xfedcba9876543210ull);
     assert_int_equal(d.ntensors, 2);
     assert_string_equal(d.tensors[0].name, "a");
     assert_int_equal(d.tensors[0].ndim, 2);
