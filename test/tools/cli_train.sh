@@ -104,6 +104,22 @@ ok $? "train --save wrote BatchNorm's running statistics"
     "$PIPPIN" train $bn --steps 4 --checkpoint "$tmp/bn-ck" --checkpoint-every 1 --resume \
         --save "$tmp/bn-resumed" >/dev/null 2>>"$tmp/err" && diff -r "$tmp/bn-full" "$tmp/bn-resumed" >"$tmp/diff"
 ok $? "train bn resumed from a checkpoint ends with the uninterrupted run's parameters and statistics: $(head -c 300 "$tmp/err" "$tmp/diff")"
+# training-mode Dropout (p 0.3): masks are a function of (step, microbatch,
+# node), so GPipe, 1F1B, 2 processes over ipc, the single-graph trainer and
+# a run resumed from a checkpoint all end with the same parameters
+dr="$FX/dropout/model.onnx --data x=$FX/dropout/x.npy --data y=$FX/dropout/y.npy --batch-size 4 --microbatches 2"
+# shellcheck disable=SC2086
+"$PIPPIN" train $dr --schedule gpipe --steps 4 --save "$tmp/dr-gpipe" >/dev/null 2>"$tmp/err" &&
+    "$PIPPIN" train $dr --schedule 1f1b --steps 4 --save "$tmp/dr-1f1b" >/dev/null 2>>"$tmp/err" &&
+    "$PIPPIN" train $dr --schedule 1f1b --steps 4 --transport ipc --save "$tmp/dr-ipc" >/dev/null 2>>"$tmp/err" &&
+    "$PIPPIN" train $dr --no-split --steps 4 --save "$tmp/dr-unsplit" >/dev/null 2>>"$tmp/err" &&
+    "$PIPPIN" train $dr --schedule 1f1b --steps 2 --checkpoint "$tmp/dr-ck" --checkpoint-every 1 >/dev/null 2>>"$tmp/err" &&
+    "$PIPPIN" train $dr --schedule 1f1b --steps 4 --checkpoint "$tmp/dr-ck" --resume --save "$tmp/dr-resumed" \
+        >/dev/null 2>>"$tmp/err"
+ok $? "train with dropout under 5 set-ups: $(head -c 300 "$tmp/err")"
+same=0
+for d in 1f1b ipc unsplit resumed; do diff -r "$tmp/dr-gpipe" "$tmp/dr-$d" >/dev/null || same=1; done
+ok $same "dropout: GPipe, 1F1B, ipc ranks, unsplit and resumed runs end bit-identical"
 expect 2 "unknown optimizer 'adam'" "train with an unknown optimizer" -- train "$FX/mlp/model.onnx" \
     --data "x=$FX/mlp/train_x.npy" --data "y=$FX/mlp/train_y.npy" --batch-size 4 --steps 1 --optimizer adam
 expect 2 "nesterov" "train nesterov without momentum" -- train "$FX/mlp/model.onnx" \
