@@ -199,9 +199,10 @@ static pp_status sweep(pass *p) {
             char label[512];
             return pp_error_context(s, "gradient of %s", pp_node_label(&g->nodes[i], label, sizeof label));
         }
-        n = &g->nodes[i];
-        for (int k = 0; k < n->n_in; k++)
-            if (need[k] && dx[k] >= 0) PP_TRY(accumulate(p, &c, n->in[k], dx[k]));
+        /* g->nodes[i] read afresh each time: accumulating adds nodes, which
+         * may move the node array (a pointer kept across it dangled) */
+        for (int k = 0; k < g->nodes[i].n_in; k++)
+            if (need[k] && dx[k] >= 0) PP_TRY(accumulate(p, &c, g->nodes[i].in[k], dx[k]));
         for (int k = 0; k < p->st.n_extra; k++)
             PP_TRY(accumulate(p, &c, p->st.extra_v[k], p->st.extra_g[k]));
         p->st.n_extra = 0;

@@ -596,8 +596,45 @@ static void test_omitted_input_gradient(void **state) {
     pp_graph_free(g);
 }
 
+/* A node whose inputs both already hold a gradient: accumulating them adds
+ * Add nodes, which may move the node array in the middle of the rule's
+ * bookkeeping. Graph sizes around every capacity step, so one of them grows
+ * it there; AddressSanitizer sees the dangling node pointer. (Regression:
+ * resnet18's last stage crashed pippin grad.) */
+static void test_accumulate_moves_nodes(void **state) {
+    (void)state;
+    for (int extra = 0; extra < 70; extra++) {
+        pp_graph *g;
+        TU_OK(pp_graph_new("acc", &g));
+        int64_t two = 2;
+        int x, w, y, z, s, id;
+        TU_OK(pp_graph_add_input(g, "x", PP_F32, 1, &two, &x));
+        TU_OK(pp_graph_add_initializer(g, "w", PP_VALUE_PARAM, F32(1, SHAPE(2), 0.5f, -1.5f), &w));
+        int in[2] = {x, w};
+        TU_OK(pp_graph_add_node(g, "Add", "", "first", 2, in, 1, NULL, &id)); /* its rule runs last */
+        y = g->nodes[id].out[0];
+        for (int k = 0; k < extra; k++) {
+            TU_OK(pp_graph_add_node(g, "Neg", "", NULL, 1, &y, 1, NULL, &id));
+            y = g->nodes[id].out[0];
+        }
+        TU_OK(pp_graph_add_node(g, "Mul", "", "second", 2, in, 1, NULL, &id)); /* x and w get gradients first here */
+        z = g->nodes[id].out[0];
+        int yz[2] = {y, z};
+        TU_OK(pp_graph_add_node(g, "Add", "", NULL, 2, yz, 1, NULL, &id));
+        s = g->nodes[id].out[0];
+        TU_OK(pp_graph_add_node(g, "ReduceSum", "", NULL, 1, &s, 1, (const char *[]){"loss"}, &id));
+        TU_OK(pp_graph_add_output(g, g->nodes[id].out[0]));
+        pp_backward *b;
+        TU_OK(pp_autodiff_model(g, "loss", 1, &b));
+        assert_int_equal(b->n_params, 1);
+        pp_backward_free(b);
+        pp_graph_free(g);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_accumulate_moves_nodes),
         cmocka_unit_test(test_mlp_matches_torch),
         cmocka_unit_test(test_skip_matches_torch),
         cmocka_unit_test(test_cnn_matches_torch),
