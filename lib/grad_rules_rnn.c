@@ -37,35 +37,23 @@ static pp_status training_forward(pp_grad_ctx *c, const char *train_op, int n_fw
     }
     if (n->n_out > n_fwd_out)
         return pp_node_error(n, PP_ERR_INVALID, "has %d outputs (at most %d)", n->n_out, n_fwd_out);
-    char name[512];
-    snprintf(name, sizeof name, "%s_stash", n->name && n->name[0] ? n->name : train_op);
-    /* A new value that is not a graph input: the graph API makes values
-     * only as inputs, initializers or node outputs, so take an input and
-     * give it to the node. */
-    int v, nin = g->n_inputs;
-    PP_TRY(pp_graph_add_input(g, pp_graph_unique_name(g, name), PP_F32, 1, (int64_t[]){-1}, &v));
-    g->n_inputs = nin;
-    n = &g->nodes[c->node];
-    int *out = realloc(n->out, sizeof(int) * (size_t)(n_fwd_out + 1));
     char *op = strdup(train_op), *dom = strdup("pippin");
-    if (!out || !op || !dom) {
-        if (out) n->out = out;
+    int v;
+    pp_status st = op && dom ? pp_node_add_output(g, c->node, n_fwd_out, &v) : pp_error(PP_ERR_NOMEM, "out of memory");
+    if (st != PP_OK) {
         free(op);
         free(dom);
-        return pp_error(PP_ERR_NOMEM, "out of memory");
+        return st;
     }
-    for (int k = n->n_out; k < n_fwd_out; k++) out[k] = -1;
-    out[n_fwd_out] = v;
-    n->out = out;
-    n->n_out = n_fwd_out + 1;
+    n = &g->nodes[c->node];
     free(n->op_type);
     free(n->domain);
     n->op_type = op;
     n->domain = dom;
     n->op = NULL; /* resolved again before it runs */
-    g->values[v].kind = PP_VALUE_NODE;
-    g->values[v].producer = c->node;
-    g->values[v].producer_output = n_fwd_out;
+    g->values[v].dtype = PP_F32; /* a flat float buffer, its length known at run time */
+    g->values[v].ndim = 1;
+    g->values[v].shape[0] = -1;
     *stash = v;
     return PP_OK;
 }
