@@ -153,7 +153,7 @@ while kill -0 "$p3" 2>/dev/null && [ $(($(date +%s) - t0)) -lt 100 ]; do
     if [ "$k" -gt $seen ]; then
         seen=$k
         kill -STOP "$p3"
-        sleep 4
+        sleep 6 # twice timeout_ms: detected even when the peers run slowly (a loaded machine)
         kill -CONT "$p3"
     fi
     sleep 0.01
