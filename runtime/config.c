@@ -302,13 +302,20 @@ static pp_status str_value(const cx *x, const yaml_node_t *n, const char *key, c
 static int given(const yaml_node_t *n) { return n && !is_null(n); }
 
 static pp_status parse_split(const cx *x, const yaml_node_t *m) {
-    static const char *const keys[] = {"before", "after", "transmit_shared"};
-    yaml_node_t *v[3];
+    static const char *const keys[] = {"before", "after", "transmit_shared", "auto", "memory_cap"};
+    yaml_node_t *v[5];
     pp_config *c = x->c;
-    PP_TRY(match_keys(x, m, "split", keys, 3, v));
+    PP_TRY(match_keys(x, m, "split", keys, 5, v));
     if (given(v[0])) PP_TRY(get_str_list(x, v[0], "split.before", 0, CFG_MAX_ITEMS, &c->split_before, &c->n_split_before));
     if (given(v[1])) PP_TRY(get_str_list(x, v[1], "split.after", 0, CFG_MAX_ITEMS, &c->split_after, &c->n_split_after));
     if (given(v[2])) PP_TRY(get_bool(x, v[2], "split.transmit_shared", &c->transmit_shared));
+    /* balanced stages (stages/balance.c): the count, and a byte cap per stage */
+    if (given(v[3])) PP_TRY(get_int32(x, v[3], "split.auto", 1, 1024, &c->split_auto));
+    if (given(v[4])) PP_TRY(get_int(x, v[4], "split.memory_cap", 1, INT64_MAX, &c->split_memory_cap));
+    if (given(v[4]) && !c->split_auto)
+        return err_at(x, PP_ERR_INVALID, v[4], "key 'split.memory_cap': needs 'split.auto'");
+    if (c->split_auto && c->n_split_before + c->n_split_after > 0)
+        return err_at(x, PP_ERR_INVALID, v[3], "key 'split.auto': chooses every cut; no 'before' or 'after' with it");
     return PP_OK;
 }
 
@@ -539,12 +546,45 @@ static pp_status check_protected(const cx *x, const yaml_node_t *ranks, const ya
 enum {
     K_MODEL, K_SPLIT, K_DIMS, K_MODE, K_SCHEDULE, K_MICROBATCHES, K_BATCH, K_STEPS, K_LOSS,
     K_OPTIMIZER, K_DATA, K_TEXT, K_RANKS, K_BIND, K_TIMEOUT, K_SECURITY, K_OUTPUT, K_STAGES, K_SHM, K_FREEZE,
-    K_CHECKPOINT, K_RUN_ID, K_INSECURE, K_REJOIN, K_SERVE, K_PARAMS, K_COUNT
+    K_CHECKPOINT, K_RUN_ID, K_INSECURE, K_REJOIN, K_SERVE, K_PARAMS, K_RECOMPUTE, K_COUNT
 };
 static const char *const top_keys[K_COUNT] = {
     "model", "split", "dims", "mode", "schedule", "microbatches", "batch_size", "steps", "loss",
     "optimizer", "data", "text", "ranks", "bind", "timeout_ms", "security", "output_dir", "stages",
-    "shared_memory", "freeze", "checkpoint", "run_id", "insecure", "rejoin_timeout_ms", "serve", "params"};
+    "shared_memory", "freeze", "checkpoint", "run_id", "insecure", "rejoin_timeout_ms", "serve", "params",
+    "recompute"};
+
+/* recompute: true | false | a list of distinct stage indices. */
+static pp_status parse_recompute(const cx *x, const yaml_node_t *n) {
+    pp_config *c = x->c;
+    c->recompute_line = line_of(n);
+    if (n->type == YAML_SCALAR_NODE && !is_null(n)) {
+        const char *s;
+        PP_TRY(scalar_text(x, n, "recompute", "true, false or a list of stage indices", &s));
+        if (!strcasecmp(s, "true") || !strcasecmp(s, "yes")) c->recompute = 1;
+        else if (!strcasecmp(s, "false") || !strcasecmp(s, "no")) c->recompute = 0;
+        else return type_err(x, n, "recompute", "true, false or a list of stage indices");
+        return PP_OK;
+    }
+    if (n->type != YAML_SEQUENCE_NODE) return type_err(x, n, "recompute", "true, false or a list of stage indices");
+    ptrdiff_t len = n->data.sequence.items.top - n->data.sequence.items.start;
+    if (len > CFG_MAX_ITEMS)
+        return err_at(x, PP_ERR_INVALID, n, "key 'recompute': more than %d entries", CFG_MAX_ITEMS);
+    if (!(c->recompute_stages = calloc((size_t)len + 1, sizeof *c->recompute_stages)))
+        return pp_error(PP_ERR_NOMEM, "%s: out of memory", x->file);
+    char path[64];
+    for (int i = 0; i < (int)len; i++) {
+        yaml_node_t *e = node(x, n->data.sequence.items.start[i]);
+        key_path(path, sizeof path, "", "recompute", i);
+        int v;
+        PP_TRY(get_int32(x, e, path, 0, INT_MAX, &v));
+        for (int j = 0; j < c->n_recompute_stages; j++)
+            if (c->recompute_stages[j] == v)
+                return err_at(x, PP_ERR_INVALID, e, "key '%s': stage %d is listed twice", path, v);
+        c->recompute_stages[c->n_recompute_stages++] = v;
+    }
+    return PP_OK;
+}
 
 static pp_status parse_top(const cx *x, const yaml_node_t *root) {
     pp_config *c = x->c;
@@ -639,6 +679,14 @@ static pp_status parse_top(const cx *x, const yaml_node_t *root) {
         PP_TRY(parse_checkpoint(x, v[K_CHECKPOINT]));
     }
     if (given(v[K_RUN_ID])) PP_TRY(parse_run_id(x, v[K_RUN_ID]));
+    if (given(v[K_RECOMPUTE])) {
+        PP_TRY(parse_recompute(x, v[K_RECOMPUTE]));
+        if (!c->training && (c->recompute || c->n_recompute_stages))
+            return err_at(x, PP_ERR_INVALID, v[K_RECOMPUTE],
+                          "key 'recompute': recomputation saves training memory; needs mode: train");
+    } else if (v[K_RECOMPUTE]) {
+        return type_err(x, v[K_RECOMPUTE], "recompute", "true, false or a list of stage indices");
+    }
     if (given(v[K_INSECURE])) PP_TRY(get_bool(x, v[K_INSECURE], "insecure", &c->insecure));
     PP_TRY(check_protected(x, v[K_RANKS], v[K_BIND]));
     /* With security: the front is a CURVE server admitting serve.client_keys
@@ -737,6 +785,7 @@ void pp_config_free(pp_config *c) {
     for (int i = 0; c->serve_client_keys && i < c->n_serve_client_keys; i++) free(c->serve_client_keys[i]);
     free(c->serve_client_keys);
     free(c->params);
+    free(c->recompute_stages);
     for (int i = 0; c->serve_state && i < c->n_serve_state; i++) {
         free(c->serve_state[i].key);
         free(c->serve_state[i].value);

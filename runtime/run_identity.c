@@ -185,6 +185,8 @@ static pp_status add_config(pp_run_identity *id, const pp_config *c) {
     PP_TRY(add_list(id, "split.before", c->n_split_before, c->split_before));
     PP_TRY(add_list(id, "split.after", c->n_split_after, c->split_after));
     PP_TRY(add_bool(id, "split.transmit_shared", c->transmit_shared));
+    PP_TRY(add_int(id, "split.auto", c->split_auto));
+    PP_TRY(add_int(id, "split.memory_cap", (long long)c->split_memory_cap));
     PP_TRY(add_list(id, "freeze", c->n_freeze, c->freeze));
     for (int i = 0; i < c->n_data; i++) {
         snprintf(key, sizeof key, "data.%s", c->data[i].key);

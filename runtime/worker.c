@@ -14,6 +14,7 @@
 #include "pippin/checkpoint.h"
 #include "run_identity.h"
 #include "serve.h"
+#include "split_auto.h"
 #include "pippin/exec.h"
 #include "pippin/executor.h"
 #include "pippin/npy.h"
@@ -136,7 +137,15 @@ static pp_status open_pipe(pp_worker *w) {
                                 c->path, c->freeze[i], c->model);
         pp_split_spec spec = {c->n_split_before, (const char *const *)c->split_before, c->n_split_after,
                               (const char *const *)c->split_after, c->transmit_shared, 0, c->loss};
-        PP_TRY(pp_pipe_split(w->g, &spec, &w->p));
+        int *cut_at = NULL;
+        if (c->split_auto) { /* the balanced cuts replace the markers */
+            PP_TRY(pp_config_auto_cuts(c, w->g, &cut_at, &spec.n_cut_at));
+            spec.cut_at = cut_at;
+            spec.ignore_markers = 1;
+        }
+        pp_status split_s = pp_pipe_split(w->g, &spec, &w->p);
+        free(cut_at);
+        PP_TRY(split_s);
         const char *dims[64];
         char buf[64][128];
         int nd = c->n_dims;
@@ -164,6 +173,24 @@ static pp_status open_pipe(pp_worker *w) {
     for (int s = 0; !c->model && s < w->p->n_stages; s++)
         if (w->sched->stage_rank[s] == w->rank) PP_TRY(pp_pipe_load_graph(w->p, c->stages, s));
     if (c->training && !w->p->loss) return pp_error(PP_ERR_NOT_FOUND, "%s: the model has no loss output to train on", c->path);
+    for (int i = 0; i < c->n_recompute_stages; i++)
+        if (c->recompute_stages[i] >= w->p->n_stages)
+            return pp_error(PP_ERR_INVALID, "%s:%d: key 'recompute[%d]': stage %d, but the pipeline has %d stage%s (0-%d)",
+                            c->path ? c->path : "config", c->recompute_line, i, c->recompute_stages[i],
+                            w->p->n_stages, w->p->n_stages == 1 ? "" : "s", w->p->n_stages - 1);
+    return PP_OK;
+}
+
+/* recompute: the stages the config names (all with true) recompute their
+ * forward before their backward-input. */
+static pp_status open_recompute(pp_worker *w) {
+    const pp_config *c = w->c;
+    for (int i = 0; c->training && i < pp_executor_n_stages(w->ex); i++) {
+        pp_stage *st = pp_executor_stage(w->ex, i);
+        int on = c->recompute;
+        for (int k = 0; k < c->n_recompute_stages; k++) on |= c->recompute_stages[k] == pp_stage_index(st);
+        if (on) PP_TRY(pp_stage_set_recompute(st, 1));
+    }
     return PP_OK;
 }
 
@@ -287,6 +314,7 @@ static pp_status open_run(pp_worker *w) {
     if (s != PP_OK) s = pp_error_context(s, "rank %d", w->rank);
     if (s == PP_OK) s = pp_executor_new(w->p, w->sched, w->rank, c->training, w->t, &w->ex);
     if (s == PP_OK && c->training) s = pp_executor_set_optimizer(w->ex, &c->optim);
+    if (s == PP_OK) s = open_recompute(w);
     if (s == PP_OK) s = pp_error_context(open_checkpoints(w), "rank %d", w->rank);
     if (s == PP_OK) s = pp_error_context(open_identity(w), "rank %d", w->rank);
     for (int k = 0; s == PP_OK && w->p->loss && k < w->p->n_outputs; k++)

@@ -8,6 +8,7 @@
 #include "grow.h"
 #include "op.h"
 #include "pippin/pipe.h"
+#include "split_internal.h"
 #include "status_internal.h"
 
 typedef struct {
@@ -67,7 +68,7 @@ static int cmp_cut(const void *a, const void *b) {
 static pp_status collect_cuts(splitter *sp) {
     const pp_graph *g = sp->g;
     const pp_split_spec *spec = sp->spec;
-    int cap = g->n_nodes + spec->n_before + spec->n_after + 1;
+    int cap = g->n_nodes + spec->n_before + spec->n_after + spec->n_cut_at + 1;
     sp->cuts = calloc((size_t)cap, sizeof *sp->cuts);
     if (!sp->cuts) return pp_error(PP_ERR_NOMEM, "out of memory splitting");
     for (int i = 0; i < g->n_nodes; i++)
@@ -87,6 +88,13 @@ static pp_status collect_cuts(splitter *sp) {
         if (found < 0)
             return pp_error(PP_ERR_NOT_FOUND, "--split-after '%s' matches no node", spec->after[k]);
         sp->cuts[sp->n_cuts++] = (cut){found + 1, spec->after[k]};
+    }
+    for (int k = 0; k < spec->n_cut_at; k++) {
+        int at = spec->cut_at[k];
+        if (at <= 0 || at >= g->n_nodes)
+            return pp_error(PP_ERR_INVALID, "cut before node %d: the model's nodes are 1..%d", at, g->n_nodes - 1);
+        const char *nm = g->nodes[at].name;
+        sp->cuts[sp->n_cuts++] = (cut){at, nm && nm[0] ? nm : g->nodes[at].op_type};
     }
     qsort(sp->cuts, (size_t)sp->n_cuts, sizeof *sp->cuts, cmp_cut);
     return PP_OK;
@@ -355,6 +363,25 @@ static pp_status find_outputs(const splitter *sp, pp_pipe *p) {
 }
 
 void pp_split_spec_init(pp_split_spec *s) { memset(s, 0, sizeof *s); }
+
+pp_status pp_split_compute_nodes(const pp_graph *g, int ignore_markers, uint8_t *compute) {
+    pp_split_spec spec = {0};
+    spec.ignore_markers = ignore_markers;
+    splitter sp = {g, &spec, NULL, NULL, NULL, NULL, 0, NULL, 0};
+    size_t nv = (size_t)g->n_values + 1, nn = (size_t)g->n_nodes + 1;
+    sp.alias = malloc(sizeof(int) * nv);
+    sp.marker = calloc(nn, 1);
+    sp.is_const = calloc(nn, 1);
+    pp_status s = sp.alias && sp.marker && sp.is_const ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
+    if (s == PP_OK) {
+        mark_aliases_and_constants(&sp);
+        for (int i = 0; i < g->n_nodes; i++) compute[i] = (uint8_t)compute_node(&sp, i);
+    }
+    free(sp.alias);
+    free(sp.marker);
+    free(sp.is_const);
+    return s;
+}
 
 pp_status pp_pipe_split(const pp_graph *g, const pp_split_spec *spec, pp_pipe **out) {
     static const pp_split_spec default_spec = {0};

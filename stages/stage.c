@@ -17,6 +17,8 @@
 typedef struct {
     int mb;
     int backward_input_done;
+    int inputs_only; /* recompute: env holds the forward's inputs; F runs again before I */
+    int64_t step;    /* the step of its forward: the re-run draws the same random masks */
     pp_tensor **env; /* one slot per graph value: the stash */
 } mb_state;
 
@@ -28,6 +30,9 @@ struct pp_stage {
     pp_backward *bw;
     uint8_t *keep_f, *keep_i, *keep_w;
     uint8_t *stash_mask; /* per value: kept from forward to backward */
+    uint8_t *input_mask; /* per value: a forward input (what F keeps under recompute) */
+    uint8_t *keep_f_rc;  /* keep_f and the inputs: F's keep mask under recompute */
+    int recompute;       /* pp_stage_set_recompute */
     int n_fwd_inputs, n_fwd_outputs;
     int loss_seed; /* index into bw->seed_values of the loss, -1 if none */
     float loss_scale;
@@ -93,6 +98,11 @@ static pp_status build_backward(pp_stage *st, const pp_stage_spec *spec) {
     st->stash_mask = calloc((size_t)g->n_values + 1, 1);
     if (!st->stash_mask) return pp_error(PP_ERR_NOMEM, "out of memory");
     for (int k = 0; k < b->n_stash; k++) st->stash_mask[b->stash[k]] = 1;
+    st->input_mask = calloc((size_t)g->n_values + 1, 1);
+    if (!st->input_mask) return pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < st->n_fwd_inputs; i++) st->input_mask[g->inputs[i]] = 1;
+    st->keep_f_rc = malloc((size_t)g->n_values + 1);
+    if (!st->keep_f_rc) return pp_error(PP_ERR_NOMEM, "out of memory");
     return pp_flat_params_new(g, b->n_params, b->params, &st->params);
 }
 
@@ -118,7 +128,10 @@ pp_status pp_stage_new(pp_graph *g, const pp_stage_spec *spec, pp_stage **out) {
     pp_status s = pp_graph_resolve(g);
     if (s == PP_OK) s = pp_train_state_prepare(g, spec->training, &st->state);
     if (s == PP_OK && spec->training) s = build_backward(st, spec);
-    if (s == PP_OK && spec->training) pp_train_state_keep(&st->state, st->keep_f);
+    if (s == PP_OK && spec->training) {
+        pp_train_state_keep(&st->state, st->keep_f);
+        for (int v = 0; v <= g->n_values; v++) st->keep_f_rc[v] = st->keep_f[v] | st->input_mask[v];
+    }
     if (s == PP_OK) s = pp_exec_new(g, &st->ex);
     if (s == PP_OK && !spec->training) pp_exec_set_constant_params(st->ex, 1); /* weights never change here */
     if (s != PP_OK) {
@@ -181,6 +194,8 @@ void pp_stage_free(pp_stage *st) {
     free(st->keep_i);
     free(st->keep_w);
     free(st->stash_mask);
+    free(st->input_mask);
+    free(st->keep_f_rc);
     free(st->out_grad_seed);
     pp_graph_free(st->g);
     pp_flat_params_free(st->params);
@@ -261,7 +276,8 @@ pp_status pp_stage_forward(pp_stage *st, int mb, pp_tensor *const *inputs, pp_te
     }
     pp_backward *b = st->bw;
     pp_exec_set_random_stream(st->ex, 0, st->step, mb);
-    pp_status s = pp_exec_run_nodes(st->ex, b->forward_nodes, b->n_forward, env, st->keep_f);
+    pp_status s = pp_exec_run_nodes(st->ex, b->forward_nodes, b->n_forward, env,
+                                    st->recompute ? st->keep_f_rc : st->keep_f);
     if (s == PP_OK) s = pp_train_state_update(&st->state, g, env);
     for (int o = 0; s == PP_OK && o < st->n_fwd_outputs; o++)
         if (!env[g->outputs[o]] && !(env[g->outputs[o]] = pp_tensor_retain(g->values[g->outputs[o]].data)))
@@ -272,14 +288,45 @@ pp_status pp_stage_forward(pp_stage *st, int mb, pp_tensor *const *inputs, pp_te
         return pp_error_context(s, "stage %d forward of microbatch %d", st->index, mb);
     }
     for (int o = 0; o < st->n_fwd_outputs; o++) outputs[o] = pp_tensor_retain(env[g->outputs[o]]);
-    /* Keep only the stash. */
+    /* Keep only the stash (recompute: only the inputs; I runs F again). */
+    const uint8_t *keep = st->recompute ? st->input_mask : st->stash_mask;
     for (int v = 0; v < g->n_values; v++) {
-        if (env[v] && !st->stash_mask[v]) {
+        if (env[v] && !keep[v]) {
             pp_tensor_free(env[v]);
             env[v] = NULL;
         }
     }
-    st->mbs[st->n_mbs++] = (mb_state){mb, 0, env};
+    st->mbs[st->n_mbs++] = (mb_state){mb, 0, st->recompute, st->step, env};
+    return PP_OK;
+}
+
+/* Recompute: F again over the inputs F kept, with the random stream of its
+ * step and microbatch (the same Dropout masks) and without touching the
+ * state (BatchNorm's running statistics took this microbatch's values
+ * when F ran; its batch statistics come from the same inputs). Same nodes,
+ * same kernels, same order: the stash F would have kept, bit for bit. The
+ * inputs-only env is replaced only on success, so a failed try can be
+ * retried or dropped. */
+static pp_status recompute_forward(pp_stage *st, mb_state *m) {
+    pp_graph *g = st->g;
+    pp_backward *b = st->bw;
+    pp_tensor **env = calloc((size_t)g->n_values + 1, sizeof *env);
+    if (!env) return pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < st->n_fwd_inputs; i++) env[g->inputs[i]] = pp_tensor_retain(m->env[g->inputs[i]]);
+    pp_exec_set_random_stream(st->ex, 0, m->step, m->mb);
+    pp_status s = pp_exec_run_nodes(st->ex, b->forward_nodes, b->n_forward, env, st->keep_f);
+    if (s != PP_OK) {
+        free_env(g, env);
+        return pp_error_context(s, "stage %d recomputing the forward of microbatch %d", st->index, m->mb);
+    }
+    for (int v = 0; v < g->n_values; v++)
+        if (env[v] && !st->stash_mask[v]) {
+            pp_tensor_free(env[v]);
+            env[v] = NULL;
+        }
+    free_env(g, m->env);
+    m->env = env;
+    m->inputs_only = 0;
     return PP_OK;
 }
 
@@ -291,6 +338,11 @@ pp_status pp_stage_backward_input(pp_stage *st, int mb, pp_tensor *const *out_gr
         return stage_error(st, PP_ERR_STATE, "%sbackward-input of microbatch %d ran twice", "", mb);
     pp_graph *g = st->g;
     pp_backward *b = st->bw;
+    for (int k = 0; k < st->n_out_grads; k++) /* checked before a re-run is paid for */
+        if (!out_grads || !out_grads[k])
+            return stage_error(st, PP_ERR_INVALID, "no gradient given for output '%s' (microbatch %d)",
+                               g->values[b->seed_values[st->out_grad_seed[k]]].name, mb);
+    if (m->inputs_only) PP_TRY(recompute_forward(st, m));
     pp_tensor **env = m->env;
     if (st->loss_seed >= 0) {
         pp_tensor *scale;
@@ -358,6 +410,21 @@ pp_status pp_stage_backward_weight(pp_stage *st, int mb) {
 pp_status pp_stage_backward(pp_stage *st, int mb, pp_tensor *const *out_grads, pp_tensor **in_grads) {
     PP_TRY(pp_stage_backward_input(st, mb, out_grads, in_grads));
     return pp_stage_backward_weight(st, mb);
+}
+
+pp_status pp_stage_set_recompute(pp_stage *st, int on) {
+    if (on && !st->training)
+        return pp_error(PP_ERR_STATE, "stage %d: recompute needs a stage built for training", st->index);
+    st->recompute = on != 0;
+    return PP_OK;
+}
+
+int pp_stage_recompute(const pp_stage *st) { return st->recompute; }
+
+pp_status pp_stage_recompute_stash_per_sample_dims(pp_stage *st, const char *batch_name, int n_dims,
+                                                   const char *const *dims, int64_t *per_sample) {
+    if (!st->bw) return pp_error(PP_ERR_STATE, "stage %d was not built for training", st->index);
+    return pp_backward_input_bytes_per_sample_dims(st->g, st->bw, batch_name, n_dims, dims, per_sample, NULL);
 }
 
 pp_status pp_stage_stash_per_sample(pp_stage *st, int64_t other_dims, int64_t *per_sample) {

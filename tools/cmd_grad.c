@@ -160,5 +160,6 @@ done:
     free(feeds);
     pp_graph_free(g);
     pp_cli_named_free(&inputs);
+    pp_split_args_free(&sa);
     return rc;
 }

@@ -138,6 +138,7 @@ int cmd_infer(int argc, char **argv) {
         goto out;
     }
     pp_graph *g;
+    o.split.microbatches = o.microbatches;
     if (pp_split_args_load(&o.split, argv[optind], &g) != PP_OK) {
         rc = pp_cli_fail("infer");
         goto out;
@@ -150,5 +151,6 @@ int cmd_infer(int argc, char **argv) {
     pp_graph_free(g);
 out:
     pp_cli_named_free(&inputs);
+    pp_split_args_free(&o.split);
     return rc;
 }

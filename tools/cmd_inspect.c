@@ -211,16 +211,20 @@ static int print_stages(const pp_graph *g, const pp_split_args *sa, dim_sizes *d
     int n = p->n_stages, rc = 0;
     char *pipe_text = json ? pp_pipe_to_json(p) : NULL; /* before the stages take the graphs */
     int64_t *nodes = calloc((size_t)n, sizeof *nodes), *pbytes = calloc((size_t)n, sizeof *pbytes);
-    int64_t *stash = calloc((size_t)n, sizeof *stash);
+    int64_t *stash = calloc((size_t)n, sizeof *stash), *rstash = calloc((size_t)n, sizeof *rstash);
     for (int s = 0; s < n; s++) {
         nodes[s] = p->stages[s]->n_nodes;
         pp_graph_param_stats(p->stages[s], NULL, &pbytes[s]);
         pp_stage *st = NULL;
-        stash[s] = -1;
-        /* Training stages need a loss downstream; without one, no stash. */
+        stash[s] = rstash[s] = -1;
+        /* Training stages need a loss downstream; without one, no stash.
+         * With recompute (pippin train --recompute) F keeps the inputs. */
         if (p->loss && pp_stage_from_pipe(p, s, 1, &st) == PP_OK) {
             if (pp_stage_stash_per_sample_dims(st, ds->batch, ds->n, (const char *const *)ds->dims, &stash[s]) != PP_OK)
                 stash[s] = -1;
+            if (pp_stage_recompute_stash_per_sample_dims(st, ds->batch, ds->n, (const char *const *)ds->dims,
+                                                         &rstash[s]) != PP_OK)
+                rstash[s] = -1;
         }
         pp_stage_free(st);
     }
@@ -232,6 +236,8 @@ static int print_stages(const pp_graph *g, const pp_split_args *sa, dim_sizes *d
             json_object_object_add(o, "nodes", json_object_new_int64(nodes[s]));
             json_object_object_add(o, "parameter_bytes", json_object_new_int64(pbytes[s]));
             json_object_object_add(o, "stash_bytes_per_sample", stash[s] >= 0 ? json_object_new_int64(stash[s]) : NULL);
+            json_object_object_add(o, "recompute_stash_bytes_per_sample",
+                                   rstash[s] >= 0 ? json_object_new_int64(rstash[s]) : NULL);
             json_object_array_add(arr, o);
         }
         json_object_object_add(root, "stages", arr);
@@ -248,12 +254,14 @@ static int print_stages(const pp_graph *g, const pp_split_args *sa, dim_sizes *d
         json_object_put(pj);
         print_dim_sizes(ds, json);
     } else {
-        char a[32], b[32];
-        printf("stages: %d\n  %-6s %6s %12s %16s\n", n, "stage", "nodes", "parameters", "stash/sample");
+        char a[32], b[32], c[32];
+        printf("stages: %d\n  %-6s %6s %12s %16s %18s\n", n, "stage", "nodes", "parameters", "stash/sample",
+               "recompute/sample");
         for (int s = 0; s < n; s++) {
             human_bytes(pbytes[s], a, sizeof a);
             human_bytes(stash[s], b, sizeof b);
-            printf("  %-6d %6lld %12s %16s\n", s, (long long)nodes[s], a, b);
+            human_bytes(rstash[s], c, sizeof c);
+            printf("  %-6d %6lld %12s %16s %18s\n", s, (long long)nodes[s], a, b, c);
         }
         printf("edges (bytes per sample):\n");
         for (int e = 0; e < p->n_edges; e++) {
@@ -279,6 +287,7 @@ static int print_stages(const pp_graph *g, const pp_split_args *sa, dim_sizes *d
     free(nodes);
     free(pbytes);
     free(stash);
+    free(rstash);
     pp_pipe_free(p);
     return rc;
 }
@@ -299,6 +308,9 @@ static int print_backward(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, c
     int rc = 0;
     int have = pp_backward_stash_per_sample_dims(g, b, ds->batch, ds->n, (const char *const *)ds->dims, &per,
                                                  NULL) == PP_OK;
+    int64_t rper = 0; /* recompute: F keeps the inputs */
+    int rhave = pp_backward_input_bytes_per_sample_dims(g, b, ds->batch, ds->n, (const char *const *)ds->dims,
+                                                        &rper, NULL) == PP_OK;
     json_object *o = json ? json_object_new_object() : NULL;
     if (o) {
         json_object_object_add(o, "forward_nodes", json_object_new_int(b->n_forward));
@@ -306,13 +318,15 @@ static int print_backward(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, c
         json_object_object_add(o, "backward_weight_nodes", json_object_new_int(b->n_w));
         json_object_object_add(o, "trainable_parameters", json_object_new_int(b->n_params));
         json_object_object_add(o, "stash_bytes_per_sample", have ? json_object_new_int64(per) : NULL);
+        json_object_object_add(o, "recompute_stash_bytes_per_sample", rhave ? json_object_new_int64(rper) : NULL);
         json_object_object_add(json, "training_graph", o);
     } else if (have) {
-        char a[32];
+        char a[32], r[32];
         human_bytes(per, a, sizeof a);
+        human_bytes(rhave ? rper : -1, r, sizeof r);
         printf("training graph: %d forward (F), %d backward-input (I), %d backward-weight (W) nodes; "
-               "%d trainable parameters; stash %s per sample\n",
-               b->n_forward, b->n_i, b->n_w, b->n_params, a);
+               "%d trainable parameters; stash %s per sample (%s with recompute: the inputs)\n",
+               b->n_forward, b->n_i, b->n_w, b->n_params, a, r);
     }
     if (out_path) {
         if (pp_onnx_save(g, out_path) != PP_OK) rc = 1;
@@ -330,7 +344,8 @@ static void inspect_usage(FILE *f) {
                "Shows inputs and outputs (dtype, shape), op counts, parameter count and bytes\n"
                "(trainable, and frozen: buffers and --freeze'd initializers, never trained),\n"
                "and the pipe-split markers found. With markers (or a split spec): a stage table\n"
-               "(nodes, parameter bytes, stashed bytes per sample) and the values crossing\n"
+               "(nodes, parameter bytes, stashed bytes per sample, and with recomputation:\n"
+               "the stage's inputs) and the values crossing\n"
                "stages with their bytes per sample. --backward derives the training graph and\n"
                "reports its stash per sample; -o writes it as ONNX (regions in doc_string).\n"
                "--dim NAME=N sizes a dynamic dim (e.g. seq=16) for the byte counts; dims not\n"
@@ -387,5 +402,6 @@ int cmd_inspect(int argc, char **argv) {
     if (rc) pp_cli_fail("inspect");
     free(ops);
     pp_graph_free(g);
+    pp_split_args_free(&sa);
     return rc;
 }

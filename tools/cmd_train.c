@@ -25,7 +25,8 @@ static void train_usage(FILE *f) {
             "                    [--microbatches M] [--loss NAME] [--save DIR] [--json]\n"
             "                    [--schedule KIND] [--split-before P]... [--split-after P]...\n"
             "                    [--transmit-shared] [--dim NAME=N]... [--no-split]\n"
-            "                    [--freeze PATTERN]...\n"
+            "                    [--auto N | --split-even N] (balanced stages: pippin split --help)\n"
+            "                    [--freeze PATTERN]... [--recompute | --recompute-stages S,S...]\n"
             "                    [--text FILE.txt --vocab VOCAB.json [--seq T]]\n"
             "                    [--transport inproc|ipc|tcp] [--trace FILE.json] [--svg FILE.svg]\n"
             "                    [--checkpoint DIR [--checkpoint-every N] [--checkpoint-keep K]\n"
@@ -49,6 +50,11 @@ static void train_usage(FILE *f) {
             "losses an uninterrupted run prints (pipelined models). `pippin checkpoint`\n"
             "lists, inspects and exports them.\n"
             "--schedule needs a model with stages; without, it is an error.\n"
+            "--recompute (every stage) or --recompute-stages 0,2 (those stages): the forward\n"
+            "keeps only a stage's inputs per microbatch and runs again right before the\n"
+            "backward, with the same Dropout masks and without updating BatchNorm's running\n"
+            "statistics twice: the same results, less memory between F and B, one more\n"
+            "forward per microbatch. Needs a model with stages.\n"
             "With --json, a loss that is not finite (nan, inf) is written as null.\n"
             "Trainable: the initializers the exporter listed (pippin_torch.export records\n"
             "torch's parameters with requires_grad; buffers are constants), else every float\n"
@@ -72,6 +78,51 @@ static int num(const char *opt, const char *s, double *out) {
     return 0;
 }
 
+/* --recompute-stages "0,2": distinct stage indices, at most 64; 0 on
+ * success, else -1 (printed). */
+static int parse_stage_list(const char *s, train_args *a) {
+    const char *p = s;
+    if (a->n_recompute_stages) {
+        fprintf(stderr, "pippin train: --recompute-stages given twice; list every stage once (0,2)\n");
+        return -1;
+    }
+    while (1) {
+        char *end;
+        if (*p < '0' || *p > '9') break;
+        long v = strtol(p, &end, 10);
+        if (v > 1 << 20 || (*end && *end != ',')) break;
+        for (int i = 0; i < a->n_recompute_stages; i++)
+            if (a->recompute_stages[i] == (int)v) {
+                fprintf(stderr, "pippin train: --recompute-stages '%s': stage %ld is listed twice\n", s, v);
+                return -1;
+            }
+        if (a->n_recompute_stages == 64) {
+            fprintf(stderr, "pippin train: --recompute-stages '%s': more than 64 stages\n", s);
+            return -1;
+        }
+        a->recompute_stages[a->n_recompute_stages++] = (int)v;
+        if (!*end) return 0;
+        p = end + 1;
+    }
+    fprintf(stderr, "pippin train: --recompute-stages '%s': expected stage indices separated by commas, "
+            "such as 0,2\n", s);
+    a->n_recompute_stages = 0;
+    return -1;
+}
+
+pp_status train_set_recompute(const train_args *a, int n_total, pp_stage *const *stages, int n) {
+    for (int i = 0; i < a->n_recompute_stages; i++)
+        if (a->recompute_stages[i] >= n_total)
+            return pp_error(PP_ERR_INVALID, "--recompute-stages: stage %d, but the pipeline has %d stage%s (0-%d)",
+                            a->recompute_stages[i], n_total, n_total == 1 ? "" : "s", n_total - 1);
+    for (int k = 0; k < n; k++) {
+        int on = a->recompute;
+        for (int i = 0; i < a->n_recompute_stages; i++) on |= a->recompute_stages[i] == pp_stage_index(stages[k]);
+        if (on) PP_TRY(pp_stage_set_recompute(stages[k], 1));
+    }
+    return PP_OK;
+}
+
 /* 0 ok, 1 failure (message set), 2 usage error (printed), 3 --help. */
 static int parse(int argc, char **argv, train_args *a) {
     static const struct option opts[] = {
@@ -89,6 +140,7 @@ static int parse(int argc, char **argv, train_args *a) {
         {"trace", required_argument, NULL, 'R'},  {"svg", required_argument, NULL, 'G'},
         {"checkpoint", required_argument, NULL, 'C'}, {"checkpoint-every", required_argument, NULL, 'E'},
         {"resume", no_argument, NULL, 'U'},       {"checkpoint-keep", required_argument, NULL, 'k'},
+        {"recompute", no_argument, NULL, 'P'},    {"recompute-stages", required_argument, NULL, 'Q'},
         PP_SPLIT_LONG_OPTIONS,
         {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
     };
@@ -151,6 +203,10 @@ static int parse(int argc, char **argv, train_args *a) {
             a->checkpoint_keep = (int)x;
             continue;
         case 'G': a->svg = optarg; continue;
+        case 'P': a->recompute = 1; continue;
+        case 'Q':
+            if (parse_stage_list(optarg, a) != 0) return 2;
+            continue;
         case 'X':
             if (strcmp(optarg, "inproc") && strcmp(optarg, "ipc") && strcmp(optarg, "tcp")) {
                 fprintf(stderr, "pippin train: --transport '%s': inproc, ipc or tcp\n", optarg);
@@ -186,6 +242,10 @@ static int parse(int argc, char **argv, train_args *a) {
     }
     if ((a->resume || a->checkpoint_every || a->checkpoint_keep) && !a->checkpoint) {
         fprintf(stderr, "pippin train: --resume, --checkpoint-every and --checkpoint-keep need --checkpoint DIR\n");
+        return 2;
+    }
+    if (a->recompute && a->n_recompute_stages) {
+        fprintf(stderr, "pippin train: --recompute (every stage) and --recompute-stages (some) exclude each other\n");
         return 2;
     }
     if (a->text && (!a->vocab || a->data.n)) {
@@ -313,6 +373,45 @@ pp_status train_save_trace(const train_args *a, const pp_trace *t) {
     return PP_OK;
 }
 
+static void human_bytes(int64_t b, char *buf, size_t cap) {
+    if (b < 0) snprintf(buf, cap, "?");
+    else if (b < 10 * 1024) snprintf(buf, cap, "%lld B", (long long)b);
+    else if (b < 10 * 1024 * 1024) snprintf(buf, cap, "%.1f KiB", (double)b / 1024);
+    else snprintf(buf, cap, "%.1f MiB", (double)b / (1024.0 * 1024.0));
+}
+
+/* What recomputation saves: per recomputing stage, the bytes per sample
+ * kept from F to I without and with it (at the sizes shape probing ran; ?
+ * where a forward at batch 1 or 2 fails). */
+static pp_status print_recompute(const pp_pipe *p, pp_stage *const *stages, int n) {
+    const char *batch = NULL;
+    char name[64] = "";
+    if (p->n_dims) { /* the first probed dim is the batch */
+        const char *eq = strrchr(p->dims[0], '=');
+        snprintf(name, sizeof name, "%.*s", eq ? (int)(eq - p->dims[0]) : 63, p->dims[0]);
+        batch = name;
+    }
+    for (int i = 0; i < n; i++) {
+        if (!pp_stage_recompute(stages[i])) continue;
+        int64_t full = -1, in = -1; /* -1: not measurable (BatchNorm refuses a batch of 1) */
+        if (pp_stage_stash_per_sample_dims(stages[i], batch, p->n_dims, (const char *const *)p->dims, &full) != PP_OK)
+            full = -1;
+        if (pp_stage_recompute_stash_per_sample_dims(stages[i], batch, p->n_dims, (const char *const *)p->dims,
+                                                     &in) != PP_OK)
+            in = -1;
+        char a[32], b[32];
+        human_bytes(full, a, sizeof a);
+        human_bytes(in, b, sizeof b);
+        char at[256] = "";
+        size_t k = 0;
+        for (int d = 1; d < p->n_dims && k < sizeof at; d++) /* dims[0] is the batch */
+            k += (size_t)snprintf(at + k, sizeof at - k, "%s%s", d > 1 ? ", " : " at ", p->dims[d]);
+        printf("recompute stage %d: stash %s -> %s per sample%s (its inputs), one more forward per microbatch\n",
+               pp_stage_index(stages[i]), a, b, at);
+    }
+    return PP_OK;
+}
+
 static int train_pipelined(const pp_graph *g, pp_tensor *const *data, const train_args *a) {
     pp_pipe *p = NULL;
     pp_runner *r = NULL;
@@ -346,6 +445,8 @@ static int train_pipelined(const pp_graph *g, pp_tensor *const *data, const trai
         stages[i] = pp_runner_stage(r, i);
         optims[i] = pp_runner_optimizer(r, i);
     }
+    if (train_set_recompute(a, p->n_stages, stages, ns) != PP_OK) goto done;
+    if ((a->recompute || a->n_recompute_stages) && !a->json && print_recompute(p, stages, ns) != PP_OK) goto done;
     long long first = 0;
     pp_ckpt_sync ck;
     train_ckpt_init(a, NULL, sched, 0, p->n_stages, ns, stages, optims, &ck);
@@ -442,6 +543,10 @@ int cmd_train(int argc, char **argv) {
     pp_trainer *t = NULL;
     pp_optim *o = NULL;
     pp_tensor **data = NULL;
+    a.split.microbatches = a.microbatches;
+    a.split.report = a.json ? NULL : stdout;
+    if (!a.split.auto_batch) a.split.auto_batch = (int)(a.batch / a.microbatches > 0 ? a.batch / a.microbatches : 1);
+    a.split.loss = a.loss;
     if (pp_split_args_load(&a.split, argv[optind], &g) != PP_OK) goto done;
     int n = g->n_inputs;
     data = calloc((size_t)n + 1, sizeof *data);
@@ -456,6 +561,12 @@ int cmd_train(int argc, char **argv) {
     if (pp_cli_schedule_needs_stages(a.schedule, staged, a.no_split,
                                      " (--microbatches alone accumulates gradients without stages)") != PP_OK)
         goto done;
+    if ((a.recompute || a.n_recompute_stages) && !staged) {
+        pp_error(PP_ERR_INVALID, "--recompute%s: the model has no stages (no pipe-split markers, no "
+                 "--split-before/--split-after%s); recomputation works per stage",
+                 a.recompute ? "" : "-stages", a.no_split ? ", and --no-split" : "");
+        goto done;
+    }
     if (staged) {
         rc = a.transport ? train_over_transport(g, data, &a) : train_pipelined(g, data, &a);
         goto done;
@@ -484,5 +595,6 @@ done:
     free(data);
     pp_graph_free(g);
     pp_cli_named_free(&a.data);
+    pp_split_args_free(&a.split);
     return rc;
 }

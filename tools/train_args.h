@@ -27,6 +27,9 @@ typedef struct train_args {
     int checkpoint_keep;     /* committed checkpoints kept; 0: 2 */
     int training;          /* 0: forward only (pippin worker in infer mode) */
     pp_optim_config opt;
+    int recompute;         /* --recompute: every stage recomputes its forward before I */
+    int n_recompute_stages;
+    int recompute_stages[64]; /* --recompute-stages 0,2: these stages only */
 } train_args;
 
 /* One rank of a run over a transport (train_ranks.c). */
@@ -69,6 +72,10 @@ void train_ckpt_init(const train_args *a, pp_transport *t, const pp_schedule *sc
 pp_status train_resume(pp_ckpt_sync *ck, const train_args *a, long long *first_step);
 /* Saves and commits `step` when the checkpoint settings ask. Collective. */
 pp_status train_checkpoint(pp_ckpt_sync *ck, const train_args *a, long long step);
+
+/* --recompute / --recompute-stages for this process's n stages (n_total in
+ * the pipe): checks the indices, turns recomputation on. */
+pp_status train_set_recompute(const train_args *a, int n_total, pp_stage *const *stages, int n);
 
 /* Writes a->trace / a->svg from a recorded trace (nothing if neither). */
 pp_status train_save_trace(const train_args *a, const struct pp_trace *t);

@@ -170,6 +170,10 @@ int train_over_transport(const pp_graph *g, pp_tensor *const *data, const train_
     for (int r = 0; r < nr; r++) {
         if (pp_executor_new(p, sched, r, 1, jobs[r].t, &jobs[r].ex) != PP_OK) goto done;
         if (pp_executor_set_optimizer(jobs[r].ex, &a->opt) != PP_OK) goto done;
+        int ns = pp_executor_n_stages(jobs[r].ex);
+        pp_stage *mine[64];
+        for (int i = 0; i < ns && i < 64; i++) mine[i] = pp_executor_stage(jobs[r].ex, i);
+        if (train_set_recompute(a, p->n_stages, mine, ns < 64 ? ns : 64) != PP_OK) goto done;
     }
     if (!a->json)
         printf("training %d stages on %d ranks (a thread each, %s transport), %d microbatches of %lld, schedule %s\n",

@@ -157,6 +157,12 @@ PP_API pp_status pp_backward_stash_per_sample(pp_graph *g, const pp_backward *b,
 PP_API pp_status pp_backward_stash_per_sample_dims(pp_graph *g, const pp_backward *b, const char *batch_name,
                                             int n_dims, const char *const *dims, int64_t *per_sample,
                                             int64_t *fixed);
+/* The same for the forward's inputs alone (what a recomputing stage keeps
+ * from F to I): their bytes per sample with the dims sized as above. */
+PP_API pp_status pp_backward_input_bytes_per_sample_dims(pp_graph *g, const pp_backward *b,
+                                                  const char *batch_name, int n_dims,
+                                                  const char *const *dims, int64_t *per_sample,
+                                                  int64_t *fixed);
 
 /* Keep masks (one byte per graph value, caller frees) for running the
  * regions apart with pp_exec_run_nodes: keep_f after F (stash and graph

@@ -8,6 +8,8 @@
  *     before: ["/blocks.2/"]
  *     after: []
  *     transmit_shared: false
+ *     # auto: 4                            # instead of before/after: 4 balanced stages
+ *     # memory_cap: 2000000000             #   bytes per stage (parameters + 1F1B stash)
  *   dims: {seq: 64}                        # sizes of dynamic dims, for shape probing
  *   mode: train                            # train | infer | serve
  *   schedule: 1f1b                         # any `pippin schedule` kind, or csv:FILE
@@ -34,6 +36,8 @@
  *   run_id: gpt-small-01                   # optional: this run's identity (default: random)
  *   insecure: false                        # true: allow non-loopback tcp without security:
  *   rejoin_timeout_ms: 60000               # optional: wait for a failed rank to come back
+ *   recompute: [0, 2]                      # optional (mode train): stages that recompute their forward
+ *                                          #   before the backward instead of stashing (true: all)
  *   serve: {endpoint: tcp://127.0.0.1:5600, max_batch: 8, max_wait_us: 500,   # mode serve
  *           max_queue: 256, max_inflight: 0, max_request_bytes: 67108864,
  *           client_keys: [keys/client.pub]}   # with security: only: the clients the front admits (CURVE)
@@ -76,6 +80,8 @@ typedef struct pp_config {
     int n_split_before, n_split_after;
     char **split_before, **split_after;
     int transmit_shared;
+    int split_auto;          /* split.auto: balanced stages, their count (0: off) */
+    int64_t split_memory_cap; /* split.memory_cap: bytes per stage for split.auto (0: none) */
     int n_freeze;
     char **freeze;           /* parameter name patterns to freeze (fnmatch) */
     int n_dims;
@@ -126,6 +132,12 @@ typedef struct pp_config {
                                       * admits; required with security:, refused without it */
     char *params;                    /* params: a directory of <name>.npy that replace the model's initializers */
     int serve_max_tokens;            /* serve.max_tokens: most tokens one generation may ask for; default 4096 */
+    int recompute;                   /* recompute: true: every stage recomputes its forward before its
+                                      * backward-input (pp_stage_set_recompute); default 0 */
+    int n_recompute_stages;
+    int *recompute_stages;           /* recompute: [0, 2]: these stages only (checked against the pipe when
+                                      * a worker opens it) */
+    int recompute_line;              /* the line of the recompute key, for those messages */
 } pp_config;
 
 /* Reads and checks a config file. */

@@ -31,6 +31,8 @@ typedef struct pp_split_spec {
     int transmit_shared;       /* 0: replicate shared parameters (default); 1: transmit */
     int ignore_markers;        /* 1: do not cut at PipeSplit nodes */
     const char *loss;          /* the loss output; NULL: "loss", else the only float scalar */
+    int n_cut_at;
+    const int *cut_at;         /* cut before each of these node indices (pp_balance_plan_auto) */
 } pp_split_spec;
 
 /* Defaults: cut at the markers only, replicate shared parameters, the

@@ -19,6 +19,7 @@
 #include "pippin/trainer.h"
 #include "pippin/microbatch.h"
 #include "pippin/pipe.h"
+#include "pippin/balance.h"
 #include "pippin/stage.h"
 #include "pippin/runner.h"
 #include "pippin/schedule.h"

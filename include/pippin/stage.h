@@ -94,6 +94,22 @@ PP_API pp_status pp_stage_stash_per_sample(pp_stage *st, int64_t other_dims, int
 PP_API pp_status pp_stage_stash_per_sample_dims(pp_stage *st, const char *batch_name, int n_dims,
                                          const char *const *dims, int64_t *per_sample);
 
+/* Activation recomputation (on != 0; training stages only): the forward
+ * keeps only the stage's inputs for each microbatch, and runs again right
+ * before the microbatch's backward-input, which then proceeds as without.
+ * The re-run uses the random stream of the forward's step and microbatch
+ * (the same Dropout masks) and leaves the state (below) alone, so the
+ * results are the same bits; W still finds what I keeps for it. Costs one
+ * more forward per microbatch; saves the stash between F and I. Each
+ * microbatch remembers how its forward ran, so this may change between
+ * steps. Off by default. */
+PP_API pp_status pp_stage_set_recompute(pp_stage *st, int on);
+PP_API int pp_stage_recompute(const pp_stage *st);
+/* What the forward keeps per sample under recompute (the inputs' bytes),
+ * sized as pp_stage_stash_per_sample_dims sizes the stash. */
+PP_API pp_status pp_stage_recompute_stash_per_sample_dims(pp_stage *st, const char *batch_name, int n_dims,
+                                                          const char *const *dims, int64_t *per_sample);
+
 /* Trainable parameters: one flat float32 buffer and one of gradients
  * (pippin/params.h); NULL for a stage not built for training. */
 PP_API pp_flat_params *pp_stage_params(pp_stage *st);

@@ -6,10 +6,13 @@
  * Every kernel goes through im2col per batch item and group, then one sgemm;
  * the three GEMM cores are shared with ConvTranspose (conv_internal.h).
  * A 1-D conv is a 2-D conv of height 1. A 1x1 kernel with unit strides and no
- * padding skips im2col (the input is its own column matrix). */
+ * padding skips im2col (the input is its own column matrix). Depthwise
+ * convolutions (one input channel per group) take the direct cores of
+ * conv_depthwise.c instead: C tiny GEMMs cost far more than their work. */
 #include <cblas.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -135,6 +138,14 @@ static pp_status conv_plan_make(const pp_kernel_ctx *ctx, int xnd, const int64_t
         d[i] = nd >= 0 ? dl[i] : 1;
         if (s[i] < 1 || d[i] < 1 || k[i] < 1)
             return pp_kernel_error(ctx, PP_ERR_INVALID, "strides, dilations and kernel must be >= 1");
+        /* shapes may come from a shape input (the helpers): bound them before
+         * any sum or product below */
+        if (k[i] > CONV_ATTR_MAX || s[i] > CONV_ATTR_MAX || d[i] > CONV_ATTR_MAX ||
+            in[i] > INT_MAX)
+            return pp_kernel_error(ctx, PP_ERR_UNSUPPORTED,
+                                   "X %s or W %s too large for a convolution",
+                                   pp_shape_str(xnd, xs, a, sizeof a),
+                                   pp_shape_str(wnd, ws, b, sizeof b));
         int64_t ek = (k[i] - 1) * d[i] + 1;
         int64_t head = 0, tail = 0;
         if (mode == 0) {
@@ -167,13 +178,16 @@ static pp_status conv_plan_make(const pp_kernel_ctx *ctx, int xnd, const int64_t
 }
 
 pp_status pp_conv_plan_finish(const pp_kernel_ctx *ctx, conv_plan *p) {
-    p->K = p->Cg * p->kh * p->kw;
-    p->L = p->oh * p->ow;
-    p->IL = p->ih * p->iw;
+    int64_t K, L, IL;
+    if (__builtin_mul_overflow(p->Cg, p->kh, &K) || __builtin_mul_overflow(K, p->kw, &K) ||
+        __builtin_mul_overflow(p->oh, p->ow, &L) || __builtin_mul_overflow(p->ih, p->iw, &IL) ||
+        K > INT_MAX || L > INT_MAX || p->Mg > INT_MAX || K * L > INT64_MAX / 8)
+        return pp_kernel_error(ctx, PP_ERR_UNSUPPORTED, "convolution too large for BLAS");
+    p->K = K;
+    p->L = L;
+    p->IL = IL;
     p->direct = p->kh == 1 && p->kw == 1 && p->sh == 1 && p->sw == 1 && p->ph == 0 && p->pw == 0 &&
                 p->oh == p->ih && p->ow == p->iw;
-    if (p->K > INT_MAX || p->L > INT_MAX || p->Mg > INT_MAX || p->K * p->L > INT64_MAX / 8)
-        return pp_kernel_error(ctx, PP_ERR_UNSUPPORTED, "convolution too large for BLAS");
     return PP_OK;
 }
 
@@ -248,6 +262,45 @@ static pp_status scratch(const pp_kernel_ctx *ctx, const conv_plan *p, float **c
     return PP_OK;
 }
 
+/* ------------------------------------------------- BLAS threads, small GEMMs */
+
+/* A convolution's GEMMs are one per batch item and group; when each is small
+ * (Mg*L*K below SMALL_GEMM_MNK: every GEMM of MobileNet at 64x64, none of
+ * ResNet-18's), waking and syncing the BLAS's threads for each costs more
+ * than the work, and the woken threads then spin beside the caller. Such a
+ * convolution runs its GEMMs on one BLAS thread and restores the count after.
+ * The BLAS's count is global: a counter under a mutex makes the first of
+ * concurrent convolutions save it and the last restore it. OpenBLAS only
+ * (weak references: another CBLAS keeps its own threading). */
+#define SMALL_GEMM_MNK (INT64_C(4) << 20)
+
+extern int openblas_get_num_threads(void) __attribute__((weak));
+extern void openblas_set_num_threads(int n) __attribute__((weak));
+
+static pthread_mutex_t blas_mu = PTHREAD_MUTEX_INITIALIZER;
+static int blas_single_users, blas_saved_threads;
+
+static int blas_single_begin(const conv_plan *p) {
+    if (!openblas_get_num_threads || !openblas_set_num_threads) return 0;
+    int64_t kl = p->K * p->L; /* plan_finish bounds it by INT64_MAX / 8 */
+    if (kl >= SMALL_GEMM_MNK || p->Mg >= SMALL_GEMM_MNK / (kl ? kl : 1)) return 0;
+    pthread_mutex_lock(&blas_mu);
+    if (blas_single_users++ == 0) {
+        blas_saved_threads = openblas_get_num_threads();
+        if (blas_saved_threads > 1) openblas_set_num_threads(1);
+    }
+    pthread_mutex_unlock(&blas_mu);
+    return 1;
+}
+
+static void blas_single_end(int on) {
+    if (!on) return;
+    pthread_mutex_lock(&blas_mu);
+    if (--blas_single_users == 0 && blas_saved_threads > 1)
+        openblas_set_num_threads(blas_saved_threads);
+    pthread_mutex_unlock(&blas_mu);
+}
+
 /* ---------------------------------------------------------- GEMM cores */
 
 pp_status pp_conv_forward(const pp_kernel_ctx *ctx, const conv_plan *p, const float *xd,
@@ -256,8 +309,10 @@ pp_status pp_conv_forward(const pp_kernel_ctx *ctx, const conv_plan *p, const fl
         memset(yd, 0, (size_t)(p->N * p->M * p->L) * sizeof(float));
         return PP_OK;
     }
+    if (!p->im2col && pp_conv_dw_usable(p)) return pp_conv_dw_forward(ctx, p, xd, wd, yd);
     float *col;
     PP_TRY(scratch(ctx, p, &col));
+    int single = blas_single_begin(p);
     for (int64_t n = 0; n < p->N; n++)
         for (int64_t g = 0; g < p->G; g++) {
             const float *xg = xd + (n * p->C + g * p->Cg) * p->IL;
@@ -271,6 +326,7 @@ pp_status pp_conv_forward(const pp_kernel_ctx *ctx, const conv_plan *p, const fl
                         (int)p->K, 1.0f, wd + g * p->Mg * p->K, (int)p->K, cm, (int)p->L, 0.0f,
                         yg, (int)p->L);
         }
+    blas_single_end(single);
     free(col);
     return PP_OK;
 }
@@ -279,8 +335,10 @@ pp_status pp_conv_backward_data(const pp_kernel_ctx *ctx, const conv_plan *p, co
                                 const float *wd, float *dxd) {
     memset(dxd, 0, (size_t)(p->N * p->C * p->IL) * sizeof(float));
     if (p->K == 0 || p->L == 0 || p->Mg == 0) return PP_OK;
+    if (!p->im2col && pp_conv_dw_usable(p)) return pp_conv_dw_backward_data(ctx, p, dyd, wd, dxd);
     float *col;
     PP_TRY(scratch(ctx, p, &col));
+    int single = blas_single_begin(p);
     for (int64_t n = 0; n < p->N; n++)
         for (int64_t g = 0; g < p->G; g++) {
             float *dxg = dxd + (n * p->C + g * p->Cg) * p->IL;
@@ -291,6 +349,7 @@ pp_status pp_conv_backward_data(const pp_kernel_ctx *ctx, const conv_plan *p, co
                         dyd + (n * p->M + g * p->Mg) * p->L, (int)p->L, 0.0f, cm, (int)p->L);
             if (!p->direct) col2im(p, col, dxg);
         }
+    blas_single_end(single);
     free(col);
     return PP_OK;
 }
@@ -299,8 +358,10 @@ pp_status pp_conv_backward_filter(const pp_kernel_ctx *ctx, const conv_plan *p, 
                                   const float *xd, float *dwd) {
     memset(dwd, 0, (size_t)(p->M * p->K) * sizeof(float));
     if (p->K == 0 || p->L == 0 || p->Mg == 0) return PP_OK;
+    if (!p->im2col && pp_conv_dw_usable(p)) return pp_conv_dw_backward_filter(ctx, p, dyd, xd, dwd);
     float *col;
     PP_TRY(scratch(ctx, p, &col));
+    int single = blas_single_begin(p);
     for (int64_t n = 0; n < p->N; n++)
         for (int64_t g = 0; g < p->G; g++) {
             const float *xg = xd + (n * p->C + g * p->Cg) * p->IL;
@@ -314,6 +375,7 @@ pp_status pp_conv_backward_filter(const pp_kernel_ctx *ctx, const conv_plan *p, 
                         1.0f, dyd + (n * p->M + g * p->Mg) * p->L, (int)p->L, cm, (int)p->L,
                         n ? 1.0f : 0.0f, dwd + g * p->Mg * p->K, (int)p->K);
         }
+    blas_single_end(single);
     free(col);
     return PP_OK;
 }

@@ -19,6 +19,7 @@ typedef struct pp_conv_plan {
     int64_t sh, sw, dh, dw, ph, pw;   /* strides, dilations, head pads */
     int64_t K, L, IL;                 /* Cg*kh*kw, oh*ow, ih*iw */
     int direct;                       /* 1x1, unit stride, no pad: col = x */
+    int im2col;                       /* set by tests: never the depthwise cores */
 } pp_conv_plan;
 
 /* Fills K, L, IL and direct from the other fields and checks that the GEMM
@@ -34,5 +35,17 @@ pp_status pp_conv_backward_data(const pp_kernel_ctx *ctx, const pp_conv_plan *p,
 /* dW = sum over the batch of dy im2col(x)^T; dw is overwritten. */
 pp_status pp_conv_backward_filter(const pp_kernel_ctx *ctx, const pp_conv_plan *p,
                                   const float *dy, const float *x, float *dw);
+
+/* The direct depthwise cores (conv_depthwise.c): one input channel per group
+ * (Cg == 1), channel multiplier Mg up to 16, any kernel, stride, dilation and
+ * pad; no im2col, no BLAS. The three cores above use them when
+ * pp_conv_dw_usable says so and the plan's im2col flag is clear; they take the same arguments, and backward_data expects dx zeroed. */
+int pp_conv_dw_usable(const pp_conv_plan *p);
+pp_status pp_conv_dw_forward(const pp_kernel_ctx *ctx, const pp_conv_plan *p, const float *x,
+                             const float *w, float *y);
+pp_status pp_conv_dw_backward_data(const pp_kernel_ctx *ctx, const pp_conv_plan *p,
+                                   const float *dy, const float *w, float *dx);
+pp_status pp_conv_dw_backward_filter(const pp_kernel_ctx *ctx, const pp_conv_plan *p,
+                                     const float *dy, const float *x, float *dw);
 
 #endif

@@ -3,7 +3,8 @@
  * here from the definition (strides, pads, dilations, groups/depthwise, bias,
  * 1-D, auto_pad), ONNX's own Conv test data (its models are opset 11, which
  * the loader refuses, so the node is built here with the cases' attributes),
- * and errors (3-D refused, shapes that do not agree). */
+ * errors (3-D refused, shapes that do not agree), and the direct depthwise
+ * cores (conv_depthwise.c) against the im2col + GEMM path on random shapes. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,8 @@
 
 #include "pippin/onnx.h"
 #include "test_util.h"
+
+#include "conv_internal.h"
 
 #include "test_filter.h"
 
@@ -338,6 +341,125 @@ static void test_conv_errors(void **state) {
     tu_node_free(&t);
 }
 
+/* ------------------------------------------- depthwise: direct vs im2col */
+
+typedef struct dwc {
+    int nsp;
+    int64_t N, C, Mg, in[2], k[2], s[2], d[2], head[2], tail[2]; /* pads may be < 0 */
+} dwc;
+
+static float *rand_buf(int64_t n) {
+    float *b = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    assert_non_null(b);
+    for (int64_t i = 0; i < n; i++) b[i] = (float)tu_urand(&rng_state);
+    return b;
+}
+
+static void close_bufs(const float *got, const float *want, int64_t n, const char *what,
+                       const dwc *c) {
+    for (int64_t i = 0; i < n; i++) {
+        double tol = 1e-5 + 1e-5 * fabs((double)want[i]);
+        if (!(fabs((double)got[i] - want[i]) <= tol)) {
+            fail_msg("%s: %dD N=%lld C=%lld Mg=%lld in=%lldx%lld k=%lldx%lld s=%lldx%lld "
+                     "d=%lldx%lld pads=%lld,%lld,%lld,%lld: element %lld %.8g vs %.8g",
+                     what, c->nsp, (long long)c->N, (long long)c->C, (long long)c->Mg,
+                     (long long)c->in[0], (long long)c->in[1], (long long)c->k[0],
+                     (long long)c->k[1], (long long)c->s[0], (long long)c->s[1],
+                     (long long)c->d[0], (long long)c->d[1], (long long)c->head[0],
+                     (long long)c->head[1], (long long)c->tail[0], (long long)c->tail[1],
+                     (long long)i, (double)got[i], (double)want[i]);
+        }
+    }
+}
+
+/* Runs the three cores on both paths; returns 0 when the geometry has no
+ * output (nothing checked). */
+static int dw_check(dwc c) {
+    pp_node node = {0};
+    node.name = "dw";
+    node.op_type = "Conv";
+    node.domain = "";
+    pp_kernel_ctx ctx = {0};
+    ctx.node = &node;
+    pp_conv_plan p = {0};
+    p.nsp = c.nsp;
+    p.N = c.N, p.C = c.C, p.G = c.C, p.Cg = 1, p.Mg = c.Mg, p.M = c.C * c.Mg;
+    int64_t o[2];
+    for (int i = 0; i < 2; i++) {
+        int64_t ek = (c.k[i] - 1) * c.d[i] + 1, span = c.in[i] + c.head[i] + c.tail[i] - ek;
+        if (span < 0) return 0;
+        o[i] = span / c.s[i] + 1;
+    }
+    p.ih = c.in[0], p.kh = c.k[0], p.oh = o[0], p.sh = c.s[0], p.dh = c.d[0], p.ph = c.head[0];
+    p.iw = c.in[1], p.kw = c.k[1], p.ow = o[1], p.sw = c.s[1], p.dw = c.d[1], p.pw = c.head[1];
+    TU_OK(pp_conv_plan_finish(&ctx, &p));
+    assert_true(pp_conv_dw_usable(&p));
+    int64_t nx = p.N * p.C * p.IL, nw = p.M * p.K, ny = p.N * p.M * p.L;
+    float *x = rand_buf(nx), *w = rand_buf(nw), *dy = rand_buf(ny);
+    float *a = rand_buf(nx > ny ? (nx > nw ? nx : nw) : (ny > nw ? ny : nw));
+    float *b = rand_buf(nx > ny ? (nx > nw ? nx : nw) : (ny > nw ? ny : nw));
+    pp_conv_plan q = p;
+    q.im2col = 1;
+    TU_OK(pp_conv_forward(&ctx, &p, x, w, a));
+    TU_OK(pp_conv_forward(&ctx, &q, x, w, b));
+    close_bufs(a, b, ny, "depthwise forward", &c);
+    TU_OK(pp_conv_backward_data(&ctx, &p, dy, w, a));
+    TU_OK(pp_conv_backward_data(&ctx, &q, dy, w, b));
+    close_bufs(a, b, nx, "depthwise backward data", &c);
+    TU_OK(pp_conv_backward_filter(&ctx, &p, dy, x, a));
+    TU_OK(pp_conv_backward_filter(&ctx, &q, dy, x, b));
+    close_bufs(a, b, nw, "depthwise backward filter", &c);
+    free(x), free(w), free(dy), free(a), free(b);
+    return 1;
+}
+
+static int64_t rnd(int64_t lo, int64_t hi) {
+    return lo + (int64_t)(tu_urand(&rng_state) * 0.5 * (double)(hi - lo + 1) + 0.5 * (hi - lo + 1)) %
+                    (hi - lo + 1);
+}
+
+static void test_conv_depthwise_direct(void **state) {
+    (void)state;
+    /* named cases: MobileNet's 3x3 (stride 1 and 2, pad 1) down to 1x1 and
+     * 2x2 images, dilation 2, channel multiplier 2, 1-D, 5x5, 1x1 */
+    const dwc fixed[] = {
+        {2, 2, 3, 1, {8, 8}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, {1, 1}},
+        {2, 2, 3, 1, {8, 8}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, {1, 1}},
+        {2, 2, 3, 1, {7, 9}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, {1, 1}},
+        {2, 2, 4, 1, {2, 2}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, {1, 1}},
+        {2, 2, 4, 1, {2, 2}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, {1, 1}},
+        {2, 2, 4, 1, {1, 1}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, {1, 1}},
+        {2, 1, 3, 1, {9, 9}, {3, 3}, {1, 1}, {2, 2}, {2, 2}, {2, 2}},
+        {2, 2, 3, 2, {6, 7}, {3, 3}, {2, 2}, {2, 2}, {1, 1}, {1, 1}},
+        {2, 2, 5, 2, {9, 8}, {5, 5}, {2, 1}, {1, 2}, {2, 2}, {1, 0}},
+        {2, 3, 2, 1, {5, 5}, {1, 1}, {1, 1}, {1, 1}, {0, 0}, {0, 0}},
+        {2, 1, 2, 3, {6, 6}, {1, 1}, {2, 2}, {1, 1}, {0, 0}, {0, 0}},
+        {1, 2, 3, 2, {1, 17}, {1, 3}, {1, 2}, {1, 2}, {0, 1}, {0, 1}},
+        {2, 1, 2, 1, {12, 13}, {3, 3}, {3, 3}, {1, 1}, {1, 1}, {1, 1}},
+        {2, 1, 2, 1, {9, 9}, {3, 3}, {1, 2}, {1, 1}, {-1, -2}, {-1, 1}}, /* ConvTranspose's */
+        {2, 2, 2, 2, {8, 6}, {2, 3}, {2, 1}, {1, 1}, {-1, 0}, {2, 3}},
+    };
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) assert_true(dw_check(fixed[i]));
+    /* random shapes */
+    int ran = 0;
+    for (int it = 0; it < 400; it++) {
+        dwc c = {0};
+        c.nsp = rnd(1, 4) == 1 ? 1 : 2;
+        c.N = rnd(1, 2), c.C = rnd(1, 4), c.Mg = rnd(1, 3);
+        for (int i = 0; i < 2; i++) {
+            int one = c.nsp == 1 && i == 0;
+            c.in[i] = one ? 1 : rnd(1, 11);
+            c.k[i] = one ? 1 : rnd(1, 5);
+            c.s[i] = one ? 1 : rnd(1, 3);
+            c.d[i] = one ? 1 : rnd(1, 3);
+            c.head[i] = one ? 0 : rnd(-1, 3);
+            c.tail[i] = one ? 0 : rnd(-1, 3);
+        }
+        ran += dw_check(c);
+    }
+    assert_true(ran > 100);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv_basic),
@@ -348,6 +470,7 @@ int main(void) {
         cmocka_unit_test(test_conv_auto_pad),
         cmocka_unit_test(test_conv_onnx_data),
         cmocka_unit_test(test_conv_errors),
+        cmocka_unit_test(test_conv_depthwise_direct),
     };
     tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);

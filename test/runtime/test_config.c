@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "pippin/worker.h"
 #include "test_util.h"
 
 #include "test_filter.h"
@@ -406,6 +407,83 @@ static void test_value_errors(void **state) {
     assert_non_null(strstr(pp_last_error(), "big.yaml"));
 }
 
+/* split.auto: a stage count for balanced stages, with an optional
+ * split.memory_cap; not with before/after, the cap not without auto. */
+static void test_split_auto(void **state) {
+    (void)state;
+    pp_config *c = parse_ok(BASE, NULL);
+    assert_int_equal(c->split_auto, 0);
+    assert_true(c->split_memory_cap == 0);
+    pp_config_free(c);
+    c = parse_ok(BASE "split: {auto: 4, memory_cap: 2000000000}\n", NULL);
+    assert_int_equal(c->split_auto, 4);
+    assert_true(c->split_memory_cap == 2000000000);
+    pp_config_free(c);
+    c = parse_ok(BASE "split: {auto: 2, transmit_shared: true}\n", NULL);
+    assert_int_equal(c->split_auto, 2);
+    assert_int_equal(c->transmit_shared, 1);
+    pp_config_free(c);
+    expect_err(BASE "split: {auto: 0}\n", PP_ERR_INVALID, 5, "key 'split.auto'", "at least 1");
+    expect_err(BASE "split: {auto: four}\n", PP_ERR_PARSE, 5, "key 'split.auto'", NULL);
+    expect_err(BASE "split: {auto: 3, before: [a]}\n", PP_ERR_INVALID, 5, "key 'split.auto'", "no 'before'");
+    expect_err(BASE "split: {memory_cap: 100}\n", PP_ERR_INVALID, 5, "key 'split.memory_cap'", "needs 'split.auto'");
+    expect_err(BASE "split: {auto: 2, memory_cap: 0}\n", PP_ERR_INVALID, 5, "key 'split.memory_cap'", NULL);
+}
+
+/* recompute: true, false or a list of distinct stage indices (mode train);
+ * indices past the pipeline's stages are refused when a worker opens it. */
+static void test_recompute(void **state) {
+    (void)state;
+    pp_config *c = parse_ok(BASE, NULL);
+    assert_int_equal(c->recompute, 0);
+    assert_int_equal(c->n_recompute_stages, 0);
+    pp_config_free(c);
+    c = parse_ok(BASE "recompute: true\n", NULL);
+    assert_int_equal(c->recompute, 1);
+    assert_int_equal(c->recompute_line, 5);
+    pp_config_free(c);
+    c = parse_ok(BASE "recompute: false\n", NULL);
+    assert_int_equal(c->recompute, 0);
+    pp_config_free(c);
+    c = parse_ok(BASE "recompute: [0, 2]\n", NULL);
+    assert_int_equal(c->recompute, 0);
+    assert_int_equal(c->n_recompute_stages, 2);
+    assert_int_equal(c->recompute_stages[0], 0);
+    assert_int_equal(c->recompute_stages[1], 2);
+    pp_config_free(c);
+    c = parse_ok(BASE "recompute: []\n", NULL);
+    assert_int_equal(c->n_recompute_stages, 0);
+    pp_config_free(c);
+    expect_err(BASE "recompute: maybe\n", PP_ERR_PARSE, 5, "key 'recompute'",
+               "expected true, false or a list of stage indices, got 'maybe'");
+    expect_err(BASE "recompute:\n", PP_ERR_PARSE, 5, "key 'recompute'", "got null");
+    expect_err(BASE "recompute: {stage: 1}\n", PP_ERR_PARSE, 5, "key 'recompute'", "a list of stage indices");
+    expect_err(BASE "recompute: [0, -1]\n", PP_ERR_INVALID, 5, "key 'recompute[1]': must be at least 0", NULL);
+    expect_err(BASE "recompute: [one]\n", PP_ERR_PARSE, 5, "key 'recompute[0]': expected an integer", NULL);
+    expect_err(BASE "recompute:\n  - 1\n  - 1\n", PP_ERR_INVALID, 7, "key 'recompute[1]'", "stage 1 is listed twice");
+    expect_err(BASE "mode: infer\nrecompute: true\n", PP_ERR_INVALID, 6, "key 'recompute'", "mode: train");
+    c = parse_ok(BASE "mode: infer\nrecompute: false\n", NULL);
+    pp_config_free(c);
+
+    /* [7] for the 2-stage bn fixture: the worker names the key and the count */
+    char dir[1024];
+    const char *root = getenv("PIPPIN_SOURCE_ROOT");
+    snprintf(dir, sizeof dir, "%s/test/fixtures/bn", root ? root : ".");
+    const char *text = "model: model.onnx\nbatch_size: 4\nmicrobatches: 2\ndata: {x: x.npy, y: y.npy}\n"
+                       "ranks: [inproc://rc0, inproc://rc1]\nschedule: 1f1b\nrecompute: [1, 7]\n";
+    c = parse_ok(text, dir);
+    pp_worker_options o;
+    pp_worker_options_init(&o);
+    o.rank = 0;
+    pp_worker *w = (pp_worker *)1;
+    assert_int_equal(pp_worker_open_config(c, &o, &w), PP_ERR_INVALID);
+    assert_null(w);
+    const char *msg = pp_last_error();
+    if (!strstr(msg, "cfg.yaml:7: key 'recompute[1]': stage 7, but the pipeline has 2 stages (0-1)"))
+        fail_msg("unclear error for recompute: [7]: %s", msg);
+    pp_config_free(c);
+}
+
 static void test_yaml_errors(void **state) {
     (void)state;
     expect_err("model: m.onnx\nbatch_size: 4\nloss: a: b\n", PP_ERR_PARSE, 3, "invalid YAML", NULL);
@@ -733,6 +811,8 @@ int main(void) {
         cmocka_unit_test(test_defaults),     cmocka_unit_test(test_paths),
         cmocka_unit_test(test_type_errors),  cmocka_unit_test(test_duplicates),
         cmocka_unit_test(test_value_errors), cmocka_unit_test(test_yaml_errors),
+        cmocka_unit_test(test_recompute),
+        cmocka_unit_test(test_split_auto),
         cmocka_unit_test(test_checkpoint_run_id),
         cmocka_unit_test(test_serve), cmocka_unit_test(test_protected_mode),
         cmocka_unit_test(test_nesting_limit),

@@ -103,7 +103,7 @@ ok $? "train --save wrote BatchNorm's running statistics"
 "$PIPPIN" train $bn --steps 2 --checkpoint "$tmp/bn-ck" --checkpoint-every 1 >/dev/null 2>"$tmp/err" &&
     "$PIPPIN" train $bn --steps 4 --checkpoint "$tmp/bn-ck" --checkpoint-every 1 --resume \
         --save "$tmp/bn-resumed" >/dev/null 2>>"$tmp/err" && diff -r "$tmp/bn-full" "$tmp/bn-resumed" >"$tmp/diff"
-ok $? "train bn resumed from a checkpoint ends with the uninterrupted run's parameters and statistics: $(head -c 300 "$tmp/err" "$tmp/diff")"
+ok $? "train bn resumed from a checkpoint ends with the uninterrupted run's parameters and statistics: $(cat "$tmp/err" "$tmp/diff" | head -c 300 | tr '\n' ' ')"
 # training-mode Dropout (p 0.3): masks are a function of (step, microbatch,
 # node), so GPipe, 1F1B, 2 processes over ipc, the single-graph trainer and
 # a run resumed from a checkpoint all end with the same parameters
@@ -120,6 +120,39 @@ ok $? "train with dropout under 5 set-ups: $(head -c 300 "$tmp/err")"
 same=0
 for d in 1f1b ipc unsplit resumed; do diff -r "$tmp/dr-gpipe" "$tmp/dr-$d" >/dev/null || same=1; done
 ok $same "dropout: GPipe, 1F1B, ipc ranks, unsplit and resumed runs end bit-identical"
+# activation recomputation: the same bits as storing the stash (BatchNorm's
+# statistics not updated twice, the same Dropout masks), under 1F1B, ZB-H1
+# (I and W apart) and ranks over ipc
+# shellcheck disable=SC2086
+"$PIPPIN" train $bn --steps 4 --recompute --save "$tmp/bn-rc" >"$tmp/out" 2>"$tmp/err" &&
+    diff -r "$tmp/bn-full" "$tmp/bn-rc" >"$tmp/diff" && grep -q "recompute stage 1: stash" "$tmp/out"
+ok $? "train bn --recompute ends with the parameters and statistics of a run without: $(cat "$tmp/err" "$tmp/diff" | head -c 300 | tr '\n' ' ')"
+# shellcheck disable=SC2086
+"$PIPPIN" train $dr --schedule 1f1b --steps 4 --recompute --save "$tmp/dr-rc" >/dev/null 2>"$tmp/err" &&
+    "$PIPPIN" train $dr --schedule zb-h1 --steps 4 --recompute-stages 0 --save "$tmp/dr-rc0" >/dev/null 2>>"$tmp/err" &&
+    "$PIPPIN" train $dr --schedule 1f1b --steps 4 --recompute-stages 1,0 --transport ipc --save "$tmp/dr-rc-ipc" \
+        >/dev/null 2>>"$tmp/err" &&
+    diff -r "$tmp/dr-gpipe" "$tmp/dr-rc" >"$tmp/diff" && diff -r "$tmp/dr-gpipe" "$tmp/dr-rc0" >>"$tmp/diff" &&
+    diff -r "$tmp/dr-gpipe" "$tmp/dr-rc-ipc" >>"$tmp/diff"
+ok $? "train dropout with recomputation (1F1B, ZB-H1 on stage 0, ipc ranks) is bit-identical: $(cat "$tmp/err" "$tmp/diff" | head -c 300 | tr '\n' ' ')"
+"$PIPPIN" inspect "$FX/dropout/model.onnx" --json --backward >"$tmp/insp.json" 2>"$tmp/err" &&
+    python3 -c "import json; d = json.load(open('$tmp/insp.json')); s = d['stages']; \
+assert all(0 < x['recompute_stash_bytes_per_sample'] < x['stash_bytes_per_sample'] for x in s), s; \
+t = d['training_graph']; assert t['recompute_stash_bytes_per_sample'] < t['stash_bytes_per_sample'], t"
+ok $? "inspect shows the stash per sample with recomputation, smaller: $(head -c 300 "$tmp/err")"
+# shellcheck disable=SC2086
+expect 1 "--recompute-stages: stage 7, but the pipeline has 2 stages (0-1)" "train --recompute-stages past the stages" -- \
+    train $dr --steps 1 --recompute-stages 0,7
+# shellcheck disable=SC2086
+expect 2 "--recompute-stages '0,x': expected stage indices separated by commas" "train --recompute-stages 0,x" -- \
+    train $dr --steps 1 --recompute-stages 0,x
+# shellcheck disable=SC2086
+expect 2 "stage 1 is listed twice" "train --recompute-stages 1,1" -- train $dr --steps 1 --recompute-stages 1,1
+# shellcheck disable=SC2086
+expect 2 "exclude each other" "train --recompute with --recompute-stages" -- \
+    train $dr --steps 1 --recompute --recompute-stages 1
+expect 1 "--recompute: the model has no stages" "train --recompute without stages" -- train "$FX/mlp/model.onnx" \
+    --data "x=$FX/mlp/train_x.npy" --data "y=$FX/mlp/train_y.npy" --batch-size 4 --steps 1 --recompute --no-split
 expect 2 "unknown optimizer 'adam'" "train with an unknown optimizer" -- train "$FX/mlp/model.onnx" \
     --data "x=$FX/mlp/train_x.npy" --data "y=$FX/mlp/train_y.npy" --batch-size 4 --steps 1 --optimizer adam
 expect 2 "nesterov" "train nesterov without momentum" -- train "$FX/mlp/model.onnx" \
