@@ -570,8 +570,9 @@ static pp_status parse_recompute(const cx *x, const yaml_node_t *n) {
     ptrdiff_t len = n->data.sequence.items.top - n->data.sequence.items.start;
     if (len > CFG_MAX_ITEMS)
         return err_at(x, PP_ERR_INVALID, n, "key 'recompute': more than %d entries", CFG_MAX_ITEMS);
-    if (!(c->recompute_stages = calloc((size_t)len + 1, sizeof *c->recompute_stages)))
-        return pp_error(PP_ERR_NOMEM, "%s: out of memory", x->file);
+    c->recompute_stages = calloc((size_t)len + 1, sizeof *c->recompute_stages);
+    c->recompute_lines = calloc((size_t)len + 1, sizeof *c->recompute_lines);
+    if (!c->recompute_stages || !c->recompute_lines) return pp_error(PP_ERR_NOMEM, "%s: out of memory", x->file);
     char path[64];
     for (int i = 0; i < (int)len; i++) {
         yaml_node_t *e = node(x, n->data.sequence.items.start[i]);
@@ -581,6 +582,7 @@ static pp_status parse_recompute(const cx *x, const yaml_node_t *n) {
         for (int j = 0; j < c->n_recompute_stages; j++)
             if (c->recompute_stages[j] == v)
                 return err_at(x, PP_ERR_INVALID, e, "key '%s': stage %d is listed twice", path, v);
+        c->recompute_lines[c->n_recompute_stages] = line_of(e);
         c->recompute_stages[c->n_recompute_stages++] = v;
     }
     return PP_OK;
@@ -786,6 +788,7 @@ void pp_config_free(pp_config *c) {
     free(c->serve_client_keys);
     free(c->params);
     free(c->recompute_stages);
+    free(c->recompute_lines);
     for (int i = 0; c->serve_state && i < c->n_serve_state; i++) {
         free(c->serve_state[i].key);
         free(c->serve_state[i].value);

@@ -176,7 +176,8 @@ static pp_status open_pipe(pp_worker *w) {
     for (int i = 0; i < c->n_recompute_stages; i++)
         if (c->recompute_stages[i] >= w->p->n_stages)
             return pp_error(PP_ERR_INVALID, "%s:%d: key 'recompute[%d]': stage %d, but the pipeline has %d stage%s (0-%d)",
-                            c->path ? c->path : "config", c->recompute_line, i, c->recompute_stages[i],
+                            c->path ? c->path : "config",
+                            c->recompute_lines ? c->recompute_lines[i] : c->recompute_line, i, c->recompute_stages[i],
                             w->p->n_stages, w->p->n_stages == 1 ? "" : "s", w->p->n_stages - 1);
     return PP_OK;
 }

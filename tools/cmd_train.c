@@ -90,7 +90,12 @@ static int parse_stage_list(const char *s, train_args *a) {
         char *end;
         if (*p < '0' || *p > '9') break;
         long v = strtol(p, &end, 10);
-        if (v > 1 << 20 || (*end && *end != ',')) break;
+        if (*end && *end != ',') break;
+        if (v > 1 << 20) {
+            fprintf(stderr, "pippin train: --recompute-stages '%s': stage %ld is past any pipeline (at most %d)\n", s,
+                    v, 1 << 20);
+            return -1;
+        }
         for (int i = 0; i < a->n_recompute_stages; i++)
             if (a->recompute_stages[i] == (int)v) {
                 fprintf(stderr, "pippin train: --recompute-stages '%s': stage %ld is listed twice\n", s, v);

@@ -171,9 +171,15 @@ int train_over_transport(const pp_graph *g, pp_tensor *const *data, const train_
         if (pp_executor_new(p, sched, r, 1, jobs[r].t, &jobs[r].ex) != PP_OK) goto done;
         if (pp_executor_set_optimizer(jobs[r].ex, &a->opt) != PP_OK) goto done;
         int ns = pp_executor_n_stages(jobs[r].ex);
-        pp_stage *mine[64];
-        for (int i = 0; i < ns && i < 64; i++) mine[i] = pp_executor_stage(jobs[r].ex, i);
-        if (train_set_recompute(a, p->n_stages, mine, ns < 64 ? ns : 64) != PP_OK) goto done;
+        pp_stage **mine = calloc((size_t)ns + 1, sizeof *mine); /* every stage of the rank, however many */
+        if (!mine) {
+            pp_error(PP_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+        for (int i = 0; i < ns; i++) mine[i] = pp_executor_stage(jobs[r].ex, i);
+        pp_status rs = train_set_recompute(a, p->n_stages, mine, ns);
+        free(mine);
+        if (rs != PP_OK) goto done;
     }
     if (!a->json)
         printf("training %d stages on %d ranks (a thread each, %s transport), %d microbatches of %lld, schedule %s\n",

@@ -138,6 +138,7 @@ typedef struct pp_config {
     int *recompute_stages;           /* recompute: [0, 2]: these stages only (checked against the pipe when
                                       * a worker opens it) */
     int recompute_line;              /* the line of the recompute key, for those messages */
+    int *recompute_lines;            /* per entry of recompute_stages: its own line */
 } pp_config;
 
 /* Reads and checks a config file. */

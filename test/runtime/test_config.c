@@ -482,6 +482,15 @@ static void test_recompute(void **state) {
     if (!strstr(msg, "cfg.yaml:7: key 'recompute[1]': stage 7, but the pipeline has 2 stages (0-1)"))
         fail_msg("unclear error for recompute: [7]: %s", msg);
     pp_config_free(c);
+    /* a block list: the line of the entry itself (regression: the key's) */
+    c = parse_ok("model: model.onnx\nbatch_size: 4\nmicrobatches: 2\ndata: {x: x.npy, y: y.npy}\n"
+                 "ranks: [inproc://rd0, inproc://rd1]\nschedule: 1f1b\nrecompute:\n  - 1\n  - 7\n", dir);
+    w = (pp_worker *)1;
+    assert_int_equal(pp_worker_open_config(c, &o, &w), PP_ERR_INVALID);
+    msg = pp_last_error();
+    if (!strstr(msg, "cfg.yaml:9: key 'recompute[1]': stage 7"))
+        fail_msg("recompute's block list entry is not named by its line: %s", msg);
+    pp_config_free(c);
 }
 
 static void test_yaml_errors(void **state) {
