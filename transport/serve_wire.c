@@ -104,7 +104,9 @@ pp_status pp_serve_request_decode(const void *buf, size_t n, size_t max_bytes, p
     out->kind = (int)w->kind;
     out->timeout_ms = w->timeout_ms;
     out->max_tokens = w->max_tokens;
-    out->temperature = w->temperature;
+    /* + 0: -0.0 reads as 0 (an encoder leaves a zero out, so -0.0 would not
+     * survive a round trip) */
+    out->temperature = w->temperature + 0.0f;
     out->top_k = w->top_k;
     out->seed = w->seed;
     if (s == PP_OK) {
