@@ -405,14 +405,7 @@ static pp_status conv_run(pp_kernel_ctx *ctx) {
         pp_tensor_free(y);
         return s;
     }
-    if (bias) {
-        const float *bd = bias->data;
-        for (int64_t n = 0; n < p.N; n++)
-            for (int64_t m = 0; m < p.M; m++) {
-                float *r = yd + (n * p.M + m) * p.L, b = bd[m];
-                for (int64_t l = 0; l < p.L; l++) r[l] += b;
-            }
-    }
+    if (bias) pp_conv_add_bias(yd, bias->data, p.N, p.M, p.L);
     ctx->out[0] = y;
     return PP_OK;
 }

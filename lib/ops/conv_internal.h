@@ -48,4 +48,14 @@ pp_status pp_conv_dw_backward_data(const pp_kernel_ctx *ctx, const pp_conv_plan 
 pp_status pp_conv_dw_backward_filter(const pp_kernel_ctx *ctx, const pp_conv_plan *p,
                                      const float *dy, const float *x, float *dw);
 
+/* y[n, c, :] += bias[c] over an [n_batch, channels, len] float tensor
+ * (Conv's and ConvTranspose's bias). */
+static inline void pp_conv_add_bias(float *y, const float *bias, int64_t n_batch, int64_t channels, int64_t len) {
+    for (int64_t n = 0; n < n_batch; n++)
+        for (int64_t c = 0; c < channels; c++) {
+            float *r = y + (n * channels + c) * len, b = bias[c];
+            for (int64_t l = 0; l < len; l++) r[l] += b;
+        }
+}
+
 #endif

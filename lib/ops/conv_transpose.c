@@ -235,14 +235,7 @@ static pp_status ct_run(pp_kernel_ctx *ctx) {
             return s;
         }
     }
-    if (bias) {
-        const float *bd = bias->data;
-        for (int64_t n = 0; n < p.N; n++)
-            for (int64_t m = 0; m < p.C; m++) {
-                float *r = yd + (n * p.C + m) * p.IL, bv = bd[m];
-                for (int64_t l = 0; l < p.IL; l++) r[l] += bv;
-            }
-    }
+    if (bias) pp_conv_add_bias(yd, bias->data, p.N, p.C, p.IL);
     ctx->out[0] = y;
     return PP_OK;
 }
