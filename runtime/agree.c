@@ -9,10 +9,10 @@
 #define AGREE_NAME "pippin:agree"
 
 /* first[r]: the lowest stage on rank r, which names the rank in keys. */
-static pp_status first_stages(const pp_schedule *sc, int **first) {
-    *first = malloc(sizeof(int) * (size_t)sc->nranks);
+static pp_status first_stages(const pp_agree *a, int **first) {
+    *first = malloc(sizeof(int) * (size_t)a->nranks);
     if (!*first) return pp_error(PP_ERR_NOMEM, "out of memory");
-    for (int st = sc->nstages - 1; st >= 0; st--) (*first)[sc->stage_rank[st]] = st;
+    for (int st = a->nstages - 1; st >= 0; st--) (*first)[a->stage_rank[st]] = st;
     return PP_OK;
 }
 
@@ -34,9 +34,8 @@ static const char *slot_name(int slot) {
 /* Sends t to every peer, then hands each peer's tensor to got(). */
 static pp_status all_to_all(const pp_agree *a, int64_t step, int slot, pp_tensor *t,
                             pp_status (*got)(void *user, int rank, const pp_tensor *t), void *user) {
-    const pp_schedule *sc = a->sched;
-    int nr = sc->nranks, mb = PP_AGREE_MICROBATCH + slot, *first;
-    PP_TRY(first_stages(sc, &first));
+    int nr = a->nranks, mb = PP_AGREE_MICROBATCH + slot, *first;
+    PP_TRY(first_stages(a, &first));
     pp_status s = PP_OK;
     for (int r = 0; r < nr && s == PP_OK; r++) {
         pp_transport_key k = {PP_MSG_GRADIENT, step, mb, first[a->rank], first[r], AGREE_NAME};
@@ -75,7 +74,7 @@ static pp_status got_int(void *user, int rank, const pp_tensor *t) {
 
 pp_status pp_agree_int(const pp_agree *a, int64_t step, int slot, int64_t mine, pp_agree_result *r) {
     *r = (pp_agree_result){mine, mine, a->rank, a->rank};
-    if (!a->t || a->sched->nranks < 2) return PP_OK;
+    if (!a->t || a->nranks < 2) return PP_OK;
     pp_tensor *t;
     PP_TRY(pp_tensor_new(PP_I64, 1, (int64_t[]){1}, &t));
     ((int64_t *)t->data)[0] = mine;
@@ -98,7 +97,7 @@ static pp_status got_bytes(void *user, int rank, const pp_tensor *t) {
 
 pp_status pp_agree_bytes(const pp_agree *a, int64_t step, int slot, const uint8_t *mine, size_t n,
                          pp_agree_check_fn check, void *user) {
-    if (!a->t || a->sched->nranks < 2) return PP_OK;
+    if (!a->t || a->nranks < 2) return PP_OK;
     pp_tensor *t;
     PP_TRY(pp_tensor_new(PP_U8, 1, (int64_t[]){(int64_t)n}, &t));
     if (n) memcpy(t->data, mine, n);

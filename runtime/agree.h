@@ -15,7 +15,11 @@
 
 typedef struct pp_agree {
     pp_transport *t;         /* NULL: a single process holds every stage (no one to ask) */
-    const pp_schedule *sched;
+    /* The ranks of the run and which stage each runs, as the transport
+     * numbers them (with data-parallel replicas: every replica's stages,
+     * pp_executor_world_stage_ranks). */
+    int nranks, nstages;
+    const int *stage_rank;   /* [nstages] */
     int rank;
     int timeout_ms;          /* the stop vote and the identity, like any message */
     /* Checkpoint commits and resume wait for the slowest rank's disk; a

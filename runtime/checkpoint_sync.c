@@ -47,7 +47,7 @@ static void prune(pp_ckpt_sync *c, int64_t step) {
 pp_status pp_ckpt_save(pp_ckpt_sync *c, int64_t step) {
     pp_status mine = PP_OK;
     char why[1024] = "";
-    for (int i = 0; i < c->n && mine == PP_OK; i++)
+    for (int i = 0; c->write_files && i < c->n && mine == PP_OK; i++)
         mine = pp_checkpoint_save_stage(c->dir, step, c->stages[i], c->optims[i]);
     if (mine != PP_OK) snprintf(why, sizeof why, "%s", pp_last_error());
     pp_agree_result r;

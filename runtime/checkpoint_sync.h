@@ -23,6 +23,10 @@ typedef struct pp_ckpt_sync {
     pp_stage *const *stages;
     pp_optim *const *optims;  /* may hold NULLs */
     int n_stages_total;       /* stages of the whole pipeline */
+    /* 0: this rank loads its stages but writes nothing (a data-parallel
+     * replica other than 0, whose state equals replica 0's); it still takes
+     * part in every agreement. */
+    int write_files;
     /* Steps every rank wrote, newest last (ranks other than 0 prune from it). */
     int64_t recent[PP_CKPT_RECENT];
     int n_recent;

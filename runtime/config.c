@@ -465,6 +465,16 @@ static pp_status parse_checkpoint(const cx *x, const yaml_node_t *m) {
     return PP_OK;
 }
 
+static pp_status parse_buckets(const cx *x, const yaml_node_t *m) {
+    static const char *const keys[] = {"first_bytes", "bytes"};
+    yaml_node_t *v[2];
+    pp_config *c = x->c;
+    PP_TRY(match_keys(x, m, "gradient_buckets", keys, 2, v));
+    if (given(v[0])) PP_TRY(get_int(x, v[0], "gradient_buckets.first_bytes", 4, INT64_MAX, &c->bucket_first_bytes));
+    if (given(v[1])) PP_TRY(get_int(x, v[1], "gradient_buckets.bytes", 4, INT64_MAX, &c->bucket_bytes));
+    return PP_OK;
+}
+
 static pp_status parse_run_id(const cx *x, const yaml_node_t *n) {
     PP_TRY(get_str(x, n, "run_id", &x->c->run_id));
     size_t len = strlen(x->c->run_id);
@@ -546,13 +556,13 @@ static pp_status check_protected(const cx *x, const yaml_node_t *ranks, const ya
 enum {
     K_MODEL, K_SPLIT, K_DIMS, K_MODE, K_SCHEDULE, K_MICROBATCHES, K_BATCH, K_STEPS, K_LOSS,
     K_OPTIMIZER, K_DATA, K_TEXT, K_RANKS, K_BIND, K_TIMEOUT, K_SECURITY, K_OUTPUT, K_STAGES, K_SHM, K_FREEZE,
-    K_CHECKPOINT, K_RUN_ID, K_INSECURE, K_REJOIN, K_SERVE, K_PARAMS, K_RECOMPUTE, K_COUNT
+    K_CHECKPOINT, K_RUN_ID, K_INSECURE, K_REJOIN, K_SERVE, K_PARAMS, K_RECOMPUTE, K_REPLICAS, K_BUCKETS, K_COUNT
 };
 static const char *const top_keys[K_COUNT] = {
     "model", "split", "dims", "mode", "schedule", "microbatches", "batch_size", "steps", "loss",
     "optimizer", "data", "text", "ranks", "bind", "timeout_ms", "security", "output_dir", "stages",
     "shared_memory", "freeze", "checkpoint", "run_id", "insecure", "rejoin_timeout_ms", "serve", "params",
-    "recompute"};
+    "recompute", "replicas", "gradient_buckets"};
 
 /* recompute: true | false | a list of distinct stage indices. */
 static pp_status parse_recompute(const cx *x, const yaml_node_t *n) {
@@ -585,6 +595,28 @@ static pp_status parse_recompute(const cx *x, const yaml_node_t *n) {
         c->recompute_lines[c->n_recompute_stages] = line_of(e);
         c->recompute_stages[c->n_recompute_stages++] = v;
     }
+    return PP_OK;
+}
+
+/* replicas: R copies of the pipeline, each with its share of the batch. */
+static pp_status parse_replicas(const cx *x, yaml_node_t *const *v) {
+    pp_config *c = x->c;
+    if (given(v[K_REPLICAS])) PP_TRY(get_int32(x, v[K_REPLICAS], "replicas", 1, CFG_MAX_RANKS, &c->replicas));
+    else if (v[K_REPLICAS]) return type_err(x, v[K_REPLICAS], "replicas", "an integer");
+    if (given(v[K_BUCKETS])) PP_TRY(parse_buckets(x, v[K_BUCKETS]));
+    if (c->replicas == 1) return PP_OK;
+    const yaml_node_t *at = v[K_REPLICAS];
+    if (!c->training || c->serving)
+        return err_at(x, PP_ERR_INVALID, at, "key 'replicas': data-parallel replicas are for mode: train");
+    if (c->n_ranks % c->replicas)
+        return err_at(x, PP_ERR_INVALID, at, "key 'replicas': %d replicas, but 'ranks' lists %d endpoints (a multiple "
+                      "of %d: each replica has the schedule's ranks)", c->replicas, c->n_ranks, c->replicas);
+    if (c->batch_size % c->replicas)
+        return err_at(x, PP_ERR_INVALID, at, "key 'replicas': batch_size %lld does not split into %d equal shares",
+                      (long long)c->batch_size, c->replicas);
+    if (c->microbatches > c->batch_size / c->replicas)
+        return err_at(x, PP_ERR_INVALID, at, "key 'replicas': each replica's %lld rows cannot make %d microbatches",
+                      (long long)(c->batch_size / c->replicas), c->microbatches);
     return PP_OK;
 }
 
@@ -690,6 +722,7 @@ static pp_status parse_top(const cx *x, const yaml_node_t *root) {
         return type_err(x, v[K_RECOMPUTE], "recompute", "true, false or a list of stage indices");
     }
     if (given(v[K_INSECURE])) PP_TRY(get_bool(x, v[K_INSECURE], "insecure", &c->insecure));
+    PP_TRY(parse_replicas(x, v));
     PP_TRY(check_protected(x, v[K_RANKS], v[K_BIND]));
     /* With security: the front is a CURVE server admitting serve.client_keys
      * only; without it, the front is plaintext (protected mode applies). */
@@ -825,6 +858,9 @@ pp_status pp_config_parse(const char *text, size_t len, const char *name, const 
     }
     c->training = 1;
     c->microbatches = 1;
+    c->replicas = 1;
+    c->bucket_first_bytes = 1 << 20;
+    c->bucket_bytes = 25 << 20;
     c->steps = 1;
     c->timeout_ms = 10000;
     c->shared_memory = 1;

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grad_ring.h"
 #include "stage_core.h"
 #include "status_internal.h"
 
@@ -17,6 +18,12 @@ struct pp_executor {
     int rank;
     pp_transport *t;
     int timeout_ms;
+    /* Data-parallel replicas (pp_executor_set_replicas): this replica's
+     * stages are numbered from stage_offset on the transport. */
+    pp_replica_options rep;
+    int stage_offset;
+    pp_grad_ring *ring;   /* NULL: one replica */
+    uint8_t *ring_added;  /* [n_stages]: the stage's gradients joined the ring this step */
 };
 
 pp_status pp_executor_new(pp_pipe *p, const pp_schedule *sched, int rank, int training, pp_transport *t,
@@ -32,6 +39,7 @@ pp_status pp_executor_new(pp_pipe *p, const pp_schedule *sched, int rank, int tr
     ex->rank = rank;
     ex->t = t;
     ex->timeout_ms = -1;
+    pp_replica_options_init(&ex->rep);
     pp_status s = pp_core_init(&ex->core, p, sched, rank, training);
     if (s != PP_OK) {
         pp_executor_free(ex);
@@ -43,6 +51,8 @@ pp_status pp_executor_new(pp_pipe *p, const pp_schedule *sched, int rank, int tr
 
 void pp_executor_free(pp_executor *ex) {
     if (!ex) return;
+    pp_grad_ring_free(ex->ring);
+    free(ex->ring_added);
     pp_core_free(&ex->core);
     free(ex);
 }
@@ -70,17 +80,105 @@ pp_status pp_executor_optimizer_step(pp_executor *ex) {
 
 pp_optim *pp_executor_optimizer(pp_executor *ex, int i) { return ex->core.optims[ex->core.local[i]]; }
 
+/* ---- data-parallel replicas ---- */
+
+void pp_replica_options_init(pp_replica_options *o) {
+    o->replicas = 1;
+    o->replica = 0;
+    o->first_bucket_bytes = 1 << 20;
+    o->bucket_bytes = 25 << 20;
+}
+
+void pp_executor_world_stage_ranks(const pp_schedule *sched, int replicas, int *out) {
+    for (int k = 0; k < replicas; k++)
+        for (int s = 0; s < sched->nstages; s++)
+            out[k * sched->nstages + s] = k * sched->nranks + sched->stage_rank[s];
+}
+
+pp_status pp_executor_set_replicas(pp_executor *ex, const pp_replica_options *o) {
+    if (o->replicas < 1 || o->replica < 0 || o->replica >= o->replicas)
+        return pp_error(PP_ERR_INVALID, "rank %d: replica %d of %d", ex->rank, o->replica, o->replicas);
+    if (o->replicas > 1 && !ex->core.training)
+        return pp_error(PP_ERR_UNSUPPORTED, "rank %d: data-parallel replicas are for training", ex->rank);
+    if (o->first_bucket_bytes <= 0 || o->bucket_bytes <= 0)
+        return pp_error(PP_ERR_INVALID, "rank %d: gradient buckets of %lld and %lld bytes", ex->rank,
+                        (long long)o->first_bucket_bytes, (long long)o->bucket_bytes);
+    pp_grad_ring_free(ex->ring);
+    ex->ring = NULL;
+    free(ex->ring_added);
+    ex->ring_added = NULL;
+    ex->rep = *o;
+    ex->stage_offset = o->replica * ex->sched->nstages;
+    ex->core.replicas = o->replicas;
+    ex->core.replica = o->replica;
+    if (o->replicas == 1) return PP_OK;
+    pp_grad_ring_options ro = {ex->t, o->replicas, o->replica, ex->sched->nstages, o->first_bucket_bytes,
+                               o->bucket_bytes};
+    ex->ring_added = calloc((size_t)ex->sched->nstages, 1);
+    if (!ex->ring_added) return pp_error(PP_ERR_NOMEM, "out of memory");
+    return pp_error_context(pp_grad_ring_new(&ro, &ex->ring), "rank %d", ex->rank);
+}
+
+/* Local stages whose last weight gradient of the step just ran join the
+ * ring; then every bucket moves on as far as what arrived allows. */
+static pp_status ring_progress(pp_executor *ex) {
+    pp_core *c = &ex->core;
+    for (int i = 0; i < c->n_local; i++) {
+        int s = c->local[i];
+        if (ex->ring_added[s] || !pp_core_weights_done(c, s)) continue;
+        ex->ring_added[s] = 1;
+        PP_TRY(pp_grad_ring_add(ex->ring, s, pp_stage_params(c->stages[s])));
+    }
+    return pp_grad_ring_progress(ex->ring);
+}
+
+/* Scalar model outputs (the loss) of this replica become the mean over the
+ * replicas, summed in replica order so every replica gets the same bits. */
+static pp_status replica_mean(pp_executor *ex, pp_tensor **outputs) {
+    const pp_pipe *p = ex->core.p;
+    int r = ex->rep.replicas, me = ex->rep.replica, ns = ex->sched->nstages;
+    for (int o = 0; o < p->n_outputs; o++) {
+        if (!outputs[o] || outputs[o]->ndim != 0) continue;
+        int st = p->output_stage[o];
+        for (int k = 0; k < r; k++) {
+            pp_transport_key key = {PP_MSG_GRADIENT, ex->core.step, PP_GRAD_RING_MICROBATCH - 1, me * ns + st,
+                                    k * ns + st, p->outputs[o]};
+            if (k != me) PP_TRY(pp_transport_send(ex->t, &key, outputs[o]));
+        }
+        double sum = 0;
+        for (int k = 0; k < r; k++) {
+            if (k == me) {
+                sum += pp_tensor_get_f64(outputs[o], 0);
+                continue;
+            }
+            pp_transport_key key = {PP_MSG_GRADIENT, ex->core.step, PP_GRAD_RING_MICROBATCH - 1, k * ns + st,
+                                    me * ns + st, p->outputs[o]};
+            pp_tensor *in;
+            PP_TRY(pp_error_context(pp_transport_recv(ex->t, &key, ex->timeout_ms, &in),
+                                    "the mean of output '%s' over the replicas", p->outputs[o]));
+            int ok = in->ndim == 0 && in->dtype == outputs[o]->dtype;
+            if (ok) sum += pp_tensor_get_f64(in, 0);
+            pp_tensor_free(in);
+            if (!ok)
+                return pp_error(PP_ERR_PEER, "replica %d sent output '%s' with another shape or dtype", k,
+                                p->outputs[o]);
+        }
+        pp_tensor_set_f64(outputs[o], 0, sum / r);
+    }
+    return PP_OK;
+}
+
 /* ---- the transport route: receives block until the tensor arrives ---- */
 
 static pp_status tr_send(pp_executor *ex, pp_msg_kind kind, int mb, int src, int dst, const char *name,
                          pp_tensor *t) {
-    pp_transport_key k = {kind, ex->core.step, mb, src, dst, name};
+    pp_transport_key k = {kind, ex->core.step, mb, ex->stage_offset + src, ex->stage_offset + dst, name};
     return pp_transport_send(ex->t, &k, t);
 }
 
 static pp_status tr_recv(pp_executor *ex, pp_msg_kind kind, int mb, int src, int dst, const char *name,
                          pp_tensor **out) {
-    pp_transport_key k = {kind, ex->core.step, mb, src, dst, name};
+    pp_transport_key k = {kind, ex->core.step, mb, ex->stage_offset + src, ex->stage_offset + dst, name};
     return pp_transport_recv(ex->t, &k, ex->timeout_ms, out);
 }
 
@@ -135,6 +233,7 @@ static pp_status run_actions(pp_executor *ex, const pp_route *route) {
             if (s == PP_OK && !ran) /* receives block, so only an earlier action of this rank is missing */
                 s = pp_error(PP_ERR_INVALID, "its forward or input gradient has not run on this rank before it");
         }
+        if (s == PP_OK && ex->ring) s = ring_progress(ex);
         if (s != PP_OK) {
             char text[PP_ACTION_STR_MAX];
             pp_action_format(sched, a, text, sizeof text);
@@ -153,9 +252,32 @@ pp_status pp_executor_step(pp_executor *ex, int64_t step, int m, int n_inputs, c
                       tr_recv_delta};
     pp_status s = pp_transport_set_step(ex->t, step);
     if (s == PP_OK) s = pp_core_step_begin(&ex->core, step, m, n_inputs, names, inputs);
+    if (ex->ring) {
+        pp_grad_ring_begin(ex->ring, step);
+        memset(ex->ring_added, 0, (size_t)ex->sched->nstages);
+    }
     if (s != PP_OK) s = pp_error_context(s, "rank %d", ex->rank);
     else s = run_actions(ex, &route); /* names rank, step and action */
+    if (s == PP_OK && ex->ring) { /* every stage's sum is in before the replicated parameters' */
+        s = ring_progress(ex);
+        if (s == PP_OK) s = pp_grad_ring_finish(ex->ring, ex->timeout_ms);
+        if (s != PP_OK) s = pp_error_context(s, "rank %d step %lld", ex->rank, (long long)step);
+    }
     int failed = s != PP_OK;
-    s = pp_core_step_end(&ex->core, &route, s, outputs);
+    /* with replicas the outputs are always merged: every replica takes part in their mean */
+    pp_tensor **outs = outputs;
+    if (!outs && ex->ring && !(outs = calloc((size_t)ex->core.p->n_outputs + 1, sizeof *outs)))
+        s = pp_error(PP_ERR_NOMEM, "out of memory");
+    s = pp_core_step_end(&ex->core, &route, s, outs);
+    if (s == PP_OK && ex->ring) s = replica_mean(ex, outs);
+    if (outs != outputs) {
+        for (int o = 0; outs && o < ex->core.p->n_outputs; o++) pp_tensor_free(outs[o]);
+        free(outs);
+    } else if (s != PP_OK && outs) {
+        for (int o = 0; o < ex->core.p->n_outputs; o++) {
+            pp_tensor_free(outs[o]);
+            outs[o] = NULL;
+        }
+    }
     return s == PP_OK || failed ? s : pp_error_context(s, "rank %d step %lld", ex->rank, (long long)step);
 }

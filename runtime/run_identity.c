@@ -165,6 +165,11 @@ static pp_status add_config(pp_run_identity *id, const pp_config *c) {
     else PP_TRY(add_text(id, "schedule", sched));
     PP_TRY(add_int(id, "microbatches", c->microbatches));
     PP_TRY(add_int(id, "batch_size", (long long)c->batch_size));
+    PP_TRY(add_int(id, "replicas", c->replicas));
+    if (c->replicas > 1) { /* the buckets set where each sum starts, so its bits */
+        PP_TRY(add_int(id, "gradient_buckets.first_bytes", (long long)c->bucket_first_bytes));
+        PP_TRY(add_int(id, "gradient_buckets.bytes", (long long)c->bucket_bytes));
+    }
     PP_TRY(add_int(id, "steps", (long long)c->steps));
     PP_TRY(add_text(id, "loss", c->loss ? c->loss : "(automatic)"));
     const pp_optim_config *o = &c->optim;

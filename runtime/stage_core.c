@@ -44,6 +44,7 @@ pp_status pp_core_init(pp_core *c, pp_pipe *p, const pp_schedule *sched, int ran
     memset(c, 0, sizeof *c);
     c->p = p;
     c->training = training;
+    c->replicas = 1;
     c->n_stages = p->n_stages;
     c->stages = calloc((size_t)p->n_stages + 1, sizeof *c->stages);
     c->optims = calloc((size_t)p->n_stages + 1, sizeof *c->optims);
@@ -212,7 +213,8 @@ pp_status pp_core_step_begin(pp_core *c, int64_t step, int m, int n_inputs, cons
     if (!c->chunks || !c->outs || !c->done_f || !c->done_i || !c->done_w || !c->snap)
         return pp_error(PP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < c->n_local; i++) {
-        pp_stage_set_loss_scale(c->stages[c->local[i]], 1.0f / (float)m);
+        pp_stage_set_loss_scale(c->stages[c->local[i]], 1.0f / (float)(m * c->replicas));
+        pp_stage_set_microbatch_offset(c->stages[c->local[i]], c->replica * m);
         PP_TRY(pp_stage_begin_step(c->stages[c->local[i]], step));
         pp_stage_discard_pending(c->stages[c->local[i]]); /* an inference step may leave none; a failed one is dropped */
     }
@@ -371,6 +373,13 @@ pp_status pp_core_run_action(pp_core *c, const pp_route *r, int rank, const pp_a
     if (c->trace && *ran)
         PP_TRY(pp_trace_action(c->trace, rank, a, t0 - c->trace_origin_ms, pp_monotonic_ms() - c->trace_origin_ms));
     return PP_OK;
+}
+
+int pp_core_weights_done(const pp_core *c, int s) {
+    if (!c->training || !c->done_w || !c->stages[s]) return 0;
+    for (int mb = 0; mb < c->m; mb++)
+        if (!c->done_w[s * c->m + mb]) return 0;
+    return 1;
 }
 
 static pp_status check_complete(const pp_core *c) {

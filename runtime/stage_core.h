@@ -51,6 +51,10 @@ typedef struct pp_core_links {
 typedef struct pp_core {
     pp_pipe *p;
     int training;
+    /* Data-parallel replicas (pp_executor_set_replicas): the loss is seeded
+     * with 1/(m * replicas) and random streams key microbatches from
+     * replica * m. 1 and 0 without replicas. */
+    int replicas, replica;
     int n_stages;       /* the pipe's */
     pp_stage **stages;  /* [n_stages]: NULL where not in this core */
     pp_optim **optims;  /* [n_stages] */
@@ -84,6 +88,8 @@ pp_status pp_core_step_begin(pp_core *c, int64_t step, int m, int n_inputs, cons
  * `rank` for the trace. *ran is 0 when its inputs are not there yet (only a
  * route with ready hooks says so). */
 pp_status pp_core_run_action(pp_core *c, const pp_route *r, int rank, const pp_action *a, int *ran);
+/* 1 once every weight gradient of local stage s ran this step (training). */
+int pp_core_weights_done(const pp_core *c, int s);
 /* Ends the step: every local forward (and, training, backward) ran, the
  * replicated parameters' gradients are summed across their stages, and
  * outputs[o] (may be NULL) gets model output o merged over microbatches

@@ -17,6 +17,7 @@
 #include "split_auto.h"
 #include "pippin/exec.h"
 #include "pippin/executor.h"
+#include "pippin/microbatch.h"
 #include "pippin/npy.h"
 #include "pippin/onnx.h"
 #include "pippin/trainer.h"
@@ -32,7 +33,13 @@ struct pp_worker {
     int rank;
     pp_graph *g;              /* the whole model (model:), else NULL */
     pp_pipe *p;
-    pp_schedule *sched;
+    pp_schedule *sched;       /* one replica's */
+    /* Data-parallel replicas (replicas:): this rank is rank `prank` of the
+     * schedule in replica `replica`; the transport and the agreements see
+     * every replica's stages (pp_executor_world_stage_ranks). */
+    int replica, prank;
+    int world_nstages;
+    int *world_stage_rank;
     pp_transport *t;
     pp_executor *ex;
     int n_inputs;
@@ -80,8 +87,8 @@ static pp_status open_transport(pp_worker *w) {
     o.nranks = c->n_ranks;
     o.endpoints = (const char *const *)c->ranks;
     o.bind_endpoint = c->bind;
-    o.nstages = w->sched->nstages;
-    o.stage_ranks = w->sched->stage_rank;
+    o.nstages = w->world_nstages;
+    o.stage_ranks = w->world_stage_rank;
     o.timeout_ms = c->timeout_ms;
     if (c->serving) o.step_window = -1; /* batches run ahead on the front: serve.max_inflight bounds them */
     /* The config's run_id keeps other runs' messages out (0: the transport's default) */
@@ -167,11 +174,22 @@ static pp_status open_pipe(pp_worker *w) {
      * batches overlap across ranks instead */
     PP_TRY(pp_schedule_from_spec(c->serving ? "gpipe" : c->schedule, w->p->n_stages, c->serving ? 1 : c->microbatches,
                                  &w->sched));
-    if (w->sched->nranks != c->n_ranks)
-        return pp_error(PP_ERR_INVALID, "%s: schedule '%s' over %d stages needs %d ranks; the config lists %d",
-                        c->path, c->schedule, w->p->n_stages, w->sched->nranks, c->n_ranks);
+    if (w->sched->nranks * c->replicas != c->n_ranks) {
+        if (c->replicas == 1)
+            return pp_error(PP_ERR_INVALID, "%s: schedule '%s' over %d stages needs %d ranks; the config lists %d",
+                            c->path, c->schedule, w->p->n_stages, w->sched->nranks, c->n_ranks);
+        return pp_error(PP_ERR_INVALID, "%s: schedule '%s' over %d stages needs %d ranks per replica, %d for %d "
+                        "replicas; the config lists %d", c->path, c->schedule, w->p->n_stages, w->sched->nranks,
+                        w->sched->nranks * c->replicas, c->replicas, c->n_ranks);
+    }
+    w->replica = w->rank / w->sched->nranks;
+    w->prank = w->rank % w->sched->nranks;
+    w->world_nstages = c->replicas * w->sched->nstages;
+    if (!(w->world_stage_rank = calloc((size_t)w->world_nstages, sizeof *w->world_stage_rank)))
+        return pp_error(PP_ERR_NOMEM, "out of memory");
+    pp_executor_world_stage_ranks(w->sched, c->replicas, w->world_stage_rank);
     for (int s = 0; !c->model && s < w->p->n_stages; s++)
-        if (w->sched->stage_rank[s] == w->rank) PP_TRY(pp_pipe_load_graph(w->p, c->stages, s));
+        if (w->sched->stage_rank[s] == w->prank) PP_TRY(pp_pipe_load_graph(w->p, c->stages, s));
     if (c->training && !w->p->loss) return pp_error(PP_ERR_NOT_FOUND, "%s: the model has no loss output to train on", c->path);
     for (int i = 0; i < c->n_recompute_stages; i++)
         if (c->recompute_stages[i] >= w->p->n_stages)
@@ -236,7 +254,7 @@ static pp_status open_data(pp_worker *w) {
  * step. */
 static pp_status open_identity(pp_worker *w) {
     int n = pp_executor_n_stages(w->ex);
-    if (w->sched->nranks == 1) return PP_OK; /* no one to compare with */
+    if (w->c->n_ranks == 1) return PP_OK; /* no one to compare with */
     /* the checkpoint settings this worker uses (options override the config) */
     pp_config eff = *w->c;
     eff.checkpoint_dir = (char *)w->ck.dir;
@@ -267,7 +285,8 @@ static pp_status open_checkpoints(pp_worker *w) {
         w->stages[i] = pp_executor_stage(w->ex, i);
         w->optims[i] = pp_executor_optimizer(w->ex, i);
     }
-    w->agree = (pp_agree){w->t, w->sched, w->rank, c->timeout_ms, pp_agree_long_timeout(c->timeout_ms)};
+    w->agree = (pp_agree){w->t, c->n_ranks, w->world_nstages, w->world_stage_rank, w->rank, c->timeout_ms,
+                          pp_agree_long_timeout(c->timeout_ms)};
     pp_ckpt_sync *ck = &w->ck;
     ck->dir = w->opt.checkpoint_dir;
     ck->every = w->opt.checkpoint_every;
@@ -283,6 +302,7 @@ static pp_status open_checkpoints(pp_worker *w) {
     ck->stages = w->stages;
     ck->optims = w->optims;
     ck->n_stages_total = w->p->n_stages;
+    ck->write_files = w->replica == 0; /* the replicas' states are equal: replica 0's ranks write them */
     if (w->resume_mode && !c->training && !w->rejoins)
         return pp_error(PP_ERR_INVALID, "resume: an inference run has no checkpoint to resume");
     if (w->resume_mode == PP_WORKER_RESUME && !ck->dir)
@@ -294,7 +314,7 @@ static pp_status open_checkpoints(pp_worker *w) {
     w->start_mode = w->resume_mode == PP_WORKER_RESUME          ? PP_CKPT_RESUME
                     : w->resume_mode == PP_WORKER_RESUME_IF_ANY ? PP_CKPT_RESUME_IF_ANY
                                                                 : PP_CKPT_FRESH;
-    if (w->sched->nranks == 1) return pp_ckpt_start(ck, w->start_mode, &w->next_step);
+    if (c->n_ranks == 1) return pp_ckpt_start(ck, w->start_mode, &w->next_step);
     int64_t latest; /* refuse at once what the first step would refuse */
     if (w->rank == 0 && w->start_mode == PP_CKPT_RESUME) PP_TRY(pp_checkpoint_latest(ck->dir, &latest));
     w->start_pending = 1;
@@ -313,7 +333,16 @@ static pp_status open_run(pp_worker *w) {
     if (s == PP_OK && c->output_dir) s = pp_mkdirs(c->output_dir);
     if (s == PP_OK) s = open_transport(w);
     if (s != PP_OK) s = pp_error_context(s, "rank %d", w->rank);
-    if (s == PP_OK) s = pp_executor_new(w->p, w->sched, w->rank, c->training, w->t, &w->ex);
+    if (s == PP_OK) s = pp_executor_new(w->p, w->sched, w->prank, c->training, w->t, &w->ex);
+    if (s == PP_OK && c->replicas > 1) {
+        pp_replica_options ro;
+        pp_replica_options_init(&ro);
+        ro.replicas = c->replicas;
+        ro.replica = w->replica;
+        ro.first_bucket_bytes = c->bucket_first_bytes;
+        ro.bucket_bytes = c->bucket_bytes;
+        s = pp_error_context(pp_executor_set_replicas(w->ex, &ro), "rank %d (replica %d)", w->rank, w->replica);
+    }
     if (s == PP_OK && c->training) s = pp_executor_set_optimizer(w->ex, &c->optim);
     if (s == PP_OK) s = open_recompute(w);
     if (s == PP_OK) s = pp_error_context(open_checkpoints(w), "rank %d", w->rank);
@@ -334,6 +363,8 @@ static void close_run(pp_worker *w) {
     free(w->data);
     free(w->names);
     pp_schedule_free(w->sched);
+    free(w->world_stage_rank);
+    w->world_stage_rank = NULL;
     pp_pipe_free(w->p);
     pp_graph_free(w->g);
     w->ex = NULL, w->t = NULL, w->stages = NULL, w->optims = NULL, w->identity = NULL, w->id = NULL;
@@ -403,9 +434,31 @@ static pp_status after_step(pp_worker *w, int64_t step, pp_tensor **outs) {
  * resumed at its end, or has no steps). */
 static pp_status finish(pp_worker *w) {
     const pp_config *c = w->c;
-    if (!c->training || !c->output_dir || w->params_written) return PP_OK;
+    if (!c->training || !c->output_dir || w->params_written || w->replica > 0) return PP_OK; /* replicas hold the same */
     pp_status s = pp_save_stage_params(w->p, pp_executor_n_stages(w->ex), w->stages, c->output_dir, "", 0, NULL);
     if (s == PP_OK) w->params_written = 1;
+    return s;
+}
+
+/* This replica's rows of the step's batch of one input: with R replicas,
+ * replica k takes rows [k*B/R, (k+1)*B/R) of the global batch of B. */
+static pp_status replica_rows(pp_worker *w, pp_tensor *data, int64_t step, pp_tensor **out) {
+    const pp_config *c = w->c;
+    *out = NULL;
+    pp_tensor *all;
+    PP_TRY(pp_data_batch(data, step, c->batch_size, &all));
+    if (c->replicas == 1) {
+        *out = all;
+        return PP_OK;
+    }
+    pp_tensor **parts = calloc((size_t)c->replicas, sizeof *parts);
+    pp_status s = parts ? pp_microbatch_split(all, c->replicas, "batch", parts) : pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int k = 0; parts && k < c->replicas; k++) {
+        if (k == w->replica && s == PP_OK) *out = parts[k];
+        else pp_tensor_free(parts[k]);
+    }
+    free(parts);
+    pp_tensor_free(all);
     return s;
 }
 
@@ -418,7 +471,7 @@ static pp_status one_step(pp_worker *w, int64_t step) {
     pp_tensor **batch = calloc((size_t)n + 1, sizeof *batch), **outs = calloc((size_t)n_out + 1, sizeof *outs);
     pp_status s = batch && outs ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
     double t0 = pp_monotonic_ms();
-    for (int i = 0; i < n && s == PP_OK; i++) s = pp_data_batch(w->data[i], step, c->batch_size, &batch[i]);
+    for (int i = 0; i < n && s == PP_OK; i++) s = replica_rows(w, w->data[i], step, &batch[i]);
     pp_executor_zero_grad(w->ex);
     if (s == PP_OK) s = pp_executor_step(w->ex, step, c->microbatches, n, w->names, batch, outs);
     if (s == PP_OK && c->training) s = pp_executor_optimizer_step(w->ex);
@@ -448,14 +501,14 @@ static pp_status one_step(pp_worker *w, int64_t step) {
  * so). A peer's other aborts (its own error, a skewed config) and this
  * rank's own errors end the run. */
 static int recoverable(pp_worker *w, pp_status s) {
-    if (!w->rejoin_ms || !w->t || w->sched->nranks < 2) return 0;
+    if (!w->rejoin_ms || !w->t || w->c->n_ranks < 2) return 0;
     if (s != PP_ERR_PEER && s != PP_ERR_TIMEOUT) return 0;
     (void)pp_transport_poll(w->t, 0); /* a peer's abort may still wait in the socket */
     int by;
     const char *why = pp_transport_abort_reason(w->t, &by);
     if (why) return by != w->rank && strncmp(why, REJOIN_PREFIX, strlen(REJOIN_PREFIX)) == 0;
     if (s == PP_ERR_TIMEOUT) return 1;
-    for (int r = 0; r < w->sched->nranks; r++) {
+    for (int r = 0; r < w->c->n_ranks; r++) {
         pp_peer_state ps = pp_transport_peer_state(w->t, r);
         if (r != w->rank && (ps == PP_PEER_DOWN || ps == PP_PEER_CLOSED)) return 1;
     }
@@ -470,7 +523,7 @@ static pp_status await_peers(pp_worker *w) {
     for (;;) {
         char missing[256] = "";
         size_t len = 0;
-        for (int r = 0; r < w->sched->nranks; r++)
+        for (int r = 0; r < w->c->n_ranks; r++)
             if (r != w->rank && !pp_transport_peer_ready(w->t, r) && len < sizeof missing - 1)
                 len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d (%s)", len ? ", " : "", r,
                                         pp_peer_state_name(pp_transport_peer_state(w->t, r)));

@@ -36,6 +36,7 @@ struct pp_stage {
     int n_fwd_inputs, n_fwd_outputs;
     int loss_seed; /* index into bw->seed_values of the loss, -1 if none */
     float loss_scale;
+    int mb_offset;      /* pp_stage_set_microbatch_offset */
     int n_out_grads; /* seeds other than the loss */
     int *out_grad_seed; /* [n_out_grads]: index into bw seeds */
     mb_state *mbs;
@@ -217,6 +218,7 @@ int pp_stage_n_grad_inputs(const pp_stage *st) { return st->bw ? st->bw->n_wrt :
 const char *pp_stage_grad_input_name(const pp_stage *st, int i) { return st->g->values[st->bw->wrt_values[i]].name; }
 int pp_stage_has_loss(const pp_stage *st) { return st->loss_seed >= 0; }
 void pp_stage_set_loss_scale(pp_stage *st, float scale) { st->loss_scale = scale; }
+void pp_stage_set_microbatch_offset(pp_stage *st, int offset) { st->mb_offset = offset; }
 int pp_stage_pending(const pp_stage *st) { return st->n_mbs; }
 
 void pp_stage_discard_pending(pp_stage *st) {
@@ -275,7 +277,7 @@ pp_status pp_stage_forward(pp_stage *st, int mb, pp_tensor *const *inputs, pp_te
         env[g->inputs[i]] = pp_tensor_retain(inputs[i]);
     }
     pp_backward *b = st->bw;
-    pp_exec_set_random_stream(st->ex, 0, st->step, mb);
+    pp_exec_set_random_stream(st->ex, 0, st->step, st->mb_offset + mb);
     pp_status s = pp_exec_run_nodes(st->ex, b->forward_nodes, b->n_forward, env,
                                     st->recompute ? st->keep_f_rc : st->keep_f);
     if (s == PP_OK) s = pp_train_state_update(&st->state, g, env);
@@ -313,7 +315,7 @@ static pp_status recompute_forward(pp_stage *st, mb_state *m) {
     pp_tensor **env = calloc((size_t)g->n_values + 1, sizeof *env);
     if (!env) return pp_error(PP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < st->n_fwd_inputs; i++) env[g->inputs[i]] = pp_tensor_retain(m->env[g->inputs[i]]);
-    pp_exec_set_random_stream(st->ex, 0, m->step, m->mb);
+    pp_exec_set_random_stream(st->ex, 0, m->step, st->mb_offset + m->mb);
     pp_status s = pp_exec_run_nodes(st->ex, b->forward_nodes, b->n_forward, env, st->keep_f);
     if (s != PP_OK) {
         free_env(g, env);

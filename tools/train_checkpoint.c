@@ -10,11 +10,12 @@ void train_ckpt_init(const train_args *a, pp_transport *t, const pp_schedule *sc
     ck->dir = a->checkpoint;
     ck->every = a->checkpoint_every;
     ck->keep = a->checkpoint_keep > 0 ? a->checkpoint_keep : 2;
-    ck->agree = (pp_agree){t, sched, rank, 10000, pp_agree_long_timeout(10000)};
+    ck->agree = (pp_agree){t, sched ? sched->nranks : 1, sched ? sched->nstages : 0, sched ? sched->stage_rank : NULL, rank, 10000, pp_agree_long_timeout(10000)};
     ck->n = n;
     ck->stages = stages;
     ck->optims = optims;
     ck->n_stages_total = n_total;
+    ck->write_files = 1;
 }
 
 pp_status train_resume(pp_ckpt_sync *ck, const train_args *a, long long *first_step) {

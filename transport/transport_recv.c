@@ -541,6 +541,25 @@ pp_status pp_transport_recv(pp_transport *t, const pp_transport_key *key, int ti
     }
 }
 
+pp_status pp_transport_try_recv(pp_transport *t, const pp_transport_key *key, pp_tensor **out) {
+    *out = NULL;
+    PP_TRY(pp_tp_check_key(t, key, 0));
+    if (!name_ok(key->name))
+        return pp_error(PP_ERR_INVALID, "transport rank %d: tensor name must be 1..%u printable bytes",
+                        t->rank, PP_ENVELOPE_MAX_NAME);
+    if (t->aborted) return pp_tp_abort_error(t);
+    pp_mbox_key k = {(int)key->kind, key->step, key->microbatch, key->src_stage, key->dst_stage, key->name};
+    if (!(*out = pp_mailbox_take(t->mbox, &k))) {
+        pp_tp_read_monitors(t);
+        pp_tp_drain(t, &k, out);
+    }
+    if (*out) {
+        sync_pending(t);
+        return PP_OK;
+    }
+    return t->aborted ? pp_tp_abort_error(t) : PP_OK;
+}
+
 pp_status pp_transport_poll(pp_transport *t, int timeout_ms) {
     pp_tp_read_monitors(t);
     if (pp_tp_drain(t, NULL, NULL) == 0 && timeout_ms > 0) {

@@ -36,6 +36,9 @@
  *   run_id: gpt-small-01                   # optional: this run's identity (default: random)
  *   insecure: false                        # true: allow non-loopback tcp without security:
  *   rejoin_timeout_ms: 60000               # optional: wait for a failed rank to come back
+ *   replicas: 2                            # optional (mode train): data-parallel copies of the pipeline;
+ *                                          #   ranks lists replicas x the schedule's ranks
+ *   gradient_buckets: {first_bytes: 1048576, bytes: 26214400}  # the replicas' gradient sums
  *   recompute: [0, 2]                      # optional (mode train): stages that recompute their forward
  *                                          #   before the backward instead of stashing (true: all)
  *   serve: {endpoint: tcp://127.0.0.1:5600, max_batch: 8, max_wait_us: 500,   # mode serve
@@ -139,6 +142,14 @@ typedef struct pp_config {
                                       * a worker opens it) */
     int recompute_line;              /* the line of the recompute key, for those messages */
     int *recompute_lines;            /* per entry of recompute_stages: its own line */
+    /* replicas: R data-parallel copies of the pipeline (mode train): ranks
+     * lists R times the schedule's ranks, replica k's being k*P .. k*P+P-1;
+     * each replica reads batch_size/R rows of every batch and the replicas
+     * sum their gradients (pippin/executor.h, pp_executor_set_replicas).
+     * Default 1. */
+    int replicas;
+    int64_t bucket_first_bytes;      /* gradient_buckets.first_bytes: default 1 MiB */
+    int64_t bucket_bytes;            /* gradient_buckets.bytes: default 25 MiB */
 } pp_config;
 
 /* Reads and checks a config file. */

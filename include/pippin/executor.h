@@ -77,6 +77,40 @@ PP_API pp_status pp_executor_optimizer_step(pp_executor *ex);
 /* The optimizer of this rank's i-th stage (NULL before one is set). */
 PP_API pp_optim *pp_executor_optimizer(pp_executor *ex, int i);
 
+/* ---- data-parallel replicas ----
+ *
+ * R copies (replicas) of the pipeline train together: replica k's ranks are
+ * k * sched->nranks + r, and the transport numbers its stages as replica *
+ * nstages + stage (pp_executor_world_stage_ranks gives the placement to
+ * create it with). Each replica feeds its own rows of the global batch (the
+ * caller's job: replica k takes rows [k*B/R, (k+1)*B/R)). In a step, the
+ * loss is seeded with 1/(M*R); as soon as a stage's last weight gradient of
+ * the step exists, its gradients are summed over the stage's replicas in
+ * buckets (reverse parameter order) by a ring reduce-scatter + all-gather
+ * over the transport, overlapping the backward work still to run; the step
+ * ends once every sum is in. Scalar model outputs (the loss) become the
+ * mean over the replicas. Random ops key replica k's microbatch mb as k*M +
+ * mb. R replicas of batch B then compute what one pipeline of batch R*B
+ * with R*M microbatches computes, the same up to the order of the sums
+ * (bit-identical with one microbatch per replica and R = 2). */
+typedef struct pp_replica_options {
+    int replicas;                 /* R >= 1 (1: no replicas) */
+    int replica;                  /* this executor's, 0 <= replica < R */
+    int64_t first_bucket_bytes;   /* the first bucket of each stage; default 1 MiB */
+    int64_t bucket_bytes;         /* the others; default 25 MiB */
+} pp_replica_options;
+
+/* One replica of one (no replicas) and the default buckets. */
+PP_API void pp_replica_options_init(pp_replica_options *o);
+
+/* out[replica * sched->nstages + s] = replica * sched->nranks +
+ * sched->stage_rank[s], for replicas * sched->nstages entries. */
+PP_API void pp_executor_world_stage_ranks(const pp_schedule *sched, int replicas, int *out);
+
+/* Makes ex replica o->replica of o->replicas (before its first step; the
+ * executor's rank stays its rank within the pipeline). Training only. */
+PP_API pp_status pp_executor_set_replicas(pp_executor *ex, const pp_replica_options *o);
+
 #ifdef __cplusplus
 }
 #endif

@@ -67,6 +67,11 @@ PP_API int pp_stage_has_loss(const pp_stage *st);
 /* The backward of the loss is seeded with scale (1/M for M microbatches). */
 PP_API void pp_stage_set_loss_scale(pp_stage *st, float scale);
 
+/* Random ops (training Dropout) key microbatch mb's stream as offset + mb
+ * (default 0): data-parallel replica k of M microbatches uses k * M, so R
+ * replicas draw the masks one pipeline of R * M microbatches would. */
+PP_API void pp_stage_set_microbatch_offset(pp_stage *st, int offset);
+
 /* inputs[i] feeds forward input i (borrowed); outputs[o] gets a new
  * reference to forward output o. When training, the stash for mb is kept
  * until its backward. */

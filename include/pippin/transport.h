@@ -250,6 +250,12 @@ PP_API pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key
 PP_API pp_status pp_transport_recv(pp_transport *t, const pp_transport_key *key, int timeout_ms,
                             pp_tensor **out);
 
+/* Takes the tensor filed under key if it has arrived, without waiting:
+ * *out is NULL when it has not (what the socket holds is read first). For
+ * callers that make progress on several exchanges between other work (the
+ * replicas' gradient ring). Errors: PP_ERR_PEER when the run was aborted. */
+PP_API pp_status pp_transport_try_recv(pp_transport *t, const pp_transport_key *key, pp_tensor **out);
+
 /* Moves whatever has arrived into the mailbox, waiting at most timeout_ms
  * for the first message (0: do not wait). */
 PP_API pp_status pp_transport_poll(pp_transport *t, int timeout_ms);

@@ -1,0 +1,193 @@
+/* The bucketed ring all-reduce of gradients between replicas (grad_ring.h). */
+#include "grad_ring.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "status_internal.h"
+
+typedef struct bucket {
+    int stage, id;      /* id: the stage's bucket number this step */
+    float *buf;         /* the stage's flat gradient buffer */
+    int64_t off, len;   /* elements */
+    int phase;          /* 0 .. 2(R-1): reduce-scatter, then all-gather; 2(R-1): done */
+    int sent;           /* this phase's chunk has left */
+} bucket;
+
+struct pp_grad_ring {
+    pp_grad_ring_options o;
+    int64_t step;
+    bucket *b;
+    int n, cap;
+    int done;           /* buckets before this one are all done (they finish in order only when waited for) */
+    int *next_id;       /* [n_stages]: the next bucket id per stage */
+};
+
+pp_status pp_grad_ring_new(const pp_grad_ring_options *o, pp_grad_ring **out) {
+    *out = NULL;
+    if (o->replicas < 2 || o->replica < 0 || o->replica >= o->replicas || o->n_stages < 1 ||
+        o->first_bucket_bytes <= 0 || o->bucket_bytes <= 0)
+        return pp_error(PP_ERR_INVALID, "gradient ring: replica %d of %d, %d stages, buckets of %lld and %lld bytes",
+                        o->replica, o->replicas, o->n_stages, (long long)o->first_bucket_bytes,
+                        (long long)o->bucket_bytes);
+    pp_grad_ring *g = calloc(1, sizeof *g);
+    if (g) g->next_id = calloc((size_t)o->n_stages, sizeof *g->next_id);
+    if (!g || !g->next_id) {
+        free(g);
+        return pp_error(PP_ERR_NOMEM, "out of memory");
+    }
+    g->o = *o;
+    *out = g;
+    return PP_OK;
+}
+
+void pp_grad_ring_free(pp_grad_ring *g) {
+    if (!g) return;
+    free(g->b);
+    free(g->next_id);
+    free(g);
+}
+
+void pp_grad_ring_begin(pp_grad_ring *g, int64_t step) {
+    g->step = step;
+    g->n = g->done = 0;
+    memset(g->next_id, 0, sizeof *g->next_id * (size_t)g->o.n_stages);
+}
+
+int pp_grad_ring_buckets(const pp_grad_ring *g) { return g->n; }
+
+static pp_status push(pp_grad_ring *g, int stage, float *buf, int64_t off, int64_t len) {
+    if (g->n == g->cap) {
+        int cap = g->cap ? 2 * g->cap : 16;
+        bucket *nb = realloc(g->b, sizeof *nb * (size_t)cap);
+        if (!nb) return pp_error(PP_ERR_NOMEM, "out of memory");
+        g->b = nb, g->cap = cap;
+    }
+    g->b[g->n++] = (bucket){stage, g->next_id[stage]++, buf, off, len, 0, 0};
+    return PP_OK;
+}
+
+pp_status pp_grad_ring_add(pp_grad_ring *g, int stage, pp_flat_params *fp) {
+    if (stage < 0 || stage >= g->o.n_stages) return pp_error(PP_ERR_INVALID, "gradient ring: no stage %d", stage);
+    if (!fp || fp->total == 0) return PP_OK;
+    /* From the last parameter back: whole parameters until the bucket is
+     * full (one larger than a bucket is a bucket of its own); the padding
+     * between them rides along (it is zero everywhere). */
+    int64_t end = fp->total, cap = g->o.first_bucket_bytes / (int64_t)sizeof(float);
+    for (int i = fp->n - 1; i >= 0; i--) {
+        int64_t start = i == 0 ? 0 : fp->offset[i];
+        if ((end - start) >= cap || i == 0) {
+            PP_TRY(push(g, stage, fp->grad, start, end - start));
+            end = start;
+            cap = g->o.bucket_bytes / (int64_t)sizeof(float);
+        }
+    }
+    if (end > 0) PP_TRY(push(g, stage, fp->grad, 0, end)); /* fp->n == 0 with padding only */
+    return pp_grad_ring_progress(g);
+}
+
+/* ---- one bucket's ring ---- */
+
+static int mod(int a, int r) { return ((a % r) + r) % r; }
+
+/* The chunk this replica sends in phase p, and the one it receives. */
+static void phase_chunks(const pp_grad_ring *g, int p, int *send, int *recv) {
+    int r = g->o.replicas, k = g->o.replica;
+    if (p < r - 1) {
+        *send = mod(k - p, r);
+        *recv = mod(k - p - 1, r);
+    } else {
+        int t = p - (r - 1);
+        *send = mod(k + 1 - t, r);
+        *recv = mod(k - t, r);
+    }
+}
+
+static void chunk_range(const pp_grad_ring *g, const bucket *b, int c, int64_t *lo, int64_t *n) {
+    int r = g->o.replicas;
+    int64_t a = b->len * c / r, z = b->len * (c + 1) / r;
+    *lo = b->off + a;
+    *n = z - a;
+}
+
+static void ring_key(const pp_grad_ring *g, const bucket *b, int sending, char *name, size_t cap,
+                     pp_transport_key *k) {
+    int r = g->o.replicas, me = g->o.replica, s = g->o.n_stages;
+    int peer = sending ? mod(me + 1, r) : mod(me - 1, r);
+    snprintf(name, cap, "pippin:ring:%d", b->phase);
+    int mine = me * s + b->stage, theirs = peer * s + b->stage;
+    *k = (pp_transport_key){PP_MSG_GRADIENT, g->step, PP_GRAD_RING_MICROBATCH + b->id, sending ? mine : theirs,
+                            sending ? theirs : mine, name};
+}
+
+static pp_status send_chunk(pp_grad_ring *g, bucket *b) {
+    int c, unused;
+    phase_chunks(g, b->phase, &c, &unused);
+    int64_t lo, n;
+    chunk_range(g, b, c, &lo, &n);
+    pp_tensor *t;
+    PP_TRY(pp_tensor_empty(PP_F32, 1, (int64_t[]){n}, &t));
+    if (n) memcpy(t->data, b->buf + lo, (size_t)n * sizeof(float)); /* the buffer changes after the send */
+    char name[64];
+    pp_transport_key k;
+    ring_key(g, b, 1, name, sizeof name, &k);
+    pp_status s = pp_transport_send(g->o.t, &k, t);
+    pp_tensor_free(t);
+    if (s == PP_OK) b->sent = 1;
+    return s;
+}
+
+/* Adds (reduce-scatter) or copies (all-gather) the received chunk. */
+static pp_status apply_chunk(pp_grad_ring *g, bucket *b, pp_tensor *in) {
+    int unused, c;
+    phase_chunks(g, b->phase, &unused, &c);
+    int64_t lo, n;
+    chunk_range(g, b, c, &lo, &n);
+    int from = mod(g->o.replica - 1, g->o.replicas);
+    if (in->dtype != PP_F32 || in->ndim != 1 || in->shape[0] != n)
+        return pp_error(PP_ERR_PEER, "replica %d sent stage %d's gradient chunk %d of bucket %d with %lld values, "
+                        "expected %lld float32 (do the replicas hold the same stage?)", from, b->stage, c, b->id,
+                        (long long)pp_tensor_numel(in), (long long)n);
+    float *dst = b->buf + lo;
+    const float *src = in->data;
+    if (b->phase < g->o.replicas - 1)
+        for (int64_t i = 0; i < n; i++) dst[i] += src[i];
+    else if (n)
+        memcpy(dst, src, (size_t)n * sizeof(float));
+    b->phase++;
+    b->sent = 0;
+    return PP_OK;
+}
+
+/* Runs bucket b on; wait 0: only as far as what has arrived allows. */
+static pp_status advance(pp_grad_ring *g, bucket *b, int wait, int timeout_ms) {
+    int last = 2 * (g->o.replicas - 1);
+    while (b->phase < last) {
+        if (!b->sent) PP_TRY(send_chunk(g, b));
+        char name[64];
+        pp_transport_key k;
+        ring_key(g, b, 0, name, sizeof name, &k);
+        pp_tensor *in = NULL;
+        pp_status s = wait ? pp_transport_recv(g->o.t, &k, timeout_ms, &in) : pp_transport_try_recv(g->o.t, &k, &in);
+        if (s != PP_OK)
+            return pp_error_context(s, "summing stage %d's gradients with replica %d (bucket %d)", b->stage,
+                                    mod(g->o.replica - 1, g->o.replicas), b->id);
+        if (!in) return PP_OK;
+        s = apply_chunk(g, b, in);
+        pp_tensor_free(in);
+        PP_TRY(s);
+    }
+    return PP_OK;
+}
+
+pp_status pp_grad_ring_progress(pp_grad_ring *g) {
+    for (int i = g->done; i < g->n; i++) PP_TRY(advance(g, &g->b[i], 0, 0));
+    while (g->done < g->n && g->b[g->done].phase == 2 * (g->o.replicas - 1)) g->done++;
+    return PP_OK;
+}
+
+pp_status pp_grad_ring_finish(pp_grad_ring *g, int timeout_ms) {
+    for (; g->done < g->n; g->done++) PP_TRY(advance(g, &g->b[g->done], 1, timeout_ms));
+    return PP_OK;
+}

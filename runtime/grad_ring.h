@@ -1,0 +1,53 @@
+/* Internal: the gradient all-reduce between data-parallel replicas of a
+ * pipeline (pippin/executor.h, pp_executor_set_replicas). Each stage's
+ * replicas form a ring over the transport. Once a stage's gradients of the
+ * step are complete its flat gradient buffer is cut into buckets in reverse
+ * parameter order (the first small, so the ring starts at once, then large
+ * ones); each bucket is summed with a ring reduce-scatter then all-gather,
+ * chunk by chunk. Progress is made between the rank's other actions, so
+ * the sums overlap the backward work still to run, and finished at the
+ * step's end.
+ *
+ * The sum is deterministic: chunk c of every bucket is added up in the
+ * fixed order replica c, c+1, ..., c-1 (mod R) whatever the timing, and
+ * every replica ends with the same bits (the all-gather copies them). */
+#ifndef PIPPIN_RUNTIME_GRAD_RING_H
+#define PIPPIN_RUNTIME_GRAD_RING_H
+
+#include <stdint.h>
+
+#include "pippin/params.h"
+#include "pippin/transport.h"
+
+/* The microbatch numbers of ring messages: PP_GRAD_RING_MICROBATCH + bucket
+ * (no schedule uses them; agreements sit at 1 << 30). */
+#define PP_GRAD_RING_MICROBATCH ((1 << 29) + (1 << 20))
+
+typedef struct pp_grad_ring_options {
+    pp_transport *t;
+    int replicas, replica;      /* R and this rank's replica */
+    int n_stages;               /* stages of one replica: world stage = replica * n_stages + stage */
+    int64_t first_bucket_bytes; /* > 0 */
+    int64_t bucket_bytes;       /* > 0 */
+} pp_grad_ring_options;
+
+typedef struct pp_grad_ring pp_grad_ring;
+
+pp_status pp_grad_ring_new(const pp_grad_ring_options *o, pp_grad_ring **out);
+void pp_grad_ring_free(pp_grad_ring *g);
+
+/* Starts a step: what an earlier (failed) step left is dropped. */
+void pp_grad_ring_begin(pp_grad_ring *g, int64_t step);
+/* Stage `stage`'s gradients in fp are complete for the step: its buckets
+ * join the ring (and the first of them is sent at once). fp must not change
+ * until pp_grad_ring_finish returns. */
+pp_status pp_grad_ring_add(pp_grad_ring *g, int stage, pp_flat_params *fp);
+/* Moves every bucket on as far as what has arrived allows; never waits. */
+pp_status pp_grad_ring_progress(pp_grad_ring *g);
+/* Waits until every added bucket is summed, each receive at most
+ * timeout_ms (< 0: the transport's timeout). */
+pp_status pp_grad_ring_finish(pp_grad_ring *g, int timeout_ms);
+/* Buckets added in the step so far (for tests and the log). */
+int pp_grad_ring_buckets(const pp_grad_ring *g);
+
+#endif

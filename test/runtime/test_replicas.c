@@ -1,0 +1,327 @@
+/* Data-parallel replicas of a pipeline (replicas: in the config,
+ * pp_executor_set_replicas): every rank of R copies of the MLP fixture's
+ * 3-stage pipeline as a worker on a thread of its own (inproc endpoints).
+ * R = 2 replicas of one microbatch each give the bits of one pipeline of
+ * twice the batch in 2 microbatches (losses and trained parameters), with
+ * any bucket size; other shapes agree within float rounding of the sums'
+ * order; checkpoints written by replica 0 resume every replica; and configs
+ * that cannot split are refused naming the key. */
+#include <dirent.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "pippin/config.h"
+#include "pippin/npy.h"
+#include "pippin/worker.h"
+#include "test_filter.h"
+#include "test_util.h"
+
+#define STAGES 3
+#define MAX_RANKS 9
+#define STEPS 3
+
+static char fx[4096], tmp[256];
+static int run_no;
+
+typedef struct {
+    pp_worker_options o;
+    pp_worker *w;
+    float loss[STEPS];
+    int n_loss;
+    pp_status status;
+    char err[1024];
+} rank_run;
+
+typedef struct {
+    float loss[STEPS];        /* the last replica's last rank's */
+    int n_loss;
+    char out[300];            /* output_dir: the trained parameters */
+} result;
+
+static void on_step(const pp_worker_progress *p, void *user) {
+    rank_run *r = user;
+    if (p->has_loss && p->step < STEPS) r->loss[p->step] = p->loss, r->n_loss++;
+}
+
+static void *rank_main(void *arg) {
+    rank_run *r = arg;
+    r->status = pp_worker_run(r->w);
+    if (r->status != PP_OK) snprintf(r->err, sizeof r->err, "%s", pp_last_error());
+    return NULL;
+}
+
+/* Writes a config (extra: more keys) for `replicas` x 3 ranks and runs
+ * every rank; res gets the losses and where the parameters went. */
+static void run(int replicas, int microbatches, int batch, const char *extra, result *res) {
+    int nr = replicas * STAGES, id = run_no++;
+    char cfg[300];
+    snprintf(cfg, sizeof cfg, "%s/run%d.yaml", tmp, id);
+    snprintf(res->out, sizeof res->out, "%s/out%d", tmp, id);
+    FILE *f = fopen(cfg, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "model: %s/model.onnx\nschedule: 1f1b\nmicrobatches: %d\nbatch_size: %d\nsteps: %d\n"
+            "optimizer: {kind: adamw, lr: 0.01, weight_decay: 0.01}\n"
+            "data: {x: %s/train_x.npy, y: %s/train_y.npy}\noutput_dir: %s\ntimeout_ms: 20000\n"
+            "replicas: %d\n%s\nranks: [",
+            fx, microbatches, batch, STEPS, fx, fx, res->out, replicas, extra ? extra : "");
+    for (int r = 0; r < nr; r++) fprintf(f, "%sinproc://rep%d-%d-%d", r ? ", " : "", (int)getpid(), id, r);
+    fprintf(f, "]\n");
+    fclose(f);
+    rank_run runs[MAX_RANKS];
+    pthread_t th[MAX_RANKS];
+    for (int r = 0; r < nr; r++) {
+        memset(&runs[r], 0, sizeof runs[r]);
+        pp_worker_options_init(&runs[r].o);
+        runs[r].o.rank = r;
+        runs[r].o.progress = on_step;
+        runs[r].o.progress_user = &runs[r];
+        if (pp_worker_open(cfg, &runs[r].o, &runs[r].w) != PP_OK) fail_msg("rank %d: %s", r, pp_last_error());
+    }
+    for (int r = 0; r < nr; r++) assert_int_equal(pthread_create(&th[r], NULL, rank_main, &runs[r]), 0);
+    for (int r = 0; r < nr; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < nr; r++) {
+        if (runs[r].status != PP_OK) fail_msg("rank %d: %s", r, runs[r].err);
+        pp_worker_close(runs[r].w);
+    }
+    /* every replica's last rank reports the loss, and the same one */
+    for (int k = 0; k < replicas; k++) {
+        const rank_run *last = &runs[k * STAGES + STAGES - 1];
+        assert_int_equal(last->n_loss, STEPS);
+        for (int s = 0; s < STEPS; s++)
+            if (memcmp(&last->loss[s], &runs[STAGES - 1].loss[s], sizeof(float)))
+                fail_msg("replica %d's loss of step %d is %.9g, replica 0's %.9g", k, s, last->loss[s],
+                         runs[STAGES - 1].loss[s]);
+    }
+    memcpy(res->loss, runs[nr - 1].loss, sizeof res->loss);
+    res->n_loss = runs[nr - 1].n_loss;
+    unlink(cfg);
+}
+
+static long read_all(const char *path, char **out) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    *out = malloc((size_t)n + 1);
+    if (fread(*out, 1, (size_t)n, f) != (size_t)n) n = -1;
+    fclose(f);
+    return n;
+}
+
+/* The largest difference between the parameters of two runs (0: the same
+ * bits in every file); fails when a file is missing. */
+static double param_diff(const result *a, const result *b) {
+    DIR *d = opendir(a->out);
+    assert_non_null(d);
+    struct dirent *e;
+    double worst = 0;
+    int files = 0;
+    while ((e = readdir(d))) {
+        if (!strstr(e->d_name, ".npy")) continue;
+        char pa[700], pb[700];
+        snprintf(pa, sizeof pa, "%s/%s", a->out, e->d_name);
+        snprintf(pb, sizeof pb, "%s/%s", b->out, e->d_name);
+        char *x, *y;
+        long nx = read_all(pa, &x), ny = read_all(pb, &y);
+        if (ny < 0) fail_msg("%s has no %s", b->out, e->d_name);
+        assert_int_equal(nx, ny);
+        files++;
+        if (memcmp(x, y, (size_t)nx) != 0) {
+            pp_tensor *ta, *tb;
+            TU_OK(pp_npy_load(pa, &ta));
+            TU_OK(pp_npy_load(pb, &tb));
+            for (int64_t i = 0; i < pp_tensor_numel(ta); i++) {
+                double df = fabs(pp_tensor_get_f64(ta, i) - pp_tensor_get_f64(tb, i));
+                if (df > worst) worst = df;
+            }
+            if (worst == 0) worst = 1e-300; /* the headers differ */
+            pp_tensor_free(ta);
+            pp_tensor_free(tb);
+        }
+        free(x);
+        free(y);
+    }
+    closedir(d);
+    assert_int_equal(files, 6); /* fc1..fc3, weight and bias */
+    return worst;
+}
+
+/* R = 2 replicas of one microbatch of 2 rows: the bits of one pipeline with
+ * 2 microbatches of the same rows (the sum of two numbers does not depend
+ * on their order), with the default buckets and with buckets so small that
+ * every parameter is its own and the sums overlap the other stages' work. */
+static void test_two_replicas_bit_identical(void **state) {
+    (void)state;
+    result one, two, small;
+    run(1, 2, 4, NULL, &one);
+    run(2, 1, 4, NULL, &two);
+    run(2, 1, 4, "gradient_buckets: {first_bytes: 16, bytes: 64}", &small);
+    for (int s = 0; s < STEPS; s++) {
+        if (memcmp(&one.loss[s], &two.loss[s], sizeof(float)))
+            fail_msg("step %d: loss %.9g with 2 replicas, %.9g with one pipeline", s, two.loss[s], one.loss[s]);
+        assert_memory_equal(&one.loss[s], &small.loss[s], sizeof(float));
+    }
+    assert_true(param_diff(&one, &two) == 0);
+    assert_true(param_diff(&one, &small) == 0);
+    /* and they trained: torch's AdamW trajectory on this batch */
+    static const double torch_adamw[STEPS] = {2.263859510421753, 2.3356568813323975, 2.143181800842285};
+    for (int s = 0; s < STEPS; s++) assert_true(fabs(two.loss[s] - torch_adamw[s]) < 1e-4);
+}
+
+/* 2 replicas x 2 microbatches and 3 replicas x 1 against one pipeline of
+ * the whole batch: the same up to the order of the gradient sums. */
+static void test_replicas_close_to_one_pipeline(void **state) {
+    (void)state;
+    result one4, two2, one3, three1;
+    run(1, 4, 8, NULL, &one4);
+    run(2, 2, 8, NULL, &two2);
+    run(1, 3, 6, NULL, &one3);
+    run(3, 1, 6, "gradient_buckets: {first_bytes: 100, bytes: 300}", &three1);
+    for (int s = 0; s < STEPS; s++) {
+        assert_true(fabs(one4.loss[s] - two2.loss[s]) <= 1e-6 * fabs(one4.loss[s]) + 1e-7);
+        assert_true(fabs(one3.loss[s] - three1.loss[s]) <= 1e-6 * fabs(one3.loss[s]) + 1e-7);
+    }
+    double d22 = param_diff(&one4, &two2), d31 = param_diff(&one3, &three1);
+    print_message("# parameters after %d AdamW steps: 2x2 vs 1x4 differ by %.3g, 3x1 vs 1x3 by %.3g\n", STEPS, d22,
+                  d31);
+    assert_true(d22 < 1e-5);
+    assert_true(d31 < 1e-5);
+}
+
+/* A stop after step 0 with checkpoints (replica 0 writes them), then a
+ * resume of every replica: steps 1 and 2 as in the uninterrupted run. */
+static void test_replicas_resume(void **state) {
+    (void)state;
+    char extra[600];
+    result full, part, rest;
+    run(2, 1, 4, NULL, &full);
+    snprintf(extra, sizeof extra, "checkpoint: {dir: %s/ckpt, every: 1, keep: 5}", tmp);
+    run(2, 1, 4, extra, &part);
+    /* drop step 1 and 2's commits: resume from step 0 */
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s/ckpt/step_1' '%s/ckpt/step_2'", tmp, tmp);
+    assert_int_equal(system(cmd), 0);
+    rank_run runs[6];
+    pthread_t th[6];
+    char cfg[300];
+    snprintf(cfg, sizeof cfg, "%s/resume.yaml", tmp);
+    FILE *f = fopen(cfg, "w");
+    assert_non_null(f);
+    snprintf(rest.out, sizeof rest.out, "%s/out-resume", tmp);
+    fprintf(f,
+            "model: %s/model.onnx\nschedule: 1f1b\nmicrobatches: 1\nbatch_size: 4\nsteps: %d\n"
+            "optimizer: {kind: adamw, lr: 0.01, weight_decay: 0.01}\n"
+            "data: {x: %s/train_x.npy, y: %s/train_y.npy}\noutput_dir: %s\ntimeout_ms: 20000\n"
+            "replicas: 2\ncheckpoint: {dir: %s/ckpt, every: 1, keep: 5}\nranks: [",
+            fx, STEPS, fx, fx, rest.out, tmp);
+    for (int r = 0; r < 6; r++) fprintf(f, "%sinproc://rep-resume%d-%d", r ? ", " : "", (int)getpid(), r);
+    fprintf(f, "]\n");
+    fclose(f);
+    for (int r = 0; r < 6; r++) {
+        memset(&runs[r], 0, sizeof runs[r]);
+        pp_worker_options_init(&runs[r].o);
+        runs[r].o.rank = r;
+        runs[r].o.resume = PP_WORKER_RESUME;
+        runs[r].o.progress = on_step;
+        runs[r].o.progress_user = &runs[r];
+        if (pp_worker_open(cfg, &runs[r].o, &runs[r].w) != PP_OK) fail_msg("rank %d: %s", r, pp_last_error());
+    }
+    for (int r = 0; r < 6; r++) assert_int_equal(pthread_create(&th[r], NULL, rank_main, &runs[r]), 0);
+    for (int r = 0; r < 6; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < 6; r++) {
+        if (runs[r].status != PP_OK) fail_msg("rank %d: %s", r, runs[r].err);
+        pp_worker_close(runs[r].w);
+    }
+    assert_int_equal(runs[5].n_loss, STEPS - 1);
+    for (int s = 1; s < STEPS; s++) assert_memory_equal(&runs[5].loss[s], &full.loss[s], sizeof(float));
+    assert_true(param_diff(&full, &rest) == 0);
+    unlink(cfg);
+}
+
+/* Configs that cannot split are refused at load, naming the key. */
+static void expect_config_error(const char *body, const char *needle) {
+    char text[2048];
+    snprintf(text, sizeof text,
+             "model: m.onnx\ndata: {x: x.npy}\nranks: [inproc://a, inproc://b, inproc://c, inproc://d]\n%s\n", body);
+    pp_config *c = NULL;
+    pp_status s = pp_config_parse(text, strlen(text), "r.yaml", ".", &c);
+    pp_config_free(c);
+    if (s == PP_OK) fail_msg("accepted: %s", body);
+    if (!strstr(pp_last_error(), needle)) fail_msg("'%s': error '%s' lacks '%s'", body, pp_last_error(), needle);
+}
+
+static void test_replica_config_errors(void **state) {
+    (void)state;
+    expect_config_error("batch_size: 6\nreplicas: 3", "r.yaml:5: key 'replicas': 3 replicas, but 'ranks' lists 4 endpoints");
+    expect_config_error("batch_size: 6\nreplicas: 4", "batch_size 6 does not split into 4 equal shares");
+    expect_config_error("batch_size: 6\nmicrobatches: 4\nreplicas: 2", "each replica's 3 rows cannot make 4 microbatches");
+    expect_config_error("batch_size: 6\nreplicas: 0", "replicas");
+    expect_config_error("batch_size: 6\nmode: infer\nreplicas: 2", "for mode: train");
+    expect_config_error("batch_size: 6\nreplicas: 2\ngradient_buckets: {first_bytes: 0}", "gradient_buckets.first_bytes");
+    expect_config_error("batch_size: 6\nreplicas: 2\ngradient_buckets: {size: 10}", "size");
+    pp_config *c = NULL;
+    const char *ok = "model: m.onnx\nbatch_size: 6\nmicrobatches: 3\ndata: {x: x.npy}\n"
+                     "ranks: [inproc://a, inproc://b]\nreplicas: 2\ngradient_buckets: {first_bytes: 64, bytes: 128}\n";
+    TU_OK(pp_config_parse(ok, strlen(ok), "ok.yaml", ".", &c));
+    assert_int_equal(c->replicas, 2);
+    assert_int_equal(c->bucket_first_bytes, 64);
+    assert_int_equal(c->bucket_bytes, 128);
+    pp_config_free(c);
+}
+
+/* The worker refuses a rank count that is not replicas x the schedule's. */
+static void test_replica_rank_count(void **state) {
+    (void)state;
+    char cfg[300];
+    snprintf(cfg, sizeof cfg, "%s/bad.yaml", tmp);
+    FILE *f = fopen(cfg, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "model: %s/model.onnx\nschedule: 1f1b\nbatch_size: 4\ndata: {x: %s/train_x.npy, y: %s/train_y.npy}\n"
+            "replicas: 2\nranks: [inproc://x0, inproc://x1, inproc://x2, inproc://x3]\n",
+            fx, fx, fx);
+    fclose(f);
+    pp_worker_options o;
+    pp_worker_options_init(&o);
+    o.rank = 0;
+    pp_worker *w = NULL;
+    assert_int_not_equal(pp_worker_open(cfg, &o, &w), PP_OK);
+    assert_null(w);
+    if (!strstr(pp_last_error(), "needs 3 ranks per replica, 6 for 2 replicas; the config lists 4"))
+        fail_msg("%s", pp_last_error());
+    unlink(cfg);
+}
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(fx, sizeof fx, "%s", tu_src_path("test/fixtures/mlp"));
+    snprintf(tmp, sizeof tmp, "/tmp/pippin-test-replicas-%d", (int)getpid());
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", tmp, tmp);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(void) {
+    tu_filter_from_env();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_two_replicas_bit_identical),
+        cmocka_unit_test(test_replicas_close_to_one_pipeline),
+        cmocka_unit_test(test_replicas_resume),
+        cmocka_unit_test(test_replica_config_errors),
+        cmocka_unit_test(test_replica_rank_count),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
