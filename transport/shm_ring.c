@@ -84,19 +84,40 @@ static int append_line(char *buf, size_t cap, const char *path) {
     return ok;
 }
 
+/* Appends the target of the namespace link /proc/self/ns/NAME ("user:[N]"). */
+static int append_ns(char *buf, size_t cap, const char *name) {
+    char path[64], ns[128];
+    snprintf(path, sizeof path, "/proc/self/ns/%s", name);
+    ssize_t n = readlink(path, ns, sizeof ns - 1);
+    if (n <= 0) return 0;
+    ns[n] = 0;
+    size_t len = strlen(buf);
+    int w = snprintf(buf + len, cap - len, "/%s", ns);
+    return w > 0 && (size_t)w < cap - len;
+}
+
+/* What decides whether two processes can share a ring: the same kernel
+ * (boot id), the same tmpfs at /dev/shm, where shm_open creates its objects
+ * (device and inode: a private tmpfs, a mount namespace with another one,
+ * a chroot or a container's own /dev/shm differ), and the same user: rings
+ * and doorbells are 0600. A user is an euid within a user namespace, so the
+ * namespace is part of it: root in a namespace mapped to uid 100000 has
+ * euid 0 too, but cannot open root's rings. The IPC namespace is kept
+ * (conservative: POSIX shared memory does not depend on it). The network
+ * and mount namespaces are not part of it: `ip netns exec` gives each
+ * process a mount namespace of its own with the same /dev/shm, and those
+ * processes do share memory. */
 void pp_shm_host_id(char *buf, size_t cap) {
     if (!cap) return;
     buf[0] = 0;
-    char ns[128];
-    ssize_t n = readlink("/proc/self/ns/ipc", ns, sizeof ns - 1);
     struct stat st;
-    if (n <= 0 || stat("/dev/shm", &st) != 0 || !append_line(buf, cap, "/proc/sys/kernel/random/boot_id")) {
+    if (stat("/dev/shm", &st) != 0 || !append_line(buf, cap, "/proc/sys/kernel/random/boot_id") ||
+        !append_ns(buf, cap, "ipc") || !append_ns(buf, cap, "user")) {
         buf[0] = 0;
         return;
     }
-    ns[n] = 0;
     size_t len = strlen(buf);
-    int w = snprintf(buf + len, cap - len, "/%s/%llx:%llx/%u", ns, (unsigned long long)st.st_dev,
+    int w = snprintf(buf + len, cap - len, "/%llx:%llx/%u", (unsigned long long)st.st_dev,
                      (unsigned long long)st.st_ino, (unsigned)geteuid());
     if (w < 0 || (size_t)w >= cap - len) buf[0] = 0;
     /* the id travels in an envelope text: keep it printable */

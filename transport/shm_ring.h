@@ -30,10 +30,12 @@
 
 typedef struct pp_shm_ring pp_shm_ring;
 
-/* A string that is equal for two processes exactly when they can share
+/* A string that is equal for two processes only when they can share
  * memory through shm_open: same boot of the same machine, same IPC
- * namespace, same /dev/shm, same user. Empty when it cannot be told (no
- * /proc): then rings are not used. */
+ * namespace, same /dev/shm (device and inode), same user namespace and
+ * euid. Network and mount namespaces do not count (processes in them share
+ * /dev/shm all the same). Empty when it cannot be told (no /proc): then
+ * rings are not used. */
 void pp_shm_host_id(char *buf, size_t cap);
 
 /* 1 if name is one pp_shm_ring_create makes: "/pippin-" then letters,

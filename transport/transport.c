@@ -355,6 +355,13 @@ const char *pp_transport_endpoint(const pp_transport *t) { return t->endpoint; }
 
 void pp_transport_close(pp_transport *t) {
     if (!t) return;
+    if (pp_log_get_level() <= PP_LOG_DEBUG) {
+        pp_transport_stats st;
+        pp_transport_stats_get(t, &st);
+        pp_debug("transport rank %d: closing: sent=%" PRIu64 " shm_sent=%" PRIu64 " received=%" PRIu64
+                 " shm_received=%" PRIu64 " (tensor bytes; shm: through shared memory)", t->rank,
+                 st.bytes_sent, st.shm_bytes_sent, st.bytes_received, st.shm_bytes_received);
+    }
     if (t->peers) {
         /* goodbye to every connected peer (a send to one that is not
          * connected fails at once: ZMQ_IMMEDIATE) */

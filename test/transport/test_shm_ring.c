@@ -6,8 +6,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -37,6 +40,99 @@ static void test_host_id(void **state) {
     char tiny[8];
     pp_shm_host_id(tiny, sizeof tiny); /* does not fit: empty, never truncated */
     assert_string_equal(tiny, "");
+}
+
+/* Writes TEXT to /proc/self/FILE; 0 on success. */
+static int write_proc_self(const char *file, const char *text) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/%s", file);
+    int fd = open(path, O_WRONLY);
+    if (fd < 0) return -1;
+    ssize_t n = write(fd, text, strlen(text));
+    close(fd);
+    return n == (ssize_t)strlen(text) ? 0 : -1;
+}
+
+enum { NS_USER, NS_NET_MOUNT, NS_PRIVATE_SHM };
+
+/* The host id a child computes after entering new namespaces (how): "" with
+ * *skipped = 1 where the kernel or our privileges refuse them. */
+static void host_id_in_child(int how, char *out, size_t cap, int *skipped) {
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(fds[0]);
+        char id[256] = "";
+        int ok = 0;
+        if (how == NS_USER) {
+            /* the same euid inside as outside (mapped onto itself): only the
+             * namespace differs */
+            char map[64];
+            unsigned uid = (unsigned)geteuid(), gid = (unsigned)getegid();
+            if (unshare(CLONE_NEWUSER) == 0) {
+                (void)write_proc_self("setgroups", "deny");
+                snprintf(map, sizeof map, "%u %u 1\n", uid, uid);
+                ok = write_proc_self("uid_map", map) == 0;
+                snprintf(map, sizeof map, "%u %u 1\n", gid, gid);
+                ok = ok && write_proc_self("gid_map", map) == 0 && geteuid() == uid;
+            }
+        } else if (unshare(CLONE_NEWNS | CLONE_NEWNET) == 0 &&
+                   mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) == 0) {
+            /* what `ip netns exec` does; then, for NS_PRIVATE_SHM, what a
+             * container with a /dev/shm of its own does */
+            ok = how == NS_NET_MOUNT || mount("pippin-test-shm", "/dev/shm", "tmpfs", 0, "size=1m") == 0;
+        }
+        if (ok) pp_shm_host_id(id, sizeof id);
+        else snprintf(id, sizeof id, "SKIP %s", strerror(errno));
+        ssize_t w = write(fds[1], id, strlen(id) + 1);
+        _exit(w > 0 ? 0 : 1);
+    }
+    close(fds[1]);
+    char buf[300];
+    size_t got = 0;
+    ssize_t n;
+    while (got < sizeof buf - 1 && (n = read(fds[0], buf + got, sizeof buf - 1 - got)) > 0) got += (size_t)n;
+    buf[got] = 0;
+    close(fds[0]);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    *skipped = strncmp(buf, "SKIP", 4) == 0;
+    if (*skipped) printf("# host id in new namespaces (%d): cannot make them: %s\n", how, buf + 5);
+    snprintf(out, cap, "%s", buf);
+}
+
+/* Two processes with the same host id must be able to open each other's
+ * rings. Root of another user namespace has the same euid but cannot open a
+ * ring of root's (0600, another uid outside): the id used to be the same. */
+static void test_host_id_user_namespace(void **state) {
+    (void)state;
+    char mine[256], child[300];
+    int skipped;
+    pp_shm_host_id(mine, sizeof mine);
+    host_id_in_child(NS_USER, child, sizeof child, &skipped);
+    if (skipped) skip();
+    assert_true(child[0] != 0);
+    assert_string_not_equal(mine, child);
+}
+
+/* A network namespace (with the mount namespace `ip netns exec` adds) still
+ * shares /dev/shm: the same id, so the rings are used. A private tmpfs on
+ * /dev/shm does not: another id. */
+static void test_host_id_mount_namespace(void **state) {
+    (void)state;
+    char mine[256], child[300];
+    int skipped;
+    pp_shm_host_id(mine, sizeof mine);
+    host_id_in_child(NS_NET_MOUNT, child, sizeof child, &skipped);
+    if (skipped) skip();
+    assert_string_equal(mine, child);
+    host_id_in_child(NS_PRIVATE_SHM, child, sizeof child, &skipped);
+    if (skipped) skip();
+    assert_true(child[0] != 0);
+    assert_string_not_equal(mine, child);
 }
 
 static void test_write_read_wrap(void **state) {
@@ -376,6 +472,8 @@ int main(void) {
     pp_log_set_level(PP_LOG_ERROR);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_host_id),
+        cmocka_unit_test(test_host_id_user_namespace),
+        cmocka_unit_test(test_host_id_mount_namespace),
         cmocka_unit_test(test_write_read_wrap),
         cmocka_unit_test(test_locate_refuses),
         cmocka_unit_test(test_bogus_release),
