@@ -257,11 +257,9 @@ else
 fi
 
 # ---- 2 stages x 2 replicas ----
-# REPLICAS: once `replicas:` (issue 15, data-parallel pipeline replicas) is in
-# the config, this is the case to add: the same 4 ranks as 2 stages x 2
-# replicas, against its own loopback run. Its EXTRA (the key is main's to
-# name; check docs/config.md):
-#   netns_case replicas r2 "split: {auto: 2}
-#   replicas: 2" yes netns netns netns netns
+# the same 4 ranks as 2 balanced stages x 2 data-parallel replicas (replica
+# k's ranks are 2k, 2k+1): the gradient ring crosses the bridge too
+netns_case replicas r2 "split: {auto: 2}
+replicas: 2" yes netns netns netns netns
 
 echo "1..$n"
