@@ -556,13 +556,13 @@ static pp_status check_protected(const cx *x, const yaml_node_t *ranks, const ya
 enum {
     K_MODEL, K_SPLIT, K_DIMS, K_MODE, K_SCHEDULE, K_MICROBATCHES, K_BATCH, K_STEPS, K_LOSS,
     K_OPTIMIZER, K_DATA, K_TEXT, K_RANKS, K_BIND, K_TIMEOUT, K_SECURITY, K_OUTPUT, K_STAGES, K_SHM, K_FREEZE,
-    K_CHECKPOINT, K_RUN_ID, K_INSECURE, K_REJOIN, K_SERVE, K_PARAMS, K_RECOMPUTE, K_REPLICAS, K_BUCKETS, K_COUNT
+    K_CHECKPOINT, K_RUN_ID, K_INSECURE, K_REJOIN, K_SERVE, K_PARAMS, K_RECOMPUTE, K_REPLICAS, K_BUCKETS, K_SHARD, K_COUNT
 };
 static const char *const top_keys[K_COUNT] = {
     "model", "split", "dims", "mode", "schedule", "microbatches", "batch_size", "steps", "loss",
     "optimizer", "data", "text", "ranks", "bind", "timeout_ms", "security", "output_dir", "stages",
     "shared_memory", "freeze", "checkpoint", "run_id", "insecure", "rejoin_timeout_ms", "serve", "params",
-    "recompute", "replicas", "gradient_buckets"};
+    "recompute", "replicas", "gradient_buckets", "shard_optimizer"};
 
 /* recompute: true | false | a list of distinct stage indices. */
 static pp_status parse_recompute(const cx *x, const yaml_node_t *n) {
@@ -604,6 +604,10 @@ static pp_status parse_replicas(const cx *x, yaml_node_t *const *v) {
     if (given(v[K_REPLICAS])) PP_TRY(get_int32(x, v[K_REPLICAS], "replicas", 1, CFG_MAX_RANKS, &c->replicas));
     else if (v[K_REPLICAS]) return type_err(x, v[K_REPLICAS], "replicas", "an integer");
     if (given(v[K_BUCKETS])) PP_TRY(parse_buckets(x, v[K_BUCKETS]));
+    if (given(v[K_SHARD])) PP_TRY(get_bool(x, v[K_SHARD], "shard_optimizer", &c->shard_optimizer));
+    if (c->shard_optimizer && c->replicas == 1)
+        return err_at(x, PP_ERR_INVALID, v[K_SHARD], "key 'shard_optimizer': shards the optimizer over the "
+                      "replicas; needs 'replicas' of 2 or more");
     if (c->replicas == 1) return PP_OK;
     const yaml_node_t *at = v[K_REPLICAS];
     if (!c->training || c->serving)

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "grad_ring.h"
+#include "optim_shard.h"
 #include "stage_core.h"
 #include "status_internal.h"
 
@@ -23,7 +24,11 @@ struct pp_executor {
     pp_replica_options rep;
     int stage_offset;
     pp_grad_ring *ring;   /* NULL: one replica */
+    pp_grad_ring_options ring_opt;
     uint8_t *ring_added;  /* [n_stages]: the stage's gradients joined the ring this step */
+    uint8_t *has_shared;  /* [n_stages]: the stage holds a copy of a replicated parameter */
+    pp_optim_shard **shards; /* [n_stages]: ZeRO-1, per local stage with parameters */
+    int64_t last_step;    /* the step run last */
 };
 
 pp_status pp_executor_new(pp_pipe *p, const pp_schedule *sched, int rank, int training, pp_transport *t,
@@ -53,6 +58,9 @@ void pp_executor_free(pp_executor *ex) {
     if (!ex) return;
     pp_grad_ring_free(ex->ring);
     free(ex->ring_added);
+    free(ex->has_shared);
+    for (int s = 0; ex->shards && s < ex->sched->nstages; s++) pp_optim_shard_free(ex->shards[s]);
+    free(ex->shards);
     pp_core_free(&ex->core);
     free(ex);
 }
@@ -70,15 +78,123 @@ pp_stage *pp_executor_stage(pp_executor *ex, int i) { return ex->core.stages[ex-
 void pp_executor_zero_grad(pp_executor *ex) { pp_core_zero_grad(&ex->core); }
 
 pp_status pp_executor_set_optimizer(pp_executor *ex, const pp_optim_config *c) {
-    return pp_core_set_optimizer(&ex->core, c);
+    if (!ex->shards) return pp_core_set_optimizer(&ex->core, c);
+    for (int i = 0; i < ex->core.n_local; i++) { /* ZeRO-1: this replica's shard only */
+        int s = ex->core.local[i];
+        pp_optim_shard_free(ex->shards[s]);
+        ex->shards[s] = NULL;
+        pp_flat_params *fp = pp_stage_params(ex->core.stages[s]);
+        PP_TRY(pp_optim_shard_new(c, &ex->ring_opt, ex->rep.replica, fp, &ex->shards[s]));
+    }
+    return PP_OK;
 }
 
 pp_status pp_executor_optimizer_step(pp_executor *ex) {
-    pp_status s = pp_core_optimizer_step(&ex->core);
+    pp_status s = PP_OK;
+    if (ex->shards) { /* each replica its shard, then the parameters go round */
+        for (int i = 0; i < ex->core.n_local && s == PP_OK; i++) {
+            int st = ex->core.local[i];
+            if (!ex->shards[st]) s = pp_error(PP_ERR_STATE, "stage %d: no optimizer set", st);
+            else s = pp_optim_shard_step(ex->shards[st], pp_stage_params(ex->core.stages[st]));
+        }
+        if (s == PP_OK) s = pp_grad_ring_gather(ex->ring, ex->timeout_ms);
+    } else {
+        s = pp_core_optimizer_step(&ex->core);
+    }
     return s == PP_OK ? s : pp_error_context(s, "rank %d", ex->rank);
 }
 
-pp_optim *pp_executor_optimizer(pp_executor *ex, int i) { return ex->core.optims[ex->core.local[i]]; }
+pp_optim *pp_executor_optimizer(pp_executor *ex, int i) {
+    int s = ex->core.local[i];
+    if (ex->shards) return ex->shards[s] ? ex->shards[s]->opt : NULL;
+    return ex->core.optims[s];
+}
+
+int pp_executor_optimizer_sharded(const pp_executor *ex) { return ex->shards != NULL; }
+
+int64_t pp_executor_optimizer_state_bytes(pp_executor *ex) {
+    int64_t bytes = 0;
+    for (int i = 0; i < ex->core.n_local; i++) {
+        int s = ex->core.local[i];
+        pp_optim *o = pp_executor_optimizer(ex, i);
+        pp_flat_params *fp = pp_stage_params(ex->core.stages[s]);
+        if (!o || !fp) continue;
+        int64_t n = ex->shards ? ex->shards[s]->r.count : fp->total;
+        bytes += (int64_t)pp_optim_state(o, -1, NULL, NULL) * n * (int64_t)sizeof(float);
+    }
+    return bytes;
+}
+
+/* The name of state buffer b's shard messages. */
+#define SHARD_MSG "pippin:zero1:%d"
+
+pp_status pp_executor_gather_optimizer(pp_executor *ex, int i, pp_optim **whole) {
+    *whole = NULL;
+    if (!ex->shards) return pp_error(PP_ERR_STATE, "rank %d: the optimizer is not sharded", ex->rank);
+    if (i < 0 || i >= ex->core.n_local) return pp_error(PP_ERR_INVALID, "rank %d: no local stage %d", ex->rank, i);
+    int st = ex->core.local[i], r = ex->rep.replicas, me = ex->rep.replica, ns = ex->sched->nstages;
+    pp_optim_shard *sh = ex->shards[st];
+    pp_flat_params *fp = pp_stage_params(ex->core.stages[st]);
+    if (!sh || !fp) return sh ? PP_OK : pp_error(PP_ERR_STATE, "stage %d: no optimizer set", st);
+    int nb = pp_optim_state(sh->opt, -1, NULL, NULL);
+    char name[64];
+    if (me != 0) { /* send every state buffer of this shard to replica 0 */
+        for (int b = 0; b < nb; b++) {
+            float *buf;
+            pp_optim_state(sh->opt, b, NULL, &buf);
+            pp_tensor *t; /* a copy: the send may read it after the next update */
+            PP_TRY(pp_tensor_empty(PP_F32, 1, (int64_t[]){sh->r.count}, &t));
+            if (sh->r.count) memcpy(t->data, buf, sizeof(float) * (size_t)sh->r.count);
+            snprintf(name, sizeof name, SHARD_MSG, b);
+            pp_transport_key k = {PP_MSG_GRADIENT, ex->last_step, PP_GRAD_RING_MICROBATCH - 2, me * ns + st, st, name};
+            pp_status s = pp_transport_send(ex->t, &k, t);
+            pp_tensor_free(t);
+            PP_TRY(s);
+        }
+        return PP_OK;
+    }
+    pp_optim *w;
+    PP_TRY(pp_optim_new(pp_optim_get_config(sh->opt), fp->total, &w));
+    pp_optim_set_steps(w, pp_optim_steps(sh->opt));
+    pp_status s = PP_OK;
+    for (int k = 0; k < r && s == PP_OK; k++) {
+        pp_ring_ranges rr = sh->r;
+        if (k != me) s = pp_grad_ring_shard(&ex->ring_opt, k, fp, &rr);
+        for (int b = 0; b < nb && s == PP_OK; b++) {
+            float *all, *part;
+            pp_optim_state(w, b, NULL, &all);
+            pp_optim_state(sh->opt, b, NULL, &part);
+            if (k == me) {
+                pp_ring_ranges_scatter(&rr, part, all);
+                continue;
+            }
+            snprintf(name, sizeof name, SHARD_MSG, b);
+            pp_transport_key key = {PP_MSG_GRADIENT, ex->last_step, PP_GRAD_RING_MICROBATCH - 2, k * ns + st, st, name};
+            pp_tensor *in = NULL;
+            s = pp_transport_recv(ex->t, &key, ex->timeout_ms, &in);
+            if (s == PP_OK && (in->dtype != PP_F32 || in->ndim != 1 || in->shape[0] != rr.count))
+                s = pp_error(PP_ERR_PEER, "replica %d sent stage %d's optimizer shard with %lld values, expected %lld",
+                             k, st, (long long)pp_tensor_numel(in), (long long)rr.count);
+            if (s == PP_OK) pp_ring_ranges_scatter(&rr, in->data, all);
+            pp_tensor_free(in);
+        }
+        if (k != me) pp_ring_ranges_free(&rr);
+    }
+    if (s != PP_OK) {
+        pp_optim_free(w);
+        return pp_error_context(s, "rank %d: gathering stage %d's optimizer shards", ex->rank, st);
+    }
+    *whole = w;
+    return PP_OK;
+}
+
+pp_status pp_executor_load_optimizer(pp_executor *ex, int i, pp_optim *whole) {
+    if (!ex->shards) return pp_error(PP_ERR_STATE, "rank %d: the optimizer is not sharded", ex->rank);
+    if (i < 0 || i >= ex->core.n_local) return pp_error(PP_ERR_INVALID, "rank %d: no local stage %d", ex->rank, i);
+    pp_optim_shard *sh = ex->shards[ex->core.local[i]];
+    if (!sh || !whole) return PP_OK;
+    return pp_optim_shard_take(sh, whole);
+}
 
 /* ---- data-parallel replicas ---- */
 
@@ -106,26 +222,45 @@ pp_status pp_executor_set_replicas(pp_executor *ex, const pp_replica_options *o)
     pp_grad_ring_free(ex->ring);
     ex->ring = NULL;
     free(ex->ring_added);
-    ex->ring_added = NULL;
+    free(ex->has_shared);
+    ex->ring_added = ex->has_shared = NULL;
+    for (int s = 0; ex->shards && s < ex->sched->nstages; s++) pp_optim_shard_free(ex->shards[s]);
+    free(ex->shards);
+    ex->shards = NULL;
+    if (o->shard_optimizer && o->replicas > 1) {
+        for (int i = 0; i < ex->core.n_local; i++)
+            if (ex->core.optims[ex->core.local[i]])
+                return pp_error(PP_ERR_STATE, "rank %d: shard the optimizer before setting it", ex->rank);
+    }
     ex->rep = *o;
     ex->stage_offset = o->replica * ex->sched->nstages;
     ex->core.replicas = o->replicas;
     ex->core.replica = o->replica;
     if (o->replicas == 1) return PP_OK;
-    pp_grad_ring_options ro = {ex->t, o->replicas, o->replica, ex->sched->nstages, o->first_bucket_bytes,
-                               o->bucket_bytes};
-    ex->ring_added = calloc((size_t)ex->sched->nstages, 1);
-    if (!ex->ring_added) return pp_error(PP_ERR_NOMEM, "out of memory");
-    return pp_error_context(pp_grad_ring_new(&ro, &ex->ring), "rank %d", ex->rank);
+    int ns = ex->sched->nstages;
+    ex->ring_opt = (pp_grad_ring_options){ex->t, o->replicas, o->replica, ns, o->first_bucket_bytes, o->bucket_bytes,
+                                          o->shard_optimizer};
+    ex->ring_added = calloc((size_t)ns, 1);
+    ex->has_shared = calloc((size_t)ns, 1);
+    if (o->shard_optimizer) ex->shards = calloc((size_t)ns, sizeof *ex->shards);
+    if (!ex->ring_added || !ex->has_shared || (o->shard_optimizer && !ex->shards))
+        return pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < ex->core.p->n_shared; i++)
+        for (int a = 0; a < ex->core.p->shared[i].n_stages; a++) ex->has_shared[ex->core.p->shared[i].stages[a]] = 1;
+    return pp_error_context(pp_grad_ring_new(&ex->ring_opt, &ex->ring), "rank %d", ex->rank);
 }
 
 /* Local stages whose last weight gradient of the step just ran join the
- * ring; then every bucket moves on as far as what arrived allows. */
+ * ring; then every bucket moves on as far as what arrived allows. Sharded,
+ * a stage that holds a replicated parameter waits for that parameter's
+ * sum across its stages: each replica then updates its own elements of
+ * every copy, which needs the sum there. */
 static pp_status ring_progress(pp_executor *ex) {
     pp_core *c = &ex->core;
     for (int i = 0; i < c->n_local; i++) {
         int s = c->local[i];
         if (ex->ring_added[s] || !pp_core_weights_done(c, s)) continue;
+        if (ex->shards && ex->has_shared[s] && !c->shared_synced) continue;
         ex->ring_added[s] = 1;
         PP_TRY(pp_grad_ring_add(ex->ring, s, pp_stage_params(c->stages[s])));
     }
@@ -251,6 +386,8 @@ pp_status pp_executor_step(pp_executor *ex, int64_t step, int m, int n_inputs, c
     pp_route route = {ex, NULL, tr_send_act, tr_recv_act, NULL, tr_send_grad, tr_recv_grad, tr_send_delta,
                       tr_recv_delta};
     pp_status s = pp_transport_set_step(ex->t, step);
+    ex->last_step = step;
+    if (ex->ring) pp_core_zero_grad(&ex->core); /* the ring sums the whole buffer: this step's gradients only */
     if (s == PP_OK) s = pp_core_step_begin(&ex->core, step, m, n_inputs, names, inputs);
     if (ex->ring) {
         pp_grad_ring_begin(ex->ring, step);
@@ -259,7 +396,8 @@ pp_status pp_executor_step(pp_executor *ex, int64_t step, int m, int n_inputs, c
     if (s != PP_OK) s = pp_error_context(s, "rank %d", ex->rank);
     else s = run_actions(ex, &route); /* names rank, step and action */
     if (s == PP_OK && ex->ring) { /* every stage's sum is in before the replicated parameters' */
-        s = ring_progress(ex);
+        if (ex->shards) s = pp_core_sync_shared(&ex->core, &route); /* sharded: the other way round */
+        if (s == PP_OK) s = ring_progress(ex);
         if (s == PP_OK) s = pp_grad_ring_finish(ex->ring, ex->timeout_ms);
         if (s != PP_OK) s = pp_error_context(s, "rank %d step %lld", ex->rank, (long long)step);
     }

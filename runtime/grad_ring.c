@@ -9,7 +9,7 @@
 
 typedef struct bucket {
     int stage, id;      /* id: the stage's bucket number this step */
-    float *buf;         /* the stage's flat gradient buffer */
+    pp_flat_params *fp; /* the stage's flat gradients (and, sharded, parameters) */
     int64_t off, len;   /* elements */
     int phase;          /* 0 .. 2(R-1): reduce-scatter, then all-gather; 2(R-1): done */
     int sent;           /* this phase's chunk has left */
@@ -21,6 +21,7 @@ struct pp_grad_ring {
     bucket *b;
     int n, cap;
     int done;           /* buckets before this one are all done (they finish in order only when waited for) */
+    int limit;          /* phases buckets may run to: 2(R-1), or R-1 while a sharded step computes */
     int *next_id;       /* [n_stages]: the next bucket id per stage */
 };
 
@@ -52,38 +53,58 @@ void pp_grad_ring_free(pp_grad_ring *g) {
 void pp_grad_ring_begin(pp_grad_ring *g, int64_t step) {
     g->step = step;
     g->n = g->done = 0;
+    g->limit = g->o.shard ? g->o.replicas - 1 : 2 * (g->o.replicas - 1);
     memset(g->next_id, 0, sizeof *g->next_id * (size_t)g->o.n_stages);
 }
 
 int pp_grad_ring_buckets(const pp_grad_ring *g) { return g->n; }
 
-static pp_status push(pp_grad_ring *g, int stage, float *buf, int64_t off, int64_t len) {
+static pp_status push(pp_grad_ring *g, int stage, pp_flat_params *fp, int64_t off, int64_t len) {
     if (g->n == g->cap) {
         int cap = g->cap ? 2 * g->cap : 16;
         bucket *nb = realloc(g->b, sizeof *nb * (size_t)cap);
         if (!nb) return pp_error(PP_ERR_NOMEM, "out of memory");
         g->b = nb, g->cap = cap;
     }
-    g->b[g->n++] = (bucket){stage, g->next_id[stage]++, buf, off, len, 0, 0};
+    g->b[g->n++] = (bucket){stage, g->next_id[stage]++, fp, off, len, 0, 0};
     return PP_OK;
+}
+
+/* The buckets of fp: from the last parameter back, whole parameters until
+ * the bucket is full (one larger than a bucket is a bucket of its own); the
+ * padding between them rides along (it is zero everywhere). Calls
+ * each(user, off, len) in that order. */
+static pp_status cut(const pp_grad_ring_options *o, const pp_flat_params *fp,
+                     pp_status (*each)(void *user, int64_t off, int64_t len), void *user) {
+    if (!fp || fp->total == 0) return PP_OK;
+    int64_t end = fp->total, cap = o->first_bucket_bytes / (int64_t)sizeof(float);
+    for (int i = fp->n - 1; i >= 0; i--) {
+        int64_t start = i == 0 ? 0 : fp->offset[i];
+        if ((end - start) >= cap || i == 0) {
+            PP_TRY(each(user, start, end - start));
+            end = start;
+            cap = o->bucket_bytes / (int64_t)sizeof(float);
+        }
+    }
+    if (end > 0) PP_TRY(each(user, 0, end)); /* fp->n == 0 with padding only */
+    return PP_OK;
+}
+
+typedef struct add_ctx {
+    pp_grad_ring *g;
+    int stage;
+    pp_flat_params *fp;
+} add_ctx;
+
+static pp_status add_one(void *user, int64_t off, int64_t len) {
+    add_ctx *a = user;
+    return push(a->g, a->stage, a->fp, off, len);
 }
 
 pp_status pp_grad_ring_add(pp_grad_ring *g, int stage, pp_flat_params *fp) {
     if (stage < 0 || stage >= g->o.n_stages) return pp_error(PP_ERR_INVALID, "gradient ring: no stage %d", stage);
-    if (!fp || fp->total == 0) return PP_OK;
-    /* From the last parameter back: whole parameters until the bucket is
-     * full (one larger than a bucket is a bucket of its own); the padding
-     * between them rides along (it is zero everywhere). */
-    int64_t end = fp->total, cap = g->o.first_bucket_bytes / (int64_t)sizeof(float);
-    for (int i = fp->n - 1; i >= 0; i--) {
-        int64_t start = i == 0 ? 0 : fp->offset[i];
-        if ((end - start) >= cap || i == 0) {
-            PP_TRY(push(g, stage, fp->grad, start, end - start));
-            end = start;
-            cap = g->o.bucket_bytes / (int64_t)sizeof(float);
-        }
-    }
-    if (end > 0) PP_TRY(push(g, stage, fp->grad, 0, end)); /* fp->n == 0 with padding only */
+    add_ctx a = {g, stage, fp};
+    PP_TRY(cut(&g->o, fp, add_one, &a));
     return pp_grad_ring_progress(g);
 }
 
@@ -104,11 +125,20 @@ static void phase_chunks(const pp_grad_ring *g, int p, int *send, int *recv) {
     }
 }
 
-static void chunk_range(const pp_grad_ring *g, const bucket *b, int c, int64_t *lo, int64_t *n) {
-    int r = g->o.replicas;
-    int64_t a = b->len * c / r, z = b->len * (c + 1) / r;
-    *lo = b->off + a;
+static void chunk_of(int r, int64_t off, int64_t len, int c, int64_t *lo, int64_t *n) {
+    int64_t a = len * c / r, z = len * (c + 1) / r;
+    *lo = off + a;
     *n = z - a;
+}
+
+static void chunk_range(const pp_grad_ring *g, const bucket *b, int c, int64_t *lo, int64_t *n) {
+    chunk_of(g->o.replicas, b->off, b->len, c, lo, n);
+}
+
+/* What phase p reads and writes: the gradients, or (sharded, all-gather)
+ * the parameters just updated. */
+static float *phase_buf(const pp_grad_ring *g, const bucket *b) {
+    return g->o.shard && b->phase >= g->o.replicas - 1 ? b->fp->data : b->fp->grad;
 }
 
 static void ring_key(const pp_grad_ring *g, const bucket *b, int sending, char *name, size_t cap,
@@ -128,7 +158,7 @@ static pp_status send_chunk(pp_grad_ring *g, bucket *b) {
     chunk_range(g, b, c, &lo, &n);
     pp_tensor *t;
     PP_TRY(pp_tensor_empty(PP_F32, 1, (int64_t[]){n}, &t));
-    if (n) memcpy(t->data, b->buf + lo, (size_t)n * sizeof(float)); /* the buffer changes after the send */
+    if (n) memcpy(t->data, phase_buf(g, b) + lo, (size_t)n * sizeof(float)); /* the buffer changes after the send */
     char name[64];
     pp_transport_key k;
     ring_key(g, b, 1, name, sizeof name, &k);
@@ -149,7 +179,7 @@ static pp_status apply_chunk(pp_grad_ring *g, bucket *b, pp_tensor *in) {
         return pp_error(PP_ERR_PEER, "replica %d sent stage %d's gradient chunk %d of bucket %d with %lld values, "
                         "expected %lld float32 (do the replicas hold the same stage?)", from, b->stage, c, b->id,
                         (long long)pp_tensor_numel(in), (long long)n);
-    float *dst = b->buf + lo;
+    float *dst = phase_buf(g, b) + lo;
     const float *src = in->data;
     if (b->phase < g->o.replicas - 1)
         for (int64_t i = 0; i < n; i++) dst[i] += src[i];
@@ -162,8 +192,7 @@ static pp_status apply_chunk(pp_grad_ring *g, bucket *b, pp_tensor *in) {
 
 /* Runs bucket b on; wait 0: only as far as what has arrived allows. */
 static pp_status advance(pp_grad_ring *g, bucket *b, int wait, int timeout_ms) {
-    int last = 2 * (g->o.replicas - 1);
-    while (b->phase < last) {
+    while (b->phase < g->limit) {
         if (!b->sent) PP_TRY(send_chunk(g, b));
         char name[64];
         pp_transport_key k;
@@ -183,11 +212,63 @@ static pp_status advance(pp_grad_ring *g, bucket *b, int wait, int timeout_ms) {
 
 pp_status pp_grad_ring_progress(pp_grad_ring *g) {
     for (int i = g->done; i < g->n; i++) PP_TRY(advance(g, &g->b[i], 0, 0));
-    while (g->done < g->n && g->b[g->done].phase == 2 * (g->o.replicas - 1)) g->done++;
+    while (g->done < g->n && g->b[g->done].phase == g->limit) g->done++;
     return PP_OK;
 }
 
 pp_status pp_grad_ring_finish(pp_grad_ring *g, int timeout_ms) {
     for (; g->done < g->n; g->done++) PP_TRY(advance(g, &g->b[g->done], 1, timeout_ms));
     return PP_OK;
+}
+
+pp_status pp_grad_ring_gather(pp_grad_ring *g, int timeout_ms) {
+    if (!g->o.shard) return PP_OK;
+    g->limit = 2 * (g->o.replicas - 1);
+    g->done = 0;
+    return pp_grad_ring_finish(g, timeout_ms);
+}
+
+/* ---- the shard a replica owns (ZeRO-1) ---- */
+
+typedef struct shard_ctx {
+    const pp_grad_ring_options *o;
+    int replica;
+    pp_ring_ranges *out;
+} shard_ctx;
+
+/* After the reduce-scatter, replica k holds the sum of chunk k+1 (mod R) of
+ * every bucket: the last chunk it received. */
+static pp_status shard_one(void *user, int64_t off, int64_t len) {
+    shard_ctx *c = user;
+    pp_ring_ranges *r = c->out;
+    int64_t lo, n;
+    chunk_of(c->o->replicas, off, len, (c->replica + 1) % c->o->replicas, &lo, &n);
+    if (n == 0) return PP_OK;
+    if (r->n == r->cap) {
+        int cap = r->cap ? 2 * r->cap : 16;
+        int64_t *nl = realloc(r->lo, sizeof *nl * (size_t)cap);
+        if (nl) r->lo = nl;
+        int64_t *nn = nl ? realloc(r->len, sizeof *nn * (size_t)cap) : NULL;
+        if (!nn) return pp_error(PP_ERR_NOMEM, "out of memory");
+        r->len = nn, r->cap = cap;
+    }
+    r->lo[r->n] = lo;
+    r->len[r->n++] = n;
+    r->count += n;
+    return PP_OK;
+}
+
+pp_status pp_grad_ring_shard(const pp_grad_ring_options *o, int replica, const pp_flat_params *fp,
+                             pp_ring_ranges *out) {
+    memset(out, 0, sizeof *out);
+    shard_ctx c = {o, replica, out};
+    pp_status s = cut(o, fp, shard_one, &c);
+    if (s != PP_OK) pp_ring_ranges_free(out);
+    return s;
+}
+
+void pp_ring_ranges_free(pp_ring_ranges *r) {
+    free(r->lo);
+    free(r->len);
+    memset(r, 0, sizeof *r);
 }

@@ -29,6 +29,10 @@ typedef struct pp_grad_ring_options {
     int n_stages;               /* stages of one replica: world stage = replica * n_stages + stage */
     int64_t first_bucket_bytes; /* > 0 */
     int64_t bucket_bytes;       /* > 0 */
+    /* ZeRO-1: the backward runs only the reduce-scatter; each replica then
+     * updates its shard of the parameters (pp_grad_ring_shard) and
+     * pp_grad_ring_gather all-gathers the parameters instead of the sums. */
+    int shard;
 } pp_grad_ring_options;
 
 typedef struct pp_grad_ring pp_grad_ring;
@@ -44,9 +48,24 @@ void pp_grad_ring_begin(pp_grad_ring *g, int64_t step);
 pp_status pp_grad_ring_add(pp_grad_ring *g, int stage, pp_flat_params *fp);
 /* Moves every bucket on as far as what has arrived allows; never waits. */
 pp_status pp_grad_ring_progress(pp_grad_ring *g);
-/* Waits until every added bucket is summed, each receive at most
- * timeout_ms (< 0: the transport's timeout). */
+/* Waits until every added bucket is summed (sharded: its reduce-scatter
+ * is done), each receive at most timeout_ms (< 0: the transport's timeout). */
 pp_status pp_grad_ring_finish(pp_grad_ring *g, int timeout_ms);
+/* Sharded, after the update: every bucket's all-gather, of the parameters
+ * (each replica sends the chunk it updated). Unsharded: nothing to do. */
+pp_status pp_grad_ring_gather(pp_grad_ring *g, int timeout_ms);
+
+/* Element ranges of a flat buffer, ascending within each bucket. */
+typedef struct pp_ring_ranges {
+    int n, cap;
+    int64_t *lo, *len;
+    int64_t count;      /* elements in all of them */
+} pp_ring_ranges;
+/* The elements of fp whose sum replica `replica` holds after the
+ * reduce-scatter (its shard), for the ring's options o. */
+pp_status pp_grad_ring_shard(const pp_grad_ring_options *o, int replica, const pp_flat_params *fp,
+                             pp_ring_ranges *out);
+void pp_ring_ranges_free(pp_ring_ranges *r);
 /* Buckets added in the step so far (for tests and the log). */
 int pp_grad_ring_buckets(const pp_grad_ring *g);
 

@@ -169,6 +169,7 @@ static pp_status add_config(pp_run_identity *id, const pp_config *c) {
     if (c->replicas > 1) { /* the buckets set where each sum starts, so its bits */
         PP_TRY(add_int(id, "gradient_buckets.first_bytes", (long long)c->bucket_first_bytes));
         PP_TRY(add_int(id, "gradient_buckets.bytes", (long long)c->bucket_bytes));
+        PP_TRY(add_bool(id, "shard_optimizer", c->shard_optimizer)); /* what the ring gathers after the update */
     }
     PP_TRY(add_int(id, "steps", (long long)c->steps));
     PP_TRY(add_text(id, "loss", c->loss ? c->loss : "(automatic)"));

@@ -203,6 +203,7 @@ pp_status pp_core_step_begin(pp_core *c, int64_t step, int m, int n_inputs, cons
     step_clear(c);
     c->step = step;
     c->m = m;
+    c->shared_synced = 0;
     size_t ns = (size_t)p->n_stages * (size_t)m + 1;
     c->chunks = calloc((size_t)p->n_edges * (size_t)m + 1, sizeof *c->chunks);
     c->outs = calloc((size_t)p->n_outputs * (size_t)m + 1, sizeof *c->outs);
@@ -396,12 +397,19 @@ static pp_status check_complete(const pp_core *c) {
     return PP_OK;
 }
 
+pp_status pp_core_sync_shared(pp_core *c, const pp_route *r) {
+    if (c->shared_synced || !c->training) return PP_OK;
+    c->shared_synced = 1;
+    for (int i = 0; i < c->p->n_shared; i++)
+        if (c->snap[i]) PP_TRY(sync_one(c, r, i));
+    return PP_OK;
+}
+
 pp_status pp_core_step_end(pp_core *c, const pp_route *r, pp_status s, pp_tensor **outputs) {
     const pp_pipe *p = c->p;
     for (int o = 0; outputs && o < p->n_outputs; o++) outputs[o] = NULL;
     if (s == PP_OK) s = check_complete(c);
-    for (int i = 0; s == PP_OK && c->training && i < p->n_shared; i++)
-        if (c->snap[i]) s = sync_one(c, r, i);
+    if (s == PP_OK) s = pp_core_sync_shared(c, r);
     for (int o = 0; s == PP_OK && outputs && o < p->n_outputs; o++)
         if (c->stages[p->output_stage[o]]) s = pp_microbatch_merge(&c->outs[o * c->m], c->m, p->outputs[o], &outputs[o]);
     if (s != PP_OK) { /* a failed step must not wedge the next one */

@@ -71,6 +71,7 @@ typedef struct pp_core {
     pp_tensor **outs;                 /* [output * m + mb] */
     uint8_t *done_f, *done_i, *done_w; /* [stage * m + mb] */
     pp_tensor **snap;                 /* [shared]: replicated gradients before the step */
+    int shared_synced;                /* pp_core_sync_shared ran this step */
 } pp_core;
 
 /* Builds the stages of p that `rank` runs under sched (rank -1: all of
@@ -90,6 +91,9 @@ pp_status pp_core_step_begin(pp_core *c, int64_t step, int m, int n_inputs, cons
 pp_status pp_core_run_action(pp_core *c, const pp_route *r, int rank, const pp_action *a, int *ran);
 /* 1 once every weight gradient of local stage s ran this step (training). */
 int pp_core_weights_done(const pp_core *c, int s);
+/* Sums the replicated parameters' gradients across their stages (once a
+ * step; pp_core_step_end does it if no one did before). */
+pp_status pp_core_sync_shared(pp_core *c, const pp_route *r);
 /* Ends the step: every local forward (and, training, backward) ran, the
  * replicated parameters' gradients are summed across their stages, and
  * outputs[o] (may be NULL) gets model output o merged over microbatches

@@ -273,6 +273,47 @@ static pp_status open_identity(pp_worker *w) {
     return s;
 }
 
+/* The collective checkpoint of step into ck. With a sharded optimizer
+ * (ZeRO-1) the replicas first put the whole optimizer state together on
+ * replica 0, which writes it: checkpoints stay unsharded. */
+static pp_status save_checkpoint(pp_worker *w, pp_ckpt_sync *ck, int64_t step) {
+    if (!pp_executor_optimizer_sharded(w->ex)) return pp_ckpt_save(ck, step);
+    int n = pp_executor_n_stages(w->ex);
+    pp_optim **whole = calloc((size_t)n + 1, sizeof *whole);
+    pp_status s = whole ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n && s == PP_OK; i++) s = pp_executor_gather_optimizer(w->ex, i, &whole[i]);
+    pp_ckpt_sync c = *ck;
+    c.optims = whole;
+    if (s == PP_OK) s = pp_ckpt_save(&c, step);
+    memcpy(ck->recent, c.recent, sizeof ck->recent); /* the pruning history */
+    ck->n_recent = c.n_recent;
+    for (int i = 0; whole && i < n; i++) pp_optim_free(whole[i]);
+    free(whole);
+    return s;
+}
+
+/* The collective start (resume) of ck. Sharded, each replica loads the
+ * whole optimizer state and keeps its shard. */
+static pp_status start_checkpoint(pp_worker *w, pp_ckpt_start_mode mode, int64_t *next_step) {
+    pp_ckpt_sync *ck = &w->ck;
+    if (!pp_executor_optimizer_sharded(w->ex)) return pp_ckpt_start(ck, mode, next_step);
+    int n = pp_executor_n_stages(w->ex);
+    pp_optim **whole = calloc((size_t)n + 1, sizeof *whole);
+    pp_status s = whole ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n && s == PP_OK; i++) {
+        pp_flat_params *fp = pp_stage_params(w->stages[i]);
+        if (fp) s = pp_optim_new(&w->c->optim, fp->total, &whole[i]);
+    }
+    pp_optim *const *shards = ck->optims;
+    ck->optims = whole;
+    if (s == PP_OK) s = pp_ckpt_start(ck, mode, next_step);
+    ck->optims = shards;
+    for (int i = 0; i < n && s == PP_OK && *next_step > 0; i++) s = pp_executor_load_optimizer(w->ex, i, whole[i]);
+    for (int i = 0; whole && i < n; i++) pp_optim_free(whole[i]);
+    free(whole);
+    return s;
+}
+
 /* Checkpoints from the options, else from the config; resume waits for
  * the first step (it needs the peers), except with no peers to ask. */
 static pp_status open_checkpoints(pp_worker *w) {
@@ -314,7 +355,7 @@ static pp_status open_checkpoints(pp_worker *w) {
     w->start_mode = w->resume_mode == PP_WORKER_RESUME          ? PP_CKPT_RESUME
                     : w->resume_mode == PP_WORKER_RESUME_IF_ANY ? PP_CKPT_RESUME_IF_ANY
                                                                 : PP_CKPT_FRESH;
-    if (c->n_ranks == 1) return pp_ckpt_start(ck, w->start_mode, &w->next_step);
+    if (c->n_ranks == 1) return start_checkpoint(w, w->start_mode, &w->next_step);
     int64_t latest; /* refuse at once what the first step would refuse */
     if (w->rank == 0 && w->start_mode == PP_CKPT_RESUME) PP_TRY(pp_checkpoint_latest(ck->dir, &latest));
     w->start_pending = 1;
@@ -341,6 +382,7 @@ static pp_status open_run(pp_worker *w) {
         ro.replica = w->replica;
         ro.first_bucket_bytes = c->bucket_first_bytes;
         ro.bucket_bytes = c->bucket_bytes;
+        ro.shard_optimizer = c->shard_optimizer;
         s = pp_error_context(pp_executor_set_replicas(w->ex, &ro), "rank %d (replica %d)", w->rank, w->replica);
     }
     if (s == PP_OK && c->training) s = pp_executor_set_optimizer(w->ex, &c->optim);
@@ -425,7 +467,7 @@ static pp_status save_outputs(pp_worker *w, int64_t step, pp_tensor **outs) {
 
 static pp_status after_step(pp_worker *w, int64_t step, pp_tensor **outs) {
     const pp_config *c = w->c;
-    if (c->training && pp_ckpt_due(&w->ck, step, c->steps)) PP_TRY(pp_ckpt_save(&w->ck, step));
+    if (c->training && pp_ckpt_due(&w->ck, step, c->steps)) PP_TRY(save_checkpoint(w, &w->ck, step));
     if (!c->training && c->output_dir) PP_TRY(save_outputs(w, step, outs));
     return PP_OK;
 }
@@ -613,7 +655,7 @@ pp_status pp_worker_step(pp_worker *w, int *done) {
         w->identity_pending = 0;
     }
     if (s == PP_OK && w->start_pending) {
-        s = pp_ckpt_start(&w->ck, w->start_mode, &w->next_step);
+        s = start_checkpoint(w, w->start_mode, &w->next_step);
         w->start_pending = 0;
         if (s == PP_OK && w->next_step > w->c->steps)
             pp_warn("rank %d: the checkpoint is of step %lld, past the run's %lld steps: nothing to do", w->rank,
@@ -656,7 +698,7 @@ pp_status pp_worker_run(pp_worker *w) {
     if (w->stop_agreed && w->next_step < w->c->steps) {
         w->stopped = 1;
         if (w->c->training && w->ck.dir && w->next_step > 0 && !pp_ckpt_due(&w->ck, w->next_step - 1, w->c->steps))
-            PP_TRY(pp_ckpt_save(&w->ck, w->next_step - 1)); /* not saved yet */
+            PP_TRY(save_checkpoint(w, &w->ck, w->next_step - 1)); /* not saved yet */
     }
     return PP_OK;
 }
@@ -671,7 +713,7 @@ pp_status pp_worker_checkpoint(pp_worker *w, const char *dir) {
     pp_ckpt_sync ck = w->ck; /* the same protocol, into dir; its pruning history stays apart */
     ck.dir = dir;
     ck.n_recent = 0;
-    return pp_ckpt_save(&ck, w->next_step - 1);
+    return save_checkpoint(w, &ck, w->next_step - 1);
 }
 
 int pp_worker_rank(const pp_worker *w) { return w->rank; }
@@ -685,6 +727,9 @@ int pp_worker_stage_index(const pp_worker *w, int i) {
 const char *pp_worker_endpoint(const pp_worker *w) { return w->t ? pp_transport_endpoint(w->t) : ""; }
 
 int pp_worker_rejoins(const pp_worker *w) { return w->rejoins; }
+int64_t pp_worker_optimizer_state_bytes(const pp_worker *w) {
+    return w->ex ? pp_executor_optimizer_state_bytes(w->ex) : 0;
+}
 
 void pp_worker_close(pp_worker *w) {
     if (!w) return;

@@ -39,6 +39,7 @@
  *   replicas: 2                            # optional (mode train): data-parallel copies of the pipeline;
  *                                          #   ranks lists replicas x the schedule's ranks
  *   gradient_buckets: {first_bytes: 1048576, bytes: 26214400}  # the replicas' gradient sums
+ *   shard_optimizer: true                  # optional, with replicas: ZeRO-1 (optimizer state / replicas)
  *   recompute: [0, 2]                      # optional (mode train): stages that recompute their forward
  *                                          #   before the backward instead of stashing (true: all)
  *   serve: {endpoint: tcp://127.0.0.1:5600, max_batch: 8, max_wait_us: 500,   # mode serve
@@ -150,6 +151,7 @@ typedef struct pp_config {
     int replicas;
     int64_t bucket_first_bytes;      /* gradient_buckets.first_bytes: default 1 MiB */
     int64_t bucket_bytes;            /* gradient_buckets.bytes: default 25 MiB */
+    int shard_optimizer;             /* shard_optimizer: ZeRO-1 over the replicas; default 0 */
 } pp_config;
 
 /* Reads and checks a config file. */

@@ -74,7 +74,8 @@ PP_API void pp_executor_zero_grad(pp_executor *ex);
 /* One optimizer per local stage. */
 PP_API pp_status pp_executor_set_optimizer(pp_executor *ex, const pp_optim_config *c);
 PP_API pp_status pp_executor_optimizer_step(pp_executor *ex);
-/* The optimizer of this rank's i-th stage (NULL before one is set). */
+/* The optimizer of this rank's i-th stage (NULL before one is set; with
+ * shard_optimizer, the optimizer of this replica's shard). */
 PP_API pp_optim *pp_executor_optimizer(pp_executor *ex, int i);
 
 /* ---- data-parallel replicas ----
@@ -98,6 +99,12 @@ typedef struct pp_replica_options {
     int replica;                  /* this executor's, 0 <= replica < R */
     int64_t first_bucket_bytes;   /* the first bucket of each stage; default 1 MiB */
     int64_t bucket_bytes;         /* the others; default 25 MiB */
+    /* ZeRO-1: each replica keeps and updates the optimizer state of only
+     * its shard of every stage's parameters (the elements whose sum the
+     * ring's reduce-scatter leaves with it), then the updated parameters
+     * are all-gathered: optimizer memory / R, the unsharded results bit
+     * for bit. Default 0. */
+    int shard_optimizer;
 } pp_replica_options;
 
 /* One replica of one (no replicas) and the default buckets. */
@@ -107,9 +114,27 @@ PP_API void pp_replica_options_init(pp_replica_options *o);
  * sched->stage_rank[s], for replicas * sched->nstages entries. */
 PP_API void pp_executor_world_stage_ranks(const pp_schedule *sched, int replicas, int *out);
 
-/* Makes ex replica o->replica of o->replicas (before its first step; the
- * executor's rank stays its rank within the pipeline). Training only. */
+/* Makes ex replica o->replica of o->replicas (before its first step and,
+ * with shard_optimizer, before pp_executor_set_optimizer; the executor's
+ * rank stays its rank within the pipeline). Training only. With replicas
+ * each step starts from zero gradients (the ring sums the whole buffer):
+ * accumulate over more microbatches instead of over steps. */
 PP_API pp_status pp_executor_set_replicas(pp_executor *ex, const pp_replica_options *o);
+
+/* ZeRO-1 checkpoints (shard_optimizer). Every replica calls it for the
+ * same local stage i after the same step: replica 0 gets in *whole a new
+ * optimizer over the stage's whole flat buffer holding every replica's
+ * shard (the caller frees it; NULL for a stage without parameters); the
+ * other replicas send their shards and get NULL. */
+PP_API pp_status pp_executor_gather_optimizer(pp_executor *ex, int i, pp_optim **whole);
+/* Takes this replica's shard of local stage i's optimizer state and step
+ * count from whole (an optimizer over the whole flat buffer, e.g. loaded
+ * from a checkpoint). */
+PP_API pp_status pp_executor_load_optimizer(pp_executor *ex, int i, pp_optim *whole);
+/* 1 when the optimizer state is sharded over the replicas. */
+PP_API int pp_executor_optimizer_sharded(const pp_executor *ex);
+/* Bytes of optimizer state (momentum, AdamW's moments) this rank holds. */
+PP_API int64_t pp_executor_optimizer_state_bytes(pp_executor *ex);
 
 #ifdef __cplusplus
 }

@@ -115,6 +115,9 @@ PP_API pp_status pp_worker_run(pp_worker *w);
  * it. Rejoin needs tcp or ipc endpoints (an inproc link to a rank that
  * binds again is not re-made). The number of rejoins so far: */
 PP_API int pp_worker_rejoins(const pp_worker *w);
+/* Bytes of optimizer state this rank holds (with shard_optimizer: its
+ * shard's); 0 before the run is open or after a failed rejoin. */
+PP_API int64_t pp_worker_optimizer_state_bytes(const pp_worker *w);
 
 /* Asks a running worker to stop after the step in progress. */
 PP_API void pp_worker_stop(pp_worker *w);

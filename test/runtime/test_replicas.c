@@ -14,6 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "grad_ring.h"
 #include "pippin/config.h"
 #include "pippin/npy.h"
 #include "pippin/worker.h"
@@ -39,6 +40,7 @@ typedef struct {
 typedef struct {
     float loss[STEPS];        /* the last replica's last rank's */
     int n_loss;
+    int64_t optim_bytes[MAX_RANKS]; /* each rank's optimizer state */
     char out[300];            /* output_dir: the trained parameters */
 } result;
 
@@ -56,7 +58,7 @@ static void *rank_main(void *arg) {
 
 /* Writes a config (extra: more keys) for `replicas` x 3 ranks and runs
  * every rank; res gets the losses and where the parameters went. */
-static void run(int replicas, int microbatches, int batch, const char *extra, result *res) {
+static void run_opt(int replicas, int microbatches, int batch, const char *extra, int resume, result *res) {
     int nr = replicas * STAGES, id = run_no++;
     char cfg[300];
     snprintf(cfg, sizeof cfg, "%s/run%d.yaml", tmp, id);
@@ -78,6 +80,7 @@ static void run(int replicas, int microbatches, int batch, const char *extra, re
         memset(&runs[r], 0, sizeof runs[r]);
         pp_worker_options_init(&runs[r].o);
         runs[r].o.rank = r;
+        runs[r].o.resume = resume ? PP_WORKER_RESUME : 0;
         runs[r].o.progress = on_step;
         runs[r].o.progress_user = &runs[r];
         if (pp_worker_open(cfg, &runs[r].o, &runs[r].w) != PP_OK) fail_msg("rank %d: %s", r, pp_last_error());
@@ -86,13 +89,14 @@ static void run(int replicas, int microbatches, int batch, const char *extra, re
     for (int r = 0; r < nr; r++) pthread_join(th[r], NULL);
     for (int r = 0; r < nr; r++) {
         if (runs[r].status != PP_OK) fail_msg("rank %d: %s", r, runs[r].err);
+        res->optim_bytes[r] = pp_worker_optimizer_state_bytes(runs[r].w);
         pp_worker_close(runs[r].w);
     }
     /* every replica's last rank reports the loss, and the same one */
     for (int k = 0; k < replicas; k++) {
         const rank_run *last = &runs[k * STAGES + STAGES - 1];
-        assert_int_equal(last->n_loss, STEPS);
-        for (int s = 0; s < STEPS; s++)
+        assert_int_equal(last->n_loss, resume ? STEPS - 1 : STEPS);
+        for (int s = resume ? 1 : 0; s < STEPS; s++)
             if (memcmp(&last->loss[s], &runs[STAGES - 1].loss[s], sizeof(float)))
                 fail_msg("replica %d's loss of step %d is %.9g, replica 0's %.9g", k, s, last->loss[s],
                          runs[STAGES - 1].loss[s]);
@@ -100,6 +104,10 @@ static void run(int replicas, int microbatches, int batch, const char *extra, re
     memcpy(res->loss, runs[nr - 1].loss, sizeof res->loss);
     res->n_loss = runs[nr - 1].n_loss;
     unlink(cfg);
+}
+
+static void run(int replicas, int microbatches, int batch, const char *extra, result *res) {
+    run_opt(replicas, microbatches, batch, extra, 0, res);
 }
 
 static long read_all(const char *path, char **out) {
@@ -194,54 +202,102 @@ static void test_replicas_close_to_one_pipeline(void **state) {
     assert_true(d31 < 1e-5);
 }
 
-/* A stop after step 0 with checkpoints (replica 0 writes them), then a
- * resume of every replica: steps 1 and 2 as in the uninterrupted run. */
-static void test_replicas_resume(void **state) {
-    (void)state;
-    char extra[600];
+/* Checkpoints every step (replica 0 writes them; keep 5), the newer
+ * commits dropped, then a resume from step 0: steps 1 and 2 as in the
+ * uninterrupted run. */
+static void resume_case(int r_save, const char *save_extra, int r_resume, const char *resume_extra) {
+    char extra[800], cmd[700];
     result full, part, rest;
-    run(2, 1, 4, NULL, &full);
-    snprintf(extra, sizeof extra, "checkpoint: {dir: %s/ckpt, every: 1, keep: 5}", tmp);
-    run(2, 1, 4, extra, &part);
-    /* drop step 1 and 2's commits: resume from step 0 */
-    char cmd[700];
+    run(1, 2, 4, NULL, &full);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s/ckpt'", tmp);
+    assert_int_equal(system(cmd), 0);
+    snprintf(extra, sizeof extra, "checkpoint: {dir: %s/ckpt, every: 1, keep: 5}\n%s", tmp, save_extra);
+    run(r_save, 2 / r_save, 4, extra, &part);
     snprintf(cmd, sizeof cmd, "rm -rf '%s/ckpt/step_1' '%s/ckpt/step_2'", tmp, tmp);
     assert_int_equal(system(cmd), 0);
-    rank_run runs[6];
-    pthread_t th[6];
-    char cfg[300];
-    snprintf(cfg, sizeof cfg, "%s/resume.yaml", tmp);
-    FILE *f = fopen(cfg, "w");
-    assert_non_null(f);
-    snprintf(rest.out, sizeof rest.out, "%s/out-resume", tmp);
-    fprintf(f,
-            "model: %s/model.onnx\nschedule: 1f1b\nmicrobatches: 1\nbatch_size: 4\nsteps: %d\n"
-            "optimizer: {kind: adamw, lr: 0.01, weight_decay: 0.01}\n"
-            "data: {x: %s/train_x.npy, y: %s/train_y.npy}\noutput_dir: %s\ntimeout_ms: 20000\n"
-            "replicas: 2\ncheckpoint: {dir: %s/ckpt, every: 1, keep: 5}\nranks: [",
-            fx, STEPS, fx, fx, rest.out, tmp);
-    for (int r = 0; r < 6; r++) fprintf(f, "%sinproc://rep-resume%d-%d", r ? ", " : "", (int)getpid(), r);
-    fprintf(f, "]\n");
-    fclose(f);
-    for (int r = 0; r < 6; r++) {
-        memset(&runs[r], 0, sizeof runs[r]);
-        pp_worker_options_init(&runs[r].o);
-        runs[r].o.rank = r;
-        runs[r].o.resume = PP_WORKER_RESUME;
-        runs[r].o.progress = on_step;
-        runs[r].o.progress_user = &runs[r];
-        if (pp_worker_open(cfg, &runs[r].o, &runs[r].w) != PP_OK) fail_msg("rank %d: %s", r, pp_last_error());
-    }
-    for (int r = 0; r < 6; r++) assert_int_equal(pthread_create(&th[r], NULL, rank_main, &runs[r]), 0);
-    for (int r = 0; r < 6; r++) pthread_join(th[r], NULL);
-    for (int r = 0; r < 6; r++) {
-        if (runs[r].status != PP_OK) fail_msg("rank %d: %s", r, runs[r].err);
-        pp_worker_close(runs[r].w);
-    }
-    assert_int_equal(runs[5].n_loss, STEPS - 1);
-    for (int s = 1; s < STEPS; s++) assert_memory_equal(&runs[5].loss[s], &full.loss[s], sizeof(float));
+    snprintf(extra, sizeof extra, "checkpoint: {dir: %s/ckpt, every: 1, keep: 5}\n%s", tmp, resume_extra);
+    run_opt(r_resume, 2 / r_resume, 4, extra, 1, &rest);
+    for (int s = 1; s < STEPS; s++) assert_memory_equal(&rest.loss[s], &full.loss[s], sizeof(float));
     assert_true(param_diff(&full, &rest) == 0);
-    unlink(cfg);
+}
+
+static void test_replicas_resume(void **state) {
+    (void)state;
+    resume_case(2, "", 2, "");
+}
+
+/* ZeRO-1: each replica updates its shard of the optimizer state, then the
+ * parameters are all-gathered: the unsharded run's bits, with any buckets
+ * and 3 replicas too. */
+static void test_sharded_optimizer_bit_identical(void **state) {
+    (void)state;
+    result plain, sharded, small, plain3, sharded3;
+    run(2, 1, 4, NULL, &plain);
+    run(2, 1, 4, "shard_optimizer: true", &sharded);
+    run(2, 1, 4, "shard_optimizer: true\ngradient_buckets: {first_bytes: 16, bytes: 64}", &small);
+    run(3, 1, 6, "gradient_buckets: {first_bytes: 100, bytes: 300}", &plain3);
+    run(3, 1, 6, "shard_optimizer: true\ngradient_buckets: {first_bytes: 100, bytes: 300}", &sharded3);
+    for (int s = 0; s < STEPS; s++) {
+        assert_memory_equal(&plain.loss[s], &sharded.loss[s], sizeof(float));
+        assert_memory_equal(&plain.loss[s], &small.loss[s], sizeof(float));
+        assert_memory_equal(&plain3.loss[s], &sharded3.loss[s], sizeof(float));
+    }
+    assert_true(param_diff(&plain, &sharded) == 0);
+    assert_true(param_diff(&plain, &small) == 0);
+    assert_true(param_diff(&plain3, &sharded3) == 0);
+    /* AdamW's two moments per element: each rank holds its shard's, about 1/R */
+    for (int r = 0; r < 2 * STAGES; r++) {
+        int64_t whole = plain.optim_bytes[r], part = sharded.optim_bytes[r];
+        assert_true(whole > 0);
+        if (part > whole / 2 + 64 || part < whole / 2 - 64)
+            fail_msg("rank %d holds %lld bytes of optimizer state sharded, %lld unsharded", r, (long long)part,
+                     (long long)whole);
+    }
+    for (int r = 0; r < 3 * STAGES; r++)
+        if (sharded3.optim_bytes[r] > plain3.optim_bytes[r] / 3 + 64 * 3)
+            fail_msg("rank %d of 3 replicas holds %lld bytes of optimizer state sharded, %lld unsharded", r,
+                     (long long)sharded3.optim_bytes[r], (long long)plain3.optim_bytes[r]);
+    print_message("# optimizer state per rank, 2 replicas: %lld bytes unsharded, %lld sharded (stage 0)\n",
+                  (long long)plain.optim_bytes[0], (long long)sharded.optim_bytes[0]);
+}
+
+/* Sharded checkpoints are whole (put together on replica 0): they resume
+ * sharded, unsharded, and with another number of replicas. */
+static void test_sharded_checkpoints_resume_any_replicas(void **state) {
+    (void)state;
+    resume_case(2, "shard_optimizer: true", 2, "shard_optimizer: true");
+    resume_case(2, "shard_optimizer: true", 1, "");
+    resume_case(1, "", 2, "shard_optimizer: true");
+}
+
+/* The shards of the replicas cover every element of a stage's flat buffer
+ * once, each about 1/R of it. */
+static void test_shards_partition_the_buffer(void **state) {
+    (void)state;
+    enum { NP = 5 };
+    int64_t offset[NP] = {0, 16, 1040, 1056, 5152}, numel[NP] = {10, 1000, 16, 4096, 3};
+    char *names[NP] = {0};
+    pp_flat_params fp = {NP, NULL, names, offset, numel, NULL, NULL, 5168, NULL, NULL, NULL};
+    for (int r = 2; r <= 4; r++)
+        for (int64_t first = 16; first <= 8192; first *= 8) {
+            pp_grad_ring_options o = {NULL, r, 0, 1, first, 4 * first, 1};
+            uint8_t *seen = calloc((size_t)fp.total, 1);
+            int64_t total = 0;
+            for (int k = 0; k < r; k++) {
+                pp_ring_ranges rr;
+                TU_OK(pp_grad_ring_shard(&o, k, &fp, &rr));
+                for (int i = 0; i < rr.n; i++)
+                    for (int64_t j = rr.lo[i]; j < rr.lo[i] + rr.len[i]; j++) seen[j]++;
+                total += rr.count;
+                if (first == 16 && rr.count > fp.total / r + 4 * 4)
+                    fail_msg("replica %d of %d holds %lld of %lld elements", k, r, (long long)rr.count,
+                             (long long)fp.total);
+                pp_ring_ranges_free(&rr);
+            }
+            assert_int_equal(total, fp.total);
+            for (int64_t j = 0; j < fp.total; j++) assert_int_equal(seen[j], 1);
+            free(seen);
+        }
 }
 
 /* Configs that cannot split are refused at load, naming the key. */
@@ -265,6 +321,8 @@ static void test_replica_config_errors(void **state) {
     expect_config_error("batch_size: 6\nmode: infer\nreplicas: 2", "for mode: train");
     expect_config_error("batch_size: 6\nreplicas: 2\ngradient_buckets: {first_bytes: 0}", "gradient_buckets.first_bytes");
     expect_config_error("batch_size: 6\nreplicas: 2\ngradient_buckets: {size: 10}", "size");
+    expect_config_error("batch_size: 6\nshard_optimizer: true", "key 'shard_optimizer': shards the optimizer over the "
+                        "replicas; needs 'replicas' of 2 or more");
     pp_config *c = NULL;
     const char *ok = "model: m.onnx\nbatch_size: 6\nmicrobatches: 3\ndata: {x: x.npy}\n"
                      "ranks: [inproc://a, inproc://b]\nreplicas: 2\ngradient_buckets: {first_bytes: 64, bytes: 128}\n";
@@ -320,6 +378,9 @@ int main(void) {
         cmocka_unit_test(test_two_replicas_bit_identical),
         cmocka_unit_test(test_replicas_close_to_one_pipeline),
         cmocka_unit_test(test_replicas_resume),
+        cmocka_unit_test(test_sharded_optimizer_bit_identical),
+        cmocka_unit_test(test_sharded_checkpoints_resume_any_replicas),
+        cmocka_unit_test(test_shards_partition_the_buffer),
         cmocka_unit_test(test_replica_config_errors),
         cmocka_unit_test(test_replica_rank_count),
     };
