@@ -556,13 +556,13 @@ static pp_status check_protected(const cx *x, const yaml_node_t *ranks, const ya
 enum {
     K_MODEL, K_SPLIT, K_DIMS, K_MODE, K_SCHEDULE, K_MICROBATCHES, K_BATCH, K_STEPS, K_LOSS,
     K_OPTIMIZER, K_DATA, K_TEXT, K_RANKS, K_BIND, K_TIMEOUT, K_SECURITY, K_OUTPUT, K_STAGES, K_SHM, K_FREEZE,
-    K_CHECKPOINT, K_RUN_ID, K_INSECURE, K_REJOIN, K_SERVE, K_PARAMS, K_RECOMPUTE, K_REPLICAS, K_BUCKETS, K_SHARD, K_COUNT
+    K_CHECKPOINT, K_RUN_ID, K_INSECURE, K_REJOIN, K_SERVE, K_PARAMS, K_RECOMPUTE, K_REPLICAS, K_BUCKETS, K_SHARD, K_WIRE, K_COUNT
 };
 static const char *const top_keys[K_COUNT] = {
     "model", "split", "dims", "mode", "schedule", "microbatches", "batch_size", "steps", "loss",
     "optimizer", "data", "text", "ranks", "bind", "timeout_ms", "security", "output_dir", "stages",
     "shared_memory", "freeze", "checkpoint", "run_id", "insecure", "rejoin_timeout_ms", "serve", "params",
-    "recompute", "replicas", "gradient_buckets", "shard_optimizer"};
+    "recompute", "replicas", "gradient_buckets", "shard_optimizer", "wire_dtype"};
 
 /* recompute: true | false | a list of distinct stage indices. */
 static pp_status parse_recompute(const cx *x, const yaml_node_t *n) {
@@ -727,6 +727,13 @@ static pp_status parse_top(const cx *x, const yaml_node_t *root) {
     }
     if (given(v[K_INSECURE])) PP_TRY(get_bool(x, v[K_INSECURE], "insecure", &c->insecure));
     PP_TRY(parse_replicas(x, v));
+    if (given(v[K_WIRE])) {
+        const char *w;
+        PP_TRY(scalar_text(x, v[K_WIRE], "wire_dtype", "float32 or bfloat16", &w));
+        if (!strcmp(w, "bfloat16") || !strcmp(w, "bf16")) c->wire_bf16 = 1;
+        else if (strcmp(w, "float32") != 0)
+            return err_at(x, PP_ERR_INVALID, v[K_WIRE], "key 'wire_dtype': expected float32 or bfloat16, got '%.60s'", w);
+    }
     PP_TRY(check_protected(x, v[K_RANKS], v[K_BIND]));
     /* With security: the front is a CURVE server admitting serve.client_keys
      * only; without it, the front is plaintext (protected mode applies). */

@@ -29,6 +29,7 @@ struct pp_executor {
     uint8_t *has_shared;  /* [n_stages]: the stage holds a copy of a replicated parameter */
     pp_optim_shard **shards; /* [n_stages]: ZeRO-1, per local stage with parameters */
     int64_t last_step;    /* the step run last */
+    pp_dtype wire;        /* float32 edges to other ranks travel as this */
 };
 
 pp_status pp_executor_new(pp_pipe *p, const pp_schedule *sched, int rank, int training, pp_transport *t,
@@ -44,6 +45,7 @@ pp_status pp_executor_new(pp_pipe *p, const pp_schedule *sched, int rank, int tr
     ex->rank = rank;
     ex->t = t;
     ex->timeout_ms = -1;
+    ex->wire = PP_F32;
     pp_replica_options_init(&ex->rep);
     pp_status s = pp_core_init(&ex->core, p, sched, rank, training);
     if (s != PP_OK) {
@@ -303,6 +305,13 @@ static pp_status replica_mean(pp_executor *ex, pp_tensor **outputs) {
     return PP_OK;
 }
 
+pp_status pp_executor_set_wire_dtype(pp_executor *ex, pp_dtype dt) {
+    if (dt != PP_F32 && dt != PP_BF16)
+        return pp_error(PP_ERR_UNSUPPORTED, "rank %d: wire dtype %s (float32 or bfloat16)", ex->rank, pp_dtype_name(dt));
+    ex->wire = dt;
+    return PP_OK;
+}
+
 /* ---- the transport route: receives block until the tensor arrives ---- */
 
 static pp_status tr_send(pp_executor *ex, pp_msg_kind kind, int mb, int src, int dst, const char *name,
@@ -317,28 +326,57 @@ static pp_status tr_recv(pp_executor *ex, pp_msg_kind kind, int mb, int src, int
     return pp_transport_recv(ex->t, &k, ex->timeout_ms, out);
 }
 
+/* With a narrower wire dtype, a float32 edge's tensor to another rank goes
+ * narrowed, and comes back widened. */
+static int narrowed(const pp_executor *ex, int e, int other_stage) {
+    return ex->wire != PP_F32 && ex->core.p->edges[e].dtype == PP_F32 &&
+           ex->sched->stage_rank[other_stage] != ex->rank;
+}
+
+static pp_status wire_send(pp_executor *ex, pp_msg_kind kind, int e, int mb, int src, int dst, int other, pp_tensor *t) {
+    const pp_pipe_edge *ed = &ex->core.p->edges[e];
+    if (!narrowed(ex, e, other) || t->dtype != PP_F32) return tr_send(ex, kind, mb, src, dst, ed->value, t);
+    pp_tensor *n;
+    PP_TRY(pp_tensor_cast(t, ex->wire, &n));
+    pp_status s = tr_send(ex, kind, mb, src, dst, ed->value, n);
+    pp_tensor_free(n);
+    return s;
+}
+
+static pp_status wire_recv(pp_executor *ex, pp_msg_kind kind, int e, int mb, int src, int dst, int other,
+                           pp_tensor **out) {
+    const pp_pipe_edge *ed = &ex->core.p->edges[e];
+    PP_TRY(tr_recv(ex, kind, mb, src, dst, ed->value, out));
+    if (!narrowed(ex, e, other) || (*out)->dtype != ex->wire) return PP_OK;
+    pp_tensor *w;
+    pp_status s = pp_tensor_cast(*out, PP_F32, &w);
+    pp_tensor_free(*out);
+    *out = s == PP_OK ? w : NULL;
+    return s;
+}
+
 static pp_status tr_send_act(void *ctx, int e, int mb, int consumer, pp_tensor *t) {
     pp_executor *ex = ctx;
     const pp_pipe_edge *ed = &ex->core.p->edges[e];
-    return tr_send(ex, PP_MSG_ACTIVATION, mb, ed->producer, consumer, ed->value, t);
+    return wire_send(ex, PP_MSG_ACTIVATION, e, mb, ed->producer, consumer, consumer, t);
 }
 
 static pp_status tr_recv_act(void *ctx, int e, int mb, int consumer, pp_tensor **out) {
     pp_executor *ex = ctx;
     const pp_pipe_edge *ed = &ex->core.p->edges[e];
-    return tr_recv(ex, PP_MSG_ACTIVATION, mb, ed->producer, consumer, ed->value, out);
+    return wire_recv(ex, PP_MSG_ACTIVATION, e, mb, ed->producer, consumer, ed->producer, out);
 }
 
 static pp_status tr_send_grad(void *ctx, int e, int mb, int consumer, pp_tensor *g) {
     pp_executor *ex = ctx;
     const pp_pipe_edge *ed = &ex->core.p->edges[e];
-    return tr_send(ex, PP_MSG_GRADIENT, mb, consumer, ed->producer, ed->value, g);
+    return wire_send(ex, PP_MSG_GRADIENT, e, mb, consumer, ed->producer, ed->producer, g);
 }
 
 static pp_status tr_recv_grad(void *ctx, int e, int mb, int consumer, pp_tensor **out) {
     pp_executor *ex = ctx;
     const pp_pipe_edge *ed = &ex->core.p->edges[e];
-    return tr_recv(ex, PP_MSG_GRADIENT, mb, consumer, ed->producer, ed->value, out);
+    return wire_recv(ex, PP_MSG_GRADIENT, e, mb, consumer, ed->producer, consumer, out);
 }
 
 /* Replicated-parameter deltas travel as gradients of microbatch m (one past

@@ -166,6 +166,7 @@ static pp_status add_config(pp_run_identity *id, const pp_config *c) {
     PP_TRY(add_int(id, "microbatches", c->microbatches));
     PP_TRY(add_int(id, "batch_size", (long long)c->batch_size));
     PP_TRY(add_int(id, "replicas", c->replicas));
+    PP_TRY(add_text(id, "wire_dtype", c->wire_bf16 ? "bfloat16" : "float32"));
     if (c->replicas > 1) { /* the buckets set where each sum starts, so its bits */
         PP_TRY(add_int(id, "gradient_buckets.first_bytes", (long long)c->bucket_first_bytes));
         PP_TRY(add_int(id, "gradient_buckets.bytes", (long long)c->bucket_bytes));

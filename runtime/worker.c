@@ -375,6 +375,7 @@ static pp_status open_run(pp_worker *w) {
     if (s == PP_OK) s = open_transport(w);
     if (s != PP_OK) s = pp_error_context(s, "rank %d", w->rank);
     if (s == PP_OK) s = pp_executor_new(w->p, w->sched, w->prank, c->training, w->t, &w->ex);
+    if (s == PP_OK && c->wire_bf16) s = pp_executor_set_wire_dtype(w->ex, PP_BF16);
     if (s == PP_OK && c->replicas > 1) {
         pp_replica_options ro;
         pp_replica_options_init(&ro);

@@ -40,6 +40,7 @@
  *                                          #   ranks lists replicas x the schedule's ranks
  *   gradient_buckets: {first_bytes: 1048576, bytes: 26214400}  # the replicas' gradient sums
  *   shard_optimizer: true                  # optional, with replicas: ZeRO-1 (optimizer state / replicas)
+ *   wire_dtype: bfloat16                   # optional: activations and gradients between ranks (float32)
  *   recompute: [0, 2]                      # optional (mode train): stages that recompute their forward
  *                                          #   before the backward instead of stashing (true: all)
  *   serve: {endpoint: tcp://127.0.0.1:5600, max_batch: 8, max_wait_us: 500,   # mode serve
@@ -152,6 +153,8 @@ typedef struct pp_config {
     int64_t bucket_first_bytes;      /* gradient_buckets.first_bytes: default 1 MiB */
     int64_t bucket_bytes;            /* gradient_buckets.bytes: default 25 MiB */
     int shard_optimizer;             /* shard_optimizer: ZeRO-1 over the replicas; default 0 */
+    int wire_bf16;                   /* wire_dtype: bfloat16: float32 activations and gradients between
+                                      * ranks travel as bfloat16 (pp_executor_set_wire_dtype); default 0 */
 } pp_config;
 
 /* Reads and checks a config file. */

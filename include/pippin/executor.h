@@ -66,6 +66,13 @@ PP_API pp_stage *pp_executor_stage(pp_executor *ex, int i);
 struct pp_trace;
 PP_API void pp_executor_trace(pp_executor *ex, struct pp_trace *trace, double origin_ms);
 
+/* Activations and gradients of float32 edges that go to another rank
+ * travel as dt: PP_BF16 halves the bytes (rounded to nearest even; the
+ * receiver widens them back to float32), PP_F32 (the default) leaves them
+ * as they are. Tensors between stages of this rank and the replicas'
+ * gradient sums keep full precision. Every rank must use the same. */
+PP_API pp_status pp_executor_set_wire_dtype(pp_executor *ex, pp_dtype dt);
+
 /* Milliseconds this rank's stages have spent in their kernels (forward and
  * backward; not waiting for inputs) since the executor was made. */
 PP_API double pp_executor_compute_ms(const pp_executor *ex);

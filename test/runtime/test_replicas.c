@@ -300,6 +300,26 @@ static void test_shards_partition_the_buffer(void **state) {
         }
 }
 
+/* wire_dtype: bfloat16: the activations and gradients between ranks are
+ * rounded to bfloat16, so the losses move a little (not bit-identical: the
+ * narrowing ran) but stay close; with replicas too. */
+static void test_wire_bf16(void **state) {
+    (void)state;
+    result f32, bf16, bf16_rep;
+    run(1, 2, 4, NULL, &f32);
+    run(1, 2, 4, "wire_dtype: bfloat16", &bf16);
+    run(2, 1, 4, "wire_dtype: bfloat16", &bf16_rep);
+    int differ = 0;
+    for (int s = 0; s < STEPS; s++) {
+        differ |= memcmp(&f32.loss[s], &bf16.loss[s], sizeof(float)) != 0;
+        if (fabs(f32.loss[s] - bf16.loss[s]) > 1e-2 * fabs(f32.loss[s]))
+            fail_msg("step %d: loss %.7f with bfloat16 on the wire, %.7f without", s, bf16.loss[s], f32.loss[s]);
+        assert_memory_equal(&bf16.loss[s], &bf16_rep.loss[s], sizeof(float));
+    }
+    assert_true(differ);
+    assert_true(param_diff(&bf16, &bf16_rep) == 0);
+}
+
 /* Configs that cannot split are refused at load, naming the key. */
 static void expect_config_error(const char *body, const char *needle) {
     char text[2048];
@@ -321,6 +341,7 @@ static void test_replica_config_errors(void **state) {
     expect_config_error("batch_size: 6\nmode: infer\nreplicas: 2", "for mode: train");
     expect_config_error("batch_size: 6\nreplicas: 2\ngradient_buckets: {first_bytes: 0}", "gradient_buckets.first_bytes");
     expect_config_error("batch_size: 6\nreplicas: 2\ngradient_buckets: {size: 10}", "size");
+    expect_config_error("batch_size: 6\nwire_dtype: float16", "key 'wire_dtype': expected float32 or bfloat16, got 'float16'");
     expect_config_error("batch_size: 6\nshard_optimizer: true", "key 'shard_optimizer': shards the optimizer over the "
                         "replicas; needs 'replicas' of 2 or more");
     pp_config *c = NULL;
@@ -381,6 +402,7 @@ int main(void) {
         cmocka_unit_test(test_sharded_optimizer_bit_identical),
         cmocka_unit_test(test_sharded_checkpoints_resume_any_replicas),
         cmocka_unit_test(test_shards_partition_the_buffer),
+        cmocka_unit_test(test_wire_bf16),
         cmocka_unit_test(test_replica_config_errors),
         cmocka_unit_test(test_replica_rank_count),
     };
