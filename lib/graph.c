@@ -521,3 +521,25 @@ int pp_graph_freeze(pp_graph *g, const char *pattern) {
         }
     return n;
 }
+
+int pp_graph_identity_markers(pp_graph *g, const char *pattern) {
+    int n = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        pp_node *nd = &g->nodes[i];
+        if (strcmp(nd->op_type, "Identity") != 0 || nd->domain[0] || nd->n_in != 1 || nd->n_out != 1) continue;
+        const char *out = nd->out[0] >= 0 ? g->values[nd->out[0]].name : "";
+        if (fnmatch(pattern, nd->name ? nd->name : "", 0) != 0 && fnmatch(pattern, out, 0) != 0) continue;
+        char *op = strdup("PipeSplit"), *dom = strdup("pippin");
+        if (!op || !dom) { /* out of memory: the node stays an Identity */
+            free(op);
+            free(dom);
+            continue;
+        }
+        free(nd->op_type);
+        free(nd->domain);
+        nd->op_type = op, nd->domain = dom;
+        nd->op = pp_op_find(dom, op);
+        n++;
+    }
+    return n;
+}

@@ -170,7 +170,40 @@ def export(model, args, path, input_names=None, output_names=None,
     if isinstance(path, (str, os.PathLike)):
         _fix_shapes(os.fspath(path))
         _record_trainable(os.fspath(path), trainable_names(model), buffers)
+        add_marker_function(os.fspath(path))
     return path
+
+
+def marker_function(opset_version=OPSET):
+    """The FunctionProto that defines ``pippin.PipeSplit`` as Identity, so
+    ONNX Runtime, onnx.checker and other tools load and run a model with
+    markers unchanged (ONNX IR 8 model-local functions)."""
+    from onnx import helper
+    return helper.make_function(
+        DOMAIN, "PipeSplit", ["x"], ["y"],
+        [helper.make_node("Identity", ["x"], ["y"])],
+        [helper.make_opsetid("", opset_version)],
+        doc_string="pippin pipeline stage boundary: the identity")
+
+
+def add_marker_function(path):
+    """Adds the PipeSplit function (marker_function) to the model at
+    ``path`` when it has markers and no definition yet; raises the IR
+    version to 8 (functions) if it is below.  Idempotent."""
+    import onnx
+    m = onnx.load(path)
+    if not any(n.domain == DOMAIN and n.op_type == "PipeSplit"
+               for n in m.graph.node):
+        return
+    if any(f.domain == DOMAIN and f.name == "PipeSplit" for f in m.functions):
+        return
+    opset = max([o.version for o in m.opset_import if o.domain in ("", "ai.onnx")] or [OPSET])
+    m.functions.append(marker_function(opset))
+    if m.ir_version < 8:
+        m.ir_version = 8
+    if not any(o.domain == DOMAIN for o in m.opset_import):
+        m.opset_import.append(onnx.helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
+    onnx.save(m, path)
 
 
 def decoder_io_names(n_layers):

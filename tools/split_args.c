@@ -30,6 +30,7 @@ int pp_split_args_handle(pp_split_args *a, int code, const char *arg, const char
         }
         return push(a->dims, &a->n_dims, 16, arg, cmd, "--dim");
     case PP_OPT_FREEZE: return push(a->freeze, &a->n_freeze, 64, arg, cmd, "--freeze");
+    case PP_OPT_MARKER_IDENTITY: a->marker_identity = arg; return 1;
     case PP_OPT_AUTO:
     case PP_OPT_EVEN:
     case PP_OPT_AUTO_BATCH: {
@@ -103,6 +104,12 @@ pp_status pp_split_args_load(pp_split_args *a, const char *path, pp_graph **out)
         return pp_error(PP_ERR_INVALID, "--%s chooses every cut: no --split-before or --split-after with it",
                         a->auto_stages ? "auto" : "split-even");
     PP_TRY(pp_onnx_load(path, out));
+    if (a->marker_identity && pp_graph_identity_markers(*out, a->marker_identity) == 0) {
+        pp_graph_free(*out);
+        *out = NULL;
+        return pp_error(PP_ERR_NOT_FOUND, "%s: --marker-identity '%s' matches no Identity node", path,
+                        a->marker_identity);
+    }
     for (int i = 0; i < a->n_freeze; i++)
         if (pp_graph_freeze(*out, a->freeze[i]) == 0) {
             pp_graph_free(*out);

@@ -1,7 +1,8 @@
 /* The split-spec options shared by split, inspect, infer, grad and train:
  * --split-before PREFIX, --split-after PREFIX (repeatable),
- * --transmit-shared, --dim NAME=N, and --freeze PATTERN (repeatable), which
- * applies to the model loaded with pp_split_args_load; --auto N (balanced
+ * --transmit-shared, --dim NAME=N, --freeze PATTERN (repeatable) and
+ * --marker-identity PATTERN (Identity nodes matching it are stage markers),
+ * which apply to the model loaded with pp_split_args_load; --auto N (balanced
  * stages from measured node costs) and --split-even N (as many compute
  * nodes per stage), which pp_split_args_load turns into cut positions
  * (tools/split_balance.c), with --auto-memory-cap BYTES, --auto-batch B,
@@ -26,6 +27,7 @@ typedef struct pp_split_args {
     double auto_gbps;        /* --auto-bandwidth GB/s for the cut term; default 10 */
     int microbatches;        /* set by the command: M for the memory term and the simulation */
     FILE *report;            /* set by the command: where the chosen cuts are printed (NULL: nowhere) */
+    const char *marker_identity; /* --marker-identity PATTERN; NULL: none */
     int n_cut_at;            /* the cuts pp_split_args_load chose */
     int *cut_at;
 } pp_split_args;
@@ -42,7 +44,8 @@ enum {
     PP_OPT_AUTO_MEM,
     PP_OPT_AUTO_BATCH,
     PP_OPT_AUTO_COST,
-    PP_OPT_AUTO_BW
+    PP_OPT_AUTO_BW,
+    PP_OPT_MARKER_IDENTITY
 };
 
 #define PP_SPLIT_LONG_OPTIONS                                              \
@@ -56,7 +59,8 @@ enum {
     {"auto-memory-cap", required_argument, NULL, PP_OPT_AUTO_MEM},         \
     {"auto-batch", required_argument, NULL, PP_OPT_AUTO_BATCH},            \
     {"auto-cost", required_argument, NULL, PP_OPT_AUTO_COST},              \
-    {"auto-bandwidth", required_argument, NULL, PP_OPT_AUTO_BW}
+    {"auto-bandwidth", required_argument, NULL, PP_OPT_AUTO_BW},          \
+    {"marker-identity", required_argument, NULL, PP_OPT_MARKER_IDENTITY}
 
 /* Handles one getopt code; returns 1 if it was a split flag, 0 if not, -1
  * on an error (message printed). */

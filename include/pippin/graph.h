@@ -183,6 +183,12 @@ PP_API void pp_graph_frozen_stats(const pp_graph *g, int64_t *count, int64_t *by
  * (a stage may hold none of them). */
 PP_API int pp_graph_freeze(pp_graph *g, const char *pattern);
 
+/* Stage markers from other exporters: every Identity node whose name or
+ * output name matches the shell pattern (fnmatch: "*pipe_split*") becomes
+ * a pippin::PipeSplit marker (the same identity, now a cut). Returns how
+ * many. */
+PP_API int pp_graph_identity_markers(pp_graph *g, const char *pattern);
+
 #ifdef __cplusplus
 }
 #endif
