@@ -127,7 +127,7 @@ int main(int argc, char **argv) {
             MPI_Barrier(MPI_COMM_WORLD);
             double t0 = now_s();
             pp_grad_ring_begin(g, step++);
-            pp_status s = pp_grad_ring_add(g, 0, &fp);
+            pp_status s = pp_grad_ring_add(g, 0, &fp, 0);
             if (s == PP_OK) s = pp_grad_ring_finish(g, -1);
             double dt = now_s() - t0;
             if (s != PP_OK) {

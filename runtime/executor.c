@@ -16,7 +16,8 @@
 struct pp_executor {
     pp_core core;
     const pp_schedule *sched;
-    int rank;
+    int rank;             /* in the schedule (the pipeline) */
+    int world_rank;       /* what errors name: replica * the schedule's ranks + rank */
     pp_transport *t;
     int timeout_ms;
     /* Data-parallel replicas (pp_executor_set_replicas): this replica's
@@ -42,7 +43,7 @@ pp_status pp_executor_new(pp_pipe *p, const pp_schedule *sched, int rank, int tr
     pp_executor *ex = calloc(1, sizeof *ex);
     if (!ex) return pp_error(PP_ERR_NOMEM, "out of memory");
     ex->sched = sched;
-    ex->rank = rank;
+    ex->rank = ex->world_rank = rank;
     ex->t = t;
     ex->timeout_ms = -1;
     ex->wire = PP_F32;
@@ -103,7 +104,7 @@ pp_status pp_executor_optimizer_step(pp_executor *ex) {
     } else {
         s = pp_core_optimizer_step(&ex->core);
     }
-    return s == PP_OK ? s : pp_error_context(s, "rank %d", ex->rank);
+    return s == PP_OK ? s : pp_error_context(s, "rank %d", ex->world_rank);
 }
 
 pp_optim *pp_executor_optimizer(pp_executor *ex, int i) {
@@ -132,8 +133,8 @@ int64_t pp_executor_optimizer_state_bytes(pp_executor *ex) {
 
 pp_status pp_executor_gather_optimizer(pp_executor *ex, int i, pp_optim **whole) {
     *whole = NULL;
-    if (!ex->shards) return pp_error(PP_ERR_STATE, "rank %d: the optimizer is not sharded", ex->rank);
-    if (i < 0 || i >= ex->core.n_local) return pp_error(PP_ERR_INVALID, "rank %d: no local stage %d", ex->rank, i);
+    if (!ex->shards) return pp_error(PP_ERR_STATE, "rank %d: the optimizer is not sharded", ex->world_rank);
+    if (i < 0 || i >= ex->core.n_local) return pp_error(PP_ERR_INVALID, "rank %d: no local stage %d", ex->world_rank, i);
     int st = ex->core.local[i], r = ex->rep.replicas, me = ex->rep.replica, ns = ex->sched->nstages;
     pp_optim_shard *sh = ex->shards[st];
     pp_flat_params *fp = pp_stage_params(ex->core.stages[st]);
@@ -184,15 +185,15 @@ pp_status pp_executor_gather_optimizer(pp_executor *ex, int i, pp_optim **whole)
     }
     if (s != PP_OK) {
         pp_optim_free(w);
-        return pp_error_context(s, "rank %d: gathering stage %d's optimizer shards", ex->rank, st);
+        return pp_error_context(s, "rank %d: gathering stage %d's optimizer shards", ex->world_rank, st);
     }
     *whole = w;
     return PP_OK;
 }
 
 pp_status pp_executor_load_optimizer(pp_executor *ex, int i, pp_optim *whole) {
-    if (!ex->shards) return pp_error(PP_ERR_STATE, "rank %d: the optimizer is not sharded", ex->rank);
-    if (i < 0 || i >= ex->core.n_local) return pp_error(PP_ERR_INVALID, "rank %d: no local stage %d", ex->rank, i);
+    if (!ex->shards) return pp_error(PP_ERR_STATE, "rank %d: the optimizer is not sharded", ex->world_rank);
+    if (i < 0 || i >= ex->core.n_local) return pp_error(PP_ERR_INVALID, "rank %d: no local stage %d", ex->world_rank, i);
     pp_optim_shard *sh = ex->shards[ex->core.local[i]];
     if (!sh || !whole) return PP_OK;
     return pp_optim_shard_take(sh, whole);
@@ -213,14 +214,8 @@ void pp_executor_world_stage_ranks(const pp_schedule *sched, int replicas, int *
             out[k * sched->nstages + s] = k * sched->nranks + sched->stage_rank[s];
 }
 
-pp_status pp_executor_set_replicas(pp_executor *ex, const pp_replica_options *o) {
-    if (o->replicas < 1 || o->replica < 0 || o->replica >= o->replicas)
-        return pp_error(PP_ERR_INVALID, "rank %d: replica %d of %d", ex->rank, o->replica, o->replicas);
-    if (o->replicas > 1 && !ex->core.training)
-        return pp_error(PP_ERR_UNSUPPORTED, "rank %d: data-parallel replicas are for training", ex->rank);
-    if (o->first_bucket_bytes <= 0 || o->bucket_bytes <= 0)
-        return pp_error(PP_ERR_INVALID, "rank %d: gradient buckets of %lld and %lld bytes", ex->rank,
-                        (long long)o->first_bucket_bytes, (long long)o->bucket_bytes);
+/* Back to one replica: no ring, no shards. */
+static void drop_replicas(pp_executor *ex) {
     pp_grad_ring_free(ex->ring);
     ex->ring = NULL;
     free(ex->ring_added);
@@ -229,12 +224,29 @@ pp_status pp_executor_set_replicas(pp_executor *ex, const pp_replica_options *o)
     for (int s = 0; ex->shards && s < ex->sched->nstages; s++) pp_optim_shard_free(ex->shards[s]);
     free(ex->shards);
     ex->shards = NULL;
+    pp_replica_options_init(&ex->rep);
+    ex->world_rank = ex->rank;
+    ex->stage_offset = 0;
+    ex->core.replicas = 1;
+    ex->core.replica = 0;
+}
+
+pp_status pp_executor_set_replicas(pp_executor *ex, const pp_replica_options *o) {
+    if (o->replicas < 1 || o->replica < 0 || o->replica >= o->replicas)
+        return pp_error(PP_ERR_INVALID, "rank %d: replica %d of %d", ex->world_rank, o->replica, o->replicas);
+    if (o->replicas > 1 && !ex->core.training)
+        return pp_error(PP_ERR_UNSUPPORTED, "rank %d: data-parallel replicas are for training", ex->world_rank);
+    if (o->first_bucket_bytes <= 0 || o->bucket_bytes <= 0)
+        return pp_error(PP_ERR_INVALID, "rank %d: gradient buckets of %lld and %lld bytes", ex->world_rank,
+                        (long long)o->first_bucket_bytes, (long long)o->bucket_bytes);
     if (o->shard_optimizer && o->replicas > 1) {
         for (int i = 0; i < ex->core.n_local; i++)
             if (ex->core.optims[ex->core.local[i]])
-                return pp_error(PP_ERR_STATE, "rank %d: shard the optimizer before setting it", ex->rank);
+                return pp_error(PP_ERR_STATE, "rank %d: shard the optimizer before setting it", ex->world_rank);
     }
+    drop_replicas(ex);
     ex->rep = *o;
+    ex->world_rank = o->replica * ex->sched->nranks + ex->rank;
     ex->stage_offset = o->replica * ex->sched->nstages;
     ex->core.replicas = o->replicas;
     ex->core.replica = o->replica;
@@ -245,26 +257,27 @@ pp_status pp_executor_set_replicas(pp_executor *ex, const pp_replica_options *o)
     ex->ring_added = calloc((size_t)ns, 1);
     ex->has_shared = calloc((size_t)ns, 1);
     if (o->shard_optimizer) ex->shards = calloc((size_t)ns, sizeof *ex->shards);
-    if (!ex->ring_added || !ex->has_shared || (o->shard_optimizer && !ex->shards))
-        return pp_error(PP_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < ex->core.p->n_shared; i++)
+    pp_status s = !ex->ring_added || !ex->has_shared || (o->shard_optimizer && !ex->shards)
+                      ? pp_error(PP_ERR_NOMEM, "out of memory")
+                      : pp_error_context(pp_grad_ring_new(&ex->ring_opt, &ex->ring), "rank %d", ex->world_rank);
+    for (int i = 0; s == PP_OK && i < ex->core.p->n_shared; i++)
         for (int a = 0; a < ex->core.p->shared[i].n_stages; a++) ex->has_shared[ex->core.p->shared[i].stages[a]] = 1;
-    return pp_error_context(pp_grad_ring_new(&ex->ring_opt, &ex->ring), "rank %d", ex->rank);
+    if (s != PP_OK) drop_replicas(ex); /* not half a replica */
+    return s;
 }
 
 /* Local stages whose last weight gradient of the step just ran join the
  * ring; then every bucket moves on as far as what arrived allows. Sharded,
- * a stage that holds a replicated parameter waits for that parameter's
- * sum across its stages: each replica then updates its own elements of
- * every copy, which needs the sum there. */
+ * a stage that holds a copy of a replicated (tied) parameter still has its
+ * gradients summed whole: the copies' sum across stages comes after the
+ * replicas' sum, in the unsharded order, so every copy gets the same bits. */
 static pp_status ring_progress(pp_executor *ex) {
     pp_core *c = &ex->core;
     for (int i = 0; i < c->n_local; i++) {
         int s = c->local[i];
         if (ex->ring_added[s] || !pp_core_weights_done(c, s)) continue;
-        if (ex->shards && ex->has_shared[s] && !c->shared_synced) continue;
         ex->ring_added[s] = 1;
-        PP_TRY(pp_grad_ring_add(ex->ring, s, pp_stage_params(c->stages[s])));
+        PP_TRY(pp_grad_ring_add(ex->ring, s, pp_stage_params(c->stages[s]), ex->shards && ex->has_shared[s]));
     }
     return pp_grad_ring_progress(ex->ring);
 }
@@ -275,13 +288,18 @@ static pp_status replica_mean(pp_executor *ex, pp_tensor **outputs) {
     const pp_pipe *p = ex->core.p;
     int r = ex->rep.replicas, me = ex->rep.replica, ns = ex->sched->nstages;
     for (int o = 0; o < p->n_outputs; o++) {
-        if (!outputs[o] || outputs[o]->ndim != 0) continue;
+        if (!outputs[o] || outputs[o]->ndim != 0 || !pp_dtype_is_float(outputs[o]->dtype)) continue;
         int st = p->output_stage[o];
-        for (int k = 0; k < r; k++) {
+        pp_tensor *mine; /* a copy: outputs[o] changes below, maybe before the send reads it */
+        PP_TRY(pp_tensor_clone(outputs[o], &mine));
+        pp_status s = PP_OK;
+        for (int k = 0; k < r && s == PP_OK; k++) {
             pp_transport_key key = {PP_MSG_GRADIENT, ex->core.step, PP_GRAD_RING_MICROBATCH - 1, me * ns + st,
                                     k * ns + st, p->outputs[o]};
-            if (k != me) PP_TRY(pp_transport_send(ex->t, &key, outputs[o]));
+            if (k != me) s = pp_transport_send(ex->t, &key, mine);
         }
+        pp_tensor_free(mine);
+        PP_TRY(s);
         double sum = 0;
         for (int k = 0; k < r; k++) {
             if (k == me) {
@@ -307,7 +325,7 @@ static pp_status replica_mean(pp_executor *ex, pp_tensor **outputs) {
 
 pp_status pp_executor_set_wire_dtype(pp_executor *ex, pp_dtype dt) {
     if (dt != PP_F32 && dt != PP_BF16)
-        return pp_error(PP_ERR_UNSUPPORTED, "rank %d: wire dtype %s (float32 or bfloat16)", ex->rank, pp_dtype_name(dt));
+        return pp_error(PP_ERR_UNSUPPORTED, "rank %d: wire dtype %s (float32 or bfloat16)", ex->world_rank, pp_dtype_name(dt));
     ex->wire = dt;
     return PP_OK;
 }
@@ -410,7 +428,7 @@ static pp_status run_actions(pp_executor *ex, const pp_route *route) {
         if (s != PP_OK) {
             char text[PP_ACTION_STR_MAX];
             pp_action_format(sched, a, text, sizeof text);
-            return pp_error_context(s, "rank %d step %lld action %zu (%s)", ex->rank, (long long)ex->core.step,
+            return pp_error_context(s, "rank %d step %lld action %zu (%s)", ex->world_rank, (long long)ex->core.step,
                                     k, text);
         }
     }
@@ -431,13 +449,12 @@ pp_status pp_executor_step(pp_executor *ex, int64_t step, int m, int n_inputs, c
         pp_grad_ring_begin(ex->ring, step);
         memset(ex->ring_added, 0, (size_t)ex->sched->nstages);
     }
-    if (s != PP_OK) s = pp_error_context(s, "rank %d", ex->rank);
+    if (s != PP_OK) s = pp_error_context(s, "rank %d", ex->world_rank);
     else s = run_actions(ex, &route); /* names rank, step and action */
     if (s == PP_OK && ex->ring) { /* every stage's sum is in before the replicated parameters' */
-        if (ex->shards) s = pp_core_sync_shared(&ex->core, &route); /* sharded: the other way round */
-        if (s == PP_OK) s = ring_progress(ex);
+        s = ring_progress(ex);
         if (s == PP_OK) s = pp_grad_ring_finish(ex->ring, ex->timeout_ms);
-        if (s != PP_OK) s = pp_error_context(s, "rank %d step %lld", ex->rank, (long long)step);
+        if (s != PP_OK) s = pp_error_context(s, "rank %d step %lld", ex->world_rank, (long long)step);
     }
     int failed = s != PP_OK;
     /* with replicas the outputs are always merged: every replica takes part in their mean */
@@ -455,5 +472,5 @@ pp_status pp_executor_step(pp_executor *ex, int64_t step, int m, int n_inputs, c
             outs[o] = NULL;
         }
     }
-    return s == PP_OK || failed ? s : pp_error_context(s, "rank %d step %lld", ex->rank, (long long)step);
+    return s == PP_OK || failed ? s : pp_error_context(s, "rank %d step %lld", ex->world_rank, (long long)step);
 }

@@ -13,6 +13,8 @@ typedef struct bucket {
     int64_t off, len;   /* elements */
     int phase;          /* 0 .. 2(R-1): reduce-scatter, then all-gather; 2(R-1): done */
     int sent;           /* this phase's chunk has left */
+    int limit;          /* the phase it may run to now */
+    int params;         /* sharded, after the update: the all-gather moves parameters */
 } bucket;
 
 struct pp_grad_ring {
@@ -21,7 +23,6 @@ struct pp_grad_ring {
     bucket *b;
     int n, cap;
     int done;           /* buckets before this one are all done (they finish in order only when waited for) */
-    int limit;          /* phases buckets may run to: 2(R-1), or R-1 while a sharded step computes */
     int *next_id;       /* [n_stages]: the next bucket id per stage */
 };
 
@@ -53,20 +54,20 @@ void pp_grad_ring_free(pp_grad_ring *g) {
 void pp_grad_ring_begin(pp_grad_ring *g, int64_t step) {
     g->step = step;
     g->n = g->done = 0;
-    g->limit = g->o.shard ? g->o.replicas - 1 : 2 * (g->o.replicas - 1);
     memset(g->next_id, 0, sizeof *g->next_id * (size_t)g->o.n_stages);
 }
 
 int pp_grad_ring_buckets(const pp_grad_ring *g) { return g->n; }
 
-static pp_status push(pp_grad_ring *g, int stage, pp_flat_params *fp, int64_t off, int64_t len) {
+static pp_status push(pp_grad_ring *g, int stage, pp_flat_params *fp, int full, int64_t off, int64_t len) {
     if (g->n == g->cap) {
         int cap = g->cap ? 2 * g->cap : 16;
         bucket *nb = realloc(g->b, sizeof *nb * (size_t)cap);
         if (!nb) return pp_error(PP_ERR_NOMEM, "out of memory");
         g->b = nb, g->cap = cap;
     }
-    g->b[g->n++] = (bucket){stage, g->next_id[stage]++, fp, off, len, 0, 0};
+    int r = g->o.replicas;
+    g->b[g->n++] = (bucket){stage, g->next_id[stage]++, fp, off, len, 0, 0, g->o.shard && !full ? r - 1 : 2 * (r - 1), 0};
     return PP_OK;
 }
 
@@ -94,16 +95,17 @@ typedef struct add_ctx {
     pp_grad_ring *g;
     int stage;
     pp_flat_params *fp;
+    int full;
 } add_ctx;
 
 static pp_status add_one(void *user, int64_t off, int64_t len) {
     add_ctx *a = user;
-    return push(a->g, a->stage, a->fp, off, len);
+    return push(a->g, a->stage, a->fp, a->full, off, len);
 }
 
-pp_status pp_grad_ring_add(pp_grad_ring *g, int stage, pp_flat_params *fp) {
+pp_status pp_grad_ring_add(pp_grad_ring *g, int stage, pp_flat_params *fp, int full) {
     if (stage < 0 || stage >= g->o.n_stages) return pp_error(PP_ERR_INVALID, "gradient ring: no stage %d", stage);
-    add_ctx a = {g, stage, fp};
+    add_ctx a = {g, stage, fp, full};
     PP_TRY(cut(&g->o, fp, add_one, &a));
     return pp_grad_ring_progress(g);
 }
@@ -138,7 +140,8 @@ static void chunk_range(const pp_grad_ring *g, const bucket *b, int c, int64_t *
 /* What phase p reads and writes: the gradients, or (sharded, all-gather)
  * the parameters just updated. */
 static float *phase_buf(const pp_grad_ring *g, const bucket *b) {
-    return g->o.shard && b->phase >= g->o.replicas - 1 ? b->fp->data : b->fp->grad;
+    (void)g;
+    return b->params ? b->fp->data : b->fp->grad;
 }
 
 static void ring_key(const pp_grad_ring *g, const bucket *b, int sending, char *name, size_t cap,
@@ -181,7 +184,7 @@ static pp_status apply_chunk(pp_grad_ring *g, bucket *b, pp_tensor *in) {
                         (long long)pp_tensor_numel(in), (long long)n);
     float *dst = phase_buf(g, b) + lo;
     const float *src = in->data;
-    if (b->phase < g->o.replicas - 1)
+    if (b->phase < g->o.replicas - 1 && !b->params)
         for (int64_t i = 0; i < n; i++) dst[i] += src[i];
     else if (n)
         memcpy(dst, src, (size_t)n * sizeof(float));
@@ -192,7 +195,7 @@ static pp_status apply_chunk(pp_grad_ring *g, bucket *b, pp_tensor *in) {
 
 /* Runs bucket b on; wait 0: only as far as what has arrived allows. */
 static pp_status advance(pp_grad_ring *g, bucket *b, int wait, int timeout_ms) {
-    while (b->phase < g->limit) {
+    while (b->phase < b->limit) {
         if (!b->sent) PP_TRY(send_chunk(g, b));
         char name[64];
         pp_transport_key k;
@@ -212,7 +215,7 @@ static pp_status advance(pp_grad_ring *g, bucket *b, int wait, int timeout_ms) {
 
 pp_status pp_grad_ring_progress(pp_grad_ring *g) {
     for (int i = g->done; i < g->n; i++) PP_TRY(advance(g, &g->b[i], 0, 0));
-    while (g->done < g->n && g->b[g->done].phase == g->limit) g->done++;
+    while (g->done < g->n && g->b[g->done].phase == g->b[g->done].limit) g->done++;
     return PP_OK;
 }
 
@@ -223,7 +226,15 @@ pp_status pp_grad_ring_finish(pp_grad_ring *g, int timeout_ms) {
 
 pp_status pp_grad_ring_gather(pp_grad_ring *g, int timeout_ms) {
     if (!g->o.shard) return PP_OK;
-    g->limit = 2 * (g->o.replicas - 1);
+    /* every bucket's all-gather, now of the parameters; a bucket summed
+     * whole (full) goes through its all-gather phases a second time */
+    for (int i = 0; i < g->n; i++) {
+        bucket *b = &g->b[i];
+        b->phase = g->o.replicas - 1;
+        b->sent = 0;
+        b->params = 1;
+        b->limit = 2 * (g->o.replicas - 1);
+    }
     g->done = 0;
     return pp_grad_ring_finish(g, timeout_ms);
 }

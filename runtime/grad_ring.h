@@ -44,8 +44,10 @@ void pp_grad_ring_free(pp_grad_ring *g);
 void pp_grad_ring_begin(pp_grad_ring *g, int64_t step);
 /* Stage `stage`'s gradients in fp are complete for the step: its buckets
  * join the ring (and the first of them is sent at once). fp must not change
- * until pp_grad_ring_finish returns. */
-pp_status pp_grad_ring_add(pp_grad_ring *g, int stage, pp_flat_params *fp);
+ * until pp_grad_ring_finish returns. full (sharded rings): the gradients
+ * are all-reduced whole anyway (a stage holding a copy of a tied parameter,
+ * whose sum across stages comes after the replicas', as unsharded). */
+pp_status pp_grad_ring_add(pp_grad_ring *g, int stage, pp_flat_params *fp, int full);
 /* Moves every bucket on as far as what has arrived allows; never waits. */
 pp_status pp_grad_ring_progress(pp_grad_ring *g);
 /* Waits until every added bucket is summed (sharded: its reduce-scatter

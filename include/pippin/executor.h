@@ -110,7 +110,9 @@ typedef struct pp_replica_options {
      * its shard of every stage's parameters (the elements whose sum the
      * ring's reduce-scatter leaves with it), then the updated parameters
      * are all-gathered: optimizer memory / R, the unsharded results bit
-     * for bit. Default 0. */
+     * for bit. After a step the gradient buffer then holds complete sums
+     * only in this replica's shard (and in stages that hold a copy of a
+     * replicated parameter, whose gradients are summed whole). Default 0. */
     int shard_optimizer;
 } pp_replica_options;
 
