@@ -36,6 +36,8 @@
  *   run_id: gpt-small-01                   # optional: this run's identity (default: random)
  *   insecure: false                        # true: allow non-loopback tcp without security:
  *   rejoin_timeout_ms: 60000               # optional: wait for a failed rank to come back
+ *   threads: 2                             # optional: compute threads per rank (default: the CPUs
+ *                                          #   divided among the ranks on the host)
  *   recompute: [0, 2]                      # optional (mode train): stages that recompute their forward
  *                                          #   before the backward instead of stashing (true: all)
  *   serve: {endpoint: tcp://127.0.0.1:5600, max_batch: 8, max_wait_us: 500,   # mode serve
@@ -139,6 +141,9 @@ typedef struct pp_config {
                                       * a worker opens it) */
     int recompute_line;              /* the line of the recompute key, for those messages */
     int *recompute_lines;            /* per entry of recompute_stages: its own line */
+    int threads;                     /* threads: each rank's compute threads (pippin's pool and the BLAS);
+                                      * 0 (default): the CPUs the worker may use divided among the
+                                      * ranks on its host (pp_worker_threads) */
 } pp_config;
 
 /* Reads and checks a config file. */
