@@ -8,7 +8,7 @@ training step (forward and backward, the gradients of every parameter; no
 optimizer update) timed in both, in this one process: torch on
 torch.set_num_threads(N) (its convolutions go through oneDNN/mkldnn), pippin
 through libpippin.so (ctypes: pp_onnx_load, pp_autodiff_model, pp_graph_run)
-with pp_set_blas_threads(N). Each number is the median of --iters steps
+with pp_set_threads(N) (kernel pool and BLAS). Each number is the median of --iters steps
 after --warmup. Prints a table and the ratio pippin / torch (below 1: pippin
 is faster).
 
@@ -84,7 +84,7 @@ def load_lib(path):
     lib.pp_tensor_free.argtypes = [P]
     lib.pp_backward_free.argtypes = [P]
     lib.pp_graph_free.argtypes = [ctypes.POINTER(Graph)]
-    lib.pp_set_blas_threads.argtypes = [ctypes.c_int]
+    lib.pp_set_threads.argtypes = [ctypes.c_int]
     lib.pp_last_error.restype = ctypes.c_char_p
     return lib
 
@@ -169,7 +169,7 @@ def main():
             n_params = sum(p.numel() for p in model.parameters())
             for n in a.threads:
                 torch.set_num_threads(n)
-                lib.pp_set_blas_threads(n)
+                lib.pp_set_threads(n)  # pippin's kernel pool and the BLAS
                 tt = time_torch(model, x, y, a.warmup, a.iters)
                 tp = time_pippin(lib, path, npys, a.warmup, a.iters)
                 print("%-14s %9.2fM %8d %10.1f %10.1f %7.2fx" % (name, n_params / 1e6, n, tp, tt, tp / tt),

@@ -7,7 +7,7 @@ it with python/pippin_torch.py, and times one training step (forward and
 backward, the gradients of every parameter; no optimizer update) in both,
 in this one process: torch on torch.set_num_threads(N), pippin through
 libpippin.so (ctypes: pp_onnx_load, pp_autodiff_model, pp_graph_run) with
-pp_set_blas_threads(N). Each number is the median of --iters steps after
+pp_set_threads(N) (kernel pool and BLAS). Each number is the median of --iters steps after
 --warmup. Prints a table and the ratio pippin / torch (below 1: pippin is
 faster); with --cpu-time the times are this thread's CPU time
 (time.thread_time) rather than wall time, steadier on a busy machine (with
@@ -69,7 +69,7 @@ def load_lib(path):
     lib.pp_npy_load.argtypes = [ctypes.c_char_p, ctypes.POINTER(P)]
     lib.pp_tensor_scalar_f32.argtypes = [ctypes.c_float, ctypes.POINTER(P)]
     lib.pp_tensor_free.argtypes = [P]
-    lib.pp_set_blas_threads.argtypes = [ctypes.c_int]
+    lib.pp_set_threads.argtypes = [ctypes.c_int]
     lib.pp_last_error.restype = ctypes.c_char_p
     return lib
 
@@ -150,7 +150,7 @@ def main():
             np.save(xp, x.numpy())
             for n in a.threads:
                 torch.set_num_threads(n)
-                lib.pp_set_blas_threads(n)
+                lib.pp_set_threads(n)  # pippin's kernel pool and the BLAS
                 tt = time_torch(model, x, a.warmup, a.iters, clock)
                 tp = time_pippin(lib, path, xp, a.warmup, a.iters, clock)
                 print("%-26s %8d %10.2f %10.2f %7.2fx" % (spec, n, tp, tt, tp / tt))

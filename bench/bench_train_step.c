@@ -1,8 +1,14 @@
-/* One training step (forward + backward, all parameter gradients) of the GPT
- * fixture against PyTorch 1.13 on the same number of threads, and the peak
- * resident memory of both processes.
+/* One training step (forward + backward, all parameter gradients) and one
+ * forward (loss and logits) of a GPT (the fixture, or --model DIR as
+ * bench/bench_gpt.py exports it) against PyTorch 1.13 on the same number of
+ * threads, and the peak resident memory of both processes.
  *
- *   pippin-bench-train [--threads N] [--batch B] [--iters K] [--model DIR] [--no-torch]
+ *   pippin-bench-train [--threads N] [--pool-threads P] [--batch B] [--iters K]
+ *                      [--model DIR] [--no-torch] [--json]
+ *
+ * --threads sets pippin's kernel pool and the BLAS (pp_set_threads);
+ * --pool-threads then sizes the pool alone (1: the kernels other than the
+ * BLAS on one thread, as before the pool). --json adds one JSON line.
  *
  * The torch side is bench/torch_forward.py, run with /usr/bin/python3. */
 #include <cblas.h>
@@ -16,6 +22,8 @@
 #include <unistd.h>
 
 #include "pippin/pippin.h"
+
+#include "thread_pool.h"
 
 static double now_ms(void) {
     struct timespec ts;
@@ -48,7 +56,7 @@ static pp_tensor *tokens(int64_t batch, int64_t seq, int64_t vocab, unsigned *se
 
 /* Runs the torch script; fills *ms and *rss (MB). 0 on success. */
 static int torch_numbers(const char *src, const char *model_dir, int threads, int batch, int iters,
-                         double *ms, double *rss) {
+                         double *ms, double *fwd_ms, double *rss) {
     if (access("/usr/bin/python3", X_OK) != 0) return -1;
     char cmd[8800], line[8192] = "";
     snprintf(cmd, sizeof cmd,
@@ -65,6 +73,8 @@ static int torch_numbers(const char *src, const char *model_dir, int threads, in
     if (!o) return -1;
     int ok = json_object_object_get_ex(o, "train_step_ms", &v);
     if (ok) *ms = json_object_get_double(v);
+    ok = ok && json_object_object_get_ex(o, "forward_ms", &v);
+    if (ok) *fwd_ms = json_object_get_double(v);
     ok = ok && json_object_object_get_ex(o, "peak_rss_mb", &v);
     if (ok) *rss = json_object_get_double(v);
     json_object_put(o);
@@ -72,14 +82,15 @@ static int torch_numbers(const char *src, const char *model_dir, int threads, in
 }
 
 int main(int argc, char **argv) {
-    int threads = 1, batch = 32, iters = 20, no_torch = 0;
+    int threads = 1, pool = 0, batch = 32, iters = 20, no_torch = 0, json = 0;
     const char *src = getenv("PIPPIN_SOURCE_ROOT");
     char model_dir[4096];
     snprintf(model_dir, sizeof model_dir, "%s/test/fixtures/gpt", src ? src : PP_SOURCE_ROOT);
     static const struct option opts[] = {
         {"threads", required_argument, NULL, 't'}, {"batch", required_argument, NULL, 'b'},
         {"iters", required_argument, NULL, 'i'},   {"model", required_argument, NULL, 'm'},
-        {"no-torch", no_argument, NULL, 'n'},      {NULL, 0, NULL, 0},
+        {"no-torch", no_argument, NULL, 'n'},      {"pool-threads", required_argument, NULL, 'p'},
+        {"json", no_argument, NULL, 'j'},          {NULL, 0, NULL, 0},
     };
     int c;
     while ((c = getopt_long(argc, argv, "t:b:i:m:", opts, NULL)) != -1) {
@@ -89,14 +100,17 @@ int main(int argc, char **argv) {
         case 'i': iters = atoi(optarg); break;
         case 'm': snprintf(model_dir, sizeof model_dir, "%s", optarg); break;
         case 'n': no_torch = 1; break;
+        case 'p': pool = atoi(optarg); break;
+        case 'j': json = 1; break;
         default:
-            fprintf(stderr, "usage: pippin-bench-train [--threads N] [--batch B] [--iters K] "
-                            "[--model DIR] [--no-torch]\n");
+            fprintf(stderr, "usage: pippin-bench-train [--threads N] [--pool-threads P] [--batch B] "
+                            "[--iters K] [--model DIR] [--no-torch] [--json]\n");
             return 2;
         }
     }
-    if (threads < 1 || batch < 1 || iters < 1) return 2;
-    openblas_set_num_threads(threads);
+    if (threads < 1 || batch < 1 || iters < 1 || pool < 0) return 2;
+    pp_set_threads(threads);
+    if (pool > 0) pp_pool_set_size(pool);
 
     char path[4200];
     snprintf(path, sizeof path, "%s/model.onnx", model_dir);
@@ -126,24 +140,57 @@ int main(int argc, char **argv) {
         }
         if (i >= 0) ts[i] = now_ms() - t0;
     }
+    double rss = peak_rss_mb(); /* the training's peak */
+    /* the forward alone (loss and logits), on the model loaded again: the
+     * trainer's graph has inputs of its own */
+    pp_exec *ex = NULL;
+    pp_graph *g2 = NULL;
+    double *fs = malloc(sizeof(double) * (size_t)iters);
+    pp_tensor **outs = calloc((size_t)g->n_outputs + 1, sizeof *outs);
+    if (rc == 0 && (pp_onnx_load(path, &g2) != PP_OK || pp_exec_new(g2, &ex) != PP_OK || !fs || !outs)) {
+        fprintf(stderr, "pippin-bench-train: %s\n", pp_last_error());
+        rc = 1;
+    }
+    for (int i = -3; i < iters && rc == 0; i++) {
+        double t0 = now_ms();
+        if (pp_exec_run(ex, ins, outs) != PP_OK) {
+            fprintf(stderr, "pippin-bench-train: %s\n", pp_last_error());
+            rc = 1;
+        }
+        for (int o = 0; o < g2->n_outputs; o++) pp_tensor_free(outs[o]), outs[o] = NULL;
+        if (i >= 0) fs[i] = now_ms() - t0;
+    }
     if (rc == 0) {
         qsort(ts, (size_t)iters, sizeof *ts, cmp_double);
-        double ms = ts[iters / 2], rss = peak_rss_mb();
-        printf("GPT fixture train step (forward + backward), batch %d x %lld tokens, %d thread%s\n",
-               batch, (long long)seq, threads, threads == 1 ? "" : "s");
-        printf("  pippin: %8.3f ms   peak RSS %7.1f MB (%.1f MB above the loaded model)\n", ms, rss,
-               rss - rss_before);
-        double tms, trss;
-        if (!no_torch && torch_numbers(src ? src : PP_SOURCE_ROOT, model_dir, threads, batch, iters, &tms,
-                          &trss) == 0) {
-            printf("  torch : %8.3f ms   peak RSS %7.1f MB\n", tms, trss);
-            printf("  speed ratio torch/pippin %.2fx (>1: pippin faster); memory ratio "
+        qsort(fs, (size_t)iters, sizeof *fs, cmp_double);
+        double ms = ts[iters / 2], fms = fs[iters / 2];
+        printf("GPT train step (forward + backward) and forward, batch %d x %lld tokens, %d thread%s "
+               "(kernel pool %d)\n",
+               batch, (long long)seq, threads, threads == 1 ? "" : "s", pp_get_threads());
+        printf("  pippin: train %8.3f ms  forward %8.3f ms  peak RSS %7.1f MB (%.1f MB above the loaded model)\n",
+               ms, fms, rss, rss - rss_before);
+        double tms = 0, tfms = 0, trss = 0;
+        int have_torch = !no_torch && torch_numbers(src ? src : PP_SOURCE_ROOT, model_dir, threads, batch, iters,
+                                                    &tms, &tfms, &trss) == 0;
+        if (have_torch) {
+            printf("  torch : train %8.3f ms  forward %8.3f ms  peak RSS %7.1f MB\n", tms, tfms, trss);
+            printf("  speed ratio torch/pippin: train %.2fx, forward %.2fx (>1: pippin faster); memory ratio "
                    "torch/pippin %.2fx\n",
-                   tms / ms, trss / rss);
+                   tms / ms, tfms / fms, trss / rss);
         } else {
             printf("  torch unavailable\n");
         }
+        if (json)
+            printf("{\"threads\": %d, \"pool\": %d, \"batch\": %d, \"seq\": %lld, \"train_ms\": %.4f, "
+                   "\"forward_ms\": %.4f, \"rss_mb\": %.1f, \"torch_train_ms\": %.4f, \"torch_forward_ms\": %.4f, "
+                   "\"torch_rss_mb\": %.1f}\n",
+                   threads, pp_get_threads(), batch, (long long)seq, ms, fms, rss, have_torch ? tms : 0.0,
+                   have_torch ? tfms : 0.0, have_torch ? trss : 0.0);
     }
+    pp_exec_free(ex);
+    pp_graph_free(g2);
+    free(outs);
+    free(fs);
     free(ts);
     pp_tensor_free(ins[0]);
     pp_tensor_free(ins[1]);

@@ -556,13 +556,14 @@ static pp_status check_protected(const cx *x, const yaml_node_t *ranks, const ya
 enum {
     K_MODEL, K_SPLIT, K_DIMS, K_MODE, K_SCHEDULE, K_MICROBATCHES, K_BATCH, K_STEPS, K_LOSS,
     K_OPTIMIZER, K_DATA, K_TEXT, K_RANKS, K_BIND, K_TIMEOUT, K_SECURITY, K_OUTPUT, K_STAGES, K_SHM, K_FREEZE,
-    K_CHECKPOINT, K_RUN_ID, K_INSECURE, K_REJOIN, K_SERVE, K_PARAMS, K_RECOMPUTE, K_REPLICAS, K_BUCKETS, K_SHARD, K_WIRE, K_COUNT
+    K_CHECKPOINT, K_RUN_ID, K_INSECURE, K_REJOIN, K_SERVE, K_PARAMS, K_RECOMPUTE, K_REPLICAS, K_BUCKETS, K_SHARD,
+    K_WIRE, K_THREADS, K_COUNT
 };
 static const char *const top_keys[K_COUNT] = {
     "model", "split", "dims", "mode", "schedule", "microbatches", "batch_size", "steps", "loss",
     "optimizer", "data", "text", "ranks", "bind", "timeout_ms", "security", "output_dir", "stages",
     "shared_memory", "freeze", "checkpoint", "run_id", "insecure", "rejoin_timeout_ms", "serve", "params",
-    "recompute", "replicas", "gradient_buckets", "shard_optimizer", "wire_dtype"};
+    "recompute", "replicas", "gradient_buckets", "shard_optimizer", "wire_dtype", "threads"};
 
 /* recompute: true | false | a list of distinct stage indices. */
 static pp_status parse_recompute(const cx *x, const yaml_node_t *n) {
@@ -694,6 +695,7 @@ static pp_status parse_top(const cx *x, const yaml_node_t *root) {
     if (given(v[K_TIMEOUT])) PP_TRY(get_int32(x, v[K_TIMEOUT], "timeout_ms", 1, INT_MAX, &c->timeout_ms));
     if (given(v[K_REJOIN]))
         PP_TRY(get_int32(x, v[K_REJOIN], "rejoin_timeout_ms", 0, INT_MAX, &c->rejoin_timeout_ms));
+    if (given(v[K_THREADS])) PP_TRY(get_int32(x, v[K_THREADS], "threads", 0, 4096, &c->threads));
     if (given(v[K_SHM])) PP_TRY(get_bool(x, v[K_SHM], "shared_memory", &c->shared_memory));
     if (given(v[K_SECURITY])) {
         yaml_node_t *lists[2];

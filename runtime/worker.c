@@ -427,6 +427,7 @@ pp_status pp_worker_open_config(const pp_config *c, const pp_worker_options *o, 
     w->resume_mode = w->opt.resume;
     w->rejoin_ms = w->opt.rejoin_timeout_ms ? w->opt.rejoin_timeout_ms : c->rejoin_timeout_ms;
     if (w->rejoin_ms < 0) w->rejoin_ms = 0;
+    if (w->opt.threads >= 0) pp_set_threads(pp_worker_threads(c, w->opt.threads, 0));
     if (w->opt.blas_threads > 0) pp_set_blas_threads(w->opt.blas_threads);
     pp_status s = pp_config_rank(w->opt.rank, c->n_ranks, &w->rank);
     if (s == PP_OK) s = open_run(w);

@@ -9,6 +9,7 @@
 #include <strings.h>
 
 #include "status_internal.h"
+#include "thread_pool.h"
 struct pp_optim {
     pp_optim_config c;
     int64_t n, steps;
@@ -87,12 +88,25 @@ void pp_optim_free(pp_optim *o) {
     free(o);
 }
 
-static void sgd_step(pp_optim *o, float *restrict p, const float *restrict grad, int64_t n) {
+/* The updates run over element ranges [lo, hi) on the pool
+ * (thread_pool.h): each element's update is the same at any cut. */
+typedef struct step_job {
+    pp_optim *o;
+    float *p;
+    const float *grad;
+} step_job;
+
+static void sgd_step(void *arg, int64_t lo, int64_t hi) {
+    const step_job *j = arg;
+    pp_optim *o = j->o;
     const pp_optim_config *c = &o->c;
+    float *restrict p = j->p + lo;
+    const float *restrict grad = j->grad + lo;
+    int64_t n = hi - lo;
     float wd = (float)c->weight_decay, mom = (float)c->momentum;
     float damp = (float)(1.0 - c->dampening), neg_lr = (float)-c->lr;
     float sign = c->maximize ? -1.0f : 1.0f;
-    float *restrict buf = o->s0;
+    float *restrict buf = o->s0 ? o->s0 + lo : NULL;
     int first = o->steps == 0;
     for (int64_t i = 0; i < n; i++) {
         float d = sign * grad[i];
@@ -105,8 +119,13 @@ static void sgd_step(pp_optim *o, float *restrict p, const float *restrict grad,
     }
 }
 
-static void adamw_step(pp_optim *o, float *restrict p, const float *restrict grad, int64_t n) {
+static void adamw_step(void *arg, int64_t lo, int64_t hi) {
+    const step_job *j = arg;
+    pp_optim *o = j->o;
     const pp_optim_config *c = &o->c;
+    float *restrict p = j->p + lo;
+    const float *restrict grad = j->grad + lo;
+    int64_t n = hi - lo;
     double t = (double)(o->steps + 1);
     float decay = (float)(1.0 - c->lr * c->weight_decay);
     float b1 = (float)c->beta1, b2 = (float)c->beta2;
@@ -114,7 +133,7 @@ static void adamw_step(pp_optim *o, float *restrict p, const float *restrict gra
     double bc1 = 1.0 - pow(c->beta1, t), bc2 = 1.0 - pow(c->beta2, t);
     float neg_step = (float)(-(c->lr / bc1)), bc2_sqrt = (float)sqrt(bc2), eps = (float)c->eps;
     float sign = c->maximize ? -1.0f : 1.0f;
-    float *restrict m = o->s0, *restrict v = o->s1;
+    float *restrict m = o->s0 + lo, *restrict v = o->s1 + lo;
     for (int64_t i = 0; i < n; i++) {
         float g = sign * grad[i];
         p[i] = p[i] * decay;
@@ -129,8 +148,8 @@ pp_status pp_optim_step(pp_optim *o, float *params, const float *grads, int64_t 
     if (n != o->n)
         return pp_error(PP_ERR_INVALID, "optimizer made for %lld elements, stepped with %lld",
                         (long long)o->n, (long long)n);
-    if (o->c.kind == PP_OPTIM_SGD) sgd_step(o, params, grads, n);
-    else adamw_step(o, params, grads, n);
+    step_job j = {o, params, grads};
+    pp_parallel_elems(n, PP_GRAIN_ELEMS, o->c.kind == PP_OPTIM_SGD ? sgd_step : adamw_step, &j);
     o->steps++;
     return PP_OK;
 }

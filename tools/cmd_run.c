@@ -27,6 +27,7 @@
 #include "commands.h"
 #include "pippin/checkpoint.h"
 #include "pippin/config.h"
+#include "pippin/worker.h"
 
 typedef struct job {
     const char *config;
@@ -48,6 +49,7 @@ typedef struct job {
     const char *ckpt_dir;
     pid_t pgid, launcher;
     const sigset_t *child_mask;
+    int threads;     /* each worker's --threads */
 } job;
 
 static double now_s(void) {
@@ -76,11 +78,12 @@ static pid_t spawn(const job *j, int r, const char *resume) {
     signal(SIGINT, SIG_DFL); /* not an ignore inherited by the launcher: the worker must hear a stop */
     signal(SIGTERM, SIG_DFL);
     sigprocmask(SIG_SETMASK, j->child_mask, NULL);
-    char rank[16], rejoin[16];
+    char rank[16], rejoin[16], threads[16];
     snprintf(rank, sizeof rank, "%d", r);
     snprintf(rejoin, sizeof rejoin, "%d", j->rejoin_ms);
-    char *argv[9] = {"pippin", "worker", (char *)j->config, "--rank", rank};
-    int n = 5;
+    snprintf(threads, sizeof threads, "%d", j->threads);
+    char *argv[11] = {"pippin", "worker", (char *)j->config, "--rank", rank, "--threads", threads};
+    int n = 7;
     if (j->rejoin_ms > 0) argv[n++] = "--rejoin-timeout-ms", argv[n++] = rejoin;
     if (resume) argv[n++] = (char *)resume;
     argv[n] = NULL;
@@ -215,7 +218,7 @@ static void wait_all(job *j, const sigset_t *set) {
 
 static void run_usage(FILE *f) {
     fprintf(f,
-            "usage: pippin run CONFIG.yaml [--resume] [--restart N]\n"
+            "usage: pippin run CONFIG.yaml [--resume] [--restart N] [--threads T]\n"
             "Starts one `pippin worker CONFIG.yaml --rank R` process per rank of the config on\n"
             "this machine and waits for them. If a worker fails, the others are stopped and the\n"
             "failed ranks are named. SIGINT/SIGTERM are passed to every worker, which stop\n"
@@ -228,15 +231,19 @@ static void run_usage(FILE *f) {
             "               (rejoin_timeout_ms, default 60000); then every rank rolls back to the\n"
             "               newest committed checkpoint in checkpoint.dir (step 0 when there is\n"
             "               none) and goes on. A worker that exits with an error stops the job\n"
+            "  --threads T  compute threads per worker (pippin's kernels and the BLAS); default\n"
+            "               PIPPIN_THREADS, else the config's threads:, else the CPUs this\n"
+            "               process may use divided by the number of ranks\n"
             "Exit status: 0 when every worker succeeded, 1 otherwise, 2 for a usage error.\n");
 }
 
 int cmd_run(int argc, char **argv) {
     static const struct option opts[] = {{"resume", no_argument, NULL, 'R'},
                                          {"restart", required_argument, NULL, 'n'},
+                                         {"threads", required_argument, NULL, 'T'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
-    int resume = 0, restarts = 0, c;
+    int resume = 0, restarts = 0, threads = 0, c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         if (c == 'R') {
@@ -249,6 +256,14 @@ int cmd_run(int argc, char **argv) {
                 return 2;
             }
             restarts = (int)v;
+        } else if (c == 'T') {
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            if (*end || end == optarg || v < 1 || v > 4096) {
+                fprintf(stderr, "pippin run: --threads '%s': need a number from 1 to 4096\n", optarg);
+                return 2;
+            }
+            threads = (int)v;
         } else if (c == 'h') {
             run_usage(stdout);
             return 0;
@@ -278,6 +293,8 @@ int cmd_run(int argc, char **argv) {
         return 1;
     }
     job j = {.config = path, .n = cfg->n_ranks, .restarts_left = restarts, .ckpt_dir = cfg->checkpoint_dir};
+    /* Every rank runs on this machine: the CPUs are shared among all. */
+    j.threads = pp_worker_threads(cfg, threads, cfg->n_ranks);
     if (restarts > 0) {
         j.rejoin_ms = cfg->rejoin_timeout_ms > 0 ? cfg->rejoin_timeout_ms : 60000;
         long long at_least = 3LL * cfg->timeout_ms;

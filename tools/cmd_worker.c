@@ -56,7 +56,7 @@ static void on_signal(int sig) {
 static void worker_usage(FILE *f) {
     fprintf(f, "usage: pippin worker CONFIG.yaml [--rank R] [--checkpoint DIR [--checkpoint-every N]\n"
                "                     [--checkpoint-keep K]] [--resume | --resume-if-any]\n"
-               "                     [--rejoin-timeout-ms T]\n"
+               "                     [--rejoin-timeout-ms T] [--threads N]\n"
                "Runs one rank of the pipeline the config describes (docs/config.md): builds the\n"
                "stages the schedule puts on this rank, connects to the other ranks' endpoints,\n"
                "and trains (or infers) for the configured steps. The rank comes from --rank,\n"
@@ -70,7 +70,10 @@ static void worker_usage(FILE *f) {
                "--rejoin-timeout-ms (or the config's rejoin_timeout_ms): when a peer dies or\n"
                "restarts, wait up to T ms for every rank to come back, then roll back together to\n"
                "the newest committed checkpoint (step 0 without one) and go on; a restarted rank\n"
-               "rejoins when started with --resume-if-any (0: a failure ends the run).\n");
+               "rejoins when started with --resume-if-any (0: a failure ends the run).\n"
+               "--threads N: compute threads (pippin's kernels and the BLAS); default\n"
+               "PIPPIN_THREADS, else the config's threads:, else the CPUs this process may use\n"
+               "divided among the ranks on this host (ipc:// or loopback endpoints).\n");
 }
 
 static int parse_count(const char *arg, const char *flag, long long max, long long *out) {
@@ -92,6 +95,7 @@ int cmd_worker(int argc, char **argv) {
                                          {"resume-if-any", no_argument, NULL, 'A'},
                                          {"checkpoint-keep", required_argument, NULL, 'k'},
                                          {"rejoin-timeout-ms", required_argument, NULL, 'J'},
+                                         {"threads", required_argument, NULL, 'T'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     pp_worker_options o;
@@ -122,6 +126,13 @@ int cmd_worker(int argc, char **argv) {
         } else if (c == 'J') {
             if (!parse_count(optarg, "--rejoin-timeout-ms", INT_MAX, &v)) return 2;
             o.rejoin_timeout_ms = v ? (int)v : -1;
+        } else if (c == 'T') {
+            if (!parse_count(optarg, "--threads", 4096, &v)) return 2;
+            if (v < 1) {
+                fprintf(stderr, "pippin worker: --threads '%s': need at least 1\n", optarg);
+                return 2;
+            }
+            o.threads = (int)v;
         } else if (c == 'h') {
             worker_usage(stdout);
             return 0;

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "commands.h"
+#include "pippin/exec.h"
 #include "pippin/status.h"
 #include "pippin/version.h"
 
@@ -49,6 +50,10 @@ int main(int argc, char **argv) {
         printf("pippin %s\n", pp_version());
         return 0;
     }
+    /* pippin's kernel pool and the BLAS start with the same count
+     * (PIPPIN_THREADS, else the CPUs this process may use); worker, run and
+     * train --transport then give each rank its share. */
+    pp_set_threads(pp_default_threads(1));
     for (const pp_command *c = commands; c->name; c++)
         if (strcmp(argv[1], c->name) == 0) return c->run(argc - 1, argv + 1);
     fprintf(stderr, "pippin: unknown command '%s'\n", argv[1]);

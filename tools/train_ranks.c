@@ -152,10 +152,11 @@ int train_over_transport(const pp_graph *g, pp_tensor *const *data, const train_
     }
     if (pp_schedule_from_spec(a->schedule, p->n_stages, a->microbatches, &sched) != PP_OK) goto done;
     if (a->save && pp_mkdirs(a->save) != PP_OK) goto done;
-    /* The ranks are the parallelism: BLAS's own thread pool would only
-     * spin against them for the same cores. */
-    pp_set_blas_threads(1);
     nr = sched->nranks;
+    /* The ranks are threads of this process: each gets its share of the
+     * CPUs (pippin's pool, shared by the rank threads, and the BLAS);
+     * more would only spin against the other ranks for the same cores. */
+    pp_set_threads(pp_default_threads(nr));
     jobs = calloc((size_t)nr, sizeof *jobs);
     th = calloc((size_t)nr, sizeof *th);
     if (!jobs || !th) goto done;

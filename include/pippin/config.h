@@ -41,6 +41,8 @@
  *   gradient_buckets: {first_bytes: 1048576, bytes: 26214400}  # the replicas' gradient sums
  *   shard_optimizer: true                  # optional, with replicas: ZeRO-1 (optimizer state / replicas)
  *   wire_dtype: bfloat16                   # optional: activations and gradients between ranks (float32)
+ *   threads: 2                             # optional: compute threads per rank (default: the CPUs
+ *                                          #   divided among the ranks on the host)
  *   recompute: [0, 2]                      # optional (mode train): stages that recompute their forward
  *                                          #   before the backward instead of stashing (true: all)
  *   serve: {endpoint: tcp://127.0.0.1:5600, max_batch: 8, max_wait_us: 500,   # mode serve
@@ -155,6 +157,9 @@ typedef struct pp_config {
     int shard_optimizer;             /* shard_optimizer: ZeRO-1 over the replicas; default 0 */
     int wire_bf16;                   /* wire_dtype: bfloat16: float32 activations and gradients between
                                       * ranks travel as bfloat16 (pp_executor_set_wire_dtype); default 0 */
+    int threads;                     /* threads: each rank's compute threads (pippin's pool and the BLAS);
+                                      * 0 (default): the CPUs the worker may use divided among the
+                                      * ranks on its host (pp_worker_threads) */
 } pp_config;
 
 /* Reads and checks a config file. */

@@ -67,6 +67,25 @@ PP_API pp_status pp_graph_run(pp_graph *g, pp_tensor *const *inputs, pp_tensor *
  * pipeline on one host is a thread of its own. */
 PP_API int pp_set_blas_threads(int n);
 
+/* Threads. pippin runs its row-parallel kernels (softmax, layernorm,
+ * elementwise ops, reductions, copies, optimizer updates) on one thread
+ * pool per process and the BLAS on its own threads; results are the same
+ * bits at any thread count.
+ *
+ * pp_set_threads sets both to n threads (the calling thread counts as one)
+ * and returns the count in effect; n < 1: the default. Call it from one
+ * thread while no graph runs (it waits for a parallel loop in flight).
+ * Ranks that are threads of one process share the pool: a kernel that finds
+ * it busy runs on its own thread.
+ *
+ * pp_default_threads: PIPPIN_THREADS when set, else the CPUs this process
+ * may use (sched_getaffinity) divided by ranks_on_host, at least 1. Without
+ * pp_set_threads the pool takes pp_default_threads(1).
+ * pp_get_threads: the pool's size now. */
+PP_API int pp_set_threads(int n);
+PP_API int pp_default_threads(int ranks_on_host);
+PP_API int pp_get_threads(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -74,12 +74,25 @@ typedef struct pp_worker_options {
      * for every rank to come back and roll back together (below); < 0:
      * off; 0: the config's rejoin_timeout_ms (default off). */
     int rejoin_timeout_ms;
+    /* Compute threads (pippin's pool and the BLAS, pp_set_threads), set
+     * when the worker opens: > 0: this many; 0 (default):
+     * pp_worker_threads(config, 0, 0); < 0: leave them as they are.
+     * blas_threads > 0 then overrides the BLAS's count. */
+    int threads;
 } pp_worker_options;
 
 #define PP_WORKER_RESUME 1
 #define PP_WORKER_RESUME_IF_ANY 2
 
-/* Defaults: rank -1, no progress callback, no checkpoints, BLAS untouched. */
+/* The compute threads a rank of config c uses: given when > 0 (a
+ * --threads flag), else PIPPIN_THREADS, else the config's `threads`, else
+ * the CPUs this process may use (sched_getaffinity) divided by
+ * ranks_on_host; ranks_on_host 0: the config's ranks whose endpoints can
+ * only be on this host (ipc://, loopback tcp), at least 1. c may be NULL. */
+PP_API int pp_worker_threads(const pp_config *c, int given, int ranks_on_host);
+
+/* Defaults: rank -1, no progress callback, no checkpoints, compute threads
+ * from pp_worker_threads. */
 PP_API void pp_worker_options_init(pp_worker_options *o);
 
 /* Opens this rank's worker from a config file (docs/config.md). Loads the

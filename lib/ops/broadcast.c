@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "status_internal.h"
+#include "thread_pool.h"
 /* "shapes [2,3] and [4]" / "shapes [2], [3] and [4]" into buf. */
 static const char *shapes_str(int n, const int *ndims, const int64_t *const *shapes, char *buf,
                               size_t cap) {
@@ -120,6 +121,18 @@ void pp_bcast_iter_init(pp_bcast_iter *it, const pp_bcast *b) {
     it->b = b;
 }
 
+void pp_bcast_iter_seek(pp_bcast_iter *it, const pp_bcast *b, int64_t row) {
+    pp_bcast_iter_init(it, b);
+    it->row = row;
+    /* The outer merged dims' coordinates of row, innermost outer dim first. */
+    int64_t rem = row;
+    for (int d = b->cdim - 2; d >= 0 && rem > 0; d--) {
+        it->idx[d] = rem % b->cshape[d];
+        rem /= b->cshape[d];
+        for (int k = 0; k < b->n; k++) it->off[k] += it->idx[d] * b->cstride[k][d];
+    }
+}
+
 int pp_bcast_iter_next(pp_bcast_iter *it) {
     const pp_bcast *b = it->b;
     if (++it->row >= b->rows) return 0;
@@ -131,6 +144,57 @@ int pp_bcast_iter_next(pp_bcast_iter *it) {
         it->idx[d] = 0;
     }
     return 1;
+}
+
+typedef struct seg_job {
+    const pp_bcast *b;
+    pp_bcast_seg_fn seg;
+    void *user;
+} seg_job;
+
+/* Elements [lo, hi) * PP_BCAST_ALIGN of the output, row by row. */
+static void seg_piece(void *arg, int64_t lo, int64_t hi) {
+    const seg_job *j = arg;
+    const pp_bcast *b = j->b;
+    lo *= PP_BCAST_ALIGN;
+    hi *= PP_BCAST_ALIGN;
+    if (hi > b->numel) hi = b->numel;
+    int64_t inner = b->inner, col = lo % inner, off[PP_BCAST_MAX];
+    pp_bcast_iter it;
+    pp_bcast_iter_seek(&it, b, lo / inner);
+    while (lo < hi) {
+        int64_t len = inner - col < hi - lo ? inner - col : hi - lo;
+        for (int k = 0; k < b->n; k++) off[k] = it.off[k] + col * b->inner_stride[k];
+        j->seg(j->user, len, off, lo);
+        lo += len;
+        col = 0;
+        if (lo < hi) pp_bcast_iter_next(&it);
+    }
+}
+
+void pp_bcast_run(const pp_bcast *b, int64_t grain_elems, pp_bcast_seg_fn seg, void *user) {
+    if (b->rows <= 0) return;
+    seg_job j = {b, seg, user};
+    int64_t blocks = (b->numel + PP_BCAST_ALIGN - 1) / PP_BCAST_ALIGN;
+    pp_parallel_for(blocks, grain_elems / PP_BCAST_ALIGN, seg_piece, &j);
+}
+
+typedef struct bto_job {
+    const char *s;
+    char *o;
+    size_t es;
+    int64_t stride;
+} bto_job;
+
+static void bto_seg(void *user, int64_t len, const int64_t *off, int64_t out) {
+    const bto_job *j = user;
+    char *dst = j->o + (size_t)out * j->es;
+    const char *from = j->s + (size_t)off[0] * j->es;
+    if (j->stride) {
+        memcpy(dst, from, (size_t)len * j->es);
+    } else {
+        for (int64_t i = 0; i < len; i++) memcpy(dst + (size_t)i * j->es, from, j->es);
+    }
 }
 
 pp_status pp_broadcast_to(const pp_tensor *src, int ndim, const int64_t *shape,
@@ -147,22 +211,8 @@ pp_status pp_broadcast_to(const pp_tensor *src, int ndim, const int64_t *shape,
     }
     pp_tensor *t;
     PP_TRY(pp_tensor_empty(src->dtype, ndim, shape, &t));
-    size_t es = pp_dtype_size(src->dtype);
-    if (b.rows > 0) {
-        const char *s = src->data;
-        char *o = t->data;
-        pp_bcast_iter it;
-        pp_bcast_iter_init(&it, &b);
-        do {
-            char *dst = o + (size_t)(it.row * b.inner) * es;
-            const char *from = s + (size_t)it.off[0] * es;
-            if (b.inner_stride[0]) {
-                memcpy(dst, from, (size_t)b.inner * es);
-            } else {
-                for (int64_t i = 0; i < b.inner; i++) memcpy(dst + (size_t)i * es, from, es);
-            }
-        } while (pp_bcast_iter_next(&it));
-    }
+    bto_job j = {src->data, t->data, pp_dtype_size(src->dtype), b.inner_stride[0]};
+    pp_bcast_run(&b, PP_GRAIN_ELEMS, bto_seg, &j);
     *out = t;
     return PP_OK;
 }

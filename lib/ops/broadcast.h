@@ -54,8 +54,19 @@ typedef struct pp_bcast_iter {
 
 /* Positions the iterator on row 0. Only valid when b->rows > 0. */
 void pp_bcast_iter_init(pp_bcast_iter *it, const pp_bcast *b);
+/* Positions the iterator on row `row` (0 <= row < b->rows). */
+void pp_bcast_iter_seek(pp_bcast_iter *it, const pp_bcast *b, int64_t row);
 /* Moves to the next row; returns 0 after the last one. */
 int pp_bcast_iter_next(pp_bcast_iter *it);
+
+/* Calls seg(user, len, off, out) for every row of the plan, or for pieces
+ * of rows: off[k] is operand k's element offset of the segment's first
+ * element (inner stride already applied), out the output's. Large plans
+ * run in pieces on the thread pool (thread_pool.h), cut at multiples of
+ * PP_BCAST_ALIGN elements, so seg must only write its own output elements. */
+#define PP_BCAST_ALIGN 16
+typedef void (*pp_bcast_seg_fn)(void *user, int64_t len, const int64_t *off, int64_t out);
+void pp_bcast_run(const pp_bcast *b, int64_t grain_elems, pp_bcast_seg_fn seg, void *user);
 
 /* Materialises src broadcast to shape (a new tensor, same dtype). Fails with
  * PP_ERR_SHAPE if src does not broadcast to exactly that shape. */

@@ -17,6 +17,7 @@
 #include "widen.h"
 
 #include "status_internal.h"
+#include "thread_pool.h"
 /* ------------------------------------------------------------------------ */
 /* Binary loops                                                              */
 
@@ -194,6 +195,18 @@ static pp_status unsupported_dtype(const pp_kernel_ctx *ctx, pp_dtype dt) {
                            pp_dtype_name(dt));
 }
 
+typedef struct bin_job {
+    bin_fn f;
+    const char *pa, *pb;
+    char *po;
+    size_t ea, eb, eo;
+} bin_job;
+
+static void bin_seg(void *user, int64_t len, const int64_t *off, int64_t out) {
+    const bin_job *j = user;
+    j->f(len, j->pa + (size_t)off[0] * j->ea, j->pb + (size_t)off[1] * j->eb, j->po + (size_t)out * j->eo);
+}
+
 /* Runs loops l over a (op) b with broadcasting into a new tensor of dtype odt. */
 static pp_status run_bin(const pp_kernel_ctx *ctx, const pp_tensor *a, const pp_tensor *b,
                          pp_dtype odt, const bin_impl *l, pp_tensor **out) {
@@ -203,23 +216,14 @@ static pp_status run_bin(const pp_kernel_ctx *ctx, const pp_tensor *a, const pp_
         return pp_kernel_error(ctx, PP_ERR_SHAPE, "%s", pp_last_error());
     pp_tensor *o;
     PP_TRY(pp_tensor_empty(odt, bc.ndim, bc.shape, &o));
-    if (bc.rows > 0) {
-        size_t ea = pp_dtype_size(a->dtype), eb = pp_dtype_size(b->dtype);
-        size_t eo = pp_dtype_size(odt);
-        const char *pa = a->data, *pb = b->data;
-        char *po = o->data;
-        /* Both inner strides 0 only happens for rows of one element. */
-        bin_fn f = bc.inner_stride[0] && bc.inner_stride[1] ? l->vv
-                   : bc.inner_stride[0]                     ? l->vs
-                   : bc.inner_stride[1]                     ? l->sv
-                                                            : l->vs;
-        pp_bcast_iter it;
-        pp_bcast_iter_init(&it, &bc);
-        do {
-            f(bc.inner, pa + (size_t)it.off[0] * ea, pb + (size_t)it.off[1] * eb,
-              po + (size_t)(it.row * bc.inner) * eo);
-        } while (pp_bcast_iter_next(&it));
-    }
+    /* Both inner strides 0 only happens for rows of one element. */
+    bin_fn f = bc.inner_stride[0] && bc.inner_stride[1] ? l->vv
+               : bc.inner_stride[0]                     ? l->vs
+               : bc.inner_stride[1]                     ? l->sv
+                                                        : l->vs;
+    bin_job j = {f, a->data, b->data, o->data, pp_dtype_size(a->dtype), pp_dtype_size(b->dtype),
+                 pp_dtype_size(odt)};
+    pp_bcast_run(&bc, PP_GRAIN_ELEMS, bin_seg, &j);
     *out = o;
     return PP_OK;
 }
@@ -400,6 +404,21 @@ DEF_UN_FLOAT(celu, (x > 0 ? x : 0.0f) + (x < 0 ? alpha * expm1f(x / alpha) : 0.0
              (x > 0 ? x : 0.0) + (x < 0 ? (double)alpha * expm1(x / (double)alpha) : 0.0))
 DEF_UN_FLOAT(thresholded_relu, x > alpha ? x : 0.0f, x > (double)alpha ? x : 0.0)
 
+/* Elementwise loops run in pieces (thread_pool.h): the same arithmetic
+ * per element whatever the cut. */
+typedef struct un_job {
+    un_fn f;
+    const char *a;
+    char *o;
+    size_t ea, eo;
+    const un_param *p;
+} un_job;
+
+static void un_piece(void *arg, int64_t lo, int64_t hi) {
+    const un_job *j = arg;
+    j->f(hi - lo, j->a + (size_t)lo * j->ea, j->o + (size_t)lo * j->eo, j->p);
+}
+
 static pp_status unary_with(pp_kernel_ctx *ctx, const un_impl *impls, const un_param *p) {
     const pp_tensor *a = NULL;
     PP_TRY(input(ctx, 0, &a));
@@ -408,7 +427,8 @@ static pp_status unary_with(pp_kernel_ctx *ctx, const un_impl *impls, const un_p
     if (!l->f) return unsupported_dtype(ctx, a->dtype);
     pp_tensor *o;
     PP_TRY(pp_tensor_empty(a->dtype, a->ndim, a->shape, &o));
-    l->f(pp_tensor_numel(a), a->data, o->data, p);
+    un_job j = {l->f, a->data, o->data, pp_dtype_size(a->dtype), pp_dtype_size(o->dtype), p};
+    pp_parallel_elems(pp_tensor_numel(a), PP_GRAIN_ELEMS, un_piece, &j);
     ctx->out[0] = o;
     return PP_OK;
 }
@@ -693,6 +713,19 @@ static pp_status clip_bound(pp_kernel_ctx *ctx, int idx, const char *name, int u
     return PP_OK;
 }
 
+typedef struct clip_job {
+    void (*f)(int64_t, const void *, void *, const void *, const void *);
+    const char *a;
+    char *o;
+    size_t es;
+    const clip_bound_u *lo, *hi;
+} clip_job;
+
+static void clip_piece(void *arg, int64_t lo, int64_t hi) {
+    const clip_job *j = arg;
+    j->f(hi - lo, j->a + (size_t)lo * j->es, j->o + (size_t)lo * j->es, j->lo, j->hi);
+}
+
 static pp_status clip_run(pp_kernel_ctx *ctx) {
     const pp_tensor *a = NULL;
     PP_TRY(input(ctx, 0, &a));
@@ -711,7 +744,8 @@ static pp_status clip_run(pp_kernel_ctx *ctx) {
     PP_TRY(clip_bound(ctx, 2, "max", 1, a->dtype, &hi));
     pp_tensor *o;
     PP_TRY(pp_tensor_empty(a->dtype, a->ndim, a->shape, &o));
-    f(pp_tensor_numel(a), a->data, o->data, &lo, &hi);
+    clip_job j = {f, a->data, o->data, pp_dtype_size(a->dtype), &lo, &hi};
+    pp_parallel_elems(pp_tensor_numel(a), PP_GRAIN_ELEMS, clip_piece, &j);
     ctx->out[0] = o;
     return PP_OK;
 }
@@ -753,6 +787,21 @@ DEF_WHERE(where_2, uint16_t)
 DEF_WHERE(where_4, uint32_t)
 DEF_WHERE(where_8, uint64_t)
 
+typedef struct where_job {
+    void (*f)(int64_t, const uint8_t *, int64_t, const void *, int64_t, const void *, int64_t, void *);
+    const pp_bcast *bc;
+    const uint8_t *c;
+    const char *x, *y;
+    char *o;
+    size_t es;
+} where_job;
+
+static void where_seg(void *user, int64_t len, const int64_t *off, int64_t out) {
+    const where_job *j = user;
+    j->f(len, j->c + off[0], j->bc->inner_stride[0], j->x + (size_t)off[1] * j->es, j->bc->inner_stride[1],
+         j->y + (size_t)off[2] * j->es, j->bc->inner_stride[2], j->o + (size_t)out * j->es);
+}
+
 static pp_status where_run(pp_kernel_ctx *ctx) {
     const pp_tensor *c = NULL, *x = NULL, *y = NULL;
     PP_TRY(input(ctx, 0, &c));
@@ -780,18 +829,8 @@ static pp_status where_run(pp_kernel_ctx *ctx) {
         return pp_kernel_error(ctx, PP_ERR_SHAPE, "%s", pp_last_error());
     pp_tensor *o;
     PP_TRY(pp_tensor_empty(x->dtype, bc.ndim, bc.shape, &o));
-    if (bc.rows > 0) {
-        const uint8_t *pc = c->data;
-        const char *px = x->data, *py = y->data;
-        char *po = o->data;
-        pp_bcast_iter it;
-        pp_bcast_iter_init(&it, &bc);
-        do {
-            f(bc.inner, pc + it.off[0], bc.inner_stride[0], px + (size_t)it.off[1] * es,
-              bc.inner_stride[1], py + (size_t)it.off[2] * es, bc.inner_stride[2],
-              po + (size_t)(it.row * bc.inner) * es);
-        } while (pp_bcast_iter_next(&it));
-    }
+    where_job j = {f, &bc, c->data, x->data, y->data, o->data, es};
+    pp_bcast_run(&bc, PP_GRAIN_ELEMS, where_seg, &j);
     ctx->out[0] = o;
     return PP_OK;
 }

@@ -8,6 +8,7 @@
 #include "vec.h"
 
 #include "status_internal.h"
+#include "thread_pool.h"
 pp_status pp_grad_k_f32(const pp_kernel_ctx *ctx, int k, const char *what) {
     if (k >= ctx->n_in || !ctx->in[k])
         return pp_kernel_error(ctx, PP_ERR_INVALID, "missing input %s", what);
@@ -64,6 +65,18 @@ UNARY_GRAD(gelu_tanh_grad, const float k0 = 0.79788456080286536f; const float k1
            float du = k0 * (1.0f + 3.0f * k1 * v * v);
            r = g * (0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * du);)
 
+typedef struct ugrad_job {
+    unary_grad_fn fn;
+    float alpha;
+    const float *dy, *t;
+    float *dx;
+} ugrad_job;
+
+static void ugrad_piece(void *arg, int64_t lo, int64_t hi) {
+    const ugrad_job *j = arg;
+    j->fn(hi - lo, j->alpha, j->dy + lo, j->t + lo, j->dx + lo);
+}
+
 static pp_status unary_grad(pp_kernel_ctx *ctx, unary_grad_fn fn, float alpha) {
     PP_TRY(pp_grad_k_f32(ctx, 0, "dy"));
     PP_TRY(pp_grad_k_f32(ctx, 1, "the forward value"));
@@ -76,7 +89,8 @@ static pp_status unary_grad(pp_kernel_ctx *ctx, unary_grad_fn fn, float alpha) {
     }
     pp_tensor *dx;
     PP_TRY(pp_tensor_empty(PP_F32, t->ndim, t->shape, &dx));
-    fn(pp_tensor_numel(t), alpha, dy->data, t->data, dx->data);
+    ugrad_job j = {fn, alpha, dy->data, t->data, dx->data};
+    pp_parallel_elems(pp_tensor_numel(t), PP_GRAIN_ELEMS, ugrad_piece, &j);
     ctx->out[0] = dx;
     return PP_OK;
 }

@@ -12,6 +12,7 @@
 #include "grad_kernels.h"
 
 #include "status_internal.h"
+#include "thread_pool.h"
 /* ------------------------------------------------------------------------ */
 /* MatMul: y = a @ b with numpy batch broadcasting and 1-D promotion. */
 
@@ -170,6 +171,18 @@ PP_VEC_CLONES static void softmax_grad_rows(int64_t rows, int64_t n, int log,
     }
 }
 
+typedef struct sm_grad_job {
+    int64_t n;
+    int log;
+    const float *g, *y;
+    float *dx;
+} sm_grad_job;
+
+static void sm_grad_piece(void *arg, int64_t lo, int64_t hi) {
+    const sm_grad_job *j = arg;
+    softmax_grad_rows(hi - lo, j->n, j->log, j->g + lo * j->n, j->y + lo * j->n, j->dx + lo * j->n);
+}
+
 static pp_status softmax_like_grad(pp_kernel_ctx *ctx, int log) {
     PP_TRY(pp_grad_k_f32(ctx, 0, "dy"));
     PP_TRY(pp_grad_k_f32(ctx, 1, "y"));
@@ -184,7 +197,8 @@ static pp_status softmax_like_grad(pp_kernel_ctx *ctx, int log) {
     float *dx = out->data;
     ctx->out[0] = out;
     if (s.inner == 1) {
-        softmax_grad_rows(s.outer, s.n, log, g, v, dx);
+        sm_grad_job j = {s.n, log, g, v, dx};
+        pp_parallel_for(s.outer, pp_grain_rows(s.n, PP_GRAIN_ROW_ELEMS), sm_grad_piece, &j);
         return PP_OK;
     }
     for (int64_t o = 0; o < s.outer; o++)
@@ -266,6 +280,18 @@ PP_VEC_CLONES static void ln_input_rows(int64_t rows, int64_t n, float eps, cons
     }
 }
 
+typedef struct ln_in_job {
+    int64_t n;
+    float eps;
+    const float *g, *x, *w;
+    float *dx;
+} ln_in_job;
+
+static void ln_in_piece(void *arg, int64_t lo, int64_t hi) {
+    const ln_in_job *j = arg;
+    ln_input_rows(hi - lo, j->n, j->eps, j->g + lo * j->n, j->x + lo * j->n, j->w, j->dx + lo * j->n);
+}
+
 pp_status pp_grad_layer_norm_input_run(pp_kernel_ctx *ctx) {
     int64_t rows, n;
     int axis;
@@ -276,21 +302,38 @@ pp_status pp_grad_layer_norm_input_run(pp_kernel_ctx *ctx) {
     const pp_tensor *x = ctx->in[1];
     pp_tensor *out;
     PP_TRY(pp_tensor_empty(PP_F32, x->ndim, x->shape, &out));
-    ln_input_rows(rows, n, pp_node_attr_float(ctx->node, "epsilon", 1e-5f), ctx->in[0]->data,
-                  x->data, ctx->in[2]->data, out->data);
+    ln_in_job j = {n, pp_node_attr_float(ctx->node, "epsilon", 1e-5f), ctx->in[0]->data, x->data,
+                   ctx->in[2]->data, out->data};
+    pp_parallel_for(rows, pp_grain_rows(n, PP_GRAIN_ROW_ELEMS), ln_in_piece, &j);
     ctx->out[0] = out;
     return PP_OK;
 }
 
-/* Column sums over the rows, in double: dscale += dy * xhat, dbias += dy. */
-PP_VEC_CLONES static void ln_weight_rows(int64_t rows, int64_t n, float eps,
-                                         const float *restrict g, const float *restrict x,
-                                         double *restrict ds, double *restrict db) {
-    for (int64_t r = 0; r < rows; r++) {
-        const float *restrict xr = x + r * n, *restrict gr = g + r * n;
-        float mean, rstd;
-        ln_stats(xr, n, eps, &mean, &rstd);
-        PP_VFOR(i, n, ds[i] += (double)(gr[i] * ((xr[i] - mean) * rstd)); db[i] += (double)gr[i];);
+/* Column sums over the rows, in double: dscale += dy * xhat, dbias += dy.
+ * Two passes, each on the pool: every row's mean and 1/std (ln_stats, as
+ * the forward computes them), then columns [c0, c1) summed over all rows in
+ * row order, so each sum runs in the same order at any thread count. */
+typedef struct ln_w_job {
+    int64_t n;
+    float eps;
+    const float *g, *x;
+    float *stats; /* mean, rstd per row */
+    double *ds, *db;
+    int64_t rows;
+} ln_w_job;
+
+PP_VEC_CLONES static void ln_stats_piece(void *arg, int64_t lo, int64_t hi) {
+    const ln_w_job *j = arg;
+    for (int64_t r = lo; r < hi; r++) ln_stats(j->x + r * j->n, j->n, j->eps, &j->stats[2 * r], &j->stats[2 * r + 1]);
+}
+
+PP_VEC_CLONES static void ln_cols_piece(void *arg, int64_t c0, int64_t c1) {
+    const ln_w_job *j = arg;
+    double *restrict ds = j->ds + c0, *restrict db = j->db + c0;
+    for (int64_t r = 0; r < j->rows; r++) {
+        const float *restrict xr = j->x + r * j->n + c0, *restrict gr = j->g + r * j->n + c0;
+        float mean = j->stats[2 * r], rstd = j->stats[2 * r + 1];
+        PP_VFOR(i, c1 - c0, ds[i] += (double)(gr[i] * ((xr[i] - mean) * rstd)); db[i] += (double)gr[i];);
     }
 }
 
@@ -300,9 +343,17 @@ pp_status pp_grad_layer_norm_weight_run(pp_kernel_ctx *ctx) {
     PP_TRY(ln_inputs(ctx, &rows, &n, &axis));
     const pp_tensor *x = ctx->in[1];
     double *acc = calloc((size_t)(2 * n + 1), sizeof *acc);
-    if (!acc) return pp_error(PP_ERR_NOMEM, "out of memory");
-    ln_weight_rows(rows, n, pp_node_attr_float(ctx->node, "epsilon", 1e-5f), ctx->in[0]->data,
-                   x->data, acc, acc + n);
+    float *stats = malloc((size_t)(2 * rows + 1) * sizeof *stats);
+    if (!acc || !stats) {
+        free(acc);
+        free(stats);
+        return pp_error(PP_ERR_NOMEM, "out of memory");
+    }
+    ln_w_job j = {n, pp_node_attr_float(ctx->node, "epsilon", 1e-5f), ctx->in[0]->data, x->data, stats, acc,
+                  acc + n, rows};
+    pp_parallel_for(rows, pp_grain_rows(n, PP_GRAIN_ROW_ELEMS), ln_stats_piece, &j);
+    pp_parallel_elems(n, rows > 0 ? pp_grain_rows(rows, PP_GRAIN_ELEMS) : n, ln_cols_piece, &j);
+    free(stats);
     pp_status s = PP_OK;
     for (int k = 0; k < 2 && s == PP_OK; k++) {
         if (k >= ctx->n_out || ctx->node->out[k] < 0) continue;

@@ -18,6 +18,7 @@
 #include "widen.h"
 
 #include "status_internal.h"
+#include "thread_pool.h"
 #define SUM_CHUNK 4096
 
 static pp_status input(const pp_kernel_ctx *ctx, int i, const pp_tensor **t) {
@@ -404,6 +405,7 @@ typedef struct red_walk {
     const char *x;
     char *o;
     size_t es;
+    int64_t len; /* the rows' length */
 } red_walk;
 
 static void red_row(void *user, int64_t r, int64_t len, int reduced, int64_t off) {
@@ -414,13 +416,23 @@ static void red_row(void *user, int64_t r, int64_t len, int reduced, int64_t off
 }
 
 /* Folds x into o (already shaped) with impl over the mask. */
+/* Rows [lo, hi) of a reduction over the trailing dims alone: row r folds
+ * into output r, all of it on one thread. */
+static void red_rows_piece(void *arg, int64_t lo, int64_t hi) {
+    red_walk *w = arg;
+    for (int64_t r = lo; r < hi; r++) red_row(w, r, w->len, 1, r);
+}
+
 static void reduce_into(const pp_tensor *x, const uint8_t *mask, const red_impl *impl,
                         pp_tensor *o) {
     rwalk w;
     rwalk_init(&w, x, mask);
     impl->init(pp_tensor_numel(o), o->data);
-    red_walk rw = {impl, x->data, o->data, pp_dtype_size(x->dtype)};
-    rwalk_run(&w, pp_tensor_numel(x), red_row, &rw);
+    red_walk rw = {impl, x->data, o->data, pp_dtype_size(x->dtype), w.gsize[w.ng - 1]};
+    if (w.ng == 2 && !w.gred[0] && w.gred[1])
+        pp_parallel_for(w.gsize[0], pp_grain_rows(rw.len, PP_GRAIN_ELEMS), red_rows_piece, &rw);
+    else
+        rwalk_run(&w, pp_tensor_numel(x), red_row, &rw);
 }
 
 /* Resolves the axes of a Reduce* node into mask and the output shape.
@@ -646,6 +658,25 @@ static pp_status argmin_run(pp_kernel_ctx *ctx) { return arg_run(ctx, 0); }
 DEF_SOFTMAX(float, f32, pp_vexpf, logf)
 DEF_SOFTMAX(double, f64, exp, log)
 
+typedef struct softmax_job {
+    pp_dtype dt;
+    const void *x;
+    void *y;
+    int64_t len;
+    int log_;
+} softmax_job;
+
+/* Rows [lo, hi) of a softmax over the last axis. */
+static void softmax_piece(void *arg, int64_t lo, int64_t hi) {
+    const softmax_job *j = arg;
+    if (j->dt == PP_F32)
+        softmax_f32((const float *)j->x + lo * j->len, hi - lo, j->len, 1, j->log_,
+                    (float *)j->y + lo * j->len, NULL);
+    else
+        softmax_f64((const double *)j->x + lo * j->len, hi - lo, j->len, 1, j->log_,
+                    (double *)j->y + lo * j->len, NULL);
+}
+
 /* Softmax of x over axis (already normalised) into a new tensor. */
 static pp_status softmax_tensor(const pp_kernel_ctx *ctx, const pp_tensor *x, int64_t outer,
                                 int64_t len, int64_t inner, int log_, pp_tensor **out) {
@@ -660,7 +691,11 @@ static pp_status softmax_tensor(const pp_kernel_ctx *ctx, const pp_tensor *x, in
             return pp_kernel_error(ctx, PP_ERR_NOMEM, "out of memory");
         }
     }
-    if (len > 0 && inner > 0) {
+    if (len > 0 && inner == 1) {
+        /* Rows apart: each row on one thread, as on one. */
+        softmax_job j = {x->dtype, x->data, y->data, len, log_};
+        pp_parallel_for(outer, pp_grain_rows(len, PP_GRAIN_ROW_ELEMS), softmax_piece, &j);
+    } else if (len > 0 && inner > 0) {
         if (x->dtype == PP_F32)
             softmax_f32(x->data, outer, len, inner, log_, y->data, work);
         else
@@ -837,6 +872,31 @@ static pp_status hardmax_run(pp_kernel_ctx *ctx) {
 DEF_LAYERNORM(float, f32)
 DEF_LAYERNORM(double, f64)
 
+typedef struct ln_job {
+    pp_dtype dt;
+    const void *x;
+    void *y;
+    const void *w, *b;
+    double eps;
+    int64_t len;
+    void *mean, *inv;
+    int stash_f64;
+} ln_job;
+
+/* Rows [lo, hi): each row's statistics and output on one thread. */
+static void ln_piece(void *arg, int64_t lo, int64_t hi) {
+    const ln_job *j = arg;
+    size_t ss = j->stash_f64 ? sizeof(double) : sizeof(float);
+    void *m = j->mean ? (char *)j->mean + (size_t)lo * ss : NULL;
+    void *v = j->inv ? (char *)j->inv + (size_t)lo * ss : NULL;
+    if (j->dt == PP_F32)
+        layernorm_f32((const float *)j->x + lo * j->len, hi - lo, j->len, j->w, j->b, j->eps,
+                      (float *)j->y + lo * j->len, m, v, j->stash_f64);
+    else
+        layernorm_f64((const double *)j->x + lo * j->len, hi - lo, j->len, j->w, j->b, j->eps,
+                      (double *)j->y + lo * j->len, m, v, j->stash_f64);
+}
+
 /* Scale or bias as exactly len elements in the normalised shape, by
  * reference when it already is, else broadcast into *tmp. */
 static pp_status ln_param(const pp_kernel_ctx *ctx, const pp_tensor *p, const char *what,
@@ -924,11 +984,9 @@ static pp_status layernorm_run(pp_kernel_ctx *ctx) {
     if (s == PP_OK && wants_output(ctx, 2))
         s = pp_tensor_empty((pp_dtype)stash, x->ndim, sshape, &inv);
     if (s == PP_OK && len > 0) {
-        void *md = mean ? mean->data : NULL, *id = inv ? inv->data : NULL;
-        if (x->dtype == PP_F32)
-            layernorm_f32(x->data, rows, len, wd, bd, eps, y->data, md, id, stash == PP_F64);
-        else
-            layernorm_f64(x->data, rows, len, wd, bd, eps, y->data, md, id, stash == PP_F64);
+        ln_job j = {x->dtype, x->data, y->data, wd, bd, eps, len, mean ? mean->data : NULL,
+                    inv ? inv->data : NULL, stash == PP_F64};
+        pp_parallel_for(rows, pp_grain_rows(len, PP_GRAIN_ROW_ELEMS), ln_piece, &j);
     } else if (s == PP_OK) {
         /* Normalising over nothing: mean 0/0 and 1/sqrt(0/0 + eps) are NaN. */
         for (int64_t r = 0; mean && r < rows; r++) pp_tensor_set_f64(mean, r, NAN);

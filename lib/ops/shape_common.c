@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "shape_kernels.h"
+#include "thread_pool.h"
 
 #ifdef __SSE2__
 #include <immintrin.h>
@@ -108,7 +109,7 @@ static void transpose_block(char *d, int64_t drow, const char *s, int64_t scol, 
     }
 }
 
-void pp_strided_copy(void *dstv, const void *srcv, size_t es, const pp_sc_layout *in) {
+static void copy_box(void *dstv, const void *srcv, size_t es, const pp_sc_layout *in) {
     char *dst = dstv;
     const char *src = srcv;
     int64_t n[PP_SC_MAXD], ss[PP_SC_MAXD], ds[PP_SC_MAXD];
@@ -177,4 +178,37 @@ void pp_strided_copy(void *dstv, const void *srcv, size_t es, const pp_sc_layout
         }
         if (k < 0) break;
     }
+}
+
+/* Large copies run in pieces on the pool (thread_pool.h): the outermost dim
+ * of more than one index is cut, each piece copying its own sub-box. */
+typedef struct copy_job {
+    char *dst;
+    const char *src;
+    size_t es;
+    const pp_sc_layout *in;
+    int dim;
+} copy_job;
+
+static void copy_piece(void *arg, int64_t lo, int64_t hi) {
+    const copy_job *j = arg;
+    pp_sc_layout L = *j->in;
+    L.n[j->dim] = hi - lo;
+    copy_box(j->dst + lo * L.ds[j->dim] * (int64_t)j->es, j->src + lo * L.ss[j->dim] * (int64_t)j->es, j->es, &L);
+}
+
+void pp_strided_copy(void *dstv, const void *srcv, size_t es, const pp_sc_layout *in) {
+    int64_t numel = 1;
+    int dim = -1;
+    for (int i = 0; i < in->nd; i++) {
+        numel *= in->n[i];
+        if (dim < 0 && in->n[i] > 1) dim = i;
+    }
+    if (dim < 0 || numel < 2 * PP_GRAIN_ELEMS) {
+        copy_box(dstv, srcv, es, in);
+        return;
+    }
+    copy_job j = {dstv, srcv, es, in, dim};
+    int64_t per = numel / in->n[dim]; /* elements per index of dim */
+    pp_parallel_for(in->n[dim], (PP_GRAIN_ELEMS + per - 1) / per, copy_piece, &j);
 }

@@ -813,6 +813,38 @@ static void test_rank(void **state) {
     clear_rank_env();
 }
 
+/* threads: parsed and range-checked; pp_worker_threads takes a flag, then
+ * PIPPIN_THREADS, then the key, then the CPUs over the local ranks. */
+static void test_threads(void **state) {
+    (void)state;
+    unsetenv("PIPPIN_THREADS");
+    pp_config *c = parse_ok(BASE, "/d");
+    assert_int_equal(c->threads, 0);
+    int cpus = pp_default_threads(1);
+    /* BASE's two ranks are both loopback: the CPUs are halved */
+    assert_int_equal(pp_worker_threads(c, 0, 0), cpus / 2 > 0 ? cpus / 2 : 1);
+    assert_int_equal(pp_worker_threads(c, 0, 1), cpus);
+    assert_int_equal(pp_worker_threads(c, 5, 0), 5);
+    pp_config_free(c);
+    c = parse_ok("model: m.onnx\nbatch_size: 4\ndata: {x: x.npy}\n"
+                 "ranks: [ipc:///tmp/a, tcp://10.0.0.2:1, tcp://10.0.0.3:1]\ninsecure: true\n", "/d");
+    assert_int_equal(pp_worker_threads(c, 0, 0), cpus); /* one rank on this host */
+    pp_config_free(c);
+    c = parse_ok(BASE "threads: 3\n", "/d");
+    assert_int_equal(c->threads, 3);
+    assert_int_equal(pp_worker_threads(c, 0, 0), 3);
+    assert_int_equal(pp_worker_threads(c, 2, 0), 2);
+    setenv("PIPPIN_THREADS", "7", 1);
+    assert_int_equal(pp_worker_threads(c, 0, 0), 7);
+    assert_int_equal(pp_worker_threads(c, 2, 0), 2);
+    assert_int_equal(pp_worker_threads(NULL, 0, 0), 7);
+    unsetenv("PIPPIN_THREADS");
+    pp_config_free(c);
+    expect_err(BASE "threads: -1\n", PP_ERR_INVALID, 5, "key 'threads'", NULL);
+    expect_err(BASE "threads: 5000\n", PP_ERR_INVALID, 5, "key 'threads'", NULL);
+    expect_err(BASE "threads: many\n", PP_ERR_PARSE, 5, "key 'threads'", NULL);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_full),
@@ -826,6 +858,7 @@ int main(void) {
         cmocka_unit_test(test_serve), cmocka_unit_test(test_protected_mode),
         cmocka_unit_test(test_nesting_limit),
         cmocka_unit_test(test_rank),
+        cmocka_unit_test(test_threads),
     };
     tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);

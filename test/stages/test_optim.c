@@ -1,7 +1,8 @@
 /* Optimizers: three training steps of every fixture with SGD (momentum,
  * weight decay), SGD with nesterov and AdamW reproduce torch.optim's losses
  * (train_ref.json) and, for the MLP, its parameters; the update rules
- * element by element against a double-precision reference; bad settings. */
+ * element by element against a double-precision reference; bad settings;
+ * the same bits on 1 and on 4 threads over a large flat buffer. */
 #include <json-c/json.h>
 #include <math.h>
 #include <stdio.h>
@@ -11,6 +12,7 @@
 #include "test_util.h"
 
 #include "test_filter.h"
+#include "pippin/exec.h"
 static double jnum(json_object *o, const char *key) {
     json_object *v;
     if (!json_object_object_get_ex(o, key, &v)) fail_msg("no key '%s'", key);
@@ -275,8 +277,48 @@ static void test_bad_settings(void **state) {
     assert_null(o);
 }
 
+/* Three steps over n parameters on the given thread count. */
+static float *steps_on(const pp_optim_config *c, int threads, int64_t n) {
+    pp_set_threads(threads);
+    float *p = malloc(sizeof(float) * (size_t)n), *g = malloc(sizeof(float) * (size_t)n);
+    assert_non_null(p);
+    assert_non_null(g);
+    uint64_t s = 5;
+    for (int64_t i = 0; i < n; i++) p[i] = (float)(tu_urand(&s) - 0.5);
+    pp_optim *o;
+    TU_OK(pp_optim_new(c, n, &o));
+    for (int step = 0; step < 3; step++) {
+        for (int64_t i = 0; i < n; i++) g[i] = (float)(tu_urand(&s) - 0.5) * (float)(step + 1);
+        TU_OK(pp_optim_step(o, p, g, n));
+    }
+    pp_optim_free(o);
+    free(g);
+    pp_set_threads(1);
+    return p;
+}
+
+static void test_threads_same_bits(void **state) {
+    (void)state;
+    const int64_t n = 300007;
+    pp_optim_config cs[3];
+    pp_optim_config_init(&cs[0], PP_OPTIM_SGD);
+    cs[0].momentum = 0.9;
+    cs[0].weight_decay = 0.01;
+    pp_optim_config_init(&cs[1], PP_OPTIM_SGD);
+    cs[1].momentum = 0.9;
+    cs[1].nesterov = 1;
+    pp_optim_config_init(&cs[2], PP_OPTIM_ADAMW);
+    for (int k = 0; k < 3; k++) {
+        float *a = steps_on(&cs[k], 1, n), *b = steps_on(&cs[k], 4, n);
+        assert_memory_equal(a, b, sizeof(float) * (size_t)n);
+        free(a);
+        free(b);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_threads_same_bits),
         cmocka_unit_test(test_mlp_trajectories),
         cmocka_unit_test(test_skip_trajectories),
         cmocka_unit_test(test_gpt_trajectories),

@@ -14,6 +14,9 @@
 # TAP output; every wait is bounded.
 . "$(dirname "$0")/tap.sh"
 PY=/usr/bin/python3
+# The workers and `pippin infer` compute on the same thread count: pippin's
+# own kernels give the same bits at any count, OpenBLAS's GEMM does not.
+export PIPPIN_THREADS=1
 cfg() { # NAME EXTRA-SERVE-KEYS
     cat >"$tmp/$1.yaml" <<YAML
 model: $SRC/examples/gpt/model.onnx

@@ -1,0 +1,30 @@
+/* A rank's compute threads (pippin's pool and the BLAS): a --threads flag,
+ * else PIPPIN_THREADS, else the config's `threads`, else the CPUs this
+ * process may use divided among the ranks on its host, so that ranks
+ * sharing a machine do not oversubscribe it (pp_worker_threads). */
+#include <string.h>
+
+#include "pippin/exec.h"
+#include "pippin/worker.h"
+
+#include "thread_pool.h"
+
+/* An endpoint that can only be on this host: ipc, inproc, loopback tcp. */
+static int local_endpoint(const char *e) {
+    if (!strncmp(e, "ipc://", 6) || !strncmp(e, "inproc://", 9)) return 1;
+    if (strncmp(e, "tcp://", 6) != 0) return 0;
+    const char *h = e + 6;
+    return !strncmp(h, "127.", 4) || !strncmp(h, "localhost:", 10) || !strncmp(h, "[::1]:", 6);
+}
+
+int pp_worker_threads(const pp_config *c, int given, int ranks_on_host) {
+    if (given > 0) return given;
+    int env = pp_env_threads();
+    if (env > 0) return env;
+    if (c && c->threads > 0) return c->threads;
+    if (ranks_on_host < 1 && c) {
+        ranks_on_host = 0;
+        for (int r = 0; r < c->n_ranks; r++) ranks_on_host += local_endpoint(c->ranks[r]);
+    }
+    return pp_default_threads(ranks_on_host < 1 ? 1 : ranks_on_host);
+}

@@ -1,0 +1,351 @@
+/* The thread pool (lib/thread_pool.c) and the row-parallel kernels on it:
+ * every range covered once, concurrent callers, nested calls, resizing;
+ * each parallel kernel run at 1 and at 4 threads on sizes above its
+ * threshold gives the same bits. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_util.h"
+
+#include "pippin/exec.h"
+
+#include "broadcast.h"
+#include "test_filter.h"
+#include "thread_pool.h"
+
+/* ------------------------------------------------------------ the pool */
+
+typedef struct cover {
+    _Atomic int *hits;
+    int64_t grain, n;
+    atomic_int small; /* pieces shorter than the grain while cut */
+} cover;
+
+static void cover_piece(void *arg, int64_t lo, int64_t hi) {
+    cover *c = arg;
+    if (hi - lo < c->grain && !(lo == 0 && hi == c->n)) atomic_fetch_add(&c->small, 1);
+    for (int64_t i = lo; i < hi; i++) atomic_fetch_add(&c->hits[i], 1);
+}
+
+static void test_pool_covers_once(void **state) {
+    (void)state;
+    for (int threads = 1; threads <= 5; threads += 2) {
+        pp_set_threads(threads);
+        assert_int_equal(pp_get_threads(), threads);
+        const int64_t ns[] = {0, 1, 7, 100, 1000, 4097, 100003};
+        const int64_t grains[] = {1, 3, 64, 1000};
+        for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+            for (size_t b = 0; b < sizeof grains / sizeof *grains; b++) {
+                cover c = {calloc((size_t)ns[a] + 1, sizeof(int)), grains[b], ns[a], 0};
+                pp_parallel_for(ns[a], grains[b], cover_piece, &c);
+                for (int64_t i = 0; i < ns[a]; i++) assert_int_equal(c.hits[i], 1);
+                assert_int_equal(atomic_load(&c.small), 0);
+                free(c.hits);
+            }
+    }
+    pp_set_threads(1);
+}
+
+static void elems_piece(void *arg, int64_t lo, int64_t hi) {
+    cover *c = arg;
+    if (lo % PP_PAR_ALIGN != 0 || (hi % PP_PAR_ALIGN != 0 && hi != c->n)) atomic_fetch_add(&c->small, 1);
+    cover_piece(arg, lo, hi);
+}
+
+static void test_pool_elems_aligned(void **state) {
+    (void)state;
+    pp_set_threads(4);
+    const int64_t ns[] = {5, 1000, 65537, 300001};
+    for (size_t a = 0; a < sizeof ns / sizeof *ns; a++) {
+        cover c = {calloc((size_t)ns[a], sizeof(int)), 1, ns[a], 0};
+        pp_parallel_elems(ns[a], 64, elems_piece, &c);
+        for (int64_t i = 0; i < ns[a]; i++) assert_int_equal(c.hits[i], 1);
+        assert_int_equal(atomic_load(&c.small), 0);
+        free(c.hits);
+    }
+    pp_set_threads(1);
+}
+
+/* A piece that calls the pool again: the inner call runs on its thread. */
+static void outer_piece(void *arg, int64_t lo, int64_t hi) {
+    cover *c = arg;
+    for (int64_t i = lo; i < hi; i++) {
+        cover inner = {c->hits + i * 100, 1, 100, 0};
+        pp_parallel_for(100, 1, cover_piece, &inner);
+    }
+}
+
+static void test_pool_nested(void **state) {
+    (void)state;
+    pp_set_threads(3);
+    cover c = {calloc(100 * 100, sizeof(int)), 1, 100, 0};
+    pp_parallel_for(100, 1, outer_piece, &c);
+    for (int i = 0; i < 100 * 100; i++) assert_int_equal(c.hits[i], 1);
+    free(c.hits);
+    pp_set_threads(1);
+}
+
+/* Several threads (ranks of one process) call the pool at once. */
+static void *caller_main(void *arg) {
+    cover *c = arg;
+    for (int rep = 0; rep < 200; rep++) pp_parallel_for(c->n, 16, cover_piece, c);
+    return NULL;
+}
+
+static void test_pool_concurrent_callers(void **state) {
+    (void)state;
+    pp_set_threads(3);
+    enum { CALLERS = 4, N = 5000 };
+    cover cs[CALLERS];
+    pthread_t th[CALLERS];
+    for (int k = 0; k < CALLERS; k++) {
+        cs[k] = (cover){calloc(N, sizeof(int)), 16, N, 0};
+        assert_int_equal(pthread_create(&th[k], NULL, caller_main, &cs[k]), 0);
+    }
+    for (int k = 0; k < CALLERS; k++) {
+        pthread_join(th[k], NULL);
+        for (int i = 0; i < N; i++) assert_int_equal(cs[k].hits[i], 200);
+        free(cs[k].hits);
+    }
+    pp_set_threads(1);
+}
+
+static void test_default_threads(void **state) {
+    (void)state;
+    unsetenv("PIPPIN_THREADS");
+    int all = pp_default_threads(1);
+    assert_true(all >= 1);
+    assert_int_equal(pp_default_threads(all * 4), 1);
+    assert_int_equal(pp_default_threads(0), all);
+    setenv("PIPPIN_THREADS", "3", 1);
+    assert_int_equal(pp_default_threads(1), 3);
+    assert_int_equal(pp_default_threads(64), 3);
+    setenv("PIPPIN_THREADS", "x", 1);
+    assert_int_equal(pp_default_threads(1), all);
+    unsetenv("PIPPIN_THREADS");
+    assert_int_equal(pp_set_threads(0), all);
+    pp_set_threads(1);
+}
+
+/* --------------------------------------------------- kernels, same bits */
+
+static uint64_t seed;
+
+static pp_tensor *rand_t(pp_dtype dt, int nd, const int64_t *shape) {
+    pp_tensor *t;
+    TU_OK(pp_tensor_empty(dt, nd, shape, &t));
+    for (int64_t i = 0; i < pp_tensor_numel(t); i++) {
+        double u = tu_urand(&seed) * 6 - 3;
+        if (dt == PP_BOOL) ((uint8_t *)t->data)[i] = u > 0;
+        else pp_tensor_set_f64(t, i, u);
+    }
+    return t;
+}
+
+typedef struct kcase {
+    const char *op, *domain;
+    int n_in, n_out;
+    pp_dtype dt[4];
+    int nd[4];
+    int64_t shape[4][4];
+    const char *attr;     /* NULL or "name=int" */
+    int64_t attr_ints[4]; /* for perm / axes */
+    int n_attr_ints;
+} kcase;
+
+/* Runs the case with fresh inputs from seed s at the given thread count. */
+static void run_case(const kcase *k, uint64_t s, int threads, pp_tensor **outs) {
+    pp_set_threads(threads);
+    seed = s;
+    pp_tensor *ins[4] = {NULL};
+    for (int i = 0; i < k->n_in; i++) ins[i] = rand_t(k->dt[i], k->nd[i], k->shape[i]);
+    tu_node t;
+    tu_node_init_dom(&t, k->op, k->domain, k->n_in, ins, k->n_out, NULL);
+    if (k->attr) {
+        char name[32];
+        long long v;
+        assert_int_equal(sscanf(k->attr, "%31[^=]=%lld", name, &v), 2);
+        if (k->n_attr_ints) TU_OK(pp_node_set_ints(t.g, t.node, name, k->n_attr_ints, k->attr_ints));
+        else TU_OK(pp_node_set_int(t.g, t.node, name, v));
+    }
+    TU_OK(tu_node_run(&t, outs));
+    tu_node_free(&t);
+}
+
+static void same_bits(const kcase *k) {
+    pp_tensor *one[4] = {NULL}, *many[4] = {NULL};
+    int64_t before = pp_pool_parallel_calls();
+    run_case(k, 12345, 1, one);
+    if (pp_pool_parallel_calls() != before) fail_msg("%s went parallel on 1 thread", k->op);
+    run_case(k, 12345, 4, many);
+    if (pp_pool_parallel_calls() == before) fail_msg("%s did not go parallel on 4 threads", k->op);
+    for (int o = 0; o < k->n_out; o++) {
+        assert_non_null(one[o]);
+        assert_non_null(many[o]);
+        assert_int_equal(one[o]->nbytes, many[o]->nbytes);
+        if (memcmp(one[o]->data, many[o]->data, one[o]->nbytes) != 0)
+            fail_msg("%s output %d differs between 1 and 4 threads", k->op, o);
+        pp_tensor_free(one[o]);
+        pp_tensor_free(many[o]);
+    }
+    pp_set_threads(1);
+}
+
+#define F PP_F32
+static void test_kernels_elementwise(void **state) {
+    (void)state;
+    const kcase cases[] = {
+        {"Add", "", 2, 1, {F, F}, {3, 1}, {{64, 128, 67}, {67}}, NULL, {0}, 0},
+        {"Mul", "", 2, 1, {F, F}, {2, 2}, {{1001, 257}, {1001, 257}}, NULL, {0}, 0},
+        {"Sub", "", 2, 1, {F, F}, {0, 2}, {{0}, {999, 301}}, NULL, {0}, 0},
+        {"Div", "", 2, 1, {F, F}, {3, 3}, {{64, 1, 67}, {1, 130, 67}}, NULL, {0}, 0},
+        {"Pow", "", 2, 1, {F, F}, {2, 1}, {{700, 130}, {130}}, NULL, {0}, 0},
+        {"Add", "", 2, 1, {PP_F64, PP_F64}, {2, 2}, {{640, 1}, {1, 150}}, NULL, {0}, 0},
+        {"Where", "", 3, 1, {PP_BOOL, F, F}, {2, 2, 1}, {{300, 333}, {300, 333}, {333}}, NULL, {0}, 0},
+        {"Gelu", "", 1, 1, {F}, {1}, {{300001}}, NULL, {0}, 0},
+        {"Exp", "", 1, 1, {F}, {2}, {{999, 131}}, NULL, {0}, 0},
+        {"Tanh", "", 1, 1, {F}, {1}, {{200003}}, NULL, {0}, 0},
+        {"Sigmoid", "", 1, 1, {PP_F64}, {1}, {{150001}}, NULL, {0}, 0},
+        {"Relu", "", 1, 1, {F}, {1}, {{150001}}, NULL, {0}, 0},
+        {"Clip", "", 1, 1, {F}, {1}, {{150001}}, NULL, {0}, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        same_bits(&cases[i]);
+}
+
+static void test_kernels_rows(void **state) {
+    (void)state;
+    const kcase cases[] = {
+        {"Softmax", "", 1, 1, {F}, {3}, {{8, 130, 131}}, NULL, {0}, 0},
+        {"LogSoftmax", "", 1, 1, {F}, {2}, {{1000, 257}}, NULL, {0}, 0},
+        {"Softmax", "", 1, 1, {PP_F64}, {2}, {{1000, 100}}, NULL, {0}, 0},
+        {"LayerNormalization", "", 3, 3, {F, F, F}, {3, 1, 1}, {{8, 128, 385}, {385}, {385}}, NULL, {0}, 0},
+        {"LayerNormalization", "", 2, 1, {PP_F64, PP_F64}, {2, 1}, {{1000, 100}, {100}}, NULL, {0}, 0},
+        {"LayerNormalization", "", 3, 3, {F, F, F}, {2, 1, 1}, {{1000, 99}, {99}, {99}}, "stash_type=11", {0}, 0},
+        {"ReduceSum", "", 1, 1, {F}, {3}, {{10, 100, 301}}, "axes=-1", {-1}, 1},
+        {"ReduceMean", "", 1, 1, {F}, {2}, {{2000, 77}}, "axes=1", {1}, 1},
+        {"ReduceMax", "", 1, 1, {PP_F64}, {2}, {{2000, 77}}, "axes=1", {1}, 1},
+        {"ReduceSumSquare", "", 1, 1, {F}, {3}, {{30, 40, 301}}, "axes=-1", {2}, 1},
+        {"Transpose", "", 1, 1, {F}, {3}, {{64, 128, 97}}, "perm=0", {0, 2, 1}, 3},
+        {"Transpose", "", 1, 1, {PP_F64}, {3}, {{64, 128, 33}}, "perm=0", {2, 0, 1}, 3},
+        {"Transpose", "", 1, 1, {F}, {4}, {{4, 64, 6, 64}}, "perm=0", {0, 2, 1, 3}, 4},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) same_bits(&cases[i]);
+}
+
+static void test_kernels_grads(void **state) {
+    (void)state;
+    const kcase cases[] = {
+        {"SoftmaxGrad", "pippin", 2, 1, {F, F}, {3, 3}, {{8, 128, 129}, {8, 128, 129}}, NULL, {0}, 0},
+        {"LogSoftmaxGrad", "pippin", 2, 1, {F, F}, {2, 2}, {{1000, 65}, {1000, 65}}, NULL, {0}, 0},
+        {"LayerNormGradInput", "pippin", 3, 1, {F, F, F}, {3, 3, 1}, {{8, 128, 385}, {8, 128, 385}, {385}}, NULL,
+         {0}, 0},
+        {"LayerNormGradWeight", "pippin", 2, 2, {F, F}, {3, 3}, {{8, 128, 385}, {8, 128, 385}}, NULL, {0}, 0},
+        {"LayerNormGradWeight", "pippin", 2, 2, {F, F}, {2, 2}, {{5000, 20}, {5000, 20}}, NULL, {0}, 0},
+        {"GeluGrad", "pippin", 2, 1, {F, F}, {2, 2}, {{1000, 301}, {1000, 301}}, NULL, {0}, 0},
+        {"TanhGrad", "pippin", 2, 1, {F, F}, {1, 1}, {{100003}, {100003}}, NULL, {0}, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) same_bits(&cases[i]);
+}
+
+/* pp_broadcast_to (Expand and the gradient helpers use it). */
+static void test_broadcast_to_same_bits(void **state) {
+    (void)state;
+    seed = 7;
+    pp_tensor *src = rand_t(PP_F32, 3, SHAPE(64, 1, 97)), *a, *b;
+    pp_set_threads(1);
+    TU_OK(pp_broadcast_to(src, 3, SHAPE(64, 130, 97), &a));
+    pp_set_threads(4);
+    int64_t before = pp_pool_parallel_calls();
+    TU_OK(pp_broadcast_to(src, 3, SHAPE(64, 130, 97), &b));
+    assert_true(pp_pool_parallel_calls() > before);
+    pp_set_threads(1);
+    assert_memory_equal(a->data, b->data, a->nbytes);
+    const float *s = src->data, *d = a->data;
+    for (int64_t i = 0; i < 64; i++)
+        for (int64_t j = 0; j < 130; j++)
+            for (int64_t k = 0; k < 97; k++) assert_true(d[(i * 130 + j) * 97 + k] == s[i * 97 + k]);
+    pp_tensor_free(src);
+    pp_tensor_free(a);
+    pp_tensor_free(b);
+}
+
+/* Two threads (ranks of one process) run kernels while both use the pool:
+ * the one that finds it busy runs alone, with the same bits. */
+typedef struct rank_job {
+    const kcase *k;
+    pp_tensor *want;
+    int ok;
+} rank_job;
+
+static void *rank_main(void *arg) {
+    rank_job *r = arg;
+    r->ok = 1;
+    for (int rep = 0; rep < 5; rep++) {
+        pp_tensor *ins[4] = {NULL}, *out = NULL;
+        uint64_t s = 99;
+        for (int i = 0; i < r->k->n_in; i++) {
+            pp_tensor *t;
+            if (pp_tensor_empty(PP_F32, r->k->nd[i], r->k->shape[i], &t) != PP_OK) return NULL;
+            for (int64_t e = 0; e < pp_tensor_numel(t); e++) ((float *)t->data)[e] = (float)(tu_urand(&s) * 6 - 3);
+            ins[i] = t;
+        }
+        tu_node t;
+        tu_node_init_dom(&t, r->k->op, r->k->domain, r->k->n_in, ins, 1, NULL);
+        if (tu_node_run(&t, &out) != PP_OK || out->nbytes != r->want->nbytes ||
+            memcmp(out->data, r->want->data, out->nbytes) != 0)
+            r->ok = 0;
+        pp_tensor_free(out);
+        tu_node_free(&t);
+    }
+    return NULL;
+}
+
+static void test_kernels_from_rank_threads(void **state) {
+    (void)state;
+    const kcase k = {"Softmax", "", 1, 1, {F}, {2}, {{2000, 129}}, NULL, {0}, 0};
+    pp_tensor *want = NULL;
+    /* the serial result, from the same inputs rank_main makes */
+    pp_set_threads(1);
+    uint64_t s = 99;
+    pp_tensor *x;
+    TU_OK(pp_tensor_empty(PP_F32, 2, k.shape[0], &x));
+    for (int64_t e = 0; e < pp_tensor_numel(x); e++) ((float *)x->data)[e] = (float)(tu_urand(&s) * 6 - 3);
+    tu_node t;
+    tu_node_init(&t, "Softmax", 1, (pp_tensor *[]){x}, 1, NULL);
+    want = tu_node_run_one(&t);
+    tu_node_free(&t);
+    pp_set_threads(2);
+    rank_job jobs[3];
+    pthread_t th[3];
+    for (int i = 0; i < 3; i++) {
+        jobs[i] = (rank_job){&k, want, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, rank_main, &jobs[i]), 0);
+    }
+    for (int i = 0; i < 3; i++) {
+        pthread_join(th[i], NULL);
+        assert_true(jobs[i].ok);
+    }
+    pp_tensor_free(want);
+    pp_set_threads(1);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pool_covers_once),
+        cmocka_unit_test(test_pool_elems_aligned),
+        cmocka_unit_test(test_pool_nested),
+        cmocka_unit_test(test_pool_concurrent_callers),
+        cmocka_unit_test(test_default_threads),
+        cmocka_unit_test(test_kernels_elementwise),
+        cmocka_unit_test(test_kernels_rows),
+        cmocka_unit_test(test_kernels_grads),
+        cmocka_unit_test(test_broadcast_to_same_bits),
+        cmocka_unit_test(test_kernels_from_rank_threads),
+    };
+    tu_filter_from_env();
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
