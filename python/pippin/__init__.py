@@ -13,7 +13,7 @@ Pieces:
   load, parse, Graph            models (pippin/onnx.h, exec.h)
   Pipe, load_pipe, Schedule     stages (pippin/pipe.h, schedule.h)
   Runner, Trainer, optim_config training in this process (runner.h, trainer.h)
-  Config, Worker, run_ranks     pipelines from config files (config.h, worker.h)
+  Config, Worker, Ranks, run_ranks   pipelines from config files (config.h, worker.h)
   checkpoint                    checkpoint directories, safetensors
   log                           pippin's log into Python's logging
   PippinError                   every failure: .status, .status_name, .message
@@ -26,7 +26,7 @@ from ._lib import lib as _clib
 from ._lib import path as library_path
 from .model import (Edge, Graph, NodeInfo, Pipe, Runner, Schedule, StageInfo, Trainer, ValueInfo, load, load_pipe,
                     optim_config, parse, set_blas_threads)
-from .worker import Config, Progress, Worker, run_ranks
+from .worker import Config, Progress, Ranks, Worker, run_ranks
 
 __version__ = _clib.pp_version().decode()
 
@@ -35,7 +35,7 @@ _CLIENT = ("Client", "ServeError", "read_key")
 
 __all__ = ["PippinError", "library_path", "load", "parse", "Graph", "ValueInfo", "NodeInfo", "Pipe", "Edge",
            "load_pipe", "Schedule", "Runner", "StageInfo", "Trainer", "optim_config", "set_blas_threads",
-           "Config", "Worker", "Progress", "run_ranks", "checkpoint", "log", *_TORCH, *_CLIENT]
+           "Config", "Worker", "Progress", "Ranks", "run_ranks", "checkpoint", "log", *_TORCH, *_CLIENT]
 
 
 def __getattr__(name):

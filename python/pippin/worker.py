@@ -5,7 +5,8 @@
     w.run()
 
 Every rank of a config runs one Worker (a process each, or a thread each:
-`pippin.run_ranks` opens them all in this process). A progress callback
+`pippin.run_ranks` and `pippin.Ranks` open them all in this
+process). A progress callback
 runs on the worker's thread after each step with a Progress (rank, step,
 steps, loss or None, step_ms); an exception it raises stops the run (every
 rank stops after the same step) and is raised again by run() or step().
@@ -193,53 +194,100 @@ class Worker:
         self.close()
 
 
-def run_ranks(config, ranks=None, progress=None, **options):
-    """Runs every rank of a config (or the given ones) as workers on threads
-    of this process until they finish; Ctrl-C stops them all after the step
-    in progress. Endpoints may be inproc://, ipc:// or loopback tcp://.
-    options go to Worker (checkpoint_dir, resume, ...). Returns the losses
-    per step (of the rank that computes the loss)."""
-    cfg = config if isinstance(config, Config) else Config(config)
-    ranks = list(range(len(cfg.ranks))) if ranks is None else list(ranks)
-    losses = {}
-    lock = threading.Lock()
+class Ranks:
+    """Every rank of a config (or the given ones) as Workers on threads of
+    this process, started at once; endpoints may be inproc://, ipc:// or
+    loopback tcp://. options go to Worker (checkpoint_dir, resume, ...).
+    wait() joins them; stop() asks them to stop after the step in progress
+    (a service: mode serve runs until then). As a context manager, leaving
+    the block stops what still runs, waits and closes.
 
-    def on_step(p):
-        if p.loss is not None:
-            with lock:
-                losses[p.step] = p.loss
-        if progress is not None:
-            progress(p)
+        with pippin.Ranks("examples/gpt/serve.yaml") as service:
+            print(pippin.Client(service.config.serve_endpoint).stats())
+    """
 
-    workers, errors = [], {}
-    try:
-        for r in ranks:  # opened in order: the transports connect lazily
-            workers.append(Worker(cfg, rank=r, progress=on_step, **options))
-
-        def body(w, r):
-            try:
-                w.run()
-            except BaseException as e:  # noqa: B902 - raised on the caller's thread
-                errors[r] = e
-
-        threads = [threading.Thread(target=body, args=(w, r), name="pippin-rank-%d" % r, daemon=True)
-                   for w, r in zip(workers, ranks)]
-        for t in threads:
-            t.start()
+    def __init__(self, config, ranks=None, progress=None, **options):
+        self.config = config if isinstance(config, Config) else Config(config)
+        ranks = list(range(len(self.config.ranks))) if ranks is None else list(ranks)
+        self._losses, self._lock, self._progress = {}, threading.Lock(), progress
+        self.workers, self.errors, self._threads = [], {}, []
         try:
-            for t in threads:
+            for r in ranks:  # opened in order: the transports connect lazily
+                self.workers.append(Worker(self.config, rank=r, progress=self._on_step, **options))
+        except BaseException:
+            self.close()
+            raise
+        for w, r in zip(self.workers, ranks):
+            t = threading.Thread(target=self._body, args=(w, r), name="pippin-rank-%d" % r, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _on_step(self, p):
+        if p.loss is not None:
+            with self._lock:
+                self._losses[p.step] = p.loss
+        if self._progress is not None:
+            self._progress(p)
+
+    def _body(self, w, r):
+        try:
+            w.run()
+        except BaseException as e:  # noqa: B902 - raised by wait() on the caller's thread
+            self.errors[r] = e
+
+    @property
+    def losses(self):
+        """The losses so far, by step (of the rank that computes the loss)."""
+        with self._lock:
+            return [self._losses[s] for s in sorted(self._losses)]
+
+    def stop(self):
+        for w in self.workers:
+            if w._w:
+                w.stop()
+
+    def wait(self):
+        """Joins every rank (Ctrl-C stops them all first); raises the first
+        rank's own failure; returns the losses."""
+        try:
+            for t in self._threads:
                 while t.is_alive():
                     t.join(0.2)
         except KeyboardInterrupt:
-            for w in workers:
-                w.stop()
-            for t in threads:
+            self.stop()
+            for t in self._threads:
                 t.join()
             raise
-    finally:
-        for w in workers:
+        if self.errors:  # a rank's own failure rather than its peers' "peer failed"
+            own = [r for r in sorted(self.errors) if getattr(self.errors[r], "status", None) != PEER]
+            raise self.errors[(own or sorted(self.errors))[0]]
+        return self.losses
+
+    def close(self):
+        for w in self.workers:
             w.close()
-    if errors:  # the first rank's own failure rather than its peers' "peer failed"
-        own = [r for r in sorted(errors) if getattr(errors[r], "status", None) != PEER]
-        raise errors[(own or sorted(errors))[0]]
-    return [losses[s] for s in sorted(losses)]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            self.stop()
+            if exc[0] is None:
+                self.wait()
+            else:
+                for t in self._threads:
+                    t.join()
+        finally:
+            self.close()
+
+
+def run_ranks(config, ranks=None, progress=None, **options):
+    """Runs every rank of a config (or the given ones) as workers on threads
+    of this process until they finish (Ranks, then wait); Ctrl-C stops them
+    all after the step in progress. Returns the losses per step."""
+    r = Ranks(config, ranks, progress, **options)
+    try:
+        return r.wait()
+    finally:
+        r.close()
