@@ -30,7 +30,7 @@ print("loss %.4f -> %.4f; parameters in %s" % (losses[0], losses[-1], pippin.Con
 with pippin.Ranks(serve_cfg) as service:
     client = pippin.Client(service.config.serve_endpoint)
     print("ROMEO:", end="", flush=True)
-    for piece in client.generate(text="ROMEO:", max_tokens=80, timeout_ms=30000):
+    for piece in client.generate(text="ROMEO:", max_tokens=58, timeout_ms=30000):  # 64 positions in all
         print(piece.text, end="", flush=True)
     print()
     client.close()

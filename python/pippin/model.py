@@ -28,6 +28,7 @@ symbolic dims ("batch", "4") after Pipe.probe_shapes, else None."""
 StageInfo = namedtuple("StageInfo", "index inputs outputs params has_loss")
 
 PARAM, CONST = 1, 2
+_TRAINED = "trainer"  # Graph._owner of a graph a Trainer took over
 
 
 def _str(b):
@@ -63,15 +64,20 @@ class Graph:
     """A model (pp_graph): what pippin.load returns, or a stage of a Pipe
     (then borrowed: it lives as long as the pipe)."""
 
-    def __init__(self, ptr, owner=None):
+    def __init__(self, ptr, owner=None, index=-1):
         self._g = ptr
-        self._owner = owner  # a Pipe for a borrowed stage graph; a Trainer once it took this graph over
+        self._owner = owner  # a Pipe for its stage graph `index` (borrowed); _TRAINED once a Trainer took it
+        self._index = index
         self._exec = None
 
     @property
     def _ptr(self):
         if not self._g:
             raise PippinError(-10, "the graph is closed", "wrong state")
+        if isinstance(self._owner, Pipe):  # borrowed: still the pipe's?
+            stages = self._owner._ptr.contents.stages
+            if ctypes.cast(stages[self._index], c_void_p).value != ctypes.cast(self._g, c_void_p).value:
+                raise PippinError(-10, "stage graph %d went to a Runner" % self._index, "wrong state")
         return self._g
 
     def close(self):
@@ -167,7 +173,7 @@ class Graph:
         check(lib.pp_onnx_save(self._ptr, enc(path)))
 
     def _mutating(self):
-        if isinstance(self._owner, Trainer):
+        if self._owner is _TRAINED:
             raise PippinError(-10, "the graph belongs to a Trainer now", "wrong state")
         if self._exec:
             lib.pp_exec_free(self._exec)
@@ -195,7 +201,7 @@ class Graph:
         """Runs the graph (pp_exec_run; the executor is kept for the next run):
         inputs a dict {name: array}, a list in input order, or one array.
         Returns {output name: ndarray}."""
-        if isinstance(self._owner, Trainer):
+        if self._owner is _TRAINED:
             raise PippinError(-10, "the graph belongs to a Trainer now (it holds the backward)", "wrong state")
         arrays, names, dtypes = self._feeds(inputs)
         if not self._exec:
@@ -249,7 +255,7 @@ class Pipe:
 
     def __init__(self, ptr):
         self._p = ptr
-        self._runner = None
+        self._in_runner = False  # a Runner holds the stage graphs: freed after it
 
     @property
     def _ptr(self):
@@ -258,12 +264,14 @@ class Pipe:
         return self._p
 
     def close(self):
-        if self._p and self._runner is None:
+        if self._in_runner:
+            raise PippinError(-10, "a Runner uses the pipe: close the Runner", "wrong state")
+        if self._p:
             lib.pp_pipe_free(self._p)
         self._p = None
 
     def __del__(self):
-        if self._runner is None:
+        if not self._in_runner:
             self.close()
 
     @property
@@ -277,7 +285,7 @@ class Pipe:
     def stages(self):
         """The stage graphs (borrowed Graph objects; None once a Runner took them)."""
         p = self._ptr.contents
-        return [Graph(p.stages[k], owner=self) if p.stages[k] else None for k in range(p.n_stages)]
+        return [Graph(p.stages[k], owner=self, index=k) if p.stages[k] else None for k in range(p.n_stages)]
 
     @property
     def edges(self):
@@ -405,7 +413,7 @@ class Runner:
         r = c_void_p()
         check(lib.pp_runner_new(pipe._ptr, int(training), byref(r)))
         self._r, self.pipe, self.training = r, pipe, training
-        pipe._runner = self
+        pipe._in_runner = True
         self._scheds = {}
         self.step_index = 0
         if optimizer:
@@ -421,7 +429,7 @@ class Runner:
         if self._r:
             lib.pp_runner_free(self._r)
             self._r = None
-            self.pipe._runner = None
+            self.pipe._in_runner = False
 
     def __del__(self):
         self.close()
@@ -563,7 +571,7 @@ class Trainer:
         t = c_void_p()
         check(lib.pp_trainer_new(graph._ptr, enc(loss), byref(t)))
         self._t = t
-        graph._owner = self
+        graph._owner = _TRAINED
         self._fp = lib.pp_trainer_params(t).contents
         self._opt = None
         self.step_index = 0

@@ -13,6 +13,7 @@ rank stops after the same step) and is raised again by run() or step().
 """
 import os
 import threading
+import weakref
 from collections import namedtuple
 from ctypes import byref, c_int, c_void_p
 
@@ -104,7 +105,8 @@ class Worker:
         self._error = None
         self._w = None
         if progress is not None:
-            self._cb = _lib.progress_fn(self._on_progress)  # kept: C holds the pointer
+            me = weakref.ref(self)  # no cycle: the worker is freed when the last reference goes
+            self._cb = _lib.progress_fn(lambda p, user: me() and me()._on_progress(p, user))  # kept: C holds it
             o.progress = self._cb
         self._ckpt = enc(checkpoint_dir)  # borrowed by the worker: kept alive here
         o.checkpoint_dir = self._ckpt

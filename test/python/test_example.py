@@ -1,6 +1,7 @@
 """examples/python/train_gpt.py runs: the example GPT trained for 2 steps
 (a copy of pipeline.yaml with fewer steps and endpoints of its own), then
-served from what training wrote, and 80 characters generated (needs
+served from what training wrote, and 58 characters generated (the
+model's 64 positions) (needs
 python3-zmq for the client, else skipped)."""
 import os
 import shutil
@@ -40,10 +41,9 @@ class Example(unittest.TestCase):
             lines = p.stdout.splitlines()
             self.assertTrue(lines[0].startswith("step   1/2  loss "), p.stdout)
             self.assertTrue(lines[2].startswith("loss "), p.stdout)
-            self.assertTrue(os.path.exists(os.path.join(tmp, "out", "tok_emb.weight.npy"))
-                            or len(os.listdir(os.path.join(tmp, "out"))) > 10)
+            self.assertGreater(len(os.listdir(os.path.join(tmp, "out"))), 10)  # the trained parameters
             self.assertTrue(lines[3].startswith("ROMEO:"), p.stdout)
-            self.assertGreaterEqual(len(lines[3]) + sum(len(x) + 1 for x in lines[4:]), len("ROMEO:") + 80)
+            self.assertEqual(len("\n".join(lines[3:])), len("ROMEO:") + 58, p.stdout)  # the model's 64 positions
         finally:
             shutil.rmtree(tmp)
 
