@@ -135,7 +135,11 @@ class Pipes(unittest.TestCase):
 class Training(unittest.TestCase):
     def test_runner_gradients_and_losses(self):
         p = pippin.load(os.path.join(MLP, "model.onnx")).split()
+        stage0 = p.stages[0]
+        self.assertEqual(stage0.param_names, ["fc1.weight", "fc1.bias"])
         r = pippin.Runner(p, optimizer="adamw", lr=0.01, weight_decay=0.01)
+        with self.assertRaises(pippin.PippinError):  # the runner took it: no dangling read
+            stage0.inputs
         self.assertEqual(r.n_stages, 3)
         self.assertEqual(r.stages[0].params, ["fc1.weight", "fc1.bias"])
         self.assertTrue(r.stages[2].has_loss)
