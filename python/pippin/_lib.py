@@ -217,7 +217,8 @@ progress_fn = CFUNCTYPE(None, POINTER(WorkerProgress), c_void_p)
 class WorkerOptions(Structure):  # pp_worker_options
     _fields_ = [("rank", c_int), ("progress", progress_fn), ("progress_user", c_void_p),
                 ("checkpoint_dir", c_char_p), ("checkpoint_every", c_int64), ("resume", c_int),
-                ("blas_threads", c_int), ("checkpoint_keep", c_int), ("rejoin_timeout_ms", c_int)]
+                ("blas_threads", c_int), ("checkpoint_keep", c_int), ("rejoin_timeout_ms", c_int),
+                ("threads", c_int)]
 
 
 class CheckpointStep(Structure):  # pp_checkpoint_step

@@ -97,7 +97,7 @@ class Worker:
     Use it as a context manager or call close()."""
 
     def __init__(self, config, rank=None, progress=None, checkpoint_dir=None, checkpoint_every=0, resume=False,
-                 blas_threads=0, checkpoint_keep=0, rejoin_timeout_ms=0):
+                 blas_threads=0, checkpoint_keep=0, rejoin_timeout_ms=0, threads=0):
         o = WorkerOptions()
         lib.pp_worker_options_init(byref(o))
         o.rank = -1 if rank is None else rank
@@ -113,6 +113,7 @@ class Worker:
         o.checkpoint_every = checkpoint_every
         o.resume = RESUME_IF_ANY if resume == "if_any" else RESUME if resume else 0
         o.blas_threads, o.checkpoint_keep, o.rejoin_timeout_ms = blas_threads, checkpoint_keep, rejoin_timeout_ms
+        o.threads = threads  # compute threads (pool and BLAS); 0: the config's, PIPPIN_THREADS or the default
         self._opts = o
         w = c_void_p()
         if isinstance(config, Config):

@@ -110,6 +110,7 @@ ranks: [$2]
 timeout_ms: 10000
 output_dir: $3
 insecure: true
+threads: 1
 $4
 YAML
 }

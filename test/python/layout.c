@@ -189,6 +189,7 @@ int main(void) {
     F(pp_worker_options, blas_threads);
     F(pp_worker_options, checkpoint_keep);
     F(pp_worker_options, rejoin_timeout_ms);
+    F(pp_worker_options, threads);
     S(pp_checkpoint_step);
     F(pp_checkpoint_step, step);
     F(pp_checkpoint_step, committed);
