@@ -25,7 +25,10 @@ an action's duration depends on how many others run beside it, which the
 per-stage mean averages away. The 2-rank runs (zbv, interleaved-1f1b: two
 stages per rank) want 2. `recompute` rows: costs from the plain 1F1B run,
 predicted with `pippin simulate --recompute`, measured with
-`pippin train --recompute`.
+`pippin train --recompute` right after that plain run (same load).
+
+`pred_c0` is the prediction with free transfers (c=0), to show how much
+of the figure is c.
 
 Prints one row per run and the mean per configuration, with the ratio
 predicted / measured.
@@ -157,9 +160,9 @@ def main():
     print("# example GPT, 4 stages, batch %d in %d microbatches, seq 64, --transport %s, "
           "%d cores, the last of %d steps traced" %
           (args.batch, args.microbatches, args.transport, os.cpu_count(), args.steps))
-    print("%-17s %5s %3s %4s %12s %12s %7s %10s   costs (ms)" %
-          ("schedule", "ranks", "M", "run", "measured_ms", "predicted_ms", "ratio", "wall_ms"))
-    plain_costs = []  # per run of 1f1b: (mean, c)
+    print("%-17s %5s %3s %4s %12s %12s %7s %9s %10s   costs (ms)" %
+          ("schedule", "ranks", "M", "run", "measured_ms", "predicted_ms", "ratio", "pred_c0",
+           "wall_ms"))
     summary = []
     try:
         for name, kind, ranks, spr, rc in CONFIGS:
@@ -167,28 +170,30 @@ def main():
                 continue
             meas, pred = [], []
             for run in range(args.runs):
-                trace = os.path.join(tmp, "%s_%d.json" % (name.replace("+", "_"), run))
-                wall = train(args, kind, rc, trace)
-                acts, waits = read_trace(trace)
-                nst = 1 + max(s for (_, s, _) in acts)
-                measured = max(t1 for (_, _, t1) in acts.values()) - \
-                    min(t0 for (_, t0, _) in acts.values())
+                base = os.path.join(tmp, "%s_%d" % (name.replace("+", "_"), run))
+                if rc:  # costs from a plain run just before
+                    train(args, kind, False, base + "_plain.json")
+                    acts, waits = read_trace(base + "_plain.json")
+                    nst = 1 + max(s for (_, s, _) in acts)
+                    mean, c, nlat = costs_of(acts, waits, nst)
+                wall = train(args, kind, rc, base + ".json")
+                acts2, waits2 = read_trace(base + ".json")
+                if not rc:
+                    acts, waits = acts2, waits2
+                    nst = 1 + max(s for (_, s, _) in acts)
+                    mean, c, nlat = costs_of(acts, waits, nst)
+                measured = max(t1 for (_, _, t1) in acts2.values()) - \
+                    min(t0 for (_, t0, _) in acts2.values())
                 has_b = any(k == "B" for (k, _, _) in acts)
-                mean, c, nlat = costs_of(acts, waits, nst)
-                if rc:  # the plain run's costs, recomputation modelled
-                    if not plain_costs:
-                        sys.exit("bench_sim_vs_real: 1f1b+recompute needs the 1f1b rows first")
-                    mean, c = plain_costs[run % len(plain_costs)]
-                elif name == "1f1b":
-                    plain_costs.append((mean, c))
                 spec = cost_spec(mean, c, has_b)
                 predicted = simulate(args, kind, ranks, spr, spec, rc)
+                pred_c0 = simulate(args, kind, ranks, spr, cost_spec(mean, 0.0, has_b), rc)
                 meas.append(measured)
                 pred.append(predicted)
-                print("%-17s %5d %3d %4d %12.3f %12.3f %7.3f %10s   %s (c from %d waits)" %
+                print("%-17s %5d %3d %4d %12.3f %12.3f %7.3f %9.3f %10s   %s (c from %d waits)" %
                       (name, ranks, args.microbatches, run, measured, predicted,
-                       predicted / measured, "%.1f" % wall if wall else "?", spec, nlat),
-                      flush=True)
+                       predicted / measured, pred_c0 / measured,
+                       "%.1f" % wall if wall else "?", spec, nlat), flush=True)
             mm, mp = statistics.mean(meas), statistics.mean(pred)
             summary.append((name, ranks, mm, mp))
             print("%-17s %5d %3d %4s %12.3f %12.3f %7.3f" %

@@ -376,7 +376,8 @@ pp_status pp_core_run_action(pp_core *c, const pp_route *r, int rank, const pp_a
     PP_TRY(run_compute(c, r, a, ran));
     if (c->trace && *ran) {
         double t1 = pp_monotonic_ms(), ready = c->inputs_ms > t0 ? c->inputs_ms : t0;
-        if (ready - t0 < 0.005) ready = t0; /* inputs at hand (a memory route): no wait to draw */
+        /* a route with ready hooks (the local runner) had the inputs at hand */
+        if (r->act_ready || ready - t0 < 0.005) ready = t0;
         if (ready > t0) { /* waited for (and decoded) what another rank sends */
             pp_action w = *a;
             w.kind = a->kind == PP_ACT_F ? PP_ACT_RECV_F : PP_ACT_RECV_B;
