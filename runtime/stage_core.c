@@ -257,6 +257,7 @@ static pp_status run_forward(pp_core *c, const pp_route *r, int s, int mb) {
         else status = r->recv_act(r->ctx, e, mb, s, &ins[i]);
     }
     double t0 = pp_monotonic_ms();
+    c->inputs_ms = t0;
     if (status == PP_OK) status = pp_stage_forward(st, mb, ins, outs);
     c->compute_ms += pp_monotonic_ms() - t0;
     if (status == PP_OK) c->done_f[s * m + mb] = 1;
@@ -301,6 +302,7 @@ static pp_status run_backward_input(pp_core *c, const pp_route *r, int s, int mb
         free(parts);
     }
     double t0 = pp_monotonic_ms();
+    c->inputs_ms = t0;
     if (status == PP_OK) status = pp_stage_backward_input(st, mb, gout, gin);
     c->compute_ms += pp_monotonic_ms() - t0;
     if (status == PP_OK) c->done_i[s * c->m + mb] = 1;
@@ -370,9 +372,19 @@ pp_status pp_core_run_action(pp_core *c, const pp_route *r, int rank, const pp_a
         return PP_OK;
     }
     double t0 = c->trace ? pp_monotonic_ms() : 0;
+    c->inputs_ms = 0;
     PP_TRY(run_compute(c, r, a, ran));
-    if (c->trace && *ran)
-        PP_TRY(pp_trace_action(c->trace, rank, a, t0 - c->trace_origin_ms, pp_monotonic_ms() - c->trace_origin_ms));
+    if (c->trace && *ran) {
+        double t1 = pp_monotonic_ms(), ready = c->inputs_ms > t0 ? c->inputs_ms : t0;
+        /* a route with ready hooks (the local runner) had the inputs at hand */
+        if (r->act_ready || ready - t0 < 0.005) ready = t0;
+        if (ready > t0) { /* waited for (and decoded) what another rank sends */
+            pp_action w = *a;
+            w.kind = a->kind == PP_ACT_F ? PP_ACT_RECV_F : PP_ACT_RECV_B;
+            PP_TRY(pp_trace_wait(c->trace, rank, &w, t0 - c->trace_origin_ms, ready - c->trace_origin_ms));
+        }
+        PP_TRY(pp_trace_action(c->trace, rank, a, ready - c->trace_origin_ms, t1 - c->trace_origin_ms));
+    }
     return PP_OK;
 }
 

@@ -63,6 +63,7 @@ typedef struct pp_core {
     int *local;         /* indices of this core's stages, ascending */
     pp_trace *trace;    /* NULL: not recording */
     double trace_origin_ms;
+    double inputs_ms;     /* when the running F or I/B had its inputs (0: no receive) */
     double compute_ms;    /* time in the stages' kernels (forward, backward), for serving's stats */
     /* The step in progress (pp_core_step_begin .. pp_core_step_end). */
     int64_t step;
@@ -87,7 +88,9 @@ pp_status pp_core_step_begin(pp_core *c, int64_t step, int m, int n_inputs, cons
                              pp_tensor *const *inputs);
 /* Runs one F, I, B or W action (others are no-ops) of a local stage, on
  * `rank` for the trace. *ran is 0 when its inputs are not there yet (only a
- * route with ready hooks says so). */
+ * route with ready hooks says so). The trace gets the action from when its
+ * inputs were there to its end (its sends included) and, when it had to
+ * wait for them, the wait as RECV_F / RECV_B on the communication lane. */
 pp_status pp_core_run_action(pp_core *c, const pp_route *r, int rank, const pp_action *a, int *ran);
 /* 1 once every weight gradient of local stage s ran this step (training). */
 int pp_core_weights_done(const pp_core *c, int s);

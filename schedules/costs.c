@@ -22,11 +22,17 @@ pp_status pp_cost_model_new(int nstages, pp_cost_model **out) {
     c->edge_bytes = calloc(n, sizeof(double));
     c->stash_bytes = calloc(n, sizeof(double));
     c->wstash_bytes = calloc(n, sizeof(double));
-    if (!c->f || !c->i || !c->w || !c->edge_bytes || !c->stash_bytes || !c->wstash_bytes) {
+    c->recompute = calloc(n, 1);
+    c->input_bytes = malloc(n * sizeof(double));
+    if (!c->f || !c->i || !c->w || !c->edge_bytes || !c->stash_bytes || !c->wstash_bytes ||
+        !c->recompute || !c->input_bytes) {
         pp_cost_model_free(c);
         return pp_error(PP_ERR_NOMEM, "cost model: out of memory");
     }
-    for (size_t k = 0; k < n; k++) c->f[k] = c->i[k] = c->w[k] = 1.0;
+    for (size_t k = 0; k < n; k++) {
+        c->f[k] = c->i[k] = c->w[k] = 1.0;
+        c->input_bytes[k] = -1.0; /* the edge before it */
+    }
     *out = c;
     return PP_OK;
 }
@@ -39,6 +45,8 @@ void pp_cost_model_free(pp_cost_model *c) {
     free(c->edge_bytes);
     free(c->stash_bytes);
     free(c->wstash_bytes);
+    free(c->recompute);
+    free(c->input_bytes);
     free(c);
 }
 
@@ -47,6 +55,32 @@ double pp_cost_model_xfer(const pp_cost_model *c, int s) {
     if (c->bandwidth > 0 && c->edge_bytes && s >= 0 && s < c->nstages)
         t += c->edge_bytes[s] / c->bandwidth;
     return t;
+}
+
+static int recomputes(const pp_cost_model *c, int s) {
+    return c->recompute && s >= 0 && s < c->nstages && c->recompute[s];
+}
+
+double pp_cost_model_backward_input(const pp_cost_model *c, int s) {
+    if (s < 0 || s >= c->nstages) return 0.0;
+    return c->i[s] + (recomputes(c, s) ? c->f[s] : 0.0);
+}
+
+static double input_bytes(const pp_cost_model *c, int s) {
+    if (c->input_bytes && c->input_bytes[s] >= 0) return c->input_bytes[s];
+    return s > 0 && c->edge_bytes ? c->edge_bytes[s - 1] : 0.0;
+}
+
+double pp_cost_model_stash(const pp_cost_model *c, int s) {
+    if (s < 0 || s >= c->nstages) return 0.0;
+    if (recomputes(c, s)) return input_bytes(c, s);
+    return c->stash_bytes ? c->stash_bytes[s] : 0.0;
+}
+
+double pp_cost_model_recompute_extra(const pp_cost_model *c, int s) {
+    if (!recomputes(c, s)) return 0.0;
+    double full = c->stash_bytes ? c->stash_bytes[s] : 0.0, in = input_bytes(c, s);
+    return full > in ? full - in : 0.0;
 }
 
 /* Parses "v" or "v1:v2:...:vS" into dst[nstages]. */
@@ -142,9 +176,24 @@ pp_status pp_cost_model_parse(const char *spec, int nstages, pp_cost_model **out
             st = parse_values(key, v, vl, nstages, c->stash_bytes, 0);
         } else if (!strcmp(key, "wmem")) {
             st = parse_values(key, v, vl, nstages, c->wstash_bytes, 0);
+        } else if (!strcmp(key, "in")) {
+            st = parse_values(key, v, vl, nstages, c->input_bytes, 0);
+        } else if (!strcmp(key, "rc") || !strcmp(key, "recompute")) {
+            double *flags = malloc(n * sizeof *flags); /* b may hold B's values */
+            st = flags ? parse_values(key, v, vl, nstages, flags, 0)
+                       : pp_error(PP_ERR_NOMEM, "cost model: out of memory");
+            for (size_t k = 0; k < n && st == PP_OK; k++) {
+                if (flags[k] != 0 && flags[k] != 1)
+                    st = pp_error(PP_ERR_INVALID, "cost '%s': stage %zu: %g is not 0 or 1", key,
+                                  k, flags[k]);
+                else
+                    c->recompute[k] = flags[k] == 1;
+            }
+            free(flags);
         } else {
             st = pp_error(PP_ERR_INVALID,
-                          "cost: unknown key '%s' (F, I, W, B, c, bw, bytes, mem, wmem)", key);
+                          "cost: unknown key '%s' (F, I, W, B, c, bw, bytes, mem, wmem, rc, in)",
+                          key);
         }
         p = stop + 1;
     }

@@ -55,7 +55,8 @@ typedef struct eng {
     double *tSF, *tSB; /* [S*m] arrival of SEND_F(s) at s+1 / SEND_B(s) at s-1 */
     uint8_t *rflag;    /* [S*m] RECV_F / RECV_B done at (s, mb) */
     double *xfer;      /* [S] edge s -> s+1 transfer time, 0 on one rank */
-    double *cf, *ci, *cw, *cst, *cwst; /* [S] costs and stash bytes */
+    double *cf, *ci, *cw, *cst, *cwst; /* [S] costs and stash bytes (recomputation applied) */
+    double *crc;       /* [S] bytes a recomputing stage rebuilds while I/B runs */
     int fast;          /* compute-only, checked, no trace: fast_run applies */
     rstate *rs;        /* [p] */
     int *work;
@@ -223,6 +224,8 @@ static pp_status commit(eng *e, int rank, const pp_action *x, double start, doub
         break;
     case PP_ACT_I:
     case PP_ACT_B:
+        if (e->rs[rank].bytes + e->crc[s] > e->rs[rank].pbytes)
+            e->rs[rank].pbytes = e->rs[rank].bytes + e->crc[s];
         e->rs[rank].act--;
         e->rs[rank].bytes -= stash_of(e, s);
         if (kind == PP_ACT_I) {
@@ -314,6 +317,7 @@ static inline double fast_commit(eng *e, int rank, const pp_action *a, double st
         if (st + 1 < e->S && sr[st + 1] != rank) wake_on(e, sr[st + 1], WAIT_TF, id);
     } else if (k != PP_ACT_W) {
         end = start + e->ci[st];
+        if (f->bytes + e->crc[st] > f->pbytes) f->pbytes = f->bytes + e->crc[st];
         f->act--;
         f->bytes -= e->cst[st];
         if (k == PP_ACT_I) {
@@ -539,6 +543,7 @@ static void eng_free(eng *e) {
     free(e->cw);
     free(e->cst);
     free(e->cwst);
+    free(e->crc);
     free(e->rs);
     free(e->work);
 }
@@ -575,6 +580,7 @@ pp_status pp_sched_run(const pp_schedule *s, const pp_cost_model *costs, pp_trac
     e.cw = xcalloc((size_t)e.S, sizeof(double), &oom);
     e.cst = xcalloc((size_t)e.S, sizeof(double), &oom);
     e.cwst = xcalloc((size_t)e.S, sizeof(double), &oom);
+    e.crc = xcalloc((size_t)e.S, sizeof(double), &oom);
     e.rs = xcalloc(p, sizeof *e.rs, &oom);
     e.work = xcalloc(p, sizeof(int), &oom);
     if (oom) {
@@ -587,10 +593,11 @@ pp_status pp_sched_run(const pp_schedule *s, const pp_cost_model *costs, pp_trac
             e.xfer[st] = costs ? pp_cost_model_xfer(costs, st) : 0.0;
     for (int st = 0; st < e.S; st++) {
         e.cf[st] = costs ? costs->f[st] : 1.0;
-        e.ci[st] = costs ? costs->i[st] : 1.0;
+        e.ci[st] = costs ? pp_cost_model_backward_input(costs, st) : 1.0;
         e.cw[st] = costs ? costs->w[st] : 1.0;
-        e.cst[st] = costs && costs->stash_bytes ? costs->stash_bytes[st] : 0.0;
+        e.cst[st] = costs ? pp_cost_model_stash(costs, st) : 0.0;
         e.cwst[st] = costs && costs->wstash_bytes ? costs->wstash_bytes[st] : 0.0;
+        e.crc[st] = costs ? pp_cost_model_recompute_extra(costs, st) : 0.0;
     }
     e.fast = !e.lowered && !trace && checked;
     for (int r = e.p - 1; r >= 0; r--) {

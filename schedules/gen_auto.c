@@ -500,7 +500,8 @@ static pp_status setup(actx *x, pp_schedule *s, const pp_sched_params *pr) {
     PP_TRY(pp_cost_model_new(p, &x->cm));
     if (pr->costs) {
         memcpy(x->cm->f, pr->costs->f, (size_t)p * sizeof(double));
-        memcpy(x->cm->i, pr->costs->i, (size_t)p * sizeof(double));
+        for (int j = 0; j < p; j++) /* a recomputing stage's I runs its F again */
+            x->cm->i[j] = pp_cost_model_backward_input(pr->costs, j);
         memcpy(x->cm->w, pr->costs->w, (size_t)p * sizeof(double));
         memcpy(x->cm->edge_bytes, pr->costs->edge_bytes, (size_t)p * sizeof(double));
         x->cm->latency = pr->costs->latency;

@@ -11,6 +11,7 @@ static void usage(FILE *f) {
             "                       [--comms] [--merge-bw] [--format table|csv|json]\n"
             "                       [--cost F=1,I=1,W=1,c=0] [--mem-cap N] [--w-frac X]\n"
             "                       [--objective makespan|span]\n"
+            "                       [--recompute | --recompute-stages S,S...]\n"
             "\n"
             "kinds: gpipe, 1f1b, interleaved-1f1b, looped-bfs, interleaved-zb, zbv,\n"
             "       dualpipev, zb-h1, zb-h2, auto, csv:FILE (a schedule saved as CSV)\n"
@@ -20,6 +21,8 @@ static void usage(FILE *f) {
             "                rank, torch's format) or json ({\"orders\": [[...], ...]})\n"
             "  --cost, --mem-cap, --w-frac, --objective: inputs of the auto scheduler\n"
             "                (costs per stage, activations in flight per rank, default 2P)\n"
+            "  --recompute, --recompute-stages S,S: the auto scheduler's I costs F more on\n"
+            "                those stages (see pippin simulate --help)\n"
             "The schedule is validated before it is printed.\n");
 }
 

@@ -12,6 +12,7 @@ static void usage(FILE *f) {
             "                       [--cost F=1,I=1,W=1,c=0] [--comms] [--merge-bw]\n"
             "                       [--json] [--trace FILE.json] [--svg FILE.svg]\n"
             "                       [--mem-cap N] [--w-frac X] [--objective makespan|span]\n"
+            "                       [--recompute | --recompute-stages S,S...]\n"
             "\n"
             "kinds as for 'pippin schedule' (including csv:FILE).\n"
             "--cost keys (a value, or one per stage separated by ':' as in F=1:2:1:1):\n"
@@ -20,6 +21,13 @@ static void usage(FILE *f) {
             "  c         link latency per transfer; bw bandwidth in bytes per time unit\n"
             "  bytes     bytes per microbatch sent from each stage to the next\n"
             "  mem, wmem bytes stashed per microbatch from F to I, and from I to W\n"
+            "  rc        1 where the stage recomputes (as --recompute-stages)\n"
+            "  in        a recomputing stage's input bytes per microbatch (default: the\n"
+            "            previous stage's bytes, 0 for stage 0)\n"
+            "--recompute (every stage) or --recompute-stages 0,2 (those stages) models\n"
+            "activation recomputation as `pippin train --recompute` runs it: I (or B)\n"
+            "costs F more, and from F to I/B the stage keeps only its input bytes\n"
+            "(in) instead of mem; while I/B runs it holds mem again.\n"
             "Reports makespan, per-rank busy time, bubble (1 - busy/makespan) and peak\n"
             "activations in flight (F done, I/B not yet). --trace writes Chrome trace\n"
             "JSON (open in https://ui.perfetto.dev), --svg a picture.\n");
@@ -44,11 +52,19 @@ static json_object *iarr(const int *v, int n) {
 static int has_bytes(const pp_cost_model *c) {
     if (!c) return 0;
     for (int k = 0; k < c->nstages; k++)
-        if (c->stash_bytes[k] > 0 || c->wstash_bytes[k] > 0) return 1;
+        if (pp_cost_model_stash(c, k) > 0 || c->wstash_bytes[k] > 0 ||
+            pp_cost_model_recompute_extra(c, k) > 0)
+            return 1;
     return 0;
 }
 
-static void print_json(const pp_sim_result *r, int bytes) {
+static int any_recompute(const pp_cost_model *c) {
+    for (int k = 0; c && k < c->nstages; k++)
+        if (c->recompute[k]) return 1;
+    return 0;
+}
+
+static void print_json(const pp_sim_result *r, int bytes, const pp_cost_model *c) {
     json_object *o = json_object_new_object();
     json_object_object_add(o, "makespan", dnum(r->makespan));
     json_object_object_add(o, "bubble", darr(r->bubble, r->nranks));
@@ -57,11 +73,18 @@ static void print_json(const pp_sim_result *r, int bytes) {
     json_object_object_add(o, "span", dnum(pp_sim_result_span(r)));
     json_object_object_add(o, "peak_pending_w", iarr(r->peak_wpend, r->nranks));
     if (bytes) json_object_object_add(o, "peak_bytes", darr(r->peak_bytes, r->nranks));
+    if (any_recompute(c)) {
+        json_object *a = json_object_new_array();
+        for (int k = 0; k < c->nstages; k++)
+            if (c->recompute[k]) json_object_array_add(a, json_object_new_int(k));
+        json_object_object_add(o, "recompute_stages", a);
+    }
     puts(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
     json_object_put(o);
 }
 
-static void print_text(const pp_schedule *s, const pp_sim_result *r, int bytes) {
+static void print_text(const pp_schedule *s, const pp_sim_result *r, int bytes,
+                       const pp_cost_model *c) {
     double mean = 0;
     for (int k = 0; k < r->nranks; k++) mean += r->bubble[k];
     mean /= r->nranks;
@@ -69,6 +92,12 @@ static void print_text(const pp_schedule *s, const pp_sim_result *r, int bytes) 
            s->nranks, s->nstages, s->nmb, pp_schedule_count(s));
     printf("makespan %g, mean bubble %.4f, longest rank span %g\n", r->makespan, mean,
            pp_sim_result_span(r));
+    if (any_recompute(c)) {
+        printf("recompute: stage");
+        for (int k = 0; k < c->nstages; k++)
+            if (c->recompute[k]) printf(" %d", k);
+        printf(" (I/B runs F again; F to I/B keeps the inputs)\n");
+    }
     printf("%-6s %12s %8s %9s %10s%s\n", "rank", "busy", "bubble", "peak_act", "pending_w",
            bytes ? "   peak_bytes" : "");
     for (int k = 0; k < r->nranks; k++) {
@@ -103,9 +132,9 @@ int cmd_simulate(int argc, char **argv) {
     }
     if (st == PP_OK) {
         if (o.json)
-            print_json(r, has_bytes(costs));
+            print_json(r, has_bytes(costs), costs);
         else
-            print_text(s, r, has_bytes(costs));
+            print_text(s, r, has_bytes(costs), costs);
         if (fflush(stdout) != 0) st = pp_error(PP_ERR_IO, "writing to stdout failed");
     }
     pp_sim_result_free(r);

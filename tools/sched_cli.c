@@ -16,6 +16,8 @@ static const struct option sched_long_opts[] = {
     {"json", no_argument, NULL, OPT_JSON},
     {"trace", required_argument, NULL, OPT_TRACE},
     {"svg", required_argument, NULL, OPT_SVG},
+    {"recompute", no_argument, NULL, OPT_RECOMPUTE},
+    {"recompute-stages", required_argument, NULL, OPT_RECOMPUTE_STAGES},
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -87,6 +89,13 @@ int sched_parse_args(int argc, char **argv, sched_opts *o, void (*usage)(FILE *)
         case OPT_JSON: o->json = 1; break;
         case OPT_TRACE: o->trace = optarg; break;
         case OPT_SVG: o->svg = optarg; break;
+        case OPT_RECOMPUTE: o->recompute = 1; break;
+        case OPT_RECOMPUTE_STAGES:
+            if (o->recompute_stages)
+                return sched_usage_error(o->cmd, "--recompute-stages given twice; list every "
+                                                 "stage once (0,2)%s%s", "", "");
+            o->recompute_stages = optarg;
+            break;
         case 'h':
         case OPT_HELP: usage(stdout); return 0;
         case ':':
@@ -99,7 +108,56 @@ int sched_parse_args(int argc, char **argv, sched_opts *o, void (*usage)(FILE *)
     if (optind < argc)
         return sched_usage_error(o->cmd, "unexpected argument '%s'%s", argv[optind], "");
     if (!o->kind) return sched_usage_error(o->cmd, "--kind is required%s%s", "", "");
+    if (o->recompute && o->recompute_stages)
+        return sched_usage_error(o->cmd, "--recompute (every stage) and --recompute-stages "
+                                         "(some) exclude each other%s%s", "", "");
     return -1;
+}
+
+/* Marks the stages --recompute / --recompute-stages name in *costs (made
+ * with the default costs when --cost was not given). Returns 0, or 2
+ * after printing what is wrong with the list. */
+static int apply_recompute(const sched_opts *o, int nstages, pp_cost_model **costs) {
+    if (!o->recompute && !o->recompute_stages) return 0;
+    if (!*costs && pp_cost_model_new(nstages, costs) != PP_OK) return pp_cli_fail(o->cmd);
+    if (o->recompute) {
+        memset((*costs)->recompute, 1, (size_t)nstages);
+        return 0;
+    }
+    const char *p = o->recompute_stages;
+    unsigned char *seen = calloc((size_t)nstages, 1);
+    if (!seen) return pp_cli_fail(o->cmd);
+    int rc = 0;
+    do {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        char num[32];
+        snprintf(num, sizeof num, "%ld", v);
+        if (end == p || errno || (*end && *end != ',') || v < 0 || *p == '-' || *p == '+') {
+            rc = sched_usage_error(o->cmd, "--recompute-stages '%s': expected stage indices "
+                                           "separated by commas (0,2)%s", o->recompute_stages, "");
+        } else if (v >= nstages) {
+            char have[32];
+            snprintf(have, sizeof have, "%d", nstages);
+            fprintf(stderr, "pippin %s: --recompute-stages '%s': stage %s, but the schedule has "
+                            "%s stages\n", o->cmd, o->recompute_stages, num, have);
+            rc = 2;
+        } else if (seen[v]) {
+            fprintf(stderr, "pippin %s: --recompute-stages '%s': stage %s is listed twice\n",
+                    o->cmd, o->recompute_stages, num);
+            rc = 2;
+        } else {
+            seen[v] = 1;
+            (*costs)->recompute[v] = 1;
+        }
+        p = *end ? end + 1 : end;
+        if (!rc && *end == ',' && !*p)
+            rc = sched_usage_error(o->cmd, "--recompute-stages '%s': ends with a comma%s",
+                                   o->recompute_stages, "");
+    } while (!rc && *p);
+    free(seen);
+    return rc;
 }
 
 /* Builds the schedule the options select, lowered as asked and validated.
@@ -151,8 +209,14 @@ int sched_build(sched_opts *o, pp_schedule **out, pp_cost_model **costs) {
         if (o->cost) {
             if (pp_cost_model_parse(o->cost, spr * o->ranks, costs) != PP_OK)
                 return sched_usage_error(cmd, "--cost: %s%s", pp_last_error(), "");
-            pr.costs = *costs;
         }
+        int rrc = apply_recompute(o, spr * o->ranks, costs);
+        if (rrc) {
+            pp_cost_model_free(*costs);
+            *costs = NULL;
+            return rrc;
+        }
+        pr.costs = *costs;
         pp_status st = pp_schedule_generate(&pr, &s);
         if (st != PP_OK) {
             pp_cost_model_free(*costs);
@@ -165,6 +229,15 @@ int sched_build(sched_opts *o, pp_schedule **out, pp_cost_model **costs) {
     if (is_csv && o->cost && pp_cost_model_parse(o->cost, s->nstages, costs) != PP_OK) {
         pp_schedule_free(s);
         return sched_usage_error(cmd, "--cost: %s%s", pp_last_error(), "");
+    }
+    if (is_csv) {
+        int rrc = apply_recompute(o, s->nstages, costs);
+        if (rrc) {
+            pp_schedule_free(s);
+            pp_cost_model_free(*costs);
+            *costs = NULL;
+            return rrc;
+        }
     }
     if (o->comms || o->merge_bw) {
         unsigned flags = (o->merge_bw ? PP_LOWER_MERGE_BW : 0) |

@@ -22,6 +22,8 @@ typedef struct sched_opts {
     int ranks, mb, spr; /* 0 when not given */
     int comms, merge_bw;
     const char *cost;
+    int recompute;                /* --recompute: every stage */
+    const char *recompute_stages; /* --recompute-stages 0,2 */
     double mem_cap, w_frac;
     pp_sched_objective objective;
     /* schedule */
@@ -46,6 +48,8 @@ enum {
     OPT_JSON,
     OPT_TRACE,
     OPT_SVG,
+    OPT_RECOMPUTE,
+    OPT_RECOMPUTE_STAGES,
     OPT_HELP
 };
 

@@ -34,6 +34,14 @@ typedef struct pp_cost_model {
                              s+1 (its gradient goes back with the same size) */
     double *stash_bytes;  /* [nstages] bytes kept per microbatch from F until I/B */
     double *wstash_bytes; /* [nstages] bytes kept from I until W */
+    /* Activation recomputation (appended; allocated by pp_cost_model_new): */
+    unsigned char *recompute; /* [nstages] 1: the stage keeps only its inputs
+                                 from F to I/B and runs F again right before
+                                 I/B, so I/B costs F more */
+    double *input_bytes;      /* [nstages] bytes of the stage's inputs per
+                                 microbatch, what a recomputing stage keeps;
+                                 < 0 (the default): edge_bytes of the stage
+                                 before (0 for stage 0) */
 } pp_cost_model;
 
 /* F = I = W = 1 on every stage, no communication cost, no bytes. */
@@ -41,13 +49,23 @@ PP_API pp_status pp_cost_model_new(int nstages, pp_cost_model **out);
 PP_API void pp_cost_model_free(pp_cost_model *c);
 /* Parses "F=1,I=1,W=1,c=0": keys F, I, W, B (full backward: I = B - W, or
  * I = W = B/2 when neither is given), c (latency), bw (bandwidth), bytes
- * (edge_bytes), mem (stash_bytes), wmem (wstash_bytes). A value is a number
- * or a colon-separated list with one number per stage ("F=1:2:1:1"). Keys
- * not given keep the defaults of pp_cost_model_new. */
+ * (edge_bytes), mem (stash_bytes), wmem (wstash_bytes), rc (recompute: 0
+ * or 1), in (input_bytes). A value is a number or a colon-separated list
+ * with one number per stage ("F=1:2:1:1"). Keys not given keep the defaults
+ * of pp_cost_model_new. */
 PP_API pp_status pp_cost_model_parse(const char *spec, int nstages, pp_cost_model **out);
 /* Time to move one microbatch's activation (or gradient) across the edge
  * from stage s to s+1 when the two are on different ranks. */
 PP_API double pp_cost_model_xfer(const pp_cost_model *c, int s);
+/* What stage s's backward-input (I, or the I part of B) takes: I, plus F
+ * when the stage recomputes. */
+PP_API double pp_cost_model_backward_input(const pp_cost_model *c, int s);
+/* Bytes stage s keeps per microbatch from F until I/B: its input bytes when
+ * it recomputes, else stash_bytes. */
+PP_API double pp_cost_model_stash(const pp_cost_model *c, int s);
+/* Bytes a recomputing stage s holds on top of that while I/B runs (the
+ * stash the second forward rebuilds, beyond the inputs); 0 otherwise. */
+PP_API double pp_cost_model_recompute_extra(const pp_cost_model *c, int s);
 
 typedef struct pp_sim_result {
     int nranks;

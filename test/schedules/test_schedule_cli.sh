@@ -68,6 +68,22 @@ check "svg written" has '</svg>' "$TMP/t.svg"
 run 0 simulate --kind auto --ranks 4 --microbatches 8 --cost F=1,I=1,W=1 --mem-cap 4 --json
 check "auto respects --mem-cap" sh -c "grep -q '\"peak_activations\":\[[0-4],[0-4],[0-4],[0-4]\]' '$TMP/out'"
 
+run 0 simulate --kind 1f1b --ranks 4 --microbatches 8 --recompute --json
+check "simulate --recompute: B runs F again" has '"makespan":44.0' "$TMP/out"
+check "simulate --recompute json" has '"recompute_stages":[0,1,2,3]' "$TMP/out"
+run 0 simulate --kind 1f1b --ranks 4 --microbatches 8 --recompute-stages 1,2 \
+    --cost F=1,I=1,W=1,mem=10,bytes=2
+check "simulate --recompute-stages text" has "recompute: stage 1 2" "$TMP/out"
+check "recompute peak bytes" sh -c "grep -q '^1 .* 14\$' '$TMP/out'"
+run 0 simulate --kind 1f1b --ranks 4 --microbatches 8 --cost F=1,I=1,W=1,rc=0:1:1:0 --json
+cp "$TMP/out" "$TMP/rc_key.json"
+run 0 simulate --kind 1f1b --ranks 4 --microbatches 8 --cost F=1,I=1,W=1 \
+    --recompute-stages 2,1 --json
+check "rc key and --recompute-stages agree" cmp -s "$TMP/rc_key.json" "$TMP/out"
+run 0 schedule --kind auto --ranks 2 --microbatches 4 --cost F=1,I=1,W=1 --recompute \
+    --format json
+check "schedule --recompute (auto)" has '"orders"' "$TMP/out"
+
 run 0 schedule --help
 check "schedule --help" has "usage: pippin schedule" "$TMP/out"
 run 0 simulate --help
@@ -98,6 +114,17 @@ run 2 simulate --kind 1f1b --ranks 2 --microbatches 2 --format csv
 check "--format on simulate" has "--format is for 'pippin schedule'" "$TMP/err"
 run 2 schedule --kind "csv:$TMP/a.csv" --ranks 3
 check "csv --ranks mismatch" has "--ranks 3, but the CSV file has 4 rows" "$TMP/err"
+
+run 2 simulate --kind 1f1b --ranks 4 --microbatches 4 --recompute-stages 0,9
+check "--recompute-stages past the stages" has "--recompute-stages '0,9': stage 9, but the schedule has 4 stages" "$TMP/err"
+run 2 simulate --kind 1f1b --ranks 4 --microbatches 4 --recompute-stages 1,1
+check "--recompute-stages twice" has "stage 1 is listed twice" "$TMP/err"
+run 2 simulate --kind 1f1b --ranks 4 --microbatches 4 --recompute-stages 1,x
+check "--recompute-stages junk" has "--recompute-stages '1,x': expected stage indices" "$TMP/err"
+run 2 simulate --kind 1f1b --ranks 4 --microbatches 4 --recompute --recompute-stages 1
+check "--recompute and --recompute-stages" has "exclude each other" "$TMP/err"
+run 2 simulate --kind 1f1b --ranks 4 --microbatches 4 --cost rc=3
+check "bad rc key" has "cost 'rc': stage 0: 3 is not 0 or 1" "$TMP/err"
 
 # Failures: exit 1.
 run 1 schedule --kind "csv:$TMP/missing.csv"

@@ -137,13 +137,32 @@ for mode in local tcp; do
         continue 2
     fi
 done
-# 4 stages x 4 microbatches x (F, I, W) = 48 events on 2 ranks, in JSON that parses.
-count() { grep -o '"ph":"X"' "$1" | wc -l; }
-if [ "$(count "$tmp/local.json")" -eq 48 ] && [ "$(count "$tmp/tcp.json")" -eq 48 ] && \
-    grep -q '"name":"rank 1"' "$tmp/tcp.json" && grep -q "<svg" "$tmp/tcp.svg" && \
-    { [ ! -x /usr/bin/python3 ] || /usr/bin/python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$tmp/tcp.json"; }; then
-    echo "ok $n - --trace/--svg record the last step's 48 actions on 2 ranks (local runner and tcp)"
+# 4 stages x 4 microbatches x (F, I, W) = 48 compute events on 2 ranks, in JSON
+# that parses; over tcp the waits for the other rank's tensors are on the comm
+# lane (RECV_F / RECV_B), each ending where its action starts; the local runner
+# has none.
+count() { grep '"ph":"X"' "$1" | grep -c "\"tid\":$2,"; }
+waits_ok() {
+    [ ! -x /usr/bin/python3 ] && return 0
+    /usr/bin/python3 - "$1" <<'PY'
+import json, sys
+ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("ph") == "X"]
+act = {(e["pid"], e["args"]["stage"], e["args"]["mb"], e["name"].lstrip("0123456789")[0]): e
+       for e in ev if e["tid"] == 0}
+waits = [e for e in ev if e["tid"] == 1]
+for w in waits:
+    kind = w["name"].lstrip("0123456789")
+    a = act.get((w["pid"], w["args"]["stage"], w["args"]["mb"], "F" if kind.startswith("RECV_F") else "I"))
+    if not kind.startswith("RECV_") or not a or abs(w["ts"] + w["dur"] - a["ts"]) > 0.01:
+        sys.exit("wait %s not right before its action" % w["name"])
+sys.exit(0 if waits else "no waits")
+PY
+}
+if [ "$(count "$tmp/local.json" 0)" -eq 48 ] && [ "$(count "$tmp/tcp.json" 0)" -eq 48 ] && \
+    [ "$(count "$tmp/local.json" 1)" -eq 0 ] && waits_ok "$tmp/tcp.json" && \
+    grep -q '"name":"rank 1"' "$tmp/tcp.json" && grep -q "<svg" "$tmp/tcp.svg"; then
+    echo "ok $n - --trace/--svg record the last step's 48 actions on 2 ranks (local runner and tcp), waits apart"
 else
-    echo "not ok $n - trace: $(count "$tmp/local.json") / $(count "$tmp/tcp.json") events"
+    echo "not ok $n - trace: $(count "$tmp/local.json" 0) / $(count "$tmp/tcp.json" 0) events, $(count "$tmp/local.json" 1) / $(count "$tmp/tcp.json" 1) waits"
 fi
 echo "1..$n"
