@@ -302,10 +302,13 @@ static pp_status str_value(const cx *x, const yaml_node_t *n, const char *key, c
 static int given(const yaml_node_t *n) { return n && !is_null(n); }
 
 static pp_status parse_split(const cx *x, const yaml_node_t *m) {
-    static const char *const keys[] = {"before", "after", "transmit_shared", "auto", "memory_cap"};
-    yaml_node_t *v[5];
+    static const char *const keys[] = {"before", "after", "transmit_shared", "auto", "memory_cap", "marker_identity"};
+    yaml_node_t *v[6];
     pp_config *c = x->c;
-    PP_TRY(match_keys(x, m, "split", keys, 5, v));
+    PP_TRY(match_keys(x, m, "split", keys, 6, v));
+    if (given(v[5]) && c->stages)
+        return err_at(x, PP_ERR_INVALID, v[5], "key 'split.marker_identity': applies to 'model' (stage files are cut)");
+    if (given(v[5])) PP_TRY(get_str(x, v[5], "split.marker_identity", &c->split_marker_identity));
     if (given(v[0])) PP_TRY(get_str_list(x, v[0], "split.before", 0, CFG_MAX_ITEMS, &c->split_before, &c->n_split_before));
     if (given(v[1])) PP_TRY(get_str_list(x, v[1], "split.after", 0, CFG_MAX_ITEMS, &c->split_after, &c->n_split_after));
     if (given(v[2])) PP_TRY(get_bool(x, v[2], "split.transmit_shared", &c->transmit_shared));
@@ -850,6 +853,7 @@ void pp_config_free(pp_config *c) {
     free(c->output_dir);
     free(c->checkpoint_dir);
     free(c->run_id);
+    free(c->split_marker_identity);
     free(c);
 }
 

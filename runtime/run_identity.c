@@ -190,6 +190,7 @@ static pp_status add_config(pp_run_identity *id, const pp_config *c) {
         PP_TRY(add_text(id, key, c->dims[i].value ? c->dims[i].value : ""));
     }
     PP_TRY(add_list(id, "split.before", c->n_split_before, c->split_before));
+    if (c->split_marker_identity) PP_TRY(add_text(id, "split.marker_identity", c->split_marker_identity));
     PP_TRY(add_list(id, "split.after", c->n_split_after, c->split_after));
     PP_TRY(add_bool(id, "split.transmit_shared", c->transmit_shared));
     PP_TRY(add_int(id, "split.auto", c->split_auto));

@@ -138,6 +138,9 @@ static pp_status open_pipe(pp_worker *w) {
             if (ps != PP_OK) return pp_error_context(ps, "%s", c->path);
             pp_info("rank %d: %d parameters from %s", w->rank, loaded, c->params);
         }
+        if (c->split_marker_identity && pp_graph_identity_markers(w->g, c->split_marker_identity) == 0)
+            return pp_error(PP_ERR_NOT_FOUND, "%s: split.marker_identity '%s' matches no Identity node of %s", c->path,
+                            c->split_marker_identity, c->model);
         for (int i = 0; i < c->n_freeze; i++)
             if (pp_graph_freeze(w->g, c->freeze[i]) == 0)
                 return pp_error(PP_ERR_NOT_FOUND, "%s: freeze pattern '%s' matches no trainable initializer of %s",

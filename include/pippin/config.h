@@ -10,6 +10,7 @@
  *     transmit_shared: false
  *     # auto: 4                            # instead of before/after: 4 balanced stages
  *     # memory_cap: 2000000000             #   bytes per stage (parameters + 1F1B stash)
+ *     # marker_identity: "*pipe_split*"    # Identity nodes with these names are markers too
  *   dims: {seq: 64}                        # sizes of dynamic dims, for shape probing
  *   mode: train                            # train | infer | serve
  *   schedule: 1f1b                         # any `pippin schedule` kind, or csv:FILE
@@ -157,6 +158,8 @@ typedef struct pp_config {
     int shard_optimizer;             /* shard_optimizer: ZeRO-1 over the replicas; default 0 */
     int wire_bf16;                   /* wire_dtype: bfloat16: float32 activations and gradients between
                                       * ranks travel as bfloat16 (pp_executor_set_wire_dtype); default 0 */
+    char *split_marker_identity;     /* split.marker_identity: Identity nodes whose name matches (fnmatch)
+                                      * are stage markers (pp_graph_identity_markers); NULL: none */
     int threads;                     /* threads: each rank's compute threads (pippin's pool and the BLAS);
                                       * 0 (default): the CPUs the worker may use divided among the
                                       * ranks on its host (pp_worker_threads) */
