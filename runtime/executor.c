@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "grad_ring.h"
+#include "log_internal.h"
 #include "optim_shard.h"
 #include "stage_core.h"
 #include "status_internal.h"
@@ -454,6 +455,9 @@ pp_status pp_executor_step(pp_executor *ex, int64_t step, int m, int n_inputs, c
     if (s == PP_OK && ex->ring) { /* every stage's sum is in before the replicated parameters' */
         s = ring_progress(ex);
         if (s == PP_OK) s = pp_grad_ring_finish(ex->ring, ex->timeout_ms);
+        if (s == PP_OK)
+            pp_debug("rank %d step %lld: %d of %d gradient buckets summed while computing", ex->world_rank,
+                     (long long)step, pp_grad_ring_overlapped(ex->ring), pp_grad_ring_buckets(ex->ring));
         if (s != PP_OK) s = pp_error_context(s, "rank %d step %lld", ex->world_rank, (long long)step);
     }
     int failed = s != PP_OK;

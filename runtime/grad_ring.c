@@ -24,6 +24,7 @@ struct pp_grad_ring {
     int n, cap;
     int done;           /* buckets before this one are all done (they finish in order only when waited for) */
     int *next_id;       /* [n_stages]: the next bucket id per stage */
+    int overlapped;     /* buckets already summed when the step waited for the rest */
 };
 
 pp_status pp_grad_ring_new(const pp_grad_ring_options *o, pp_grad_ring **out) {
@@ -58,6 +59,7 @@ void pp_grad_ring_begin(pp_grad_ring *g, int64_t step) {
 }
 
 int pp_grad_ring_buckets(const pp_grad_ring *g) { return g->n; }
+int pp_grad_ring_overlapped(const pp_grad_ring *g) { return g->overlapped; }
 
 static pp_status push(pp_grad_ring *g, int stage, pp_flat_params *fp, int full, int64_t off, int64_t len) {
     if (g->n == g->cap) {
@@ -220,6 +222,8 @@ pp_status pp_grad_ring_progress(pp_grad_ring *g) {
 }
 
 pp_status pp_grad_ring_finish(pp_grad_ring *g, int timeout_ms) {
+    g->overlapped = 0;
+    for (int i = 0; i < g->n; i++) g->overlapped += g->b[i].phase == g->b[i].limit;
     for (; g->done < g->n; g->done++) PP_TRY(advance(g, &g->b[g->done], 1, timeout_ms));
     return PP_OK;
 }

@@ -70,5 +70,8 @@ pp_status pp_grad_ring_shard(const pp_grad_ring_options *o, int replica, const p
 void pp_ring_ranges_free(pp_ring_ranges *r);
 /* Buckets added in the step so far (for tests and the log). */
 int pp_grad_ring_buckets(const pp_grad_ring *g);
+/* Of those, how many were summed (their backward half) before the last
+ * pp_grad_ring_finish had to wait: the overlap with compute. */
+int pp_grad_ring_overlapped(const pp_grad_ring *g);
 
 #endif
