@@ -485,19 +485,25 @@ int pp_tp_wait_events(pp_transport *t, int64_t timeout, peer *out_peer) {
 
 /* ---- public ---- */
 
-pp_status pp_transport_recv(pp_transport *t, const pp_transport_key *key, int timeout_ms,
-                            pp_tensor **out) {
+/* What every receive does first: the key checked, and the tensor taken if
+ * the mailbox already holds it. */
+static pp_status recv_start(pp_transport *t, const pp_transport_key *key, pp_mbox_key *k, pp_tensor **out) {
     *out = NULL;
     PP_TRY(pp_tp_check_key(t, key, 0));
     if (!name_ok(key->name))
         return pp_error(PP_ERR_INVALID, "transport rank %d: tensor name must be 1..%u printable bytes",
                         t->rank, PP_ENVELOPE_MAX_NAME);
     if (t->aborted) return pp_tp_abort_error(t);
-    pp_mbox_key k = {(int)key->kind, key->step, key->microbatch, key->src_stage, key->dst_stage, key->name};
-    if ((*out = pp_mailbox_take(t->mbox, &k))) {
-        sync_pending(t);
-        return PP_OK;
-    }
+    *k = (pp_mbox_key){(int)key->kind, key->step, key->microbatch, key->src_stage, key->dst_stage, key->name};
+    if ((*out = pp_mailbox_take(t->mbox, k))) sync_pending(t);
+    return PP_OK;
+}
+
+pp_status pp_transport_recv(pp_transport *t, const pp_transport_key *key, int timeout_ms,
+                            pp_tensor **out) {
+    pp_mbox_key k;
+    PP_TRY(recv_start(t, key, &k, out));
+    if (*out) return PP_OK;
     int timeout = timeout_ms < 0 ? t->timeout_ms : timeout_ms;
     int64_t now = now_ms(), deadline = now + timeout;
     /* Monitors are read (and the peer judged) every grace period, or at once
@@ -542,17 +548,11 @@ pp_status pp_transport_recv(pp_transport *t, const pp_transport_key *key, int ti
 }
 
 pp_status pp_transport_try_recv(pp_transport *t, const pp_transport_key *key, pp_tensor **out) {
-    *out = NULL;
-    PP_TRY(pp_tp_check_key(t, key, 0));
-    if (!name_ok(key->name))
-        return pp_error(PP_ERR_INVALID, "transport rank %d: tensor name must be 1..%u printable bytes",
-                        t->rank, PP_ENVELOPE_MAX_NAME);
-    if (t->aborted) return pp_tp_abort_error(t);
-    pp_mbox_key k = {(int)key->kind, key->step, key->microbatch, key->src_stage, key->dst_stage, key->name};
-    if (!(*out = pp_mailbox_take(t->mbox, &k))) {
-        pp_tp_read_monitors(t);
-        pp_tp_drain(t, &k, out);
-    }
+    pp_mbox_key k;
+    PP_TRY(recv_start(t, key, &k, out));
+    if (*out) return PP_OK;
+    pp_tp_read_monitors(t);
+    pp_tp_drain(t, &k, out);
     if (*out) {
         sync_pending(t);
         return PP_OK;
