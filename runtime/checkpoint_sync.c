@@ -60,7 +60,7 @@ pp_status pp_ckpt_save(pp_ckpt_sync *c, int64_t step) {
                         "(its log says why); the previous checkpoint stays", c->agree.rank, step, r.who_lo);
     if (c->agree.rank == 0)
         PP_TRY(pp_error_context(pp_checkpoint_commit(c->dir, step, c->n_stages_total), "rank 0: checkpoint of step %" PRId64, step));
-    prune(c, step);
+    if (c->write_files) prune(c, step); /* a rank that writes nothing has nothing to remove */
     return PP_OK;
 }
 
