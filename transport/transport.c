@@ -353,6 +353,8 @@ pp_status pp_transport_create(const pp_transport_options *opts, pp_transport **o
 
 const char *pp_transport_endpoint(const pp_transport *t) { return t->endpoint; }
 
+uint64_t pp_transport_run_id(const pp_transport *t) { return t->run_known ? t->run_id : 0; }
+
 void pp_transport_close(pp_transport *t) {
     if (!t) return;
     if (t->peers) {
