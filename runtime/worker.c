@@ -68,6 +68,8 @@ struct pp_worker {
     int64_t failed_step;      /* the step whose failure started the rejoin */
     pp_run_identity *first_id; /* the identity at the first open: a rejoin must find the same files */
     int rejoins;
+    uint64_t run_id;          /* rank 0 without a config run_id: the one its first transport drew, kept by the
+                               * transports a rejoin opens (0 until then) */
     pp_serve_front *front;    /* serving, on the rank holding stage 0: the endpoint clients use (outlives rejoins) */
 };
 
@@ -93,6 +95,13 @@ static pp_status open_transport(pp_worker *w) {
     if (c->serving) o.step_window = -1; /* batches run ahead on the front: serve.max_inflight bounds them */
     /* The config's run_id keeps other runs' messages out (0: the transport's default) */
     if (c->run_id) o.run_id = pp_hash64(PP_HASH64_SEED, c->run_id, strlen(c->run_id)) | 1;
+    /* Rank 0 keeps the run id it drew first: the ranks that learned it from
+     * one of its transports must be able to talk to the next one. A new id
+     * at each rejoin split the run when rank 0 had to open its transport
+     * again while the others, already waiting in their own rejoin, kept the
+     * id of its previous one: each side dropped the other's hellos as
+     * another run's until rejoin_timeout_ms. */
+    else if (w->rank == 0) o.run_id = w->run_id;
     if (!c->shared_memory) o.shm_bytes = -1;
     char secret[PP_CURVE_KEY_CHARS + 1];
     char(*pub)[PP_CURVE_KEY_CHARS + 1] = NULL;
@@ -121,6 +130,7 @@ static pp_status open_transport(pp_worker *w) {
         nanosleep(&pause, NULL);
         s = pp_transport_create(&o, &w->t);
     }
+    if (s == PP_OK && w->rank == 0 && !w->run_id) w->run_id = pp_transport_run_id(w->t);
     free(pub);
     free(pubs);
     return s;
@@ -565,11 +575,19 @@ static int recoverable(pp_worker *w, pp_status s) {
 static double now_ms(void) { return pp_monotonic_ms(); }
 
 /* Waits until every peer completed the hello handshake with this rank's
- * new transport, or the rejoin deadline passes. */
+ * new transport, or the rejoin deadline passes. A peer that closed its
+ * transport (it rejoins again) or was replaced by a new process after its
+ * handshake with this one is PP_ERR_PEER: the new incarnation never accepts
+ * this transport (it echoes the nonce of the one before), so only a new
+ * transport here completes a handshake with it. */
 static pp_status await_peers(pp_worker *w) {
     for (;;) {
         char missing[256] = "";
         size_t len = 0;
+        for (int r = 0; r < w->c->n_ranks; r++)
+            if (r != w->rank && pp_transport_peer_state(w->t, r) == PP_PEER_CLOSED)
+                return pp_error(PP_ERR_PEER, "rank %d: rank %d closed or restarted while this rank waited for every "
+                                "rank to rejoin", w->rank, r);
         for (int r = 0; r < w->c->n_ranks; r++)
             if (r != w->rank && !pp_transport_peer_ready(w->t, r) && len < sizeof missing - 1)
                 len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d (%s)", len ? ", " : "", r,
@@ -607,7 +625,10 @@ static pp_status rejoin(pp_worker *w, const char *why) {
         s = open_run(w);
         if (s == PP_OK) s = await_peers(w);
         if (s == PP_OK || s == PP_ERR_TIMEOUT || atomic_load(&w->stop) || now_ms() >= w->rejoin_deadline) break;
-        if (s == PP_ERR_PEER && recoverable(w, s)) continue; /* a peer rolled back again meanwhile */
+        if (s == PP_ERR_PEER && recoverable(w, s)) { /* a peer rolled back or restarted again meanwhile */
+            pp_info("rank %d: rejoin: %s; opening again", w->rank, pp_last_error());
+            continue;
+        }
         if (s != PP_ERR_IO) break; /* only the endpoint can be busy a moment (its old socket closing) */
         pp_debug("rank %d: rejoin: %s; trying again", w->rank, pp_last_error());
         struct timespec pause = {0, 100 * 1000 * 1000};

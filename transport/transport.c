@@ -262,7 +262,16 @@ static pp_status open_pull(pp_transport *t, const char *bind_ep) {
         return pp_error(PP_ERR_IO, "transport rank %d: zmq_socket: %s", t->rank, zmq_strerror(zmq_errno()));
     int64_t maxmsg = (int64_t)t->max_message_bytes;
     PP_TRY(pp_tp_common_sockopts(t, t->pull, "receive"));
-    if (setopt_int(t->pull, ZMQ_RCVHWM, t->rcvhwm) || setopt_int(t->pull, ZMQ_LINGER, 0) ||
+    /* No heartbeats of its own (ZMQ_HEARTBEAT_IVL 0): libzmq 4.3.4 aborts
+     * the process ("Assertion failed: !_io_error", stream_engine_base.cpp:331,
+     * zeromq/libzmq#4364) when a receiving connection that stopped reading
+     * (its queue full, or the socket closing, as in a rejoin) sees its peer
+     * hang up and its heartbeat timer then fires. Only receiving connections
+     * stop reading. A dead sender is still noticed: the PUSH side's
+     * heartbeats carry the TTL after which this side drops a silent
+     * connection, and pippin watches peers on its PUSH sockets. */
+    if (setopt_int(t->pull, ZMQ_HEARTBEAT_IVL, 0) || setopt_int(t->pull, ZMQ_RCVHWM, t->rcvhwm) ||
+        setopt_int(t->pull, ZMQ_LINGER, 0) ||
         zmq_setsockopt(t->pull, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg))
         return pp_error(PP_ERR_IO, "transport rank %d: receive socket options: %s", t->rank,
                         zmq_strerror(zmq_errno()));
@@ -352,6 +361,8 @@ pp_status pp_transport_create(const pp_transport_options *opts, pp_transport **o
 }
 
 const char *pp_transport_endpoint(const pp_transport *t) { return t->endpoint; }
+
+uint64_t pp_transport_run_id(const pp_transport *t) { return t->run_known ? t->run_id : 0; }
 
 void pp_transport_close(pp_transport *t) {
     if (!t) return;

@@ -221,6 +221,13 @@ PP_API pp_status pp_transport_create(const pp_transport_options *opts, pp_transp
  * ("tcp://127.0.0.1:41235"). Valid until close. */
 PP_API const char *pp_transport_endpoint(const pp_transport *t);
 
+/* The run id this transport puts on the wire and accepts: the one given in
+ * the options, the one rank 0 drew, or the one learned from the hello
+ * handshake; 0 while not learned yet. A process that opens a new transport
+ * for the same run (a rejoin) passes rank 0's on, so that ranks that learned
+ * it keep talking to the new one. */
+PP_API uint64_t pp_transport_run_id(const pp_transport *t);
+
 /* Sets or changes a peer's endpoint and connects to it. */
 PP_API pp_status pp_transport_connect_peer(pp_transport *t, int rank, const char *endpoint);
 

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "transport_internal.h"
 #include "tt_util.h"
 
 #include "test_filter.h"
@@ -237,6 +238,31 @@ static void test_close_with_stopped_peer(void **state) {
     waitpid(p.pid, NULL, 0);
 }
 
+/* Regression: the receive (PULL) socket sends no heartbeats of its own.
+ * libzmq 4.3.4 aborts the process (Assertion failed: !_io_error,
+ * stream_engine_base.cpp:331; zeromq/libzmq#4364) when a receiving
+ * connection that stopped reading sees its peer hang up and then its
+ * heartbeat timer fires: a rank closing its transport in a rejoin while its
+ * peers still sent died of SIGABRT (test/fault/rejoin.sh under ASan). The
+ * peers' liveness keeps coming from the PUSH side (the tests above). */
+static void test_receive_socket_sends_no_heartbeats(void **state) {
+    (void)state;
+    pp_transport_options o;
+    pp_transport_options_init(&o);
+    o.timeout_ms = TIMEOUT_MS;
+    pp_transport *t[2];
+    tt_make_ranks("ipc", 2, &o, t);
+    for (int r = 0; r < 2; r++) {
+        int ivl = -1;
+        size_t len = sizeof ivl;
+        assert_int_equal(zmq_getsockopt(t[r]->pull, ZMQ_HEARTBEAT_IVL, &ivl, &len), 0);
+        assert_int_equal(ivl, 0);
+        assert_int_equal(zmq_getsockopt(t[r]->peers[1 - r].push, ZMQ_HEARTBEAT_IVL, &ivl, &len), 0);
+        assert_true(ivl > 0);
+    }
+    tt_close_ranks(2, t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_killed_peer),
@@ -244,6 +270,7 @@ int main(void) {
         cmocka_unit_test(test_peer_dies_mid_stream),
         cmocka_unit_test(test_ring_tensors_outlive_sender),
         cmocka_unit_test(test_close_with_stopped_peer),
+        cmocka_unit_test(test_receive_socket_sends_no_heartbeats),
     };
     tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
