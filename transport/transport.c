@@ -21,7 +21,11 @@
 #define DEFAULT_LINGER_MS 1000
 #define DEFAULT_HWM 64 /* send side: libzmq leaks zero-copy frames still queued to a dead peer at close (seen with 1000) */
 #define DEFAULT_RCVHWM 1000 /* receive side: libzmq's default; a deep queue keeps the receiver from sleeping per message */
-#define DEFAULT_FRAME_BYTES ((size_t)1 << 20)
+/* 16 MiB: a tensor up to this size arrives in one frame, which the
+ * receiver wraps without a reassembly copy; larger frames would make
+ * libzmq's receive buffers mmap-sized (past glibc's 32 MiB mmap threshold:
+ * page faults on every message) */
+#define DEFAULT_FRAME_BYTES ((size_t)16 << 20)
 #define DEFAULT_ZERO_COPY_MIN ((size_t)64 << 10)
 #define DEFAULT_SHM_BYTES ((int64_t)1 << 30)
 #define DEFAULT_RECV_CACHE ((int64_t)512 << 20)
@@ -296,7 +300,7 @@ pp_status pp_transport_create(const pp_transport_options *opts, pp_transport **o
     snprintf(t->proc, sizeof t->proc, "%llx-%ld", pp_shm_pid_ns(), (long)getpid());
     if (s == PP_OK) {
         t->peers = calloc((size_t)t->nranks, sizeof *t->peers);
-        t->items = calloc((size_t)t->nranks + 3, sizeof *t->items);
+        t->items = calloc(2 * (size_t)t->nranks + 3, sizeof *t->items);
         if (!t->peers || !t->items) s = pp_error(PP_ERR_NOMEM, "out of memory");
     }
     if (s == PP_OK && t->shm_bytes) {
@@ -356,6 +360,8 @@ const char *pp_transport_endpoint(const pp_transport *t) { return t->endpoint; }
 void pp_transport_close(pp_transport *t) {
     if (!t) return;
     if (t->peers) {
+        /* small messages held back for a busy peer go first, within linger */
+        pp_tp_settle_held(t, t->linger_ms);
         /* goodbye to every connected peer (a send to one that is not
          * connected fails at once: ZMQ_IMMEDIATE) */
         for (int r = 0; r < t->nranks; r++)
@@ -373,6 +379,8 @@ void pp_transport_close(pp_transport *t) {
             if (t->peers[r].bell_fd >= 0) close(t->peers[r].bell_fd);
             free(t->peers[r].endpoint);
             free(t->peers[r].addr);
+            free(t->peers[r].obox);
+            pp_tp_inflight_release(t->peers[r].inflight);
         }
     }
     close_socket(t->pull);
@@ -435,6 +443,7 @@ pp_status pp_transport_abort(pp_transport *t, const char *reason) {
     }
     for (int r = 0; r < t->nranks; r++)
         if (r != t->rank) {
+            pp_tp_drop_held(t, r); /* the run is over: small messages held back for it are not sent */
             pp_tp_tell(t, r); /* a peer accepts it only from a rank that completed the handshake */
             pp_tp_send_simple(t, r, PP_MSG_ABORT, t->abort_text);
         }

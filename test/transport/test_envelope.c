@@ -288,7 +288,8 @@ static void test_bad_header(void **state) {
     craft(&c); c.env.version = 3; expect_bad(&c, NULL, "version 3");
     craft(&c); c.env.version = 0; expect_bad(&c, NULL, "version 0");
     craft(&c); c.env.kind = 0; expect_bad(&c, NULL, "kind 0");
-    craft(&c); c.env.kind = 6; expect_bad(&c, NULL, "kind 6");
+    craft(&c); c.env.kind = 7; expect_bad(&c, NULL, "kind 7");
+    craft(&c); c.env.kind = 6; expect_bad(&c, NULL, "batch of 0 entries"); /* a batch with a tensor */
     craft(&c); c.env.kind = -3; expect_bad(&c, NULL, "kind -3");
     craft(&c); c.env.step = -1; expect_bad(&c, NULL, "negative step");
     craft(&c); c.env.microbatch = -1; expect_bad(&c, NULL, "negative microbatch");
