@@ -196,6 +196,7 @@ static int hold(pp_transport *t, int r, const pp_envelope *env) {
     if (p->obox_n == 0) {
         p->obox_off[0] = 0;
         t->n_obox++;
+        stat_add(&t->st.retries, 1); /* a send that could not go at once */
         snprintf(p->obox_name, sizeof p->obox_name, "%s", env->tensors[0].name);
         p->obox_key = (pp_mbox_key){(int)env->kind, env->step, env->microbatch, env->src_stage,
                                     env->dst_stage, p->obox_name};
@@ -471,7 +472,6 @@ pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n
         }
         if (zmq_errno() == EAGAIN && hold(t, r, &env)) { /* its queue is full: this rank is ahead */
             zmq_msg_close(&m0);
-            stat_add(&t->st.retries, 1);
             goto held;
         }
     }
