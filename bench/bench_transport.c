@@ -440,7 +440,6 @@ static void throughput_suite(const char *endpoint, const char *kind, int curve, 
         pp_transport_stats_get(pp.t[0], &after);
         double sent = (double)(after.bytes_sent - before.bytes_sent);
         double shm = sent > 0 ? (double)(after.shm_bytes_sent - before.shm_bytes_sent) / sent : 0;
-        if (getenv("BENCH_DEBUG")) fprintf(stderr, "retries %llu msgs %llu\n", (unsigned long long)(after.retries - before.retries), (unsigned long long)(after.messages_sent - before.messages_sent));
         report(endpoint, bytes, best_pip, best_raw, median(ratio, reps), target, shm);
     }
     pip_close(&pp);
