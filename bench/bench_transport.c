@@ -11,7 +11,7 @@
  * ratios, so load from other processes mostly cancels out.
  *
  *   pippin-bench-transport [--json] [--reps N] [--quick] [--endpoint E] [--size BYTES]
- *                          [--frame-bytes N] [--recv-cache BYTES] [--hwm N] [--sockbuf BYTES] [--spin-us US]
+ *                          [--frame-bytes N] [--recv-cache BYTES] [--hwm N] [--rcvhwm N] [--sockbuf BYTES] [--spin-us US]
  *                          [--only pippin|raw] [--no-batching]
  *
  * --json prints one object per line:
@@ -42,6 +42,7 @@ static size_t only_size;          /* --size: just this many bytes */
 static size_t frame_bytes;        /* --frame-bytes: pippin's frame size (0: its default) */
 static long long recv_cache = 0;  /* --recv-cache: pippin's reassembly cache (0: default, <0 off) */
 static int hwm;                   /* --hwm: pippin's sndhwm and rcvhwm (0: default) */
+static int rcvhwm;                /* --rcvhwm: pippin's rcvhwm alone (0: --hwm or default) */
 static int spin_us;               /* --spin-us: pippin's receive busy-poll (0: default, <0 off) */
 static int sockbuf;               /* --sockbuf: SNDBUF/RCVBUF for both pippin and raw (0: OS) */
 static const char *only_side;     /* --only pippin|raw: time just one side (for profiling; no ratio) */
@@ -127,6 +128,7 @@ static void pip_open(pip_pair *p, const char *kind, int curve) {
         o.frame_bytes = frame_bytes;
         o.recv_cache_bytes = recv_cache;
         o.sndhwm = o.rcvhwm = hwm;
+        if (rcvhwm) o.rcvhwm = rcvhwm;
         o.sndbuf = o.rcvbuf = sockbuf;
         o.spin_us = spin_us;
         if (sockets_only) o.shm_bytes = -1;
@@ -456,6 +458,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--frame-bytes") && i + 1 < argc) frame_bytes = (size_t)atoll(argv[++i]);
         else if (!strcmp(argv[i], "--recv-cache") && i + 1 < argc) recv_cache = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--hwm") && i + 1 < argc) hwm = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--rcvhwm") && i + 1 < argc) rcvhwm = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--sockbuf") && i + 1 < argc) sockbuf = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--spin-us") && i + 1 < argc) spin_us = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only_side = argv[++i];
@@ -463,7 +466,7 @@ int main(int argc, char **argv) {
         else {
             fprintf(stderr, "usage: pippin-bench-transport [--json] [--reps N] [--quick] "
                             "[--endpoint tcp|ipc|tcp+curve|tcp-noshm|latency] [--size BYTES] [--frame-bytes N] "
-                            "[--recv-cache BYTES] [--hwm N] [--sockbuf BYTES] [--spin-us US] [--only pippin|raw] [--no-batching]\n");
+                            "[--recv-cache BYTES] [--hwm N] [--rcvhwm N] [--sockbuf BYTES] [--spin-us US] [--only pippin|raw] [--no-batching]\n");
             return 2;
         }
     }
