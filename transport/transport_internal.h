@@ -2,7 +2,8 @@
  * transport.c: options, create and close, abort, stats. transport_peers.c:
  * connections, monitors, hellos, liveness. transport_rings.c: the
  * shared-memory rings to and from same-host peers. transport_send.c and
- * transport_recv.c: the two directions. */
+ * transport_recv.c: the two directions; transport_batch.c: small messages
+ * held back and sent together (batching). */
 #ifndef PIPPIN_TRANSPORT_INTERNAL_H
 #define PIPPIN_TRANSPORT_INTERNAL_H
 
@@ -319,6 +320,20 @@ void pp_tp_settle_ring(pp_shm_ring *ring, const pp_envelope *env);
 /* ---- transport_send.c ---- */
 
 pp_status pp_tp_check_key(const pp_transport *t, const pp_transport_key *k, int sending);
+
+/* ---- transport_batch.c ---- */
+
+/* Whether peer p has HOLD_AHEAD small messages still in libzmq's queue. */
+int pp_tp_ahead(const peer *p);
+/* Packs env into m, counted as in flight to rank r until libzmq took it. */
+pp_status pp_tp_pack_counted(pp_transport *t, int r, const pp_envelope *env, zmq_msg_t *m);
+/* Adds env (inline tensors only) to rank r's batch; 0 if it does not fit. */
+int pp_tp_hold(pp_transport *t, int r, const pp_envelope *env);
+/* Rank r's batch as one message in m; the batch is then empty. */
+pp_status pp_tp_take_held(pp_transport *t, int r, zmq_msg_t *m);
+/* Sends rank r's batch if it has room now, without waiting: 1 if nothing
+ * is held back any more (sent, or lost with the connection), 0 if not yet. */
+int pp_tp_flush_one(pp_transport *t, int r);
 /* Sends the batches held back for peers that now have room (never waits). */
 void pp_tp_flush_held(pp_transport *t);
 /* Sends or (at most wait_ms, receiving meanwhile) drops what is held back,
