@@ -282,7 +282,11 @@ static uint8_t *pack_crafted(crafted *c, size_t *len) {
     return buf;
 }
 
-/* A batch of the given entries from rank 0 (run 7), packed by protobuf-c. */
+/* The frame decode_batch decoded last: a decoded batch points into it. */
+static uint8_t *batch_frame;
+
+/* A batch of the given entries from rank 0 (run 7), packed by protobuf-c;
+ * the frame stays in batch_frame until the next call. */
 static pp_status decode_batch(int n, uint8_t **entries, const size_t *lens, pp_envelope *out) {
     Pippin__Envelope b = PIPPIN__ENVELOPE__INIT;
     b.version = PP_PROTOCOL_VERSION;
@@ -306,7 +310,8 @@ static pp_status decode_batch(int n, uint8_t **entries, const size_t *lens, pp_e
     assert_memory_equal(ours, buf, len);
     free(ours);
     pp_status s = pp_envelope_decode(buf, len, NULL, out);
-    free(buf);
+    free(batch_frame);
+    batch_frame = buf;
     return s;
 }
 
@@ -409,6 +414,8 @@ static void test_batch(void **state) {
     assert_memory_equal(e.batch[1].data, entry[1], len[1]);
     pp_envelope_clear(&e);
     for (int i = 0; i < 7; i++) free(entry[i]);
+    free(batch_frame);
+    batch_frame = NULL;
 }
 
 static void test_valid_crafted(void **state) {
