@@ -21,11 +21,6 @@
 #define DEFAULT_LINGER_MS 1000
 #define DEFAULT_HWM 64 /* send side: libzmq leaks zero-copy frames still queued to a dead peer at close (seen with 1000) */
 #define DEFAULT_RCVHWM 1000 /* receive side: libzmq's default; a deep queue keeps the receiver from sleeping per message */
-/* 16 MiB: a tensor up to this size arrives in one frame, which the
- * receiver wraps without a reassembly copy; larger frames would make
- * libzmq's receive buffers mmap-sized (past glibc's 32 MiB mmap threshold:
- * page faults on every message) */
-#define DEFAULT_FRAME_BYTES ((size_t)16 << 20)
 #define DEFAULT_ZERO_COPY_MIN ((size_t)64 << 10)
 #define DEFAULT_SHM_BYTES ((int64_t)1 << 30)
 #define DEFAULT_RECV_CACHE ((int64_t)512 << 20)
@@ -70,7 +65,7 @@ void pp_transport_options_init(pp_transport_options *o) {
     o->sndhwm = DEFAULT_HWM;
     o->rcvhwm = DEFAULT_RCVHWM;
     o->max_message_bytes = PP_ENVELOPE_DEFAULT_MAX_MESSAGE_BYTES;
-    o->frame_bytes = DEFAULT_FRAME_BYTES;
+    o->frame_bytes = 0; /* by size: see pp_tp_frame_size */
     o->zero_copy_min = DEFAULT_ZERO_COPY_MIN;
     o->io_threads = 1;
 }
@@ -104,8 +99,8 @@ static pp_status copy_options(pp_transport *t, const pp_transport_options *o) {
     t->rcvbuf = o->rcvbuf > 0 ? o->rcvbuf : 0;
     t->max_message_bytes = o->max_message_bytes ? o->max_message_bytes : PP_ENVELOPE_DEFAULT_MAX_MESSAGE_BYTES;
     if (t->max_message_bytes > (uint64_t)INT64_MAX) t->max_message_bytes = (uint64_t)INT64_MAX;
-    t->frame_bytes = o->frame_bytes ? o->frame_bytes : DEFAULT_FRAME_BYTES;
-    if (t->frame_bytes < MIN_FRAME_BYTES) t->frame_bytes = MIN_FRAME_BYTES;
+    t->frame_bytes = o->frame_bytes;
+    if (t->frame_bytes && t->frame_bytes < MIN_FRAME_BYTES) t->frame_bytes = MIN_FRAME_BYTES;
     t->zero_copy_min = o->zero_copy_min ? o->zero_copy_min : DEFAULT_ZERO_COPY_MIN;
     t->step_window = o->step_window > 0 ? o->step_window : (o->step_window < 0 ? 0 : DEFAULT_STEP_WINDOW);
     t->max_pending_per_peer = o->max_pending_bytes_per_peer > 0 ? (uint64_t)o->max_pending_bytes_per_peer

@@ -131,7 +131,7 @@ struct pp_transport {
     int timeout_ms, hb_ivl_ms, hb_timeout_ms, linger_ms, grace_ms;
     int sndhwm, rcvhwm, sndbuf, rcvbuf;
     uint64_t max_message_bytes;
-    size_t frame_bytes, zero_copy_min;
+    size_t frame_bytes, zero_copy_min; /* frame_bytes 0: by size (pp_tp_frame_size) */
     int64_t step_window, cur_step; /* step_window 0: no upper bound */
     int step_set;           /* pp_transport_set_step was called: the window's upper bound applies */
     uint64_t max_pending_per_peer; /* 0: no cap */
@@ -320,6 +320,8 @@ void pp_tp_settle_ring(pp_shm_ring *ring, const pp_envelope *env);
 /* ---- transport_send.c ---- */
 
 pp_status pp_tp_check_key(const pp_transport *t, const pp_transport_key *k, int sending);
+/* The frame size for a tensor of nbytes to peer p (frame_bytes, or by size). */
+size_t pp_tp_frame_size(const pp_transport *t, const peer *p, size_t nbytes);
 
 /* ---- transport_batch.c ---- */
 

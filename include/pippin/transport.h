@@ -108,7 +108,9 @@ typedef struct pp_transport_options {
     int rcvhwm;                   /* messages queued on the receive socket; default 1000 */
     int sndbuf, rcvbuf;           /* kernel socket buffers in bytes; 0: OS default */
     uint64_t max_message_bytes;   /* larger incoming messages are dropped; default 2 GiB */
-    size_t frame_bytes;           /* large tensors go in frames of this size; default 16 MiB */
+    size_t frame_bytes;           /* large tensors go in frames of this size; default 0: a tensor
+                                   * up to 16 MiB in one frame (received without a copy), larger
+                                   * ones in 1 MiB frames */
     size_t zero_copy_min;         /* tensors at least this big are not copied; default 64 KiB */
     /* Tensors that arrive in several frames are reassembled into buffers
      * that are kept for reuse after the tensor is freed, up to this many

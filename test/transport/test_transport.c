@@ -602,7 +602,7 @@ static void test_batching(void **state) {
 static void test_reassembly_buffers(void **state) {
     (void)state;
     pp_transport_options o = base_opts(2000);
-    o.frame_bytes = (size_t)1 << 20; /* 5 frames (the default, 16 MiB, sends it in one) */
+    o.frame_bytes = (size_t)1 << 20; /* 5 frames (by default it goes in one) */
     pp_transport *t[2];
     tt_make_ranks("tcp", 2, &o, t);
     int64_t s[1] = {(int64_t)5 << 18}; /* 5 MiB of f32 */
