@@ -11,7 +11,8 @@
  * ratios, so load from other processes mostly cancels out.
  *
  *   pippin-bench-transport [--json] [--reps N] [--quick] [--endpoint E] [--size BYTES]
- *                          [--frame-bytes N] [--recv-cache BYTES] [--hwm N] [--sockbuf BYTES] [--spin-us US]
+ *                          [--frame-bytes N] [--recv-cache BYTES] [--hwm N] [--rcvhwm N] [--sockbuf BYTES] [--spin-us US]
+ *                          [--only pippin|raw] [--no-batching]
  *
  * --json prints one object per line:
  *   {"endpoint": "tcp", "bytes": N, "pippin_gbps": x, "raw_gbps": y, "ratio": r, "shm_share": s}
@@ -41,8 +42,11 @@ static size_t only_size;          /* --size: just this many bytes */
 static size_t frame_bytes;        /* --frame-bytes: pippin's frame size (0: its default) */
 static long long recv_cache = 0;  /* --recv-cache: pippin's reassembly cache (0: default, <0 off) */
 static int hwm;                   /* --hwm: pippin's sndhwm and rcvhwm (0: default) */
+static int rcvhwm;                /* --rcvhwm: pippin's rcvhwm alone (0: --hwm or default) */
 static int spin_us;               /* --spin-us: pippin's receive busy-poll (0: default, <0 off) */
 static int sockbuf;               /* --sockbuf: SNDBUF/RCVBUF for both pippin and raw (0: OS) */
+static const char *only_side;     /* --only pippin|raw: time just one side (for profiling; no ratio) */
+static int no_batching;           /* --no-batching: pippin sends every small message on its own */
 static char ipc_dir[200];
 
 static int cmp_double(const void *a, const void *b) {
@@ -124,6 +128,7 @@ static void pip_open(pip_pair *p, const char *kind, int curve) {
         o.frame_bytes = frame_bytes;
         o.recv_cache_bytes = recv_cache;
         o.sndhwm = o.rcvhwm = hwm;
+        if (rcvhwm) o.rcvhwm = rcvhwm;
         o.sndbuf = o.rcvbuf = sockbuf;
         o.spin_us = spin_us;
         if (sockets_only) o.shm_bytes = -1;
@@ -132,6 +137,9 @@ static void pip_open(pip_pair *p, const char *kind, int curve) {
             o.curve_rank_keys = pubs;
         }
         if (pp_transport_create(&o, &p->t[r]) != PP_OK) die("pp_transport_create");
+        /* a streaming sender: small messages merge while the receiver is
+         * behind (the sender flushes after its loop) */
+        pp_transport_set_batching(p->t[r], !no_batching);
     }
     for (int r = 0; r < 2; r++)
         if (pp_transport_connect_peer(p->t[r], 1 - r, pp_transport_endpoint(p->t[1 - r])) != PP_OK)
@@ -162,6 +170,7 @@ static void *pip_sender(void *arg) {
         pp_transport_key k = {PP_MSG_ACTIVATION, j->step, i, 0, 1, "x"};
         if (pp_transport_send(j->t, &k, j->x) != PP_OK) die("send");
     }
+    if (pp_transport_flush(j->t, -1) != PP_OK) die("flush"); /* what batching held back */
     return NULL;
 }
 
@@ -415,7 +424,11 @@ static void throughput_suite(const char *endpoint, const char *kind, int curve, 
         pp_transport_stats before, after;
         pp_transport_stats_get(pp.t[0], &before);
         for (int r = 0; r < reps; r++) {
-            if (r % 2) {
+            if (only_side) { /* profiling one side: the other reads as 1 */
+                int pip_side = !strcmp(only_side, "pippin");
+                pip[r] = pip_side ? pip_throughput(&pp, bytes, n) : 1;
+                raw[r] = pip_side ? 1 : raw_throughput(&rp, bytes, n);
+            } else if (r % 2) {
                 raw[r] = raw_throughput(&rp, bytes, n);
                 pip[r] = pip_throughput(&pp, bytes, n);
             } else {
@@ -445,12 +458,15 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--frame-bytes") && i + 1 < argc) frame_bytes = (size_t)atoll(argv[++i]);
         else if (!strcmp(argv[i], "--recv-cache") && i + 1 < argc) recv_cache = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--hwm") && i + 1 < argc) hwm = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--rcvhwm") && i + 1 < argc) rcvhwm = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--sockbuf") && i + 1 < argc) sockbuf = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--spin-us") && i + 1 < argc) spin_us = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc) only_side = argv[++i];
+        else if (!strcmp(argv[i], "--no-batching")) no_batching = 1;
         else {
             fprintf(stderr, "usage: pippin-bench-transport [--json] [--reps N] [--quick] "
                             "[--endpoint tcp|ipc|tcp+curve|tcp-noshm|latency] [--size BYTES] [--frame-bytes N] "
-                            "[--recv-cache BYTES] [--hwm N] [--sockbuf BYTES] [--spin-us US]\n");
+                            "[--recv-cache BYTES] [--hwm N] [--rcvhwm N] [--sockbuf BYTES] [--spin-us US] [--only pippin|raw] [--no-batching]\n");
             return 2;
         }
     }

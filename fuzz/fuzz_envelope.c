@@ -10,7 +10,11 @@
  * Differential: frame 0 is also read by protobuf-c, the reference for the
  * hand-written wire codec (transport/envelope_wire.c). Both must accept or
  * refuse it alike and read the same fields, and writing the result must
- * give protobuf-c's bytes. */
+ * give protobuf-c's bytes.
+ *
+ * Batches (kind 6): each entry goes through pp_envelope_decode_entry, as
+ * the transport does, and must then satisfy the same invariants and build
+ * its inline tensors. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -107,6 +111,45 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     env.kind = PP_MSG_CONTROL;
     env.text = "bye";
     write_seed(dir, "seed-bye", &env, 0, NULL);
+    /* a batch: two small activations and a gradient, all inline */
+    uint8_t entries[3][512];
+    pp_envelope_part parts[3];
+    env.text = "";
+    env.ntensors = 1;
+    wt[0].placement = PP_PLACE_INLINE;
+    env.inline_data = inl;
+    env.inline_bytes = 24;
+    for (int i = 0; i < 3; i++) {
+        env.kind = i == 2 ? PP_MSG_GRADIENT : PP_MSG_ACTIVATION;
+        env.src_stage = i == 2 ? 1 : 0;
+        env.dst_stage = i == 2 ? 0 : 1;
+        env.microbatch = i;
+        parts[i].data = entries[i];
+        if (pp_envelope_pack(&env, entries[i], sizeof entries[i], &parts[i].len) != PP_OK) return 0;
+    }
+    pp_envelope batch = {0};
+    batch.version = PP_PROTOCOL_VERSION;
+    batch.kind = (pp_msg_kind)PP_WIRE_KIND_BATCH;
+    batch.run_id = 1;
+    batch.seq = 12;
+    batch.sender_nonce = env.sender_nonce;
+    batch.text = "";
+    batch.shm_name = "";
+    batch.nbatch = 3;
+    batch.batch = parts;
+    write_seed(dir, "seed-batch", &batch, 0, NULL);
+    /* and one whose entries break the batch rules: a tensor in a frame, an abort */
+    wt[0].placement = PP_PLACE_FRAMES;
+    wt[0].nframes = 1;
+    env.inline_data = NULL;
+    env.inline_bytes = 0;
+    if (pp_envelope_pack(&env, entries[0], sizeof entries[0], &parts[0].len) != PP_OK) return 0;
+    env.kind = PP_MSG_ABORT;
+    env.ntensors = 0;
+    env.text = "stop";
+    if (pp_envelope_pack(&env, entries[1], sizeof entries[1], &parts[1].len) != PP_OK) return 0;
+    batch.nbatch = 2;
+    write_seed(dir, "seed-batch-bad", &batch, 0, NULL);
     return 0;
 }
 
@@ -125,7 +168,10 @@ static void differential(const uint8_t *data, size_t len) {
           same_str(ours->text, ref->text) && same_str(ours->shm_name, ref->shm_name) &&
           ours->inline_data.len == ref->inline_data.len &&
           (!ref->inline_data.len || memcmp(ours->inline_data.data, ref->inline_data.data, ref->inline_data.len) == 0) &&
-          ours->n_tensors == ref->n_tensors);
+          ours->n_tensors == ref->n_tensors && ours->n_batch == ref->n_batch);
+    for (size_t i = 0; i < ref->n_batch; i++)
+        check(ours->batch[i].len == ref->batch[i].len &&
+              (!ref->batch[i].len || memcmp(ours->batch[i].data, ref->batch[i].data, ref->batch[i].len) == 0));
     for (size_t i = 0; i < ref->n_tensors; i++) {
         const Pippin__TensorMeta *a = ours->tensors[i], *b = ref->tensors[i];
         check(same_str(a->name, b->name) && a->dtype == b->dtype && a->n_shape == b->n_shape &&
@@ -146,6 +192,35 @@ static void differential(const uint8_t *data, size_t len) {
     free(y);
     free(ours);
     pippin__envelope__free_unpacked(ref, NULL);
+}
+
+/* A decoded batch: 1..64 non-empty entries and nothing else; each entry
+ * that pp_envelope_decode_entry accepts is an activation or gradient whose
+ * tensors are inline (or empty) and build from its inline data. */
+static void check_batch(const pp_envelope *env, const pp_envelope_limits *lim) {
+    check(env->nbatch >= 1 && (unsigned)env->nbatch <= PP_ENVELOPE_MAX_BATCH);
+    check(env->ntensors == 0 && env->inline_bytes == 0 && env->text[0] == 0 && env->shm_name[0] == 0);
+    check(env->step == 0 && env->microbatch == 0 && env->src_stage == 0 && env->dst_stage == 0);
+    for (int b = 0; b < env->nbatch; b++) {
+        check(env->batch[b].len > 0);
+        pp_envelope e;
+        if (pp_envelope_decode_entry(env->batch[b].data, env->batch[b].len, lim, &e) != PP_OK) continue;
+        check(e.kind == PP_MSG_ACTIVATION || e.kind == PP_MSG_GRADIENT);
+        check(e.nbatch == 0 && e.ntensors >= 1 && e.shm_name[0] == 0);
+        check(pp_envelope_check_frames(&e, 0, NULL) == PP_OK); /* needs no data frame */
+        uint64_t inl = 0;
+        for (int i = 0; i < e.ntensors; i++) {
+            const pp_wire_tensor *wt = &e.tensors[i];
+            check(wt->placement == PP_PLACE_INLINE || wt->nbytes == 0);
+            if (wt->placement != PP_PLACE_INLINE) continue;
+            pp_tensor *t = NULL;
+            check(pp_envelope_tensor_inline(&e, i, &t) == PP_OK && t->nbytes == wt->nbytes);
+            pp_tensor_free(t);
+            inl += wt->nbytes;
+        }
+        check(inl == e.inline_bytes);
+        pp_envelope_clear(&e);
+    }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -185,7 +260,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
     /* a decoded envelope satisfies every documented invariant */
     check(env.version == PP_PROTOCOL_VERSION);
+    if ((int)env.kind == PP_WIRE_KIND_BATCH) {
+        check_batch(&env, &lim);
+        pp_envelope_clear(&env);
+        return 0;
+    }
     check(env.kind >= PP_MSG_ACTIVATION && env.kind <= PP_MSG_ABORT);
+    check(env.nbatch == 0);
     check(env.step >= 0 && env.microbatch >= 0);
     check(env.src_stage >= 0 && env.src_stage < 8 && env.dst_stage >= 0 && env.dst_stage < 8);
     check(env.ntensors >= 0 && env.ntensors <= 16);

@@ -21,6 +21,7 @@ const char *pp_msg_kind_name(int kind) {
     case PP_MSG_CONTROL: return "control";
     case PP_MSG_HEARTBEAT: return "heartbeat";
     case PP_MSG_ABORT: return "abort";
+    case PP_WIRE_KIND_BATCH: return "batch";
     default: return "unknown";
     }
 }
@@ -33,6 +34,7 @@ typedef struct pack_state {
     Pippin__TensorMeta *ptr_stack[PACK_STACK_TENSORS];
     Pippin__TensorMeta *meta;
     Pippin__TensorMeta **ptrs;
+    ProtobufCBinaryData batch[PP_ENVELOPE_MAX_BATCH];
 } pack_state;
 
 static pp_status pack_begin(const pp_envelope *env, pack_state *ps) {
@@ -40,6 +42,8 @@ static pp_status pack_begin(const pp_envelope *env, pack_state *ps) {
     ps->meta = ps->meta_stack;
     ps->ptrs = ps->ptr_stack;
     if (env->ntensors < 0) return pp_error(PP_ERR_INVALID, "negative tensor count");
+    if (env->nbatch < 0 || (uint32_t)env->nbatch > PP_ENVELOPE_MAX_BATCH)
+        return pp_error(PP_ERR_INVALID, "%d batch entries (at most %u)", env->nbatch, PP_ENVELOPE_MAX_BATCH);
     if (env->ntensors > PACK_STACK_TENSORS) {
         ps->meta = calloc((size_t)env->ntensors, sizeof *ps->meta);
         ps->ptrs = calloc((size_t)env->ntensors, sizeof *ps->ptrs);
@@ -64,6 +68,12 @@ static pp_status pack_begin(const pp_envelope *env, pack_state *ps) {
     pb->inline_data.data = (uint8_t *)env->inline_data;
     pb->shm_name = (char *)(env->shm_name ? env->shm_name : "");
     pb->sender_nonce = env->sender_nonce;
+    pb->n_batch = (size_t)env->nbatch;
+    pb->batch = env->nbatch ? ps->batch : NULL;
+    for (int i = 0; i < env->nbatch; i++) {
+        ps->batch[i].data = (uint8_t *)env->batch[i].data;
+        ps->batch[i].len = env->batch[i].len;
+    }
     pb->n_tensors = (size_t)env->ntensors;
     pb->tensors = env->ntensors ? ps->ptrs : NULL;
     for (int i = 0; i < env->ntensors; i++) {
@@ -126,6 +136,7 @@ pp_status pp_envelope_pack(const pp_envelope *env, void *buf, size_t cap, size_t
  * and the checked metadata handed out as pp_wire_tensor. */
 typedef struct decoded {
     Pippin__Envelope *pb;
+    pp_envelope_part *batch; /* malloc'd when there are entries */
     pp_wire_tensor tensors[];
 } decoded;
 
@@ -214,8 +225,23 @@ static pp_status check_envelope(const Pippin__Envelope *pb, const pp_envelope_li
         return pp_error(PP_ERR_PARSE, "protocol version %" PRIu32 " (expected %u)", pb->version,
                         PP_PROTOCOL_VERSION);
     int kind = (int)pb->kind;
-    if (kind < PP_MSG_ACTIVATION || kind > PP_MSG_ABORT)
+    if ((kind < PP_MSG_ACTIVATION || kind > PP_MSG_ABORT) && kind != PP_WIRE_KIND_BATCH)
         return pp_error(PP_ERR_PARSE, "unknown message kind %d", kind);
+    if (kind == PP_WIRE_KIND_BATCH) {
+        /* a container: the entries carry everything, and are checked one
+         * by one as messages of their own */
+        if (pb->n_batch == 0 || pb->n_batch > PP_ENVELOPE_MAX_BATCH)
+            return pp_error(PP_ERR_PARSE, "batch of %zu entries (1 to %u)", pb->n_batch,
+                            PP_ENVELOPE_MAX_BATCH);
+        for (size_t i = 0; i < pb->n_batch; i++)
+            if (pb->batch[i].len == 0) return pp_error(PP_ERR_PARSE, "batch entry %zu is empty", i);
+        if (pb->n_tensors || pb->step || pb->microbatch || pb->src_stage || pb->dst_stage ||
+            (pb->text && pb->text[0]) || pb->inline_data.len || (pb->shm_name && pb->shm_name[0]))
+            return pp_error(PP_ERR_PARSE, "a batch carries nothing but its entries");
+    } else if (pb->n_batch) {
+        return pp_error(PP_ERR_PARSE, "%s message with %zu batch entries", pp_msg_kind_name(kind),
+                        pb->n_batch);
+    }
     if (pb->step < 0) return pp_error(PP_ERR_PARSE, "negative step %" PRId64, pb->step);
     if (pb->microbatch < 0)
         return pp_error(PP_ERR_PARSE, "negative microbatch %" PRId32, pb->microbatch);
@@ -285,6 +311,7 @@ pp_status pp_envelope_decode(const void *data, size_t len, const pp_envelope_lim
     PP_TRY(pp_wire_read_with(data, len, sizeof(decoded), sizeof(pp_wire_tensor), &pb, &block));
     decoded *dec = block;
     dec->pb = pb;
+    dec->batch = NULL;
     memset(dec->tensors, 0, pb->n_tensors * sizeof dec->tensors[0]);
     pp_status s = pb->n_tensors > (lim && lim->max_tensors ? lim->max_tensors : PP_ENVELOPE_DEFAULT_MAX_TENSORS)
                       ? pp_error(PP_ERR_PARSE, "%zu tensors (at most %" PRIu32 ")", pb->n_tensors,
@@ -310,12 +337,43 @@ pp_status pp_envelope_decode(const void *data, size_t len, const pp_envelope_lim
     out->inline_bytes = pb->inline_data.len;
     out->shm_name = pb->shm_name;
     out->sender_nonce = pb->sender_nonce;
+    if (pb->n_batch) {
+        dec->batch = malloc(pb->n_batch * sizeof *dec->batch);
+        if (!dec->batch) {
+            free(block);
+            memset(out, 0, sizeof *out);
+            return pp_error(PP_ERR_NOMEM, "out of memory decoding a batch");
+        }
+        for (size_t i = 0; i < pb->n_batch; i++) {
+            dec->batch[i].data = pb->batch[i].data;
+            dec->batch[i].len = pb->batch[i].len;
+        }
+        out->nbatch = (int)pb->n_batch;
+        out->batch = dec->batch;
+    }
     out->priv_ = dec;
     return PP_OK;
 }
 
+pp_status pp_envelope_decode_entry(const void *data, size_t len, const pp_envelope_limits *lim,
+                                   pp_envelope *out) {
+    PP_TRY(pp_envelope_decode(data, len, lim, out));
+    pp_status s = PP_OK;
+    if (out->kind != PP_MSG_ACTIVATION && out->kind != PP_MSG_GRADIENT)
+        s = pp_error(PP_ERR_PARSE, "a %s message in a batch (only activations and gradients)",
+                     pp_msg_kind_name((int)out->kind));
+    for (int i = 0; i < out->ntensors && s == PP_OK; i++) {
+        const pp_wire_tensor *wt = &out->tensors[i];
+        if (wt->placement != PP_PLACE_INLINE && wt->nbytes != 0)
+            s = pp_error(PP_ERR_PARSE, "tensor '%s' in a batch is not inline", wt->name);
+    }
+    if (s != PP_OK) pp_envelope_clear(out);
+    return s;
+}
+
 void pp_envelope_clear(pp_envelope *env) {
     if (!env) return;
+    if (env->priv_) free(((decoded *)env->priv_)->batch);
     free(env->priv_); /* the decoded block, parsed message included */
     memset(env, 0, sizeof *env);
 }

@@ -49,7 +49,17 @@ extern "C" {
 #define PP_ENVELOPE_DEFAULT_MAX_TENSORS 256u
 #define PP_ENVELOPE_DEFAULT_MAX_FRAMES 65536u
 
-/* Message kinds; values equal the protobuf enum pippin.Kind. */
+/* Message kinds: pp_msg_kind (values equal the protobuf enum pippin.Kind),
+ * and on the wire only: */
+#define PP_WIRE_KIND_BATCH 6 /* pippin.KIND_BATCH: several messages in one */
+/* Most entries in one batch. */
+#define PP_ENVELOPE_MAX_BATCH 64u
+
+/* One entry of a batch: a packed envelope. */
+typedef struct pp_envelope_part {
+    const void *data;
+    size_t len;
+} pp_envelope_part;
 
 
 /* Where a tensor's bytes travel; values equal the protobuf enum
@@ -94,6 +104,10 @@ typedef struct pp_envelope {
     const char *shm_name;
     /* The sender's handshake nonce (transport-internal: see pippin.proto). */
     uint64_t sender_nonce;
+    /* PP_WIRE_KIND_BATCH: the entries (encode: the caller's; decode: inside
+     * the decoded frame), each to be decoded with pp_envelope_decode_entry. */
+    int nbatch;
+    const pp_envelope_part *batch;
     /* private: decoded storage, released by pp_envelope_clear */
     void *priv_;
 } pp_envelope;
@@ -119,9 +133,17 @@ pp_status pp_envelope_pack_into(const pp_envelope *env, void *(*alloc)(void *ctx
 /* Decodes frame 0 and validates every field against lim (NULL: defaults).
  * On success *out holds the envelope; release it with pp_envelope_clear.
  * On failure nothing needs releasing and the error message says which check
- * failed. */
+ * failed. A batch (kind PP_WIRE_KIND_BATCH) has 1..PP_ENVELOPE_MAX_BATCH
+ * non-empty entries and nothing else but the version, run id, source rank,
+ * sequence number and nonce; any other kind has no entries. */
 pp_status pp_envelope_decode(const void *data, size_t len, const pp_envelope_limits *lim,
                              pp_envelope *out);
+
+/* Decodes one entry of a batch: pp_envelope_decode, and then it must be an
+ * activation or a gradient whose tensors are all inline (or empty), so that
+ * it needs no data frame and no ring. */
+pp_status pp_envelope_decode_entry(const void *data, size_t len, const pp_envelope_limits *lim,
+                                   pp_envelope *out);
 
 /* Checks the data frames against a decoded envelope: their count equals the
  * sum of nframes, no frame is empty, and each tensor's frames add up to its

@@ -89,7 +89,9 @@ size_t pp_wire_size(const Pippin__Envelope *pb) {
     for (size_t i = 0; i < pb->n_tensors; i++) n += len_field_size(meta_size(pb->tensors[i]));
     n += str_field_size(pb->text);
     if (pb->inline_data.len) n += len_field_size(pb->inline_data.len);
-    return n + str_field_size(pb->shm_name) + varint_field_size(pb->sender_nonce);
+    n += str_field_size(pb->shm_name) + varint_field_size(pb->sender_nonce);
+    for (size_t i = 0; i < pb->n_batch; i++) n += len_field_size(pb->batch[i].len); /* even when empty */
+    return n;
 }
 
 size_t pp_wire_write(const Pippin__Envelope *pb, uint8_t *out) {
@@ -123,6 +125,12 @@ size_t pp_wire_write(const Pippin__Envelope *pb, uint8_t *out) {
     p = put_bytes_field(p, 12, pb->inline_data.data, pb->inline_data.len);
     p = put_str_field(p, 13, pb->shm_name);
     p = put_varint_field(p, 14, pb->sender_nonce);
+    for (size_t i = 0; i < pb->n_batch; i++) {
+        *p++ = 15 << 3 | WT_LEN;
+        p = put_varint(p, pb->batch[i].len);
+        if (pb->batch[i].len) memcpy(p, pb->batch[i].data, pb->batch[i].len);
+        p += pb->batch[i].len;
+    }
     return (size_t)(p - out);
 }
 
@@ -136,7 +144,7 @@ typedef struct reader {
  * what the second pass will store, so that one allocation holds it all. */
 typedef struct sink {
     int fill;
-    size_t n_tensors, n_shape, str_bytes;
+    size_t n_tensors, n_shape, str_bytes, n_batch;
     Pippin__TensorMeta *metas;
     int64_t *shapes;
     char *strs;
@@ -285,7 +293,7 @@ static int read_meta(reader *r, sink *s, Pippin__TensorMeta *m) {
 }
 
 static int read_envelope(reader *r, sink *s, Pippin__Envelope *e) {
-    size_t ti = 0;
+    size_t ti = 0, bi = 0;
     while (r->p < r->end) {
         uint64_t v;
         uint32_t field;
@@ -339,11 +347,22 @@ static int read_envelope(reader *r, sink *s, Pippin__Envelope *e) {
         case 14:
             if (!want(wt, WT_VARINT) || !get_varint(r, &e->sender_nonce)) return 0;
             break;
+        case 15: /* points into data, like inline_data */
+            if (!want(wt, WT_LEN) || !get_len(r, &sub)) return 0;
+            if (s->fill) {
+                e->batch[bi].data = (uint8_t *)sub.p;
+                e->batch[bi].len = (size_t)(sub.end - sub.p);
+            }
+            bi++;
+            break;
         default:
             if (!skip(r, wt)) return 0;
         }
     }
-    if (!s->fill) s->n_tensors = ti;
+    if (!s->fill) {
+        s->n_tensors = ti;
+        s->n_batch = bi;
+    }
     return 1;
 }
 
@@ -371,17 +390,20 @@ pp_status pp_wire_read_with(const uint8_t *data, size_t len, size_t head, size_t
     size_t sz_ptrs = round_up(s.n_tensors * sizeof(Pippin__TensorMeta *));
     size_t sz_metas = round_up(s.n_tensors * sizeof(Pippin__TensorMeta));
     size_t sz_shapes = round_up(s.n_shape * sizeof(int64_t));
-    char *start = malloc(sz_head + sz_env + sz_ptrs + sz_metas + sz_shapes + s.str_bytes);
+    size_t sz_batch = round_up(s.n_batch * sizeof(ProtobufCBinaryData));
+    char *start = malloc(sz_head + sz_env + sz_ptrs + sz_metas + sz_shapes + sz_batch + s.str_bytes);
     if (!start) return pp_error(PP_ERR_NOMEM, "out of memory decoding an envelope");
     char *block = start + sz_head;
     Pippin__Envelope *e = (Pippin__Envelope *)block;
     pippin__envelope__init(e);
     e->n_tensors = s.n_tensors;
     e->tensors = s.n_tensors ? (Pippin__TensorMeta **)(block + sz_env) : NULL;
+    e->n_batch = s.n_batch;
+    e->batch = s.n_batch ? (ProtobufCBinaryData *)(block + sz_env + sz_ptrs + sz_metas + sz_shapes) : NULL;
     s.fill = 1;
     s.metas = (Pippin__TensorMeta *)(block + sz_env + sz_ptrs);
     s.shapes = (int64_t *)(block + sz_env + sz_ptrs + sz_metas);
-    s.strs = block + sz_env + sz_ptrs + sz_metas + sz_shapes;
+    s.strs = block + sz_env + sz_ptrs + sz_metas + sz_shapes + sz_batch;
     r.p = data;
     if (!read_envelope(&r, &s, e)) { /* cannot fail where the first pass passed */
         free(start);

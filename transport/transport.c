@@ -21,7 +21,6 @@
 #define DEFAULT_LINGER_MS 1000
 #define DEFAULT_HWM 64 /* send side: libzmq leaks zero-copy frames still queued to a dead peer at close (seen with 1000) */
 #define DEFAULT_RCVHWM 1000 /* receive side: libzmq's default; a deep queue keeps the receiver from sleeping per message */
-#define DEFAULT_FRAME_BYTES ((size_t)1 << 20)
 #define DEFAULT_ZERO_COPY_MIN ((size_t)64 << 10)
 #define DEFAULT_SHM_BYTES ((int64_t)1 << 30)
 #define DEFAULT_RECV_CACHE ((int64_t)512 << 20)
@@ -66,7 +65,7 @@ void pp_transport_options_init(pp_transport_options *o) {
     o->sndhwm = DEFAULT_HWM;
     o->rcvhwm = DEFAULT_RCVHWM;
     o->max_message_bytes = PP_ENVELOPE_DEFAULT_MAX_MESSAGE_BYTES;
-    o->frame_bytes = DEFAULT_FRAME_BYTES;
+    o->frame_bytes = 0; /* by size: see pp_tp_frame_size */
     o->zero_copy_min = DEFAULT_ZERO_COPY_MIN;
     o->io_threads = 1;
 }
@@ -100,8 +99,8 @@ static pp_status copy_options(pp_transport *t, const pp_transport_options *o) {
     t->rcvbuf = o->rcvbuf > 0 ? o->rcvbuf : 0;
     t->max_message_bytes = o->max_message_bytes ? o->max_message_bytes : PP_ENVELOPE_DEFAULT_MAX_MESSAGE_BYTES;
     if (t->max_message_bytes > (uint64_t)INT64_MAX) t->max_message_bytes = (uint64_t)INT64_MAX;
-    t->frame_bytes = o->frame_bytes ? o->frame_bytes : DEFAULT_FRAME_BYTES;
-    if (t->frame_bytes < MIN_FRAME_BYTES) t->frame_bytes = MIN_FRAME_BYTES;
+    t->frame_bytes = o->frame_bytes;
+    if (t->frame_bytes && t->frame_bytes < MIN_FRAME_BYTES) t->frame_bytes = MIN_FRAME_BYTES;
     t->zero_copy_min = o->zero_copy_min ? o->zero_copy_min : DEFAULT_ZERO_COPY_MIN;
     t->step_window = o->step_window > 0 ? o->step_window : (o->step_window < 0 ? 0 : DEFAULT_STEP_WINDOW);
     t->max_pending_per_peer = o->max_pending_bytes_per_peer > 0 ? (uint64_t)o->max_pending_bytes_per_peer
@@ -305,7 +304,7 @@ pp_status pp_transport_create(const pp_transport_options *opts, pp_transport **o
     snprintf(t->proc, sizeof t->proc, "%llx-%ld", pp_shm_pid_ns(), (long)getpid());
     if (s == PP_OK) {
         t->peers = calloc((size_t)t->nranks, sizeof *t->peers);
-        t->items = calloc((size_t)t->nranks + 3, sizeof *t->items);
+        t->items = calloc(2 * (size_t)t->nranks + 3, sizeof *t->items);
         if (!t->peers || !t->items) s = pp_error(PP_ERR_NOMEM, "out of memory");
     }
     if (s == PP_OK && t->shm_bytes) {
@@ -374,6 +373,8 @@ void pp_transport_close(pp_transport *t) {
                  st.bytes_sent, st.shm_bytes_sent, st.bytes_received, st.shm_bytes_received);
     }
     if (t->peers) {
+        /* small messages held back for a busy peer go first, within linger */
+        pp_tp_settle_held(t, t->linger_ms);
         /* goodbye to every connected peer (a send to one that is not
          * connected fails at once: ZMQ_IMMEDIATE) */
         for (int r = 0; r < t->nranks; r++)
@@ -391,6 +392,8 @@ void pp_transport_close(pp_transport *t) {
             if (t->peers[r].bell_fd >= 0) close(t->peers[r].bell_fd);
             free(t->peers[r].endpoint);
             free(t->peers[r].addr);
+            free(t->peers[r].obox);
+            pp_tp_inflight_release(t->peers[r].inflight);
         }
     }
     close_socket(t->pull);
@@ -453,6 +456,7 @@ pp_status pp_transport_abort(pp_transport *t, const char *reason) {
     }
     for (int r = 0; r < t->nranks; r++)
         if (r != t->rank) {
+            pp_tp_drop_held(t, r); /* the run is over: small messages held back for it are not sent */
             pp_tp_tell(t, r); /* a peer accepts it only from a rank that completed the handshake */
             pp_tp_send_simple(t, r, PP_MSG_ABORT, t->abort_text);
         }

@@ -2,7 +2,8 @@
  * transport.c: options, create and close, abort, stats. transport_peers.c:
  * connections, monitors, hellos, liveness. transport_rings.c: the
  * shared-memory rings to and from same-host peers. transport_send.c and
- * transport_recv.c: the two directions. */
+ * transport_recv.c: the two directions; transport_batch.c: small messages
+ * held back and sent together (batching). */
 #ifndef PIPPIN_TRANSPORT_INTERNAL_H
 #define PIPPIN_TRANSPORT_INTERNAL_H
 
@@ -13,6 +14,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include <sys/socket.h>
 #include <zmq.h>
 
 #include "bufpool.h"
@@ -26,6 +28,8 @@
 #include "envelope.h"
 
 #define HOST_ID_CHARS 256
+/* Room for a message's source address as text (pp_tp_peer_addr). */
+#define PEER_ADDR_CHARS 64
 #define MAX_ENDPOINT 256
 /* Reassembled tensors at least this big come from the buffer pool. */
 #define POOL_MIN_BYTES ((size_t)1 << 20)
@@ -87,7 +91,23 @@ typedef struct peer {
     int tx_msg_ready;       /* it confirmed it reads tx_msg */
     int tx_msg_failed;
     pp_shm_ring *rx_msg;    /* its message ring to us */
+    /* Small messages held back while its queue is full, merged into one
+     * batch message (PP_WIRE_KIND_BATCH) when it has room: packed
+     * envelopes back to back in obox, entry i at obox_off[i]. */
+    uint8_t *obox;          /* PP_ENVELOPE_MAX_BYTES, allocated on first use */
+    int obox_n;
+    uint32_t obox_off[PP_ENVELOPE_MAX_BATCH + 1];
+    pp_mbox_key obox_key;   /* the first held-back message, for errors */
+    struct pp_tp_inflight *inflight; /* small messages libzmq has not taken yet (batching) */
+    char obox_name[PP_ENVELOPE_MAX_NAME + 1];
 } peer;
+
+/* Counts the small messages to one peer that libzmq's I/O thread has not
+ * taken from the queue yet: each holds a reference, released (on that
+ * thread) when libzmq is done with it, so the count outlives the peer. */
+typedef struct pp_tp_inflight {
+    atomic_int refs, count;
+} pp_tp_inflight;
 
 typedef struct stat_counters {
     atomic_ullong messages_sent, messages_received, bytes_sent, bytes_received, dropped,
@@ -111,7 +131,7 @@ struct pp_transport {
     int timeout_ms, hb_ivl_ms, hb_timeout_ms, linger_ms, grace_ms;
     int sndhwm, rcvhwm, sndbuf, rcvbuf;
     uint64_t max_message_bytes;
-    size_t frame_bytes, zero_copy_min;
+    size_t frame_bytes, zero_copy_min; /* frame_bytes 0: by size (pp_tp_frame_size) */
     int64_t step_window, cur_step; /* step_window 0: no upper bound */
     int step_set;           /* pp_transport_set_step was called: the window's upper bound applies */
     uint64_t max_pending_per_peer; /* 0: no cap */
@@ -151,8 +171,14 @@ struct pp_transport {
     size_t shm_bytes;       /* ring size per same-host peer; 0: rings off */
     pp_doorbell *bell;      /* ours, announced in hellos (NULL: no message rings) */
     int n_rx_msg;           /* peers' message rings we read */
+    int n_obox;             /* peers with held-back messages */
+    int batching;           /* pp_transport_set_batching: small messages may be held back */
     uint8_t *ring_copy;     /* a message ring record, copied before decoding */
     char host_id[HOST_ID_CHARS];
+    /* the last message source address looked up, and its text */
+    struct sockaddr_storage addr_cache_sa;
+    socklen_t addr_cache_len;
+    char addr_cache[PEER_ADDR_CHARS];
 
     stat_counters st;
 };
@@ -221,7 +247,6 @@ static inline int name_ok(const char *s) {
 /* Where a message came from, as pinned by the hello handshake: tcp
  * "IP:PORT" of the connection, ipc ":UID:GID:PID" of the process (libzmq's
  * Peer-Address), NULL for inproc. buf holds the tcp form. */
-#define PEER_ADDR_CHARS 64
 const char *pp_tp_peer_addr(zmq_msg_t *m0, char buf[PEER_ADDR_CHARS]);
 
 /* Whether message address b is pinned address a (NULL only equals NULL).
@@ -295,6 +320,30 @@ void pp_tp_settle_ring(pp_shm_ring *ring, const pp_envelope *env);
 /* ---- transport_send.c ---- */
 
 pp_status pp_tp_check_key(const pp_transport *t, const pp_transport_key *k, int sending);
+/* The frame size for a tensor of nbytes to peer p (frame_bytes, or by size). */
+size_t pp_tp_frame_size(const pp_transport *t, const peer *p, size_t nbytes);
+
+/* ---- transport_batch.c ---- */
+
+/* Whether peer p has HOLD_AHEAD small messages still in libzmq's queue. */
+int pp_tp_ahead(const peer *p);
+/* Packs env into m, counted as in flight to rank r until libzmq took it. */
+pp_status pp_tp_pack_counted(pp_transport *t, int r, const pp_envelope *env, zmq_msg_t *m);
+/* Adds env (inline tensors only) to rank r's batch; 0 if it does not fit. */
+int pp_tp_hold(pp_transport *t, int r, const pp_envelope *env);
+/* Rank r's batch as one message in m; the batch is then empty. */
+pp_status pp_tp_take_held(pp_transport *t, int r, zmq_msg_t *m);
+/* Sends rank r's batch if it has room now, without waiting: 1 if nothing
+ * is held back any more (sent, or lost with the connection), 0 if not yet. */
+int pp_tp_flush_one(pp_transport *t, int r);
+/* Sends the batches held back for peers that now have room (never waits). */
+void pp_tp_flush_held(pp_transport *t);
+/* Sends or (at most wait_ms, receiving meanwhile) drops what is held back,
+ * logging what is lost; for close. */
+void pp_tp_settle_held(pp_transport *t, int wait_ms);
+/* Forgets what is held back for peer r (abort, close). */
+void pp_tp_drop_held(pp_transport *t, int r);
+void pp_tp_inflight_release(pp_tp_inflight *f);
 
 /* ---- transport_recv.c ---- */
 

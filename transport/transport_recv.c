@@ -24,7 +24,28 @@
 
 /* Counts a dropped message (also in counter, a breakdown, if given) and
  * warns about it: the first ten, then every power of two. */
-const char *pp_tp_peer_addr(zmq_msg_t *m0, char buf[PEER_ADDR_CHARS]) {
+/* "IP:PORT" or "[IP6]:PORT" of a tcp peer into buf; 0 for other families. */
+static int format_sockaddr(const struct sockaddr_storage *sa, char buf[PEER_ADDR_CHARS]) {
+    char ip[INET6_ADDRSTRLEN];
+    if (sa->ss_family == AF_INET &&
+        inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, ip, sizeof ip)) {
+        snprintf(buf, PEER_ADDR_CHARS, "%s:%u", ip, ntohs(((const struct sockaddr_in *)sa)->sin_port));
+        return 1;
+    }
+    if (sa->ss_family == AF_INET6 &&
+        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, ip, sizeof ip)) {
+        snprintf(buf, PEER_ADDR_CHARS, "[%s]:%u", ip, ntohs(((const struct sockaddr_in6 *)sa)->sin6_port));
+        return 1;
+    }
+    return 0;
+}
+
+/* The address of the connection a message came in on. The socket is asked
+ * every time (getpeername: a descriptor reused by another connection gives
+ * another answer); only the text is reused when the answer is the last
+ * one's, since formatting it cost as much as the rest of a small message's
+ * checks. t NULL: nothing reused. */
+static const char *msg_addr(pp_transport *t, zmq_msg_t *m0, char buf[PEER_ADDR_CHARS]) {
     const char *zaddr = zmq_msg_gets(m0, "Peer-Address");
     /* tcp: libzmq gives the IP only, which every process on that host
      * shares; the connection's own port (from the socket it came in on)
@@ -32,21 +53,24 @@ const char *pp_tp_peer_addr(zmq_msg_t *m0, char buf[PEER_ADDR_CHARS]) {
     int fd = zmq_msg_get(m0, ZMQ_SRCFD);
     struct sockaddr_storage sa;
     socklen_t len = sizeof sa;
-    if (fd >= 0 && getpeername(fd, (struct sockaddr *)&sa, &len) == 0) {
-        char ip[INET6_ADDRSTRLEN];
-        if (sa.ss_family == AF_INET &&
-            inet_ntop(AF_INET, &((struct sockaddr_in *)&sa)->sin_addr, ip, sizeof ip)) {
-            snprintf(buf, PEER_ADDR_CHARS, "%s:%u", ip, ntohs(((struct sockaddr_in *)&sa)->sin_port));
+    if (fd >= 0 && getpeername(fd, (struct sockaddr *)&sa, &len) == 0 && len <= sizeof sa) {
+        if (t && t->addr_cache_len == len && memcmp(&t->addr_cache_sa, &sa, len) == 0) {
+            memcpy(buf, t->addr_cache, PEER_ADDR_CHARS);
             return buf;
         }
-        if (sa.ss_family == AF_INET6 &&
-            inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&sa)->sin6_addr, ip, sizeof ip)) {
-            snprintf(buf, PEER_ADDR_CHARS, "[%s]:%u", ip, ntohs(((struct sockaddr_in6 *)&sa)->sin6_port));
+        if (format_sockaddr(&sa, buf)) {
+            if (t) {
+                memcpy(&t->addr_cache_sa, &sa, len);
+                t->addr_cache_len = len;
+                memcpy(t->addr_cache, buf, PEER_ADDR_CHARS);
+            }
             return buf;
         }
     }
     return zaddr; /* ipc: ":UID:GID:PID" names the process; tcp after the connection closed: the IP */
 }
+
+const char *pp_tp_peer_addr(zmq_msg_t *m0, char buf[PEER_ADDR_CHARS]) { return msg_addr(NULL, m0, buf); }
 
 void pp_tp_drop(pp_transport *t, zmq_msg_t *m0, atomic_ullong *counter, const char *fmt, ...) {
     uint64_t n = atomic_load_explicit(&t->st.dropped, memory_order_relaxed) + 1;
@@ -129,24 +153,35 @@ static int key_matches(const pp_mbox_key *want, const pp_envelope *env, const ch
 
 static int receive_ring(pp_transport *t, int r, const pp_mbox_key *want, pp_tensor **got, int max);
 
-/* Handles a complete message in t->frames[0..n): validate, then file. */
-/* A tensor matching want is handed to *got instead of being filed (the
- * caller checked the mailbox holds nothing under that key). */
-/* Frame 0 is f0 (len0 bytes): the ZeroMQ frame m0, or (m0 NULL) a record of
- * rank ring_rank's message ring. */
-static void handle_message(pp_transport *t, const void *f0, size_t len0, zmq_msg_t *m0, int ring_rank,
-                           size_t n, int too_many, const pp_mbox_key *want, pp_tensor **got) {
-    if (too_many) {
-        drop_msg(t, m0, "more than %u data frames",
-                 t->lim.max_frames ? t->lim.max_frames : PP_ENVELOPE_DEFAULT_MAX_FRAMES);
-        return;
+/* Where a message came from: the ZeroMQ frame 0 m0 (its connection's
+ * address looked up once, however many batch entries it holds), or (m0
+ * NULL) rank ring_rank's message ring. */
+typedef struct msg_src {
+    zmq_msg_t *m0;
+    int ring_rank;
+    int addr_done;
+    const char *addr;
+    char addr_buf[PEER_ADDR_CHARS];
+} msg_src;
+
+static const char *src_addr(pp_transport *t, msg_src *src) {
+    if (!src->addr_done) {
+        src->addr = src->m0 ? msg_addr(t, src->m0, src->addr_buf) : NULL;
+        src->addr_done = 1;
     }
-    pp_envelope env;
+    return src->addr;
+}
+
+/* Checks a decoded message (data frames t->frames[1..n) for a message from
+ * the socket; a batch entry has none), then files its tensors. A tensor
+ * matching want is handed to *got instead of being filed (the caller
+ * checked the mailbox holds nothing under that key). */
+static void handle_decoded(pp_transport *t, pp_envelope *envp, msg_src *src, size_t n,
+                           const pp_mbox_key *want, pp_tensor **got) {
+    pp_envelope env = *envp;
+    zmq_msg_t *m0 = src->m0;
+    int ring_rank = src->ring_rank;
     pp_shm_ring *ring = NULL;
-    if (pp_envelope_decode(f0, len0, &t->lim, &env) != PP_OK) {
-        drop_msg(t, m0, "%s", pp_last_error());
-        return;
-    }
     for (size_t i = 1; i < n; i++) t->sizes[i] = zmq_msg_size(&t->frames[i]);
     int r = env.src_rank;
     if (pp_envelope_check_frames(&env, n - 1, t->sizes + 1) != PP_OK) {
@@ -170,8 +205,7 @@ static void handle_message(pp_transport *t, const void *f0, size_t len0, zmq_msg
         }
     }
     peer *p = &t->peers[r];
-    char addr_buf[PEER_ADDR_CHARS];
-    const char *addr = m0 ? pp_tp_peer_addr(m0, addr_buf) : NULL;
+    const char *addr = src_addr(t, src);
     if (env.kind == PP_MSG_CONTROL && env.ntensors == 0 &&
         (strncmp(env.text, CTL_HELLO, PREFIX_LEN(CTL_HELLO)) == 0 ||
          strncmp(env.text, CTL_HELLO_REPLY, PREFIX_LEN(CTL_HELLO_REPLY)) == 0)) {
@@ -324,6 +358,52 @@ static void handle_message(pp_transport *t, const void *f0, size_t len0, zmq_msg
     sync_pending(t);
 done:
     if (ring) pp_tp_settle_ring(ring, &env);
+}
+
+/* A batch: each entry is decoded and checked as a message of its own from
+ * the same connection (run id, handshake, address, nonce, stages, step
+ * window, byte cap), and must be an activation or gradient with inline
+ * tensors only; a bad entry is dropped alone. */
+static void handle_batch(pp_transport *t, const pp_envelope *env, msg_src *src, size_t n,
+                         const pp_mbox_key *want, pp_tensor **got) {
+    zmq_msg_t *m0 = src->m0;
+    if (!m0 || n != 1) {
+        drop_msg(t, m0, "claims rank %d: a batch %s", env->src_rank,
+                 m0 ? "with data frames" : "in a message ring");
+        return;
+    }
+    for (int i = 0; i < env->nbatch; i++) {
+        pp_envelope e;
+        if (pp_envelope_decode_entry(env->batch[i].data, env->batch[i].len, &t->lim, &e) != PP_OK) {
+            drop_msg(t, m0, "claims rank %d: batch entry %d: %s", env->src_rank, i, pp_last_error());
+            continue;
+        }
+        if (e.src_rank != env->src_rank)
+            drop_msg(t, m0, "batch from rank %d: entry %d claims rank %d", env->src_rank, i, e.src_rank);
+        else
+            handle_decoded(t, &e, src, 1, want, got);
+        pp_envelope_clear(&e);
+    }
+}
+
+/* Handles a complete message in t->frames[0..n): validate, then file.
+ * Frame 0 is f0 (len0 bytes): the ZeroMQ frame m0, or (m0 NULL) a record of
+ * rank ring_rank's message ring. */
+static void handle_message(pp_transport *t, const void *f0, size_t len0, zmq_msg_t *m0, int ring_rank,
+                           size_t n, int too_many, const pp_mbox_key *want, pp_tensor **got) {
+    if (too_many) {
+        drop_msg(t, m0, "more than %u data frames",
+                 t->lim.max_frames ? t->lim.max_frames : PP_ENVELOPE_DEFAULT_MAX_FRAMES);
+        return;
+    }
+    pp_envelope env;
+    if (pp_envelope_decode(f0, len0, &t->lim, &env) != PP_OK) {
+        drop_msg(t, m0, "%s", pp_last_error());
+        return;
+    }
+    msg_src src = {m0, ring_rank, 0, NULL, {0}};
+    if ((int)env.kind == PP_WIRE_KIND_BATCH) handle_batch(t, &env, &src, n, want, got);
+    else handle_decoded(t, &env, &src, n, want, got);
     pp_envelope_clear(&env);
 }
 
@@ -428,6 +508,7 @@ static int spin_receive(pp_transport *t, const pp_mbox_key *want, pp_tensor **go
 /* Moves waiting messages into the mailbox, at most DRAIN_BATCH. Returns the
  * number handled; stops early when a tensor under want arrived (in *got). */
 int pp_tp_drain(pp_transport *t, const pp_mbox_key *want, pp_tensor **got) {
+    pp_tp_flush_held(t);
     int k = 0;
     while (k < DRAIN_BATCH && !(got && *got)) {
         if (!receive_one(t, want, got, 0)) break;
@@ -448,6 +529,12 @@ int pp_tp_wait_events(pp_transport *t, int64_t timeout, peer *out_peer) {
     it[n++] = (zmq_pollitem_t){t->pull, 0, ZMQ_POLLIN, 0};
     for (int r = 0; r < t->nranks; r++)
         if (t->peers[r].mon) it[n++] = (zmq_pollitem_t){t->peers[r].mon, 0, ZMQ_POLLIN, 0};
+    int mon_end = n;
+    /* room to send what is held back for other peers (the caller's next
+     * pass sends it) */
+    for (int r = 0; t->n_obox && r < t->nranks; r++)
+        if (t->peers[r].obox_n && &t->peers[r] != out_peer && t->peers[r].push)
+            it[n++] = (zmq_pollitem_t){t->peers[r].push, 0, ZMQ_POLLOUT, 0};
     if (timeout < 0) timeout = 0;
     if (timeout > WAIT_MAX_MS) timeout = WAIT_MAX_MS;
     /* same-host peers' message rings: say we sleep, then look once more */
@@ -469,13 +556,12 @@ int pp_tp_wait_events(pp_transport *t, int64_t timeout, peer *out_peer) {
         for (int r = 0; r < t->nranks; r++)
             if (t->peers[r].rx_msg) pp_shm_ring_set_waiting(t->peers[r].rx_msg, 0);
         pp_doorbell_clear(t->bell);
-        n--; /* the doorbell is not a monitor */
     }
     if (rc < 0) return 0;
     int k = 0, writable = 0;
     if (out_peer) writable = (it[k++].revents & ZMQ_POLLOUT) != 0;
     k++; /* the receive socket: drained by the caller */
-    for (; k < n; k++)
+    for (; k < mon_end; k++)
         if (it[k].revents & ZMQ_POLLIN) {
             pp_tp_read_monitors(t);
             break;
@@ -537,7 +623,15 @@ pp_status pp_transport_recv(pp_transport *t, const pp_transport_key *key, int ti
         int64_t until = wake < next_check ? wake : next_check;
         if (until > deadline) until = deadline;
         int wait = until > now ? (int)(until - now) : 1;
-        if (!spin_receive(t, &k, out)) receive_one(t, &k, out, wait);
+        if (t->n_obox) { /* messages held back for a peer go as soon as it has room */
+            pp_tp_flush_held(t);
+            if (t->n_obox && !receive_one(t, &k, out, 0)) {
+                pp_tp_wait_events(t, wait, NULL);
+                receive_one(t, &k, out, 0);
+            }
+        } else if (!spin_receive(t, &k, out)) {
+            receive_one(t, &k, out, wait);
+        }
         if (*out) {
             sync_pending(t);
             return PP_OK;

@@ -35,7 +35,9 @@
  * per transport: incoming messages are moved from the socket into the
  * mailbox whenever the owner calls recv, send or poll (libzmq's own I/O
  * thread keeps reading the network meanwhile, up to the receive high-water
- * mark). pp_transport_stats and pp_transport_peer_state may be called from
+ * mark), and small messages held back by batching (pp_transport_set_batching)
+ * go out during those calls too. pp_transport_stats and
+ * pp_transport_peer_state may be called from
  * any thread. Several transports (ranks) may live in one process, one per
  * thread; they share the process-wide context and its ZAP handler thread.
  *
@@ -106,7 +108,9 @@ typedef struct pp_transport_options {
     int rcvhwm;                   /* messages queued on the receive socket; default 1000 */
     int sndbuf, rcvbuf;           /* kernel socket buffers in bytes; 0: OS default */
     uint64_t max_message_bytes;   /* larger incoming messages are dropped; default 2 GiB */
-    size_t frame_bytes;           /* large tensors go in frames of this size; default 1 MiB */
+    size_t frame_bytes;           /* large tensors go in frames of this size; default 0: a tensor
+                                   * up to 16 MiB in one frame (received without a copy), larger
+                                   * ones in 1 MiB frames */
     size_t zero_copy_min;         /* tensors at least this big are not copied; default 64 KiB */
     /* Tensors that arrive in several frames are reassembled into buffers
      * that are kept for reuse after the tensor is freed, up to this many
@@ -266,6 +270,30 @@ PP_API pp_status pp_transport_try_recv(pp_transport *t, const pp_transport_key *
 /* Moves whatever has arrived into the mailbox, waiting at most timeout_ms
  * for the first message (0: do not wait). */
 PP_API pp_status pp_transport_poll(pp_transport *t, int timeout_ms);
+
+/* Batching (off unless turned on here). When on, a send of small tensors
+ * (all of them under zero_copy_min, together within 16 KiB) that finds
+ * the peer's queue full, that is, this rank is ahead of the peer, returns
+ * at once and holds the message back instead of waiting; later small
+ * messages to that peer join it, up to 64 messages in one 64 KiB batch,
+ * which the receiver checks entry by entry as if each had come alone.
+ * What is held back goes out as soon as the peer has room, during any
+ * later call on this transport (send, recv, poll, flush, close) -- and only
+ * then: there is no background thread. So a caller that turns batching on
+ * calls pp_transport_flush before it stops calling the transport for a
+ * while (computing, waiting on something else, exiting its send loop).
+ * Another message to that peer waits until the batch is out, so per-peer
+ * order holds. Ranks on one host send small messages through their
+ * message rings, which never wait, so this is for the socket path (tcp
+ * between hosts, CURVE). */
+PP_API void pp_transport_set_batching(pp_transport *t, int on);
+
+/* Sends everything held back (see pp_transport_set_batching), waiting
+ * (and receiving meanwhile) at most timeout_ms (< 0: the transport's
+ * timeout) for the peers to have room. PP_ERR_TIMEOUT or PP_ERR_PEER name
+ * a rank whose messages are still held back; PP_OK at once when nothing
+ * is. */
+PP_API pp_status pp_transport_flush(pp_transport *t, int timeout_ms);
 
 /* Starts step `step`: later messages of older steps are dropped, and those
  * still in the mailbox are freed; from the first call on, messages more than

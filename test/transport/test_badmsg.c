@@ -355,6 +355,136 @@ static void wait_dropped(fixture *f, uint64_t want, const char *what) {
     f->dropped = st.dropped;
 }
 
+/* Sends a batch (kind 6) of the given packed entries from the raw rank 0,
+ * followed by ndata empty-ish data frames. */
+static void raw_send_batch(fixture *f, int n, uint8_t **entries, const size_t *lens, int ntensors, int ndata) {
+    Pippin__Envelope b = PIPPIN__ENVELOPE__INIT;
+    b.version = PP_PROTOCOL_VERSION;
+    b.kind = (Pippin__Kind)PP_WIRE_KIND_BATCH;
+    b.run_id = 77;
+    b.sender_nonce = TT_RAW_NONCE;
+    ProtobufCBinaryData parts[80];
+    for (int i = 0; i < n; i++) {
+        parts[i].data = entries[i];
+        parts[i].len = lens[i];
+    }
+    b.n_batch = (size_t)n;
+    b.batch = parts;
+    crafted c;
+    craft(&c);
+    if (ntensors) {
+        b.n_tensors = 1;
+        b.tensors = c.ptrs;
+    }
+    size_t sizes[2] = {pippin__envelope__get_packed_size(&b), 24};
+    uint8_t *buf = malloc(sizes[0]);
+    pippin__envelope__pack(&b, buf);
+    const void *data[2] = {buf, NULL};
+    raw_send(f, 1 + ndata, data, sizes);
+    free(buf);
+}
+
+static uint8_t *pack_entry(crafted *c, size_t *len) {
+    *len = pippin__envelope__get_packed_size(&c->env);
+    uint8_t *buf = malloc(*len);
+    pippin__envelope__pack(&c->env, buf);
+    return buf;
+}
+
+/* A batch from a verified peer: every entry is checked as if it had come
+ * alone on that connection. Good entries are filed; an entry of another
+ * run, without the handshake's nonce, claiming another rank, routed
+ * elsewhere, with a data-frame tensor, an abort, a batch inside, or
+ * garbage is dropped alone (and the abort does not end the run). A batch
+ * with data frames, tensors of its own, no entries or too many is dropped
+ * whole. */
+static void test_batches(void **state) {
+    fixture *f = *state;
+    static float vals[6] = {1, 2, 3, 4, 5, 6};
+    enum { N = 10 };
+    uint8_t *e[N];
+    size_t len[N];
+    crafted c;
+    int mb = 2000;
+#define INLINE_X(c) do { (c).meta[0].placement = PIPPIN__PLACEMENT__PLACEMENT_INLINE; (c).meta[0].nframes = 0; \
+        (c).env.inline_data.data = (uint8_t *)vals; (c).env.inline_data.len = 24; } while (0)
+    craft(&c); INLINE_X(c); c.env.microbatch = mb; e[0] = pack_entry(&c, &len[0]);
+    craft(&c); INLINE_X(c); c.env.microbatch = mb + 1; c.env.run_id = 78; e[1] = pack_entry(&c, &len[1]);
+    craft(&c); INLINE_X(c); c.env.microbatch = mb + 2; c.env.sender_nonce = 1; e[2] = pack_entry(&c, &len[2]);
+    craft(&c); INLINE_X(c); c.env.microbatch = mb + 3; c.env.src_rank = 2; e[3] = pack_entry(&c, &len[3]);
+    craft(&c); INLINE_X(c); c.env.microbatch = mb + 4; c.env.dst_stage = 0; e[4] = pack_entry(&c, &len[4]);
+    craft(&c); c.env.microbatch = mb + 5; e[5] = pack_entry(&c, &len[5]); /* its tensor needs a data frame */
+    craft(&c); c.env.kind = PIPPIN__KIND__KIND_ABORT; c.env.n_tensors = 0; c.env.text = "forged";
+    e[6] = pack_entry(&c, &len[6]);
+    {
+        Pippin__Envelope inner = PIPPIN__ENVELOPE__INIT;
+        inner.version = PP_PROTOCOL_VERSION;
+        inner.kind = (Pippin__Kind)PP_WIRE_KIND_BATCH;
+        inner.run_id = 77;
+        inner.sender_nonce = TT_RAW_NONCE;
+        ProtobufCBinaryData part = {len[0], e[0]};
+        inner.n_batch = 1;
+        inner.batch = &part;
+        len[7] = pippin__envelope__get_packed_size(&inner);
+        e[7] = malloc(len[7]);
+        pippin__envelope__pack(&inner, e[7]);
+    }
+    e[8] = malloc(3);
+    memcpy(e[8], "\xff\xfe\xfd", 3);
+    len[8] = 3;
+    craft(&c); INLINE_X(c); c.env.microbatch = mb + 9; c.env.kind = PIPPIN__KIND__KIND_GRADIENT;
+    c.env.src_stage = 1; c.env.dst_stage = 0; /* stage 0 is rank 0's: routed elsewhere */
+    e[9] = pack_entry(&c, &len[9]);
+    /* good again, after the bad ones */
+    crafted g;
+    craft(&g); INLINE_X(g); g.env.microbatch = mb + 10;
+    uint8_t *all[N + 1];
+    size_t all_len[N + 1];
+    for (int i = 0; i < N; i++) {
+        all[i] = e[i];
+        all_len[i] = len[i];
+    }
+    all[N] = pack_entry(&g, &all_len[N]);
+    uint64_t base = f->dropped;
+    raw_send_batch(f, N + 1, all, all_len, 0, 0);
+    for (int m = 0; m <= 10; m += 10) {
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, mb + m, 0, 1, "x");
+        pp_tensor *got;
+        TT_OK(pp_transport_recv(f->t[1], &k, 2000, &got));
+        assert_memory_equal(got->data, vals, 24);
+        pp_tensor_free(got);
+    }
+    wait_dropped(f, base + 9, "bad batch entries");
+    assert_null(pp_transport_abort_reason(f->t[1], NULL)); /* the forged abort did nothing */
+    pp_transport_stats st;
+    pp_transport_stats_get(f->t[1], &st);
+    assert_int_equal(st.pending, 0);
+    assert_true(st.dropped_foreign >= 2); /* another run id, a nonce it never proved */
+    /* whole batches that are wrong */
+    raw_send_batch(f, 1, all, all_len, 0, 1); wait_dropped(f, base + 10, "a batch with a data frame");
+    raw_send_batch(f, 1, all, all_len, 1, 0); wait_dropped(f, base + 11, "a batch with a tensor");
+    raw_send_batch(f, 0, all, all_len, 0, 0); wait_dropped(f, base + 12, "an empty batch");
+    uint8_t *many[PP_ENVELOPE_MAX_BATCH + 1];
+    size_t many_len[PP_ENVELOPE_MAX_BATCH + 1];
+    for (unsigned i = 0; i <= PP_ENVELOPE_MAX_BATCH; i++) {
+        many[i] = all[N];
+        many_len[i] = all_len[N];
+    }
+    raw_send_batch(f, (int)PP_ENVELOPE_MAX_BATCH + 1, many, many_len, 0, 0);
+    wait_dropped(f, base + 13, "a batch of 65");
+    pp_transport_stats_get(f->t[1], &st);
+    assert_int_equal(st.pending, 0);
+    for (int i = 0; i <= N; i++) free(all[i]);
+#undef INLINE_X
+    /* the links still work */
+    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, f->good++, 2, 1, "x");
+    TT_OK(pp_transport_send(f->t[2], &k, f->x));
+    pp_tensor *got;
+    TT_OK(pp_transport_recv(f->t[1], &k, 2000, &got));
+    tt_assert_same(got, f->x);
+    pp_tensor_free(got);
+}
+
 /* Writes envelope c as a record of a message ring. */
 static void ring_put(pp_shm_ring *ring, crafted *c) {
     size_t n = pippin__envelope__get_packed_size(&c->env);
@@ -515,6 +645,7 @@ int main(void) {
         cmocka_unit_test(test_placements),
         cmocka_unit_test(test_msg_ring_records),
         cmocka_unit_test(test_msg_ring_record_rewritten),
+        cmocka_unit_test(test_batches),
         cmocka_unit_test(test_oversize_frame),
     };
     tu_filter_from_env();

@@ -255,6 +255,9 @@ static void test_wire_agrees_with_protobuf_c(void **state) {
         "0801fa01808080808000", /* the same in an unknown field */
         "52071a808080808000", /* and in a tensor's packed shape */
         "5a8080808000",     /* a 5-byte length of 0 is fine */
+        "08017a00",         /* an empty batch entry */
+        "08017a0208017a03010203", /* two batch entries */
+        "7a05080110",       /* batch entry length past the end */
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         uint8_t buf[64];
@@ -269,6 +272,150 @@ static void test_wire_agrees_with_protobuf_c(void **state) {
         free(ours);
         if (ref) pippin__envelope__free_unpacked(ref, NULL);
     }
+}
+
+/* Packs c into a fresh buffer (*len bytes). */
+static uint8_t *pack_crafted(crafted *c, size_t *len) {
+    *len = pippin__envelope__get_packed_size(&c->env);
+    uint8_t *buf = malloc(*len + 1);
+    pippin__envelope__pack(&c->env, buf);
+    return buf;
+}
+
+/* The frame decode_batch decoded last: a decoded batch points into it. */
+static uint8_t *batch_frame;
+
+/* A batch of the given entries from rank 0 (run 7), packed by protobuf-c;
+ * the frame stays in batch_frame until the next call. */
+static pp_status decode_batch(int n, uint8_t **entries, const size_t *lens, pp_envelope *out) {
+    Pippin__Envelope b = PIPPIN__ENVELOPE__INIT;
+    b.version = PP_PROTOCOL_VERSION;
+    b.kind = (Pippin__Kind)PP_WIRE_KIND_BATCH;
+    b.run_id = 7;
+    b.sender_nonce = TT_RAW_NONCE;
+    ProtobufCBinaryData parts[80];
+    for (int i = 0; i < n; i++) {
+        parts[i].data = entries[i];
+        parts[i].len = lens[i];
+    }
+    b.n_batch = (size_t)n;
+    b.batch = parts;
+    size_t len = pippin__envelope__get_packed_size(&b);
+    uint8_t *buf = malloc(len + 1);
+    pippin__envelope__pack(&b, buf);
+    /* our writer gives protobuf-c's bytes */
+    assert_int_equal(pp_wire_size(&b), len);
+    uint8_t *ours = malloc(len + 1);
+    assert_int_equal(pp_wire_write(&b, ours), len);
+    assert_memory_equal(ours, buf, len);
+    free(ours);
+    pp_status s = pp_envelope_decode(buf, len, NULL, out);
+    free(batch_frame);
+    batch_frame = buf;
+    return s;
+}
+
+/* A batch holds packed envelopes, each checked on its own by
+ * pp_envelope_decode_entry: only activations and gradients whose tensors
+ * are inline; the container carries nothing else and never nests. */
+static void test_batch(void **state) {
+    (void)state;
+    static float vals[6] = {1, 2, 3, 4, 5, 6};
+    crafted c;
+    uint8_t *entry[8];
+    size_t len[8];
+    /* 0: a good inline activation; 1: a good inline gradient */
+    craft(&c); c.meta[0].placement = PIPPIN__PLACEMENT__PLACEMENT_INLINE; c.meta[0].nframes = 0;
+    c.env.inline_data.data = (uint8_t *)vals; c.env.inline_data.len = 24;
+    entry[0] = pack_crafted(&c, &len[0]);
+    c.env.kind = PIPPIN__KIND__KIND_GRADIENT; c.env.src_stage = 1; c.env.dst_stage = 0;
+    entry[1] = pack_crafted(&c, &len[1]);
+    /* 2: a tensor in a data frame; 3: an abort; 4: a batch inside the batch;
+     * 5: a control message with an inline tensor; 6: not a protobuf */
+    craft(&c); entry[2] = pack_crafted(&c, &len[2]);
+    craft(&c); c.env.kind = PIPPIN__KIND__KIND_ABORT; c.env.n_tensors = 0; c.env.text = "stop";
+    entry[3] = pack_crafted(&c, &len[3]);
+    pp_envelope e;
+    TT_OK(decode_batch(2, entry, len, &e));
+    assert_int_equal(e.kind, PP_WIRE_KIND_BATCH);
+    assert_int_equal(e.nbatch, 2);
+    assert_int_equal(e.ntensors, 0);
+    {
+        Pippin__Envelope b = PIPPIN__ENVELOPE__INIT;
+        b.version = PP_PROTOCOL_VERSION;
+        b.kind = (Pippin__Kind)PP_WIRE_KIND_BATCH;
+        ProtobufCBinaryData part = {len[0], entry[0]};
+        b.n_batch = 1;
+        b.batch = &part;
+        len[4] = pippin__envelope__get_packed_size(&b);
+        entry[4] = malloc(len[4]);
+        pippin__envelope__pack(&b, entry[4]);
+    }
+    craft(&c); c.env.kind = PIPPIN__KIND__KIND_CONTROL; c.meta[0].placement = PIPPIN__PLACEMENT__PLACEMENT_INLINE;
+    c.meta[0].nframes = 0; c.env.inline_data.data = (uint8_t *)vals; c.env.inline_data.len = 24;
+    entry[5] = pack_crafted(&c, &len[5]);
+    entry[6] = malloc(4);
+    memcpy(entry[6], "\xff\xff\xff\xff", 4);
+    len[6] = 4;
+    const char *why[8] = {NULL, NULL, "not inline", "abort message in a batch", "batch message in a batch",
+                          "control message in a batch", "not a valid protobuf"};
+    for (int i = 0; i < 7; i++) {
+        pp_envelope x;
+        if (!why[i]) {
+            TT_OK(pp_envelope_decode_entry(e.batch[i].data, e.batch[i].len, NULL, &x));
+            pp_tensor *t;
+            TT_OK(pp_envelope_tensor_inline(&x, 0, &t));
+            assert_memory_equal(t->data, vals, 24);
+            pp_tensor_free(t);
+            pp_envelope_clear(&x);
+            if (i == 1) pp_envelope_clear(&e);
+            continue;
+        }
+        TT_FAILS(PP_ERR_PARSE, pp_envelope_decode_entry(entry[i], len[i], NULL, &x), why[i]);
+    }
+    /* the container itself */
+    TT_FAILS(PP_ERR_PARSE, decode_batch(0, entry, len, &e), "batch of 0 entries");
+    uint8_t *many[80];
+    size_t many_len[80];
+    for (int i = 0; i < 80; i++) {
+        many[i] = entry[0];
+        many_len[i] = len[0];
+    }
+    TT_OK(decode_batch((int)PP_ENVELOPE_MAX_BATCH, many, many_len, &e));
+    pp_envelope_clear(&e);
+    TT_FAILS(PP_ERR_PARSE, decode_batch((int)PP_ENVELOPE_MAX_BATCH + 1, many, many_len, &e), "batch of 65");
+    size_t zero = 0;
+    TT_FAILS(PP_ERR_PARSE, decode_batch(1, entry, &zero, &e), "entry 0 is empty");
+    /* a batch with anything of its own, or a message with entries */
+    craft(&c); c.env.kind = (Pippin__Kind)PP_WIRE_KIND_BATCH; c.env.n_tensors = 0;
+    ProtobufCBinaryData part = {len[0], entry[0]};
+    c.env.n_batch = 1; c.env.batch = &part;
+    expect_bad(&c, NULL, "nothing but its entries"); /* step 3, microbatch 2 */
+    c.env.step = 0; c.env.microbatch = 0; c.env.dst_stage = 0;
+    TT_OK(decode_crafted(&c, NULL, &e));
+    pp_envelope_clear(&e);
+    c.env.text = "hi"; expect_bad(&c, NULL, "nothing but its entries");
+    craft(&c); c.env.n_batch = 1; c.env.batch = &part; expect_bad(&c, NULL, "activation message with 1 batch");
+    /* packing from pp_envelope gives the same entries back */
+    pp_envelope_part parts[2] = {{entry[0], len[0]}, {entry[1], len[1]}};
+    pp_envelope out = {0};
+    out.version = PP_PROTOCOL_VERSION;
+    out.kind = (pp_msg_kind)PP_WIRE_KIND_BATCH;
+    out.text = "";
+    out.shm_name = "";
+    out.nbatch = 2;
+    out.batch = parts;
+    uint8_t buf[1024];
+    size_t n;
+    TT_OK(pp_envelope_pack(&out, buf, sizeof buf, &n));
+    TT_OK(pp_envelope_decode(buf, n, NULL, &e));
+    assert_int_equal(e.nbatch, 2);
+    assert_int_equal(e.batch[1].len, len[1]);
+    assert_memory_equal(e.batch[1].data, entry[1], len[1]);
+    pp_envelope_clear(&e);
+    for (int i = 0; i < 7; i++) free(entry[i]);
+    free(batch_frame);
+    batch_frame = NULL;
 }
 
 static void test_valid_crafted(void **state) {
@@ -288,7 +435,8 @@ static void test_bad_header(void **state) {
     craft(&c); c.env.version = 3; expect_bad(&c, NULL, "version 3");
     craft(&c); c.env.version = 0; expect_bad(&c, NULL, "version 0");
     craft(&c); c.env.kind = 0; expect_bad(&c, NULL, "kind 0");
-    craft(&c); c.env.kind = 6; expect_bad(&c, NULL, "kind 6");
+    craft(&c); c.env.kind = 7; expect_bad(&c, NULL, "kind 7");
+    craft(&c); c.env.kind = 6; expect_bad(&c, NULL, "batch of 0 entries"); /* a batch with a tensor */
     craft(&c); c.env.kind = -3; expect_bad(&c, NULL, "kind -3");
     craft(&c); c.env.step = -1; expect_bad(&c, NULL, "negative step");
     craft(&c); c.env.microbatch = -1; expect_bad(&c, NULL, "negative microbatch");
@@ -437,6 +585,7 @@ int main(void) {
         cmocka_unit_test(test_garbage),     cmocka_unit_test(test_check_frames),
         cmocka_unit_test(test_kind_names),  cmocka_unit_test(test_placements),
         cmocka_unit_test(test_bad_placements), cmocka_unit_test(test_wire_agrees_with_protobuf_c),
+        cmocka_unit_test(test_batch),
     };
     tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);

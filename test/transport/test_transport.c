@@ -500,11 +500,109 @@ static void test_sender_frees_early(void **state) {
     tt_close_ranks(2, t);
 }
 
+typedef struct batch_reader {
+    pp_transport *t;
+    int from, to; /* microbatches [from, to) */
+    int bad;
+} batch_reader;
+
+/* Small tensor number m: m % 100 + 1 floats of value m. */
+static pp_tensor *small_tensor(int m) {
+    int64_t s[1] = {m % 100 + 1};
+    pp_tensor *x;
+    if (pp_tensor_new(PP_F32, 1, s, &x) != PP_OK) return NULL;
+    for (int64_t i = 0; i < s[0]; i++) ((float *)x->data)[i] = (float)m;
+    return x;
+}
+
+static void *read_batched(void *arg) {
+    batch_reader *b = arg;
+    for (int m = b->from; m < b->to; m++) {
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, m % 3 ? "x" : "y");
+        pp_tensor *got;
+        if (pp_transport_recv(b->t, &k, 5000, &got) != PP_OK) {
+            b->bad++;
+            continue;
+        }
+        pp_tensor *want = small_tensor(m);
+        if (!want || got->nbytes != want->nbytes || memcmp(got->data, want->data, want->nbytes) != 0) b->bad++;
+        pp_tensor_free(want);
+        pp_tensor_free(got);
+    }
+    return NULL;
+}
+
+/* Sends small tensors from microbatch *m on until rank 0 has held some
+ * back (its queue to a rank that does not read is full), then 5 more. */
+static void send_until_held(pp_transport *t, int *m) {
+    pp_transport_stats st, before;
+    pp_transport_stats_get(t, &before);
+    int extra = -1;
+    for (int limit = *m + 5000; *m < limit && extra != 0; ++*m) {
+        pp_transport_stats_get(t, &st);
+        if (extra < 0 && st.retries > before.retries) extra = 5;
+        if (extra > 0) extra--;
+        pp_tensor *x = small_tensor(*m);
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, *m, 0, 1, *m % 3 ? "x" : "y");
+        TT_OK(pp_transport_send(t, &k, x));
+        pp_tensor_free(x);
+    }
+    pp_transport_stats_get(t, &st);
+    assert_true(st.retries > before.retries); /* some were held back */
+}
+
+/* Batching: a sender ahead of a receiver that does not read yet holds
+ * small messages back and merges them; every tensor arrives intact under
+ * its own key once the receiver reads, a large tensor sent after them
+ * waits for them, pp_transport_flush sends what is left, and so does
+ * close. */
+static void test_batching(void **state) {
+    (void)state;
+    pp_transport_options o = base_opts(10000);
+    o.sndhwm = o.rcvhwm = 1; /* queues that fill at once */
+    o.sndbuf = o.rcvbuf = 4096;
+    o.linger_ms = 10000;     /* close waits for the reader, however loaded the machine */
+    pp_transport *t[2];
+    tt_make_ranks("tcp", 2, &o, t);
+    pp_transport_set_batching(t[0], 1);
+    int m = 0;
+    send_until_held(t[0], &m);
+    batch_reader r = {t[1], 0, m, 0};
+    pthread_t th;
+    pthread_create(&th, NULL, read_batched, &r);
+    int64_t s[1] = {1 << 18}; /* 1 MiB: data frames, after the held-back batch */
+    pp_tensor *big = tt_f32_seq(1, s, 3);
+    pp_transport_key kb = tt_key(PP_MSG_ACTIVATION, 0, 0, 0, 1, "big");
+    TT_OK(pp_transport_send(t[0], &kb, big));
+    TT_OK(pp_transport_flush(t[0], -1));
+    pthread_join(th, NULL);
+    assert_int_equal(r.bad, 0);
+    pp_tensor *got;
+    TT_OK(pp_transport_recv(t[1], &kb, 5000, &got));
+    tt_assert_same(got, big);
+    pp_tensor_free(got);
+    pp_tensor_free(big);
+    /* again, and close with messages held back: close sends them */
+    int from = m;
+    send_until_held(t[0], &m);
+    batch_reader r2 = {t[1], from, m, 0};
+    pthread_create(&th, NULL, read_batched, &r2);
+    pp_transport_close(t[0]);
+    pthread_join(th, NULL);
+    assert_int_equal(r2.bad, 0);
+    pp_transport_stats st;
+    pp_transport_stats_get(t[1], &st);
+    assert_int_equal(st.dropped, 0);
+    assert_int_equal(st.messages_received, (uint64_t)m + 1);
+    pp_transport_close(t[1]);
+}
+
 /* Multi-frame tensors are reassembled into buffers that are reused once
  * freed, and that stay valid after the transport is closed. */
 static void test_reassembly_buffers(void **state) {
     (void)state;
     pp_transport_options o = base_opts(2000);
+    o.frame_bytes = (size_t)1 << 20; /* 5 frames (by default it goes in one) */
     pp_transport *t[2];
     tt_make_ranks("tcp", 2, &o, t);
     int64_t s[1] = {(int64_t)5 << 18}; /* 5 MiB of f32 */
@@ -976,6 +1074,7 @@ int main(void) {
         cmocka_unit_test(test_inproc_zero_copy),
         cmocka_unit_test(test_sender_frees_early),
         cmocka_unit_test(test_reassembly_buffers),
+        cmocka_unit_test(test_batching),
         cmocka_unit_test(test_local_stages),
         cmocka_unit_test(test_recv_timeout_names_peer),
         cmocka_unit_test(test_absent_peer),
