@@ -4,12 +4,16 @@
  * or [N, K] with transB = 1, read in place), bias [N] (optional input 2)
  * and activation "" (none), "relu", "gelu" or "gelu_tanh".
  *
- * One GEMM (the call MatMul makes, lib/ops/gemm.h), then one pass over the
- * output rows adding the bias and applying the activation with the
- * arithmetic of the Add, Relu and Gelu kernels (lib/ops/elementwise.c):
- * without transB the result is the unfused nodes' bit for bit; rows split
- * between threads, never inside one, so any thread count gives the same
- * bits. */
+ * The output rows start as the bias and the GEMM (the call MatMul makes,
+ * lib/ops/gemm.h) adds the product to them (beta 1: OpenBLAS then skips
+ * its pass zeroing C, and no pass adds the bias after); without a bias the
+ * GEMM writes them (beta 0). Then one pass over the rows applies the
+ * activation with the arithmetic of the Relu and Gelu kernels
+ * (lib/ops/elementwise.c). The sum is the unfused nodes' within float
+ * rounding: the same bits when the GEMM adds its product to C once (K
+ * within one OpenBLAS block, and no transB), else the bias joins the sum
+ * earlier. Rows split between threads, never inside one, so any thread
+ * count of pippin's pool gives the same bits. */
 #include <inttypes.h>
 #include <limits.h>
 #include <string.h>
@@ -47,9 +51,8 @@ PP_VINLINE float gelu_tanh_f32(float x) {
     return 0.5f * x * (1.0f + pp_vtanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 
-/* y[i] = act(b[i] + y[i]) over one row; b NULL: no bias. */
-PP_VEC_CLONES static void epilogue_row(int64_t n, float *restrict y, const float *restrict b, int act) {
-    if (b) PP_VFOR(i, n, y[i] = b[i] + y[i];);
+/* y[i] = act(y[i]) over one row. */
+PP_VEC_CLONES static void epilogue_row(int64_t n, float *restrict y, int act) {
     switch (act) {
     case ACT_RELU: PP_VFOR(i, n, float x = y[i]; y[i] = x < 0 ? 0.0f : x;); break;
     case ACT_GELU: PP_VFOR(i, n, float x = y[i]; y[i] = gelu_f32(x);); break;
@@ -67,7 +70,12 @@ typedef struct {
 
 static void epilogue_piece(void *arg, int64_t lo, int64_t hi) {
     const epilogue_job *j = arg;
-    for (int64_t r = lo; r < hi; r++) epilogue_row(j->n, j->y + r * j->n, j->bias, j->act);
+    for (int64_t r = lo; r < hi; r++) epilogue_row(j->n, j->y + r * j->n, j->act);
+}
+
+static void bias_piece(void *arg, int64_t lo, int64_t hi) {
+    const epilogue_job *j = arg;
+    for (int64_t r = lo; r < hi; r++) memcpy(j->y + r * j->n, j->bias, sizeof(float) * (size_t)j->n);
 }
 
 static pp_status matmul_add_run(pp_kernel_ctx *ctx) {
@@ -101,12 +109,13 @@ static pp_status matmul_add_run(pp_kernel_ctx *ctx) {
     PP_TRY(pp_tensor_empty(PP_F32, a->ndim, oshape, &y));
     ctx->out[0] = y;
     if (!y->nbytes) return PP_OK;
-    if (K == 0) memset(y->data, 0, y->nbytes);
-    else
-        pp_gemm_f32(0, tb, (int)M, (int)N, (int)K, 1.0f, a->data, (int)K, b->data, (int)b->shape[1], 0.0f, y->data,
-                    (int)N);
-    if (!bias && act == ACT_NONE) return PP_OK;
     epilogue_job j = {y->data, bias ? bias->data : NULL, N, act};
+    if (bias) pp_parallel_for(M, pp_grain_rows(N, PP_GRAIN_ELEMS), bias_piece, &j);
+    else if (K == 0) memset(y->data, 0, y->nbytes);
+    if (K > 0)
+        pp_gemm_f32(0, tb, (int)M, (int)N, (int)K, 1.0f, a->data, (int)K, b->data, (int)b->shape[1],
+                    bias ? 1.0f : 0.0f, y->data, (int)N);
+    if (act == ACT_NONE) return PP_OK;
     int64_t grain = act == ACT_GELU || act == ACT_GELU_TANH ? PP_GRAIN_ROW_ELEMS : PP_GRAIN_ELEMS;
     pp_parallel_for(M, pp_grain_rows(N, grain), epilogue_piece, &j);
     return PP_OK;
