@@ -17,8 +17,11 @@ pippin by build/bench/pippin-bench-opt-forward with the passes:
 
 Each point is the median of --iters timed runs; the whole sweep is repeated
 --repeat times and the median of the medians printed, with the load average
-before and after (the machine is shared). Ratios are ORT / pippin (> 1:
-pippin faster).
+before and after (the machine is shared). Wall time and the process's CPU
+time per run are both printed: on a loaded machine the wall time mostly
+measures the other processes, and at 1 thread the CPU time is the fairer
+figure (at 2 threads it counts spinning threads too, OpenBLAS's and ORT's).
+Ratios are ORT / pippin (> 1: pippin faster).
 
     /usr/bin/python3 bench/bench_ort_forward.py                    # example + medium
     /usr/bin/python3 bench/bench_ort_forward.py --size large --repeat 5
@@ -116,23 +119,28 @@ def main():
                     out = run_json([exe, model, "--batch", str(a.batch), "--seq", str(seq), "--vocab", str(vocab),
                                     "--threads", str(t), "--passes", passes, "--iters", str(a.iters)], env)[0]
                     res.setdefault((t, key), []).append(out["median_ms"])
+                    res.setdefault((t, "cpu " + key), []).append(out["cpu_ms"])
                     res[(t, "nodes " + key)] = [out["nodes"]]
             for out in run_json(["node", os.path.join(ROOT, "bench", "ort_forward.js"), model, str(a.batch), str(seq),
                                  str(vocab), str(a.iters)] + [str(t) for t in threads], env):
                 res.setdefault((out["threads"], "ort"), []).append(out["median_ms"])
-        print(f"\n{label}, batch {a.batch}: forward ms (median)")
-        print("  %-8s %10s" % ("threads", "ORT") + "".join("%12s" % k for _, k in PASSES)
+                res.setdefault((out["threads"], "cpu ort"), []).append(out["cpu_ms"])
+        print(f"\n{label}, batch {a.batch}: forward ms (median; wall, and CPU time of the process)")
+        print("  %-12s %10s" % ("threads", "ORT") + "".join("%12s" % k for _, k in PASSES)
               + "   ORT/pippin: none -> all")
         for t in threads:
-            ort_ms = statistics.median(res[(t, "ort")])
-            row = [statistics.median(res[(t, k)]) for _, k in PASSES]
-            print("  %-8d %10.2f" % (t, ort_ms) + "".join("%12.2f" % v for v in row)
-                  + "   %.2fx -> %.2fx" % (ort_ms / row[0], ort_ms / row[-1]))
+            for kind in ("", "cpu "):
+                ort_ms = statistics.median(res[(t, kind + "ort")])
+                row = [statistics.median(res[(t, kind + k)]) for _, k in PASSES]
+                print("  %-12s %10.2f" % (f"{t} {kind or 'wall'}", ort_ms) + "".join("%12.2f" % v for v in row)
+                      + "   %.2fx -> %.2fx" % (ort_ms / row[0], ort_ms / row[-1]))
         print("  nodes: " + ", ".join(f"{k} {res[(threads[0], 'nodes ' + k)][0]}" for _, k in PASSES))
         for t in threads:
-            row = [statistics.median(res[(t, k)]) for _, k in PASSES]
-            gains = ", ".join(f"{PASSES[i][1]} {row[i - 1] / row[i]:.2f}x" for i in range(1, len(PASSES)))
-            print(f"  {t} thread{'s' if t > 1 else ''}: each step's speed-up: {gains}; all {row[0] / row[-1]:.2f}x")
+            for kind in ("", "cpu "):
+                row = [statistics.median(res[(t, kind + k)]) for _, k in PASSES]
+                gains = ", ".join(f"{PASSES[i][1]} {row[i - 1] / row[i]:.2f}x" for i in range(1, len(PASSES)))
+                print(f"  {t} thread{'s' if t > 1 else ''} {kind or 'wall'}: each step's speed-up: {gains}; "
+                      f"all {row[0] / row[-1]:.2f}x")
     print(f"\nload average {load0:.1f} before, {loadavg():.1f} after")
 
 
