@@ -9,7 +9,10 @@
  * then Add(b, .): one GEMM reading W in place, with the bias and the
  * activation applied to each output row, instead of a transposed copy of
  * W (kept by the executor), the product, and one pass over it per
- * elementwise node. A bare MatMul(x, W) is left alone: nothing to gain. */
+ * elementwise node. A bare MatMul(x, W) is left alone: nothing to gain.
+ * A Gemm (alpha = beta = 1, no transA) by such a weight with a bias [N] or
+ * none becomes one too when a Relu or Gelu follows it (the activation is
+ * what it gains). */
 #include <string.h>
 
 #include "opt_internal.h"
@@ -67,11 +70,48 @@ static const char *find_activation(const pp_opt_ctx *c, int y, int *node) {
     return NULL;
 }
 
+/* Gemm node i as MatMulAdd: W, transB, bias (-1: none); 0 if it does not fit. */
+static int gemm_fits(const pp_opt_ctx *c, int i, int *w, int *trans_b, int *bias) {
+    const pp_graph *g = c->g;
+    const pp_node *n = &g->nodes[i];
+    if (n->n_in < 2 || n->n_in > 3 || n->n_out != 1 || n->in[0] < 0 || !weight(g, n->in[1])) return 0;
+    if (pp_node_attr_int(n, "transA", 0) != 0 || pp_node_attr_float(n, "alpha", 1.0f) != 1.0f) return 0;
+    *w = n->in[1];
+    *trans_b = pp_node_attr_int(n, "transB", 0) != 0;
+    *bias = n->n_in > 2 ? n->in[2] : -1;
+    if (*bias < 0) return 1;
+    if (pp_node_attr_float(n, "beta", 1.0f) != 1.0f) return 0;
+    const pp_tensor *wt = g->values[*w].data, *b = pp_opt_initializer(g, *bias);
+    int64_t nn = *trans_b ? wt->shape[0] : wt->shape[1];
+    return b && b->dtype == PP_F32 && b->ndim == 1 && b->shape[0] == nn;
+}
+
+static pp_status fuse_gemm(pp_opt_ctx *c, int i, int *count) {
+    pp_graph *g = c->g;
+    int w, trans_b, bias, act_node;
+    if (!gemm_fits(c, i, &w, &trans_b, &bias)) return PP_OK;
+    const char *act = find_activation(c, g->nodes[i].out[0], &act_node);
+    if (!act) return PP_OK;
+    int y = g->nodes[act_node].out[0], ins[3] = {g->nodes[i].in[0], w, bias};
+    PP_TRY(pp_opt_rewrite(c, i, "MatMulAdd", "pippin", bias >= 0 ? 3 : 2, ins));
+    if (trans_b) PP_TRY(pp_node_set_int(g, i, "transB", 1));
+    PP_TRY(pp_node_set_string(g, i, "activation", act));
+    pp_opt_kill(c, act_node);
+    pp_opt_take_output(c, i, y);
+    (*count)++;
+    return PP_OK;
+}
+
 pp_status pp_opt_matmul(pp_opt_ctx *c, int *count) {
     pp_graph *g = c->g;
     *count = 0;
     for (int i = 0; i < g->n_nodes; i++) {
-        if (c->dead[i] || !pp_opt_is_op(&g->nodes[i], "MatMul")) continue;
+        if (c->dead[i]) continue;
+        if (pp_opt_is_op(&g->nodes[i], "Gemm")) {
+            PP_TRY(fuse_gemm(c, i, count));
+            continue;
+        }
+        if (!pp_opt_is_op(&g->nodes[i], "MatMul")) continue;
         const pp_node *mm = &g->nodes[i];
         int w, trans_b;
         if (mm->n_in != 2 || mm->n_out != 1 || mm->in[0] < 0 || !find_weight(c, mm->in[1], &w, &trans_b)) continue;

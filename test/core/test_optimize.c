@@ -343,6 +343,45 @@ static void test_matmul_keeps_read_values(void **state) {
     pp_tensor_free(x);
 }
 
+/* torch's Linear on 2-D inputs: Gemm(x, W, b, transB=1), then Relu (or
+ * nothing). */
+static pp_graph *gemm_graph(int relu) {
+    pp_graph *g;
+    TU_OK(pp_graph_new("gemm", &g));
+    int x, id;
+    TU_OK(pp_graph_add_input(g, "x", PP_F32, 2, SHAPE(-1, 4), &x));
+    int w = add_param(g, "W", PP_VALUE_PARAM, rand_f32(2, SHAPE(5, 4), 11));
+    int b = add_param(g, "b", PP_VALUE_PARAM, rand_f32(1, SHAPE(5), 12));
+    TU_OK(pp_graph_add_node(g, "Gemm", "", "gemm", 3, (int[]){x, w, b}, 1, NULL, &id));
+    TU_OK(pp_node_set_int(g, id, "transB", 1));
+    int y = g->nodes[id].out[0];
+    if (relu) y = node1(g, "Relu", "relu", 1, &y);
+    TU_OK(pp_graph_add_output(g, y));
+    return g;
+}
+
+static pp_graph *gemm_relu(void) { return gemm_graph(1); }
+static pp_graph *gemm_alone(void) { return gemm_graph(0); }
+
+static void test_gemm_activation(void **state) {
+    (void)state;
+    pp_tensor *x = rand_f32(2, SHAPE(6, 4), 5);
+    pp_optimize_report r;
+    pp_graph *g = check_optimized(gemm_relu, PP_OPT_ALL, &x, 1e-6, &r);
+    assert_int_equal(rewrites_of(&r, "matmul"), 1);
+    assert_int_equal(g->n_nodes, 1);
+    assert_string_equal(g->nodes[0].op_type, "MatMulAdd");
+    assert_string_equal(g->nodes[0].name, "gemm");
+    assert_int_equal(pp_node_attr_int(&g->nodes[0], "transB", 0), 1);
+    assert_string_equal(pp_node_attr_string(&g->nodes[0], "activation", ""), "relu");
+    pp_graph_free(g);
+    g = check_optimized(gemm_alone, PP_OPT_ALL, &x, 0, &r); /* nothing to gain */
+    assert_int_equal(rewrites_of(&r, "matmul"), 0);
+    assert_string_equal(g->nodes[0].op_type, "Gemm");
+    pp_graph_free(g);
+    pp_tensor_free(x);
+}
+
 /* MatMulAdd's bias and activation pass: the same bits at 1 and 4 threads
  * of pippin's pool (rows split between threads, never inside one). */
 static void test_matmul_add_threads(void **state) {
@@ -500,6 +539,7 @@ int main(void) {
         cmocka_unit_test(test_gelu_fusion),
         cmocka_unit_test(test_matmul_bias_activation),
         cmocka_unit_test(test_matmul_keeps_read_values),
+        cmocka_unit_test(test_gemm_activation),
         cmocka_unit_test(test_matmul_add_threads),
         cmocka_unit_test(test_matmul_add_errors),
         cmocka_unit_test(test_pass_names_and_switch),
