@@ -7,15 +7,15 @@
  *   fold       nodes fed only by constants (Constant nodes, non-trainable
  *              initializers, shapes of initializers and of fully static
  *              graph inputs) become constants, computed once here;
+ *   identity   Identity, pippin::PipeSplit and inference Dropout nodes
+ *              that do not make a graph output are bypassed;
  *   gelu       GELU as exporters decompose it (PyTorch 1.13's erf form
  *              Div/Erf/Add/Mul/Mul, and the tanh form) becomes one Gelu;
  *   matmul     MatMul(x, W) or MatMul(x, Transpose(W)) with a 2-D weight,
  *              and the Add of a bias and a Relu or Gelu after it, become
  *              one pippin::MatMulAdd (the transpose read in place by the
- *              GEMM, the bias and activation applied to each row while it
- *              is in cache);
- *   identity   Identity and pippin::PipeSplit nodes that do not make a
- *              graph output are bypassed;
+ *              GEMM, the bias as its C, the activation applied to each
+ *              row); so does a Gemm followed by a Relu or Gelu;
  *   dead       nodes whose outputs nothing reads are removed.
  * Trainable parameters are never folded (a service may load new weights
  * into them after the graph is prepared); what depends on them alone is
@@ -61,8 +61,8 @@ typedef struct pp_optimize_report {
 } pp_optimize_report;
 
 /* Runs the passes in `passes` (PP_OPT_* bits) over g. report may be NULL.
- * On failure g may be half rewritten but still runs as before (each
- * rewrite is whole); the error names the pass and the node. */
+ * On failure g may be partly rewritten (free it); the error names the pass
+ * and the node. */
 PP_API pp_status pp_graph_optimize(pp_graph *g, unsigned passes, pp_optimize_report *report);
 
 /* The passes inference runs (stages with training off, pippin infer,
