@@ -10,6 +10,7 @@
 #include "pippin/autodiff.h"
 #include "pippin/exec.h"
 #include "pippin/log.h"
+#include "pippin/optimize.h"
 #include "pippin/params.h"
 
 #include "status_internal.h"
@@ -129,6 +130,7 @@ pp_status pp_stage_new(pp_graph *g, const pp_stage_spec *spec, pp_stage **out) {
     pp_status s = pp_graph_resolve(g);
     if (s == PP_OK) s = pp_train_state_prepare(g, spec->training, &st->state);
     if (s == PP_OK && spec->training) s = build_backward(st, spec);
+    if (s == PP_OK && !spec->training) s = pp_graph_optimize(g, pp_optimize_default(), NULL);
     if (s == PP_OK && spec->training) {
         pp_train_state_keep(&st->state, st->keep_f);
         for (int v = 0; v <= g->n_values; v++) st->keep_f_rc[v] = st->keep_f[v] | st->input_mask[v];

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "pippin/log.h"
+#include "pippin/optimize.h"
 #include "pippin/stage.h"
 
 #include "log_internal.h"
@@ -142,6 +143,7 @@ pp_status pp_graph_prepare_inference(pp_graph *g) {
     pp_train_state none;
     pp_status s = pp_train_state_prepare(g, 0, &none);
     pp_train_state_clear(&none);
+    if (s == PP_OK) s = pp_graph_optimize(g, pp_optimize_default(), NULL);
     return s;
 }
 

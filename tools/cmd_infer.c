@@ -16,11 +16,13 @@ static void infer_usage(FILE *f) {
             "usage: pippin infer MODEL.onnx --input NAME=FILE.npy ... --output-dir DIR\n"
             "                    [--microbatches M] [--schedule KIND]\n"
             "                    [--split-before PREFIX]... [--split-after PREFIX]... [--no-split]\n"
-            "                    [--freeze PATTERN]...\n"
+            "                    [--freeze PATTERN]... [--no-optimize]\n"
             "Runs the model on the CPU and writes DIR/<output name>.npy for each graph output\n"
             "('/' and ':' in names become '_'). A model with pippin::PipeSplit markers, or\n"
             "one given a split spec, runs through its stages with the batch cut into M\n"
-            "microbatches (default 1) in the order of schedule KIND (default gpipe).\n");
+            "microbatches (default 1) in the order of schedule KIND (default gpipe).\n"
+            "The graph is optimized first (constant folding, fused MatMul+bias+activation,\n"
+            "GELU; pippin/optimize.h); --no-optimize (or PIPPIN_OPTIMIZE=0) runs it as loaded.\n");
 }
 
 typedef struct {
@@ -99,6 +101,7 @@ int cmd_infer(int argc, char **argv) {
         {"microbatches", required_argument, NULL, 'm'},
         {"schedule", required_argument, NULL, 's'},
         {"no-split", no_argument, NULL, 'n'},
+        {"no-optimize", no_argument, NULL, 'O'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -128,6 +131,7 @@ int cmd_infer(int argc, char **argv) {
             break;
         case 's': o.schedule = optarg; break;
         case 'n': o.no_split = 1; break;
+        case 'O': pp_optimize_set_default(0); break;
         case 'h': infer_usage(stdout); rc = 0; goto out;
         default: infer_usage(stderr); goto out;
         }

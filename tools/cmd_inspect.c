@@ -337,8 +337,47 @@ static int print_backward(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, c
     return rc;
 }
 
+/* The graph as inference runs it (pp_graph_prepare_inference: training-mode
+ * ops rewritten, then the optimizer's passes): what each pass changed and
+ * the op counts after. Loads its own copy of the model. */
+static int print_optimized(pp_split_args *sa, const char *path, json_object *json) {
+    pp_graph *g;
+    if (pp_split_args_load(sa, path, &g) != PP_OK) return 1;
+    unsigned passes = pp_optimize_default();
+    pp_optimize_report r;
+    pp_optimize_set_default(0); /* the inference rewrites alone; then the passes, reported */
+    pp_status s = pp_graph_prepare_inference(g);
+    pp_optimize_set_default(passes);
+    if (s == PP_OK) s = pp_graph_optimize(g, passes, &r);
+    op_count *ops = s == PP_OK ? calloc((size_t)g->n_nodes + 1, sizeof *ops) : NULL;
+    if (!ops) {
+        if (s == PP_OK) pp_error(PP_ERR_NOMEM, "out of memory");
+        pp_graph_free(g);
+        return 1;
+    }
+    int n_ops = count_ops(g, ops);
+    if (json) {
+        json_object *o = json_object_new_object(), *jp = json_object_new_object(), *jo = json_object_new_object();
+        json_object_object_add(o, "nodes_before", json_object_new_int(r.nodes_before));
+        json_object_object_add(o, "nodes", json_object_new_int(r.nodes_after));
+        for (int i = 0; i < r.n_passes; i++) json_object_object_add(jp, r.pass[i], json_object_new_int(r.rewrites[i]));
+        json_object_object_add(o, "passes", jp);
+        for (int i = 0; i < n_ops; i++) json_object_object_add(jo, ops[i].op, json_object_new_int(ops[i].count));
+        json_object_object_add(o, "ops", jo);
+        json_object_object_add(json, "optimized", o);
+    } else {
+        printf("optimized for inference: %d nodes -> %d\n", r.nodes_before, r.nodes_after);
+        for (int i = 0; i < r.n_passes; i++) printf("  pass %-10s %d\n", r.pass[i], r.rewrites[i]);
+        printf("optimized ops:\n");
+        for (int i = 0; i < n_ops; i++) printf("  %-24s %d\n", ops[i].op, ops[i].count);
+    }
+    free(ops);
+    pp_graph_free(g);
+    return 0;
+}
+
 static void inspect_usage(FILE *f) {
-    fprintf(f, "usage: pippin inspect MODEL.onnx [--json] [--backward [-o OUT.onnx]]\n"
+    fprintf(f, "usage: pippin inspect MODEL.onnx [--json] [--backward [-o OUT.onnx]] [--optimized]\n"
                "                      [--split-before PREFIX]... [--split-after PREFIX]... [--dim NAME=N]...\n"
                "                      [--freeze PATTERN]...\n"
                "Shows inputs and outputs (dtype, shape), op counts, parameter count and bytes\n"
@@ -350,7 +389,10 @@ static void inspect_usage(FILE *f) {
                "reports its stash per sample; -o writes it as ONNX (regions in doc_string).\n"
                "--dim NAME=N sizes a dynamic dim (e.g. seq=16) for the byte counts; dims not\n"
                "given get the small sizes shape probing runs at, shown after the tables (JSON:\n"
-               "\"dims\", \"batch_dim\"). With --json, --backward adds \"training_graph\".\n");
+               "\"dims\", \"batch_dim\"). With --json, --backward adds \"training_graph\".\n"
+               "--optimized adds the graph as inference runs it: what each optimizer pass\n"
+               "changed and the op counts after (JSON: \"optimized\"; PIPPIN_OPTIMIZE picks\n"
+               "the passes).\n");
 }
 
 int cmd_inspect(int argc, char **argv) {
@@ -358,11 +400,12 @@ int cmd_inspect(int argc, char **argv) {
         PP_SPLIT_LONG_OPTIONS,
         {"json", no_argument, NULL, 'j'},
         {"backward", no_argument, NULL, 'b'},
+        {"optimized", no_argument, NULL, 'O'},
         {"output", required_argument, NULL, 'o'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    int c, json = 0, backward = 0;
+    int c, json = 0, backward = 0, optimized = 0;
     const char *out_path = NULL;
     pp_split_args sa = {0};
     optind = 1;
@@ -373,6 +416,7 @@ int cmd_inspect(int argc, char **argv) {
         switch (c) {
         case 'j': json = 1; break;
         case 'b': backward = 1; break;
+        case 'O': optimized = 1; break;
         case 'o': out_path = optarg; break;
         case 'h': inspect_usage(stdout); return 0;
         default: inspect_usage(stderr); return 2;
@@ -395,6 +439,7 @@ int cmd_inspect(int argc, char **argv) {
     if (!json) print_text(g, ops, n_ops);
     if (pp_cli_has_markers(g) || pp_split_args_any(&sa)) rc = print_stages(g, &sa, &ds, root);
     if (!rc && backward) rc = print_backward(g, &sa, &ds, out_path, root);
+    if (!rc && optimized) rc = print_optimized(&sa, argv[optind], root);
     if (root && !rc)
         printf("%s\n", json_object_to_json_string_ext(root, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_NOSLASHESCAPE));
     json_object_put(root);

@@ -14,6 +14,7 @@
 
 #include "commands.h"
 #include "pippin/config.h"
+#include "pippin/optimize.h"
 #include "pippin/worker.h"
 
 #include "status_internal.h"
@@ -56,7 +57,7 @@ static void on_signal(int sig) {
 static void worker_usage(FILE *f) {
     fprintf(f, "usage: pippin worker CONFIG.yaml [--rank R] [--checkpoint DIR [--checkpoint-every N]\n"
                "                     [--checkpoint-keep K]] [--resume | --resume-if-any]\n"
-               "                     [--rejoin-timeout-ms T] [--threads N]\n"
+               "                     [--rejoin-timeout-ms T] [--threads N] [--no-optimize]\n"
                "Runs one rank of the pipeline the config describes (docs/config.md): builds the\n"
                "stages the schedule puts on this rank, connects to the other ranks' endpoints,\n"
                "and trains (or infers) for the configured steps. The rank comes from --rank,\n"
@@ -73,7 +74,9 @@ static void worker_usage(FILE *f) {
                "rejoins when started with --resume-if-any (0: a failure ends the run).\n"
                "--threads N: compute threads (pippin's kernels and the BLAS); default\n"
                "PIPPIN_THREADS, else the config's threads:, else the CPUs this process may use\n"
-               "divided among the ranks on this host (ipc:// or loopback endpoints).\n");
+               "divided among the ranks on this host (ipc:// or loopback endpoints).\n"
+               "--no-optimize: inference and serving stages run their graphs as loaded, without\n"
+               "the optimizer's passes (PIPPIN_OPTIMIZE=0 does the same; pippin/optimize.h).\n");
 }
 
 static int parse_count(const char *arg, const char *flag, long long max, long long *out) {
@@ -96,6 +99,7 @@ int cmd_worker(int argc, char **argv) {
                                          {"checkpoint-keep", required_argument, NULL, 'k'},
                                          {"rejoin-timeout-ms", required_argument, NULL, 'J'},
                                          {"threads", required_argument, NULL, 'T'},
+                                         {"no-optimize", no_argument, NULL, 'O'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     pp_worker_options o;
@@ -133,6 +137,8 @@ int cmd_worker(int argc, char **argv) {
                 return 2;
             }
             o.threads = (int)v;
+        } else if (c == 'O') {
+            pp_optimize_set_default(0);
         } else if (c == 'h') {
             worker_usage(stdout);
             return 0;

@@ -12,6 +12,7 @@
 #include "pippin/safetensors.h"
 #include "pippin/graph.h"
 #include "pippin/exec.h"
+#include "pippin/optimize.h"
 #include "pippin/onnx.h"
 #include "pippin/autodiff.h"
 #include "pippin/params.h"

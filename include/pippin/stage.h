@@ -140,7 +140,8 @@ PP_API pp_tensor *pp_stage_state_tensor(pp_stage *st, int i);
 /* Rewrites a graph exported in training mode for inference (pp_stage_new
  * does it for stages built without training): BatchNormalization with
  * training_mode=1 uses its running statistics, training-mode Dropout passes
- * values through. */
+ * values through. Then runs the optimizer's default passes
+ * (pp_optimize_default, pippin/optimize.h: none with PIPPIN_OPTIMIZE=0). */
 PP_API pp_status pp_graph_prepare_inference(pp_graph *g);
 /* Float initializers no gradient reaches (buffers such as a causal mask):
  * not trained. */

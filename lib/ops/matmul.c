@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "gemm.h"
 #include "op.h"
 
 #include "status_internal.h"
@@ -25,8 +26,8 @@ static int matmul_dtype_ok(pp_dtype dt) {
 /* C[M,N] = alpha * op(A) op(B) + beta * C, row-major, leading dims given.
  * M, N, K > 0. Matrix-vector shapes go to gemv (faster than an sgemm with a
  * unit dimension in OpenBLAS 0.3.21). */
-static void gemm_f32(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
-                     const float *B, int ldb, float beta, float *C, int ldc) {
+void pp_gemm_f32(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                 const float *B, int ldb, float beta, float *C, int ldc) {
     if (M == 1) { /* c = op(B)^T a */
         int inca = ta ? lda : 1;
         if (tb) cblas_sgemv(CblasRowMajor, CblasNoTrans, N, K, alpha, B, ldb, A, inca, beta, C, 1);
@@ -86,7 +87,7 @@ static void gemm_plain(pp_dtype dt, int64_t M, int64_t N, int64_t K, const void 
                        void *C) {
     switch (dt) {
     case PP_F32:
-        gemm_f32(0, 0, (int)M, (int)N, (int)K, 1.0f, A, (int)K, B, (int)N, 0.0f, C, (int)N);
+        pp_gemm_f32(0, 0, (int)M, (int)N, (int)K, 1.0f, A, (int)K, B, (int)N, 0.0f, C, (int)N);
         break;
     case PP_F64:
         gemm_f64(0, 0, (int)M, (int)N, (int)K, 1.0, A, (int)K, B, (int)N, 0.0, C, (int)N);
@@ -290,7 +291,7 @@ static pp_status gemm_compute(pp_kernel_ctx *ctx, const pp_tensor *a, const pp_t
         return PP_OK;
     }
     if (a->dtype == PP_F32) {
-        gemm_f32(ta, tb, (int)M, (int)N, (int)K, (float)alpha, a->data, lda, b->data, ldb,
+        pp_gemm_f32(ta, tb, (int)M, (int)N, (int)K, (float)alpha, a->data, lda, b->data, ldb,
                  use_c ? (float)beta : 0.0f, y->data, (int)N);
         return PP_OK;
     }

@@ -5,7 +5,8 @@
  * A case is skipped as unsupported when its model does not load with
  * PP_ERR_UNSUPPORTED (unknown op, opset outside 7-21, unsupported dtype or
  * attribute). A supported case may only be skipped when it is listed, with
- * its reason, in test/conformance-skips.txt. */
+ * its reason, in test/conformance-skips.txt. Each case runs as loaded, then
+ * again after the inference optimizer's passes (pp_graph_optimize). */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -176,6 +177,17 @@ int main(int argc, char **argv) {
             snprintf(path, sizeof path, "%s/%s/test_data_set_%d", root, cases[c], k);
             if (!file_exists(path)) break;
             bad = run_dataset(g, path, why, sizeof why);
+        }
+        /* and again with the inference optimizer's passes (pippin/optimize.h) */
+        if (!bad && pp_graph_optimize(g, PP_OPT_ALL, NULL) != PP_OK) {
+            snprintf(why, sizeof why, "optimize failed: %s", pp_last_error());
+            bad = 1;
+        }
+        for (int k = 0; !bad; k++) {
+            snprintf(path, sizeof path, "%s/%s/test_data_set_%d", root, cases[c], k);
+            if (!file_exists(path)) break;
+            char inner[2048] = "";
+            if ((bad = run_dataset(g, path, inner, sizeof inner))) snprintf(why, sizeof why, "optimized: %s", inner);
         }
         pp_graph_free(g);
         if (bad && listed_reason) {

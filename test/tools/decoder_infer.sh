@@ -8,7 +8,9 @@
 #     positions start at P);
 # nocache.onnx (same weights, idx -> logits) gives the empty-past step's
 # logits and its argmax is the first greedy token; `pippin inspect` names
-# the decoder inputs and outputs with their dynamic dims.
+# the decoder inputs and outputs with their dynamic dims. The optimizer:
+# --no-optimize gives torch's numbers too; `inspect --optimized` reports the
+# passes and the fused ops, and with PIPPIN_OPTIMIZE=0 no pass.
 # Numbers are compared with Debian's numpy (/usr/bin/python3). TAP output.
 . "$(dirname "$0")/tap.sh"
 PY=/usr/bin/python3
@@ -57,6 +59,8 @@ step() {
 }
 
 for case in "step0_:empty past (P=0), 3 stages:" "step0_:empty past (P=0), --no-split:--no-split" \
+            "step0_:empty past (P=0), --no-split --no-optimize:--no-split --no-optimize" \
+            "step0_:empty past (P=0), 3 stages --no-optimize:--no-optimize" \
             "step_:past P=6, 3 new tokens, 3 stages:"; do
     prefix=${case%%:*}
     rest=${case#*:}
@@ -98,6 +102,20 @@ rc=$?
     grep -q "present.2.value  *float32\[batch,4,total,8\]" "$tmp/out" &&
     grep -q "logits  *float32\[batch,seq,58\]" "$tmp/out"
 ok $? "inspect shows the decoder's inputs and outputs with dims past and total"
+
+"$PIPPIN" inspect "$D/decoder.onnx" --optimized >"$tmp/out" 2>"$tmp/err"
+rc=$?
+sed -n '/^optimized for inference/,$p' "$tmp/out" >"$tmp/opt"
+[ $rc -eq 0 ] && grep -q "^optimized for inference: [0-9]* nodes -> [0-9]*" "$tmp/opt" &&
+    grep -q "^  pass matmul  *[1-9]" "$tmp/opt" && grep -q "^  MatMulAdd  *[1-9]" "$tmp/opt" &&
+    ! grep -q "^  Tanh " "$tmp/opt" && grep -q "^  Tanh " "$tmp/out"
+ok $? "inspect --optimized: the passes' counts and the fused ops ($(head -n 1 "$tmp/err"))"
+
+PIPPIN_OPTIMIZE=0 "$PIPPIN" inspect "$D/decoder.onnx" --optimized >"$tmp/out" 2>"$tmp/err"
+line=$(grep "^optimized for inference" "$tmp/out")
+set -- $line
+[ "$4" = "$7" ] && ! grep -q MatMulAdd "$tmp/out"
+ok $? "PIPPIN_OPTIMIZE=0: no pass runs ($line)"
 
 echo "1..$n"
 [ $fails -eq 0 ]

@@ -1,0 +1,85 @@
+/* Graph optimizer for inference: rewrites a graph once, before it runs, so
+ * that it computes the same outputs (within float rounding) with fewer and
+ * cheaper nodes.
+ *
+ * Each pass is small and named (pp_optimize_pass_name); a bit mask picks
+ * which run. In order:
+ *   fold       nodes fed only by constants (Constant nodes, non-trainable
+ *              initializers, shapes of initializers and of fully static
+ *              graph inputs) become constants, computed once here;
+ *   identity   Identity, pippin::PipeSplit and inference Dropout nodes
+ *              that do not make a graph output are bypassed;
+ *   gelu       GELU as exporters decompose it (PyTorch 1.13's erf form
+ *              Div/Erf/Add/Mul/Mul, and the tanh form) becomes one Gelu;
+ *   matmul     MatMul(x, W) or MatMul(x, Transpose(W)) with a 2-D weight,
+ *              and the Add of a bias and a Relu or Gelu after it, become
+ *              one pippin::MatMulAdd (the transpose read in place by the
+ *              GEMM, the bias as its C, the activation applied to each
+ *              row); so does a Gemm followed by a Relu or Gelu;
+ *   dead       nodes whose outputs nothing reads are removed.
+ * Trainable parameters are never folded (a service may load new weights
+ * into them after the graph is prepared); what depends on them alone is
+ * computed once by the executor (pp_exec_set_constant_params).
+ *
+ * The graph keeps its inputs and outputs (the same value indices and
+ * names); rewritten nodes keep the name of the node they replace. Value
+ * indices of other values stay valid, though a removed node's outputs no
+ * longer have a producer. Fused nodes have no gradient rules: optimize
+ * inference graphs only, never a graph autodiff will differentiate.
+ *
+ * Thread safety: pp_graph_optimize changes the graph; nothing else may use
+ * it meanwhile. The process-wide switch is read and set atomically. */
+#ifndef PIPPIN_OPTIMIZE_H
+#define PIPPIN_OPTIMIZE_H
+
+#include "pippin/export.h"
+
+#include "pippin/graph.h"
+#include "pippin/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum {
+    PP_OPT_FOLD = 1u << 0,
+    PP_OPT_GELU = 1u << 1,
+    PP_OPT_MATMUL = 1u << 2,
+    PP_OPT_IDENTITY = 1u << 3,
+    PP_OPT_DEAD = 1u << 4,
+    PP_OPT_ALL = (1u << 5) - 1
+};
+
+#define PP_OPT_MAX_PASSES 16
+
+typedef struct pp_optimize_report {
+    int nodes_before, nodes_after;
+    int n_passes;                     /* passes that ran, in order */
+    const char *pass[PP_OPT_MAX_PASSES]; /* their names (static strings) */
+    int rewrites[PP_OPT_MAX_PASSES];  /* what each changed: nodes folded,
+                                         patterns fused, nodes removed */
+} pp_optimize_report;
+
+/* Runs the passes in `passes` (PP_OPT_* bits) over g. report may be NULL.
+ * On failure g may be partly rewritten (free it); the error names the pass
+ * and the node. */
+PP_API pp_status pp_graph_optimize(pp_graph *g, unsigned passes, pp_optimize_report *report);
+
+/* The passes inference runs (stages with training off, pippin infer,
+ * pp_graph_prepare_inference): PP_OPT_ALL unless the environment variable
+ * PIPPIN_OPTIMIZE says otherwise ("0" or "off": none; "1" or "all": all;
+ * a comma list of pass names: those) or pp_optimize_set_default was
+ * called (which wins over the environment). */
+PP_API unsigned pp_optimize_default(void);
+PP_API void pp_optimize_set_default(unsigned passes);
+
+/* Pass bit i's name ("fold", "gelu", ...), NULL past the last. */
+PP_API const char *pp_optimize_pass_name(int i);
+/* Parses "fold,gelu" (names as above, "all", "none", "0", "1") into bits;
+ * PP_ERR_INVALID naming an unknown pass. */
+PP_API pp_status pp_optimize_parse(const char *text, unsigned *passes);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

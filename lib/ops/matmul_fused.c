@@ -1,0 +1,127 @@
+/* pippin::MatMulAdd, what the optimizer makes of a Linear layer
+ * (lib/opt_matmul.c): Y = act(A op(B) + bias) with A float32 [..., K]
+ * (every leading dim folded into the GEMM's rows), B a 2-D weight ([K, N],
+ * or [N, K] with transB = 1, read in place), bias [N] (optional input 2)
+ * and activation "" (none), "relu", "gelu" or "gelu_tanh".
+ *
+ * The output rows start as the bias and the GEMM (the call MatMul makes,
+ * lib/ops/gemm.h) adds the product to them (beta 1: OpenBLAS then skips
+ * its pass zeroing C, and no pass adds the bias after); without a bias the
+ * GEMM writes them (beta 0). Then one pass over the rows applies the
+ * activation with the arithmetic of the Relu and Gelu kernels
+ * (lib/ops/elementwise.c). The sum is the unfused nodes' within float
+ * rounding: the same bits when the GEMM adds its product to C once (K
+ * within one OpenBLAS block, and no transB), else the bias joins the sum
+ * earlier. Rows split between threads, never inside one, so any thread
+ * count of pippin's pool gives the same bits. */
+#include <inttypes.h>
+#include <limits.h>
+#include <string.h>
+
+#include "gemm.h"
+#include "op.h"
+#include "thread_pool.h"
+#include "vec.h"
+
+#include "status_internal.h"
+
+enum { ACT_NONE, ACT_RELU, ACT_GELU, ACT_GELU_TANH };
+
+static int activation_of(const pp_node *n) {
+    const char *a = pp_node_attr_string(n, "activation", "");
+    if (!a[0]) return ACT_NONE;
+    if (strcmp(a, "relu") == 0) return ACT_RELU;
+    if (strcmp(a, "gelu") == 0) return ACT_GELU;
+    if (strcmp(a, "gelu_tanh") == 0) return ACT_GELU_TANH;
+    return -1;
+}
+
+static pp_status matmul_add_check(const pp_graph *g, const pp_node *n) {
+    (void)g;
+    if (activation_of(n) < 0)
+        return pp_node_error(n, PP_ERR_INVALID,
+                             "attribute 'activation' must be \"\", \"relu\", \"gelu\" or \"gelu_tanh\"");
+    int64_t tb = pp_node_attr_int(n, "transB", 0);
+    if (tb != 0 && tb != 1) return pp_node_error(n, PP_ERR_INVALID, "attribute 'transB' must be 0 or 1");
+    return PP_OK;
+}
+
+PP_VINLINE float gelu_f32(float x) { return 0.5f * x * (1.0f + pp_verff(x * 0.70710678118654752f)); }
+PP_VINLINE float gelu_tanh_f32(float x) {
+    return 0.5f * x * (1.0f + pp_vtanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+
+/* y[i] = act(y[i]) over one row. */
+PP_VEC_CLONES static void epilogue_row(int64_t n, float *restrict y, int act) {
+    switch (act) {
+    case ACT_RELU: PP_VFOR(i, n, float x = y[i]; y[i] = x < 0 ? 0.0f : x;); break;
+    case ACT_GELU: PP_VFOR(i, n, float x = y[i]; y[i] = gelu_f32(x);); break;
+    case ACT_GELU_TANH: PP_VFOR(i, n, float x = y[i]; y[i] = gelu_tanh_f32(x);); break;
+    default: break;
+    }
+}
+
+typedef struct {
+    float *y;
+    const float *bias;
+    int64_t n;
+    int act;
+} epilogue_job;
+
+static void epilogue_piece(void *arg, int64_t lo, int64_t hi) {
+    const epilogue_job *j = arg;
+    for (int64_t r = lo; r < hi; r++) epilogue_row(j->n, j->y + r * j->n, j->act);
+}
+
+static void bias_piece(void *arg, int64_t lo, int64_t hi) {
+    const epilogue_job *j = arg;
+    for (int64_t r = lo; r < hi; r++) memcpy(j->y + r * j->n, j->bias, sizeof(float) * (size_t)j->n);
+}
+
+static pp_status matmul_add_run(pp_kernel_ctx *ctx) {
+    const pp_tensor *a = ctx->in[0], *b = ctx->in[1];
+    const pp_tensor *bias = ctx->n_in > 2 ? ctx->in[2] : NULL;
+    char sa[128], sb[128];
+    if (a->dtype != PP_F32 || b->dtype != PP_F32 || (bias && bias->dtype != PP_F32))
+        return pp_kernel_error(ctx, PP_ERR_UNSUPPORTED, "float32 only, got %s, %s%s%s", pp_dtype_name(a->dtype),
+                               pp_dtype_name(b->dtype), bias ? " and " : "", bias ? pp_dtype_name(bias->dtype) : "");
+    int tb = pp_node_attr_int(ctx->node, "transB", 0) != 0;
+    int act = activation_of(ctx->node);
+    if (b->ndim != 2 || a->ndim < 1)
+        return pp_kernel_error(ctx, PP_ERR_SHAPE, "A must have at least 1 dim and B 2, got %s and %s",
+                               pp_shape_str(a->ndim, a->shape, sa, sizeof sa),
+                               pp_shape_str(b->ndim, b->shape, sb, sizeof sb));
+    int64_t K = a->shape[a->ndim - 1], Kb = tb ? b->shape[1] : b->shape[0], N = tb ? b->shape[0] : b->shape[1];
+    if (K != Kb)
+        return pp_kernel_error(ctx, PP_ERR_SHAPE, "cannot multiply %s by %s%s (inner dims %" PRId64 " and %" PRId64 ")",
+                               pp_shape_str(a->ndim, a->shape, sa, sizeof sa),
+                               pp_shape_str(2, b->shape, sb, sizeof sb), tb ? "^T" : "", K, Kb);
+    if (bias && (bias->ndim != 1 || bias->shape[0] != N))
+        return pp_kernel_error(ctx, PP_ERR_SHAPE, "bias %s is not [%" PRId64 "]",
+                               pp_shape_str(bias->ndim, bias->shape, sa, sizeof sa), N);
+    int64_t oshape[PP_MAX_DIMS];
+    for (int d = 0; d < a->ndim - 1; d++) oshape[d] = a->shape[d];
+    oshape[a->ndim - 1] = N;
+    int64_t M = pp_shape_numel(a->ndim - 1, a->shape);
+    if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
+        return pp_kernel_error(ctx, PP_ERR_UNSUPPORTED, "matrix dims exceed BLAS int range");
+    pp_tensor *y;
+    PP_TRY(pp_tensor_empty(PP_F32, a->ndim, oshape, &y));
+    ctx->out[0] = y;
+    if (!y->nbytes) return PP_OK;
+    epilogue_job j = {y->data, bias ? bias->data : NULL, N, act};
+    if (bias) pp_parallel_for(M, pp_grain_rows(N, PP_GRAIN_ELEMS), bias_piece, &j);
+    else if (K == 0) memset(y->data, 0, y->nbytes);
+    if (K > 0)
+        pp_gemm_f32(0, tb, (int)M, (int)N, (int)K, 1.0f, a->data, (int)K, b->data, (int)b->shape[1],
+                    bias ? 1.0f : 0.0f, y->data, (int)N);
+    if (act == ACT_NONE) return PP_OK;
+    int64_t grain = act == ACT_GELU || act == ACT_GELU_TANH ? PP_GRAIN_ROW_ELEMS : PP_GRAIN_ELEMS;
+    pp_parallel_for(M, pp_grain_rows(N, grain), epilogue_piece, &j);
+    return PP_OK;
+}
+
+const pp_op pp_ops_matmul_fused[] = {
+    {"MatMulAdd", "pippin", 2, 3, 1, 1, matmul_add_check, matmul_add_run},
+    {NULL},
+};

@@ -1,0 +1,550 @@
+/* The inference optimizer (pippin/optimize.h): each pass on a small graph
+ * built with the graph API (the rewrite happened, what must stay stayed,
+ * and the outputs match the unoptimized graph's within 1e-6), the
+ * pippin::MatMulAdd kernel (bit for bit against MatMul then Add, the same
+ * bits at 1 and 4 threads), the pass switch, and the PyTorch fixtures run
+ * optimized against unoptimized and against PyTorch. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "test_util.h"
+
+#include "test_filter.h"
+typedef pp_graph *(*builder)(void);
+
+static int count_op(const pp_graph *g, const char *op) {
+    int n = 0;
+    for (int i = 0; i < g->n_nodes; i++) n += strcmp(g->nodes[i].op_type, op) == 0;
+    return n;
+}
+
+static int rewrites_of(const pp_optimize_report *r, const char *pass) {
+    for (int i = 0; i < r->n_passes; i++)
+        if (strcmp(r->pass[i], pass) == 0) return r->rewrites[i];
+    return -1;
+}
+
+static pp_tensor *rand_f32(int nd, const int64_t *shape, uint64_t seed) {
+    pp_tensor *t;
+    TU_OK(pp_tensor_empty(PP_F32, nd, shape, &t));
+    float *d = t->data;
+    for (int64_t i = 0; i < pp_tensor_numel(t); i++) d[i] = (float)(2.0 * tu_urand(&seed));
+    return t;
+}
+
+static int add_param(pp_graph *g, const char *name, pp_value_kind kind, pp_tensor *t) {
+    int v;
+    TU_OK(pp_graph_add_initializer(g, name, kind, t, &v));
+    return v;
+}
+
+static int node1(pp_graph *g, const char *op, const char *name, int n_in, const int *in) {
+    int id;
+    TU_OK(pp_graph_add_node(g, op, "", name, n_in, in, 1, NULL, &id));
+    return g->nodes[id].out[0];
+}
+
+/* Builds the graph twice: runs one as built and one optimized with
+ * `passes` on the same inputs, checks the outputs agree within tol (0: bit
+ * for bit), and returns the optimized graph (caller frees) and its report. */
+static pp_graph *check_optimized(builder build, unsigned passes, pp_tensor *const *ins, double tol,
+                                 pp_optimize_report *r) {
+    pp_graph *ref = build(), *opt = build();
+    pp_tensor *want[8] = {0}, *got[8] = {0};
+    assert_true(ref->n_outputs <= 8);
+    TU_OK(pp_graph_run(ref, ins, want));
+    TU_OK(pp_graph_optimize(opt, passes, r));
+    assert_int_equal(r->nodes_after, opt->n_nodes);
+    assert_int_equal(opt->n_inputs, ref->n_inputs);
+    assert_int_equal(opt->n_outputs, ref->n_outputs);
+    for (int i = 0; i < ref->n_outputs; i++)
+        assert_string_equal(opt->values[opt->outputs[i]].name, ref->values[ref->outputs[i]].name);
+    TU_OK(pp_graph_run(opt, ins, got));
+    for (int i = 0; i < ref->n_outputs; i++) {
+        if (tol == 0) {
+            assert_int_equal(got[i]->nbytes, want[i]->nbytes);
+            assert_memory_equal(got[i]->data, want[i]->data, want[i]->nbytes);
+        } else {
+            tu_assert_close(got[i], want[i], tol, tol, ref->values[ref->outputs[i]].name);
+        }
+        pp_tensor_free(got[i]);
+        pp_tensor_free(want[i]);
+    }
+    pp_graph_free(ref);
+    return opt;
+}
+
+/* ---- fold ---- */
+
+/* y = Reshape(x, Concat(Unsqueeze(Constant 2), Shape(W)[1:], Shape(s)[0:1]))
+ *     + Transpose(W) summed... kept small: the shape path is constant
+ * (Constant, a weight's shape, a static input's shape); Transpose(W) reads a
+ * trainable parameter and stays; Shape(x) of the dynamic input stays. */
+static pp_graph *fold_graph(void) {
+    pp_graph *g;
+    TU_OK(pp_graph_new("fold", &g));
+    int x, s, w, axes, c2, cid;
+    TU_OK(pp_graph_add_input(g, "x", PP_F32, 2, SHAPE(-1, 6), &x));
+    TU_OK(pp_graph_add_input(g, "s", PP_F32, 1, SHAPE(3), &s));
+    w = add_param(g, "W", PP_VALUE_PARAM, rand_f32(2, SHAPE(3, 2), 1));
+    axes = add_param(g, "axes", PP_VALUE_CONST, I64(1, SHAPE(1), 0));
+    TU_OK(pp_graph_add_node(g, "Constant", "", "two", 0, NULL, 1, NULL, &cid));
+    TU_OK(pp_node_set_tensor(g, cid, "value", I64(0, SHAPE(0), -1)));
+    c2 = g->nodes[cid].out[0];
+    int u = node1(g, "Unsqueeze", "unsq", 2, (int[]){c2, axes});
+    int sw = node1(g, "Shape", "shape_w", 1, &w); /* [3, 2] */
+    int ss = node1(g, "Shape", "shape_s", 1, &s); /* [3] */
+    int sx = node1(g, "Shape", "shape_x", 1, &x); /* dynamic */
+    int cat;
+    TU_OK(pp_graph_add_node(g, "Concat", "", "cat", 3, (int[]){u, sw, ss}, 1, NULL, &cat));
+    TU_OK(pp_node_set_int(g, cat, "axis", 0));
+    /* [-1, 3, 2, 3] -> product of the last three 18: x [b, 6] needs b*6 % 18 */
+    int sl_start = add_param(g, "st", PP_VALUE_CONST, I64(1, SHAPE(1), 1));
+    int sl_end = add_param(g, "en", PP_VALUE_CONST, I64(1, SHAPE(1), 3));
+    int shp = node1(g, "Slice", "slice", 3, (int[]){g->nodes[cat].out[0], sl_start, sl_end}); /* [3, 2] */
+    int m1 = add_param(g, "m1", PP_VALUE_CONST, I64(1, SHAPE(1), -1));
+    int cat2;
+    TU_OK(pp_graph_add_node(g, "Concat", "", "cat2", 2, (int[]){m1, shp}, 1, NULL, &cat2));
+    TU_OK(pp_node_set_int(g, cat2, "axis", 0));
+    int r = node1(g, "Reshape", "reshape", 2, (int[]){x, g->nodes[cat2].out[0]}); /* [b, 3, 2] */
+    int wt = node1(g, "Identity", "w_copy", 1, &w);
+    int y = node1(g, "Add", "add", 2, (int[]){r, wt});
+    TU_OK(pp_graph_add_output(g, y));
+    TU_OK(pp_graph_add_output(g, sx));
+    return g;
+}
+
+static void test_fold_constants_and_static_shapes(void **state) {
+    (void)state;
+    pp_tensor *ins[2] = {rand_f32(2, SHAPE(3, 6), 7), rand_f32(1, SHAPE(3), 8)};
+    pp_optimize_report r;
+    pp_graph *g = check_optimized(fold_graph, PP_OPT_FOLD | PP_OPT_DEAD, ins, 0, &r);
+    /* Constant, Unsqueeze, Shape(W), Shape(s), Concat, Slice, Concat folded */
+    assert_int_equal(rewrites_of(&r, "fold"), 7);
+    assert_int_equal(count_op(g, "Constant"), 0);
+    assert_int_equal(count_op(g, "Concat"), 0);
+    assert_int_equal(count_op(g, "Unsqueeze"), 0);
+    assert_int_equal(count_op(g, "Shape"), 1); /* of the dynamic input */
+    assert_int_equal(count_op(g, "Identity"), 1); /* reads a trainable parameter */
+    assert_int_equal(g->n_nodes, 4);
+    int v = pp_graph_find_value(g, "cat2_out0");
+    assert_true(v >= 0);
+    assert_int_equal(g->values[v].kind, PP_VALUE_CONST);
+    assert_non_null(g->values[v].data);
+    pp_graph_free(g);
+    pp_tensor_free(ins[0]);
+    pp_tensor_free(ins[1]);
+}
+
+/* ---- identity and dead ---- */
+
+static pp_graph *identity_graph(void) {
+    pp_graph *g;
+    TU_OK(pp_graph_new("identity", &g));
+    int x, split;
+    TU_OK(pp_graph_add_input(g, "x", PP_F32, 1, SHAPE(4), &x));
+    int a = node1(g, "Identity", "id_a", 1, &x);
+    TU_OK(pp_graph_add_node(g, "PipeSplit", "pippin", "marker", 1, &a, 1, NULL, &split));
+    int b = node1(g, "Relu", "relu", 1, &g->nodes[split].out[0]);
+    int unused = node1(g, "Exp", "unused_exp", 1, &b);
+    (void)node1(g, "Neg", "unused_neg", 1, &unused);
+    int out = node1(g, "Identity", "id_out", 1, &b); /* a graph output: kept */
+    TU_OK(pp_graph_add_output(g, out));
+    TU_OK(pp_graph_add_output(g, b));
+    return g;
+}
+
+static void test_identity_and_dead(void **state) {
+    (void)state;
+    pp_tensor *x = F32(1, SHAPE(4), -1, 2, -3, 4);
+    pp_optimize_report r;
+    pp_graph *g = check_optimized(identity_graph, PP_OPT_IDENTITY, &x, 0, &r);
+    assert_int_equal(rewrites_of(&r, "identity"), 2);
+    assert_int_equal(count_op(g, "PipeSplit"), 0);
+    assert_int_equal(count_op(g, "Identity"), 1);
+    assert_int_equal(count_op(g, "Exp"), 1); /* dead is off */
+    pp_graph_free(g);
+    g = check_optimized(identity_graph, PP_OPT_DEAD, &x, 0, &r);
+    assert_int_equal(rewrites_of(&r, "dead"), 2);
+    assert_int_equal(count_op(g, "Exp"), 0);
+    assert_int_equal(count_op(g, "Neg"), 0);
+    assert_int_equal(count_op(g, "Identity"), 2);
+    assert_int_equal(g->n_nodes, 4);
+    pp_graph_free(g);
+    pp_tensor_free(x);
+}
+
+/* ---- gelu ---- */
+
+static int scalar(pp_graph *g, const char *name, float v) {
+    pp_tensor *t;
+    TU_OK(pp_tensor_scalar_f32(v, &t));
+    return add_param(g, name, PP_VALUE_CONST, t);
+}
+
+/* PyTorch 1.13's erf form: 0.5 * (x * (1 + erf(x / sqrt 2))), with x from
+ * a Relu so the pattern's input is a node output; y = gelu + 1. */
+static pp_graph *gelu_erf_graph(void) {
+    pp_graph *g;
+    TU_OK(pp_graph_new("gelu_erf", &g));
+    int x;
+    TU_OK(pp_graph_add_input(g, "x", PP_F32, 2, SHAPE(-1, 5), &x));
+    int h = node1(g, "Neg", "neg", 1, &x);
+    int d = node1(g, "Div", "div", 2, (int[]){h, scalar(g, "sqrt2", 1.4142135f)});
+    int e = node1(g, "Erf", "erf", 1, &d);
+    int a = node1(g, "Add", "add1", 2, (int[]){e, scalar(g, "one", 1.0f)});
+    int m = node1(g, "Mul", "mul_x", 2, (int[]){h, a});
+    int y = node1(g, "Mul", "mul_half", 2, (int[]){m, scalar(g, "half", 0.5f)});
+    int z = node1(g, "Add", "after", 2, (int[]){y, scalar(g, "one2", 1.0f)});
+    TU_OK(pp_graph_add_output(g, z));
+    return g;
+}
+
+/* The tanh form, as the example GPT's NewGELU exports it. */
+static pp_graph *gelu_tanh_graph(void) {
+    pp_graph *g;
+    TU_OK(pp_graph_new("gelu_tanh", &g));
+    int x;
+    TU_OK(pp_graph_add_input(g, "x", PP_F32, 2, SHAPE(-1, 5), &x));
+    int x2 = node1(g, "Mul", "sq", 2, (int[]){x, x});
+    int x3 = node1(g, "Mul", "cube", 2, (int[]){x, x2});
+    int c = node1(g, "Mul", "c", 2, (int[]){scalar(g, "k", 0.044715f), x3});
+    int s = node1(g, "Add", "s", 2, (int[]){x, c});
+    int t = node1(g, "Mul", "t", 2, (int[]){scalar(g, "k2", 0.7978845608f), s});
+    int th = node1(g, "Tanh", "tanh", 1, &t);
+    int a = node1(g, "Add", "a", 2, (int[]){scalar(g, "one", 1.0f), th});
+    int m = node1(g, "Mul", "m", 2, (int[]){x, a});
+    int y = node1(g, "Mul", "y", 2, (int[]){scalar(g, "half", 0.5f), m});
+    TU_OK(pp_graph_add_output(g, y));
+    return g;
+}
+
+/* The erf form with Erf's output also a graph output: not fused. */
+static pp_graph *gelu_shared_graph(void) {
+    pp_graph *g = gelu_erf_graph();
+    TU_OK(pp_graph_add_output(g, pp_graph_find_value(g, "erf_out0")));
+    return g;
+}
+
+static void test_gelu_fusion(void **state) {
+    (void)state;
+    pp_tensor *x = rand_f32(2, SHAPE(7, 5), 3);
+    float *d = x->data;
+    d[0] = 4.0f, d[1] = -4.0f, d[2] = 0.0f; /* tails and 0 */
+    pp_optimize_report r;
+    pp_graph *g = check_optimized(gelu_erf_graph, PP_OPT_GELU, &x, 1e-6, &r);
+    assert_int_equal(rewrites_of(&r, "gelu"), 1);
+    assert_int_equal(count_op(g, "Gelu"), 1);
+    assert_int_equal(count_op(g, "Erf"), 0);
+    assert_int_equal(count_op(g, "Mul"), 0);
+    assert_int_equal(g->n_nodes, 3); /* Neg, Gelu, Add */
+    int gl = pp_graph_find_node(g, "mul_half"); /* keeps the root's name */
+    assert_true(gl >= 0);
+    assert_string_equal(pp_node_attr_string(&g->nodes[gl], "approximate", "none"), "none");
+    pp_graph_free(g);
+
+    g = check_optimized(gelu_tanh_graph, PP_OPT_GELU, &x, 1e-6, &r);
+    assert_int_equal(g->n_nodes, 1);
+    assert_string_equal(g->nodes[0].op_type, "Gelu");
+    assert_string_equal(pp_node_attr_string(&g->nodes[0], "approximate", "none"), "tanh");
+    pp_graph_free(g);
+
+    g = check_optimized(gelu_shared_graph, PP_OPT_GELU, &x, 0, &r);
+    assert_int_equal(rewrites_of(&r, "gelu"), 0);
+    assert_int_equal(count_op(g, "Erf"), 1);
+    pp_graph_free(g);
+    pp_tensor_free(x);
+}
+
+/* ---- matmul ---- */
+
+/* torch's Linear: Add(b, MatMul(x, Transpose(W))), then act. x [2, 3, 4],
+ * W [5, 4], b [5]. */
+static pp_graph *linear_graph(const char *act, int transpose, int bias_ndim) {
+    pp_graph *g;
+    TU_OK(pp_graph_new("linear", &g));
+    int x;
+    TU_OK(pp_graph_add_input(g, "x", PP_F32, -1, NULL, &x));
+    int w = add_param(g, "W", PP_VALUE_PARAM, transpose ? rand_f32(2, SHAPE(5, 4), 11) : rand_f32(2, SHAPE(4, 5), 11));
+    int b = add_param(g, "b", PP_VALUE_PARAM,
+                      bias_ndim == 1 ? rand_f32(1, SHAPE(5), 12) : rand_f32(2, SHAPE(1, 5), 12));
+    int wt = transpose ? node1(g, "Transpose", "wt", 1, &w) : w;
+    if (transpose) TU_OK(pp_node_set_ints(g, g->values[wt].producer, "perm", 2, (int64_t[]){1, 0}));
+    int m = node1(g, "MatMul", "mm", 2, (int[]){x, wt});
+    int y = node1(g, "Add", "add", 2, (int[]){b, m});
+    if (act) {
+        int id;
+        TU_OK(pp_graph_add_node(g, act, "", "act", 1, &y, 1, NULL, &id));
+        if (strcmp(act, "Gelu") == 0) TU_OK(pp_node_set_string(g, id, "approximate", "tanh"));
+        y = g->nodes[id].out[0];
+    }
+    TU_OK(pp_graph_add_output(g, y));
+    return g;
+}
+
+static pp_graph *linear_relu(void) { return linear_graph("Relu", 1, 1); }
+static pp_graph *linear_gelu(void) { return linear_graph("Gelu", 1, 1); }
+static pp_graph *linear_plain_w(void) { return linear_graph(NULL, 0, 1); }
+static pp_graph *linear_2d_bias(void) { return linear_graph(NULL, 1, 2); }
+
+static void test_matmul_bias_activation(void **state) {
+    (void)state;
+    pp_tensor *x = rand_f32(3, SHAPE(2, 3, 4), 5), *x1 = rand_f32(1, SHAPE(4), 6);
+    pp_optimize_report r;
+    pp_graph *g = check_optimized(linear_relu, PP_OPT_ALL, &x, 1e-6, &r);
+    assert_int_equal(rewrites_of(&r, "matmul"), 1);
+    assert_int_equal(g->n_nodes, 1);
+    assert_string_equal(g->nodes[0].op_type, "MatMulAdd");
+    assert_string_equal(g->nodes[0].domain, "pippin");
+    assert_int_equal(pp_node_attr_int(&g->nodes[0], "transB", 0), 1);
+    assert_string_equal(pp_node_attr_string(&g->nodes[0], "activation", ""), "relu");
+    assert_int_equal(g->values[g->outputs[0]].producer, 0);
+    pp_graph_free(g);
+    g = check_optimized(linear_relu, PP_OPT_ALL, &x1, 1e-6, &r); /* a 1-D x: one row (gemv) */
+    pp_graph_free(g);
+    g = check_optimized(linear_gelu, PP_OPT_ALL, &x, 1e-6, &r);
+    assert_int_equal(g->n_nodes, 1);
+    assert_string_equal(pp_node_attr_string(&g->nodes[0], "activation", ""), "gelu_tanh");
+    pp_graph_free(g);
+    /* W used as it is: the same GEMM call as MatMul's and the same add, bit for bit */
+    g = check_optimized(linear_plain_w, PP_OPT_ALL, &x, 0, &r);
+    assert_int_equal(g->n_nodes, 1);
+    assert_int_equal(pp_node_attr_int(&g->nodes[0], "transB", 0), 0);
+    pp_graph_free(g);
+    /* a [1, 5] bias is not fused; the transpose still is */
+    g = check_optimized(linear_2d_bias, PP_OPT_ALL, &x, 1e-6, &r);
+    assert_int_equal(g->n_nodes, 2);
+    assert_int_equal(count_op(g, "MatMulAdd"), 1);
+    assert_int_equal(count_op(g, "Add"), 1);
+    assert_int_equal(count_op(g, "Transpose"), 0);
+    pp_graph_free(g);
+    pp_tensor_free(x);
+    pp_tensor_free(x1);
+}
+
+/* The MatMul's output is also a graph output: the Add stays apart. */
+static pp_graph *linear_shared(void) {
+    pp_graph *g = linear_graph(NULL, 0, 1);
+    TU_OK(pp_graph_add_output(g, pp_graph_find_value(g, "mm_out0")));
+    return g;
+}
+
+static void test_matmul_keeps_read_values(void **state) {
+    (void)state;
+    pp_tensor *x = rand_f32(3, SHAPE(2, 3, 4), 5);
+    pp_optimize_report r;
+    pp_graph *g = check_optimized(linear_shared, PP_OPT_ALL, &x, 0, &r);
+    assert_int_equal(rewrites_of(&r, "matmul"), 0);
+    assert_int_equal(count_op(g, "MatMul"), 1);
+    assert_int_equal(count_op(g, "Add"), 1);
+    pp_graph_free(g);
+    pp_tensor_free(x);
+}
+
+/* torch's Linear on 2-D inputs: Gemm(x, W, b, transB=1), then Relu (or
+ * nothing). */
+static pp_graph *gemm_graph(int relu) {
+    pp_graph *g;
+    TU_OK(pp_graph_new("gemm", &g));
+    int x, id;
+    TU_OK(pp_graph_add_input(g, "x", PP_F32, 2, SHAPE(-1, 4), &x));
+    int w = add_param(g, "W", PP_VALUE_PARAM, rand_f32(2, SHAPE(5, 4), 11));
+    int b = add_param(g, "b", PP_VALUE_PARAM, rand_f32(1, SHAPE(5), 12));
+    TU_OK(pp_graph_add_node(g, "Gemm", "", "gemm", 3, (int[]){x, w, b}, 1, NULL, &id));
+    TU_OK(pp_node_set_int(g, id, "transB", 1));
+    int y = g->nodes[id].out[0];
+    if (relu) y = node1(g, "Relu", "relu", 1, &y);
+    TU_OK(pp_graph_add_output(g, y));
+    return g;
+}
+
+static pp_graph *gemm_relu(void) { return gemm_graph(1); }
+static pp_graph *gemm_alone(void) { return gemm_graph(0); }
+
+static void test_gemm_activation(void **state) {
+    (void)state;
+    pp_tensor *x = rand_f32(2, SHAPE(6, 4), 5);
+    pp_optimize_report r;
+    pp_graph *g = check_optimized(gemm_relu, PP_OPT_ALL, &x, 1e-6, &r);
+    assert_int_equal(rewrites_of(&r, "matmul"), 1);
+    assert_int_equal(g->n_nodes, 1);
+    assert_string_equal(g->nodes[0].op_type, "MatMulAdd");
+    assert_string_equal(g->nodes[0].name, "gemm");
+    assert_int_equal(pp_node_attr_int(&g->nodes[0], "transB", 0), 1);
+    assert_string_equal(pp_node_attr_string(&g->nodes[0], "activation", ""), "relu");
+    pp_graph_free(g);
+    g = check_optimized(gemm_alone, PP_OPT_ALL, &x, 0, &r); /* nothing to gain */
+    assert_int_equal(rewrites_of(&r, "matmul"), 0);
+    assert_string_equal(g->nodes[0].op_type, "Gemm");
+    pp_graph_free(g);
+    pp_tensor_free(x);
+}
+
+/* MatMulAdd's bias and activation pass: the same bits at 1 and 4 threads
+ * of pippin's pool (rows split between threads, never inside one). */
+static void test_matmul_add_threads(void **state) {
+    (void)state;
+    pp_tensor *a = rand_f32(2, SHAPE(2048, 64), 21), *w = rand_f32(2, SHAPE(96, 64), 22), *b = rand_f32(1, SHAPE(96), 23);
+    const char *acts[] = {"", "relu", "gelu", "gelu_tanh"};
+    int before = pp_get_threads();
+    for (int k = 0; k < 4; k++) {
+        pp_tensor *y[2];
+        for (int t = 0; t < 2; t++) {
+            pp_set_threads(t ? 4 : 1);
+            pp_set_blas_threads(1); /* the GEMM's bits are OpenBLAS's, which depend on its threads */
+            tu_node n;
+            tu_node_init_dom(&n, "MatMulAdd", "pippin", 3,
+                             (pp_tensor *[]){pp_tensor_retain(a), pp_tensor_retain(w), pp_tensor_retain(b)}, 1, NULL);
+            TU_OK(pp_node_set_int(n.g, n.node, "transB", 1));
+            TU_OK(pp_node_set_string(n.g, n.node, "activation", acts[k]));
+            y[t] = tu_node_run_one(&n);
+            tu_node_free(&n);
+        }
+        tu_assert_shape(y[0], 2, SHAPE(2048, 96));
+        assert_memory_equal(y[0]->data, y[1]->data, y[0]->nbytes);
+        pp_tensor_free(y[0]);
+        pp_tensor_free(y[1]);
+    }
+    pp_set_threads(before);
+    pp_tensor_free(a);
+    pp_tensor_free(w);
+    pp_tensor_free(b);
+}
+
+static void test_matmul_add_errors(void **state) {
+    (void)state;
+    pp_tensor *a = rand_f32(2, SHAPE(3, 4), 1), *w = rand_f32(2, SHAPE(5, 4), 2), *b = rand_f32(1, SHAPE(4), 3);
+    tu_node n;
+    tu_node_init_dom(&n, "MatMulAdd", "pippin", 2, (pp_tensor *[]){pp_tensor_retain(a), pp_tensor_retain(w)}, 1,
+                     NULL); /* [3,4] x [5,4] */
+    tu_node_expect_error(&n, PP_ERR_SHAPE, "inner dims 4 and 5");
+    tu_node_free(&n);
+    tu_node_init_dom(&n, "MatMulAdd", "pippin", 3,
+                     (pp_tensor *[]){pp_tensor_retain(a), pp_tensor_retain(w), pp_tensor_retain(b)}, 1, NULL);
+    TU_OK(pp_node_set_int(n.g, n.node, "transB", 1));
+    tu_node_expect_error(&n, PP_ERR_SHAPE, "bias [4] is not [5]");
+    tu_node_free(&n);
+    pp_graph *g;
+    int x, wv, id;
+    TU_OK(pp_graph_new("bad", &g));
+    TU_OK(pp_graph_add_input(g, "x", PP_F32, 2, SHAPE(3, 4), &x));
+    wv = add_param(g, "W", PP_VALUE_PARAM, rand_f32(2, SHAPE(4, 5), 4));
+    TU_OK(pp_graph_add_node(g, "MatMulAdd", "pippin", "fused", 2, (int[]){x, wv}, 1, NULL, &id));
+    TU_OK(pp_node_set_string(g, id, "activation", "swish"));
+    assert_int_equal(pp_graph_resolve(g), PP_ERR_INVALID);
+    assert_non_null(strstr(pp_last_error(), "node 'fused'"));
+    assert_non_null(strstr(pp_last_error(), "activation"));
+    pp_graph_free(g);
+    pp_tensor_free(a);
+    pp_tensor_free(w);
+    pp_tensor_free(b);
+}
+
+/* ---- the switch ---- */
+
+static void test_pass_names_and_switch(void **state) {
+    (void)state;
+    unsigned bits;
+    TU_OK(pp_optimize_parse("fold,gelu", &bits));
+    assert_int_equal(bits, PP_OPT_FOLD | PP_OPT_GELU);
+    TU_OK(pp_optimize_parse("all", &bits));
+    assert_int_equal(bits, PP_OPT_ALL);
+    TU_OK(pp_optimize_parse("0", &bits));
+    assert_int_equal(bits, 0);
+    assert_int_equal(pp_optimize_parse("fold,fuse_everything", &bits), PP_ERR_INVALID);
+    assert_non_null(strstr(pp_last_error(), "'fuse_everything'"));
+    for (int i = 0; pp_optimize_pass_name(i); i++) {
+        TU_OK(pp_optimize_parse(pp_optimize_pass_name(i), &bits));
+        assert_int_equal(bits, 1u << i);
+    }
+    setenv("PIPPIN_OPTIMIZE", "0", 1);
+    assert_int_equal(pp_optimize_default(), 0);
+    setenv("PIPPIN_OPTIMIZE", "matmul,dead", 1);
+    assert_int_equal(pp_optimize_default(), PP_OPT_MATMUL | PP_OPT_DEAD);
+    pp_optimize_set_default(PP_OPT_FOLD); /* wins over the environment */
+    assert_int_equal(pp_optimize_default(), PP_OPT_FOLD);
+    unsetenv("PIPPIN_OPTIMIZE");
+    pp_optimize_set_default(PP_OPT_ALL);
+    /* no passes: the graph is left as it is */
+    pp_graph *g = linear_relu();
+    pp_optimize_report r;
+    TU_OK(pp_graph_optimize(g, 0, &r));
+    assert_int_equal(r.n_passes, 0);
+    assert_int_equal(g->n_nodes, 4);
+    pp_graph_free(g);
+}
+
+/* ---- the PyTorch fixtures ---- */
+
+/* Every fixture model, run for inference as loaded and optimized: the
+ * outputs agree within float rounding, and with PyTorch's where the
+ * fixture has them. */
+static void test_fixtures_optimized(void **state) {
+    (void)state;
+    static const char *const fixtures[] = {"gpt",       "mlp",       "cnn",
+                                           "unet",      "rnn",       "bn",
+                                           "dropout",   "tv_vit",    "tv_resnet",
+                                           "tv_mobilenet_v2", "tv_mobilenet_v3_small"};
+    for (size_t k = 0; k < sizeof fixtures / sizeof fixtures[0]; k++) {
+        pp_graph *ref = tu_fixture_onnx(fixtures[k], "model.onnx"), *opt = tu_fixture_onnx(fixtures[k], "model.onnx");
+        pp_tensor *ins[8] = {0}, *want[8] = {0}, *got[8] = {0};
+        assert_true(ref->n_inputs <= 8 && ref->n_outputs <= 8);
+        for (int i = 0; i < ref->n_inputs; i++) {
+            char file[256];
+            snprintf(file, sizeof file, "%s.npy", ref->values[ref->inputs[i]].name);
+            ins[i] = tu_fixture_npy(fixtures[k], file);
+        }
+        pp_optimize_set_default(0);
+        TU_OK(pp_graph_prepare_inference(ref));
+        TU_OK(pp_graph_prepare_inference(opt));
+        pp_optimize_set_default(PP_OPT_ALL);
+        pp_optimize_report r;
+        TU_OK(pp_graph_optimize(opt, PP_OPT_ALL, &r));
+        assert_true(r.nodes_after <= r.nodes_before);
+        TU_OK(pp_graph_run(ref, ins, want));
+        TU_OK(pp_graph_run(opt, ins, got));
+        for (int o = 0; o < ref->n_outputs; o++) {
+            char what[256];
+            snprintf(what, sizeof what, "%s output '%s' optimized", fixtures[k], ref->values[ref->outputs[o]].name);
+            tu_assert_close(got[o], want[o], 1e-5, 1e-5, what);
+            char file[256], path[512];
+            snprintf(file, sizeof file, "out_%s.npy", ref->values[ref->outputs[o]].name);
+            snprintf(path, sizeof path, "test/fixtures/%s/%s", fixtures[k], file);
+            if (access(tu_src_path(path), R_OK) == 0) { /* PyTorch's, as test_pipeline checks the unoptimized */
+                pp_tensor *torch = tu_fixture_npy(fixtures[k], file);
+                tu_assert_close(got[o], torch, 1e-4, 1e-5, what);
+                pp_tensor_free(torch);
+            }
+            pp_tensor_free(got[o]);
+            pp_tensor_free(want[o]);
+        }
+        if (strcmp(fixtures[k], "gpt") == 0) {
+            assert_true(r.nodes_after < r.nodes_before);
+            assert_int_equal(count_op(opt, "MatMulAdd"), 4 * 4 + 1); /* 4 blocks: qkv, proj, fc+gelu, proj; head */
+            assert_int_equal(count_op(opt, "Tanh"), 0);
+            assert_int_equal(count_op(opt, "Constant"), 0);
+        }
+        for (int i = 0; i < ref->n_inputs; i++) pp_tensor_free(ins[i]);
+        pp_graph_free(ref);
+        pp_graph_free(opt);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fold_constants_and_static_shapes),
+        cmocka_unit_test(test_identity_and_dead),
+        cmocka_unit_test(test_gelu_fusion),
+        cmocka_unit_test(test_matmul_bias_activation),
+        cmocka_unit_test(test_matmul_keeps_read_values),
+        cmocka_unit_test(test_gemm_activation),
+        cmocka_unit_test(test_matmul_add_threads),
+        cmocka_unit_test(test_matmul_add_errors),
+        cmocka_unit_test(test_pass_names_and_switch),
+        cmocka_unit_test(test_fixtures_optimized),
+    };
+    tu_filter_from_env();
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
