@@ -59,7 +59,10 @@ def _load():
 
 
 lib, path = _load()
-libc = ctypes.CDLL(ctypes.util.find_library("c"))
+# free() as the process resolves it (RTLD_DEFAULT), not libc.so.6's own: with
+# a malloc preloaded (jemalloc, tcmalloc, a sanitizer's) that is the one that
+# allocated what pippin hands back; libc's free would corrupt the heap.
+libc = ctypes.CDLL(None)
 libc.free.argtypes = [c_void_p]
 libc.free.restype = None
 
