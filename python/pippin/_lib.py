@@ -69,6 +69,19 @@ libc.free.restype = None
 # ---- errors ----
 
 
+class Closing:
+    """close() when collected and at the end of a with block."""
+
+    def __del__(self):
+        self.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 class PippinError(Exception):
     """A pippin call failed: .status is the pp_status code (negative),
     .status_name its name ("invalid argument", ...), .message pippin's

@@ -14,7 +14,7 @@ from ctypes import byref, c_float, c_int, c_int64, c_void_p
 import numpy as np
 
 from . import _tensor
-from ._lib import GraphP, OptimConfig, PipeP, PippinError, SplitSpec, check, enc, lib, libc, strings
+from ._lib import Closing, GraphP, OptimConfig, PipeP, PippinError, SplitSpec, check, enc, lib, libc, strings
 from ._lib import Schedule as _Schedule
 
 ValueInfo = namedtuple("ValueInfo", "name dtype shape")
@@ -60,7 +60,7 @@ def _value_info(v):
     return ValueInfo(_str(v.name), dt, shape)
 
 
-class Graph:
+class Graph(Closing):
     """A model (pp_graph): what pippin.load returns, or a stage of a Pipe
     (then borrowed: it lives as long as the pipe)."""
 
@@ -87,15 +87,6 @@ class Graph:
         if self._g and self._owner is None:
             lib.pp_graph_free(self._g)
         self._g = None
-
-    def __del__(self):
-        self.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     # ---- inspecting ----
     @property
@@ -403,7 +394,7 @@ def _stage_info(st):
                      bool(lib.pp_stage_has_loss(st)))
 
 
-class Runner:
+class Runner(Closing):
     """Every stage of a pipe in this process (pp_runner): any schedule's
     action lists, activations and gradients routed in memory. Takes the
     pipe's stage graphs (the Pipe stays alive with the runner).
@@ -430,15 +421,6 @@ class Runner:
             lib.pp_runner_free(self._r)
             self._r = None
             self.pipe._in_runner = False
-
-    def __del__(self):
-        self.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     @property
     def n_stages(self):
@@ -552,7 +534,7 @@ class Runner:
         return step
 
 
-class Trainer:
+class Trainer(Closing):
     """Training of a whole model in one graph (pp_trainer: autodiff, flat
     parameters, one executor). Takes the graph over (it gains the backward:
     Graph.run refuses it afterwards). params and grads are numpy views of
@@ -599,15 +581,6 @@ class Trainer:
             self._t = None
             self.graph._owner = None
             self.graph.close()
-
-    def __del__(self):
-        self.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def set_optimizer(self, optimizer="adamw", **settings):
         c = optim_config(optimizer, **settings)

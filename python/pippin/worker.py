@@ -18,7 +18,7 @@ from collections import namedtuple
 from ctypes import byref, c_int, c_void_p
 
 from . import _lib
-from ._lib import ConfigP, PippinError, WorkerOptions, check, enc, lib
+from ._lib import Closing, ConfigP, PippinError, WorkerOptions, check, enc, lib
 
 Progress = namedtuple("Progress", "rank step steps loss step_ms")
 Progress.__doc__ = """After each step: loss is None on ranks that do not compute it."""
@@ -90,7 +90,7 @@ RESUME, RESUME_IF_ANY = 1, 2
 PEER = -9  # PP_ERR_PEER
 
 
-class Worker:
+class Worker(Closing):
     """One rank of a pipeline (pp_worker). config: a path or a Config (kept
     alive with the worker). rank None: PIPPIN_RANK and the launchers'
     variables. resume: True (fail without a checkpoint), "if_any" or False.
@@ -186,15 +186,6 @@ class Worker:
         if self._w:
             lib.pp_worker_close(self._w)
             self._w = None
-
-    def __del__(self):
-        self.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 class Ranks:
