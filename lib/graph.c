@@ -92,6 +92,16 @@ void pp_attr_clear(pp_attr *a) {
     free(a->strings);
 }
 
+void pp_node_clear(pp_node *n) {
+    free(n->name);
+    free(n->op_type);
+    free(n->domain);
+    free(n->in);
+    free(n->out);
+    for (int a = 0; a < n->n_attr; a++) pp_attr_clear(&n->attrs[a]);
+    free(n->attrs);
+}
+
 void pp_graph_free(pp_graph *g) {
     if (!g) return;
     for (int i = 0; i < g->n_values; i++) {
@@ -100,16 +110,7 @@ void pp_graph_free(pp_graph *g) {
         for (int d = 0; d < PP_MAX_DIMS; d++) free(v->dim_names[d]);
         pp_tensor_free(v->data);
     }
-    for (int i = 0; i < g->n_nodes; i++) {
-        pp_node *n = &g->nodes[i];
-        free(n->name);
-        free(n->op_type);
-        free(n->domain);
-        free(n->in);
-        free(n->out);
-        for (int a = 0; a < n->n_attr; a++) pp_attr_clear(&n->attrs[a]);
-        free(n->attrs);
-    }
+    for (int i = 0; i < g->n_nodes; i++) pp_node_clear(&g->nodes[i]);
     name_index *ix = g->name_index;
     if (ix) free(ix->slots);
     free(ix);

@@ -46,6 +46,10 @@ typedef struct pp_op {
 
 /* Registry lookup; domain "" and "ai.onnx" are the same. NULL if unknown. */
 const pp_op *pp_op_find(const char *domain, const char *name);
+
+/* Frees what a node owns (names, edges, attributes), not the node itself:
+ * the graph's free and the optimizer's compaction (lib/graph.c). */
+void pp_node_clear(pp_node *n);
 /* All registered ops, terminated by an entry with name NULL. Call with i = 0,
  * 1, ... until NULL. */
 const pp_op *pp_op_at(int i);

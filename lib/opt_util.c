@@ -144,16 +144,6 @@ void pp_opt_replace_uses(pp_opt_ctx *c, int from, int to) {
     }
 }
 
-static void node_clear(pp_node *n) {
-    free(n->name);
-    free(n->op_type);
-    free(n->domain);
-    free(n->in);
-    free(n->out);
-    for (int a = 0; a < n->n_attr; a++) pp_attr_clear(&n->attrs[a]);
-    free(n->attrs);
-}
-
 pp_status pp_opt_compact(pp_opt_ctx *c, const char *pass) {
     pp_graph *g = c->g;
     int m = 0;
@@ -162,7 +152,7 @@ pp_status pp_opt_compact(pp_opt_ctx *c, const char *pass) {
         if (c->dead[i]) {
             for (int k = 0; k < n->n_out; k++)
                 if (n->out[k] >= 0 && g->values[n->out[k]].producer == i) g->values[n->out[k]].producer = -1;
-            node_clear(n);
+            pp_node_clear(n);
             continue;
         }
         for (int k = 0; k < n->n_out; k++)

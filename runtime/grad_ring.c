@@ -139,12 +139,9 @@ static void chunk_range(const pp_grad_ring *g, const bucket *b, int c, int64_t *
     chunk_of(g->o.replicas, b->off, b->len, c, lo, n);
 }
 
-/* What phase p reads and writes: the gradients, or (sharded, all-gather)
- * the parameters just updated. */
-static float *phase_buf(const pp_grad_ring *g, const bucket *b) {
-    (void)g;
-    return b->params ? b->fp->data : b->fp->grad;
-}
+/* What a bucket's phase reads and writes: the gradients, or (sharded, the
+ * all-gather after the update) the parameters. */
+static float *phase_buf(const bucket *b) { return b->params ? b->fp->data : b->fp->grad; }
 
 static void ring_key(const pp_grad_ring *g, const bucket *b, int sending, char *name, size_t cap,
                      pp_transport_key *k) {
@@ -163,7 +160,7 @@ static pp_status send_chunk(pp_grad_ring *g, bucket *b) {
     chunk_range(g, b, c, &lo, &n);
     pp_tensor *t;
     PP_TRY(pp_tensor_empty(PP_F32, 1, (int64_t[]){n}, &t));
-    if (n) memcpy(t->data, phase_buf(g, b) + lo, (size_t)n * sizeof(float)); /* the buffer changes after the send */
+    if (n) memcpy(t->data, phase_buf(b) + lo, (size_t)n * sizeof(float)); /* the buffer changes after the send */
     char name[64];
     pp_transport_key k;
     ring_key(g, b, 1, name, sizeof name, &k);
@@ -184,7 +181,7 @@ static pp_status apply_chunk(pp_grad_ring *g, bucket *b, pp_tensor *in) {
         return pp_error(PP_ERR_PEER, "replica %d sent stage %d's gradient chunk %d of bucket %d with %lld values, "
                         "expected %lld float32 (do the replicas hold the same stage?)", from, b->stage, c, b->id,
                         (long long)pp_tensor_numel(in), (long long)n);
-    float *dst = phase_buf(g, b) + lo;
+    float *dst = phase_buf(b) + lo;
     const float *src = in->data;
     if (b->phase < g->o.replicas - 1 && !b->params)
         for (int64_t i = 0; i < n; i++) dst[i] += src[i];
