@@ -564,12 +564,13 @@ static int recoverable(pp_worker *w, pp_status s) {
     int by;
     const char *why = pp_transport_abort_reason(w->t, &by);
     if (why) return by != w->rank && strncmp(why, REJOIN_PREFIX, strlen(REJOIN_PREFIX)) == 0;
-    if (s == PP_ERR_TIMEOUT) return 1;
-    for (int r = 0; r < w->c->n_ranks; r++) {
-        pp_peer_state ps = pp_transport_peer_state(w->t, r);
-        if (r != w->rank && (ps == PP_PEER_DOWN || ps == PP_PEER_CLOSED)) return 1;
-    }
-    return 0;
+    /* No abort: a peer went away, restarted or went silent. Its state may
+     * already be back up (a peer reopening its transport in its own
+     * rejoin), so the error decides, not the state now; only a peer that
+     * refused this rank's key is not worth waiting for. */
+    for (int r = 0; r < w->c->n_ranks; r++)
+        if (r != w->rank && pp_transport_peer_state(w->t, r) == PP_PEER_REJECTED) return 0;
+    return 1;
 }
 
 static double now_ms(void) { return pp_monotonic_ms(); }
