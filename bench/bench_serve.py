@@ -7,7 +7,7 @@ exported here with test/fixtures/gen_fixtures.py's GPT in mode "logits" (d
 256, 8 heads, 4 layers, block 256, vocab 58, random weights from seed 0, a
 PipeSplit after each block but the last; input idx; cached under --cache).
 Each is served by `pippin run` (mode: serve, one worker process per rank,
-one BLAS thread each, max_batch 16, max_wait_us 500) as 4 ranks (its
+--threads compute threads each, default 1, max_batch 16, max_wait_us 500) as 4 ranks (its
 PipeSplit markers) and as 2 ranks (the markers made Identity, `split:
 {before: ["/blocks.2/"]}`), and driven by closed-loop clients
 (pippin-bench-serve: 1, 4, 16, 64 clients, each request 1 x 64 random
@@ -27,7 +27,7 @@ the ratios:
 About 2 minutes with the default 4 seconds per point (plus the export, once).
 
     /usr/bin/python3 bench/bench_serve.py [--build build] [--seconds 4]
-        [--clients 1,4,16,64] [--models example,large]
+        [--clients 1,4,16,64] [--models example,large] [--threads N]
 """
 import argparse
 import json
@@ -43,6 +43,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 LARGE = dict(vocab_size=58, block_size=256, n_embd=256, n_head=8, n_layer=4)
 SEQ = 64
+THREADS = 1  # each worker's compute threads (--threads)
 
 
 def ort_model(src, dst):
@@ -125,7 +126,8 @@ class Service:
                     f"timeout_ms: 10000\nserve: {{endpoint: {self.ep}, max_batch: 16, max_wait_us: 500}}\n")
             if split:
                 f.write(f"split: {{before: {json.dumps(split)}}}\n")
-        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", PIPPIN_LOG="error")
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", PIPPIN_LOG="error",
+                   PIPPIN_THREADS=str(THREADS))
         self.err = os.path.join(tmp, name + ".err")
         self.p = subprocess.Popen([pippin, "run", cfg], env=env, stdout=subprocess.DEVNULL,
                                   stderr=open(self.err, "w"))
@@ -167,9 +169,13 @@ def main():
     ap.add_argument("--seconds", type=float, default=4)
     ap.add_argument("--clients", default="1,4,16,64")
     ap.add_argument("--models", default="example,large")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="each worker's compute threads (kernels and GEMMs on pippin's pool)")
     ap.add_argument("--npm-cache", default=os.path.expanduser("~/.cache/pippin-bench-ort"))
     ap.add_argument("--cache", default=os.path.expanduser("~/.cache/pippin-bench-serve"))
     a = ap.parse_args()
+    global THREADS
+    THREADS = a.threads
     pippin = os.path.join(a.build, "tools", "pippin")
     client = os.path.join(a.build, "bench", "pippin-bench-serve")
     clients = [int(c) for c in a.clients.split(",")]
@@ -227,7 +233,7 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
 
     print(f"serving: closed-loop clients, requests of 1 x {SEQ} random tokens -> logits, 2 cores; pippin: one "
-          "worker process per rank, 1 BLAS thread each, max_batch 16, max_wait_us 500")
+          f"worker process per rank, {THREADS} compute thread(s) each, max_batch 16, max_wait_us 500")
     for key, info, rows, ort in results:
         print(f"\n{key}: d {info['d']}, {info['layers']} layers, block {info['block']}, vocab {info['vocab']}, "
               f"{info['params'] / 1e6:.2f}M parameters, inputs {', '.join(info['inputs'])}")

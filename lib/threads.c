@@ -1,7 +1,8 @@
 /* How many threads the process computes with: the default (the CPUs this
  * process may use, divided among the ranks on the host, or PIPPIN_THREADS)
- * and pp_set_threads, which sizes pippin's pool (lib/thread_pool.c) and the
- * BLAS's own threads together so neither oversubscribes the other. */
+ * and pp_set_threads, which sizes pippin's pool (lib/thread_pool.c). The
+ * GEMMs run on that pool too (lib/ops/gemm.c cuts them into panels), so the
+ * BLAS's own threads stay at one: they would spin beside the pool. */
 #include <sched.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -39,6 +40,6 @@ int pp_default_threads(int ranks_on_host) {
 int pp_set_threads(int n) {
     if (n < 1) n = pp_default_threads(1);
     pp_pool_set_size(n);
-    pp_set_blas_threads(n);
+    pp_set_blas_threads(1);
     return pp_get_threads();
 }

@@ -63,16 +63,18 @@ PP_API pp_status pp_graph_run(pp_graph *g, pp_tensor *const *inputs, pp_tensor *
 
 /* Sets the BLAS library's own thread count (OpenBLAS); 0 when the BLAS
  * pippin was linked with has no such setting (a generic CBLAS) or n < 1,
- * 1 when set. Call it before running graphs, e.g. 1 when each rank of a
- * pipeline on one host is a thread of its own. */
+ * 1 when set. pippin keeps it at 1 (its first GEMM and pp_set_threads set
+ * it): GEMMs are cut into panels over pippin's pool instead, whose threads
+ * sleep between calls where OpenBLAS's spin. A count above 1 nests the
+ * BLAS's threads inside the pool's panels; rarely useful. */
 PP_API int pp_set_blas_threads(int n);
 
-/* Threads. pippin runs its row-parallel kernels (softmax, layernorm,
- * elementwise ops, reductions, copies, optimizer updates) on one thread
- * pool per process and the BLAS on its own threads; results are the same
- * bits at any thread count.
+/* Threads. pippin runs its GEMMs (in panels, each an OpenBLAS call on one
+ * thread) and its row-parallel kernels (softmax, layernorm, elementwise
+ * ops, reductions, copies, optimizer updates) on one thread pool per
+ * process; results are the same bits at any thread count.
  *
- * pp_set_threads sets both to n threads (the calling thread counts as one)
+ * pp_set_threads sets the pool to n threads (the calling thread counts as one)
  * and returns the count in effect; n < 1: the default. Call it from one
  * thread while no graph runs (it waits for a parallel loop in flight).
  * Ranks that are threads of one process share the pool: a kernel that finds

@@ -9,13 +9,12 @@
  * padding skips im2col (the input is its own column matrix). Depthwise
  * convolutions (one input channel per group) take the direct cores of
  * conv_depthwise.c instead: C tiny GEMMs cost far more than their work. */
-#include <cblas.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "gemm.h"
 #include "conv_internal.h"
 #include "grad_kernels.h"
 
@@ -262,45 +261,6 @@ static pp_status scratch(const pp_kernel_ctx *ctx, const conv_plan *p, float **c
     return PP_OK;
 }
 
-/* ------------------------------------------------- BLAS threads, small GEMMs */
-
-/* A convolution's GEMMs are one per batch item and group; when each is small
- * (Mg*L*K below SMALL_GEMM_MNK: every GEMM of MobileNet at 64x64, none of
- * ResNet-18's), waking and syncing the BLAS's threads for each costs more
- * than the work, and the woken threads then spin beside the caller. Such a
- * convolution runs its GEMMs on one BLAS thread and restores the count after.
- * The BLAS's count is global: a counter under a mutex makes the first of
- * concurrent convolutions save it and the last restore it. OpenBLAS only
- * (weak references: another CBLAS keeps its own threading). */
-#define SMALL_GEMM_MNK (INT64_C(4) << 20)
-
-extern int openblas_get_num_threads(void) __attribute__((weak));
-extern void openblas_set_num_threads(int n) __attribute__((weak));
-
-static pthread_mutex_t blas_mu = PTHREAD_MUTEX_INITIALIZER;
-static int blas_single_users, blas_saved_threads;
-
-static int blas_single_begin(const conv_plan *p) {
-    if (!openblas_get_num_threads || !openblas_set_num_threads) return 0;
-    int64_t kl = p->K * p->L; /* plan_finish bounds it by INT64_MAX / 8 */
-    if (kl >= SMALL_GEMM_MNK || p->Mg >= SMALL_GEMM_MNK / (kl ? kl : 1)) return 0;
-    pthread_mutex_lock(&blas_mu);
-    if (blas_single_users++ == 0) {
-        blas_saved_threads = openblas_get_num_threads();
-        if (blas_saved_threads > 1) openblas_set_num_threads(1);
-    }
-    pthread_mutex_unlock(&blas_mu);
-    return 1;
-}
-
-static void blas_single_end(int on) {
-    if (!on) return;
-    pthread_mutex_lock(&blas_mu);
-    if (--blas_single_users == 0 && blas_saved_threads > 1)
-        openblas_set_num_threads(blas_saved_threads);
-    pthread_mutex_unlock(&blas_mu);
-}
-
 /* ---------------------------------------------------------- GEMM cores */
 
 pp_status pp_conv_forward(const pp_kernel_ctx *ctx, const conv_plan *p, const float *xd,
@@ -312,7 +272,6 @@ pp_status pp_conv_forward(const pp_kernel_ctx *ctx, const conv_plan *p, const fl
     if (!p->im2col && pp_conv_dw_usable(p)) return pp_conv_dw_forward(ctx, p, xd, wd, yd);
     float *col;
     PP_TRY(scratch(ctx, p, &col));
-    int single = blas_single_begin(p);
     for (int64_t n = 0; n < p->N; n++)
         for (int64_t g = 0; g < p->G; g++) {
             const float *xg = xd + (n * p->C + g * p->Cg) * p->IL;
@@ -322,11 +281,10 @@ pp_status pp_conv_forward(const pp_kernel_ctx *ctx, const conv_plan *p, const fl
                 im2col(p, xg, col);
                 cm = col;
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)p->Mg, (int)p->L,
+            pp_gemm_f32(0, 0, (int)p->Mg, (int)p->L,
                         (int)p->K, 1.0f, wd + g * p->Mg * p->K, (int)p->K, cm, (int)p->L, 0.0f,
                         yg, (int)p->L);
         }
-    blas_single_end(single);
     free(col);
     return PP_OK;
 }
@@ -338,18 +296,16 @@ pp_status pp_conv_backward_data(const pp_kernel_ctx *ctx, const conv_plan *p, co
     if (!p->im2col && pp_conv_dw_usable(p)) return pp_conv_dw_backward_data(ctx, p, dyd, wd, dxd);
     float *col;
     PP_TRY(scratch(ctx, p, &col));
-    int single = blas_single_begin(p);
     for (int64_t n = 0; n < p->N; n++)
         for (int64_t g = 0; g < p->G; g++) {
             float *dxg = dxd + (n * p->C + g * p->Cg) * p->IL;
             float *cm = p->direct ? dxg : col;
             /* col[K x L] = W_g^T [K x Mg] dy_g [Mg x L] */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)p->K, (int)p->L, (int)p->Mg,
+            pp_gemm_f32(1, 0, (int)p->K, (int)p->L, (int)p->Mg,
                         1.0f, wd + g * p->Mg * p->K, (int)p->K,
                         dyd + (n * p->M + g * p->Mg) * p->L, (int)p->L, 0.0f, cm, (int)p->L);
             if (!p->direct) col2im(p, col, dxg);
         }
-    blas_single_end(single);
     free(col);
     return PP_OK;
 }
@@ -361,7 +317,6 @@ pp_status pp_conv_backward_filter(const pp_kernel_ctx *ctx, const conv_plan *p, 
     if (!p->im2col && pp_conv_dw_usable(p)) return pp_conv_dw_backward_filter(ctx, p, dyd, xd, dwd);
     float *col;
     PP_TRY(scratch(ctx, p, &col));
-    int single = blas_single_begin(p);
     for (int64_t n = 0; n < p->N; n++)
         for (int64_t g = 0; g < p->G; g++) {
             const float *xg = xd + (n * p->C + g * p->Cg) * p->IL;
@@ -371,11 +326,10 @@ pp_status pp_conv_backward_filter(const pp_kernel_ctx *ctx, const conv_plan *p, 
                 cm = col;
             }
             /* dW_g[Mg x K] += dy_g [Mg x L] col^T [L x K] */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)p->Mg, (int)p->K, (int)p->L,
+            pp_gemm_f32(0, 1, (int)p->Mg, (int)p->K, (int)p->L,
                         1.0f, dyd + (n * p->M + g * p->Mg) * p->L, (int)p->L, cm, (int)p->L,
                         n ? 1.0f : 0.0f, dwd + g * p->Mg * p->K, (int)p->K);
         }
-    blas_single_end(single);
     free(col);
     return PP_OK;
 }

@@ -1,6 +1,7 @@
-/* Internal: the float32 GEMM call MatMul, Gemm and pippin::MatMulAdd
- * share (lib/ops/matmul.c), so a fused node multiplies exactly as the
- * MatMul it replaces. Not installed. */
+/* Internal: the float GEMMs every kernel calls (lib/ops/gemm.c), cut into
+ * panels over pippin's pool; a fused node multiplies exactly as the MatMul
+ * it replaces, and the bits do not depend on the thread count. Not
+ * installed. */
 #ifndef PIPPIN_OPS_GEMM_H
 #define PIPPIN_OPS_GEMM_H
 
@@ -8,5 +9,7 @@
  * M, N, K > 0. Matrix-vector shapes go to gemv. */
 void pp_gemm_f32(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                  const float *B, int ldb, float beta, float *C, int ldc);
+void pp_gemm_f64(int ta, int tb, int M, int N, int K, double alpha, const double *A, int lda,
+                 const double *B, int ldb, double beta, double *C, int ldc);
 
 #endif

@@ -3,12 +3,12 @@
  * half and weight half) and SoftmaxCrossEntropyLoss. Statistics the forward
  * computed (softmax of the scores, LayerNorm mean and 1/std) are recomputed
  * from the stashed input: cheaper than keeping them per microbatch. */
-#include <cblas.h>
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "gemm.h"
 #include "grad_kernels.h"
 
 #include "status_internal.h"
@@ -109,16 +109,16 @@ static pp_status mm_grad(pp_kernel_ctx *ctx, int want_a) {
         if (!tall) mm_offsets(&p, q, &qa, &qb);
         const float *gq = g + q * p.M * p.N;
         if (want_a && wt) /* da = dy W */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, K, N, 1.0f, gq, N, o, K,
+            pp_gemm_f32(0, 0, rows, K, N, 1.0f, gq, N, o, K,
                         0.0f, r, K);
         else if (want_a)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, K, N, 1.0f, gq, N,
+            pp_gemm_f32(0, 1, rows, K, N, 1.0f, gq, N,
                         o + qb * p.K * p.N, N, 1.0f, r + qa * p.M * p.K, K);
         else if (wt) /* dW = dy^T a */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, K, rows, 1.0f, gq, N, o, K,
+            pp_gemm_f32(1, 0, N, K, rows, 1.0f, gq, N, o, K,
                         0.0f, r, K);
         else
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, K, N, rows, 1.0f,
+            pp_gemm_f32(1, 0, K, N, rows, 1.0f,
                         o + qa * p.M * p.K, K, gq, N, 1.0f, r + qb * p.K * p.N, N);
     }
     return PP_OK;

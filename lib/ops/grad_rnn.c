@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gemm.h"
 #include "rnn.h"
 #include "rnn_math.h"
 
@@ -223,8 +224,8 @@ static void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, 
             for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, sizeof(float) * (size_t)N);
         return;
     }
-    cblas_sgemm(CblasRowMajor, ta, tb, (int)M, (int)N, (int)K, 1.0f, A, (int)lda, B, (int)ldb, beta,
-                C, (int)ldc);
+    pp_gemm_f32(ta == CblasTrans, tb == CblasTrans, (int)M, (int)N, (int)K, 1.0f, A, (int)lda, B, (int)ldb,
+                beta, C, (int)ldc);
 }
 
 static int want(const pp_kernel_ctx *ctx, int k) { return k < ctx->n_out && ctx->node->out[k] >= 0; }

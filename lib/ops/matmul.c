@@ -1,9 +1,8 @@
-/* MatMul and Gemm. Floats go through OpenBLAS (f32 sgemm, f64 dgemm; f16 and
- * bf16 are widened to f32 around an sgemm); integers use a plain loop with
+/* MatMul and Gemm. Floats go through pp_gemm_f32/f64 (lib/ops/gemm.c: OpenBLAS
+ * on pippin's pool; f16 and bf16 are widened to f32 around an sgemm); integers use a plain loop with
  * wrap-around arithmetic. Inputs are contiguous, so BLAS reads them in place:
  * a batched A against a 2-D B is one tall gemm, batched-both is one gemm per
  * batch on strided pointers. */
-#include <cblas.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <stdint.h>
@@ -11,6 +10,7 @@
 
 #include "gemm.h"
 #include "op.h"
+#include "thread_pool.h"
 
 #include "status_internal.h"
 /* BLAS takes int dimensions (OpenBLAS built without INTERFACE64). */
@@ -21,41 +21,6 @@ static int is_half(pp_dtype dt) { return dt == PP_F16 || dt == PP_BF16; }
 static int matmul_dtype_ok(pp_dtype dt) {
     return dt == PP_F32 || dt == PP_F64 || dt == PP_F16 || dt == PP_BF16 || dt == PP_I32 ||
            dt == PP_I64;
-}
-
-/* C[M,N] = alpha * op(A) op(B) + beta * C, row-major, leading dims given.
- * M, N, K > 0. Matrix-vector shapes go to gemv (faster than an sgemm with a
- * unit dimension in OpenBLAS 0.3.21). */
-void pp_gemm_f32(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
-                 const float *B, int ldb, float beta, float *C, int ldc) {
-    if (M == 1) { /* c = op(B)^T a */
-        int inca = ta ? lda : 1;
-        if (tb) cblas_sgemv(CblasRowMajor, CblasNoTrans, N, K, alpha, B, ldb, A, inca, beta, C, 1);
-        else cblas_sgemv(CblasRowMajor, CblasTrans, K, N, alpha, B, ldb, A, inca, beta, C, 1);
-    } else if (N == 1) { /* c = op(A) b */
-        int incb = tb ? 1 : ldb;
-        if (ta) cblas_sgemv(CblasRowMajor, CblasTrans, K, M, alpha, A, lda, B, incb, beta, C, ldc);
-        else cblas_sgemv(CblasRowMajor, CblasNoTrans, M, K, alpha, A, lda, B, incb, beta, C, ldc);
-    } else {
-        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M,
-                    N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    }
-}
-
-static void gemm_f64(int ta, int tb, int M, int N, int K, double alpha, const double *A, int lda,
-                     const double *B, int ldb, double beta, double *C, int ldc) {
-    if (M == 1) {
-        int inca = ta ? lda : 1;
-        if (tb) cblas_dgemv(CblasRowMajor, CblasNoTrans, N, K, alpha, B, ldb, A, inca, beta, C, 1);
-        else cblas_dgemv(CblasRowMajor, CblasTrans, K, N, alpha, B, ldb, A, inca, beta, C, 1);
-    } else if (N == 1) {
-        int incb = tb ? 1 : ldb;
-        if (ta) cblas_dgemv(CblasRowMajor, CblasTrans, K, M, alpha, A, lda, B, incb, beta, C, ldc);
-        else cblas_dgemv(CblasRowMajor, CblasNoTrans, M, K, alpha, A, lda, B, incb, beta, C, ldc);
-    } else {
-        cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M,
-                    N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    }
 }
 
 /* Integer C = op(A) op(B) (C overwritten), unsigned arithmetic so overflow
@@ -90,7 +55,7 @@ static void gemm_plain(pp_dtype dt, int64_t M, int64_t N, int64_t K, const void 
         pp_gemm_f32(0, 0, (int)M, (int)N, (int)K, 1.0f, A, (int)K, B, (int)N, 0.0f, C, (int)N);
         break;
     case PP_F64:
-        gemm_f64(0, 0, (int)M, (int)N, (int)K, 1.0, A, (int)K, B, (int)N, 0.0, C, (int)N);
+        pp_gemm_f64(0, 0, (int)M, (int)N, (int)K, 1.0, A, (int)K, B, (int)N, 0.0, C, (int)N);
         break;
     case PP_I32: gemm_i32(0, 0, M, N, K, A, K, B, N, C, N); break;
     case PP_I64: gemm_i64(0, 0, M, N, K, A, K, B, N, C, N); break;
@@ -105,6 +70,35 @@ static pp_status widen(const pp_tensor *t, pp_tensor **out) {
         return PP_OK;
     }
     return pp_tensor_cast(t, PP_F32, out);
+}
+
+/* The batched product's gemms, [lo, hi) of the broadcast batch: batch t's
+ * operands sit at offsets found from t's index over the batch shape. */
+#define BATCH_GRAIN_MACS (INT64_C(1) << 17) /* a piece's work worth a wake-up */
+
+typedef struct batch_job {
+    pp_dtype dt;
+    int64_t M, N, K;
+    int nb;
+    const int64_t *shape, *astr, *bstr;
+    size_t es;
+    const char *ad, *bd;
+    char *yd;
+} batch_job;
+
+static void batch_piece(void *arg, int64_t lo, int64_t hi) {
+    const batch_job *j = arg;
+    for (int64_t t = lo; t < hi; t++) {
+        int64_t aoff = 0, boff = 0, rest = t;
+        for (int i = j->nb - 1; i >= 0; i--) {
+            int64_t k = rest % j->shape[i];
+            rest /= j->shape[i];
+            aoff += k * j->astr[i];
+            boff += k * j->bstr[i];
+        }
+        gemm_plain(j->dt, j->M, j->N, j->K, j->ad + (size_t)aoff * j->es, j->bd + (size_t)boff * j->es,
+                   j->yd + (size_t)(t * j->M * j->N) * j->es);
+    }
 }
 
 /* ----------------------------------------------------------------- MatMul */
@@ -174,22 +168,11 @@ static pp_status matmul_compute(pp_kernel_ctx *ctx, const pp_tensor *a, const pp
         gemm_plain(a->dtype, nbatch * M, N, K, a->data, b->data, y->data);
         return PP_OK;
     }
-    /* One gemm per batch, walking broadcast offsets with an odometer. */
-    int64_t idx[PP_MAX_DIMS] = {0}, aoff = 0, boff = 0;
-    char *yd = y->data;
-    const char *ad = a->data, *bd = b->data;
-    for (int64_t t = 0; t < nbatch; t++) {
-        gemm_plain(a->dtype, M, N, K, ad + (size_t)aoff * es, bd + (size_t)boff * es,
-                   yd + (size_t)(t * M * N) * es);
-        for (int i = nb - 1; i >= 0; i--) {
-            aoff += astr[i];
-            boff += bstr[i];
-            if (++idx[i] < bshape[i]) break;
-            aoff -= astr[i] * bshape[i];
-            boff -= bstr[i] * bshape[i];
-            idx[i] = 0;
-        }
-    }
+    /* One gemm per batch matrix, the batch spread over the pool (each gemm
+     * then runs whole on its thread). */
+    batch_job j = {a->dtype, M, N, K, nb, bshape, astr, bstr, es, a->data, b->data, y->data};
+    int64_t macs = M * N * K;
+    pp_parallel_for(nbatch, macs < BATCH_GRAIN_MACS ? BATCH_GRAIN_MACS / macs : 1, batch_piece, &j);
     return PP_OK;
 }
 
@@ -296,7 +279,7 @@ static pp_status gemm_compute(pp_kernel_ctx *ctx, const pp_tensor *a, const pp_t
         return PP_OK;
     }
     if (a->dtype == PP_F64) {
-        gemm_f64(ta, tb, (int)M, (int)N, (int)K, alpha, a->data, lda, b->data, ldb,
+        pp_gemm_f64(ta, tb, (int)M, (int)N, (int)K, alpha, a->data, lda, b->data, ldb,
                  use_c ? beta : 0.0, y->data, (int)N);
         return PP_OK;
     }

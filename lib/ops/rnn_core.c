@@ -3,13 +3,13 @@
  * which rerun it with a stash when none was kept (grad_rnn.c). Per direction: X W^T plus the biases for all steps in one
  * GEMM, then per step one GEMM over the batch for the recurrent term
  * (two for a GRU without linear_before_reset) and the gate arithmetic. */
-#include <cblas.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
+#include "gemm.h"
 #include "rnn.h"
 #include "rnn_math.h"
 
@@ -206,7 +206,7 @@ pp_status pp_rnn_plan_make(const pp_kernel_ctx *ctx, int lstm, const pp_rnn_inpu
 static void input_projection(const pp_rnn_plan *p, int d, const pp_rnn_inputs *in, float *xw) {
     int64_t GH = p->G * p->H, TB = p->T * p->B, H = p->H;
     if (p->In > 0)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)TB, (int)GH, (int)p->In, 1.0f,
+        pp_gemm_f32(0, 1, (int)TB, (int)GH, (int)p->In, 1.0f,
                     in->x->data, (int)p->In, (const float *)in->w->data + d * GH * p->In, (int)p->In,
                     0.0f, xw, (int)GH);
     else
@@ -273,11 +273,11 @@ pp_status pp_rnn_forward_dir(const pp_kernel_ctx *ctx, const pp_rnn_plan *p, int
          * one (row b at gs + b * gld), so they need no copy */
         float *gs = stash ? stash->gates + t * p->st * GH : g;
         const int64_t gld = stash ? p->sb * GH : GH;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)B, (int)n_rec, (int)H, 1.0f, h,
+        pp_gemm_f32(0, 1, (int)B, (int)n_rec, (int)H, 1.0f, h,
                     (int)H, R, (int)H, 0.0f, gs, (int)gld);
         for (int pass = 0; pass < ((!p->lstm && !p->lbr) ? 2 : 1); pass++) {
             if (pass == 1) /* GRU, reset before the linear map: g_h = (r * h) R_h^T */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)B, (int)H, (int)H, 1.0f,
+                pp_gemm_f32(0, 1, (int)B, (int)H, (int)H, 1.0f,
                             u, (int)H, R + 2 * H * H, (int)H, 0.0f, gs + 2 * H, (int)gld);
             for (int64_t b = 0; b < B; b++) {
                 int active = !lens || t < lens[b];

@@ -187,7 +187,7 @@ static void same_bits(const kcase *k) {
         assert_non_null(many[o]);
         assert_int_equal(one[o]->nbytes, many[o]->nbytes);
         if (memcmp(one[o]->data, many[o]->data, one[o]->nbytes) != 0)
-            fail_msg("%s output %d differs between 1 and 4 threads", k->op, o);
+            fail_msg("%s [%lld x %lld ...] output %d differs between 1 and 4 threads", k->op, (long long)k->shape[0][0], (long long)k->shape[0][1], o);
         pp_tensor_free(one[o]);
         pp_tensor_free(many[o]);
     }
@@ -247,6 +247,28 @@ static void test_kernels_grads(void **state) {
         {"LayerNormGradWeight", "pippin", 2, 2, {F, F}, {2, 2}, {{5000, 20}, {5000, 20}}, NULL, {0}, 0},
         {"GeluGrad", "pippin", 2, 1, {F, F}, {2, 2}, {{1000, 301}, {1000, 301}}, NULL, {0}, 0},
         {"TanhGrad", "pippin", 2, 1, {F, F}, {1, 1}, {{100003}, {100003}}, NULL, {0}, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) same_bits(&cases[i]);
+}
+
+/* GEMMs cut into panels over the pool (lib/ops/gemm.c): row and column
+ * cuts, odd sizes, transposed operands, gemv shapes, f64 and a batch of
+ * small products spread over the pool. */
+static void test_kernels_gemm(void **state) {
+    (void)state;
+    const kcase cases[] = {
+        {"MatMul", "", 2, 1, {F, F}, {2, 2}, {{64, 256}, {256, 768}}, NULL, {0}, 0},
+        {"MatMul", "", 2, 1, {F, F}, {2, 2}, {{1000, 64}, {64, 100}}, NULL, {0}, 0},
+        {"MatMul", "", 2, 1, {F, F}, {3, 2}, {{3, 197, 129}, {129, 301}}, NULL, {0}, 0},
+        {"MatMul", "", 2, 1, {F, F}, {3, 2}, {{1, 37, 4096}, {4096, 600}}, NULL, {0}, 0},
+        {"MatMul", "", 2, 1, {F, F}, {2, 2}, {{600, 4096}, {4096, 1}}, NULL, {0}, 0},
+        {"MatMul", "", 2, 1, {F, F}, {2, 2}, {{25, 512}, {512, 64}}, NULL, {0}, 0},
+        {"MatMul", "", 2, 1, {F, F}, {3, 3}, {{16, 64, 32}, {16, 32, 64}}, NULL, {0}, 0},
+        {"MatMul", "", 2, 1, {F, F}, {4, 4}, {{2, 8, 100, 48}, {1, 8, 48, 100}}, NULL, {0}, 0},
+        {"MatMul", "", 2, 1, {PP_F64, PP_F64}, {2, 2}, {{300, 200}, {200, 301}}, NULL, {0}, 0},
+        {"Gemm", "", 2, 1, {F, F}, {2, 2}, {{200, 300}, {500, 300}}, "transB=1", {0}, 0},
+        {"Gemm", "", 2, 1, {F, F}, {2, 2}, {{300, 200}, {300, 500}}, "transA=1", {0}, 0},
+        {"Gemm", "", 3, 1, {F, F, F}, {2, 2, 1}, {{250, 130}, {130, 700}, {700}}, NULL, {0}, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) same_bits(&cases[i]);
 }
@@ -343,6 +365,7 @@ int main(void) {
         cmocka_unit_test(test_kernels_elementwise),
         cmocka_unit_test(test_kernels_rows),
         cmocka_unit_test(test_kernels_grads),
+        cmocka_unit_test(test_kernels_gemm),
         cmocka_unit_test(test_broadcast_to_same_bits),
         cmocka_unit_test(test_kernels_from_rank_threads),
     };

@@ -1,0 +1,121 @@
+/* The float GEMMs every kernel calls, cut into panels over pippin's pool
+ * (lib/thread_pool.c), each panel one OpenBLAS call on one thread.
+ *
+ * Why not OpenBLAS's own threads: they spin in sched_yield after every
+ * call, so on a host shared by several ranks (or by pippin's pool running
+ * a softmax) the spinning threads take the cores the others need; the
+ * pool's workers sleep between calls. OpenBLAS is kept at one thread.
+ *
+ * The cut, one panel per thread: panels of C's rows (each packs op(B)
+ * again, which one call on one thread would pack once), starting at
+ * multiples of ROW_ALIGN rows.
+ * OpenBLAS computes a row of C with the same arithmetic in a panel as in
+ * the whole call when the panel starts on its register tile (12 rows for
+ * sgemm and dgemm on this x86, a divisor of ROW_ALIGN), so the bits do not
+ * depend on the thread count. A cut through C's columns would change them
+ * (OpenBLAS blocks columns differently in a narrower call, gemv too), so a
+ * GEMM of fewer than 2 * ROW_ALIGN rows runs whole. test/core/test_threads.c
+ * checks the bits at 1 and 4 threads. */
+#include <cblas.h>
+#include <pthread.h>
+#include <stdint.h>
+
+#include "pippin/exec.h"
+
+#include "gemm.h"
+
+#include "thread_pool.h"
+
+/* Multiply-adds below which a GEMM runs whole: a panel is then too short
+ * to pay for waking the pool (about 10 us). */
+#define PAR_MIN_MACS (INT64_C(1) << 18)
+#define ROW_ALIGN 12
+
+/* gemv for a one-row or one-column product unless `matrix` (a panel of
+ * a taller product must take the matrix kernel the whole call took). */
+static void sgemm_whole(int matrix, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                        const float *B, int ldb, float beta, float *C, int ldc) {
+    if (M == 1 && !matrix) { /* c = op(B)^T a: gemv is faster than a unit-dim sgemm in OpenBLAS 0.3.21 */
+        int inca = ta ? lda : 1;
+        if (tb) cblas_sgemv(CblasRowMajor, CblasNoTrans, N, K, alpha, B, ldb, A, inca, beta, C, 1);
+        else cblas_sgemv(CblasRowMajor, CblasTrans, K, N, alpha, B, ldb, A, inca, beta, C, 1);
+    } else if (N == 1) { /* c = op(A) b */
+        int incb = tb ? 1 : ldb;
+        if (ta) cblas_sgemv(CblasRowMajor, CblasTrans, K, M, alpha, A, lda, B, incb, beta, C, ldc);
+        else cblas_sgemv(CblasRowMajor, CblasNoTrans, M, K, alpha, A, lda, B, incb, beta, C, ldc);
+    } else {
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M,
+                    N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    }
+}
+
+static void dgemm_whole(int matrix, int ta, int tb, int M, int N, int K, double alpha, const double *A,
+                        int lda, const double *B, int ldb, double beta, double *C, int ldc) {
+    if (M == 1 && !matrix) {
+        int inca = ta ? lda : 1;
+        if (tb) cblas_dgemv(CblasRowMajor, CblasNoTrans, N, K, alpha, B, ldb, A, inca, beta, C, 1);
+        else cblas_dgemv(CblasRowMajor, CblasTrans, K, N, alpha, B, ldb, A, inca, beta, C, 1);
+    } else if (N == 1) {
+        int incb = tb ? 1 : ldb;
+        if (ta) cblas_dgemv(CblasRowMajor, CblasTrans, K, M, alpha, A, lda, B, incb, beta, C, ldc);
+        else cblas_dgemv(CblasRowMajor, CblasNoTrans, M, K, alpha, A, lda, B, incb, beta, C, ldc);
+    } else {
+        cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M,
+                    N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    }
+}
+
+typedef struct gemm_job {
+    int f64, ta, tb, M, N, K, lda, ldb, ldc;
+    int step; /* C's rows per panel */
+    double alpha, beta;
+    const void *A, *B;
+    void *C;
+} gemm_job;
+
+static void panel_piece(void *arg, int64_t lo, int64_t hi) {
+    const gemm_job *j = arg;
+    for (int64_t p = lo; p < hi; p++) {
+        int from = (int)p * j->step, rows = j->M - from < j->step ? j->M - from : j->step;
+        if (rows <= 0) continue;
+        /* op(A)'s rows [from, from + rows): a transposed A is walked along
+         * its columns. */
+        int64_t a_off = j->ta ? from : (int64_t)from * j->lda, c_off = (int64_t)from * j->ldc;
+        if (j->f64)
+            dgemm_whole(1, j->ta, j->tb, rows, j->N, j->K, j->alpha, (const double *)j->A + a_off, j->lda,
+                        j->B, j->ldb, j->beta, (double *)j->C + c_off, j->ldc);
+        else
+            sgemm_whole(1, j->ta, j->tb, rows, j->N, j->K, (float)j->alpha, (const float *)j->A + a_off, j->lda,
+                        j->B, j->ldb, (float)j->beta, (float *)j->C + c_off, j->ldc);
+    }
+}
+
+/* OpenBLAS starts with its own thread count (all CPUs, or
+ * OPENBLAS_NUM_THREADS): pippin's first GEMM sets it to one. */
+static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+static void blas_single(void) { pp_set_blas_threads(1); }
+
+/* Cuts the GEMM into one panel per thread when the pool has threads and
+ * the work pays; returns 0 (nothing done) when it should run whole. */
+static int gemm_in_panels(gemm_job *j) {
+    pthread_once(&blas_once, blas_single);
+    int threads = pp_get_threads();
+    if (threads < 2 || (int64_t)j->M * j->N * j->K < PAR_MIN_MACS) return 0;
+    if (j->M < 2 * ROW_ALIGN) return 0;
+    int step = (j->M + threads - 1) / threads;
+    j->step = (step + ROW_ALIGN - 1) / ROW_ALIGN * ROW_ALIGN;
+    pp_parallel_for((j->M + j->step - 1) / j->step, 1, panel_piece, j);
+    return 1;
+}
+
+void pp_gemm_f32(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                 const float *B, int ldb, float beta, float *C, int ldc) {
+    gemm_job j = {0, ta, tb, M, N, K, lda, ldb, ldc, 0, alpha, beta, A, B, C};
+    if (!gemm_in_panels(&j)) sgemm_whole(0, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void pp_gemm_f64(int ta, int tb, int M, int N, int K, double alpha, const double *A, int lda,
+                 const double *B, int ldb, double beta, double *C, int ldc) {
+    gemm_job j = {1, ta, tb, M, N, K, lda, ldb, ldc, 0, alpha, beta, A, B, C};
+    if (!gemm_in_panels(&j)) dgemm_whole(0, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
