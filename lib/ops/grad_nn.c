@@ -70,6 +70,38 @@ static void mm_offsets(const mm_plan *p, int64_t q, int64_t *oa, int64_t *ob) {
     *ob = b;
 }
 
+/* Products [lo, hi) of a MatMul gradient (mm_grad below). */
+#define MM_GRAIN_MACS (INT64_C(1) << 17) /* a piece's work worth a wake-up */
+
+typedef struct mm_grad_job {
+    const mm_plan *p;
+    const float *g, *o;
+    float *r;
+    int want_a, wt, tall;
+} mm_grad_job;
+
+static void mm_grad_piece(void *arg, int64_t lo, int64_t hi) {
+    const mm_grad_job *j = arg;
+    const mm_plan *p = j->p;
+    int M = (int)p->M, N = (int)p->N, K = (int)p->K;
+    int rows = j->tall ? (int)(p->P * p->M) : M;
+    const float *o = j->o;
+    float *r = j->r;
+    for (int64_t q = lo; q < hi; q++) {
+        int64_t qa = 0, qb = 0;
+        if (!j->tall) mm_offsets(p, q, &qa, &qb);
+        const float *gq = j->g + q * p->M * p->N;
+        if (j->want_a && j->wt) /* da = dy W */
+            pp_gemm_f32(0, 0, rows, K, N, 1.0f, gq, N, o, K, 0.0f, r, K);
+        else if (j->want_a)
+            pp_gemm_f32(0, 1, rows, K, N, 1.0f, gq, N, o + qb * p->K * p->N, N, 1.0f, r + qa * p->M * p->K, K);
+        else if (j->wt) /* dW = dy^T a */
+            pp_gemm_f32(1, 0, N, K, rows, 1.0f, gq, N, o, K, 0.0f, r, K);
+        else
+            pp_gemm_f32(1, 0, K, N, rows, 1.0f, o + qa * p->M * p->K, K, gq, N, 1.0f, r + qb * p->K * p->N, N);
+    }
+}
+
 /* MatMulGradA(dy, b, shape_a) -> da = dy b^T and MatMulGradB(dy, a, shape_b)
  * -> db = a^T dy. With weight_t = 1, b is W^T for a 2-D W and the node
  * reads (GradA) or writes (GradB) W itself: no transposed copy is kept for
@@ -94,33 +126,19 @@ static pp_status mm_grad(pp_kernel_ctx *ctx, int want_a) {
     PP_TRY(pp_tensor_new(PP_F32, rs, ss, &out));
     ctx->out[0] = out;
     if (p.P == 0 || p.M == 0 || p.N == 0 || p.K == 0) return PP_OK;
-    const float *g = dy->data, *o = other->data;
-    float *r = out->data;
-    int M = (int)p.M, N = (int)p.N, K = (int)p.K;
     /* Each product is summed over the batch dims its operand was broadcast
      * along (gemm with beta 1 into a zeroed result). When b has no batch
      * dims (a linear layer's weight) and a is not broadcast, the whole batch
-     * is one tall gemm; a 2-D b always is. */
+     * is one tall gemm; a 2-D b always is. Without broadcasting every
+     * product writes its own matrix, so the products spread over the pool
+     * (attention's per-head products). */
     int tall = p.Pb == 1 && p.Pa == p.P;
-    int64_t n_prod = tall ? 1 : p.P;
-    int rows = tall ? (int)(p.P * p.M) : M;
-    for (int64_t q = 0; q < n_prod; q++) {
-        int64_t qa = 0, qb = 0;
-        if (!tall) mm_offsets(&p, q, &qa, &qb);
-        const float *gq = g + q * p.M * p.N;
-        if (want_a && wt) /* da = dy W */
-            pp_gemm_f32(0, 0, rows, K, N, 1.0f, gq, N, o, K,
-                        0.0f, r, K);
-        else if (want_a)
-            pp_gemm_f32(0, 1, rows, K, N, 1.0f, gq, N,
-                        o + qb * p.K * p.N, N, 1.0f, r + qa * p.M * p.K, K);
-        else if (wt) /* dW = dy^T a */
-            pp_gemm_f32(1, 0, N, K, rows, 1.0f, gq, N, o, K,
-                        0.0f, r, K);
-        else
-            pp_gemm_f32(1, 0, K, N, rows, 1.0f,
-                        o + qa * p.M * p.K, K, gq, N, 1.0f, r + qb * p.K * p.N, N);
-    }
+    mm_grad_job j = {&p, dy->data, other->data, out->data, want_a, wt, tall};
+    int64_t n_prod = tall ? 1 : p.P, macs = p.M * p.N * p.K;
+    if (!tall && p.Pa == p.P && p.Pb == p.P)
+        pp_parallel_for(n_prod, macs < MM_GRAIN_MACS ? MM_GRAIN_MACS / macs : 1, mm_grad_piece, &j);
+    else
+        mm_grad_piece(&j, 0, n_prod);
     return PP_OK;
 }
 
