@@ -11,6 +11,7 @@
 #include "hash.h"
 #include "checkpoint_sync.h"
 #include "param_files.h"
+#include "rejoin_policy.h"
 #include "pippin/checkpoint.h"
 #include "run_identity.h"
 #include "serve.h"
@@ -551,26 +552,22 @@ static pp_status one_step(pp_worker *w, int64_t step) {
     return s;
 }
 
-#define REJOIN_PREFIX "rejoin: "
-
-/* Whether failure s can be recovered by rejoining: a peer died, restarted,
- * went silent or stopped answering, or rolled back itself (its abort says
- * so). A peer's other aborts (its own error, a skewed config) and this
- * rank's own errors end the run. */
+/* Whether failure s can be recovered by rejoining (runtime/rejoin_policy.h):
+ * a peer died, restarted, went silent or rolled back itself. A peer's
+ * other aborts (its own error, a skewed config) and this rank's own errors
+ * end the run. */
 static int recoverable(pp_worker *w, pp_status s) {
     if (!w->rejoin_ms || !w->t || w->c->n_ranks < 2) return 0;
     if (s != PP_ERR_PEER && s != PP_ERR_TIMEOUT) return 0;
     (void)pp_transport_poll(w->t, 0); /* a peer's abort may still wait in the socket */
-    int by;
+    int by = -1, n = w->c->n_ranks;
     const char *why = pp_transport_abort_reason(w->t, &by);
-    if (why) return by != w->rank && strncmp(why, REJOIN_PREFIX, strlen(REJOIN_PREFIX)) == 0;
-    /* No abort: a peer went away, restarted or went silent. Its state may
-     * already be back up (a peer reopening its transport in its own
-     * rejoin), so the error decides, not the state now; only a peer that
-     * refused this rank's key is not worth waiting for. */
-    for (int r = 0; r < w->c->n_ranks; r++)
-        if (r != w->rank && pp_transport_peer_state(w->t, r) == PP_PEER_REJECTED) return 0;
-    return 1;
+    pp_peer_state *states = calloc((size_t)n, sizeof *states);
+    if (!states) return 0;
+    for (int r = 0; r < n; r++) states[r] = r == w->rank ? PP_PEER_UP : pp_transport_peer_state(w->t, r);
+    int ok = pp_rejoin_recoverable(s, why, by, w->rank, states, n);
+    free(states);
+    return ok;
 }
 
 static double now_ms(void) { return pp_monotonic_ms(); }
@@ -653,7 +650,7 @@ static pp_status fail(pp_worker *w, pp_status s) {
     snprintf(reason, sizeof reason, "%s", pp_last_error());
     if (recoverable(w, s) && now_ms() < (w->rejoin_deadline ? w->rejoin_deadline : now_ms() + 1)) {
         char tell[1100];
-        snprintf(tell, sizeof tell, REJOIN_PREFIX "rank %d rolls back: %s", w->rank, reason);
+        snprintf(tell, sizeof tell, PP_REJOIN_PREFIX "rank %d rolls back: %s", w->rank, reason);
         pp_transport_abort(w->t, tell);
         return rejoin(w, reason);
     }
