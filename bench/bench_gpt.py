@@ -7,8 +7,8 @@ Exports test/fixtures/gen_fixtures.py's GPT (random weights, seed 0, no
 pipeline markers) once into --cache, then runs build/bench/pippin-bench-train
 (which runs bench/torch_forward.py on the same model and batch) for each
 thread count twice: with the pool at the thread count (pippin's kernels and
-the BLAS on N threads) and with the pool at 1 (only the BLAS on N threads:
-pippin before the pool). Prints, per size and thread count, the times, the
+its GEMMs, cut into panels, on N threads) and with the pool at 1 (only
+OpenBLAS's own threads, N, inside whole GEMMs: pippin before the pool). Prints, per size and thread count, the times, the
 torch/pippin ratios (> 1: pippin faster) and the 1 -> 2 thread speed-ups.
 
     /usr/bin/python3 bench/bench_gpt.py                  # medium: d 384, 6 layers, T 128, batch 8

@@ -6,9 +6,11 @@
  *   pippin-bench-train [--threads N] [--pool-threads P] [--batch B] [--iters K]
  *                      [--model DIR] [--no-torch] [--json]
  *
- * --threads sets pippin's kernel pool and the BLAS (pp_set_threads);
- * --pool-threads then sizes the pool alone (1: the kernels other than the
- * BLAS on one thread, as before the pool). --json adds one JSON line.
+ * --threads sets pippin's kernel pool, which runs the GEMMs too
+ * (pp_set_threads); --pool-threads 1 with --threads N instead runs the
+ * kernels on one thread and the GEMMs whole on OpenBLAS's own N threads, as
+ * pippin did before its pool (and before the GEMMs moved onto it). --json
+ * adds one JSON line.
  *
  * The torch side is bench/torch_forward.py, run with /usr/bin/python3. */
 #include <cblas.h>
@@ -111,6 +113,7 @@ int main(int argc, char **argv) {
     if (threads < 1 || batch < 1 || iters < 1 || pool < 0) return 2;
     pp_set_threads(threads);
     if (pool > 0) pp_pool_set_size(pool);
+    if (pool == 1 && threads > 1) pp_set_blas_threads(threads); /* OpenBLAS's threads, as before */
 
     char path[4200];
     snprintf(path, sizeof path, "%s/model.onnx", model_dir);

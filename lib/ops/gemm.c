@@ -17,11 +17,11 @@
  * GEMM of fewer than 2 * ROW_ALIGN rows runs whole. test/core/test_threads.c
  * checks the bits at 1 and 4 threads. */
 #include <cblas.h>
-#include <pthread.h>
 #include <stdint.h>
 
 #include "pippin/exec.h"
 
+#include "blas_threads.h"
 #include "gemm.h"
 
 #include "thread_pool.h"
@@ -90,15 +90,10 @@ static void panel_piece(void *arg, int64_t lo, int64_t hi) {
     }
 }
 
-/* OpenBLAS starts with its own thread count (all CPUs, or
- * OPENBLAS_NUM_THREADS): pippin's first GEMM sets it to one. */
-static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
-static void blas_single(void) { pp_set_blas_threads(1); }
-
 /* Cuts the GEMM into one panel per thread when the pool has threads and
  * the work pays; returns 0 (nothing done) when it should run whole. */
 static int gemm_in_panels(gemm_job *j) {
-    pthread_once(&blas_once, blas_single);
+    pp_blas_default_once(); /* OpenBLAS starts on all CPUs or OPENBLAS_NUM_THREADS */
     int threads = pp_get_threads();
     if (threads < 2 || (int64_t)j->M * j->N * j->K < PAR_MIN_MACS) return 0;
     if (j->M < 2 * ROW_ALIGN) return 0;
