@@ -8,6 +8,7 @@
 #include "autodiff_internal.h"
 #include "grow.h"
 #include "pippin/log.h"
+#include "pippin/optimize.h"
 #include "op.h"
 
 #include "status_internal.h"
@@ -406,10 +407,29 @@ void pp_backward_spec_init(pp_backward_spec *s) {
     s->loss = -1;
 }
 
+/* 1 if every value the backward starts from is a graph output, which the
+ * optimizer keeps (it may remove what no node and no output reads). */
+static int is_output(const pp_graph *g, int v) {
+    for (int i = 0; i < g->n_outputs; i++)
+        if (g->outputs[i] == v) return 1;
+    return 0;
+}
+
+static int seeds_are_outputs(const pp_graph *g, const pp_backward_spec *spec) {
+    if (spec->loss >= 0 && !is_output(g, spec->loss)) return 0;
+    for (int i = 0; i < spec->n_seeds; i++)
+        if (!is_output(g, spec->seeds[i])) return 0;
+    return 1;
+}
+
 pp_status pp_autodiff(pp_graph *g, const pp_backward_spec *spec, pp_backward **out) {
     *out = NULL;
     PP_TRY(pp_graph_resolve(g));
     PP_TRY(check_spec(g, spec));
+    /* Fusions with gradient rules first (MatMul by a transposed weight and
+     * its bias as one GEMM): the forward gets cheaper and the backward is
+     * built from the fused nodes. */
+    if (seeds_are_outputs(g, spec)) PP_TRY(pp_graph_optimize_for_training(g, NULL));
     PP_TRY(pp_ad_prepare_training_ops(g));
     pp_backward *b = calloc(1, sizeof *b);
     if (!b) return pp_error(PP_ERR_NOMEM, "out of memory in autodiff");

@@ -64,6 +64,7 @@ pp_status pp_grad_expand_reduced(pp_grad_ctx *c, int v, int shape, int mean, int
 PP_GRAD_RULE(where);
 PP_GRAD_RULE(matmul);
 PP_GRAD_RULE(gemm);
+PP_GRAD_RULE(matmul_add); /* pippin::MatMulAdd without activation */
 PP_GRAD_RULE(softmax);   /* Softmax LogSoftmax */
 PP_GRAD_RULE(layer_norm);
 PP_GRAD_RULE(sce_loss);

@@ -67,6 +67,7 @@ static const rule_entry rules[] = {
     {"", "Dropout", pp_grad_rule_dropout, 1},
     {"", "BatchNormalization", pp_grad_rule_batch_norm, 7},
     {"pippin", "PipeSplit", pp_grad_rule_identity, ALL},
+    {"pippin", "MatMulAdd", pp_grad_rule_matmul_add, 7}, /* pp_graph_optimize_for_training's fusion */
     {"", "Reshape", pp_grad_rule_reshape, 1},
     {"", "Flatten", pp_grad_rule_reshape, 1},
     {"", "Squeeze", pp_grad_rule_reshape, 1},

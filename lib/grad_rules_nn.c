@@ -1,4 +1,4 @@
-/* Gradient rules of the layer ops: MatMul, Gemm, Softmax/LogSoftmax,
+/* Gradient rules of the layer ops: MatMul, Gemm, pippin::MatMulAdd, Softmax/LogSoftmax,
  * LayerNormalization and SoftmaxCrossEntropyLoss. Input and parameter
  * gradients are separate nodes so the I/W split can put them apart. */
 #include <stdio.h>
@@ -39,6 +39,31 @@ PP_GRAD_RULE(matmul) {
         if (k == 1 && w >= 0) PP_TRY(pp_ad_contribute(c, w, gv));
         else c->dx[k] = gv;
     }
+    return PP_OK;
+}
+
+/* pippin::MatMulAdd(x, W, bias?) without an activation, as
+ * pp_graph_optimize_for_training fuses it: Y = x op(W) + bias. dx = dy
+ * op(W)^T (region I) and dW (region W) read and write W in place, as the
+ * MatMul rule does for W^T (weight_t = transB); dbias sums dy to [N]. */
+PP_GRAD_RULE(matmul_add) {
+    const pp_node *n = &c->g->nodes[c->node];
+    if (pp_node_attr_string(n, "activation", "")[0])
+        return pp_node_error(n, PP_ERR_UNSUPPORTED, "no gradient for MatMulAdd with activation '%s' "
+                             "(pp_graph_optimize_for_training never fuses one)",
+                             pp_node_attr_string(n, "activation", ""));
+    int trans_b = pp_node_attr_int(n, "transB", 0) != 0;
+    int x = pp_ad_in(c, 0), w = pp_ad_in(c, 1), bias = pp_ad_in(c, 2);
+    for (int k = 0; k < 2; k++) {
+        if (!c->need[k]) continue;
+        int shape, id;
+        PP_TRY(pp_grad_shape_of(c, k == 0 ? x : w, &shape));
+        int in[3] = {c->dy[0], k == 0 ? w : x, shape};
+        PP_TRY(pp_grad_emit(c, k == 0 ? "MatMulGradA" : "MatMulGradB", "pippin", 3, in, 1, NULL, &c->dx[k],
+                            &id));
+        if (trans_b) PP_TRY(pp_node_set_int(c->g, id, "weight_t", 1));
+    }
+    if (bias >= 0 && c->need[2]) PP_TRY(pp_grad_sum_to(c, c->dy[0], bias, &c->dx[2]));
     return PP_OK;
 }
 

@@ -79,7 +79,7 @@ unsigned pp_optimize_default(void) {
 
 void pp_optimize_set_default(unsigned passes) { atomic_store(&default_override, (int)(passes & PP_OPT_ALL)); }
 
-pp_status pp_graph_optimize(pp_graph *g, unsigned passes, pp_optimize_report *report) {
+static pp_status optimize(pp_graph *g, unsigned passes, int training, pp_optimize_report *report) {
     pp_optimize_report local;
     pp_optimize_report *r = report ? report : &local;
     memset(r, 0, sizeof *r);
@@ -88,6 +88,7 @@ pp_status pp_graph_optimize(pp_graph *g, unsigned passes, pp_optimize_report *re
     PP_TRY(pp_graph_resolve(g));
     pp_opt_ctx c;
     PP_TRY(pp_opt_ctx_init(&c, g));
+    c.training = training;
     pp_status s = PP_OK;
     for (int k = 0; k < N_PASSES && s == PP_OK; k++) {
         if (!(passes & passes_table[k].bit)) continue;
@@ -110,4 +111,12 @@ pp_status pp_graph_optimize(pp_graph *g, unsigned passes, pp_optimize_report *re
     if (s == PP_OK)
         pp_debug("optimizer: graph '%s': %d nodes -> %d", g->name ? g->name : "", r->nodes_before, r->nodes_after);
     return s;
+}
+
+pp_status pp_graph_optimize(pp_graph *g, unsigned passes, pp_optimize_report *report) {
+    return optimize(g, passes, 0, report);
+}
+
+pp_status pp_graph_optimize_for_training(pp_graph *g, pp_optimize_report *report) {
+    return optimize(g, pp_optimize_default() & PP_OPT_TRAINING, 1, report);
 }

@@ -19,6 +19,7 @@ typedef struct pp_opt_ctx {
     int *uses;     /* per value: readers among live nodes, plus 1 per graph output */
     uint8_t *dead; /* per node */
     int n_dead;
+    int training;  /* only rewrites autodiff can differentiate (no fused activations) */
 } pp_opt_ctx;
 
 pp_status pp_opt_ctx_init(pp_opt_ctx *c, pp_graph *g);

@@ -12,7 +12,11 @@
  * elementwise node. A bare MatMul(x, W) is left alone: nothing to gain.
  * A Gemm (alpha = beta = 1, no transA) by such a weight with a bias [N] or
  * none becomes one too when a Relu or Gelu follows it (the activation is
- * what it gains). */
+ * what it gains). Before a training graph's backward is built
+ * (pp_graph_optimize_for_training) the activation stays a node of its own:
+ * its gradient needs the value before it, which the fused node does not
+ * keep; the transpose and the bias are still taken, and MatMulAdd's
+ * gradient rule (lib/grad_rules_nn.c) reads W in place too. */
 #include <string.h>
 
 #include "opt_internal.h"
@@ -89,7 +93,7 @@ static int gemm_fits(const pp_opt_ctx *c, int i, int *w, int *trans_b, int *bias
 static pp_status fuse_gemm(pp_opt_ctx *c, int i, int *count) {
     pp_graph *g = c->g;
     int w, trans_b, bias, act_node;
-    if (!gemm_fits(c, i, &w, &trans_b, &bias)) return PP_OK;
+    if (c->training || !gemm_fits(c, i, &w, &trans_b, &bias)) return PP_OK;
     const char *act = find_activation(c, g->nodes[i].out[0], &act_node);
     if (!act) return PP_OK;
     int y = g->nodes[act_node].out[0], ins[3] = {g->nodes[i].in[0], w, bias};
@@ -122,7 +126,7 @@ pp_status pp_opt_matmul(pp_opt_ctx *c, int *count) {
             y = g->nodes[add].out[0];
         else
             add = -1;
-        const char *act = find_activation(c, y, &act_node);
+        const char *act = c->training ? NULL : find_activation(c, y, &act_node);
         if (act) y = g->nodes[act_node].out[0];
         else act_node = -1;
         if (!trans_b && bias < 0 && !act) continue;

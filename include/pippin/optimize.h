@@ -24,8 +24,9 @@
  * The graph keeps its inputs and outputs (the same value indices and
  * names); rewritten nodes keep the name of the node they replace. Value
  * indices of other values stay valid, though a removed node's outputs no
- * longer have a producer. Fused nodes have no gradient rules: optimize
- * inference graphs only, never a graph autodiff will differentiate.
+ * longer have a producer. Fused activations have no gradient rules: a
+ * graph autodiff will differentiate gets pp_graph_optimize_for_training
+ * instead (pp_autodiff runs it).
  *
  * Thread safety: pp_graph_optimize changes the graph; nothing else may use
  * it meanwhile. The process-wide switch is read and set atomically. */
@@ -47,7 +48,9 @@ enum {
     PP_OPT_MATMUL = 1u << 2,
     PP_OPT_IDENTITY = 1u << 3,
     PP_OPT_DEAD = 1u << 4,
-    PP_OPT_ALL = (1u << 5) - 1
+    PP_OPT_ALL = (1u << 5) - 1,
+    /* the passes a training graph gets before its backward is built */
+    PP_OPT_TRAINING = PP_OPT_MATMUL | PP_OPT_DEAD
 };
 
 #define PP_OPT_MAX_PASSES 16
@@ -64,6 +67,16 @@ typedef struct pp_optimize_report {
  * On failure g may be partly rewritten (free it); the error names the pass
  * and the node. */
 PP_API pp_status pp_graph_optimize(pp_graph *g, unsigned passes, pp_optimize_report *report);
+
+/* The rewrites a graph that will be differentiated can take, run by
+ * pp_autodiff before it builds the backward: the passes of
+ * PP_OPT_TRAINING that pp_optimize_default() allows, with "matmul" taking
+ * MatMul(x, Transpose(W)) and the bias Add into one pippin::MatMulAdd but
+ * leaving activations apart (their gradients need the value before them).
+ * Nothing is folded: parameters change every step. The backward then
+ * multiplies by W in place instead of a transposed copy made every
+ * microbatch, and the bias rides in the GEMM. */
+PP_API pp_status pp_graph_optimize_for_training(pp_graph *g, pp_optimize_report *report);
 
 /* The passes inference runs (stages with training off, pippin infer,
  * pp_graph_prepare_inference): PP_OPT_ALL unless the environment variable

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "pippin/optimize.h"
 #include "pippin/pipe.h"
 #include "test_util.h"
 
@@ -127,7 +128,15 @@ static void test_buffer_matches_torch(void **state) {
 
 /* ------------------------------------------------------------------------ */
 /* Region structure: every added node is in exactly one region list, W never
- * feeds I, stash holds forward values only. */
+ * feeds I, stash holds forward values only, and the n_fwd_nodes nodes the
+ * graph had stay forward. pp_autodiff first fuses what it can
+ * (pp_graph_optimize_for_training); the callers run that themselves first
+ * (a second run changes nothing) to know the forward's node count. */
+
+static int fused_forward_nodes(pp_graph *g) {
+    TU_OK(pp_graph_optimize_for_training(g, NULL));
+    return g->n_nodes;
+}
 
 static void check_regions(const pp_graph *g, const pp_backward *b, int n_fwd_nodes) {
     uint8_t *where = calloc((size_t)g->n_nodes, 1);
@@ -163,7 +172,7 @@ static void check_regions(const pp_graph *g, const pp_backward *b, int n_fwd_nod
 static void test_regions_mlp(void **state) {
     (void)state;
     pp_graph *g = tu_fixture_onnx("mlp", "model.onnx");
-    int nf = g->n_nodes;
+    int nf = fused_forward_nodes(g);
     pp_backward *b = NULL;
     TU_OK(pp_autodiff_model(g, NULL, 1, &b)); /* d/dx too: region I is not empty */
     assert_int_equal(b->n_wrt, 1);
@@ -175,6 +184,44 @@ static void test_regions_mlp(void **state) {
     int x = pp_graph_find_value(g, "x"), found = 0;
     for (int i = 0; i < b->n_stash; i++) found |= b->stash[i] == x;
     assert_true(found);
+    pp_backward_free(b);
+    pp_graph_free(g);
+}
+
+/* The training fusion: every nn.Linear of the GPT is one MatMulAdd reading
+ * its weight in place (no Transpose of a parameter runs each microbatch),
+ * the activations stay apart, and the gradients still match PyTorch's
+ * (test_gpt_matches_torch). PIPPIN_OPTIMIZE=0 turns it off. */
+static void count_fused(const pp_graph *g, const pp_backward *b, int *fused, int *param_transposes) {
+    *fused = *param_transposes = 0;
+    for (int i = 0; i < b->n_forward; i++) {
+        const pp_node *n = &g->nodes[b->forward_nodes[i]];
+        if (!strcmp(n->op_type, "MatMulAdd")) {
+            (*fused)++;
+            assert_string_equal(pp_node_attr_string(n, "activation", ""), "");
+        }
+        if (!strcmp(n->op_type, "Transpose") && g->values[n->in[0]].kind == PP_VALUE_PARAM) (*param_transposes)++;
+    }
+}
+
+static void test_training_fusions_gpt(void **state) {
+    (void)state;
+    int fused, transposes;
+    pp_graph *g = tu_fixture_onnx("gpt", "model.onnx");
+    pp_backward *b = NULL;
+    TU_OK(pp_autodiff_model(g, NULL, 0, &b));
+    count_fused(g, b, &fused, &transposes);
+    assert_true(fused >= 8); /* 2 attention and 2 MLP Linears per block at least */
+    assert_int_equal(transposes, 0);
+    pp_backward_free(b);
+    pp_graph_free(g);
+    setenv("PIPPIN_OPTIMIZE", "0", 1);
+    g = tu_fixture_onnx("gpt", "model.onnx");
+    TU_OK(pp_autodiff_model(g, NULL, 0, &b));
+    unsetenv("PIPPIN_OPTIMIZE");
+    count_fused(g, b, &fused, &transposes);
+    assert_int_equal(fused, 0);
+    assert_true(transposes > 0);
     pp_backward_free(b);
     pp_graph_free(g);
 }
@@ -256,7 +303,7 @@ static void test_i_then_w_bitwise_mlp(void **state) {
 static void test_i_then_w_bitwise_cnn(void **state) {
     (void)state;
     pp_graph *g = tu_fixture_onnx("cnn", "model.onnx");
-    int nf = g->n_nodes;
+    int nf = fused_forward_nodes(g);
     pp_backward *b = NULL;
     TU_OK(pp_autodiff_model(g, NULL, 1, &b));
     check_regions(g, b, nf);
@@ -283,7 +330,7 @@ static void test_i_then_w_bitwise_gpt_stages(void **state) {
     assert_int_equal(pipe->n_stages, 4);
     for (int s = 0; s < pipe->n_stages; s++) {
         pp_graph *sg = pipe->stages[s];
-        int nf = sg->n_nodes, loss = pp_graph_find_value(sg, "loss");
+        int nf = fused_forward_nodes(sg), loss = pp_graph_find_value(sg, "loss");
         int seeds[8], n_seeds = 0, wrt[8], n_wrt = 0;
         for (int i = 0; i < sg->n_outputs; i++) {
             const pp_value *v = &sg->values[sg->outputs[i]];
@@ -643,6 +690,7 @@ int main(void) {
         cmocka_unit_test(test_gpt_matches_torch),
         cmocka_unit_test(test_buffer_matches_torch),
         cmocka_unit_test(test_regions_mlp),
+        cmocka_unit_test(test_training_fusions_gpt),
         cmocka_unit_test(test_i_then_w_bitwise_mlp),
         cmocka_unit_test(test_i_then_w_bitwise_gpt_stages),
         cmocka_unit_test(test_i_then_w_bitwise_cnn),
