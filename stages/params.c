@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "status_internal.h"
+#include "thread_pool.h"
 #define ALIGN_ELEMS 16 /* 64 bytes of float32 */
 
 /* One allocation holding both buffers; freed when the pp_flat_params and
@@ -156,11 +157,23 @@ static pp_status check_src(const pp_flat_params *fp, int i, const pp_tensor *t, 
     return PP_OK;
 }
 
+typedef struct acc_job {
+    float *dst;
+    const float *src;
+} acc_job;
+
+static void acc_piece(void *arg, int64_t lo, int64_t hi) {
+    const acc_job *j = arg;
+    float *restrict dst = j->dst;
+    const float *restrict src = j->src;
+    for (int64_t k = lo; k < hi; k++) dst[k] += src[k];
+}
+
+/* Each element's sum is the same at any cut: the pool may split it. */
 pp_status pp_flat_params_accumulate(pp_flat_params *fp, int i, const pp_tensor *g) {
     PP_TRY(check_src(fp, i, g, "gradient"));
-    float *restrict dst = fp->grad + fp->offset[i];
-    const float *restrict src = g->data;
-    for (int64_t k = 0; k < fp->numel[i]; k++) dst[k] += src[k];
+    acc_job j = {fp->grad + fp->offset[i], g->data};
+    pp_parallel_elems(fp->numel[i], PP_GRAIN_ELEMS, acc_piece, &j);
     return PP_OK;
 }
 

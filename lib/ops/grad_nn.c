@@ -87,6 +87,7 @@ static void mm_grad_piece(void *arg, int64_t lo, int64_t hi) {
     int rows = j->tall ? (int)(p->P * p->M) : M;
     const float *o = j->o;
     float *r = j->r;
+    float beta = j->tall ? 0.0f : 1.0f; /* a tall product writes its result whole */
     for (int64_t q = lo; q < hi; q++) {
         int64_t qa = 0, qb = 0;
         if (!j->tall) mm_offsets(p, q, &qa, &qb);
@@ -94,11 +95,11 @@ static void mm_grad_piece(void *arg, int64_t lo, int64_t hi) {
         if (j->want_a && j->wt) /* da = dy W */
             pp_gemm_f32(0, 0, rows, K, N, 1.0f, gq, N, o, K, 0.0f, r, K);
         else if (j->want_a)
-            pp_gemm_f32(0, 1, rows, K, N, 1.0f, gq, N, o + qb * p->K * p->N, N, 1.0f, r + qa * p->M * p->K, K);
+            pp_gemm_f32(0, 1, rows, K, N, 1.0f, gq, N, o + qb * p->K * p->N, N, beta, r + qa * p->M * p->K, K);
         else if (j->wt) /* dW = dy^T a */
             pp_gemm_f32(1, 0, N, K, rows, 1.0f, gq, N, o, K, 0.0f, r, K);
         else
-            pp_gemm_f32(1, 0, K, N, rows, 1.0f, o + qa * p->M * p->K, K, gq, N, 1.0f, r + qb * p->K * p->N, N);
+            pp_gemm_f32(1, 0, K, N, rows, 1.0f, o + qa * p->M * p->K, K, gq, N, beta, r + qb * p->K * p->N, N);
     }
 }
 
@@ -122,17 +123,21 @@ static pp_status mm_grad(pp_kernel_ctx *ctx, int want_a) {
     else PP_TRY(mm_plan_make(ctx, other->ndim, other->shape, rs, wt ? bt : ss, &p));
     if (pp_tensor_numel(dy) != p.P * p.M * p.N)
         return pp_kernel_error(ctx, PP_ERR_SHAPE, "dy does not match the product's shape");
+    /* One tall product writes every element (beta 0): no zeroing first.
+     * Several add into a zeroed result (beta 1). */
+    int tall = p.Pb == 1 && p.Pa == p.P;
+    int empty = p.P == 0 || p.M == 0 || p.N == 0 || p.K == 0;
     pp_tensor *out;
-    PP_TRY(pp_tensor_new(PP_F32, rs, ss, &out));
+    if (tall && !empty) PP_TRY(pp_tensor_empty(PP_F32, rs, ss, &out));
+    else PP_TRY(pp_tensor_new(PP_F32, rs, ss, &out));
     ctx->out[0] = out;
-    if (p.P == 0 || p.M == 0 || p.N == 0 || p.K == 0) return PP_OK;
+    if (empty) return PP_OK;
     /* Each product is summed over the batch dims its operand was broadcast
      * along (gemm with beta 1 into a zeroed result). When b has no batch
      * dims (a linear layer's weight) and a is not broadcast, the whole batch
      * is one tall gemm; a 2-D b always is. Without broadcasting every
      * product writes its own matrix, so the products spread over the pool
      * (attention's per-head products). */
-    int tall = p.Pb == 1 && p.Pa == p.P;
     mm_grad_job j = {&p, dy->data, other->data, out->data, want_a, wt, tall};
     int64_t n_prod = tall ? 1 : p.P, macs = p.M * p.N * p.K;
     if (!tall && p.Pa == p.P && p.Pb == p.P)
