@@ -10,6 +10,7 @@
 #include "grow.h"
 #include "onnx.pb-c.h"
 #include "onnx_external.h"
+#include "onnx_functions.h"
 #include "onnx_tensor.h"
 #include "pippin/onnx.h"
 
@@ -177,6 +178,8 @@ static Onnx__StringStringEntryProto *trainable_entry(arena *a, const pp_graph *g
     return copy ? e : NULL;
 }
 
+static void *arena_cb(void *ctx, size_t size) { return arena_alloc(ctx, size); }
+
 static pp_status build_model(arena *a, const pp_graph *g, Onnx__ModelProto *m) {
     Onnx__GraphProto *gp = arena_alloc(a, sizeof *gp);
     Onnx__OperatorSetIdProto *ops[2] = {arena_alloc(a, sizeof *ops[0]), arena_alloc(a, sizeof *ops[1])};
@@ -232,10 +235,9 @@ static pp_status build_model(arena *a, const pp_graph *g, Onnx__ModelProto *m) {
     for (int i = 0; i < g->n_outputs; i++)
         if (!(gp->output[gp->n_output++] = value_info(a, &g->values[g->outputs[i]])))
             return pp_error(PP_ERR_NOMEM, "out of memory exporting");
-    return PP_OK;
+    /* pippin's own ops as model-local functions, so other tools load the file */
+    return pp_onnx_functions(g, g->opset, arena_cb, a, &m->functions, &m->n_functions);
 }
-
-static void *arena_cb(void *ctx, size_t size) { return arena_alloc(ctx, size); }
 
 void pp_onnx_save_options_init(pp_onnx_save_options *o) {
     memset(o, 0, sizeof *o);

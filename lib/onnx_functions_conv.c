@@ -1,0 +1,132 @@
+/* ONNX function bodies of the convolution and pooling gradients
+ * (lib/ops/conv.c, pool.c). The geometry (pads, strides, dilations, group)
+ * differs from node to node, so it reaches the body by attribute reference;
+ * the rank is written in (one per model in practice). auto_pad other than
+ * NOTSET or VALID has no body: its pads depend on the shapes. */
+#include <stdio.h>
+#include <string.h>
+
+#include "onnx_functions.h"
+
+#include "status_internal.h"
+
+static pp_status geometry_ok(const pp_node *n, int rank) {
+    const char *ap = pp_node_attr_string(n, "auto_pad", "NOTSET");
+    if (strcmp(ap, "NOTSET") != 0 && strcmp(ap, "VALID") != 0)
+        return pp_error(PP_ERR_UNSUPPORTED, "auto_pad '%s' (the body takes explicit pads)", ap);
+    if (rank < 3) return pp_error(PP_ERR_UNSUPPORTED, "an unknown or too small rank");
+    return PP_OK;
+}
+
+/* "2, 3, ..., rank-1" */
+static const char *spatial_axes(int rank, char *buf, size_t cap) {
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int d = 2; d < rank && len < cap; d++)
+        len += (size_t)snprintf(buf + len, cap - len, "%s%d", d > 2 ? ", " : "", d);
+    return buf;
+}
+
+/* Lines: dst = src cut to the spatial dims of shape (a 1-D shape tensor). */
+static void crop_to(pp_fn_body *b, int rank, const char *src, const char *shape, const char *dst) {
+    char ax[64], zeros[64];
+    size_t len = 0;
+    zeros[0] = '\0';
+    for (int d = 2; d < rank; d++) len += (size_t)snprintf(zeros + len, sizeof zeros - len, "%s0", d > 2 ? ", " : "");
+    pp_fn_line(b, "c_ax = Constant<value_ints=[%s]>()", spatial_axes(rank, ax, sizeof ax));
+    pp_fn_line(b, "c_st = Constant<value_ints=[%s]>()", zeros);
+    pp_fn_line(b, "c_two = Constant<value_ints=[2]>()");
+    pp_fn_line(b, "c_big = Constant<value_ints=[9223372036854775807]>()");
+    pp_fn_line(b, "c_sp = Slice(%s, c_two, c_big)", shape);
+    pp_fn_line(b, "%s = Slice(%s, c_st, c_sp, c_ax)", dst, src);
+}
+
+/* ConvGradInput(dy, W, shape_x): ConvTranspose of dy with W. dy gets one
+ * zero row at the end of each spatial axis so the result covers all of x
+ * (x's trailing rows that no window reached, output_padding's, get 0) and is
+ * then cut to x's size. */
+static pp_status conv_input(const pp_graph *g, const pp_node *n, pp_fn_body *b) {
+    int r = pp_fn_in_rank(g, n, 1) >= 0 ? pp_fn_in_rank(g, n, 1) : pp_fn_shape_len(g, n, 2);
+    PP_TRY(geometry_ok(n, r));
+    b->inputs = "dy, w, shape_x";
+    b->outputs = "dx";
+    char pads[128];
+    size_t len = 0;
+    for (int d = 0; d < 2 * r; d++)
+        len += (size_t)snprintf(pads + len, sizeof pads - len, "%s%d", d ? ", " : "", d >= r + 2 ? 1 : 0);
+    pp_fn_line(b, "pv = Constant<value_ints=[%s]>()", pads);
+    pp_fn_line(b, "dyp = Pad(dy, pv)");
+    pp_fn_line(b, "full = ConvTranspose<pads=@pads:ints, strides=@strides:ints, dilations=@dilations:ints, "
+                  "group=@group:i>(dyp, w)");
+    crop_to(b, r, "full", "shape_x", "dx");
+    return PP_OK;
+}
+
+/* ConvGradWeight(dy, x, shape_w) -> dW, dB. dW[o, c, k] = sum over n, p of
+ * dy[n, o, p] x_pad[n, c, p s + k d]: a Conv of x (channels of each group
+ * moved to the batch) with dy as the kernel, strides and dilations swapped,
+ * grouped by the forward's groups, cut to W's kernel size. */
+static pp_status conv_weight(const pp_graph *g, const pp_node *n, pp_fn_body *b) {
+    int r = pp_fn_shape_len(g, n, 2) >= 0 ? pp_fn_shape_len(g, n, 2) : pp_fn_in_rank(g, n, 1);
+    PP_TRY(geometry_ok(n, r));
+    b->inputs = "dy, x, shape_w";
+    b->outputs = "dw, db";
+    char p1[64], p2[64], p3[64], ax[64];
+    size_t l1 = 0, l2 = 0, l3 = 0;
+    /* [N, G, Cg, sp] -> [Cg, G, N, sp]; [N, O, sp] <-> [O, N, sp] */
+    l1 += (size_t)snprintf(p1, sizeof p1, "2, 1, 0");
+    l2 += (size_t)snprintf(p2, sizeof p2, "1, 0");
+    for (int d = 2; d < r; d++) {
+        l1 += (size_t)snprintf(p1 + l1, sizeof p1 - l1, ", %d", d + 1);
+        l2 += (size_t)snprintf(p2 + l2, sizeof p2 - l2, ", %d", d);
+    }
+    l3 += (size_t)snprintf(p3, sizeof p3, "0, %s", spatial_axes(r, ax, sizeof ax));
+    (void)l3;
+    pp_fn_line(b, "i0 = Constant<value_ints=[0]>()");
+    pp_fn_line(b, "i1 = Constant<value_ints=[1]>()");
+    pp_fn_line(b, "i2 = Constant<value_ints=[2]>()");
+    pp_fn_line(b, "big = Constant<value_ints=[9223372036854775807]>()");
+    pp_fn_line(b, "sx = Shape(x)");
+    pp_fn_line(b, "nb = Slice(sx, i0, i1)");
+    pp_fn_line(b, "ch = Slice(sx, i1, i2)");
+    pp_fn_line(b, "sp = Slice(sx, i2, big)");
+    pp_fn_line(b, "cg = Slice(shape_w, i1, i2)");
+    pp_fn_line(b, "grp = Div(ch, cg)");
+    pp_fn_line(b, "s5 = Concat<axis=0>(nb, grp, cg, sp)");
+    pp_fn_line(b, "x5 = Reshape(x, s5)");
+    pp_fn_line(b, "xt = Transpose<perm=[%s]>(x5)", p1);
+    pp_fn_line(b, "gn = Mul(grp, nb)");
+    pp_fn_line(b, "s4 = Concat<axis=0>(cg, gn, sp)");
+    pp_fn_line(b, "xg = Reshape(xt, s4)");
+    pp_fn_line(b, "dyt = Transpose<perm=[%s]>(dy)", p2);
+    pp_fn_line(b, "cw = Conv<pads=@pads:ints, strides=@dilations:ints, dilations=@strides:ints, "
+                  "group=@group:i>(xg, dyt)");
+    pp_fn_line(b, "wt = Transpose<perm=[%s]>(cw)", p2);
+    crop_to(b, r, "wt", "shape_w", "dw");
+    pp_fn_line(b, "rb = Constant<value_ints=[%s]>()", p3);
+    pp_fn_line(b, "db = ReduceSum<keepdims=0>(dy, rb)");
+    return PP_OK;
+}
+
+/* MaxPoolGrad(dy, indices, shape_x): indices are MaxPool's, flat over all of
+ * x; dy is scatter-added there. */
+static pp_status maxpool(const pp_graph *g, const pp_node *n, pp_fn_body *b) {
+    (void)g, (void)n;
+    b->inputs = "dy, indices, shape_x";
+    b->outputs = "dx";
+    pp_fn_line(b, "m1 = Constant<value_ints=[-1]>()");
+    pp_fn_line(b, "nx = ReduceProd<keepdims=1>(shape_x)");
+    pp_fn_line(b, "zeros = ConstantOfShape(nx)");
+    pp_fn_line(b, "ix = Reshape(indices, m1)");
+    pp_fn_line(b, "gf = Reshape(dy, m1)");
+    pp_fn_line(b, "acc = ScatterElements<axis=0, reduction='add'>(zeros, ix, gf)");
+    pp_fn_line(b, "dx = Reshape(acc, shape_x)");
+    return PP_OK;
+}
+
+const pp_fn_entry pp_fn_conv[] = {
+    {"ConvGradInput", conv_input},
+    {"ConvGradWeight", conv_weight},
+    {"MaxPoolGrad", maxpool},
+    {NULL, NULL},
+};

@@ -1,0 +1,62 @@
+#!/bin/sh
+# The training graph (`pippin inspect --backward -o`) loads in other ONNX
+# tools (issue 18): pippin's own ops carry model-local ONNX functions
+# (lib/onnx_functions.h). For the MLP, the GPT, the CNN and the skip
+# fixtures: onnx.checker's full check passes, pippin reads the file back
+# (inspect, infer), and ONNX Runtime runs it with pippin's loss and every
+# gradient (relative 1e-4). ONNX Runtime: npm's onnxruntime-node under
+# $ORT_DIR (default ~/.cache/pippin-bench-ort, scripts/install-deps puts it
+# there); skipped where it is not, as is the checker without python3-onnx.
+. "$(dirname "$0")/tap.sh"
+PY=/usr/bin/python3
+HERE=$(cd "$(dirname "$0")" && pwd)
+ORT_DIR=${ORT_DIR:-$HOME/.cache/pippin-bench-ort}
+export ORT_DIR
+have_onnx=0
+$PY -c "import onnx, numpy" 2>/dev/null && have_onnx=1
+have_ort=0
+command -v node >/dev/null 2>&1 && [ -d "$ORT_DIR/node_modules/onnxruntime-node" ] && [ $have_onnx = 1 ] && have_ort=1
+# the seed of the backward: d loss / d loss = 1
+$PY -c "import numpy as np; np.save('$tmp/one.npy', np.array(1.0, np.float32))" 2>/dev/null
+
+for case in "mlp x y" "gpt idx targets" "cnn x y" "skip x y"; do
+    set -- $case
+    f=$1 a=$2 b=$3
+    d=$FX/$f
+    out=$tmp/$f.onnx
+    "$PIPPIN" inspect "$d/model.onnx" --backward -o "$out" >/dev/null 2>"$tmp/err" && ! grep -q "warn" "$tmp/err"
+    ok $? "$f: the training graph is written with a function for each pippin op $(head -c 300 "$tmp/err")"
+    if [ $have_onnx = 0 ]; then
+        ok 0 "$f: onnx.checker # SKIP python3-onnx is not installed"
+    else
+        $PY -c "import onnx, sys; m = onnx.load(sys.argv[1]); onnx.checker.check_model(m, full_check=True); \
+used = {n.op_type for n in m.graph.node if n.domain == 'pippin'}; \
+assert used == {fn.name for fn in m.functions}, used" "$out" >"$tmp/err" 2>&1
+        ok $? "$f: onnx.checker (full check) accepts the training graph $(tail -1 "$tmp/err")"
+    fi
+    "$PIPPIN" inspect "$out" >/dev/null 2>"$tmp/err"
+    ok $? "$f: pippin inspect reads the written file $(head -c 300 "$tmp/err")"
+    if [ $have_ort = 0 ]; then
+        ok 0 "$f: ONNX Runtime runs the training graph # SKIP no onnxruntime-node under $ORT_DIR (or no numpy)"
+        continue
+    fi
+    "$PIPPIN" infer "$out" --input "$a=$d/$a.npy" --input "$b=$d/$b.npy" --input "loss_grad=$tmp/one.npy" \
+        --no-split --no-optimize --output-dir "$tmp/pp-$f" >/dev/null 2>"$tmp/err" &&
+        node "$HERE/ort_run.js" "$out" "$tmp/ort-$f" "$a=$d/$a.npy" "$b=$d/$b.npy" "loss_grad=$tmp/one.npy" \
+            2>>"$tmp/err" &&
+        $PY -c "
+import glob, os, sys
+import numpy as np
+pp, ort = sys.argv[1], sys.argv[2]
+files = sorted(glob.glob(pp + '/*.npy'))
+assert len(files) == len(glob.glob(ort + '/*.npy')) and len(files) > 2, 'output counts differ'
+for f in files:
+    a, b = np.load(f), np.load(os.path.join(ort, os.path.basename(f)))
+    assert a.shape == b.shape, (f, a.shape, b.shape)
+    assert np.allclose(a, b, rtol=1e-4, atol=1e-4 * max(1e-3, float(np.abs(a).max()))), \
+        (os.path.basename(f), float(np.abs(a - b).max()))
+print(len(files))" "$tmp/pp-$f" "$tmp/ort-$f" >"$tmp/n" 2>>"$tmp/err"
+    ok $? "$f: ONNX Runtime gives pippin's loss and all $(cat "$tmp/n" 2>/dev/null) outputs $(tail -c 300 "$tmp/err")"
+done
+echo "1..$n"
+[ "$fails" -eq 0 ]
