@@ -129,7 +129,9 @@ static Onnx__AttributeProto *attr_proto(arena *a, const pp_attr *at) {
 
 static char empty_name[] = "";
 
-static Onnx__NodeProto *node_proto(arena *a, const pp_graph *g, const pp_node *n) {
+/* in_fill: the name of inputs the node lacks up to pp_onnx_node_inputs (see
+ * zero_bias), else "" (absent). */
+static Onnx__NodeProto *node_proto(arena *a, const pp_graph *g, const pp_node *n, char *in_fill) {
     Onnx__NodeProto *np = arena_alloc(a, sizeof *np);
     if (!np) return NULL;
     onnx__node_proto__init(np);
@@ -137,14 +139,16 @@ static Onnx__NodeProto *node_proto(arena *a, const pp_graph *g, const pp_node *n
     np->op_type = n->op_type;
     np->domain = n->domain && n->domain[0] ? n->domain : NULL;
     np->doc_string = (char *)region_doc(n->region);
-    np->n_input = (size_t)n->n_in;
-    np->input = arena_alloc(a, sizeof(char *) * (size_t)(n->n_in + 1));
+    int n_in = pp_onnx_node_inputs(n); /* a function's trailing inputs written too */
+    np->n_input = (size_t)n_in;
+    np->input = arena_alloc(a, sizeof(char *) * (size_t)(n_in + 1));
     np->n_output = (size_t)n->n_out;
     np->output = arena_alloc(a, sizeof(char *) * (size_t)(n->n_out + 1));
     np->n_attribute = (size_t)n->n_attr;
     np->attribute = arena_alloc(a, sizeof(void *) * (size_t)(n->n_attr + 1));
     if (!np->input || !np->output || !np->attribute) return NULL;
-    for (int i = 0; i < n->n_in; i++) np->input[i] = n->in[i] >= 0 ? g->values[n->in[i]].name : empty_name;
+    for (int i = 0; i < n_in; i++)
+        np->input[i] = i < n->n_in ? (n->in[i] >= 0 ? g->values[n->in[i]].name : empty_name) : in_fill;
     for (int i = 0; i < n->n_out; i++)
         np->output[i] = n->out[i] >= 0 ? g->values[n->out[i]].name : empty_name;
     for (int i = 0; i < n->n_attr; i++) {
@@ -152,6 +156,38 @@ static Onnx__NodeProto *node_proto(arena *a, const pp_graph *g, const pp_node *n
         if (!(np->attribute[i] = attr_proto(a, &n->attrs[i]))) return NULL;
     }
     return np;
+}
+
+/* The zeros pippin::MatMulAdd without a bias is written with (named
+ * "<its output>/pippin_zero_bias", [N] float32): its ONNX function takes
+ * three inputs, and onnx.checker's shape inference refuses an absent one.
+ * Read back, the node adds zeros: the same bits. */
+static Onnx__TensorProto *zero_bias(arena *a, const pp_graph *g, const pp_node *n) {
+    if (n->n_in < 2 || n->in[1] < 0 || n->n_out < 1 || n->out[0] < 0) return NULL;
+    const pp_value *w = &g->values[n->in[1]];
+    const int64_t *ws = w->data ? w->data->shape : w->shape;
+    int nd = w->data ? w->data->ndim : w->ndim;
+    if (nd != 2 || ws[0] < 0 || ws[1] < 0) return NULL;
+    int64_t N = pp_node_attr_int(n, "transB", 0) ? ws[0] : ws[1];
+    const char *out = g->values[n->out[0]].name;
+    Onnx__TensorProto *tp = arena_alloc(a, sizeof *tp);
+    int64_t *dims = arena_alloc(a, sizeof *dims);
+    char *name = arena_alloc(a, strlen(out) + sizeof "/pippin_zero_bias");
+    void *zeros = arena_alloc(a, (size_t)N * sizeof(float) + 1);
+    if (!tp || !dims || !name || !zeros) return NULL;
+    memset(zeros, 0, (size_t)N * sizeof(float));
+    onnx__tensor_proto__init(tp);
+    sprintf(name, "%s/pippin_zero_bias", out);
+    dims[0] = N;
+    tp->n_dims = 1;
+    tp->dims = dims;
+    tp->has_data_type = 1;
+    tp->data_type = (int32_t)PP_F32;
+    tp->name = name;
+    tp->has_raw_data = 1;
+    tp->raw_data.len = (size_t)N * sizeof(float);
+    tp->raw_data.data = zeros;
+    return tp;
 }
 
 /* PP_ONNX_TRAINABLE_KEY: the names of the parameters that have data, as a
@@ -209,13 +245,20 @@ static pp_status build_model(arena *a, const pp_graph *g, Onnx__ModelProto *m) {
     gp->name = g->name;
 
     gp->node = arena_alloc(a, sizeof(void *) * (size_t)(g->n_nodes + 1));
-    gp->initializer = arena_alloc(a, sizeof(void *) * (size_t)(g->n_values + 1));
+    gp->initializer = arena_alloc(a, sizeof(void *) * (size_t)(g->n_values + g->n_nodes + 1));
     gp->input = arena_alloc(a, sizeof(void *) * (size_t)(g->n_inputs + 1));
     gp->output = arena_alloc(a, sizeof(void *) * (size_t)(g->n_outputs + 1));
     if (!gp->node || !gp->initializer || !gp->input || !gp->output)
         return pp_error(PP_ERR_NOMEM, "out of memory exporting");
     for (int i = 0; i < g->n_nodes; i++) {
-        gp->node[gp->n_node] = node_proto(a, g, &g->nodes[i]);
+        char *fill = empty_name;
+        if (pp_onnx_node_inputs(&g->nodes[i]) > g->nodes[i].n_in) {
+            Onnx__TensorProto *zb = zero_bias(a, g, &g->nodes[i]);
+            if (!zb) return pp_error(PP_ERR_NOMEM, "out of memory exporting");
+            gp->initializer[gp->n_initializer++] = zb;
+            fill = zb->name;
+        }
+        gp->node[gp->n_node] = node_proto(a, g, &g->nodes[i], fill);
         if (!gp->node[gp->n_node++])
             return pp_error(a->failed ? PP_ERR_NOMEM : PP_ERR_UNSUPPORTED,
                             "node '%s': cannot be exported", g->nodes[i].name);

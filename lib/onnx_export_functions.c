@@ -67,6 +67,11 @@ static pp_fn_builder find_builder(const char *op) {
 
 static int is_pippin(const pp_node *n) { return n->domain && strcmp(n->domain, "pippin") == 0; }
 
+int pp_onnx_node_inputs(const pp_node *n) {
+    if (is_pippin(n) && strcmp(n->op_type, "MatMulAdd") == 0 && n->n_in < 3) return 3;
+    return n->n_in;
+}
+
 /* Splits "a, b, c" into arena copies. */
 static pp_status split_names(const char *list, pp_onnx_alloc_fn alloc, void *ctx, char ***out, size_t *n) {
     size_t k = 0, len = strlen(list);
@@ -106,7 +111,7 @@ static pp_status build_body(const pp_graph *g, const char *op, pp_onnx_alloc_fn 
             return PP_OK;
         }
         PP_TRY(s);
-        b->n_in = n->n_in;
+        b->n_in = pp_onnx_node_inputs(n);
         b->n_out = n->n_out;
         if (b->overflow) return pp_error(PP_ERR_INTERNAL, "pippin::%s: function body too long", op);
         if (!first && (strcmp(b->text, body->text) || strcmp(b->inputs, body->inputs) ||

@@ -57,6 +57,12 @@ typedef struct pp_fn_entry {
 /* The families, each ended by {NULL}. */
 extern const pp_fn_entry pp_fn_act[], pp_fn_nn[], pp_fn_shape[], pp_fn_conv[];
 
+/* How many inputs the writer gives node n: its own, or for an op whose
+ * function takes an optional trailing input (pippin::MatMulAdd's bias)
+ * every formal one: a call must pass as many inputs as the function
+ * declares (lib/onnx_export.c writes zeros for the missing bias). */
+int pp_onnx_node_inputs(const pp_node *n);
+
 /* The FunctionProtos for every pippin-domain op g uses, allocated through
  * alloc; an op no body is written for is an error naming it. opset: the
  * default-domain version the bodies import. */

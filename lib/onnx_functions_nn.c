@@ -11,27 +11,34 @@
 
 #include "status_internal.h"
 
-/* Lines: wt, the node's weight_t as a bool, read through ArgMax's
- * select_last_index (default 0 like weight_t's) since a function body cannot
- * branch on an attribute that may be absent. */
-static void weight_t_flag(pp_fn_body *b) {
-    pp_fn_line(b, "wtv = Constant<value_floats=[1.0, 1.0]>()");
-    pp_fn_line(b, "wti = ArgMax<axis=0, keepdims=0, select_last_index=@weight_t:i>(wtv)");
-    pp_fn_line(b, "wt = Cast<to=9>(wti)");
+/* Lines: <flag>, the node's int attribute attr as a bool, read through
+ * ArgMax's select_last_index (default 0 like weight_t's and transB's)
+ * since a function body cannot branch on an attribute that may be absent. */
+static void attr_flag(pp_fn_body *b, const char *attr, const char *flag) {
+    pp_fn_line(b, "%sv = Constant<value_floats=[1.0, 1.0]>()", flag);
+    pp_fn_line(b, "%si = ArgMax<axis=0, keepdims=0, select_last_index=@%s:i>(%sv)", flag, attr, flag);
+    pp_fn_line(b, "%s = Cast<to=9>(%si)", flag, flag);
 }
 
-/* Lines: dst = wt ? src : src with its last two dims swapped. */
-static void swap_unless_wt(pp_fn_body *b, const char *src, const char *dst) {
+static void weight_t_flag(pp_fn_body *b) { attr_flag(b, "weight_t", "wt"); }
+
+/* Lines: dst = flag ? src : src with its last two dims swapped (keep = 1),
+ * or the other way round (keep = 0). */
+static void swap_by_flag(pp_fn_body *b, const char *flag, int keep, const char *src, const char *dst) {
     pp_fn_line(b, "%s_t = Einsum<equation='...ij->...ji'>(%s)", src, src);
     pp_fn_line(b, "%s_m1 = Constant<value_ints=[-1]>()", src);
     pp_fn_line(b, "%s_f = Reshape(%s, %s_m1)", src, src, src);
     pp_fn_line(b, "%s_ft = Reshape(%s_t, %s_m1)", src, src, src);
     pp_fn_line(b, "%s_s = Shape(%s)", src, src);
     pp_fn_line(b, "%s_st = Shape(%s_t)", src, src);
-    pp_fn_line(b, "%s_sel = Where(wt, %s_f, %s_ft)", src, src, src);
-    pp_fn_line(b, "%s_ss = Where(wt, %s_s, %s_st)", src, src, src);
+    const char *yes = keep ? "" : "t", *no = keep ? "t" : "";
+    pp_fn_line(b, "%s_sel = Where(%s, %s_f%s, %s_f%s)", src, flag, src, yes, src, no);
+    pp_fn_line(b, "%s_ss = Where(%s, %s_s%s, %s_s%s)", src, flag, src, yes, src, no);
     pp_fn_line(b, "%s = Reshape(%s_sel, %s_ss)", dst, src, src);
 }
+
+/* Lines: dst = wt ? src : src with its last two dims swapped. */
+static void swap_unless_wt(pp_fn_body *b, const char *src, const char *dst) { swap_by_flag(b, "wt", 1, src, dst); }
 
 static int one_d(const pp_graph *g, const pp_node *n) {
     for (int k = 0; k < 2; k++) {
@@ -80,17 +87,30 @@ static pp_status mm_grad_b(const pp_graph *g, const pp_node *n, pp_fn_body *b) {
     return PP_OK;
 }
 
-/* pippin::MatMulAdd(a, b[, c]) = a @ b + c (the optimizer's fusion). */
+/* pippin::MatMulAdd(a, b[, c]) = a @ op(b) + c (the optimizer's fusion;
+ * op(b) = b^T when transB). One Gemm on a folded to 2-D, whose transB and
+ * optional C follow the node's, so nodes with and without either share
+ * the body; then the leading dims back. An activation is not written:
+ * those nodes get no function (the training fusion never makes one). */
 static pp_status matmul_add(const pp_graph *g, const pp_node *n, pp_fn_body *b) {
     (void)g;
+    if (pp_node_attr_string(n, "activation", "")[0])
+        return pp_error(PP_ERR_UNSUPPORTED, "activation '%s' fused", pp_node_attr_string(n, "activation", ""));
     b->inputs = "a, b, c";
     b->outputs = "y";
-    if (!pp_fn_has_in(n, 2)) {
-        pp_fn_line(b, "y = MatMul(a, b)");
-    } else {
-        pp_fn_line(b, "p = MatMul(a, b)");
-        pp_fn_line(b, "y = Add(p, c)");
-    }
+    pp_fn_line(b, "i0 = Constant<value_ints=[0]>()");
+    pp_fn_line(b, "m1 = Constant<value_ints=[-1]>()");
+    pp_fn_line(b, "big = Constant<value_ints=[9223372036854775807]>()");
+    pp_fn_line(b, "sa = Shape(a)");
+    pp_fn_line(b, "k = Slice(sa, m1, big)");
+    pp_fn_line(b, "s2 = Concat<axis=0>(m1, k)");
+    pp_fn_line(b, "a2 = Reshape(a, s2)");
+    pp_fn_line(b, "y2 = Gemm<transB=@transB:i>(a2, b, c)");
+    pp_fn_line(b, "lead = Slice(sa, i0, m1)");
+    pp_fn_line(b, "sy2 = Shape(y2)");
+    pp_fn_line(b, "nn = Slice(sy2, m1, big)");
+    pp_fn_line(b, "sy = Concat<axis=0>(lead, nn)");
+    pp_fn_line(b, "y = Reshape(y2, sy)");
     return PP_OK;
 }
 
