@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "autodiff_internal.h"
+#include "autodiff_unfused.h"
 #include "grow.h"
 #include "pippin/log.h"
 #include "pippin/optimize.h"
@@ -422,14 +423,15 @@ static int seeds_are_outputs(const pp_graph *g, const pp_backward_spec *spec) {
     return 1;
 }
 
-pp_status pp_autodiff(pp_graph *g, const pp_backward_spec *spec, pp_backward **out) {
+static pp_status autodiff(pp_graph *g, const pp_backward_spec *spec, int fuse, pp_backward **out) {
     *out = NULL;
     PP_TRY(pp_graph_resolve(g));
     PP_TRY(check_spec(g, spec));
     /* Fusions with gradient rules first (MatMul by a transposed weight and
      * its bias as one GEMM): the forward gets cheaper and the backward is
      * built from the fused nodes. */
-    if (seeds_are_outputs(g, spec)) PP_TRY(pp_graph_optimize_for_training(g, NULL));
+    if (fuse && seeds_are_outputs(g, spec)) PP_TRY(pp_graph_optimize_for_training(g, NULL));
+    else if (fuse) pp_debug("autodiff: a seed or the loss is no graph output: the forward is not fused");
     PP_TRY(pp_ad_prepare_training_ops(g));
     pp_backward *b = calloc(1, sizeof *b);
     if (!b) return pp_error(PP_ERR_NOMEM, "out of memory in autodiff");
@@ -451,6 +453,14 @@ pp_status pp_autodiff(pp_graph *g, const pp_backward_spec *spec, pp_backward **o
              b->n_forward, b->n_i, b->n_w, b->n_params, b->n_stash);
     *out = b;
     return PP_OK;
+}
+
+pp_status pp_autodiff(pp_graph *g, const pp_backward_spec *spec, pp_backward **out) {
+    return autodiff(g, spec, 1, out);
+}
+
+pp_status pp_autodiff_unfused(pp_graph *g, const pp_backward_spec *spec, pp_backward **out) {
+    return autodiff(g, spec, 0, out);
 }
 
 void pp_backward_free(pp_backward *b) {

@@ -6,6 +6,8 @@
 #include "pippin/autodiff.h"
 #include "pippin/exec.h"
 
+#include "autodiff_unfused.h"
+
 #include "status_internal.h"
 pp_status pp_autodiff_find_loss(const pp_graph *g, const char *loss_name, int *value) {
     const char *want = loss_name ? loss_name : "loss";
@@ -32,8 +34,8 @@ pp_status pp_autodiff_find_loss(const pp_graph *g, const char *loss_name, int *v
     return PP_OK;
 }
 
-pp_status pp_autodiff_model(pp_graph *g, const char *loss_name, int wrt_float_inputs,
-                            pp_backward **out) {
+static pp_status autodiff_model(pp_graph *g, const char *loss_name, int wrt_float_inputs, int fuse,
+                                pp_backward **out) {
     int loss;
     PP_TRY(pp_autodiff_find_loss(g, loss_name, &loss));
     int *wrt = malloc(sizeof(int) * (size_t)(g->n_inputs + 1)), n_wrt = 0;
@@ -41,9 +43,17 @@ pp_status pp_autodiff_model(pp_graph *g, const char *loss_name, int wrt_float_in
     for (int i = 0; wrt_float_inputs && i < g->n_inputs; i++)
         if (pp_dtype_is_float(g->values[g->inputs[i]].dtype)) wrt[n_wrt++] = g->inputs[i];
     pp_backward_spec spec = {loss, 0, NULL, n_wrt, wrt};
-    pp_status s = pp_autodiff(g, &spec, out);
+    pp_status s = fuse ? pp_autodiff(g, &spec, out) : pp_autodiff_unfused(g, &spec, out);
     free(wrt);
     return s;
+}
+
+pp_status pp_autodiff_model(pp_graph *g, const char *loss_name, int wrt_float_inputs, pp_backward **out) {
+    return autodiff_model(g, loss_name, wrt_float_inputs, 1, out);
+}
+
+pp_status pp_autodiff_model_unfused(pp_graph *g, const char *loss_name, int wrt_float_inputs, pp_backward **out) {
+    return autodiff_model(g, loss_name, wrt_float_inputs, 0, out);
 }
 
 pp_status pp_backward_keep_masks(const pp_graph *g, const pp_backward *b, uint8_t **keep_f,

@@ -2,7 +2,8 @@
  * CBLAS has no such call, so it is referenced weakly and used when present.
  * pippin keeps OpenBLAS at one thread (its GEMMs run in panels on pippin's
  * pool, lib/ops/gemm.c): the first GEMM or the first explicit setting sets
- * that once, so an explicit pp_set_blas_threads is never undone later. */
+ * that once, so the lazy default never undoes an explicit
+ * pp_set_blas_threads; pp_set_threads does set 1 again (pippin/exec.h). */
 #include <pthread.h>
 
 #include "pippin/exec.h"

@@ -162,13 +162,19 @@ static Onnx__NodeProto *node_proto(arena *a, const pp_graph *g, const pp_node *n
  * "<its output>/pippin_zero_bias", [N] float32): its ONNX function takes
  * three inputs, and onnx.checker's shape inference refuses an absent one.
  * Read back, the node adds zeros: the same bits. */
-static Onnx__TensorProto *zero_bias(arena *a, const pp_graph *g, const pp_node *n) {
-    if (n->n_in < 2 || n->in[1] < 0 || n->n_out < 1 || n->out[0] < 0) return NULL;
+/* The bias length N of MatMulAdd node n from its weight's shape; -1 when
+ * unknown (then the input is written absent: ONNX Runtime still runs it). */
+static int64_t bias_len(const pp_graph *g, const pp_node *n) {
+    if (n->n_in < 2 || n->in[1] < 0 || n->n_out < 1 || n->out[0] < 0) return -1;
     const pp_value *w = &g->values[n->in[1]];
     const int64_t *ws = w->data ? w->data->shape : w->shape;
     int nd = w->data ? w->data->ndim : w->ndim;
-    if (nd != 2 || ws[0] < 0 || ws[1] < 0) return NULL;
-    int64_t N = pp_node_attr_int(n, "transB", 0) ? ws[0] : ws[1];
+    if (nd != 2 || ws[0] < 0 || ws[1] < 0) return -1;
+    return pp_node_attr_int(n, "transB", 0) ? ws[0] : ws[1];
+}
+
+/* NULL: out of memory. */
+static Onnx__TensorProto *zero_bias(arena *a, const pp_graph *g, const pp_node *n, int64_t N) {
     const char *out = g->values[n->out[0]].name;
     Onnx__TensorProto *tp = arena_alloc(a, sizeof *tp);
     int64_t *dims = arena_alloc(a, sizeof *dims);
@@ -252,8 +258,9 @@ static pp_status build_model(arena *a, const pp_graph *g, Onnx__ModelProto *m) {
         return pp_error(PP_ERR_NOMEM, "out of memory exporting");
     for (int i = 0; i < g->n_nodes; i++) {
         char *fill = empty_name;
-        if (pp_onnx_node_inputs(&g->nodes[i]) > g->nodes[i].n_in) {
-            Onnx__TensorProto *zb = zero_bias(a, g, &g->nodes[i]);
+        int64_t N = pp_onnx_node_inputs(&g->nodes[i]) > g->nodes[i].n_in ? bias_len(g, &g->nodes[i]) : -1;
+        if (N >= 0) {
+            Onnx__TensorProto *zb = zero_bias(a, g, &g->nodes[i], N);
             if (!zb) return pp_error(PP_ERR_NOMEM, "out of memory exporting");
             gp->initializer[gp->n_initializer++] = zb;
             fill = zb->name;

@@ -68,7 +68,9 @@ static pp_fn_builder find_builder(const char *op) {
 static int is_pippin(const pp_node *n) { return n->domain && strcmp(n->domain, "pippin") == 0; }
 
 int pp_onnx_node_inputs(const pp_node *n) {
-    if (is_pippin(n) && strcmp(n->op_type, "MatMulAdd") == 0 && n->n_in < 3) return 3;
+    if (is_pippin(n) && strcmp(n->op_type, "MatMulAdd") == 0 && n->n_in < 3 &&
+        !pp_node_attr_string(n, "activation", "")[0])
+        return 3;
     return n->n_in;
 }
 

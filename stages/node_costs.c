@@ -11,6 +11,7 @@
 #include "pippin/autodiff.h"
 #include "pippin/balance.h"
 #include "pippin/exec.h"
+#include "autodiff_unfused.h"
 #include "op.h"
 #include "split_internal.h"
 #include "status_internal.h"
@@ -344,7 +345,8 @@ pp_status pp_node_costs_measure(const pp_graph *g, const pp_node_costs_options *
     c->source = o.source;
     pp_status s = pp_split_compute_nodes(g, 1, c->compute);
     if (s == PP_OK) s = copy_graph(g, &r.t);
-    if (s == PP_OK) s = pp_autodiff_model(r.t, o.loss, 0, &r.b);
+    /* unfused: the copy's first n nodes stay the model's, one to one */
+    if (s == PP_OK) s = pp_autodiff_model_unfused(r.t, o.loss, 0, &r.b);
     if (s == PP_OK) s = pp_exec_new(r.t, &r.ex);
     if (s == PP_OK) {
         size_t nv = (size_t)r.t->n_values + 1, nn = (size_t)r.t->n_nodes + 1;

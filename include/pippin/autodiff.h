@@ -118,13 +118,18 @@ typedef struct pp_backward {
     int n_values_before, n_inputs_before, n_outputs_before;
 } pp_backward;
 
-/* Appends the backward of g's existing nodes to g and tags node->region.
+/* First fuses what has a gradient rule (pp_graph_optimize_for_training:
+ * MatMul by a transposed weight and its bias Add become one
+ * pippin::MatMulAdd; forward node indices change, value indices do not;
+ * only when the loss and every seed are graph outputs), then appends the
+ * backward of g's nodes to g and tags node->region.
  * The gradient values are also appended to g's outputs (input gradients,
  * then parameter gradients, typed like their values) and the seed
  * gradients to its inputs, so
  * pp_exec_run on g runs a whole training step. Errors: a loss that is not a
  * float scalar, a gradient asked for an integer input, an op without a rule
- * on a gradient path (named). On failure g may hold some added nodes. */
+ * on a gradient path (named). On failure g may hold some added nodes, and
+ * stays fused. */
 PP_API pp_status pp_autodiff(pp_graph *g, const pp_backward_spec *spec, pp_backward **out);
 PP_API void pp_backward_free(pp_backward *b);
 

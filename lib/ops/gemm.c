@@ -14,7 +14,8 @@
  * sgemm and dgemm on this x86, a divisor of ROW_ALIGN), so the bits do not
  * depend on the thread count. A cut through C's columns would change them
  * (OpenBLAS blocks columns differently in a narrower call, gemv too), so a
- * GEMM of fewer than 2 * ROW_ALIGN rows runs whole. test/core/test_threads.c
+ * GEMM of fewer than 2 * ROW_ALIGN rows runs whole, as does one column by a
+ * transposed A (gemv_t, which sums differently over a block of rows). test/core/test_threads.c
  * checks the bits at 1 and 4 threads. */
 #include <cblas.h>
 #include <stdint.h>
@@ -97,6 +98,9 @@ static int gemm_in_panels(gemm_job *j) {
     int threads = pp_get_threads();
     if (threads < 2 || (int64_t)j->M * j->N * j->K < PAR_MIN_MACS) return 0;
     if (j->M < 2 * ROW_ALIGN) return 0;
+    /* A one-column product by a transposed A is OpenBLAS's gemv_t, whose
+     * rounding on a block of A's columns differs from the whole: whole. */
+    if (j->N == 1 && j->ta) return 0;
     int step = (j->M + threads - 1) / threads;
     j->step = (step + ROW_ALIGN - 1) / ROW_ALIGN * ROW_ALIGN;
     pp_parallel_for((j->M + j->step - 1) / j->step, 1, panel_piece, j);

@@ -268,6 +268,7 @@ static void test_kernels_gemm(void **state) {
         {"MatMul", "", 2, 1, {PP_F64, PP_F64}, {2, 2}, {{300, 200}, {200, 301}}, NULL, {0}, 0},
         {"Gemm", "", 2, 1, {F, F}, {2, 2}, {{200, 300}, {500, 300}}, "transB=1", {0}, 0},
         {"Gemm", "", 2, 1, {F, F}, {2, 2}, {{300, 200}, {300, 500}}, "transA=1", {0}, 0},
+        {"Gemm", "", 2, 1, {F, F}, {2, 2}, {{300, 96}, {300, 5000}}, "transA=1", {0}, 0},
         {"Gemm", "", 3, 1, {F, F, F}, {2, 2, 1}, {{250, 130}, {130, 700}, {700}}, NULL, {0}, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) same_bits(&cases[i]);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pippin/optimize.h"
 #include "test_util.h"
 
 #include "test_filter.h"
@@ -117,6 +118,34 @@ static void test_partition_deterministic(void **state) {
     assert_true(ma == 3);
 }
 
+/* Regression: pp_autodiff fuses torch's Linear layers (MatMul by a
+ * transposed weight, and its bias Add) before building the backward, which
+ * renumbers the forward; the costs must still fall on the model's own
+ * nodes, the same as with the fusions off: the MatMuls carry the work. */
+static void test_gpt_costs_on_model_nodes(void **state) {
+    (void)state;
+    pp_graph *g = tu_fixture_onnx("gpt", "model.onnx");
+    pp_node_costs_options o;
+    pp_node_costs_options_init(&o);
+    o.source = PP_COST_FLOPS;
+    pp_node_costs *fused, *plain;
+    TU_OK(pp_node_costs_measure(g, &o, &fused));
+    pp_optimize_set_default(0);
+    TU_OK(pp_node_costs_measure(g, &o, &plain));
+    pp_optimize_set_default(PP_OPT_ALL);
+    assert_int_equal(fused->n_nodes, g->n_nodes);
+    assert_memory_equal(fused->fwd_ms, plain->fwd_ms, sizeof(double) * (size_t)g->n_nodes);
+    assert_memory_equal(fused->bwd_ms, plain->bwd_ms, sizeof(double) * (size_t)g->n_nodes);
+    int c_attn = -1;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (!strcmp(g->nodes[i].name, "/blocks.0/attn/c_attn/MatMul")) c_attn = i;
+    assert_true(c_attn >= 0);
+    assert_true(fused->fwd_ms[c_attn] > 0);
+    pp_node_costs_free(fused);
+    pp_node_costs_free(plain);
+    pp_graph_free(g);
+}
+
 static void test_uneven_fixture(void **state) {
     (void)state;
     pp_graph *g = tu_fixture_onnx("uneven", "model.onnx");
@@ -192,6 +221,7 @@ int main(void) {
         cmocka_unit_test(test_partition_matches_brute_force),
         cmocka_unit_test(test_partition_refuses),
         cmocka_unit_test(test_partition_deterministic),
+        cmocka_unit_test(test_gpt_costs_on_model_nodes),
         cmocka_unit_test(test_uneven_fixture),
     };
     tu_filter_from_env();
