@@ -1,6 +1,8 @@
 /* The bucketed ring all-reduce of gradients between replicas (grad_ring.h). */
 #include "grad_ring.h"
 
+#include <errno.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,7 +36,9 @@ typedef struct bucket {
  * thread after the ring is gone. */
 typedef struct loans {
     atomic_int refs; /* the ring's, and one per chunk out */
-    atomic_int out;
+    pthread_mutex_t lock;
+    pthread_cond_t back; /* out reached zero */
+    int out;             /* under lock */
 } loans;
 
 typedef struct loan {
@@ -54,14 +58,20 @@ struct pp_grad_ring {
 };
 
 static void loans_unref(loans *l) {
-    if (atomic_fetch_sub(&l->refs, 1) == 1) free(l);
+    if (atomic_fetch_sub(&l->refs, 1) == 1) {
+        pthread_cond_destroy(&l->back);
+        pthread_mutex_destroy(&l->lock);
+        free(l);
+    }
 }
 
 static void loan_done(void *data, void *hint) {
     (void)data;
     loan *ln = hint;
     pp_tensor_free(ln->view);
-    atomic_fetch_sub(&ln->l->out, 1);
+    pthread_mutex_lock(&ln->l->lock);
+    if (--ln->l->out == 0) pthread_cond_broadcast(&ln->l->back);
+    pthread_mutex_unlock(&ln->l->lock);
     loans_unref(ln->l);
     free(ln);
 }
@@ -82,7 +92,8 @@ pp_status pp_grad_ring_new(const pp_grad_ring_options *o, pp_grad_ring **out) {
         return pp_error(PP_ERR_NOMEM, "out of memory");
     }
     atomic_init(&g->loans->refs, 1);
-    atomic_init(&g->loans->out, 0);
+    pthread_mutex_init(&g->loans->lock, NULL);
+    pthread_cond_init(&g->loans->back, NULL);
     g->o = *o;
     *out = g;
     return PP_OK;
@@ -237,7 +248,9 @@ static pp_status chunk_tensor(pp_grad_ring *g, bucket *b, int64_t lo, int64_t n,
     }
     ln->l = g->loans;
     atomic_fetch_add(&g->loans->refs, 1);
-    atomic_fetch_add(&g->loans->out, 1);
+    pthread_mutex_lock(&g->loans->lock);
+    g->loans->out++;
+    pthread_mutex_unlock(&g->loans->lock);
     s = pp_tensor_wrap(PP_F32, 1, (int64_t[]){n}, ln->view->data, loan_done, ln, out);
     if (s != PP_OK) loan_done(NULL, ln);
     return s;
@@ -408,24 +421,24 @@ static pp_status advance(pp_grad_ring *g, bucket *b, int wait, int timeout_ms) {
 }
 
 /* Waits until the transport has let go of every chunk sent from the flat
- * buffers (on the socket path libzmq's I/O thread may still be writing
- * the last ones), taking what arrives meanwhile. */
+ * buffers (on the socket path libzmq's I/O thread may still be writing the
+ * last ones; it needs nothing from this thread): one sleep, woken by the
+ * last release. */
 static pp_status settle(pp_grad_ring *g, int timeout_ms) {
-    if (atomic_load(&g->loans->out) == 0) return PP_OK;
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (;;) {
-        PP_TRY(pp_transport_poll(g->o.t, 0));
-        if (atomic_load(&g->loans->out) == 0) return PP_OK;
-        struct timespec now, nap = {0, 20000};
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        int64_t ms = (int64_t)(now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000;
-        if (timeout_ms >= 0 && ms > timeout_ms)
-            return pp_error(PP_ERR_TIMEOUT, "gradient ring: %d chunks sent to replica %d still not written out "
-                            "after %d ms", atomic_load(&g->loans->out), mod(g->o.replica + 1, g->o.replicas),
-                            timeout_ms);
-        nanosleep(&nap, NULL);
-    }
+    loans *l = g->loans;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+    pthread_mutex_lock(&l->lock);
+    int rc = 0;
+    while (l->out > 0 && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&l->back, &l->lock, &until);
+    int out = l->out;
+    pthread_mutex_unlock(&l->lock);
+    if (out == 0) return PP_OK;
+    return pp_error(PP_ERR_TIMEOUT, "gradient ring: %d chunks sent to replica %d still not written out after %d ms",
+                    out, mod(g->o.replica + 1, g->o.replicas), timeout_ms);
 }
 
 pp_status pp_grad_ring_progress(pp_grad_ring *g) {
