@@ -3,23 +3,77 @@
  * Run it under mpirun (bench/bench_allreduce.sh does):
  *
  *   mpirun -np 2 pippin-bench-allreduce [--json] [--noshm] [--iters N]
+ *                                       [--size BYTES] [--only pippin|mpi]
  *
  * Each size: float32 buffers summed in place, a few warm-up rounds, then N
- * timed rounds of each; the figure is the median round's algorithm
- * bandwidth (buffer bytes / time), as nccl-tests' "algbw". pippin's ring
+ * timed rounds of each, pippin's and MPI's taken in turn (so a change in
+ * the machine's load hits both alike); the figure is the median round's
+ * algorithm bandwidth (buffer bytes / time), as nccl-tests' "algbw", and
+ * the best round's. --size: that size only; --only: run one of the two
+ * (for perf stat on the processes: system calls, context switches).
+ * Buckets this small are summed directly rather than round the ring
+ * (runtime/grad_ring.h). pippin's ring
  * runs over its transport (tcp on loopback; same-host peers use the
  * shared-memory rings unless --noshm), with the whole buffer as one bucket.
  * Both results are checked against the exact sum. Prints one line per size,
  * or with --json one JSON object per size: bytes, pippin_gbps, mpi_gbps,
- * ratio (pippin / MPI). */
+ * ratio (pippin / MPI), and per round and process what the machine's load
+ * does not change: system calls, context switches (on a loaded machine
+ * also preemptions), CPU milliseconds (MPI's include its busy-polling),
+ * counted in the timed part only, over every thread (perf events; absent
+ * where perf_event_open is not allowed). */
+#include <linux/perf_event.h>
 #include <mpi.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "grad_ring.h"
 #include "pippin/transport.h"
+
+/* System calls, context switches and CPU time of this process's threads
+ * (those started after counters_open too: libzmq's and MPI's), counted
+ * only while enabled. */
+enum { N_COUNTERS = 3 };
+static int counter_fd[N_COUNTERS] = {-1, -1, -1};
+
+static int open_counter(uint32_t type, uint64_t config) {
+    struct perf_event_attr a;
+    memset(&a, 0, sizeof a);
+    a.size = sizeof a;
+    a.type = type;
+    a.config = config;
+    a.disabled = 1;
+    a.inherit = 1;
+    return (int)syscall(SYS_perf_event_open, &a, 0, -1, -1, 0);
+}
+
+static void counters_open(void) {
+    FILE *f = fopen("/sys/kernel/tracing/events/raw_syscalls/sys_enter/id", "r");
+    if (!f) f = fopen("/sys/kernel/debug/tracing/events/raw_syscalls/sys_enter/id", "r");
+    unsigned long long id = 0;
+    if (f && fscanf(f, "%llu", &id) == 1) counter_fd[0] = open_counter(PERF_TYPE_TRACEPOINT, id);
+    if (f) fclose(f);
+    counter_fd[1] = open_counter(PERF_TYPE_SOFTWARE, PERF_COUNT_SW_CONTEXT_SWITCHES);
+    counter_fd[2] = open_counter(PERF_TYPE_SOFTWARE, PERF_COUNT_SW_TASK_CLOCK);
+}
+
+static void counters_enable(int on) {
+    for (int i = 0; i < N_COUNTERS; i++)
+        if (counter_fd[i] >= 0) ioctl(counter_fd[i], on ? PERF_EVENT_IOC_ENABLE : PERF_EVENT_IOC_DISABLE, 0);
+}
+
+static void counters_read(double *v) {
+    for (int i = 0; i < N_COUNTERS; i++) {
+        uint64_t x = 0;
+        v[i] = counter_fd[i] >= 0 && read(counter_fd[i], &x, sizeof x) == (ssize_t)sizeof x ? (double)x : -1;
+    }
+}
 
 static double now_s(void) {
     struct timespec ts;
@@ -55,16 +109,23 @@ static int check(const float *x, int64_t n, int nranks, const char *who, int ran
 }
 
 int main(int argc, char **argv) {
+    counters_open(); /* before MPI and libzmq start their threads */
     MPI_Init(&argc, &argv);
-    int rank, nranks, json = 0, noshm = 0, iters = 20;
+    int rank, nranks, json = 0, noshm = 0, iters = 20, run_pippin = 1, run_mpi = 1;
+    int64_t only_size = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &nranks);
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) json = 1;
         else if (!strcmp(argv[i], "--noshm")) noshm = 1;
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--size") && i + 1 < argc) only_size = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "pippin")) run_mpi = 0, i++;
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "mpi")) run_pippin = 0, i++;
         else {
-            if (!rank) fprintf(stderr, "usage: mpirun -np R %s [--json] [--noshm] [--iters N]\n", argv[0]);
+            if (!rank)
+                fprintf(stderr, "usage: mpirun -np R %s [--json] [--noshm] [--iters N] [--size BYTES] "
+                        "[--only pippin|mpi]\n", argv[0]);
             MPI_Finalize();
             return 2;
         }
@@ -105,13 +166,13 @@ int main(int argc, char **argv) {
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
     if (!rank && !json)
-        printf("all-reduce of float32, %d processes on this host, median of %d rounds; pippin over tcp%s\n"
-               "%12s %14s %14s %8s\n", nranks, iters, noshm ? " (no shared memory)" : " + shared-memory rings",
-               "bytes", "pippin GB/s", "MPI GB/s", "ratio");
+        printf("all-reduce of float32, %d processes on this host, %d rounds each, taken in turn; pippin over "
+               "tcp%s (counters: pippin / MPI)\n%12s %14s %14s %8s %10s\n", nranks, iters, noshm ? " (no shared memory)" : " + shared-memory rings",
+               "bytes", "pippin GB/s", "MPI GB/s", "ratio", "best/best");
     int64_t step = 0;
     int bad = 0;
     double *tp = calloc((size_t)iters, sizeof *tp), *tm = calloc((size_t)iters, sizeof *tm);
-    for (int64_t bytes = 4096; bytes <= (64 << 20); bytes *= 4) {
+    for (int64_t bytes = only_size ? only_size : 4096; bytes <= (only_size ? only_size : 64 << 20); bytes *= 4) {
         int64_t n = bytes / (int64_t)sizeof(float);
         float *x = malloc((size_t)bytes);
         /* pippin: one stage per rank, the whole buffer one bucket */
@@ -121,30 +182,45 @@ int main(int argc, char **argv) {
         int64_t off0 = 0, numel = n;
         char xname[] = "x", *name = xname;
         pp_flat_params fp = {1, NULL, &name, &off0, &numel, NULL, NULL, n, NULL, x, NULL};
+        double cp[N_COUNTERS] = {0}, cm[N_COUNTERS] = {0};
         for (int it = -3; it < iters && !bad; it++) {
-            fill(x, n, rank);
-            pp_transport_set_step(t, step);
-            MPI_Barrier(MPI_COMM_WORLD);
-            double t0 = now_s();
-            pp_grad_ring_begin(g, step++);
-            pp_status s = pp_grad_ring_add(g, 0, &fp, 0);
-            if (s == PP_OK) s = pp_grad_ring_finish(g, -1);
-            double dt = now_s() - t0;
-            if (s != PP_OK) {
-                fprintf(stderr, "rank %d: %s\n", rank, pp_last_error());
-                MPI_Abort(MPI_COMM_WORLD, 1);
+            if (run_pippin) {
+                fill(x, n, rank);
+                pp_transport_set_step(t, step);
+                MPI_Barrier(MPI_COMM_WORLD);
+                double c0[N_COUNTERS], c1[N_COUNTERS];
+                counters_read(c0);
+                counters_enable(it >= 0);
+                double t0 = now_s();
+                pp_grad_ring_begin(g, step++);
+                pp_status s = pp_grad_ring_add(g, 0, &fp, 0);
+                if (s == PP_OK) s = pp_grad_ring_finish(g, -1);
+                double dt = now_s() - t0;
+                counters_enable(0);
+                counters_read(c1);
+                for (int i = 0; i < N_COUNTERS; i++) cp[i] += c1[i] - c0[i];
+                if (s != PP_OK) {
+                    fprintf(stderr, "rank %d: %s\n", rank, pp_last_error());
+                    MPI_Abort(MPI_COMM_WORLD, 1);
+                }
+                if (it == 0) bad |= check(x, n, nranks, "pippin", rank);
+                if (it >= 0) tp[it] = dt;
             }
-            if (it == 0) bad |= check(x, n, nranks, "pippin", rank);
-            if (it >= 0) tp[it] = dt;
-        }
-        for (int it = -3; it < iters && !bad; it++) {
-            fill(x, n, rank);
-            MPI_Barrier(MPI_COMM_WORLD);
-            double t0 = now_s();
-            MPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-            double dt = now_s() - t0;
-            if (it == 0) bad |= check(x, n, nranks, "MPI", rank);
-            if (it >= 0) tm[it] = dt;
+            if (run_mpi) {
+                fill(x, n, rank);
+                MPI_Barrier(MPI_COMM_WORLD);
+                double c0[N_COUNTERS], c1[N_COUNTERS];
+                counters_read(c0);
+                counters_enable(it >= 0);
+                double t0 = now_s();
+                MPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+                double dt = now_s() - t0;
+                counters_enable(0);
+                counters_read(c1);
+                for (int i = 0; i < N_COUNTERS; i++) cm[i] += c1[i] - c0[i];
+                if (it == 0) bad |= check(x, n, nranks, "MPI", rank);
+                if (it >= 0) tm[it] = dt;
+            }
         }
         pp_grad_ring_free(g);
         free(x);
@@ -154,11 +230,21 @@ int main(int argc, char **argv) {
         MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
         if (bad) break;
         double gp = (double)bytes / median(tp, iters) / 1e9, gm = (double)bytes / median(tm, iters) / 1e9;
+        double bp = (double)bytes / tp[0] / 1e9, bm = (double)bytes / tm[0] / 1e9; /* sorted by median() */
+        /* per round and process, summed over the processes */
+        MPI_Allreduce(MPI_IN_PLACE, cp, N_COUNTERS, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        MPI_Allreduce(MPI_IN_PLACE, cm, N_COUNTERS, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        double per = (double)iters * nranks;
         if (!rank && json)
             printf("{\"bytes\": %lld, \"processes\": %d, \"shm\": %s, \"pippin_gbps\": %.4f, \"mpi_gbps\": %.4f, "
-                   "\"ratio\": %.3f}\n", (long long)bytes, nranks, noshm ? "false" : "true", gp, gm, gp / gm);
+                   "\"ratio\": %.3f, \"ratio_best\": %.3f, \"pippin_syscalls\": %.1f, \"mpi_syscalls\": %.1f, "
+                   "\"pippin_cswitches\": %.1f, \"mpi_cswitches\": %.1f, \"pippin_cpu_ms\": %.3f, "
+                   "\"mpi_cpu_ms\": %.3f}\n", (long long)bytes, nranks, noshm ? "false" : "true", gp, gm, gp / gm,
+                   bp / bm, cp[0] / per, cm[0] / per, cp[1] / per, cm[1] / per, cp[2] / per / 1e6, cm[2] / per / 1e6);
         else if (!rank)
-            printf("%12lld %14.3f %14.3f %7.2fx\n", (long long)bytes, gp, gm, gp / gm);
+            printf("%12lld %14.3f %14.3f %7.2fx %9.2fx   per round and process: syscalls %.1f / %.1f, context "
+                   "switches %.1f / %.1f, CPU ms %.3f / %.3f\n", (long long)bytes, gp, gm, gp / gm, bp / bm, cp[0] / per,
+                   cm[0] / per, cp[1] / per, cm[1] / per, cp[2] / per / 1e6, cm[2] / per / 1e6);
         fflush(stdout);
     }
     free(tp);

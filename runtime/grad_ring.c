@@ -1,21 +1,50 @@
 /* The bucketed ring all-reduce of gradients between replicas (grad_ring.h). */
 #include "grad_ring.h"
 
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "status_internal.h"
+
+/* Buckets of at most this many bytes times R - 1 are summed directly by
+ * default (pp_grad_ring_options.direct_max_bytes): the small buckets,
+ * whose time is latency. */
+#define DIRECT_MAX_BYTES ((int64_t)128 << 10)
+#define MAX_DIRECT_REPLICAS 64
 
 typedef struct bucket {
     int stage, id;      /* id: the stage's bucket number this step */
     pp_flat_params *fp; /* the stage's flat gradients (and, sharded, parameters) */
     int64_t off, len;   /* elements */
-    int phase;          /* 0 .. 2(R-1): reduce-scatter, then all-gather; 2(R-1): done */
+    int direct;         /* summed directly: phase 0 the sum, phase 1 the all-gather */
+    int phase;          /* ring: 0 .. 2(R-1): reduce-scatter, then all-gather; 2(R-1): done */
     int sent;           /* this phase's chunk has left */
     int limit;          /* the phase it may run to now */
     int params;         /* sharded, after the update: the all-gather moves parameters */
+    pp_tensor **got;    /* direct: [R] what each replica sent in this phase */
 } bucket;
+
+/* Chunks sent straight from the flat buffers: the transport (or libzmq's
+ * I/O thread) may read them after the send returned, so they are counted
+ * until it lets go, and nothing the ring sent is changed before the count
+ * is back to zero. Shared with the deleters, which can run on libzmq's
+ * thread after the ring is gone. */
+typedef struct loans {
+    atomic_int refs; /* the ring's, and one per chunk out */
+    pthread_mutex_t lock;
+    pthread_cond_t back; /* out reached zero */
+    int out;             /* under lock */
+} loans;
+
+typedef struct loan {
+    loans *l;
+    pp_tensor *view; /* keeps the flat buffers alive */
+} loan;
 
 struct pp_grad_ring {
     pp_grad_ring_options o;
@@ -25,7 +54,27 @@ struct pp_grad_ring {
     int done;           /* buckets before this one are all done (they finish in order only when waited for) */
     int *next_id;       /* [n_stages]: the next bucket id per stage */
     int overlapped;     /* buckets already summed when the step waited for the rest */
+    loans *loans;
 };
+
+static void loans_unref(loans *l) {
+    if (atomic_fetch_sub(&l->refs, 1) == 1) {
+        pthread_cond_destroy(&l->back);
+        pthread_mutex_destroy(&l->lock);
+        free(l);
+    }
+}
+
+static void loan_done(void *data, void *hint) {
+    (void)data;
+    loan *ln = hint;
+    pp_tensor_free(ln->view);
+    pthread_mutex_lock(&ln->l->lock);
+    if (--ln->l->out == 0) pthread_cond_broadcast(&ln->l->back);
+    pthread_mutex_unlock(&ln->l->lock);
+    loans_unref(ln->l);
+    free(ln);
+}
 
 pp_status pp_grad_ring_new(const pp_grad_ring_options *o, pp_grad_ring **out) {
     *out = NULL;
@@ -36,17 +85,39 @@ pp_status pp_grad_ring_new(const pp_grad_ring_options *o, pp_grad_ring **out) {
                         (long long)o->bucket_bytes);
     pp_grad_ring *g = calloc(1, sizeof *g);
     if (g) g->next_id = calloc((size_t)o->n_stages, sizeof *g->next_id);
-    if (!g || !g->next_id) {
+    if (g) g->loans = calloc(1, sizeof *g->loans);
+    if (!g || !g->next_id || !g->loans) {
+        if (g) free(g->next_id);
         free(g);
         return pp_error(PP_ERR_NOMEM, "out of memory");
     }
+    atomic_init(&g->loans->refs, 1);
+    pthread_mutex_init(&g->loans->lock, NULL);
+    pthread_cond_init(&g->loans->back, NULL);
     g->o = *o;
     *out = g;
     return PP_OK;
 }
 
+static void drop_got(pp_grad_ring *g, bucket *b) {
+    for (int j = 0; b->got && j < g->o.replicas; j++) {
+        pp_tensor_free(b->got[j]);
+        b->got[j] = NULL;
+    }
+}
+
+static void drop_buckets(pp_grad_ring *g) {
+    for (int i = 0; i < g->n; i++) {
+        drop_got(g, &g->b[i]);
+        free(g->b[i].got);
+    }
+    g->n = 0;
+}
+
 void pp_grad_ring_free(pp_grad_ring *g) {
     if (!g) return;
+    drop_buckets(g);
+    loans_unref(g->loans); /* chunks still out keep it (and their buffers) until they are let go */
     free(g->b);
     free(g->next_id);
     free(g);
@@ -54,7 +125,8 @@ void pp_grad_ring_free(pp_grad_ring *g) {
 
 void pp_grad_ring_begin(pp_grad_ring *g, int64_t step) {
     g->step = step;
-    g->n = g->done = 0;
+    drop_buckets(g);
+    g->done = 0;
     memset(g->next_id, 0, sizeof *g->next_id * (size_t)g->o.n_stages);
 }
 
@@ -69,7 +141,12 @@ static pp_status push(pp_grad_ring *g, int stage, pp_flat_params *fp, int full, 
         g->b = nb, g->cap = cap;
     }
     int r = g->o.replicas;
-    g->b[g->n++] = (bucket){stage, g->next_id[stage]++, fp, off, len, 0, 0, g->o.shard && !full ? r - 1 : 2 * (r - 1), 0};
+    int64_t dmax = g->o.direct_max_bytes ? g->o.direct_max_bytes : DIRECT_MAX_BYTES;
+    int direct = r <= MAX_DIRECT_REPLICAS && (int64_t)(r - 1) * len * (int64_t)sizeof(float) <= dmax;
+    bucket b = {stage, g->next_id[stage]++, fp, off, len, direct, 0, 0, 0, 0, NULL};
+    b.limit = direct ? 1 : g->o.shard && !full ? r - 1 : 2 * (r - 1);
+    if (direct && !(b.got = calloc((size_t)r, sizeof *b.got))) return pp_error(PP_ERR_NOMEM, "out of memory");
+    g->b[g->n++] = b;
     return PP_OK;
 }
 
@@ -153,14 +230,43 @@ static void ring_key(const pp_grad_ring *g, const bucket *b, int sending, char *
                             sending ? theirs : mine, name};
 }
 
+/* Elements [lo, lo + n) of the bucket's phase buffer as a tensor to send:
+ * a copy (copy 1), or the buffer itself on loan (counted until the
+ * transport lets go of it). */
+static pp_status chunk_tensor(pp_grad_ring *g, bucket *b, int64_t lo, int64_t n, int copy, pp_tensor **out) {
+    if (copy) {
+        PP_TRY(pp_tensor_empty(PP_F32, 1, (int64_t[]){n}, out));
+        if (n) memcpy((*out)->data, phase_buf(b) + lo, (size_t)n * sizeof(float));
+        return PP_OK;
+    }
+    loan *ln = malloc(sizeof *ln);
+    if (!ln) return pp_error(PP_ERR_NOMEM, "out of memory");
+    pp_status s = pp_flat_params_range_view(b->fp, !b->params, lo, n, &ln->view);
+    if (s != PP_OK) {
+        free(ln);
+        return s;
+    }
+    ln->l = g->loans;
+    atomic_fetch_add(&g->loans->refs, 1);
+    pthread_mutex_lock(&g->loans->lock);
+    g->loans->out++;
+    pthread_mutex_unlock(&g->loans->lock);
+    s = pp_tensor_wrap(PP_F32, 1, (int64_t[]){n}, ln->view->data, loan_done, ln, out);
+    if (s != PP_OK) loan_done(NULL, ln);
+    return s;
+}
+
+/* Sends straight from the gradients: within a bucket a chunk is changed
+ * again only after every replica has it (the all-gather brings it back
+ * summed, which needs this replica's part), and the last ones are waited
+ * for before finish returns (settle). */
 static pp_status send_chunk(pp_grad_ring *g, bucket *b) {
     int c, unused;
     phase_chunks(g, b->phase, &c, &unused);
     int64_t lo, n;
     chunk_range(g, b, c, &lo, &n);
     pp_tensor *t;
-    PP_TRY(pp_tensor_empty(PP_F32, 1, (int64_t[]){n}, &t));
-    if (n) memcpy(t->data, phase_buf(b) + lo, (size_t)n * sizeof(float)); /* the buffer changes after the send */
+    PP_TRY(chunk_tensor(g, b, lo, n, 0, &t));
     char name[64];
     pp_transport_key k;
     ring_key(g, b, 1, name, sizeof name, &k);
@@ -170,17 +276,23 @@ static pp_status send_chunk(pp_grad_ring *g, bucket *b) {
     return s;
 }
 
-/* Adds (reduce-scatter) or copies (all-gather) the received chunk. */
+static pp_status chunk_error(const pp_grad_ring *g, const bucket *b, int from, int c, const pp_tensor *in,
+                             int64_t n) {
+    return pp_error(PP_ERR_PEER, "replica %d sent stage %d's gradient chunk %d of bucket %d with %lld values, "
+                    "expected %lld float32 (do the replicas hold the same stage?)", from, b->stage, c, b->id,
+                    (long long)pp_tensor_numel(in), (long long)n);
+}
+
+static int chunk_ok(const pp_tensor *in, int64_t n) { return in->dtype == PP_F32 && in->ndim == 1 && in->shape[0] == n; }
+
+/* Adds (reduce-scatter) or copies (all-gather) the received chunk, reading
+ * it where the transport put it (the sender's ring, or the frame). */
 static pp_status apply_chunk(pp_grad_ring *g, bucket *b, pp_tensor *in) {
     int unused, c;
     phase_chunks(g, b->phase, &unused, &c);
     int64_t lo, n;
     chunk_range(g, b, c, &lo, &n);
-    int from = mod(g->o.replica - 1, g->o.replicas);
-    if (in->dtype != PP_F32 || in->ndim != 1 || in->shape[0] != n)
-        return pp_error(PP_ERR_PEER, "replica %d sent stage %d's gradient chunk %d of bucket %d with %lld values, "
-                        "expected %lld float32 (do the replicas hold the same stage?)", from, b->stage, c, b->id,
-                        (long long)pp_tensor_numel(in), (long long)n);
+    if (!chunk_ok(in, n)) return chunk_error(g, b, mod(g->o.replica - 1, g->o.replicas), c, in, n);
     float *dst = phase_buf(b) + lo;
     const float *src = in->data;
     if (b->phase < g->o.replicas - 1 && !b->params)
@@ -192,8 +304,12 @@ static pp_status apply_chunk(pp_grad_ring *g, bucket *b, pp_tensor *in) {
     return PP_OK;
 }
 
-/* Runs bucket b on; wait 0: only as far as what has arrived allows. */
-static pp_status advance(pp_grad_ring *g, bucket *b, int wait, int timeout_ms) {
+static pp_status recv_error(const pp_grad_ring *g, const bucket *b, int from, pp_status s) {
+    return pp_error_context(s, "summing stage %d's gradients with replica %d (bucket %d)", b->stage, from, b->id);
+}
+
+/* Runs a ring bucket on; wait 0: only as far as what has arrived allows. */
+static pp_status advance_ring(pp_grad_ring *g, bucket *b, int wait, int timeout_ms) {
     while (b->phase < b->limit) {
         if (!b->sent) PP_TRY(send_chunk(g, b));
         char name[64];
@@ -201,15 +317,128 @@ static pp_status advance(pp_grad_ring *g, bucket *b, int wait, int timeout_ms) {
         ring_key(g, b, 0, name, sizeof name, &k);
         pp_tensor *in = NULL;
         pp_status s = wait ? pp_transport_recv(g->o.t, &k, timeout_ms, &in) : pp_transport_try_recv(g->o.t, &k, &in);
-        if (s != PP_OK)
-            return pp_error_context(s, "summing stage %d's gradients with replica %d (bucket %d)", b->stage,
-                                    mod(g->o.replica - 1, g->o.replicas), b->id);
+        if (s != PP_OK) return recv_error(g, b, mod(g->o.replica - 1, g->o.replicas), s);
         if (!in) return PP_OK;
         s = apply_chunk(g, b, in);
         pp_tensor_free(in);
         PP_TRY(s);
     }
     return PP_OK;
+}
+
+/* ---- a small bucket, summed directly ---- */
+
+static void direct_key(const pp_grad_ring *g, const bucket *b, int peer, int sending, pp_transport_key *k) {
+    int s = g->o.n_stages, mine = g->o.replica * s + b->stage, theirs = peer * s + b->stage;
+    *k = (pp_transport_key){PP_MSG_GRADIENT, g->step, PP_GRAD_RING_MICROBATCH + b->id, sending ? mine : theirs,
+                            sending ? theirs : mine, b->phase ? "pippin:ring:gather" : "pippin:ring:sum"};
+}
+
+/* Phase 0: every replica's whole bucket to every other; phase 1
+ * (sharded, the parameters after the update): each replica's shard, chunk
+ * k + 1 (what the ring's reduce-scatter leaves it). A copy is sent: the
+ * sum is written over the bucket while the peers may still read it. */
+static pp_status direct_send(pp_grad_ring *g, bucket *b) {
+    int r = g->o.replicas, me = g->o.replica;
+    int64_t lo = b->off, n = b->len;
+    if (b->phase) chunk_range(g, b, mod(me + 1, r), &lo, &n);
+    pp_tensor *t;
+    PP_TRY(chunk_tensor(g, b, lo, n, 1, &t));
+    pp_status s = PP_OK;
+    for (int j = 1; j < r && s == PP_OK; j++) {
+        pp_transport_key k;
+        direct_key(g, b, mod(me + j, r), 1, &k);
+        s = pp_transport_send(g->o.t, &k, t);
+    }
+    pp_tensor_free(t);
+    if (s == PP_OK) b->sent = 1;
+    return s;
+}
+
+/* Chunk c summed in the ring's order: replica c's values, then c+1's, ...
+ * (bit for bit what the ring gives), over this replica's own buffer. */
+static void direct_sum(pp_grad_ring *g, bucket *b) {
+    int r = g->o.replicas, me = g->o.replica;
+    float *buf = phase_buf(b);
+    for (int c = 0; c < r; c++) {
+        int64_t lo, n;
+        chunk_range(g, b, c, &lo, &n);
+        const float *xs[MAX_DIRECT_REPLICAS]; /* operands in summation order */
+        for (int j = 0; j < r; j++) {
+            int who = mod(c + j, r);
+            xs[j] = who == me ? buf + lo : (const float *)b->got[who]->data + (lo - b->off);
+        }
+        float *dst = buf + lo;
+        for (int64_t i = 0; i < n; i++) {
+            float acc = xs[0][i];
+            for (int j = 1; j < r; j++) acc += xs[j][i];
+            dst[i] = acc;
+        }
+    }
+}
+
+static pp_status advance_direct(pp_grad_ring *g, bucket *b, int wait, int timeout_ms) {
+    int r = g->o.replicas, me = g->o.replica;
+    while (b->phase < b->limit) {
+        if (!b->sent) PP_TRY(direct_send(g, b));
+        for (int j = 1; j < r; j++) {
+            int from = mod(me + j, r);
+            if (b->got[from]) continue;
+            pp_transport_key k;
+            direct_key(g, b, from, 0, &k);
+            pp_tensor *in = NULL;
+            pp_status s = wait ? pp_transport_recv(g->o.t, &k, timeout_ms, &in) : pp_transport_try_recv(g->o.t, &k, &in);
+            if (s != PP_OK) return recv_error(g, b, from, s);
+            if (!in) return PP_OK;
+            int64_t lo = b->off, n = b->len;
+            if (b->phase) chunk_range(g, b, mod(from + 1, r), &lo, &n);
+            if (!chunk_ok(in, n)) {
+                s = chunk_error(g, b, from, b->phase ? mod(from + 1, r) : -1, in, n);
+                pp_tensor_free(in);
+                return s;
+            }
+            b->got[from] = in;
+        }
+        if (b->phase == 0) {
+            direct_sum(g, b);
+        } else {
+            for (int j = 1; j < r; j++) {
+                int from = mod(me + j, r);
+                int64_t lo, n;
+                chunk_range(g, b, mod(from + 1, r), &lo, &n);
+                if (n) memcpy(phase_buf(b) + lo, b->got[from]->data, (size_t)n * sizeof(float));
+            }
+        }
+        drop_got(g, b);
+        b->phase++;
+        b->sent = 0;
+    }
+    return PP_OK;
+}
+
+static pp_status advance(pp_grad_ring *g, bucket *b, int wait, int timeout_ms) {
+    return b->direct ? advance_direct(g, b, wait, timeout_ms) : advance_ring(g, b, wait, timeout_ms);
+}
+
+/* Waits until the transport has let go of every chunk sent from the flat
+ * buffers (on the socket path libzmq's I/O thread may still be writing the
+ * last ones; it needs nothing from this thread): one sleep, woken by the
+ * last release. */
+static pp_status settle(pp_grad_ring *g, int timeout_ms) {
+    loans *l = g->loans;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+    pthread_mutex_lock(&l->lock);
+    int rc = 0;
+    while (l->out > 0 && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&l->back, &l->lock, &until);
+    int out = l->out;
+    pthread_mutex_unlock(&l->lock);
+    if (out == 0) return PP_OK;
+    return pp_error(PP_ERR_TIMEOUT, "gradient ring: %d chunks sent to replica %d still not written out after %d ms",
+                    out, mod(g->o.replica + 1, g->o.replicas), timeout_ms);
 }
 
 pp_status pp_grad_ring_progress(pp_grad_ring *g) {
@@ -222,7 +451,7 @@ pp_status pp_grad_ring_finish(pp_grad_ring *g, int timeout_ms) {
     g->overlapped = 0;
     for (int i = 0; i < g->n; i++) g->overlapped += g->b[i].phase == g->b[i].limit;
     for (; g->done < g->n; g->done++) PP_TRY(advance(g, &g->b[g->done], 1, timeout_ms));
-    return PP_OK;
+    return settle(g, timeout_ms < 0 ? 60000 : timeout_ms);
 }
 
 pp_status pp_grad_ring_gather(pp_grad_ring *g, int timeout_ms) {
@@ -231,10 +460,10 @@ pp_status pp_grad_ring_gather(pp_grad_ring *g, int timeout_ms) {
      * whole (full) goes through its all-gather phases a second time */
     for (int i = 0; i < g->n; i++) {
         bucket *b = &g->b[i];
-        b->phase = g->o.replicas - 1;
+        b->phase = b->direct ? 1 : g->o.replicas - 1;
         b->sent = 0;
         b->params = 1;
-        b->limit = 2 * (g->o.replicas - 1);
+        b->limit = b->direct ? 2 : 2 * (g->o.replicas - 1);
     }
     g->done = 0;
     return pp_grad_ring_finish(g, timeout_ms);

@@ -10,7 +10,13 @@
  *
  * The sum is deterministic: chunk c of every bucket is added up in the
  * fixed order replica c, c+1, ..., c-1 (mod R) whatever the timing, and
- * every replica ends with the same bits (the all-gather copies them). */
+ * every replica ends with the same bits (the all-gather copies them).
+ * Small buckets skip the ring: every replica sends its whole bucket to
+ * every other and adds them up in that same order (one round trip).
+ *
+ * Chunks are sent straight from the flat buffers (no copy; the transport
+ * copies into a shared-memory ring, or libzmq writes them out from there):
+ * finish and gather return only once the transport has let go of them. */
 #ifndef PIPPIN_RUNTIME_GRAD_RING_H
 #define PIPPIN_RUNTIME_GRAD_RING_H
 
@@ -33,6 +39,10 @@ typedef struct pp_grad_ring_options {
      * updates its shard of the parameters (pp_grad_ring_shard) and
      * pp_grad_ring_gather all-gathers the parameters instead of the sums. */
     int shard;
+    /* Buckets whose bytes times R - 1 are at most this are summed directly
+     * (each replica sends the whole bucket to every other: one round trip
+     * instead of 2(R - 1), the same bits). 0: 128 KiB; < 0: never. */
+    int64_t direct_max_bytes;
 } pp_grad_ring_options;
 
 typedef struct pp_grad_ring pp_grad_ring;

@@ -43,6 +43,23 @@ pp_status pp_flat_params_grad_view(pp_flat_params *fp, int i, pp_tensor **out) {
     return view(fp, i, fp->grad, out);
 }
 
+static void no_free(void *data, void *hint) {
+    (void)data;
+    (void)hint;
+}
+
+pp_status pp_flat_params_range_view(pp_flat_params *fp, int grad, int64_t off, int64_t len, pp_tensor **out) {
+    if (off < 0 || len < 0 || off > fp->total - len)
+        return pp_error(PP_ERR_INVALID, "elements [%lld, %lld) of a flat buffer of %lld", (long long)off,
+                        (long long)(off + len), (long long)fp->total);
+    block *b = fp->block;
+    if (b) atomic_fetch_add(&b->refs, 1);
+    pp_status s = pp_tensor_wrap(PP_F32, 1, (int64_t[]){len}, (grad ? fp->grad : fp->data) + off,
+                                 b ? block_unref : no_free, b, out);
+    if (s != PP_OK && b) atomic_fetch_sub(&b->refs, 1);
+    return s;
+}
+
 void pp_flat_params_free(pp_flat_params *fp) {
     if (!fp) return;
     for (int i = 0; fp->names && i < fp->n; i++) free(fp->names[i]);

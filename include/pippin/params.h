@@ -56,6 +56,12 @@ PP_API pp_status pp_flat_params_accumulate(pp_flat_params *fp, int i, const pp_t
  * they keep the buffers alive. */
 PP_API pp_status pp_flat_params_data_view(pp_flat_params *fp, int i, pp_tensor **out);
 PP_API pp_status pp_flat_params_grad_view(pp_flat_params *fp, int i, pp_tensor **out);
+/* A 1-D tensor viewing elements [off, off + len) of the parameters (grad
+ * 0) or the gradients (grad 1), keeping the buffers alive (a
+ * pp_flat_params filled in by hand, without the allocation
+ * pp_flat_params_new makes, must outlive the view itself). */
+PP_API pp_status pp_flat_params_range_view(pp_flat_params *fp, int grad, int64_t off, int64_t len,
+                                           pp_tensor **out);
 
 /* Copies src into parameter i (same element count; float32). */
 PP_API pp_status pp_flat_params_set(pp_flat_params *fp, int i, const pp_tensor *src);

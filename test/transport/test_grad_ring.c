@@ -1,0 +1,181 @@
+/* The replicas' gradient ring (runtime/grad_ring.c) over real transports,
+ * one thread per replica: every replica ends with chunk c of every bucket
+ * summed in the order replica c, c+1, ... (the reference below), bit for
+ * bit, whether buckets go round the ring or are summed directly, over
+ * inproc, the socket, or the shared-memory rings. Chunks are sent straight
+ * from the gradients, so each replica scribbles over its buffer the moment
+ * finish returns: a chunk the transport had not written out yet would
+ * reach a peer changed. */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grad_ring.h"
+#include "test_filter.h"
+#include "tt_util.h"
+
+enum { MAX_R = 4, NP = 4, STEPS = 2 };
+/* Parameters of 300k, 8k, 40k and 3 floats: buckets of 256 KiB cut them
+ * into a large bucket of its own, and small ones. */
+static const int64_t numel[NP] = {300000, 8000, 40000, 3};
+
+typedef struct job {
+    pp_transport *t;
+    pp_grad_ring_options o;
+    int64_t total;
+    int64_t offset[NP];
+    float *x[STEPS];   /* this replica's gradients of each step */
+    float *out[STEPS]; /* what it held after finish */
+    pp_status s;
+    char err[512];
+} job;
+
+static void *replica_main(void *arg) {
+    job *j = arg;
+    char *names[NP] = {"a", "b", "c", "d"};
+    int64_t nm[NP];
+    memcpy(nm, numel, sizeof nm);
+    float *grad = malloc(sizeof(float) * (size_t)j->total), *data = calloc((size_t)j->total, sizeof(float));
+    pp_flat_params fp = {NP, NULL, names, j->offset, nm, NULL, NULL, j->total, data, grad, NULL};
+    pp_grad_ring *g = NULL;
+    j->s = pp_grad_ring_new(&j->o, &g);
+    for (int step = 0; step < STEPS && j->s == PP_OK; step++) {
+        memcpy(grad, j->x[step], sizeof(float) * (size_t)j->total);
+        pp_transport_set_step(j->t, step);
+        pp_grad_ring_begin(g, step);
+        j->s = pp_grad_ring_add(g, 0, &fp, 0);
+        if (j->s == PP_OK) j->s = pp_grad_ring_finish(g, 10000);
+        memcpy(j->out[step], grad, sizeof(float) * (size_t)j->total);
+        memset(grad, 0xff, sizeof(float) * (size_t)j->total); /* NaN: the next step's work */
+    }
+    if (j->s != PP_OK) snprintf(j->err, sizeof j->err, "%s", pp_last_error());
+    pp_grad_ring_free(g);
+    free(grad);
+    free(data);
+    return NULL;
+}
+
+/* Values of many magnitudes, so that the order of a sum shows in its bits. */
+static float value(unsigned *seed) {
+    *seed = *seed * 1103515245u + 12345u;
+    int e = (int)((*seed >> 16) % 20) - 10;
+    float m = (float)((*seed >> 4) & 0xfff) / 4096.0f - 0.5f;
+    return ldexpf(m, e);
+}
+
+/* R replicas over kind (shm_bytes as in the transport options), buckets
+ * summed directly up to direct_max_bytes; each replica's result checked
+ * against the ring order. Returns the results of replica 0 (caller frees). */
+static float *run(const char *kind, int64_t shm_bytes, int R, int64_t direct_max_bytes) {
+    pp_transport_options o;
+    pp_transport_options_init(&o);
+    o.timeout_ms = 10000;
+    o.shm_bytes = shm_bytes;
+    pp_transport *t[MAX_R];
+    tt_make_ranks(kind, R, &o, t);
+    job jobs[MAX_R];
+    int64_t offset[NP], total = 0;
+    for (int i = 0; i < NP; i++) {
+        offset[i] = total;
+        total += (numel[i] + 15) / 16 * 16;
+    }
+    for (int k = 0; k < R; k++) {
+        job *j = &jobs[k];
+        memset(j, 0, sizeof *j);
+        j->t = t[k];
+        j->o = (pp_grad_ring_options){t[k], R, k, 1, 16 << 10, 256 << 10, 0, direct_max_bytes};
+        j->total = total;
+        memcpy(j->offset, offset, sizeof offset);
+        unsigned seed = 77u + 1000u * (unsigned)k;
+        for (int s = 0; s < STEPS; s++) {
+            j->x[s] = calloc((size_t)total, sizeof(float));
+            j->out[s] = calloc((size_t)total, sizeof(float));
+            for (int i = 0; i < NP; i++)
+                for (int64_t e = 0; e < numel[i]; e++) j->x[s][offset[i] + e] = value(&seed);
+        }
+    }
+    pthread_t th[MAX_R];
+    for (int k = 0; k < R; k++) assert_int_equal(pthread_create(&th[k], NULL, replica_main, &jobs[k]), 0);
+    for (int k = 0; k < R; k++) pthread_join(th[k], NULL);
+    for (int k = 0; k < R; k++)
+        if (jobs[k].s != PP_OK) fail_msg("%s, %d replicas: replica %d: %s", kind, R, k, jobs[k].err);
+    /* the reference: replica k's shard is chunk k + 1 of every bucket,
+     * summed from replica k + 1 on */
+    float *want = calloc((size_t)total, sizeof(float));
+    int order_shows = 0;
+    for (int s = 0; s < STEPS; s++) {
+        for (int k = 0; k < R; k++) {
+            pp_ring_ranges rr;
+            int64_t nm[NP];
+            memcpy(nm, numel, sizeof nm);
+            pp_flat_params fp = {NP, NULL, NULL, offset, nm, NULL, NULL, total, NULL, NULL, NULL};
+            TT_OK(pp_grad_ring_shard(&jobs[k].o, k, &fp, &rr));
+            int c = (k + 1) % R;
+            for (int q = 0; q < rr.n; q++)
+                for (int64_t e = rr.lo[q]; e < rr.lo[q] + rr.len[q]; e++) {
+                    float acc = jobs[c].x[s][e], plain = jobs[0].x[s][e];
+                    for (int m = 1; m < R; m++) {
+                        acc += jobs[(c + m) % R].x[s][e];
+                        plain += jobs[m].x[s][e];
+                    }
+                    want[e] = acc;
+                    order_shows |= memcmp(&acc, &plain, sizeof acc) != 0;
+                }
+            pp_ring_ranges_free(&rr);
+        }
+        for (int k = 0; k < R; k++)
+            for (int64_t e = 0; e < total; e++)
+                if (memcmp(&jobs[k].out[s][e], &want[e], sizeof(float)))
+                    fail_msg("%s, %d replicas, direct up to %lld bytes: step %d, replica %d, element %lld: %.9g, "
+                             "the ring order gives %.9g", kind, R, (long long)direct_max_bytes, s, k, (long long)e,
+                             jobs[k].out[s][e], want[e]);
+    }
+    if (R > 2) assert_true(order_shows); /* the data can tell the orders apart */
+    float *res = malloc(sizeof(float) * (size_t)total * STEPS);
+    for (int s = 0; s < STEPS; s++) memcpy(res + (size_t)s * (size_t)total, jobs[0].out[s], sizeof(float) * (size_t)total);
+    for (int k = 0; k < R; k++)
+        for (int s = 0; s < STEPS; s++) {
+            free(jobs[k].x[s]);
+            free(jobs[k].out[s]);
+        }
+    free(want);
+    tt_close_ranks(R, t);
+    return res;
+}
+
+static void check_kind(const char *kind, int64_t shm_bytes) {
+    for (int R = 2; R <= 3; R++) {
+        float *ring = run(kind, shm_bytes, R, -1), *direct = run(kind, shm_bytes, R, (int64_t)1 << 30),
+              *mixed = run(kind, shm_bytes, R, 0);
+        free(ring);
+        free(direct);
+        free(mixed);
+    }
+}
+
+static void test_ring_inproc(void **state) {
+    (void)state;
+    check_kind("inproc", 0);
+}
+
+static void test_ring_socket(void **state) {
+    (void)state;
+    check_kind("tcp", -1);
+}
+
+static void test_ring_shm(void **state) {
+    (void)state;
+    check_kind("tcp", 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ring_inproc),
+        cmocka_unit_test(test_ring_socket),
+        cmocka_unit_test(test_ring_shm),
+    };
+    tu_filter_from_env();
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
