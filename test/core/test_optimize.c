@@ -4,6 +4,7 @@
  * pippin::MatMulAdd kernel (bit for bit against MatMul then Add, the same
  * bits at 1 and 4 threads), the pass switch, and the PyTorch fixtures run
  * optimized against unoptimized and against PyTorch. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -442,6 +443,202 @@ static void test_matmul_add_errors(void **state) {
     pp_tensor_free(b);
 }
 
+/* ---- attention ---- */
+
+#define AT_T 8 /* the mask buffer's size (block_size); inputs may be shorter */
+
+/* A [1, 1, AT_T, AT_T] float mask: tril of ones (kind 0), the same with
+ * the diagonal masked too (1: not causal), 0 / -inf for Add (2). */
+static pp_tensor *mask_const(int kind) {
+    pp_tensor *t;
+    TU_OK(pp_tensor_empty(PP_F32, 4, SHAPE(1, 1, AT_T, AT_T), &t));
+    float *d = t->data;
+    for (int i = 0; i < AT_T; i++)
+        for (int j = 0; j < AT_T; j++) {
+            int keep = kind == 1 ? j < i : j <= i;
+            d[i * AT_T + j] = kind == 2 ? (keep ? 0.0f : -INFINITY) : (float)keep;
+        }
+    return t;
+}
+
+/* GPT attention as PyTorch 1.13 exports it: q, k, v [B, T, H, D] in,
+ * Transposes to [B, H, T, D] (K to [B, H, D, T]), MatMul, Mul by 1/sqrt(D)
+ * (Div with `div`), the mask sliced to [T, T] by Shape(q)[1], Equal 0, Cast,
+ * Where(-inf), Softmax, MatMul by V, Transpose back. add: the mask added
+ * (0 / -inf) instead; plain: q, k, v given as [B, H, T, D] (K^T by
+ * Transpose 0,1,3,2) and no Transposes around. */
+static pp_graph *attention_graph(int mask_kind, int add, int div, int plain) {
+    pp_graph *g;
+    TU_OK(pp_graph_new("attention", &g));
+    int q, k, v, id;
+    TU_OK(pp_graph_add_input(g, "q", PP_F32, 4, SHAPE(-1, -1, -1, 4), &q));
+    TU_OK(pp_graph_add_input(g, "k", PP_F32, 4, SHAPE(-1, -1, -1, 4), &k));
+    TU_OK(pp_graph_add_input(g, "v", PP_F32, 4, SHAPE(-1, -1, -1, 5), &v));
+    int qt = q, kt, vt = v;
+    if (plain) {
+        kt = node1(g, "Transpose", "kt", 1, &k);
+        TU_OK(pp_node_set_ints(g, g->values[kt].producer, "perm", 4, SHAPE(0, 1, 3, 2)));
+    } else {
+        qt = node1(g, "Transpose", "qt", 1, &q);
+        TU_OK(pp_node_set_ints(g, g->values[qt].producer, "perm", 4, SHAPE(0, 2, 1, 3)));
+        kt = node1(g, "Transpose", "kt", 1, &k);
+        TU_OK(pp_node_set_ints(g, g->values[kt].producer, "perm", 4, SHAPE(0, 2, 3, 1)));
+        vt = node1(g, "Transpose", "vt", 1, &v);
+        TU_OK(pp_node_set_ints(g, g->values[vt].producer, "perm", 4, SHAPE(0, 2, 1, 3)));
+    }
+    int s = node1(g, "MatMul", "qk", 2, (int[]){qt, kt});
+    int scale = add_param(g, div ? "two" : "half", PP_VALUE_CONST, F32(0, SHAPE(0), div ? 2.0f : 0.5f));
+    s = node1(g, div ? "Div" : "Mul", "scale", 2, (int[]){s, scale});
+    /* the mask's end: the time dim of q (dim 1, or 2 when plain) */
+    int shp = node1(g, "Shape", "shape", 1, &q);
+    int idx = add_param(g, "tdim", PP_VALUE_CONST, I64(0, SHAPE(0), plain ? 2 : 1));
+    int t = node1(g, "Gather", "t", 2, (int[]){shp, idx});
+    int ax0 = add_param(g, "ax0", PP_VALUE_CONST, I64(1, SHAPE(1), 0));
+    int end = node1(g, "Unsqueeze", "end", 2, (int[]){t, ax0});
+    int zero = add_param(g, "zero", PP_VALUE_CONST, I64(1, SHAPE(1), 0));
+    int a2 = add_param(g, "a2", PP_VALUE_CONST, I64(1, SHAPE(1), 2));
+    int a3 = add_param(g, "a3", PP_VALUE_CONST, I64(1, SHAPE(1), 3));
+    int one = add_param(g, "one", PP_VALUE_CONST, I64(1, SHAPE(1), 1));
+    int m = add_param(g, "mask", PP_VALUE_CONST, mask_const(add ? 2 : mask_kind));
+    m = node1(g, "Slice", "slice_rows", 5, (int[]){m, zero, end, a2, one});
+    m = node1(g, "Slice", "slice_cols", 5, (int[]){m, zero, end, a3, one});
+    if (add) {
+        s = node1(g, "Add", "mask_add", 2, (int[]){s, m});
+    } else {
+        int fz = add_param(g, "fzero", PP_VALUE_CONST, F32(0, SHAPE(0), 0.0f));
+        int eq = node1(g, "Equal", "eq", 2, (int[]){m, fz});
+        int cast = node1(g, "Cast", "cast", 1, &eq);
+        TU_OK(pp_node_set_int(g, g->values[cast].producer, "to", PP_BOOL));
+        int ninf = add_param(g, "ninf", PP_VALUE_CONST, F32(0, SHAPE(0), -INFINITY));
+        s = node1(g, "Where", "where", 3, (int[]){cast, ninf, s});
+    }
+    TU_OK(pp_graph_add_node(g, "Softmax", "", "softmax", 1, &s, 1, NULL, &id));
+    TU_OK(pp_node_set_int(g, id, "axis", -1));
+    int y = node1(g, "MatMul", "pv", 2, (int[]){g->nodes[id].out[0], vt});
+    if (!plain) {
+        y = node1(g, "Transpose", "yt", 1, &y);
+        TU_OK(pp_node_set_ints(g, g->values[y].producer, "perm", 4, SHAPE(0, 2, 1, 3)));
+    }
+    TU_OK(pp_graph_add_output(g, y));
+    return g;
+}
+
+static pp_graph *attention_where(void) { return attention_graph(0, 0, 0, 0); }
+static pp_graph *attention_add_div_plain(void) { return attention_graph(0, 1, 1, 1); }
+static pp_graph *attention_not_causal(void) { return attention_graph(1, 0, 0, 0); }
+
+static void test_attention_fusion(void **state) {
+    (void)state;
+    /* T 7 of the buffer's 8: the sliced mask is read by its shape */
+    pp_tensor *ins[3] = {rand_f32(4, SHAPE(2, 7, 3, 4), 31), rand_f32(4, SHAPE(2, 7, 3, 4), 32),
+                         rand_f32(4, SHAPE(2, 7, 3, 5), 33)};
+    pp_optimize_report r;
+    pp_graph *g = check_optimized(attention_where, PP_OPT_ALL, ins, 1e-6, &r);
+    assert_int_equal(rewrites_of(&r, "attention"), 1);
+    assert_int_equal(count_op(g, "CausalAttention"), 1);
+    assert_int_equal(count_op(g, "Transpose") + count_op(g, "Softmax") + count_op(g, "MatMul") + count_op(g, "Where"), 0);
+    int f = g->values[g->outputs[0]].producer;
+    assert_string_equal(g->nodes[f].name, "pv");
+    assert_string_equal(pp_node_attr_string(&g->nodes[f], "q_layout", ""), "bthd");
+    assert_string_equal(pp_node_attr_string(&g->nodes[f], "k_layout", ""), "bthd");
+    assert_string_equal(pp_node_attr_string(&g->nodes[f], "out_layout", ""), "bthd");
+    pp_graph_free(g);
+    for (int i = 0; i < 3; i++) pp_tensor_free(ins[i]);
+    /* [B, H, T, D] inputs, K^T by a Transpose of the last two, Div, Add mask */
+    pp_tensor *plain[3] = {rand_f32(4, SHAPE(2, 3, 8, 4), 34), rand_f32(4, SHAPE(2, 3, 8, 4), 35),
+                           rand_f32(4, SHAPE(2, 3, 8, 5), 36)};
+    g = check_optimized(attention_add_div_plain, PP_OPT_ALL, plain, 1e-6, &r);
+    assert_int_equal(count_op(g, "CausalAttention"), 1);
+    f = g->values[g->outputs[0]].producer;
+    assert_string_equal(pp_node_attr_string(&g->nodes[f], "k_layout", ""), "bhtd");
+    assert_string_equal(pp_node_attr_string(&g->nodes[f], "out_layout", ""), "bhtd");
+    assert_int_equal(pp_node_attr_int(&g->nodes[f], "scale_div", 0), 1);
+    pp_graph_free(g);
+    for (int i = 0; i < 3; i++) pp_tensor_free(plain[i]);
+    /* the diagonal masked too: not causal, left alone */
+    pp_tensor *t1[3] = {rand_f32(4, SHAPE(1, 5, 3, 4), 37), rand_f32(4, SHAPE(1, 5, 3, 4), 38),
+                        rand_f32(4, SHAPE(1, 5, 3, 5), 39)};
+    g = check_optimized(attention_not_causal, PP_OPT_ALL, t1, 0, &r);
+    assert_int_equal(rewrites_of(&r, "attention"), 0);
+    assert_int_equal(count_op(g, "Softmax"), 1);
+    pp_graph_free(g);
+    for (int i = 0; i < 3; i++) pp_tensor_free(t1[i]);
+}
+
+/* The kernel on its own: the mask's shape as Where would broadcast it (a
+ * [1, T] mask: row 0 of the tril for every query, key 0 alone), long
+ * sequences in several row blocks, the same bits at 1 and 4 threads, and
+ * its shape errors. */
+static void test_attention_kernel(void **state) {
+    (void)state;
+    int before = pp_get_threads();
+    pp_tensor *q = rand_f32(4, SHAPE(2, 3, 300, 16), 41), *k = rand_f32(4, SHAPE(2, 3, 16, 300), 42),
+              *v = rand_f32(4, SHAPE(2, 3, 300, 8), 43), *m = rand_f32(4, SHAPE(1, 1, 300, 300), 44);
+    pp_tensor *y[2];
+    for (int t = 0; t < 2; t++) {
+        pp_set_threads(t ? 4 : 1);
+        pp_set_blas_threads(1);
+        tu_node n;
+        tu_node_init_dom(&n, "CausalAttention", "pippin", 4,
+                         (pp_tensor *[]){pp_tensor_retain(q), pp_tensor_retain(k), pp_tensor_retain(v),
+                                         pp_tensor_retain(m)}, 1, NULL);
+        TU_OK(pp_node_set_float(n.g, n.node, "scale", 0.25f));
+        y[t] = tu_node_run_one(&n);
+        tu_node_free(&n);
+    }
+    pp_set_threads(before);
+    tu_assert_shape(y[0], 4, SHAPE(2, 3, 300, 8));
+    assert_memory_equal(y[0]->data, y[1]->data, y[0]->nbytes);
+    /* row 0 sees key 0 alone: its output is V's row 0 */
+    const float *yd = y[0]->data, *vd = v->data;
+    for (int d = 0; d < 8; d++) assert_true(yd[d] == vd[d]);
+    /* the last row is the plain softmax over every key */
+    {
+        const float *qd = q->data, *kd = k->data;
+        double s[300], mx = -1e30, sum = 0, want[8] = {0};
+        for (int j = 0; j < 300; j++) {
+            s[j] = 0;
+            for (int d = 0; d < 16; d++) s[j] += (double)qd[299 * 16 + d] * kd[d * 300 + j];
+            s[j] *= 0.25;
+            mx = s[j] > mx ? s[j] : mx;
+        }
+        for (int j = 0; j < 300; j++) sum += s[j] = exp(s[j] - mx);
+        for (int j = 0; j < 300; j++)
+            for (int d = 0; d < 8; d++) want[d] += s[j] / sum * vd[j * 8 + d];
+        for (int d = 0; d < 8; d++) assert_true(fabs(yd[299 * 8 + d] - want[d]) < 1e-4);
+    }
+    pp_tensor_free(y[0]);
+    pp_tensor_free(y[1]);
+    pp_tensor_free(m);
+    /* a [1, T] mask broadcast: row 0 of the causal mask for every query */
+    m = rand_f32(2, SHAPE(1, 300), 45);
+    tu_node n;
+    tu_node_init_dom(&n, "CausalAttention", "pippin", 4,
+                     (pp_tensor *[]){pp_tensor_retain(q), pp_tensor_retain(k), pp_tensor_retain(v), pp_tensor_retain(m)},
+                     1, NULL);
+    pp_tensor *y1 = tu_node_run_one(&n);
+    tu_node_free(&n);
+    yd = y1->data;
+    for (int d = 0; d < 8; d++) assert_true(yd[299 * 8 + d] == vd[d]);
+    pp_tensor_free(y1);
+    pp_tensor_free(m);
+    /* a mask that does not broadcast, and K that does not fit Q */
+    m = rand_f32(2, SHAPE(5, 300), 46);
+    tu_node_init_dom(&n, "CausalAttention", "pippin", 4,
+                     (pp_tensor *[]){pp_tensor_retain(q), pp_tensor_retain(k), pp_tensor_retain(v), pp_tensor_retain(m)},
+                     1, NULL);
+    tu_node_expect_error(&n, PP_ERR_SHAPE, "does not broadcast");
+    tu_node_free(&n);
+    tu_node_init_dom(&n, "CausalAttention", "pippin", 3,
+                     (pp_tensor *[]){pp_tensor_retain(q), pp_tensor_retain(v), pp_tensor_retain(v)}, 1, NULL);
+    tu_node_expect_error(&n, PP_ERR_SHAPE, "are not one attention's");
+    tu_node_free(&n);
+    pp_tensor_free(m);
+    pp_tensor_free(q);
+    pp_tensor_free(k);
+    pp_tensor_free(v);
+}
+
 /* ---- the switch ---- */
 
 static void test_pass_names_and_switch(void **state) {
@@ -542,6 +739,8 @@ int main(void) {
         cmocka_unit_test(test_gemm_activation),
         cmocka_unit_test(test_matmul_add_threads),
         cmocka_unit_test(test_matmul_add_errors),
+        cmocka_unit_test(test_attention_fusion),
+        cmocka_unit_test(test_attention_kernel),
         cmocka_unit_test(test_pass_names_and_switch),
         cmocka_unit_test(test_fixtures_optimized),
     };
