@@ -443,6 +443,77 @@ static void test_matmul_add_errors(void **state) {
     pp_tensor_free(b);
 }
 
+/* ---- layernorm ---- */
+
+/* LayerNorm decomposed as PyTorch exports it below opset 17: over the last
+ * dim (axes attribute, Pow, gamma then beta), or (two) over the last two
+ * (axes as an input, positive, Mul(d, d), gamma first, no beta); leak:
+ * the centred value is also a graph output (nothing fused). */
+static pp_graph *layernorm_graph(int two, int leak) {
+    pp_graph *g;
+    TU_OK(pp_graph_new("layernorm", &g));
+    int x, id;
+    TU_OK(pp_graph_add_input(g, "x", PP_F32, 3, SHAPE(-1, 3, 8), &x));
+    int axes = -1;
+    if (two) axes = add_param(g, "axes", PP_VALUE_CONST, I64(1, SHAPE(2), 1, 2));
+    int m_in[2] = {x, axes};
+    TU_OK(pp_graph_add_node(g, "ReduceMean", "", "mean", two ? 2 : 1, m_in, 1, NULL, &id));
+    if (!two) TU_OK(pp_node_set_ints(g, id, "axes", 1, SHAPE(-1)));
+    int d = node1(g, "Sub", "sub", 2, (int[]){x, g->nodes[id].out[0]});
+    int sq;
+    if (two) {
+        sq = node1(g, "Mul", "square", 2, (int[]){d, d});
+    } else {
+        int e2 = add_param(g, "two", PP_VALUE_CONST, F32(0, SHAPE(0), 2.0f));
+        sq = node1(g, "Pow", "pow", 2, (int[]){d, e2});
+    }
+    int v_in[2] = {sq, axes};
+    TU_OK(pp_graph_add_node(g, "ReduceMean", "", "var", two ? 2 : 1, v_in, 1, NULL, &id));
+    if (!two) TU_OK(pp_node_set_ints(g, id, "axes", 1, SHAPE(-1)));
+    int eps = add_param(g, "eps", PP_VALUE_CONST, F32(0, SHAPE(0), 1e-5f));
+    int ve = node1(g, "Add", "add_eps", 2, (int[]){g->nodes[id].out[0], eps});
+    int sd = node1(g, "Sqrt", "sqrt", 1, &ve);
+    int n = node1(g, "Div", "div", 2, (int[]){d, sd});
+    int gamma = add_param(g, "gamma", PP_VALUE_PARAM, two ? rand_f32(2, SHAPE(3, 8), 51) : rand_f32(1, SHAPE(8), 51));
+    int y = node1(g, "Mul", "mul_gamma", 2, two ? (int[]){gamma, n} : (int[]){n, gamma});
+    if (!two) {
+        int beta = add_param(g, "beta", PP_VALUE_PARAM, rand_f32(1, SHAPE(8), 52));
+        y = node1(g, "Add", "add_beta", 2, (int[]){y, beta});
+    }
+    TU_OK(pp_graph_add_output(g, y));
+    if (leak) TU_OK(pp_graph_add_output(g, d));
+    return g;
+}
+
+static pp_graph *layernorm_last(void) { return layernorm_graph(0, 0); }
+static pp_graph *layernorm_two(void) { return layernorm_graph(1, 0); }
+static pp_graph *layernorm_leak(void) { return layernorm_graph(0, 1); }
+
+static void test_layernorm_fusion(void **state) {
+    (void)state;
+    pp_tensor *x = rand_f32(3, SHAPE(4, 3, 8), 53);
+    pp_optimize_report r;
+    pp_graph *g = check_optimized(layernorm_last, PP_OPT_ALL, &x, 1e-5, &r);
+    assert_int_equal(rewrites_of(&r, "layernorm"), 1);
+    assert_int_equal(g->n_nodes, 1);
+    assert_string_equal(g->nodes[0].op_type, "LayerNormalization");
+    assert_string_equal(g->nodes[0].name, "add_beta");
+    assert_int_equal(g->nodes[0].n_in, 3);
+    assert_int_equal(pp_node_attr_int(&g->nodes[0], "axis", 0), -1);
+    assert_true(pp_node_attr_float(&g->nodes[0], "epsilon", 0) == 1e-5f);
+    pp_graph_free(g);
+    g = check_optimized(layernorm_two, PP_OPT_ALL, &x, 1e-5, &r);
+    assert_int_equal(g->n_nodes, 1);
+    assert_int_equal(g->nodes[0].n_in, 2);
+    assert_int_equal(pp_node_attr_int(&g->nodes[0], "axis", 0), -2);
+    pp_graph_free(g);
+    g = check_optimized(layernorm_leak, PP_OPT_ALL, &x, 0, &r);
+    assert_int_equal(rewrites_of(&r, "layernorm"), 0);
+    assert_int_equal(count_op(g, "LayerNormalization"), 0);
+    pp_graph_free(g);
+    pp_tensor_free(x);
+}
+
 /* ---- attention ---- */
 
 #define AT_T 8 /* the mask buffer's size (block_size); inputs may be shorter */
@@ -739,6 +810,7 @@ int main(void) {
         cmocka_unit_test(test_gemm_activation),
         cmocka_unit_test(test_matmul_add_threads),
         cmocka_unit_test(test_matmul_add_errors),
+        cmocka_unit_test(test_layernorm_fusion),
         cmocka_unit_test(test_attention_fusion),
         cmocka_unit_test(test_attention_kernel),
         cmocka_unit_test(test_pass_names_and_switch),
