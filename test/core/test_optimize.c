@@ -514,6 +514,53 @@ static void test_layernorm_fusion(void **state) {
     pp_tensor_free(x);
 }
 
+/* ---- transpose ---- */
+
+/* x [2, 3, 4]: a Transpose pair that cancels (then Relu), a pair that
+ * composes (0,2,1 then 2,0,1: one Transpose 1,0,2), and a Reshape
+ * chain [6, 4] -> [4, -1]; the last Transpose makes a graph output. */
+static pp_graph *transpose_graph(void) {
+    pp_graph *g;
+    TU_OK(pp_graph_new("transpose", &g));
+    int x;
+    TU_OK(pp_graph_add_input(g, "x", PP_F32, 3, SHAPE(2, 3, 4), &x));
+    int a = node1(g, "Transpose", "t1", 1, &x);
+    TU_OK(pp_node_set_ints(g, g->values[a].producer, "perm", 3, SHAPE(1, 0, 2)));
+    a = node1(g, "Transpose", "t2", 1, &a);
+    TU_OK(pp_node_set_ints(g, g->values[a].producer, "perm", 3, SHAPE(1, 0, 2)));
+    a = node1(g, "Relu", "relu", 1, &a);
+    int b = node1(g, "Transpose", "t3", 1, &x);
+    TU_OK(pp_node_set_ints(g, g->values[b].producer, "perm", 3, SHAPE(0, 2, 1)));
+    b = node1(g, "Transpose", "t4", 1, &b);
+    TU_OK(pp_node_set_ints(g, g->values[b].producer, "perm", 3, SHAPE(2, 0, 1)));
+    int s1 = add_param(g, "s1", PP_VALUE_CONST, I64(1, SHAPE(2), 6, 4));
+    int s2 = add_param(g, "s2", PP_VALUE_CONST, I64(1, SHAPE(2), 4, -1));
+    int r = node1(g, "Reshape", "r1", 2, (int[]){x, s1});
+    r = node1(g, "Reshape", "r2", 2, (int[]){r, s2});
+    TU_OK(pp_graph_add_output(g, a));
+    TU_OK(pp_graph_add_output(g, b));
+    TU_OK(pp_graph_add_output(g, r));
+    return g;
+}
+
+static void test_transpose_elimination(void **state) {
+    (void)state;
+    pp_tensor *x = rand_f32(3, SHAPE(2, 3, 4), 61);
+    pp_optimize_report r;
+    pp_graph *g = check_optimized(transpose_graph, PP_OPT_ALL, &x, 0, &r);
+    assert_int_equal(rewrites_of(&r, "transpose"), 3);
+    assert_int_equal(g->n_nodes, 3); /* Relu, one Transpose, one Reshape */
+    assert_int_equal(count_op(g, "Transpose"), 1);
+    assert_int_equal(count_op(g, "Reshape"), 1);
+    const int64_t *perm;
+    int t = g->values[g->outputs[1]].producer;
+    assert_int_equal(pp_node_attr_ints(&g->nodes[t], "perm", &perm), 3);
+    assert_true(perm[0] == 1 && perm[1] == 0 && perm[2] == 2);
+    assert_int_equal(g->nodes[g->values[g->outputs[0]].producer].in[0], g->inputs[0]);
+    pp_graph_free(g);
+    pp_tensor_free(x);
+}
+
 /* ---- attention ---- */
 
 #define AT_T 8 /* the mask buffer's size (block_size); inputs may be shorter */
@@ -811,6 +858,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_add_threads),
         cmocka_unit_test(test_matmul_add_errors),
         cmocka_unit_test(test_layernorm_fusion),
+        cmocka_unit_test(test_transpose_elimination),
         cmocka_unit_test(test_attention_fusion),
         cmocka_unit_test(test_attention_kernel),
         cmocka_unit_test(test_pass_names_and_switch),
