@@ -114,7 +114,7 @@ typedef struct {
     int64_t y_sb, y_sh, y_st; /* Y's strides, as a view's */
     int64_t heads, tq, tk, d, dv, mask_a, mask_b, block;
     float scale;
-    int scale_div;
+    int scale_div, k_dt; /* k_dt: K given as K^T ([D, T]) */
     atomic_int failed;
 } attn_job;
 
@@ -155,7 +155,7 @@ PP_VEC_CLONES static void softmax_row(float *restrict s, int64_t n, int64_t len,
 static void one_head(attn_job *j, int64_t bh, float *scores) {
     const float *q = head_of(&j->q, bh), *k = head_of(&j->k, bh), *v = head_of(&j->v, bh);
     float *y = j->y + (bh / j->heads) * j->y_sb + (bh % j->heads) * j->y_sh;
-    int k_rows = j->k.sd == 1; /* K stored as [T, D] rows: the GEMM reads it transposed */
+    int k_rows = !j->k_dt; /* K stored as [T, D] rows: the GEMM reads it transposed */
     int64_t ldk = k_rows ? j->k.st : j->k.sd;
     for (int64_t r0 = 0; r0 < j->tq; r0 += j->block) {
         int64_t rows = j->tq - r0 < j->block ? j->tq - r0 : j->block;
@@ -277,7 +277,7 @@ static pp_status attention_run(pp_kernel_ctx *ctx) {
     j->heads = j->q.heads;
     if (ol == L_BTHD) j->y_sh = dv, j->y_st = j->heads * dv, j->y_sb = tq * j->y_st;
     else j->y_st = dv, j->y_sh = tq * dv, j->y_sb = j->heads * tq * dv;
-    j->tq = tq, j->tk = tk, j->d = j->q.cols, j->dv = dv;
+    j->tq = tq, j->tk = tk, j->d = j->q.cols, j->dv = dv, j->k_dt = kl == L_BHDT;
     j->scale = pp_node_attr_float(n, "scale", 1.0f);
     j->scale_div = pp_node_attr_int(n, "scale_div", 0) != 0;
     int64_t per_row = tk * (j->d > dv ? j->d : dv);

@@ -740,6 +740,20 @@ static void test_attention_kernel(void **state) {
     for (int d = 0; d < 8; d++) assert_true(yd[299 * 8 + d] == vd[d]);
     pp_tensor_free(y1);
     pp_tensor_free(m);
+    /* one key, K given as K^T [D, 1] (a leading dim of 1 the GEMM must not take for K's): Y is V */
+    {
+        pp_tensor *q1 = rand_f32(4, SHAPE(1, 2, 1, 4), 47), *k1 = rand_f32(4, SHAPE(1, 2, 4, 1), 48),
+                  *v1 = rand_f32(4, SHAPE(1, 2, 1, 3), 49);
+        tu_node_init_dom(&n, "CausalAttention", "pippin", 3,
+                         (pp_tensor *[]){pp_tensor_retain(q1), pp_tensor_retain(k1), pp_tensor_retain(v1)}, 1, NULL);
+        pp_tensor *y2 = tu_node_run_one(&n);
+        tu_node_free(&n);
+        assert_memory_equal(y2->data, v1->data, v1->nbytes);
+        pp_tensor_free(y2);
+        pp_tensor_free(q1);
+        pp_tensor_free(k1);
+        pp_tensor_free(v1);
+    }
     /* a mask that does not broadcast, and K that does not fit Q */
     m = rand_f32(2, SHAPE(5, 300), 46);
     tu_node_init_dom(&n, "CausalAttention", "pippin", 4,
