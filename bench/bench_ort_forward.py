@@ -13,7 +13,10 @@ pippin by build/bench/pippin-bench-opt-forward with the passes:
     none                      the graph as loaded
     fold,identity,dead        constants folded, markers and dead nodes gone
     + gelu                    the decomposed GELU as one Gelu node
-    all (+ matmul)            Linear layers as one pippin::MatMulAdd
+    + matmul                  Linear layers as one pippin::MatMulAdd
+    + attention               causal attention as one pippin::CausalAttention
+    all (+ layernorm,         decomposed LayerNorms fused, Transpose pairs
+         transpose)           and Reshape chains folded
 
 Each point is the median of --iters timed runs; the whole sweep is repeated
 --repeat times and the median of the medians printed, with the load average
@@ -43,7 +46,9 @@ SIZES = {
     "medium": dict(vocab_size=65, block_size=128, n_embd=384, n_head=6, n_layer=6),
     "large": dict(vocab_size=65, block_size=256, n_embd=768, n_head=12, n_layer=4),
 }
-PASSES = [("none", "none"), ("fold,identity,dead", "fold"), ("fold,identity,dead,gelu", "+gelu"), ("all", "+matmul")]
+PASSES = [("none", "none"), ("fold,identity,dead", "fold"), ("fold,identity,dead,gelu", "+gelu"),
+          ("fold,identity,dead,gelu,matmul", "+matmul"), ("fold,identity,dead,gelu,matmul,attention", "+attention"),
+          ("all", "all")]
 
 
 def export(cache, name):

@@ -23,7 +23,10 @@ typedef struct {
 static const pass_entry passes_table[] = {
     {"fold", PP_OPT_FOLD, pp_opt_fold},
     {"identity", PP_OPT_IDENTITY, pp_opt_identity},
+    {"layernorm", PP_OPT_LAYERNORM, pp_opt_layernorm},
     {"gelu", PP_OPT_GELU, pp_opt_gelu},
+    {"attention", PP_OPT_ATTENTION, pp_opt_attention},
+    {"transpose", PP_OPT_TRANSPOSE, pp_opt_transpose},
     {"matmul", PP_OPT_MATMUL, pp_opt_matmul},
     {"dead", PP_OPT_DEAD, pp_opt_dead},
 };
@@ -53,8 +56,8 @@ pp_status pp_optimize_parse(const char *text, unsigned *passes) {
                 found = 1;
             }
         if (!found && len)
-            return pp_error(PP_ERR_INVALID, "optimizer: unknown pass '%.*s' in \"%s\" (passes: fold, identity, gelu, "
-                            "matmul, dead; or all, none)", (int)len, p, text);
+            return pp_error(PP_ERR_INVALID, "optimizer: unknown pass '%.*s' in \"%s\" (passes: fold, identity, "
+                            "layernorm, gelu, attention, transpose, matmul, dead; or all, none)", (int)len, p, text);
         p += len;
         if (*p == ',') p++;
     }

@@ -63,5 +63,8 @@ pp_status pp_opt_identity(pp_opt_ctx *c, int *count);
 pp_status pp_opt_gelu(pp_opt_ctx *c, int *count);
 pp_status pp_opt_matmul(pp_opt_ctx *c, int *count);
 pp_status pp_opt_dead(pp_opt_ctx *c, int *count);
+pp_status pp_opt_attention(pp_opt_ctx *c, int *count);
+pp_status pp_opt_transpose(pp_opt_ctx *c, int *count);
+pp_status pp_opt_layernorm(pp_opt_ctx *c, int *count);
 
 #endif

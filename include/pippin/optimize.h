@@ -9,8 +9,20 @@
  *              graph inputs) become constants, computed once here;
  *   identity   Identity, pippin::PipeSplit and inference Dropout nodes
  *              that do not make a graph output are bypassed;
+ *   layernorm  LayerNorm as exporters decompose it (ReduceMean, Sub, Pow,
+ *              ReduceMean, Add eps, Sqrt, Div, then Mul and Add by the
+ *              affine weights) becomes one LayerNormalization;
  *   gelu       GELU as exporters decompose it (PyTorch 1.13's erf form
  *              Div/Erf/Add/Mul/Mul, and the tanh form) becomes one Gelu;
+ *   attention  causal self-attention (MatMul(Q, K^T), a scale, a causal
+ *              mask by Where or Add from a constant checked to be causal,
+ *              Softmax, MatMul by V) becomes one pippin::CausalAttention
+ *              that reads Q, K and V through the transposes around them
+ *              and never holds all heads' T x T scores at once;
+ *   transpose  Transpose pairs that cancel (or compose), Transpose of
+ *              the last two dims feeding a MatMul operand (then a
+ *              pippin::MatMulT that reads it transposed), Reshape chains
+ *              collapsed into their last Reshape;
  *   matmul     MatMul(x, W) or MatMul(x, Transpose(W)) with a 2-D weight,
  *              and the Add of a bias and a Relu or Gelu after it, become
  *              one pippin::MatMulAdd (the transpose read in place by the
@@ -48,7 +60,10 @@ enum {
     PP_OPT_MATMUL = 1u << 2,
     PP_OPT_IDENTITY = 1u << 3,
     PP_OPT_DEAD = 1u << 4,
-    PP_OPT_ALL = (1u << 5) - 1,
+    PP_OPT_ATTENTION = 1u << 5,
+    PP_OPT_TRANSPOSE = 1u << 6,
+    PP_OPT_LAYERNORM = 1u << 7,
+    PP_OPT_ALL = (1u << 8) - 1,
     /* the passes a training graph gets before its backward is built */
     PP_OPT_TRAINING = PP_OPT_MATMUL | PP_OPT_DEAD
 };

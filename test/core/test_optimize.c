@@ -4,6 +4,7 @@
  * pippin::MatMulAdd kernel (bit for bit against MatMul then Add, the same
  * bits at 1 and 4 threads), the pass switch, and the PyTorch fixtures run
  * optimized against unoptimized and against PyTorch. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -442,6 +443,334 @@ static void test_matmul_add_errors(void **state) {
     pp_tensor_free(b);
 }
 
+/* ---- layernorm ---- */
+
+/* LayerNorm decomposed as PyTorch exports it below opset 17: over the last
+ * dim (axes attribute, Pow, gamma then beta), or (two) over the last two
+ * (axes as an input, positive, Mul(d, d), gamma first, no beta); leak:
+ * the centred value is also a graph output (nothing fused). */
+static pp_graph *layernorm_graph(int two, int leak) {
+    pp_graph *g;
+    TU_OK(pp_graph_new("layernorm", &g));
+    int x, id;
+    TU_OK(pp_graph_add_input(g, "x", PP_F32, 3, SHAPE(-1, 3, 8), &x));
+    int axes = -1;
+    if (two) axes = add_param(g, "axes", PP_VALUE_CONST, I64(1, SHAPE(2), 1, 2));
+    int m_in[2] = {x, axes};
+    TU_OK(pp_graph_add_node(g, "ReduceMean", "", "mean", two ? 2 : 1, m_in, 1, NULL, &id));
+    if (!two) TU_OK(pp_node_set_ints(g, id, "axes", 1, SHAPE(-1)));
+    int d = node1(g, "Sub", "sub", 2, (int[]){x, g->nodes[id].out[0]});
+    int sq;
+    if (two) {
+        sq = node1(g, "Mul", "square", 2, (int[]){d, d});
+    } else {
+        int e2 = add_param(g, "two", PP_VALUE_CONST, F32(0, SHAPE(0), 2.0f));
+        sq = node1(g, "Pow", "pow", 2, (int[]){d, e2});
+    }
+    int v_in[2] = {sq, axes};
+    TU_OK(pp_graph_add_node(g, "ReduceMean", "", "var", two ? 2 : 1, v_in, 1, NULL, &id));
+    if (!two) TU_OK(pp_node_set_ints(g, id, "axes", 1, SHAPE(-1)));
+    int eps = add_param(g, "eps", PP_VALUE_CONST, F32(0, SHAPE(0), 1e-5f));
+    int ve = node1(g, "Add", "add_eps", 2, (int[]){g->nodes[id].out[0], eps});
+    int sd = node1(g, "Sqrt", "sqrt", 1, &ve);
+    int n = node1(g, "Div", "div", 2, (int[]){d, sd});
+    int gamma = add_param(g, "gamma", PP_VALUE_PARAM, two ? rand_f32(2, SHAPE(3, 8), 51) : rand_f32(1, SHAPE(8), 51));
+    int y = node1(g, "Mul", "mul_gamma", 2, two ? (int[]){gamma, n} : (int[]){n, gamma});
+    if (!two) {
+        int beta = add_param(g, "beta", PP_VALUE_PARAM, rand_f32(1, SHAPE(8), 52));
+        y = node1(g, "Add", "add_beta", 2, (int[]){y, beta});
+    }
+    TU_OK(pp_graph_add_output(g, y));
+    if (leak) TU_OK(pp_graph_add_output(g, d));
+    return g;
+}
+
+static pp_graph *layernorm_last(void) { return layernorm_graph(0, 0); }
+static pp_graph *layernorm_two(void) { return layernorm_graph(1, 0); }
+static pp_graph *layernorm_leak(void) { return layernorm_graph(0, 1); }
+
+static void test_layernorm_fusion(void **state) {
+    (void)state;
+    pp_tensor *x = rand_f32(3, SHAPE(4, 3, 8), 53);
+    pp_optimize_report r;
+    pp_graph *g = check_optimized(layernorm_last, PP_OPT_ALL, &x, 1e-5, &r);
+    assert_int_equal(rewrites_of(&r, "layernorm"), 1);
+    assert_int_equal(g->n_nodes, 1);
+    assert_string_equal(g->nodes[0].op_type, "LayerNormalization");
+    assert_string_equal(g->nodes[0].name, "add_beta");
+    assert_int_equal(g->nodes[0].n_in, 3);
+    assert_int_equal(pp_node_attr_int(&g->nodes[0], "axis", 0), -1);
+    assert_true(pp_node_attr_float(&g->nodes[0], "epsilon", 0) == 1e-5f);
+    pp_graph_free(g);
+    g = check_optimized(layernorm_two, PP_OPT_ALL, &x, 1e-5, &r);
+    assert_int_equal(g->n_nodes, 1);
+    assert_int_equal(g->nodes[0].n_in, 2);
+    assert_int_equal(pp_node_attr_int(&g->nodes[0], "axis", 0), -2);
+    pp_graph_free(g);
+    g = check_optimized(layernorm_leak, PP_OPT_ALL, &x, 0, &r);
+    assert_int_equal(rewrites_of(&r, "layernorm"), 0);
+    assert_int_equal(count_op(g, "LayerNormalization"), 0);
+    pp_graph_free(g);
+    pp_tensor_free(x);
+}
+
+/* ---- transpose ---- */
+
+/* x [2, 3, 4]: a Transpose pair that cancels (then Relu), a pair that
+ * composes (0,2,1 then 2,0,1: one Transpose 1,0,2), and a Reshape
+ * chain [6, 4] -> [4, -1]; the last Transpose makes a graph output. */
+static pp_graph *transpose_graph(void) {
+    pp_graph *g;
+    TU_OK(pp_graph_new("transpose", &g));
+    int x;
+    TU_OK(pp_graph_add_input(g, "x", PP_F32, 3, SHAPE(2, 3, 4), &x));
+    int a = node1(g, "Transpose", "t1", 1, &x);
+    TU_OK(pp_node_set_ints(g, g->values[a].producer, "perm", 3, SHAPE(1, 0, 2)));
+    a = node1(g, "Transpose", "t2", 1, &a);
+    TU_OK(pp_node_set_ints(g, g->values[a].producer, "perm", 3, SHAPE(1, 0, 2)));
+    a = node1(g, "Relu", "relu", 1, &a);
+    int b = node1(g, "Transpose", "t3", 1, &x);
+    TU_OK(pp_node_set_ints(g, g->values[b].producer, "perm", 3, SHAPE(0, 2, 1)));
+    b = node1(g, "Transpose", "t4", 1, &b);
+    TU_OK(pp_node_set_ints(g, g->values[b].producer, "perm", 3, SHAPE(2, 0, 1)));
+    int s1 = add_param(g, "s1", PP_VALUE_CONST, I64(1, SHAPE(2), 6, 4));
+    int s2 = add_param(g, "s2", PP_VALUE_CONST, I64(1, SHAPE(2), 4, -1));
+    int r = node1(g, "Reshape", "r1", 2, (int[]){x, s1});
+    r = node1(g, "Reshape", "r2", 2, (int[]){r, s2});
+    TU_OK(pp_graph_add_output(g, a));
+    TU_OK(pp_graph_add_output(g, b));
+    TU_OK(pp_graph_add_output(g, r));
+    return g;
+}
+
+static void test_transpose_elimination(void **state) {
+    (void)state;
+    pp_tensor *x = rand_f32(3, SHAPE(2, 3, 4), 61);
+    pp_optimize_report r;
+    pp_graph *g = check_optimized(transpose_graph, PP_OPT_ALL, &x, 0, &r);
+    assert_int_equal(rewrites_of(&r, "transpose"), 3);
+    assert_int_equal(g->n_nodes, 3); /* Relu, one Transpose, one Reshape */
+    assert_int_equal(count_op(g, "Transpose"), 1);
+    assert_int_equal(count_op(g, "Reshape"), 1);
+    const int64_t *perm;
+    int t = g->values[g->outputs[1]].producer;
+    assert_int_equal(pp_node_attr_ints(&g->nodes[t], "perm", &perm), 3);
+    assert_true(perm[0] == 1 && perm[1] == 0 && perm[2] == 2);
+    assert_int_equal(g->nodes[g->values[g->outputs[0]].producer].in[0], g->inputs[0]);
+    pp_graph_free(g);
+    pp_tensor_free(x);
+}
+
+/* ---- attention ---- */
+
+#define AT_T 8 /* the mask buffer's size (block_size); inputs may be shorter */
+
+/* A [1, 1, AT_T, AT_T] float mask: tril of ones (kind 0), the same with
+ * the diagonal masked too (1: not causal), 0 / -inf for Add (2). */
+static pp_tensor *mask_const(int kind) {
+    pp_tensor *t;
+    TU_OK(pp_tensor_empty(PP_F32, 4, SHAPE(1, 1, AT_T, AT_T), &t));
+    float *d = t->data;
+    for (int i = 0; i < AT_T; i++)
+        for (int j = 0; j < AT_T; j++) {
+            int keep = kind == 1 ? j < i : j <= i;
+            d[i * AT_T + j] = kind == 2 ? (keep ? 0.0f : -INFINITY) : (float)keep;
+        }
+    return t;
+}
+
+/* GPT attention as PyTorch 1.13 exports it: q, k, v [B, T, H, D] in,
+ * Transposes to [B, H, T, D] (K to [B, H, D, T]), MatMul, Mul by 1/sqrt(D)
+ * (Div with `div`), the mask sliced to [T, T] by Shape(q)[1], Equal 0, Cast,
+ * Where(-inf), Softmax, MatMul by V, Transpose back. add: the mask added
+ * (0 / -inf) instead; plain: q, k, v given as [B, H, T, D] (K^T by
+ * Transpose 0,1,3,2) and no Transposes around. */
+static pp_graph *attention_graph(int mask_kind, int add, int div, int plain) {
+    pp_graph *g;
+    TU_OK(pp_graph_new("attention", &g));
+    int q, k, v, id;
+    TU_OK(pp_graph_add_input(g, "q", PP_F32, 4, SHAPE(-1, -1, -1, 4), &q));
+    TU_OK(pp_graph_add_input(g, "k", PP_F32, 4, SHAPE(-1, -1, -1, 4), &k));
+    TU_OK(pp_graph_add_input(g, "v", PP_F32, 4, SHAPE(-1, -1, -1, 5), &v));
+    int qt = q, kt, vt = v;
+    if (plain) {
+        kt = node1(g, "Transpose", "kt", 1, &k);
+        TU_OK(pp_node_set_ints(g, g->values[kt].producer, "perm", 4, SHAPE(0, 1, 3, 2)));
+    } else {
+        qt = node1(g, "Transpose", "qt", 1, &q);
+        TU_OK(pp_node_set_ints(g, g->values[qt].producer, "perm", 4, SHAPE(0, 2, 1, 3)));
+        kt = node1(g, "Transpose", "kt", 1, &k);
+        TU_OK(pp_node_set_ints(g, g->values[kt].producer, "perm", 4, SHAPE(0, 2, 3, 1)));
+        vt = node1(g, "Transpose", "vt", 1, &v);
+        TU_OK(pp_node_set_ints(g, g->values[vt].producer, "perm", 4, SHAPE(0, 2, 1, 3)));
+    }
+    int s = node1(g, "MatMul", "qk", 2, (int[]){qt, kt});
+    int scale = add_param(g, div ? "two" : "half", PP_VALUE_CONST, F32(0, SHAPE(0), div ? 2.0f : 0.5f));
+    s = node1(g, div ? "Div" : "Mul", "scale", 2, (int[]){s, scale});
+    /* the mask's end: the time dim of q (dim 1, or 2 when plain) */
+    int shp = node1(g, "Shape", "shape", 1, &q);
+    int idx = add_param(g, "tdim", PP_VALUE_CONST, I64(0, SHAPE(0), plain ? 2 : 1));
+    int t = node1(g, "Gather", "t", 2, (int[]){shp, idx});
+    int ax0 = add_param(g, "ax0", PP_VALUE_CONST, I64(1, SHAPE(1), 0));
+    int end = node1(g, "Unsqueeze", "end", 2, (int[]){t, ax0});
+    int zero = add_param(g, "zero", PP_VALUE_CONST, I64(1, SHAPE(1), 0));
+    int a2 = add_param(g, "a2", PP_VALUE_CONST, I64(1, SHAPE(1), 2));
+    int a3 = add_param(g, "a3", PP_VALUE_CONST, I64(1, SHAPE(1), 3));
+    int one = add_param(g, "one", PP_VALUE_CONST, I64(1, SHAPE(1), 1));
+    int m = add_param(g, "mask", PP_VALUE_CONST, mask_const(add ? 2 : mask_kind));
+    m = node1(g, "Slice", "slice_rows", 5, (int[]){m, zero, end, a2, one});
+    m = node1(g, "Slice", "slice_cols", 5, (int[]){m, zero, end, a3, one});
+    if (add) {
+        s = node1(g, "Add", "mask_add", 2, (int[]){s, m});
+    } else {
+        int fz = add_param(g, "fzero", PP_VALUE_CONST, F32(0, SHAPE(0), 0.0f));
+        int eq = node1(g, "Equal", "eq", 2, (int[]){m, fz});
+        int cast = node1(g, "Cast", "cast", 1, &eq);
+        TU_OK(pp_node_set_int(g, g->values[cast].producer, "to", PP_BOOL));
+        int ninf = add_param(g, "ninf", PP_VALUE_CONST, F32(0, SHAPE(0), -INFINITY));
+        s = node1(g, "Where", "where", 3, (int[]){cast, ninf, s});
+    }
+    TU_OK(pp_graph_add_node(g, "Softmax", "", "softmax", 1, &s, 1, NULL, &id));
+    TU_OK(pp_node_set_int(g, id, "axis", -1));
+    int y = node1(g, "MatMul", "pv", 2, (int[]){g->nodes[id].out[0], vt});
+    if (!plain) {
+        y = node1(g, "Transpose", "yt", 1, &y);
+        TU_OK(pp_node_set_ints(g, g->values[y].producer, "perm", 4, SHAPE(0, 2, 1, 3)));
+    }
+    TU_OK(pp_graph_add_output(g, y));
+    return g;
+}
+
+static pp_graph *attention_where(void) { return attention_graph(0, 0, 0, 0); }
+static pp_graph *attention_add_div_plain(void) { return attention_graph(0, 1, 1, 1); }
+static pp_graph *attention_not_causal(void) { return attention_graph(1, 0, 0, 0); }
+
+static void test_attention_fusion(void **state) {
+    (void)state;
+    /* T 7 of the buffer's 8: the sliced mask is read by its shape */
+    pp_tensor *ins[3] = {rand_f32(4, SHAPE(2, 7, 3, 4), 31), rand_f32(4, SHAPE(2, 7, 3, 4), 32),
+                         rand_f32(4, SHAPE(2, 7, 3, 5), 33)};
+    pp_optimize_report r;
+    pp_graph *g = check_optimized(attention_where, PP_OPT_ALL, ins, 1e-6, &r);
+    assert_int_equal(rewrites_of(&r, "attention"), 1);
+    assert_int_equal(count_op(g, "CausalAttention"), 1);
+    assert_int_equal(count_op(g, "Transpose") + count_op(g, "Softmax") + count_op(g, "MatMul") + count_op(g, "Where"), 0);
+    int f = g->values[g->outputs[0]].producer;
+    assert_string_equal(g->nodes[f].name, "pv");
+    assert_string_equal(pp_node_attr_string(&g->nodes[f], "q_layout", ""), "bthd");
+    assert_string_equal(pp_node_attr_string(&g->nodes[f], "k_layout", ""), "bthd");
+    assert_string_equal(pp_node_attr_string(&g->nodes[f], "out_layout", ""), "bthd");
+    pp_graph_free(g);
+    for (int i = 0; i < 3; i++) pp_tensor_free(ins[i]);
+    /* [B, H, T, D] inputs, K^T by a Transpose of the last two, Div, Add mask */
+    pp_tensor *plain[3] = {rand_f32(4, SHAPE(2, 3, 8, 4), 34), rand_f32(4, SHAPE(2, 3, 8, 4), 35),
+                           rand_f32(4, SHAPE(2, 3, 8, 5), 36)};
+    g = check_optimized(attention_add_div_plain, PP_OPT_ALL, plain, 1e-6, &r);
+    assert_int_equal(count_op(g, "CausalAttention"), 1);
+    f = g->values[g->outputs[0]].producer;
+    assert_string_equal(pp_node_attr_string(&g->nodes[f], "k_layout", ""), "bhtd");
+    assert_string_equal(pp_node_attr_string(&g->nodes[f], "out_layout", ""), "bhtd");
+    assert_int_equal(pp_node_attr_int(&g->nodes[f], "scale_div", 0), 1);
+    pp_graph_free(g);
+    for (int i = 0; i < 3; i++) pp_tensor_free(plain[i]);
+    /* the diagonal masked too: not causal, left alone */
+    pp_tensor *t1[3] = {rand_f32(4, SHAPE(1, 5, 3, 4), 37), rand_f32(4, SHAPE(1, 5, 3, 4), 38),
+                        rand_f32(4, SHAPE(1, 5, 3, 5), 39)};
+    g = check_optimized(attention_not_causal, PP_OPT_ALL, t1, 0, &r);
+    assert_int_equal(rewrites_of(&r, "attention"), 0);
+    assert_int_equal(count_op(g, "Softmax"), 1);
+    pp_graph_free(g);
+    for (int i = 0; i < 3; i++) pp_tensor_free(t1[i]);
+}
+
+/* The kernel on its own: the mask's shape as Where would broadcast it (a
+ * [1, T] mask: row 0 of the tril for every query, key 0 alone), long
+ * sequences in several row blocks, the same bits at 1 and 4 threads, and
+ * its shape errors. */
+static void test_attention_kernel(void **state) {
+    (void)state;
+    int before = pp_get_threads();
+    pp_tensor *q = rand_f32(4, SHAPE(2, 3, 300, 16), 41), *k = rand_f32(4, SHAPE(2, 3, 16, 300), 42),
+              *v = rand_f32(4, SHAPE(2, 3, 300, 8), 43), *m = rand_f32(4, SHAPE(1, 1, 300, 300), 44);
+    pp_tensor *y[2];
+    for (int t = 0; t < 2; t++) {
+        pp_set_threads(t ? 4 : 1);
+        pp_set_blas_threads(1);
+        tu_node n;
+        tu_node_init_dom(&n, "CausalAttention", "pippin", 4,
+                         (pp_tensor *[]){pp_tensor_retain(q), pp_tensor_retain(k), pp_tensor_retain(v),
+                                         pp_tensor_retain(m)}, 1, NULL);
+        TU_OK(pp_node_set_float(n.g, n.node, "scale", 0.25f));
+        y[t] = tu_node_run_one(&n);
+        tu_node_free(&n);
+    }
+    pp_set_threads(before);
+    tu_assert_shape(y[0], 4, SHAPE(2, 3, 300, 8));
+    assert_memory_equal(y[0]->data, y[1]->data, y[0]->nbytes);
+    /* row 0 sees key 0 alone: its output is V's row 0 */
+    const float *yd = y[0]->data, *vd = v->data;
+    for (int d = 0; d < 8; d++) assert_true(yd[d] == vd[d]);
+    /* the last row is the plain softmax over every key */
+    {
+        const float *qd = q->data, *kd = k->data;
+        double s[300], mx = -1e30, sum = 0, want[8] = {0};
+        for (int j = 0; j < 300; j++) {
+            s[j] = 0;
+            for (int d = 0; d < 16; d++) s[j] += (double)qd[299 * 16 + d] * kd[d * 300 + j];
+            s[j] *= 0.25;
+            mx = s[j] > mx ? s[j] : mx;
+        }
+        for (int j = 0; j < 300; j++) sum += s[j] = exp(s[j] - mx);
+        for (int j = 0; j < 300; j++)
+            for (int d = 0; d < 8; d++) want[d] += s[j] / sum * vd[j * 8 + d];
+        for (int d = 0; d < 8; d++) assert_true(fabs(yd[299 * 8 + d] - want[d]) < 1e-4);
+    }
+    pp_tensor_free(y[0]);
+    pp_tensor_free(y[1]);
+    pp_tensor_free(m);
+    /* a [1, T] mask broadcast: row 0 of the causal mask for every query */
+    m = rand_f32(2, SHAPE(1, 300), 45);
+    tu_node n;
+    tu_node_init_dom(&n, "CausalAttention", "pippin", 4,
+                     (pp_tensor *[]){pp_tensor_retain(q), pp_tensor_retain(k), pp_tensor_retain(v), pp_tensor_retain(m)},
+                     1, NULL);
+    pp_tensor *y1 = tu_node_run_one(&n);
+    tu_node_free(&n);
+    yd = y1->data;
+    for (int d = 0; d < 8; d++) assert_true(yd[299 * 8 + d] == vd[d]);
+    pp_tensor_free(y1);
+    pp_tensor_free(m);
+    /* one key, K given as K^T [D, 1] (a leading dim of 1 the GEMM must not take for K's): Y is V */
+    {
+        pp_tensor *q1 = rand_f32(4, SHAPE(1, 2, 1, 4), 47), *k1 = rand_f32(4, SHAPE(1, 2, 4, 1), 48),
+                  *v1 = rand_f32(4, SHAPE(1, 2, 1, 3), 49);
+        tu_node_init_dom(&n, "CausalAttention", "pippin", 3,
+                         (pp_tensor *[]){pp_tensor_retain(q1), pp_tensor_retain(k1), pp_tensor_retain(v1)}, 1, NULL);
+        pp_tensor *y2 = tu_node_run_one(&n);
+        tu_node_free(&n);
+        assert_memory_equal(y2->data, v1->data, v1->nbytes);
+        pp_tensor_free(y2);
+        pp_tensor_free(q1);
+        pp_tensor_free(k1);
+        pp_tensor_free(v1);
+    }
+    /* a mask that does not broadcast, and K that does not fit Q */
+    m = rand_f32(2, SHAPE(5, 300), 46);
+    tu_node_init_dom(&n, "CausalAttention", "pippin", 4,
+                     (pp_tensor *[]){pp_tensor_retain(q), pp_tensor_retain(k), pp_tensor_retain(v), pp_tensor_retain(m)},
+                     1, NULL);
+    tu_node_expect_error(&n, PP_ERR_SHAPE, "does not broadcast");
+    tu_node_free(&n);
+    tu_node_init_dom(&n, "CausalAttention", "pippin", 3,
+                     (pp_tensor *[]){pp_tensor_retain(q), pp_tensor_retain(v), pp_tensor_retain(v)}, 1, NULL);
+    tu_node_expect_error(&n, PP_ERR_SHAPE, "are not one attention's");
+    tu_node_free(&n);
+    pp_tensor_free(m);
+    pp_tensor_free(q);
+    pp_tensor_free(k);
+    pp_tensor_free(v);
+}
+
 /* ---- the switch ---- */
 
 static void test_pass_names_and_switch(void **state) {
@@ -542,6 +871,10 @@ int main(void) {
         cmocka_unit_test(test_gemm_activation),
         cmocka_unit_test(test_matmul_add_threads),
         cmocka_unit_test(test_matmul_add_errors),
+        cmocka_unit_test(test_layernorm_fusion),
+        cmocka_unit_test(test_transpose_elimination),
+        cmocka_unit_test(test_attention_fusion),
+        cmocka_unit_test(test_attention_kernel),
         cmocka_unit_test(test_pass_names_and_switch),
         cmocka_unit_test(test_fixtures_optimized),
     };

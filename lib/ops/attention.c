@@ -1,0 +1,297 @@
+/* pippin::CausalAttention, what the optimizer makes of causal self-attention
+ * (lib/opt_attention.c):
+ *   Y = softmax(mask(scale(Q K^T))) V
+ * per batch and head, keys j > i masked for query i, one row block at a
+ * time: each block's scores are at most [rows, keys], never the T x T
+ * matrix of all heads, and a block reads only the keys its rows see.
+ *
+ * Inputs: Q, K, V, and optionally mask_ref, read for its shape alone: it is
+ * the causal mask as the graph sliced it ([..., a, b], every leading dim 1),
+ * which the kernel applies as Where or Add would broadcast it: a query row i
+ * sees key j when j <= i' (i' = i, or 0 when a is 1), every key when b is 1.
+ * Without mask_ref, a = Tq and b = Tk.
+ * Attributes:
+ *   scale, scale_div  the scores are x * scale, or x / scale with
+ *                     scale_div = 1 (what the graph's Mul or Div did)
+ *   q_layout, v_layout, out_layout  "bhtd" ([..., T, D], leading dims the
+ *                     batch and heads, the default) or "bthd" ([B, T, H, D],
+ *                     what Transpose(perm 0,2,1,3) of it gave the graph)
+ *   k_layout          "bhdt" (K^T [..., D, T], the default: MatMul's own
+ *                     operand), "bhtd" or "bthd"
+ * Every tensor is read (and Y written) in place with its strides: the
+ * transposes around the pattern are gone.
+ *
+ * The GEMMs are pp_gemm_f32's (lib/ops/gemm.h), called from inside
+ * pp_parallel_for pieces over (batch, head); a pp_parallel_for made inside
+ * a piece runs inline (lib/thread_pool.h), so a GEMM parallel over the pool
+ * stays on its piece's thread. Row blocks keep each GEMM at most
+ * GEMM_SERIAL_MNK multiply-adds, the size below which OpenBLAS 0.3 runs a
+ * GEMM on the calling thread, so its own threads are not woken either.
+ *
+ * Within float rounding of the unfused graph: the scores are the same GEMM
+ * products and the same scaling; the softmax sums fewer terms (the masked
+ * ones are exact zeros there) and the second GEMM skips zero terms. */
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gemm.h"
+#include "op.h"
+#include "thread_pool.h"
+#include "vec.h"
+
+#include "status_internal.h"
+
+#define GEMM_SERIAL_MNK 262144 /* OpenBLAS: SMP_THRESHOLD_MIN * GEMM_MULTITHREAD_THRESHOLD */
+#define MIN_BLOCK_ROWS 8
+#define MAX_BLOCK_ROWS 64
+
+enum { L_BHTD, L_BTHD, L_BHDT };
+
+static int layout_of(const pp_node *n, const char *name, const char *def, int allow_dt) {
+    const char *s = pp_node_attr_string(n, name, def);
+    if (strcmp(s, "bhtd") == 0) return L_BHTD;
+    if (strcmp(s, "bthd") == 0) return L_BTHD;
+    if (allow_dt && strcmp(s, "bhdt") == 0) return L_BHDT;
+    return -1;
+}
+
+static pp_status attention_check(const pp_graph *g, const pp_node *n) {
+    (void)g;
+    if (layout_of(n, "q_layout", "bhtd", 0) < 0 || layout_of(n, "v_layout", "bhtd", 0) < 0 ||
+        layout_of(n, "out_layout", "bhtd", 0) < 0)
+        return pp_node_error(n, PP_ERR_INVALID, "q_layout, v_layout and out_layout must be \"bhtd\" or \"bthd\"");
+    if (layout_of(n, "k_layout", "bhdt", 1) < 0)
+        return pp_node_error(n, PP_ERR_INVALID, "k_layout must be \"bhdt\", \"bhtd\" or \"bthd\"");
+    return PP_OK;
+}
+
+/* One operand as (batch-head) matrices: the head of batch-head index bh
+ * starts at base + (bh / heads) * sb + (bh % heads) * sh; inside it, row t
+ * (time) and column d step by st and sd. */
+typedef struct {
+    const float *base;
+    int64_t batch, heads, rows, cols; /* rows: time; cols: features */
+    int64_t sb, sh, st, sd;
+} view;
+
+/* Describes t in layout l. bhtd and bhdt: the dim before the last two is
+ * the heads, the ones before it the batch (1 and 1 for a matrix). */
+static pp_status view_of(const pp_kernel_ctx *ctx, const char *what, const pp_tensor *t, int l, view *v) {
+    char s[128];
+    memset(v, 0, sizeof *v);
+    v->base = t->data;
+    if (l == L_BTHD) {
+        if (t->ndim != 4)
+            return pp_kernel_error(ctx, PP_ERR_SHAPE, "%s must be [B, T, H, D], got %s", what,
+                                   pp_shape_str(t->ndim, t->shape, s, sizeof s));
+        v->batch = t->shape[0], v->rows = t->shape[1], v->heads = t->shape[2], v->cols = t->shape[3];
+        v->sd = 1, v->sh = v->cols, v->st = v->heads * v->cols, v->sb = v->rows * v->st;
+        return PP_OK;
+    }
+    if (t->ndim < 2)
+        return pp_kernel_error(ctx, PP_ERR_SHAPE, "%s must have at least 2 dims, got %s", what,
+                               pp_shape_str(t->ndim, t->shape, s, sizeof s));
+    int64_t r = t->shape[t->ndim - 2], c = t->shape[t->ndim - 1];
+    v->heads = t->ndim > 2 ? t->shape[t->ndim - 3] : 1;
+    v->batch = t->ndim > 3 ? pp_shape_numel(t->ndim - 3, t->shape) : 1;
+    if (l == L_BHDT) v->rows = c, v->cols = r, v->st = 1, v->sd = c; /* K^T: [D, T] */
+    else v->rows = r, v->cols = c, v->st = c, v->sd = 1;
+    v->sh = r * c, v->sb = v->heads * r * c;
+    return PP_OK;
+}
+
+static const float *head_of(const view *v, int64_t bh) {
+    return v->base + (bh / v->heads) * v->sb + (bh % v->heads) * v->sh;
+}
+
+typedef struct {
+    view q, k, v;
+    float *y;
+    int64_t y_sb, y_sh, y_st; /* Y's strides, as a view's */
+    int64_t heads, tq, tk, d, dv, mask_a, mask_b, block;
+    float scale;
+    int scale_div, k_dt; /* k_dt: K given as K^T ([D, T]) */
+    atomic_int failed;
+} attn_job;
+
+/* Keys query i sees. */
+static int64_t keys_seen(const attn_job *j, int64_t i) {
+    if (j->mask_b == 1) return j->tk;
+    int64_t ip = j->mask_a == 1 ? 0 : i;
+    return ip + 1 < j->tk ? ip + 1 : j->tk;
+}
+
+/* The masked softmax of one row of scores in place: the first n of len
+ * scaled and normalised, the rest 0. */
+PP_VEC_CLONES static void softmax_row(float *restrict s, int64_t n, int64_t len, float scale, int scale_div) {
+    if (scale_div) PP_VFOR(i, n, s[i] = s[i] / scale;);
+    else PP_VFOR(i, n, s[i] = s[i] * scale;);
+    float m = -INFINITY;
+    for (int64_t i = 0; i < n; i++) m = (s[i] > m || s[i] != s[i]) ? s[i] : m;
+    float p[PP_VEC_BLOCK] = {0};
+    int64_t i = 0;
+    for (; i + PP_VEC_BLOCK <= n; i += PP_VEC_BLOCK)
+        for (int l = 0; l < PP_VEC_BLOCK; l++) {
+            float e = pp_vexpf(s[i + l] - m);
+            s[i + l] = e;
+            p[l] += e;
+        }
+    double total = 0;
+    for (int l = 0; l < PP_VEC_BLOCK; l++) total += p[l];
+    for (; i < n; i++) {
+        s[i] = pp_vexpf(s[i] - m);
+        total += s[i];
+    }
+    float k = (float)(1.0 / total);
+    PP_VFOR(i2, n, s[i2] *= k;);
+    if (len > n) memset(s + n, 0, sizeof(float) * (size_t)(len - n));
+}
+
+/* One head: row blocks of scores, softmax, times V. */
+static void one_head(attn_job *j, int64_t bh, float *scores) {
+    const float *q = head_of(&j->q, bh), *k = head_of(&j->k, bh), *v = head_of(&j->v, bh);
+    float *y = j->y + (bh / j->heads) * j->y_sb + (bh % j->heads) * j->y_sh;
+    int k_rows = !j->k_dt; /* K stored as [T, D] rows: the GEMM reads it transposed */
+    int64_t ldk = k_rows ? j->k.st : j->k.sd;
+    for (int64_t r0 = 0; r0 < j->tq; r0 += j->block) {
+        int64_t rows = j->tq - r0 < j->block ? j->tq - r0 : j->block;
+        int64_t nk = 0; /* keys any row of the block sees */
+        for (int64_t i = r0; i < r0 + rows; i++) nk = keys_seen(j, i) > nk ? keys_seen(j, i) : nk;
+        if (j->d > 0)
+            pp_gemm_f32(0, k_rows, (int)rows, (int)nk, (int)j->d, 1.0f, q + r0 * j->q.st, (int)j->q.st, k, (int)ldk,
+                        0.0f, scores, (int)nk);
+        else
+            memset(scores, 0, sizeof(float) * (size_t)(rows * nk));
+        for (int64_t i = 0; i < rows; i++)
+            softmax_row(scores + i * nk, keys_seen(j, r0 + i), nk, j->scale, j->scale_div);
+        if (j->dv > 0)
+            pp_gemm_f32(0, 0, (int)rows, (int)j->dv, (int)nk, 1.0f, scores, (int)nk, v, (int)j->v.st, 0.0f,
+                        y + r0 * j->y_st, (int)j->y_st);
+    }
+}
+
+static void heads_piece(void *arg, int64_t lo, int64_t hi) {
+    attn_job *j = arg;
+    float *scores = malloc(sizeof(float) * (size_t)(j->block * j->tk));
+    if (!scores) {
+        atomic_store(&j->failed, 1);
+        return;
+    }
+    for (int64_t bh = lo; bh < hi; bh++) one_head(j, bh, scores);
+    free(scores);
+}
+
+/* a and b of mask_ref (its last two dims), checked as Where would
+ * broadcast them; *rank: its rank. */
+static pp_status mask_dims(const pp_kernel_ctx *ctx, const pp_tensor *m, int64_t tq, int64_t tk, attn_job *j,
+                           int *rank) {
+    char s[128];
+    if (!m) {
+        j->mask_a = tq, j->mask_b = tk;
+        *rank = 0;
+        return PP_OK;
+    }
+    *rank = m->ndim;
+    int ok = m->ndim >= 2;
+    for (int d = 0; ok && d < m->ndim - 2; d++) ok = m->shape[d] == 1;
+    if (ok) {
+        j->mask_a = m->shape[m->ndim - 2], j->mask_b = m->shape[m->ndim - 1];
+        ok = (j->mask_a == 1 || j->mask_a == tq) && (j->mask_b == 1 || j->mask_b == tk);
+    }
+    if (!ok)
+        return pp_kernel_error(ctx, PP_ERR_SHAPE, "causal mask %s does not broadcast to %" PRId64 " queries by %" PRId64
+                               " keys", pp_shape_str(m->ndim, m->shape, s, sizeof s), tq, tk);
+    return PP_OK;
+}
+
+static pp_status attention_run(pp_kernel_ctx *ctx) {
+    const pp_node *n = ctx->node;
+    const pp_tensor *Q = ctx->in[0], *K = ctx->in[1], *V = ctx->in[2];
+    const pp_tensor *M = ctx->n_in > 3 ? ctx->in[3] : NULL;
+    if (Q->dtype != PP_F32 || K->dtype != PP_F32 || V->dtype != PP_F32)
+        return pp_kernel_error(ctx, PP_ERR_UNSUPPORTED, "float32 only, got %s, %s and %s", pp_dtype_name(Q->dtype),
+                               pp_dtype_name(K->dtype), pp_dtype_name(V->dtype));
+    int ql = layout_of(n, "q_layout", "bhtd", 0), kl = layout_of(n, "k_layout", "bhdt", 1);
+    int vl = layout_of(n, "v_layout", "bhtd", 0), ol = layout_of(n, "out_layout", "bhtd", 0);
+    attn_job *j = calloc(1, sizeof *j);
+    if (!j) return pp_kernel_error(ctx, PP_ERR_NOMEM, "out of memory");
+    pp_status st = view_of(ctx, "Q", Q, ql, &j->q);
+    if (st == PP_OK) st = view_of(ctx, "K", K, kl, &j->k);
+    if (st == PP_OK) st = view_of(ctx, "V", V, vl, &j->v);
+    char sq[128], sk[128], sv[128];
+    if (st == PP_OK && (j->q.batch != j->k.batch || j->k.batch != j->v.batch || j->q.heads != j->k.heads ||
+                        j->k.heads != j->v.heads || j->q.cols != j->k.cols || j->k.rows != j->v.rows))
+        st = pp_kernel_error(ctx, PP_ERR_SHAPE, "Q %s, K %s and V %s (layouts %s, %s, %s) are not one attention's",
+                             pp_shape_str(Q->ndim, Q->shape, sq, sizeof sq), pp_shape_str(K->ndim, K->shape, sk, sizeof sk),
+                             pp_shape_str(V->ndim, V->shape, sv, sizeof sv), pp_node_attr_string(n, "q_layout", "bhtd"),
+                             pp_node_attr_string(n, "k_layout", "bhdt"), pp_node_attr_string(n, "v_layout", "bhtd"));
+    if (st == PP_OK && ol == L_BTHD && ql != L_BTHD && Q->ndim != 4)
+        st = pp_kernel_error(ctx, PP_ERR_SHAPE, "out_layout \"bthd\" needs a 4-D Q, got %s",
+                             pp_shape_str(Q->ndim, Q->shape, sq, sizeof sq));
+    int mrank = 0;
+    if (st == PP_OK) st = mask_dims(ctx, M, j->q.rows, j->k.rows, j, &mrank);
+    int64_t tq = j->q.rows, tk = j->k.rows, dv = j->v.cols, nbh = j->q.batch * j->q.heads;
+    if (st == PP_OK && (tq > INT_MAX || tk > INT_MAX || j->q.cols > INT_MAX || dv > INT_MAX ||
+                        j->q.st > INT_MAX || j->k.st > INT_MAX || j->k.sd > INT_MAX || j->v.st > INT_MAX))
+        st = pp_kernel_error(ctx, PP_ERR_UNSUPPORTED, "attention dims exceed BLAS int range");
+    if (st != PP_OK) {
+        free(j);
+        return st;
+    }
+    /* Y: Q's leading dims (or [B, T, H, Dv]), after the 1s a wider mask adds. */
+    int64_t oshape[PP_MAX_DIMS];
+    int ond;
+    if (ol == L_BTHD) {
+        int64_t s4[4] = {j->q.batch, tq, j->q.heads, dv};
+        ond = 4;
+        memcpy(oshape, s4, sizeof s4);
+    } else {
+        int qnd = ql == L_BTHD ? 4 : Q->ndim;
+        ond = mrank > qnd ? mrank : qnd;
+        int pad = ond - qnd;
+        for (int d = 0; d < pad; d++) oshape[d] = 1;
+        if (ql == L_BTHD) {
+            int64_t s4[4] = {j->q.batch, j->q.heads, tq, dv};
+            memcpy(oshape + pad, s4, sizeof s4);
+        } else {
+            for (int d = 0; d < Q->ndim - 1; d++) oshape[pad + d] = Q->shape[d];
+            oshape[ond - 1] = dv;
+        }
+    }
+    if (ond > PP_MAX_DIMS) {
+        free(j);
+        return pp_kernel_error(ctx, PP_ERR_SHAPE, "attention output has more than %d dims", PP_MAX_DIMS);
+    }
+    pp_tensor *y;
+    st = pp_tensor_empty(PP_F32, ond, oshape, &y);
+    if (st != PP_OK) {
+        free(j);
+        return st;
+    }
+    ctx->out[0] = y;
+    j->y = y->data;
+    j->heads = j->q.heads;
+    if (ol == L_BTHD) j->y_sh = dv, j->y_st = j->heads * dv, j->y_sb = tq * j->y_st;
+    else j->y_st = dv, j->y_sh = tq * dv, j->y_sb = j->heads * tq * dv;
+    j->tq = tq, j->tk = tk, j->d = j->q.cols, j->dv = dv, j->k_dt = kl == L_BHDT;
+    j->scale = pp_node_attr_float(n, "scale", 1.0f);
+    j->scale_div = pp_node_attr_int(n, "scale_div", 0) != 0;
+    int64_t per_row = tk * (j->d > dv ? j->d : dv);
+    j->block = per_row > 0 ? GEMM_SERIAL_MNK / per_row : MAX_BLOCK_ROWS;
+    j->block = j->block < MIN_BLOCK_ROWS ? MIN_BLOCK_ROWS : j->block > MAX_BLOCK_ROWS ? MAX_BLOCK_ROWS : j->block;
+    if (y->nbytes && tk > 0) pp_parallel_for(nbh, 1, heads_piece, j);
+    else if (y->nbytes) memset(y->data, 0, y->nbytes); /* no keys: softmax of nothing times nothing */
+    int failed = atomic_load(&j->failed);
+    free(j);
+    if (failed) return pp_kernel_error(ctx, PP_ERR_NOMEM, "out of memory for attention scores");
+    return PP_OK;
+}
+
+const pp_op pp_ops_attention[] = {
+    {"CausalAttention", "pippin", 3, 4, 1, 1, attention_check, attention_run},
+    {NULL},
+};
