@@ -8,10 +8,13 @@
 #   3. a 2-rank `pippin run` (zbv: 4 stages on 2 ranks, one training step
 #      of batch 4 in 4 microbatches, seq 64, SGD), each worker's peak RSS
 #      from its own /usr/bin/time -v (the launcher's tells only its own).
-# Usage: bench/bench_load.sh [BUILD_DIR] (default build)
+# With BASE_BUILD (a build of an older commit), 2. and 3. run for it too,
+# interleaved, and the ratios are printed.
+# Usage: bench/bench_load.sh [BUILD_DIR [BASE_BUILD]] (default build)
 set -eu
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${1:-$ROOT/build}
+BASE=${2:-}
 DIR=$HOME/.cache/pippin-bench-load/gpt_768_l4
 M=$DIR/model.onnx
 if [ ! -f "$M" ]; then
@@ -49,11 +52,6 @@ peak() {
 }
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-/usr/bin/time -v -o "$TMP/inspect.time" "$BUILD/tools/pippin" inspect "$M" >/dev/null
-peak "pippin inspect" "$TMP/inspect.time"
-# The launcher runs /proc/self/exe as the workers: a wrapper that is pippin
-# by name is not enough, so each rank is started by hand here as `pippin
-# run` would (same config, one process per rank).
 cat >"$TMP/run.yaml" <<YEOF
 model: $M
 mode: train
@@ -69,9 +67,33 @@ ranks:
 timeout_ms: 120000
 output_dir: $TMP/out
 YEOF
-for r in 0 1; do
-    /usr/bin/time -v -o "$TMP/rank$r.time" "$BUILD/tools/pippin" worker "$TMP/run.yaml" --rank $r \
-        >"$TMP/rank$r.log" 2>&1 &
+kib() { sed -n 's/.*Maximum resident set size (kbytes): //p' "$1"; }
+# one LABEL BUILD: inspect and a 2-rank run with BUILD's pippin; leaves
+# the peak RSS in KiB in $TMP/LABEL.inspect and $TMP/LABEL.worker (the larger)
+one() {
+    /usr/bin/time -v -o "$TMP/inspect.time" "$2/tools/pippin" inspect "$M" >/dev/null
+    peak "$1: pippin inspect" "$TMP/inspect.time"
+    kib "$TMP/inspect.time" >"$TMP/$1.inspect"
+    rm -rf "$TMP/out"
+    for r in 0 1; do
+        /usr/bin/time -v -o "$TMP/rank$r.time" "$2/tools/pippin" worker "$TMP/run.yaml" --rank $r \
+            >"$TMP/rank$r.log" 2>&1 &
+    done
+    wait
+    for r in 0 1; do
+        grep -q "Exit status: 0" "$TMP/rank$r.time" || { echo "worker $r failed:"; tail -5 "$TMP/rank$r.log"; }
+        peak "$1: 2-rank run, worker $r" "$TMP/rank$r.time"
+    done
+    a=$(kib "$TMP/rank0.time"); b=$(kib "$TMP/rank1.time")
+    echo $((a > b ? a : b)) >"$TMP/$1.worker"
+}
+for rep in 1 2 3; do
+    one new "$BUILD"
+    [ -n "$BASE" ] && one base "$BASE"
+    if [ -n "$BASE" ]; then
+        awk -v a="$(cat "$TMP/new.inspect")" -v b="$(cat "$TMP/base.inspect")" \
+            -v c="$(cat "$TMP/new.worker")" -v d="$(cat "$TMP/base.worker")" \
+            'BEGIN { printf "run %d: new/base peak RSS: inspect %.2fx, largest worker %.2fx\n", '"$rep"', a / b, c / d }'
+    fi
+    [ -n "$BASE" ] || break
 done
-wait
-for r in 0 1; do peak "2-rank run, worker $r" "$TMP/rank$r.time"; done
