@@ -1,15 +1,23 @@
 /* Schedule benchmark (not a test):
  *  1. scale: generate, validate and simulate 1024 ranks x 4096 microbatches
  *     x 2 stages per rank, with wall times and memory per action;
- *  2. quality: the auto scheduler's bubble against 1F1B, ZB-H1 and ZB-H2 at
+ *  2. linearity: what `pippin schedule` does (generate, validate, print the
+ *     table) for the zero-bubble and V kinds at growing ranks x microbatches,
+ *     each in its own process for its peak RSS, CPU ns per action, and for
+ *     zbv the same against the former printer (snprintf cells, the whole
+ *     table in one string) with the ratio;
+ *  3. quality: the auto scheduler's bubble against 1F1B, ZB-H1 and ZB-H2 at
  *     the zero-bubble paper's setting (p=8, m=24, F=18522, I=18086, W=9337,
  *     c=601), next to the paper's published rates and their ratio.
- * Usage: bench_schedule [ranks microbatches] (defaults 1024 4096). */
+ * Usage: bench_schedule [ranks microbatches] (defaults 1024 4096)
+ *        bench_schedule --linear [PxM ...] (defaults 64x256 256x1024 1024x4096) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "pippin/sched_sim.h"
 #include "pippin/schedule.h"
@@ -211,7 +219,147 @@ static int quality(void) {
     return 0;
 }
 
+/* The printer `pippin schedule` had before: every cell through snprintf and
+ * the grid built in one string before it is written (kept as the peer). */
+static int legacy_cell(const pp_schedule *s, const pp_action *a, char *buf, size_t n) {
+    if (a->kind == PP_ACT_IDLE) return n ? (buf[0] = 0) : 0;
+    if (a->kind == PP_ACT_OVERLAP_F_B) return pp_action_format(s, a, buf, n);
+    if (a->mb >= 0 && a->kind != PP_ACT_UNSHARD && a->kind != PP_ACT_RESHARD &&
+        a->kind != PP_ACT_REDUCE_GRAD)
+        return snprintf(buf, n, "%d%s%d", a->stage, pp_act_kind_name(a->kind), a->mb);
+    return snprintf(buf, n, "%d%s", a->stage, pp_act_kind_name(a->kind));
+}
+
+static int legacy_table(const pp_schedule *s, FILE *f) {
+    size_t steps = 0, cap = 256, len = 0;
+    for (int r = 0; r < s->nranks; r++)
+        if (s->len[r] > steps) steps = s->len[r];
+    size_t *width = calloc((size_t)s->nranks, sizeof *width);
+    char *out = malloc(cap), cell[PP_ACTION_STR_MAX + 16];
+    if (!width || !out) return 1;
+    for (int r = 0; r < s->nranks; r++) {
+        width[r] = (size_t)snprintf(cell, sizeof cell, "Rank %d", r);
+        for (size_t k = 0; k < s->len[r]; k++) {
+            size_t w = (size_t)legacy_cell(s, &s->acts[r][k], cell, sizeof cell);
+            if (w > width[r]) width[r] = w;
+        }
+    }
+    for (size_t k = 0; k < steps; k++) {
+        for (int r = 0; r < s->nranks; r++) {
+            int w = k < s->len[r] ? legacy_cell(s, &s->acts[r][k], cell, sizeof cell) : 0;
+            if (len + width[r] + 32 > cap) {
+                while (len + width[r] + 32 > cap) cap *= 2;
+                char *q = realloc(out, cap);
+                if (!q) return 1;
+                out = q;
+            }
+            len += (size_t)snprintf(out + len, cap - len, "%s%-*.*s", r ? " " : "",
+                                    (int)width[r], w, cell);
+        }
+        while (len && out[len - 1] == ' ') len--;
+        out[len++] = '\n';
+    }
+    int rc = fwrite(out, 1, len, f) != len;
+    free(out);
+    free(width);
+    return rc;
+}
+
+typedef struct lin_result {
+    double gen, val, print; /* CPU seconds */
+    size_t actions;
+    int ok;
+} lin_result;
+
+/* In a child: generate, validate and print to /dev/null; the parent reads
+ * the times from a pipe and the child's own peak RSS from wait4. */
+static int linear_one(pp_sched_kind kind, int p, int m, int legacy, lin_result *res,
+                      long *rss_kib) {
+    int fd[2];
+    if (pipe(fd)) return 1;
+    pid_t pid = fork();
+    if (pid < 0) return 1;
+    if (pid == 0) {
+        close(fd[0]);
+        lin_result r = {0};
+        pp_sched_params pr = {0};
+        pr.kind = kind;
+        pr.nranks = p;
+        pr.nmb = m;
+        pp_schedule *s;
+        FILE *null = fopen("/dev/null", "w");
+        double c0 = cpu();
+        if (null && pp_schedule_generate(&pr, &s) == PP_OK) {
+            double c1 = cpu();
+            if (pp_schedule_validate(s, NULL) == PP_OK) {
+                double c2 = cpu();
+                r.ok = legacy ? !legacy_table(s, null) : pp_schedule_write_table(s, null) == PP_OK;
+                r.ok = r.ok && fflush(null) == 0;
+                r.gen = c1 - c0;
+                r.val = c2 - c1;
+                r.print = cpu() - c2;
+                r.actions = pp_schedule_count(s);
+            }
+        }
+        if (write(fd[1], &r, sizeof r) != (ssize_t)sizeof r) _exit(1);
+        _exit(0);
+    }
+    close(fd[1]);
+    ssize_t got = read(fd[0], res, sizeof *res);
+    close(fd[0]);
+    int status;
+    struct rusage ru;
+    if (wait4(pid, &status, 0, &ru) != pid || got != (ssize_t)sizeof *res || !res->ok) return 1;
+    *rss_kib = ru.ru_maxrss;
+    return 0;
+}
+
+static int linearity(int nsizes, const int *ps, const int *ms) {
+    static const pp_sched_kind kinds[] = {PP_SCHED_ZBV,  PP_SCHED_DUALPIPEV,
+                                          PP_SCHED_ZB_H1, PP_SCHED_ZB_H2,
+                                          PP_SCHED_INTERLEAVED_ZB, PP_SCHED_INTERLEAVED_1F1B};
+    printf("\nlinearity: generate + validate + print the table to /dev/null, as `pippin "
+           "schedule` does (one process each, one thread; CPU times)\n");
+    printf("%-16s %11s %10s %8s %8s %8s %9s %9s %8s\n", "kind", "PxM", "actions", "gen s",
+           "valid s", "print s", "ns/action", "peak MiB", "B/action");
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
+        for (int i = 0; i < nsizes; i++) {
+            lin_result r;
+            long rss;
+            char pm[32];
+            snprintf(pm, sizeof pm, "%dx%d", ps[i], ms[i]);
+            if (linear_one(kinds[k], ps[i], ms[i], 0, &r, &rss)) {
+                printf("%-16s %11s failed\n", pp_sched_kind_name(kinds[k]), pm);
+                continue;
+            }
+            double t = r.gen + r.val + r.print;
+            printf("%-16s %11s %10zu %8.3f %8.3f %8.3f %9.1f %9.1f %8.1f\n",
+                   pp_sched_kind_name(kinds[k]), pm, r.actions, r.gen, r.val, r.print,
+                   1e9 * t / (double)r.actions, rss / 1024.0, 1024.0 * rss / (double)r.actions);
+        }
+    printf("\nzbv printing against the former printer (snprintf cells, whole table in one "
+           "string):\n%11s %10s %10s %8s %10s %10s %8s\n", "PxM", "print s", "former s", "ratio",
+           "peak MiB", "former", "ratio");
+    for (int i = 0; i < nsizes; i++) {
+        lin_result a, b;
+        long ra, rb;
+        if (linear_one(PP_SCHED_ZBV, ps[i], ms[i], 0, &a, &ra) ||
+            linear_one(PP_SCHED_ZBV, ps[i], ms[i], 1, &b, &rb))
+            return die("linearity");
+        printf("%5dx%-5d %10.3f %10.3f %8.2f %10.1f %10.1f %8.2f\n", ps[i], ms[i], a.print,
+               b.print, b.print / a.print, ra / 1024.0, rb / 1024.0, (double)rb / (double)ra);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--linear")) {
+        int ps[16] = {64, 256, 1024}, ms[16] = {256, 1024, 4096}, n = 3;
+        if (argc > 2) n = 0;
+        for (int i = 2; i < argc && n < 16; i++)
+            if (sscanf(argv[i], "%dx%d", &ps[n], &ms[n]) == 2 && ps[n] > 0 && ms[n] > 0) n++;
+        return linearity(n, ps, ms);
+    }
     int p = argc > 2 ? atoi(argv[1]) : 1024, m = argc > 2 ? atoi(argv[2]) : 4096;
     if (p < 1 || m < 1) {
         fprintf(stderr, "usage: bench_schedule [ranks microbatches]\n");
@@ -229,5 +377,7 @@ int main(int argc, char **argv) {
            "times less):\n", l0);
     for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
         if (scale(kinds[k], p, m)) return 1;
+    int lp[] = {64, 256, 1024}, lm[] = {256, 1024, 4096};
+    if (linearity(3, lp, lm)) return 1;
     return quality();
 }

@@ -4,9 +4,11 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -34,6 +36,38 @@ pp_status pp_read_file(const char *path, size_t max_bytes, unsigned char **buf, 
     }
     *len = (size_t)st.st_size;
     return PP_OK;
+}
+
+pp_status pp_map_file(const char *path, size_t max_bytes, pp_mapped_file *mf) {
+    static const unsigned char empty[1];
+    memset(mf, 0, sizeof *mf);
+    /* O_NONBLOCK: a FIFO must not hang the open (refused below) */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return pp_error(PP_ERR_IO, "%s: %s", path, strerror(errno));
+    struct stat st;
+    pp_status s = PP_OK;
+    if (fstat(fd, &st) != 0) s = pp_error(PP_ERR_IO, "%s: %s", path, strerror(errno));
+    else if (!S_ISREG(st.st_mode)) s = pp_error(PP_ERR_IO, "%s: not a regular file", path);
+    else if ((unsigned long long)st.st_size > max_bytes)
+        s = pp_error(PP_ERR_UNSUPPORTED, "%s: %lld bytes (at most %zu)", path, (long long)st.st_size, max_bytes);
+    if (s == PP_OK && st.st_size > 0) {
+        void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) s = pp_error(PP_ERR_IO, "%s: mmap: %s", path, strerror(errno));
+        else {
+            (void)madvise(p, (size_t)st.st_size, MADV_SEQUENTIAL); /* read ahead */
+            mf->bytes = p;
+            mf->len = (size_t)st.st_size;
+            mf->mapped = 1;
+        }
+    }
+    close(fd); /* the mapping keeps the file */
+    if (s == PP_OK && !mf->mapped) mf->bytes = empty;
+    return s;
+}
+
+void pp_unmap_file(pp_mapped_file *mf) {
+    if (mf->mapped) munmap((void *)(uintptr_t)mf->bytes, mf->len);
+    memset(mf, 0, sizeof *mf);
 }
 
 pp_status pp_atomic_open(const char *path, pp_atomic_file *af) {

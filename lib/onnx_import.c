@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <json-c/json.h>
 
@@ -14,6 +16,7 @@
 #include "pippin/log.h"
 #include "pippin/onnx.h"
 #include "onnx_upgrade.h"
+#include "onnx_wire.h"
 #include "op.h"
 
 #include "status_internal.h"
@@ -259,7 +262,47 @@ static int listed(json_object *list, const char *name) {
     return 0;
 }
 
-static pp_status build_graph(const Onnx__ModelProto *m, const char *file, pp_onnx_ext *ext, pp_graph **out) {
+/* The bytes a model was decoded from when its initializers' raw_data were
+ * left there (onnx_wire.h); mapped: a file mapping whose pages are given
+ * back once their payload is in its tensor. */
+typedef struct model_src {
+    const unsigned char *bytes;
+    size_t len;
+    int mapped;
+} model_src;
+
+/* The pages wholly inside [off, off+n) leave this process's memory (a
+ * private read-only mapping reads them again from the file if touched). */
+static void release_payload(const model_src *src, size_t off, size_t n) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)(src->bytes + off), b = a + n;
+    a = (a + page - 1) / page * page;
+    b = b / page * page;
+    if (src->mapped && b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
+/* Initializer i of the model as a tensor; its raw_data from src when the
+ * model was stripped. */
+static pp_status load_initializer(const Onnx__TensorProto *tp, const char *what, const model_src *src,
+                                  pp_onnx_ext *ext, pp_tensor **t) {
+    Onnx__TensorProto with_data;
+    size_t off = 0, n = 0;
+    int stripped = src ? pp_onnx_wire_raw_data(tp, src->len, &off, &n) : 0;
+    if (stripped < 0) return pp_error(PP_ERR_PARSE, "%s: raw_data record out of range", what);
+    if (stripped) {
+        with_data = *tp;
+        with_data.raw_data.data = (uint8_t *)(uintptr_t)(src->bytes + off);
+        with_data.raw_data.len = n;
+        tp = &with_data;
+    }
+    pp_status s = pp_onnx_ext_is_external(tp) ? pp_onnx_ext_load(ext, tp, what, t)
+                                              : pp_onnx_tensor_from_proto(tp, what, t);
+    if (stripped) release_payload(src, off, n);
+    return s;
+}
+
+static pp_status build_graph(const Onnx__ModelProto *m, const char *file, const model_src *src, pp_onnx_ext *ext,
+                             pp_graph **out) {
     const Onnx__GraphProto *gp = m->graph;
     if (!gp) return pp_error(PP_ERR_PARSE, "%s: model has no graph", file);
     int opset;
@@ -285,8 +328,7 @@ static pp_status build_graph(const Onnx__ModelProto *m, const char *file, pp_onn
         }
         snprintf(what, sizeof what, "%s: initializer '%s'", file, tp->name);
         pp_tensor *t;
-        s = pp_onnx_ext_is_external(tp) ? pp_onnx_ext_load(ext, tp, what, &t)
-                                        : pp_onnx_tensor_from_proto(tp, what, &t);
+        s = load_initializer(tp, what, src, ext, &t);
         if (s != PP_OK) break;
         int trains = pp_dtype_is_float(t->dtype) && (!trainable || listed(trainable, tp->name));
         pp_value_kind kind = trains ? PP_VALUE_PARAM : PP_VALUE_CONST;
@@ -322,29 +364,43 @@ static pp_status build_graph(const Onnx__ModelProto *m, const char *file, pp_onn
     return PP_OK;
 }
 
-/* base_dir: where external data is looked for; NULL refuses it. */
-static pp_status parse_model(const void *bytes, size_t len, const char *name, const char *base_dir,
+/* Payloads smaller than this are left to protobuf-c. */
+#define STRIP_MIN_BYTES 64
+
+/* base_dir: where external data is looked for; NULL refuses it. mapped:
+ * bytes is a private file mapping (its pages may be given back). */
+static pp_status parse_model(const void *bytes, size_t len, int mapped, const char *name, const char *base_dir,
                              pp_graph **out) {
     *out = NULL;
-    Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, len, bytes);
+    /* Decode the model without its weights, then copy each weight once,
+     * into its tensor; a model the rewrite cannot walk is decoded as it
+     * is (and fails there, or loads as it always did). */
+    unsigned char *stripped = NULL;
+    size_t stripped_len = 0;
+    model_src src = {bytes, len, mapped};
+    pp_status s = pp_onnx_wire_strip(bytes, len, STRIP_MIN_BYTES, &stripped, &stripped_len);
+    if (s == PP_ERR_NOMEM) return pp_error(PP_ERR_NOMEM, "%s: out of memory", name);
+    Onnx__ModelProto *m = s == PP_OK ? onnx__model_proto__unpack(NULL, stripped_len, stripped)
+                                     : onnx__model_proto__unpack(NULL, len, bytes);
+    free(stripped);
     if (!m) return pp_error(PP_ERR_PARSE, "%s: not an ONNX model (protobuf decoding failed)", name);
     pp_onnx_ext *ext;
-    pp_status s = pp_onnx_ext_open(base_dir, &ext);
-    if (s == PP_OK) s = build_graph(m, name, ext, out);
+    const model_src *from = s == PP_OK ? &src : NULL;
+    s = pp_onnx_ext_open(base_dir, &ext);
+    if (s == PP_OK) s = build_graph(m, name, from, ext, out);
     pp_onnx_ext_close(ext); /* the tensors keep what they borrow */
     onnx__model_proto__free_unpacked(m, NULL);
     return s;
 }
 
 pp_status pp_onnx_parse(const void *bytes, size_t len, const char *name, pp_graph **out) {
-    return parse_model(bytes, len, name, NULL, out);
+    return parse_model(bytes, len, 0, name, NULL, out);
 }
 
 pp_status pp_onnx_load(const char *path, pp_graph **out) {
-    unsigned char *buf;
-    size_t len;
+    pp_mapped_file mf;
     *out = NULL;
-    PP_TRY(pp_read_file(path, PP_ONNX_MAX_BYTES, &buf, &len));
+    PP_TRY(pp_map_file(path, PP_ONNX_MAX_BYTES, &mf));
     /* external data locations are relative to the model file's directory */
     char *dir = malloc(strlen(path) + 2);
     pp_status s = PP_OK;
@@ -354,10 +410,10 @@ pp_status pp_onnx_load(const char *path, pp_graph **out) {
         char *slash = strrchr(dir, '/');
         if (!slash) strcpy(dir, ".");
         else slash[slash == dir ? 1 : 0] = '\0';
-        s = parse_model(buf, len, path, dir, out);
+        s = parse_model(mf.bytes, mf.len, mf.mapped, path, dir, out);
     }
     free(dir);
-    free(buf);
+    pp_unmap_file(&mf);
     return s;
 }
 

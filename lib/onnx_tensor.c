@@ -2,7 +2,9 @@
  * raw_data or in a typed repeated field; both are accepted. */
 #include "onnx_tensor.h"
 
+#include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "pippin/status.h"
 
@@ -26,6 +28,25 @@ pp_status pp_onnx_tensor_header(const Onnx__TensorProto *tp, const char *what, p
     return PP_OK;
 }
 
+/* Weights at least this large get pages of their own. */
+#define OWN_PAGES_MIN ((size_t)1 << 20)
+
+static void unmap_weight(void *data, void *hint) { munmap(data, (size_t)(uintptr_t)hint); }
+
+/* A tensor for a loaded weight. Large ones are mapped on their own rather
+ * than taken from the tensor pool: a weight lives as long as its model, and
+ * when it goes (a stage copied into flat parameters, another rank's stage
+ * dropped) its memory should go back to the system, not into the pool's
+ * cache or the middle of malloc's heap. */
+static pp_status weight_tensor(pp_dtype dt, int ndim, const int64_t *shape, size_t nbytes, pp_tensor **out) {
+    if (nbytes < OWN_PAGES_MIN) return pp_tensor_empty(dt, ndim, shape, out);
+    void *p = mmap(NULL, nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return pp_error(PP_ERR_NOMEM, "out of memory for a weight of %zu bytes", nbytes);
+    pp_status s = pp_tensor_wrap(dt, ndim, shape, p, unmap_weight, (void *)(uintptr_t)nbytes, out);
+    if (s != PP_OK) munmap(p, nbytes);
+    return s;
+}
+
 pp_status pp_onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *what, pp_tensor **out) {
     *out = NULL;
     /* initializers with external data are read by lib/onnx_external.c */
@@ -47,7 +68,7 @@ pp_status pp_onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *wha
         return pp_error(PP_ERR_PARSE, "%s: holds %zu %s, shape needs %zu", what, have,
                         tp->has_raw_data ? "bytes" : "values",
                         tp->has_raw_data ? nbytes : (size_t)numel);
-    PP_TRY(pp_tensor_empty(dt, ndim, shape, out));
+    PP_TRY(weight_tensor(dt, ndim, shape, nbytes, out));
     pp_tensor *t = *out;
     if (tp->has_raw_data) {
         if (nbytes) memcpy(t->data, tp->raw_data.data, nbytes);

@@ -164,8 +164,11 @@ static pp_status open_pipe(pp_worker *w) {
             spec.cut_at = cut_at;
             spec.ignore_markers = 1;
         }
-        pp_status split_s = pp_pipe_split(w->g, &spec, &w->p);
+        /* The stages take the model's parameters: it is not held twice. */
+        pp_status split_s = pp_pipe_split_take(w->g, &spec, &w->p);
         free(cut_at);
+        pp_graph_free(w->g);
+        w->g = NULL;
         PP_TRY(split_s);
         const char *dims[64];
         char buf[64][128];
@@ -204,6 +207,13 @@ static pp_status open_pipe(pp_worker *w) {
     pp_executor_world_stage_ranks(w->sched, c->replicas, w->world_stage_rank);
     for (int s = 0; !c->model && s < w->p->n_stages; s++)
         if (w->sched->stage_rank[s] == w->prank) PP_TRY(pp_pipe_load_graph(w->p, c->stages, s));
+    /* Split here, every stage was needed for the probe; from now on only
+     * this rank's are (as a `stages:` worker loads only those). */
+    for (int s = 0; c->model && s < w->p->n_stages; s++)
+        if (w->sched->stage_rank[s] != w->prank) {
+            pp_graph_free(w->p->stages[s]);
+            w->p->stages[s] = NULL;
+        }
     if (c->training && !w->p->loss) return pp_error(PP_ERR_NOT_FOUND, "%s: the model has no loss output to train on", c->path);
     for (int i = 0; i < c->n_recompute_stages; i++)
         if (c->recompute_stages[i] >= w->p->n_stages)

@@ -36,31 +36,73 @@ static int kind_without_mb(int kind) {
     return kind == PP_ACT_UNSHARD || kind == PP_ACT_RESHARD || kind == PP_ACT_REDUCE_GRAD;
 }
 
-static int format_plain(const pp_action *a, char *buf, size_t n) {
-    if (a->kind == PP_ACT_IDLE) {
-        if (n) buf[0] = '\0';
-        return 0;
+/* Writes x's decimal digits at out; returns how many (at most 10). */
+static size_t put_uint(char *out, uint32_t x) {
+    char rev[12];
+    size_t n = 0;
+    do {
+        rev[n++] = (char)('0' + x % 10);
+        x /= 10;
+    } while (x);
+    for (size_t k = 0; k < n; k++) out[k] = rev[n - 1 - k];
+    return n;
+}
+
+/* Longest text of a plain action: sign, 10 digits, kind, 10 digits. */
+#define PLAIN_MAX 40
+
+/* Text of a plain action into out (PLAIN_MAX bytes); returns its length.
+ * Hand-written rather than snprintf: `pippin schedule` formats tens of
+ * millions of actions and snprintf was most of its time. */
+static size_t text_plain(const pp_action *a, char *out) {
+    if (a->kind == PP_ACT_IDLE) return 0;
+    size_t n = 0;
+    uint32_t stage = (uint32_t)a->stage;
+    if (a->stage < 0) {
+        out[n++] = '-';
+        stage = 0u - stage;
     }
-    if (a->mb >= 0 && !kind_without_mb(a->kind))
-        return snprintf(buf, n, "%d%s%d", (int)a->stage, pp_act_kind_name(a->kind), (int)a->mb);
-    return snprintf(buf, n, "%d%s", (int)a->stage, pp_act_kind_name(a->kind));
+    n += put_uint(out + n, stage);
+    const char *name = pp_act_kind_name(a->kind);
+    size_t len = strlen(name);
+    memcpy(out + n, name, len);
+    n += len;
+    if (a->mb >= 0 && !kind_without_mb(a->kind)) n += put_uint(out + n, (uint32_t)a->mb);
+    return n;
+}
+
+/* snprintf's contract: at most n-1 bytes and a NUL; returns the full length. */
+static int copy_out(const char *text, size_t len, char *buf, size_t n) {
+    if (n) {
+        size_t k = len < n - 1 ? len : n - 1;
+        memcpy(buf, text, k);
+        buf[k] = '\0';
+    }
+    return (int)len;
+}
+
+static int format_plain(const pp_action *a, char *buf, size_t n) {
+    char t[PLAIN_MAX];
+    return copy_out(t, text_plain(a, t), buf, n);
 }
 
 int pp_action_format(const pp_schedule *s, const pp_action *a, char *buf, size_t n) {
     if (a->kind != PP_ACT_OVERLAP_F_B) return format_plain(a, buf, n);
+    static const char tail[] = ")OVERLAP_F_B";
     const pp_action *sub = pp_schedule_subs(s, a);
-    if (!sub) return snprintf(buf, n, "()OVERLAP_F_B");
-    /* Build in a local buffer; PP_ACTION_STR_MAX bounds any compound. */
-    char tmp[PP_ACTION_STR_MAX];
+    /* Sub-actions go in while they fit in PP_ACTION_STR_MAX bytes. */
+    char t[PP_ACTION_STR_MAX + sizeof tail], one[PLAIN_MAX];
     size_t used = 0;
-    tmp[used++] = '(';
-    for (int k = 0; k < a->nsub; k++) {
-        if (k) tmp[used++] = ';';
-        int w = format_plain(&sub[k], tmp + used, sizeof tmp - used);
-        if (w < 0 || (size_t)w >= sizeof tmp - used) break;
-        used += (size_t)w;
+    t[used++] = '(';
+    for (int k = 0; sub && k < a->nsub; k++) {
+        if (k) t[used++] = ';';
+        size_t len = text_plain(&sub[k], one);
+        if (len >= PP_ACTION_STR_MAX - used) break;
+        memcpy(t + used, one, len);
+        used += len;
     }
-    return snprintf(buf, n, "%.*s)OVERLAP_F_B", (int)used, tmp);
+    memcpy(t + used, tail, sizeof tail - 1);
+    return copy_out(t, used + sizeof tail - 1, buf, n);
 }
 
 static int is_blank(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }

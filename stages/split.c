@@ -26,6 +26,7 @@ typedef struct {
     int n_stages;
     cut *cuts;
     int n_cuts;
+    uint8_t *taken;    /* per value, pp_pipe_split_take: a stage holds g's tensor */
 } splitter;
 
 static int is_pipe_split(const pp_node *n) {
@@ -256,8 +257,9 @@ static pp_status import_value(const splitter *sp, pp_graph *sg, int v, int *map)
     if (val->kind == PP_VALUE_PARAM || val->kind == PP_VALUE_CONST) {
         pp_tensor *t;
         /* Each stage owns its parameters (replicas are updated separately);
-         * constants are never written, so they may share memory. */
-        if (val->kind == PP_VALUE_PARAM) PP_TRY(pp_tensor_clone(val->data, &t));
+         * constants are never written, so they may share memory. Taking,
+         * the first stage gets g's own tensor. */
+        if (val->kind == PP_VALUE_PARAM && !(sp->taken && !sp->taken[v]++)) PP_TRY(pp_tensor_clone(val->data, &t));
         else t = pp_tensor_retain(val->data);
         return pp_graph_add_initializer(sg, val->name, val->kind, t, &map[v]);
     }
@@ -383,11 +385,12 @@ pp_status pp_split_compute_nodes(const pp_graph *g, int ignore_markers, uint8_t 
     return s;
 }
 
-pp_status pp_pipe_split(const pp_graph *g, const pp_split_spec *spec, pp_pipe **out) {
+static pp_status split(const pp_graph *g, const pp_split_spec *spec, int take, pp_pipe **out) {
     static const pp_split_spec default_spec = {0};
     if (!spec) spec = &default_spec;
     *out = NULL;
-    splitter sp = {g, spec, NULL, NULL, NULL, NULL, 0, NULL, 0};
+    splitter sp = {g, spec, NULL, NULL, NULL, NULL, 0, NULL, 0, NULL};
+    if (take && !(sp.taken = calloc((size_t)g->n_values + 1, 1))) return pp_error(PP_ERR_NOMEM, "out of memory");
     size_t nv = (size_t)g->n_values + 1, nn = (size_t)g->n_nodes + 1;
     sp.alias = malloc(sizeof(int) * nv);
     sp.marker = calloc(nn, 1);
@@ -425,6 +428,7 @@ pp_status pp_pipe_split(const pp_graph *g, const pp_split_spec *spec, pp_pipe **
     free(sp.is_const);
     free(sp.stage);
     free(sp.cuts);
+    free(sp.taken);
     free(map);
     free(need);
     if (s != PP_OK) {
@@ -433,6 +437,14 @@ pp_status pp_pipe_split(const pp_graph *g, const pp_split_spec *spec, pp_pipe **
     }
     *out = p;
     return PP_OK;
+}
+
+pp_status pp_pipe_split(const pp_graph *g, const pp_split_spec *spec, pp_pipe **out) {
+    return split(g, spec, 0, out);
+}
+
+pp_status pp_pipe_split_take(pp_graph *g, const pp_split_spec *spec, pp_pipe **out) {
+    return split(g, spec, 1, out);
 }
 
 int pp_pipe_find_edge(const pp_pipe *p, const char *value) {

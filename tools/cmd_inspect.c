@@ -157,10 +157,11 @@ static pp_status dim_sizes_from_pipe(dim_sizes *ds, const pp_pipe *p) {
 /* The model probed as one stage (no cuts), for --backward without a stage
  * table. Without a probe (an input with no declared type), the --dim
  * settings alone. */
-static void dim_sizes_probe_model(dim_sizes *ds, const pp_graph *g, const pp_split_args *sa) {
+static void dim_sizes_probe_model(dim_sizes *ds, pp_graph *g, const pp_split_args *sa) {
     pp_split_spec spec = {.ignore_markers = 1, .loss = sa->loss};
     pp_pipe *p = NULL;
-    if (pp_pipe_split(g, &spec, &p) == PP_OK && pp_pipe_probe_shapes(p, sa->n_dims, sa->dims) == PP_OK &&
+    /* Nothing here writes parameters: the stages may share g's. */
+    if (pp_pipe_split_take(g, &spec, &p) == PP_OK && pp_pipe_probe_shapes(p, sa->n_dims, sa->dims) == PP_OK &&
         dim_sizes_from_pipe(ds, p) == PP_OK) {
         pp_pipe_free(p);
         return;
@@ -200,10 +201,11 @@ static void human_bytes(int64_t b, char *buf, size_t cap) {
 }
 
 /* The stage table: nodes, parameters, stash per sample, edges. */
-static int print_stages(const pp_graph *g, const pp_split_args *sa, dim_sizes *ds, json_object *json) {
+static int print_stages(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, json_object *json) {
     pp_pipe *p = NULL;
     pp_split_spec spec = pp_split_args_spec(sa);
-    if (pp_pipe_split(g, &spec, &p) != PP_OK || pp_pipe_probe_shapes(p, sa->n_dims, sa->dims) != PP_OK ||
+    /* Nothing here writes parameters: the stages may share g's. */
+    if (pp_pipe_split_take(g, &spec, &p) != PP_OK || pp_pipe_probe_shapes(p, sa->n_dims, sa->dims) != PP_OK ||
         dim_sizes_from_pipe(ds, p) != PP_OK) {
         pp_pipe_free(p);
         return 1;

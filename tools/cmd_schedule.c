@@ -1,7 +1,5 @@
 /* pippin schedule: print a pipeline schedule's per-rank action lists as a
  * table, CSV or JSON. */
-#include <json-c/json.h>
-
 #include "sched_cli.h"
 
 #include "status_internal.h"
@@ -26,22 +24,25 @@ static void usage(FILE *f) {
             "The schedule is validated before it is printed.\n");
 }
 
-static int print_json(const pp_schedule *s) {
-    json_object *root = json_object_new_object(), *orders = json_object_new_array();
+/* {"orders": [[...], ...]} as json-c's plain form, written as it goes:
+ * action texts need no escaping, and a json-c tree of a large schedule
+ * took several times the schedule's memory. */
+static int print_json(const pp_schedule *s, FILE *f) {
     char buf[PP_ACTION_STR_MAX];
-    for (int r = 0; r < s->nranks; r++) {
-        json_object *row = json_object_new_array();
-        for (size_t k = 0; k < s->len[r]; k++) {
+    int bad = fputs("{\"orders\":[", f) == EOF;
+    for (int r = 0; r < s->nranks && !bad; r++) {
+        bad = fputs(r ? ",[" : "[", f) == EOF;
+        int first = 1;
+        for (size_t k = 0; k < s->len[r] && !bad; k++) {
             if (s->acts[r][k].kind == PP_ACT_IDLE) continue;
             pp_action_format(s, &s->acts[r][k], buf, sizeof buf);
-            json_object_array_add(row, json_object_new_string(buf));
+            bad = fputs(first ? "\"" : ",\"", f) == EOF || fputs(buf, f) == EOF ||
+                  fputc('"', f) == EOF;
+            first = 0;
         }
-        json_object_array_add(orders, row);
+        bad = bad || fputc(']', f) == EOF;
     }
-    json_object_object_add(root, "orders", orders);
-    int rc = puts(json_object_to_json_string_ext(root, JSON_C_TO_STRING_PLAIN)) < 0;
-    json_object_put(root);
-    return rc;
+    return bad || fputs("]}\n", f) == EOF;
 }
 
 int cmd_schedule(int argc, char **argv) {
@@ -61,14 +62,9 @@ int cmd_schedule(int argc, char **argv) {
     if (!strcmp(o.format, "csv")) {
         st = pp_schedule_write_csv(s, stdout);
     } else if (!strcmp(o.format, "json")) {
-        if (print_json(s)) st = pp_error(PP_ERR_IO, "writing to stdout failed");
+        if (print_json(s, stdout)) st = pp_error(PP_ERR_IO, "writing to stdout failed");
     } else {
-        char *t;
-        st = pp_schedule_format_table(s, -1, &t);
-        if (st == PP_OK) {
-            fputs(t, stdout);
-            free(t);
-        }
+        st = pp_schedule_write_table(s, stdout);
     }
     pp_schedule_free(s);
     pp_cost_model_free(costs);

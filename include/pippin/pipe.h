@@ -80,6 +80,11 @@ typedef struct pp_pipe {
 /* Cuts g. g is not modified; stage graphs copy what they need. Errors name
  * the marker or prefix (an empty stage, a prefix that matches nothing). */
 PP_API pp_status pp_pipe_split(const pp_graph *g, const pp_split_spec *spec, pp_pipe **out);
+/* The same, but the stages take g's parameter tensors instead of copying
+ * them (a parameter in several stages is copied for the others), so a
+ * model is not held twice: g may afterwards only be freed, as writing a
+ * stage's parameters writes g's. */
+PP_API pp_status pp_pipe_split_take(pp_graph *g, const pp_split_spec *spec, pp_pipe **out);
 PP_API void pp_pipe_free(pp_pipe *p);
 
 /* Edge lookup by value name; -1 if absent. */

@@ -144,6 +144,8 @@ PP_API pp_status pp_schedule_save_csv(const pp_schedule *s, const char *path);
 /* torch's grid: one row per step, one column per rank; with err_step >= 0
  * that row ends in "<-- ERROR HERE". *out is malloc'd; caller frees. */
 PP_API pp_status pp_schedule_format_table(const pp_schedule *s, long err_step, char **out);
+/* The same grid written to f a row at a time (memory: one row). */
+PP_API pp_status pp_schedule_write_table(const pp_schedule *s, FILE *f);
 
 /* ---- generators ---- */
 

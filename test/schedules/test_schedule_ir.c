@@ -173,6 +173,78 @@ static void test_table(void **state) {
     pp_schedule_free(s);
 }
 
+/* The hand-written formatter against snprintf, the one it replaced:
+ * extreme numbers, every kind, and snprintf's truncation contract. */
+static void test_action_format_like_snprintf(void **state) {
+    (void)state;
+    static const int32_t nums[] = {0,          1,  9,  10, 99, 100, 12345,
+                                   2147483647, -1, -7, -2147483647 - 1};
+    for (int kind = 0; kind <= PP_ACT_KIND_COUNT; kind++)
+        for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++)
+            for (size_t j = 0; j < sizeof nums / sizeof nums[0]; j++) {
+                pp_action a = pp_act(kind == PP_ACT_OVERLAP_F_B ? PP_ACT_F : kind, nums[i],
+                                     nums[j]);
+                if (kind == PP_ACT_KIND_COUNT) a.kind = 200; /* unknown: "?" */
+                char want[64], got[64];
+                int wn;
+                if (a.kind == PP_ACT_IDLE)
+                    wn = snprintf(want, sizeof want, "%s", "");
+                else if (a.mb >= 0 && a.kind != PP_ACT_UNSHARD && a.kind != PP_ACT_RESHARD &&
+                         a.kind != PP_ACT_REDUCE_GRAD)
+                    wn = snprintf(want, sizeof want, "%d%s%d", (int)a.stage,
+                                  pp_act_kind_name(a.kind), (int)a.mb);
+                else
+                    wn = snprintf(want, sizeof want, "%d%s", (int)a.stage,
+                                  pp_act_kind_name(a.kind));
+                assert_int_equal(pp_action_format(NULL, &a, got, sizeof got), wn);
+                assert_string_equal(got, want);
+                for (size_t n = 0; n < 6; n++) {
+                    char small[8] = "xxxxxxx";
+                    assert_int_equal(pp_action_format(NULL, &a, small, n), wn);
+                    if (n) assert_int_equal(strncmp(small, want, n - 1), 0);
+                    if (n) assert_int_equal(small[n - 1 < (size_t)wn ? n - 1 : (size_t)wn], 0);
+                    if (n == 0) assert_int_equal(small[0], 'x');
+                }
+            }
+    /* A compound with the most sub-actions, truncated like snprintf too. */
+    pp_schedule *s;
+    assert_int_equal(pp_schedule_new(1, 0, 0, &s), PP_OK);
+    pp_action sub[PP_OVERLAP_MAX];
+    for (int k = 0; k < PP_OVERLAP_MAX; k++)
+        sub[k] = pp_act(k % 2 ? PP_ACT_B : PP_ACT_F, 4000000 + k, 16000000 + k);
+    assert_int_equal(pp_schedule_append_overlap(s, 0, sub, PP_OVERLAP_MAX), PP_OK);
+    char want[PP_ACTION_STR_MAX + 16] = "(", got[PP_ACTION_STR_MAX + 16];
+    for (int k = 0; k < PP_OVERLAP_MAX; k++)
+        snprintf(want + strlen(want), sizeof want - strlen(want), "%s%d%s%d", k ? ";" : "",
+                 4000000 + k, k % 2 ? "B" : "F", 16000000 + k);
+    strcat(want, ")OVERLAP_F_B");
+    assert_int_equal(pp_action_format(s, &s->acts[0][0], got, sizeof got), (int)strlen(want));
+    assert_string_equal(got, want);
+    assert_int_equal(pp_action_format(s, &s->acts[0][0], got, 10), (int)strlen(want));
+    assert_int_equal(strncmp(got, want, 9), 0);
+    assert_int_equal(got[9], 0);
+    pp_schedule_free(s);
+}
+
+/* The streamed table is the string table, byte for byte. */
+static void test_table_streamed(void **state) {
+    (void)state;
+    pp_schedule *s = gen(PP_SCHED_ZBV, 3, 5, 0);
+    char *t, *u = NULL;
+    size_t n;
+    assert_int_equal(pp_schedule_format_table(s, -1, &t), PP_OK);
+    FILE *f = open_memstream(&u, &n);
+    assert_non_null(f);
+    assert_int_equal(pp_schedule_write_table(s, f), PP_OK);
+    assert_int_equal(fclose(f), 0);
+    assert_string_equal(u, t);
+    assert_non_null(strstr(t, "Step 00: 0F0    1F0    2F0\n"));
+    assert_null(strstr(t, "ERROR"));
+    free(t);
+    free(u);
+    pp_schedule_free(s);
+}
+
 static void expect_invalid(const char *csv, const char *msg, const char *marked_row) {
     pp_schedule *s = parse_csv(csv);
     char *table = NULL;
@@ -308,6 +380,8 @@ int main(void) {
         cmocka_unit_test(test_action_text),  cmocka_unit_test(test_action_errors),
         cmocka_unit_test(test_csv_roundtrip), cmocka_unit_test(test_csv_errors),
         cmocka_unit_test(test_table),        cmocka_unit_test(test_validate),
+        cmocka_unit_test(test_action_format_like_snprintf),
+        cmocka_unit_test(test_table_streamed),
         cmocka_unit_test(test_lower),        cmocka_unit_test(test_infer_and_limits),
     };
     tu_filter_from_env();
