@@ -56,9 +56,11 @@ PP_GRAD_RULE(maxpool) {
     int x = pp_ad_in(c, 0), idx = pp_ad_out(c, 1), shape, id;
     const pp_node *n = &c->g->nodes[c->node];
     if (idx < 0 || pp_node_attr_int(n, "storage_order", 0) != 0) {
-        /* The argmax indices, taken with the forward. */
+        /* The argmax indices, taken with the forward. Y is kept as a value
+         * of its own, unused: ONNX requires MaxPool's first output, and a
+         * written training graph must load elsewhere (ONNX Runtime). */
         int out[2];
-        PP_TRY(pp_grad_emit(c, "MaxPool", "", 1, &x, 2, (const uint8_t[]){0, 1}, out, &id));
+        PP_TRY(pp_grad_emit(c, "MaxPool", "", 1, &x, 2, NULL, out, &id));
         PP_TRY(copy_attrs(c, id));
         PP_TRY(pp_node_set_int(c->g, id, "storage_order", 0));
         PP_TRY(mark_side(c, id));
