@@ -617,10 +617,13 @@ pp_status pp_transport_recv(pp_transport *t, const pp_transport_key *key, int ti
             if (now >= deadline) {
                 stat_add(&t->st.timeouts, 1);
                 pp_peer_state ps = r == t->rank ? PP_PEER_SELF : peer_state(&t->peers[r]);
-                char doing[ACTION_CHARS], note[256];
+                char doing[ACTION_CHARS], note[256] = "";
+                /* a poll (timeout 0) that finds nothing is routine (the serving
+                 * front polls every batch): no scan of the open descriptors */
+                if (timeout > 0) pp_tp_conn_note(t, note, sizeof note);
                 return pp_error(PP_ERR_TIMEOUT, "transport rank %d: timed out after %d ms %s from rank "
                                 "%d (%s, %s)%s", t->rank, timeout, pp_tp_action_str(&act, doing, sizeof doing),
-                                r, peer_ep(t, r), pp_peer_state_name(ps), pp_tp_conn_note(t, note, sizeof note));
+                                r, peer_ep(t, r), pp_peer_state_name(ps), note);
             }
         }
         int64_t until = wake < next_check ? wake : next_check;
