@@ -48,8 +48,9 @@ static void mark_static(pp_exec *ex) {
         int lv = 2;
         if (strcmp(n->op_type, "Shape") == 0 || strcmp(n->op_type, "Size") == 0) {
             lv = n->n_in > 0 && n->in[0] >= 0 && level[n->in[0]] == 2 ? 2 : 1;
-        } else if (n->domain[0] && strcmp(n->domain, "ai.onnx") != 0) {
-            lv = 0;
+        } else if (n->domain[0] && strcmp(n->domain, "ai.onnx") != 0 &&
+                   !(strcmp(n->domain, "pippin") == 0 && strcmp(n->op_type, "PackWeight") == 0)) {
+            lv = 0; /* other domains' ops may draw random numbers; PackWeight is a pure copy */
         } else if (strncmp(n->op_type, "Random", 6) == 0 || strcmp(n->op_type, "Dropout") == 0 ||
                    strcmp(n->op_type, "Bernoulli") == 0) {
             lv = 0;

@@ -12,7 +12,10 @@
  * elementwise node. A bare MatMul(x, W) is left alone: nothing to gain.
  * A Gemm (alpha = beta = 1, no transA) by such a weight with a bias [N] or
  * none becomes one too when a Relu or Gelu follows it (the activation is
- * what it gains). Before a training graph's backward is built
+ * what it gains). In inference graphs the Transpose of a weight read by
+ * one MatMul becomes pippin::PackWeight and the MatMulAdd reads the packed
+ * panels (packed_n = N; lib/ops/gemm_packed.c): the executor packs once,
+ * OpenBLAS would pack on every call. Before a training graph's backward is built
  * (pp_graph_optimize_for_training) the activation stays a node of its own:
  * its gradient needs the value before it, which the fused node does not
  * keep; the transpose and the bias are still taken, and MatMulAdd's
@@ -130,9 +133,18 @@ pp_status pp_opt_matmul(pp_opt_ctx *c, int *count) {
         if (act) y = g->nodes[act_node].out[0];
         else act_node = -1;
         if (!trans_b && bias < 0 && !act) continue;
-        int ins[3] = {mm->in[0], w, bias};
+        /* Inference: the Transpose becomes PackWeight (the weight packed
+         * once for pp_gemm_packed_f32) when this MatMul is its only reader. */
+        int tv = mm->in[1], t = trans_b ? pp_opt_producer(c, tv, "Transpose") : -1;
+        int pack = !c->training && t >= 0 && pp_opt_sole_reader(c, tv) == i && n <= INT32_MAX;
+        if (pack) {
+            PP_TRY(pp_opt_rewrite(c, t, "PackWeight", "pippin", 1, &w));
+            PP_TRY(pp_node_set_int(g, t, "transB", 1));
+        }
+        int ins[3] = {mm->in[0], pack ? tv : w, bias};
         PP_TRY(pp_opt_rewrite(c, i, "MatMulAdd", "pippin", bias >= 0 ? 3 : 2, ins));
-        if (trans_b) PP_TRY(pp_node_set_int(g, i, "transB", 1));
+        if (pack) PP_TRY(pp_node_set_int(g, i, "packed_n", n));
+        else if (trans_b) PP_TRY(pp_node_set_int(g, i, "transB", 1));
         if (act) PP_TRY(pp_node_set_string(g, i, "activation", act));
         if (act_node >= 0) pp_opt_kill(c, act_node);
         if (add >= 0) pp_opt_kill(c, add);

@@ -5,11 +5,24 @@
 #ifndef PIPPIN_OPS_GEMM_H
 #define PIPPIN_OPS_GEMM_H
 
+#include <stdint.h>
+
 /* C[M,N] = alpha * op(A) op(B) + beta * C, row-major, leading dims given.
  * M, N, K > 0. Matrix-vector shapes go to gemv. */
 void pp_gemm_f32(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                  const float *B, int ldb, float beta, float *C, int ldc);
 void pp_gemm_f64(int ta, int tb, int M, int N, int K, double alpha, const double *A, int lda,
                  const double *B, int ldb, double beta, double *C, int ldc);
+
+/* A weight packed once for pp_gemm_packed_f32 (lib/ops/gemm_packed.c):
+ * op(B) [K, N] (B [N, K] when tb) as panels of PP_PACK_NR columns, each
+ * K x PP_PACK_NR floats, columns past N zero; pp_packed_b_floats floats. */
+#define PP_PACK_NR 16
+int64_t pp_packed_b_floats(int K, int N);
+void pp_pack_b_f32(int tb, int K, int N, const float *B, int ldb, float *out);
+/* C[M,N] = A op(B) (add 0) or C + A op(B) (add 1), Bp packed as above.
+ * The same bits at any thread count. */
+void pp_gemm_packed_f32(int M, int N, int K, const float *A, int lda, const float *Bp, int add, float *C,
+                        int ldc);
 
 #endif

@@ -87,11 +87,19 @@ static pp_status matmul_add_run(pp_kernel_ctx *ctx) {
                                pp_dtype_name(b->dtype), bias ? " and " : "", bias ? pp_dtype_name(bias->dtype) : "");
     int tb = pp_node_attr_int(ctx->node, "transB", 0) != 0;
     int act = activation_of(ctx->node);
-    if (b->ndim != 2 || a->ndim < 1)
-        return pp_kernel_error(ctx, PP_ERR_SHAPE, "A must have at least 1 dim and B 2, got %s and %s",
-                               pp_shape_str(a->ndim, a->shape, sa, sizeof sa),
+    int64_t packed_n = pp_node_attr_int(ctx->node, "packed_n", 0); /* B from pippin::PackWeight */
+    if (a->ndim < 1 || (packed_n ? b->ndim != 3 : b->ndim != 2))
+        return pp_kernel_error(ctx, PP_ERR_SHAPE, "A must have at least 1 dim and B %s, got %s and %s",
+                               packed_n ? "3 (packed)" : "2", pp_shape_str(a->ndim, a->shape, sa, sizeof sa),
                                pp_shape_str(b->ndim, b->shape, sb, sizeof sb));
     int64_t K = a->shape[a->ndim - 1], Kb = tb ? b->shape[1] : b->shape[0], N = tb ? b->shape[0] : b->shape[1];
+    if (packed_n) {
+        Kb = b->shape[1];
+        N = packed_n;
+        if (b->shape[0] != (N + PP_PACK_NR - 1) / PP_PACK_NR || b->shape[2] != PP_PACK_NR)
+            return pp_kernel_error(ctx, PP_ERR_SHAPE, "packed B %s does not hold %" PRId64 " columns",
+                                   pp_shape_str(3, b->shape, sb, sizeof sb), N);
+    }
     if (K != Kb)
         return pp_kernel_error(ctx, PP_ERR_SHAPE, "cannot multiply %s by %s%s (inner dims %" PRId64 " and %" PRId64 ")",
                                pp_shape_str(a->ndim, a->shape, sa, sizeof sa),
@@ -112,7 +120,9 @@ static pp_status matmul_add_run(pp_kernel_ctx *ctx) {
     epilogue_job j = {y->data, bias ? bias->data : NULL, N, act};
     if (bias) pp_parallel_for(M, pp_grain_rows(N, PP_GRAIN_ELEMS), bias_piece, &j);
     else if (K == 0) memset(y->data, 0, y->nbytes);
-    if (K > 0)
+    if (K > 0 && packed_n)
+        pp_gemm_packed_f32((int)M, (int)N, (int)K, a->data, (int)K, b->data, bias != NULL, y->data, (int)N);
+    else if (K > 0)
         pp_gemm_f32(0, tb, (int)M, (int)N, (int)K, 1.0f, a->data, (int)K, b->data, (int)b->shape[1],
                     bias ? 1.0f : 0.0f, y->data, (int)N);
     if (act == ACT_NONE) return PP_OK;
@@ -121,7 +131,30 @@ static pp_status matmul_add_run(pp_kernel_ctx *ctx) {
     return PP_OK;
 }
 
+/* pippin::PackWeight(W) with transB: op(W) [K, N] packed for
+ * pp_gemm_packed_f32 as [ceil(N/16), K, 16]. The optimizer's matmul pass
+ * puts one before each MatMulAdd by a transposed weight in inference
+ * graphs; it depends on the weight alone, so the executor packs once
+ * (pp_exec_set_constant_params) and every call reads the panels. */
+static pp_status pack_weight_run(pp_kernel_ctx *ctx) {
+    const pp_tensor *w = ctx->in[0];
+    char sw[128];
+    if (w->dtype != PP_F32 || w->ndim != 2)
+        return pp_kernel_error(ctx, PP_ERR_UNSUPPORTED, "a 2-D float32 weight only, got %s%s",
+                               pp_dtype_name(w->dtype), pp_shape_str(w->ndim, w->shape, sw, sizeof sw));
+    int tb = pp_node_attr_int(ctx->node, "transB", 0) != 0;
+    int64_t K = tb ? w->shape[1] : w->shape[0], N = tb ? w->shape[0] : w->shape[1];
+    if (K > INT_MAX || N > INT_MAX) return pp_kernel_error(ctx, PP_ERR_UNSUPPORTED, "weight dims exceed int range");
+    int64_t shape[3] = {(N + PP_PACK_NR - 1) / PP_PACK_NR, K, PP_PACK_NR};
+    pp_tensor *p;
+    PP_TRY(pp_tensor_empty(PP_F32, 3, shape, &p));
+    ctx->out[0] = p;
+    if (p->nbytes) pp_pack_b_f32(tb, (int)K, (int)N, w->data, (int)w->shape[1], p->data);
+    return PP_OK;
+}
+
 const pp_op pp_ops_matmul_fused[] = {
     {"MatMulAdd", "pippin", 2, 3, 1, 1, matmul_add_check, matmul_add_run},
+    {"PackWeight", "pippin", 1, 1, 1, 1, NULL, pack_weight_run},
     {NULL},
 };

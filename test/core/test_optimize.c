@@ -294,20 +294,24 @@ static void test_matmul_bias_activation(void **state) {
     (void)state;
     pp_tensor *x = rand_f32(3, SHAPE(2, 3, 4), 5), *x1 = rand_f32(1, SHAPE(4), 6);
     pp_optimize_report r;
+    /* the transposed weight read by this MatMul alone: packed once
+     * (PackWeight), the MatMulAdd reading the panels */
     pp_graph *g = check_optimized(linear_relu, PP_OPT_ALL, &x, 1e-6, &r);
     assert_int_equal(rewrites_of(&r, "matmul"), 1);
-    assert_int_equal(g->n_nodes, 1);
-    assert_string_equal(g->nodes[0].op_type, "MatMulAdd");
-    assert_string_equal(g->nodes[0].domain, "pippin");
+    assert_int_equal(g->n_nodes, 2);
+    assert_string_equal(g->nodes[0].op_type, "PackWeight");
     assert_int_equal(pp_node_attr_int(&g->nodes[0], "transB", 0), 1);
-    assert_string_equal(pp_node_attr_string(&g->nodes[0], "activation", ""), "relu");
-    assert_int_equal(g->values[g->outputs[0]].producer, 0);
+    assert_string_equal(g->nodes[1].op_type, "MatMulAdd");
+    assert_string_equal(g->nodes[1].domain, "pippin");
+    assert_int_equal(pp_node_attr_int(&g->nodes[1], "packed_n", 0), 5);
+    assert_string_equal(pp_node_attr_string(&g->nodes[1], "activation", ""), "relu");
+    assert_int_equal(g->values[g->outputs[0]].producer, 1);
     pp_graph_free(g);
-    g = check_optimized(linear_relu, PP_OPT_ALL, &x1, 1e-6, &r); /* a 1-D x: one row (gemv) */
+    g = check_optimized(linear_relu, PP_OPT_ALL, &x1, 1e-6, &r); /* a 1-D x: one row */
     pp_graph_free(g);
     g = check_optimized(linear_gelu, PP_OPT_ALL, &x, 1e-6, &r);
-    assert_int_equal(g->n_nodes, 1);
-    assert_string_equal(pp_node_attr_string(&g->nodes[0], "activation", ""), "gelu_tanh");
+    assert_int_equal(g->n_nodes, 2);
+    assert_string_equal(pp_node_attr_string(&g->nodes[1], "activation", ""), "gelu_tanh");
     pp_graph_free(g);
     /* W used as it is: the same GEMM call as MatMul's and the same add, bit for bit */
     g = check_optimized(linear_plain_w, PP_OPT_ALL, &x, 0, &r);
@@ -316,8 +320,9 @@ static void test_matmul_bias_activation(void **state) {
     pp_graph_free(g);
     /* a [1, 5] bias is not fused; the transpose still is */
     g = check_optimized(linear_2d_bias, PP_OPT_ALL, &x, 1e-6, &r);
-    assert_int_equal(g->n_nodes, 2);
+    assert_int_equal(g->n_nodes, 3);
     assert_int_equal(count_op(g, "MatMulAdd"), 1);
+    assert_int_equal(count_op(g, "PackWeight"), 1);
     assert_int_equal(count_op(g, "Add"), 1);
     assert_int_equal(count_op(g, "Transpose"), 0);
     pp_graph_free(g);

@@ -2,6 +2,7 @@
  * every range covered once, concurrent callers, nested calls, resizing;
  * each parallel kernel run at 1 and at 4 threads on sizes above its
  * threshold gives the same bits. */
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -13,6 +14,7 @@
 #include "pippin/exec.h"
 
 #include "broadcast.h"
+#include "gemm.h"
 #include "test_filter.h"
 #include "thread_pool.h"
 
@@ -274,6 +276,55 @@ static void test_kernels_gemm(void **state) {
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) same_bits(&cases[i]);
 }
 
+/* The GEMM by a packed weight (lib/ops/gemm_packed.c): against sums in
+ * double for row and column remainders (rows 1-13 against the 6-row
+ * kernel, columns against the 16-wide panels), K 0/1/odd, written and
+ * added (add = 1), W given as [K, N] and as [N, K] (transposed); the same
+ * bits at 1 and 4 threads. */
+static void test_gemm_packed(void **state) {
+    (void)state;
+    const int Ms[] = {1, 5, 6, 13, 64}, Ns[] = {1, 5, 16, 17, 100}, Ks[] = {0, 1, 7, 300};
+    uint64_t s = 3;
+    for (size_t a = 0; a < 5; a++)
+        for (size_t b = 0; b < 5; b++)
+            for (size_t c = 0; c < 4; c++)
+                for (int tb = 0; tb < 2; tb++)
+                    for (int add = 0; add < 2; add++) {
+                        int M = Ms[a], N = Ns[b], K = Ks[c];
+                        float *A = malloc(sizeof(float) * (size_t)(M * K + 1)), *W = malloc(sizeof(float) * (size_t)(K * N + 1));
+                        float *P = malloc(sizeof(float) * (size_t)(pp_packed_b_floats(K, N) + 1));
+                        float *C1 = malloc(sizeof(float) * (size_t)(M * N)), *C4 = malloc(sizeof(float) * (size_t)(M * N));
+                        for (int i = 0; i < M * K; i++) A[i] = (float)(tu_urand(&s) * 2 - 1);
+                        for (int i = 0; i < K * N; i++) W[i] = (float)(tu_urand(&s) * 2 - 1);
+                        for (int i = 0; i < M * N; i++) C1[i] = C4[i] = (float)i * 0.25f;
+                        pp_pack_b_f32(tb, K, N, W, tb ? K : N, P);
+                        pp_set_threads(1);
+                        pp_gemm_packed_f32(M, N, K, A, K, P, add, C1, N);
+                        pp_set_threads(4);
+                        pp_gemm_packed_f32(M, N, K, A, K, P, add, C4, N);
+                        pp_set_threads(1);
+                        if (memcmp(C1, C4, sizeof(float) * (size_t)(M * N)))
+                            fail_msg("packed GEMM %dx%dx%d tb %d add %d differs between 1 and 4 threads", M, N, K, tb, add);
+                        for (int i = 0; i < M; i++)
+                            for (int j = 0; j < N; j++) {
+                                double want = add ? (double)(i * N + j) * 0.25 : 0.0, mag = fabs(want);
+                                for (int k = 0; k < K; k++) {
+                                    double p = (double)A[i * K + k] * (tb ? W[j * K + k] : W[k * N + j]);
+                                    want += p;
+                                    mag += fabs(p);
+                                }
+                                if (fabs(C1[i * N + j] - want) > 1e-6 * mag + 1e-6)
+                                    fail_msg("packed GEMM %dx%dx%d tb %d add %d: C[%d,%d] = %g, want %g", M, N, K, tb, add,
+                                             i, j, (double)C1[i * N + j], want);
+                            }
+                        free(A);
+                        free(W);
+                        free(P);
+                        free(C1);
+                        free(C4);
+                    }
+}
+
 /* pp_broadcast_to (Expand and the gradient helpers use it). */
 static void test_broadcast_to_same_bits(void **state) {
     (void)state;
@@ -367,6 +418,7 @@ int main(void) {
         cmocka_unit_test(test_kernels_rows),
         cmocka_unit_test(test_kernels_grads),
         cmocka_unit_test(test_kernels_gemm),
+        cmocka_unit_test(test_gemm_packed),
         cmocka_unit_test(test_broadcast_to_same_bits),
         cmocka_unit_test(test_kernels_from_rank_threads),
     };
