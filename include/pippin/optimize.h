@@ -27,7 +27,9 @@
  *              and the Add of a bias and a Relu or Gelu after it, become
  *              one pippin::MatMulAdd (the transpose read in place by the
  *              GEMM, the bias as its C, the activation applied to each
- *              row); so does a Gemm followed by a Relu or Gelu;
+ *              row); so does a Gemm followed by a Relu or Gelu; a
+ *              transposed weight read by that MatMul alone is packed once
+ *              instead (pippin::PackWeight, panels the GEMM reads);
  *   dead       nodes whose outputs nothing reads are removed.
  * Trainable parameters are never folded (a service may load new weights
  * into them after the graph is prepared); what depends on them alone is
