@@ -6,8 +6,9 @@
  * Why: OpenBLAS packs both operands on every call. With a serving batch's
  * few rows (64 tokens against a [768, 256] weight) packing the weight took
  * a quarter of the GEMM's time (perf: sgemm_incopy 23-27%), repeated for
- * every request. Here only the panels are read: 1.15-1.4x OpenBLAS's
- * sgemm at 60-126 rows and 1.05-1.3x at 1020 (bench in the commit).
+ * every request. Here only the panels are read: 1.23-1.28x OpenBLAS's
+ * sgemm at 60 rows, 1.0-1.09x at 126, 0.98-0.99x at 1020
+ * (pippin-bench-gemm-packed, one thread).
  *
  * The kernel: 6 rows x 16 columns of C in 12 AVX2 registers (a remainder
  * of 1-5 rows in fewer), one FMA per element and k, k in order from 0. Each element's sum is the same
