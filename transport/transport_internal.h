@@ -91,7 +91,6 @@ typedef struct peer {
     int tx_msg_ready;       /* it confirmed it reads tx_msg */
     int tx_msg_failed;
     pp_shm_ring *rx_msg;    /* its message ring to us */
-    int shm_env_by_ring;    /* the last envelope naming tensor_ring records went through tx_msg */
     /* Small messages held back while its queue is full, merged into one
      * batch message (PP_WIRE_KIND_BATCH) when it has room: packed
      * envelopes back to back in obox, entry i at obox_off[i]. */
@@ -310,8 +309,6 @@ int pp_tp_ring_reserve(pp_transport *t, int r, pp_shm_ring **ring, int first, si
                        void **dst);
 pp_shm_ring *pp_tp_msg_ring(pp_transport *t, int r);
 int pp_tp_send_by_ring(pp_transport *t, int r, pp_shm_ring *ring, const pp_envelope *env);
-/* Whether peer r has consumed every record of our tensor rings to it. */
-int pp_tp_tx_rings_drained(const peer *p);
 pp_status pp_tp_rx_ring(pp_transport *t, int r, const char *name, pp_shm_ring **out);
 /* 1 if name can be one of rank r's rings (the prefix its hello gave); 0
  * with the error set otherwise. */

@@ -131,7 +131,6 @@ static void peer_event(pp_transport *t, int r, uint16_t ev) {
             pp_shm_ring_close(p->tx_msg);
             p->tx_msg = NULL;
             p->tx_msg_ready = p->tx_msg_failed = 0;
-            p->shm_env_by_ring = 0;
             if (p->bell_fd >= 0) close(p->bell_fd);
             p->bell_fd = -1;
             pp_info("transport rank %d: lost connection to rank %d (%s)", t->rank, r, peer_ep(t, r));

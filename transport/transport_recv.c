@@ -243,10 +243,7 @@ static void handle_decoded(pp_transport *t, pp_envelope *envp, msg_src *src, siz
         goto done;
     }
     /* the sender is who it says (as far as this link can tell): its ring
-     * may be opened. Envelopes naming its tensor-ring records that it sent
-     * earlier through its message ring come first (records are handed back
-     * in order). */
-    if (env.shm_name[0] && m0 && p->rx_msg) receive_ring(t, r, want, got, INT32_MAX);
+     * may be opened */
     if (env.shm_name[0] && pp_tp_rx_ring(t, r, env.shm_name, &ring) != PP_OK) {
         drop_msg(t, m0, "claims rank %d: %s", r, pp_last_error());
         goto done;

@@ -150,10 +150,6 @@ int pp_tp_send_by_ring(pp_transport *t, int r, pp_shm_ring *ring, const pp_envel
     return 1;
 }
 
-int pp_tp_tx_rings_drained(const peer *p) {
-    return (!p->tx_ring || pp_shm_ring_drained(p->tx_ring)) && (!p->old_ring || pp_shm_ring_drained(p->old_ring));
-}
-
 /* ---- receiving ---- */
 
 int pp_tp_ring_name_ok(pp_transport *t, int r, const char *name) {

@@ -151,15 +151,6 @@ pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n
     for (int i = 0; i < n; i++)
         if (tensors[i]->nbytes > largest) largest = tensors[i]->nbytes;
     pp_shm_ring *ring = largest >= t->zero_copy_min ? pp_tp_tx_ring(t, r, largest) : NULL;
-    /* An envelope naming tensor-ring records goes through the message ring
-     * too (a doorbell, not two I/O-thread hand-offs and a socket), once
-     * the peer reads it. Records are handed back in the order they were
-     * written, so the envelopes must be taken in that order: moving from
-     * the socket to the message ring waits until the peer consumed every
-     * record named on the socket; the other way round the receiver takes
-     * the message ring first (handle_decoded). */
-    pp_shm_ring *env_ring = NULL;
-    if (ring && (p->shm_env_by_ring || pp_tp_tx_rings_drained(p))) env_ring = pp_tp_msg_ring(t, r);
     pp_wire_tensor wt_stack[SEND_STACK_TENSORS];
     pp_wire_tensor *wt = n <= SEND_STACK_TENSORS ? wt_stack : calloc((size_t)n, sizeof *wt);
     if (!wt) return pp_error(PP_ERR_NOMEM, "out of memory");
@@ -234,11 +225,9 @@ pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n
     env.inline_data = inline_data;
     env.inline_bytes = inline_bytes;
     env.shm_name = shm_bytes ? pp_shm_ring_name(ring) : "";
-    pp_shm_ring *mring = nframes ? NULL : shm_bytes ? env_ring : pp_tp_msg_ring(t, r);
-    if (shm_bytes) p->shm_env_by_ring = 0; /* unless the message ring takes it */
+    pp_shm_ring *mring = nframes == 0 && shm_bytes == 0 ? pp_tp_msg_ring(t, r) : NULL;
     if (mring && pp_tp_send_by_ring(t, r, mring, &env)) {
         if (wt != wt_stack) free(wt);
-        if (shm_bytes) p->shm_env_by_ring = 1;
         p->seq++;
         stat_add(&t->st.messages_sent, 1);
         stat_add(&t->st.bytes_sent, total);

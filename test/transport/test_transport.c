@@ -167,9 +167,7 @@ static void test_shm_full_ring_grows(void **state) {
     /* 1 MiB ring: 4; then 2 MiB: 8 more; then 4 MiB (the limit) would take
      * the rest, but 12 * 256 KiB is exactly 4 + 8 */
     assert_int_equal(st.shm_bytes_sent, 12 * x[0]->nbytes);
-    /* the 1 MiB one waits to be drained, then the 2 MiB one; and the
-     * message ring announced for their envelopes */
-    assert_int_equal(leftover_rings(), 3);
+    assert_int_equal(leftover_rings(), 2); /* the 1 MiB one waits to be drained, then the 2 MiB one */
     for (int m = 0; m < 12; m++) {
         pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x");
         expect_recv(t[1], &k, x[m]);
@@ -210,64 +208,6 @@ static void test_shm_tensors_held(void **state) {
     assert_int_equal(leftover_rings(), 0);
 }
 
-/* Envelopes naming ring records go on the socket until the peer reads
- * the message ring, then through it; a message with a tensor too big for
- * the ring goes on the socket again. Records are handed back in order, so
- * every switch must keep the envelopes in order: nothing may be dropped
- * whatever order the tensors are taken in. */
-static void test_shm_envelopes_switch_paths(void **state) {
-    (void)state;
-    pp_transport *t[2];
-    shm_pair("tcp", 4 << 20, 2000, t);
-    int64_t s[1] = {1 << 16}, s_big[1] = {2 << 20}; /* 256 KiB; 8 MiB: more than the ring's 4 */
-    pp_tensor *x[12], *big = tt_f32_seq(1, s_big, -1);
-    for (int m = 0; m < 12; m++) x[m] = tt_f32_seq(1, s, (float)m * 100);
-    /* before the message ring is confirmed: on the socket */
-    for (int m = 0; m < 3; m++) {
-        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x");
-        TT_OK(pp_transport_send(t[0], &k, x[m]));
-    }
-    TT_OK(pp_transport_poll(t[1], 50)); /* files them (ring loans held) and confirms the ring */
-    TT_OK(pp_transport_poll(t[0], 50));
-    /* confirmed, but records named on the socket are still out: the socket still */
-    pp_transport_key k3 = tt_key(PP_MSG_ACTIVATION, 0, 3, 0, 1, "x");
-    TT_OK(pp_transport_send(t[0], &k3, x[3]));
-    for (int m = 3; m >= 0; m--) {
-        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x");
-        expect_recv(t[1], &k, x[m]);
-    }
-    /* all handed back: the message ring from now on */
-    for (int m = 4; m < 10; m++) {
-        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x");
-        TT_OK(pp_transport_send(t[0], &k, x[m]));
-    }
-    /* one in the ring and one in frames: the socket, behind those */
-    const char *names[2] = {"x", "big"};
-    pp_tensor *pair[2] = {x[10], big};
-    pp_transport_key k10 = tt_key(PP_MSG_ACTIVATION, 0, 10, 0, 1, "x");
-    TT_OK(pp_transport_sendv(t[0], &k10, 2, names, pair));
-    pp_transport_key k10b = tt_key(PP_MSG_ACTIVATION, 0, 10, 0, 1, "big");
-    expect_recv(t[1], &k10b, big);
-    expect_recv(t[1], &k10, x[10]);
-    for (int m = 9; m >= 4; m--) {
-        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x");
-        expect_recv(t[1], &k, x[m]);
-    }
-    /* and back to the message ring once those are handed back */
-    pp_transport_key k11 = tt_key(PP_MSG_ACTIVATION, 0, 11, 0, 1, "x");
-    TT_OK(pp_transport_send(t[0], &k11, x[11]));
-    expect_recv(t[1], &k11, x[11]);
-    pp_transport_stats st;
-    pp_transport_stats_get(t[1], &st);
-    assert_int_equal(st.dropped, 0);
-    assert_int_equal(st.pending, 0);
-    assert_int_equal(st.shm_bytes_received, 12 * x[0]->nbytes);
-    for (int m = 0; m < 12; m++) pp_tensor_free(x[m]);
-    pp_tensor_free(big);
-    tt_close_ranks(2, t);
-    assert_int_equal(leftover_rings(), 0);
-}
-
 /* A bigger tensor gets a bigger ring; messages naming the old ring that
  * are still unread are delivered, then the old ring is let go. */
 static void test_shm_ring_grows(void **state) {
@@ -279,9 +219,7 @@ static void test_shm_ring_grows(void **state) {
     pp_transport_key ka = tt_key(PP_MSG_ACTIVATION, 0, 0, 0, 1, "a"), kb = tt_key(PP_MSG_ACTIVATION, 0, 1, 0, 1, "b");
     TT_OK(pp_transport_send(t[0], &ka, a));
     TT_OK(pp_transport_send(t[0], &kb, b));
-    /* neither opened by the receiver yet, nor the message ring announced
-     * for the envelopes that name them */
-    assert_int_equal(leftover_rings(), 3);
+    assert_int_equal(leftover_rings(), 2); /* neither opened by the receiver yet */
     expect_recv(t[1], &kb, b);
     expect_recv(t[1], &ka, a);
     assert_int_equal(leftover_rings(), 0); /* the receiver unlinked both */
@@ -1125,7 +1063,6 @@ int main(void) {
         cmocka_unit_test(test_roundtrip_tcp_shm),
         cmocka_unit_test(test_shm_full_ring_falls_back),
         cmocka_unit_test(test_shm_ring_grows),
-        cmocka_unit_test(test_shm_envelopes_switch_paths),
         cmocka_unit_test(test_shm_ring_grows_twice),
         cmocka_unit_test(test_shm_full_ring_grows),
         cmocka_unit_test(test_shm_tensors_held),
