@@ -17,35 +17,9 @@
 
 #include "pippin/pippin.h"
 
+#include "bench_util.h"
+
 #define MAX_MS 8
-
-static double clock_ms(clockid_t id) {
-    struct timespec ts;
-    clock_gettime(id, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return v[n / 2];
-}
-
-/* Random token ids in [0, vocab). */
-static pp_tensor *tokens(int64_t batch, int64_t seq, int64_t vocab, unsigned *seed) {
-    pp_tensor *t;
-    if (pp_tensor_empty(PP_I64, 2, (int64_t[]){batch, seq}, &t) != PP_OK) return NULL;
-    int64_t *d = t->data;
-    for (int64_t i = 0; i < batch * seq; i++) {
-        *seed = *seed * 1103515245u + 12345u;
-        d[i] = (int64_t)((*seed >> 8) % (unsigned)vocab);
-    }
-    return t;
-}
 
 /* Rows [lo, lo + n) of a [B, T] token tensor. */
 static pp_tensor *rows(const pp_tensor *t, int64_t lo, int64_t n) {
@@ -106,7 +80,7 @@ int main(int argc, char **argv) {
     int tok = pp_graph_find_value(g, "tok_emb.weight"), pos = pp_graph_find_value(g, "pos_emb.weight");
     int64_t vocab = tok >= 0 ? g->values[tok].shape[0] : 64, seq = pos >= 0 ? g->values[pos].shape[0] : 16;
     unsigned seed = 1;
-    pp_tensor *whole[2] = {tokens(batch, seq, vocab, &seed), tokens(batch, seq, vocab, &seed)};
+    pp_tensor *whole[2] = {bench_tokens(batch, seq, vocab, &seed), bench_tokens(batch, seq, vocab, &seed)};
     double *wall = calloc((size_t)(n_ms * iters), sizeof *wall), *cpu = calloc((size_t)(n_ms * iters), sizeof *cpu);
     pp_flat_params *fp = pp_trainer_params(t);
     int rc = !wall || !cpu;
@@ -114,7 +88,7 @@ int main(int argc, char **argv) {
         for (int k = 0; k < n_ms && rc == 0; k++) {
             int M = ms[k];
             int64_t per = batch / M;
-            double w0 = clock_ms(CLOCK_MONOTONIC), c0 = clock_ms(CLOCK_PROCESS_CPUTIME_ID);
+            double w0 = bench_clock_ms(CLOCK_MONOTONIC), c0 = bench_clock_ms(CLOCK_PROCESS_CPUTIME_ID);
             pp_flat_params_zero_grad(fp);
             for (int j = 0; j < M && rc == 0; j++) {
                 pp_tensor *ins[2] = {M == 1 ? whole[0] : rows(whole[0], j * per, per),
@@ -131,8 +105,8 @@ int main(int argc, char **argv) {
                 }
             }
             if (i >= 0) {
-                wall[k * iters + i] = clock_ms(CLOCK_MONOTONIC) - w0;
-                cpu[k * iters + i] = clock_ms(CLOCK_PROCESS_CPUTIME_ID) - c0;
+                wall[k * iters + i] = bench_clock_ms(CLOCK_MONOTONIC) - w0;
+                cpu[k * iters + i] = bench_clock_ms(CLOCK_PROCESS_CPUTIME_ID) - c0;
             }
         }
     if (rc == 0) {
@@ -141,7 +115,7 @@ int main(int argc, char **argv) {
                model_dir, (double)pp_trainer_params(t)->total / 1e6, batch, (long long)seq, threads, threads == 1 ? "" : "s", iters);
         double w1 = 0, c1 = 0;
         for (int k = 0; k < n_ms; k++) {
-            double w = median(wall + k * iters, iters), cp = median(cpu + k * iters, iters);
+            double w = bench_median(wall + k * iters, iters), cp = bench_median(cpu + k * iters, iters);
             if (k == 0) w1 = w, c1 = cp;
             printf("  %d microbatch%s of %d: wall %9.2f ms (%.2fx)  cpu %9.2f ms (%.2fx)\n", ms[k],
                    ms[k] == 1 ? "  " : "es", batch / ms[k], w, w / w1, cp, cp / c1);

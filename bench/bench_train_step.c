@@ -25,6 +25,7 @@
 
 #include "pippin/pippin.h"
 
+#include "bench_util.h"
 #include "thread_pool.h"
 
 static double now_ms(void) {
@@ -37,23 +38,6 @@ static double peak_rss_mb(void) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     return (double)ru.ru_maxrss / 1024.0;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Random token ids in [0, vocab). */
-static pp_tensor *tokens(int64_t batch, int64_t seq, int64_t vocab, unsigned *seed) {
-    pp_tensor *t;
-    if (pp_tensor_empty(PP_I64, 2, (int64_t[]){batch, seq}, &t) != PP_OK) return NULL;
-    int64_t *d = t->data;
-    for (int64_t i = 0; i < batch * seq; i++) {
-        *seed = *seed * 1103515245u + 12345u;
-        d[i] = (int64_t)((*seed >> 8) % (unsigned)vocab);
-    }
-    return t;
 }
 
 /* Runs the torch script; fills *ms and *rss (MB). 0 on success. */
@@ -128,7 +112,7 @@ int main(int argc, char **argv) {
     int tok = pp_graph_find_value(g, "tok_emb.weight"), pos = pp_graph_find_value(g, "pos_emb.weight");
     int64_t vocab = tok >= 0 ? g->values[tok].shape[0] : 64, seq = pos >= 0 ? g->values[pos].shape[0] : 16;
     unsigned seed = 1;
-    pp_tensor *ins[2] = {tokens(batch, seq, vocab, &seed), tokens(batch, seq, vocab, &seed)};
+    pp_tensor *ins[2] = {bench_tokens(batch, seq, vocab, &seed), bench_tokens(batch, seq, vocab, &seed)};
     double rss_before = peak_rss_mb();
     double *ts = malloc(sizeof(double) * (size_t)iters);
     pp_flat_params *fp = pp_trainer_params(t);
@@ -164,8 +148,8 @@ int main(int argc, char **argv) {
         if (i >= 0) fs[i] = now_ms() - t0;
     }
     if (rc == 0) {
-        qsort(ts, (size_t)iters, sizeof *ts, cmp_double);
-        qsort(fs, (size_t)iters, sizeof *fs, cmp_double);
+        qsort(ts, (size_t)iters, sizeof *ts, bench_cmp_double);
+        qsort(fs, (size_t)iters, sizeof *fs, bench_cmp_double);
         double ms = ts[iters / 2], fms = fs[iters / 2];
         printf("GPT train step (forward + backward) and forward, batch %d x %lld tokens, %d thread%s "
                "(kernel pool %d)\n",
