@@ -48,13 +48,12 @@ static void mark_static(pp_exec *ex) {
         int lv = 2;
         if (strcmp(n->op_type, "Shape") == 0 || strcmp(n->op_type, "Size") == 0) {
             lv = n->n_in > 0 && n->in[0] >= 0 && level[n->in[0]] == 2 ? 2 : 1;
-        } else if (n->domain[0] && strcmp(n->domain, "ai.onnx") != 0 &&
-                   !(strcmp(n->domain, "pippin") == 0 && strcmp(n->op_type, "PackWeight") == 0)) {
-            lv = 0; /* other domains' ops may draw random numbers; PackWeight is a pure copy */
+        } else if (n->domain[0] && strcmp(n->domain, "ai.onnx") != 0 && !(n->op && n->op->pure)) {
+            lv = 0; /* other domains' ops may draw random numbers, unless their entry says pure */
         } else if (strncmp(n->op_type, "Random", 6) == 0 || strcmp(n->op_type, "Dropout") == 0 ||
                    strcmp(n->op_type, "Bernoulli") == 0) {
             lv = 0;
-        } else {
+        } else { /* pure: as constant as its inputs */
             for (int k = 0; k < n->n_in; k++)
                 if (n->in[k] >= 0 && level[n->in[k]] < lv) lv = level[n->in[k]];
         }

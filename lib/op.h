@@ -42,6 +42,10 @@ typedef struct pp_op {
     pp_status (*check)(const pp_graph *g, const pp_node *n);
     /* CPU kernel. */
     pp_status (*run)(pp_kernel_ctx *ctx);
+    /* 1: a function of its inputs alone, so the executor may cache it like
+     * a default-domain op (lib/exec.c); ops of other domains are taken to
+     * draw random numbers or keep state unless they say so. */
+    int pure;
 } pp_op;
 
 /* Registry lookup; domain "" and "ai.onnx" are the same. NULL if unknown. */

@@ -155,6 +155,6 @@ static pp_status pack_weight_run(pp_kernel_ctx *ctx) {
 
 const pp_op pp_ops_matmul_fused[] = {
     {"MatMulAdd", "pippin", 2, 3, 1, 1, matmul_add_check, matmul_add_run},
-    {"PackWeight", "pippin", 1, 1, 1, 1, NULL, pack_weight_run},
+    {"PackWeight", "pippin", 1, 1, 1, 1, NULL, pack_weight_run, 1}, /* pure: packed once per weight */
     {NULL},
 };
