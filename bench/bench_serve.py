@@ -28,6 +28,7 @@ About 2 minutes with the default 4 seconds per point (plus the export, once).
 
     /usr/bin/python3 bench/bench_serve.py [--build build] [--seconds 4]
         [--clients 1,4,16,64] [--models example,large] [--threads N]
+        [--share-cores on|off|both]
 """
 import argparse
 import json
@@ -117,7 +118,7 @@ def stats(pippin, ep):
 
 
 class Service:
-    def __init__(self, pippin, tmp, name, model, ranks, split=None):
+    def __init__(self, pippin, tmp, name, model, ranks, split=None, share=True):
         self.pippin, self.ep = pippin, f"ipc://{tmp}/{name}-front"
         cfg = os.path.join(tmp, name + ".yaml")
         eps = ", ".join(f"ipc://{tmp}/{name}-{r}" for r in range(ranks))
@@ -126,6 +127,8 @@ class Service:
                     f"timeout_ms: 10000\nserve: {{endpoint: {self.ep}, max_batch: 16, max_wait_us: 500}}\n")
             if split:
                 f.write(f"split: {{before: {json.dumps(split)}}}\n")
+            if not share:
+                f.write("share_cores: false\n")
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", PIPPIN_LOG="error",
                    PIPPIN_THREADS=str(THREADS))
         self.err = os.path.join(tmp, name + ".err")
@@ -171,6 +174,9 @@ def main():
     ap.add_argument("--models", default="example,large")
     ap.add_argument("--threads", type=int, default=1,
                     help="each worker's compute threads (kernels and GEMMs on pippin's pool)")
+    ap.add_argument("--share-cores", choices=["on", "off", "both"], default="on",
+                    help="ranks lend their threads to a busy rank while they wait (share_cores:); both: "
+                         "each layout with and without")
     ap.add_argument("--npm-cache", default=os.path.expanduser("~/.cache/pippin-bench-ort"))
     ap.add_argument("--cache", default=os.path.expanduser("~/.cache/pippin-bench-serve"))
     a = ap.parse_args()
@@ -199,8 +205,12 @@ def main():
                 raise RuntimeError("ort_serve.js: " + out.stderr)
             ort = [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")]
 
-            layouts = [("4 ranks", dict(model=model, ranks=info["stages"])),
-                       ("2 ranks", dict(model=plain, ranks=2, split=[f"/blocks.{info['layers'] // 2}/"]))]
+            layouts = []
+            for share in {"on": [True], "off": [False], "both": [True, False]}[a.share_cores]:
+                tag = "" if a.share_cores != "both" else (", shared" if share else ", own")
+                layouts += [("4 ranks" + tag, dict(model=model, ranks=info["stages"], share=share)),
+                            ("2 ranks" + tag, dict(model=plain, ranks=2, split=[f"/blocks.{info['layers'] // 2}/"],
+                                                   share=share))]
             rows = []
             for lname, kw in layouts:
                 svc = Service(pippin, tmp, f"{key}-{len(rows)}", **kw)
@@ -233,23 +243,24 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
 
     print(f"serving: closed-loop clients, requests of 1 x {SEQ} random tokens -> logits, 2 cores; pippin: one "
-          f"worker process per rank, {THREADS} compute thread(s) each, max_batch 16, max_wait_us 500")
+          f"worker process per rank, {THREADS} compute thread(s) each (share_cores: {a.share_cores}: a waiting "
+          f"rank lends them to a busy one), max_batch 16, max_wait_us 500")
     for key, info, rows, ort in results:
         print(f"\n{key}: d {info['d']}, {info['layers']} layers, block {info['block']}, vocab {info['vocab']}, "
               f"{info['params'] / 1e6:.2f}M parameters, inputs {', '.join(info['inputs'])}")
-        print(f"{'':30}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'rows/b':>8}  compute ms/req (per rank)")
+        print(f"{'':38}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'rows/b':>8}  compute ms/req (per rank)")
         for lname, r in rows:
             extra = ""
             if "compute_ms_per_req" in r:
                 extra = (f"{r['rows_per_batch']:>8.1f}  {r['compute_ms_per_req']:.2f} ("
                          + " ".join(f"{m:.2f}" for m in r["compute_ms_ranks"]) + ")")
-            print(f"{'pippin ' + lname + ', ' + str(r['clients']) + ' clients':30}{r['rps']:>9.1f}"
+            print(f"{'pippin ' + lname + ', ' + str(r['clients']) + ' clients':38}{r['rps']:>9.1f}"
                   f"{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}{extra}")
         for o in ort:
             one, bat = o["one_at_a_time"], o["batched"]
-            print(f"{'ORT ' + str(o['threads']) + ' thr, one at a time':30}{one['rps']:>9.1f}{one['p50_ms']:>9.2f}"
+            print(f"{'ORT ' + str(o['threads']) + ' thr, one at a time':38}{one['rps']:>9.1f}{one['p50_ms']:>9.2f}"
                   f"{one['p99_ms']:>9.2f}")
-            print(f"{'ORT ' + str(o['threads']) + ' thr, batched ' + str(bat['batch']):30}{bat['rps']:>9.1f}"
+            print(f"{'ORT ' + str(o['threads']) + ' thr, batched ' + str(bat['batch']):38}{bat['rps']:>9.1f}"
                   f"{bat['p50_ms']:>9.2f}{bat['p99_ms']:>9.2f}")
         best_one = max(o["one_at_a_time"]["rps"] for o in ort)
         best_lat = min(o["one_at_a_time"]["p50_ms"] for o in ort)

@@ -17,6 +17,7 @@
 
 #include "pippin/exec.h"
 
+#include "core_share.h"
 #include "log_internal.h"
 
 #define MAX_WORKERS 255
@@ -159,10 +160,25 @@ int pp_get_threads(void) { return current_size(); }
 
 int64_t pp_pool_parallel_calls(void) { return atomic_load(&parallel_calls); }
 
+int pp_pool_threads_claim(void) { return pp_share_cores_claim(current_size()); }
+
+void pp_pool_threads_release(int threads) { pp_share_cores_release(threads); }
+
 void pp_parallel_for(int64_t n, int64_t grain, pp_par_fn fn, void *arg) {
     if (n <= 0) return;
     if (grain < 1) grain = 1;
-    int threads = current_size();
+    if (n < 2 * grain || in_piece) { /* one piece: nothing to claim */
+        fn(arg, 0, n);
+        return;
+    }
+    int threads = pp_pool_threads_claim();
+    pp_parallel_for_threads(n, grain, fn, arg, threads);
+    pp_pool_threads_release(threads);
+}
+
+void pp_parallel_for_threads(int64_t n, int64_t grain, pp_par_fn fn, void *arg, int threads) {
+    if (n <= 0) return;
+    if (grain < 1) grain = 1;
     int64_t most = n / grain;
     int pieces = (int)(most < 2 * (int64_t)threads ? most : 2 * (int64_t)threads);
     if (threads < 2 || pieces < 2 || in_piece || atomic_exchange(&busy, 1)) {

@@ -24,6 +24,16 @@
 typedef void (*pp_par_fn)(void *arg, int64_t lo, int64_t hi);
 void pp_parallel_for(int64_t n, int64_t grain, pp_par_fn fn, void *arg);
 
+/* The same with the thread count given: a caller that sizes its pieces
+ * by the threads (the GEMM's panels) claims them first, runs, and releases
+ * them. pp_pool_threads_claim: the pool's size, or, while the process
+ * shares cores with the host's other ranks (pp_share_cores_join), its own
+ * threads plus those lent to it now; each claim is released with the
+ * count it returned. */
+void pp_parallel_for_threads(int64_t n, int64_t grain, pp_par_fn fn, void *arg, int threads);
+int pp_pool_threads_claim(void);
+void pp_pool_threads_release(int threads);
+
 /* The same over elements, with every cut at a multiple of PP_PAR_ALIGN
  * (the vector block of lib/ops/vec.h): a vectorised loop then splits at
  * its block boundaries. */

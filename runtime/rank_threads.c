@@ -2,11 +2,14 @@
  * else PIPPIN_THREADS, else the config's `threads`, else the CPUs this
  * process may use divided among the ranks on its host, so that ranks
  * sharing a machine do not oversubscribe it (pp_worker_threads). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "pippin/exec.h"
 #include "pippin/worker.h"
 
+#include "log_internal.h"
+#include "rank_threads.h"
 #include "thread_pool.h"
 
 /* An endpoint that can only be on this host: ipc, inproc, loopback tcp. */
@@ -27,4 +30,29 @@ int pp_worker_threads(const pp_config *c, int given, int ranks_on_host) {
         for (int r = 0; r < c->n_ranks; r++) ranks_on_host += local_endpoint(c->ranks[r]);
     }
     return pp_default_threads(ranks_on_host < 1 ? 1 : ranks_on_host);
+}
+
+void pp_rank_share_cores(const pp_config *c, int rank, int *joined) {
+    *joined = 0;
+    if (pp_share_cores_joined()) {
+        pp_debug("rank %d: another worker of this process shares its cores; sharing stops", rank);
+        pp_share_cores_leave();
+        return;
+    }
+    if (!c->share_cores || rank < 0 || rank >= c->n_ranks || !local_endpoint(c->ranks[rank])) return;
+    int local = 0;
+    for (int r = 0; r < c->n_ranks; r++) local += local_endpoint(c->ranks[r]);
+    int own = pp_get_threads(), cap = pp_affinity_cpus();
+    if (local < 2 || cap <= own) return;
+    /* the ranks of one config meet under their endpoints, which no other
+     * run on this host can use at the same time */
+    size_t n = 1;
+    for (int r = 0; r < c->n_ranks; r++) n += strlen(c->ranks[r]) + 1;
+    char *key = malloc(n);
+    if (!key) return;
+    key[0] = 0;
+    for (int r = 0; r < c->n_ranks; r++) strcat(strcat(key, c->ranks[r]), "\n");
+    if (pp_share_cores_join(key, rank, c->n_ranks, own, cap) == PP_OK) *joined = 1;
+    else pp_warn("rank %d computes on its own %d threads: %s", rank, own, pp_last_error());
+    free(key);
 }

@@ -9,6 +9,7 @@
 #include <time.h>
 #include <zmq.h>
 
+#include "pippin/exec.h"
 #include "log_internal.h"
 #include "serve_front.h"
 #include "serve_sample.h"
@@ -1064,7 +1065,9 @@ static pp_status front_rank(serve *s) {
             st = pp_transport_poll(x->t, 1); /* outputs on their way */
         } else {
             long ms = s->n_pending ? (long)(wait_ms > 0 ? wait_ms + 1 : 0) : 100;
+            pp_share_cores_idle(ms > 0); /* nothing in flight: lend the threads (lib/core_share.c) */
             zmq_poll((zmq_pollitem_t[]){{s->f->pair_worker, 0, ZMQ_POLLIN, 0}}, 1, ms);
+            pp_share_cores_idle(0);
         }
     }
     char why[1024];

@@ -13,6 +13,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "pippin/exec.h"
+
 /* Messages moved from the socket per pass before peer states are re-read. */
 #define DRAIN_BATCH 256
 /* Receive scratch for this many frames to begin with. */
@@ -551,7 +553,10 @@ int pp_tp_wait_events(pp_transport *t, int64_t timeout, peer *out_peer) {
             if (pp_shm_ring_msg_next(mr, &d, &l, &e) != 0) timeout = 0; /* a record (or trouble) is there */
         }
     }
+    /* a blocking wait lends this rank's threads to a busy one on the host */
+    if (timeout > 0) pp_share_cores_idle(1);
     int rc = zmq_poll(it, n, (long)timeout);
+    if (timeout > 0) pp_share_cores_idle(0);
     if (rings) {
         for (int r = 0; r < t->nranks; r++)
             if (t->peers[r].rx_msg) pp_shm_ring_set_waiting(t->peers[r].rx_msg, 0);

@@ -44,6 +44,8 @@
  *   wire_dtype: bfloat16                   # optional: activations and gradients between ranks (float32)
  *   threads: 2                             # optional: compute threads per rank (default: the CPUs
  *                                          #   divided among the ranks on the host)
+ *   share_cores: false                     # optional: ranks on one host lend their threads to a busy
+ *                                          #   one while they wait (default true; pp_share_cores_join)
  *   recompute: [0, 2]                      # optional (mode train): stages that recompute their forward
  *                                          #   before the backward instead of stashing (true: all)
  *   serve: {endpoint: tcp://127.0.0.1:5600, max_batch: 8, max_wait_us: 500,   # mode serve
@@ -110,6 +112,7 @@ typedef struct pp_config {
     char *bind;              /* NULL: each rank binds its endpoint */
     int timeout_ms;          /* default 10000 */
     int shared_memory;       /* same-host ranks use shared-memory rings; default 1 */
+    int share_cores;         /* same-host ranks lend idle cores to busy ones (pp_share_cores_join); default 1 */
     int n_secret_keys, n_public_keys;
     char **secret_keys, **public_keys; /* key file paths (resolved) */
     char *output_dir;        /* NULL: none (resolved) */

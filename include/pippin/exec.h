@@ -88,6 +88,31 @@ PP_API int pp_set_threads(int n);
 PP_API int pp_default_threads(int ranks_on_host);
 PP_API int pp_get_threads(void);
 
+/* Cores lent between the ranks of one host (lib/core_share.c). A rank
+ * that waits for its peers lends its own threads; a rank that computes
+ * borrows what is lent, one parallel kernel at a time, so a pipeline with
+ * one request in flight (or in a schedule's bubble) computes on the cores
+ * of the ranks that wait for it. Results are the same bits either way.
+ *
+ * pp_share_cores_join: this process is rank `slot` of `n_slots` ranks that
+ * meet under `key` (the same string in each: pippin's workers use their
+ * config's rank endpoints); it computes on own_threads of its own and up to
+ * cap in all (the pool's size becomes cap). Returns an error (and shares
+ * nothing) when the shared-memory segment cannot be made. One join per
+ * process; joining again leaves first.
+ * pp_share_cores_leave: stops sharing; the pool goes back to own_threads.
+ * pp_share_cores_idle(1): this rank waits and lends its threads; (0): it
+ * computes again (the transport's blocking waits call it). No-op when not
+ * joined.
+ * pp_share_cores_joined: 1 while joined.
+ * pp_share_cores_borrowed_calls: parallel calls since the process started
+ * that ran on borrowed threads (for tests). */
+PP_API pp_status pp_share_cores_join(const char *key, int slot, int n_slots, int own_threads, int cap);
+PP_API void pp_share_cores_leave(void);
+PP_API void pp_share_cores_idle(int idle);
+PP_API int pp_share_cores_joined(void);
+PP_API int64_t pp_share_cores_borrowed_calls(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -95,15 +95,20 @@ static void panel_piece(void *arg, int64_t lo, int64_t hi) {
  * the work pays; returns 0 (nothing done) when it should run whole. */
 static int gemm_in_panels(gemm_job *j) {
     pp_blas_default_once(); /* OpenBLAS starts on all CPUs or OPENBLAS_NUM_THREADS */
-    int threads = pp_get_threads();
-    if (threads < 2 || (int64_t)j->M * j->N * j->K < PAR_MIN_MACS) return 0;
+    if (pp_get_threads() < 2 || (int64_t)j->M * j->N * j->K < PAR_MIN_MACS) return 0;
     if (j->M < 2 * ROW_ALIGN) return 0;
     /* A one-column product by a transposed A is OpenBLAS's gemv_t, whose
      * rounding on a block of A's columns differs from the whole: whole. */
     if (j->N == 1 && j->ta) return 0;
+    int threads = pp_pool_threads_claim(); /* borrowed cores too (lib/core_share.c) */
+    if (threads < 2) {
+        pp_pool_threads_release(threads);
+        return 0;
+    }
     int step = (j->M + threads - 1) / threads;
     j->step = (step + ROW_ALIGN - 1) / ROW_ALIGN * ROW_ALIGN;
-    pp_parallel_for((j->M + j->step - 1) / j->step, 1, panel_piece, j);
+    pp_parallel_for_threads((j->M + j->step - 1) / j->step, 1, panel_piece, j, threads);
+    pp_pool_threads_release(threads);
     return 1;
 }
 

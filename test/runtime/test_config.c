@@ -9,7 +9,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "pippin/exec.h"
 #include "pippin/worker.h"
+#include "rank_threads.h"
+#include "thread_pool.h"
 #include "test_util.h"
 
 #include "test_filter.h"
@@ -813,6 +816,36 @@ static void test_rank(void **state) {
     clear_rank_env();
 }
 
+/* share_cores: on by default; a rank joins the host's sharing only with
+ * another rank on the host and more CPUs than its own threads, and not
+ * when the key says false. */
+static void test_share_cores(void **state) {
+    (void)state;
+    pp_config *c = parse_ok(BASE, "/d");
+    assert_int_equal(c->share_cores, 1);
+    int joined = 0;
+    pp_set_threads(1);
+    pp_rank_share_cores(c, 0, &joined);
+    assert_int_equal(joined, pp_affinity_cpus() > 1);
+    assert_int_equal(pp_share_cores_joined(), joined);
+    if (joined) assert_int_equal(pp_get_threads(), pp_affinity_cpus()); /* room for lent threads */
+    pp_share_cores_leave();
+    assert_int_equal(pp_get_threads(), 1);
+    pp_config_free(c);
+    c = parse_ok(BASE "share_cores: false\n", "/d");
+    assert_int_equal(c->share_cores, 0);
+    pp_rank_share_cores(c, 0, &joined);
+    assert_int_equal(joined, 0);
+    pp_config_free(c);
+    c = parse_ok("model: m.onnx\nbatch_size: 4\ndata: {x: x.npy}\n"
+                 "ranks: [ipc:///tmp/a, tcp://10.0.0.2:1]\ninsecure: true\n", "/d");
+    pp_rank_share_cores(c, 0, &joined);
+    assert_int_equal(joined, 0); /* alone on this host */
+    pp_config_free(c);
+    expect_err(BASE "share_cores: 3\n", PP_ERR_PARSE, 5, "key 'share_cores'", NULL);
+    pp_set_threads(0);
+}
+
 /* threads: parsed and range-checked; pp_worker_threads takes a flag, then
  * PIPPIN_THREADS, then the key, then the CPUs over the local ranks. */
 static void test_threads(void **state) {
@@ -859,6 +892,7 @@ int main(void) {
         cmocka_unit_test(test_nesting_limit),
         cmocka_unit_test(test_rank),
         cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_share_cores),
     };
     tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,173 @@
+/* Cores lent between the ranks of one host (pippin/exec.h,
+ * pp_share_cores_join).
+ *
+ * Why: ranks on one host each get their share of the cores, but a
+ * pipeline is rarely busy everywhere at once. At one request in flight,
+ * or in a schedule's bubbles, one rank computes while the others wait for
+ * its activations; with the cores split evenly the busy rank runs on its
+ * share alone and the rest idle. Here a rank that waits lends its threads,
+ * and a rank that computes borrows what is lent, one parallel loop (one
+ * GEMM, one softmax) at a time, so a borrowed core goes back within one
+ * kernel once its owner has work again.
+ *
+ * The ranks meet in a small shared-memory segment named from the run's
+ * key: one slot per rank (its pid, the threads it lends while it waits,
+ * the threads it has borrowed now). A claim takes the segment's lock with
+ * a try-lock and borrows nothing when another rank holds it, so nothing
+ * ever waits here, and a rank that dies holding the lock costs the others
+ * their borrowing, never their progress. A slot left by a rank that died
+ * is reset when the rank joins again.
+ *
+ * Results never depend on it: every parallel kernel gives the same bits at
+ * any thread count (lib/thread_pool.h). */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "pippin/exec.h"
+
+#include "core_share.h"
+#include "hash.h"
+#include "log_internal.h"
+#include "status_internal.h"
+#include "thread_pool.h"
+
+#define SHARE_MAGIC 0x31736370u /* "pcs1" */
+#define SHARE_SLOTS 256
+
+typedef struct share_slot {
+    atomic_int pid;      /* 0: no rank here */
+    atomic_int lent;     /* threads lent while this rank waits (0 while it computes) */
+    atomic_int borrowed; /* threads borrowed by the call in flight */
+    int pad;
+} share_slot;
+
+typedef struct share_segment {
+    _Atomic uint32_t magic; /* 0 in a new segment (ftruncate fills zeros) */
+    atomic_int lock;
+    share_slot slot[SHARE_SLOTS];
+} share_segment;
+
+static struct {
+    share_segment *seg;
+    char name[64];
+    int me, n_slots, own, cap;
+    _Atomic int64_t borrowed_calls;
+} share;
+
+static void segment_name(const char *key, char *out, size_t cap) {
+    uint64_t h = pp_hash64(PP_HASH64_SEED, key, strlen(key));
+    uid_t uid = getuid();
+    h = pp_hash64(h, &uid, sizeof uid);
+    snprintf(out, cap, "/pippin-cores-%016llx", (unsigned long long)h);
+}
+
+/* A child forked from a joined process is not a rank of the host's
+ * sharing: the slot is its parent's. It forgets the segment. */
+static void after_fork_child(void) {
+    if (share.seg) munmap(share.seg, sizeof(share_segment));
+    share.seg = NULL;
+}
+
+static void install_atfork(void) { pthread_atfork(NULL, NULL, after_fork_child); }
+
+pp_status pp_share_cores_join(const char *key, int slot, int n_slots, int own_threads, int cap) {
+    pp_share_cores_leave();
+    if (!key || !*key) return pp_error(PP_ERR_INVALID, "sharing cores: no key");
+    if (n_slots < 1 || n_slots > SHARE_SLOTS || slot < 0 || slot >= n_slots)
+        return pp_error(PP_ERR_INVALID, "sharing cores: rank %d of %d (at most %d ranks)", slot, n_slots,
+                        SHARE_SLOTS);
+    if (own_threads < 1 || cap < own_threads)
+        return pp_error(PP_ERR_INVALID, "sharing cores: %d own threads, at most %d", own_threads, cap);
+    char name[64];
+    segment_name(key, name, sizeof name);
+    int fd = shm_open(name, O_CREAT | O_RDWR, 0600);
+    if (fd < 0) return pp_error(PP_ERR_IO, "sharing cores: shm_open %s: %s", name, strerror(errno));
+    struct stat sb;
+    pp_status s = PP_OK;
+    if (fstat(fd, &sb) != 0) s = pp_error(PP_ERR_IO, "sharing cores: fstat %s: %s", name, strerror(errno));
+    else if ((size_t)sb.st_size < sizeof(share_segment) && ftruncate(fd, sizeof(share_segment)) != 0)
+        s = pp_error(PP_ERR_IO, "sharing cores: ftruncate %s: %s", name, strerror(errno));
+    void *m = MAP_FAILED;
+    if (s == PP_OK) {
+        m = mmap(NULL, sizeof(share_segment), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (m == MAP_FAILED) s = pp_error(PP_ERR_IO, "sharing cores: mmap %s: %s", name, strerror(errno));
+    }
+    close(fd);
+    if (s != PP_OK) return s;
+    static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+    pthread_once(&atfork_once, install_atfork);
+    share_segment *seg = m;
+    uint32_t zero = 0;
+    if (!atomic_compare_exchange_strong(&seg->magic, &zero, SHARE_MAGIC) && zero != SHARE_MAGIC) {
+        munmap(m, sizeof(share_segment));
+        return pp_error(PP_ERR_INVALID, "sharing cores: %s holds something else (magic %08x)", name, zero);
+    }
+    share_slot *me = &seg->slot[slot];
+    atomic_store(&me->lent, 0);
+    atomic_store(&me->borrowed, 0);
+    atomic_store(&me->pid, (int)getpid());
+    snprintf(share.name, sizeof share.name, "%s", name);
+    share.me = slot, share.n_slots = n_slots, share.own = own_threads, share.cap = cap;
+    pp_pool_set_size(cap);
+    share.seg = seg;
+    pp_debug("sharing cores: rank %d of %d, %d own threads, up to %d (%s)", slot, n_slots, own_threads, cap, name);
+    return PP_OK;
+}
+
+void pp_share_cores_leave(void) {
+    share_segment *seg = share.seg;
+    if (!seg) return;
+    share.seg = NULL;
+    share_slot *me = &seg->slot[share.me];
+    atomic_store(&me->lent, 0);
+    atomic_store(&me->borrowed, 0);
+    atomic_store(&me->pid, 0);
+    int anyone = 0;
+    for (int r = 0; r < share.n_slots; r++) anyone |= atomic_load(&seg->slot[r].pid) != 0;
+    munmap(seg, sizeof(share_segment));
+    /* the last one out removes the segment; one joining meanwhile keeps
+     * its mapping and lends to no one until the others join again */
+    if (!anyone) shm_unlink(share.name);
+    pp_pool_set_size(share.own);
+}
+
+void pp_share_cores_idle(int idle) {
+    share_segment *seg = share.seg;
+    if (seg) atomic_store_explicit(&seg->slot[share.me].lent, idle ? share.own : 0, memory_order_release);
+}
+
+int pp_share_cores_joined(void) { return share.seg != NULL; }
+
+int64_t pp_share_cores_borrowed_calls(void) { return atomic_load(&share.borrowed_calls); }
+
+int pp_share_cores_claim(int threads) {
+    share_segment *seg = share.seg;
+    if (!seg) return threads;
+    int want = (threads < share.cap ? threads : share.cap) - share.own;
+    if (want <= 0) return threads < share.own ? threads : share.own;
+    int expected = 0;
+    if (!atomic_compare_exchange_strong(&seg->lock, &expected, 1)) return share.own;
+    int spare = 0;
+    for (int r = 0; r < share.n_slots; r++) {
+        if (r == share.me) continue;
+        spare += atomic_load(&seg->slot[r].lent) - atomic_load(&seg->slot[r].borrowed);
+    }
+    int take = spare < want ? spare : want;
+    if (take > 0) atomic_store(&seg->slot[share.me].borrowed, take);
+    atomic_store(&seg->lock, 0);
+    if (take <= 0) return share.own;
+    atomic_fetch_add(&share.borrowed_calls, 1);
+    return share.own + take;
+}
+
+void pp_share_cores_release(int threads) {
+    share_segment *seg = share.seg;
+    if (seg && threads > share.own) atomic_store(&seg->slot[share.me].borrowed, 0);
+}

@@ -1,0 +1,241 @@
+/* Cores lent between the ranks of one host (lib/core_share.c): two
+ * processes meet in the segment; a waiting rank's threads go to the busy
+ * one and come back when it computes again; a rank that rejoins resets
+ * its slot; the last one out removes the segment; a GEMM on borrowed
+ * threads gives the bits it gives on its own. */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "test_util.h"
+
+#include "pippin/exec.h"
+
+#include "core_share.h"
+#include "gemm.h"
+#include "test_filter.h"
+#include "thread_pool.h"
+
+static char key[128];
+
+static void make_key(const char *what) {
+    snprintf(key, sizeof key, "test_core_share %s %d", what, (int)getpid());
+}
+
+/* Segments of this user's core sharing in /dev/shm. */
+static int segments(void) {
+    DIR *d = opendir("/dev/shm");
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (!strncmp(e->d_name, "pippin-cores-", 13)) n++;
+    closedir(d);
+    return n;
+}
+
+/* One byte each way between the test and its child rank. */
+typedef struct link2 {
+    int to_child[2], to_parent[2];
+} link2;
+
+static void say(int fd, char c) { assert_int_equal(write(fd, &c, 1), 1); }
+
+static char hear(int fd) {
+    char c = 0;
+    return read(fd, &c, 1) == 1 ? c : 0;
+}
+
+/* A child rank of n ranks, one own thread, up to 2. Waits (lends) on 'i',
+ * computes on 'b', claims on 'c' (answering with the count as a digit, and
+ * releasing), leaves and ends on 'q'; answers the others with 'k'. 'x': dies
+ * without leaving. */
+static void child_rank(link2 *l, int slot, int n) {
+    if (pp_share_cores_join(key, slot, n, 1, 2) != PP_OK) _exit(2);
+    say(l->to_parent[1], 'k');
+    for (;;) {
+        char c = hear(l->to_child[0]), answer = 'k';
+        if (c == 'i') pp_share_cores_idle(1);
+        else if (c == 'b') pp_share_cores_idle(0);
+        else if (c == 'c') {
+            int t = pp_share_cores_claim(2);
+            pp_share_cores_release(t);
+            answer = (char)('0' + t);
+        } else if (c == 'x') _exit(0);
+        else break;
+        say(l->to_parent[1], answer);
+    }
+    pp_share_cores_leave();
+    say(l->to_parent[1], 'k');
+    _exit(0);
+}
+
+static pid_t start_child(link2 *l, int slot, int n) {
+    assert_int_equal(pipe(l->to_child), 0);
+    assert_int_equal(pipe(l->to_parent), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(l->to_child[1]);
+        close(l->to_parent[0]);
+        child_rank(l, slot, n);
+    }
+    close(l->to_child[0]);
+    close(l->to_parent[1]);
+    assert_int_equal(hear(l->to_parent[0]), 'k');
+    return pid;
+}
+
+static void tell(link2 *l, char c) {
+    say(l->to_child[1], c);
+    assert_int_equal(hear(l->to_parent[0]), 'k');
+}
+
+static void end_child(link2 *l, pid_t pid, char how) {
+    if (how == 'x') say(l->to_child[1], 'x');
+    else tell(l, 'q');
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    close(l->to_child[1]);
+    close(l->to_parent[0]);
+}
+
+static void test_lent_threads_come_and_go(void **state) {
+    (void)state;
+    make_key("lend");
+    int before = segments();
+    link2 l;
+    pid_t pid = start_child(&l, 1, 2);
+    assert_int_equal(pp_share_cores_join(key, 0, 2, 1, 2), PP_OK);
+    assert_true(pp_share_cores_joined());
+    assert_int_equal(pp_get_threads(), 2); /* the pool can hold what is lent */
+    /* the child computes: nothing to borrow */
+    assert_int_equal(pp_share_cores_claim(2), 1);
+    pp_share_cores_release(1);
+    /* the child waits: its thread is ours, one claim at a time */
+    tell(&l, 'i');
+    int64_t calls = pp_share_cores_borrowed_calls();
+    int t = pp_share_cores_claim(2);
+    assert_int_equal(t, 2);
+    pp_share_cores_release(t);
+    assert_int_equal(pp_share_cores_borrowed_calls(), calls + 1);
+    /* asking for fewer than our own never borrows */
+    assert_int_equal(pp_share_cores_claim(1), 1);
+    pp_share_cores_release(1);
+    /* the child computes again: it is back to us alone */
+    tell(&l, 'b');
+    assert_int_equal(pp_share_cores_claim(2), 1);
+    pp_share_cores_release(1);
+    end_child(&l, pid, 'q');
+    pp_share_cores_leave();
+    assert_false(pp_share_cores_joined());
+    assert_int_equal(pp_get_threads(), 1);
+    assert_int_equal(pp_share_cores_claim(3), 3); /* not joined: the pool's size */
+    if (before >= 0) assert_int_equal(segments(), before); /* the last one out removed it */
+}
+
+/* Two borrowers never take one lent thread twice: rank 1 lends, rank 0
+ * holds it, so rank 2 gets only its own until rank 0 releases. */
+static void test_one_lent_thread_is_borrowed_once(void **state) {
+    (void)state;
+    make_key("once");
+    link2 a, b;
+    pid_t pa = start_child(&a, 1, 3), pb = start_child(&b, 2, 3);
+    assert_int_equal(pp_share_cores_join(key, 0, 3, 1, 2), PP_OK);
+    say(b.to_child[1], 'c');
+    assert_int_equal(hear(b.to_parent[0]), '1'); /* nobody lends yet */
+    tell(&a, 'i');
+    int t = pp_share_cores_claim(2);
+    assert_int_equal(t, 2);
+    say(b.to_child[1], 'c');
+    assert_int_equal(hear(b.to_parent[0]), '1'); /* rank 0 holds it */
+    pp_share_cores_release(t);
+    say(b.to_child[1], 'c');
+    assert_int_equal(hear(b.to_parent[0]), '2'); /* free again */
+    end_child(&a, pa, 'q');
+    end_child(&b, pb, 'q');
+    pp_share_cores_leave();
+}
+
+/* A rank that died while lending (its slot still says so) is replaced by
+ * its restart, which starts from a clean slot. */
+static void test_rejoin_resets_a_dead_ranks_slot(void **state) {
+    (void)state;
+    make_key("rejoin");
+    assert_int_equal(pp_share_cores_join(key, 0, 2, 1, 2), PP_OK);
+    link2 l;
+    pid_t pid = start_child(&l, 1, 2);
+    tell(&l, 'i');
+    end_child(&l, pid, 'x'); /* gone, its slot still lending */
+    /* a dead rank's core is free indeed: borrowing it is right */
+    int t = pp_share_cores_claim(2);
+    assert_int_equal(t, 2);
+    pp_share_cores_release(t);
+    pid = start_child(&l, 1, 2); /* the restart computes: nothing lent */
+    assert_int_equal(pp_share_cores_claim(2), 1);
+    pp_share_cores_release(1);
+    end_child(&l, pid, 'q');
+    pp_share_cores_leave();
+}
+
+static void test_bad_arguments(void **state) {
+    (void)state;
+    make_key("bad");
+    assert_int_not_equal(pp_share_cores_join(key, 2, 2, 1, 2), PP_OK);
+    assert_non_null(strstr(pp_last_error(), "rank 2 of 2"));
+    assert_int_not_equal(pp_share_cores_join(key, 0, 2, 3, 2), PP_OK);
+    assert_non_null(strstr(pp_last_error(), "3 own threads"));
+    assert_int_not_equal(pp_share_cores_join("", 0, 2, 1, 2), PP_OK);
+    assert_false(pp_share_cores_joined());
+    pp_share_cores_idle(1); /* no-op when not joined */
+}
+
+/* A GEMM cut into panels over borrowed threads gives the bits of the GEMM
+ * on one thread, and did run in pieces. */
+static void test_gemm_on_borrowed_threads(void **state) {
+    (void)state;
+    make_key("gemm");
+    enum { M = 150, N = 96, K = 130 };
+    float *a = malloc(sizeof(float) * M * K), *b = malloc(sizeof(float) * K * N);
+    float *c1 = malloc(sizeof(float) * M * N), *c2 = malloc(sizeof(float) * M * N);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_non_null(c1);
+    assert_non_null(c2);
+    uint32_t x = 12345;
+    for (int i = 0; i < M * K; i++) a[i] = (float)((x = x * 1664525u + 1013904223u) >> 8) / 16777216.0f - 0.5f;
+    for (int i = 0; i < K * N; i++) b[i] = (float)((x = x * 1664525u + 1013904223u) >> 8) / 16777216.0f - 0.5f;
+    pp_set_threads(1);
+    pp_gemm_f32(0, 0, M, N, K, 1.0f, a, K, b, N, 0.0f, c1, N);
+    link2 l;
+    pid_t pid = start_child(&l, 1, 2);
+    assert_int_equal(pp_share_cores_join(key, 0, 2, 1, 2), PP_OK);
+    tell(&l, 'i');
+    int64_t calls = pp_share_cores_borrowed_calls(), par = pp_pool_parallel_calls();
+    pp_gemm_f32(0, 0, M, N, K, 1.0f, a, K, b, N, 0.0f, c2, N);
+    assert_true(pp_share_cores_borrowed_calls() > calls);
+    assert_true(pp_pool_parallel_calls() > par);
+    assert_memory_equal(c1, c2, sizeof(float) * M * N);
+    end_child(&l, pid, 'q');
+    pp_share_cores_leave();
+    free(a);
+    free(b);
+    free(c1);
+    free(c2);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_lent_threads_come_and_go),
+        cmocka_unit_test(test_one_lent_thread_is_borrowed_once),
+        cmocka_unit_test(test_rejoin_resets_a_dead_ranks_slot),
+        cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_gemm_on_borrowed_threads),
+    };
+    tu_filter_from_env();
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
