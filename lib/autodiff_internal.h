@@ -65,6 +65,7 @@ PP_GRAD_RULE(where);
 PP_GRAD_RULE(matmul);
 PP_GRAD_RULE(gemm);
 PP_GRAD_RULE(matmul_add); /* pippin::MatMulAdd without activation */
+PP_GRAD_RULE(causal_attention); /* pippin::CausalAttention: pippin::CausalAttentionGrad */
 PP_GRAD_RULE(softmax);   /* Softmax LogSoftmax */
 PP_GRAD_RULE(layer_norm);
 PP_GRAD_RULE(sce_loss);

@@ -68,6 +68,7 @@ static const rule_entry rules[] = {
     {"", "BatchNormalization", pp_grad_rule_batch_norm, 7},
     {"pippin", "PipeSplit", pp_grad_rule_identity, ALL},
     {"pippin", "MatMulAdd", pp_grad_rule_matmul_add, 7}, /* pp_graph_optimize_for_training's fusion */
+    {"pippin", "CausalAttention", pp_grad_rule_causal_attention, 7}, /* likewise */
     {"", "Reshape", pp_grad_rule_reshape, 1},
     {"", "Flatten", pp_grad_rule_reshape, 1},
     {"", "Squeeze", pp_grad_rule_reshape, 1},

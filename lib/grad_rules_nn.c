@@ -67,6 +67,31 @@ PP_GRAD_RULE(matmul_add) {
     return PP_OK;
 }
 
+/* pippin::CausalAttention(Q, K, V[, mask_ref]), as
+ * pp_graph_optimize_for_training fuses it: one
+ * pippin::CausalAttentionGrad(dY, Q, K, V[, mask_ref]) gives dQ, dK and dV
+ * in their operands' layouts (lib/ops/attention_grad.c), recomputing the
+ * probabilities from Q and K, so the stash keeps Q, K and V instead of the
+ * T x T scores of every head. All of it is input gradient (region I). */
+PP_GRAD_RULE(causal_attention) {
+    const pp_node *n = &c->g->nodes[c->node];
+    int m = pp_ad_in(c, 3), in[5] = {c->dy[0], pp_ad_in(c, 0), pp_ad_in(c, 1), pp_ad_in(c, 2), m}, id;
+    uint8_t want[3] = {c->need[0], c->need[1], c->need[2]};
+    if (!want[0] && !want[1] && !want[2]) return PP_OK;
+    /* read before emitting: adding nodes moves the node array */
+    char layouts[4][8];
+    static const char *const names[4] = {"q_layout", "k_layout", "v_layout", "out_layout"};
+    static const char *const defaults[4] = {"bhtd", "bhdt", "bhtd", "bhtd"};
+    for (int k = 0; k < 4; k++) snprintf(layouts[k], sizeof layouts[k], "%s", pp_node_attr_string(n, names[k], defaults[k]));
+    float scale = pp_node_attr_float(n, "scale", 1.0f);
+    int64_t scale_div = pp_node_attr_int(n, "scale_div", 0);
+    PP_TRY(pp_grad_emit(c, "CausalAttentionGrad", "pippin", m >= 0 ? 5 : 4, in, 3, want, c->dx, &id));
+    for (int k = 0; k < 4; k++) PP_TRY(pp_node_set_string(c->g, id, names[k], layouts[k]));
+    PP_TRY(pp_node_set_float(c->g, id, "scale", scale));
+    if (scale_div) PP_TRY(pp_node_set_int(c->g, id, "scale_div", 1));
+    return PP_OK;
+}
+
 /* *out = Gemm(p, q) with the given flags. */
 static pp_status gemm(pp_grad_ctx *c, int p, int q, int ta, int tb, float alpha, int *out) {
     int in[2] = {p, q}, id;

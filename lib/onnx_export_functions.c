@@ -56,7 +56,7 @@ int pp_fn_in_rank(const pp_graph *g, const pp_node *n, int k) {
     return pp_fn_has_in(n, k) ? g->values[n->in[k]].ndim : -1;
 }
 
-static const pp_fn_entry *const families[] = {pp_fn_act, pp_fn_nn, pp_fn_shape, pp_fn_conv};
+static const pp_fn_entry *const families[] = {pp_fn_act, pp_fn_nn, pp_fn_shape, pp_fn_conv, pp_fn_attention};
 
 static pp_fn_builder find_builder(const char *op) {
     for (size_t f = 0; f < sizeof families / sizeof families[0]; f++)

@@ -56,6 +56,7 @@ typedef struct pp_fn_entry {
 
 /* The families, each ended by {NULL}. */
 extern const pp_fn_entry pp_fn_act[], pp_fn_nn[], pp_fn_shape[], pp_fn_conv[];
+extern const pp_fn_entry pp_fn_attention[]; /* lib/onnx_functions_attention.c */
 
 /* How many inputs the writer gives node n: its own, or for an op whose
  * function takes an optional trailing input (pippin::MatMulAdd's bias)

@@ -75,6 +75,7 @@ extern const pp_op pp_ops_constant[];    /* Shape, Size, Range, ConstantOfShape,
 extern const pp_op pp_ops_matmul[];      /* MatMul, Gemm */
 extern const pp_op pp_ops_matmul_fused[]; /* pippin::MatMulAdd (the optimizer's fused Linear) */
 extern const pp_op pp_ops_attention[];    /* pippin::CausalAttention (the optimizer's fused attention) */
+extern const pp_op pp_ops_attention_grad[]; /* pippin::CausalAttentionGrad (its gradient, for training) */
 extern const pp_op pp_ops_pippin[];      /* PipeSplit */
 extern const pp_op pp_ops_grad[];        /* pippin-domain helper ops emitted by autodiff */
 extern const pp_op pp_ops_pool[];        /* MaxPool, AveragePool, Global*Pool and their grads */

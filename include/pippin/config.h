@@ -112,7 +112,6 @@ typedef struct pp_config {
     char *bind;              /* NULL: each rank binds its endpoint */
     int timeout_ms;          /* default 10000 */
     int shared_memory;       /* same-host ranks use shared-memory rings; default 1 */
-    int share_cores;         /* same-host ranks lend idle cores to busy ones (pp_share_cores_join); default 1 */
     int n_secret_keys, n_public_keys;
     char **secret_keys, **public_keys; /* key file paths (resolved) */
     char *output_dir;        /* NULL: none (resolved) */
@@ -166,6 +165,8 @@ typedef struct pp_config {
     int threads;                     /* threads: each rank's compute threads (pippin's pool and the BLAS);
                                       * 0 (default): the CPUs the worker may use divided among the
                                       * ranks on its host (pp_worker_threads) */
+    int share_cores;                 /* share_cores: same-host ranks lend their threads to a busy one while
+                                      * they wait (pp_share_cores_join); default 1 */
 } pp_config;
 
 /* Reads and checks a config file. */

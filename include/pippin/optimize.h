@@ -67,7 +67,7 @@ enum {
     PP_OPT_LAYERNORM = 1u << 7,
     PP_OPT_ALL = (1u << 8) - 1,
     /* the passes a training graph gets before its backward is built */
-    PP_OPT_TRAINING = PP_OPT_MATMUL | PP_OPT_DEAD
+    PP_OPT_TRAINING = PP_OPT_FOLD | PP_OPT_MATMUL | PP_OPT_ATTENTION | PP_OPT_DEAD
 };
 
 #define PP_OPT_MAX_PASSES 16
@@ -89,8 +89,13 @@ PP_API pp_status pp_graph_optimize(pp_graph *g, unsigned passes, pp_optimize_rep
  * pp_autodiff before it builds the backward: the passes of
  * PP_OPT_TRAINING that pp_optimize_default() allows, with "matmul" taking
  * MatMul(x, Transpose(W)) and the bias Add into one pippin::MatMulAdd but
- * leaving activations apart (their gradients need the value before them).
- * Nothing is folded: parameters change every step. The backward then
+ * leaving activations apart (their gradients need the value before them),
+ * and "attention" fusing causal attention into pippin::CausalAttention,
+ * whose gradient (pippin::CausalAttentionGrad) recomputes the probabilities
+ * from Q and K instead of stashing the T x T scores of every head.
+ * "fold" folds only what no initializer feeds (Constant nodes and what
+ * reads them alone; parameters change every step, and any initializer may
+ * be replaced after the graph is built). The backward then
  * multiplies by W in place instead of a transposed copy made every
  * microbatch, and the bias rides in the GEMM. */
 PP_API pp_status pp_graph_optimize_for_training(pp_graph *g, pp_optimize_report *report);

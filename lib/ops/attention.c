@@ -38,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention_internal.h"
 #include "gemm.h"
 #include "op.h"
 #include "thread_pool.h"
@@ -45,13 +46,8 @@
 
 #include "status_internal.h"
 
-#define GEMM_SERIAL_MNK 262144 /* OpenBLAS: SMP_THRESHOLD_MIN * GEMM_MULTITHREAD_THRESHOLD */
-#define MIN_BLOCK_ROWS 8
-#define MAX_BLOCK_ROWS 64
 
-enum { L_BHTD, L_BTHD, L_BHDT };
-
-static int layout_of(const pp_node *n, const char *name, const char *def, int allow_dt) {
+int pp_attn_layout_of(const pp_node *n, const char *name, const char *def, int allow_dt) {
     const char *s = pp_node_attr_string(n, name, def);
     if (strcmp(s, "bhtd") == 0) return L_BHTD;
     if (strcmp(s, "bthd") == 0) return L_BTHD;
@@ -61,26 +57,15 @@ static int layout_of(const pp_node *n, const char *name, const char *def, int al
 
 static pp_status attention_check(const pp_graph *g, const pp_node *n) {
     (void)g;
-    if (layout_of(n, "q_layout", "bhtd", 0) < 0 || layout_of(n, "v_layout", "bhtd", 0) < 0 ||
-        layout_of(n, "out_layout", "bhtd", 0) < 0)
+    if (pp_attn_layout_of(n, "q_layout", "bhtd", 0) < 0 || pp_attn_layout_of(n, "v_layout", "bhtd", 0) < 0 ||
+        pp_attn_layout_of(n, "out_layout", "bhtd", 0) < 0)
         return pp_node_error(n, PP_ERR_INVALID, "q_layout, v_layout and out_layout must be \"bhtd\" or \"bthd\"");
-    if (layout_of(n, "k_layout", "bhdt", 1) < 0)
+    if (pp_attn_layout_of(n, "k_layout", "bhdt", 1) < 0)
         return pp_node_error(n, PP_ERR_INVALID, "k_layout must be \"bhdt\", \"bhtd\" or \"bthd\"");
     return PP_OK;
 }
 
-/* One operand as (batch-head) matrices: the head of batch-head index bh
- * starts at base + (bh / heads) * sb + (bh % heads) * sh; inside it, row t
- * (time) and column d step by st and sd. */
-typedef struct {
-    const float *base;
-    int64_t batch, heads, rows, cols; /* rows: time; cols: features */
-    int64_t sb, sh, st, sd;
-} view;
-
-/* Describes t in layout l. bhtd and bhdt: the dim before the last two is
- * the heads, the ones before it the batch (1 and 1 for a matrix). */
-static pp_status view_of(const pp_kernel_ctx *ctx, const char *what, const pp_tensor *t, int l, view *v) {
+pp_status pp_attn_view_of(const pp_kernel_ctx *ctx, const char *what, const pp_tensor *t, int l, pp_attn_view *v) {
     char s[128];
     memset(v, 0, sizeof *v);
     v->base = t->data;
@@ -104,12 +89,8 @@ static pp_status view_of(const pp_kernel_ctx *ctx, const char *what, const pp_te
     return PP_OK;
 }
 
-static const float *head_of(const view *v, int64_t bh) {
-    return v->base + (bh / v->heads) * v->sb + (bh % v->heads) * v->sh;
-}
-
 typedef struct {
-    view q, k, v;
+    pp_attn_view q, k, v;
     float *y;
     int64_t y_sb, y_sh, y_st; /* Y's strides, as a view's */
     int64_t heads, tq, tk, d, dv, mask_a, mask_b, block;
@@ -118,15 +99,9 @@ typedef struct {
     atomic_int failed;
 } attn_job;
 
-/* Keys query i sees. */
-static int64_t keys_seen(const attn_job *j, int64_t i) {
-    if (j->mask_b == 1) return j->tk;
-    int64_t ip = j->mask_a == 1 ? 0 : i;
-    return ip + 1 < j->tk ? ip + 1 : j->tk;
-}
+static int64_t keys_seen(const attn_job *j, int64_t i) { return pp_attn_keys_seen(j->mask_a, j->mask_b, j->tk, i); }
 
-/* The masked softmax of one row of scores in place: the first n of len
- * scaled and normalised, the rest 0. */
+/* The masked softmax of one row (pp_attn_softmax_row). */
 PP_VEC_CLONES static void softmax_row(float *restrict s, int64_t n, int64_t len, float scale, int scale_div) {
     if (scale_div) PP_VFOR(i, n, s[i] = s[i] / scale;);
     else PP_VFOR(i, n, s[i] = s[i] * scale;);
@@ -151,9 +126,13 @@ PP_VEC_CLONES static void softmax_row(float *restrict s, int64_t n, int64_t len,
     if (len > n) memset(s + n, 0, sizeof(float) * (size_t)(len - n));
 }
 
+void pp_attn_softmax_row(float *s, int64_t n, int64_t len, float scale, int scale_div) {
+    softmax_row(s, n, len, scale, scale_div);
+}
+
 /* One head: row blocks of scores, softmax, times V. */
 static void one_head(attn_job *j, int64_t bh, float *scores) {
-    const float *q = head_of(&j->q, bh), *k = head_of(&j->k, bh), *v = head_of(&j->v, bh);
+    const float *q = pp_attn_head(&j->q, bh), *k = pp_attn_head(&j->k, bh), *v = pp_attn_head(&j->v, bh);
     float *y = j->y + (bh / j->heads) * j->y_sb + (bh % j->heads) * j->y_sh;
     int k_rows = !j->k_dt; /* K stored as [T, D] rows: the GEMM reads it transposed */
     int64_t ldk = k_rows ? j->k.st : j->k.sd;
@@ -185,13 +164,11 @@ static void heads_piece(void *arg, int64_t lo, int64_t hi) {
     free(scores);
 }
 
-/* a and b of mask_ref (its last two dims), checked as Where would
- * broadcast them; *rank: its rank. */
-static pp_status mask_dims(const pp_kernel_ctx *ctx, const pp_tensor *m, int64_t tq, int64_t tk, attn_job *j,
-                           int *rank) {
+pp_status pp_attn_mask_dims(const pp_kernel_ctx *ctx, const pp_tensor *m, int64_t tq, int64_t tk, int64_t *a,
+                            int64_t *b, int *rank) {
     char s[128];
     if (!m) {
-        j->mask_a = tq, j->mask_b = tk;
+        *a = tq, *b = tk;
         *rank = 0;
         return PP_OK;
     }
@@ -199,8 +176,8 @@ static pp_status mask_dims(const pp_kernel_ctx *ctx, const pp_tensor *m, int64_t
     int ok = m->ndim >= 2;
     for (int d = 0; ok && d < m->ndim - 2; d++) ok = m->shape[d] == 1;
     if (ok) {
-        j->mask_a = m->shape[m->ndim - 2], j->mask_b = m->shape[m->ndim - 1];
-        ok = (j->mask_a == 1 || j->mask_a == tq) && (j->mask_b == 1 || j->mask_b == tk);
+        *a = m->shape[m->ndim - 2], *b = m->shape[m->ndim - 1];
+        ok = (*a == 1 || *a == tq) && (*b == 1 || *b == tk);
     }
     if (!ok)
         return pp_kernel_error(ctx, PP_ERR_SHAPE, "causal mask %s does not broadcast to %" PRId64 " queries by %" PRId64
@@ -215,13 +192,13 @@ static pp_status attention_run(pp_kernel_ctx *ctx) {
     if (Q->dtype != PP_F32 || K->dtype != PP_F32 || V->dtype != PP_F32)
         return pp_kernel_error(ctx, PP_ERR_UNSUPPORTED, "float32 only, got %s, %s and %s", pp_dtype_name(Q->dtype),
                                pp_dtype_name(K->dtype), pp_dtype_name(V->dtype));
-    int ql = layout_of(n, "q_layout", "bhtd", 0), kl = layout_of(n, "k_layout", "bhdt", 1);
-    int vl = layout_of(n, "v_layout", "bhtd", 0), ol = layout_of(n, "out_layout", "bhtd", 0);
+    int ql = pp_attn_layout_of(n, "q_layout", "bhtd", 0), kl = pp_attn_layout_of(n, "k_layout", "bhdt", 1);
+    int vl = pp_attn_layout_of(n, "v_layout", "bhtd", 0), ol = pp_attn_layout_of(n, "out_layout", "bhtd", 0);
     attn_job *j = calloc(1, sizeof *j);
     if (!j) return pp_kernel_error(ctx, PP_ERR_NOMEM, "out of memory");
-    pp_status st = view_of(ctx, "Q", Q, ql, &j->q);
-    if (st == PP_OK) st = view_of(ctx, "K", K, kl, &j->k);
-    if (st == PP_OK) st = view_of(ctx, "V", V, vl, &j->v);
+    pp_status st = pp_attn_view_of(ctx, "Q", Q, ql, &j->q);
+    if (st == PP_OK) st = pp_attn_view_of(ctx, "K", K, kl, &j->k);
+    if (st == PP_OK) st = pp_attn_view_of(ctx, "V", V, vl, &j->v);
     char sq[128], sk[128], sv[128];
     if (st == PP_OK && (j->q.batch != j->k.batch || j->k.batch != j->v.batch || j->q.heads != j->k.heads ||
                         j->k.heads != j->v.heads || j->q.cols != j->k.cols || j->k.rows != j->v.rows))
@@ -233,7 +210,7 @@ static pp_status attention_run(pp_kernel_ctx *ctx) {
         st = pp_kernel_error(ctx, PP_ERR_SHAPE, "out_layout \"bthd\" needs a 4-D Q, got %s",
                              pp_shape_str(Q->ndim, Q->shape, sq, sizeof sq));
     int mrank = 0;
-    if (st == PP_OK) st = mask_dims(ctx, M, j->q.rows, j->k.rows, j, &mrank);
+    if (st == PP_OK) st = pp_attn_mask_dims(ctx, M, j->q.rows, j->k.rows, &j->mask_a, &j->mask_b, &mrank);
     int64_t tq = j->q.rows, tk = j->k.rows, dv = j->v.cols, nbh = j->q.batch * j->q.heads;
     if (st == PP_OK && (tq > INT_MAX || tk > INT_MAX || j->q.cols > INT_MAX || dv > INT_MAX ||
                         j->q.st > INT_MAX || j->k.st > INT_MAX || j->k.sd > INT_MAX || j->v.st > INT_MAX))
@@ -280,9 +257,7 @@ static pp_status attention_run(pp_kernel_ctx *ctx) {
     j->tq = tq, j->tk = tk, j->d = j->q.cols, j->dv = dv, j->k_dt = kl == L_BHDT;
     j->scale = pp_node_attr_float(n, "scale", 1.0f);
     j->scale_div = pp_node_attr_int(n, "scale_div", 0) != 0;
-    int64_t per_row = tk * (j->d > dv ? j->d : dv);
-    j->block = per_row > 0 ? GEMM_SERIAL_MNK / per_row : MAX_BLOCK_ROWS;
-    j->block = j->block < MIN_BLOCK_ROWS ? MIN_BLOCK_ROWS : j->block > MAX_BLOCK_ROWS ? MAX_BLOCK_ROWS : j->block;
+    j->block = pp_attn_block_rows(tk, j->d > dv ? j->d : dv);
     if (y->nbytes && tk > 0) pp_parallel_for(nbh, 1, heads_piece, j);
     else if (y->nbytes) memset(y->data, 0, y->nbytes); /* no keys: softmax of nothing times nothing */
     int failed = atomic_load(&j->failed);

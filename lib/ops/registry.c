@@ -8,7 +8,7 @@
 #include "status_internal.h"
 static const pp_op *const families[] = {
     pp_ops_elementwise, pp_ops_reduce, pp_ops_reshape, pp_ops_slice, pp_ops_pad, pp_ops_cast,
-    pp_ops_constant, pp_ops_matmul, pp_ops_matmul_fused, pp_ops_attention, pp_ops_pippin, pp_ops_grad,
+    pp_ops_constant, pp_ops_matmul, pp_ops_matmul_fused, pp_ops_attention, pp_ops_attention_grad, pp_ops_pippin, pp_ops_grad,
     pp_ops_pool, pp_ops_grad_act,
     pp_ops_conv,
     pp_ops_conv_transpose,

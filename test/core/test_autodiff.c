@@ -190,17 +190,31 @@ static void test_regions_mlp(void **state) {
 
 /* The training fusion: every nn.Linear of the GPT is one MatMulAdd reading
  * its weight in place (no Transpose of a parameter runs each microbatch),
- * the activations stay apart, and the gradients still match PyTorch's
+ * each attention one CausalAttention whose gradient recomputes the
+ * probabilities, the activations stay apart, and the gradients still match PyTorch's
  * (test_gpt_matches_torch). PIPPIN_OPTIMIZE=0 turns it off. */
 static void count_fused(const pp_graph *g, const pp_backward *b, int *fused, int *param_transposes) {
     *fused = *param_transposes = 0;
+    int attention = 0, attention_grads = 0, softmax = 0;
+    for (int i = 0; i < g->n_nodes; i++) attention_grads += !strcmp(g->nodes[i].op_type, "CausalAttentionGrad");
     for (int i = 0; i < b->n_forward; i++) {
         const pp_node *n = &g->nodes[b->forward_nodes[i]];
+        attention += !strcmp(n->op_type, "CausalAttention");
+        softmax += !strcmp(n->op_type, "Softmax");
         if (!strcmp(n->op_type, "MatMulAdd")) {
             (*fused)++;
             assert_string_equal(pp_node_attr_string(n, "activation", ""), "");
         }
         if (!strcmp(n->op_type, "Transpose") && g->values[n->in[0]].kind == PP_VALUE_PARAM) (*param_transposes)++;
+    }
+    /* the GPT's 4 blocks: each attention fused with its gradient, or none */
+    if (*fused) {
+        assert_int_equal(attention, 4);
+        assert_int_equal(attention_grads, 4);
+        assert_int_equal(softmax, 0);
+    } else {
+        assert_int_equal(attention + attention_grads, 0);
+        assert_int_equal(softmax, 4);
     }
 }
 

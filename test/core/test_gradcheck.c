@@ -595,6 +595,109 @@ static void test_misc_ops(void **state) {
     check((gc_case){"TopK", "xc", {R(4, 3), I64V(3)}, 2, "axis=0 largest=0"});
 }
 
+/* pippin::CausalAttention (the training fusion) through
+ * pippin::CausalAttentionGrad: each layout of Q, K, V and Y, a scale that
+ * multiplies or divides, masks of every broadcast (mask_ref is read for its
+ * shape), and more keys than queries. */
+static void test_causal_attention(void **state) {
+    (void)state;
+    check((gc_case){"CausalAttention", "xxx", {R(2, 2, 5, 3), R(2, 2, 3, 5), R(2, 2, 5, 4)}, 1, "scale=f:0.5",
+                    "pippin"});
+    check((gc_case){"CausalAttention", "xxx", {R(2, 5, 2, 3), R(2, 5, 2, 3), R(2, 5, 2, 4)}, 1,
+                    "scale=f:2 scale_div=1 q_layout=s:bthd k_layout=s:bthd v_layout=s:bthd out_layout=s:bthd",
+                    "pippin"});
+    check((gc_case){"CausalAttention", "xxxc", {R(1, 2, 4, 3), R(1, 2, 4, 3), R(1, 2, 4, 2), R(1, 1, 4, 4)}, 1,
+                    "k_layout=s:bhtd out_layout=s:bthd", "pippin"});
+    check((gc_case){"CausalAttention", "xxxc", {R(2, 3, 2), R(2, 2, 3), R(2, 3, 2), R(1, 1, 3, 1)}, 1,
+                    "scale=f:0.7", "pippin"});
+    check((gc_case){"CausalAttention", "xxxc", {R(2, 3, 2), R(2, 2, 3), R(2, 3, 2), R(1, 1, 1, 3)}, 1, NULL,
+                    "pippin"});
+    check((gc_case){"CausalAttention", "xpx", {R(1, 1, 3, 2), R(1, 1, 2, 6), R(1, 1, 6, 3)}, 1, NULL, "pippin"});
+}
+
+/* CausalAttentionGrad over several row blocks (T 130 and D 70 make blocks
+ * of 28 query rows, lib/ops/attention_internal.h) against a plain
+ * reference in double: P = softmax(mask(Q K^T * c)), dV = P^T dY,
+ * dS = P (dY V^T - rowsum), dQ = dS K c, dK = dS^T Q c. Q in bthd, K as
+ * K^T (bhdt), V and dY in bhtd. */
+static void test_attention_grad_blocks(void **state) {
+    (void)state;
+    enum { B = 1, H = 2, T = 130, D = 70, DV = 5 };
+    const float c = 0.125f;
+    pp_tensor *q = R(B, T, H, D), *kt = R(B, H, D, T), *v = R(B, H, T, DV), *dy = R(B, H, T, DV);
+    pp_graph *g;
+    TU_OK(pp_graph_new("attn_grad", &g));
+    int in[4], node;
+    pp_tensor *feed[4] = {dy, q, kt, v};
+    const char *names[4] = {"dy", "q", "kt", "v"};
+    for (int k = 0; k < 4; k++)
+        TU_OK(pp_graph_add_input(g, names[k], PP_F32, feed[k]->ndim, feed[k]->shape, &in[k]));
+    TU_OK(pp_graph_add_node(g, "CausalAttentionGrad", "pippin", "grad", 4, in, 3, NULL, &node));
+    set_attrs(g, node, "scale=f:0.125 q_layout=s:bthd");
+    for (int k = 0; k < 3; k++) TU_OK(pp_graph_add_output(g, g->nodes[node].out[k]));
+    pp_tensor *outs[3] = {0};
+    TU_OK(pp_graph_run(g, feed, outs));
+    const float *Q = q->data, *KT = kt->data, *V = v->data, *DY = dy->data;
+    const float *dq = outs[0]->data, *dkt = outs[1]->data, *dv = outs[2]->data;
+    double *p = malloc(sizeof(double) * T * T), *ds = malloc(sizeof(double) * T * T);
+    double worst = 0;
+    for (int h = 0; h < H; h++) {
+#define QV(t, d) Q[((t) * H + h) * D + (d)]
+#define KV(t, d) KT[(h * D + (d)) * T + (t)]
+#define VV(t, e) V[(h * T + (t)) * DV + (e)]
+#define DYV(t, e) DY[(h * T + (t)) * DV + (e)]
+        for (int i = 0; i < T; i++) {
+            double m = -INFINITY, sum = 0, dot = 0;
+            for (int j = 0; j <= i; j++) {
+                double x = 0;
+                for (int d = 0; d < D; d++) x += (double)QV(i, d) * KV(j, d);
+                p[i * T + j] = x * c;
+                m = p[i * T + j] > m ? p[i * T + j] : m;
+            }
+            for (int j = 0; j <= i; j++) sum += (p[i * T + j] = exp(p[i * T + j] - m));
+            for (int j = 0; j <= i; j++) {
+                p[i * T + j] /= sum;
+                double dp = 0;
+                for (int e = 0; e < DV; e++) dp += (double)DYV(i, e) * VV(j, e);
+                ds[i * T + j] = dp;
+                dot += dp * p[i * T + j];
+            }
+            for (int j = 0; j <= i; j++) ds[i * T + j] = p[i * T + j] * (ds[i * T + j] - dot) * c;
+        }
+        for (int j = 0; j < T; j++) {
+            for (int e = 0; e < DV; e++) { /* dV */
+                double r = 0;
+                for (int i = j; i < T; i++) r += p[i * T + j] * DYV(i, e);
+                double got = dv[(h * T + j) * DV + e];
+                worst = fmax(worst, fabs(got - r) / (1e-3 + fabs(r)));
+            }
+            for (int d = 0; d < D; d++) { /* dK, stored as dK^T */
+                double r = 0;
+                for (int i = j; i < T; i++) r += ds[i * T + j] * QV(i, d);
+                double got = dkt[(h * D + d) * T + j];
+                worst = fmax(worst, fabs(got - r) / (1e-3 + fabs(r)));
+            }
+        }
+        for (int i = 0; i < T; i++)
+            for (int d = 0; d < D; d++) { /* dQ, bthd */
+                double r = 0;
+                for (int j = 0; j <= i; j++) r += ds[i * T + j] * KV(j, d);
+                double got = dq[(i * H + h) * D + d];
+                worst = fmax(worst, fabs(got - r) / (1e-3 + fabs(r)));
+            }
+#undef QV
+#undef KV
+#undef VV
+#undef DYV
+    }
+    assert_true(worst < 1e-3);
+    free(p);
+    free(ds);
+    for (int k = 0; k < 3; k++) pp_tensor_free(outs[k]);
+    for (int k = 0; k < 4; k++) pp_tensor_free(feed[k]);
+    pp_graph_free(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_arithmetic),     cmocka_unit_test(test_unary),
@@ -608,6 +711,8 @@ int main(void) {
         cmocka_unit_test(test_group_norm),
         cmocka_unit_test(test_pad),
         cmocka_unit_test(test_misc_ops),
+        cmocka_unit_test(test_causal_attention),
+        cmocka_unit_test(test_attention_grad_blocks),
     };
     tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,62 @@
+/* Internal: what pippin::CausalAttention (lib/ops/attention.c) and its
+ * gradient (lib/ops/attention_grad.c) share: the operands' layouts, the
+ * views that read them in place, the causal mask's dims, the row blocks
+ * and the masked softmax of one row, so the backward recomputes exactly
+ * the probabilities the forward used. */
+#ifndef PIPPIN_OPS_ATTENTION_INTERNAL_H
+#define PIPPIN_OPS_ATTENTION_INTERNAL_H
+
+#include "op.h"
+#include "vec.h"
+
+enum { L_BHTD, L_BTHD, L_BHDT };
+
+/* Node attribute `name` as a layout (default def); bhdt only when
+ * allow_dt; -1 when it is none of them. */
+int pp_attn_layout_of(const pp_node *n, const char *name, const char *def, int allow_dt);
+
+/* One operand as (batch-head) matrices: the head of batch-head index bh
+ * starts at base + (bh / heads) * sb + (bh % heads) * sh; inside it, row t
+ * (time) and column d step by st and sd. */
+typedef struct {
+    const float *base;
+    int64_t batch, heads, rows, cols; /* rows: time; cols: features */
+    int64_t sb, sh, st, sd;
+} pp_attn_view;
+
+/* Describes t in layout l. bhtd and bhdt: the dim before the last two is
+ * the heads, the ones before it the batch (1 and 1 for a matrix). */
+pp_status pp_attn_view_of(const pp_kernel_ctx *ctx, const char *what, const pp_tensor *t, int l, pp_attn_view *v);
+
+static inline const float *pp_attn_head(const pp_attn_view *v, int64_t bh) {
+    return v->base + (bh / v->heads) * v->sb + (bh % v->heads) * v->sh;
+}
+
+/* a and b of mask_ref (its last two dims; tq and tk without one), checked
+ * as Where would broadcast them; *rank: its rank (0 without one). */
+pp_status pp_attn_mask_dims(const pp_kernel_ctx *ctx, const pp_tensor *m, int64_t tq, int64_t tk, int64_t *a,
+                            int64_t *b, int *rank);
+
+/* Keys query i sees under a mask of dims a x b over tk keys. */
+static inline int64_t pp_attn_keys_seen(int64_t a, int64_t b, int64_t tk, int64_t i) {
+    if (b == 1) return tk;
+    int64_t ip = a == 1 ? 0 : i;
+    return ip + 1 < tk ? ip + 1 : tk;
+}
+
+/* Query rows per block: each block's GEMMs stay at most GEMM_SERIAL_MNK
+ * multiply-adds, the size below which OpenBLAS 0.3 runs a GEMM on the
+ * calling thread (so its own threads are not woken). */
+#define PP_ATTN_GEMM_SERIAL_MNK 262144 /* OpenBLAS: SMP_THRESHOLD_MIN * GEMM_MULTITHREAD_THRESHOLD */
+static inline int64_t pp_attn_block_rows(int64_t tk, int64_t width) {
+    int64_t per_row = tk * width, block = per_row > 0 ? PP_ATTN_GEMM_SERIAL_MNK / per_row : 64;
+    return block < 8 ? 8 : block > 64 ? 64 : block;
+}
+
+/* The masked softmax of one row of scores in place: the first n of len
+ * scaled (x * scale, or x / scale with scale_div) and normalised, the rest
+ * 0. (A plain function: a target_clones one cannot be called across
+ * files of a library built with hidden visibility.) */
+void pp_attn_softmax_row(float *s, int64_t n, int64_t len, float scale, int scale_div);
+
+#endif
