@@ -19,7 +19,7 @@ command -v node >/dev/null 2>&1 && [ -d "$ORT_DIR/node_modules/onnxruntime-node"
 # the seed of the backward: d loss / d loss = 1
 $PY -c "import numpy as np; np.save('$tmp/one.npy', np.array(1.0, np.float32))" 2>/dev/null
 
-for case in "mlp x y" "gpt idx targets" "cnn x y" "skip x y"; do
+for case in "mlp x y" "gpt idx targets" "cnn x y" "skip x y" "unet x y" "tv_vit x y"; do
     set -- $case
     f=$1 a=$2 b=$3
     d=$FX/$f
