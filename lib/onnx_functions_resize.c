@@ -19,7 +19,7 @@ enum { FORM_RESIZE, FORM_SCALES_INPUT, FORM_SCALES_ATTR };
 static pp_status resize_grad(const pp_graph *g, const pp_node *n, pp_fn_body *b) {
     int64_t form = pp_node_attr_int(n, "form", FORM_RESIZE);
     int r = pp_fn_shape_len(g, n, 1) >= 0 ? pp_fn_shape_len(g, n, 1) : pp_fn_in_rank(g, n, 0);
-    for (int k = 3; k <= 4 && r < 0 && form == FORM_RESIZE; k++) r = pp_fn_shape_len(g, n, k);
+    for (int k = 3; k <= 4 && r < 1 && form == FORM_RESIZE; k++) r = pp_fn_shape_len(g, n, k); /* an empty scales is 0 long */
     if (r < 0 && form == FORM_SCALES_INPUT) r = pp_fn_shape_len(g, n, 2);
     if (r < 0 && form == FORM_SCALES_ATTR && pp_node_attr(n, "scales")) r = pp_node_attr(n, "scales")->n;
     if (r < 1 || r > 8) return pp_error(PP_ERR_UNSUPPORTED, "an unknown rank");
