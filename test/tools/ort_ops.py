@@ -61,6 +61,11 @@ def main(out):
     case(out, 'groupnorm', 18, (2, 6, 3, 4),
          [helper.make_node('GroupNormalization', ['t', 'S', 'B'], ['y'], num_groups=3, epsilon=1e-3)],
          (2, 6, 3, 4), {'P': f32(2, 6, 3, 4), 'S': f32(3), 'B': f32(3)})
+    # BatchNormalization in eval mode (the running statistics are constants)
+    case(out, 'batchnorm_eval', 17, (3, 4, 5),
+         [helper.make_node('BatchNormalization', ['t', 'S', 'B', 'M', 'V'], ['y'], epsilon=1e-3)],
+         (3, 4, 5), {'P': f32(3, 4, 5), 'S': f32(4), 'B': f32(4)},
+         [('M', f32(4)), ('V', np.abs(f32(4)) + 0.5)])
     # Gather on a negative axis with negative and repeated indices
     case(out, 'gather_axis', 17, (3, 4, 5),
          [helper.make_node('Gather', ['t', 'I'], ['y'], axis=-1)],
