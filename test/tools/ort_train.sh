@@ -104,7 +104,7 @@ ok $? "bn: pippin infer runs a training graph's BatchNorm in training mode (PyTo
 # ONNX Runtime's graph optimizations (ConvBNFusion, level basic) fold a Conv
 # and the training-mode BatchNormalization after it into one Conv with the
 # running statistics, which is eval mode: its loss is not PyTorch's. Without
-# them ONNX Runtime gives PyTorch's and pippin's numbers (docs/python.md).
+# them ONNX Runtime gives PyTorch's and pippin's numbers (docs/architecture.md).
 ORT_OPT=disabled check tv_resnet "$FX/tv_resnet" x y
 # One small model per gradient helper geometry the fixtures lack (ort_ops.py).
 if [ $have_onnx = 1 ] && $PY "$HERE/ort_ops.py" "$tmp/ops" 2>"$tmp/err"; then
