@@ -19,7 +19,8 @@ enum { FORM_RESIZE, FORM_SCALES_INPUT, FORM_SCALES_ATTR };
 static pp_status resize_grad(const pp_graph *g, const pp_node *n, pp_fn_body *b) {
     int64_t form = pp_node_attr_int(n, "form", FORM_RESIZE);
     int r = pp_fn_shape_len(g, n, 1) >= 0 ? pp_fn_shape_len(g, n, 1) : pp_fn_in_rank(g, n, 0);
-    for (int k = 3; k <= 4 && r < 1 && form == FORM_RESIZE; k++) r = pp_fn_shape_len(g, n, k); /* an empty scales is 0 long */
+    /* else the length of scales or sizes (an empty scales is 0 long) */
+    for (int k = 3; k <= 4 && r < 1 && form == FORM_RESIZE; k++) r = pp_fn_shape_len(g, n, k);
     if (r < 0 && form == FORM_SCALES_INPUT) r = pp_fn_shape_len(g, n, 2);
     if (r < 0 && form == FORM_SCALES_ATTR && pp_node_attr(n, "scales")) r = pp_node_attr(n, "scales")->n;
     if (r < 1 || r > 8) return pp_error(PP_ERR_UNSUPPORTED, "an unknown rank");
@@ -38,13 +39,20 @@ static pp_status resize_grad(const pp_graph *g, const pp_node *n, pp_fn_body *b)
         pp_fn_line(b, "scales = Constant<value_floats=@scales:floats>()");
     }
     b->outputs = "dx";
-    char modes[256];
+    /* the modes, by reference where the node sets them (the defaults are
+     * Resize's own otherwise) */
+    char modes[256] = "";
     if (form == FORM_RESIZE) {
-        snprintf(modes, sizeof modes, "mode=@mode:s, coordinate_transformation_mode=@coordinate_transformation_mode:s, "
-                                      "nearest_mode=@nearest_mode:s");
+        static const char *const names[] = {"mode", "coordinate_transformation_mode", "nearest_mode"};
+        size_t len = 0;
+        for (int k = 0; k < 3; k++)
+            if (pp_node_attr(n, names[k]))
+                len += (size_t)snprintf(modes + len, sizeof modes - len, "%s%s=@%s:s", len ? ", " : "<",
+                                        names[k], names[k]);
+        if (len) snprintf(modes + len, sizeof modes - len, ">");
     } else { /* Resize 10 and Upsample: asymmetric coordinates, nearest rounds down */
         const char *mode = pp_node_attr_string(n, "mode", "nearest");
-        snprintf(modes, sizeof modes, "mode='%s', coordinate_transformation_mode='asymmetric', nearest_mode='floor'",
+        snprintf(modes, sizeof modes, "<mode='%s', coordinate_transformation_mode='asymmetric', nearest_mode='floor'>",
                  strcmp(mode, "nearest") ? "linear" : "nearest");
     }
     pp_fn_float(b, "fone", 1);
@@ -60,12 +68,12 @@ static pp_status resize_grad(const pp_graph *g, const pp_node *n, pp_fn_body *b)
         if (use_sizes) {
             pp_fn_line(b, "o%d = Slice(sizes, a%d, a%de)", a, a, a);
             pp_fn_line(b, "sz%d = Concat<axis=0>(in%d, o%d)", a, a, a);
-            pp_fn_line(b, "m%d = Resize<%s>(e%d, , , sz%d)", a, modes, a, a);
+            pp_fn_line(b, "m%d = Resize%s(e%d, , , sz%d)", a, modes, a, a);
         } else {
             pp_fn_line(b, "s%d = Slice(scales, a%d, a%de)", a, a, a);
             pp_fn_line(b, "sf%d = Cast<to=1>(s%d)", a, a);
             pp_fn_line(b, "sc%d = Concat<axis=0>(one1, sf%d)", a, a);
-            pp_fn_line(b, "m%d = Resize<%s>(e%d, , sc%d)", a, modes, a, a);
+            pp_fn_line(b, "m%d = Resize%s(e%d, , sc%d)", a, modes, a, a);
         }
         /* cur's axis a (length out_a, 'y') against m [in_a, out_a] ('zy') */
         char lhs[9], out[9];

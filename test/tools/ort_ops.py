@@ -76,6 +76,10 @@ def main(out):
          [helper.make_node('ConvTranspose', ['t', 'W', 'Bc'], ['y'], strides=[3], dilations=[2],
                            pads=[1, 2], output_padding=[2], group=2)],
          (2, 6, 16), {'P': f32(2, 4, 5), 'W': f32(4, 3, 3), 'Bc': f32(6)})
+    # ConvTranspose 2-D with the defaults (no pads, dilations, group, bias)
+    case(out, 'convtranspose_2d', 17, (2, 3, 5, 4),
+         [helper.make_node('ConvTranspose', ['t', 'W'], ['y'], strides=[2, 1], output_padding=[1, 0])],
+         (2, 2, 12, 5), {'P': f32(2, 3, 5, 4), 'W': f32(3, 2, 3, 2)})
     # Resize by sizes (roi and scales absent), nearest round_prefer_ceil, half_pixel
     case(out, 'resize_sizes', 17, (1, 2, 3, 5),
          [helper.make_node('Resize', ['t', '', '', 'Z'], ['y'], mode='nearest',
