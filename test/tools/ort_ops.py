@@ -61,6 +61,10 @@ def main(out):
     case(out, 'groupnorm', 18, (2, 6, 3, 4),
          [helper.make_node('GroupNormalization', ['t', 'S', 'B'], ['y'], num_groups=3, epsilon=1e-3)],
          (2, 6, 3, 4), {'P': f32(2, 6, 3, 4), 'S': f32(3), 'B': f32(3)})
+    # GroupNormalization (opset 21: scale and bias per channel)
+    case(out, 'groupnorm_21', 21, (2, 6, 5),
+         [helper.make_node('GroupNormalization', ['t', 'S', 'B'], ['y'], num_groups=2)],
+         (2, 6, 5), {'P': f32(2, 6, 5), 'S': f32(6), 'B': f32(6)})
     # BatchNormalization in eval mode (the running statistics are constants)
     case(out, 'batchnorm_eval', 17, (3, 4, 5),
          [helper.make_node('BatchNormalization', ['t', 'S', 'B', 'M', 'V'], ['y'], epsilon=1e-3)],
