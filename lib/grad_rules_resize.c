@@ -22,6 +22,18 @@ PP_GRAD_RULE(resize) {
         in[k + 1] = pp_ad_in(c, k);
         if (in[k + 1] >= 0) n_in = k + 2;
     }
+    /* An absent roi or scales before a given input becomes an empty float
+     * tensor, which the kernel reads as absent: a written training graph
+     * then passes every input its ONNX function declares (onnx.checker
+     * types each one). */
+    for (int k = 2; k < n_in - 1; k++) {
+        if (in[k] >= 0) continue;
+        pp_tensor *t;
+        int64_t zero = 0;
+        PP_TRY(pp_tensor_new(PP_F32, 1, &zero, &t));
+        PP_TRY(pp_graph_add_initializer(c->g, pp_graph_unique_name(c->g, "autodiff/none"), PP_VALUE_CONST, t,
+                                        &in[k]));
+    }
     PP_TRY(pp_grad_emit(c, "ResizeGrad", "pippin", n_in, in, 1, NULL, &c->dx[0], &id));
     int na = c->g->nodes[c->node].n_attr;
     for (int a = 0; a < na; a++) {

@@ -39,24 +39,44 @@ void pp_fn_float(pp_fn_body *b, const char *name, double v) {
 
 int pp_fn_has_in(const pp_node *n, int k) { return k < n->n_in && n->in[k] >= 0; }
 
-int pp_fn_shape_len(const pp_graph *g, const pp_node *n, int k) {
-    if (!pp_fn_has_in(n, k)) return -1;
-    int v = n->in[k];
-    if (g->values[v].ndim == 1 && g->values[v].shape[0] >= 0) return (int)g->values[v].shape[0];
-    for (int i = 0; i < g->n_nodes; i++) {
-        const pp_node *p = &g->nodes[i];
-        if (p->n_out > 0 && p->out[0] == v && strcmp(p->op_type, "Shape") == 0 && (!p->domain || !p->domain[0]) &&
-            p->n_attr == 0 && pp_fn_has_in(p, 0))
-            return g->values[p->in[0]].ndim;
+/* The length of 1-D value v when the graph knows it: its own shape, its
+ * data, the rank of what Shape read, a Constant's tensor, or a Concat of
+ * such (PyTorch builds Resize's scales that way). depth bounds the walk. */
+static int value_len(const pp_graph *g, int v, int depth) {
+    const pp_value *val = &g->values[v];
+    if (val->data) return val->data->ndim == 1 ? (int)val->data->shape[0] : -1;
+    if (val->ndim == 1 && val->shape[0] >= 0) return (int)val->shape[0];
+    int i = val->producer;
+    if (i < 0 || depth > 8) return -1;
+    const pp_node *p = &g->nodes[i];
+    if (p->domain && p->domain[0]) return -1;
+    if (!strcmp(p->op_type, "Shape") && p->n_attr == 0 && pp_fn_has_in(p, 0)) return g->values[p->in[0]].ndim;
+    if (!strcmp(p->op_type, "Constant")) {
+        const pp_attr *a = pp_node_attr(p, "value");
+        return a && a->t && a->t->ndim == 1 ? (int)a->t->shape[0] : -1;
+    }
+    if (!strcmp(p->op_type, "Concat")) {
+        int total = 0;
+        for (int k = 0; k < p->n_in; k++) {
+            int len = pp_fn_has_in(p, k) ? value_len(g, p->in[k], depth + 1) : -1;
+            if (len < 0) return -1;
+            total += len;
+        }
+        return total;
     }
     return -1;
+}
+
+int pp_fn_shape_len(const pp_graph *g, const pp_node *n, int k) {
+    return pp_fn_has_in(n, k) ? value_len(g, n->in[k], 0) : -1;
 }
 
 int pp_fn_in_rank(const pp_graph *g, const pp_node *n, int k) {
     return pp_fn_has_in(n, k) ? g->values[n->in[k]].ndim : -1;
 }
 
-static const pp_fn_entry *const families[] = {pp_fn_act, pp_fn_nn, pp_fn_shape, pp_fn_conv, pp_fn_attention};
+static const pp_fn_entry *const families[] = {pp_fn_act, pp_fn_nn, pp_fn_shape, pp_fn_conv, pp_fn_resize,
+                                               pp_fn_attention};
 
 static pp_fn_builder find_builder(const char *op) {
     for (size_t f = 0; f < sizeof families / sizeof families[0]; f++)

@@ -41,8 +41,9 @@ const char *pp_fn_swap_last(int rank, char *buf, size_t cap);
 
 /* The rank the graph knows for node input k, -1 if unknown or absent. */
 int pp_fn_in_rank(const pp_graph *g, const pp_node *n, int k);
-/* The length of node input k, a 1-D shape tensor, when the graph knows it
- * (its own shape, or the rank of what Shape read); else -1. */
+/* The length of node input k, a 1-D tensor (a shape, scales), when the
+ * graph knows it (its shape or data, the rank of what Shape read, a
+ * Constant, a Concat of those); else -1. */
 int pp_fn_shape_len(const pp_graph *g, const pp_node *n, int k);
 /* 1 if node input k is given. */
 int pp_fn_has_in(const pp_node *n, int k);
@@ -55,7 +56,7 @@ typedef struct pp_fn_entry {
 } pp_fn_entry;
 
 /* The families, each ended by {NULL}. */
-extern const pp_fn_entry pp_fn_act[], pp_fn_nn[], pp_fn_shape[], pp_fn_conv[];
+extern const pp_fn_entry pp_fn_act[], pp_fn_nn[], pp_fn_shape[], pp_fn_conv[], pp_fn_resize[];
 extern const pp_fn_entry pp_fn_attention[]; /* lib/onnx_functions_attention.c */
 
 /* How many inputs the writer gives node n: its own, or for an op whose

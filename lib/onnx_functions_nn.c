@@ -293,6 +293,87 @@ static pp_status bn_weight(const pp_graph *g, const pp_node *n, pp_fn_body *b) {
     return PP_OK;
 }
 
+/* x and dy as x4 [N, G, C/G, spatial] (G: num_groups, absent: one group
+ * per channel, InstanceNormalization's); the scale as sc4 [1, G, C/G or 1,
+ * 1], per channel or per group as its length says; each (n, g) group's
+ * mean, inv = 1 / sqrt(var + eps) and xhat, cnt its element count. */
+static void gn_stats(pp_fn_body *b, const pp_node *n, const char *scale_len) {
+    pp_fn_float(b, "eps", pp_node_attr_float(n, "epsilon", 1e-5f));
+    pp_fn_float(b, "fone", 1);
+    pp_fn_line(b, "c0 = Constant<value_ints=[0]>()");
+    pp_fn_line(b, "c1 = Constant<value_ints=[1]>()");
+    pp_fn_line(b, "c2 = Constant<value_ints=[2]>()");
+    pp_fn_line(b, "m1 = Constant<value_ints=[-1]>()");
+    pp_fn_line(b, "red = Constant<value_ints=[2, 3]>()");
+    pp_fn_line(b, "shx = Shape(x)");
+    pp_fn_line(b, "ch = Slice(shx, c1, c2)");
+    if (pp_node_attr(n, "num_groups")) {
+        pp_fn_line(b, "gs = Constant<value_int=@num_groups:i>()");
+        pp_fn_line(b, "grp = Unsqueeze(gs, c0)");
+    } else {
+        pp_fn_line(b, "grp = Identity(ch)");
+    }
+    pp_fn_line(b, "cg = Div(ch, grp)");
+    pp_fn_line(b, "s4 = Concat<axis=0>(c0, grp, cg, m1)");
+    pp_fn_line(b, "x4 = Reshape(x, s4)");
+    pp_fn_line(b, "g4 = Reshape(dy, s4)");
+    pp_fn_line(b, "ps = Div(%s, grp)", scale_len);
+    pp_fn_line(b, "ss4 = Concat<axis=0>(c1, grp, ps, c1)");
+    pp_fn_line(b, "sx4 = Shape(x4)");
+    pp_fn_line(b, "four = Constant<value_ints=[4]>()");
+    pp_fn_line(b, "sp = Slice(sx4, c2, four)");
+    pp_fn_line(b, "mi = ReduceProd<keepdims=0>(sp)");
+    pp_fn_line(b, "cnt = Cast<to=1>(mi)");
+    pp_fn_line(b, "sx = ReduceSum<keepdims=1>(x4, red)");
+    pp_fn_line(b, "mu = Div(sx, cnt)");
+    pp_fn_line(b, "xc = Sub(x4, mu)");
+    pp_fn_line(b, "xc2 = Mul(xc, xc)");
+    pp_fn_line(b, "sv = ReduceSum<keepdims=1>(xc2, red)");
+    pp_fn_line(b, "var = Div(sv, cnt)");
+    pp_fn_line(b, "ve = Add(var, eps)");
+    pp_fn_line(b, "sd = Sqrt(ve)");
+    pp_fn_line(b, "inv = Div(fone, sd)");
+    pp_fn_line(b, "xhat = Mul(xc, inv)");
+}
+
+/* GroupNormGradInput(dy, x, scale) -> dx = inv * (gw - mean(gw) - xhat *
+ * mean(gw * xhat)) per group, gw = dy * scale. */
+static pp_status gn_input(const pp_graph *g, const pp_node *n, pp_fn_body *b) {
+    (void)g;
+    b->inputs = "dy, x, scale";
+    b->outputs = "dx";
+    pp_fn_line(b, "shs = Shape(scale)");
+    gn_stats(b, n, "shs");
+    pp_fn_line(b, "sc4 = Reshape(scale, ss4)");
+    pp_fn_line(b, "gw = Mul(g4, sc4)");
+    pp_fn_line(b, "sa = ReduceSum<keepdims=1>(gw, red)");
+    pp_fn_line(b, "ma = Div(sa, cnt)");
+    pp_fn_line(b, "gx = Mul(gw, xhat)");
+    pp_fn_line(b, "sb = ReduceSum<keepdims=1>(gx, red)");
+    pp_fn_line(b, "mb = Div(sb, cnt)");
+    pp_fn_line(b, "t1 = Sub(gw, ma)");
+    pp_fn_line(b, "t2 = Mul(xhat, mb)");
+    pp_fn_line(b, "t3 = Sub(t1, t2)");
+    pp_fn_line(b, "d = Mul(inv, t3)");
+    pp_fn_line(b, "dx = Reshape(d, shx)");
+    return PP_OK;
+}
+
+/* GroupNormGradWeight(dy, x, shape_scale) -> dscale = sum of dy * xhat,
+ * dbias = sum of dy, over what each scale entry covers. */
+static pp_status gn_weight(const pp_graph *g, const pp_node *n, pp_fn_body *b) {
+    (void)g;
+    b->inputs = "dy, x, shape_scale";
+    b->outputs = "dscale, dbias";
+    gn_stats(b, n, "shape_scale");
+    pp_fn_line(b, "gx = Mul(g4, xhat)");
+    pp_fn_sum_to(b, "a_", "gx", "ss4", "ds4");
+    pp_fn_line(b, "dscale = Reshape(ds4, shape_scale)");
+    pp_fn_sum_to(b, "b_", "g4", "ss4", "db4");
+    pp_fn_line(b, "dbias = Reshape(db4, shape_scale)");
+    return PP_OK;
+}
+
 /* SoftmaxCrossEntropyLossGrad(dloss, scores [N, C, d...], labels[, weights]):
  * (softmax(scores) - onehot(label)) * coef per row, coef = dloss (none),
  * dloss (sum) or dloss / sum of the rows' weights (mean), times the label's
@@ -369,6 +450,8 @@ const pp_fn_entry pp_fn_nn[] = {
     {"LayerNormGradWeight", ln_weight},
     {"BatchNormGradInput", bn_input},
     {"BatchNormGradWeight", bn_weight},
+    {"GroupNormGradInput", gn_input},
+    {"GroupNormGradWeight", gn_weight},
     {"SoftmaxCrossEntropyLossGrad", sce},
     {NULL, NULL},
 };

@@ -107,24 +107,48 @@ static pp_status expand_reduced(const pp_graph *g, const pp_node *n, pp_fn_body 
     return PP_OK;
 }
 
-/* GatherGrad(dy, indices, shape_data), axis 0: a scatter-add of dy's rows. */
+/* GatherGrad(dy, indices, shape_data): dy seen as [outer, n_indices,
+ * inner] around the axis is scatter-added along it into zeros [outer, dim,
+ * inner]. The axis comes by attribute reference, so nodes of every axis
+ * share the body; negative axes and indices count from the end. */
 static pp_status gather(const pp_graph *g, const pp_node *n, pp_fn_body *b) {
     (void)g;
     b->inputs = "dy, indices, shape_data";
     b->outputs = "dx";
-    if (pp_node_attr_int(n, "axis", 0) != 0)
-        return pp_error(PP_ERR_UNSUPPORTED, "axis %lld (the body handles axis 0)",
-                        (long long)pp_node_attr_int(n, "axis", 0));
-    pp_fn_line(b, "zeros = ConstantOfShape(shape_data)");
-    pp_fn_line(b, "ix = Cast<to=7>(indices)");
+    if (pp_node_attr(n, "axis")) pp_fn_line(b, "a = Constant<value_int=@axis:i>()");
+    else pp_fn_line(b, "a = Constant<value_int=0>()");
     pp_fn_line(b, "zero = Constant<value_int=0>()");
-    pp_fn_line(b, "dim = Gather<axis=0>(shape_data, zero)");
-    pp_fn_line(b, "neg = Less(ix, zero)");
-    pp_fn_line(b, "ixd = Add(ix, dim)");
-    pp_fn_line(b, "ixn = Where(neg, ixd, ix)");
+    pp_fn_line(b, "one = Constant<value_int=1>()");
     pp_fn_line(b, "m1 = Constant<value_ints=[-1]>()");
-    pp_fn_line(b, "ind = Unsqueeze(ixn, m1)");
-    pp_fn_line(b, "dx = ScatterND<reduction='add'>(zeros, ind, dy)");
+    pp_fn_line(b, "c0 = Constant<value_ints=[0]>()");
+    pp_fn_line(b, "big = Constant<value_ints=[9223372036854775807]>()");
+    pp_fn_line(b, "r = Size(shape_data)");
+    pp_fn_line(b, "aneg = Less(a, zero)");
+    pp_fn_line(b, "ar = Add(a, r)");
+    pp_fn_line(b, "an = Where(aneg, ar, a)");
+    pp_fn_line(b, "an1 = Add(an, one)");
+    pp_fn_line(b, "av = Unsqueeze(an, c0)");
+    pp_fn_line(b, "av1 = Unsqueeze(an1, c0)");
+    pp_fn_line(b, "lead = Slice(shape_data, c0, av)");
+    pp_fn_line(b, "trail = Slice(shape_data, av1, big)");
+    pp_fn_line(b, "dimv = Slice(shape_data, av, av1)");
+    pp_fn_line(b, "outer = ReduceProd<keepdims=1>(lead)");
+    pp_fn_line(b, "inner = ReduceProd<keepdims=1>(trail)");
+    pp_fn_line(b, "s3 = Concat<axis=0>(outer, m1, inner)");
+    pp_fn_line(b, "g3 = Reshape(dy, s3)");
+    pp_fn_line(b, "sd3 = Concat<axis=0>(outer, dimv, inner)");
+    pp_fn_line(b, "zeros = ConstantOfShape(sd3)");
+    pp_fn_line(b, "ix = Cast<to=7>(indices)");
+    pp_fn_line(b, "dim = Squeeze(dimv, c0)");
+    pp_fn_line(b, "ineg = Less(ix, zero)");
+    pp_fn_line(b, "ixd = Add(ix, dim)");
+    pp_fn_line(b, "ixn = Where(ineg, ixd, ix)");
+    pp_fn_line(b, "s13 = Constant<value_ints=[1, -1, 1]>()");
+    pp_fn_line(b, "i3 = Reshape(ixn, s13)");
+    pp_fn_line(b, "sg3 = Shape(g3)");
+    pp_fn_line(b, "ie = Expand(i3, sg3)");
+    pp_fn_line(b, "acc = ScatterElements<axis=1, reduction='add'>(zeros, ie, g3)");
+    pp_fn_line(b, "dx = Reshape(acc, shape_data)");
     return PP_OK;
 }
 

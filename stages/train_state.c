@@ -81,8 +81,19 @@ static pp_status prepare_batch_norm(pp_graph *g, int i, int training, pp_train_s
     return PP_OK;
 }
 
+/* A written training graph (`pippin inspect --backward -o`): its backward
+ * nodes read the forward's batch statistics and Dropout masks, so running it
+ * (pippin infer) keeps the forward in training mode, as ONNX Runtime runs
+ * the same file. */
+static int has_backward(const pp_graph *g) {
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i].region != PP_REGION_FORWARD) return 1;
+    return 0;
+}
+
 pp_status pp_train_state_prepare(pp_graph *g, int training, pp_train_state *ts) {
     memset(ts, 0, sizeof *ts);
+    if (!training && has_backward(g)) return PP_OK;
     for (int i = 0; i < g->n_nodes; i++) {
         if (is_op(&g->nodes[i], "BatchNormalization")) {
             PP_TRY(prepare_batch_norm(g, i, training, ts));

@@ -298,6 +298,12 @@ class Torch(unittest.TestCase):
             g = pippin.load(f)
             self.assertEqual(g.split().n_stages, 2)
             np.testing.assert_allclose(g.run(x.numpy())["y"], net(x).detach().numpy(), atol=1e-5)
+            # the marker is a model-local function (issue 18): any ONNX tool loads the file
+            import onnx
+            m = onnx.load(f)
+            self.assertEqual([(fn.domain, fn.name, [n.op_type for n in fn.node]) for fn in m.functions],
+                             [("pippin", "PipeSplit", ["Identity"])])
+            onnx.checker.check_model(m, full_check=True)
         finally:
             shutil.rmtree(d)
 

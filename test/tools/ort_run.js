@@ -2,7 +2,8 @@
 // $ORT_DIR/node_modules) and writes each output as OUT_DIR/<name>.npy, with
 // '/' and ':' in names turned into '_' as `pippin infer` does.
 //   node ort_run.js MODEL.onnx OUT_DIR NAME=FILE.npy ...
-// float32 and int64 tensors only (what the fixtures use).
+// float32 and int64 tensors only (what the fixtures use). ORT_OPT, if set, is
+// the session's graphOptimizationLevel ('disabled', 'basic', 'extended', 'all').
 const path = require('path');
 const fs = require('fs');
 const ort = require(path.join(process.env.ORT_DIR, 'node_modules', 'onnxruntime-node'));
@@ -37,7 +38,8 @@ function writeNpy(file, t) {
 
 (async () => {
   const [model, outDir, ...ins] = process.argv.slice(2);
-  const session = await ort.InferenceSession.create(model);
+  const opts = process.env.ORT_OPT ? { graphOptimizationLevel: process.env.ORT_OPT } : {};
+  const session = await ort.InferenceSession.create(model, opts);
   const feeds = {};
   for (const a of ins) {
     const i = a.indexOf('=');

@@ -1,13 +1,15 @@
 #!/bin/sh
 # stage_K.onnx files written by `pippin split` pass onnx.checker (Debian's
-# python3-onnx); skipped with a message where it is missing. TAP output.
+# python3-onnx); skipped with a message where it is missing. And (issue 18)
+# ONNX Runtime runs each stage file of every fixture with pippin's outputs
+# (ort_stages.py; npm's onnxruntime-node under $ORT_DIR, default
+# ~/.cache/pippin-bench-ort, skipped where it is not). TAP output.
 . "$(dirname "$0")/tap.sh"
 PY=/usr/bin/python3
 if ! $PY -c "import onnx" 2>/dev/null; then
     echo "1..0 # SKIP python3-onnx is not installed"
     exit 0
 fi
-echo "1..6"
 for case in "mlp model.onnx" "skip model.onnx" "gpt model.onnx --dim seq=16" \
             "gpt model_nosplit.onnx --split-before /blocks.2/ --transmit-shared"; do
     set -- $case
@@ -50,3 +52,29 @@ for fx in mlp gpt; do
         echo "not ok $n - $fx training graph: $(tail -3 "$tmp/log")"
     fi
 done
+# Each stage file in ONNX Runtime, fed as the pipeline feeds it.
+ORT_DIR=${ORT_DIR:-$HOME/.cache/pippin-bench-ort}
+export ORT_DIR
+for case in "mlp x y" "skip x y" "cnn x y" "gpt idx targets" "unet x y" "tv_vit x y" "bn x y" "rnn x y" \
+            "gpt idx targets model_nosplit.onnx --split-before /blocks.2/ --transmit-shared"; do
+    set -- $case
+    fx=$1 a=$2 b=$3
+    model=${4:-model.onnx}
+    shift 3
+    [ $# -gt 0 ] && shift
+    n=$((n + 1))
+    if ! command -v node >/dev/null 2>&1 || [ ! -d "$ORT_DIR/node_modules/onnxruntime-node" ]; then
+        echo "ok $n - $fx $model $*: ONNX Runtime runs each stage file # SKIP no onnxruntime-node under $ORT_DIR"
+        continue
+    fi
+    out="$tmp/ort-$n"
+    d=$SRC/test/fixtures/$fx
+    if "$PIPPIN" split "$d/$model" "$@" -o "$out" >"$tmp/log" 2>&1 &&
+        $PY "$(dirname "$0")/ort_stages.py" "$PIPPIN" "$(dirname "$0")/ort_run.js" "$out" "$a=$d/$a.npy" "$b=$d/$b.npy" \
+            >"$tmp/count" 2>"$tmp/log"; then
+        echo "ok $n - $fx $model $*: ONNX Runtime runs each of $(ls "$out"/stage_*.onnx | wc -l) stage files with pippin's $(cat "$tmp/count") outputs"
+    else
+        echo "not ok $n - $fx $model $*: ONNX Runtime on the stage files: $(tail -3 "$tmp/log")"
+    fi
+done
+echo "1..$n"
