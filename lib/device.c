@@ -227,11 +227,12 @@ pp_status pp_device_download_async(pp_device *dev, const pp_tensor *dt, pp_tenso
 
 pp_status pp_device_staging_wait(pp_device *dev, const pp_tensor *staged) {
     device_buffer *b = (device_buffer *)buffer_of(staged);
-    if (!b || b->dev != dev || b->kind != PP_MEMORY_PINNED)
-        return pp_error(PP_ERR_INVALID, "%s: not a staging buffer of this device", pp_device_name(dev));
+    if (!b || b->kind != PP_MEMORY_PINNED)
+        return pp_error(PP_ERR_INVALID, "%s: not a staging buffer", pp_device_name(dev));
     if (!b->event) return PP_OK;
-    pp_status s = dev->ops->event_wait(dev, b->event);
-    dev->ops->event_free(dev, b->event);
+    /* the device that started the copy waits (another stage's, say) */
+    pp_status s = b->dev->ops->event_wait(b->dev, b->event);
+    b->dev->ops->event_free(b->dev, b->event);
     b->event = NULL;
     return s;
 }

@@ -39,15 +39,25 @@ pp_status pp_device_plan_new(pp_device *dev, const pp_graph *g, const uint8_t *s
     return PP_OK;
 }
 
-void pp_device_plan_drop(pp_device_plan *p, int v) {
+static void drop_mirror(pp_device_plan *p, int v) {
     pp_tensor_free(p->mirror[v]);
     pp_tensor_free(p->mirror_of[v]);
     p->mirror[v] = p->mirror_of[v] = NULL;
 }
 
+/* A copy of a constant's data stays for the next runs. */
+static int keeps(const pp_device_plan *p, int v) {
+    const pp_value *val = &p->g->values[v];
+    return p->mirror[v] && val->kind == PP_VALUE_CONST && p->mirror_of[v] == val->data;
+}
+
+void pp_device_plan_drop(pp_device_plan *p, int v) {
+    if (!keeps(p, v)) drop_mirror(p, v);
+}
+
 void pp_device_plan_free(pp_device_plan *p) {
     if (!p) return;
-    for (int v = 0; p->mirror && p->mirror_of && v < p->g->n_values; v++) pp_device_plan_drop(p, v);
+    for (int v = 0; p->mirror && p->mirror_of && v < p->g->n_values; v++) drop_mirror(p, v);
     free(p->on_device);
     free(p->mirror_of);
     free(p->mirror);
@@ -65,16 +75,17 @@ static pp_status on_side(pp_device_plan *p, int v, pp_tensor *t, int want_device
     if (p->mirror_of[v] == t && p->mirror[v]) return *out = p->mirror[v], PP_OK;
     pp_tensor *copy;
     PP_TRY(want_device ? pp_device_upload(p->dev, t, &copy) : pp_device_download(p->dev, t, &copy));
-    pp_device_plan_drop(p, v);
+    drop_mirror(p, v);
     p->mirror_of[v] = pp_tensor_retain(t);
     p->mirror[v] = copy;
     *out = copy;
     return PP_OK;
 }
 
-pp_status pp_device_plan_run(pp_device_plan *p, int i, pp_kernel_ctx *ctx) {
+/* Runs node i on the device (dev_node) or the CPU, its inputs moved to
+ * that side. */
+static pp_status run_on(pp_device_plan *p, int i, pp_kernel_ctx *ctx, int dev_node) {
     const pp_node *n = ctx->node;
-    int dev_node = p->on_device[i];
     pp_tensor *ins[64];
     for (int k = 0; k < ctx->n_in; k++) {
         ins[k] = ctx->in[k];
@@ -85,6 +96,18 @@ pp_status pp_device_plan_run(pp_device_plan *p, int i, pp_kernel_ctx *ctx) {
     pp_kernel_ctx c = *ctx;
     c.in = ins;
     return dev_node ? p->dev->ops->run(p->dev, &c) : n->op->run(&c);
+}
+
+pp_status pp_device_plan_run(pp_device_plan *p, int i, pp_kernel_ctx *ctx) {
+    if (!p->on_device[i]) return run_on(p, i, ctx, 0);
+    pp_status s = run_on(p, i, ctx, 1);
+    /* A claimed node the device finds it cannot run after all (a dtype
+     * only known now): the CPU runs it. The backend set no output. */
+    if (s == PP_ERR_UNSUPPORTED && p->dev->ops->run != NULL) {
+        p->dev->stats.fallbacks++;
+        s = run_on(p, i, ctx, 0);
+    }
+    return s;
 }
 
 pp_status pp_device_plan_finish(pp_device_plan *p, pp_tensor **env) {
@@ -104,9 +127,7 @@ pp_status pp_device_plan_finish(pp_device_plan *p, pp_tensor **env) {
             pp_status w = pp_device_staging_wait(p->dev, env[v]);
             if (s == PP_OK) s = w;
         }
-        /* copies of constants serve the next run too */
-        if (p->mirror[v] && !(g->values[v].kind == PP_VALUE_CONST && p->mirror_of[v] == g->values[v].data))
-            pp_device_plan_drop(p, v);
+        pp_device_plan_drop(p, v); /* copies of constants serve the next run too */
     }
     return s;
 }

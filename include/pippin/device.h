@@ -73,7 +73,8 @@ PP_API pp_status pp_device_upload(pp_device *dev, const pp_tensor *host, pp_tens
 PP_API pp_status pp_device_download(pp_device *dev, const pp_tensor *dt, pp_tensor **out);
 
 /* Starts a download on the copy stream without waiting: *out is pinned host
- * memory, valid once pp_device_staging_wait(dev, *out) returns. The compute
+ * memory, valid once pp_device_staging_wait(dev, *out) returns (any device's
+ * staging buffer may be waited for; a completed one returns at once). The compute
  * stream goes on meanwhile (the transport sends microbatch k while k+1
  * computes). */
 PP_API pp_status pp_device_download_async(pp_device *dev, const pp_tensor *dt, pp_tensor **out);
@@ -83,6 +84,7 @@ typedef struct pp_device_stats {
     int64_t uploads, downloads;       /* host->device and device->host copies */
     int64_t upload_bytes, download_bytes;
     int64_t kernels;                  /* nodes the device ran */
+    int64_t fallbacks;                /* claimed nodes it handed to the CPU at run time (a dtype it lacks) */
     int64_t allocs, pool_hits;        /* buffers asked for; of them, served from the pool */
     int64_t bytes_in_use, bytes_pooled;
 } pp_device_stats;
