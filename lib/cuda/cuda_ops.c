@@ -210,9 +210,10 @@ static pp_status run_ln_grad_weight(pp_device *dev, cuda_device *c, pp_kernel_ct
     if (!pp_shape_equal(dy->ndim, dy->shape, x->ndim, x->shape))
         return pp_kernel_error(ctx, PP_ERR_SHAPE, "dy and x differ in shape");
     pp_tensor *out[2] = {NULL, NULL}, *stats = NULL;
-    for (int k = 0; k < 2; k++) /* both are computed; an unused one is scratch */
-        PP_TRY(pp_device_tensor_new(dev, PP_MEMORY_DEVICE, PP_F32, x->ndim - axis, x->shape + axis, &out[k]));
-    pp_status s = pp_device_tensor_new(dev, PP_MEMORY_DEVICE, PP_F32, 1, (int64_t[]){2 * rows}, &stats);
+    pp_status s = PP_OK;
+    for (int k = 0; k < 2 && !s; k++) /* both are computed; an unused one is scratch */
+        s = pp_device_tensor_new(dev, PP_MEMORY_DEVICE, PP_F32, x->ndim - axis, x->shape + axis, &out[k]);
+    if (!s) s = pp_device_tensor_new(dev, PP_MEMORY_DEVICE, PP_F32, 1, (int64_t[]){2 * rows}, &stats);
     float eps = pp_node_attr_float(ctx->node, "epsilon", 1e-5f);
     if (!s)
         s = launched(dev, pp_cu_ln_grad_weight(c->stream[0], dy->data, x->data, eps, stats->data, rows, n,
@@ -264,6 +265,45 @@ static pp_status run_matmul(pp_device *dev, cuda_device *c, pp_kernel_ctx *ctx) 
     if (K == 0) return launched(dev, cudaMemsetAsync(y->data, 0, y->nbytes, c->stream[0]), "MatMul");
     return gemm(dev, c, 0, 0, M, N, K, 1.0f, a->data, a->ndim > 2 ? M * K : 0, b->data, b->ndim > 2 ? K * N : 0,
                 0.0f, y->data, batch);
+}
+
+/* pippin::MatMulGradA(dy, b, shape_a) = dy b^T and MatMulGradB(dy, a,
+ * shape_b) = a^T dy, each summed to the target shape: the batches match,
+ * or (the Linear case) b is 2-D: then dA repeats b over the batch and dB
+ * is one GEMM over all the batch's rows. Other broadcasts: the CPU's. */
+static pp_status run_matmul_grad(pp_device *dev, cuda_device *c, pp_kernel_ctx *ctx) {
+    const pp_tensor *dy = ctx->in[0], *o = ctx->in[1], *sh = ctx->in[2];
+    int want_a = !strcmp(ctx->node->op_type, "MatMulGradA");
+    if (!is_f32(dy) || !is_f32(o) || dy->ndim < 2 || o->ndim < 2 || sh->ndim != 1 || sh->shape[0] < 2 ||
+        sh->shape[0] > PP_MAX_DIMS)
+        return fallback();
+    int nd = (int)sh->shape[0];
+    int64_t ts[PP_MAX_DIMS];
+    for (int d = 0; d < nd; d++) ts[d] = pp_tensor_get_i64(sh, d);
+    int64_t M, N, K, rows = dy->shape[dy->ndim - 2], cols = dy->shape[dy->ndim - 1];
+    int64_t n_dy = pp_tensor_numel(dy), n_o = pp_tensor_numel(o), n_t = pp_shape_numel(nd, ts);
+    pp_tensor *y;
+    if (want_a) { /* dA [.., rows, K] = dy [.., rows, cols] b^T, b [.., K, cols] */
+        M = rows, N = ts[nd - 1], K = cols;
+        if (o->shape[o->ndim - 2] != N || o->shape[o->ndim - 1] != K || !M || !N || !K) return fallback();
+        int64_t batch = n_dy / (M * K);
+        if (n_t != batch * M * N || (n_o != batch * N * K && o->ndim != 2)) return fallback();
+        PP_TRY(new_out(dev, ctx, 0, PP_F32, nd, ts, &y));
+        return gemm(dev, c, 0, 1, M, N, K, 1.0f, dy->data, M * K, o->data, o->ndim == 2 ? 0 : N * K, 0.0f, y->data,
+                    batch);
+    }
+    /* dB [.., K, cols] = a^T dy, a [.., rows, K] */
+    M = ts[nd - 2], N = cols, K = rows;
+    if (o->shape[o->ndim - 2] != K || o->shape[o->ndim - 1] != M || !M || !N || !K) return fallback();
+    int64_t batch = n_dy / (K * N);
+    if (n_o != batch * K * M) return fallback();
+    if (n_t == batch * M * N) {
+        PP_TRY(new_out(dev, ctx, 0, PP_F32, nd, ts, &y));
+        return gemm(dev, c, 1, 0, M, N, K, 1.0f, o->data, K * M, dy->data, K * N, 0.0f, y->data, batch);
+    }
+    if (n_t != M * N) return fallback();
+    PP_TRY(new_out(dev, ctx, 0, PP_F32, nd, ts, &y)); /* summed over the batch: one GEMM over its rows */
+    return gemm(dev, c, 1, 0, M, N, batch * K, 1.0f, o->data, 0, dy->data, 0, 0.0f, y->data, 1);
 }
 
 /* out += bias (broadcast over rows), then the activation, in place. */
@@ -539,6 +579,8 @@ static const struct {
     {"", "MatMul", run_matmul, 0},
     {"", "Gemm", run_gemm, 0},
     {"pippin", "MatMulAdd", run_matmul_add, 0},
+    {"pippin", "MatMulGradA", run_matmul_grad, 1 << 2},
+    {"pippin", "MatMulGradB", run_matmul_grad, 1 << 2},
     {"", "Gather", run_gather, 1 << 1},
     {"pippin", "GatherGrad", run_gather_grad, 1 << 1 | 1 << 2},
     {"", "SoftmaxCrossEntropyLoss", run_sce, 1 << 1},

@@ -110,6 +110,16 @@ static void test_matmuls(void **state) {
           INS(rand_f32(4, SHAPE(2, 4, 16, 8), 25), rand_f32(4, SHAPE(2, 4, 8, 16), 26)), 1, NULL);
     check("Gemm", "Gemm", "", 3, INS(rand_f32(2, SHAPE(8, 32), 27), rand_f32(2, SHAPE(24, 32), 28), rand_f32(1, SHAPE(24), 29)),
           1, attr_gemm);
+    check("MatMulGradA linear", "MatMulGradA", "pippin", 3,
+          INS(rand_f32(3, SHAPE(4, 16, 96), 43), rand_f32(2, SHAPE(32, 96), 44), I64(1, SHAPE(3), 4, 16, 32)), 1, NULL);
+    check("MatMulGradB linear", "MatMulGradB", "pippin", 3,
+          INS(rand_f32(3, SHAPE(4, 16, 96), 45), rand_f32(3, SHAPE(4, 16, 32), 46), I64(1, SHAPE(2), 32, 96)), 1, NULL);
+    check("MatMulGradA batched", "MatMulGradA", "pippin", 3,
+          INS(rand_f32(4, SHAPE(2, 4, 16, 16), 47), rand_f32(4, SHAPE(2, 4, 8, 16), 48), I64(1, SHAPE(4), 2, 4, 16, 8)),
+          1, NULL);
+    check("MatMulGradB batched", "MatMulGradB", "pippin", 3,
+          INS(rand_f32(4, SHAPE(2, 4, 16, 16), 49), rand_f32(4, SHAPE(2, 4, 16, 8), 50), I64(1, SHAPE(4), 2, 4, 8, 16)),
+          1, NULL);
     check("MatMulAdd", "MatMulAdd", "pippin", 3,
           INS(rand_f32(3, SHAPE(2, 16, 32), 30), rand_f32(2, SHAPE(32, 128), 31), rand_f32(1, SHAPE(128), 32)), 1,
           attr_mma);
