@@ -37,6 +37,8 @@ pp_status pp_device_open(const char *spec, pp_device **out) {
     PP_TRY(pp_device_spec_check(spec));
     pp_device *dev = calloc(1, sizeof *dev);
     if (!dev) return pp_error(PP_ERR_NOMEM, "device '%s': out of memory", spec);
+    pthread_mutex_init(&dev->pool_lock, NULL);
+    atomic_init((atomic_int *)&dev->refs, 1);
     int ordinal = 0;
     pp_status s = PP_OK;
     if (!strcmp(spec, "cpu")) {
@@ -49,6 +51,7 @@ pp_status pp_device_open(const char *spec, pp_device **out) {
         s = pp_fake_device_open(dev, spec[4] == ':' ? spec + 5 : NULL);
     }
     if (s != PP_OK) {
+        pthread_mutex_destroy(&dev->pool_lock);
         free(dev);
         return pp_error_context(s, "device '%s'", spec);
     }
@@ -56,12 +59,17 @@ pp_status pp_device_open(const char *spec, pp_device **out) {
     return PP_OK;
 }
 
-void pp_device_close(pp_device *dev) {
-    if (!dev) return;
+static void device_unref(pp_device *dev) {
+    if (atomic_fetch_sub((atomic_int *)&dev->refs, 1) != 1) return;
     for (int i = 0; i < dev->n_free; i++) dev->ops->release(dev, dev->free_blocks[i].kind, dev->free_blocks[i].ptr);
     free(dev->free_blocks);
     if (dev->ops && dev->ops->close) dev->ops->close(dev);
+    pthread_mutex_destroy(&dev->pool_lock);
     free(dev);
+}
+
+void pp_device_close(pp_device *dev) {
+    if (dev) device_unref(dev);
 }
 
 const char *pp_device_name(const pp_device *dev) { return dev ? dev->name : "cpu"; }
@@ -74,14 +82,19 @@ int pp_device_supports(const pp_device *dev, const pp_graph *g, int node) {
 
 void pp_device_get_stats(const pp_device *dev, pp_device_stats *out) {
     memset(out, 0, sizeof *out);
-    if (dev) *out = dev->stats;
+    if (!dev) return;
+    pthread_mutex_lock((pthread_mutex_t *)&dev->pool_lock);
+    *out = dev->stats;
+    pthread_mutex_unlock((pthread_mutex_t *)&dev->pool_lock);
 }
 
 void pp_device_reset_stats(pp_device *dev) {
+    pthread_mutex_lock(&dev->pool_lock);
     int64_t in_use = dev->stats.bytes_in_use, pooled = dev->stats.bytes_pooled;
     memset(&dev->stats, 0, sizeof dev->stats);
     dev->stats.bytes_in_use = in_use;
     dev->stats.bytes_pooled = pooled;
+    pthread_mutex_unlock(&dev->pool_lock);
 }
 
 /* -------------------------------------------------------------- pool */
@@ -98,6 +111,7 @@ typedef struct device_buffer {
 static size_t round_size(size_t n) { return (n + 255) & ~(size_t)255; }
 
 static pp_status pool_take(pp_device *dev, pp_memory_kind kind, size_t size, void **ptr) {
+    pthread_mutex_lock(&dev->pool_lock);
     dev->stats.allocs++;
     for (int i = 0; i < dev->n_free; i++) {
         pp_device_block *b = &dev->free_blocks[i];
@@ -107,14 +121,26 @@ static pp_status pool_take(pp_device *dev, pp_memory_kind kind, size_t size, voi
         dev->stats.pool_hits++;
         dev->stats.bytes_pooled -= (int64_t)size;
         dev->stats.bytes_in_use += (int64_t)size;
+        pthread_mutex_unlock(&dev->pool_lock);
         return PP_OK;
     }
+    pthread_mutex_unlock(&dev->pool_lock);
     PP_TRY(dev->ops->alloc(dev, kind, size, ptr));
+    pthread_mutex_lock(&dev->pool_lock);
     dev->stats.bytes_in_use += (int64_t)size;
+    pthread_mutex_unlock(&dev->pool_lock);
     return PP_OK;
 }
 
+static void pool_give_locked(pp_device *dev, pp_memory_kind kind, size_t size, void *ptr);
+
 static void pool_give(pp_device *dev, pp_memory_kind kind, size_t size, void *ptr) {
+    pthread_mutex_lock(&dev->pool_lock);
+    pool_give_locked(dev, kind, size, ptr);
+    pthread_mutex_unlock(&dev->pool_lock);
+}
+
+static void pool_give_locked(pp_device *dev, pp_memory_kind kind, size_t size, void *ptr) {
     dev->stats.bytes_in_use -= (int64_t)size;
     if (dev->n_free == dev->cap_free) {
         int cap = dev->cap_free ? dev->cap_free * 2 : 64;
@@ -136,8 +162,10 @@ static void buffer_release(void *data, void *hint) {
         (void)b->dev->ops->event_wait(b->dev, b->event); /* a copy may still write it */
         b->dev->ops->event_free(b->dev, b->event);
     }
-    if (data) pool_give(b->dev, b->kind, b->size, data);
+    pp_device *dev = b->dev;
+    if (data) pool_give(dev, b->kind, b->size, data);
     free(b);
+    device_unref(dev); /* the buffer's reference */
 }
 
 pp_status pp_device_tensor_new(pp_device *dev, pp_memory_kind kind, pp_dtype dt, int ndim,
@@ -158,8 +186,10 @@ pp_status pp_device_tensor_new(pp_device *dev, pp_memory_kind kind, pp_dtype dt,
     if (s != PP_OK) {
         if (ptr) pool_give(dev, kind, b->size, ptr);
         free(b);
+        return s;
     }
-    return s;
+    atomic_fetch_add((atomic_int *)&dev->refs, 1);
+    return PP_OK;
 }
 
 static const device_buffer *buffer_of(const pp_tensor *t) {

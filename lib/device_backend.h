@@ -7,6 +7,8 @@
 
 #include "pippin/device.h"
 
+#include <pthread.h>
+
 #include "op.h"
 
 #ifdef __cplusplus
@@ -54,8 +56,14 @@ struct pp_device {
     char name[32];
     void *impl;                /* the backend's state */
     pp_device_stats stats;
+    /* The pool may be given buffers back on other threads (the transport
+     * frees a sent tensor on its I/O thread): under pool_lock. */
+    pthread_mutex_t pool_lock;
     pp_device_block *free_blocks;
     int n_free, cap_free;
+    /* The owner's reference plus one per live buffer: a tensor may outlive
+     * pp_device_close (a stage's output), so the device goes with the last. */
+    int refs; /* atomic */
 };
 
 /* Opens a backend into dev (name already set); lib/device_fake.c and
