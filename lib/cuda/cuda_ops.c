@@ -174,6 +174,8 @@ static pp_status run_layernorm(pp_device *dev, cuda_device *c, pp_kernel_ctx *ct
     if (pp_tensor_numel(w) != n || (b && pp_tensor_numel(b) != n))
         return pp_kernel_error(ctx, PP_ERR_SHAPE, "scale and bias must have the normalised shape's %lld elements",
                                (long long)n);
+    int stats_wanted = (ctx->n_out > 1 && ctx->node->out[1] >= 0) || (ctx->n_out > 2 && ctx->node->out[2] >= 0);
+    if (stats_wanted && pp_node_attr_int(ctx->node, "stash_type", 1) != 1) return fallback(); /* double stats */
     pp_tensor *y, *stat[2] = {NULL, NULL};
     PP_TRY(new_out(dev, ctx, 0, PP_F32, x->ndim, x->shape, &y));
     int64_t sshape[PP_MAX_DIMS];
