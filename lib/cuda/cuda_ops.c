@@ -361,6 +361,26 @@ static pp_status run_matmul_add(pp_device *dev, cuda_device *c, pp_kernel_ctx *c
     return bias_act(dev, c, y, bias, act);
 }
 
+/* pippin::SumToShape(grad, shape) where shape is grad's trailing dims (a
+ * bias's gradient): a column sum over the leading rows. Other shapes
+ * (broadcast inside): the CPU's. */
+static pp_status run_sum_to_shape(pp_device *dev, cuda_device *c, pp_kernel_ctx *ctx) {
+    const pp_tensor *g = ctx->in[0], *sh = ctx->in[1];
+    if (!is_f32(g) || sh->ndim != 1 || sh->shape[0] > g->ndim) return fallback();
+    int nd = (int)sh->shape[0];
+    int64_t ts[PP_MAX_DIMS];
+    for (int d = 0; d < nd; d++) {
+        ts[d] = pp_tensor_get_i64(sh, d);
+        if (ts[d] != g->shape[g->ndim - nd + d]) return fallback();
+    }
+    int64_t inner = pp_shape_numel(nd, ts);
+    if (inner == 0) return fallback();
+    pp_tensor *y;
+    PP_TRY(new_out(dev, ctx, 0, PP_F32, nd, ts, &y));
+    return launched(dev, pp_cu_reduce_sum(c->stream[0], g->data, y->data, 1, pp_tensor_numel(g) / inner, inner),
+                    "SumToShape");
+}
+
 /* ------------------------------------------------------ gather, losses */
 
 static pp_status run_gather(pp_device *dev, cuda_device *c, pp_kernel_ctx *ctx) {
@@ -583,6 +603,7 @@ static const struct {
     {"pippin", "MatMulAdd", run_matmul_add, 0},
     {"pippin", "MatMulGradA", run_matmul_grad, 1 << 2},
     {"pippin", "MatMulGradB", run_matmul_grad, 1 << 2},
+    {"pippin", "SumToShape", run_sum_to_shape, 1 << 1},
     {"", "Gather", run_gather, 1 << 1},
     {"pippin", "GatherGrad", run_gather_grad, 1 << 1 | 1 << 2},
     {"", "SoftmaxCrossEntropyLoss", run_sce, 1 << 1},

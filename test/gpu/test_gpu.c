@@ -141,6 +141,7 @@ static void test_gather_losses_movement(void **state) {
     TU_OK(pp_tensor_scalar_f32(0.5f, &dl));
     check("SoftmaxCrossEntropyLossGrad", "SoftmaxCrossEntropyLossGrad", "pippin", 3,
           INS(dl, rand_f32(2, SHAPE(8, 64), 36), labels2), 1, attr_ignore);
+    check("SumToShape", "SumToShape", "pippin", 2, INS(rand_f32(3, SHAPE(4, 16, 96), 51), I64(1, SHAPE(1), 96)), 1, NULL);
     check("Transpose", "Transpose", "", 1, INS(rand_f32(4, SHAPE(2, 16, 4, 8), 37)), 1, attr_perm);
     check("Reshape", "Reshape", "", 2, INS(rand_f32(3, SHAPE(2, 16, 32), 38), I64(1, SHAPE(4), 2, 16, 4, -1)), 1, NULL);
     check("Concat", "Concat", "", 2, INS(rand_f32(3, SHAPE(2, 3, 4), 39), rand_f32(3, SHAPE(2, 5, 4), 40)), 1, attr_axis1);

@@ -49,7 +49,7 @@ static void test_gpt_training_step_on_fake_device(void **state) {
     pp_runner *dev = gpt_step("fake:Add,Sub,Mul,Div,Relu,Tanh,Gelu,Neg,Exp,Sqrt,Sigmoid,ReluGrad,TanhGrad,GeluGrad,"
                               "Softmax,SoftmaxGrad,LayerNormalization,LayerNormGradInput,LayerNormGradWeight,MatMul,"
                               "Gemm,MatMulAdd,MatMulGradA,MatMulGradB,Gather,GatherGrad,SoftmaxCrossEntropyLoss,"
-                              "SoftmaxCrossEntropyLossGrad,Transpose,Reshape,Flatten,Squeeze,Unsqueeze,Identity,Concat",
+                              "SoftmaxCrossEntropyLossGrad,SumToShape,Transpose,Reshape,Flatten,Squeeze,Unsqueeze,Identity,Concat",
                               &pd, od);
     for (int o = 0; o < pp_runner_n_outputs(cpu); o++) assert_same(od[o], oc[o], pp_runner_output_name(cpu, o));
     int checked = 0;
