@@ -117,8 +117,10 @@ pp_status pp_device_plan_finish(pp_device_plan *p, pp_tensor **env) {
     for (int v = 0; v < g->n_values && s == PP_OK; v++) {
         if (!env[v] || !pp_tensor_device(env[v])) continue;
         pp_tensor *host;
-        s = pp_device_download_async(p->dev, env[v], &host);
-        if (s != PP_OK) break;
+        if (p->mirror_of[v] == env[v] && p->mirror[v]) /* a CPU node read it: already down */
+            host = pp_tensor_retain(p->mirror[v]);
+        else if ((s = pp_device_download_async(p->dev, env[v], &host)) != PP_OK)
+            break;
         pp_tensor_free(env[v]);
         env[v] = host;
     }

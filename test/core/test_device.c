@@ -30,6 +30,7 @@ static pp_graph *mlp_graph(void) {
     TU_OK(pp_graph_add_node(g, "Tanh", "", "tanh", 1, &g->nodes[relu].out[0], 1, NULL, &tanh_));
     TU_OK(pp_graph_add_node(g, "Mul", "", "mul", 2, (int[]){g->nodes[tanh_].out[0], c}, 1, NULL, &mul));
     TU_OK(pp_graph_add_output(g, g->nodes[mul].out[0]));
+    TU_OK(pp_graph_add_output(g, g->nodes[relu].out[0])); /* also read by Tanh on the CPU */
     return g;
 }
 
@@ -62,24 +63,29 @@ static void test_placement_fallback_and_copies(void **state) {
         assert_string_equal(pp_exec_node_device(cpu, i), "cpu");
     }
     for (int run = 0; run < 2; run++) {
-        pp_tensor *x = random_x(5, 11 + (uint64_t)run), *y_cpu, *y_dev;
+        pp_tensor *x = random_x(5, 11 + (uint64_t)run), *y_cpu[2], *y_dev[2];
         pp_device_reset_stats(dev);
-        TU_OK(pp_exec_run(cpu, &x, &y_cpu));
-        TU_OK(pp_exec_run(ex, &x, &y_dev));
-        assert_null(pp_tensor_device(y_dev)); /* results come back to the host */
-        assert_same_bits(y_dev, y_cpu);
+        TU_OK(pp_exec_run(cpu, &x, y_cpu));
+        TU_OK(pp_exec_run(ex, &x, y_dev));
+        for (int o = 0; o < 2; o++) {
+            assert_null(pp_tensor_device(y_dev[o])); /* results come back to the host */
+            assert_same_bits(y_dev[o], y_cpu[o]);
+        }
         pp_device_stats st;
         pp_device_get_stats(dev, &st);
         /* Up: x, and Tanh's output to Mul; W, b and c on the first run only
-         * (constants stay on the device). Down: Relu's output to Tanh, y. */
+         * (constants stay on the device). Down: Relu's output to Tanh (the
+         * same copy is the output), y. */
         assert_int_equal(st.uploads, run == 0 ? 5 : 2);
         assert_int_equal(st.downloads, 2);
         assert_int_equal(st.kernels, 4);
         assert_int_equal(st.download_bytes, 2 * 5 * 4 * 4);
         if (run == 1) assert_true(st.pool_hits > 0); /* the second run reuses buffers */
         pp_tensor_free(x);
-        pp_tensor_free(y_cpu);
-        pp_tensor_free(y_dev);
+        for (int o = 0; o < 2; o++) {
+            pp_tensor_free(y_cpu[o]);
+            pp_tensor_free(y_dev[o]);
+        }
     }
     pp_exec_free(ex);
     pp_exec_free(cpu);
@@ -99,12 +105,13 @@ static void test_nothing_claimed_no_copies(void **state) {
     pp_exec *ex;
     TU_OK(pp_exec_new(g, &ex));
     TU_OK(pp_exec_set_device(ex, dev));
-    pp_tensor *x = random_x(3, 5), *y;
-    TU_OK(pp_exec_run(ex, &x, &y));
+    pp_tensor *x = random_x(3, 5), *y[2];
+    TU_OK(pp_exec_run(ex, &x, y));
     pp_device_stats st;
     pp_device_get_stats(dev, &st);
     assert_int_equal(st.uploads + st.downloads + st.kernels, 0);
-    pp_tensor_free(y);
+    pp_tensor_free(y[0]);
+    pp_tensor_free(y[1]);
     pp_tensor_free(x);
     pp_exec_free(ex);
     pp_device_close(dev);
