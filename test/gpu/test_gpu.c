@@ -225,6 +225,8 @@ static void test_gpt_training_step(void **state) {
         pp_device_stats ds;
         pp_device_get_stats(pp_stage_device(pp_runner_stage(r[1], s)), &ds);
         kernels += ds.kernels;
+        printf("# stage %d on cuda:0: %lld nodes run there, %lld handed back, %lld uploads, %lld downloads\n", s,
+               (long long)ds.kernels, (long long)ds.fallbacks, (long long)ds.uploads, (long long)ds.downloads);
         for (int i = 0; i < pp_stage_n_params(st); i++) {
             const char *name = pp_stage_param_name(st, i);
             pp_tensor *a, *b;
