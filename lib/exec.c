@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device_backend.h"
 #include "pippin/log.h"
 #include "op.h"
 
@@ -23,6 +24,7 @@ struct pp_exec {
     pp_random_stream random; /* pp_exec_set_random_stream */
     int n_sig;
     int64_t *sig;           /* dtype, ndim, dims of each input at the last run */
+    pp_device_plan *plan;   /* pp_exec_set_device; NULL: all on the CPU */
 };
 
 static pp_status alloc_zeroed(void **p, size_t n, size_t size) {
@@ -112,6 +114,7 @@ void pp_exec_set_random_stream(pp_exec *ex, uint64_t seed, int64_t step, int64_t
 void pp_exec_free(pp_exec *ex) {
     if (!ex) return;
     if (ex->cache) clear_cache_of(ex, 1);
+    pp_device_plan_free(ex->plan);
     free(ex->cache);
     free(ex->const_node);
     free(ex->all_nodes);
@@ -153,7 +156,7 @@ static pp_status run_node(pp_exec *ex, int i, pp_tensor **env) {
     memset(outs, 0, sizeof(pp_tensor *) * (size_t)n->n_out);
     pp_kernel_ctx ctx = {g, n, n->n_in, ins, n->n_out, outs, &ex->random};
     ex->kernels_run++;
-    pp_status s = n->op->run(&ctx);
+    pp_status s = ex->plan ? pp_device_plan_run(ex->plan, i, &ctx) : n->op->run(&ctx);
     for (int k = 0; k < n->n_out && s == PP_OK; k++)
         if (n->out[k] >= 0 && !outs[k])
             s = pp_node_error(n, PP_ERR_INTERNAL, "kernel left output %d unset", k);
@@ -201,8 +204,13 @@ static pp_status run_list(pp_exec *ex, const int *nodes, int n_nodes, pp_tensor 
             if (v >= 0 && last[v] == p && !(keep && keep[v])) {
                 pp_tensor_free(env[v]);
                 env[v] = NULL;
+                if (ex->plan) pp_device_plan_drop(ex->plan, v);
             }
         }
+    }
+    if (ex->plan) { /* what the run leaves behind goes back to the host */
+        pp_status f = pp_device_plan_finish(ex->plan, env);
+        if (s == PP_OK) s = f;
     }
     free(last);
     return s;
@@ -280,6 +288,17 @@ pp_status pp_exec_run(pp_exec *ex, pp_tensor *const *inputs, pp_tensor **outputs
     for (int v = 0; v < g->n_values; v++) pp_tensor_free(env[v]);
     free(env);
     return s;
+}
+
+pp_status pp_exec_set_device(pp_exec *ex, pp_device *dev) {
+    pp_device_plan_free(ex->plan);
+    ex->plan = NULL;
+    if (pp_device_is_cpu(dev)) return PP_OK;
+    return pp_device_plan_new(dev, ex->g, ex->static_node, &ex->plan);
+}
+
+const char *pp_exec_node_device(const pp_exec *ex, int node) {
+    return ex->plan ? pp_device_plan_node_device(ex->plan, node) : "cpu";
 }
 
 void pp_exec_stats(const pp_exec *ex, int64_t *kernels_run, int64_t *nodes_cached) {

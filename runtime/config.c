@@ -5,6 +5,7 @@
  * PP_ERR_PARSE; well-typed values that are out of range or inconsistent are
  * PP_ERR_INVALID. */
 #include "pippin/config.h"
+#include "pippin/device.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -560,13 +561,53 @@ enum {
     K_MODEL, K_SPLIT, K_DIMS, K_MODE, K_SCHEDULE, K_MICROBATCHES, K_BATCH, K_STEPS, K_LOSS,
     K_OPTIMIZER, K_DATA, K_TEXT, K_RANKS, K_BIND, K_TIMEOUT, K_SECURITY, K_OUTPUT, K_STAGES, K_SHM, K_FREEZE,
     K_CHECKPOINT, K_RUN_ID, K_INSECURE, K_REJOIN, K_SERVE, K_PARAMS, K_RECOMPUTE, K_REPLICAS, K_BUCKETS, K_SHARD,
-    K_WIRE, K_THREADS, K_SHARE_CORES, K_COUNT
+    K_WIRE, K_THREADS, K_SHARE_CORES, K_DEVICE, K_STAGE_DEVICES, K_COUNT
 };
 static const char *const top_keys[K_COUNT] = {
     "model", "split", "dims", "mode", "schedule", "microbatches", "batch_size", "steps", "loss",
     "optimizer", "data", "text", "ranks", "bind", "timeout_ms", "security", "output_dir", "stages",
     "shared_memory", "freeze", "checkpoint", "run_id", "insecure", "rejoin_timeout_ms", "serve", "params",
-    "recompute", "replicas", "gradient_buckets", "shard_optimizer", "wire_dtype", "threads", "share_cores"};
+    "recompute", "replicas", "gradient_buckets", "shard_optimizer", "wire_dtype", "threads", "share_cores", "device",
+    "stage_devices"};
+
+/* Checks each device spec of a list (key's entries) against pippin/device.h's forms. */
+static pp_status check_devices(const cx *x, const yaml_node_t *n, const char *key, char **specs, int count) {
+    for (int i = 0; i < count; i++) {
+        const yaml_node_t *e = n->type == YAML_SEQUENCE_NODE ? node(x, n->data.sequence.items.start[i]) : n;
+        if (pp_device_spec_check(specs[i]) != PP_OK)
+            return err_at(x, PP_ERR_INVALID, e, "key '%s': device '%.60s': expected cpu, cuda, cuda:N or fake[:ops]",
+                          key, specs[i]);
+    }
+    return PP_OK;
+}
+
+/* device: one spec for every stage, or a list with one per rank;
+ * stage_devices: one per stage (over device:). */
+static pp_status parse_devices(const cx *x, yaml_node_t *const *v) {
+    pp_config *c = x->c;
+    yaml_node_t *d = v[K_DEVICE], *sd = v[K_STAGE_DEVICES];
+    if (given(d) && d->type == YAML_SEQUENCE_NODE) {
+        PP_TRY(get_str_list(x, d, "device", 0, CFG_MAX_RANKS, &c->rank_devices, &c->n_rank_devices));
+        PP_TRY(check_devices(x, d, "device", c->rank_devices, c->n_rank_devices));
+        if (c->n_rank_devices != c->n_ranks)
+            return err_at(x, PP_ERR_INVALID, d, "key 'device': %d devices for %d ranks (give one, or one per rank)",
+                          c->n_rank_devices, c->n_ranks);
+    } else if (given(d)) {
+        PP_TRY(get_str(x, d, "device", &c->device));
+        PP_TRY(check_devices(x, d, "device", &c->device, 1));
+    }
+    if (given(sd)) {
+        PP_TRY(get_str_list(x, sd, "stage_devices", 0, CFG_MAX_ITEMS, &c->stage_devices, &c->n_stage_devices));
+        PP_TRY(check_devices(x, sd, "stage_devices", c->stage_devices, c->n_stage_devices));
+    }
+    return PP_OK;
+}
+
+const char *pp_config_device(const pp_config *c, int rank, int stage) {
+    if (stage >= 0 && stage < c->n_stage_devices) return c->stage_devices[stage];
+    if (rank >= 0 && rank < c->n_rank_devices) return c->rank_devices[rank];
+    return c->device ? c->device : "cpu";
+}
 
 /* recompute: true | false | a list of distinct stage indices. */
 static pp_status parse_recompute(const cx *x, const yaml_node_t *n) {
@@ -699,6 +740,7 @@ static pp_status parse_top(const cx *x, const yaml_node_t *root) {
     if (given(v[K_REJOIN]))
         PP_TRY(get_int32(x, v[K_REJOIN], "rejoin_timeout_ms", 0, INT_MAX, &c->rejoin_timeout_ms));
     if (given(v[K_THREADS])) PP_TRY(get_int32(x, v[K_THREADS], "threads", 0, 4096, &c->threads));
+    PP_TRY(parse_devices(x, v));
     if (given(v[K_SHM])) PP_TRY(get_bool(x, v[K_SHM], "shared_memory", &c->shared_memory));
     if (given(v[K_SHARE_CORES])) PP_TRY(get_bool(x, v[K_SHARE_CORES], "share_cores", &c->share_cores));
     if (given(v[K_SECURITY])) {
@@ -844,6 +886,11 @@ void pp_config_free(pp_config *c) {
         free(c->serve_state[i].value);
     }
     free(c->serve_state);
+    free(c->device);
+    for (int i = 0; c->rank_devices && i < c->n_rank_devices; i++) free(c->rank_devices[i]);
+    free(c->rank_devices);
+    for (int i = 0; c->stage_devices && i < c->n_stage_devices; i++) free(c->stage_devices[i]);
+    free(c->stage_devices);
     for (int i = 0; c->ranks && i < c->n_ranks; i++) free(c->ranks[i]);
     free(c->ranks);
     free(c->bind);

@@ -239,6 +239,21 @@ static pp_status open_recompute(pp_worker *w) {
     return PP_OK;
 }
 
+/* Each of this rank's stages on its device from the config (device:,
+ * stage_devices:); "no CUDA device: ..." here, before the first step. */
+static pp_status open_devices(pp_worker *w) {
+    const pp_config *c = w->c;
+    if (c->n_stage_devices && c->n_stage_devices != w->p->n_stages)
+        return pp_error(PP_ERR_INVALID, "stage_devices: %d entries for %d stages", c->n_stage_devices,
+                        w->p->n_stages);
+    for (int i = 0; i < pp_executor_n_stages(w->ex); i++) {
+        pp_stage *st = pp_executor_stage(w->ex, i);
+        const char *spec = pp_config_device(c, w->rank, pp_stage_index(st));
+        if (strcmp(spec, "cpu") != 0) PP_TRY(pp_stage_use_device(st, spec));
+    }
+    return PP_OK;
+}
+
 /* data[i] for model input names[i]: the config's .npy files, or windows of
  * its text for the first two int64 inputs (tokens, next tokens). */
 static pp_status open_data(pp_worker *w) {
@@ -414,6 +429,7 @@ static pp_status open_run(pp_worker *w) {
     }
     if (s == PP_OK && c->training) s = pp_executor_set_optimizer(w->ex, &c->optim);
     if (s == PP_OK) s = open_recompute(w);
+    if (s == PP_OK) s = pp_error_context(open_devices(w), "rank %d", w->rank);
     if (s == PP_OK) s = pp_error_context(open_checkpoints(w), "rank %d", w->rank);
     if (s == PP_OK) s = pp_error_context(open_identity(w), "rank %d", w->rank);
     for (int k = 0; s == PP_OK && w->p->loss && k < w->p->n_outputs; k++)

@@ -3,6 +3,8 @@
  * per-microbatch stashes and flat parameter and gradient buffers. */
 #include "pippin/stage.h"
 
+#include "pippin/device.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +30,7 @@ struct pp_stage {
     int index;
     int training;
     pp_exec *ex;
+    pp_device *dev;      /* pp_stage_use_device; NULL: the CPU */
     pp_backward *bw;
     uint8_t *keep_f, *keep_i, *keep_w;
     uint8_t *stash_mask; /* per value: kept from forward to backward */
@@ -192,6 +195,7 @@ void pp_stage_free(pp_stage *st) {
     for (int i = 0; i < st->n_mbs; i++) free_env(st->g, st->mbs[i].env);
     free(st->mbs);
     pp_exec_free(st->ex);
+    pp_device_close(st->dev); /* after the executor: it holds device buffers */
     pp_backward_free(st->bw);
     free(st->keep_f);
     free(st->keep_i);
@@ -205,6 +209,23 @@ void pp_stage_free(pp_stage *st) {
     pp_train_state_clear(&st->state);
     free(st);
 }
+
+pp_status pp_stage_use_device(pp_stage *st, const char *spec) {
+    pp_device *dev = NULL;
+    pp_status s = spec && strcmp(spec, "cpu") != 0 ? pp_device_open(spec, &dev) : PP_OK;
+    if (s == PP_OK) s = pp_exec_set_device(st->ex, dev);
+    if (s != PP_OK) {
+        pp_device_close(dev);
+        return pp_error_context(s, "stage %d", st->index);
+    }
+    pp_device_close(st->dev);
+    st->dev = dev;
+    return PP_OK;
+}
+
+pp_device *pp_stage_device(const pp_stage *st) { return st->dev; }
+
+const pp_exec *pp_stage_exec(const pp_stage *st) { return st->ex; }
 
 const pp_graph *pp_stage_graph(const pp_stage *st) { return st->g; }
 int pp_stage_index(const pp_stage *st) { return st->index; }

@@ -378,10 +378,68 @@ static int print_optimized(pp_split_args *sa, const char *path, json_object *jso
     return 0;
 }
 
+/* Where each node runs on a device (pippin/device.h): the nodes it claims
+ * and those the CPU takes; per op type in text, per node in JSON. */
+static int print_placement(pp_graph *g, const char *spec, json_object *json) {
+    pp_device *dev = NULL;
+    pp_exec *ex = NULL;
+    pp_status s = pp_device_open(spec, &dev);
+    if (s == PP_OK) s = pp_exec_new(g, &ex);
+    if (s == PP_OK) s = pp_exec_set_device(ex, dev);
+    op_count *on_dev = s == PP_OK ? calloc((size_t)g->n_nodes + 1, sizeof *on_dev) : NULL;
+    op_count *on_cpu = on_dev ? calloc((size_t)g->n_nodes + 1, sizeof *on_cpu) : NULL;
+    if (!on_cpu) {
+        if (s == PP_OK) pp_error(PP_ERR_NOMEM, "out of memory");
+        free(on_dev);
+        pp_exec_free(ex);
+        pp_device_close(dev);
+        return 1;
+    }
+    int n_dev = 0, n_cpu = 0, placed = 0;
+    json_object *nodes = json ? json_object_new_array() : NULL;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const char *where = pp_exec_node_device(ex, i);
+        int here = strcmp(where, "cpu") != 0;
+        op_count *list = here ? on_dev : on_cpu;
+        int *n = here ? &n_dev : &n_cpu, k = 0;
+        placed += here;
+        while (k < *n && strcmp(list[k].op, g->nodes[i].op_type) != 0) k++;
+        if (k == *n) list[(*n)++] = (op_count){g->nodes[i].op_type, 0};
+        list[k].count++;
+        if (nodes) {
+            json_object *o = json_object_new_object();
+            json_object_object_add(o, "name", json_object_new_string(g->nodes[i].name));
+            json_object_object_add(o, "op", json_object_new_string(g->nodes[i].op_type));
+            json_object_object_add(o, "device", json_object_new_string(where));
+            json_object_array_add(nodes, o);
+        }
+    }
+    qsort(on_dev, (size_t)n_dev, sizeof *on_dev, cmp_count);
+    qsort(on_cpu, (size_t)n_cpu, sizeof *on_cpu, cmp_count);
+    if (json) {
+        json_object *o = json_object_new_object();
+        json_object_object_add(o, "device", json_object_new_string(pp_device_name(dev)));
+        json_object_object_add(o, "on_device", json_object_new_int(placed));
+        json_object_object_add(o, "on_cpu", json_object_new_int(g->n_nodes - placed));
+        json_object_object_add(o, "nodes", nodes);
+        json_object_object_add(json, "placement", o);
+    } else {
+        printf("placement on %s: %d of %d nodes on the device, %d on the CPU\n", pp_device_name(dev), placed,
+               g->n_nodes, g->n_nodes - placed);
+        for (int k = 0; k < n_dev; k++) printf("  %-8s %-24s %d\n", pp_device_name(dev), on_dev[k].op, on_dev[k].count);
+        for (int k = 0; k < n_cpu; k++) printf("  %-8s %-24s %d\n", "cpu", on_cpu[k].op, on_cpu[k].count);
+    }
+    free(on_dev);
+    free(on_cpu);
+    pp_exec_free(ex);
+    pp_device_close(dev);
+    return 0;
+}
+
 static void inspect_usage(FILE *f) {
     fprintf(f, "usage: pippin inspect MODEL.onnx [--json] [--backward [-o OUT.onnx]] [--optimized]\n"
                "                      [--split-before PREFIX]... [--split-after PREFIX]... [--dim NAME=N]...\n"
-               "                      [--freeze PATTERN]...\n"
+               "                      [--freeze PATTERN]... [--device SPEC]\n"
                "Shows inputs and outputs (dtype, shape), op counts, parameter count and bytes\n"
                "(trainable, and frozen: buffers and --freeze'd initializers, never trained),\n"
                "and the pipe-split markers found. With markers (or a split spec): a stage table\n"
@@ -394,7 +452,10 @@ static void inspect_usage(FILE *f) {
                "\"dims\", \"batch_dim\"). With --json, --backward adds \"training_graph\".\n"
                "--optimized adds the graph as inference runs it: what each optimizer pass\n"
                "changed and the op counts after (JSON: \"optimized\"; PIPPIN_OPTIMIZE picks\n"
-               "the passes).\n");
+               "the passes).\n"
+               "--device SPEC (cpu, cuda:N, fake[:ops]) says where each node runs on that\n"
+               "device: the nodes it claims and those the CPU takes (with --backward, the\n"
+               "training graph's; JSON: \"placement\", per node).\n");
 }
 
 int cmd_inspect(int argc, char **argv) {
@@ -404,11 +465,12 @@ int cmd_inspect(int argc, char **argv) {
         {"backward", no_argument, NULL, 'b'},
         {"optimized", no_argument, NULL, 'O'},
         {"output", required_argument, NULL, 'o'},
+        {"device", required_argument, NULL, 'D'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     int c, json = 0, backward = 0, optimized = 0;
-    const char *out_path = NULL;
+    const char *out_path = NULL, *device = NULL;
     pp_split_args sa = {0};
     optind = 1;
     while ((c = getopt_long(argc, argv, "jbo:h", opts, NULL)) != -1) {
@@ -420,6 +482,7 @@ int cmd_inspect(int argc, char **argv) {
         case 'b': backward = 1; break;
         case 'O': optimized = 1; break;
         case 'o': out_path = optarg; break;
+        case 'D': device = optarg; break;
         case 'h': inspect_usage(stdout); return 0;
         default: inspect_usage(stderr); return 2;
         }
@@ -442,6 +505,7 @@ int cmd_inspect(int argc, char **argv) {
     if (pp_cli_has_markers(g) || pp_split_args_any(&sa)) rc = print_stages(g, &sa, &ds, root);
     if (!rc && backward) rc = print_backward(g, &sa, &ds, out_path, root);
     if (!rc && optimized) rc = print_optimized(&sa, argv[optind], root);
+    if (!rc && device) rc = print_placement(g, device, root);
     if (root && !rc)
         printf("%s\n", json_object_to_json_string_ext(root, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_NOSLASHESCAPE));
     json_object_put(root);

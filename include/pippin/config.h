@@ -42,6 +42,8 @@
  *   gradient_buckets: {first_bytes: 1048576, bytes: 26214400}  # the replicas' gradient sums
  *   shard_optimizer: true                  # optional, with replicas: ZeRO-1 (optimizer state / replicas)
  *   wire_dtype: bfloat16                   # optional: activations and gradients between ranks (float32)
+ *   device: cuda:0                         # optional: cpu (default), cuda:N, or a list per rank;
+ *                                          #   stage_devices: [cuda:0, cpu] per stage
  *   threads: 2                             # optional: compute threads per rank (default: the CPUs
  *                                          #   divided among the ranks on the host)
  *   share_cores: false                     # optional: ranks on one host lend their threads to a busy
@@ -167,7 +169,20 @@ typedef struct pp_config {
                                       * ranks on its host (pp_worker_threads) */
     int share_cores;                 /* share_cores: same-host ranks lend their threads to a busy one while
                                       * they wait (pp_share_cores_join); default 1 */
+    /* Devices (pippin/device.h): device: cuda:0 puts every stage there;
+     * device: [cuda:0, cuda:1] gives rank r's stages entry r;
+     * stage_devices: [cpu, cuda:0] gives stage s entry s (over device:).
+     * Default: cpu. Specs are checked for form here, opened by the worker. */
+    char *device;
+    int n_rank_devices;
+    char **rank_devices;
+    int n_stage_devices;
+    char **stage_devices;
 } pp_config;
+
+/* The device spec for a stage of a rank: stage_devices, else the rank's
+ * device: entry, else device:, else "cpu". */
+PP_API const char *pp_config_device(const pp_config *c, int rank, int stage);
 
 /* Reads and checks a config file. */
 PP_API pp_status pp_config_load(const char *path, pp_config **out);

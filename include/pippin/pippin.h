@@ -11,6 +11,7 @@
 #include "pippin/npy.h"
 #include "pippin/safetensors.h"
 #include "pippin/graph.h"
+#include "pippin/device.h"
 #include "pippin/exec.h"
 #include "pippin/optimize.h"
 #include "pippin/onnx.h"

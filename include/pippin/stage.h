@@ -16,6 +16,7 @@
 
 #include <stddef.h>
 
+#include "pippin/device.h"
 #include "pippin/graph.h"
 #include "pippin/params.h"
 #include "pippin/pipe.h"
@@ -109,6 +110,17 @@ PP_API pp_status pp_stage_stash_per_sample_dims(pp_stage *st, const char *batch_
  * microbatch remembers how its forward ran, so this may change between
  * steps. Off by default. */
 PP_API pp_status pp_stage_set_recompute(pp_stage *st, int on);
+
+/* Runs the stage's nodes on a device (pippin/device.h): "cpu" (or NULL, the
+ * default), "cuda:N", "fake[:ops]". The stage opens and owns the device
+ * (its own compute and copy streams); nodes the device does not claim run
+ * on the CPU. Errors name the stage: "stage 1: device 'cuda:0': no CUDA
+ * device: ...". */
+PP_API pp_status pp_stage_use_device(pp_stage *st, const char *spec);
+/* The stage's device; NULL on the CPU. */
+PP_API pp_device *pp_stage_device(const pp_stage *st);
+/* The stage's executor (where each node runs: pp_exec_node_device). */
+PP_API const pp_exec *pp_stage_exec(const pp_stage *st);
 PP_API int pp_stage_recompute(const pp_stage *st);
 /* What the forward keeps per sample under recompute (the inputs' bytes),
  * sized as pp_stage_stash_per_sample_dims sizes the stash. */

@@ -878,6 +878,28 @@ static void test_threads(void **state) {
     expect_err(BASE "threads: many\n", PP_ERR_PARSE, 5, "key 'threads'", NULL);
 }
 
+/* device: one spec for all, a list per rank, stage_devices per stage;
+ * specs checked for form with the line. */
+static void test_devices(void **state) {
+    (void)state;
+    pp_config *c = parse_ok(BASE, "/d");
+    assert_string_equal(pp_config_device(c, 0, 0), "cpu"); /* the default */
+    pp_config_free(c);
+    c = parse_ok(BASE "device: cuda:1\n", "/d");
+    assert_string_equal(pp_config_device(c, 1, 3), "cuda:1");
+    pp_config_free(c);
+    c = parse_ok(BASE "device: [cuda:0, cpu]\nstage_devices: [fake, cpu, cuda:1]\n", "/d");
+    assert_string_equal(pp_config_device(c, 1, 5), "cpu");    /* rank 1's entry */
+    assert_string_equal(pp_config_device(c, 0, 5), "cuda:0"); /* no stage 5 entry: rank 0's */
+    assert_string_equal(pp_config_device(c, 1, 0), "fake");   /* stage 0's over rank 1's */
+    assert_string_equal(pp_config_device(c, 0, 2), "cuda:1");
+    pp_config_free(c);
+    expect_err(BASE "device: gpu0\n", PP_ERR_INVALID, 5, "key 'device'", "device 'gpu0'");
+    expect_err(BASE "device: [cuda:0]\n", PP_ERR_INVALID, 5, "key 'device'", "1 devices for 2 ranks");
+    expect_err(BASE "stage_devices:\n  - cpu\n  - cuda:x\n", PP_ERR_INVALID, 7, "key 'stage_devices'",
+               "device 'cuda:x'");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_full),
@@ -891,6 +913,7 @@ int main(void) {
         cmocka_unit_test(test_serve), cmocka_unit_test(test_protected_mode),
         cmocka_unit_test(test_nesting_limit),
         cmocka_unit_test(test_rank),
+        cmocka_unit_test(test_devices),
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_share_cores),
     };

@@ -1,0 +1,98 @@
+/* Internal: what a device backend implements (lib/device.c calls it), and the
+ * executor's placement hook (lib/device_exec.c). Backends: the CPU (no
+ * table: nodes run their op's CPU kernel), the fake test device
+ * (lib/device_fake.c) and CUDA (lib/cuda/, -Dcuda=enabled). */
+#ifndef PIPPIN_DEVICE_BACKEND_H
+#define PIPPIN_DEVICE_BACKEND_H
+
+#include "pippin/device.h"
+
+#include <pthread.h>
+
+#include "op.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum pp_stream { PP_STREAM_COMPUTE = 0, PP_STREAM_COPY = 1 } pp_stream;
+typedef enum pp_copy_dir { PP_COPY_TO_DEVICE = 0, PP_COPY_TO_HOST = 1 } pp_copy_dir;
+
+typedef struct pp_backend_ops {
+    /* Raw memory of a kind (the pool in lib/device.c sits above). */
+    pp_status (*alloc)(pp_device *dev, pp_memory_kind kind, size_t bytes, void **ptr);
+    void (*release)(pp_device *dev, pp_memory_kind kind, void *ptr);
+    /* Queues a copy on a stream; host memory on either side is pinned or
+     * ordinary (an ordinary one may make the copy synchronous). */
+    pp_status (*copy)(pp_device *dev, pp_stream stream, void *dst, const void *src, size_t bytes, pp_copy_dir dir);
+    /* Makes `waiter` wait for everything queued on `other` so far (an event
+     * recorded on other, waited on by waiter; the host does not block). */
+    pp_status (*stream_wait)(pp_device *dev, pp_stream waiter, pp_stream other);
+    /* An event recorded on a stream now, the host's wait for it, its end. */
+    pp_status (*event_record)(pp_device *dev, pp_stream stream, void **event);
+    pp_status (*event_wait)(pp_device *dev, void *event);
+    void (*event_free)(pp_device *dev, void *event);
+    /* Claims a node (op, attributes, dtypes as far as known). */
+    int (*supports)(const pp_device *dev, const pp_graph *g, const pp_node *n);
+    /* 1 when input k of a claimed node is read on the host (a shape, axes):
+     * the executor passes it as a host tensor. May be NULL (none). */
+    int (*input_on_host)(const pp_node *n, int k);
+    /* Runs a claimed node on the compute stream: inputs are device tensors
+     * (host ones where input_on_host says so), outputs new device tensors
+     * (pp_device_tensor_new). */
+    pp_status (*run)(pp_device *dev, pp_kernel_ctx *ctx);
+    void (*close)(pp_device *dev);
+} pp_backend_ops;
+
+/* A device's pool: freed buffers kept by kind and rounded size for reuse. */
+typedef struct pp_device_block {
+    pp_memory_kind kind;
+    size_t size;
+    void *ptr;
+} pp_device_block;
+
+struct pp_device {
+    const pp_backend_ops *ops; /* NULL: the CPU */
+    char name[32];
+    void *impl;                /* the backend's state */
+    pp_device_stats stats;
+    /* The pool may be given buffers back on other threads (the transport
+     * frees a sent tensor on its I/O thread): under pool_lock. */
+    pthread_mutex_t pool_lock;
+    pp_device_block *free_blocks;
+    int n_free, cap_free;
+    /* The owner's reference plus one per live buffer: a tensor may outlive
+     * pp_device_close (a stage's output), so the device goes with the last. */
+    int refs; /* atomic */
+};
+
+/* Opens a backend into dev (name already set); lib/device_fake.c and
+ * lib/cuda/cuda_backend.cu (or device_nocuda.c without CUDA). */
+pp_status pp_fake_device_open(pp_device *dev, const char *ops_list);
+pp_status pp_cuda_device_open(pp_device *dev, int ordinal);
+
+/* A new uninitialised tensor of `kind` memory on dev, from its pool. */
+pp_status pp_device_tensor_new(pp_device *dev, pp_memory_kind kind, pp_dtype dt, int ndim,
+                               const int64_t *shape, pp_tensor **out);
+/* The memory kind of a tensor made by pp_device_tensor_new; HOST otherwise. */
+pp_memory_kind pp_tensor_memory_kind(const pp_tensor *t);
+
+/* The executor's placement (lib/device_exec.c), owned by a pp_exec. */
+typedef struct pp_device_plan pp_device_plan;
+pp_status pp_device_plan_new(pp_device *dev, const pp_graph *g, const uint8_t *static_node,
+                             pp_device_plan **out);
+void pp_device_plan_free(pp_device_plan *p);
+const char *pp_device_plan_node_device(const pp_device_plan *p, int node);
+/* Runs node ctx->node (index i) where it is placed, copying inputs that live
+ * on the other side (one copy per value and direction while it lives). */
+pp_status pp_device_plan_run(pp_device_plan *p, int i, pp_kernel_ctx *ctx);
+/* The executor freed value v: drop its copy on the other side. */
+void pp_device_plan_drop(pp_device_plan *p, int v);
+/* End of a run: values left on the device come back to (pinned) host
+ * memory in env; copies of constants stay for the next run. */
+pp_status pp_device_plan_finish(pp_device_plan *p, pp_tensor **env);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,371 @@
+/* cuda-host: the CUDA kernels' arithmetic and indexing (lib/cuda/
+ * kernel_math.h), run here on the CPU over the same index space as the
+ * kernels launch (one call per thread index, in any order), against
+ * pippin's CPU kernels. No GPU needed. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernel_math.h"
+#include "test_util.h"
+
+#include "test_filter.h"
+
+#define RTOL 1e-5
+#define ATOL 1e-6
+
+static pp_tensor *rand_f32(int nd, const int64_t *shape, uint64_t seed) {
+    pp_tensor *t;
+    TU_OK(pp_tensor_empty(PP_F32, nd, shape, &t));
+    float *d = t->data;
+    for (int64_t i = 0; i < pp_tensor_numel(t); i++) d[i] = (float)(2.0 * tu_urand(&seed));
+    return t;
+}
+
+static pp_tensor *clone(const pp_tensor *t) {
+    pp_tensor *c;
+    TU_OK(pp_tensor_clone(t, &c));
+    return c;
+}
+
+static pp_tensor *like(const pp_tensor *t) {
+    pp_tensor *c;
+    TU_OK(pp_tensor_new(t->dtype, t->ndim, t->shape, &c));
+    return c;
+}
+
+/* The CPU kernel of op on clones of ins, with an attribute setter. */
+typedef void (*set_attrs)(pp_graph *g, int node, const void *arg);
+
+static pp_tensor **cpu_run(const char *op, const char *domain, int n_in, pp_tensor *const *ins, int n_out,
+                           set_attrs attrs, const void *arg, pp_tensor **outs) {
+    pp_tensor *c[TU_MAX_IN];
+    for (int k = 0; k < n_in; k++) c[k] = ins[k] ? clone(ins[k]) : NULL;
+    tu_node t;
+    tu_node_init_dom(&t, op, domain, n_in, c, n_out, NULL);
+    if (attrs) attrs(t.g, t.node, arg);
+    TU_OK(tu_node_run(&t, outs));
+    tu_node_free(&t);
+    return outs;
+}
+
+static pp_tensor *cpu_one(const char *op, const char *domain, int n_in, pp_tensor *const *ins, set_attrs attrs,
+                          const void *arg) {
+    pp_tensor *out;
+    cpu_run(op, domain, n_in, ins, 1, attrs, arg, &out);
+    return out;
+}
+
+static void set_approx(pp_graph *g, int node, const void *arg) {
+    if (arg) TU_OK(pp_node_set_string(g, node, "approximate", arg));
+}
+
+static void set_axis(pp_graph *g, int node, const void *arg) {
+    TU_OK(pp_node_set_int(g, node, "axis", *(const int64_t *)arg));
+}
+
+/* ---------------------------------------------------------- elementwise */
+
+static void test_binary_broadcast(void **state) {
+    (void)state;
+    static const char *const ops[] = {"Add", "Sub", "Mul", "Div"};
+    pp_tensor *a = rand_f32(3, SHAPE(2, 3, 4), 1), *b = rand_f32(2, SHAPE(3, 1), 2);
+    for (int op = 0; op < 4; op++) {
+        for (int swap = 0; swap < 2; swap++) { /* the broadcast side first, then second */
+            pp_tensor *x = swap ? b : a, *y = swap ? a : b;
+            pp_tensor *want = cpu_one(ops[op], "", 2, (pp_tensor *[]){x, y}, NULL, NULL);
+            pp_tensor *got = like(want);
+            pp_km_strides sx, sy;
+            assert_int_equal(pp_km_broadcast(want->ndim, want->shape, x->ndim, x->shape, &sx), 0);
+            assert_int_equal(pp_km_broadcast(want->ndim, want->shape, y->ndim, y->shape, &sy), 0);
+            const float *xd = x->data, *yd = y->data;
+            float *o = got->data;
+            for (int64_t i = 0; i < pp_tensor_numel(got); i++)
+                o[i] = pp_km_binary((pp_km_binop)op, xd[pp_km_offset(&sx, i)], yd[pp_km_offset(&sy, i)]);
+            tu_expect(got, want, RTOL, ATOL, ops[op]);
+        }
+    }
+    pp_km_strides s;
+    assert_int_equal(pp_km_broadcast(3, SHAPE(2, 3, 4), 1, SHAPE(3), &s), -1); /* 3 vs 4 */
+    pp_tensor_free(a);
+    pp_tensor_free(b);
+}
+
+static void test_unary_and_grads(void **state) {
+    (void)state;
+    pp_tensor *x = rand_f32(2, SHAPE(7, 33), 3), *dy = rand_f32(2, SHAPE(7, 33), 4);
+    struct { const char *op; const char *approx; pp_km_unop k; } un[] = {
+        {"Relu", NULL, PP_KM_RELU}, {"Tanh", NULL, PP_KM_TANH}, {"Gelu", "none", PP_KM_GELU},
+        {"Gelu", "tanh", PP_KM_GELU_TANH}, {"Neg", NULL, PP_KM_NEG}, {"Exp", NULL, PP_KM_EXP},
+        {"Sigmoid", NULL, PP_KM_SIGMOID}};
+    int64_t n = pp_tensor_numel(x);
+    for (size_t u = 0; u < sizeof un / sizeof *un; u++) {
+        pp_tensor *want = cpu_one(un[u].op, "", 1, &x, set_approx, un[u].approx), *got = like(want);
+        for (int64_t i = 0; i < n; i++) ((float *)got->data)[i] = pp_km_unary(un[u].k, ((float *)x->data)[i]);
+        tu_expect(got, want, RTOL, ATOL, un[u].op);
+    }
+    pp_tensor *sq = cpu_one("Abs", "", 1, &x, NULL, NULL), *want = cpu_one("Sqrt", "", 1, &sq, NULL, NULL);
+    pp_tensor *got = like(want);
+    for (int64_t i = 0; i < n; i++) ((float *)got->data)[i] = pp_km_unary(PP_KM_SQRT, ((float *)sq->data)[i]);
+    tu_expect(got, want, RTOL, ATOL, "Sqrt");
+    pp_tensor_free(sq);
+    /* gradients: Relu and Tanh from y, Gelu from x */
+    pp_tensor *relu_y = cpu_one("Relu", "", 1, &x, NULL, NULL), *tanh_y = cpu_one("Tanh", "", 1, &x, NULL, NULL);
+    struct { const char *op; const char *approx; pp_km_gradop k; pp_tensor *t; } gr[] = {
+        {"ReluGrad", NULL, PP_KM_RELU_GRAD, relu_y}, {"TanhGrad", NULL, PP_KM_TANH_GRAD, tanh_y},
+        {"GeluGrad", "none", PP_KM_GELU_GRAD, x}, {"GeluGrad", "tanh", PP_KM_GELU_TANH_GRAD, x}};
+    for (size_t k = 0; k < sizeof gr / sizeof *gr; k++) {
+        want = cpu_one(gr[k].op, "pippin", 2, (pp_tensor *[]){dy, gr[k].t}, set_approx, gr[k].approx);
+        got = like(want);
+        for (int64_t i = 0; i < n; i++)
+            ((float *)got->data)[i] = pp_km_unary_grad(gr[k].k, ((float *)dy->data)[i], ((float *)gr[k].t->data)[i]);
+        tu_expect(got, want, RTOL, ATOL, gr[k].op);
+    }
+    pp_tensor_free(relu_y);
+    pp_tensor_free(tanh_y);
+    pp_tensor_free(x);
+    pp_tensor_free(dy);
+}
+
+/* ------------------------------------------------------------------ rows */
+
+static void test_softmax_and_grad(void **state) {
+    (void)state;
+    int64_t rows = 6, n = 37;
+    pp_tensor *x = rand_f32(3, SHAPE(2, 3, n), 5), *dy = rand_f32(3, SHAPE(2, 3, n), 6);
+    int64_t axis = -1;
+    pp_tensor *want = cpu_one("Softmax", "", 1, &x, set_axis, &axis), *got = like(want);
+    for (int64_t r = 0; r < rows; r++) /* one thread per row */
+        pp_km_softmax_row((float *)x->data + r * n, (float *)got->data + r * n, n);
+    tu_assert_close(got, want, RTOL, ATOL, "Softmax");
+    pp_tensor *y = want, *gwant = cpu_one("SoftmaxGrad", "pippin", 2, (pp_tensor *[]){dy, y}, set_axis, &axis);
+    pp_tensor *ggot = like(gwant);
+    for (int64_t r = 0; r < rows; r++)
+        pp_km_softmax_grad_row((float *)dy->data + r * n, (float *)y->data + r * n, (float *)ggot->data + r * n, n);
+    tu_expect(ggot, gwant, RTOL, ATOL, "SoftmaxGrad");
+    pp_tensor_free(got);
+    pp_tensor_free(y);
+    pp_tensor_free(x);
+    pp_tensor_free(dy);
+}
+
+static void test_layernorm_and_grads(void **state) {
+    (void)state;
+    int64_t rows = 10, n = 48;
+    pp_tensor *x = rand_f32(3, SHAPE(2, 5, n), 7), *w = rand_f32(1, SHAPE(n), 8), *b = rand_f32(1, SHAPE(n), 9);
+    pp_tensor *dy = rand_f32(3, SHAPE(2, 5, n), 10);
+    int64_t axis = -1;
+    pp_tensor *outs[3];
+    cpu_run("LayerNormalization", "", 3, (pp_tensor *[]){x, w, b}, 3, set_axis, &axis, outs);
+    pp_tensor *y = like(outs[0]), *mean = like(outs[1]), *rstd = like(outs[2]);
+    for (int64_t r = 0; r < rows; r++)
+        pp_km_layernorm_row((float *)x->data + r * n, w->data, b->data, 1e-5f, (float *)y->data + r * n, n,
+                            (float *)mean->data + r, (float *)rstd->data + r);
+    tu_expect(y, outs[0], RTOL, ATOL, "LayerNormalization Y");
+    tu_expect(mean, outs[1], RTOL, ATOL, "LayerNormalization Mean");
+    tu_expect(rstd, outs[2], RTOL, ATOL, "LayerNormalization InvStdDev");
+    /* the input half: one thread per row */
+    pp_tensor *want = cpu_one("LayerNormGradInput", "pippin", 3, (pp_tensor *[]){dy, x, w}, set_axis, &axis);
+    pp_tensor *got = like(want);
+    for (int64_t r = 0; r < rows; r++)
+        pp_km_ln_grad_input_row((float *)dy->data + r * n, (float *)x->data + r * n, w->data, 1e-5f,
+                                (float *)got->data + r * n, n);
+    tu_expect(got, want, RTOL, ATOL, "LayerNormGradInput");
+    /* the weight half: row stats, then one thread per column */
+    cpu_run("LayerNormGradWeight", "pippin", 2, (pp_tensor *[]){dy, x}, 2, set_axis, &axis, outs);
+    float *stats = malloc(sizeof(float) * 2 * (size_t)rows);
+    for (int64_t r = 0; r < rows; r++)
+        pp_km_ln_stats((float *)x->data + r * n, n, 1e-5f, &stats[2 * r], &stats[2 * r + 1]);
+    pp_tensor *ds = like(outs[0]), *db = like(outs[1]);
+    for (int64_t c = 0; c < n; c++)
+        pp_km_ln_grad_weight_col(dy->data, x->data, stats, rows, n, c, (float *)ds->data + c, (float *)db->data + c);
+    free(stats);
+    tu_expect(ds, outs[0], RTOL, ATOL, "LayerNormGradWeight dscale");
+    tu_expect(db, outs[1], RTOL, ATOL, "LayerNormGradWeight dbias");
+    pp_tensor_free(x);
+    pp_tensor_free(w);
+    pp_tensor_free(b);
+    pp_tensor_free(dy);
+}
+
+static void set_keepdims0(pp_graph *g, int node, const void *arg) {
+    (void)arg;
+    TU_OK(pp_node_set_int(g, node, "keepdims", 0));
+}
+
+static void test_reduce_sum(void **state) {
+    (void)state;
+    pp_tensor *x = rand_f32(3, SHAPE(4, 9, 5), 11), *axes = I64(1, SHAPE(1), 1);
+    pp_tensor *want = cpu_one("ReduceSum", "", 2, (pp_tensor *[]){x, axes}, set_keepdims0, NULL), *got = like(want);
+    for (int64_t i = 0; i < 4 * 5; i++) ((float *)got->data)[i] = pp_km_reduce_sum(x->data, 9, 5, i / 5, i % 5);
+    tu_expect(got, want, RTOL, ATOL, "ReduceSum");
+    pp_tensor_free(x);
+    pp_tensor_free(axes);
+}
+
+/* ------------------------------------------------- gather, cross-entropy */
+
+static void test_gather_and_grad(void **state) {
+    (void)state;
+    pp_tensor *table = rand_f32(2, SHAPE(11, 6), 12);
+    pp_tensor *idx = I64(2, SHAPE(2, 4), 3, -1, 0, 3, 5, 3, 2, -6); /* repeats, negatives */
+    for (int64_t axis = 0; axis < 2; axis++) {
+        pp_tensor *want = cpu_one("Gather", "", 2, (pp_tensor *[]){table, idx}, set_axis, &axis), *got = like(want);
+        int64_t axis_len = table->shape[axis], inner = axis ? 1 : 6;
+        for (int64_t i = 0; i < pp_tensor_numel(got); i++)
+            ((float *)got->data)[i] = ((float *)table->data)[pp_km_gather_src(i, idx->data, 8, axis_len, inner)];
+        pp_tensor *dy = rand_f32(want->ndim, want->shape, 13 + (uint64_t)axis), *shape = I64(1, SHAPE(2), 11, 6);
+        tu_expect(got, want, RTOL, ATOL, axis ? "Gather axis 1" : "Gather axis 0");
+        /* the scatter-add gradient (GatherGrad(dy, indices, data shape)) */
+        pp_tensor *gwant = cpu_one("GatherGrad", "pippin", 3, (pp_tensor *[]){dy, idx, shape}, set_axis, &axis);
+        pp_tensor *ggot = like(gwant);
+        for (int64_t i = 0; i < pp_tensor_numel(dy); i++)
+            ((float *)ggot->data)[pp_km_gather_grad_dst(i, idx->data, 8, axis_len, inner)] += ((float *)dy->data)[i];
+        tu_expect(ggot, gwant, RTOL, ATOL, "GatherGrad");
+        pp_tensor_free(dy);
+        pp_tensor_free(shape);
+    }
+    pp_tensor_free(table);
+    pp_tensor_free(idx);
+}
+
+static void set_ignore(pp_graph *g, int node, const void *arg) {
+    TU_OK(pp_node_set_int(g, node, "ignore_index", *(const int64_t *)arg));
+}
+
+static void test_cross_entropy_and_grad(void **state) {
+    (void)state;
+    int64_t N = 9, C = 13, ignore = 4;
+    pp_tensor *s = rand_f32(2, SHAPE(N, C), 14);
+    pp_tensor *labels = I64(1, SHAPE(N), 0, 12, 4, 7, 4, 1, 3, 3, 11);
+    pp_tensor *want = cpu_one("SoftmaxCrossEntropyLoss", "", 2, (pp_tensor *[]){s, labels}, set_ignore, &ignore);
+    const int64_t *lb = labels->data;
+    double sum = 0;
+    int64_t count = 0;
+    for (int64_t r = 0; r < N; r++) { /* one thread per row; the mean after */
+        sum += pp_km_sce_row_loss((float *)s->data + r * C, C, lb[r], ignore);
+        count += lb[r] != ignore;
+    }
+    pp_tensor *got;
+    TU_OK(pp_tensor_scalar_f32((float)(sum / (double)count), &got));
+    tu_expect(got, want, RTOL, ATOL, "SoftmaxCrossEntropyLoss");
+    pp_tensor *dloss;
+    TU_OK(pp_tensor_scalar_f32(0.75f, &dloss));
+    pp_tensor *gwant = cpu_one("SoftmaxCrossEntropyLossGrad", "pippin", 3, (pp_tensor *[]){dloss, s, labels},
+                               set_ignore, &ignore);
+    pp_tensor *ggot = like(gwant);
+    for (int64_t r = 0; r < N; r++)
+        pp_km_sce_row_grad((float *)s->data + r * C, C, lb[r], ignore, (float)(0.75 / (double)count),
+                           (float *)ggot->data + r * C);
+    tu_expect(ggot, gwant, RTOL, ATOL, "SoftmaxCrossEntropyLossGrad");
+    pp_tensor_free(dloss);
+    pp_tensor_free(s);
+    pp_tensor_free(labels);
+}
+
+/* --------------------------------------------------------- data movement */
+
+static void set_perm(pp_graph *g, int node, const void *arg) {
+    TU_OK(pp_node_set_ints(g, node, "perm", 4, arg));
+}
+
+static void test_transpose_slice_concat(void **state) {
+    (void)state;
+    pp_tensor *x = rand_f32(4, SHAPE(2, 3, 4, 5), 15);
+    int64_t perm[4] = {0, 2, 3, 1};
+    pp_tensor *want = cpu_one("Transpose", "", 1, &x, set_perm, perm), *got = like(want);
+    pp_km_strides st;
+    pp_km_transpose(4, x->shape, perm, &st);
+    for (int64_t i = 0; i < pp_tensor_numel(got); i++) ((float *)got->data)[i] = ((float *)x->data)[pp_km_offset(&st, i)];
+    tu_expect(got, want, RTOL, ATOL, "Transpose");
+    /* Slice x[:, 1:3, ::-2 (from 3), 0:5:2] */
+    pp_tensor *starts = I64(1, SHAPE(3), 1, 3, 0), *ends = I64(1, SHAPE(3), 3, -100, 5);
+    pp_tensor *axes = I64(1, SHAPE(3), 1, 2, 3), *steps = I64(1, SHAPE(3), 1, -2, 2);
+    want = cpu_one("Slice", "", 5, (pp_tensor *[]){x, starts, ends, axes, steps}, NULL, NULL);
+    got = like(want);
+    int64_t base;
+    pp_km_slice(4, x->shape, want->shape, (int64_t[]){0, 1, 3, 0}, (int64_t[]){1, 1, -2, 2}, &st, &base);
+    for (int64_t i = 0; i < pp_tensor_numel(got); i++)
+        ((float *)got->data)[i] = ((float *)x->data)[base + pp_km_offset(&st, i)];
+    tu_expect(got, want, RTOL, ATOL, "Slice");
+    pp_tensor_free(starts);
+    pp_tensor_free(ends);
+    pp_tensor_free(axes);
+    pp_tensor_free(steps);
+    /* Concat along axis 2 of x and a part of another length */
+    pp_tensor *y = rand_f32(4, SHAPE(2, 3, 2, 5), 16);
+    int64_t axis = 2;
+    want = cpu_one("Concat", "", 2, (pp_tensor *[]){x, y}, set_axis, &axis);
+    got = like(want);
+    const pp_tensor *parts[2] = {x, y};
+    int64_t off = 0;
+    for (int k = 0; k < 2; k++) { /* one launch per part */
+        int64_t len = parts[k]->shape[2];
+        for (int64_t i = 0; i < pp_tensor_numel(parts[k]); i++)
+            ((float *)got->data)[pp_km_concat_dst(i, len, 5, 6, off)] = ((float *)parts[k]->data)[i];
+        off += len;
+    }
+    tu_expect(got, want, RTOL, ATOL, "Concat");
+    pp_tensor_free(x);
+    pp_tensor_free(y);
+}
+
+/* ------------------------------------------------------------ optimizers */
+
+static void check_optimizer(pp_optim_kind kind, double momentum, int nesterov) {
+    int64_t n = 300;
+    pp_optim_config c;
+    pp_optim_config_init(&c, kind);
+    c.lr = 0.05;
+    c.weight_decay = 0.01;
+    c.momentum = momentum;
+    c.nesterov = nesterov;
+    pp_optim *o;
+    TU_OK(pp_optim_new(&c, n, &o));
+    pp_tensor *p_cpu = rand_f32(1, &n, 17), *p_km = clone(p_cpu);
+    float *s0 = calloc((size_t)n, sizeof(float)), *s1 = calloc((size_t)n, sizeof(float));
+    for (int step = 0; step < 3; step++) {
+        pp_tensor *g = rand_f32(1, &n, 18 + (uint64_t)step);
+        TU_OK(pp_optim_step(o, p_cpu->data, g->data, n));
+        if (kind == PP_OPTIM_SGD) {
+            pp_km_sgd k = {(float)c.lr, (float)c.weight_decay, (float)c.momentum, (float)c.dampening, 1.0f,
+                           c.nesterov, step == 0};
+            for (int64_t i = 0; i < n; i++) pp_km_sgd_step(&k, p_km->data, g->data, s0, i);
+        } else {
+            pp_km_adamw k = pp_km_adamw_for_step(c.lr, c.weight_decay, c.beta1, c.beta2, c.eps, 0, step + 1);
+            for (int64_t i = 0; i < n; i++) pp_km_adamw_step(&k, p_km->data, g->data, s0, s1, i);
+        }
+        pp_tensor_free(g);
+    }
+    tu_assert_close(p_km, p_cpu, RTOL, ATOL, pp_optim_kind_name(kind));
+    free(s0);
+    free(s1);
+    pp_tensor_free(p_cpu);
+    pp_tensor_free(p_km);
+    pp_optim_free(o);
+}
+
+static void test_optimizers(void **state) {
+    (void)state;
+    check_optimizer(PP_OPTIM_SGD, 0.0, 0);
+    check_optimizer(PP_OPTIM_SGD, 0.9, 0);
+    check_optimizer(PP_OPTIM_SGD, 0.9, 1);
+    check_optimizer(PP_OPTIM_ADAMW, 0.0, 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_binary_broadcast),
+        cmocka_unit_test(test_unary_and_grads),
+        cmocka_unit_test(test_softmax_and_grad),
+        cmocka_unit_test(test_layernorm_and_grads),
+        cmocka_unit_test(test_reduce_sum),
+        cmocka_unit_test(test_gather_and_grad),
+        cmocka_unit_test(test_cross_entropy_and_grad),
+        cmocka_unit_test(test_transpose_slice_concat),
+        cmocka_unit_test(test_optimizers),
+    };
+    tu_filter_from_env();
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
