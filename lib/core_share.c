@@ -54,14 +54,20 @@ typedef struct share_segment {
     share_slot slot[SHARE_SLOTS];
 } share_segment;
 
+/* The process's join. `active` is written last on join and first on
+ * leave, and read first by every call, so a kernel on another thread never
+ * reads the other fields half-written. A mapping is never unmapped while
+ * the process runs (a thread may have just read `seg`); a later join of
+ * another segment keeps the old one mapped: a page per join. */
 static struct {
+    atomic_int active;
     share_segment *seg;
     char name[64];
     int me, n_slots, own, cap;
     _Atomic int64_t borrowed_calls;
 } share;
 
-static void segment_name(const char *key, char *out, size_t cap) {
+void pp_share_cores_segment_name(const char *key, char *out, size_t cap) {
     uint64_t h = pp_hash64(PP_HASH64_SEED, key, strlen(key));
     uid_t uid = getuid();
     h = pp_hash64(h, &uid, sizeof uid);
@@ -69,13 +75,44 @@ static void segment_name(const char *key, char *out, size_t cap) {
 }
 
 /* A child forked from a joined process is not a rank of the host's
- * sharing: the slot is its parent's. It forgets the segment. */
+ * sharing (the slot is its parent's): it stops sharing and computes on
+ * its own threads. */
 static void after_fork_child(void) {
-    if (share.seg) munmap(share.seg, sizeof(share_segment));
-    share.seg = NULL;
+    if (!atomic_exchange(&share.active, 0)) return;
+    pp_pool_reset_size(share.own);
 }
 
 static void install_atfork(void) { pthread_atfork(NULL, NULL, after_fork_child); }
+
+/* Opens (or makes) the segment: ours alone (this user's, mode 0600), so
+ * no other user can make a run lend or borrow, or shrink it under us. */
+static pp_status open_segment(const char *name, share_segment **out) {
+    int fd = shm_open(name, O_CREAT | O_RDWR | O_NOFOLLOW, 0600);
+    if (fd < 0) return pp_error(PP_ERR_IO, "sharing cores: shm_open %s: %s", name, strerror(errno));
+    struct stat sb;
+    pp_status s = PP_OK;
+    if (fstat(fd, &sb) != 0) s = pp_error(PP_ERR_IO, "sharing cores: fstat %s: %s", name, strerror(errno));
+    else if (sb.st_uid != geteuid() || (sb.st_mode & 077))
+        s = pp_error(PP_ERR_INVALID, "sharing cores: %s belongs to uid %u with mode %03o, not to this user alone", name,
+                     (unsigned)sb.st_uid, (unsigned)(sb.st_mode & 0777));
+    else if ((size_t)sb.st_size < sizeof(share_segment) && ftruncate(fd, sizeof(share_segment)) != 0)
+        s = pp_error(PP_ERR_IO, "sharing cores: ftruncate %s: %s", name, strerror(errno));
+    void *m = MAP_FAILED;
+    if (s == PP_OK) {
+        m = mmap(NULL, sizeof(share_segment), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (m == MAP_FAILED) s = pp_error(PP_ERR_IO, "sharing cores: mmap %s: %s", name, strerror(errno));
+    }
+    close(fd);
+    if (s != PP_OK) return s;
+    share_segment *seg = m;
+    uint32_t zero = 0;
+    if (!atomic_compare_exchange_strong(&seg->magic, &zero, SHARE_MAGIC) && zero != SHARE_MAGIC) {
+        munmap(m, sizeof(share_segment));
+        return pp_error(PP_ERR_INVALID, "sharing cores: %s holds something else (magic %08x)", name, zero);
+    }
+    *out = seg;
+    return PP_OK;
+}
 
 pp_status pp_share_cores_join(const char *key, int slot, int n_slots, int own_threads, int cap) {
     pp_share_cores_leave();
@@ -86,81 +123,64 @@ pp_status pp_share_cores_join(const char *key, int slot, int n_slots, int own_th
     if (own_threads < 1 || cap < own_threads)
         return pp_error(PP_ERR_INVALID, "sharing cores: %d own threads, at most %d", own_threads, cap);
     char name[64];
-    segment_name(key, name, sizeof name);
-    int fd = shm_open(name, O_CREAT | O_RDWR, 0600);
-    if (fd < 0) return pp_error(PP_ERR_IO, "sharing cores: shm_open %s: %s", name, strerror(errno));
-    struct stat sb;
-    pp_status s = PP_OK;
-    if (fstat(fd, &sb) != 0) s = pp_error(PP_ERR_IO, "sharing cores: fstat %s: %s", name, strerror(errno));
-    else if ((size_t)sb.st_size < sizeof(share_segment) && ftruncate(fd, sizeof(share_segment)) != 0)
-        s = pp_error(PP_ERR_IO, "sharing cores: ftruncate %s: %s", name, strerror(errno));
-    void *m = MAP_FAILED;
-    if (s == PP_OK) {
-        m = mmap(NULL, sizeof(share_segment), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (m == MAP_FAILED) s = pp_error(PP_ERR_IO, "sharing cores: mmap %s: %s", name, strerror(errno));
-    }
-    close(fd);
-    if (s != PP_OK) return s;
+    pp_share_cores_segment_name(key, name, sizeof name);
+    share_segment *seg = share.seg;
+    if (!seg || strcmp(name, share.name) != 0) PP_TRY(open_segment(name, &seg));
     static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
     pthread_once(&atfork_once, install_atfork);
-    share_segment *seg = m;
-    uint32_t zero = 0;
-    if (!atomic_compare_exchange_strong(&seg->magic, &zero, SHARE_MAGIC) && zero != SHARE_MAGIC) {
-        munmap(m, sizeof(share_segment));
-        return pp_error(PP_ERR_INVALID, "sharing cores: %s holds something else (magic %08x)", name, zero);
-    }
     share_slot *me = &seg->slot[slot];
     atomic_store(&me->lent, 0);
     atomic_store(&me->borrowed, 0);
     atomic_store(&me->pid, (int)getpid());
     snprintf(share.name, sizeof share.name, "%s", name);
+    share.seg = seg;
     share.me = slot, share.n_slots = n_slots, share.own = own_threads, share.cap = cap;
     pp_pool_set_size(cap);
-    share.seg = seg;
+    atomic_store(&share.active, 1);
     pp_debug("sharing cores: rank %d of %d, %d own threads, up to %d (%s)", slot, n_slots, own_threads, cap, name);
     return PP_OK;
 }
 
 void pp_share_cores_leave(void) {
+    if (!atomic_exchange(&share.active, 0)) return;
     share_segment *seg = share.seg;
-    if (!seg) return;
-    share.seg = NULL;
     share_slot *me = &seg->slot[share.me];
     atomic_store(&me->lent, 0);
     atomic_store(&me->borrowed, 0);
     atomic_store(&me->pid, 0);
     int anyone = 0;
     for (int r = 0; r < share.n_slots; r++) anyone |= atomic_load(&seg->slot[r].pid) != 0;
-    munmap(seg, sizeof(share_segment));
-    /* the last one out removes the segment; one joining meanwhile keeps
-     * its mapping and lends to no one until the others join again */
+    /* the last one out removes the segment's name; one joining meanwhile
+     * keeps its mapping and lends to no one until the others join again */
     if (!anyone) shm_unlink(share.name);
     pp_pool_set_size(share.own);
 }
 
 void pp_share_cores_idle(int idle) {
-    share_segment *seg = share.seg;
-    if (seg) atomic_store_explicit(&seg->slot[share.me].lent, idle ? share.own : 0, memory_order_release);
+    if (!atomic_load_explicit(&share.active, memory_order_acquire)) return;
+    atomic_store_explicit(&share.seg->slot[share.me].lent, idle ? share.own : 0, memory_order_release);
 }
 
-int pp_share_cores_joined(void) { return share.seg != NULL; }
+int pp_share_cores_joined(void) { return atomic_load(&share.active); }
 
 int64_t pp_share_cores_borrowed_calls(void) { return atomic_load(&share.borrowed_calls); }
 
 int pp_share_cores_claim(int threads) {
+    if (!atomic_load_explicit(&share.active, memory_order_acquire)) return threads;
     share_segment *seg = share.seg;
-    if (!seg) return threads;
     int want = (threads < share.cap ? threads : share.cap) - share.own;
     if (want <= 0) return threads < share.own ? threads : share.own;
     int expected = 0;
     if (!atomic_compare_exchange_strong(&seg->lock, &expected, 1)) return share.own;
+    /* lent by the others, less what anyone (this rank's other threads too)
+     * holds now */
     int spare = 0;
     for (int r = 0; r < share.n_slots; r++) {
-        if (r == share.me) continue;
-        spare += atomic_load(&seg->slot[r].lent) - atomic_load(&seg->slot[r].borrowed);
+        if (r != share.me) spare += atomic_load(&seg->slot[r].lent);
+        spare -= atomic_load(&seg->slot[r].borrowed);
     }
     int take = spare < want ? spare : want;
-    if (take > 0) atomic_store(&seg->slot[share.me].borrowed, take);
+    if (take > 0) atomic_fetch_add(&seg->slot[share.me].borrowed, take);
     atomic_store(&seg->lock, 0);
     if (take <= 0) return share.own;
     atomic_fetch_add(&share.borrowed_calls, 1);
@@ -168,6 +188,6 @@ int pp_share_cores_claim(int threads) {
 }
 
 void pp_share_cores_release(int threads) {
-    share_segment *seg = share.seg;
-    if (seg && threads > share.own) atomic_store(&seg->slot[share.me].borrowed, 0);
+    if (!atomic_load_explicit(&share.active, memory_order_acquire) || threads <= share.own) return;
+    atomic_fetch_sub(&share.seg->slot[share.me].borrowed, threads - share.own);
 }

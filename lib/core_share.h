@@ -10,4 +10,7 @@
 int pp_share_cores_claim(int threads);
 void pp_share_cores_release(int threads);
 
+/* The shared-memory name the ranks of key meet under (for tests). */
+void pp_share_cores_segment_name(const char *key, char *out, size_t cap);
+
 #endif

@@ -7,7 +7,9 @@
  * mask is built from the score's dims and mask_ref's last two (a, b):
  * query i sees key j when b is 1 or j <= i' (i' = 0 when a is 1, else i),
  * the kernel's rule; masked scores become -1e30, whose exp is exactly 0 in
- * float, as the kernel's skipped keys are. The scale is written as a
+ * float, as the kernel's skipped keys are. The gradient body multiplies
+ * by the scale where the kernel multiplies by its reciprocal: within
+ * rounding. The scale is written as a
  * constant: nodes with different scales need different bodies (the export
  * then says so), which one causal attention per model never does. */
 #include <string.h>
@@ -41,8 +43,8 @@ static pp_status forward_lines(const pp_node *n, pp_fn_body *b, const char *mask
     to_rows(b, vl, "v", "vh");
     pp_fn_line(b, "kt = Einsum<equation='...ij->...ji'>(kh)");
     pp_fn_line(b, "s0 = MatMul(qh, kt)");
-    pp_fn_float(b, "c", div ? 1.0 / (double)scale : (double)scale);
-    pp_fn_line(b, "s1 = Mul(s0, c)");
+    pp_fn_float(b, "c", (double)scale);
+    pp_fn_line(b, "s1 = %s(s0, c)", div ? "Div" : "Mul");
     /* the mask: rows i of a, keys j of b */
     pp_fn_line(b, "m2 = Constant<value_ints=[-2]>()");
     pp_fn_line(b, "m1 = Constant<value_ints=[-1]>()");
@@ -75,7 +77,11 @@ static pp_status forward_lines(const pp_node *n, pp_fn_body *b, const char *mask
     pp_fn_line(b, "keep_i = Cast<to=7>(a_many)");
     pp_fn_line(b, "ip = Mul(rows, keep_i)");
     pp_fn_line(b, "seen = LessOrEqual(cols, ip)");
-    pp_fn_line(b, "vis = Or(seen, b_one)");
+    pp_fn_line(b, "vis2 = Or(seen, b_one)");
+    /* a mask of higher rank than the scores pads them (and Y) with its
+     * leading 1s, as the kernel does */
+    if (mask) pp_fn_line(b, "vis = Expand(vis2, sm)");
+    else pp_fn_line(b, "vis = Identity(vis2)");
     pp_fn_float(b, "ninf", -1e30);
     pp_fn_line(b, "s2 = Where(vis, s1, ninf)");
     pp_fn_line(b, "p = Softmax<axis=-1>(s2)");
@@ -109,13 +115,20 @@ static pp_status attention_grad(const pp_graph *g, const pp_node *n, pp_fn_body 
     pp_fn_line(b, "dot = ReduceSum<keepdims=1>(pdp, m1)");
     pp_fn_line(b, "dd = Sub(dp, dot)");
     pp_fn_line(b, "ds0 = Mul(p, dd)");
-    pp_fn_line(b, "ds = Mul(ds0, c)");
+    pp_fn_line(b, "ds = %s(ds0, c)", pp_node_attr_int(n, "scale_div", 0) ? "Div" : "Mul");
     pp_fn_line(b, "dqh = MatMul(ds, kh)");
     pp_fn_line(b, "dst = Einsum<equation='...ij->...ji'>(ds)");
     pp_fn_line(b, "dkh = MatMul(dst, qh)");
-    from_rows(b, pp_node_attr_string(n, "q_layout", "bhtd"), "dqh", "dq");
-    from_rows(b, pp_node_attr_string(n, "k_layout", "bhdt"), "dkh", "dk");
-    from_rows(b, pp_node_attr_string(n, "v_layout", "bhtd"), "dvh", "dv");
+    from_rows(b, pp_node_attr_string(n, "q_layout", "bhtd"), "dqh", "dql");
+    from_rows(b, pp_node_attr_string(n, "k_layout", "bhdt"), "dkh", "dkl");
+    from_rows(b, pp_node_attr_string(n, "v_layout", "bhtd"), "dvh", "dvl");
+    /* each its operand's shape (a wider mask padded the products) */
+    pp_fn_line(b, "sq = Shape(q)");
+    pp_fn_line(b, "sk = Shape(k)");
+    pp_fn_line(b, "sv = Shape(v)");
+    pp_fn_line(b, "dq = Reshape(dql, sq)");
+    pp_fn_line(b, "dk = Reshape(dkl, sk)");
+    pp_fn_line(b, "dv = Reshape(dvl, sv)");
     return PP_OK;
 }
 

@@ -160,7 +160,14 @@ int pp_get_threads(void) { return current_size(); }
 
 int64_t pp_pool_parallel_calls(void) { return atomic_load(&parallel_calls); }
 
-int pp_pool_threads_claim(void) { return pp_share_cores_claim(current_size()); }
+/* Inside a piece, or while another thread's call holds the workers, the
+ * call runs on its own thread: nothing to borrow. */
+int pp_pool_threads_claim(void) {
+    if (in_piece || atomic_load(&busy)) return 1;
+    return pp_share_cores_claim(current_size());
+}
+
+void pp_pool_reset_size(int n) { atomic_store(&size, n < 1 ? 1 : n > MAX_WORKERS + 1 ? MAX_WORKERS + 1 : n); }
 
 void pp_pool_threads_release(int threads) { pp_share_cores_release(threads); }
 

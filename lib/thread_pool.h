@@ -34,6 +34,10 @@ void pp_parallel_for_threads(int64_t n, int64_t grain, pp_par_fn fn, void *arg, 
 int pp_pool_threads_claim(void);
 void pp_pool_threads_release(int threads);
 
+/* The pool's size set without waiting for a call in flight: for a fork
+ * handler, where only the forking thread exists. */
+void pp_pool_reset_size(int n);
+
 /* The same over elements, with every cut at a multiple of PP_PAR_ALIGN
  * (the vector block of lib/ops/vec.h): a vectorised loop then splits at
  * its block boundaries. */

@@ -2,6 +2,7 @@
  * else PIPPIN_THREADS, else the config's `threads`, else the CPUs this
  * process may use divided among the ranks on its host, so that ranks
  * sharing a machine do not oversubscribe it (pp_worker_threads). */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,14 +33,23 @@ int pp_worker_threads(const pp_config *c, int given, int ranks_on_host) {
     return pp_default_threads(ranks_on_host < 1 ? 1 : ranks_on_host);
 }
 
+/* Workers open in this process, and whether two ever were: their waits
+ * would lend the threads another computes on, so such a process stops
+ * sharing for good. */
+static atomic_int workers_open;
+static atomic_int several;
+
 void pp_rank_share_cores(const pp_config *c, int rank, int *joined) {
     *joined = 0;
-    if (pp_share_cores_joined()) {
-        pp_debug("rank %d: another worker of this process shares its cores; sharing stops", rank);
+    if (atomic_fetch_add(&workers_open, 1) > 0) {
+        if (!atomic_exchange(&several, 1)) pp_debug("rank %d: several workers in this process; core sharing stops", rank);
         pp_share_cores_leave();
         return;
     }
-    if (!c->share_cores || rank < 0 || rank >= c->n_ranks || !local_endpoint(c->ranks[rank])) return;
+    if (atomic_load(&several) || !c->share_cores || rank < 0 || rank >= c->n_ranks) return;
+    /* inproc:// ranks are threads of one process: nothing to lend across */
+    const char *mine = c->ranks[rank];
+    if (!local_endpoint(mine) || !strncmp(mine, "inproc://", 9)) return;
     int local = 0;
     for (int r = 0; r < c->n_ranks; r++) local += local_endpoint(c->ranks[r]);
     int own = pp_get_threads(), cap = pp_affinity_cpus();
@@ -55,4 +65,9 @@ void pp_rank_share_cores(const pp_config *c, int rank, int *joined) {
     if (pp_share_cores_join(key, rank, c->n_ranks, own, cap) == PP_OK) *joined = 1;
     else pp_warn("rank %d computes on its own %d threads: %s", rank, own, pp_last_error());
     free(key);
+}
+
+void pp_rank_share_cores_done(int joined) {
+    if (joined) pp_share_cores_leave();
+    atomic_fetch_sub(&workers_open, 1);
 }

@@ -5,13 +5,16 @@
 
 #include "pippin/config.h"
 
-/* Joins the host's core sharing as rank `rank` of config c when c says
- * share_cores, the rank and at least one other are on this host, and this
- * process may use more CPUs than its own threads. *joined: 1 when this call
- * joined (the caller leaves with pp_share_cores_leave on close). A process
- * already sharing for another worker stops sharing: the waits of one worker
- * would lend the threads another computes on. Failing to share is logged,
- * never an error: the rank computes on its own threads. */
+/* A worker opens: joins the host's core sharing as rank `rank` of config
+ * c when c says share_cores, the rank and at least one other are on this
+ * host (not inproc://), this process may use more CPUs than its own
+ * threads, and no other worker of this process is open or ever was at the
+ * same time (one worker's waits would lend the threads another computes
+ * on; a second open stops the sharing for good). *joined: 1 when this call
+ * joined. Failing to share is logged, never an error: the rank computes on
+ * its own threads. Every call is paired with pp_rank_share_cores_done. */
 void pp_rank_share_cores(const pp_config *c, int rank, int *joined);
+/* The worker closes (joined: what pp_rank_share_cores said). */
+void pp_rank_share_cores_done(int joined);
 
 #endif

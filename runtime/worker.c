@@ -74,6 +74,7 @@ struct pp_worker {
                                * transports a rejoin opens (0 until then) */
     pp_serve_front *front;    /* serving, on the rank holding stage 0: the endpoint clients use (outlives rejoins) */
     int shares_cores;         /* joined the host's core sharing (runtime/rank_threads.h) */
+    int counted_for_sharing;  /* pp_rank_share_cores ran: pp_rank_share_cores_done on close */
 };
 
 void pp_worker_options_init(pp_worker_options *o) {
@@ -472,7 +473,10 @@ pp_status pp_worker_open_config(const pp_config *c, const pp_worker_options *o, 
     if (w->opt.threads >= 0) pp_set_threads(pp_worker_threads(c, w->opt.threads, 0));
     if (w->opt.blas_threads > 0) pp_set_blas_threads(w->opt.blas_threads);
     pp_status s = pp_config_rank(w->opt.rank, c->n_ranks, &w->rank);
-    if (s == PP_OK && w->opt.threads >= 0) pp_rank_share_cores(c, w->rank, &w->shares_cores);
+    if (s == PP_OK && w->opt.threads >= 0) {
+        pp_rank_share_cores(c, w->rank, &w->shares_cores);
+        w->counted_for_sharing = 1;
+    }
     if (s == PP_OK) s = open_run(w);
     if (s == PP_OK && c->serving) s = pp_serve_front_for(c, w->sched, w->rank, &w->front);
     if (s != PP_OK) {
@@ -788,7 +792,7 @@ void pp_worker_close(pp_worker *w) {
     if (!w) return;
     pp_serve_front_close(w->front);
     close_run(w);
-    if (w->shares_cores) pp_share_cores_leave();
+    if (w->counted_for_sharing) pp_rank_share_cores_done(w->shares_cores);
     pp_run_identity_free(w->first_id);
     pp_config_free(w->owned_config);
     free(w);

@@ -463,7 +463,10 @@ static int receive_one(pp_transport *t, const pp_mbox_key *want, pp_tensor **got
         t->rcvtimeo = wait_ms;
     }
     zmq_msg_init(&t->frames[0]);
-    if (zmq_msg_recv(&t->frames[0], t->pull, wait_ms > 0 ? 0 : ZMQ_DONTWAIT) < 0) {
+    if (wait_ms > 0) pp_share_cores_idle(1); /* a blocking wait lends this rank's threads */
+    int got_one = zmq_msg_recv(&t->frames[0], t->pull, wait_ms > 0 ? 0 : ZMQ_DONTWAIT) >= 0;
+    if (wait_ms > 0) pp_share_cores_idle(0);
+    if (!got_one) {
         zmq_msg_close(&t->frames[0]);
         return 0;
     }

@@ -3,10 +3,13 @@
  * one and come back when it computes again; a rank that rejoins resets
  * its slot; the last one out removes the segment; a GEMM on borrowed
  * threads gives the bits it gives on its own. */
-#include <dirent.h>
+#include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,16 +28,12 @@ static void make_key(const char *what) {
     snprintf(key, sizeof key, "test_core_share %s %d", what, (int)getpid());
 }
 
-/* Segments of this user's core sharing in /dev/shm. */
-static int segments(void) {
-    DIR *d = opendir("/dev/shm");
-    if (!d) return -1;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (!strncmp(e->d_name, "pippin-cores-", 13)) n++;
-    closedir(d);
-    return n;
+/* Whether the segment of the current key exists. */
+static int segment_exists(void) {
+    char name[64], path[80];
+    pp_share_cores_segment_name(key, name, sizeof name);
+    snprintf(path, sizeof path, "/dev/shm%s", name);
+    return access(path, F_OK) == 0;
 }
 
 /* One byte each way between the test and its child rank. */
@@ -107,7 +106,6 @@ static void end_child(link2 *l, pid_t pid, char how) {
 static void test_lent_threads_come_and_go(void **state) {
     (void)state;
     make_key("lend");
-    int before = segments();
     link2 l;
     pid_t pid = start_child(&l, 1, 2);
     assert_int_equal(pp_share_cores_join(key, 0, 2, 1, 2), PP_OK);
@@ -135,7 +133,7 @@ static void test_lent_threads_come_and_go(void **state) {
     assert_false(pp_share_cores_joined());
     assert_int_equal(pp_get_threads(), 1);
     assert_int_equal(pp_share_cores_claim(3), 3); /* not joined: the pool's size */
-    if (before >= 0) assert_int_equal(segments(), before); /* the last one out removed it */
+    assert_false(segment_exists()); /* the last one out removed it */
 }
 
 /* Two borrowers never take one lent thread twice: rank 1 lends, rank 0
@@ -228,6 +226,57 @@ static void test_gemm_on_borrowed_threads(void **state) {
     free(c2);
 }
 
+/* A kernel inside a piece, or while another thread's call holds the
+ * workers, borrows nothing (it runs on its own thread); two claims of one
+ * rank never take one lent thread twice; releases give back what was
+ * taken. */
+static atomic_int inner_claims;
+
+static void claim_in_piece(void *arg, int64_t lo, int64_t hi) {
+    (void)arg, (void)lo, (void)hi;
+    int t = pp_pool_threads_claim();
+    if (t != 1) atomic_fetch_add(&inner_claims, 1);
+    pp_pool_threads_release(t);
+}
+
+static void test_claims_inside_pieces_and_twice(void **state) {
+    (void)state;
+    make_key("nested");
+    link2 l;
+    pid_t pid = start_child(&l, 1, 2);
+    assert_int_equal(pp_share_cores_join(key, 0, 2, 1, 2), PP_OK);
+    tell(&l, 'i');
+    atomic_store(&inner_claims, 0);
+    pp_parallel_for(64, 1, claim_in_piece, NULL);
+    assert_int_equal(atomic_load(&inner_claims), 0);
+    int a = pp_share_cores_claim(2), b = pp_share_cores_claim(2);
+    assert_int_equal(a, 2);
+    assert_int_equal(b, 1); /* the one lent thread is held by a */
+    pp_share_cores_release(b);
+    pp_share_cores_release(a);
+    a = pp_share_cores_claim(2);
+    assert_int_equal(a, 2); /* given back */
+    pp_share_cores_release(a);
+    end_child(&l, pid, 'q');
+    pp_share_cores_leave();
+}
+
+/* A segment another user could write (here: mode 0644) is refused. */
+static void test_refuses_a_segment_others_can_write(void **state) {
+    (void)state;
+    make_key("mode");
+    char name[64];
+    pp_share_cores_segment_name(key, name, sizeof name);
+    int fd = shm_open(name, O_CREAT | O_RDWR, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(fchmod(fd, 0644), 0);
+    close(fd);
+    assert_int_not_equal(pp_share_cores_join(key, 0, 2, 1, 2), PP_OK);
+    assert_non_null(strstr(pp_last_error(), "not to this user alone"));
+    assert_false(pp_share_cores_joined());
+    shm_unlink(name);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lent_threads_come_and_go),
@@ -235,6 +284,8 @@ int main(void) {
         cmocka_unit_test(test_rejoin_resets_a_dead_ranks_slot),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_gemm_on_borrowed_threads),
+        cmocka_unit_test(test_claims_inside_pieces_and_twice),
+        cmocka_unit_test(test_refuses_a_segment_others_can_write),
     };
     tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -823,24 +823,44 @@ static void test_share_cores(void **state) {
     (void)state;
     pp_config *c = parse_ok(BASE, "/d");
     assert_int_equal(c->share_cores, 1);
-    int joined = 0;
+    int joined = 0, other = 0;
     pp_set_threads(1);
     pp_rank_share_cores(c, 0, &joined);
-    assert_int_equal(joined, pp_affinity_cpus() > 1);
     assert_int_equal(pp_share_cores_joined(), joined);
     if (joined) assert_int_equal(pp_get_threads(), pp_affinity_cpus()); /* room for lent threads */
-    pp_share_cores_leave();
+    pp_rank_share_cores_done(joined);
+    assert_false(pp_share_cores_joined());
     assert_int_equal(pp_get_threads(), 1);
     pp_config_free(c);
     c = parse_ok(BASE "share_cores: false\n", "/d");
     assert_int_equal(c->share_cores, 0);
     pp_rank_share_cores(c, 0, &joined);
     assert_int_equal(joined, 0);
+    pp_rank_share_cores_done(joined);
     pp_config_free(c);
     c = parse_ok("model: m.onnx\nbatch_size: 4\ndata: {x: x.npy}\n"
                  "ranks: [ipc:///tmp/a, tcp://10.0.0.2:1]\ninsecure: true\n", "/d");
     pp_rank_share_cores(c, 0, &joined);
     assert_int_equal(joined, 0); /* alone on this host */
+    pp_rank_share_cores_done(joined);
+    pp_config_free(c);
+    c = parse_ok("model: m.onnx\nbatch_size: 4\ndata: {x: x.npy}\n"
+                 "ranks: [inproc://a, inproc://b]\ninsecure: true\n", "/d");
+    pp_rank_share_cores(c, 0, &joined);
+    assert_int_equal(joined, 0); /* threads of one process */
+    pp_rank_share_cores_done(joined);
+    pp_config_free(c);
+    /* a second worker of the process stops the sharing, for good */
+    c = parse_ok(BASE, "/d");
+    pp_rank_share_cores(c, 0, &joined);
+    pp_rank_share_cores(c, 1, &other);
+    assert_int_equal(other, 0);
+    assert_false(pp_share_cores_joined());
+    pp_rank_share_cores_done(other);
+    pp_rank_share_cores_done(joined);
+    pp_rank_share_cores(c, 0, &joined);
+    assert_int_equal(joined, 0);
+    pp_rank_share_cores_done(joined);
     pp_config_free(c);
     expect_err(BASE "share_cores: 3\n", PP_ERR_PARSE, 5, "key 'share_cores'", NULL);
     pp_set_threads(0);
