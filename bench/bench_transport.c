@@ -121,6 +121,9 @@ static void pip_open(pip_pair *p, const char *kind, int curve) {
     const char *pubs[2];
     for (int r = 0; r < 2; r++) {
         p->ctx[r] = zmq_ctx_new();
+        /* as pippin sets its own context (transport/context.c): small
+         * frames copied out of libzmq's read buffer, not pinning it */
+        zmq_ctx_set(p->ctx[r], 10 /* ZMQ_ZERO_COPY_RECV, draft */, 0);
         bind_endpoint(kind, ep[r], sizeof ep[r]);
         if (curve && pp_curve_keypair(p->keys[r][0], p->keys[r][1]) != PP_OK) die("keypair");
         pubs[r] = p->keys[r][0];

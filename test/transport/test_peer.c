@@ -263,6 +263,45 @@ static void test_receive_socket_sends_no_heartbeats(void **state) {
     tt_close_ranks(2, t);
 }
 
+/* pippin's own context copies small frames out of libzmq's read buffer
+ * (ZMQ_ZERO_COPY_RECV off, transport/context.c): an envelope frame left
+ * pinning that buffer made libzmq malloc another between the large data
+ * frames, and glibc then trimmed and re-faulted the receive buffers. A
+ * caller's context is not changed; messages small and large still arrive
+ * whole over tcp. */
+static void test_own_context_copies_small_frames(void **state) {
+    (void)state;
+    void *user = zmq_ctx_new();
+    assert_non_null(user);
+    pp_transport_options o;
+    pp_transport_options_init(&o);
+    o.timeout_ms = 5000;
+    o.shm_bytes = -1; /* the socket path */
+    pp_transport *t[2];
+    tt_make_ranks("tcp", 2, &o, t);
+    assert_int_equal(zmq_ctx_get(pp_zctx_handle(t[0]->zctx), 10 /* ZMQ_ZERO_COPY_RECV */), 0);
+    pp_transport_options u = o;
+    u.zmq_context = user;
+    pp_transport *tu[2];
+    tt_make_ranks("tcp", 2, &u, tu);
+    assert_ptr_equal(pp_zctx_handle(tu[0]->zctx), user);
+    assert_int_equal(zmq_ctx_get(user, 10), 1);
+    int64_t sizes[3] = {16, 3000, 1 << 18}; /* inline, a frame of its own, zero-copy */
+    for (int i = 0; i < 3; i++) {
+        pp_tensor *x = tt_f32_seq(1, &sizes[i], (float)i);
+        pp_transport_key k = {PP_MSG_ACTIVATION, 0, i, 0, 1, "x"};
+        TT_OK(pp_transport_send(t[0], &k, x));
+        pp_tensor *got;
+        TT_OK(pp_transport_recv(t[1], &k, -1, &got));
+        tt_assert_same(got, x);
+        pp_tensor_free(got);
+        pp_tensor_free(x);
+    }
+    tt_close_ranks(2, tu);
+    tt_close_ranks(2, t);
+    zmq_ctx_term(user);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_killed_peer),
@@ -271,6 +310,7 @@ int main(void) {
         cmocka_unit_test(test_ring_tensors_outlive_sender),
         cmocka_unit_test(test_close_with_stopped_peer),
         cmocka_unit_test(test_receive_socket_sends_no_heartbeats),
+        cmocka_unit_test(test_own_context_copies_small_frames),
     };
     tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
