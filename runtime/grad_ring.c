@@ -451,7 +451,11 @@ pp_status pp_grad_ring_finish(pp_grad_ring *g, int timeout_ms) {
     g->overlapped = 0;
     for (int i = 0; i < g->n; i++) g->overlapped += g->b[i].phase == g->b[i].limit;
     for (; g->done < g->n; g->done++) PP_TRY(advance(g, &g->b[g->done], 1, timeout_ms));
-    return settle(g, timeout_ms < 0 ? 60000 : timeout_ms);
+    return settle(g, pp_grad_ring_settle_ms(g, timeout_ms));
+}
+
+int pp_grad_ring_settle_ms(const pp_grad_ring *g, int timeout_ms) {
+    return timeout_ms < 0 ? pp_transport_timeout_ms(g->o.t) : timeout_ms;
 }
 
 pp_status pp_grad_ring_gather(pp_grad_ring *g, int timeout_ms) {

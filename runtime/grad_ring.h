@@ -61,8 +61,13 @@ pp_status pp_grad_ring_add(pp_grad_ring *g, int stage, pp_flat_params *fp, int f
 /* Moves every bucket on as far as what has arrived allows; never waits. */
 pp_status pp_grad_ring_progress(pp_grad_ring *g);
 /* Waits until every added bucket is summed (sharded: its reduce-scatter
- * is done), each receive at most timeout_ms (< 0: the transport's timeout). */
+ * is done), each receive at most timeout_ms (< 0: the transport's timeout),
+ * then at most pp_grad_ring_settle_ms for the transport to let go of the
+ * chunks it sent from fp. */
 pp_status pp_grad_ring_finish(pp_grad_ring *g, int timeout_ms);
+/* The longest wait of finish for chunks still out: timeout_ms, or (< 0)
+ * the transport's configured timeout (it was 60 s whatever the config). */
+int pp_grad_ring_settle_ms(const pp_grad_ring *g, int timeout_ms);
 /* Sharded, after the update: every bucket's all-gather, of the parameters
  * (each replica sends the chunk it updated). Unsharded: nothing to do. */
 pp_status pp_grad_ring_gather(pp_grad_ring *g, int timeout_ms);

@@ -21,6 +21,9 @@ typedef struct pp_zap_domain pp_zap_domain;
 /* user_ctx NULL: pippin's process-wide context (created with io_threads). */
 pp_status pp_zctx_acquire(void *user_ctx, int io_threads, pp_zctx **out);
 void *pp_zctx_handle(const pp_zctx *z);
+/* What pippin sets on its own context (before any socket): small frames
+ * copied out of libzmq's read buffer instead of pinning it (context.c). */
+void pp_zctx_tune(void *ctx);
 /* Drops a reference; the last one stops the ZAP handler and terminates an
  * owned context (every socket of it must be closed by then). */
 void pp_zctx_release(pp_zctx *z);

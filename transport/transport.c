@@ -363,6 +363,8 @@ const char *pp_transport_endpoint(const pp_transport *t) { return t->endpoint; }
 
 uint64_t pp_transport_run_id(const pp_transport *t) { return t->run_known ? t->run_id : 0; }
 
+int pp_transport_timeout_ms(const pp_transport *t) { return t->timeout_ms; }
+
 void pp_transport_close(pp_transport *t) {
     if (!t) return;
     if (pp_log_get_level() <= PP_LOG_DEBUG) {

@@ -92,11 +92,12 @@ typedef struct peer {
     int tx_msg_failed;
     pp_shm_ring *rx_msg;    /* its message ring to us */
     /* Small messages held back while its queue is full, merged into one
-     * batch message (PP_WIRE_KIND_BATCH) when it has room: packed
-     * envelopes back to back in obox, entry i at obox_off[i]. */
-    uint8_t *obox;          /* PP_ENVELOPE_MAX_BYTES, allocated on first use */
+     * batch message (PP_WIRE_KIND_BATCH) when it has room: the batch frame
+     * is built in place in obox (entries already in their wire form, room
+     * for the header before them), and obox itself goes to libzmq. */
+    struct pp_tp_counted *obox; /* allocated on first use, handed over when sent */
     int obox_n;
-    uint32_t obox_off[PP_ENVELOPE_MAX_BATCH + 1];
+    uint32_t obox_end;      /* bytes of obox's frame used, header room included */
     pp_mbox_key obox_key;   /* the first held-back message, for errors */
     struct pp_tp_inflight *inflight; /* small messages libzmq has not taken yet (batching) */
     char obox_name[PP_ENVELOPE_MAX_NAME + 1];

@@ -232,6 +232,11 @@ PP_API const char *pp_transport_endpoint(const pp_transport *t);
  * it keep talking to the new one. */
 PP_API uint64_t pp_transport_run_id(const pp_transport *t);
 
+/* The default deadline of sends and receives in ms (timeout_ms of the
+ * options, or its default): what a timeout_ms < 0 given to this transport
+ * or to a layer above it stands for. */
+PP_API int pp_transport_timeout_ms(const pp_transport *t);
+
 /* Sets or changes a peer's endpoint and connects to it. */
 PP_API pp_status pp_transport_connect_peer(pp_transport *t, int rank, const char *endpoint);
 

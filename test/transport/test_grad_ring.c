@@ -170,11 +170,37 @@ static void test_ring_shm(void **state) {
     check_kind("tcp", 0);
 }
 
+/* Regression: finish waited at most 60 s for the transport to let go of
+ * the chunks it sent, whatever timeout the transport was configured with
+ * (a run configured for 5 min failed after 60 s; one for 1 s hung for 60).
+ * With timeout_ms < 0 the wait is now the transport's own timeout. */
+static void test_settle_follows_transport_timeout(void **state) {
+    (void)state;
+    const int timeouts[3] = {0 /* the default */, 300, 300000};
+    const int want[3] = {10000, 300, 300000};
+    for (int i = 0; i < 3; i++) {
+        pp_transport_options o;
+        pp_transport_options_init(&o);
+        o.timeout_ms = timeouts[i];
+        pp_transport *t[2];
+        tt_make_ranks("inproc", 2, &o, t);
+        assert_int_equal(pp_transport_timeout_ms(t[0]), want[i]);
+        pp_grad_ring_options ro = {t[0], 2, 0, 1, 16 << 10, 256 << 10, 0, 0};
+        pp_grad_ring *g;
+        TT_OK(pp_grad_ring_new(&ro, &g));
+        assert_int_equal(pp_grad_ring_settle_ms(g, -1), want[i]);
+        assert_int_equal(pp_grad_ring_settle_ms(g, 1234), 1234); /* an explicit one stands */
+        pp_grad_ring_free(g);
+        tt_close_ranks(2, t);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ring_inproc),
         cmocka_unit_test(test_ring_socket),
         cmocka_unit_test(test_ring_shm),
+        cmocka_unit_test(test_settle_follows_transport_timeout),
     };
     tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);

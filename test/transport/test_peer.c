@@ -263,6 +263,126 @@ static void test_receive_socket_sends_no_heartbeats(void **state) {
     tt_close_ranks(2, t);
 }
 
+/* pippin's own context copies small frames out of libzmq's read buffer
+ * (ZMQ_ZERO_COPY_RECV off, transport/context.c): an envelope frame left
+ * pinning that buffer made libzmq malloc another between the large data
+ * frames, and glibc then trimmed and re-faulted the receive buffers. A
+ * caller's context is not changed; messages small and large still arrive
+ * whole over tcp. */
+static void test_own_context_copies_small_frames(void **state) {
+    (void)state;
+    void *user = zmq_ctx_new();
+    assert_non_null(user);
+    pp_transport_options o;
+    pp_transport_options_init(&o);
+    o.timeout_ms = 5000;
+    o.shm_bytes = -1; /* the socket path */
+    pp_transport *t[2];
+    tt_make_ranks("tcp", 2, &o, t);
+    assert_int_equal(zmq_ctx_get(pp_zctx_handle(t[0]->zctx), 10 /* ZMQ_ZERO_COPY_RECV */), 0);
+    pp_transport_options u = o;
+    u.zmq_context = user;
+    pp_transport *tu[2];
+    tt_make_ranks("tcp", 2, &u, tu);
+    assert_ptr_equal(pp_zctx_handle(tu[0]->zctx), user);
+    assert_int_equal(zmq_ctx_get(user, 10), 1);
+    int64_t sizes[3] = {16, 3000, 1 << 18}; /* inline, a frame of its own, zero-copy */
+    for (int i = 0; i < 3; i++) {
+        pp_tensor *x = tt_f32_seq(1, &sizes[i], (float)i);
+        pp_transport_key k = {PP_MSG_ACTIVATION, 0, i, 0, 1, "x"};
+        TT_OK(pp_transport_send(t[0], &k, x));
+        pp_tensor *got;
+        TT_OK(pp_transport_recv(t[1], &k, -1, &got));
+        tt_assert_same(got, x);
+        pp_tensor_free(got);
+        pp_tensor_free(x);
+    }
+    tt_close_ranks(2, tu);
+    tt_close_ranks(2, t);
+    zmq_ctx_term(user);
+}
+
+/* A batch is built in its wire form as messages are held back and handed
+ * to libzmq as it is (no second packing): the frame must be byte for byte
+ * what packing the batch envelope whole gives, with entries whose lengths
+ * take 1, 2 and 3 bytes, and it stops at 48 KiB. */
+static void test_batch_frame_built_in_place(void **state) {
+    (void)state;
+    pp_transport_options o;
+    pp_transport_options_init(&o);
+    o.timeout_ms = 5000;
+    pp_transport *t[2];
+    tt_make_ranks("inproc", 2, &o, t);
+    static uint8_t data[16000];
+    for (size_t i = 0; i < sizeof data; i++) data[i] = (uint8_t)(i * 7 + 1);
+    /* entry lengths take 1-, 2- and 3-byte varints */
+    const size_t sizes[6] = {8, 400, 16000, 16000, 16000, 16000};
+    static uint8_t packed[6][17000];
+    pp_envelope_part parts[6];
+    int held = 0;
+    for (int i = 0; i < 6; i++) {
+        pp_wire_tensor wt = {"x", PP_U8, 1, {(int64_t)sizes[i]}, sizes[i], 0, PP_PLACE_INLINE, 0};
+        pp_envelope env = {0};
+        env.version = PP_PROTOCOL_VERSION;
+        env.kind = PP_MSG_ACTIVATION;
+        env.run_id = t[0]->run_id;
+        env.step = 3;
+        env.microbatch = i;
+        env.src_stage = 0;
+        env.dst_stage = 1;
+        env.src_rank = 0;
+        env.seq = (uint64_t)i + 1;
+        env.ntensors = 1;
+        env.tensors = &wt;
+        env.text = "";
+        env.inline_data = data;
+        env.inline_bytes = sizes[i];
+        env.shm_name = "";
+        env.sender_nonce = t[0]->nonce;
+        TT_OK(pp_envelope_pack(&env, packed[i], sizeof packed[i], &parts[i].len));
+        parts[i].data = packed[i];
+        if (!pp_tp_hold(t[0], 1, &env)) break;
+        held++;
+    }
+    assert_int_equal(held, 5); /* the sixth would go past 48 KiB */
+    assert_int_equal(t[0]->peers[1].obox_n, 5);
+    t[0]->peers[1].seq = 5;
+    zmq_msg_t m;
+    TT_OK(pp_tp_take_held(t[0], 1, &m));
+    assert_int_equal(t[0]->peers[1].obox_n, 0);
+    pp_envelope b = {0};
+    b.version = PP_PROTOCOL_VERSION;
+    b.kind = (pp_msg_kind)PP_WIRE_KIND_BATCH;
+    b.run_id = t[0]->run_id;
+    b.src_rank = 0;
+    b.seq = 5;
+    b.text = "";
+    b.shm_name = "";
+    b.sender_nonce = t[0]->nonce;
+    b.nbatch = 5;
+    b.batch = parts;
+    static uint8_t want[50000];
+    size_t want_len;
+    TT_OK(pp_envelope_pack(&b, want, sizeof want, &want_len));
+    assert_int_equal(zmq_msg_size(&m), want_len);
+    assert_true(want_len <= 48u << 10 && want_len + parts[5].len > 48u << 10);
+    assert_memory_equal(zmq_msg_data(&m), want, want_len);
+    pp_envelope got;
+    TT_OK(pp_envelope_decode(zmq_msg_data(&m), zmq_msg_size(&m), NULL, &got));
+    assert_int_equal(got.nbatch, 5);
+    for (int i = 0; i < 5; i++) {
+        pp_envelope e;
+        TT_OK(pp_envelope_decode_entry(got.batch[i].data, got.batch[i].len, NULL, &e));
+        assert_int_equal(e.microbatch, i);
+        assert_int_equal(e.inline_bytes, sizes[i]);
+        assert_memory_equal(e.inline_data, data, sizes[i]);
+        pp_envelope_clear(&e);
+    }
+    pp_envelope_clear(&got);
+    zmq_msg_close(&m);
+    tt_close_ranks(2, t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_killed_peer),
@@ -271,6 +391,8 @@ int main(void) {
         cmocka_unit_test(test_ring_tensors_outlive_sender),
         cmocka_unit_test(test_close_with_stopped_peer),
         cmocka_unit_test(test_receive_socket_sends_no_heartbeats),
+        cmocka_unit_test(test_own_context_copies_small_frames),
+        cmocka_unit_test(test_batch_frame_built_in_place),
     };
     tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
