@@ -619,12 +619,12 @@ static void test_causal_attention(void **state) {
  * of 28 query rows, lib/ops/attention_internal.h) against a plain
  * reference in double: P = softmax(mask(Q K^T * c)), dV = P^T dY,
  * dS = P (dY V^T - rowsum), dQ = dS K c, dK = dS^T Q c. Q in bthd, K as
- * K^T (bhdt), V and dY in bhtd. */
-static void test_attention_grad_blocks(void **state) {
-    (void)state;
+ * K^T (bhdt) or as rows (bhtd), V and dY in bhtd. */
+static void attention_grad_blocks(int k_rows) {
     enum { B = 1, H = 2, T = 130, D = 70, DV = 5 };
     const float c = 0.125f;
-    pp_tensor *q = R(B, T, H, D), *kt = R(B, H, D, T), *v = R(B, H, T, DV), *dy = R(B, H, T, DV);
+    pp_tensor *q = R(B, T, H, D), *kt = k_rows ? R(B, H, T, D) : R(B, H, D, T), *v = R(B, H, T, DV),
+              *dy = R(B, H, T, DV);
     pp_graph *g;
     TU_OK(pp_graph_new("attn_grad", &g));
     int in[4], node;
@@ -633,7 +633,7 @@ static void test_attention_grad_blocks(void **state) {
     for (int k = 0; k < 4; k++)
         TU_OK(pp_graph_add_input(g, names[k], PP_F32, feed[k]->ndim, feed[k]->shape, &in[k]));
     TU_OK(pp_graph_add_node(g, "CausalAttentionGrad", "pippin", "grad", 4, in, 3, NULL, &node));
-    set_attrs(g, node, "scale=f:0.125 q_layout=s:bthd");
+    set_attrs(g, node, k_rows ? "scale=f:0.125 q_layout=s:bthd k_layout=s:bhtd" : "scale=f:0.125 q_layout=s:bthd");
     for (int k = 0; k < 3; k++) TU_OK(pp_graph_add_output(g, g->nodes[node].out[k]));
     pp_tensor *outs[3] = {0};
     TU_OK(pp_graph_run(g, feed, outs));
@@ -643,7 +643,8 @@ static void test_attention_grad_blocks(void **state) {
     double worst = 0;
     for (int h = 0; h < H; h++) {
 #define QV(t, d) Q[((t) * H + h) * D + (d)]
-#define KV(t, d) KT[(h * D + (d)) * T + (t)]
+#define KIX(t, d) (k_rows ? (h * T + (t)) * D + (d) : (h * D + (d)) * T + (t))
+#define KV(t, d) KT[KIX(t, d)]
 #define VV(t, e) V[(h * T + (t)) * DV + (e)]
 #define DYV(t, e) DY[(h * T + (t)) * DV + (e)]
         for (int i = 0; i < T; i++) {
@@ -671,10 +672,10 @@ static void test_attention_grad_blocks(void **state) {
                 double got = dv[(h * T + j) * DV + e];
                 worst = fmax(worst, fabs(got - r) / (1e-3 + fabs(r)));
             }
-            for (int d = 0; d < D; d++) { /* dK, stored as dK^T */
+            for (int d = 0; d < D; d++) { /* dK in K's layout */
                 double r = 0;
                 for (int i = j; i < T; i++) r += ds[i * T + j] * QV(i, d);
-                double got = dkt[(h * D + d) * T + j];
+                double got = dkt[KIX(j, d)];
                 worst = fmax(worst, fabs(got - r) / (1e-3 + fabs(r)));
             }
         }
@@ -686,6 +687,7 @@ static void test_attention_grad_blocks(void **state) {
                 worst = fmax(worst, fabs(got - r) / (1e-3 + fabs(r)));
             }
 #undef QV
+#undef KIX
 #undef KV
 #undef VV
 #undef DYV
@@ -696,6 +698,12 @@ static void test_attention_grad_blocks(void **state) {
     for (int k = 0; k < 3; k++) pp_tensor_free(outs[k]);
     for (int k = 0; k < 4; k++) pp_tensor_free(feed[k]);
     pp_graph_free(g);
+}
+
+static void test_attention_grad_blocks(void **state) {
+    (void)state;
+    attention_grad_blocks(0); /* K given as K^T (bhdt) */
+    attention_grad_blocks(1); /* K as rows (bhtd) */
 }
 
 int main(void) {
