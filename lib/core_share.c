@@ -15,14 +15,16 @@
  * the threads it has borrowed now). A claim takes the segment's lock with
  * a try-lock and borrows nothing when another rank holds it, so nothing
  * ever waits here, and a rank that dies holding the lock costs the others
- * their borrowing, never their progress. A slot left by a rank that died
- * is reset when the rank joins again.
+ * their borrowing, never their progress (and a join that finds no other
+ * rank alive drops it). A slot left by a rank that died is cleared when
+ * any rank joins.
  *
  * Results never depend on it: every parallel kernel gives the same bits at
  * any thread count (lib/thread_pool.h). */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -128,6 +130,22 @@ pp_status pp_share_cores_join(const char *key, int slot, int n_slots, int own_th
     if (!seg || strcmp(name, share.name) != 0) PP_TRY(open_segment(name, &seg));
     static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
     pthread_once(&atfork_once, install_atfork);
+    /* slots of ranks that died (a crash, a kill) are cleared: what they
+     * lent is free indeed, what they held is not held; with no one else
+     * alive, a lock a dying rank held is dropped too */
+    int alive = 0;
+    for (int r = 0; r < SHARE_SLOTS; r++) {
+        int pid = atomic_load(&seg->slot[r].pid);
+        if (r == slot || !pid) continue;
+        if (kill(pid, 0) != 0 && errno == ESRCH) {
+            atomic_store(&seg->slot[r].lent, 0);
+            atomic_store(&seg->slot[r].borrowed, 0);
+            atomic_store(&seg->slot[r].pid, 0);
+        } else {
+            alive++;
+        }
+    }
+    if (!alive) atomic_store(&seg->lock, 0);
     share_slot *me = &seg->slot[slot];
     atomic_store(&me->lent, 0);
     atomic_store(&me->borrowed, 0);
