@@ -39,6 +39,20 @@ PP_API pp_status pp_exec_run(pp_exec *ex, pp_tensor *const *inputs, pp_tensor **
 PP_API pp_status pp_exec_run_nodes(pp_exec *ex, const int *nodes, int n_nodes, pp_tensor **env,
                             const uint8_t *keep);
 
+/* Memory plan: buffers that live and die inside one run (not the outputs,
+ * not what keep holds) come from one arena per executor, at offsets planned
+ * from a first, recorded run of the same node list and input signature, so
+ * buffers alive at different times share memory. On by default;
+ * PIPPIN_MEMORY_PLAN=0 in the environment or on = 0 here turns it off (the
+ * results are the same bits either way). Lists of fewer than 8 nodes are
+ * never planned. */
+PP_API void pp_exec_set_memory_plan(pp_exec *ex, int on);
+
+/* The largest plan made so far: the arena's bytes (its peak), and the sum
+ * of the buffers it places (what the run holds without reuse). 0, 0 before
+ * a planned run. */
+PP_API void pp_exec_memory_plan(const pp_exec *ex, int64_t *plan_bytes, int64_t *buffer_bytes);
+
 /* Kernels run and nodes answered from the shape cache since creation. */
 PP_API void pp_exec_stats(const pp_exec *ex, int64_t *kernels_run, int64_t *nodes_cached);
 
