@@ -19,16 +19,19 @@
 #include "mem_plan.h"
 
 #include <pthread.h>
-#include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
+#include "log_internal.h"
 #include "status_internal.h"
 #include "tensor_pool.h"
 
 #define SLOT_ALIGN 64
 #define MAX_PLANS 16        /* per executor: regions x microbatch sizes */
 #define MAX_RECORDED 16384  /* allocations per run; placement is quadratic */
+#define RECORD_MAP_MIN (64 << 10) /* recorded buffers this large are mapped alone */
 
 /* The memory slots are cut from; shared by an executor's plans. */
 typedef struct arena {
@@ -54,15 +57,17 @@ typedef struct plan {
     size_t peak, total;
 } plan;
 
-enum { REC_RUNNING, REC_FREEING, REC_FREED, REC_DETACHED };
+enum { REC_RUNNING, REC_FREED };
 
-/* One allocation of a recorded run. It outlives the run when its buffer
- * does (then the buffer's free releases it). */
+/* One allocation of a recorded run. A buffer still alive when the run
+ * ends gets its own free function back (tensors made in a run are freed on
+ * its thread until it ends: the executor hands them out only then). */
 typedef struct rec {
     pp_free_fn inner;
     void *inner_hint;
-    atomic_int state;
-    pp_mem_plans *owner; /* read only while state is REC_RUNNING or REC_FREEING */
+    pp_tensor *tensor;
+    int state;
+    pp_mem_plans *owner;
     int pos;
     size_t size;
     int64_t born, died;
@@ -83,7 +88,7 @@ struct pp_mem_plans {
     int rec_n_nodes;
     rec **recs;
     int n_recs, cap_recs;
-    atomic_llong clock;
+    int64_t clock; /* allocations and frees of the recorded run so far */
 };
 
 static _Thread_local pp_mem_plans *current_run;
@@ -96,12 +101,15 @@ static arena *arena_new(size_t size) {
     arena *a = calloc(1, sizeof *a);
     if (!a) return NULL;
     a->size = round_up(size ? size : 1);
-    a->base = aligned_alloc(4096, (a->size + 4095) / 4096 * 4096);
-    if (!a->base || pthread_mutex_init(&a->mu, NULL) != 0) {
-        free(a->base);
+    /* mapped: pages the plan never touches cost nothing, and it goes back
+     * to the system whole */
+    void *base = mmap(NULL, a->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED || pthread_mutex_init(&a->mu, NULL) != 0) {
+        if (base != MAP_FAILED) munmap(base, a->size);
         free(a);
         return NULL;
     }
+    a->base = base;
     a->refs = 1;
     return a;
 }
@@ -115,7 +123,7 @@ static void arena_release(arena *a) {
     pthread_mutex_destroy(&a->mu);
     free(a->live_off);
     free(a->live_size);
-    free(a->base);
+    munmap(a->base, a->size);
     free(a);
 }
 
@@ -162,19 +170,28 @@ static int arena_take(arena *a, size_t off, size_t size) {
 
 /* ---- recording ---- */
 
+/* A large recorded buffer is mapped on its own and unmapped when freed, not
+ * kept by the pool's cache: the recorded run then holds no more than its
+ * live buffers, and nothing is left cached that the arena replaces. */
+static void unmap_buffer(void *data, void *hint) { munmap(data, (size_t)(uintptr_t)hint); }
+
+static void *record_buffer(size_t nbytes, pp_free_fn *free_fn, void **hint) {
+    if (nbytes < RECORD_MAP_MIN) return pp_pool_alloc(nbytes, free_fn, hint);
+    void *p = mmap(NULL, nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    *free_fn = unmap_buffer;
+    *hint = (void *)(uintptr_t)nbytes;
+    return p;
+}
+
 static void rec_free(void *data, void *hint) {
     rec *r = hint;
     r->inner(data, r->inner_hint);
-    int expect = REC_RUNNING;
-    if (atomic_compare_exchange_strong(&r->state, &expect, REC_FREEING)) {
-        r->died = atomic_fetch_add(&r->owner->clock, 1);
-        atomic_store(&r->state, REC_FREED);
-    } else {
-        free(r); /* outlived its run: the recorder let it go */
-    }
+    r->died = r->owner->clock++;
+    r->state = REC_FREED;
 }
 
-static void *recorded_alloc(pp_mem_plans *mp, size_t nbytes, pp_free_fn *free_fn, void **hint) {
+static void *recorded_alloc(pp_mem_plans *mp, pp_tensor *t, size_t nbytes) {
     if (mp->n_recs == MAX_RECORDED) return NULL;
     if (mp->n_recs == mp->cap_recs) {
         int cap = mp->cap_recs ? mp->cap_recs * 2 : 256;
@@ -185,20 +202,21 @@ static void *recorded_alloc(pp_mem_plans *mp, size_t nbytes, pp_free_fn *free_fn
     }
     rec *r = malloc(sizeof *r);
     if (!r) return NULL;
-    void *p = pp_pool_alloc(nbytes, &r->inner, &r->inner_hint);
+    void *p = record_buffer(nbytes, &r->inner, &r->inner_hint);
     if (!p) {
         free(r);
         return NULL;
     }
-    atomic_init(&r->state, REC_RUNNING);
+    r->tensor = t;
+    r->state = REC_RUNNING;
     r->owner = mp;
     r->pos = mp->position;
     r->size = round_up(nbytes);
-    r->born = atomic_fetch_add(&mp->clock, 1);
+    r->born = mp->clock++;
     r->died = -1;
     mp->recs[mp->n_recs++] = r;
-    *free_fn = rec_free;
-    *hint = r;
+    t->free_fn = rec_free;
+    t->free_hint = r;
     return p;
 }
 
@@ -259,10 +277,10 @@ static pp_status make_plan(pp_mem_plans *mp, plan *p) {
     int n = 0;
     for (int i = 0; i < mp->n_recs; i++) {
         rec *r = mp->recs[i];
-        int expect = REC_RUNNING;
-        if (atomic_compare_exchange_strong(&r->state, &expect, REC_DETACHED)) continue; /* alive */
-        while (atomic_load(&r->state) != REC_FREED) {} /* a free on another thread, finishing */
-        if (s == PP_OK && r->pos >= 0 && r->pos < mp->rec_n_nodes) {
+        if (r->state == REC_RUNNING) { /* alive after the run: not planned */
+            r->tensor->free_fn = r->inner;
+            r->tensor->free_hint = r->inner_hint;
+        } else if (s == PP_OK && r->pos >= 0 && r->pos < mp->rec_n_nodes) {
             spans[n] = (span){r->born, r->died, r->size, n};
             p->first[r->pos + 1]++;
             n++;
@@ -294,7 +312,6 @@ static pp_status make_plan(pp_mem_plans *mp, plan *p) {
 pp_status pp_mem_plans_new(pp_mem_plans **out) {
     pp_mem_plans *mp = calloc(1, sizeof *mp);
     if (!mp) return pp_error(PP_ERR_NOMEM, "out of memory");
-    atomic_init(&mp->clock, 0);
     *out = mp;
     return PP_OK;
 }
@@ -358,6 +375,9 @@ pp_status pp_mem_run_end(pp_mem_plans *mp) {
     plan_clear(p);
     pp_status s = make_plan(mp, p);
     if (s == PP_OK) s = grow_arena(mp, p->peak);
+    if (s == PP_OK)
+        pp_debug("memory plan for %d nodes: %d buffers, %zu bytes, placed in %zu", p->n_nodes, p->n_slots,
+                 p->total, p->peak);
     if (s != PP_OK) { /* keep the key, plan nothing: runs then use the pool */
         free(p->slots);
         p->slots = NULL;
@@ -368,7 +388,7 @@ pp_status pp_mem_run_end(pp_mem_plans *mp) {
     return s;
 }
 
-static void *planned_alloc(pp_mem_plans *mp, size_t nbytes, pp_free_fn *free_fn, void **hint) {
+static void *planned_alloc(pp_mem_plans *mp, pp_tensor *t, size_t nbytes) {
     const plan *p = mp->cur;
     int pos = mp->position;
     if (!mp->ar || pos < 0 || pos >= p->n_nodes || !p->first) return NULL;
@@ -377,19 +397,17 @@ static void *planned_alloc(pp_mem_plans *mp, size_t nbytes, pp_free_fn *free_fn,
         if (mp->taken[i] || p->slots[i].size != size) continue;
         mp->taken[i] = 1;
         if (!arena_take(mp->ar, p->slots[i].off, size)) return NULL;
-        *free_fn = arena_free;
-        *hint = mp->ar;
+        t->free_fn = arena_free;
+        t->free_hint = mp->ar;
         return mp->ar->base + p->slots[i].off;
     }
     return NULL;
 }
 
-void *pp_mem_plan_alloc(size_t nbytes, pp_free_fn *free_fn, void **hint) {
+void *pp_mem_plan_alloc(pp_tensor *t, size_t nbytes) {
     pp_mem_plans *mp = current_run;
-    *free_fn = NULL;
-    *hint = NULL;
     if (!mp || nbytes == 0) return NULL;
-    return mp->cur ? planned_alloc(mp, nbytes, free_fn, hint) : recorded_alloc(mp, nbytes, free_fn, hint);
+    return mp->cur ? planned_alloc(mp, t, nbytes) : recorded_alloc(mp, t, nbytes);
 }
 
 void pp_mem_plans_peak(const pp_mem_plans *mp, int64_t *arena_bytes, int64_t *unplanned_bytes) {

@@ -30,11 +30,10 @@ pp_status pp_mem_run_begin(pp_mem_plans *mp, const int *nodes, int n_nodes, uint
 void pp_mem_run_node(pp_mem_plans *mp, int position);
 pp_status pp_mem_run_end(pp_mem_plans *mp);
 
-/* A buffer of nbytes for a tensor the current run allocates on this thread,
- * with the free function and hint the tensor must use; NULL when no run is
- * active here (the caller then takes one from the tensor pool) or out of
- * memory (*free_fn left NULL). */
-void *pp_mem_plan_alloc(size_t nbytes, pp_free_fn *free_fn, void **hint);
+/* A buffer of nbytes for tensor t, which the current run allocates on this
+ * thread; sets t's free function and hint. NULL when no run is active here
+ * or nothing fits (the caller then takes one from the tensor pool). */
+void *pp_mem_plan_alloc(pp_tensor *t, size_t nbytes);
 
 /* Bytes of the largest plan made so far (the arena's size), and the sum of
  * every buffer planned in it (what the same run would hold without reuse). */

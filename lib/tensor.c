@@ -54,7 +54,7 @@ static pp_status tensor_alloc(pp_dtype dt, int ndim, const int64_t *shape, int z
     if (!t) return pp_error(PP_ERR_NOMEM, "out of memory allocating a tensor");
     if (nbytes) {
         /* the running graph's memory plan first (lib/mem_plan.c), else the pool */
-        t->data = pp_mem_plan_alloc(nbytes, &t->free_fn, &t->free_hint);
+        t->data = pp_mem_plan_alloc(t, nbytes);
         if (!t->data) t->data = pp_pool_alloc(nbytes, &t->free_fn, &t->free_hint);
         if (!t->data) {
             free(t);
