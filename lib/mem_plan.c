@@ -10,6 +10,8 @@
  * stash, the shape cache) stay with the tensor pool. Slots get offsets,
  * largest first, at the lowest place free of every slot alive at the same
  * time, so the arena holds the run's peak, not the sum of its buffers.
+ * Runs on one thread follow each other, so each thread has one arena, as
+ * large as the largest plan it ran: the stages a thread runs share it.
  *
  * Later runs with the same key take each slot for the allocation of the
  * same size at the same node. A slot is handed out only if no arena buffer
@@ -31,12 +33,12 @@
 #define SLOT_ALIGN 64
 #define MAX_PLANS 16        /* per executor: regions x microbatch sizes */
 #define MAX_RECORDED 16384  /* allocations per run; placement is quadratic */
-#define RECORD_MAP_MIN (64 << 10) /* recorded buffers this large are mapped alone */
+#define RECORD_MAP_MIN ((size_t)1 << 62) /* recorded buffers this large are mapped alone */
 
-/* The memory slots are cut from; shared by an executor's plans. */
+/* The memory slots are cut from; one per thread. */
 typedef struct arena {
     pthread_mutex_t mu;
-    int refs; /* the executor's hold, plus one per buffer handed out */
+    int refs; /* its thread's hold, plus one per buffer handed out */
     char *base;
     size_t size;
     size_t *live_off, *live_size; /* buffers handed out and not yet freed */
@@ -76,8 +78,8 @@ typedef struct rec {
 struct pp_mem_plans {
     plan plans[MAX_PLANS];
     int n_plans, next_victim;
-    arena *ar;
     /* the run in progress */
+    arena *ar;           /* the running thread's, for a planned run */
     pp_mem_plans *outer; /* the run this one nests in */
     int position;
     plan *cur;           /* NULL while recording */
@@ -92,6 +94,9 @@ struct pp_mem_plans {
 };
 
 static _Thread_local pp_mem_plans *current_run;
+static _Thread_local arena *thread_arena;
+static pthread_key_t arena_key; /* its destructor releases a thread's arena when the thread ends */
+static pthread_once_t arena_key_once = PTHREAD_ONCE_INIT;
 
 static size_t round_up(size_t n) { return (n + SLOT_ALIGN - 1) / SLOT_ALIGN * SLOT_ALIGN; }
 
@@ -168,21 +173,35 @@ static int arena_take(arena *a, size_t off, size_t size) {
     return ok;
 }
 
-/* ---- recording ---- */
+/* ---- the thread's arena ---- */
 
-/* A large recorded buffer is mapped on its own and unmapped when freed, not
- * kept by the pool's cache: the recorded run then holds no more than its
- * live buffers, and nothing is left cached that the arena replaces. */
-static void unmap_buffer(void *data, void *hint) { munmap(data, (size_t)(uintptr_t)hint); }
+static void release_at_thread_end(void *a) { arena_release(a); }
 
-static void *record_buffer(size_t nbytes, pp_free_fn *free_fn, void **hint) {
-    if (nbytes < RECORD_MAP_MIN) return pp_pool_alloc(nbytes, free_fn, hint);
-    void *p = mmap(NULL, nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return NULL;
-    *free_fn = unmap_buffer;
-    *hint = (void *)(uintptr_t)nbytes;
-    return p;
+static void make_arena_key(void) {
+    if (pthread_key_create(&arena_key, release_at_thread_end) != 0) arena_key_once = PTHREAD_ONCE_INIT;
 }
+
+/* This thread's arena, at least size bytes (plans made for a smaller one
+ * fit); NULL when out of memory. */
+static arena *thread_arena_of(size_t size) {
+    if (thread_arena && thread_arena->size >= size) return thread_arena;
+    pthread_once(&arena_key_once, make_arena_key);
+    arena *a = arena_new(size);
+    if (!a) return NULL;
+    pp_mem_plan_release_thread(); /* buffers still out keep the old one */
+    thread_arena = a;
+    pthread_setspecific(arena_key, a);
+    return a;
+}
+
+void pp_mem_plan_release_thread(void) {
+    if (!thread_arena) return;
+    pthread_setspecific(arena_key, NULL);
+    arena_release(thread_arena);
+    thread_arena = NULL;
+}
+
+/* ---- recording ---- */
 
 static void rec_free(void *data, void *hint) {
     rec *r = hint;
@@ -202,7 +221,7 @@ static void *recorded_alloc(pp_mem_plans *mp, pp_tensor *t, size_t nbytes) {
     }
     rec *r = malloc(sizeof *r);
     if (!r) return NULL;
-    void *p = record_buffer(nbytes, &r->inner, &r->inner_hint);
+    void *p = pp_pool_alloc(nbytes, &r->inner, &r->inner_hint);
     if (!p) {
         free(r);
         return NULL;
@@ -319,7 +338,6 @@ pp_status pp_mem_plans_new(pp_mem_plans **out) {
 void pp_mem_plans_free(pp_mem_plans *mp) {
     if (!mp) return;
     for (int i = 0; i < mp->n_plans; i++) plan_clear(&mp->plans[i]);
-    arena_release(mp->ar);
     free(mp->taken);
     free(mp->recs);
     free(mp);
@@ -343,6 +361,7 @@ pp_status pp_mem_run_begin(pp_mem_plans *mp, const int *nodes, int n_nodes, uint
         mp->cap_taken = mp->cur->n_slots;
     }
     if (mp->cur) memset(mp->taken, 0, (size_t)mp->cur->n_slots);
+    mp->ar = mp->cur && mp->cur->n_slots ? thread_arena_of(mp->cur->peak) : NULL; /* none: the pool */
     mp->rec_key = key;
     mp->rec_nodes = nodes;
     mp->rec_n_nodes = n_nodes;
@@ -354,19 +373,11 @@ pp_status pp_mem_run_begin(pp_mem_plans *mp, const int *nodes, int n_nodes, uint
 
 void pp_mem_run_node(pp_mem_plans *mp, int position) { mp->position = position; }
 
-/* Makes the arena at least size bytes; plans made for a smaller one fit. */
-static pp_status grow_arena(pp_mem_plans *mp, size_t size) {
-    if (mp->ar && mp->ar->size >= size) return PP_OK;
-    arena *a = arena_new(size);
-    if (!a) return pp_error(PP_ERR_NOMEM, "out of memory allocating a %zu-byte buffer arena", size);
-    arena_release(mp->ar); /* buffers still out keep the old one */
-    mp->ar = a;
-    return PP_OK;
-}
 
 pp_status pp_mem_run_end(pp_mem_plans *mp) {
     current_run = mp->outer;
     mp->outer = NULL;
+    mp->ar = NULL;
     if (mp->cur) {
         mp->cur = NULL;
         return PP_OK;
@@ -374,7 +385,11 @@ pp_status pp_mem_run_end(pp_mem_plans *mp) {
     plan *p = &mp->plans[mp->n_plans < MAX_PLANS ? mp->n_plans++ : mp->next_victim++ % MAX_PLANS];
     plan_clear(p);
     pp_status s = make_plan(mp, p);
-    if (s == PP_OK) s = grow_arena(mp, p->peak);
+    if (s == PP_OK && p->n_slots && !thread_arena_of(p->peak))
+        s = pp_error(PP_ERR_NOMEM, "out of memory allocating a %zu-byte buffer arena", p->peak);
+    /* The recorded buffers went back to the pool's cache; the arena serves
+     * them from now on, so keeping both would hold them twice. */
+    if (s == PP_OK && p->n_slots) pp_pool_release();
     if (s == PP_OK)
         pp_debug("memory plan for %d nodes: %d buffers, %zu bytes, placed in %zu", p->n_nodes, p->n_slots,
                  p->total, p->peak);

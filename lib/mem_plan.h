@@ -3,8 +3,9 @@
  * A run of a node list is either recorded (buffers come from the tensor
  * pool, and each one's allocation and free are timed) or planned from an
  * earlier recording of the same node list and input signature: the buffers
- * that lived and died inside the run are then cut from one arena at offsets
- * chosen so that buffers alive at the same time never overlap. */
+ * that lived and died inside the run are then cut from the running thread's
+ * arena at offsets chosen so that buffers alive at the same time never
+ * overlap. */
 #ifndef PIPPIN_MEM_PLAN_H
 #define PIPPIN_MEM_PLAN_H
 
@@ -34,6 +35,10 @@ pp_status pp_mem_run_end(pp_mem_plans *mp);
  * thread; sets t's free function and hint. NULL when no run is active here
  * or nothing fits (the caller then takes one from the tensor pool). */
 void *pp_mem_plan_alloc(pp_tensor *t, size_t nbytes);
+
+/* Lets the calling thread's arena go (its buffers still in use keep it
+ * until freed); the next planned run on this thread makes a new one. */
+void pp_mem_plan_release_thread(void);
 
 /* Bytes of the largest plan made so far (the arena's size), and the sum of
  * every buffer planned in it (what the same run would hold without reuse). */
