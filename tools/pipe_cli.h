@@ -15,8 +15,8 @@ int pp_cli_has_markers(const pp_graph *g);
 pp_status pp_cli_schedule_needs_stages(const char *schedule, int staged, int no_split, const char *hint);
 
 /* Splits g (markers and/or sa's prefixes) and builds a runner. The stages
- * take g's parameters (pp_pipe_split_take): the model is not held twice,
- * and g may afterwards be read for names but its parameters not used. */
+ * take g's parameters (pp_pipe_split_take), and g lets go of its tensors:
+ * the model is not held twice. g may afterwards be read for names only. */
 pp_status pp_cli_open_pipeline(pp_graph *g, const pp_split_args *sa, int training, pp_pipe **pipe,
                                pp_runner **runner);
 
