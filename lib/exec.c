@@ -32,6 +32,9 @@ struct pp_exec {
     int n_sig;
     int64_t *sig;           /* dtype, ndim, dims of each input at the last run */
     pp_mem_plans *mem;      /* buffer plans per node list and signature */
+    const uint8_t *watch;   /* pp_exec_set_value_hook */
+    pp_exec_value_fn value_fn;
+    void *value_user;
     int plan_memory;        /* pp_exec_set_memory_plan; PIPPIN_MEMORY_PLAN=0 turns it off */
 };
 
@@ -137,6 +140,21 @@ void pp_exec_free(pp_exec *ex) {
 
 void pp_exec_set_memory_plan(pp_exec *ex, int on) { ex->plan_memory = on != 0; }
 
+void pp_exec_set_value_hook(pp_exec *ex, const uint8_t *watch, pp_exec_value_fn fn, void *user) {
+    ex->watch = watch;
+    ex->value_fn = watch ? fn : NULL;
+    ex->value_user = user;
+}
+
+/* Hands the watched outputs of node n to the value hook. */
+static pp_status hand_over_outputs(pp_exec *ex, const pp_node *n, pp_tensor **env) {
+    for (int k = 0; k < n->n_out; k++) {
+        int v = n->out[k];
+        if (v >= 0 && ex->watch[v] && env[v]) PP_TRY(ex->value_fn(ex->value_user, v, &env[v]));
+    }
+    return PP_OK;
+}
+
 void pp_exec_memory_plan(const pp_exec *ex, int64_t *plan_bytes, int64_t *buffer_bytes) {
     pp_mem_plans_peak(ex->mem, plan_bytes, buffer_bytes);
 }
@@ -237,6 +255,7 @@ static pp_status run_list(pp_exec *ex, const int *nodes, int n_nodes, pp_tensor 
         if (planned) pp_mem_run_node(ex->mem, p);
         s = run_node(ex, i, env);
         const pp_node *n = &g->nodes[i];
+        if (s == PP_OK && ex->value_fn) s = hand_over_outputs(ex, n, env);
         for (int k = 0; k < n->n_in && s == PP_OK; k++) {
             int v = n->in[k];
             if (v >= 0 && last[v] == p && !(keep && keep[v])) {

@@ -53,6 +53,14 @@ PP_API void pp_exec_set_memory_plan(pp_exec *ex, int on);
  * a planned run. */
 PP_API void pp_exec_memory_plan(const pp_exec *ex, int64_t *plan_bytes, int64_t *buffer_bytes);
 
+/* A function the runs that follow call after each node that produced a
+ * value marked in watch (one byte per graph value, kept by the caller): it
+ * may take the tensor out of *slot (setting it NULL), e.g. to add a
+ * gradient into its place as soon as it exists instead of holding every
+ * gradient to the end of the run. Its error stops the run. fn NULL: none. */
+typedef pp_status (*pp_exec_value_fn)(void *user, int value, pp_tensor **slot);
+PP_API void pp_exec_set_value_hook(pp_exec *ex, const uint8_t *watch, pp_exec_value_fn fn, void *user);
+
 /* Kernels run and nodes answered from the shape cache since creation. */
 PP_API void pp_exec_stats(const pp_exec *ex, int64_t *kernels_run, int64_t *nodes_cached);
 

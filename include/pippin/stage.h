@@ -80,6 +80,9 @@ PP_API pp_status pp_stage_forward(pp_stage *st, int mb, pp_tensor *const *inputs
  * in_grads[k] gets a new reference to the gradient of grad input k. */
 PP_API pp_status pp_stage_backward_input(pp_stage *st, int mb, pp_tensor *const *out_grads,
                                   pp_tensor **in_grads);
+/* Adds each parameter's gradient into the flat buffer as soon as W has made
+ * it (not all at W's end; the same bits), then frees the microbatch's stash.
+ * On failure the gradients added before it stay. */
 PP_API pp_status pp_stage_backward_weight(pp_stage *st, int mb);
 PP_API pp_status pp_stage_backward(pp_stage *st, int mb, pp_tensor *const *out_grads, pp_tensor **in_grads);
 /* Drops every stashed microbatch (after a failed step, so the stage can run
