@@ -109,7 +109,7 @@ pp_status pp_backward_stash_bytes(pp_graph *g, const pp_backward *b, pp_tensor *
 pp_status pp_backward_plan_bytes(pp_graph *g, const pp_backward *b, pp_tensor *const *inputs, int64_t *bytes) {
     pp_exec *ex;
     PP_TRY(pp_exec_new(g, &ex));
-    pp_exec_set_memory_plan(ex, 2); /* one run each: record the first */
+    pp_exec_set_memory_plan(ex, 1);
     uint8_t *keep_f = NULL, *keep_i = NULL;
     pp_tensor **env = calloc((size_t)g->n_values + 1, sizeof *env);
     pp_status s = env ? pp_backward_keep_masks(g, b, &keep_f, &keep_i) : pp_error(PP_ERR_NOMEM, "out of memory");

@@ -35,7 +35,7 @@ struct pp_exec {
     const uint8_t *watch;   /* pp_exec_set_value_hook */
     pp_exec_value_fn value_fn;
     void *value_user;
-    int plan_memory;        /* pp_exec_set_memory_plan (0, 1, 2); PIPPIN_MEMORY_PLAN=0 turns it off */
+    int plan_memory;        /* pp_exec_set_memory_plan; PIPPIN_MEMORY_PLAN=0 turns it off */
 };
 
 static pp_status alloc_zeroed(void **p, size_t n, size_t size) {
@@ -138,7 +138,7 @@ void pp_exec_free(pp_exec *ex) {
     free(ex);
 }
 
-void pp_exec_set_memory_plan(pp_exec *ex, int mode) { ex->plan_memory = mode < 0 ? 0 : mode > 2 ? 2 : mode; }
+void pp_exec_set_memory_plan(pp_exec *ex, int on) { ex->plan_memory = on != 0; }
 
 void pp_exec_set_value_hook(pp_exec *ex, const uint8_t *watch, pp_exec_value_fn fn, void *user) {
     ex->watch = watch;
@@ -248,9 +248,8 @@ static pp_status run_list(pp_exec *ex, const int *nodes, int n_nodes, pp_tensor 
             if (n->in[k] >= 0) last[n->in[k]] = p;
     }
     int planned = ex->plan_memory && n_nodes >= PLAN_MIN_NODES;
-    uint64_t key = planned ? run_key(ex, nodes, n_nodes, env, keep) : 0;
-    if (planned && ex->plan_memory == 1) planned = pp_mem_plan_wanted(ex->mem, nodes, n_nodes, key);
-    pp_status s = planned ? pp_mem_run_begin(ex->mem, nodes, n_nodes, key) : PP_OK;
+    pp_status s = planned ? pp_mem_run_begin(ex->mem, nodes, n_nodes, run_key(ex, nodes, n_nodes, env, keep))
+                          : PP_OK;
     for (int p = 0; p < n_nodes && s == PP_OK; p++) {
         int i = nodes[p];
         if (planned) pp_mem_run_node(ex->mem, p);

@@ -33,7 +33,7 @@
 #define SLOT_ALIGN 64
 #define MAX_PLANS 16        /* per executor: regions x microbatch sizes */
 #define MAX_RECORDED 16384  /* allocations per run; placement is quadratic */
-#define MAX_SEEN 32         /* keys seen once, waiting for a second run */
+#define RECORD_MAP_MIN ((size_t)1 << 62) /* recorded buffers this large are mapped alone */
 
 /* The memory slots are cut from; one per thread. */
 typedef struct arena {
@@ -75,17 +75,9 @@ typedef struct rec {
     int64_t born, died;
 } rec;
 
-typedef struct seen_key {
-    uint64_t key;
-    const int *nodes;
-    int n_nodes;
-} seen_key;
-
 struct pp_mem_plans {
     plan plans[MAX_PLANS];
     int n_plans, next_victim;
-    seen_key seen[MAX_SEEN];
-    int n_seen;
     /* the run in progress */
     arena *ar;           /* the running thread's, for a planned run */
     pp_mem_plans *outer; /* the run this one nests in */
@@ -357,15 +349,6 @@ static plan *find_plan(pp_mem_plans *mp, const int *nodes, int n_nodes, uint64_t
         if (p->key == key && p->nodes == nodes && p->n_nodes == n_nodes) return p;
     }
     return NULL;
-}
-
-int pp_mem_plan_wanted(pp_mem_plans *mp, const int *nodes, int n_nodes, uint64_t key) {
-    if (find_plan(mp, nodes, n_nodes, key)) return 1;
-    int n = mp->n_seen < MAX_SEEN ? mp->n_seen : MAX_SEEN;
-    for (int i = 0; i < n; i++)
-        if (mp->seen[i].key == key && mp->seen[i].nodes == nodes && mp->seen[i].n_nodes == n_nodes) return 1;
-    mp->seen[mp->n_seen++ % MAX_SEEN] = (seen_key){key, nodes, n_nodes};
-    return 0;
 }
 
 pp_status pp_mem_run_begin(pp_mem_plans *mp, const int *nodes, int n_nodes, uint64_t key) {

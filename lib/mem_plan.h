@@ -27,11 +27,6 @@ void pp_mem_plans_free(pp_mem_plans *mp);
  * run is recorded. pp_mem_run_node tells which position runs now;
  * pp_mem_run_end finishes (a recording becomes a plan). Runs may nest (a
  * kernel that runs a graph): the inner run takes over until its end. */
-/* Whether a run of (nodes, key) is worth planning: a plan exists, or the
- * key came before (one seen once, as a generation step's growing past,
- * would cost a recording and gain nothing). Notes the key. */
-int pp_mem_plan_wanted(pp_mem_plans *mp, const int *nodes, int n_nodes, uint64_t key);
-
 pp_status pp_mem_run_begin(pp_mem_plans *mp, const int *nodes, int n_nodes, uint64_t key);
 void pp_mem_run_node(pp_mem_plans *mp, int position);
 pp_status pp_mem_run_end(pp_mem_plans *mp);

@@ -42,13 +42,11 @@ PP_API pp_status pp_exec_run_nodes(pp_exec *ex, const int *nodes, int n_nodes, p
 /* Memory plan: buffers that live and die inside one run (not the outputs,
  * not what keep holds) come from one arena per executor, at offsets planned
  * from a first, recorded run of the same node list and input signature, so
- * buffers alive at different times share memory. mode 1 (the default): a
- * node list and signature is recorded on its second run and planned from
- * its third (one that never comes back, as a generation step's growing
- * past, costs nothing); 2: recorded on its first run (to measure one run);
- * 0 (or PIPPIN_MEMORY_PLAN=0 in the environment): off. The results are
- * the same bits either way. Lists of fewer than 8 nodes are never planned. */
-PP_API void pp_exec_set_memory_plan(pp_exec *ex, int mode);
+ * buffers alive at different times share memory. On by default;
+ * PIPPIN_MEMORY_PLAN=0 in the environment or on = 0 here turns it off (the
+ * results are the same bits either way). Lists of fewer than 8 nodes are
+ * never planned. */
+PP_API void pp_exec_set_memory_plan(pp_exec *ex, int on);
 
 /* The largest plan made so far: the arena's bytes (its peak), and the sum
  * of the buffers it places (what the run holds without reuse). 0, 0 before

@@ -121,14 +121,10 @@ static void test_two_consumers_same_bits(void **state) {
     TU_OK(pp_exec_new(g, &off));
     pp_exec_set_memory_plan(on, 1);
     pp_exec_set_memory_plan(off, 0);
-    /* two signatures, each seen, recorded, then planned twice */
-    for (int rep = 0; rep < 8; rep++) {
+    /* two signatures, each recorded then planned twice */
+    for (int rep = 0; rep < 6; rep++) {
         int64_t rows = rep % 2 ? 300 : 200;
         pp_tensor *a = run_graph(on, rows, 100 + (uint64_t)rep), *b = run_graph(off, rows, 100 + (uint64_t)rep);
-        int64_t made;
-        pp_exec_memory_plan(on, &made, NULL);
-        if (rep < 2) assert_int_equal(made, 0); /* a signature seen once is not recorded */
-        else assert_true(made > 0);
         assert_int_equal(a->nbytes, b->nbytes);
         assert_memory_equal(a->data, b->data, a->nbytes);
         pp_tensor_free(a);
