@@ -78,6 +78,7 @@ typedef struct rec {
 struct pp_mem_plans {
     plan plans[MAX_PLANS];
     int n_plans, next_victim;
+    int n_made; /* plans made so far */
     /* the run in progress */
     arena *ar;           /* the running thread's, for a planned run */
     pp_mem_plans *outer; /* the run this one nests in */
@@ -388,8 +389,10 @@ pp_status pp_mem_run_end(pp_mem_plans *mp) {
     if (s == PP_OK && p->n_slots && !thread_arena_of(p->peak))
         s = pp_error(PP_ERR_NOMEM, "out of memory allocating a %zu-byte buffer arena", p->peak);
     /* The recorded buffers went back to the pool's cache; the arena serves
-     * them from now on, so keeping both would hold them twice. */
-    if (s == PP_OK && p->n_slots) pp_pool_release();
+     * them from now on, so keeping both would hold them twice. Only for an
+     * executor's first plans: one whose signatures keep changing (a
+     * generation step's growing past) must not empty the pool every run. */
+    if (s == PP_OK && p->n_slots && mp->n_made++ < MAX_PLANS) pp_pool_release();
     if (s == PP_OK)
         pp_debug("memory plan for %d nodes: %d buffers, %zu bytes, placed in %zu", p->n_nodes, p->n_slots,
                  p->total, p->peak);
