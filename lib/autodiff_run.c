@@ -1,5 +1,5 @@
 /* Using a pp_backward: finding a model's loss, keep masks for running the
- * F/I/W regions apart, and measuring the stash. */
+ * F/I/W regions apart, and measuring the stash and the memory plan. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -105,3 +105,31 @@ pp_status pp_backward_stash_bytes(pp_graph *g, const pp_backward *b, pp_tensor *
     return s;
 }
 
+
+pp_status pp_backward_plan_bytes(pp_graph *g, const pp_backward *b, pp_tensor *const *inputs, int64_t *bytes) {
+    pp_exec *ex;
+    PP_TRY(pp_exec_new(g, &ex));
+    pp_exec_set_memory_plan(ex, 1);
+    uint8_t *keep_f = NULL, *keep_i = NULL;
+    pp_tensor **env = calloc((size_t)g->n_values + 1, sizeof *env);
+    pp_status s = env ? pp_backward_keep_masks(g, b, &keep_f, &keep_i) : pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int k = 0; s == PP_OK && k < b->n_inputs_before; k++) env[g->inputs[k]] = pp_tensor_retain(inputs[k]);
+    if (s == PP_OK) s = pp_exec_run_nodes(ex, b->forward_nodes, b->n_forward, env, keep_f);
+    /* Output gradients of zeros: the plan depends on shapes alone. */
+    for (int k = 0; s == PP_OK && k < b->n_seeds; k++) {
+        const pp_value *sv = &g->values[b->seed_values[k]];
+        const pp_tensor *t = env[b->seed_values[k]] ? env[b->seed_values[k]] : sv->data;
+        if (!t) s = pp_error(PP_ERR_STATE, "output '%s' was not computed", sv->name);
+        else s = pp_tensor_new(pp_dtype_is_float(t->dtype) ? t->dtype : PP_F32, t->ndim, t->shape,
+                               &env[b->seed_grads[k]]);
+    }
+    if (s == PP_OK) s = pp_exec_run_nodes(ex, b->i_nodes, b->n_i, env, keep_i);
+    if (s == PP_OK) s = pp_exec_run_nodes(ex, b->w_nodes, b->n_w, env, keep_f);
+    if (s == PP_OK) pp_exec_memory_plan(ex, bytes, NULL);
+    for (int v = 0; env && v < g->n_values; v++) pp_tensor_free(env[v]);
+    free(env);
+    free(keep_f);
+    free(keep_i);
+    pp_exec_free(ex);
+    return s;
+}

@@ -1,5 +1,6 @@
-/* Measuring the stash per sample with dynamic dims sized by name (the sizes
- * shape probing ran at, or --dim settings). */
+/* Measuring the stash (and the inputs, the memory plan) per sample with
+ * dynamic dims sized by name (the sizes shape probing ran at, or --dim
+ * settings). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,11 +42,13 @@ static int64_t dim_size(const char *expr, const char *batch_name, int64_t batch,
     return size;
 }
 
-/* The stash (inputs_only: the inputs) at batch 1 and 2 with dims sized as
- * above; a dim no size is known for is the batch if it comes first, else
- * `other`. */
+typedef enum { MEASURE_STASH, MEASURE_INPUTS, MEASURE_PLAN } measure;
+
+/* What is measured (the stash, the inputs, the memory plan) at batch 1 and
+ * 2 with dims sized as above; a dim no size is known for is the batch if it
+ * comes first, else `other`. */
 static pp_status stash_per_sample(pp_graph *g, const pp_backward *b, const char *batch_name, int n_dims,
-                                  const char *const *dims, int64_t other, int inputs_only,
+                                  const char *const *dims, int64_t other, measure what,
                                   int64_t *per_sample, int64_t *fixed) {
     int n = b->n_inputs_before;
     pp_tensor **ins = calloc((size_t)n + 1, sizeof *ins);
@@ -68,8 +71,10 @@ static pp_status stash_per_sample(pp_graph *g, const pp_backward *b, const char 
             }
             s = pp_tensor_new(v->dtype == PP_DTYPE_UNDEFINED ? PP_F32 : v->dtype, v->ndim, shape, &ins[k]);
         }
-        if (s == PP_OK && inputs_only)
+        if (s == PP_OK && what == MEASURE_INPUTS)
             for (int k = 0; k < n; k++) bytes[batch - 1] += (int64_t)ins[k]->nbytes;
+        else if (s == PP_OK && what == MEASURE_PLAN)
+            s = pp_backward_plan_bytes(g, b, ins, &bytes[batch - 1]);
         else if (s == PP_OK)
             s = pp_backward_stash_bytes(g, b, ins, &bytes[batch - 1]);
         for (int k = 0; k < n; k++) {
@@ -87,16 +92,21 @@ static pp_status stash_per_sample(pp_graph *g, const pp_backward *b, const char 
 pp_status pp_backward_stash_per_sample_dims(pp_graph *g, const pp_backward *b, const char *batch_name,
                                             int n_dims, const char *const *dims, int64_t *per_sample,
                                             int64_t *fixed) {
-    return stash_per_sample(g, b, batch_name, n_dims, dims, 1, 0, per_sample, fixed);
+    return stash_per_sample(g, b, batch_name, n_dims, dims, 1, MEASURE_STASH, per_sample, fixed);
 }
 
 pp_status pp_backward_input_bytes_per_sample_dims(pp_graph *g, const pp_backward *b, const char *batch_name,
                                                   int n_dims, const char *const *dims, int64_t *per_sample,
                                                   int64_t *fixed) {
-    return stash_per_sample(g, b, batch_name, n_dims, dims, 1, 1, per_sample, fixed);
+    return stash_per_sample(g, b, batch_name, n_dims, dims, 1, MEASURE_INPUTS, per_sample, fixed);
 }
 
 pp_status pp_backward_stash_per_sample(pp_graph *g, const pp_backward *b, int64_t other_dims,
                                        int64_t *per_sample, int64_t *fixed) {
-    return stash_per_sample(g, b, NULL, 0, NULL, other_dims > 0 ? other_dims : 1, 0, per_sample, fixed);
+    return stash_per_sample(g, b, NULL, 0, NULL, other_dims > 0 ? other_dims : 1, MEASURE_STASH, per_sample, fixed);
+}
+
+pp_status pp_backward_plan_per_sample_dims(pp_graph *g, const pp_backward *b, const char *batch_name, int n_dims,
+                                           const char *const *dims, int64_t *per_sample, int64_t *fixed) {
+    return stash_per_sample(g, b, batch_name, n_dims, dims, 1, MEASURE_PLAN, per_sample, fixed);
 }

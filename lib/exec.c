@@ -1,7 +1,9 @@
 /* Graph executor: runs nodes in order, frees buffers after their last use,
  * and caches the integer shape sub-graphs per input signature; with
  * constant parameters also what depends on weights alone (a transposed
- * weight), for every signature. */
+ * weight), for every signature. Buffers that live and die inside a run
+ * come from a memory plan made once per node list and input signature
+ * (lib/mem_plan.c). */
 #include "pippin/exec.h"
 
 #include <stdlib.h>
@@ -9,9 +11,15 @@
 
 #include "device_backend.h"
 #include "pippin/log.h"
+#include "hash.h"
+#include "log_internal.h"
+#include "mem_plan.h"
 #include "op.h"
 
 #include "status_internal.h"
+
+/* Shorter node lists (a node timed alone) gain nothing from a plan. */
+#define PLAN_MIN_NODES 8
 struct pp_exec {
     pp_graph *g;
     int *all_nodes;         /* 0..n_nodes-1 */
@@ -25,6 +33,11 @@ struct pp_exec {
     int n_sig;
     int64_t *sig;           /* dtype, ndim, dims of each input at the last run */
     pp_device_plan *plan;   /* pp_exec_set_device; NULL: all on the CPU */
+    pp_mem_plans *mem;      /* buffer plans per node list and signature */
+    const uint8_t *watch;   /* pp_exec_set_value_hook */
+    pp_exec_value_fn value_fn;
+    void *value_user;
+    int plan_memory;        /* pp_exec_set_memory_plan; PIPPIN_MEMORY_PLAN=0 turns it off */
 };
 
 static pp_status alloc_zeroed(void **p, size_t n, size_t size) {
@@ -78,12 +91,15 @@ pp_status pp_exec_new(pp_graph *g, pp_exec **out) {
     if (!s) s = alloc_zeroed((void **)&ex->const_node, (size_t)g->n_nodes, 1);
     if (!s) s = alloc_zeroed((void **)&ex->cache, (size_t)g->n_values, sizeof(pp_tensor *));
     if (!s) s = alloc_zeroed((void **)&ex->sig, (size_t)g->n_inputs * (PP_MAX_DIMS + 2), sizeof(int64_t));
+    if (!s) s = pp_mem_plans_new(&ex->mem);
     if (s) {
         pp_exec_free(ex);
         return s;
     }
     for (int i = 0; i < g->n_nodes; i++) ex->all_nodes[i] = i;
     for (int i = 0; i < g->n_outputs; i++) ex->is_output[g->outputs[i]] = 1;
+    const char *plan_env = getenv("PIPPIN_MEMORY_PLAN");
+    ex->plan_memory = !(plan_env && strcmp(plan_env, "0") == 0);
     mark_static(ex);
     *out = ex;
     return PP_OK;
@@ -121,7 +137,29 @@ void pp_exec_free(pp_exec *ex) {
     free(ex->is_output);
     free(ex->static_node);
     free(ex->sig);
+    pp_mem_plans_free(ex->mem);
     free(ex);
+}
+
+void pp_exec_set_memory_plan(pp_exec *ex, int on) { ex->plan_memory = on != 0; }
+
+void pp_exec_set_value_hook(pp_exec *ex, const uint8_t *watch, pp_exec_value_fn fn, void *user) {
+    ex->watch = watch;
+    ex->value_fn = watch ? fn : NULL;
+    ex->value_user = user;
+}
+
+/* Hands the watched outputs of node n to the value hook. */
+static pp_status hand_over_outputs(pp_exec *ex, const pp_node *n, pp_tensor **env) {
+    for (int k = 0; k < n->n_out; k++) {
+        int v = n->out[k];
+        if (v >= 0 && ex->watch[v] && env[v]) PP_TRY(ex->value_fn(ex->value_user, v, &env[v]));
+    }
+    return PP_OK;
+}
+
+void pp_exec_memory_plan(const pp_exec *ex, int64_t *plan_bytes, int64_t *buffer_bytes) {
+    pp_mem_plans_peak(ex->mem, plan_bytes, buffer_bytes);
 }
 
 /* Runs node i reading env; stores outputs in env. */
@@ -180,6 +218,24 @@ static pp_status run_node(pp_exec *ex, int i, pp_tensor **env) {
     return PP_OK;
 }
 
+/* What a run's allocations depend on: the node list, what it keeps, and
+ * the dtypes and shapes of the values it starts from (parameters and
+ * constants do not change shape). */
+static uint64_t run_key(const pp_exec *ex, const int *nodes, int n_nodes, pp_tensor *const *env,
+                        const uint8_t *keep) {
+    const pp_graph *g = ex->g;
+    uint64_t h = pp_hash64(PP_HASH64_SEED, nodes, sizeof *nodes * (size_t)n_nodes);
+    h = pp_hash64(h, &keep, sizeof keep);
+    for (int v = 0; v < g->n_values; v++) {
+        const pp_tensor *t = env[v];
+        if (!t || g->values[v].kind == PP_VALUE_PARAM || g->values[v].kind == PP_VALUE_CONST) continue;
+        int64_t head[3] = {v, t->dtype, t->ndim};
+        h = pp_hash64(h, head, sizeof head);
+        h = pp_hash64(h, t->shape, sizeof *t->shape * (size_t)t->ndim);
+    }
+    return h;
+}
+
 static pp_status run_list(pp_exec *ex, const int *nodes, int n_nodes, pp_tensor **env,
                           const uint8_t *keep) {
     const pp_graph *g = ex->g;
@@ -194,11 +250,15 @@ static pp_status run_list(pp_exec *ex, const int *nodes, int n_nodes, pp_tensor 
         for (int k = 0; k < n->n_in; k++)
             if (n->in[k] >= 0) last[n->in[k]] = p;
     }
-    pp_status s = PP_OK;
+    int planned = ex->plan_memory && n_nodes >= PLAN_MIN_NODES;
+    pp_status s = planned ? pp_mem_run_begin(ex->mem, nodes, n_nodes, run_key(ex, nodes, n_nodes, env, keep))
+                          : PP_OK;
     for (int p = 0; p < n_nodes && s == PP_OK; p++) {
         int i = nodes[p];
+        if (planned) pp_mem_run_node(ex->mem, p);
         s = run_node(ex, i, env);
         const pp_node *n = &g->nodes[i];
+        if (s == PP_OK && ex->value_fn) s = hand_over_outputs(ex, n, env);
         for (int k = 0; k < n->n_in && s == PP_OK; k++) {
             int v = n->in[k];
             if (v >= 0 && last[v] == p && !(keep && keep[v])) {
@@ -212,6 +272,8 @@ static pp_status run_list(pp_exec *ex, const int *nodes, int n_nodes, pp_tensor 
         pp_status f = pp_device_plan_finish(ex->plan, env);
         if (s == PP_OK) s = f;
     }
+    if (planned && pp_mem_run_end(ex->mem) != PP_OK) /* the run is fine; later ones use the pool */
+        pp_warn("no memory plan for a run of %d nodes: %s", n_nodes, pp_last_error());
     free(last);
     return s;
 }

@@ -1,6 +1,7 @@
 /* Tensor allocation, reference counting, element access and conversion. */
 #include "pippin/tensor.h"
 
+#include "mem_plan.h"
 #include "tensor_pool.h"
 
 #include <inttypes.h>
@@ -52,7 +53,9 @@ static pp_status tensor_alloc(pp_dtype dt, int ndim, const int64_t *shape, int z
     pp_tensor *t = calloc(1, sizeof *t);
     if (!t) return pp_error(PP_ERR_NOMEM, "out of memory allocating a tensor");
     if (nbytes) {
-        t->data = pp_pool_alloc(nbytes, &t->free_fn, &t->free_hint);
+        /* the running graph's memory plan first (lib/mem_plan.c), else the pool */
+        t->data = pp_mem_plan_alloc(t, nbytes);
+        if (!t->data) t->data = pp_pool_alloc(nbytes, &t->free_fn, &t->free_hint);
         if (!t->data) {
             free(t);
             return pp_error(PP_ERR_NOMEM, "out of memory allocating %zu bytes", nbytes);

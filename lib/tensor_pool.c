@@ -10,6 +10,8 @@
  * gives them back. */
 #include "tensor_pool.h"
 
+#include "mem_plan.h"
+
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -91,6 +93,11 @@ void *pp_pool_alloc(size_t nbytes, pp_free_fn *free_fn, void **hint) {
 }
 
 void pp_tensor_cache_release(void) {
+    pp_mem_plan_release_thread();
+    pp_pool_release();
+}
+
+void pp_pool_release(void) {
     pthread_mutex_lock(&pool_mu);
     for (int c = 0; c < POOL_CLASSES; c++) {
         while (pool_count[c] > 0) free(pool_slots[c][--pool_count[c]]);

@@ -10,4 +10,7 @@
  * what the tensor must call to give it back. NULL when out of memory. */
 void *pp_pool_alloc(size_t nbytes, pp_free_fn *free_fn, void **hint);
 
+/* Frees the cached buffers (pp_tensor_cache_release without the arena). */
+void pp_pool_release(void);
+
 #endif

@@ -33,6 +33,8 @@ struct pp_stage {
     pp_device *dev;      /* pp_stage_use_device; NULL: the CPU */
     pp_backward *bw;
     uint8_t *keep_f, *keep_i, *keep_w;
+    uint8_t *grad_watch; /* per value: a parameter's gradient no W node reads (added once made) */
+    int *grad_param;     /* per value: the parameter whose gradient it is, or -1 */
     uint8_t *stash_mask; /* per value: kept from forward to backward */
     uint8_t *input_mask; /* per value: a forward input (what F keeps under recompute) */
     uint8_t *keep_f_rc;  /* keep_f and the inputs: F's keep mask under recompute */
@@ -100,6 +102,20 @@ static pp_status build_backward(pp_stage *st, const pp_stage_spec *spec) {
     if (!st->keep_w) return pp_error(PP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < b->n_params; i++)
         if (b->param_grads[i] >= 0) st->keep_w[b->param_grads[i]] = 1;
+    st->grad_watch = calloc((size_t)g->n_values + 1, 1);
+    st->grad_param = malloc(sizeof *st->grad_param * ((size_t)g->n_values + 1));
+    if (!st->grad_watch || !st->grad_param) return pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int v = 0; v <= g->n_values; v++) st->grad_param[v] = -1;
+    for (int i = 0; i < b->n_params; i++)
+        if (b->param_grads[i] >= 0) {
+            st->grad_watch[b->param_grads[i]] = 1;
+            st->grad_param[b->param_grads[i]] = i;
+        }
+    for (int k = 0; k < b->n_w; k++) { /* one a W node reads waits for the end */
+        const pp_node *n = &g->nodes[b->w_nodes[k]];
+        for (int j = 0; j < n->n_in; j++)
+            if (n->in[j] >= 0) st->grad_watch[n->in[j]] = 0;
+    }
     st->stash_mask = calloc((size_t)g->n_values + 1, 1);
     if (!st->stash_mask) return pp_error(PP_ERR_NOMEM, "out of memory");
     for (int k = 0; k < b->n_stash; k++) st->stash_mask[b->stash[k]] = 1;
@@ -200,6 +216,8 @@ void pp_stage_free(pp_stage *st) {
     free(st->keep_f);
     free(st->keep_i);
     free(st->keep_w);
+    free(st->grad_watch);
+    free(st->grad_param);
     free(st->stash_mask);
     free(st->input_mask);
     free(st->keep_f_rc);
@@ -416,14 +434,28 @@ pp_status pp_stage_backward_input(pp_stage *st, int mb, pp_tensor *const *out_gr
     return PP_OK;
 }
 
+/* W's value hook: a parameter's gradient goes into the flat buffer as soon
+ * as it is made, so a stage never holds all its gradients at once. Each
+ * parameter has its own part of the buffer, so the order does not change
+ * the bits. */
+static pp_status add_gradient(void *user, int value, pp_tensor **slot) {
+    pp_stage *st = user;
+    pp_status s = pp_flat_params_accumulate(st->params, st->grad_param[value], *slot);
+    pp_tensor_free(*slot);
+    *slot = NULL;
+    return s;
+}
+
 pp_status pp_stage_backward_weight(pp_stage *st, int mb) {
     if (!st->training) return stage_error(st, PP_ERR_STATE, "%sbackward of microbatch %d: not built for training", "", mb);
     mb_state *m = find_mb(st, mb);
     if (!m || !m->backward_input_done)
         return stage_error(st, PP_ERR_STATE, "%sbackward-weight of microbatch %d before its backward-input", "", mb);
     pp_backward *b = st->bw;
+    pp_exec_set_value_hook(st->ex, st->grad_watch, add_gradient, st);
     pp_status s = pp_exec_run_nodes(st->ex, b->w_nodes, b->n_w, m->env, st->keep_w);
-    for (int i = 0; s == PP_OK && i < b->n_params; i++) {
+    pp_exec_set_value_hook(st->ex, NULL, NULL, NULL);
+    for (int i = 0; s == PP_OK && i < b->n_params; i++) { /* the gradients W's nodes read */
         const pp_tensor *gt = b->param_grads[i] >= 0 ? m->env[b->param_grads[i]] : NULL;
         if (gt) s = pp_flat_params_accumulate(st->params, i, gt);
     }
@@ -461,6 +493,12 @@ pp_status pp_stage_stash_per_sample_dims(pp_stage *st, const char *batch_name, i
                                          const char *const *dims, int64_t *per_sample) {
     if (!st->bw) return pp_error(PP_ERR_STATE, "stage %d was not built for training", st->index);
     return pp_backward_stash_per_sample_dims(st->g, st->bw, batch_name, n_dims, dims, per_sample, NULL);
+}
+
+pp_status pp_stage_plan_per_sample_dims(pp_stage *st, const char *batch_name, int n_dims,
+                                        const char *const *dims, int64_t *per_sample, int64_t *fixed) {
+    if (!st->bw) return pp_error(PP_ERR_STATE, "stage %d was not built for training", st->index);
+    return pp_backward_plan_per_sample_dims(st->g, st->bw, batch_name, n_dims, dims, per_sample, fixed);
 }
 
 int pp_stage_n_params(const pp_stage *st) { return st->params ? st->params->n : 0; }

@@ -29,7 +29,7 @@ static void grad_usage(FILE *f) {
 }
 
 /* Loss and gradients through the stages (local runner). */
-static int grad_pipelined(const pp_graph *g, const pp_named_tensors *in, const pp_split_args *sa, int m,
+static int grad_pipelined(pp_graph *g, const pp_named_tensors *in, const pp_split_args *sa, int m,
                           const char *schedule, const char *out_dir) {
     pp_pipe *p = NULL;
     pp_runner *r = NULL;

@@ -214,11 +214,12 @@ static int print_stages(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, jso
     char *pipe_text = json ? pp_pipe_to_json(p) : NULL; /* before the stages take the graphs */
     int64_t *nodes = calloc((size_t)n, sizeof *nodes), *pbytes = calloc((size_t)n, sizeof *pbytes);
     int64_t *stash = calloc((size_t)n, sizeof *stash), *rstash = calloc((size_t)n, sizeof *rstash);
+    int64_t *plan = calloc((size_t)n, sizeof *plan), *plan_fixed = calloc((size_t)n, sizeof *plan_fixed);
     for (int s = 0; s < n; s++) {
         nodes[s] = p->stages[s]->n_nodes;
         pp_graph_param_stats(p->stages[s], NULL, &pbytes[s]);
         pp_stage *st = NULL;
-        stash[s] = rstash[s] = -1;
+        stash[s] = rstash[s] = plan[s] = plan_fixed[s] = -1;
         /* Training stages need a loss downstream; without one, no stash.
          * With recompute (pippin train --recompute) F keeps the inputs. */
         if (p->loss && pp_stage_from_pipe(p, s, 1, &st) == PP_OK) {
@@ -227,6 +228,9 @@ static int print_stages(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, jso
             if (pp_stage_recompute_stash_per_sample_dims(st, ds->batch, ds->n, (const char *const *)ds->dims,
                                                          &rstash[s]) != PP_OK)
                 rstash[s] = -1;
+            if (pp_stage_plan_per_sample_dims(st, ds->batch, ds->n, (const char *const *)ds->dims, &plan[s],
+                                              &plan_fixed[s]) != PP_OK)
+                plan[s] = plan_fixed[s] = -1;
         }
         pp_stage_free(st);
     }
@@ -240,6 +244,8 @@ static int print_stages(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, jso
             json_object_object_add(o, "stash_bytes_per_sample", stash[s] >= 0 ? json_object_new_int64(stash[s]) : NULL);
             json_object_object_add(o, "recompute_stash_bytes_per_sample",
                                    rstash[s] >= 0 ? json_object_new_int64(rstash[s]) : NULL);
+            json_object_object_add(o, "plan_bytes_per_sample", plan[s] >= 0 ? json_object_new_int64(plan[s]) : NULL);
+            json_object_object_add(o, "plan_fixed_bytes", plan[s] >= 0 ? json_object_new_int64(plan_fixed[s]) : NULL);
             json_object_array_add(arr, o);
         }
         json_object_object_add(root, "stages", arr);
@@ -256,15 +262,18 @@ static int print_stages(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, jso
         json_object_put(pj);
         print_dim_sizes(ds, json);
     } else {
-        char a[32], b[32], c[32];
-        printf("stages: %d\n  %-6s %6s %12s %16s %18s\n", n, "stage", "nodes", "parameters", "stash/sample",
-               "recompute/sample");
+        char a[32], b[32], c[32], d[32];
+        printf("stages: %d\n  %-6s %6s %12s %16s %18s %14s\n", n, "stage", "nodes", "parameters", "stash/sample",
+               "recompute/sample", "plan/sample");
         for (int s = 0; s < n; s++) {
             human_bytes(pbytes[s], a, sizeof a);
             human_bytes(stash[s], b, sizeof b);
             human_bytes(rstash[s], c, sizeof c);
-            printf("  %-6d %6lld %12s %16s %18s\n", s, (long long)nodes[s], a, b, c);
+            human_bytes(plan[s], d, sizeof d);
+            printf("  %-6d %6lld %12s %16s %18s %14s\n", s, (long long)nodes[s], a, b, c, d);
         }
+        printf("plan: the largest memory plan of a stage's F, I and W (buffers living and dying inside one "
+               "run, reused by liveness)\n");
         printf("edges (bytes per sample):\n");
         for (int e = 0; e < p->n_edges; e++) {
             const pp_pipe_edge *ed = &p->edges[e];
@@ -290,6 +299,8 @@ static int print_stages(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, jso
     free(pbytes);
     free(stash);
     free(rstash);
+    free(plan);
+    free(plan_fixed);
     pp_pipe_free(p);
     return rc;
 }
@@ -313,6 +324,9 @@ static int print_backward(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, c
     int64_t rper = 0; /* recompute: F keeps the inputs */
     int rhave = pp_backward_input_bytes_per_sample_dims(g, b, ds->batch, ds->n, (const char *const *)ds->dims,
                                                         &rper, NULL) == PP_OK;
+    int64_t plan = 0, plan_fixed = 0; /* the largest memory plan of F, I and W */
+    int phave = pp_backward_plan_per_sample_dims(g, b, ds->batch, ds->n, (const char *const *)ds->dims, &plan,
+                                                 &plan_fixed) == PP_OK;
     json_object *o = json ? json_object_new_object() : NULL;
     if (o) {
         json_object_object_add(o, "forward_nodes", json_object_new_int(b->n_forward));
@@ -321,6 +335,8 @@ static int print_backward(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, c
         json_object_object_add(o, "trainable_parameters", json_object_new_int(b->n_params));
         json_object_object_add(o, "stash_bytes_per_sample", have ? json_object_new_int64(per) : NULL);
         json_object_object_add(o, "recompute_stash_bytes_per_sample", rhave ? json_object_new_int64(rper) : NULL);
+        json_object_object_add(o, "plan_bytes_per_sample", phave ? json_object_new_int64(plan) : NULL);
+        json_object_object_add(o, "plan_fixed_bytes", phave ? json_object_new_int64(plan_fixed) : NULL);
         json_object_object_add(json, "training_graph", o);
     } else if (have) {
         char a[32], r[32];
@@ -329,6 +345,12 @@ static int print_backward(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, c
         printf("training graph: %d forward (F), %d backward-input (I), %d backward-weight (W) nodes; "
                "%d trainable parameters; stash %s per sample (%s with recompute: the inputs)\n",
                b->n_forward, b->n_i, b->n_w, b->n_params, a, r);
+        if (phave) {
+            char pa[32], pf[32];
+            human_bytes(plan, pa, sizeof pa);
+            human_bytes(plan_fixed, pf, sizeof pf);
+            printf("memory plan (the largest of F, I and W): %s per sample + %s\n", pa, pf);
+        }
     }
     if (out_path) {
         if (pp_onnx_save(g, out_path) != PP_OK) rc = 1;

@@ -417,7 +417,7 @@ static pp_status print_recompute(const pp_pipe *p, pp_stage *const *stages, int 
     return PP_OK;
 }
 
-static int train_pipelined(const pp_graph *g, pp_tensor *const *data, const train_args *a) {
+static int train_pipelined(pp_graph *g, pp_tensor *const *data, const train_args *a) {
     pp_pipe *p = NULL;
     pp_runner *r = NULL;
     pp_trace *trace = NULL;

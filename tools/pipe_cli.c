@@ -23,11 +23,17 @@ pp_status pp_cli_schedule_needs_stages(const char *schedule, int staged, int no_
                     hint ? hint : "");
 }
 
-pp_status pp_cli_open_pipeline(const pp_graph *g, const pp_split_args *sa, int training, pp_pipe **pipe,
+pp_status pp_cli_open_pipeline(pp_graph *g, const pp_split_args *sa, int training, pp_pipe **pipe,
                                pp_runner **runner) {
     pp_split_spec spec = pp_split_args_spec(sa);
     *runner = NULL;
-    PP_TRY(pp_pipe_split(g, &spec, pipe));
+    PP_TRY(pp_pipe_split_take(g, &spec, pipe));
+    /* The stages hold their own references now: with g's, each parameter
+     * would stay alive beside the copy a training stage's flat buffer makes. */
+    for (int v = 0; v < g->n_values; v++) {
+        pp_tensor_free(g->values[v].data);
+        g->values[v].data = NULL;
+    }
     pp_status s = pp_pipe_probe_shapes(*pipe, sa->n_dims, sa->dims);
     if (s == PP_OK) s = pp_runner_new(*pipe, training, runner);
     if (s != PP_OK) {

@@ -14,8 +14,10 @@ int pp_cli_has_markers(const pp_graph *g);
  * refused rather than ignored. PP_OK when there is nothing to refuse. */
 pp_status pp_cli_schedule_needs_stages(const char *schedule, int staged, int no_split, const char *hint);
 
-/* Splits g (markers and/or sa's prefixes) and builds a runner. */
-pp_status pp_cli_open_pipeline(const pp_graph *g, const pp_split_args *sa, int training, pp_pipe **pipe,
+/* Splits g (markers and/or sa's prefixes) and builds a runner. The stages
+ * take g's parameters (pp_pipe_split_take), and g lets go of its tensors:
+ * the model is not held twice. g may afterwards be read for names only. */
+pp_status pp_cli_open_pipeline(pp_graph *g, const pp_split_args *sa, int training, pp_pipe **pipe,
                                pp_runner **runner);
 
 /* One runner step over whole-batch inputs named like the model's inputs. */

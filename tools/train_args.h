@@ -85,7 +85,8 @@ double pp_cli_now_ms(void);
 /* "step 3: loss 2.14 (12.5 ms, 320 samples/s)", or the --json line. */
 void train_print_progress(long long step, const train_args *a, float loss, double ms);
 /* Trains with every rank a thread owning a transport of kind a->transport
- * and an executor; returns the exit code (message set on failure). */
-int train_over_transport(const pp_graph *g, pp_tensor *const *data, const train_args *a);
+ * and an executor; returns the exit code (message set on failure). The
+ * stages take g's parameters (pp_pipe_split_take). */
+int train_over_transport(pp_graph *g, pp_tensor *const *data, const train_args *a);
 
 #endif

@@ -136,7 +136,7 @@ int pp_cli_loss_output(const pp_pipe *p) {
     return -1;
 }
 
-int train_over_transport(const pp_graph *g, pp_tensor *const *data, const train_args *a) {
+int train_over_transport(pp_graph *g, pp_tensor *const *data, const train_args *a) {
     pp_split_spec spec = pp_split_args_spec(&a->split);
     pp_pipe *p = NULL;
     pp_schedule *sched = NULL;
@@ -144,7 +144,7 @@ int train_over_transport(const pp_graph *g, pp_tensor *const *data, const train_
     pthread_t *th = NULL;
     const char **names = NULL;
     int rc = 1, nr = 0, started = 0;
-    if (pp_pipe_split(g, &spec, &p) != PP_OK || pp_pipe_probe_shapes(p, a->split.n_dims, a->split.dims) != PP_OK)
+    if (pp_pipe_split_take(g, &spec, &p) != PP_OK || pp_pipe_probe_shapes(p, a->split.n_dims, a->split.dims) != PP_OK)
         goto done;
     if (a->training && !p->loss) {
         pp_error(PP_ERR_NOT_FOUND, "the model has no loss output to train on");

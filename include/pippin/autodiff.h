@@ -147,6 +147,11 @@ PP_API pp_status pp_autodiff_model(pp_graph *g, const char *loss_name, int wrt_f
  * g->inputs[i] for the inputs that existed before pp_autodiff). */
 PP_API pp_status pp_backward_stash_bytes(pp_graph *g, const pp_backward *b, pp_tensor *const *inputs,
                                   int64_t *bytes);
+/* The largest memory plan (pippin/exec.h: the arena that holds the buffers
+ * living and dying inside one run) of F, I and W on the given inputs, with
+ * output gradients of zeros. */
+PP_API pp_status pp_backward_plan_bytes(pp_graph *g, const pp_backward *b, pp_tensor *const *inputs,
+                                        int64_t *bytes);
 /* Stashed bytes per sample: runs the forward on zero inputs with a batch
  * (dim 0 of inputs whose dim 0 is dynamic) of 1 and of 2 and takes the
  * difference; other dynamic dims get other_dims (1 if <= 0). *fixed gets
@@ -167,6 +172,11 @@ PP_API pp_status pp_backward_stash_per_sample_dims(pp_graph *g, const pp_backwar
 PP_API pp_status pp_backward_input_bytes_per_sample_dims(pp_graph *g, const pp_backward *b,
                                                   const char *batch_name, int n_dims,
                                                   const char *const *dims, int64_t *per_sample,
+                                                  int64_t *fixed);
+/* The same for the largest memory plan of F, I and W
+ * (pp_backward_plan_bytes): its bytes per sample and (fixed) at no batch. */
+PP_API pp_status pp_backward_plan_per_sample_dims(pp_graph *g, const pp_backward *b, const char *batch_name,
+                                                  int n_dims, const char *const *dims, int64_t *per_sample,
                                                   int64_t *fixed);
 
 /* Keep masks (one byte per graph value, caller frees) for running the

@@ -39,6 +39,28 @@ PP_API pp_status pp_exec_run(pp_exec *ex, pp_tensor *const *inputs, pp_tensor **
 PP_API pp_status pp_exec_run_nodes(pp_exec *ex, const int *nodes, int n_nodes, pp_tensor **env,
                             const uint8_t *keep);
 
+/* Memory plan: buffers that live and die inside one run (not the outputs,
+ * not what keep holds) come from one arena per executor, at offsets planned
+ * from a first, recorded run of the same node list and input signature, so
+ * buffers alive at different times share memory. On by default;
+ * PIPPIN_MEMORY_PLAN=0 in the environment or on = 0 here turns it off (the
+ * results are the same bits either way). Lists of fewer than 8 nodes are
+ * never planned. */
+PP_API void pp_exec_set_memory_plan(pp_exec *ex, int on);
+
+/* The largest plan made so far: the arena's bytes (its peak), and the sum
+ * of the buffers it places (what the run holds without reuse). 0, 0 before
+ * a planned run. */
+PP_API void pp_exec_memory_plan(const pp_exec *ex, int64_t *plan_bytes, int64_t *buffer_bytes);
+
+/* A function the runs that follow call after each node that produced a
+ * value marked in watch (one byte per graph value, kept by the caller): it
+ * may take the tensor out of *slot (setting it NULL), e.g. to add a
+ * gradient into its place as soon as it exists instead of holding every
+ * gradient to the end of the run. Its error stops the run. fn NULL: none. */
+typedef pp_status (*pp_exec_value_fn)(void *user, int value, pp_tensor **slot);
+PP_API void pp_exec_set_value_hook(pp_exec *ex, const uint8_t *watch, pp_exec_value_fn fn, void *user);
+
 /* Kernels run and nodes answered from the shape cache since creation. */
 PP_API void pp_exec_stats(const pp_exec *ex, int64_t *kernels_run, int64_t *nodes_cached);
 

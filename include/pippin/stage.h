@@ -81,6 +81,9 @@ PP_API pp_status pp_stage_forward(pp_stage *st, int mb, pp_tensor *const *inputs
  * in_grads[k] gets a new reference to the gradient of grad input k. */
 PP_API pp_status pp_stage_backward_input(pp_stage *st, int mb, pp_tensor *const *out_grads,
                                   pp_tensor **in_grads);
+/* Adds each parameter's gradient into the flat buffer as soon as W has made
+ * it (not all at W's end; the same bits), then frees the microbatch's stash.
+ * On failure the gradients added before it stay. */
 PP_API pp_status pp_stage_backward_weight(pp_stage *st, int mb);
 PP_API pp_status pp_stage_backward(pp_stage *st, int mb, pp_tensor *const *out_grads, pp_tensor **in_grads);
 /* Drops every stashed microbatch (after a failed step, so the stage can run
@@ -99,6 +102,12 @@ PP_API pp_status pp_stage_stash_per_sample(pp_stage *st, int64_t other_dims, int
  * p->dims; batch_name runs at 1 and 2): pp_backward_stash_per_sample_dims. */
 PP_API pp_status pp_stage_stash_per_sample_dims(pp_stage *st, const char *batch_name, int n_dims,
                                          const char *const *dims, int64_t *per_sample);
+
+/* The stage's largest memory plan (pippin/exec.h) of F, I and W per sample
+ * and at no batch (fixed, may be NULL), sized as
+ * pp_stage_stash_per_sample_dims sizes the stash. Training stages only. */
+PP_API pp_status pp_stage_plan_per_sample_dims(pp_stage *st, const char *batch_name, int n_dims,
+                                               const char *const *dims, int64_t *per_sample, int64_t *fixed);
 
 /* Activation recomputation (on != 0; training stages only): the forward
  * keeps only the stage's inputs for each microbatch, and runs again right

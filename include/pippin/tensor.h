@@ -83,7 +83,8 @@ PP_API pp_status pp_tensor_scalar_i64(int64_t v, pp_tensor **out);
 
 /* Tensor buffers of 64 KiB and more are recycled instead of going back to
  * malloc (up to PIPPIN_TENSOR_CACHE_MB, default 256, MiB); this frees the
- * recycled ones now. */
+ * recycled ones now, and lets the calling thread's memory-plan arena go
+ * (pippin/exec.h; the next planned run makes it again). */
 PP_API void pp_tensor_cache_release(void);
 
 /* Adds a reference; returns t. */

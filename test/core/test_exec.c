@@ -96,6 +96,56 @@ static void test_run_nodes_frees_and_keeps(void **state) {
     pp_graph_free(g);
 }
 
+/* The value hook gets each watched value right after its node, may take
+ * it out of env, and its error stops the run. */
+typedef struct taken {
+    int calls, value, fail;
+    float first;
+} taken;
+
+static pp_status take_value(void *user, int value, pp_tensor **slot) {
+    taken *t = user;
+    t->calls++;
+    t->value = value;
+    t->first = ((const float *)(*slot)->data)[0];
+    pp_tensor_free(*slot);
+    *slot = NULL;
+    return t->fail ? PP_ERR_INVALID : PP_OK;
+}
+
+static void test_value_hook(void **state) {
+    (void)state;
+    int s, cat;
+    pp_graph *g = reshape_graph(&s, &cat);
+    pp_exec *ex;
+    TU_OK(pp_exec_new(g, &ex));
+    uint8_t *watch = calloc((size_t)g->n_values, 1);
+    pp_tensor **env = calloc((size_t)g->n_values, sizeof *env);
+    int x = pp_graph_find_value(g, "x"), y = g->outputs[0], all[] = {0, 1, 2, 3, 4};
+    watch[y] = 1;
+    for (int fail = 0; fail < 2; fail++) {
+        taken t = {0, -1, fail, 0};
+        pp_exec_set_value_hook(ex, watch, take_value, &t);
+        TU_OK(pp_tensor_new(PP_F32, 3, (int64_t[]){2, 2, 3}, &env[x]));
+        pp_status st = pp_exec_run_nodes(ex, all, 5, env, NULL);
+        assert_int_equal(st, fail ? PP_ERR_INVALID : PP_OK);
+        assert_int_equal(t.calls, 1);
+        assert_int_equal(t.value, y);
+        assert_true(t.first == 1.0f); /* 0 + 1 */
+        assert_null(env[y]);
+        for (int v = 0; v < g->n_values; v++) pp_tensor_free(env[v]), env[v] = NULL;
+    }
+    pp_exec_set_value_hook(ex, NULL, NULL, NULL);
+    TU_OK(pp_tensor_new(PP_F32, 3, (int64_t[]){2, 2, 3}, &env[x]));
+    TU_OK(pp_exec_run_nodes(ex, all, 5, env, NULL));
+    assert_non_null(env[y]); /* no hook: left in env */
+    for (int v = 0; v < g->n_values; v++) pp_tensor_free(env[v]);
+    free(env);
+    free(watch);
+    pp_exec_free(ex);
+    pp_graph_free(g);
+}
+
 /* Identity-like ops hand out views: no copy of a large input. */
 static void test_views_not_copies(void **state) {
     (void)state;
@@ -193,6 +243,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dynamic_batch_and_shape_cache),
         cmocka_unit_test(test_run_nodes_frees_and_keeps),
+        cmocka_unit_test(test_value_hook),
         cmocka_unit_test(test_views_not_copies),
         cmocka_unit_test(test_decoder_empty_past),
         cmocka_unit_test(test_constant_params_fold_weights),

@@ -140,6 +140,21 @@ ok $? "train dropout with recomputation (1F1B, ZB-H1 on stage 0, ipc ranks) is b
 assert all(0 < x['recompute_stash_bytes_per_sample'] < x['stash_bytes_per_sample'] for x in s), s; \
 t = d['training_graph']; assert t['recompute_stash_bytes_per_sample'] < t['stash_bytes_per_sample'], t"
 ok $? "inspect shows the stash per sample with recomputation, smaller: $(head -c 300 "$tmp/err")"
+# The memory plan (lib/mem_plan.c): the same bits with it off, and inspect reports its peak.
+gd="$FX/gpt/model.onnx --data idx=$FX/gpt/train_idx.npy --data targets=$FX/gpt/train_targets.npy --batch-size 4"
+# shellcheck disable=SC2086
+"$PIPPIN" train $gd --microbatches 4 --schedule 1f1b --steps 3 --save "$tmp/plan-on" >/dev/null 2>"$tmp/err" &&
+    PIPPIN_MEMORY_PLAN=0 "$PIPPIN" train $gd --microbatches 4 --schedule 1f1b --steps 3 --save "$tmp/plan-off" \
+        >/dev/null 2>>"$tmp/err" &&
+    diff -r "$tmp/plan-on" "$tmp/plan-off" >"$tmp/diff"
+ok $? "train gpt (1F1B, 4 microbatches) with the memory plan on and off is bit-identical: $(cat "$tmp/err" "$tmp/diff" | head -c 300 | tr '\n' ' ')"
+"$PIPPIN" inspect "$FX/gpt/model.onnx" --json --backward >"$tmp/insp.json" 2>"$tmp/err" &&
+    python3 -c "import json; d = json.load(open('$tmp/insp.json')); s = d['stages']; \
+assert all(x['plan_bytes_per_sample'] > 0 and x['plan_fixed_bytes'] is not None for x in s), s; \
+t = d['training_graph']; assert t['plan_bytes_per_sample'] > max(x['plan_bytes_per_sample'] for x in s), t" &&
+    "$PIPPIN" inspect "$FX/gpt/model.onnx" --backward >"$tmp/insp.txt" 2>>"$tmp/err" &&
+    grep -q "plan/sample" "$tmp/insp.txt" && grep -q "^memory plan (the largest of F, I and W): .* per sample" "$tmp/insp.txt"
+ok $? "inspect reports each stage's memory plan and the training graph's: $(head -c 300 "$tmp/err")"
 # shellcheck disable=SC2086
 expect 1 "--recompute-stages: stage 7, but the pipeline has 2 stages (0-1)" "train --recompute-stages past the stages" -- \
     train $dr --steps 1 --recompute-stages 0,7
