@@ -181,6 +181,7 @@ pp_status pp_device_tensor_new(pp_device *dev, pp_memory_kind kind, pp_dtype dt,
         free(b);
         return pp_error_context(s, "%s: allocating %zu bytes", dev->name, nbytes);
     }
+    if (ptr && dev->ops->handed_out) dev->ops->handed_out(dev, kind, ptr, b->size);
     /* pp_tensor_wrap wants data for a non-empty tensor: fill it in after */
     s = pp_tensor_wrap(dt, ndim, shape, ptr, buffer_release, b, out);
     if (s != PP_OK) {

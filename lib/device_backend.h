@@ -37,6 +37,11 @@ typedef struct pp_backend_ops {
     /* 1 when input k of a claimed node is read on the host (a shape, axes):
      * the executor passes it as a host tensor. May be NULL (none). */
     int (*input_on_host)(const pp_node *n, int k);
+    /* A buffer of `kind` just handed out by the pool (fresh or reused);
+     * may be NULL. The fake device fills it with NaN bytes, so a kernel
+     * that reads memory it never wrote, or a host read of a download not
+     * waited for, shows on the CPU. */
+    void (*handed_out)(pp_device *dev, pp_memory_kind kind, void *ptr, size_t bytes);
     /* Runs a claimed node on the compute stream: inputs are device tensors
      * (host ones where input_on_host says so), outputs new device tensors
      * (pp_device_tensor_new). */

@@ -5,6 +5,8 @@
  * machine, and results must equal the CPU's bit for bit. */
 #include "device_backend.h"
 
+#include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,38 +14,110 @@
 
 #define FAKE_MAX_OPS 64
 
+/* A copy queued on the copy stream, done when something waits for it. */
+typedef struct fake_copy {
+    void *dst;
+    const void *src;
+    size_t bytes;
+    uint64_t seq;
+} fake_copy;
+
+/* Strict as a real device may be: fresh buffers hold NaN bytes, and a copy
+ * on the copy stream happens as late as the stream semantics allow: when
+ * the compute stream waits for the copy stream, or an event recorded
+ * after it is waited for (it reads its source then, as a DMA from pinned
+ * memory does). Code that reads a download before waiting for it, frees
+ * or reuses a copy's source too early, or computes on an upload the
+ * compute stream did not wait for sees NaN or stale bytes. The compute
+ * stream runs eagerly: a kernel is done when its node returns. */
 typedef struct fake_device {
     int n_ops;
     char ops[FAKE_MAX_OPS][32];
+    pthread_mutex_t lock; /* buffers are released on other threads too */
+    fake_copy *pending;
+    int n_pending, cap_pending;
+    uint64_t seq; /* copies queued so far */
 } fake_device;
 
 static const char *const default_ops[] = {"Add", "Sub", "Mul", "Div", "Relu", "MatMul", "Softmax"};
+
+/* Does the queued copies up to and including number `upto`, in order. */
+static void flush_locked(fake_device *f, uint64_t upto) {
+    int k = 0;
+    for (; k < f->n_pending && f->pending[k].seq <= upto; k++)
+        if (f->pending[k].bytes) memcpy(f->pending[k].dst, f->pending[k].src, f->pending[k].bytes);
+    memmove(f->pending, f->pending + k, sizeof *f->pending * (size_t)(f->n_pending - k));
+    f->n_pending -= k;
+}
+
+static void flush(fake_device *f, uint64_t upto) {
+    pthread_mutex_lock(&f->lock);
+    flush_locked(f, upto);
+    pthread_mutex_unlock(&f->lock);
+}
 
 static pp_status fake_alloc(pp_device *dev, pp_memory_kind kind, size_t bytes, void **ptr) {
     *ptr = aligned_alloc(64, bytes);
     return *ptr ? PP_OK : pp_error(PP_ERR_NOMEM, "%s: out of memory allocating %zu bytes", dev->name, bytes);
 }
 
-static void fake_release(pp_device *dev, pp_memory_kind kind, void *ptr) { free(ptr); }
+static void fake_release(pp_device *dev, pp_memory_kind kind, void *ptr) {
+    flush(dev->impl, UINT64_MAX); /* as cudaFree waits for the device */
+    free(ptr);
+}
 
-/* Streams are in order and the host waits for nothing: copies happen now. */
-static pp_status fake_copy(pp_device *dev, pp_stream stream, void *dst, const void *src, size_t bytes,
-                           pp_copy_dir dir) {
-    memcpy(dst, src, bytes);
+static void fake_handed_out(pp_device *dev, pp_memory_kind kind, void *ptr, size_t bytes) {
+    memset(ptr, 0xff, bytes); /* NaN as float32, -1 as integers */
+}
+
+static pp_status fake_copy_op(pp_device *dev, pp_stream stream, void *dst, const void *src, size_t bytes,
+                              pp_copy_dir dir) {
+    fake_device *f = dev->impl;
+    if (stream == PP_STREAM_COMPUTE) { /* in order after the (eager) kernels */
+        memcpy(dst, src, bytes);
+        return PP_OK;
+    }
+    pthread_mutex_lock(&f->lock);
+    if (f->n_pending == f->cap_pending) {
+        int cap = f->cap_pending ? f->cap_pending * 2 : 64;
+        fake_copy *np = realloc(f->pending, sizeof *np * (size_t)cap);
+        if (!np) {
+            pthread_mutex_unlock(&f->lock);
+            return pp_error(PP_ERR_NOMEM, "%s: out of memory queueing a copy", dev->name);
+        }
+        f->pending = np;
+        f->cap_pending = cap;
+    }
+    f->pending[f->n_pending++] = (fake_copy){dst, src, bytes, ++f->seq};
+    pthread_mutex_unlock(&f->lock);
     return PP_OK;
 }
 
-static pp_status fake_stream_wait(pp_device *dev, pp_stream waiter, pp_stream other) { return PP_OK; }
+static pp_status fake_stream_wait(pp_device *dev, pp_stream waiter, pp_stream other) {
+    /* the compute stream waiting for copies: they are done before its next kernel */
+    if (waiter == PP_STREAM_COMPUTE && other == PP_STREAM_COPY) flush(dev->impl, UINT64_MAX);
+    return PP_OK;
+}
 
-static int fake_event; /* events are complete when recorded: one shared token */
-
+/* An event: the number of copies queued when it was recorded (0 on the
+ * compute stream, whose work is done already). */
 static pp_status fake_event_record(pp_device *dev, pp_stream stream, void **event) {
-    *event = &fake_event;
+    fake_device *f = dev->impl;
+    uint64_t *e = malloc(sizeof *e);
+    if (!e) return pp_error(PP_ERR_NOMEM, "%s: out of memory", dev->name);
+    pthread_mutex_lock(&f->lock);
+    *e = stream == PP_STREAM_COPY ? f->seq : 0;
+    pthread_mutex_unlock(&f->lock);
+    *event = e;
     return PP_OK;
 }
 
-static pp_status fake_event_wait(pp_device *dev, void *event) { return PP_OK; }
-static void fake_event_free(pp_device *dev, void *event) {}
+static pp_status fake_event_wait(pp_device *dev, void *event) {
+    flush(dev->impl, *(uint64_t *)event);
+    return PP_OK;
+}
+
+static void fake_event_free(pp_device *dev, void *event) { free(event); }
 
 static int fake_supports(const pp_device *dev, const pp_graph *g, const pp_node *n) {
     const fake_device *f = dev->impl;
@@ -72,16 +146,23 @@ static pp_status fake_run(pp_device *dev, pp_kernel_ctx *ctx) {
     return PP_OK;
 }
 
-static void fake_close(pp_device *dev) { free(dev->impl); }
+static void fake_close(pp_device *dev) {
+    fake_device *f = dev->impl;
+    flush(f, UINT64_MAX);
+    pthread_mutex_destroy(&f->lock);
+    free(f->pending);
+    free(f);
+}
 
 static const pp_backend_ops fake_ops = {
     .alloc = fake_alloc,
     .release = fake_release,
-    .copy = fake_copy,
+    .copy = fake_copy_op,
     .stream_wait = fake_stream_wait,
     .event_record = fake_event_record,
     .event_wait = fake_event_wait,
     .event_free = fake_event_free,
+    .handed_out = fake_handed_out,
     .supports = fake_supports,
     .input_on_host = NULL,
     .run = fake_run,
@@ -117,6 +198,7 @@ pp_status pp_fake_device_open(pp_device *dev, const char *ops_list) {
         free(f);
         return s;
     }
+    pthread_mutex_init(&f->lock, NULL);
     dev->impl = f;
     dev->ops = &fake_ops;
     return PP_OK;

@@ -5,6 +5,7 @@
  * A claimed node it finds it cannot run (a dtype or layout only known at
  * run time) returns PP_ERR_UNSUPPORTED and the CPU runs it instead. */
 #include "cuda_internal.h"
+#include "op_attrs.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -233,15 +234,18 @@ static pp_status run_ln_grad_weight(pp_device *dev, cuda_device *c, pp_kernel_ct
 
 /* C[b] = op(A[b]) op(B[b]) for row-major A (M x K), B (K x N), C (M x N);
  * a stride of 0 repeats a 2-D operand over the batch. cuBLAS is
- * column-major, so it computes C^T = B^T A^T. */
+ * column-major: pp_km_gemm_blas maps the call (C^T = B^T A^T), which the
+ * cuda-host suite checks against a column-major reference. */
 static pp_status gemm(pp_device *dev, cuda_device *c, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
                       float alpha, const float *A, int64_t stride_a, const float *B, int64_t stride_b, float beta,
                       float *C, int64_t batch) {
-    if (M > 0x7fffffff || N > 0x7fffffff || K > 0x7fffffff) return fallback();
-    int lda = trans_a ? (int)M : (int)K, ldb = trans_b ? (int)K : (int)N;
+    if (M > 0x7fffffff || N > 0x7fffffff || K > 0x7fffffff || batch > 0x7fffffff) return fallback();
+    pp_km_gemm g = {trans_a, trans_b, 0, M, N, K, batch, stride_a, stride_b, M * N};
+    pp_km_blas b = pp_km_gemm_blas(&g);
     cublasStatus_t st = cublasSgemmStridedBatched(
-        c->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)N, (int)M, (int)K,
-        &alpha, B, ldb, stride_b, A, lda, stride_a, &beta, C, (int)N, M * N, (int)batch);
+        c->blas, b.op_first ? CUBLAS_OP_T : CUBLAS_OP_N, b.op_second ? CUBLAS_OP_T : CUBLAS_OP_N, (int)b.m, (int)b.n,
+        (int)b.k, &alpha, B, (int)b.ld_first, b.stride_first, A, (int)b.ld_second, b.stride_second, &beta, C,
+        (int)b.ld_c, b.stride_c, (int)b.batch);
     return st == CUBLAS_STATUS_SUCCESS ? PP_OK
                                        : pp_error(PP_ERR_INTERNAL, "%s: cublasSgemmStridedBatched failed (%d)",
                                                   dev->name, (int)st);
@@ -270,42 +274,25 @@ static pp_status run_matmul(pp_device *dev, cuda_device *c, pp_kernel_ctx *ctx) 
 }
 
 /* pippin::MatMulGradA(dy, b, shape_a) = dy b^T and MatMulGradB(dy, a,
- * shape_b) = a^T dy, each summed to the target shape: the batches match,
- * or (the Linear case) b is 2-D: then dA repeats b over the batch and dB
- * is one GEMM over all the batch's rows. Other broadcasts: the CPU's. */
+ * shape_b) = a^T dy, each summed to the target shape, weight_t honoured
+ * (b is W^T: dA = dy W, dW = dy^T a): one GEMM as pp_km_matmul_grad_plan
+ * lays it out. Other broadcasts: the CPU's. */
 static pp_status run_matmul_grad(pp_device *dev, cuda_device *c, pp_kernel_ctx *ctx) {
     const pp_tensor *dy = ctx->in[0], *o = ctx->in[1], *sh = ctx->in[2];
     int want_a = !strcmp(ctx->node->op_type, "MatMulGradA");
-    if (!is_f32(dy) || !is_f32(o) || dy->ndim < 2 || o->ndim < 2 || sh->ndim != 1 || sh->shape[0] < 2 ||
-        sh->shape[0] > PP_MAX_DIMS)
+    int weight_t = pp_node_attr_int(ctx->node, "weight_t", 0) != 0;
+    if (!is_f32(dy) || !is_f32(o) || sh->ndim != 1 || sh->shape[0] < 2 || sh->shape[0] > PP_MAX_DIMS)
         return fallback();
     int nd = (int)sh->shape[0];
     int64_t ts[PP_MAX_DIMS];
     for (int d = 0; d < nd; d++) ts[d] = pp_tensor_get_i64(sh, d);
-    int64_t M, N, K, rows = dy->shape[dy->ndim - 2], cols = dy->shape[dy->ndim - 1];
-    int64_t n_dy = pp_tensor_numel(dy), n_o = pp_tensor_numel(o), n_t = pp_shape_numel(nd, ts);
+    pp_km_gemm g;
+    if (pp_km_matmul_grad_plan(want_a, weight_t, dy->ndim, dy->shape, o->ndim, o->shape, nd, ts, &g)) return fallback();
     pp_tensor *y;
-    if (want_a) { /* dA [.., rows, K] = dy [.., rows, cols] b^T, b [.., K, cols] */
-        M = rows, N = ts[nd - 1], K = cols;
-        if (o->shape[o->ndim - 2] != N || o->shape[o->ndim - 1] != K || !M || !N || !K) return fallback();
-        int64_t batch = n_dy / (M * K);
-        if (n_t != batch * M * N || (n_o != batch * N * K && o->ndim != 2)) return fallback();
-        PP_TRY(new_out(dev, ctx, 0, PP_F32, nd, ts, &y));
-        return gemm(dev, c, 0, 1, M, N, K, 1.0f, dy->data, M * K, o->data, o->ndim == 2 ? 0 : N * K, 0.0f, y->data,
-                    batch);
-    }
-    /* dB [.., K, cols] = a^T dy, a [.., rows, K] */
-    M = ts[nd - 2], N = cols, K = rows;
-    if (o->shape[o->ndim - 2] != K || o->shape[o->ndim - 1] != M || !M || !N || !K) return fallback();
-    int64_t batch = n_dy / (K * N);
-    if (n_o != batch * K * M) return fallback();
-    if (n_t == batch * M * N) {
-        PP_TRY(new_out(dev, ctx, 0, PP_F32, nd, ts, &y));
-        return gemm(dev, c, 1, 0, M, N, K, 1.0f, o->data, K * M, dy->data, K * N, 0.0f, y->data, batch);
-    }
-    if (n_t != M * N) return fallback();
-    PP_TRY(new_out(dev, ctx, 0, PP_F32, nd, ts, &y)); /* summed over the batch: one GEMM over its rows */
-    return gemm(dev, c, 1, 0, M, N, batch * K, 1.0f, o->data, 0, dy->data, 0, 0.0f, y->data, 1);
+    PP_TRY(new_out(dev, ctx, 0, PP_F32, nd, ts, &y));
+    const float *A = g.a_is_dy ? dy->data : o->data, *B = g.a_is_dy ? o->data : dy->data;
+    return gemm(dev, c, g.trans_a, g.trans_b, g.M, g.N, g.K, 1.0f, A, g.stride_a, B, g.stride_b, 0.0f, y->data,
+                g.batch);
 }
 
 /* out += bias (broadcast over rows), then the activation, in place. */
@@ -627,6 +614,9 @@ static int find_op(const pp_node *n) {
 int pp_cuda_supports(const pp_device *dev, const pp_graph *g, const pp_node *n) {
     int i = find_op(n);
     if (i < 0) return 0;
+    /* an attribute this backend does not read: the CPU honours it */
+    for (int a = 0; a < n->n_attr; a++)
+        if (!pp_cuda_attr_known(n->op_type, n->attrs[a].name)) return 0;
     /* inputs of a known dtype other than float32 (indices aside): the CPU's */
     for (int k = 0; k < n->n_in; k++) {
         if (n->in[k] < 0 || (ops[i].host_inputs >> k & 1)) continue;

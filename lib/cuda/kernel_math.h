@@ -97,6 +97,91 @@ PP_HD int64_t pp_km_concat_dst(int64_t i, int64_t len, int64_t inner, int64_t to
     return (o * total + axis_off + a) * inner + in;
 }
 
+/* ---------------------------------------------------------------- GEMMs */
+
+/* One strided batched GEMM over row-major matrices:
+ *   C[b] (M x N) = op(A[b]) op(B[b]),  b < batch,
+ * op(A) M x K (A stored K x M when trans_a), op(B) K x N (B stored N x K
+ * when trans_b); a stride of 0 repeats an operand over the batch. For the
+ * matmul gradients, a_is_dy says which input is A (the other is B). */
+typedef struct pp_km_gemm {
+    int trans_a, trans_b, a_is_dy;
+    int64_t M, N, K, batch;
+    int64_t stride_a, stride_b, stride_c;
+} pp_km_gemm;
+
+/* pippin::MatMulGradA(dy, b, shape_a) = dy op(b)^T and MatMulGradB(dy, a,
+ * shape_b) = a^T dy (lib/ops/grad_nn.c), each summed to the target shape
+ * ts, as one GEMM: the batches match, or b is 2-D (the Linear case: dA
+ * repeats b over the batch, dB is one GEMM over all the batch's rows).
+ * weight_t = 1: b is W^T of a 2-D W [N, K] and the node reads (GradA) or
+ * writes (GradB) W itself: dA = dy W, dW = dy^T a over all rows.
+ * Returns 0, or -1 for what the CPU must do (other broadcasts, empty). */
+PP_HD int pp_km_matmul_grad_plan(int want_a, int weight_t, int dy_nd, const int64_t *dy_shape, int o_nd,
+                                 const int64_t *o_shape, int t_nd, const int64_t *ts, pp_km_gemm *g) {
+    *g = (pp_km_gemm){0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    if (dy_nd < 2 || o_nd < 2 || t_nd < 2 || (weight_t && (want_a ? o_nd : t_nd) != 2)) return -1;
+    int64_t n_dy = 1, n_o = 1, n_t = 1;
+    for (int d = 0; d < dy_nd; d++) n_dy *= dy_shape[d];
+    for (int d = 0; d < o_nd; d++) n_o *= o_shape[d];
+    for (int d = 0; d < t_nd; d++) n_t *= ts[d];
+    int64_t rows = dy_shape[dy_nd - 2], cols = dy_shape[dy_nd - 1];
+    int64_t o_r = o_shape[o_nd - 2], o_c = o_shape[o_nd - 1];
+    if (want_a) { /* dA [.., rows, N] = dy [.., rows, cols] op(b)^T */
+        int64_t M = rows, K = cols, N = ts[t_nd - 1];
+        if (!M || !N || !K || ts[t_nd - 2] != M) return -1;
+        if (weight_t ? (o_r != K || o_c != N) : (o_r != N || o_c != K)) return -1; /* W [K, N]; b [.., N, K] */
+        int64_t batch = n_dy / (M * K);
+        if (n_t != batch * M * N || (o_nd != 2 && n_o != batch * N * K)) return -1;
+        *g = (pp_km_gemm){0, !weight_t, 1, M, N, K, batch, M * K, o_nd == 2 ? 0 : N * K, M * N};
+        return 0;
+    }
+    if (weight_t) { /* dW [cols, N] = dy^T [cols, all rows] a [all rows, N] */
+        int64_t M = cols, N = ts[1], K = cols ? n_dy / cols : 0;
+        if (!M || !N || !K || ts[0] != M || o_c != N || n_o != K * N) return -1;
+        *g = (pp_km_gemm){1, 0, 1, M, N, K, 1, 0, 0, 0};
+        return 0;
+    }
+    /* dB [.., M, cols] = a^T dy, a [.., rows, M] */
+    int64_t M = ts[t_nd - 2], N = cols, K = rows;
+    if (!M || !N || !K || ts[t_nd - 1] != N || o_r != K || o_c != M) return -1;
+    int64_t batch = n_dy / (K * N);
+    if (n_o != batch * K * M) return -1;
+    if (n_t == batch * M * N) {
+        *g = (pp_km_gemm){1, 0, 0, M, N, K, batch, K * M, K * N, M * N};
+        return 0;
+    }
+    if (n_t != M * N) return -1;
+    *g = (pp_km_gemm){1, 0, 0, M, N, batch * K, 1, 0, 0, 0}; /* summed over the batch: one GEMM over its rows */
+    return 0;
+}
+
+/* The column-major BLAS call (cuBLAS's cublasSgemmStridedBatched) of a
+ * row-major GEMM: C^T = op(B)^T op(A)^T, so B is the first operand. */
+typedef struct pp_km_blas {
+    int op_first, op_second; /* 1: transposed */
+    int64_t m, n, k;
+    int64_t ld_first, ld_second, ld_c;
+    int64_t stride_first, stride_second, stride_c, batch;
+} pp_km_blas;
+
+PP_HD pp_km_blas pp_km_gemm_blas(const pp_km_gemm *g) {
+    pp_km_blas b;
+    b.op_first = g->trans_b;
+    b.op_second = g->trans_a;
+    b.m = g->N;
+    b.n = g->M;
+    b.k = g->K;
+    b.ld_first = g->trans_b ? g->K : g->N;
+    b.ld_second = g->trans_a ? g->M : g->K;
+    b.ld_c = g->N;
+    b.stride_first = g->stride_b;
+    b.stride_second = g->stride_a;
+    b.stride_c = g->stride_c;
+    b.batch = g->batch;
+    return b;
+}
+
 /* ------------------------------------------------------------ elementwise */
 
 typedef enum pp_km_binop { PP_KM_ADD, PP_KM_SUB, PP_KM_MUL, PP_KM_DIV } pp_km_binop;

@@ -2,10 +2,12 @@
  * copies, a chosen op subset) checks placement, CPU fallback, boundary
  * copies, constants kept on the device, staging buffers and the pool;
  * results must equal the CPU run bit for bit. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "device_backend.h"
 #include "test_util.h"
 
 #include "test_filter.h"
@@ -193,6 +195,32 @@ static void test_staging_download(void **state) {
     pp_device_close(dev);
 }
 
+/* The fake device is as strict as a real one may be: a fresh buffer holds
+ * NaN bytes (cudaMalloc does not zero), and a download lands only when it
+ * is waited for, so code that reads either too early fails on the CPU. */
+static void test_fake_device_is_strict(void **state) {
+    (void)state;
+    pp_device *dev;
+    TU_OK(pp_device_open("fake", &dev));
+    pp_tensor *fresh;
+    TU_OK(pp_device_tensor_new(dev, PP_MEMORY_DEVICE, PP_F32, 1, SHAPE(3), &fresh));
+    for (int i = 0; i < 3; i++) assert_true(isnan(((float *)fresh->data)[i]));
+    pp_tensor *h = F32(1, SHAPE(3), 1, 2, 3), *d, *staged;
+    TU_OK(pp_device_upload(dev, h, &d)); /* the compute stream waits: it is there */
+    assert_memory_equal(d->data, h->data, h->nbytes);
+    TU_OK(pp_device_download_async(dev, d, &staged));
+    for (int i = 0; i < 3; i++) assert_true(isnan(((float *)staged->data)[i])); /* not yet */
+    TU_OK(pp_device_staging_wait(dev, staged));
+    assert_same_bits(staged, h);
+    pp_tensor_free(fresh); /* back to the pool: handed out again, poisoned again */
+    TU_OK(pp_device_tensor_new(dev, PP_MEMORY_DEVICE, PP_F32, 1, SHAPE(3), &fresh));
+    assert_true(isnan(((float *)fresh->data)[0]));
+    pp_tensor_free(fresh);
+    pp_tensor_free(d);
+    pp_tensor_free(h);
+    pp_device_close(dev);
+}
+
 /* A device tensor may outlive pp_device_close (a stage's output after the
  * stage is gone): the device goes with its last buffer (ASan: no leak, no
  * use after free). */
@@ -241,6 +269,7 @@ int main(void) {
         cmocka_unit_test(test_nothing_claimed_no_copies),
         cmocka_unit_test(test_gpt_forward_equal),
         cmocka_unit_test(test_staging_download),
+        cmocka_unit_test(test_fake_device_is_strict),
         cmocka_unit_test(test_tensor_outlives_close),
         cmocka_unit_test(test_specs_and_errors),
     };

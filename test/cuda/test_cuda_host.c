@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "kernel_math.h"
+#include "op_attrs.h"
 #include "test_util.h"
 
 #include "test_filter.h"
@@ -354,6 +355,131 @@ static void test_optimizers(void **state) {
     check_optimizer(PP_OPTIM_ADAMW, 0.0, 0);
 }
 
+/* ------------------------------------------------------------- GEMMs */
+
+/* cuBLAS's column-major strided batched SGEMM (alpha 1, beta 0), as the
+ * backend calls it through pp_km_gemm_blas. */
+static void blas_ref(const pp_km_blas *b, const float *first, const float *second, float *c) {
+    for (int64_t q = 0; q < b->batch; q++) {
+        const float *f = first + q * b->stride_first, *s = second + q * b->stride_second;
+        float *cq = c + q * b->stride_c;
+        for (int64_t j = 0; j < b->n; j++)
+            for (int64_t i = 0; i < b->m; i++) {
+                double acc = 0;
+                for (int64_t l = 0; l < b->k; l++) {
+                    float x = b->op_first ? f[l + i * b->ld_first] : f[i + l * b->ld_first];
+                    float y = b->op_second ? s[j + l * b->ld_second] : s[l + j * b->ld_second];
+                    acc += (double)x * y;
+                }
+                cq[i + j * b->ld_c] = (float)acc;
+            }
+    }
+}
+
+static void set_weight_t(pp_graph *g, int node, const void *arg) {
+    if (*(const int *)arg) TU_OK(pp_node_set_int(g, node, "weight_t", 1));
+}
+
+/* MatMulGradA/B on the CPU against the plan the backend launches: the
+ * batches match, b is 2-D, and weight_t (b = W^T: the node reads or
+ * writes W itself), square and not, as the GPT's linear layers and tied
+ * head have them. */
+static void test_matmul_grad_plans(void **state) {
+    (void)state;
+    static const struct {
+        int want_a, weight_t, nd_dy, nd_o, nd_t;
+        int64_t dy[4], o[4], t[4];
+    } cases[] = {
+        {1, 0, 3, 2, 3, {4, 16, 96}, {32, 96}, {4, 16, 32}},
+        {1, 1, 3, 2, 3, {2, 16, 32}, {32, 32}, {2, 16, 32}}, /* attn.c_proj: square, W itself */
+        {1, 1, 3, 2, 3, {2, 16, 96}, {96, 32}, {2, 16, 32}},
+        {1, 1, 3, 2, 3, {1, 16, 64}, {64, 32}, {1, 16, 32}}, /* the tied head */
+        {1, 0, 4, 4, 4, {2, 4, 16, 16}, {2, 4, 8, 16}, {2, 4, 16, 8}},
+        {0, 0, 3, 3, 2, {4, 16, 96}, {4, 16, 32}, {32, 96}},
+        {0, 1, 3, 3, 2, {2, 16, 32}, {2, 16, 32}, {32, 32}},
+        {0, 1, 3, 3, 2, {2, 16, 96}, {2, 16, 32}, {96, 32}},
+        {0, 0, 4, 4, 4, {2, 4, 16, 16}, {2, 4, 16, 8}, {2, 4, 8, 16}},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        pp_tensor *dy = rand_f32(cases[k].nd_dy, cases[k].dy, 100 + k), *o = rand_f32(cases[k].nd_o, cases[k].o, 200 + k);
+        pp_tensor *sh;
+        TU_OK(pp_tensor_empty(PP_I64, 1, SHAPE(cases[k].nd_t), &sh));
+        for (int d = 0; d < cases[k].nd_t; d++) ((int64_t *)sh->data)[d] = cases[k].t[d];
+        char what[64];
+        snprintf(what, sizeof what, "MatMulGrad%c case %zu (weight_t %d)", cases[k].want_a ? 'A' : 'B', k,
+                 cases[k].weight_t);
+        pp_tensor *want = cpu_one(cases[k].want_a ? "MatMulGradA" : "MatMulGradB", "pippin", 3,
+                                  (pp_tensor *[]){dy, o, sh}, set_weight_t, &cases[k].weight_t);
+        pp_km_gemm g = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+        if (pp_km_matmul_grad_plan(cases[k].want_a, cases[k].weight_t, dy->ndim, dy->shape, o->ndim, o->shape,
+                                   cases[k].nd_t, cases[k].t, &g))
+            fail_msg("%s: no plan", what);
+        pp_tensor *got = like(want);
+        pp_km_blas b = pp_km_gemm_blas(&g);
+        const float *A = g.a_is_dy ? dy->data : o->data, *B = g.a_is_dy ? o->data : dy->data;
+        blas_ref(&b, B, A, got->data);
+        double scale = 0; /* sums that cancel: within RTOL of the tensor's largest element */
+        for (int64_t i = 0; i < pp_tensor_numel(want); i++)
+            if (fabs(((float *)want->data)[i]) > scale) scale = fabs(((float *)want->data)[i]);
+        tu_expect(got, want, RTOL, RTOL * scale + ATOL, what);
+        pp_tensor_free(dy);
+        pp_tensor_free(o);
+        pp_tensor_free(sh);
+    }
+    /* broadcast batches, weight_t with a batched weight: the CPU's */
+    pp_km_gemm g = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    assert_int_equal(pp_km_matmul_grad_plan(1, 0, 4, SHAPE(2, 4, 16, 16), 4, SHAPE(1, 4, 8, 16), 4,
+                                            SHAPE(2, 4, 16, 8), &g), -1);
+    assert_int_equal(pp_km_matmul_grad_plan(1, 1, 3, SHAPE(2, 16, 16), 3, SHAPE(2, 16, 8), 3, SHAPE(2, 16, 8), &g),
+                     -1);
+    assert_int_equal(pp_km_matmul_grad_plan(0, 1, 3, SHAPE(2, 16, 32), 3, SHAPE(2, 16, 32), 3, SHAPE(1, 32, 32), &g),
+                     -1);
+}
+
+/* Every node of the example GPT's training stages whose op the CUDA
+ * backend claims carries only attributes the backend reads (op_attrs.h):
+ * one it ignored would be computed wrong on the device (MatMulGradA/B's
+ * weight_t was), one it does not know keeps the node on the CPU. */
+static void test_gpt_attributes_known(void **state) {
+    (void)state;
+    static const char *const claimed[] = {
+        "Add", "Sub", "Mul", "Div", "Relu", "Tanh", "Gelu", "Neg", "Exp", "Sqrt", "Sigmoid", "ReluGrad", "TanhGrad",
+        "GeluGrad", "Softmax", "SoftmaxGrad", "LayerNormalization", "LayerNormGradInput", "LayerNormGradWeight",
+        "MatMul", "Gemm", "MatMulAdd", "MatMulGradA", "MatMulGradB", "SumToShape", "Gather", "GatherGrad",
+        "SoftmaxCrossEntropyLoss", "SoftmaxCrossEntropyLossGrad", "Transpose", "Reshape", "Flatten", "Squeeze",
+        "Unsqueeze", "Identity", "Concat"};
+    pp_graph *g = tu_fixture_onnx("gpt", "model.onnx");
+    pp_pipe *p;
+    TU_OK(pp_pipe_split(g, NULL, &p));
+    pp_graph_free(g);
+    pp_runner *r;
+    TU_OK(pp_runner_new(p, 1, &r));
+    int weight_t = 0, unknown = 0;
+    for (int s = 0; s < pp_runner_n_stages(r); s++) {
+        const pp_graph *sg = pp_stage_graph(pp_runner_stage(r, s));
+        for (int i = 0; i < sg->n_nodes; i++) {
+            const pp_node *n = &sg->nodes[i];
+            int is_claimed = 0;
+            for (size_t c = 0; c < sizeof claimed / sizeof *claimed; c++) is_claimed |= !strcmp(claimed[c], n->op_type);
+            for (int a = 0; is_claimed && a < n->n_attr; a++) {
+                weight_t += !strcmp(n->attrs[a].name, "weight_t");
+                if (!pp_cuda_attr_known(n->op_type, n->attrs[a].name)) {
+                    printf("stage %d node %s (%s): attribute %s unknown to the CUDA backend\n", s, n->name,
+                           n->op_type, n->attrs[a].name);
+                    unknown++;
+                }
+            }
+        }
+    }
+    assert_int_equal(unknown, 0);
+    assert_true(weight_t > 0); /* the linear layers' and the tied head's gradients read W itself */
+    assert_true(pp_cuda_attr_known("MatMulGradA", "weight_t"));
+    assert_false(pp_cuda_attr_known("MatMulAdd", "packed_n"));
+    assert_false(pp_cuda_attr_known("Add", "axis"));
+    pp_runner_free(r);
+    pp_pipe_free(p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_binary_broadcast),
@@ -365,6 +491,8 @@ int main(void) {
         cmocka_unit_test(test_cross_entropy_and_grad),
         cmocka_unit_test(test_transpose_slice_concat),
         cmocka_unit_test(test_optimizers),
+        cmocka_unit_test(test_matmul_grad_plans),
+        cmocka_unit_test(test_gpt_attributes_known),
     };
     tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
