@@ -210,7 +210,22 @@ static void test_optimizer_kernels(void **state) {
 /* got against want as expect_rel judges it, without failing: prints one
  * TAP comment line (elements beyond the tolerance, the largest |diff| and
  * where) and returns 1 if any element is beyond it. */
+static int report_rel_loose(const pp_tensor *got, const pp_tensor *want, const char *what, const pp_tensor *grad,
+                            double loose);
+
 static int report_rel(const pp_tensor *got, const pp_tensor *want, const char *what) {
+    return report_rel_loose(got, want, what, NULL, 0);
+}
+
+/* The same; where grad (the CPU's gradient of the parameter) is given, an
+ * element whose gradient is zero within the gradients' tolerance may
+ * differ by `loose` more: AdamW's first step moves it by lr g / (|g| +
+ * eps), which for a gradient of rounding noise (the attention's key bias:
+ * softmax does not depend on it, its gradient is ~1e-12) is lr times a
+ * ratio of noises, of either sign. The gradients themselves are compared
+ * strictly. */
+static int report_rel_loose(const pp_tensor *got, const pp_tensor *want, const char *what, const pp_tensor *grad,
+                            double loose) {
     if (!got || !want || got->dtype != want->dtype || !pp_shape_equal(got->ndim, got->shape, want->ndim, want->shape)) {
         printf("# %-40s shape or dtype differs\n", what);
         return 1;
@@ -220,14 +235,20 @@ static int report_rel(const pp_tensor *got, const pp_tensor *want, const char *w
         if (!same) printf("# %-40s differs (not float32)\n", what);
         return !same;
     }
-    const float *g = got->data, *w = want->data;
-    int64_t n = pp_tensor_numel(want), bad = 0, worst = 0, first = -1;
-    double scale = 0, max_diff = 0;
-    for (int64_t i = 0; i < n; i++)
-        if (fabs(w[i]) > scale) scale = fabs(w[i]);
+    const float *g = got->data, *w = want->data, *gr = grad && grad->dtype == PP_F32 &&
+                                                          pp_tensor_numel(grad) == pp_tensor_numel(want)
+                                                      ? grad->data
+                                                      : NULL;
+    int64_t n = pp_tensor_numel(want), bad = 0, worst = 0, first = -1, noise = 0;
+    double scale = 0, max_diff = 0, gscale = 0;
     for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)g[i] - w[i]);
-        if (!(d <= RTOL * fabs(w[i]) + RTOL * scale + 1e-12)) {
+        if (fabs(w[i]) > scale) scale = fabs(w[i]);
+        if (gr && fabs(gr[i]) > gscale) gscale = fabs(gr[i]);
+    }
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)g[i] - w[i]), tol = RTOL * fabs(w[i]) + RTOL * scale + 1e-12;
+        if (gr && fabs(gr[i]) <= RTOL * gscale + 1e-12) tol += loose, noise++;
+        if (!(d <= tol)) {
             if (!bad++) first = i;
         }
         if (!(d <= max_diff)) max_diff = d, worst = i;
@@ -238,6 +259,9 @@ static int report_rel(const pp_tensor *got, const pp_tensor *want, const char *w
                " %.9g vs %.9g, max |want| %.3g\n",
                what, (long long)bad, (long long)n, (long long)first, max_diff, (long long)worst,
                (long long)(worst / cols), (long long)(worst % cols), g[worst], w[worst], scale);
+    else if (noise)
+        printf("# %-40s ok, max |diff| %.3g, max |want| %.3g (%lld elements with a zero gradient within %.0e: "
+               "within %.1e)\n", what, max_diff, scale, (long long)noise, RTOL, loose);
     else
         printf("# %-40s ok, max |diff| %.3g, max |want| %.3g\n", what, max_diff, scale);
     return bad > 0;
@@ -270,6 +294,7 @@ static void test_gpt_training_step(void **state) {
     for (int o = 0; o < pp_runner_n_outputs(r[0]); o++) bad += report_rel(outs[1][o], outs[0][o], pp_runner_output_name(r[0], o));
     int64_t kernels = 0;
     int n_params[16] = {0};
+    pp_tensor *cpu_grads[16][64] = {{0}};
     int n_stages = pp_runner_n_stages(r[0]);
     for (int s = 0; s < n_stages && s < 16; s++) {
         pp_stage *st = pp_runner_stage(r[0], s);
@@ -287,10 +312,13 @@ static void test_gpt_training_step(void **state) {
             char what[200];
             snprintf(what, sizeof what, "stage %d grad %s", s, name);
             bad += report_rel(b, a, what);
-            pp_tensor_free(a);
+            if (i < 64) cpu_grads[s][i] = a;
+            else pp_tensor_free(a);
             pp_tensor_free(b);
         }
     }
+    pp_optim_config oc;
+    pp_optim_config_init(&oc, PP_OPTIM_ADAMW);
     for (int k = 0; k < 2; k++) TU_OK(pp_runner_optimizer_step(r[k]));
     for (int s = 0; s < n_stages && s < 16; s++) {
         pp_stage *st = pp_runner_stage(r[0], s);
@@ -301,7 +329,8 @@ static void test_gpt_training_step(void **state) {
             TU_OK(pp_runner_param(r[1], name, &b));
             char what[200];
             snprintf(what, sizeof what, "stage %d param %s after AdamW", s, name);
-            bad += report_rel(b, a, what);
+            bad += report_rel_loose(b, a, what, i < 64 ? cpu_grads[s][i] : NULL, 2.0 * oc.lr);
+            if (i < 64) pp_tensor_free(cpu_grads[s][i]);
             pp_tensor_free(a);
             pp_tensor_free(b);
         }
