@@ -149,11 +149,14 @@ void pp_exec_set_value_hook(pp_exec *ex, const uint8_t *watch, pp_exec_value_fn 
     ex->value_user = user;
 }
 
-/* Hands the watched outputs of node n to the value hook. */
+/* Hands the watched outputs of node n to the value hook. A value on a
+ * device is not the hook's to read (its data is device memory): it stays
+ * in env and comes back to the host with the run's other results. */
 static pp_status hand_over_outputs(pp_exec *ex, const pp_node *n, pp_tensor **env) {
     for (int k = 0; k < n->n_out; k++) {
         int v = n->out[k];
-        if (v >= 0 && ex->watch[v] && env[v]) PP_TRY(ex->value_fn(ex->value_user, v, &env[v]));
+        if (v >= 0 && ex->watch[v] && env[v] && !pp_tensor_device(env[v]))
+            PP_TRY(ex->value_fn(ex->value_user, v, &env[v]));
     }
     return PP_OK;
 }

@@ -99,6 +99,47 @@ static void test_placement_fallback_and_copies(void **state) {
 }
 
 /* A device claiming nothing the graph has: no copies, the CPU's results. */
+/* The executor's value hook (a stage's W adding each gradient into its
+ * flat buffer) reads host memory: a watched value on the device is never
+ * handed to it; it comes back to the host with the run's results instead.
+ * (On a GPU the hook read device memory and crashed.) */
+static int hook_calls, hook_saw_device;
+
+static pp_status watch_hook(void *user, int v, pp_tensor **slot) {
+    (void)user, (void)v;
+    hook_calls++;
+    if (pp_tensor_device(*slot)) hook_saw_device++;
+    return PP_OK;
+}
+
+static void test_value_hook_sees_host_values_only(void **state) {
+    (void)state;
+    pp_graph *g = mlp_graph();
+    pp_device *dev;
+    TU_OK(pp_device_open("fake:MatMul,Add,Relu,Mul", &dev));
+    pp_exec *ex;
+    TU_OK(pp_exec_new(g, &ex));
+    TU_OK(pp_exec_set_device(ex, dev));
+    uint8_t *watch = calloc((size_t)g->n_values, 1);
+    for (int i = 0; i < g->n_nodes; i++) watch[g->nodes[i].out[0]] = 1; /* every node's output */
+    pp_exec_set_value_hook(ex, watch, watch_hook, NULL);
+    hook_calls = hook_saw_device = 0;
+    pp_tensor *x = random_x(5, 3), *y[2];
+    TU_OK(pp_exec_run(ex, &x, y));
+    assert_int_equal(hook_saw_device, 0);
+    assert_int_equal(hook_calls, 1); /* Tanh's, the one node on the CPU */
+    for (int o = 0; o < 2; o++) {
+        assert_null(pp_tensor_device(y[o]));
+        pp_tensor_free(y[o]);
+    }
+    pp_exec_set_value_hook(ex, NULL, NULL, NULL);
+    pp_tensor_free(x);
+    free(watch);
+    pp_exec_free(ex);
+    pp_device_close(dev);
+    pp_graph_free(g);
+}
+
 static void test_nothing_claimed_no_copies(void **state) {
     (void)state;
     pp_graph *g = mlp_graph();
@@ -266,6 +307,7 @@ static void test_specs_and_errors(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_placement_fallback_and_copies),
+        cmocka_unit_test(test_value_hook_sees_host_values_only),
         cmocka_unit_test(test_nothing_claimed_no_copies),
         cmocka_unit_test(test_gpt_forward_equal),
         cmocka_unit_test(test_staging_download),
