@@ -27,7 +27,8 @@ static double now_s(void) {
 int main(void) {
     pp_set_threads(1);
     static const int shapes[][3] = {{60, 256, 768},  {60, 256, 256},   {60, 256, 1024}, {60, 1024, 256},
-                                    {126, 384, 1152}, {126, 768, 2304}, {1020, 384, 1152}, {1020, 1536, 384}};
+                                    {126, 384, 1152}, {126, 768, 2304}, {1020, 384, 1152}, {1020, 1536, 384},
+                                    {2048, 768, 3072}, {2048, 3072, 768}};
     printf("C = A W^T, W [N, K]; 1 thread; best of 7 loops\n%6s %6s %6s %12s %12s %7s %10s\n", "M", "K", "N",
            "OpenBLAS ms", "packed ms", "ratio", "max diff");
     unsigned seed = 1;

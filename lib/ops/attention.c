@@ -101,15 +101,30 @@ typedef struct {
 
 static int64_t keys_seen(const attn_job *j, int64_t i) { return pp_attn_keys_seen(j->mask_a, j->mask_b, j->tk, i); }
 
-/* The masked softmax of one row (pp_attn_softmax_row). */
+/* The masked softmax of one row (pp_attn_softmax_row). Rows are short
+ * (a causal row sees i + 1 keys), so the loops run in whole vector
+ * blocks: the max in lanes (a NaN still makes the row NaN, through its
+ * exp), and the last partial block padded with -inf (exp 0) when the row
+ * has room for it, instead of a scalar tail of exps. */
 PP_VEC_CLONES static void softmax_row(float *restrict s, int64_t n, int64_t len, float scale, int scale_div) {
     if (scale_div) PP_VFOR(i, n, s[i] = s[i] / scale;);
     else PP_VFOR(i, n, s[i] = s[i] * scale;);
-    float m = -INFINITY;
-    for (int64_t i = 0; i < n; i++) m = (s[i] > m || s[i] != s[i]) ? s[i] : m;
-    float p[PP_VEC_BLOCK] = {0};
+    int64_t whole = n / PP_VEC_BLOCK * PP_VEC_BLOCK;
+    if (whole < n && whole + PP_VEC_BLOCK <= len) { /* pad the last block */
+        for (int64_t i = n; i < whole + PP_VEC_BLOCK; i++) s[i] = -INFINITY;
+        whole += PP_VEC_BLOCK;
+    }
+    int64_t end = whole > n ? whole : n; /* the scalar tail stops at n */
+    float mx[PP_VEC_BLOCK];
+    for (int l = 0; l < PP_VEC_BLOCK; l++) mx[l] = -INFINITY;
     int64_t i = 0;
-    for (; i + PP_VEC_BLOCK <= n; i += PP_VEC_BLOCK)
+    for (; i + PP_VEC_BLOCK <= whole; i += PP_VEC_BLOCK)
+        for (int l = 0; l < PP_VEC_BLOCK; l++) mx[l] = s[i + l] > mx[l] ? s[i + l] : mx[l];
+    float m = -INFINITY;
+    for (int l = 0; l < PP_VEC_BLOCK; l++) m = mx[l] > m ? mx[l] : m;
+    for (; i < end; i++) m = s[i] > m ? s[i] : m;
+    float p[PP_VEC_BLOCK] = {0};
+    for (i = 0; i + PP_VEC_BLOCK <= whole; i += PP_VEC_BLOCK)
         for (int l = 0; l < PP_VEC_BLOCK; l++) {
             float e = pp_vexpf(s[i + l] - m);
             s[i + l] = e;
@@ -117,7 +132,7 @@ PP_VEC_CLONES static void softmax_row(float *restrict s, int64_t n, int64_t len,
         }
     double total = 0;
     for (int l = 0; l < PP_VEC_BLOCK; l++) total += p[l];
-    for (; i < n; i++) {
+    for (; i < end; i++) {
         s[i] = pp_vexpf(s[i] - m);
         total += s[i];
     }
