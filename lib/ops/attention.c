@@ -55,7 +55,7 @@ int pp_attn_layout_of(const pp_node *n, const char *name, const char *def, int a
     return -1;
 }
 
-static pp_status attention_check(const pp_graph *g, const pp_node *n) {
+pp_status pp_attn_check(const pp_graph *g, const pp_node *n) {
     (void)g;
     if (pp_attn_layout_of(n, "q_layout", "bhtd", 0) < 0 || pp_attn_layout_of(n, "v_layout", "bhtd", 0) < 0 ||
         pp_attn_layout_of(n, "out_layout", "bhtd", 0) < 0)
@@ -282,6 +282,6 @@ static pp_status attention_run(pp_kernel_ctx *ctx) {
 }
 
 const pp_op pp_ops_attention[] = {
-    {"CausalAttention", "pippin", 3, 4, 1, 1, attention_check, attention_run},
+    {"CausalAttention", "pippin", 3, 4, 1, 1, pp_attn_check, attention_run},
     {NULL},
 };

@@ -115,16 +115,6 @@ static pp_status grad_like(const pp_tensor *t, pp_tensor **out) {
     return PP_OK;
 }
 
-static pp_status attention_grad_check(const pp_graph *g, const pp_node *n) {
-    (void)g;
-    if (pp_attn_layout_of(n, "q_layout", "bhtd", 0) < 0 || pp_attn_layout_of(n, "v_layout", "bhtd", 0) < 0 ||
-        pp_attn_layout_of(n, "out_layout", "bhtd", 0) < 0)
-        return pp_node_error(n, PP_ERR_INVALID, "q_layout, v_layout and out_layout must be \"bhtd\" or \"bthd\"");
-    if (pp_attn_layout_of(n, "k_layout", "bhdt", 1) < 0)
-        return pp_node_error(n, PP_ERR_INVALID, "k_layout must be \"bhdt\", \"bhtd\" or \"bthd\"");
-    return PP_OK;
-}
-
 static pp_status attention_grad_run(pp_kernel_ctx *ctx) {
     const pp_node *n = ctx->node;
     const pp_tensor *dY = ctx->in[0], *Q = ctx->in[1], *K = ctx->in[2], *V = ctx->in[3];
@@ -195,6 +185,6 @@ static pp_status attention_grad_run(pp_kernel_ctx *ctx) {
 }
 
 const pp_op pp_ops_attention_grad[] = {
-    {"CausalAttentionGrad", "pippin", 4, 5, 1, 3, attention_grad_check, attention_grad_run},
+    {"CausalAttentionGrad", "pippin", 4, 5, 1, 3, pp_attn_check, attention_grad_run},
     {NULL},
 };

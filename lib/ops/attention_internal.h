@@ -15,6 +15,9 @@ enum { L_BHTD, L_BTHD, L_BHDT };
  * allow_dt; -1 when it is none of them. */
 int pp_attn_layout_of(const pp_node *n, const char *name, const char *def, int allow_dt);
 
+/* The load-time check of both ops' layout attributes. */
+pp_status pp_attn_check(const pp_graph *g, const pp_node *n);
+
 /* One operand as (batch-head) matrices: the head of batch-head index bh
  * starts at base + (bh / heads) * sb + (bh % heads) * sh; inside it, row t
  * (time) and column d step by st and sd. */
