@@ -257,6 +257,7 @@ static void test_fake_device_is_strict(void **state) {
     TU_OK(pp_device_tensor_new(dev, PP_MEMORY_DEVICE, PP_F32, 1, SHAPE(3), &fresh));
     assert_true(isnan(((float *)fresh->data)[0]));
     pp_tensor_free(fresh);
+    pp_tensor_free(staged);
     pp_tensor_free(d);
     pp_tensor_free(h);
     pp_device_close(dev);
