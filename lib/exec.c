@@ -275,7 +275,7 @@ static pp_status run_list(pp_exec *ex, const int *nodes, int n_nodes, pp_tensor 
         pp_status f = pp_device_plan_finish(ex->plan, env);
         if (s == PP_OK) s = f;
     }
-    if (planned && pp_mem_run_end(ex->mem) != PP_OK) /* the run is fine; later ones use the pool */
+    if (planned && pp_mem_run_end(ex->mem, s == PP_OK) != PP_OK) /* the run is fine; later ones use the pool */
         pp_warn("no memory plan for a run of %d nodes: %s", n_nodes, pp_last_error());
     free(last);
     return s;

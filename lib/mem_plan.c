@@ -363,6 +363,11 @@ pp_status pp_mem_run_begin(pp_mem_plans *mp, const int *nodes, int n_nodes, uint
     }
     if (mp->cur) memset(mp->taken, 0, (size_t)mp->cur->n_slots);
     mp->ar = mp->cur && mp->cur->n_slots ? thread_arena_of(mp->cur->peak) : NULL; /* none: the pool */
+    if (mp->ar) { /* the run holds its arena: a nested run or a cache release may let the thread's go */
+        pthread_mutex_lock(&mp->ar->mu);
+        mp->ar->refs++;
+        pthread_mutex_unlock(&mp->ar->mu);
+    }
     mp->rec_key = key;
     mp->rec_nodes = nodes;
     mp->rec_n_nodes = n_nodes;
@@ -375,12 +380,32 @@ pp_status pp_mem_run_begin(pp_mem_plans *mp, const int *nodes, int n_nodes, uint
 void pp_mem_run_node(pp_mem_plans *mp, int position) { mp->position = position; }
 
 
-pp_status pp_mem_run_end(pp_mem_plans *mp) {
+/* A recording whose run failed: every tensor it made gets its own free
+ * function back and no plan is made, so the next run records again
+ * (a plan cut short at the failing node would serve every later run). */
+static void drop_recording(pp_mem_plans *mp) {
+    for (int i = 0; i < mp->n_recs; i++) {
+        rec *r = mp->recs[i];
+        if (r->state == REC_RUNNING) {
+            r->tensor->free_fn = r->inner;
+            r->tensor->free_hint = r->inner_hint;
+        }
+        free(r);
+    }
+    mp->n_recs = 0;
+}
+
+pp_status pp_mem_run_end(pp_mem_plans *mp, int ok) {
     current_run = mp->outer;
     mp->outer = NULL;
+    arena_release(mp->ar);
     mp->ar = NULL;
     if (mp->cur) {
         mp->cur = NULL;
+        return PP_OK;
+    }
+    if (!ok) {
+        drop_recording(mp);
         return PP_OK;
     }
     plan *p = &mp->plans[mp->n_plans < MAX_PLANS ? mp->n_plans++ : mp->next_victim++ % MAX_PLANS];

@@ -25,11 +25,14 @@ void pp_mem_plans_free(pp_mem_plans *mp);
  * the calling thread: with a plan for (nodes, key), tensor buffers allocated
  * on this thread come from the arena where the plan says; without one, the
  * run is recorded. pp_mem_run_node tells which position runs now;
- * pp_mem_run_end finishes (a recording becomes a plan). Runs may nest (a
- * kernel that runs a graph): the inner run takes over until its end. */
+ * pp_mem_run_end finishes (a recording becomes a plan; ok 0: the run
+ * failed and its recording is dropped). Runs may nest (a kernel that runs
+ * a graph): the inner run takes over until its end. Tensors a recorded run
+ * makes must be freed on its thread, or after pp_mem_run_end (a value hook
+ * that takes one keeps this rule). */
 pp_status pp_mem_run_begin(pp_mem_plans *mp, const int *nodes, int n_nodes, uint64_t key);
 void pp_mem_run_node(pp_mem_plans *mp, int position);
-pp_status pp_mem_run_end(pp_mem_plans *mp);
+pp_status pp_mem_run_end(pp_mem_plans *mp, int ok);
 
 /* A buffer of nbytes for tensor t, which the current run allocates on this
  * thread; sets t's free function and hint. NULL when no run is active here

@@ -47,7 +47,7 @@ static void test_slot_reused_only_when_free(void **state) {
         }
         assert_all(b, 2.0f);
         pp_tensor_free(b);
-        TU_OK(pp_mem_run_end(mp));
+        TU_OK(pp_mem_run_end(mp, 1));
     }
     int64_t arena, total;
     pp_mem_plans_peak(mp, &arena, &total);
@@ -71,7 +71,7 @@ static void test_alive_at_end_not_planned(void **state) {
         pp_mem_run_node(mp, 1);
         pp_tensor *tmp = filled(9.0f);
         pp_tensor_free(tmp);
-        TU_OK(pp_mem_run_end(mp));
+        TU_OK(pp_mem_run_end(mp, 1));
     }
     for (int rep = 0; rep < 3; rep++) {
         assert_all(kept[rep], (float)rep);
@@ -80,6 +80,63 @@ static void test_alive_at_end_not_planned(void **state) {
     int64_t arena, total;
     pp_mem_plans_peak(mp, &arena, &total);
     assert_int_equal(arena, 448); /* only tmp */
+    pp_mem_plans_free(mp);
+}
+
+/* A planned run holds its arena: the thread letting its arena go in the
+ * middle of the run (pp_tensor_cache_release from a value hook, or a
+ * nested run needing a larger one) leaves the run's slots valid (ASan: no
+ * use after free). */
+static void test_run_holds_its_arena(void **state) {
+    (void)state;
+    pp_mem_plans *mp;
+    TU_OK(pp_mem_plans_new(&mp));
+    static const int nodes[2] = {0, 1};
+    for (int rep = 0; rep < 3; rep++) {
+        TU_OK(pp_mem_run_begin(mp, nodes, 2, 11));
+        pp_mem_run_node(mp, 0);
+        pp_tensor *a = filled(1.0f);
+        pp_tensor_free(a);
+        pp_mem_plan_release_thread(); /* as pp_tensor_cache_release does */
+        pp_mem_run_node(mp, 1);
+        pp_tensor *b = filled(2.0f);
+        assert_all(b, 2.0f);
+        pp_tensor_free(b);
+        TU_OK(pp_mem_run_end(mp, 1));
+    }
+    pp_mem_plans_free(mp);
+    pp_mem_plan_release_thread();
+}
+
+/* A recorded run that failed makes no plan: the next run records again
+ * (a plan cut short at the failing node would serve every later run). */
+static void test_failed_recording_makes_no_plan(void **state) {
+    (void)state;
+    pp_mem_plans *mp;
+    TU_OK(pp_mem_plans_new(&mp));
+    static const int nodes[2] = {0, 1};
+    TU_OK(pp_mem_run_begin(mp, nodes, 2, 5));
+    pp_mem_run_node(mp, 0);
+    pp_tensor *a = filled(1.0f), *kept = filled(3.0f);
+    pp_tensor_free(a);
+    TU_OK(pp_mem_run_end(mp, 0)); /* the run failed after node 0 */
+    int64_t arena, total;
+    pp_mem_plans_peak(mp, &arena, &total);
+    assert_int_equal(arena, 0);
+    assert_all(kept, 3.0f);
+    pp_tensor_free(kept); /* its own free function again */
+    for (int rep = 0; rep < 2; rep++) { /* recorded now, then planned */
+        TU_OK(pp_mem_run_begin(mp, nodes, 2, 5));
+        pp_mem_run_node(mp, 0);
+        a = filled(1.0f);
+        pp_tensor_free(a);
+        pp_mem_run_node(mp, 1);
+        pp_tensor *b = filled(2.0f);
+        pp_tensor_free(b);
+        TU_OK(pp_mem_run_end(mp, 1));
+    }
+    pp_mem_plans_peak(mp, &arena, &total);
+    assert_int_equal(arena, 448);
     pp_mem_plans_free(mp);
 }
 
@@ -239,6 +296,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_slot_reused_only_when_free),
         cmocka_unit_test(test_alive_at_end_not_planned),
+        cmocka_unit_test(test_run_holds_its_arena),
+        cmocka_unit_test(test_failed_recording_makes_no_plan),
         cmocka_unit_test(test_two_consumers_same_bits),
         cmocka_unit_test(test_gpt_training_same_bits_and_reuse),
     };
