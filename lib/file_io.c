@@ -1,4 +1,4 @@
-/* Whole-file reads with the checks every loader needs, and durable
+/* File reads with the checks every loader needs, and durable
  * (write, fsync, rename, fsync the directory) replacement of files. */
 #include "file_io.h"
 
@@ -8,39 +8,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "status_internal.h"
-pp_status pp_read_file(const char *path, size_t max_bytes, unsigned char **buf, size_t *len) {
-    *buf = NULL;
-    *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return pp_error(PP_ERR_IO, "%s: %s", path, strerror(errno));
-    struct stat st;
-    pp_status s = PP_OK;
-    /* fopen succeeds on a directory; ftell would then report nonsense. */
-    if (fstat(fileno(f), &st) != 0) s = pp_error(PP_ERR_IO, "%s: %s", path, strerror(errno));
-    else if (!S_ISREG(st.st_mode)) s = pp_error(PP_ERR_IO, "%s: not a regular file", path);
-    else if ((unsigned long long)st.st_size > max_bytes)
-        s = pp_error(PP_ERR_UNSUPPORTED, "%s: %lld bytes (at most %zu)", path, (long long)st.st_size, max_bytes);
-    if (s == PP_OK && !(*buf = malloc((size_t)st.st_size + 1))) s = pp_error(PP_ERR_NOMEM, "%s: out of memory", path);
-    if (s == PP_OK && fread(*buf, 1, (size_t)st.st_size, f) != (size_t)st.st_size)
-        s = pp_error(PP_ERR_IO, "%s: read failed", path);
-    fclose(f);
-    if (s != PP_OK) {
-        free(*buf);
-        *buf = NULL;
-        return s;
-    }
-    *len = (size_t)st.st_size;
-    return PP_OK;
-}
-
-pp_status pp_map_file(const char *path, size_t max_bytes, pp_mapped_file *mf) {
-    static const unsigned char empty[1];
-    memset(mf, 0, sizeof *mf);
+pp_status pp_open_file(const char *path, size_t max_bytes, int *fd_out, size_t *size) {
+    *fd_out = -1;
+    *size = 0;
     /* O_NONBLOCK: a FIFO must not hang the open (refused below) */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return pp_error(PP_ERR_IO, "%s: %s", path, strerror(errno));
@@ -50,24 +24,50 @@ pp_status pp_map_file(const char *path, size_t max_bytes, pp_mapped_file *mf) {
     else if (!S_ISREG(st.st_mode)) s = pp_error(PP_ERR_IO, "%s: not a regular file", path);
     else if ((unsigned long long)st.st_size > max_bytes)
         s = pp_error(PP_ERR_UNSUPPORTED, "%s: %lld bytes (at most %zu)", path, (long long)st.st_size, max_bytes);
-    if (s == PP_OK && st.st_size > 0) {
-        void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (p == MAP_FAILED) s = pp_error(PP_ERR_IO, "%s: mmap: %s", path, strerror(errno));
-        else {
-            (void)madvise(p, (size_t)st.st_size, MADV_SEQUENTIAL); /* read ahead */
-            mf->bytes = p;
-            mf->len = (size_t)st.st_size;
-            mf->mapped = 1;
-        }
+    if (s != PP_OK) {
+        close(fd);
+        return s;
     }
-    close(fd); /* the mapping keeps the file */
-    if (s == PP_OK && !mf->mapped) mf->bytes = empty;
-    return s;
+    *fd_out = fd;
+    *size = (size_t)st.st_size;
+    return PP_OK;
 }
 
-void pp_unmap_file(pp_mapped_file *mf) {
-    if (mf->mapped) munmap((void *)(uintptr_t)mf->bytes, mf->len);
-    memset(mf, 0, sizeof *mf);
+pp_status pp_read_at(int fd, void *dst, size_t n, uint64_t off, const char *what) {
+    size_t got = 0;
+    while (got < n) {
+        /* at most 1 GiB a call: Linux reads at most ~2 GiB at once anyway */
+        size_t want = n - got < ((size_t)1 << 30) ? n - got : (size_t)1 << 30;
+        ssize_t r = pread(fd, (unsigned char *)dst + got, want, (off_t)(off + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return pp_error(PP_ERR_IO, "%s: read at offset %llu: %s", what, (unsigned long long)(off + got),
+                                   strerror(errno));
+        if (r == 0) break;
+        got += (size_t)r;
+    }
+    if (got < n)
+        return pp_error(PP_ERR_IO, "%s: expected %zu bytes at offset %llu, got %zu (the file is shorter than when "
+                        "it was opened: truncated or rewritten while it was read?)", what, n, (unsigned long long)off, got);
+    return PP_OK;
+}
+
+pp_status pp_read_file(const char *path, size_t max_bytes, unsigned char **buf, size_t *len) {
+    *buf = NULL;
+    *len = 0;
+    int fd;
+    size_t size;
+    PP_TRY(pp_open_file(path, max_bytes, &fd, &size));
+    pp_status s = PP_OK;
+    if (!(*buf = malloc(size + 1))) s = pp_error(PP_ERR_NOMEM, "%s: out of memory", path);
+    else s = pp_read_at(fd, *buf, size, 0, path);
+    close(fd);
+    if (s != PP_OK) {
+        free(*buf);
+        *buf = NULL;
+        return s;
+    }
+    *len = size;
+    return PP_OK;
 }
 
 pp_status pp_atomic_open(const char *path, pp_atomic_file *af) {

@@ -1,10 +1,11 @@
-/* Internal: reading a whole file safely (a regular file, with a size cap),
- * so every loader refuses directories, devices and oversize files the same
- * way. */
+/* Internal: reading files safely (a regular file, with a size cap, read
+ * rather than mapped), so every loader refuses directories, devices,
+ * oversize files and files cut short the same way. */
 #ifndef PIPPIN_LIB_FILE_IO_H
 #define PIPPIN_LIB_FILE_IO_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "pippin/status.h"
@@ -12,19 +13,19 @@
 /* *buf is malloc'd (caller frees; at least 1 byte even for an empty file). */
 pp_status pp_read_file(const char *path, size_t max_bytes, unsigned char **buf, size_t *len);
 
-/* A whole file mapped read-only and private (its pages are read from the
- * file when touched and may be given back with madvise). mapped is 0 for
- * an empty file (bytes then points at an empty string). The file must not
- * be truncated while it is mapped. */
-typedef struct pp_mapped_file {
-    const unsigned char *bytes;
-    size_t len;
-    int mapped;
-} pp_mapped_file;
+/* A regular file of at most max_bytes opened read-only (the same checks
+ * as pp_read_file): *fd (the caller closes it) and *size, its size when
+ * opened. */
+pp_status pp_open_file(const char *path, size_t max_bytes, int *fd, size_t *size);
 
-/* The same checks as pp_read_file (a regular file of at most max_bytes). */
-pp_status pp_map_file(const char *path, size_t max_bytes, pp_mapped_file *mf);
-void pp_unmap_file(pp_mapped_file *mf);
+/* Reads exactly n bytes at offset off of fd into dst; what names the file
+ * (and what is read) in messages. A file that has become shorter than that
+ * since it was measured (another process saving over it in place, a
+ * partial copy) gives PP_ERR_IO "WHAT: expected N bytes at offset O, got
+ * M". Loaders read model and weight files with this rather than mapping
+ * them: a mapped file that shrinks kills the process with SIGBUS when a
+ * page past its new end is touched, a read just comes back short. */
+pp_status pp_read_at(int fd, void *dst, size_t n, uint64_t off, const char *what);
 
 /* Durable replacement of a file: what is written goes to a temporary file
  * beside it; commit flushes and fsyncs it, renames it over the path and

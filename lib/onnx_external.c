@@ -1,18 +1,17 @@
 /* Reading ONNX external data: initializers whose bytes live in a side file
  * beside the model (see onnx_external.h for the rules). Each side file is
- * opened and mapped once per load; a tensor borrows its bytes from the
- * mapping when they are 64-byte aligned (the alignment pippin's kernels
- * get from tensor_pool.c), else they are copied. */
+ * opened once per load and each initializer's bytes are read (pread) into
+ * its tensor. They were once mapped and borrowed by the tensors, which
+ * saved the copy but let any process that truncates the side file kill
+ * this one with SIGBUS, at load or at any later use of a weight. */
 #include "onnx_external.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -22,19 +21,10 @@
 #include "log_internal.h"
 #include "status_internal.h"
 
-#define ZERO_COPY_ALIGN 64
-
-/* One side file's mapping; each tensor borrowing from it holds a reference,
- * and so does the load while it runs. */
-typedef struct ext_map {
-    atomic_int refs;
-    unsigned char *base; /* NULL for an empty file */
-    size_t len;
-} ext_map;
-
 typedef struct {
     char *location; /* as the model spells it */
-    ext_map *map;
+    int fd;
+    size_t len; /* when opened */
 } ext_file;
 
 struct pp_onnx_ext {
@@ -42,17 +32,6 @@ struct pp_onnx_ext {
     ext_file *files;
     int n_files, cap_files;
 };
-
-static void map_unref(ext_map *m) {
-    if (atomic_fetch_sub(&m->refs, 1) != 1) return;
-    if (m->base) munmap(m->base, m->len);
-    free(m);
-}
-
-static void release_mapping(void *data, void *hint) {
-    (void)data;
-    map_unref(hint);
-}
 
 pp_status pp_onnx_ext_open(const char *base_dir, pp_onnx_ext **out) {
     *out = NULL;
@@ -71,7 +50,7 @@ void pp_onnx_ext_close(pp_onnx_ext *x) {
     if (!x) return;
     for (int i = 0; i < x->n_files; i++) {
         free(x->files[i].location);
-        map_unref(x->files[i].map);
+        close(x->files[i].fd);
     }
     free(x->files);
     free(x->base_dir);
@@ -120,8 +99,8 @@ static pp_status read_entries(const Onnx__TensorProto *tp, const char *what, ext
             if (!parse_u64(v, &r->length))
                 return pp_error(PP_ERR_PARSE, "%s: external data length '%s' is not a byte count", what, v);
         } else if (strcmp(k, "checksum") != 0) {
-            /* checksum (a SHA-1 of the whole file) is not verified: reading
-             * every byte would defeat the mapping; lengths are checked */
+            /* checksum (a SHA-1 of the whole side file) is not verified:
+             * that would read the whole file once more; lengths are checked */
             pp_debug("%s: external data key '%s' ignored", what, k);
         }
     }
@@ -197,49 +176,34 @@ static pp_status open_side_file(pp_onnx_ext *x, const char *what, const char *lo
     }
     if ((uint64_t)st.st_size > SIZE_MAX) {
         close(fd);
-        return pp_error(PP_ERR_UNSUPPORTED, "%s: external data file '%s': too large to map", what, loc);
+        return pp_error(PP_ERR_UNSUPPORTED, "%s: external data file '%s': too large", what, loc);
     }
     *fd_out = fd;
     *size = st.st_size;
     return PP_OK;
 }
 
-/* The mapping of loc, made on first use. */
-static pp_status get_mapping(pp_onnx_ext *x, const char *what, const char *loc, ext_map **out) {
+/* The side file loc, opened on first use. */
+static pp_status get_file(pp_onnx_ext *x, const char *what, const char *loc, ext_file **out) {
     for (int i = 0; i < x->n_files; i++)
         if (strcmp(x->files[i].location, loc) == 0) {
-            *out = x->files[i].map;
+            *out = &x->files[i];
             return PP_OK;
         }
     int fd;
     off_t size;
     PP_TRY(open_side_file(x, what, loc, &fd, &size));
-    ext_map *m = calloc(1, sizeof *m);
     char *name = strdup(loc);
-    pp_status s = PP_OK;
-    if (!m || !name || PP_GROW(x->files, x->cap_files, x->n_files) != PP_OK)
-        s = pp_error(PP_ERR_NOMEM, "out of memory");
-    if (s == PP_OK && size > 0) {
-        /* Copy-on-write, no swap reserved: a tensor that borrows the bytes
-         * may be written in place (never reaching the file). */
-        void *p = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, fd, 0);
-        if (p == MAP_FAILED) s = pp_error(PP_ERR_IO, "%s: external data file '%s': mmap: %s", what, loc, strerror(errno));
-        else {
-            m->base = p;
-            m->len = (size_t)size;
-        }
-    }
-    close(fd); /* the mapping keeps the file */
-    if (s != PP_OK) {
-        free(m);
+    if (!name || PP_GROW(x->files, x->cap_files, x->n_files) != PP_OK) {
         free(name);
-        return s;
+        close(fd);
+        return pp_error(PP_ERR_NOMEM, "out of memory");
     }
-    atomic_init(&m->refs, 1);
-    x->files[x->n_files].location = name;
-    x->files[x->n_files].map = m;
-    x->n_files++;
-    *out = m;
+    ext_file *f = &x->files[x->n_files++];
+    f->location = name;
+    f->fd = fd;
+    f->len = (size_t)size;
+    *out = f;
     return PP_OK;
 }
 
@@ -255,30 +219,21 @@ pp_status pp_onnx_ext_load(pp_onnx_ext *x, const Onnx__TensorProto *tp, const ch
         return pp_error(PP_ERR_PARSE, "%s: holds data of its own besides its external data", what);
     ext_ref r;
     PP_TRY(read_entries(tp, what, &r));
-    ext_map *m;
-    PP_TRY(get_mapping(x, what, r.location, &m));
-    uint64_t length = r.has_length ? r.length : (r.offset <= m->len ? m->len - r.offset : 0);
+    ext_file *f = NULL;
+    PP_TRY(get_file(x, what, r.location, &f));
+    uint64_t length = r.has_length ? r.length : (r.offset <= f->len ? f->len - r.offset : 0);
     if (length != nbytes) {
         char sh[128];
         return pp_error(PP_ERR_PARSE, "%s: external data '%s' gives %llu bytes, but %s %s needs %zu", what,
                         r.location, (unsigned long long)length, pp_dtype_name(dt),
                         pp_shape_str(ndim, shape, sh, sizeof sh), nbytes);
     }
-    if (r.offset > m->len || length > m->len - r.offset)
+    if (r.offset > f->len || length > f->len - r.offset)
         return pp_error(PP_ERR_PARSE, "%s: external data '%s': bytes %llu..%llu lie past its end (%zu bytes)", what,
                         r.location, (unsigned long long)r.offset,
-                        (unsigned long long)(r.offset + length < r.offset ? UINT64_MAX : r.offset + length), m->len);
-    if (nbytes == 0) return pp_tensor_empty(dt, ndim, shape, out);
-    unsigned char *src = m->base + r.offset;
-    /* the bytes are little-endian, as raw_data: borrowed as they are on a
-     * little-endian machine (the only kind pippin reads raw_data on) */
-    if ((uintptr_t)src % ZERO_COPY_ALIGN == 0) {
-        atomic_fetch_add(&m->refs, 1);
-        pp_status s = pp_tensor_wrap(dt, ndim, shape, src, release_mapping, m, out);
-        if (s != PP_OK) map_unref(m);
-        return s;
-    }
-    PP_TRY(pp_tensor_empty(dt, ndim, shape, out));
-    memcpy((*out)->data, src, nbytes);
-    return PP_OK;
+                        (unsigned long long)(r.offset + length < r.offset ? UINT64_MAX : r.offset + length), f->len);
+    /* little-endian, as raw_data (the only byte order pippin reads) */
+    char where[1400];
+    snprintf(where, sizeof where, "%s: external data file '%s'", what, r.location);
+    return pp_onnx_tensor_read_raw(tp, where, f->fd, r.offset, nbytes, out);
 }

@@ -2,10 +2,10 @@
  * of models over 2 GiB (TensorProto.data_location = EXTERNAL with
  * external_data entries location, offset, length, checksum).
  *
- * Reading (lib/onnx_external.c): each side file is mapped once per load,
- * copy-on-write (the file is never written), and a tensor whose bytes are
- * 64-byte aligned in it borrows them; the mapping lives while any such
- * tensor does. Model files are untrusted: a location must be a relative
+ * Reading (lib/onnx_external.c): each side file is opened once per load
+ * and each initializer's bytes are read into its own tensor (never
+ * mapped: a side file truncated meanwhile is an error, not a SIGBUS).
+ * Model files are untrusted: a location must be a relative
  * path that stays inside the model's directory (no absolute path, no '..',
  * no symlink leading out), and offset and length must lie inside the file
  * and match the tensor's byte size.
@@ -30,8 +30,7 @@ typedef struct pp_onnx_ext pp_onnx_ext;
  * model parsed from memory (then every external initializer is refused,
  * naming it). */
 pp_status pp_onnx_ext_open(const char *base_dir, pp_onnx_ext **out);
-/* Drops the load's own references; tensors keep their mappings. NULL is
- * ignored. */
+/* Closes the side files. NULL is ignored. */
 void pp_onnx_ext_close(pp_onnx_ext *x);
 /* 1 if tp keeps its data in an external file. */
 int pp_onnx_ext_is_external(const Onnx__TensorProto *tp);

@@ -1,6 +1,7 @@
 /* Writing ONNX external data: the initializers of a model being saved move
- * into one side file beside it, PATH.data, each at an aligned offset so
- * that a load can borrow the bytes from its mapping (lib/onnx_external.c). */
+ * into one side file beside it, PATH.data, each at an aligned offset (what
+ * readers that map the file, ONNX Runtime's among them, want; pippin's
+ * own loader reads them, lib/onnx_external.c). */
 #include "onnx_external.h"
 
 #include <errno.h>

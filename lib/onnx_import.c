@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <json-c/json.h>
@@ -262,43 +261,32 @@ static int listed(json_object *list, const char *name) {
     return 0;
 }
 
-/* The bytes a model was decoded from when its initializers' raw_data were
- * left there (onnx_wire.h); mapped: a file mapping whose pages are given
- * back once their payload is in its tensor. */
+/* Where a model was decoded from, for the raw_data its decoding left out
+ * (onnx_wire.h): the file open as fd, which the payloads are read from
+ * (pread) straight into their tensors, or (fd -1) bytes in memory. */
 typedef struct model_src {
     const unsigned char *bytes;
     size_t len;
-    int mapped;
+    int fd;
 } model_src;
-
-/* The pages wholly inside [off, off+n) leave this process's memory (a
- * private read-only mapping reads them again from the file if touched). */
-static void release_payload(const model_src *src, size_t off, size_t n) {
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    uintptr_t a = (uintptr_t)(src->bytes + off), b = a + n;
-    a = (a + page - 1) / page * page;
-    b = b / page * page;
-    if (src->mapped && b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED);
-}
 
 /* Initializer i of the model as a tensor; its raw_data from src when the
  * model was stripped. */
 static pp_status load_initializer(const Onnx__TensorProto *tp, const char *what, const model_src *src,
                                   pp_onnx_ext *ext, pp_tensor **t) {
-    Onnx__TensorProto with_data;
     size_t off = 0, n = 0;
     int stripped = src ? pp_onnx_wire_raw_data(tp, src->len, &off, &n) : 0;
     if (stripped < 0) return pp_error(PP_ERR_PARSE, "%s: raw_data record out of range", what);
+    if (stripped && pp_onnx_ext_is_external(tp))
+        return pp_error(PP_ERR_PARSE, "%s: holds data of its own besides its external data", what);
+    if (stripped && src->fd >= 0) return pp_onnx_tensor_read_raw(tp, what, src->fd, off, n, t);
     if (stripped) {
-        with_data = *tp;
+        Onnx__TensorProto with_data = *tp;
         with_data.raw_data.data = (uint8_t *)(uintptr_t)(src->bytes + off);
         with_data.raw_data.len = n;
-        tp = &with_data;
+        return pp_onnx_tensor_from_proto(&with_data, what, t);
     }
-    pp_status s = pp_onnx_ext_is_external(tp) ? pp_onnx_ext_load(ext, tp, what, t)
-                                              : pp_onnx_tensor_from_proto(tp, what, t);
-    if (stripped) release_payload(src, off, n);
-    return s;
+    return pp_onnx_ext_is_external(tp) ? pp_onnx_ext_load(ext, tp, what, t) : pp_onnx_tensor_from_proto(tp, what, t);
 }
 
 static pp_status build_graph(const Onnx__ModelProto *m, const char *file, const model_src *src, pp_onnx_ext *ext,
@@ -367,40 +355,56 @@ static pp_status build_graph(const Onnx__ModelProto *m, const char *file, const 
 /* Payloads smaller than this are left to protobuf-c. */
 #define STRIP_MIN_BYTES 64
 
-/* base_dir: where external data is looked for; NULL refuses it. mapped:
- * bytes is a private file mapping (its pages may be given back). */
-static pp_status parse_model(const void *bytes, size_t len, int mapped, const char *name, const char *base_dir,
-                             pp_graph **out) {
+/* base_dir: where external data is looked for; NULL refuses it. */
+static pp_status parse_model(const model_src *src, const char *name, const char *base_dir, pp_graph **out) {
     *out = NULL;
-    /* Decode the model without its weights, then copy each weight once,
-     * into its tensor; a model the rewrite cannot walk is decoded as it
-     * is (and fails there, or loads as it always did). */
-    unsigned char *stripped = NULL;
+    /* Decode the model without its weights, then read (or copy) each
+     * weight once, into its tensor; a model the rewrite cannot walk is
+     * decoded as it is (and fails there, or loads as it always did). */
+    unsigned char *stripped = NULL, *whole = NULL;
     size_t stripped_len = 0;
-    model_src src = {bytes, len, mapped};
-    pp_status s = pp_onnx_wire_strip(bytes, len, STRIP_MIN_BYTES, &stripped, &stripped_len);
+    pp_status s = src->fd < 0 ? pp_onnx_wire_strip(src->bytes, src->len, STRIP_MIN_BYTES, &stripped, &stripped_len)
+                              : pp_onnx_wire_strip_fd(src->fd, src->len, name, STRIP_MIN_BYTES, &stripped, &stripped_len);
     if (s == PP_ERR_NOMEM) return pp_error(PP_ERR_NOMEM, "%s: out of memory", name);
+    if (s == PP_ERR_IO) return s; /* the file was cut short */
+    const unsigned char *bytes = src->bytes;
+    if (s != PP_OK && src->fd >= 0) {
+        pp_status r = (whole = malloc(src->len ? src->len : 1)) ? pp_read_at(src->fd, whole, src->len, 0, name)
+                                                                : pp_error(PP_ERR_NOMEM, "%s: out of memory", name);
+        if (r != PP_OK) {
+            free(whole);
+            return r;
+        }
+        bytes = whole;
+    }
     Onnx__ModelProto *m = s == PP_OK ? onnx__model_proto__unpack(NULL, stripped_len, stripped)
-                                     : onnx__model_proto__unpack(NULL, len, bytes);
+                                     : onnx__model_proto__unpack(NULL, src->len, bytes);
     free(stripped);
+    free(whole);
     if (!m) return pp_error(PP_ERR_PARSE, "%s: not an ONNX model (protobuf decoding failed)", name);
     pp_onnx_ext *ext;
-    const model_src *from = s == PP_OK ? &src : NULL;
+    const model_src *from = s == PP_OK ? src : NULL;
     s = pp_onnx_ext_open(base_dir, &ext);
     if (s == PP_OK) s = build_graph(m, name, from, ext, out);
-    pp_onnx_ext_close(ext); /* the tensors keep what they borrow */
+    pp_onnx_ext_close(ext);
     onnx__model_proto__free_unpacked(m, NULL);
     return s;
 }
 
 pp_status pp_onnx_parse(const void *bytes, size_t len, const char *name, pp_graph **out) {
-    return parse_model(bytes, len, 0, name, NULL, out);
+    model_src src = {bytes, len, -1};
+    return parse_model(&src, name, NULL, out);
 }
 
 pp_status pp_onnx_load(const char *path, pp_graph **out) {
-    pp_mapped_file mf;
     *out = NULL;
-    PP_TRY(pp_map_file(path, PP_ONNX_MAX_BYTES, &mf));
+    /* Read, never mapped: a model file truncated while it is read (another
+     * process saving over it in place, a partial copy) is an error naming
+     * the file, not a SIGBUS (file_io.h). The structure is read once and
+     * each weight straight into its tensor, so loading peaks at about the
+     * file's size plus its decoded structure. */
+    model_src src = {NULL, 0, -1};
+    PP_TRY(pp_open_file(path, PP_ONNX_MAX_BYTES, &src.fd, &src.len));
     /* external data locations are relative to the model file's directory */
     char *dir = malloc(strlen(path) + 2);
     pp_status s = PP_OK;
@@ -410,10 +414,10 @@ pp_status pp_onnx_load(const char *path, pp_graph **out) {
         char *slash = strrchr(dir, '/');
         if (!slash) strcpy(dir, ".");
         else slash[slash == dir ? 1 : 0] = '\0';
-        s = parse_model(mf.bytes, mf.len, mf.mapped, path, dir, out);
+        s = parse_model(&src, path, dir, out);
     }
     free(dir);
-    pp_unmap_file(&mf);
+    close(src.fd);
     return s;
 }
 

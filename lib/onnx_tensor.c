@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "file_io.h"
 #include "pippin/status.h"
 
 #include "status_internal.h"
@@ -86,6 +87,24 @@ pp_status pp_onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *wha
         }
     }
     return PP_OK;
+}
+
+pp_status pp_onnx_tensor_read_raw(const Onnx__TensorProto *tp, const char *what, int fd, uint64_t off, size_t len,
+                                  pp_tensor **out) {
+    *out = NULL;
+    pp_dtype dt;
+    int ndim;
+    int64_t shape[PP_MAX_DIMS];
+    size_t nbytes;
+    PP_TRY(pp_onnx_tensor_header(tp, what, &dt, &ndim, shape, &nbytes));
+    if (len != nbytes) return pp_error(PP_ERR_PARSE, "%s: holds %zu bytes, shape needs %zu", what, len, nbytes);
+    PP_TRY(weight_tensor(dt, ndim, shape, nbytes, out));
+    pp_status s = pp_read_at(fd, (*out)->data, nbytes, off, what);
+    if (s != PP_OK) {
+        pp_tensor_free(*out);
+        *out = NULL;
+    }
+    return s;
 }
 
 pp_status pp_onnx_tensor_to_proto(const pp_tensor *t, const char *name, Onnx__TensorProto *tp) {

@@ -12,6 +12,12 @@ pp_status pp_onnx_tensor_header(const Onnx__TensorProto *tp, const char *what, p
                                 int64_t *shape, size_t *nbytes);
 /* Decodes tp; what names it in messages ("initializer 'w'"). */
 pp_status pp_onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *what, pp_tensor **out);
+/* The tensor tp describes (its dims and data type; its own data is
+ * ignored) with its len bytes of little-endian raw data read from offset
+ * off of file fd straight into place (pp_read_at: a file cut short is an
+ * error naming what, the offset and the bytes read). */
+pp_status pp_onnx_tensor_read_raw(const Onnx__TensorProto *tp, const char *what, int fd, uint64_t off, size_t len,
+                                  pp_tensor **out);
 /* Fills tp (already initialised with onnx__tensor_proto__init) pointing at
  * t's data (raw_data borrows t->data; keep t alive while tp is used). */
 pp_status pp_onnx_tensor_to_proto(const pp_tensor *t, const char *name, Onnx__TensorProto *tp);

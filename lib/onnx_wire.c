@@ -6,7 +6,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
+#include "file_io.h"
 #include "status_internal.h"
 
 /* Field numbers in onnx.proto. */
@@ -57,9 +59,49 @@ typedef struct field {
     const unsigned char *start, *after_tag, *payload, *end;
 } field;
 
-/* Next field of [*p, end); 0 at the end, -1 when malformed or a group. */
-static int next_field(const unsigned char **p, const unsigned char *end, field *f) {
+/* Reading from a file, the input is a reserved region as large as the
+ * file, filled in chunks of this size as the walk first needs them: the
+ * payloads it strips are never read, but for the chunks they share with
+ * what is walked. */
+#define CHUNK ((size_t)64 << 10)
+
+typedef struct strip {
+    const unsigned char *base; /* the whole input, for offsets */
+    size_t len;
+    size_t min_bytes;
+    int fd;                    /* -1: base holds the input */
+    const char *name;          /* the file, for messages */
+    unsigned char *loaded;     /* a flag per chunk of base read from fd */
+    pp_status err;             /* a read failed (the file shrank) */
+} strip;
+
+/* Makes [p, p+n) of the input (clipped to its end) readable; 0 if a read
+ * failed (st->err). */
+static int have(strip *st, const unsigned char *p, size_t n) {
+    if (st->fd < 0 || st->err != PP_OK) return st->err == PP_OK;
+    size_t a = (size_t)(p - st->base), b = n < st->len - a ? a + n : st->len;
+    for (size_t c = a / CHUNK; c * CHUNK < b;) {
+        if (st->loaded[c]) {
+            c++;
+            continue;
+        }
+        size_t e = c; /* one read for a run of chunks not yet read */
+        while (e * CHUNK < b && !st->loaded[e]) e++;
+        size_t from = c * CHUNK, to = e * CHUNK < st->len ? e * CHUNK : st->len;
+        st->err = pp_read_at(st->fd, (unsigned char *)(uintptr_t)st->base + from, to - from, from, st->name);
+        if (st->err != PP_OK) return 0;
+        memset(st->loaded + c, 1, e - c);
+        c = e;
+    }
+    return 1;
+}
+
+/* Next field of [*p, end); 0 at the end, -1 when malformed, a group or
+ * unreadable. */
+static int next_field(strip *st, const unsigned char **p, const unsigned char *end, field *f) {
     if (*p >= end) return 0;
+    /* a tag and a varint: at most 20 bytes */
+    if (!have(st, *p, 20)) return -1;
     f->start = *p;
     uint64_t tag, n;
     /* protobuf-c reads tags and lengths of at most 5 bytes: refusing longer
@@ -93,27 +135,23 @@ static int next_field(const unsigned char **p, const unsigned char *end, field *
     return 1;
 }
 
-typedef struct strip {
-    const unsigned char *base; /* the whole input, for offsets */
-    size_t min_bytes;
-} strip;
 
 /* Writes msg [p, end) of the given level to o (NULL: only counts); returns
  * the size written, or SIZE_MAX when malformed. */
-static size_t rewrite(const strip *st, int level, const unsigned char *p, const unsigned char *end,
+static size_t rewrite(strip *st, int level, const unsigned char *p, const unsigned char *end,
                       unsigned char *o) {
     const unsigned char *last_raw = NULL; /* the raw_data field that counts */
     field f;
     int r;
     if (level == LEVEL_TENSOR) {
-        for (const unsigned char *q = p; (r = next_field(&q, end, &f)) > 0;) {
+        for (const unsigned char *q = p; (r = next_field(st, &q, end, &f)) > 0;) {
             if (f.num == RECORD_FIELD) return SIZE_MAX;
             if (f.num == TENSOR_RAW_DATA && f.wt == WT_LEN) last_raw = f.start;
         }
         if (r < 0) return SIZE_MAX;
     }
     size_t n = 0;
-    while ((r = next_field(&p, end, &f)) > 0) {
+    while ((r = next_field(st, &p, end, &f)) > 0) {
         int sub = (level == LEVEL_MODEL && f.num == MODEL_GRAPH && f.wt == WT_LEN) ? LEVEL_GRAPH
                   : (level == LEVEL_GRAPH && f.num == GRAPH_INITIALIZER && f.wt == WT_LEN) ? LEVEL_TENSOR
                                                                                              : -1;
@@ -143,6 +181,7 @@ static size_t rewrite(const strip *st, int level, const unsigned char *p, const 
             }
             n += head + varint_size(inner) + inner;
         } else {
+            if (o && !have(st, f.start, (size_t)(f.end - f.start))) return SIZE_MAX;
             if (o) memcpy(o + n, f.start, (size_t)(f.end - f.start));
             n += (size_t)(f.end - f.start);
         }
@@ -150,24 +189,58 @@ static size_t rewrite(const strip *st, int level, const unsigned char *p, const 
     return r < 0 ? SIZE_MAX : n;
 }
 
-pp_status pp_onnx_wire_strip(const unsigned char *in, size_t len, size_t min_bytes, unsigned char **out,
-                             size_t *out_len) {
-    *out = NULL;
-    *out_len = 0;
+/* Both passes over st's input into *out. */
+static pp_status run_strip(strip *st, unsigned char **out, size_t *out_len) {
     /* The record needs 12 bytes beside the empty field; smaller payloads
      * stay (and so nothing grows). */
-    strip st = {in, min_bytes < 16 ? 16 : min_bytes};
-    size_t n = rewrite(&st, LEVEL_MODEL, in, in + len, NULL);
+    if (st->min_bytes < 16) st->min_bytes = 16;
+    const unsigned char *in = st->base, *end = st->base + st->len;
+    size_t n = rewrite(st, LEVEL_MODEL, in, end, NULL);
+    if (st->err != PP_OK) return st->err;
     if (n == SIZE_MAX) return pp_error(PP_ERR_PARSE, "malformed protobuf");
     unsigned char *o = malloc(n ? n : 1);
     if (!o) return pp_error(PP_ERR_NOMEM, "out of memory");
-    if (rewrite(&st, LEVEL_MODEL, in, in + len, o) != n) {
+    size_t again = rewrite(st, LEVEL_MODEL, in, end, o);
+    if (again != n) {
         free(o);
+        if (st->err != PP_OK) return st->err;
         return pp_error(PP_ERR_INTERNAL, "protobuf rewrite: sizes differ between passes");
     }
     *out = o;
     *out_len = n;
     return PP_OK;
+}
+
+pp_status pp_onnx_wire_strip(const unsigned char *in, size_t len, size_t min_bytes, unsigned char **out,
+                             size_t *out_len) {
+    *out = NULL;
+    *out_len = 0;
+    strip st = {in, len, min_bytes, -1, NULL, NULL, PP_OK};
+    return run_strip(&st, out, out_len);
+}
+
+pp_status pp_onnx_wire_strip_fd(int fd, size_t len, const char *name, size_t min_bytes, unsigned char **out,
+                                size_t *out_len) {
+    static const unsigned char empty[1];
+    *out = NULL;
+    *out_len = 0;
+    strip st = {empty, len, min_bytes, fd, name, NULL, PP_OK};
+    void *base = NULL;
+    if (len) {
+        /* address space only: a page costs memory once a chunk is read */
+        base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        st.loaded = calloc(len / CHUNK + 1, 1);
+        if (base == MAP_FAILED || !st.loaded) {
+            if (base != MAP_FAILED) munmap(base, len);
+            free(st.loaded);
+            return pp_error(PP_ERR_NOMEM, "%s: out of memory", name);
+        }
+        st.base = base;
+    }
+    pp_status s = run_strip(&st, out, out_len);
+    if (base) munmap(base, len);
+    free(st.loaded);
+    return s;
 }
 
 int pp_onnx_wire_raw_data(const Onnx__TensorProto *tp, size_t in_len, size_t *offset, size_t *len) {

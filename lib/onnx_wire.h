@@ -5,8 +5,8 @@
  * without those payloads: each initializer's last raw_data (if at least
  * min_bytes) becomes an empty raw_data and a fixed64 field of a reserved
  * number holding where the bytes are in the input. The importer decodes
- * the stripped bytes and copies each payload straight into its tensor
- * (pp_onnx_wire_raw_data). Everything else is copied verbatim, so
+ * the stripped bytes and reads (or copies) each payload straight into its
+ * tensor (pp_onnx_wire_raw_data). Everything else is copied verbatim, so
  * protobuf-c sees the same message but for those payloads. */
 #ifndef PIPPIN_LIB_ONNX_WIRE_H
 #define PIPPIN_LIB_ONNX_WIRE_H
@@ -23,6 +23,15 @@
  * the same result as before for any input. */
 pp_status pp_onnx_wire_strip(const unsigned char *in, size_t len, size_t min_bytes, unsigned char **out,
                              size_t *out_len);
+
+/* The same, the input being the len bytes of the file open as fd (name
+ * names it in messages). Only what the walk needs is read (pp_read_at,
+ * in 64 KiB chunks, into memory given back on return), never the payloads
+ * it strips, which the importer then reads into their tensors; the file
+ * is never mapped. PP_ERR_IO when the file is shorter than len (cut short
+ * since it was measured). */
+pp_status pp_onnx_wire_strip_fd(int fd, size_t len, const char *name, size_t min_bytes, unsigned char **out,
+                                size_t *out_len);
 
 /* Where a stripped initializer's raw_data lies in the input given to
  * pp_onnx_wire_strip: 1 and *offset, *len (bounds-checked against

@@ -25,7 +25,9 @@ extern "C" {
  * initializers named in the PP_ONNX_TRAINABLE_KEY metadata become parameters
  * (all float initializers when the model has no such metadata); every
  * other initializer is a constant. Errors name the file
- * and, where it applies, the node (name and op type). */
+ * and, where it applies, the node (name and op type). The file is read,
+ * not mapped: one truncated while it is read (another process saving
+ * over it) gives PP_ERR_IO naming the file, never a SIGBUS. */
 PP_API pp_status pp_onnx_load(const char *path, pp_graph **out);
 /* The same from bytes in memory; name is used in messages. */
 PP_API pp_status pp_onnx_parse(const void *bytes, size_t len, const char *name, pp_graph **out);
@@ -43,8 +45,8 @@ PP_API pp_status pp_onnx_save(const pp_graph *g, const char *path);
 
 /* External data (ONNX's format for models over 2 GiB): initializers kept in
  * a side file that the model names by a path relative to its own
- * directory. pp_onnx_load reads them (mapping the file; a location must
- * stay inside the model's directory, offsets and lengths must fit);
+ * directory. pp_onnx_load reads them (a location must stay inside the
+ * model's directory, offsets and lengths must fit);
  * pp_onnx_parse and pp_onnx_tensor_parse refuse them (bytes in memory have
  * no directory). */
 typedef enum pp_onnx_external_mode {
@@ -68,8 +70,8 @@ typedef struct pp_onnx_save_options {
 PP_API void pp_onnx_save_options_init(pp_onnx_save_options *o);
 /* pp_onnx_save with options (NULL: the defaults). With external data the
  * initializers go to PATH.data (recorded as location 'BASENAME.data'), each
- * at an offset that is a multiple of 4096 (of 64 under 4096 bytes), so a
- * load borrows them without a copy; the side file is renamed into place
+ * at an offset that is a multiple of 4096 (of 64 under 4096 bytes), as
+ * readers that map the file want; the side file is renamed into place
  * just before the model file. */
 PP_API pp_status pp_onnx_save_with(const pp_graph *g, const char *path, const pp_onnx_save_options *o);
 

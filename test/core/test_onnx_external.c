@@ -3,12 +3,15 @@
  * round-trips (whole models and split stages); and every hostile side-file
  * reference (escaping paths, symlinks, offsets past the end, wrong lengths,
  * missing files, models parsed from memory) is refused with a message that
- * names the initializer and the file. */
+ * names the initializer and the file; a model or side file truncated while
+ * it is being loaded is an error, not a SIGBUS. */
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "onnx.pb-c.h"
@@ -128,7 +131,7 @@ static void test_fixture_matches_mlp(void **state) {
     pp_graph *ext = tu_fixture_onnx("external", "model.onnx");
     pp_graph *mlp = tu_fixture_onnx("mlp", "model.onnx");
     expect_same_initializers(mlp, ext);
-    /* a borrowed weight outlives its graph (the mapping is reference counted) */
+    /* a weight outlives its graph */
     int w = pp_graph_find_value(ext, "fc2.weight");
     assert_true(w >= 0);
     pp_tensor *kept = pp_tensor_retain(ext->values[w].data);
@@ -136,7 +139,7 @@ static void test_fixture_matches_mlp(void **state) {
     pp_graph_free(ext);
     pp_tensor *want = pp_tensor_retain(mlp->values[pp_graph_find_value(mlp, "fc2.weight")].data);
     assert_memory_equal(kept->data, want->data, want->nbytes);
-    /* copy-on-write: writing a borrowed weight never reaches the file */
+    /* writing a loaded weight never reaches the file */
     ((float *)kept->data)[0] += 1.0f;
     pp_tensor_free(kept);
     pp_graph *again = tu_fixture_onnx("external", "model.onnx");
@@ -202,7 +205,7 @@ static void test_save_round_trip(void **state) {
     TU_OK(pp_onnx_load(tmp_path("ext.onnx"), &g));
     expect_same_initializers(mlp, g);
     expect_same_training(mlp, g);
-    /* saving over the files the loaded graph borrows from: the new pair
+    /* saving over the files the graph was loaded from: the new pair
      * replaces the old by rename, the loaded graph keeps its bytes */
     o.external_min_bytes = 0;
     TU_OK(pp_onnx_save_with(g, tmp_path("ext.onnx"), &o));
@@ -480,6 +483,154 @@ static void test_hostile_references(void **state) {
     free(data);
 }
 
+/* ------------------------------------------------ files cut short */
+
+/* y = x + a + b, a and b float32 [1024] (4 KiB each), saved by pippin with
+ * both in the side file PATH.data (a at offset 0, b at 4096); returns the
+ * model, unpacked for editing. */
+static Onnx__ModelProto *two_weights(const char *path) {
+    pp_graph *g;
+    TU_OK(pp_graph_new("two", &g));
+    pp_tensor *ta, *tb;
+    TU_OK(pp_tensor_empty(PP_F32, 1, SHAPE(1024), &ta));
+    TU_OK(pp_tensor_empty(PP_F32, 1, SHAPE(1024), &tb));
+    for (int i = 0; i < 1024; i++) ((float *)ta->data)[i] = (float)i, ((float *)tb->data)[i] = (float)-i;
+    int x, a, b, n1, n2;
+    TU_OK(pp_graph_add_input(g, "x", PP_F32, 1, SHAPE(1024), &x));
+    TU_OK(pp_graph_add_initializer(g, "a", PP_VALUE_PARAM, ta, &a));
+    TU_OK(pp_graph_add_initializer(g, "b", PP_VALUE_PARAM, tb, &b));
+    const char *o1[] = {"xa"}, *o2[] = {"y"};
+    TU_OK(pp_graph_add_node(g, "Add", "", "add1", 2, (int[]){x, a}, 1, o1, &n1));
+    TU_OK(pp_graph_add_node(g, "Add", "", "add2", 2, (int[]){g->nodes[n1].out[0], b}, 1, o2, &n2));
+    TU_OK(pp_graph_add_output(g, g->nodes[n2].out[0]));
+    pp_onnx_save_options o;
+    pp_onnx_save_options_init(&o);
+    o.external_data = PP_ONNX_EXTERNAL_ALWAYS;
+    o.external_min_bytes = 0;
+    TU_OK(pp_onnx_save_with(g, path, &o));
+    pp_graph_free(g);
+    size_t len;
+    unsigned char *buf = read_all(path, &len);
+    Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, len, buf);
+    free(buf);
+    assert_non_null(m);
+    assert_int_equal(m->graph->n_initializer, 2);
+    assert_string_equal(m->graph->initializer[0]->name, "a"); /* loaded in this order */
+    assert_string_equal(m->graph->initializer[1]->name, "b");
+    return m;
+}
+
+/* Adds the entry x = 1 (which the loader logs at debug level and ignores)
+ * to tp's external data, writes m to path, and takes it out again. */
+static void write_with_marker(Onnx__ModelProto *m, Onnx__TensorProto *tp, const char *path) {
+    Onnx__StringStringEntryProto marker, *ep[8];
+    onnx__string_string_entry_proto__init(&marker);
+    marker.key = (char *)"x";
+    marker.value = (char *)"1";
+    assert_true(tp->n_external_data < 8);
+    size_t saved_n = tp->n_external_data;
+    Onnx__StringStringEntryProto **saved = tp->external_data;
+    for (size_t i = 0; i < saved_n; i++) ep[i] = saved[i];
+    ep[saved_n] = &marker;
+    tp->n_external_data = saved_n + 1;
+    tp->external_data = ep;
+    size_t len = onnx__model_proto__get_packed_size(m);
+    unsigned char *buf = malloc(len);
+    onnx__model_proto__pack(m, buf);
+    tp->n_external_data = saved_n;
+    tp->external_data = saved;
+    write_all(path, buf, len);
+    free(buf);
+}
+
+/* Another process truncating a file in the middle of a load: when the
+ * loader logs the marker entry (it reads an initializer's entries before
+ * its bytes, and after the files it has opened so far), the file named by
+ * user is cut to nothing. */
+static void truncate_on_marker(pp_log_level level, const char *msg, void *user) {
+    (void)level;
+    if (!strstr(msg, "external data key 'x' ignored")) return;
+    int rc = truncate(user, 0);
+    (void)rc; /* the load's error tells */
+}
+
+/* Loads path in a child process whose log handler truncates victim at the
+ * marker; the child must exit normally, the load having failed with
+ * PP_ERR_IO and a message holding each part. */
+static void expect_cut_short(const char *path, const char *victim, const char *part1, const char *part2) {
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        signal(SIGBUS, SIG_DFL); /* cmocka's handler would go on running the tests in here */
+        signal(SIGSEGV, SIG_DFL);
+        pp_log_set_level(PP_LOG_DEBUG);
+        pp_log_set_handler(truncate_on_marker, (void *)victim);
+        pp_graph *g = NULL;
+        pp_status s = pp_onnx_load(path, &g);
+        /* a load that wrongly succeeds: its weights are touched (a weight
+         * still mapped from the truncated file then raises SIGBUS) */
+        volatile unsigned char sum = 0;
+        for (int v = 0; s == PP_OK && v < g->n_values; v++)
+            for (size_t i = 0; g->values[v].data && i < g->values[v].data->nbytes; i++)
+                sum += ((const unsigned char *)g->values[v].data->data)[i];
+        const char *e = pp_last_error();
+        int ok = s == PP_ERR_IO && !g && strstr(e, path) && strstr(e, part1) && strstr(e, part2);
+        if (!ok) fprintf(stderr, "load of %s: status %d: %s\n", path, (int)s, s == PP_OK ? "loaded" : e);
+        pp_graph_free(g);
+        _exit(ok ? 0 : 1);
+    }
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    if (WIFSIGNALED(st)) fail_msg("loading %s killed the process with signal %d (%s)", path, WTERMSIG(st),
+                                  strsignal(WTERMSIG(st)));
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) fail_msg("loading %s did not fail as it should (see above)", path);
+}
+
+static void test_truncated_while_loading(void **state) {
+    (void)state;
+    assert_int_equal(mkdir(tmp_path("cut"), 0777), 0);
+    Onnx__ModelProto *m = two_weights(tmp_path("cut/two.onnx"));
+    Onnx__TensorProto *ta = m->graph->initializer[0], *tb = m->graph->initializer[1];
+    size_t dlen;
+    unsigned char *data = read_all(tmp_path("cut/two.onnx.data"), &dlen);
+    assert_true(dlen >= 8192);
+
+    /* The side file: a is read, then the side file is cut, then b is read.
+     * The former loader had mapped it and b borrowed its bytes: the first
+     * use of b past the new end killed the process. */
+    write_with_marker(m, tb, tmp_path("cut/side.onnx"));
+    expect_cut_short(tmp_path("cut/side.onnx"), tmp_path("cut/two.onnx.data"),
+                     "initializer 'b': external data file 'two.onnx.data': expected 4096 bytes at offset 4096, got 0",
+                     "truncated");
+    write_all(tmp_path("cut/two.onnx.data"), data, dlen); /* whole again */
+
+    /* The model file itself: a (external, carrying the marker) is read,
+     * then the model file is cut, then b, whose bytes are in the model.
+     * The former loader copied them from its mapping of the file: SIGBUS. */
+    size_t saved_n = tb->n_external_data;
+    tb->has_data_location = 0;
+    tb->n_external_data = 0;
+    tb->has_raw_data = 1;
+    tb->raw_data.len = 4096;
+    tb->raw_data.data = data + 4096;
+    write_with_marker(m, ta, tmp_path("cut/inline.onnx"));
+    pp_graph *g = NULL;
+    TU_OK(pp_onnx_load(tmp_path("cut/inline.onnx"), &g)); /* whole, it loads */
+    assert_true(((float *)g->values[pp_graph_find_value(g, "b")].data->data)[5] == -5.0f);
+    pp_graph_free(g);
+    expect_cut_short(tmp_path("cut/inline.onnx"), tmp_path("cut/inline.onnx"),
+                     "initializer 'b': expected 4096 bytes at offset ", ", got 0");
+    /* m back as it was unpacked, so that it frees */
+    tb->has_data_location = 1;
+    tb->n_external_data = saved_n;
+    tb->has_raw_data = 0;
+    tb->raw_data.len = 0;
+    tb->raw_data.data = NULL;
+    onnx__model_proto__free_unpacked(m, NULL);
+    free(data);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fixture_matches_mlp),
@@ -487,6 +638,7 @@ int main(void) {
         cmocka_unit_test(test_save_round_trip),
         cmocka_unit_test(test_split_round_trip),
         cmocka_unit_test(test_hostile_references),
+        cmocka_unit_test(test_truncated_while_loading),
     };
     tu_filter_from_env();
     return cmocka_run_group_tests(tests, setup, teardown);

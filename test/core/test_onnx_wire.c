@@ -3,10 +3,14 @@
  * protobuf-c's own decoding of the whole file does, and inputs the rewrite
  * must not change the meaning of (raw_data twice, the graph twice, the
  * reserved field already used, length prefixes protobuf-c refuses,
- * truncation) load, or fail, as they did before. */
+ * truncation) load, or fail, as they did before, from memory and from a
+ * file (which is read, never mapped: a file cut short while it is read
+ * gives an error naming it, bytes and offset). */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "file_io.h"
 #include "onnx.pb-c.h"
@@ -47,25 +51,19 @@ static pp_tensor **reference(const unsigned char *buf, size_t len, size_t *n, ch
     return t;
 }
 
-/* pp_onnx_parse (the stripped path) against the reference, initializer by
- * initializer; returns how many were compared (-1: both refused). */
-static int same_as_reference(const unsigned char *buf, size_t len) {
-    size_t n;
-    char **names = NULL;
-    pp_tensor **ref = reference(buf, len, &n, &names);
-    pp_graph *g = NULL;
-    pp_status s = pp_onnx_parse(buf, len, "wire.onnx", &g);
-    if (!ref) {
-        assert_int_not_equal(s, PP_OK);
-        return -1;
-    }
-    if (s != PP_OK) {
-        /* the graph may be refused beyond the initializers (both ways) */
-        for (size_t i = 0; i < n; i++) pp_tensor_free(ref[i]), free(names[i]);
-        free(ref);
-        free(names);
-        return 0;
-    }
+/* A scratch file holding len bytes of buf; its path. */
+static const char *scratch_file(const unsigned char *buf, size_t len) {
+    static char path[64];
+    snprintf(path, sizeof path, "/tmp/pippin-wire-%ld.onnx", (long)getpid());
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(buf, 1, len, f), len);
+    assert_int_equal(fclose(f), 0);
+    return path;
+}
+
+/* g's initializers against the reference's. */
+static void expect_reference(const pp_graph *g, pp_tensor **ref, char **names, size_t n) {
     for (size_t i = 0; i < n; i++) {
         int v = pp_graph_find_value(g, names[i]);
         if (v < 0) fail_msg("initializer '%s' missing", names[i]);
@@ -74,13 +72,38 @@ static int same_as_reference(const unsigned char *buf, size_t len) {
         assert_int_equal(a->dtype, b->dtype);
         assert_int_equal(a->nbytes, b->nbytes);
         if (a->nbytes) assert_memory_equal(a->data, b->data, a->nbytes);
-        pp_tensor_free(ref[i]);
-        free(names[i]);
     }
+}
+
+/* pp_onnx_parse and pp_onnx_load of the bytes written to a file (the
+ * stripped paths, from memory and from a file) against the reference,
+ * initializer by initializer; returns how many were compared (-1: all
+ * refused). */
+static int same_as_reference(const unsigned char *buf, size_t len) {
+    size_t n;
+    char **names = NULL;
+    pp_tensor **ref = reference(buf, len, &n, &names);
+    pp_graph *g = NULL, *h = NULL;
+    pp_status s = pp_onnx_parse(buf, len, "wire.onnx", &g);
+    const char *path = scratch_file(buf, len);
+    pp_status t = pp_onnx_load(path, &h);
+    unlink(path);
+    /* the same verdict from memory and from the file */
+    assert_int_equal(s, t);
+    if (!ref) {
+        assert_int_not_equal(s, PP_OK);
+        return -1;
+    }
+    if (s == PP_OK) {
+        expect_reference(g, ref, names, n);
+        expect_reference(h, ref, names, n);
+    } /* else the graph may be refused beyond the initializers (both ways) */
+    for (size_t i = 0; i < n; i++) pp_tensor_free(ref[i]), free(names[i]);
     free(ref);
     free(names);
     pp_graph_free(g);
-    return (int)n;
+    pp_graph_free(h);
+    return s == PP_OK ? (int)n : 0;
 }
 
 static void test_fixtures_load_the_same(void **state) {
@@ -98,12 +121,18 @@ static void test_fixtures_load_the_same(void **state) {
         size_t st_len;
         assert_int_equal(pp_onnx_wire_strip(buf, len, 64, &st, &st_len), PP_OK);
         assert_true(st_len <= len);
+        /* from the file, read in chunks as walked: the same bytes */
+        int fd = open(path, O_RDONLY);
+        assert_true(fd >= 0);
+        unsigned char *st2;
+        size_t st2_len;
+        TU_OK(pp_onnx_wire_strip_fd(fd, len, path, 64, &st2, &st2_len));
+        close(fd);
+        assert_int_equal(st2_len, st_len);
+        assert_memory_equal(st2, st, st_len);
         free(st);
+        free(st2);
         assert_true(same_as_reference(buf, len) > 0);
-        /* and from the file, mapped */
-        pp_graph *g;
-        if (pp_onnx_load(path, &g) != PP_OK) fail_msg("%s", pp_last_error());
-        pp_graph_free(g);
         free(buf);
     }
 }
@@ -224,10 +253,60 @@ static void test_tricky_inputs_load_as_before(void **state) {
     assert_int_equal(n, 0x20);
 }
 
+/* The file measured at len bytes, then cut to cut bytes (truncated by
+ * another process while it is read): every read of what is gone is an
+ * error naming the file, the bytes wanted, the offset and the bytes got. */
+static void test_file_cut_short_is_an_error(void **state) {
+    (void)state;
+    const char *src = tu_src_path("test/fixtures/mlp/model.onnx");
+    unsigned char *buf;
+    size_t len;
+    if (pp_read_file(src, (size_t)1 << 30, &buf, &len) != PP_OK) fail_msg("%s", pp_last_error());
+    const char *path = scratch_file(buf, len);
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    assert_true(len > 5000);
+    assert_int_equal(ftruncate(fd, 1000), 0);
+    /* the walk needs bytes past the cut */
+    unsigned char *st;
+    size_t st_len;
+    assert_int_equal(pp_onnx_wire_strip_fd(fd, len, path, 64, &st, &st_len), PP_ERR_IO);
+    assert_null(st);
+    const char *e = pp_last_error();
+    if (!strstr(e, path) || !strstr(e, "at offset 0, got 1000") || !strstr(e, "expected"))
+        fail_msg("message: %s", e);
+    /* a payload read past the cut */
+    Onnx__TensorProto tp = ONNX__TENSOR_PROTO__INIT;
+    int64_t dims[1] = {256};
+    tp.n_dims = 1;
+    tp.dims = dims;
+    tp.has_data_type = 1;
+    tp.data_type = ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT;
+    pp_tensor *t = NULL;
+    assert_int_equal(pp_onnx_tensor_read_raw(&tp, "m.onnx: initializer 'w'", fd, 900, 1024, &t), PP_ERR_IO);
+    assert_null(t);
+    assert_string_equal(pp_last_error(), "m.onnx: initializer 'w': expected 1024 bytes at offset 900, got 100 (the "
+                                         "file is shorter than when it was opened: truncated or rewritten while it "
+                                         "was read?)");
+    dims[0] = 64; /* what is left reads */
+    TU_OK(pp_onnx_tensor_read_raw(&tp, "w", fd, 700, 256, &t));
+    assert_memory_equal(t->data, buf + 700, 256);
+    pp_tensor_free(t);
+    /* whole-file reads (safetensors, checkpoints, .npy, configs) check as well */
+    unsigned char *part = malloc(len);
+    assert_int_equal(pp_read_at(fd, part, len, 0, path), PP_ERR_IO);
+    assert_non_null(strstr(pp_last_error(), "got 1000"));
+    free(part);
+    close(fd);
+    unlink(path);
+    free(buf);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fixtures_load_the_same),
         cmocka_unit_test(test_tricky_inputs_load_as_before),
+        cmocka_unit_test(test_file_cut_short_is_an_error),
     };
     tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
