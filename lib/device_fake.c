@@ -46,7 +46,7 @@ static void flush_locked(fake_device *f, uint64_t upto) {
     int k = 0;
     for (; k < f->n_pending && f->pending[k].seq <= upto; k++)
         if (f->pending[k].bytes) memcpy(f->pending[k].dst, f->pending[k].src, f->pending[k].bytes);
-    memmove(f->pending, f->pending + k, sizeof *f->pending * (size_t)(f->n_pending - k));
+    if (k) memmove(f->pending, f->pending + k, sizeof *f->pending * (size_t)(f->n_pending - k));
     f->n_pending -= k;
 }
 
