@@ -7,7 +7,11 @@
  *
  * DIR holds model.onnx with pipe-split markers (default: the test fixture);
  * the torch script gets --model DIR --batch B --iters K and prints one JSON
- * line with "train_step_ms". Each time is the median of K steps after 3. */
+ * line with "train_step_ms". Each time is the median of K steps after 3.
+ * The device is timed twice: the step alone (torch's peer) and the step
+ * with an AdamW update; each prints the copies per step (with the
+ * parameters, gradients and optimizer state kept on the device, only the
+ * stages' boundary values). */
 #include <getopt.h>
 #include <json-c/json.h>
 #include <stdio.h>
@@ -21,8 +25,9 @@
 
 static const char *const input_names[2] = {"idx", "targets"};
 
-/* Median step time of the pipe's training step with every stage on spec. */
-static int time_steps(const char *model, const char *spec, int iters, pp_tensor **ins, double *ms,
+/* Median step time of the pipe's training step with every stage on spec,
+ * with an AdamW update when adamw. */
+static int time_steps(const char *model, const char *spec, int iters, int adamw, pp_tensor **ins, double *ms,
                       pp_device_stats *per_step) {
     pp_graph *g = NULL;
     pp_pipe *p = NULL;
@@ -31,6 +36,9 @@ static int time_steps(const char *model, const char *spec, int iters, pp_tensor 
     if (!s) s = pp_pipe_split(g, NULL, &p);
     if (!s) s = pp_runner_new(p, 1, &r);
     for (int i = 0; !s && spec && i < pp_runner_n_stages(r); i++) s = pp_stage_use_device(pp_runner_stage(r, i), spec);
+    pp_optim_config oc;
+    pp_optim_config_init(&oc, PP_OPTIM_ADAMW);
+    if (!s && adamw) s = pp_runner_set_optimizer(r, &oc);
     double *ts = malloc(sizeof(double) * (size_t)iters);
     pp_tensor *outs[4] = {0};
     memset(per_step, 0, sizeof *per_step);
@@ -40,6 +48,7 @@ static int time_steps(const char *model, const char *spec, int iters, pp_tensor 
         pp_runner_zero_grad(r);
         double t0 = bench_clock_ms(CLOCK_MONOTONIC);
         s = pp_runner_step(r, 1, NULL, 2, input_names, ins, outs);
+        if (!s && adamw) s = pp_runner_optimizer_step(r);
         if (i >= 0) ts[i] = bench_clock_ms(CLOCK_MONOTONIC) - t0;
         for (int o = 0; o < 4; o++) pp_tensor_free(outs[o]), outs[o] = NULL;
     }
@@ -128,17 +137,23 @@ int main(int argc, char **argv) {
         pp_graph_free(g);
     }
     pp_tensor *ins[2] = {bench_tokens(batch, seq, vocab, &seed), bench_tokens(batch, seq, vocab, &seed)};
-    double cpu = 0, dev = 0, torch = 0;
-    pp_device_stats none, st;
+    double cpu = 0, dev = 0, dev_adamw = 0, torch = 0;
+    pp_device_stats none, st, st_adamw;
     printf("GPT train step (forward + backward), batch %d x %lld tokens, median of %d\n", batch, (long long)seq, iters);
-    int rc = time_steps(model, NULL, iters, ins, &cpu, &none);
+    int rc = time_steps(model, NULL, iters, 0, ins, &cpu, &none);
     if (!rc) printf("  pippin cpu (%d threads): %9.3f ms\n", pp_get_threads(), cpu);
-    if (!rc) rc = time_steps(model, spec, iters, ins, &dev, &st);
+    if (!rc) rc = time_steps(model, spec, iters, 0, ins, &dev, &st);
     if (!rc)
         printf("  pippin %-14s    %9.3f ms  (per step: %lld nodes on the device, %lld handed back, %lld uploads "
                "%.1f KiB, %lld downloads %.1f KiB)\n",
                spec, dev, (long long)st.kernels, (long long)st.fallbacks, (long long)st.uploads,
                (double)st.upload_bytes / 1024.0, (long long)st.downloads, (double)st.download_bytes / 1024.0);
+    if (!rc) rc = time_steps(model, spec, iters, 1, ins, &dev_adamw, &st_adamw);
+    if (!rc)
+        printf("  pippin %-14s    %9.3f ms  with an AdamW update (per step: %lld uploads %.1f KiB, %lld downloads "
+               "%.1f KiB)\n",
+               spec, dev_adamw, (long long)st_adamw.uploads, (double)st_adamw.upload_bytes / 1024.0,
+               (long long)st_adamw.downloads, (double)st_adamw.download_bytes / 1024.0);
     if (!rc && torch_ms(python, script, dir, batch, iters, &torch) == 0) {
         printf("  torch cuda:             %9.3f ms\n", torch);
         printf("  ratio torch/pippin on the GPU: %.2fx (>1: pippin faster); pippin gpu/cpu speed-up %.2fx\n",

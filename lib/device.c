@@ -105,6 +105,7 @@ typedef struct device_buffer {
     pp_memory_kind kind;
     size_t size;
     void *event; /* pinned staging: the download's event, until waited for */
+    pp_tensor *parent; /* a view (pp_device_tensor_view): the tensor whose memory it is */
 } device_buffer;
 
 /* Sizes round up to 256 bytes (a block serves any request of its size). */
@@ -163,7 +164,8 @@ static void buffer_release(void *data, void *hint) {
         b->dev->ops->event_free(b->dev, b->event);
     }
     pp_device *dev = b->dev;
-    if (data) pool_give(dev, b->kind, b->size, data);
+    if (b->parent) pp_tensor_free(b->parent); /* a view gives back no memory */
+    else if (data) pool_give(dev, b->kind, b->size, data);
     free(b);
     device_unref(dev); /* the buffer's reference */
 }
@@ -174,7 +176,7 @@ pp_status pp_device_tensor_new(pp_device *dev, pp_memory_kind kind, pp_dtype dt,
     PP_TRY(pp_shape_bytes(dt, ndim, shape, &nbytes));
     device_buffer *b = calloc(1, sizeof *b);
     if (!b) return pp_error(PP_ERR_NOMEM, "%s: out of memory", dev->name);
-    *b = (device_buffer){dev, kind, round_size(nbytes), NULL};
+    *b = (device_buffer){dev, kind, round_size(nbytes), NULL, NULL};
     void *ptr = NULL;
     pp_status s = nbytes ? pool_take(dev, kind, b->size, &ptr) : PP_OK;
     if (s != PP_OK) {
@@ -195,6 +197,29 @@ pp_status pp_device_tensor_new(pp_device *dev, pp_memory_kind kind, pp_dtype dt,
 
 static const device_buffer *buffer_of(const pp_tensor *t) {
     return t && t->free_fn == buffer_release ? t->free_hint : NULL;
+}
+
+pp_status pp_device_tensor_view(pp_tensor *parent, size_t offset, pp_dtype dt, int ndim, const int64_t *shape,
+                                pp_tensor **out) {
+    *out = NULL;
+    const device_buffer *pb = buffer_of(parent);
+    size_t nbytes;
+    PP_TRY(pp_shape_bytes(dt, ndim, shape, &nbytes));
+    if (!pb || pb->kind != PP_MEMORY_DEVICE || offset > parent->nbytes || nbytes > parent->nbytes - offset)
+        return pp_error(PP_ERR_INVALID, "device view of %zu bytes at %zu: not inside a device tensor of %zu bytes",
+                        nbytes, offset, parent ? parent->nbytes : 0);
+    pp_device *dev = pb->dev;
+    device_buffer *b = calloc(1, sizeof *b);
+    if (!b) return pp_error(PP_ERR_NOMEM, "%s: out of memory", dev->name);
+    *b = (device_buffer){dev, PP_MEMORY_DEVICE, 0, NULL, pp_tensor_retain(parent)};
+    pp_status s = pp_tensor_wrap(dt, ndim, shape, (char *)parent->data + offset, buffer_release, b, out);
+    if (s != PP_OK) {
+        pp_tensor_free(parent);
+        free(b);
+        return s;
+    }
+    atomic_fetch_add((atomic_int *)&dev->refs, 1);
+    return PP_OK;
 }
 
 pp_memory_kind pp_tensor_memory_kind(const pp_tensor *t) {
@@ -266,6 +291,42 @@ pp_status pp_device_staging_wait(pp_device *dev, const pp_tensor *staged) {
     b->dev->ops->event_free(b->dev, b->event);
     b->event = NULL;
     return s;
+}
+
+int pp_device_keeps_params(const pp_device *dev) {
+    return !pp_device_is_cpu(dev) && dev->ops->zero && dev->ops->add_into && dev->ops->sgd && dev->ops->adamw;
+}
+
+pp_status pp_device_copy_in(pp_device *dev, void *device_ptr, const void *src, size_t bytes) {
+    if (pp_device_is_cpu(dev)) return pp_error(PP_ERR_INVALID, "copy in: the CPU has no device memory");
+    if (!bytes) return PP_OK;
+    /* as pp_device_upload: after the compute stream's reads, before its next kernel */
+    pp_status s = dev->ops->stream_wait(dev, PP_STREAM_COPY, PP_STREAM_COMPUTE);
+    if (!s) s = dev->ops->copy(dev, PP_STREAM_COPY, device_ptr, src, bytes, PP_COPY_TO_DEVICE);
+    if (!s) s = dev->ops->stream_wait(dev, PP_STREAM_COMPUTE, PP_STREAM_COPY);
+    if (s != PP_OK) return pp_error_context(s, "%s: copy of %zu bytes to the device", dev->name, bytes);
+    pthread_mutex_lock(&dev->pool_lock);
+    dev->stats.uploads++;
+    dev->stats.upload_bytes += (int64_t)bytes;
+    pthread_mutex_unlock(&dev->pool_lock);
+    return PP_OK;
+}
+
+pp_status pp_device_copy_out(pp_device *dev, void *dst, const void *device_ptr, size_t bytes) {
+    if (pp_device_is_cpu(dev)) return pp_error(PP_ERR_INVALID, "copy out: the CPU has no device memory");
+    if (!bytes) return PP_OK;
+    void *event = NULL;
+    pp_status s = dev->ops->stream_wait(dev, PP_STREAM_COPY, PP_STREAM_COMPUTE); /* the values are computed */
+    if (!s) s = dev->ops->copy(dev, PP_STREAM_COPY, dst, device_ptr, bytes, PP_COPY_TO_HOST);
+    if (!s) s = dev->ops->event_record(dev, PP_STREAM_COPY, &event);
+    if (!s) s = dev->ops->event_wait(dev, event);
+    if (event) dev->ops->event_free(dev, event);
+    if (s != PP_OK) return pp_error_context(s, "%s: copy of %zu bytes from the device", dev->name, bytes);
+    pthread_mutex_lock(&dev->pool_lock);
+    dev->stats.downloads++;
+    dev->stats.download_bytes += (int64_t)bytes;
+    pthread_mutex_unlock(&dev->pool_lock);
+    return PP_OK;
 }
 
 pp_status pp_device_download(pp_device *dev, const pp_tensor *dt, pp_tensor **out) {

@@ -9,6 +9,7 @@
 
 #include <pthread.h>
 
+#include "cuda/kernel_math.h"
 #include "op.h"
 
 #ifdef __cplusplus
@@ -46,6 +47,16 @@ typedef struct pp_backend_ops {
      * (host ones where input_on_host says so), outputs new device tensors
      * (pp_device_tensor_new). */
     pp_status (*run)(pp_device *dev, pp_kernel_ctx *ctx);
+    /* A stage's resident parameters (stages/device_params.c), on the
+     * compute stream, over device memory: zero bytes, dst[i] += src[i],
+     * and one optimizer update (the math of lib/cuda/kernel_math.h, which
+     * is stages/optim.c's). NULL (all four): the backend keeps no
+     * parameters and they cross in every run. */
+    pp_status (*zero)(pp_device *dev, void *ptr, size_t bytes);
+    pp_status (*add_into)(pp_device *dev, float *dst, const float *src, int64_t n);
+    pp_status (*sgd)(pp_device *dev, const pp_km_sgd *c, float *p, const float *grad, float *buf, int64_t n);
+    pp_status (*adamw)(pp_device *dev, const pp_km_adamw *c, float *p, const float *grad, float *m, float *v,
+                       int64_t n);
     void (*close)(pp_device *dev);
 } pp_backend_ops;
 
@@ -79,6 +90,18 @@ pp_status pp_cuda_device_open(pp_device *dev, int ordinal);
 /* A new uninitialised tensor of `kind` memory on dev, from its pool. */
 pp_status pp_device_tensor_new(pp_device *dev, pp_memory_kind kind, pp_dtype dt, int ndim,
                                const int64_t *shape, pp_tensor **out);
+/* A device tensor viewing parent's memory from byte offset on (which
+ * must hold the view); it keeps parent alive. */
+pp_status pp_device_tensor_view(pp_tensor *parent, size_t offset, pp_dtype dt, int ndim, const int64_t *shape,
+                                pp_tensor **out);
+/* Counted copies between host memory and device memory by raw pointers
+ * (device_ptr is device memory of dev): copy_in returns once src may be
+ * reused and the compute stream waits for it; copy_out returns once dst
+ * holds the bytes (after the compute stream's work so far). */
+pp_status pp_device_copy_in(pp_device *dev, void *device_ptr, const void *src, size_t bytes);
+pp_status pp_device_copy_out(pp_device *dev, void *dst, const void *device_ptr, size_t bytes);
+/* 1 if dev keeps a stage's parameters (the ops above are there). */
+int pp_device_keeps_params(const pp_device *dev);
 /* The memory kind of a tensor made by pp_device_tensor_new; HOST otherwise. */
 pp_memory_kind pp_tensor_memory_kind(const pp_tensor *t);
 
@@ -94,8 +117,16 @@ pp_status pp_device_plan_run(pp_device_plan *p, int i, pp_kernel_ctx *ctx);
 /* The executor freed value v: drop its copy on the other side. */
 void pp_device_plan_drop(pp_device_plan *p, int v);
 /* End of a run: values left on the device come back to (pinned) host
- * memory in env; copies of constants stay for the next run. */
-pp_status pp_device_plan_finish(pp_device_plan *p, pp_tensor **env);
+ * memory in env, but those `resident` marks (may be NULL), which stay on
+ * the device; copies of constants stay for the next run. */
+pp_status pp_device_plan_finish(pp_device_plan *p, pp_tensor **env, const uint8_t *resident);
+
+/* Values (one byte per graph value, kept by the caller; NULL: none) that
+ * the caller holds on the device across runs (lib/exec.c): a stage's
+ * parameters, whose device tensors it puts in env itself, and their
+ * gradients. They stay on the device when a run ends, and the value hook
+ * is handed them on the device too. */
+void pp_exec_set_device_values(pp_exec *ex, const uint8_t *resident);
 
 #ifdef __cplusplus
 }

@@ -82,14 +82,21 @@ static pp_status on_side(pp_device_plan *p, int v, pp_tensor *t, int want_device
     return PP_OK;
 }
 
+/* Shape and Size read a tensor's shape alone, which a device tensor has
+ * on the host too: their input never crosses. */
+static int reads_shape_only(const pp_node *n) {
+    return (!n->domain[0] || !strcmp(n->domain, "ai.onnx")) && (!strcmp(n->op_type, "Shape") || !strcmp(n->op_type, "Size"));
+}
+
 /* Runs node i on the device (dev_node) or the CPU, its inputs moved to
  * that side. */
 static pp_status run_on(pp_device_plan *p, int i, pp_kernel_ctx *ctx, int dev_node) {
     const pp_node *n = ctx->node;
     pp_tensor *ins[64];
+    int shape_only = !dev_node && reads_shape_only(n);
     for (int k = 0; k < ctx->n_in; k++) {
         ins[k] = ctx->in[k];
-        if (!ins[k] || n->in[k] < 0) continue;
+        if (!ins[k] || n->in[k] < 0 || shape_only) continue;
         int want = dev_node && !(p->dev->ops->input_on_host && p->dev->ops->input_on_host(n, k));
         PP_TRY(on_side(p, n->in[k], ctx->in[k], want, &ins[k]));
     }
@@ -110,12 +117,12 @@ pp_status pp_device_plan_run(pp_device_plan *p, int i, pp_kernel_ctx *ctx) {
     return s;
 }
 
-pp_status pp_device_plan_finish(pp_device_plan *p, pp_tensor **env) {
+pp_status pp_device_plan_finish(pp_device_plan *p, pp_tensor **env, const uint8_t *resident) {
     const pp_graph *g = p->g;
     pp_status s = PP_OK;
     /* Start every download, then wait once for all (they overlap). */
     for (int v = 0; v < g->n_values && s == PP_OK; v++) {
-        if (!env[v] || !pp_tensor_device(env[v])) continue;
+        if (!env[v] || !pp_tensor_device(env[v]) || (resident && resident[v])) continue;
         pp_tensor *host;
         if (p->mirror_of[v] == env[v] && p->mirror[v]) /* a CPU node read it: already down */
             host = pp_tensor_retain(p->mirror[v]);

@@ -46,8 +46,7 @@ static void flush_locked(fake_device *f, uint64_t upto) {
     int k = 0;
     for (; k < f->n_pending && f->pending[k].seq <= upto; k++)
         if (f->pending[k].bytes) memcpy(f->pending[k].dst, f->pending[k].src, f->pending[k].bytes);
-    if (k == 0) return; /* nothing done (pending may be NULL: memmove must not see it) */
-    memmove(f->pending, f->pending + k, sizeof *f->pending * (size_t)(f->n_pending - k));
+    if (k) memmove(f->pending, f->pending + k, sizeof *f->pending * (size_t)(f->n_pending - k));
     f->n_pending -= k;
 }
 
@@ -128,6 +127,25 @@ static int fake_supports(const pp_device *dev, const pp_graph *g, const pp_node 
     return 0;
 }
 
+/* The inputs the CUDA backend reads on the host (lib/cuda/cuda_ops.c's
+ * table: shapes, axes, indices, labels), so the fake copies what CUDA
+ * would: bit k of the op's entry is input k. */
+static const struct {
+    const char *op;
+    int host_inputs;
+} host_reads[] = {
+    {"MatMulGradA", 1 << 2}, {"MatMulGradB", 1 << 2}, {"SumToShape", 1 << 1},
+    {"Gather", 1 << 1},      {"GatherGrad", 1 << 1 | 1 << 2}, {"SoftmaxCrossEntropyLoss", 1 << 1},
+    {"SoftmaxCrossEntropyLossGrad", 1 << 2}, {"Reshape", 1 << 1}, {"Squeeze", 1 << 1},
+    {"Unsqueeze", 1 << 1},
+};
+
+static int fake_input_on_host(const pp_node *n, int k) {
+    for (size_t i = 0; i < sizeof host_reads / sizeof *host_reads; i++)
+        if (!strcmp(host_reads[i].op, n->op_type)) return host_reads[i].host_inputs >> k & 1;
+    return 0;
+}
+
 /* The CPU kernel reads the inputs in place (fake device memory is host
  * memory); its outputs move into device memory, uncounted: on a real device
  * they would be computed there. */
@@ -144,6 +162,33 @@ static pp_status fake_run(pp_device *dev, pp_kernel_ctx *ctx) {
         ctx->out[k] = d;
     }
     dev->stats.kernels++;
+    return PP_OK;
+}
+
+/* Resident parameters: the loops of the CUDA kernels (kernel_math.h) over
+ * fake device memory, on the (eager) compute stream. */
+static pp_status fake_zero(pp_device *dev, void *ptr, size_t bytes) {
+    (void)dev;
+    memset(ptr, 0, bytes);
+    return PP_OK;
+}
+
+static pp_status fake_add_into(pp_device *dev, float *dst, const float *src, int64_t n) {
+    (void)dev;
+    for (int64_t i = 0; i < n; i++) dst[i] = pp_km_binary(PP_KM_ADD, dst[i], src[i]);
+    return PP_OK;
+}
+
+static pp_status fake_sgd(pp_device *dev, const pp_km_sgd *c, float *p, const float *grad, float *buf, int64_t n) {
+    (void)dev;
+    for (int64_t i = 0; i < n; i++) pp_km_sgd_step(c, p, grad, buf, i);
+    return PP_OK;
+}
+
+static pp_status fake_adamw(pp_device *dev, const pp_km_adamw *c, float *p, const float *grad, float *m, float *v,
+                            int64_t n) {
+    (void)dev;
+    for (int64_t i = 0; i < n; i++) pp_km_adamw_step(c, p, grad, m, v, i);
     return PP_OK;
 }
 
@@ -165,8 +210,12 @@ static const pp_backend_ops fake_ops = {
     .event_free = fake_event_free,
     .handed_out = fake_handed_out,
     .supports = fake_supports,
-    .input_on_host = NULL,
+    .input_on_host = fake_input_on_host,
     .run = fake_run,
+    .zero = fake_zero,
+    .add_into = fake_add_into,
+    .sgd = fake_sgd,
+    .adamw = fake_adamw,
     .close = fake_close,
 };
 

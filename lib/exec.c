@@ -34,6 +34,7 @@ struct pp_exec {
     int64_t *sig;           /* dtype, ndim, dims of each input at the last run */
     pp_device_plan *plan;   /* pp_exec_set_device; NULL: all on the CPU */
     pp_mem_plans *mem;      /* buffer plans per node list and signature */
+    const uint8_t *device_values; /* pp_exec_set_device_values */
     const uint8_t *watch;   /* pp_exec_set_value_hook */
     pp_exec_value_fn value_fn;
     void *value_user;
@@ -149,13 +150,17 @@ void pp_exec_set_value_hook(pp_exec *ex, const uint8_t *watch, pp_exec_value_fn 
     ex->value_user = user;
 }
 
+void pp_exec_set_device_values(pp_exec *ex, const uint8_t *resident) { ex->device_values = resident; }
+
 /* Hands the watched outputs of node n to the value hook. A value on a
  * device is not the hook's to read (its data is device memory): it stays
- * in env and comes back to the host with the run's other results. */
+ * in env and comes back to the host with the run's other results, unless
+ * the caller holds it on the device (pp_exec_set_device_values). */
 static pp_status hand_over_outputs(pp_exec *ex, const pp_node *n, pp_tensor **env) {
     for (int k = 0; k < n->n_out; k++) {
         int v = n->out[k];
-        if (v >= 0 && ex->watch[v] && env[v] && !pp_tensor_device(env[v]))
+        if (v >= 0 && ex->watch[v] && env[v] &&
+            (!pp_tensor_device(env[v]) || (ex->device_values && ex->device_values[v])))
             PP_TRY(ex->value_fn(ex->value_user, v, &env[v]));
     }
     return PP_OK;
@@ -272,7 +277,7 @@ static pp_status run_list(pp_exec *ex, const int *nodes, int n_nodes, pp_tensor 
         }
     }
     if (ex->plan) { /* what the run leaves behind goes back to the host */
-        pp_status f = pp_device_plan_finish(ex->plan, env);
+        pp_status f = pp_device_plan_finish(ex->plan, env, ex->device_values);
         if (s == PP_OK) s = f;
     }
     if (planned && pp_mem_run_end(ex->mem, s == PP_OK) != PP_OK) /* the run is fine; later ones use the pool */

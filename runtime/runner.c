@@ -262,14 +262,8 @@ pp_status pp_runner_step(pp_runner *r, int m, const pp_schedule *sched, int n_in
 static pp_status param_copy(pp_runner *r, const char *name, int grads, pp_tensor **out) {
     *out = NULL;
     for (int i = 0; i < r->core.n_stages; i++) {
-        pp_flat_params *fp = pp_stage_params(r->core.stages[i]);
-        int pi = fp ? pp_flat_params_find(fp, name) : -1;
-        if (pi < 0) continue;
-        pp_tensor *view;
-        PP_TRY(grads ? pp_flat_params_grad_view(fp, pi, &view) : pp_flat_params_data_view(fp, pi, &view));
-        pp_status s = pp_tensor_clone(view, out);
-        pp_tensor_free(view);
-        return s;
+        int pi = r->core.stages[i] ? pp_stage_find_param(r->core.stages[i], name) : -1;
+        if (pi >= 0) return pp_stage_param_copy(r->core.stages[i], pi, grads, out); /* only its part crosses */
     }
     return pp_error(PP_ERR_NOT_FOUND, "no stage trains a parameter '%s'", name);
 }

@@ -101,15 +101,8 @@ void pp_core_free(pp_core *c) {
 /* The gradient of replicated parameter `name` in local stage s as a new
  * tensor; zeros when no gradient reaches it there. */
 static pp_status replica_grad(pp_core *c, int s, const char *name, pp_tensor **out) {
-    pp_flat_params *fp = pp_stage_params(c->stages[s]);
-    int i = fp ? pp_flat_params_find(fp, name) : -1;
-    if (i >= 0) {
-        pp_tensor *view;
-        PP_TRY(pp_flat_params_grad_view(fp, i, &view));
-        pp_status st = pp_tensor_clone(view, out);
-        pp_tensor_free(view);
-        return st;
-    }
+    int i = pp_stage_find_param(c->stages[s], name);
+    if (i >= 0) return pp_stage_param_copy(c->stages[s], i, 1, out); /* from the device when it has it */
     const pp_graph *g = pp_stage_graph(c->stages[s]);
     int v = pp_graph_find_value(g, name);
     if (v < 0 || !g->values[v].data) return pp_error(PP_ERR_INTERNAL, "stage %d has no parameter '%s'", s, name);
@@ -126,8 +119,7 @@ static pp_status shared_snapshot(pp_core *c) {
         for (int a = 0; a < sh->n_stages; a++) {
             int s = sh->stages[a];
             if (!c->stages[s]) continue;
-            pp_flat_params *fp = pp_stage_params(c->stages[s]);
-            if (fp && pp_flat_params_find(fp, sh->name) >= 0) {
+            if (pp_stage_find_param(c->stages[s], sh->name) >= 0) {
                 first = s;
                 break;
             }
@@ -153,12 +145,11 @@ static pp_status sync_one(pp_core *c, const pp_route *r, int i) {
         if (!c->stages[s]) continue;
         st = replica_grad(c, s, sh->name, &delta[a]);
         if (st != PP_OK) break;
-        pp_flat_params *fp = pp_stage_params(c->stages[s]);
         if (pp_tensor_numel(delta[a]) != pp_tensor_numel(c->snap[i])) {
             st = pp_error(PP_ERR_INTERNAL, "replicas of '%s' differ in size", sh->name);
             break;
         }
-        if (fp && pp_flat_params_find(fp, sh->name) >= 0) {
+        if (pp_stage_find_param(c->stages[s], sh->name) >= 0) {
             float *d = delta[a]->data;
             const float *s0 = c->snap[i]->data;
             for (int64_t j = 0; j < pp_tensor_numel(delta[a]); j++) d[j] -= s0[j];
@@ -168,9 +159,8 @@ static pp_status sync_one(pp_core *c, const pp_route *r, int i) {
     }
     for (int a = 0; a < n && st == PP_OK; a++) {
         int s = sh->stages[a];
-        pp_flat_params *fp = c->stages[s] ? pp_stage_params(c->stages[s]) : NULL;
-        int pi = fp ? pp_flat_params_find(fp, sh->name) : -1;
         if (!c->stages[s]) continue;
+        int pi = pp_stage_find_param(c->stages[s], sh->name);
         pp_tensor *total = NULL;
         parts[0] = pp_tensor_retain(c->snap[i]);
         for (int b = 0; b < n && st == PP_OK; b++) {
@@ -178,11 +168,7 @@ static pp_status sync_one(pp_core *c, const pp_route *r, int i) {
             else st = r->recv_delta(r->ctx, i, sh->stages[b], s, &parts[b + 1]);
         }
         if (st == PP_OK) st = pp_tensor_sum(parts, n + 1, &total);
-        if (st == PP_OK && pi >= 0) {
-            if ((int64_t)total->nbytes != fp->numel[pi] * (int64_t)sizeof(float))
-                st = pp_error(PP_ERR_INTERNAL, "replicas of '%s' differ in size", sh->name);
-            else memcpy(fp->grad + fp->offset[pi], total->data, total->nbytes);
-        }
+        if (st == PP_OK && pi >= 0) st = pp_stage_set_param_grad(c->stages[s], pi, total); /* checks the size */
         pp_tensor_free(total);
         for (int b = 0; b <= n; b++) {
             pp_tensor_free(parts[b]);
@@ -447,9 +433,9 @@ void pp_core_zero_grad(pp_core *c) {
 pp_status pp_core_set_optimizer(pp_core *c, const pp_optim_config *cfg) {
     for (int i = 0; i < c->n_local; i++) {
         int s = c->local[i];
+        pp_flat_params *fp = pp_stage_params(c->stages[s]); /* a device's copy of the old one's state comes back first */
         pp_optim_free(c->optims[s]);
         c->optims[s] = NULL;
-        pp_flat_params *fp = pp_stage_params(c->stages[s]);
         PP_TRY(pp_optim_new(cfg, fp ? fp->total : 0, &c->optims[s]));
     }
     return PP_OK;
@@ -459,8 +445,7 @@ pp_status pp_core_optimizer_step(pp_core *c) {
     for (int i = 0; i < c->n_local; i++) {
         int s = c->local[i];
         if (!c->optims[s]) return pp_error(PP_ERR_STATE, "stage %d: no optimizer set", s);
-        pp_flat_params *fp = pp_stage_params(c->stages[s]);
-        if (fp) PP_TRY(pp_optim_step(c->optims[s], fp->data, fp->grad, fp->total));
+        PP_TRY(pp_stage_optimizer_step(c->stages[s], c->optims[s]));
     }
     return PP_OK;
 }

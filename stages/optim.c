@@ -154,6 +154,7 @@ pp_status pp_optim_step(pp_optim *o, float *params, const float *grads, int64_t 
     return PP_OK;
 }
 
+int64_t pp_optim_size(const pp_optim *o) { return o->n; }
 int64_t pp_optim_steps(const pp_optim *o) { return o->steps; }
 void pp_optim_set_lr(pp_optim *o, double lr) { o->c.lr = lr; }
 const pp_optim_config *pp_optim_get_config(const pp_optim *o) { return &o->c; }

@@ -15,6 +15,9 @@
 #include "pippin/optimize.h"
 #include "pippin/params.h"
 
+#include "device_backend.h"
+#include "device_params.h"
+#include "log_internal.h"
 #include "status_internal.h"
 #include "train_state.h"
 typedef struct {
@@ -48,6 +51,9 @@ struct pp_stage {
     mb_state *mbs;
     int n_mbs, cap_mbs;
     pp_flat_params *params; /* trainable parameters, in bw->params order */
+    pp_device_params *dp;   /* params kept on dev (NULL: on the host) */
+    uint8_t *device_values; /* per value: left on dev when a run ends (with dp: all but the state's) */
+    uint8_t *upload_input;  /* per value: a forward input only device nodes read (with dp): uploaded by F */
     pp_train_state state;   /* what each training forward updates */
     int64_t step;           /* pp_stage_begin_step: for the random stream */
 };
@@ -211,6 +217,9 @@ void pp_stage_free(pp_stage *st) {
     for (int i = 0; i < st->n_mbs; i++) free_env(st->g, st->mbs[i].env);
     free(st->mbs);
     pp_exec_free(st->ex);
+    pp_device_params_free(st->dp);
+    free(st->device_values);
+    free(st->upload_input);
     pp_device_close(st->dev); /* after the executor: it holds device buffers */
     pp_backward_free(st->bw);
     free(st->keep_f);
@@ -228,17 +237,113 @@ void pp_stage_free(pp_stage *st) {
     free(st);
 }
 
+/* The forward inputs that nodes on dev read and no node on the CPU does:
+ * F uploads them once and the stash keeps the device copy for I and W. */
+static pp_status mark_device_inputs(pp_stage *st, pp_device *dev) {
+    const pp_graph *g = st->g;
+    uint8_t *host_read = calloc((size_t)g->n_values + 1, 1);
+    if (!st->upload_input) st->upload_input = calloc((size_t)g->n_values + 1, 1);
+    if (!host_read || !st->upload_input) {
+        free(host_read);
+        return pp_error(PP_ERR_NOMEM, "out of memory");
+    }
+    memset(st->upload_input, 0, (size_t)g->n_values + 1);
+    for (int i = 0; i < g->n_nodes; i++) {
+        const pp_node *n = &g->nodes[i];
+        int on_dev = strcmp(pp_exec_node_device(st->ex, i), "cpu") != 0;
+        if (!strcmp(n->op_type, "Shape") || !strcmp(n->op_type, "Size")) continue; /* a shape, cached */
+        for (int k = 0; k < n->n_in; k++) {
+            if (n->in[k] < 0 || !st->input_mask[n->in[k]]) continue;
+            if (on_dev && !(dev->ops->input_on_host && dev->ops->input_on_host(n, k))) st->upload_input[n->in[k]] = 1;
+            else host_read[n->in[k]] = 1;
+        }
+    }
+    for (int v = 0; v < g->n_values; v++)
+        if (host_read[v]) st->upload_input[v] = 0;
+    free(host_read);
+    return PP_OK;
+}
+
+/* A training stage on a device that keeps parameters holds its weights,
+ * gradients and optimizer state there (device_params.h), and its stash
+ * between F, I and W: the executor leaves every value on the device at a
+ * run's end, but the state the forward updates (train_state.h copies it
+ * on the host); the stage downloads what it hands out (outputs, input
+ * gradients). */
+static pp_status keep_params_on(pp_stage *st, pp_device *dev) {
+    pp_flat_params *fp = st->params;
+    if (!fp || fp->total == 0 || !pp_device_keeps_params(dev)) return PP_OK;
+    if (!st->device_values && !(st->device_values = malloc((size_t)st->g->n_values + 1)))
+        return pp_error(PP_ERR_NOMEM, "out of memory");
+    memset(st->device_values, 1, (size_t)st->g->n_values + 1);
+    for (int i = 0; i < st->state.n; i++) st->device_values[st->state.src[i]] = 0;
+    PP_TRY(mark_device_inputs(st, dev));
+    PP_TRY(pp_device_params_new(dev, fp, &st->dp));
+    pp_exec_set_device_values(st->ex, st->device_values);
+    return PP_OK;
+}
+
 pp_status pp_stage_use_device(pp_stage *st, const char *spec) {
     pp_device *dev = NULL;
     pp_status s = spec && strcmp(spec, "cpu") != 0 ? pp_device_open(spec, &dev) : PP_OK;
-    if (s == PP_OK) s = pp_exec_set_device(st->ex, dev);
-    if (s != PP_OK) {
+    if (s == PP_OK && st->dp) s = pp_device_params_to_host(st->dp, 1); /* the old device's values come back */
+    if (s != PP_OK) { /* the stage stays as it was */
         pp_device_close(dev);
         return pp_error_context(s, "stage %d", st->index);
     }
+    pp_device_params_free(st->dp);
+    st->dp = NULL;
+    pp_exec_set_device_values(st->ex, NULL);
+    s = pp_exec_set_device(st->ex, dev);
+    if (s == PP_OK) s = keep_params_on(st, dev);
+    if (s != PP_OK) { /* on the CPU, whose buffers are current */
+        pp_exec_set_device_values(st->ex, NULL);
+        pp_exec_set_device(st->ex, NULL);
+        pp_device_close(dev);
+        dev = NULL;
+    }
     pp_device_close(st->dev);
     st->dev = dev;
+    return s == PP_OK ? s : pp_error_context(s, "stage %d", st->index);
+}
+
+/* F's inputs that only device nodes read go up once (upload_input). */
+static pp_status upload_inputs(pp_stage *st, pp_tensor **env) {
+    for (int i = 0; st->dp && i < st->n_fwd_inputs; i++) {
+        int v = st->g->inputs[i];
+        if (!st->upload_input[v] || pp_tensor_device(env[v])) continue;
+        pp_tensor *d;
+        PP_TRY(pp_device_upload(st->dev, env[v], &d));
+        pp_tensor_free(env[v]);
+        env[v] = d;
+    }
     return PP_OK;
+}
+
+/* Before a run: the parameters' device copies go into env (their host
+ * views would be uploaded by each run). */
+static pp_status place_params(pp_stage *st, pp_tensor **env) {
+    if (!st->dp) return PP_OK;
+    PP_TRY(pp_device_params_ready(st->dp));
+    for (int i = 0; i < st->params->n; i++) {
+        int v = st->params->values[i];
+        pp_tensor *view = pp_device_params_view(st->dp, i);
+        if (env[v] == view) continue;
+        pp_tensor_free(env[v]);
+        env[v] = pp_tensor_retain(view);
+    }
+    return PP_OK;
+}
+
+/* A new host reference to t (downloaded when it is on the device). */
+static pp_status to_host(pp_stage *st, pp_tensor *t, pp_tensor **out) {
+    if (!pp_tensor_device(t)) return *out = pp_tensor_retain(t), PP_OK;
+    return pp_device_download(st->dev, t, out);
+}
+
+/* Gradient i += g, where the stage keeps its gradients. */
+static pp_status accumulate(pp_stage *st, int i, const pp_tensor *g) {
+    return st->dp ? pp_device_params_accumulate(st->dp, i, g) : pp_flat_params_accumulate(st->params, i, g);
 }
 
 pp_device *pp_stage_device(const pp_stage *st) { return st->dev; }
@@ -319,18 +424,22 @@ pp_status pp_stage_forward(pp_stage *st, int mb, pp_tensor *const *inputs, pp_te
     }
     pp_backward *b = st->bw;
     pp_exec_set_random_stream(st->ex, 0, st->step, st->mb_offset + mb);
-    pp_status s = pp_exec_run_nodes(st->ex, b->forward_nodes, b->n_forward, env,
-                                    st->recompute ? st->keep_f_rc : st->keep_f);
+    pp_status s = place_params(st, env);
+    if (s == PP_OK) s = upload_inputs(st, env);
+    if (s == PP_OK)
+        s = pp_exec_run_nodes(st->ex, b->forward_nodes, b->n_forward, env, st->recompute ? st->keep_f_rc : st->keep_f);
     if (s == PP_OK) s = pp_train_state_update(&st->state, g, env);
     for (int o = 0; s == PP_OK && o < st->n_fwd_outputs; o++)
         if (!env[g->outputs[o]] && !(env[g->outputs[o]] = pp_tensor_retain(g->values[g->outputs[o]].data)))
             s = stage_error(st, PP_ERR_INTERNAL, "output '%s' not computed (microbatch %d)",
                             g->values[g->outputs[o]].name, mb);
+    for (int o = 0; o < st->n_fwd_outputs; o++) outputs[o] = NULL;
+    for (int o = 0; s == PP_OK && o < st->n_fwd_outputs; o++) s = to_host(st, env[g->outputs[o]], &outputs[o]);
     if (s != PP_OK) {
+        for (int o = 0; o < st->n_fwd_outputs; o++) pp_tensor_free(outputs[o]), outputs[o] = NULL;
         free_env(g, env);
         return pp_error_context(s, "stage %d forward of microbatch %d", st->index, mb);
     }
-    for (int o = 0; o < st->n_fwd_outputs; o++) outputs[o] = pp_tensor_retain(env[g->outputs[o]]);
     /* Keep only the stash (recompute: only the inputs; I runs F again). */
     const uint8_t *keep = st->recompute ? st->input_mask : st->stash_mask;
     for (int v = 0; v < g->n_values; v++) {
@@ -357,7 +466,8 @@ static pp_status recompute_forward(pp_stage *st, mb_state *m) {
     if (!env) return pp_error(PP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < st->n_fwd_inputs; i++) env[g->inputs[i]] = pp_tensor_retain(m->env[g->inputs[i]]);
     pp_exec_set_random_stream(st->ex, 0, m->step, st->mb_offset + m->mb);
-    pp_status s = pp_exec_run_nodes(st->ex, b->forward_nodes, b->n_forward, env, st->keep_f);
+    pp_status s = place_params(st, env);
+    if (s == PP_OK) s = pp_exec_run_nodes(st->ex, b->forward_nodes, b->n_forward, env, st->keep_f);
     if (s != PP_OK) {
         free_env(g, env);
         return pp_error_context(s, "stage %d recomputing the forward of microbatch %d", st->index, m->mb);
@@ -405,12 +515,13 @@ pp_status pp_stage_backward_input(pp_stage *st, int mb, pp_tensor *const *out_gr
         env[b->seed_grads[seed]] = pp_tensor_retain(gt);
     }
     for (int k = 0; k < b->n_wrt; k++) in_grads[k] = NULL;
-    pp_status s = pp_exec_run_nodes(st->ex, b->i_nodes, b->n_i, env, st->keep_i);
+    pp_status s = place_params(st, env);
+    if (s == PP_OK) s = pp_exec_run_nodes(st->ex, b->i_nodes, b->n_i, env, st->keep_i);
     for (int k = 0; s == PP_OK && k < b->n_wrt; k++) {
         int gv = b->wrt_grads[k];
         const pp_tensor *x = env[b->wrt_values[k]];
         if (gv >= 0 && env[gv]) {
-            in_grads[k] = pp_tensor_retain(env[gv]);
+            s = to_host(st, env[gv], &in_grads[k]);
         } else if (x) {
             s = pp_tensor_new(PP_F32, x->ndim, x->shape, &in_grads[k]); /* no path: zero */
         } else {
@@ -440,7 +551,7 @@ pp_status pp_stage_backward_input(pp_stage *st, int mb, pp_tensor *const *out_gr
  * the bits. */
 static pp_status add_gradient(void *user, int value, pp_tensor **slot) {
     pp_stage *st = user;
-    pp_status s = pp_flat_params_accumulate(st->params, st->grad_param[value], *slot);
+    pp_status s = accumulate(st, st->grad_param[value], *slot);
     pp_tensor_free(*slot);
     *slot = NULL;
     return s;
@@ -453,11 +564,12 @@ pp_status pp_stage_backward_weight(pp_stage *st, int mb) {
         return stage_error(st, PP_ERR_STATE, "%sbackward-weight of microbatch %d before its backward-input", "", mb);
     pp_backward *b = st->bw;
     pp_exec_set_value_hook(st->ex, st->grad_watch, add_gradient, st);
-    pp_status s = pp_exec_run_nodes(st->ex, b->w_nodes, b->n_w, m->env, st->keep_w);
+    pp_status s = place_params(st, m->env);
+    if (s == PP_OK) s = pp_exec_run_nodes(st->ex, b->w_nodes, b->n_w, m->env, st->keep_w);
     pp_exec_set_value_hook(st->ex, NULL, NULL, NULL);
     for (int i = 0; s == PP_OK && i < b->n_params; i++) { /* the gradients W's nodes read */
         const pp_tensor *gt = b->param_grads[i] >= 0 ? m->env[b->param_grads[i]] : NULL;
-        if (gt) s = pp_flat_params_accumulate(st->params, i, gt);
+        if (gt) s = accumulate(st, i, gt);
     }
     if (s != PP_OK) return pp_error_context(s, "stage %d backward-weight of microbatch %d", st->index, mb);
     drop_mb(st, m);
@@ -508,10 +620,51 @@ int pp_stage_find_param(const pp_stage *st, const char *name) {
     return st->params ? pp_flat_params_find(st->params, name) : -1;
 }
 
-pp_flat_params *pp_stage_params(pp_stage *st) { return st->params; }
+pp_flat_params *pp_stage_params(pp_stage *st) {
+    /* the caller may read or write the host's buffers: they become current,
+     * and the device takes them again before it next uses them */
+    if (st->dp && pp_device_params_to_host(st->dp, 1) != PP_OK)
+        pp_log_error("stage %d: parameters on %s not brought back: %s", st->index, pp_device_name(st->dev),
+                     pp_last_error());
+    return st->params;
+}
+
+static pp_status in_stage(const pp_stage *st, pp_status s) {
+    return s == PP_OK ? s : pp_error_context(s, "stage %d", st->index);
+}
+
+pp_status pp_stage_param_copy(pp_stage *st, int i, int grad, pp_tensor **out) {
+    *out = NULL;
+    if (!st->params || i < 0 || i >= st->params->n)
+        return pp_error(PP_ERR_INVALID, "stage %d has no parameter %d", st->index, i);
+    if (st->dp) return in_stage(st, pp_device_params_copy(st->dp, i, grad, out));
+    pp_tensor *view;
+    PP_TRY(grad ? pp_flat_params_grad_view(st->params, i, &view) : pp_flat_params_data_view(st->params, i, &view));
+    pp_status s = pp_tensor_clone(view, out);
+    pp_tensor_free(view);
+    return s;
+}
+
+pp_status pp_stage_set_param_grad(pp_stage *st, int i, const pp_tensor *g) {
+    if (!st->params || i < 0 || i >= st->params->n)
+        return pp_error(PP_ERR_INVALID, "stage %d has no parameter %d", st->index, i);
+    if (st->dp) return in_stage(st, pp_device_params_set_grad(st->dp, i, g));
+    if (g->dtype != PP_F32 || pp_tensor_numel(g) != st->params->numel[i])
+        return pp_error(PP_ERR_SHAPE, "stage %d: gradient of '%s': %lld elements for %lld", st->index,
+                        st->params->names[i], (long long)pp_tensor_numel(g), (long long)st->params->numel[i]);
+    memcpy(st->params->grad + st->params->offset[i], g->data, g->nbytes);
+    return PP_OK;
+}
+
+pp_status pp_stage_optimizer_step(pp_stage *st, pp_optim *o) {
+    if (!st->params) return PP_OK;
+    if (st->dp) return in_stage(st, pp_device_params_step(st->dp, o));
+    return pp_optim_step(o, st->params->data, st->params->grad, st->params->total);
+}
 
 void pp_stage_zero_grad(pp_stage *st) {
-    if (st->params) pp_flat_params_zero_grad(st->params);
+    if (st->dp) pp_device_params_zero_grad(st->dp);
+    else if (st->params) pp_flat_params_zero_grad(st->params);
 }
 
 pp_status pp_stage_begin_step(pp_stage *st, int64_t step) {

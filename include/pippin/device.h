@@ -11,7 +11,12 @@
  * the host. Device tensors exist only inside a run of pp_exec_run_nodes /
  * pp_exec_run: whatever a run leaves behind (outputs, stashed values) comes
  * back to host memory through the device's copy stream, so stages, the
- * transport and checkpoints only ever see host tensors.
+ * transport and checkpoints only ever see host tensors. The exception is a
+ * training stage on a device: it keeps its parameters, their gradients,
+ * its optimizer's state and its stash between F, I and W on the device
+ * across runs and steps, downloads what it hands out (outputs, input
+ * gradients) and brings its parameters back on demand (pippin/stage.h:
+ * pp_stage_params, pp_stage_param_copy).
  *
  * Each pp_device is one instance with its own compute stream and copy
  * stream (open one per stage), and its own memory pool.

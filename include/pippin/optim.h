@@ -52,6 +52,8 @@ PP_API void pp_optim_free(pp_optim *o);
 
 /* One update of params (n elements) from grads. */
 PP_API pp_status pp_optim_step(pp_optim *o, float *params, const float *grads, int64_t n);
+/* The number of elements it was made for. */
+PP_API int64_t pp_optim_size(const pp_optim *o);
 /* Steps taken so far. */
 PP_API int64_t pp_optim_steps(const pp_optim *o);
 /* Changes the learning rate (for schedules). */

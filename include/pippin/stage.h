@@ -18,6 +18,7 @@
 
 #include "pippin/device.h"
 #include "pippin/graph.h"
+#include "pippin/optim.h"
 #include "pippin/params.h"
 #include "pippin/pipe.h"
 
@@ -137,8 +138,26 @@ PP_API pp_status pp_stage_recompute_stash_per_sample_dims(pp_stage *st, const ch
                                                           const char *const *dims, int64_t *per_sample);
 
 /* Trainable parameters: one flat float32 buffer and one of gradients
- * (pippin/params.h); NULL for a stage not built for training. */
+ * (pippin/params.h); NULL for a stage not built for training. On a device
+ * that keeps them (cuda, fake: pp_stage_use_device) the weights, their
+ * gradients and the optimizer's state live in device memory across runs
+ * and steps; this call brings the host's buffers up to date (downloads)
+ * and, as the caller may write them, has the device take them again
+ * before it next uses them. The graph's parameter values are views of the
+ * host's buffers: read them after this call. */
 PP_API pp_flat_params *pp_stage_params(pp_stage *st);
+/* Parameter i's weights (grad 0) or gradient (grad 1) as a new host
+ * tensor; on a device, only its part crosses, and only when the device's
+ * copy is newer. */
+PP_API pp_status pp_stage_param_copy(pp_stage *st, int i, int grad, pp_tensor **out);
+/* Sets parameter i's gradient (float32, its element count), on the device
+ * too when the stage keeps its gradients there. */
+PP_API pp_status pp_stage_set_param_grad(pp_stage *st, int i, const pp_tensor *g);
+/* One update of the parameters by o (made for their element count): on the
+ * stage's device when it keeps them there, with o's state uploaded at o's
+ * first step there and kept there after (o must then stay alive until
+ * pp_stage_params brings it back, or the stage ends); else on the host. */
+PP_API pp_status pp_stage_optimizer_step(pp_stage *st, pp_optim *o);
 PP_API int pp_stage_n_params(const pp_stage *st);
 PP_API const char *pp_stage_param_name(const pp_stage *st, int i);
 /* Index of a parameter by name, -1 if absent. */

@@ -83,6 +83,10 @@ static const pp_backend_ops cuda_ops = {
     .supports = pp_cuda_supports,
     .input_on_host = pp_cuda_input_on_host,
     .run = pp_cuda_run,
+    .zero = pp_cuda_zero,
+    .add_into = pp_cuda_add_into,
+    .sgd = pp_cuda_sgd,
+    .adamw = pp_cuda_adamw,
     .close = cuda_close,
 };
 

@@ -253,11 +253,11 @@ static void test_fake_device_is_strict(void **state) {
     for (int i = 0; i < 3; i++) assert_true(isnan(((float *)staged->data)[i])); /* not yet */
     TU_OK(pp_device_staging_wait(dev, staged));
     assert_same_bits(staged, h);
+    pp_tensor_free(staged);
     pp_tensor_free(fresh); /* back to the pool: handed out again, poisoned again */
     TU_OK(pp_device_tensor_new(dev, PP_MEMORY_DEVICE, PP_F32, 1, SHAPE(3), &fresh));
     assert_true(isnan(((float *)fresh->data)[0]));
     pp_tensor_free(fresh);
-    pp_tensor_free(staged);
     pp_tensor_free(d);
     pp_tensor_free(h);
     pp_device_close(dev);

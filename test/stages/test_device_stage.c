@@ -1,8 +1,10 @@
 /* Stages on a device: the example GPT's training step (forward, I and W,
  * then an AdamW step) with its stages on the fake device equals the CPU
  * run bit for bit (the fake runs the CPU kernels, so any difference is a
- * lost or misplaced copy), and a missing CUDA device is a clear error
- * naming the stage. */
+ * lost or misplaced copy); over several steps the parameters, gradients
+ * and optimizer state stay on the device, so only the stages' boundary
+ * values cross; and a missing CUDA device is a clear error naming the
+ * stage. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +17,13 @@ static const char *const input_names[2] = {"idx", "targets"};
 
 /* One training step of the GPT pipe with every stage on `spec` (NULL: the
  * CPU): outs[] the outputs, then an AdamW step. */
+/* the ops the CUDA backend claims (lib/cuda/cuda_ops.c) */
+#define CUDA_OPS                                                                                                   \
+    "fake:Add,Sub,Mul,Div,Relu,Tanh,Gelu,Neg,Exp,Sqrt,Sigmoid,ReluGrad,TanhGrad,GeluGrad,"                         \
+    "Softmax,SoftmaxGrad,LayerNormalization,LayerNormGradInput,LayerNormGradWeight,MatMul,"                        \
+    "Gemm,MatMulAdd,MatMulGradA,MatMulGradB,Gather,GatherGrad,SoftmaxCrossEntropyLoss,"                            \
+    "SoftmaxCrossEntropyLossGrad,SumToShape,Transpose,Reshape,Flatten,Squeeze,Unsqueeze,Identity,Concat"
+
 static pp_runner *gpt_step(const char *spec, pp_pipe **p_out, pp_tensor **outs) {
     pp_graph *g = tu_fixture_onnx("gpt", "model.onnx");
     pp_pipe *p;
@@ -46,11 +55,7 @@ static void test_gpt_training_step_on_fake_device(void **state) {
     pp_tensor *oc[4] = {0}, *od[4] = {0};
     pp_runner *cpu = gpt_step(NULL, &pc, oc);
     /* the ops the CUDA backend claims (lib/cuda/cuda_ops.c) */
-    pp_runner *dev = gpt_step("fake:Add,Sub,Mul,Div,Relu,Tanh,Gelu,Neg,Exp,Sqrt,Sigmoid,ReluGrad,TanhGrad,GeluGrad,"
-                              "Softmax,SoftmaxGrad,LayerNormalization,LayerNormGradInput,LayerNormGradWeight,MatMul,"
-                              "Gemm,MatMulAdd,MatMulGradA,MatMulGradB,Gather,GatherGrad,SoftmaxCrossEntropyLoss,"
-                              "SoftmaxCrossEntropyLossGrad,SumToShape,Transpose,Reshape,Flatten,Squeeze,Unsqueeze,Identity,Concat",
-                              &pd, od);
+    pp_runner *dev = gpt_step(CUDA_OPS, &pd, od);
     for (int o = 0; o < pp_runner_n_outputs(cpu); o++) assert_same(od[o], oc[o], pp_runner_output_name(cpu, o));
     int checked = 0;
     int64_t kernels = 0, copies = 0;
@@ -90,6 +95,194 @@ static void test_gpt_training_step_on_fake_device(void **state) {
     pp_pipe_free(pd);
 }
 
+/* The GPT pipe with every stage on spec (NULL: the CPU) and an optimizer. */
+static pp_runner *gpt_runner(const char *spec, const pp_optim_config *oc, pp_pipe **p_out) {
+    pp_graph *g = tu_fixture_onnx("gpt", "model.onnx");
+    TU_OK(pp_pipe_split(g, NULL, p_out));
+    pp_graph_free(g);
+    pp_runner *r;
+    TU_OK(pp_runner_new(*p_out, 1, &r));
+    for (int s = 0; spec && s < pp_runner_n_stages(r); s++) TU_OK(pp_stage_use_device(pp_runner_stage(r, s), spec));
+    TU_OK(pp_runner_set_optimizer(r, oc));
+    return r;
+}
+
+/* The copies of every stage's device since the last reset, summed; then reset. */
+static pp_device_stats take_copies(pp_runner *r) {
+    pp_device_stats sum = {0};
+    for (int s = 0; s < pp_runner_n_stages(r); s++) {
+        pp_device *d = pp_stage_device(pp_runner_stage(r, s));
+        if (!d) continue;
+        pp_device_stats st;
+        pp_device_get_stats(d, &st);
+        sum.uploads += st.uploads;
+        sum.downloads += st.downloads;
+        sum.upload_bytes += st.upload_bytes;
+        sum.download_bytes += st.download_bytes;
+        sum.fallbacks += st.fallbacks;
+        pp_device_reset_stats(d);
+    }
+    return sum;
+}
+
+/* One training step: zero_grad, 2 microbatches, the optimizer. */
+static void train_step(pp_runner *r, pp_tensor **outs) {
+    pp_tensor *ins[2] = {tu_fixture_npy("gpt", "idx.npy"), tu_fixture_npy("gpt", "targets.npy")};
+    pp_runner_zero_grad(r);
+    for (int o = 0; o < pp_runner_n_outputs(r); o++) pp_tensor_free(outs[o]), outs[o] = NULL;
+    TU_OK(pp_runner_step(r, 2, NULL, 2, input_names, ins, outs));
+    TU_OK(pp_runner_optimizer_step(r));
+    pp_tensor_free(ins[0]);
+    pp_tensor_free(ins[1]);
+}
+
+/* Every parameter and gradient of a equals b's, bit for bit. */
+static void assert_same_params(pp_runner *a, pp_runner *b) {
+    for (int s = 0; s < pp_runner_n_stages(a); s++) {
+        pp_stage *st = pp_runner_stage(a, s);
+        for (int i = 0; i < pp_stage_n_params(st); i++) {
+            for (int grad = 0; grad < 2; grad++) {
+                pp_tensor *ta, *tb;
+                TU_OK(pp_stage_param_copy(st, i, grad, &ta));
+                TU_OK(pp_stage_param_copy(pp_runner_stage(b, s), i, grad, &tb));
+                char what[160];
+                snprintf(what, sizeof what, "stage %d %s of '%s'", s, grad ? "gradient" : "weights",
+                         pp_stage_param_name(st, i));
+                assert_same(ta, tb, what);
+                pp_tensor_free(ta);
+                pp_tensor_free(tb);
+            }
+        }
+    }
+}
+
+/* Bytes of every stage's trainable parameters. */
+static int64_t param_bytes(pp_runner *r) {
+    int64_t n = 0;
+    for (int s = 0; s < pp_runner_n_stages(r); s++) {
+        pp_stage *st = pp_runner_stage(r, s);
+        for (int i = 0; i < pp_stage_n_params(st); i++) {
+            pp_tensor *t;
+            TU_OK(pp_stage_param_copy(st, i, 0, &t));
+            n += (int64_t)t->nbytes;
+            pp_tensor_free(t);
+        }
+    }
+    return n;
+}
+
+#define STEPS 3
+
+/* Several steps of an optimizer with the stages on the fake device (the
+ * CUDA backend's ops): the CPU's bits after every step, and after the
+ * first step no parameter crosses: the weights, gradients, optimizer state
+ * and stash stay on the device, so steps 2 and 3 copy the same values (the
+ * stages' boundary values, and the q, k, v the CPU's Split and attention
+ * read) and fewer bytes than the weights. */
+static void check_steps_on_device(const pp_optim_config *oc) {
+    pp_pipe *pc, *pd;
+    pp_runner *cpu = gpt_runner(NULL, oc, &pc), *dev = gpt_runner(CUDA_OPS, oc, &pd);
+    pp_tensor *oc_[4] = {0}, *od[4] = {0};
+    pp_device_stats per[STEPS];
+    take_copies(dev);
+    for (int k = 0; k < STEPS; k++) {
+        train_step(cpu, oc_);
+        train_step(dev, od);
+        per[k] = take_copies(dev); /* before the reads below */
+        for (int o = 0; o < pp_runner_n_outputs(cpu); o++) assert_same(od[o], oc_[o], pp_runner_output_name(cpu, o));
+        assert_same_params(dev, cpu);
+        take_copies(dev); /* the reads' own copies */
+        print_message("# %s step %d on the fake device: %lld uploads (%lld bytes), %lld downloads (%lld bytes)\n",
+                      pp_optim_kind_name(oc->kind), k + 1, (long long)per[k].uploads, (long long)per[k].upload_bytes,
+                      (long long)per[k].downloads, (long long)per[k].download_bytes);
+    }
+    int64_t weights = param_bytes(dev);
+    for (int k = 1; k < STEPS; k++) {
+        assert_int_equal(per[k].fallbacks, 0);
+        assert_int_equal(per[k].uploads, per[1].uploads);
+        assert_int_equal(per[k].downloads, per[1].downloads);
+        assert_int_equal(per[k].upload_bytes, per[1].upload_bytes);
+        assert_int_equal(per[k].download_bytes, per[1].download_bytes);
+        /* every step used to bring up each weight it read and take down every
+         * gradient (and the stash): now neither adds up to the weights */
+        assert_true(per[k].upload_bytes < weights);
+        assert_true(per[k].download_bytes < weights);
+    }
+    print_message("# the stages' parameters: %lld bytes\n", (long long)weights);
+    /* the first step brings the weights up once (and the state, zero) */
+    assert_true(per[0].upload_bytes >= weights);
+    for (int o = 0; o < 4; o++) {
+        pp_tensor_free(oc_[o]);
+        pp_tensor_free(od[o]);
+    }
+    pp_runner_free(cpu);
+    pp_runner_free(dev);
+    pp_pipe_free(pc);
+    pp_pipe_free(pd);
+}
+
+static void test_adamw_steps_keep_params_on_device(void **state) {
+    (void)state;
+    pp_optim_config oc;
+    pp_optim_config_init(&oc, PP_OPTIM_ADAMW);
+    check_steps_on_device(&oc);
+}
+
+static void test_sgd_momentum_steps_keep_params_on_device(void **state) {
+    (void)state;
+    pp_optim_config oc;
+    pp_optim_config_init(&oc, PP_OPTIM_SGD);
+    oc.lr = 0.05;
+    oc.momentum = 0.9;
+    oc.weight_decay = 1e-3;
+    check_steps_on_device(&oc);
+}
+
+/* Host writes between steps (a checkpoint load, pp_flat_params_set)
+ * reach the device: pp_stage_params brings the host's buffers up to date
+ * and the device takes them again. Switching a stage back to the CPU
+ * brings its values back. */
+static void test_host_writes_reach_the_device(void **state) {
+    (void)state;
+    pp_optim_config oc;
+    pp_optim_config_init(&oc, PP_OPTIM_ADAMW);
+    pp_pipe *pc, *pd;
+    pp_runner *cpu = gpt_runner(NULL, &oc, &pc), *dev = gpt_runner(CUDA_OPS, &oc, &pd);
+    pp_tensor *oc_[4] = {0}, *od[4] = {0};
+    train_step(cpu, oc_);
+    train_step(dev, od);
+    for (int s = 0; s < pp_runner_n_stages(cpu); s++) { /* halve every weight, and the moments */
+        pp_runner *rs[2] = {cpu, dev};
+        for (int k = 0; k < 2; k++) {
+            pp_flat_params *fp = pp_stage_params(pp_runner_stage(rs[k], s));
+            for (int64_t j = 0; j < fp->total; j++) fp->data[j] *= 0.5f;
+            pp_optim *o = pp_runner_optimizer(rs[k], s);
+            for (int b = 0; b < pp_optim_state(o, -1, NULL, NULL); b++) {
+                float *buf;
+                pp_optim_state(o, b, NULL, &buf);
+                for (int64_t j = 0; j < fp->total; j++) buf[j] *= 0.5f;
+            }
+        }
+    }
+    train_step(cpu, oc_);
+    train_step(dev, od);
+    for (int o = 0; o < pp_runner_n_outputs(cpu); o++) assert_same(od[o], oc_[o], pp_runner_output_name(cpu, o));
+    assert_same_params(dev, cpu);
+    TU_OK(pp_stage_use_device(pp_runner_stage(dev, 1), "cpu")); /* its values come back */
+    assert_null(pp_stage_device(pp_runner_stage(dev, 1)));
+    train_step(cpu, oc_);
+    train_step(dev, od);
+    assert_same_params(dev, cpu);
+    for (int o = 0; o < 4; o++) {
+        pp_tensor_free(oc_[o]);
+        pp_tensor_free(od[o]);
+    }
+    pp_runner_free(cpu);
+    pp_runner_free(dev);
+    pp_pipe_free(pc);
+    pp_pipe_free(pd);
+}
+
 /* Without a GPU (or a CUDA build): an error naming the stage, the stage
  * still usable on the CPU. */
 static void test_no_cuda_device_is_an_error(void **state) {
@@ -117,6 +310,9 @@ static void test_no_cuda_device_is_an_error(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpt_training_step_on_fake_device),
+        cmocka_unit_test(test_adamw_steps_keep_params_on_device),
+        cmocka_unit_test(test_sgd_momentum_steps_keep_params_on_device),
+        cmocka_unit_test(test_host_writes_reach_the_device),
         cmocka_unit_test(test_no_cuda_device_is_an_error),
     };
     tu_filter_from_env();
