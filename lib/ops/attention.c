@@ -200,40 +200,46 @@ pp_status pp_attn_mask_dims(const pp_kernel_ctx *ctx, const pp_tensor *m, int64_
     return PP_OK;
 }
 
+pp_status pp_attn_operands_of(const pp_kernel_ctx *ctx, const pp_tensor *Q, const pp_tensor *K, const pp_tensor *V,
+                              const pp_tensor *M, pp_attn_operands *o) {
+    const pp_node *n = ctx->node;
+    if (Q->dtype != PP_F32 || K->dtype != PP_F32 || V->dtype != PP_F32)
+        return pp_kernel_error(ctx, PP_ERR_UNSUPPORTED, "float32 only, got %s, %s and %s", pp_dtype_name(Q->dtype),
+                               pp_dtype_name(K->dtype), pp_dtype_name(V->dtype));
+    o->ql = pp_attn_layout_of(n, "q_layout", "bhtd", 0), o->kl = pp_attn_layout_of(n, "k_layout", "bhdt", 1);
+    o->vl = pp_attn_layout_of(n, "v_layout", "bhtd", 0), o->ol = pp_attn_layout_of(n, "out_layout", "bhtd", 0);
+    PP_TRY(pp_attn_view_of(ctx, "Q", Q, o->ql, &o->q));
+    PP_TRY(pp_attn_view_of(ctx, "K", K, o->kl, &o->k));
+    PP_TRY(pp_attn_view_of(ctx, "V", V, o->vl, &o->v));
+    char sq[128], sk[128], sv[128];
+    if (o->q.batch != o->k.batch || o->k.batch != o->v.batch || o->q.heads != o->k.heads ||
+        o->k.heads != o->v.heads || o->q.cols != o->k.cols || o->k.rows != o->v.rows)
+        return pp_kernel_error(ctx, PP_ERR_SHAPE, "Q %s, K %s and V %s (layouts %s, %s, %s) are not one attention's",
+                               pp_shape_str(Q->ndim, Q->shape, sq, sizeof sq), pp_shape_str(K->ndim, K->shape, sk, sizeof sk),
+                               pp_shape_str(V->ndim, V->shape, sv, sizeof sv), pp_node_attr_string(n, "q_layout", "bhtd"),
+                               pp_node_attr_string(n, "k_layout", "bhdt"), pp_node_attr_string(n, "v_layout", "bhtd"));
+    if (o->ol == L_BTHD && o->ql != L_BTHD && Q->ndim != 4)
+        return pp_kernel_error(ctx, PP_ERR_SHAPE, "out_layout \"bthd\" needs a 4-D Q, got %s",
+                               pp_shape_str(Q->ndim, Q->shape, sq, sizeof sq));
+    PP_TRY(pp_attn_mask_dims(ctx, M, o->q.rows, o->k.rows, &o->mask_a, &o->mask_b, &o->mask_rank));
+    if (o->q.rows > INT_MAX || o->k.rows > INT_MAX || o->q.cols > INT_MAX || o->v.cols > INT_MAX ||
+        o->q.st > INT_MAX || o->k.st > INT_MAX || o->k.sd > INT_MAX || o->v.st > INT_MAX)
+        return pp_kernel_error(ctx, PP_ERR_UNSUPPORTED, "attention dims exceed BLAS int range");
+    return PP_OK;
+}
+
 static pp_status attention_run(pp_kernel_ctx *ctx) {
     const pp_node *n = ctx->node;
     const pp_tensor *Q = ctx->in[0], *K = ctx->in[1], *V = ctx->in[2];
     const pp_tensor *M = ctx->n_in > 3 ? ctx->in[3] : NULL;
-    if (Q->dtype != PP_F32 || K->dtype != PP_F32 || V->dtype != PP_F32)
-        return pp_kernel_error(ctx, PP_ERR_UNSUPPORTED, "float32 only, got %s, %s and %s", pp_dtype_name(Q->dtype),
-                               pp_dtype_name(K->dtype), pp_dtype_name(V->dtype));
-    int ql = pp_attn_layout_of(n, "q_layout", "bhtd", 0), kl = pp_attn_layout_of(n, "k_layout", "bhdt", 1);
-    int vl = pp_attn_layout_of(n, "v_layout", "bhtd", 0), ol = pp_attn_layout_of(n, "out_layout", "bhtd", 0);
+    pp_attn_operands op;
+    PP_TRY(pp_attn_operands_of(ctx, Q, K, V, M, &op));
     attn_job *j = calloc(1, sizeof *j);
     if (!j) return pp_kernel_error(ctx, PP_ERR_NOMEM, "out of memory");
-    pp_status st = pp_attn_view_of(ctx, "Q", Q, ql, &j->q);
-    if (st == PP_OK) st = pp_attn_view_of(ctx, "K", K, kl, &j->k);
-    if (st == PP_OK) st = pp_attn_view_of(ctx, "V", V, vl, &j->v);
-    char sq[128], sk[128], sv[128];
-    if (st == PP_OK && (j->q.batch != j->k.batch || j->k.batch != j->v.batch || j->q.heads != j->k.heads ||
-                        j->k.heads != j->v.heads || j->q.cols != j->k.cols || j->k.rows != j->v.rows))
-        st = pp_kernel_error(ctx, PP_ERR_SHAPE, "Q %s, K %s and V %s (layouts %s, %s, %s) are not one attention's",
-                             pp_shape_str(Q->ndim, Q->shape, sq, sizeof sq), pp_shape_str(K->ndim, K->shape, sk, sizeof sk),
-                             pp_shape_str(V->ndim, V->shape, sv, sizeof sv), pp_node_attr_string(n, "q_layout", "bhtd"),
-                             pp_node_attr_string(n, "k_layout", "bhdt"), pp_node_attr_string(n, "v_layout", "bhtd"));
-    if (st == PP_OK && ol == L_BTHD && ql != L_BTHD && Q->ndim != 4)
-        st = pp_kernel_error(ctx, PP_ERR_SHAPE, "out_layout \"bthd\" needs a 4-D Q, got %s",
-                             pp_shape_str(Q->ndim, Q->shape, sq, sizeof sq));
-    int mrank = 0;
-    if (st == PP_OK) st = pp_attn_mask_dims(ctx, M, j->q.rows, j->k.rows, &j->mask_a, &j->mask_b, &mrank);
+    j->q = op.q, j->k = op.k, j->v = op.v, j->mask_a = op.mask_a, j->mask_b = op.mask_b;
+    int ql = op.ql, kl = op.kl, ol = op.ol, mrank = op.mask_rank;
     int64_t tq = j->q.rows, tk = j->k.rows, dv = j->v.cols, nbh = j->q.batch * j->q.heads;
-    if (st == PP_OK && (tq > INT_MAX || tk > INT_MAX || j->q.cols > INT_MAX || dv > INT_MAX ||
-                        j->q.st > INT_MAX || j->k.st > INT_MAX || j->k.sd > INT_MAX || j->v.st > INT_MAX))
-        st = pp_kernel_error(ctx, PP_ERR_UNSUPPORTED, "attention dims exceed BLAS int range");
-    if (st != PP_OK) {
-        free(j);
-        return st;
-    }
+    pp_status st;
     /* Y: Q's leading dims (or [B, T, H, Dv]), after the 1s a wider mask adds. */
     int64_t oshape[PP_MAX_DIMS];
     int ond;

@@ -119,35 +119,26 @@ static pp_status attention_grad_run(pp_kernel_ctx *ctx) {
     const pp_node *n = ctx->node;
     const pp_tensor *dY = ctx->in[0], *Q = ctx->in[1], *K = ctx->in[2], *V = ctx->in[3];
     const pp_tensor *M = ctx->n_in > 4 ? ctx->in[4] : NULL;
-    if (dY->dtype != PP_F32 || Q->dtype != PP_F32 || K->dtype != PP_F32 || V->dtype != PP_F32)
-        return pp_kernel_error(ctx, PP_ERR_UNSUPPORTED, "float32 only");
-    int ql = pp_attn_layout_of(n, "q_layout", "bhtd", 0), kl = pp_attn_layout_of(n, "k_layout", "bhdt", 1);
-    int vl = pp_attn_layout_of(n, "v_layout", "bhtd", 0), ol = pp_attn_layout_of(n, "out_layout", "bhtd", 0);
+    if (dY->dtype != PP_F32)
+        return pp_kernel_error(ctx, PP_ERR_UNSUPPORTED, "float32 only, got dY %s", pp_dtype_name(dY->dtype));
+    pp_attn_operands op;
+    PP_TRY(pp_attn_operands_of(ctx, Q, K, V, M, &op));
     grad_job *j = calloc(1, sizeof *j);
     if (!j) return pp_kernel_error(ctx, PP_ERR_NOMEM, "out of memory");
-    pp_status st = pp_attn_view_of(ctx, "Q", Q, ql, &j->q);
-    if (st == PP_OK) st = pp_attn_view_of(ctx, "K", K, kl, &j->k);
-    if (st == PP_OK) st = pp_attn_view_of(ctx, "V", V, vl, &j->v);
-    if (st == PP_OK) st = pp_attn_view_of(ctx, "dY", dY, ol, &j->dy);
-    int mrank = 0;
-    if (st == PP_OK) st = pp_attn_mask_dims(ctx, M, j->q.rows, j->k.rows, &j->mask_a, &j->mask_b, &mrank);
-    char sq[128], sk[128], sv[128], sy[128];
-    if (st == PP_OK &&
-        (j->q.batch != j->k.batch || j->k.batch != j->v.batch || j->q.heads != j->k.heads ||
-         j->k.heads != j->v.heads || j->q.cols != j->k.cols || j->k.rows != j->v.rows ||
-         j->dy.batch * j->dy.heads != j->q.batch * j->q.heads || j->dy.rows != j->q.rows || j->dy.cols != j->v.cols))
-        st = pp_kernel_error(ctx, PP_ERR_SHAPE, "dY %s, Q %s, K %s and V %s are not one attention's",
-                             pp_shape_str(dY->ndim, dY->shape, sy, sizeof sy), pp_shape_str(Q->ndim, Q->shape, sq, sizeof sq),
-                             pp_shape_str(K->ndim, K->shape, sk, sizeof sk), pp_shape_str(V->ndim, V->shape, sv, sizeof sv));
-    if (st == PP_OK && (j->q.rows > INT_MAX || j->k.rows > INT_MAX || j->q.cols > INT_MAX || j->v.cols > INT_MAX ||
-                        j->q.st > INT_MAX || j->k.st > INT_MAX || j->k.sd > INT_MAX || j->v.st > INT_MAX ||
-                        j->dy.st > INT_MAX))
-        st = pp_kernel_error(ctx, PP_ERR_UNSUPPORTED, "attention dims exceed BLAS int range");
+    j->q = op.q, j->k = op.k, j->v = op.v, j->mask_a = op.mask_a, j->mask_b = op.mask_b;
+    int kl = op.kl, ol = op.ol;
+    pp_status st = pp_attn_view_of(ctx, "dY", dY, ol, &j->dy);
+    char sq[128], sy[128];
+    if (st == PP_OK && (j->dy.batch * j->dy.heads != j->q.batch * j->q.heads || j->dy.rows != j->q.rows ||
+                        j->dy.cols != j->v.cols))
+        st = pp_kernel_error(ctx, PP_ERR_SHAPE, "dY %s is not the output of this attention's Q %s",
+                             pp_shape_str(dY->ndim, dY->shape, sy, sizeof sy), pp_shape_str(Q->ndim, Q->shape, sq, sizeof sq));
     /* dY read with Y's strides: the same heads in the same order as Q's */
     if (st == PP_OK) {
         j->dy.heads = j->q.heads, j->dy.batch = j->q.batch;
         if (ol == L_BTHD) j->dy.sh = j->v.cols, j->dy.st = j->q.heads * j->v.cols, j->dy.sb = j->q.rows * j->dy.st;
         else j->dy.st = j->v.cols, j->dy.sh = j->q.rows * j->v.cols, j->dy.sb = j->q.heads * j->dy.sh;
+        if (j->dy.st > INT_MAX) st = pp_kernel_error(ctx, PP_ERR_UNSUPPORTED, "attention dims exceed BLAS int range");
     }
     pp_tensor *dq = NULL, *dk = NULL, *dv = NULL;
     if (st == PP_OK && n->out[0] >= 0) st = grad_like(Q, &dq);

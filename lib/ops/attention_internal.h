@@ -40,6 +40,20 @@ static inline const float *pp_attn_head(const pp_attn_view *v, int64_t bh) {
 pp_status pp_attn_mask_dims(const pp_kernel_ctx *ctx, const pp_tensor *m, int64_t tq, int64_t tk, int64_t *a,
                             int64_t *b, int *rank);
 
+/* Q, K, V (and the optional mask_ref) of one attention node, read and
+ * checked as both kernels need them: float32, the node's layouts, views
+ * of one attention (same batch and heads, Q's width K's, K's keys V's),
+ * the mask's dims, and dims the BLAS's int can hold. */
+typedef struct {
+    pp_attn_view q, k, v;
+    int ql, kl, vl, ol;
+    int64_t mask_a, mask_b;
+    int mask_rank;
+} pp_attn_operands;
+
+pp_status pp_attn_operands_of(const pp_kernel_ctx *ctx, const pp_tensor *Q, const pp_tensor *K, const pp_tensor *V,
+                              const pp_tensor *M, pp_attn_operands *o);
+
 /* Keys query i sees under a mask of dims a x b over tk keys. */
 static inline int64_t pp_attn_keys_seen(int64_t a, int64_t b, int64_t tk, int64_t i) {
     if (b == 1) return tk;
