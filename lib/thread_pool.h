@@ -65,6 +65,20 @@ int pp_env_threads(void);
 #define PP_GRAIN_ELEMS 32768
 #define PP_GRAIN_ROW_ELEMS 16384
 
+/* Multiply-adds (GEMM-like work) a piece must hold to pay for the thread
+ * it runs on: waking a sleeping worker, or one another rank lends
+ * (lib/core_share.c), and moving its operands' cache lines costs tens of
+ * microseconds, about what 2^20 multiply-adds take on one core. Below
+ * that, a second thread made the example GPT's 64-token request slower
+ * (bench/bench_par_min.c measures where splitting starts to pay). */
+#define PP_PAR_MIN_MACS (INT64_C(1) << 20)
+
+/* The grain, in items of `macs_per_item` multiply-adds each, that gives
+ * every piece at least PP_PAR_MIN_MACS. */
+static inline int64_t pp_grain_macs(int64_t macs_per_item) {
+    return macs_per_item > 0 && macs_per_item < PP_PAR_MIN_MACS ? (PP_PAR_MIN_MACS + macs_per_item - 1) / macs_per_item : 1;
+}
+
 /* The grain in rows for rows of `len` elements (at least 1 row). */
 static inline int64_t pp_grain_rows(int64_t len, int64_t grain_elems) {
     return len > 0 && len < grain_elems ? grain_elems / len : 1;

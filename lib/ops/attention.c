@@ -279,7 +279,7 @@ static pp_status attention_run(pp_kernel_ctx *ctx) {
     j->scale = pp_node_attr_float(n, "scale", 1.0f);
     j->scale_div = pp_node_attr_int(n, "scale_div", 0) != 0;
     j->block = pp_attn_block_rows(tk, j->d > dv ? j->d : dv);
-    if (y->nbytes && tk > 0) pp_parallel_for(nbh, 1, heads_piece, j);
+    if (y->nbytes && tk > 0) pp_parallel_for(nbh, pp_grain_macs(tq * tk * (j->d + dv)), heads_piece, j);
     else if (y->nbytes) memset(y->data, 0, y->nbytes); /* no keys: softmax of nothing times nothing */
     int failed = atomic_load(&j->failed);
     free(j);

@@ -160,7 +160,9 @@ static pp_status attention_grad_run(pp_kernel_ctx *ctx) {
     j->scale_div = pp_node_attr_int(n, "scale_div", 0) != 0;
     j->c = j->scale_div ? 1.0f / j->scale : j->scale;
     j->block = pp_attn_block_rows(j->tk, j->d > j->dvw ? j->d : j->dvw);
-    if (j->tq > 0 && j->tk > 0) pp_parallel_for(j->q.batch * j->q.heads, 1, heads_piece, j);
+    /* the backward: about twice the forward's products per head */
+    if (j->tq > 0 && j->tk > 0)
+        pp_parallel_for(j->q.batch * j->q.heads, pp_grain_macs(2 * j->tq * j->tk * (j->d + j->dvw)), heads_piece, j);
     int failed = atomic_load(&j->failed);
     free(j);
     if (failed) {

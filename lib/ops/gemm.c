@@ -27,9 +27,6 @@
 
 #include "thread_pool.h"
 
-/* Multiply-adds below which a GEMM runs whole: a panel is then too short
- * to pay for waking the pool (about 10 us). */
-#define PAR_MIN_MACS (INT64_C(1) << 18)
 #define ROW_ALIGN 12
 
 /* gemv for a one-row or one-column product unless `matrix` (a panel of
@@ -95,7 +92,8 @@ static void panel_piece(void *arg, int64_t lo, int64_t hi) {
  * the work pays; returns 0 (nothing done) when it should run whole. */
 static int gemm_in_panels(gemm_job *j) {
     pp_blas_default_once(); /* OpenBLAS starts on all CPUs or OPENBLAS_NUM_THREADS */
-    if (pp_get_threads() < 2 || (int64_t)j->M * j->N * j->K < PAR_MIN_MACS) return 0;
+    int64_t macs = (int64_t)j->M * j->N * j->K;
+    if (pp_get_threads() < 2 || macs < 2 * PP_PAR_MIN_MACS) return 0; /* a panel would not pay for its thread */
     if (j->M < 2 * ROW_ALIGN) return 0;
     /* A one-column product by a transposed A is OpenBLAS's gemv_t, whose
      * rounding on a block of A's columns differs from the whole: whole. */
@@ -105,7 +103,8 @@ static int gemm_in_panels(gemm_job *j) {
         pp_pool_threads_release(threads);
         return 0;
     }
-    int step = (j->M + threads - 1) / threads;
+    int use = macs / PP_PAR_MIN_MACS < threads ? (int)(macs / PP_PAR_MIN_MACS) : threads;
+    int step = (j->M + use - 1) / use;
     j->step = (step + ROW_ALIGN - 1) / ROW_ALIGN * ROW_ALIGN;
     pp_parallel_for_threads((j->M + j->step - 1) / j->step, 1, panel_piece, j, threads);
     pp_pool_threads_release(threads);

@@ -24,7 +24,6 @@
 #include "thread_pool.h"
 
 #define MR 6
-#define PANEL_MIN_MACS (INT64_C(1) << 17) /* a pool piece's work worth a wake-up */
 
 int64_t pp_packed_b_floats(int K, int N) { return (int64_t)K * ((N + PP_PACK_NR - 1) / PP_PACK_NR) * PP_PACK_NR; }
 
@@ -135,5 +134,5 @@ void pp_gemm_packed_f32(int M, int N, int K, const float *A, int lda, const floa
     int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     packed_job j = {M, N, K, lda, ldc, add, avx2, A, Bp, C};
     int64_t panels = (N + PP_PACK_NR - 1) / PP_PACK_NR, per = (int64_t)M * K * PP_PACK_NR;
-    pp_parallel_for(panels, per < PANEL_MIN_MACS ? PANEL_MIN_MACS / (per ? per : 1) : 1, panels_piece, &j);
+    pp_parallel_for(panels, pp_grain_macs(per), panels_piece, &j);
 }

@@ -197,7 +197,7 @@ static void test_bad_arguments(void **state) {
 static void test_gemm_on_borrowed_threads(void **state) {
     (void)state;
     make_key("gemm");
-    enum { M = 150, N = 96, K = 130 };
+    enum { M = 150, N = 200, K = 130 }; /* above 2 x PP_PAR_MIN_MACS: worth two threads */
     float *a = malloc(sizeof(float) * M * K), *b = malloc(sizeof(float) * K * N);
     float *c1 = malloc(sizeof(float) * M * N), *c2 = malloc(sizeof(float) * M * N);
     assert_non_null(a);

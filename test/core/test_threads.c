@@ -264,7 +264,7 @@ static void test_kernels_gemm(void **state) {
         {"MatMul", "", 2, 1, {F, F}, {3, 2}, {{3, 197, 129}, {129, 301}}, NULL, {0}, 0},
         {"MatMul", "", 2, 1, {F, F}, {3, 2}, {{1, 37, 4096}, {4096, 600}}, NULL, {0}, 0},
         {"MatMul", "", 2, 1, {F, F}, {2, 2}, {{600, 4096}, {4096, 1}}, NULL, {0}, 0},
-        {"MatMul", "", 2, 1, {F, F}, {2, 2}, {{25, 512}, {512, 64}}, NULL, {0}, 0},
+        {"MatMul", "", 2, 1, {F, F}, {2, 2}, {{25, 512}, {512, 192}}, NULL, {0}, 0},
         {"MatMul", "", 2, 1, {F, F}, {3, 3}, {{16, 64, 32}, {16, 32, 64}}, NULL, {0}, 0},
         {"MatMul", "", 2, 1, {F, F}, {4, 4}, {{2, 8, 100, 48}, {1, 8, 48, 100}}, NULL, {0}, 0},
         {"MatMul", "", 2, 1, {PP_F64, PP_F64}, {2, 2}, {{300, 200}, {200, 301}}, NULL, {0}, 0},
@@ -283,10 +283,11 @@ static void test_kernels_gemm(void **state) {
  * bits at 1 and 4 threads. */
 static void test_gemm_packed(void **state) {
     (void)state;
-    const int Ms[] = {1, 5, 6, 13, 64}, Ns[] = {1, 5, 16, 17, 100}, Ks[] = {0, 1, 7, 300};
+    const int Ms[] = {1, 5, 6, 13, 64}, Ns[] = {1, 5, 16, 17, 100, 200}, Ks[] = {0, 1, 7, 300};
     uint64_t s = 3;
+    int64_t par = pp_pool_parallel_calls();
     for (size_t a = 0; a < 5; a++)
-        for (size_t b = 0; b < 5; b++)
+        for (size_t b = 0; b < 6; b++)
             for (size_t c = 0; c < 4; c++)
                 for (int tb = 0; tb < 2; tb++)
                     for (int add = 0; add < 2; add++) {
@@ -323,6 +324,7 @@ static void test_gemm_packed(void **state) {
                         free(C1);
                         free(C4);
                     }
+    assert_true(pp_pool_parallel_calls() > par); /* 64 x 200 x 300 went in pieces at 4 threads */
 }
 
 /* pp_broadcast_to (Expand and the gradient helpers use it). */
@@ -407,6 +409,32 @@ static void test_kernels_from_rank_threads(void **state) {
     pp_set_threads(1);
 }
 
+/* Work too small to pay for a second thread stays on the caller's thread
+ * however many the pool has (a wake-up costs more than the half it saves:
+ * the example GPT's 64-token request got slower with a lent thread); at
+ * PP_PAR_MIN_MACS a piece, it splits. */
+static void test_small_work_stays_on_one_thread(void **state) {
+    (void)state;
+    enum { M = 64, K = 64, N = 192, BIG_N = 1024 };
+    float *A = calloc((size_t)M * K, sizeof(float)), *W = calloc((size_t)K * BIG_N, sizeof(float));
+    float *P = calloc((size_t)pp_packed_b_floats(K, BIG_N), sizeof(float)), *C = calloc((size_t)4 * M * BIG_N, sizeof(float));
+    assert_true(A && W && P && C);
+    pp_set_threads(4);
+    int64_t before = pp_pool_parallel_calls();
+    pp_gemm_f32(0, 0, M, N, K, 1.0f, A, K, W, N, 0.0f, C, N); /* 0.79M multiply-adds */
+    pp_pack_b_f32(1, K, N, W, K, P);
+    pp_gemm_packed_f32(M, N, K, A, K, P, 0, C, N);
+    assert_int_equal(pp_pool_parallel_calls(), before);
+    pp_gemm_f32(0, 0, 4 * M, BIG_N, K, 1.0f, W, K, W, BIG_N, 0.0f, C, BIG_N); /* 16.8M: four pieces */
+    assert_true(pp_pool_parallel_calls() > before);
+    pp_set_threads(1);
+    assert_int_equal(pp_grain_macs(PP_PAR_MIN_MACS), 1);
+    assert_int_equal(pp_grain_macs(PP_PAR_MIN_MACS / 4), 4);
+    assert_int_equal(pp_grain_macs(PP_PAR_MIN_MACS / 4 + 1), 4);
+    assert_int_equal(pp_grain_macs(0), 1);
+    free(A), free(W), free(P), free(C);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pool_covers_once),
@@ -419,6 +447,7 @@ int main(void) {
         cmocka_unit_test(test_kernels_grads),
         cmocka_unit_test(test_kernels_gemm),
         cmocka_unit_test(test_gemm_packed),
+        cmocka_unit_test(test_small_work_stays_on_one_thread),
         cmocka_unit_test(test_broadcast_to_same_bits),
         cmocka_unit_test(test_kernels_from_rank_threads),
     };
