@@ -118,8 +118,11 @@ pp_status pp_device_plan_run(pp_device_plan *p, int i, pp_kernel_ctx *ctx);
 void pp_device_plan_drop(pp_device_plan *p, int v);
 /* End of a run: values left on the device come back to (pinned) host
  * memory in env, but those `resident` marks (may be NULL), which stay on
- * the device; copies of constants stay for the next run. */
-pp_status pp_device_plan_finish(pp_device_plan *p, pp_tensor **env, const uint8_t *resident);
+ * the device; copies of constants stay for the next run, but those of the
+ * constants `host_written` marks (may be NULL), which the host may change
+ * before it. */
+pp_status pp_device_plan_finish(pp_device_plan *p, pp_tensor **env, const uint8_t *resident,
+                                const uint8_t *host_written);
 
 /* Values (one byte per graph value, kept by the caller; NULL: none) that
  * the caller holds on the device across runs (lib/exec.c): a stage's
@@ -127,6 +130,14 @@ pp_status pp_device_plan_finish(pp_device_plan *p, pp_tensor **env, const uint8_
  * gradients. They stay on the device when a run ends, and the value hook
  * is handed them on the device too. */
 void pp_exec_set_device_values(pp_exec *ex, const uint8_t *resident);
+
+/* Constants (one byte per graph value, kept by the caller; NULL: none)
+ * that the host writes in place between runs: a training stage's state
+ * (BatchNorm's running statistics, updated after every microbatch and
+ * loaded by checkpoints). The device copy of a constant is kept by the
+ * tensor it copies, which an in-place write does not change, so these are
+ * copied again at each run instead. */
+void pp_exec_set_host_written(pp_exec *ex, const uint8_t *host_written);
 
 #ifdef __cplusplus
 }

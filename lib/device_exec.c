@@ -117,7 +117,8 @@ pp_status pp_device_plan_run(pp_device_plan *p, int i, pp_kernel_ctx *ctx) {
     return s;
 }
 
-pp_status pp_device_plan_finish(pp_device_plan *p, pp_tensor **env, const uint8_t *resident) {
+pp_status pp_device_plan_finish(pp_device_plan *p, pp_tensor **env, const uint8_t *resident,
+                                const uint8_t *host_written) {
     const pp_graph *g = p->g;
     pp_status s = PP_OK;
     /* Start every download, then wait once for all (they overlap). */
@@ -136,7 +137,8 @@ pp_status pp_device_plan_finish(pp_device_plan *p, pp_tensor **env, const uint8_
             pp_status w = pp_device_staging_wait(p->dev, env[v]);
             if (s == PP_OK) s = w;
         }
-        pp_device_plan_drop(p, v); /* copies of constants serve the next run too */
+        if (host_written && host_written[v]) drop_mirror(p, v); /* the host may change it before the next */
+        else pp_device_plan_drop(p, v); /* copies of constants serve the next run too */
     }
     return s;
 }

@@ -35,6 +35,7 @@ struct pp_exec {
     pp_device_plan *plan;   /* pp_exec_set_device; NULL: all on the CPU */
     pp_mem_plans *mem;      /* buffer plans per node list and signature */
     const uint8_t *device_values; /* pp_exec_set_device_values */
+    const uint8_t *host_written;  /* pp_exec_set_host_written */
     const uint8_t *watch;   /* pp_exec_set_value_hook */
     pp_exec_value_fn value_fn;
     void *value_user;
@@ -151,6 +152,8 @@ void pp_exec_set_value_hook(pp_exec *ex, const uint8_t *watch, pp_exec_value_fn 
 }
 
 void pp_exec_set_device_values(pp_exec *ex, const uint8_t *resident) { ex->device_values = resident; }
+
+void pp_exec_set_host_written(pp_exec *ex, const uint8_t *host_written) { ex->host_written = host_written; }
 
 /* Hands the watched outputs of node n to the value hook. A value on a
  * device is not the hook's to read (its data is device memory): it stays
@@ -277,7 +280,7 @@ static pp_status run_list(pp_exec *ex, const int *nodes, int n_nodes, pp_tensor 
         }
     }
     if (ex->plan) { /* what the run leaves behind goes back to the host */
-        pp_status f = pp_device_plan_finish(ex->plan, env, ex->device_values);
+        pp_status f = pp_device_plan_finish(ex->plan, env, ex->device_values, ex->host_written);
         if (s == PP_OK) s = f;
     }
     if (planned && pp_mem_run_end(ex->mem, s == PP_OK) != PP_OK) /* the run is fine; later ones use the pool */

@@ -54,6 +54,7 @@ struct pp_stage {
     pp_device_params *dp;   /* params kept on dev (NULL: on the host) */
     uint8_t *device_values; /* per value: left on dev when a run ends (with dp: all but the state's) */
     uint8_t *upload_input;  /* per value: a forward input only device nodes read (with dp): uploaded by F */
+    uint8_t *state_values;  /* per value: the state's (the host writes them between runs) */
     pp_train_state state;   /* what each training forward updates */
     int64_t step;           /* pp_stage_begin_step: for the random stream */
 };
@@ -220,6 +221,7 @@ void pp_stage_free(pp_stage *st) {
     pp_device_params_free(st->dp);
     free(st->device_values);
     free(st->upload_input);
+    free(st->state_values);
     pp_device_close(st->dev); /* after the executor: it holds device buffers */
     pp_backward_free(st->bw);
     free(st->keep_f);
@@ -283,6 +285,18 @@ static pp_status keep_params_on(pp_stage *st, pp_device *dev) {
     return PP_OK;
 }
 
+/* The state the forward updates is written on the host after each
+ * microbatch (and by checkpoint loads): a device node reading it must get
+ * a fresh copy each run, not the one it made first. */
+static pp_status mark_state_values(pp_stage *st) {
+    if (!st->state.n) return PP_OK;
+    if (!st->state_values && !(st->state_values = calloc((size_t)st->g->n_values + 1, 1)))
+        return pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < st->state.n; i++) st->state_values[st->state.dst[i]] = 1;
+    pp_exec_set_host_written(st->ex, st->state_values);
+    return PP_OK;
+}
+
 pp_status pp_stage_use_device(pp_stage *st, const char *spec) {
     pp_device *dev = NULL;
     pp_status s = spec && strcmp(spec, "cpu") != 0 ? pp_device_open(spec, &dev) : PP_OK;
@@ -295,6 +309,7 @@ pp_status pp_stage_use_device(pp_stage *st, const char *spec) {
     st->dp = NULL;
     pp_exec_set_device_values(st->ex, NULL);
     s = pp_exec_set_device(st->ex, dev);
+    if (s == PP_OK) s = mark_state_values(st);
     if (s == PP_OK) s = keep_params_on(st, dev);
     if (s != PP_OK) { /* on the CPU, whose buffers are current */
         pp_exec_set_device_values(st->ex, NULL);

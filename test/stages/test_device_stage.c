@@ -283,6 +283,83 @@ static void test_host_writes_reach_the_device(void **state) {
     pp_pipe_free(pd);
 }
 
+/* BatchNorm's running statistics: the host updates them after each
+ * microbatch (stages/train_state.c), and a device node reading them must
+ * see the update, not the copy it made at the first run (the device kept
+ * constants' copies by pointer, so microbatch 2 on, the statistics were
+ * computed from stale ones). Two steps of 2 microbatches with the
+ * BatchNormalization nodes (and the convolutions) on the fake device give
+ * the CPU's running statistics and loss bit for bit; then a host write of
+ * the statistics (a checkpoint load) reaches the device too. */
+static pp_runner *bn_runner(const char *spec, pp_pipe **p) {
+    pp_graph *g = tu_fixture_onnx("bn", "model.onnx");
+    TU_OK(pp_pipe_split(g, NULL, p));
+    pp_graph_free(g);
+    pp_runner *r;
+    TU_OK(pp_runner_new(*p, 1, &r));
+    for (int s = 0; spec && s < pp_runner_n_stages(r); s++) TU_OK(pp_stage_use_device(pp_runner_stage(r, s), spec));
+    pp_optim_config oc;
+    pp_optim_config_init(&oc, PP_OPTIM_SGD);
+    TU_OK(pp_runner_set_optimizer(r, &oc));
+    return r;
+}
+
+static void bn_step(pp_runner *r, pp_tensor **outs) {
+    static const char *const names[2] = {"x", "y"};
+    pp_tensor *ins[2] = {tu_fixture_npy("bn", "x.npy"), tu_fixture_npy("bn", "y.npy")};
+    pp_runner_zero_grad(r);
+    for (int o = 0; o < pp_runner_n_outputs(r); o++) pp_tensor_free(outs[o]), outs[o] = NULL;
+    TU_OK(pp_runner_step(r, 2, NULL, 2, names, ins, outs));
+    TU_OK(pp_runner_optimizer_step(r));
+    pp_tensor_free(ins[0]);
+    pp_tensor_free(ins[1]);
+}
+
+static void assert_same_state(pp_runner *dev, pp_runner *cpu) {
+    int states = 0;
+    for (int s = 0; s < pp_runner_n_stages(cpu); s++)
+        for (int i = 0; i < pp_stage_n_state(pp_runner_stage(cpu, s)); i++, states++)
+            assert_same(pp_stage_state_tensor(pp_runner_stage(dev, s), i), pp_stage_state_tensor(pp_runner_stage(cpu, s), i),
+                        pp_stage_state_name(pp_runner_stage(cpu, s), i));
+    assert_int_equal(states, 6);
+}
+
+static void test_batch_norm_state_reaches_the_device(void **state) {
+    (void)state;
+    pp_pipe *pc, *pd;
+    pp_runner *cpu = bn_runner(NULL, &pc), *dev = bn_runner("fake:BatchNormalization,Conv", &pd);
+    pp_tensor *oc[2] = {0}, *od[2] = {0};
+    for (int step = 0; step < 2; step++) {
+        bn_step(cpu, oc);
+        bn_step(dev, od);
+        assert_same_state(dev, cpu);
+        for (int o = 0; o < pp_runner_n_outputs(cpu); o++) assert_same(od[o], oc[o], pp_runner_output_name(cpu, o));
+    }
+    int64_t kernels = 0;
+    for (int s = 0; s < pp_runner_n_stages(dev); s++) {
+        pp_device_stats st;
+        pp_device_get_stats(pp_stage_device(pp_runner_stage(dev, s)), &st);
+        kernels += st.kernels;
+    }
+    assert_true(kernels > 0); /* the nodes did run on the device */
+    for (int s = 0; s < pp_runner_n_stages(cpu); s++) /* a host write: what a checkpoint load does */
+        for (int i = 0; i < pp_stage_n_state(pp_runner_stage(cpu, s)); i++) {
+            pp_tensor *a = pp_stage_state_tensor(pp_runner_stage(cpu, s), i), *b = pp_stage_state_tensor(pp_runner_stage(dev, s), i);
+            for (int64_t j = 0; j < pp_tensor_numel(a); j++) ((float *)a->data)[j] = ((float *)b->data)[j] = 0.25f * (float)j;
+        }
+    bn_step(cpu, oc);
+    bn_step(dev, od);
+    assert_same_state(dev, cpu);
+    for (int o = 0; o < 2; o++) {
+        pp_tensor_free(oc[o]);
+        pp_tensor_free(od[o]);
+    }
+    pp_runner_free(cpu);
+    pp_runner_free(dev);
+    pp_pipe_free(pc);
+    pp_pipe_free(pd);
+}
+
 /* Without a GPU (or a CUDA build): an error naming the stage, the stage
  * still usable on the CPU. */
 static void test_no_cuda_device_is_an_error(void **state) {
@@ -313,6 +390,7 @@ int main(void) {
         cmocka_unit_test(test_adamw_steps_keep_params_on_device),
         cmocka_unit_test(test_sgd_momentum_steps_keep_params_on_device),
         cmocka_unit_test(test_host_writes_reach_the_device),
+        cmocka_unit_test(test_batch_norm_state_reaches_the_device),
         cmocka_unit_test(test_no_cuda_device_is_an_error),
     };
     tu_filter_from_env();
