@@ -50,7 +50,7 @@ int main(void) {
             double t = (now_s() - t0) / reps;
             if (t < tb) tb = t;
             t0 = now_s();
-            for (int q = 0; q < reps; q++) pp_gemm_packed_f32(M, N, K, A, K, P, 0, D, N);
+            for (int q = 0; q < reps; q++) pp_gemm_packed_f32(M, N, K, A, K, P, NULL, D, N);
             t = (now_s() - t0) / reps;
             if (t < tp) tp = t;
         }

@@ -36,7 +36,7 @@ static void half_piece(void *arg, int64_t lo, int64_t hi) {
         int p0 = p == 0 ? 0 : first, p1 = p == 0 ? first : panels;
         int c0 = p0 * PP_PACK_NR, c1 = p1 * PP_PACK_NR < j->N ? p1 * PP_PACK_NR : j->N;
         if (c1 > c0)
-            pp_gemm_packed_f32(j->M, c1 - c0, j->K, j->A, j->K, j->Bp + (int64_t)p0 * j->K * PP_PACK_NR, 0,
+            pp_gemm_packed_f32(j->M, c1 - c0, j->K, j->A, j->K, j->Bp + (int64_t)p0 * j->K * PP_PACK_NR, NULL,
                                j->C + c0, j->N);
     }
 }

@@ -20,9 +20,9 @@ void pp_gemm_f64(int ta, int tb, int M, int N, int K, double alpha, const double
 #define PP_PACK_NR 16
 int64_t pp_packed_b_floats(int K, int N);
 void pp_pack_b_f32(int tb, int K, int N, const float *B, int ldb, float *out);
-/* C[M,N] = A op(B) (add 0) or C + A op(B) (add 1), Bp packed as above.
- * The same bits at any thread count. */
-void pp_gemm_packed_f32(int M, int N, int K, const float *A, int lda, const float *Bp, int add, float *C,
+/* C[M,N] = A op(B) (+ bias[N] on every row; bias may be NULL), Bp packed
+ * as above. The same bits at any thread count. */
+void pp_gemm_packed_f32(int M, int N, int K, const float *A, int lda, const float *Bp, const float *bias, float *C,
                         int ldc);
 
 #endif

@@ -278,51 +278,67 @@ static void test_kernels_gemm(void **state) {
 
 /* The GEMM by a packed weight (lib/ops/gemm_packed.c): against sums in
  * double for row and column remainders (rows 1-13 against the 6-row
- * kernel, columns against the 16-wide panels), K 0/1/odd, written and
- * added (add = 1), W given as [K, N] and as [N, K] (transposed); the same
- * bits at 1 and 4 threads. */
+ * kernel, columns against the 16-wide panels), K 0/1/odd and past one
+ * K block (1000), with and without a bias, W given as [K, N] and as
+ * [N, K] (transposed); bit for bit the plain chain of fmaf over k in order
+ * then + the bias (so the cache blocking changes no bit), at 1 and 4
+ * threads. */
 static void test_gemm_packed(void **state) {
     (void)state;
-    const int Ms[] = {1, 5, 6, 13, 64}, Ns[] = {1, 5, 16, 17, 100, 200}, Ks[] = {0, 1, 7, 300};
+    const int Ms[] = {1, 5, 6, 13, 64}, Ns[] = {1, 5, 16, 17, 100, 200}, Ks[] = {0, 1, 7, 300, 1000};
     uint64_t s = 3;
     int64_t par = pp_pool_parallel_calls();
     for (size_t a = 0; a < 5; a++)
         for (size_t b = 0; b < 6; b++)
-            for (size_t c = 0; c < 4; c++)
+            for (size_t c = 0; c < 5; c++)
                 for (int tb = 0; tb < 2; tb++)
-                    for (int add = 0; add < 2; add++) {
+                    for (int with_bias = 0; with_bias < 2; with_bias++) {
                         int M = Ms[a], N = Ns[b], K = Ks[c];
                         float *A = malloc(sizeof(float) * (size_t)(M * K + 1)), *W = malloc(sizeof(float) * (size_t)(K * N + 1));
                         float *P = malloc(sizeof(float) * (size_t)(pp_packed_b_floats(K, N) + 1));
                         float *C1 = malloc(sizeof(float) * (size_t)(M * N)), *C4 = malloc(sizeof(float) * (size_t)(M * N));
+                        float *bias = malloc(sizeof(float) * (size_t)N);
                         for (int i = 0; i < M * K; i++) A[i] = (float)(tu_urand(&s) * 2 - 1);
                         for (int i = 0; i < K * N; i++) W[i] = (float)(tu_urand(&s) * 2 - 1);
-                        for (int i = 0; i < M * N; i++) C1[i] = C4[i] = (float)i * 0.25f;
+                        for (int i = 0; i < M * N; i++) C1[i] = C4[i] = NAN; /* written, never read */
+                        for (int j = 0; j < N; j++) bias[j] = (float)j * 0.25f - 3.0f;
+                        const float *bp = with_bias ? bias : NULL;
                         pp_pack_b_f32(tb, K, N, W, tb ? K : N, P);
                         pp_set_threads(1);
-                        pp_gemm_packed_f32(M, N, K, A, K, P, add, C1, N);
+                        pp_gemm_packed_f32(M, N, K, A, K, P, bp, C1, N);
                         pp_set_threads(4);
-                        pp_gemm_packed_f32(M, N, K, A, K, P, add, C4, N);
+                        pp_gemm_packed_f32(M, N, K, A, K, P, bp, C4, N);
                         pp_set_threads(1);
                         if (memcmp(C1, C4, sizeof(float) * (size_t)(M * N)))
-                            fail_msg("packed GEMM %dx%dx%d tb %d add %d differs between 1 and 4 threads", M, N, K, tb, add);
+                            fail_msg("packed GEMM %dx%dx%d tb %d bias %d differs between 1 and 4 threads", M, N, K, tb,
+                                     with_bias);
                         for (int i = 0; i < M; i++)
                             for (int j = 0; j < N; j++) {
-                                double want = add ? (double)(i * N + j) * 0.25 : 0.0, mag = fabs(want);
+                                double want = with_bias ? bias[j] : 0.0, mag = fabs(want);
+                                float chain = 0.0f;
                                 for (int k = 0; k < K; k++) {
-                                    double p = (double)A[i * K + k] * (tb ? W[j * K + k] : W[k * N + j]);
+                                    float w = tb ? W[j * K + k] : W[k * N + j];
+                                    double p = (double)A[i * K + k] * w;
                                     want += p;
                                     mag += fabs(p);
+                                    chain = fmaf(A[i * K + k], w, chain);
                                 }
-                                if (fabs(C1[i * N + j] - want) > 1e-6 * mag + 1e-6)
-                                    fail_msg("packed GEMM %dx%dx%d tb %d add %d: C[%d,%d] = %g, want %g", M, N, K, tb, add,
-                                             i, j, (double)C1[i * N + j], want);
+                                if (with_bias) chain = bias[j] + chain;
+                                float got = C1[i * N + j];
+                                /* float's rounding bound for a chain of K: K u sum |p| */
+                                if (fabs(got - want) > (K + 1) * 6e-8 * mag + 1e-6)
+                                    fail_msg("packed GEMM %dx%dx%d tb %d bias %d: C[%d,%d] = %g, want %g", M, N, K, tb,
+                                             with_bias, i, j, (double)got, want);
+                                if (memcmp(&got, &chain, sizeof got))
+                                    fail_msg("packed GEMM %dx%dx%d tb %d bias %d: C[%d,%d] = %a, the fmaf chain gives %a", M,
+                                             N, K, tb, with_bias, i, j, (double)got, (double)chain);
                             }
                         free(A);
                         free(W);
                         free(P);
                         free(C1);
                         free(C4);
+                        free(bias);
                     }
     assert_true(pp_pool_parallel_calls() > par); /* 64 x 200 x 300 went in pieces at 4 threads */
 }
@@ -423,7 +439,7 @@ static void test_small_work_stays_on_one_thread(void **state) {
     int64_t before = pp_pool_parallel_calls();
     pp_gemm_f32(0, 0, M, N, K, 1.0f, A, K, W, N, 0.0f, C, N); /* 0.79M multiply-adds */
     pp_pack_b_f32(1, K, N, W, K, P);
-    pp_gemm_packed_f32(M, N, K, A, K, P, 0, C, N);
+    pp_gemm_packed_f32(M, N, K, A, K, P, NULL, C, N);
     assert_int_equal(pp_pool_parallel_calls(), before);
     pp_gemm_f32(0, 0, 4 * M, BIG_N, K, 1.0f, W, K, W, BIG_N, 0.0f, C, BIG_N); /* 16.8M: four pieces */
     assert_true(pp_pool_parallel_calls() > before);
