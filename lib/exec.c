@@ -38,6 +38,7 @@ struct pp_exec {
     const uint8_t *host_written;  /* pp_exec_set_host_written */
     const uint8_t *watch;   /* pp_exec_set_value_hook */
     pp_exec_value_fn value_fn;
+    pp_exec_target_fn target_fn; /* pp_exec_set_target_hook (its user is value_user) */
     void *value_user;
     int plan_memory;        /* pp_exec_set_memory_plan; PIPPIN_MEMORY_PLAN=0 turns it off */
 };
@@ -151,6 +152,8 @@ void pp_exec_set_value_hook(pp_exec *ex, const uint8_t *watch, pp_exec_value_fn 
     ex->value_user = user;
 }
 
+void pp_exec_set_target_hook(pp_exec *ex, pp_exec_target_fn fn) { ex->target_fn = fn; }
+
 void pp_exec_set_device_values(pp_exec *ex, const uint8_t *resident) { ex->device_values = resident; }
 
 void pp_exec_set_host_written(pp_exec *ex, const uint8_t *host_written) { ex->host_written = host_written; }
@@ -174,6 +177,26 @@ void pp_exec_memory_plan(const pp_exec *ex, int64_t *plan_bytes, int64_t *buffer
 }
 
 /* Runs node i reading env; stores outputs in env. */
+/* The places node n may add its watched outputs into (pp_exec_set_target_hook);
+ * *count: how many it got. Only for nodes the CPU runs. */
+static pp_status targets_for(pp_exec *ex, const pp_node *n, pp_tensor **into, int *count) {
+    *count = 0;
+    if (!ex->target_fn || !ex->value_fn) return PP_OK;
+    for (int k = 0; k < n->n_out; k++) into[k] = NULL;
+    if (ex->plan && strcmp(pp_device_plan_node_device(ex->plan, (int)(n - ex->g->nodes)), "cpu") != 0) return PP_OK;
+    for (int k = 0; k < n->n_out; k++) {
+        int v = n->out[k];
+        if (v < 0 || !ex->watch[v]) continue;
+        pp_status s = ex->target_fn(ex->value_user, v, &into[k]);
+        if (s != PP_OK) {
+            for (int j = 0; j < k; j++) pp_tensor_free(into[j]);
+            return s;
+        }
+        *count += into[k] != NULL;
+    }
+    return PP_OK;
+}
+
 static pp_status run_node(pp_exec *ex, int i, pp_tensor **env) {
     const pp_graph *g = ex->g;
     const pp_node *n = &g->nodes[i];
@@ -203,12 +226,17 @@ static pp_status run_node(pp_exec *ex, int i, pp_tensor **env) {
         ins[k] = env[v];
     }
     memset(outs, 0, sizeof(pp_tensor *) * (size_t)n->n_out);
-    pp_kernel_ctx ctx = {g, n, n->n_in, ins, n->n_out, outs, &ex->random};
+    pp_tensor *into[64];
+    uint64_t added = 0;
+    int targets = 0;
+    pp_status s = targets_for(ex, n, into, &targets);
+    pp_kernel_ctx ctx = {g, n, n->n_in, ins, n->n_out, outs, &ex->random, targets ? into : NULL, &added};
     ex->kernels_run++;
-    pp_status s = ex->plan ? pp_device_plan_run(ex->plan, i, &ctx) : n->op->run(&ctx);
+    if (s == PP_OK) s = ex->plan ? pp_device_plan_run(ex->plan, i, &ctx) : n->op->run(&ctx);
     for (int k = 0; k < n->n_out && s == PP_OK; k++)
-        if (n->out[k] >= 0 && !outs[k])
+        if (n->out[k] >= 0 && !outs[k] && !(added >> k & 1))
             s = pp_node_error(n, PP_ERR_INTERNAL, "kernel left output %d unset", k);
+    for (int k = 0; targets && k < n->n_out; k++) pp_tensor_free(into[k]);
     if (s != PP_OK) {
         for (int k = 0; k < n->n_out; k++) pp_tensor_free(outs[k]);
         return s;
@@ -354,7 +382,8 @@ pp_status pp_exec_run(pp_exec *ex, pp_tensor *const *inputs, pp_tensor **outputs
     for (int i = 0; i < g->n_outputs && s == PP_OK; i++) {
         int v = g->outputs[i];
         if (!env[v] && g->values[v].data) env[v] = pp_tensor_retain(g->values[v].data);
-        if (!env[v]) s = pp_error(PP_ERR_STATE, "output '%s' was not computed", g->values[v].name);
+        if (!env[v] && !(ex->value_fn && ex->watch[v])) /* a watched one the value hook may take: NULL */
+            s = pp_error(PP_ERR_STATE, "output '%s' was not computed", g->values[v].name);
     }
     if (s == PP_OK)
         for (int i = 0; i < g->n_outputs; i++) outputs[i] = pp_tensor_retain(env[g->outputs[i]]);

@@ -31,6 +31,10 @@ typedef struct pp_kernel_ctx {
     pp_tensor **out;      /* the kernel sets out[i] (new reference) for each
                              output whose node->out[i] >= 0 */
     const pp_random_stream *random; /* NULL: seed, step and microbatch 0 */
+    pp_tensor *const *into; /* NULL, or per output NULL or a tensor the kernel may add
+                               that output into (pp_exec_set_target_hook) */
+    uint64_t *added;        /* with into: the kernel sets bit k when it added output
+                               k into into[k] (then out[k] stays NULL) */
 } pp_kernel_ctx;
 
 typedef struct pp_op {

@@ -572,6 +572,19 @@ static pp_status add_gradient(void *user, int value, pp_tensor **slot) {
     return s;
 }
 
+/* W's target hook: a weight's gradient made as one tall GEMM adds straight
+ * into its place in the flat buffer (beta 1), so the gradient of every
+ * microbatch is neither a tensor of its own nor a second pass over the
+ * buffer. Not with the parameters on a device (their buffer is there). */
+static pp_status gradient_place(void *user, int value, pp_tensor **target) {
+    pp_stage *st = user;
+    int i = st->grad_param[value];
+    if (st->dp || i < 0) return PP_OK;
+    const pp_flat_params *fp = st->params;
+    return pp_tensor_wrap(PP_F32, fp->ndims[i], fp->shapes + (size_t)i * PP_MAX_DIMS, fp->grad + fp->offset[i], NULL,
+                          NULL, target);
+}
+
 pp_status pp_stage_backward_weight(pp_stage *st, int mb) {
     if (!st->training) return stage_error(st, PP_ERR_STATE, "%sbackward of microbatch %d: not built for training", "", mb);
     mb_state *m = find_mb(st, mb);
@@ -579,8 +592,10 @@ pp_status pp_stage_backward_weight(pp_stage *st, int mb) {
         return stage_error(st, PP_ERR_STATE, "%sbackward-weight of microbatch %d before its backward-input", "", mb);
     pp_backward *b = st->bw;
     pp_exec_set_value_hook(st->ex, st->grad_watch, add_gradient, st);
+    pp_exec_set_target_hook(st->ex, gradient_place);
     pp_status s = place_params(st, m->env);
     if (s == PP_OK) s = pp_exec_run_nodes(st->ex, b->w_nodes, b->n_w, m->env, st->keep_w);
+    pp_exec_set_target_hook(st->ex, NULL);
     pp_exec_set_value_hook(st->ex, NULL, NULL, NULL);
     for (int i = 0; s == PP_OK && i < b->n_params; i++) { /* the gradients W's nodes read */
         const pp_tensor *gt = b->param_grads[i] >= 0 ? m->env[b->param_grads[i]] : NULL;

@@ -16,6 +16,8 @@ struct pp_trainer {
     pp_exec *ex;
     int loss_out;        /* index of the loss among the graph outputs */
     int *grad_out;       /* per flat parameter: index of its gradient output */
+    uint8_t *grad_watch; /* per value: a parameter's gradient (the value hook takes it) */
+    int *grad_param;     /* per value: the parameter whose gradient it is, or -1 */
     pp_tensor **ins, **outs;
     pp_train_state state; /* BatchNorm's running statistics (train_state.h) */
     int *state_out;       /* per state: its index among the graph outputs */
@@ -29,12 +31,51 @@ void pp_trainer_free(pp_trainer *t) {
     pp_flat_params_free(t->fp);
     pp_backward_free(t->b);
     free(t->grad_out);
+    free(t->grad_watch);
+    free(t->grad_param);
     free(t->ins);
     free(t->outs);
     free(t->state_out);
     free(t->computed);
     pp_train_state_clear(&t->state);
     free(t);
+}
+
+/* The value hook: a parameter's gradient goes into the flat buffer as soon
+ * as it is made (the run holds no gradient to its end). */
+static pp_status add_gradient(void *user, int value, pp_tensor **slot) {
+    pp_trainer *t = user;
+    pp_status s = pp_flat_params_accumulate(t->fp, t->grad_param[value], *slot);
+    pp_tensor_free(*slot);
+    *slot = NULL;
+    return s;
+}
+
+/* The target hook: a weight's gradient made as one tall GEMM adds straight
+ * into its place (pp_exec_set_target_hook). */
+static pp_status gradient_place(void *user, int value, pp_tensor **target) {
+    pp_trainer *t = user;
+    int i = t->grad_param[value];
+    const pp_flat_params *fp = t->fp;
+    return pp_tensor_wrap(PP_F32, fp->ndims[i], fp->shapes + (size_t)i * PP_MAX_DIMS, fp->grad + fp->offset[i], NULL,
+                          NULL, target);
+}
+
+static pp_status watch_gradients(pp_trainer *t) {
+    const pp_graph *g = t->g;
+    t->grad_watch = calloc((size_t)g->n_values + 1, 1);
+    t->grad_param = malloc(sizeof(int) * ((size_t)g->n_values + 1));
+    if (!t->grad_watch || !t->grad_param) return pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int v = 0; v < g->n_values; v++) t->grad_param[v] = -1;
+    for (int i = 0; i < t->b->n_params; i++) {
+        int v = t->b->param_grads[i];
+        if (v < 0 || t->grad_param[v] >= 0) continue; /* one value, one parameter */
+        t->grad_param[v] = i;
+        t->grad_watch[v] = 1;
+    }
+    pp_exec_set_value_hook(t->ex, t->grad_watch, add_gradient, t);
+    pp_exec_set_target_hook(t->ex, gradient_place);
+    return PP_OK;
 }
 
 static int output_index(const pp_graph *g, int v) {
@@ -70,6 +111,7 @@ pp_status pp_trainer_new(pp_graph *g, const char *loss_name, pp_trainer **out) {
     for (int i = 0; s == PP_OK && i < t->b->n_params; i++)
         t->grad_out[i] = output_index(g, t->b->param_grads[i]);
     if (s == PP_OK) t->loss_out = output_index(g, t->b->seed_values[0]);
+    if (s == PP_OK) s = watch_gradients(t);
     if (s == PP_OK && t->loss_out < 0)
         s = pp_error(PP_ERR_INTERNAL, "the loss is not a graph output");
     if (s != PP_OK) {
@@ -98,8 +140,9 @@ pp_status pp_trainer_backward(pp_trainer *t, pp_tensor *const *inputs, float los
         s = pp_error(PP_ERR_INVALID, "loss '%s' is not a float32 scalar (%lld elements)",
                      g->values[g->outputs[t->loss_out]].name, (long long)pp_tensor_numel(l));
     if (s == PP_OK && loss) *loss = ((const float *)l->data)[0];
-    for (int i = 0; s == PP_OK && i < t->fp->n; i++)
-        s = pp_flat_params_accumulate(t->fp, i, t->outs[t->grad_out[i]]);
+    for (int i = 0; s == PP_OK && i < t->fp->n; i++) /* the hooks took each gradient as it was made */
+        if (t->grad_out[i] >= 0 && t->outs[t->grad_out[i]])
+            s = pp_flat_params_accumulate(t->fp, i, t->outs[t->grad_out[i]]);
     if (s == PP_OK) s = pp_train_state_update_from(&t->state, g, t->computed);
     for (int i = 0; i < g->n_outputs; i++) {
         pp_tensor_free(t->outs[i]);

@@ -57,9 +57,21 @@ PP_API void pp_exec_memory_plan(const pp_exec *ex, int64_t *plan_bytes, int64_t 
  * value marked in watch (one byte per graph value, kept by the caller): it
  * may take the tensor out of *slot (setting it NULL), e.g. to add a
  * gradient into its place as soon as it exists instead of holding every
- * gradient to the end of the run. Its error stops the run. fn NULL: none. */
+ * gradient to the end of the run. Its error stops the run. fn NULL: none.
+ * A graph output it takes is NULL in pp_exec_run's outputs. */
 typedef pp_status (*pp_exec_value_fn)(void *user, int value, pp_tensor **slot);
 PP_API void pp_exec_set_value_hook(pp_exec *ex, const uint8_t *watch, pp_exec_value_fn fn, void *user);
+
+/* With a value hook set: a function asked, before a node that makes a
+ * watched value runs, for a tensor the node may add that value into
+ * instead of making it (the gradient's place in a flat buffer, whose
+ * elements then equal target + value). It sets *target (a new reference
+ * of the value's dtype and element count) or leaves it NULL. A kernel that
+ * can (a weight's gradient as one tall GEMM) accumulates with beta 1 and
+ * makes no tensor, and the value hook is not called for it: no temporary
+ * gradient, no separate pass adding it. fn NULL: none. */
+typedef pp_status (*pp_exec_target_fn)(void *user, int value, pp_tensor **target);
+PP_API void pp_exec_set_target_hook(pp_exec *ex, pp_exec_target_fn fn);
 
 /* Kernels run and nodes answered from the shape cache since creation. */
 PP_API void pp_exec_stats(const pp_exec *ex, int64_t *kernels_run, int64_t *nodes_cached);

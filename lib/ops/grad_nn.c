@@ -78,6 +78,7 @@ typedef struct mm_grad_job {
     const float *g, *o;
     float *r;
     int want_a, wt, tall;
+    float tall_beta; /* 0: a tall product writes its result; 1: adds it into a target */
 } mm_grad_job;
 
 static void mm_grad_piece(void *arg, int64_t lo, int64_t hi) {
@@ -87,7 +88,7 @@ static void mm_grad_piece(void *arg, int64_t lo, int64_t hi) {
     int rows = j->tall ? (int)(p->P * p->M) : M;
     const float *o = j->o;
     float *r = j->r;
-    float beta = j->tall ? 0.0f : 1.0f; /* a tall product writes its result whole */
+    float beta = j->tall ? j->tall_beta : 1.0f; /* a tall product writes its result whole, or adds it */
     for (int64_t q = lo; q < hi; q++) {
         int64_t qa = 0, qb = 0;
         if (!j->tall) mm_offsets(p, q, &qa, &qb);
@@ -97,7 +98,7 @@ static void mm_grad_piece(void *arg, int64_t lo, int64_t hi) {
         else if (j->want_a)
             pp_gemm_f32(0, 1, rows, K, N, 1.0f, gq, N, o + qb * p->K * p->N, N, beta, r + qa * p->M * p->K, K);
         else if (j->wt) /* dW = dy^T a */
-            pp_gemm_f32(1, 0, N, K, rows, 1.0f, gq, N, o, K, 0.0f, r, K);
+            pp_gemm_f32(1, 0, N, K, rows, 1.0f, gq, N, o, K, beta, r, K);
         else
             pp_gemm_f32(1, 0, K, N, rows, 1.0f, o + qa * p->M * p->K, K, gq, N, beta, r + qb * p->K * p->N, N);
     }
@@ -127,8 +128,14 @@ static pp_status mm_grad(pp_kernel_ctx *ctx, int want_a) {
      * Several add into a zeroed result (beta 1). */
     int tall = p.Pb == 1 && p.Pa == p.P;
     int empty = p.P == 0 || p.M == 0 || p.N == 0 || p.K == 0;
-    pp_tensor *out;
-    if (tall && !empty) PP_TRY(pp_tensor_empty(PP_F32, rs, ss, &out));
+    /* A weight's gradient as one tall product adds straight into its place
+     * when the executor offers one (pp_exec_set_target_hook): beta 1 into
+     * the flat gradient buffer, no tensor and no pass adding it there. */
+    pp_tensor *into = !want_a && tall && !empty && ctx->into ? ctx->into[0] : NULL;
+    if (into && (into->dtype != PP_F32 || pp_tensor_numel(into) != pp_shape_numel(rs, ss))) into = NULL;
+    pp_tensor *out = NULL;
+    if (into) *ctx->added |= 1;
+    else if (tall && !empty) PP_TRY(pp_tensor_empty(PP_F32, rs, ss, &out));
     else PP_TRY(pp_tensor_new(PP_F32, rs, ss, &out));
     ctx->out[0] = out;
     if (empty) return PP_OK;
@@ -138,7 +145,7 @@ static pp_status mm_grad(pp_kernel_ctx *ctx, int want_a) {
      * is one tall gemm; a 2-D b always is. Without broadcasting every
      * product writes its own matrix, so the products spread over the pool
      * (attention's per-head products). */
-    mm_grad_job j = {&p, dy->data, other->data, out->data, want_a, wt, tall};
+    mm_grad_job j = {&p, dy->data, other->data, into ? into->data : out->data, want_a, wt, tall, into ? 1.0f : 0.0f};
     int64_t n_prod = tall ? 1 : p.P, macs = p.M * p.N * p.K;
     if (!tall && p.Pa == p.P && p.Pb == p.P)
         pp_parallel_for(n_prod, macs < MM_GRAIN_MACS ? MM_GRAIN_MACS / macs : 1, mm_grad_piece, &j);

@@ -146,6 +146,78 @@ static void test_value_hook(void **state) {
     pp_graph_free(g);
 }
 
+/* The target hook: a weight's gradient as one tall product (MatMulGradB,
+ * weight_t) adds straight into the place the hook offers (beta 1), the
+ * value hook is not called for it and no tensor is made; the place holds
+ * what it held plus the gradient, bit for bit what adding the gradient
+ * made alone gives (one block of k). Without a place, the value hook
+ * gets the tensor as before. */
+static int hook_calls;
+static float place[4 * 5];
+
+static pp_status count_value(void *user, int value, pp_tensor **slot) {
+    (void)user, (void)value;
+    hook_calls++;
+    pp_tensor_free(*slot);
+    *slot = NULL;
+    return PP_OK;
+}
+
+static pp_status offer_place(void *user, int value, pp_tensor **target) {
+    (void)value;
+    if (!*(int *)user) return PP_OK;
+    return pp_tensor_wrap(PP_F32, 2, (int64_t[]){4, 5}, place, NULL, NULL, target);
+}
+
+static void test_target_hook(void **state) {
+    (void)state;
+    pp_tensor *dy, *a, *shape, *alone;
+    TU_OK(pp_tensor_new(PP_F32, 3, (int64_t[]){2, 3, 4}, &dy));
+    TU_OK(pp_tensor_new(PP_F32, 3, (int64_t[]){2, 3, 5}, &a));
+    TU_OK(pp_tensor_new(PP_I64, 1, (int64_t[]){2}, &shape));
+    for (int i = 0; i < 24; i++) ((float *)dy->data)[i] = 0.1f * (float)(i % 7) - 0.3f;
+    for (int i = 0; i < 30; i++) ((float *)a->data)[i] = 0.05f * (float)(i % 11) - 0.2f;
+    ((int64_t *)shape->data)[0] = 4, ((int64_t *)shape->data)[1] = 5;
+    tu_node t;
+    tu_node_init_dom(&t, "MatMulGradB", "pippin", 3, (pp_tensor *[]){dy, a, shape}, 1, NULL);
+    TU_OK(pp_node_set_int(t.g, t.node, "weight_t", 1));
+    alone = tu_node_run_one(&t); /* dW [4, 5] = dy^T a, made as a tensor */
+    TU_OK(pp_graph_resolve(t.g));
+    pp_exec *ex;
+    TU_OK(pp_exec_new(t.g, &ex));
+    uint8_t watch[16] = {0};
+    int y = t.g->outputs[0], offer = 1;
+    watch[y] = 1;
+    pp_exec_set_value_hook(ex, watch, count_value, &offer);
+    pp_exec_set_target_hook(ex, offer_place);
+    for (int i = 0; i < 20; i++) place[i] = 0.25f * (float)i;
+    pp_tensor *outs[1] = {NULL};
+    hook_calls = 0;
+    TU_OK(pp_exec_run(ex, (pp_tensor *[]){dy, a, shape}, outs));
+    assert_null(outs[0]);        /* taken: it went into its place */
+    assert_int_equal(hook_calls, 0);
+    for (int i = 0; i < 20; i++) {
+        float want = 0.25f * (float)i + ((const float *)alone->data)[i];
+        if (memcmp(&place[i], &want, sizeof want)) fail_msg("place[%d] = %a, want %a", i, (double)place[i], (double)want);
+    }
+    offer = 0; /* no place: the value hook takes the tensor */
+    TU_OK(pp_exec_run(ex, (pp_tensor *[]){dy, a, shape}, outs));
+    assert_null(outs[0]);
+    assert_int_equal(hook_calls, 1);
+    pp_exec_set_target_hook(ex, NULL);
+    pp_exec_set_value_hook(ex, NULL, NULL, NULL);
+    TU_OK(pp_exec_run(ex, (pp_tensor *[]){dy, a, shape}, outs));
+    assert_non_null(outs[0]);
+    assert_memory_equal(outs[0]->data, alone->data, alone->nbytes);
+    pp_tensor_free(outs[0]);
+    pp_exec_free(ex);
+    pp_tensor_free(alone);
+    tu_node_free(&t);
+    pp_tensor_free(dy);
+    pp_tensor_free(a);
+    pp_tensor_free(shape);
+}
+
 /* Identity-like ops hand out views: no copy of a large input. */
 static void test_views_not_copies(void **state) {
     (void)state;
@@ -244,6 +316,7 @@ int main(void) {
         cmocka_unit_test(test_dynamic_batch_and_shape_cache),
         cmocka_unit_test(test_run_nodes_frees_and_keeps),
         cmocka_unit_test(test_value_hook),
+        cmocka_unit_test(test_target_hook),
         cmocka_unit_test(test_views_not_copies),
         cmocka_unit_test(test_decoder_empty_past),
         cmocka_unit_test(test_constant_params_fold_weights),
