@@ -149,7 +149,7 @@ for trial in $(seq 1 "$TRIALS"); do
 done
 
 # A failure that comes back after every rollback (rank 3 stalls past
-# timeout_ms each time it finishes step 20, like a slow evaluation) ends the
+# timeout_ms each time it finishes a step from 20 on, like a slow evaluation) ends the
 # run once rejoin_timeout_ms has passed since it first failed, instead of
 # rolling back forever. (Regression: each completed step restarted the wait.)
 cfg stall "$tmp/stall-params" "$(ipc_ranks stall)" "checkpoint: {dir: $tmp/stall-ck, every: 5}"
@@ -162,7 +162,11 @@ done
 seen=0
 t0=$(date +%s)
 while kill -0 "$p3" 2>/dev/null && [ $(($(date +%s) - t0)) -lt 100 ]; do
-    k=$(grep -c "^step 20:" "$tmp/stall-3.out")
+    # every step from 20 on stalls: whichever checkpoint a rollback lands on
+    # (15, or 20 when its save was agreed before the stall), the failure comes
+    # back (regression of the test: stalling at step 20 alone let a rollback
+    # to 20 run on, and the run went on now and then)
+    k=$(grep -c "^step \(2[0-9]\|3[0-9]\|40\):" "$tmp/stall-3.out")
     if [ "$k" -gt $seen ]; then
         seen=$k
         kill -STOP "$p3"
@@ -178,11 +182,11 @@ for p in $pids; do
 done
 took=$(( $(date +%s) - t0 ))
 if [ "$(echo $codes)" = "0 0 0 0" ]; then
-    ok 1 "a failure that repeats after every rollback: the run went on (step 20 reached $seen times)"
+    ok 1 "a failure that repeats after every rollback: the run went on (steps from 20 reached $seen times)"
 elif [ "$seen" -gt 8 ] || [ $took -gt 60 ]; then
-    ok 1 "a failure that repeats after every rollback: step 20 reached $seen times in $took s"
+    ok 1 "a failure that repeats after every rollback: steps from 20 reached $seen times in $took s"
 else
-    ok 0 "a failure that repeats after every rollback ends the run (step 20 reached $seen times, $took s)"
+    ok 0 "a failure that repeats after every rollback ends the run (steps from 20 reached $seen times, $took s)"
 fi
 
 # Files that change on disk while the run is on (here the text data) are
