@@ -286,7 +286,7 @@ static pp_status build_model(arena *a, const pp_graph *g, Onnx__ModelProto *m) {
         if (!(gp->output[gp->n_output++] = value_info(a, &g->values[g->outputs[i]])))
             return pp_error(PP_ERR_NOMEM, "out of memory exporting");
     /* pippin's own ops as model-local functions, so other tools load the file */
-    return pp_onnx_functions(g, g->opset, arena_cb, a, &m->functions, &m->n_functions);
+    return pp_onnx_functions(g, g->opset, arena_cb, a, gp->node, &m->functions, &m->n_functions);
 }
 
 void pp_onnx_save_options_init(pp_onnx_save_options *o) {

@@ -124,9 +124,22 @@ static pp_status add_graph_input(pp_graph *g, const Onnx__ValueInfoProto *vi, co
     return PP_OK;
 }
 
-static pp_status add_node(pp_graph *g, const Onnx__NodeProto *np, int index, const char *file) {
-    char where[768];
+/* A pippin-domain op type "op__k" names variant k of op's ONNX function
+ * (lib/onnx_functions.h): the node is op. The base goes to buf. */
+static const char *pippin_op(const Onnx__NodeProto *np, char *buf, size_t cap) {
     const char *op = np->op_type ? np->op_type : "";
+    const char *cut = strstr(op, "__");
+    if (!np->domain || strcmp(np->domain, "pippin") != 0 || !cut || cut == op || !cut[2] ||
+        strspn(cut + 2, "0123456789") != strlen(cut + 2) || (size_t)(cut - op) >= cap)
+        return op;
+    memcpy(buf, op, (size_t)(cut - op));
+    buf[cut - op] = '\0';
+    return buf;
+}
+
+static pp_status add_node(pp_graph *g, const Onnx__NodeProto *np, int index, const char *file) {
+    char where[768], op_buf[128];
+    const char *op = pippin_op(np, op_buf, sizeof op_buf);
     snprintf(where, sizeof where, "%s: node '%s' (%s)", file,
              np->name && np->name[0] ? np->name : "(unnamed)", op);
     if (!op[0]) return pp_error(PP_ERR_PARSE, "%s: node %d has no op_type", file, index);
@@ -146,7 +159,7 @@ static pp_status add_node(pp_graph *g, const Onnx__NodeProto *np, int index, con
     for (size_t i = 0; i < np->n_output; i++)
         if (np->output[i] && np->output[i][0] && pp_graph_find_value(g, np->output[i]) >= 0)
             return pp_error(PP_ERR_INVALID, "%s: output '%s' is already defined", where, np->output[i]);
-    char name_buf[64];
+    char name_buf[160];
     const char *name = np->name;
     if (!name || !name[0]) {
         snprintf(name_buf, sizeof name_buf, "%s_%d", op, index);
