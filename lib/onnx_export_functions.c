@@ -77,7 +77,7 @@ int pp_fn_in_rank(const pp_graph *g, const pp_node *n, int k) {
 }
 
 static const pp_fn_entry *const families[] = {pp_fn_act, pp_fn_nn, pp_fn_shape, pp_fn_conv, pp_fn_resize,
-                                               pp_fn_attention};
+                                               pp_fn_attention, pp_fn_rnn};
 
 static pp_fn_builder find_builder(const char *op) {
     for (size_t f = 0; f < sizeof families / sizeof families[0]; f++)

@@ -257,21 +257,64 @@ pp_status pp_onnx_node_from_text(const char *line, const char *what, pp_onnx_all
     return node_line(line, what, alloc, ctx, NULL, out);
 }
 
-/* Names as ValueInfoProtos with no type: a subgraph's inputs and outputs
- * (ONNX infers them from the node that runs it). */
-static pp_status value_infos(cursor *c, char stop, Onnx__ValueInfoProto ***out, size_t *n) {
-    char **names;
-    PP_TRY(name_list(c, stop, &names, n));
+/* "name:type" (type one of float int64 bool, "[]" after it for a scalar)
+ * as a ValueInfoProto: a tensor of that element type, its shape left to
+ * inference but for scalars (ONNX Runtime wants a Loop body's types, and its
+ * iteration count and condition known as scalars). */
+static pp_status value_info(cursor *c, Onnx__ValueInfoProto **out) {
+    static const struct {
+        const char *name;
+        int32_t type;
+    } types[] = {{"float", 1}, {"int64", 7}, {"bool", 9}};
+    Onnx__ValueInfoProto *v = c->alloc(c->ctx, sizeof *v);
+    Onnx__TypeProto *tp = c->alloc(c->ctx, sizeof *tp);
+    Onnx__TypeProto__Tensor *tt = c->alloc(c->ctx, sizeof *tt);
+    if (!v || !tp || !tt) return pp_error(PP_ERR_NOMEM, "out of memory exporting");
+    onnx__value_info_proto__init(v);
+    onnx__type_proto__init(tp);
+    onnx__type_proto__tensor__init(tt);
+    if (!(v->name = take_name(c))) return pp_error(PP_ERR_NOMEM, "out of memory exporting");
+    if (!v->name[0] || *c->s != ':') return bad(c, "name:type");
     c->s++;
-    *out = c->alloc(c->ctx, sizeof **out * (*n + 1));
-    if (!*out) return pp_error(PP_ERR_NOMEM, "out of memory exporting");
-    for (size_t k = 0; k < *n; k++) {
-        Onnx__ValueInfoProto *v = c->alloc(c->ctx, sizeof *v);
-        if (!v) return pp_error(PP_ERR_NOMEM, "out of memory exporting");
-        onnx__value_info_proto__init(v);
-        v->name = names[k];
-        (*out)[k] = v;
+    size_t k = 0;
+    while (k < sizeof types / sizeof types[0] &&
+           (strncmp(c->s, types[k].name, strlen(types[k].name)) != 0 || name_char(c->s[strlen(types[k].name)])))
+        k++;
+    if (k == sizeof types / sizeof types[0]) return bad(c, "a type (float int64 bool)");
+    c->s += strlen(types[k].name);
+    if (strncmp(c->s, "[]", 2) == 0) { /* a scalar: shape [] */
+        c->s += 2;
+        if (!(tt->shape = c->alloc(c->ctx, sizeof *tt->shape)))
+            return pp_error(PP_ERR_NOMEM, "out of memory exporting");
+        onnx__tensor_shape_proto__init(tt->shape);
     }
+    tt->has_elem_type = 1;
+    tt->elem_type = types[k].type;
+    tp->value_case = ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE;
+    tp->tensor_type = tt;
+    v->type = tp;
+    *out = v;
+    return PP_OK;
+}
+
+/* "a:float, b:bool)" up to stop, as value infos. */
+static pp_status value_infos(cursor *c, char stop, Onnx__ValueInfoProto ***out, size_t *n) {
+    Onnx__ValueInfoProto *tmp[MAX_ITEMS];
+    size_t k = 0;
+    skip_space(c);
+    if (*c->s != stop)
+        for (;;) {
+            if (k == MAX_ITEMS) return bad(c, "at most 16 names");
+            PP_TRY(value_info(c, &tmp[k++]));
+            skip_space(c);
+            if (*c->s != ',') break;
+            c->s++;
+        }
+    if (*c->s != stop) return bad(c, "')'");
+    c->s++;
+    if (!(*out = c->alloc(c->ctx, sizeof **out * (k + 1)))) return pp_error(PP_ERR_NOMEM, "out of memory exporting");
+    memcpy(*out, tmp, sizeof *tmp * k);
+    *n = k;
     return PP_OK;
 }
 

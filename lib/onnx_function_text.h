@@ -10,11 +10,12 @@
  * body). Every node is in the default domain. A text of several lines may
  * define subgraphs:
  *
- *   graph name(in1, in2) -> (out1, out2)
+ *   graph name(in1:int64[], in2:float) -> (out1:bool[], out2:float)
  *   ...node lines...
  *   end
  *
- * whose nodes may read names of the enclosing body (outer scope). */
+ * (element types float, int64 or bool; [] marks a scalar) whose nodes may read names of the
+ * enclosing body (outer scope). */
 #ifndef PIPPIN_LIB_ONNX_FUNCTION_TEXT_H
 #define PIPPIN_LIB_ONNX_FUNCTION_TEXT_H
 

@@ -20,6 +20,11 @@
 #include "onnx_function_text.h"
 #include "pippin/graph.h"
 
+/* The empty float tensor an absent input of a pippin-domain node is written
+ * as: onnx.checker's shape inference (onnx 1.12) wants a type for every
+ * input of a function call, and pippin reads the name back as absent. */
+#define PP_ONNX_ABSENT "pippin.absent"
+
 typedef struct pp_fn_body {
     const char *inputs, *outputs; /* the formal parameters, "dy, x, shape" */
     char in_buf[512], out_buf[512]; /* room for lists built per node */
@@ -60,6 +65,7 @@ typedef struct pp_fn_entry {
 /* The families, each ended by {NULL}. */
 extern const pp_fn_entry pp_fn_act[], pp_fn_nn[], pp_fn_shape[], pp_fn_conv[], pp_fn_resize[];
 extern const pp_fn_entry pp_fn_attention[]; /* lib/onnx_functions_attention.c */
+extern const pp_fn_entry pp_fn_rnn[];       /* lib/onnx_functions_rnn.c */
 
 /* How many inputs the writer gives node n: its own, or for an op whose
  * function takes an optional trailing input (pippin::MatMulAdd's bias)

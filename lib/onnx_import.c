@@ -14,6 +14,7 @@
 #include "onnx_tensor.h"
 #include "pippin/log.h"
 #include "pippin/onnx.h"
+#include "onnx_functions.h"
 #include "onnx_upgrade.h"
 #include "onnx_wire.h"
 #include "op.h"
@@ -149,7 +150,7 @@ static pp_status add_node(pp_graph *g, const Onnx__NodeProto *np, int index, con
     for (size_t i = 0; i < np->n_input; i++) {
         const char *name = np->input[i];
         in[i] = -1;
-        if (!name || !name[0]) continue;
+        if (!name || !name[0] || strcmp(name, PP_ONNX_ABSENT) == 0) continue;
         in[i] = pp_graph_find_value(g, name);
         if (in[i] < 0)
             return pp_error(PP_ERR_NOT_FOUND,
@@ -327,6 +328,7 @@ static pp_status build_graph(const Onnx__ModelProto *m, const char *file, const 
             s = pp_error(PP_ERR_PARSE, "%s: initializer %zu has no name", file, i);
             break;
         }
+        if (strcmp(tp->name, PP_ONNX_ABSENT) == 0) continue; /* stands for an absent input */
         snprintf(what, sizeof what, "%s: initializer '%s'", file, tp->name);
         pp_tensor *t;
         s = load_initializer(tp, what, src, ext, &t);
