@@ -7,8 +7,8 @@
  * Each direction is one ONNX Loop over the steps, whose body reads the
  * step's rows with Gather at index t (t = T-1-s for a reverse sweep) and
  * carries the state; a Loop stacks its scan outputs in iteration order, so
- * a sweep that runs against time is put back in time order by a Gather
- * with T-1..0. X W^T and the weight gradients (einsums over all steps) stay
+ * a sweep that runs against time is put back in time order by a Slice
+ * with step -1. X W^T and the weight gradients (einsums over all steps) stay
  * outside the loops, as in the kernels.
  *
  * The stash and dG only pass between these bodies, so inside ONNX they have
@@ -83,7 +83,8 @@ static void tline(pp_fn_body *b, const char *tag, const char *fmt, ...) {
 }
 
 /* Constants and shapes every body uses: xt = X as [T,B,I]; tv, bv, iv, hv:
- * T, B, I, H as 1-D; ts, tm1: T and T-1 as scalars; rev: T-1..0; one: 1.0;
+ * T, B, I, H as 1-D; ts, tm1: T and T-1 as scalars; rs, re: the bounds of a Slice
+ * that reverses; one: 1.0;
  * lens: sequence_lens as int64; zbh: zeros [B,H]; the clip bounds. */
 static void prelude(pp_fn_body *b, const rnn_cfg *c) {
     pp_fn_line(b, "c0 = Constant<value_ints=[0]>()");
@@ -93,7 +94,6 @@ static void prelude(pp_fn_body *b, const rnn_cfg *c) {
     pp_fn_line(b, "c01 = Constant<value_ints=[0, 1]>()");
     pp_fn_line(b, "m1 = Constant<value_ints=[-1]>()");
     pp_fn_line(b, "i1 = Constant<value_int=1>()");
-    pp_fn_line(b, "im1 = Constant<value_int=-1>()");
     pp_fn_float(b, "one", 1.0);
     if (c->layout) pp_fn_line(b, "xt = Transpose<perm=[1, 0, 2]>(X)");
     else pp_fn_line(b, "xt = Identity(X)");
@@ -105,7 +105,8 @@ static void prelude(pp_fn_body *b, const rnn_cfg *c) {
     pp_fn_line(b, "hv = Slice(sr, c2, c3)");
     pp_fn_line(b, "ts = Squeeze(tv, c0)");
     pp_fn_line(b, "tm1 = Sub(ts, i1)");
-    pp_fn_line(b, "rev = Range(tm1, im1, im1)");
+    pp_fn_line(b, "rs = Constant<value_ints=[-1]>()"); /* Slice(., rs, re, c0, m1): reversed along axis 0 */
+    pp_fn_line(b, "re = Constant<value_ints=[-9223372036854775807]>()");
     pp_fn_line(b, "bh = Concat<axis=0>(bv, hv)");
     pp_fn_line(b, "zbh = ConstantOfShape(bh)");
     pp_fn_line(b, "h3 = Concat<axis=0>(hv, hv, hv)");
@@ -335,8 +336,8 @@ static pp_status rnn_train(const pp_node *n, pp_fn_body *b, int lstm) {
         if (lstm) lstm_forward_dir(b, &c, t, d);
         else gru_forward_dir(b, &c, t, d);
         if (reverse_dir(&c, d)) { /* the loop ran from T-1 down */
-            tline(b, t, "$y = Gather<axis=0>($ys, rev)");
-            tline(b, t, "$st = Gather<axis=0>($sts, rev)");
+            tline(b, t, "$y = Slice($ys, rs, re, c0, m1)");
+            tline(b, t, "$st = Slice($sts, rs, re, c0, m1)");
         } else {
             tline(b, t, "$y = Identity($ys)");
             tline(b, t, "$st = Identity($sts)");
@@ -655,7 +656,7 @@ static pp_status rnn_grad(const pp_node *n, pp_fn_body *b, int lstm) {
         }
         /* the sweep ran against the direction's time order */
         if (reverse_dir(&c, d)) tline(b, t, "$dg = Identity($dgs)");
-        else tline(b, t, "$dg = Gather<axis=0>($dgs, rev)");
+        else tline(b, t, "$dg = Slice($dgs, rs, re, c0, m1)");
         if (!lstm && c.lbr) {
             tline(b, t, "$gz_, $gr_, $gh_, $gq_ = Split<axis=2>($dg, h4)");
             tline(b, t, "$dg3 = Concat<axis=2>($gz_, $gr_, $gh_)");
