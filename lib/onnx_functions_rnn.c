@@ -58,6 +58,13 @@ static void cfg_of(const pp_node *n, int lstm, rnn_cfg *c) {
     c->has_p = lstm && pp_fn_has_in(n, 7);
 }
 
+/* The bodies use the opset 13 forms of Split, Squeeze, Unsqueeze and
+ * ReduceSum (axes and split as inputs). */
+static pp_status check_opset(const pp_graph *g) {
+    if (g->opset < 13) return pp_error(PP_ERR_UNSUPPORTED, "opset %d (the LSTM/GRU bodies need 13 or later)", g->opset);
+    return PP_OK;
+}
+
 static int reverse_dir(const rnn_cfg *c, int d) { return c->direction == 1 || d == 1; }
 
 /* A line with every '$' replaced by tag: the names of one direction ("f_",
@@ -82,10 +89,10 @@ static void tline(pp_fn_body *b, const char *tag, const char *fmt, ...) {
     pp_fn_line(b, "%s", out);
 }
 
-/* Constants and shapes every body uses: xt = X as [T,B,I]; tv, bv, iv, hv:
- * T, B, I, H as 1-D; ts, tm1: T and T-1 as scalars; rs, re: the bounds of a Slice
- * that reverses; one: 1.0;
- * lens: sequence_lens as int64; zbh: zeros [B,H]; the clip bounds. */
+/* Constants and shapes every body uses: xt = X as [T,B,I]; tv, bv, hv: T,
+ * B, H as 1-D; ts, tm1: T and T-1 as scalars; rs, re: the bounds of a Slice
+ * that reverses; one: 1.0; lens: sequence_lens as int64; zbh: zeros [B,H];
+ * h3, h4: [H, H, H(, H)] for Split; the clip bounds cl, ncl. */
 static void prelude(pp_fn_body *b, const rnn_cfg *c) {
     pp_fn_line(b, "c0 = Constant<value_ints=[0]>()");
     pp_fn_line(b, "c1 = Constant<value_ints=[1]>()");
@@ -100,12 +107,11 @@ static void prelude(pp_fn_body *b, const rnn_cfg *c) {
     pp_fn_line(b, "sx = Shape(xt)");
     pp_fn_line(b, "tv = Slice(sx, c0, c1)");
     pp_fn_line(b, "bv = Slice(sx, c1, c2)");
-    pp_fn_line(b, "iv = Slice(sx, c2, c3)");
     pp_fn_line(b, "sr = Shape(R)");
     pp_fn_line(b, "hv = Slice(sr, c2, c3)");
     pp_fn_line(b, "ts = Squeeze(tv, c0)");
     pp_fn_line(b, "tm1 = Sub(ts, i1)");
-    pp_fn_line(b, "rs = Constant<value_ints=[-1]>()"); /* Slice(., rs, re, c0, m1): reversed along axis 0 */
+    pp_fn_line(b, "rs = Constant<value_ints=[-1]>()"); /* Slice(v, rs, re, c0, m1): v reversed on axis 0 */
     pp_fn_line(b, "re = Constant<value_ints=[-9223372036854775807]>()");
     pp_fn_line(b, "bh = Concat<axis=0>(bv, hv)");
     pp_fn_line(b, "zbh = ConstantOfShape(bh)");
@@ -363,12 +369,12 @@ static pp_status rnn_train(const pp_node *n, pp_fn_body *b, int lstm) {
 }
 
 static pp_status lstm_train(const pp_graph *g, const pp_node *n, pp_fn_body *b) {
-    (void)g;
+    PP_TRY(check_opset(g));
     return rnn_train(n, b, 1);
 }
 
 static pp_status gru_train(const pp_graph *g, const pp_node *n, pp_fn_body *b) {
-    (void)g;
+    PP_TRY(check_opset(g));
     return rnn_train(n, b, 0);
 }
 
@@ -682,12 +688,12 @@ static pp_status rnn_grad(const pp_node *n, pp_fn_body *b, int lstm) {
 }
 
 static pp_status lstm_grad(const pp_graph *g, const pp_node *n, pp_fn_body *b) {
-    (void)g;
+    PP_TRY(check_opset(g));
     return rnn_grad(n, b, 1);
 }
 
 static pp_status gru_grad(const pp_graph *g, const pp_node *n, pp_fn_body *b) {
-    (void)g;
+    PP_TRY(check_opset(g));
     return rnn_grad(n, b, 0);
 }
 
@@ -718,12 +724,12 @@ static pp_status rnn_grad_weight(const pp_node *n, pp_fn_body *b, int lstm) {
 }
 
 static pp_status lstm_grad_weight(const pp_graph *g, const pp_node *n, pp_fn_body *b) {
-    (void)g;
+    PP_TRY(check_opset(g));
     return rnn_grad_weight(n, b, 1);
 }
 
 static pp_status gru_grad_weight(const pp_graph *g, const pp_node *n, pp_fn_body *b) {
-    (void)g;
+    PP_TRY(check_opset(g));
     return rnn_grad_weight(n, b, 0);
 }
 
