@@ -7,9 +7,10 @@
 # fixtures and the small models of ort_ops.py (AveragePool, GroupNorm,
 # eval-mode BatchNorm, Gather on any axis, ConvTranspose, Resize geometries,
 # LSTM/GRU directions, layouts, sequence_lens, clip, peepholes, initial
-# states, linear_before_reset, losses on Y, Y_h or Y_c alone): onnx.checker's full check passes, pippin
-# reads the file back (inspect, infer), and ONNX Runtime runs it with
-# pippin's loss and every gradient (relative 1e-4). BatchNormalization in training mode: `pippin
+# states, linear_before_reset, losses on Y, Y_h or Y_c alone):
+# onnx.checker's full check passes, pippin reads the file back (inspect,
+# infer), and ONNX Runtime runs it with pippin's loss and every gradient
+# (relative 1e-4). BatchNormalization in training mode: `pippin
 # infer` runs a training graph's forward in training mode (as ONNX Runtime
 # and PyTorch do; it used to rewrite it to eval mode as for inference, and
 # the numbers differed). tv_resnet is also the regression test of MaxPool's
