@@ -275,9 +275,11 @@ static pp_status build_model(arena *a, const pp_graph *g, Onnx__ModelProto *m) {
             return pp_error(a->failed ? PP_ERR_NOMEM : PP_ERR_UNSUPPORTED,
                             "node '%s': cannot be exported", g->nodes[i].name);
     }
+    /* the empty tensor that pippin nodes' absent inputs name, if any */
     int any_absent = 0;
     for (int i = 0; i < g->n_nodes; i++)
-        for (int k = 0; k < g->nodes[i].n_in && is_pippin_node(&g->nodes[i]); k++) any_absent |= g->nodes[i].in[k] < 0;
+        for (int k = 0; k < g->nodes[i].n_in && is_pippin_node(&g->nodes[i]); k++)
+            any_absent |= g->nodes[i].in[k] < 0;
     if (any_absent) {
         Onnx__TensorProto *tp = arena_alloc(a, sizeof *tp);
         int64_t *dims = arena_alloc(a, sizeof *dims);

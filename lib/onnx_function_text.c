@@ -312,7 +312,8 @@ static pp_status value_infos(cursor *c, char stop, Onnx__ValueInfoProto ***out, 
         }
     if (*c->s != stop) return bad(c, "')'");
     c->s++;
-    if (!(*out = c->alloc(c->ctx, sizeof **out * (k + 1)))) return pp_error(PP_ERR_NOMEM, "out of memory exporting");
+    if (!(*out = c->alloc(c->ctx, sizeof **out * (k + 1))))
+        return pp_error(PP_ERR_NOMEM, "out of memory exporting");
     memcpy(*out, tmp, sizeof *tmp * k);
     *n = k;
     return PP_OK;

@@ -61,7 +61,8 @@ static void cfg_of(const pp_node *n, int lstm, rnn_cfg *c) {
 /* The bodies use the opset 13 forms of Split, Squeeze, Unsqueeze and
  * ReduceSum (axes and split as inputs). */
 static pp_status check_opset(const pp_graph *g) {
-    if (g->opset < 13) return pp_error(PP_ERR_UNSUPPORTED, "opset %d (the LSTM/GRU bodies need 13 or later)", g->opset);
+    if (g->opset < 13)
+        return pp_error(PP_ERR_UNSUPPORTED, "opset %d (the LSTM/GRU bodies need 13 or later)", g->opset);
     return PP_OK;
 }
 
@@ -217,7 +218,9 @@ static void lstm_forward_dir(pp_fn_body *b, const rnn_cfg *c, const char *t, int
     dir_weights(b, c, t, d);
     initial_state(b, c, t, c->has_h0, "initial_h", "h");
     initial_state(b, c, t, c->has_c0, "initial_c", "c");
-    tline(b, t, "graph $body($Ls:int64[], $Lcin:bool[], $Lh:float, $Lc:float) -> ($Lcout:bool[], $Lh2:float, $Lc2:float, $Ly:float, $Lst:float)");
+    tline(b, t,
+          "graph $body($Ls:int64[], $Lcin:bool[], $Lh:float, $Lc:float)"
+          " -> ($Lcout:bool[], $Lh2:float, $Lc2:float, $Ly:float, $Lst:float)");
     tline(b, t, "$Lcout = Identity($Lcin)");
     time_index(b, c, t, d, 0);
     tline(b, t, "$Lxs = Gather<axis=0>($xw, $Ltt)");
@@ -268,7 +271,9 @@ static void lstm_forward_dir(pp_fn_body *b, const rnn_cfg *c, const char *t, int
 static void gru_forward_dir(pp_fn_body *b, const rnn_cfg *c, const char *t, int d) {
     dir_weights(b, c, t, d);
     initial_state(b, c, t, c->has_h0, "initial_h", "h");
-    tline(b, t, "graph $body($Ls:int64[], $Lcin:bool[], $Lh:float) -> ($Lcout:bool[], $Lh2:float, $Ly:float, $Lst:float)");
+    tline(b, t,
+          "graph $body($Ls:int64[], $Lcin:bool[], $Lh:float)"
+          " -> ($Lcout:bool[], $Lh2:float, $Ly:float, $Lst:float)");
     tline(b, t, "$Lcout = Identity($Lcin)");
     time_index(b, c, t, d, 0);
     tline(b, t, "$Lxs = Gather<axis=0>($xw, $Ltt)");
@@ -332,7 +337,8 @@ static void stack_dirs(pp_fn_body *b, const rnn_cfg *c, const char *src, int axi
 static pp_status rnn_train(const pp_node *n, pp_fn_body *b, int lstm) {
     rnn_cfg c;
     cfg_of(n, lstm, &c);
-    b->inputs = lstm ? "X, W, R, B, sequence_lens, initial_h, initial_c, P" : "X, W, R, B, sequence_lens, initial_h";
+    b->inputs = lstm ? "X, W, R, B, sequence_lens, initial_h, initial_c, P"
+                     : "X, W, R, B, sequence_lens, initial_h";
     b->outputs = lstm ? "Y, Y_h, Y_c, stash" : "Y, Y_h, stash";
     prelude(b, &c);
     pp_fn_line(b, "c2m1 = Constant<value_ints=[2, -1]>()");
@@ -448,12 +454,15 @@ static void weight_outputs(pp_fn_body *b, const rnn_cfg *c) {
 
 /* The LSTM sweep of direction d: $dg (time order), $dhT, $dcT. */
 static void lstm_backward_dir(pp_fn_body *b, const rnn_cfg *c, const char *t, int d, int has_dy) {
-    tline(b, t, "graph $body($Ls:int64[], $Lcin:bool[], $Ldh:float, $Ldc:float) -> ($Lcout:bool[], $Ldh2:float, $Ldc2:float, $Ldg:float)");
+    tline(b, t,
+          "graph $body($Ls:int64[], $Lcin:bool[], $Ldh:float, $Ldc:float)"
+          " -> ($Lcout:bool[], $Ldh2:float, $Ldc2:float, $Ldg:float)");
     tline(b, t, "$Lcout = Identity($Lcin)");
     time_index(b, c, t, d, 1);
     tline(b, t, "$Lrow = Gather<axis=0>($s, $Ltt)");
     if (c->clip > 0)
-        tline(b, t, "$Lhp, $Lcp, $Lcn, $Lig, $Log, $Lfg, $Lcg, $Lmi, $Lmo, $Lmf, $Lmc = Split<axis=1>($Lrow, k11)");
+        tline(b, t,
+              "$Lhp, $Lcp, $Lcn, $Lig, $Log, $Lfg, $Lcg, $Lmi, $Lmo, $Lmf, $Lmc = Split<axis=1>($Lrow, k11)");
     else
         tline(b, t, "$Lhp, $Lcp, $Lcn, $Lig, $Log, $Lfg, $Lcg = Split<axis=1>($Lrow, k7)");
     if (has_dy) {
