@@ -395,7 +395,6 @@ static void stash_dir(pp_fn_body *b, const rnn_cfg *c, const char *t, const char
 /* The widths of the stash's parts as stash_dir splits them: kparts. */
 static void stash_parts(pp_fn_body *b, const rnn_cfg *c) {
     pp_fn_line(b, "nd = Constant<value_ints=[%d]>()", (int)c->nd);
-    pp_fn_line(b, "h2 = Concat<axis=0>(hv, hv)");
     int rest = c->lstm ? 4 : 3; /* the gates */
     if (c->clip > 0) rest *= 2;
     pp_fn_line(b, "krest = Constant<value_ints=[%d]>()", rest);
