@@ -126,11 +126,11 @@ def main(out):
           helper.make_node('Add', ['yy', 'yhu'], ['y'])],
          (t, 2, b, h), {'P': f32(t, b, i), 'W': f32(2, 3 * h, i), 'R': f32(2, 3 * h, h),
                         'B': f32(2, 6 * h), 'H0': f32(2, b, h)}, [lens, ax0])
-    # GRU reverse, linear_before_reset, layout 1, no bias, no initial
-    # state; only Y_h in the loss (the sweep without dY)
+    # GRU reverse, linear_before_reset with clip, layout 1, no bias, no
+    # initial state; only Y_h in the loss (the sweep without dY)
     case(out, 'gru_reverse_lbr', 17, (b, t, i),
          [helper.make_node('GRU', ['t', 'W', 'R'], ['', 'y'], hidden_size=h, direction='reverse', layout=1,
-                           linear_before_reset=1)],
+                           linear_before_reset=1, clip=0.8)],
          (b, 1, h), {'P': f32(b, t, i), 'W': f32(1, 3 * h, i), 'R': f32(1, 3 * h, h)})
     # LSTM forward, no bias; only Y_c in the loss (neither dY nor dY_h)
     case(out, 'lstm_cell_only', 17, (t, b, i),
