@@ -295,12 +295,44 @@ static void test_unexpressed_configuration_is_named(void **state) {
     onnx__model_proto__free_unpacked(m, NULL);
 }
 
+/* Before opset 13 Split, Squeeze and ReduceSum take their axes as
+ * attributes: the RNN bodies are not written, and the export says why. */
+static void test_rnn_body_needs_opset_13(void **state) {
+    (void)state;
+    pp_graph *g;
+    TU_OK(pp_graph_new("old", &g));
+    g->opset = 12;
+    int x, w, r, n;
+    TU_OK(pp_graph_add_input(g, "x", PP_F32, 3, SHAPE(5, 2, 3), &x));
+    TU_OK(pp_graph_add_input(g, "w", PP_F32, 3, SHAPE(1, 12, 3), &w));
+    TU_OK(pp_graph_add_input(g, "r", PP_F32, 3, SHAPE(1, 12, 4), &r));
+    TU_OK(pp_graph_add_node(g, "GRUTrain", "pippin", "old_gru", 3, (int[]){x, w, r}, 3,
+                            (const char *[]){"y", "yh", "st"}, &n));
+    TU_OK(pp_graph_add_output(g, g->nodes[n].out[0]));
+    warnings = 0;
+    pp_log_level old = pp_log_get_level();
+    pp_log_set_level(PP_LOG_WARN);
+    pp_log_set_handler(keep_warning, NULL);
+    pp_status s = pp_onnx_save(g, tmp_model);
+    pp_log_set_handler(NULL, NULL);
+    pp_log_set_level(old);
+    pp_graph_free(g);
+    TU_OK(s);
+    assert_int_equal(warnings, 1);
+    assert_non_null(strstr(last_warning, "old_gru"));
+    assert_non_null(strstr(last_warning, "opset 12"));
+    Onnx__ModelProto *m = read_model(tmp_model);
+    assert_int_equal(m->n_functions, 0);
+    onnx__model_proto__free_unpacked(m, NULL);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_text_subgraph),
         cmocka_unit_test(test_text_errors),
         cmocka_unit_test(test_variants_and_absent_inputs),
         cmocka_unit_test(test_unexpressed_configuration_is_named),
+        cmocka_unit_test(test_rnn_body_needs_opset_13),
     };
     tu_filter_from_env();
     return cmocka_run_group_tests(tests, setup, teardown);
