@@ -128,6 +128,9 @@ static Onnx__AttributeProto *attr_proto(arena *a, const pp_attr *at) {
 }
 
 static char empty_name[] = "";
+static char absent_name[] = PP_ONNX_ABSENT;
+
+static int is_pippin_node(const pp_node *n) { return n->domain && strcmp(n->domain, "pippin") == 0; }
 
 /* in_fill: the name of inputs the node lacks up to pp_onnx_node_inputs (see
  * zero_bias), else "" (absent). */
@@ -147,8 +150,10 @@ static Onnx__NodeProto *node_proto(arena *a, const pp_graph *g, const pp_node *n
     np->n_attribute = (size_t)n->n_attr;
     np->attribute = arena_alloc(a, sizeof(void *) * (size_t)(n->n_attr + 1));
     if (!np->input || !np->output || !np->attribute) return NULL;
+    /* a function call's absent inputs: PP_ONNX_ABSENT (onnx_functions.h) */
+    char *absent = is_pippin_node(n) ? absent_name : empty_name;
     for (int i = 0; i < n_in; i++)
-        np->input[i] = i < n->n_in ? (n->in[i] >= 0 ? g->values[n->in[i]].name : empty_name) : in_fill;
+        np->input[i] = i < n->n_in ? (n->in[i] >= 0 ? g->values[n->in[i]].name : absent) : in_fill;
     for (int i = 0; i < n->n_out; i++)
         np->output[i] = n->out[i] >= 0 ? g->values[n->out[i]].name : empty_name;
     for (int i = 0; i < n->n_attr; i++) {
@@ -270,6 +275,23 @@ static pp_status build_model(arena *a, const pp_graph *g, Onnx__ModelProto *m) {
             return pp_error(a->failed ? PP_ERR_NOMEM : PP_ERR_UNSUPPORTED,
                             "node '%s': cannot be exported", g->nodes[i].name);
     }
+    /* the empty tensor that pippin nodes' absent inputs name, if any */
+    int any_absent = 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        for (int k = 0; k < g->nodes[i].n_in && is_pippin_node(&g->nodes[i]); k++)
+            any_absent |= g->nodes[i].in[k] < 0;
+    if (any_absent) {
+        Onnx__TensorProto *tp = arena_alloc(a, sizeof *tp);
+        int64_t *dims = arena_alloc(a, sizeof *dims);
+        if (!tp || !dims) return pp_error(PP_ERR_NOMEM, "out of memory exporting");
+        onnx__tensor_proto__init(tp);
+        tp->name = absent_name;
+        tp->n_dims = 1;
+        tp->dims = dims; /* [0] */
+        tp->has_data_type = 1;
+        tp->data_type = (int32_t)PP_F32;
+        gp->initializer[gp->n_initializer++] = tp;
+    }
     for (int v = 0; v < g->n_values; v++) {
         const pp_value *val = &g->values[v];
         if ((val->kind != PP_VALUE_PARAM && val->kind != PP_VALUE_CONST) || !val->data) continue;
@@ -286,7 +308,7 @@ static pp_status build_model(arena *a, const pp_graph *g, Onnx__ModelProto *m) {
         if (!(gp->output[gp->n_output++] = value_info(a, &g->values[g->outputs[i]])))
             return pp_error(PP_ERR_NOMEM, "out of memory exporting");
     /* pippin's own ops as model-local functions, so other tools load the file */
-    return pp_onnx_functions(g, g->opset, arena_cb, a, &m->functions, &m->n_functions);
+    return pp_onnx_functions(g, g->opset, arena_cb, a, gp->node, &m->functions, &m->n_functions);
 }
 
 void pp_onnx_save_options_init(pp_onnx_save_options *o) {

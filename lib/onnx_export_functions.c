@@ -1,8 +1,9 @@
 /* The model-local FunctionProtos of the pippin-domain ops a graph uses
- * (lib/onnx_functions.h): one body per op, built from each of its nodes and
- * checked to agree. An op with no body, or whose nodes need different ones,
- * is logged and left without a function: the file still loads in pippin, and
- * ONNX Runtime names the op it lacks rather than computing something else. */
+ * (lib/onnx_functions.h): a body built from each node, one function per
+ * distinct body ("op", "op__2", ...). An op with no body, or a node its
+ * builder cannot express, is logged and the op left without a function: the
+ * file still loads in pippin, and ONNX Runtime names the op it lacks rather
+ * than computing something else. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -76,7 +77,7 @@ int pp_fn_in_rank(const pp_graph *g, const pp_node *n, int k) {
 }
 
 static const pp_fn_entry *const families[] = {pp_fn_act, pp_fn_nn, pp_fn_shape, pp_fn_conv, pp_fn_resize,
-                                               pp_fn_attention};
+                                               pp_fn_attention, pp_fn_rnn};
 
 static pp_fn_builder find_builder(const char *op) {
     for (size_t f = 0; f < sizeof families / sizeof families[0]; f++)
@@ -107,62 +108,92 @@ static pp_status split_names(const char *list, pp_onnx_alloc_fn alloc, void *ctx
     return PP_OK;
 }
 
-/* The body of op, from every node of it; 0 in *ok (logged) when there is
- * none to write. */
-static pp_status build_body(const pp_graph *g, const char *op, pp_onnx_alloc_fn alloc, void *ctx,
-                            pp_fn_body *body, int *ok) {
+/* Nodes of one op may need different bodies (SplitLike's piece count, an
+ * RNN's direction): ONNX keeps one function per name, so the first body is
+ * function "op" and each other one "op__2", "op__3", ..., the nodes calling
+ * it written with that op type (lib/onnx_import.c reads "op__k" back as op). */
+#define MAX_VARIANTS 16
+
+typedef struct fn_variants {
+    pp_fn_body *body[MAX_VARIANTS];
+    int n;
+    int *of_node; /* per graph node: its variant, -1 for other ops */
+} fn_variants;
+
+static int same_body(const pp_fn_body *a, const pp_fn_body *b) {
+    return !strcmp(a->text, b->text) && !strcmp(a->inputs, b->inputs) && !strcmp(a->outputs, b->outputs) &&
+           a->n_in == b->n_in && a->n_out == b->n_out;
+}
+
+/* The bodies of op, one per distinct one its nodes need; v->n = 0 (logged)
+ * when there is none to write: no builder, or a node it cannot express (no
+ * node of op gets a function then, so none runs another's body). */
+static pp_status build_bodies(const pp_graph *g, const char *op, pp_onnx_alloc_fn alloc, void *ctx,
+                              fn_variants *v) {
     pp_fn_builder build = find_builder(op);
-    *ok = 0;
+    v->n = 0;
     if (!build) {
         pp_warn("pippin::%s has no ONNX function body: ONNX Runtime and onnx.checker will not load this file",
                 op);
         return PP_OK;
     }
-    pp_fn_body *other = alloc(ctx, sizeof *other);
-    if (!other) return pp_error(PP_ERR_NOMEM, "out of memory exporting");
-    int first = 1;
+    pp_fn_body *b = NULL;
     for (int i = 0; i < g->n_nodes; i++) {
         const pp_node *n = &g->nodes[i];
+        v->of_node[i] = -1;
         if (!is_pippin(n) || strcmp(n->op_type, op) != 0) continue;
-        pp_fn_body *b = first ? body : other;
+        if (!b && !(b = alloc(ctx, sizeof *b))) return pp_error(PP_ERR_NOMEM, "out of memory exporting");
         memset(b, 0, sizeof *b);
         pp_status s = build(g, n, b);
         if (s == PP_ERR_UNSUPPORTED) {
-            pp_warn("node '%s' (pippin::%s): %s; the file has no ONNX function for it", n->name, op,
-                    pp_last_error());
+            pp_warn("node '%s' (pippin::%s): %s; the file has no ONNX function for pippin::%s", n->name, op,
+                    pp_last_error(), op);
+            v->n = 0;
             return PP_OK;
         }
         PP_TRY(s);
         b->n_in = pp_onnx_node_inputs(n);
         b->n_out = n->n_out;
         if (b->overflow) return pp_error(PP_ERR_INTERNAL, "pippin::%s: function body too long", op);
-        if (!first && (strcmp(b->text, body->text) || strcmp(b->inputs, body->inputs) ||
-                       strcmp(b->outputs, body->outputs) || b->n_in != body->n_in ||
-                       b->n_out != body->n_out)) {
-            pp_warn("nodes of pippin::%s need different ONNX function bodies (node '%s' differs from the "
-                    "first; ONNX keeps one per op): the file has no function for it",
-                    op, n->name);
-            return PP_OK;
+        int k = 0;
+        while (k < v->n && !same_body(v->body[k], b)) k++;
+        if (k == v->n) {
+            if (k == MAX_VARIANTS) {
+                pp_warn("nodes of pippin::%s need more than %d different ONNX function bodies (node '%s'): "
+                        "the file has no function for it",
+                        op, MAX_VARIANTS, n->name);
+                v->n = 0;
+                return PP_OK;
+            }
+            v->body[v->n++] = b;
+            b = NULL; /* kept */
         }
-        first = 0;
+        v->of_node[i] = k;
     }
-    *ok = 1;
     return PP_OK;
 }
 
-static pp_status make_function(const pp_graph *g, const char *op, const pp_fn_body *body, int64_t opset,
-                               pp_onnx_alloc_fn alloc, void *ctx, Onnx__FunctionProto **out) {
+/* The function name of variant k of op: "op", "op__2", ... */
+static char *variant_name(const char *op, int k, pp_onnx_alloc_fn alloc, void *ctx) {
+    size_t len = strlen(op) + 16;
+    char *name = alloc(ctx, len);
+    if (!name) return NULL;
+    if (k == 0) snprintf(name, len, "%s", op);
+    else snprintf(name, len, "%s__%d", op, k + 1);
+    return name;
+}
+
+static pp_status make_function(const pp_graph *g, const char *op, const char *name, const fn_variants *v, int k,
+                               int64_t opset, pp_onnx_alloc_fn alloc, void *ctx, Onnx__FunctionProto **out) {
+    const pp_fn_body *body = v->body[k];
     Onnx__FunctionProto *f = alloc(ctx, sizeof *f);
     Onnx__OperatorSetIdProto *os = alloc(ctx, sizeof *os);
     Onnx__OperatorSetIdProto **osl = alloc(ctx, sizeof *osl);
     char **attrs = alloc(ctx, sizeof *attrs * MAX_ATTRS);
-    size_t lines = 0;
-    for (const char *p = body->text; *p; p++) lines += *p == '\n';
-    Onnx__NodeProto **nodes = alloc(ctx, sizeof *nodes * (lines + 1));
-    if (!f || !os || !osl || !attrs || !nodes) return pp_error(PP_ERR_NOMEM, "out of memory exporting");
+    if (!f || !os || !osl || !attrs) return pp_error(PP_ERR_NOMEM, "out of memory exporting");
     onnx__function_proto__init(f);
     onnx__operator_set_id_proto__init(os);
-    f->name = (char *)op;
+    f->name = (char *)name;
     f->domain = (char *)"pippin";
     os->domain = (char *)"";
     os->has_version = 1;
@@ -178,32 +209,21 @@ static pp_status make_function(const pp_graph *g, const char *op, const pp_fn_bo
     /* Every attribute any of its nodes carries is declared, used or not. */
     for (int i = 0; i < g->n_nodes; i++) {
         const pp_node *n = &g->nodes[i];
-        if (!is_pippin(n) || strcmp(n->op_type, op) != 0) continue;
+        if (v->of_node[i] != k) continue;
         for (int a = 0; a < n->n_attr; a++) {
-            size_t k = 0;
-            while (k < f->n_attribute && strcmp(attrs[k], n->attrs[a].name) != 0) k++;
-            if (k == f->n_attribute && k < MAX_ATTRS) attrs[f->n_attribute++] = n->attrs[a].name;
+            size_t j = 0;
+            while (j < f->n_attribute && strcmp(attrs[j], n->attrs[a].name) != 0) j++;
+            if (j == f->n_attribute && j < MAX_ATTRS) attrs[f->n_attribute++] = n->attrs[a].name;
         }
     }
     f->attribute = attrs;
-    char line[512];
-    for (const char *p = body->text; *p;) {
-        const char *e = strchr(p, '\n');
-        size_t len = (size_t)(e - p);
-        if (len >= sizeof line) return pp_error(PP_ERR_INTERNAL, "pippin::%s: body line too long", op);
-        memcpy(line, p, len);
-        line[len] = '\0';
-        PP_TRY(pp_onnx_node_from_text(line, op, alloc, ctx, &nodes[f->n_node]));
-        f->n_node++;
-        p = e + 1;
-    }
-    f->node = nodes;
+    PP_TRY(pp_onnx_nodes_from_text(body->text, op, alloc, ctx, &f->node, &f->n_node));
     *out = f;
     return PP_OK;
 }
 
 pp_status pp_onnx_functions(const pp_graph *g, int64_t opset, pp_onnx_alloc_fn alloc, void *ctx,
-                            Onnx__FunctionProto ***out, size_t *n_out) {
+                            Onnx__NodeProto **written, Onnx__FunctionProto ***out, size_t *n_out) {
     const char *ops[MAX_OPS];
     int n_ops = 0;
     for (int i = 0; i < g->n_nodes; i++) {
@@ -213,15 +233,19 @@ pp_status pp_onnx_functions(const pp_graph *g, int64_t opset, pp_onnx_alloc_fn a
         while (k < n_ops && strcmp(ops[k], n->op_type) != 0) k++;
         if (k == n_ops && n_ops < MAX_OPS) ops[n_ops++] = n->op_type;
     }
-    *out = alloc(ctx, sizeof **out * (size_t)(n_ops + 1));
+    fn_variants v = {.of_node = alloc(ctx, sizeof(int) * (size_t)(g->n_nodes + 1))};
+    *out = alloc(ctx, sizeof **out * (size_t)(n_ops * MAX_VARIANTS + 1));
     *n_out = 0;
-    if (!*out) return pp_error(PP_ERR_NOMEM, "out of memory exporting");
-    pp_fn_body *body = alloc(ctx, sizeof *body);
-    if (!body) return pp_error(PP_ERR_NOMEM, "out of memory exporting");
+    if (!*out || !v.of_node) return pp_error(PP_ERR_NOMEM, "out of memory exporting");
     for (int k = 0; k < n_ops; k++) {
-        int ok;
-        PP_TRY(build_body(g, ops[k], alloc, ctx, body, &ok));
-        if (ok) PP_TRY(make_function(g, ops[k], body, opset, alloc, ctx, &(*out)[(*n_out)++]));
+        PP_TRY(build_bodies(g, ops[k], alloc, ctx, &v));
+        for (int j = 0; j < v.n; j++) {
+            char *name = variant_name(ops[k], j, alloc, ctx);
+            if (!name) return pp_error(PP_ERR_NOMEM, "out of memory exporting");
+            PP_TRY(make_function(g, ops[k], name, &v, j, opset, alloc, ctx, &(*out)[(*n_out)++]));
+            for (int i = 0; i < g->n_nodes; i++)
+                if (v.of_node[i] == j && j > 0) written[i]->op_type = name;
+        }
     }
     return PP_OK;
 }

@@ -12,10 +12,20 @@
 
 #define MAX_ITEMS 16
 
+#define MAX_GRAPHS 8
+
+/* The subgraphs defined so far in a text (graph ... end blocks). */
+typedef struct {
+    const char *name[MAX_GRAPHS];
+    Onnx__GraphProto *g[MAX_GRAPHS];
+    int n;
+} graph_table;
+
 typedef struct {
     const char *s, *line, *what;
     pp_onnx_alloc_fn alloc;
     void *ctx;
+    const graph_table *graphs; /* what %name may refer to; NULL: none */
 } cursor;
 
 static void skip_space(cursor *c) {
@@ -155,6 +165,21 @@ static pp_status string_value(cursor *c, Onnx__AttributeProto *a) {
     return PP_OK;
 }
 
+/* %name: a subgraph defined earlier in the text. */
+static pp_status graph_value(cursor *c, Onnx__AttributeProto *a) {
+    c->s++;
+    char *name = take_name(c);
+    if (!name) return pp_error(PP_ERR_NOMEM, "out of memory exporting");
+    for (int k = 0; c->graphs && k < c->graphs->n; k++)
+        if (strcmp(c->graphs->name[k], name) == 0) {
+            a->has_type = 1;
+            a->type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__GRAPH;
+            a->g = c->graphs->g[k];
+            return PP_OK;
+        }
+    return bad(c, "the name of a graph defined above");
+}
+
 static pp_status attribute(cursor *c, Onnx__AttributeProto **out) {
     Onnx__AttributeProto *a = c->alloc(c->ctx, sizeof *a);
     if (!a) return pp_error(PP_ERR_NOMEM, "out of memory exporting");
@@ -168,6 +193,7 @@ static pp_status attribute(cursor *c, Onnx__AttributeProto **out) {
     if (*c->s == '@') return ref_value(c, a);
     if (*c->s == '[') return list_value(c, a);
     if (*c->s == '\'') return string_value(c, a);
+    if (*c->s == '%') return graph_value(c, a);
     const char *e = token_end(c->s);
     int as_float = is_float_text(c->s, e);
     double f = 0;
@@ -186,9 +212,9 @@ static pp_status attribute(cursor *c, Onnx__AttributeProto **out) {
     return PP_OK;
 }
 
-pp_status pp_onnx_node_from_text(const char *line, const char *what, pp_onnx_alloc_fn alloc, void *ctx,
-                                 Onnx__NodeProto **out) {
-    cursor c = {line, line, what, alloc, ctx};
+static pp_status node_line(const char *line, const char *what, pp_onnx_alloc_fn alloc, void *ctx,
+                           const graph_table *graphs, Onnx__NodeProto **out) {
+    cursor c = {line, line, what, alloc, ctx, graphs};
     Onnx__NodeProto *n = alloc(ctx, sizeof *n);
     if (!n) return pp_error(PP_ERR_NOMEM, "out of memory exporting");
     onnx__node_proto__init(n);
@@ -223,5 +249,133 @@ pp_status pp_onnx_node_from_text(const char *line, const char *what, pp_onnx_all
     skip_space(&c);
     if (*c.s) return bad(&c, "the end of the line");
     *out = n;
+    return PP_OK;
+}
+
+pp_status pp_onnx_node_from_text(const char *line, const char *what, pp_onnx_alloc_fn alloc, void *ctx,
+                                 Onnx__NodeProto **out) {
+    return node_line(line, what, alloc, ctx, NULL, out);
+}
+
+/* "name:type" (type one of float int64 bool, "[]" after it for a scalar)
+ * as a ValueInfoProto: a tensor of that element type, its shape left to
+ * inference but for scalars (ONNX Runtime wants a Loop body's types, and its
+ * iteration count and condition known as scalars). */
+static pp_status value_info(cursor *c, Onnx__ValueInfoProto **out) {
+    static const struct {
+        const char *name;
+        int32_t type;
+    } types[] = {{"float", 1}, {"int64", 7}, {"bool", 9}};
+    Onnx__ValueInfoProto *v = c->alloc(c->ctx, sizeof *v);
+    Onnx__TypeProto *tp = c->alloc(c->ctx, sizeof *tp);
+    Onnx__TypeProto__Tensor *tt = c->alloc(c->ctx, sizeof *tt);
+    if (!v || !tp || !tt) return pp_error(PP_ERR_NOMEM, "out of memory exporting");
+    onnx__value_info_proto__init(v);
+    onnx__type_proto__init(tp);
+    onnx__type_proto__tensor__init(tt);
+    if (!(v->name = take_name(c))) return pp_error(PP_ERR_NOMEM, "out of memory exporting");
+    if (!v->name[0] || *c->s != ':') return bad(c, "name:type");
+    c->s++;
+    size_t k = 0;
+    while (k < sizeof types / sizeof types[0] &&
+           (strncmp(c->s, types[k].name, strlen(types[k].name)) != 0 || name_char(c->s[strlen(types[k].name)])))
+        k++;
+    if (k == sizeof types / sizeof types[0]) return bad(c, "a type (float int64 bool)");
+    c->s += strlen(types[k].name);
+    if (strncmp(c->s, "[]", 2) == 0) { /* a scalar: shape [] */
+        c->s += 2;
+        if (!(tt->shape = c->alloc(c->ctx, sizeof *tt->shape)))
+            return pp_error(PP_ERR_NOMEM, "out of memory exporting");
+        onnx__tensor_shape_proto__init(tt->shape);
+    }
+    tt->has_elem_type = 1;
+    tt->elem_type = types[k].type;
+    tp->value_case = ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE;
+    tp->tensor_type = tt;
+    v->type = tp;
+    *out = v;
+    return PP_OK;
+}
+
+/* "a:float, b:bool)" up to stop, as value infos. */
+static pp_status value_infos(cursor *c, char stop, Onnx__ValueInfoProto ***out, size_t *n) {
+    Onnx__ValueInfoProto *tmp[MAX_ITEMS];
+    size_t k = 0;
+    skip_space(c);
+    if (*c->s != stop)
+        for (;;) {
+            if (k == MAX_ITEMS) return bad(c, "at most 16 names");
+            PP_TRY(value_info(c, &tmp[k++]));
+            skip_space(c);
+            if (*c->s != ',') break;
+            c->s++;
+        }
+    if (*c->s != stop) return bad(c, "')'");
+    c->s++;
+    if (!(*out = c->alloc(c->ctx, sizeof **out * (k + 1))))
+        return pp_error(PP_ERR_NOMEM, "out of memory exporting");
+    memcpy(*out, tmp, sizeof *tmp * k);
+    *n = k;
+    return PP_OK;
+}
+
+/* "graph NAME(in, ...) -> (out, ...)": a new empty graph with room for
+ * max_nodes nodes, added to t. */
+static pp_status graph_header(const char *line, const char *what, pp_onnx_alloc_fn alloc, void *ctx,
+                              size_t max_nodes, graph_table *t) {
+    cursor c = {line + strlen("graph"), line, what, alloc, ctx, NULL};
+    if (t->n == MAX_GRAPHS) return bad(&c, "at most 8 graphs");
+    Onnx__GraphProto *g = alloc(ctx, sizeof *g);
+    if (!g) return pp_error(PP_ERR_NOMEM, "out of memory exporting");
+    onnx__graph_proto__init(g);
+    if (!(g->name = take_name(&c))) return pp_error(PP_ERR_NOMEM, "out of memory exporting");
+    if (!g->name[0] || *c.s != '(') return bad(&c, "graph NAME(");
+    c.s++;
+    PP_TRY(value_infos(&c, ')', &g->input, &g->n_input));
+    skip_space(&c);
+    if (strncmp(c.s, "-> (", 4) != 0) return bad(&c, "'-> ('");
+    c.s += 4;
+    PP_TRY(value_infos(&c, ')', &g->output, &g->n_output));
+    skip_space(&c);
+    if (*c.s) return bad(&c, "the end of the line");
+    if (!(g->node = alloc(ctx, sizeof *g->node * (max_nodes + 1))))
+        return pp_error(PP_ERR_NOMEM, "out of memory exporting");
+    t->name[t->n] = g->name;
+    t->g[t->n++] = g;
+    return PP_OK;
+}
+
+pp_status pp_onnx_nodes_from_text(const char *text, const char *what, pp_onnx_alloc_fn alloc, void *ctx,
+                                  Onnx__NodeProto ***nodes, size_t *n_nodes) {
+    size_t lines = 0;
+    for (const char *p = text; *p; p++) lines += *p == '\n';
+    graph_table t = {0};
+    Onnx__GraphProto *open = NULL; /* the graph whose lines these are */
+    *n_nodes = 0;
+    if (!(*nodes = alloc(ctx, sizeof **nodes * (lines + 1))))
+        return pp_error(PP_ERR_NOMEM, "out of memory exporting");
+    char line[1024];
+    for (const char *p = text; *p;) {
+        const char *e = strchr(p, '\n');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len >= sizeof line)
+            return pp_error(PP_ERR_INTERNAL, "function %s: body line too long: '%.60s...'", what, p);
+        memcpy(line, p, len);
+        line[len] = '\0';
+        p += len + (e != NULL);
+        if (strncmp(line, "graph ", 6) == 0) {
+            if (open) return pp_error(PP_ERR_INTERNAL, "function %s: graph blocks do not nest: '%s'", what, line);
+            PP_TRY(graph_header(line, what, alloc, ctx, lines, &t));
+            open = t.g[t.n - 1];
+        } else if (strcmp(line, "end") == 0) {
+            if (!open) return pp_error(PP_ERR_INTERNAL, "function %s: 'end' without 'graph'", what);
+            open = NULL;
+        } else if (open) {
+            PP_TRY(node_line(line, what, alloc, ctx, &t, &open->node[open->n_node++]));
+        } else {
+            PP_TRY(node_line(line, what, alloc, ctx, &t, &(*nodes)[(*n_nodes)++]));
+        }
+    }
+    if (open) return pp_error(PP_ERR_INTERNAL, "function %s: graph '%s' has no 'end'", what, open->name);
     return PP_OK;
 }

@@ -5,10 +5,12 @@
  * kernel and ignores the function.
  *
  * A body is built from one node (its attributes, which inputs it has, the
- * ranks the graph knows): ONNX keeps one function per op, so every node of an
- * op must yield the same body. Geometry that differs from node to node (conv
- * pads, strides) is passed by attribute reference instead. Bodies are lines
- * of lib/onnx_function_text.h's syntax. */
+ * ranks the graph knows). ONNX keeps one function per name: nodes of an op
+ * whose bodies differ call functions "op", "op__2", ... (the written node's
+ * op type; pippin reads "op__k" back as op). Geometry that differs from node
+ * to node (conv pads, strides) is passed by attribute reference instead, so
+ * that such nodes share one function. Bodies are lines of
+ * lib/onnx_function_text.h's syntax. */
 #ifndef PIPPIN_LIB_ONNX_FUNCTIONS_H
 #define PIPPIN_LIB_ONNX_FUNCTIONS_H
 
@@ -18,11 +20,16 @@
 #include "onnx_function_text.h"
 #include "pippin/graph.h"
 
+/* The empty float tensor an absent input of a pippin-domain node is written
+ * as: onnx.checker's shape inference (onnx 1.12) wants a type for every
+ * input of a function call, and pippin reads the name back as absent. */
+#define PP_ONNX_ABSENT "pippin.absent"
+
 typedef struct pp_fn_body {
     const char *inputs, *outputs; /* the formal parameters, "dy, x, shape" */
     char in_buf[512], out_buf[512]; /* room for lists built per node */
     int n_in, n_out;                /* the node's counts: the formal lists are cut to them */
-    char text[12288];             /* the lines, '\n'-separated */
+    char text[65536];             /* the lines, '\n'-separated */
     size_t len;
     int overflow;
 } pp_fn_body;
@@ -58,6 +65,7 @@ typedef struct pp_fn_entry {
 /* The families, each ended by {NULL}. */
 extern const pp_fn_entry pp_fn_act[], pp_fn_nn[], pp_fn_shape[], pp_fn_conv[], pp_fn_resize[];
 extern const pp_fn_entry pp_fn_attention[]; /* lib/onnx_functions_attention.c */
+extern const pp_fn_entry pp_fn_rnn[];       /* lib/onnx_functions_rnn.c */
 
 /* How many inputs the writer gives node n: its own, or for an op whose
  * function takes an optional trailing input (pippin::MatMulAdd's bias)
@@ -66,9 +74,11 @@ extern const pp_fn_entry pp_fn_attention[]; /* lib/onnx_functions_attention.c */
 int pp_onnx_node_inputs(const pp_node *n);
 
 /* The FunctionProtos for every pippin-domain op g uses, allocated through
- * alloc; an op no body is written for is an error naming it. opset: the
- * default-domain version the bodies import. */
+ * alloc; an op no body is written for is logged and left without one.
+ * opset: the default-domain version the bodies import. written: the
+ * NodeProtos of g's nodes (same index), whose op type a node calling a
+ * variant "op__k" gets. */
 pp_status pp_onnx_functions(const pp_graph *g, int64_t opset, pp_onnx_alloc_fn alloc, void *ctx,
-                            Onnx__FunctionProto ***out, size_t *n_out);
+                            Onnx__NodeProto **written, Onnx__FunctionProto ***out, size_t *n_out);
 
 #endif

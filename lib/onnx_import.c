@@ -14,6 +14,7 @@
 #include "onnx_tensor.h"
 #include "pippin/log.h"
 #include "pippin/onnx.h"
+#include "onnx_functions.h"
 #include "onnx_upgrade.h"
 #include "onnx_wire.h"
 #include "op.h"
@@ -124,9 +125,22 @@ static pp_status add_graph_input(pp_graph *g, const Onnx__ValueInfoProto *vi, co
     return PP_OK;
 }
 
-static pp_status add_node(pp_graph *g, const Onnx__NodeProto *np, int index, const char *file) {
-    char where[768];
+/* A pippin-domain op type "op__k" names variant k of op's ONNX function
+ * (lib/onnx_functions.h): the node is op. The base goes to buf. */
+static const char *pippin_op(const Onnx__NodeProto *np, char *buf, size_t cap) {
     const char *op = np->op_type ? np->op_type : "";
+    const char *cut = strstr(op, "__");
+    if (!np->domain || strcmp(np->domain, "pippin") != 0 || !cut || cut == op || !cut[2] ||
+        strspn(cut + 2, "0123456789") != strlen(cut + 2) || (size_t)(cut - op) >= cap)
+        return op;
+    memcpy(buf, op, (size_t)(cut - op));
+    buf[cut - op] = '\0';
+    return buf;
+}
+
+static pp_status add_node(pp_graph *g, const Onnx__NodeProto *np, int index, const char *file) {
+    char where[768], op_buf[128];
+    const char *op = pippin_op(np, op_buf, sizeof op_buf);
     snprintf(where, sizeof where, "%s: node '%s' (%s)", file,
              np->name && np->name[0] ? np->name : "(unnamed)", op);
     if (!op[0]) return pp_error(PP_ERR_PARSE, "%s: node %d has no op_type", file, index);
@@ -136,7 +150,7 @@ static pp_status add_node(pp_graph *g, const Onnx__NodeProto *np, int index, con
     for (size_t i = 0; i < np->n_input; i++) {
         const char *name = np->input[i];
         in[i] = -1;
-        if (!name || !name[0]) continue;
+        if (!name || !name[0] || strcmp(name, PP_ONNX_ABSENT) == 0) continue;
         in[i] = pp_graph_find_value(g, name);
         if (in[i] < 0)
             return pp_error(PP_ERR_NOT_FOUND,
@@ -146,7 +160,7 @@ static pp_status add_node(pp_graph *g, const Onnx__NodeProto *np, int index, con
     for (size_t i = 0; i < np->n_output; i++)
         if (np->output[i] && np->output[i][0] && pp_graph_find_value(g, np->output[i]) >= 0)
             return pp_error(PP_ERR_INVALID, "%s: output '%s' is already defined", where, np->output[i]);
-    char name_buf[64];
+    char name_buf[160];
     const char *name = np->name;
     if (!name || !name[0]) {
         snprintf(name_buf, sizeof name_buf, "%s_%d", op, index);
@@ -314,6 +328,7 @@ static pp_status build_graph(const Onnx__ModelProto *m, const char *file, const 
             s = pp_error(PP_ERR_PARSE, "%s: initializer %zu has no name", file, i);
             break;
         }
+        if (strcmp(tp->name, PP_ONNX_ABSENT) == 0) continue; /* stands for an absent input */
         snprintf(what, sizeof what, "%s: initializer '%s'", file, tp->name);
         pp_tensor *t;
         s = load_initializer(tp, what, src, ext, &t);

@@ -94,6 +94,48 @@ def main(out):
          [helper.make_node('Resize', ['t', '', 'Sc'], ['y'], mode='linear',
                            coordinate_transformation_mode='align_corners')],
          (2, 1, 10, 6), {'P': f32(2, 1, 4, 3)}, [('Sc', np.array([1, 1, 2.5, 2], np.float32))])
+    # The recurrent bodies (lib/onnx_functions_rnn.c) in the configurations
+    # the rnn fixture lacks; Y_h and Y_c join the loss so that their
+    # gradients flow too. LSTM reverse, layout 1, sequence_lens, clip,
+    # peepholes, initial_h without initial_c.
+    b, t, i, h = 3, 4, 3, 4
+    lens = ('L', np.array([4, 2, 3], np.int32))
+    ax1 = ('A1', np.array([1], np.int64))
+    ax0 = ('A0', np.array([0], np.int64))
+    case(out, 'lstm_reverse_clip', 17, (b, t, i),
+         [helper.make_node('LSTM', ['t', 'W', 'R', 'B', 'L', 'H0', '', 'Pp'], ['yy', 'yh'], hidden_size=h,
+                           direction='reverse', layout=1, clip=1.5),
+          helper.make_node('Unsqueeze', ['yh', 'A1'], ['yhu']),
+          helper.make_node('Add', ['yy', 'yhu'], ['y'])],
+         (b, t, 1, h), {'P': f32(b, t, i), 'W': f32(1, 4 * h, i), 'R': f32(1, 4 * h, h),
+                        'B': f32(1, 8 * h), 'H0': f32(b, 1, h), 'Pp': f32(1, 3 * h)}, [lens, ax1])
+    # LSTM bidirectional, layout 0, both initial states, Y_c in the loss
+    case(out, 'lstm_bidi_states', 17, (t, b, i),
+         [helper.make_node('LSTM', ['t', 'W', 'R', 'B', 'L', 'H0', 'C0'], ['yy', 'yh', 'ycell'], hidden_size=h,
+                           direction='bidirectional'),
+          helper.make_node('Add', ['yh', 'ycell'], ['yhc']),
+          helper.make_node('Unsqueeze', ['yhc', 'A0'], ['yhu']),
+          helper.make_node('Add', ['yy', 'yhu'], ['y'])],
+         (t, 2, b, h), {'P': f32(t, b, i), 'W': f32(2, 4 * h, i), 'R': f32(2, 4 * h, h),
+                        'B': f32(2, 8 * h), 'H0': f32(2, b, h), 'C0': f32(2, b, h)}, [lens, ax0])
+    # GRU bidirectional, reset before the linear map, clip, sequence_lens
+    case(out, 'gru_bidi_clip', 17, (t, b, i),
+         [helper.make_node('GRU', ['t', 'W', 'R', 'B', 'L', 'H0'], ['yy', 'yh'], hidden_size=h,
+                           direction='bidirectional', clip=1.2),
+          helper.make_node('Unsqueeze', ['yh', 'A0'], ['yhu']),
+          helper.make_node('Add', ['yy', 'yhu'], ['y'])],
+         (t, 2, b, h), {'P': f32(t, b, i), 'W': f32(2, 3 * h, i), 'R': f32(2, 3 * h, h),
+                        'B': f32(2, 6 * h), 'H0': f32(2, b, h)}, [lens, ax0])
+    # GRU reverse, linear_before_reset with clip, layout 1, no bias, no
+    # initial state; only Y_h in the loss (the sweep without dY)
+    case(out, 'gru_reverse_lbr', 17, (b, t, i),
+         [helper.make_node('GRU', ['t', 'W', 'R'], ['', 'y'], hidden_size=h, direction='reverse', layout=1,
+                           linear_before_reset=1, clip=0.8)],
+         (b, 1, h), {'P': f32(b, t, i), 'W': f32(1, 3 * h, i), 'R': f32(1, 3 * h, h)})
+    # LSTM forward, no bias; only Y_c in the loss (neither dY nor dY_h)
+    case(out, 'lstm_cell_only', 17, (t, b, i),
+         [helper.make_node('LSTM', ['t', 'W', 'R'], ['', '', 'y'], hidden_size=h)],
+         (1, b, h), {'P': f32(t, b, i), 'W': f32(1, 4 * h, i), 'R': f32(1, 4 * h, h)})
 
 
 if __name__ == '__main__':

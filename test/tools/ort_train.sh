@@ -1,12 +1,16 @@
 #!/bin/sh
 # The training graph (`pippin inspect --backward -o`) loads in other ONNX
 # tools (issue 18): pippin's own ops carry model-local ONNX functions
-# (lib/onnx_functions.h). For the MLP, GPT, CNN, skip, U-Net, ViT, BatchNorm
-# and ResNet fixtures and the small models of ort_ops.py (AveragePool,
-# GroupNorm, eval-mode BatchNorm, Gather on any axis, ConvTranspose, Resize
-# geometries): onnx.checker's full check passes, pippin reads the file back
-# (inspect, infer), and ONNX Runtime runs it with pippin's loss and every
-# gradient (relative 1e-4). BatchNormalization in training mode: `pippin
+# (lib/onnx_functions.h). For the MLP, GPT, CNN, skip, U-Net, ViT, BatchNorm,
+# RNN (two-layer bidirectional LSTM and a GRU: one Loop per direction in
+# the bodies, SplitLike with 2 and 3 pieces as two functions) and ResNet
+# fixtures and the small models of ort_ops.py (AveragePool, GroupNorm,
+# eval-mode BatchNorm, Gather on any axis, ConvTranspose, Resize geometries,
+# LSTM/GRU directions, layouts, sequence_lens, clip, peepholes, initial
+# states, linear_before_reset, losses on Y, Y_h or Y_c alone):
+# onnx.checker's full check passes, pippin reads the file back (inspect,
+# infer), and ONNX Runtime runs it with pippin's loss and every gradient
+# (relative 1e-4). BatchNormalization in training mode: `pippin
 # infer` runs a training graph's forward in training mode (as ONNX Runtime
 # and PyTorch do; it used to rewrite it to eval mode as for inference, and
 # the numbers differed). tv_resnet is also the regression test of MaxPool's
@@ -80,7 +84,7 @@ print(len(files))" "$tmp/pp-$f" "$tmp/ort-$f" >"$tmp/n" 2>>"$tmp/err"
     ok $? "$f: ONNX Runtime gives pippin's loss and all $(cat "$tmp/n" 2>/dev/null) outputs $(tail -c 300 "$tmp/err")"
 }
 
-for case in "mlp x y" "gpt idx targets" "cnn x y" "skip x y" "unet x y" "tv_vit x y" "bn x y"; do
+for case in "mlp x y" "gpt idx targets" "cnn x y" "skip x y" "unet x y" "tv_vit x y" "bn x y" "rnn x y"; do
     # shellcheck disable=SC2086 # the case is words
     set -- $case
     check "$1" "$FX/$1" "$2" "$3"
