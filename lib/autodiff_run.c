@@ -106,15 +106,53 @@ pp_status pp_backward_stash_bytes(pp_graph *g, const pp_backward *b, pp_tensor *
 }
 
 
-pp_status pp_backward_plan_bytes(pp_graph *g, const pp_backward *b, pp_tensor *const *inputs, int64_t *bytes) {
-    pp_exec *ex;
-    PP_TRY(pp_exec_new(g, &ex));
-    pp_exec_set_memory_plan(ex, 1);
-    uint8_t *keep_f = NULL, *keep_i = NULL;
+/* W's value hook while planning: a parameter's gradient dies as soon as
+ * it is made, as in a stage (which adds it into its flat buffer then), so
+ * the plan places it like any buffer living and dying inside the run. */
+static pp_status drop_gradient(void *user, int value, pp_tensor **slot) {
+    (void)user;
+    (void)value;
+    pp_tensor_free(*slot);
+    *slot = NULL;
+    return PP_OK;
+}
+
+/* The stage's masks for W: keep every parameter gradient, hand over (watch)
+ * those no W node reads (pp_stage's keep_w and grad_watch). */
+static pp_status w_masks(const pp_graph *g, const pp_backward *b, uint8_t **keep_w, uint8_t **watch) {
+    uint8_t *k = calloc((size_t)g->n_values + 1, 1), *w = calloc((size_t)g->n_values + 1, 1);
+    if (!k || !w) {
+        free(k);
+        free(w);
+        return pp_error(PP_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < b->n_params; i++)
+        if (b->param_grads[i] >= 0) k[b->param_grads[i]] = w[b->param_grads[i]] = 1;
+    for (int j = 0; j < b->n_w; j++) {
+        const pp_node *n = &g->nodes[b->w_nodes[j]];
+        for (int q = 0; q < n->n_in; q++)
+            if (n->in[q] >= 0) w[n->in[q]] = 0;
+    }
+    *keep_w = k;
+    *watch = w;
+    return PP_OK;
+}
+
+pp_status pp_backward_plan_phase_bytes(pp_graph *g, const pp_backward *b, pp_tensor *const *inputs,
+                                       int64_t bytes[PP_PHASES]) {
+    /* one executor per phase, so each one's plan is read apart */
+    pp_exec *ex[PP_PHASES] = {NULL};
+    uint8_t *keep_f = NULL, *keep_i = NULL, *keep_w = NULL, *watch = NULL;
     pp_tensor **env = calloc((size_t)g->n_values + 1, sizeof *env);
-    pp_status s = env ? pp_backward_keep_masks(g, b, &keep_f, &keep_i) : pp_error(PP_ERR_NOMEM, "out of memory");
+    pp_status s = env ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int p = 0; p < PP_PHASES && s == PP_OK; p++) {
+        s = pp_exec_new(g, &ex[p]);
+        if (s == PP_OK) pp_exec_set_memory_plan(ex[p], 1);
+    }
+    if (s == PP_OK) s = pp_backward_keep_masks(g, b, &keep_f, &keep_i);
+    if (s == PP_OK) s = w_masks(g, b, &keep_w, &watch);
     for (int k = 0; s == PP_OK && k < b->n_inputs_before; k++) env[g->inputs[k]] = pp_tensor_retain(inputs[k]);
-    if (s == PP_OK) s = pp_exec_run_nodes(ex, b->forward_nodes, b->n_forward, env, keep_f);
+    if (s == PP_OK) s = pp_exec_run_nodes(ex[PP_PHASE_F], b->forward_nodes, b->n_forward, env, keep_f);
     /* Output gradients of zeros: the plan depends on shapes alone. */
     for (int k = 0; s == PP_OK && k < b->n_seeds; k++) {
         const pp_value *sv = &g->values[b->seed_values[k]];
@@ -123,13 +161,29 @@ pp_status pp_backward_plan_bytes(pp_graph *g, const pp_backward *b, pp_tensor *c
         else s = pp_tensor_new(pp_dtype_is_float(t->dtype) ? t->dtype : PP_F32, t->ndim, t->shape,
                                &env[b->seed_grads[k]]);
     }
-    if (s == PP_OK) s = pp_exec_run_nodes(ex, b->i_nodes, b->n_i, env, keep_i);
-    if (s == PP_OK) s = pp_exec_run_nodes(ex, b->w_nodes, b->n_w, env, keep_f);
-    if (s == PP_OK) pp_exec_memory_plan(ex, bytes, NULL);
+    if (s == PP_OK) s = pp_exec_run_nodes(ex[PP_PHASE_I], b->i_nodes, b->n_i, env, keep_i);
+    if (s == PP_OK) {
+        pp_exec_set_value_hook(ex[PP_PHASE_W], watch, drop_gradient, NULL);
+        s = pp_exec_run_nodes(ex[PP_PHASE_W], b->w_nodes, b->n_w, env, keep_w);
+    }
+    for (int p = 0; p < PP_PHASES; p++) {
+        if (s == PP_OK) pp_exec_memory_plan(ex[p], &bytes[p], NULL);
+        pp_exec_free(ex[p]);
+    }
     for (int v = 0; env && v < g->n_values; v++) pp_tensor_free(env[v]);
     free(env);
     free(keep_f);
     free(keep_i);
-    pp_exec_free(ex);
+    free(keep_w);
+    free(watch);
     return s;
+}
+
+pp_status pp_backward_plan_bytes(pp_graph *g, const pp_backward *b, pp_tensor *const *inputs, int64_t *bytes) {
+    int64_t phase[PP_PHASES];
+    PP_TRY(pp_backward_plan_phase_bytes(g, b, inputs, phase));
+    *bytes = 0;
+    for (int p = 0; p < PP_PHASES; p++)
+        if (phase[p] > *bytes) *bytes = phase[p];
+    return PP_OK;
 }

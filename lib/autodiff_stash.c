@@ -44,16 +44,17 @@ static int64_t dim_size(const char *expr, const char *batch_name, int64_t batch,
 
 typedef enum { MEASURE_STASH, MEASURE_INPUTS, MEASURE_PLAN } measure;
 
-/* What is measured (the stash, the inputs, the memory plan) at batch 1 and
- * 2 with dims sized as above; a dim no size is known for is the batch if it
- * comes first, else `other`. */
+/* What is measured (the stash, the inputs: one figure; the memory plan:
+ * one per phase) at batch 1 and 2 with dims sized as above; a dim no size
+ * is known for is the batch if it comes first, else `other`. per_sample[k]
+ * and fixed[k] (may be NULL) for each figure k. */
 static pp_status stash_per_sample(pp_graph *g, const pp_backward *b, const char *batch_name, int n_dims,
                                   const char *const *dims, int64_t other, measure what,
                                   int64_t *per_sample, int64_t *fixed) {
-    int n = b->n_inputs_before;
+    int n = b->n_inputs_before, figures = what == MEASURE_PLAN ? PP_PHASES : 1;
     pp_tensor **ins = calloc((size_t)n + 1, sizeof *ins);
     if (!ins) return pp_error(PP_ERR_NOMEM, "out of memory");
-    int64_t bytes[2] = {0, 0};
+    int64_t bytes[2][PP_PHASES] = {{0}};
     pp_status s = PP_OK;
     for (int batch = 1; batch <= 2 && s == PP_OK; batch++) {
         for (int k = 0; k < n && s == PP_OK; k++) {
@@ -72,11 +73,11 @@ static pp_status stash_per_sample(pp_graph *g, const pp_backward *b, const char 
             s = pp_tensor_new(v->dtype == PP_DTYPE_UNDEFINED ? PP_F32 : v->dtype, v->ndim, shape, &ins[k]);
         }
         if (s == PP_OK && what == MEASURE_INPUTS)
-            for (int k = 0; k < n; k++) bytes[batch - 1] += (int64_t)ins[k]->nbytes;
+            for (int k = 0; k < n; k++) bytes[batch - 1][0] += (int64_t)ins[k]->nbytes;
         else if (s == PP_OK && what == MEASURE_PLAN)
-            s = pp_backward_plan_bytes(g, b, ins, &bytes[batch - 1]);
+            s = pp_backward_plan_phase_bytes(g, b, ins, bytes[batch - 1]);
         else if (s == PP_OK)
-            s = pp_backward_stash_bytes(g, b, ins, &bytes[batch - 1]);
+            s = pp_backward_stash_bytes(g, b, ins, &bytes[batch - 1][0]);
         for (int k = 0; k < n; k++) {
             pp_tensor_free(ins[k]);
             ins[k] = NULL;
@@ -84,8 +85,10 @@ static pp_status stash_per_sample(pp_graph *g, const pp_backward *b, const char 
     }
     free(ins);
     PP_TRY(s);
-    *per_sample = bytes[1] - bytes[0];
-    if (fixed) *fixed = bytes[0] - *per_sample;
+    for (int k = 0; k < figures; k++) {
+        per_sample[k] = bytes[1][k] - bytes[0][k];
+        if (fixed) fixed[k] = bytes[0][k] - per_sample[k];
+    }
     return PP_OK;
 }
 
@@ -106,7 +109,27 @@ pp_status pp_backward_stash_per_sample(pp_graph *g, const pp_backward *b, int64_
     return stash_per_sample(g, b, NULL, 0, NULL, other_dims > 0 ? other_dims : 1, MEASURE_STASH, per_sample, fixed);
 }
 
+pp_status pp_backward_plan_phases_per_sample_dims(pp_graph *g, const pp_backward *b, const char *batch_name,
+                                                  int n_dims, const char *const *dims, int64_t per_sample[PP_PHASES],
+                                                  int64_t fixed[PP_PHASES]) {
+    return stash_per_sample(g, b, batch_name, n_dims, dims, 1, MEASURE_PLAN, per_sample, fixed);
+}
+
+void pp_backward_plan_bound(const int64_t per_sample[PP_PHASES], const int64_t fixed[PP_PHASES],
+                            int64_t *bound_per_sample, int64_t *bound_fixed) {
+    int64_t per = 0, fix = 0; /* a phase smaller at batch 2 than at 1 adds nothing per sample */
+    for (int p = 0; p < PP_PHASES; p++) {
+        if (per_sample[p] > per) per = per_sample[p];
+        if (fixed[p] > fix) fix = fixed[p];
+    }
+    *bound_per_sample = per;
+    if (bound_fixed) *bound_fixed = fix;
+}
+
 pp_status pp_backward_plan_per_sample_dims(pp_graph *g, const pp_backward *b, const char *batch_name, int n_dims,
                                            const char *const *dims, int64_t *per_sample, int64_t *fixed) {
-    return stash_per_sample(g, b, batch_name, n_dims, dims, 1, MEASURE_PLAN, per_sample, fixed);
+    int64_t ps[PP_PHASES], fx[PP_PHASES];
+    PP_TRY(pp_backward_plan_phases_per_sample_dims(g, b, batch_name, n_dims, dims, ps, fx));
+    pp_backward_plan_bound(ps, fx, per_sample, fixed);
+    return PP_OK;
 }

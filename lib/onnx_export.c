@@ -311,6 +311,19 @@ static pp_status build_model(arena *a, const pp_graph *g, Onnx__ModelProto *m) {
     return pp_onnx_functions(g, g->opset, arena_cb, a, gp->node, &m->functions, &m->n_functions);
 }
 
+/* protobuf-c's output that appends to a file (what it packs goes out as
+ * it is packed; the weights' bytes straight from their tensors). */
+typedef struct file_sink {
+    ProtobufCBuffer base;
+    FILE *f;
+    int failed;
+} file_sink;
+
+static void file_append(ProtobufCBuffer *buffer, size_t len, const uint8_t *data) {
+    file_sink *sink = (file_sink *)buffer;
+    if (!sink->failed && len && fwrite(data, 1, len, sink->f) != len) sink->failed = 1;
+}
+
 void pp_onnx_save_options_init(pp_onnx_save_options *o) {
     memset(o, 0, sizeof *o);
     o->external_data = PP_ONNX_EXTERNAL_AUTO;
@@ -333,7 +346,6 @@ pp_status pp_onnx_save_with(const pp_graph *g, const char *path, const pp_onnx_s
     pp_atomic_file data = {0}, model = {0};
     int moved = 0;
     pp_status s = build_model(&a, g, &m);
-    uint8_t *buf = NULL;
     size_t len = 0;
     if (s == PP_OK) {
         len = onnx__model_proto__get_packed_size(&m);
@@ -343,18 +355,16 @@ pp_status pp_onnx_save_with(const pp_graph *g, const char *path, const pp_onnx_s
             len = onnx__model_proto__get_packed_size(&m);
         }
     }
-    if (s == PP_OK) {
-        if (len >= (size_t)INT32_MAX)
-            s = pp_error(PP_ERR_UNSUPPORTED, "%s: model over 2 GiB%s", path,
-                         moved ? " even with its initializers in external data"
-                               : " (save it with external data)");
-        else if (!(buf = malloc(len ? len : 1))) s = pp_error(PP_ERR_NOMEM, "out of memory exporting");
-        else onnx__model_proto__pack(&m, buf);
+    if (s == PP_OK && len >= (size_t)INT32_MAX)
+        s = pp_error(PP_ERR_UNSUPPORTED, "%s: model over 2 GiB%s", path,
+                     moved ? " even with its initializers in external data" : " (save it with external data)");
+    if (s == PP_OK) s = pp_atomic_open(path, &model);
+    if (s == PP_OK) { /* packed straight into the file: no copy of the weights in memory */
+        file_sink sink = {{file_append}, model.f, 0};
+        if (onnx__model_proto__pack_to_buffer(&m, &sink.base) != len || sink.failed)
+            s = pp_error(PP_ERR_IO, "%s: write failed: %s", path, strerror(errno));
     }
     arena_free(&a);
-    if (s == PP_OK) s = pp_atomic_open(path, &model);
-    if (s == PP_OK && fwrite(buf, 1, len, model.f) != len)
-        s = pp_error(PP_ERR_IO, "%s: write failed: %s", path, strerror(errno));
     /* Both files are on disk before either is renamed, so a failure leaves
      * the old pair; the side file goes first (the new model needs it). */
     if (s == PP_OK && moved && (fflush(model.f) != 0 || fsync(fileno(model.f)) != 0))
@@ -363,6 +373,5 @@ pp_status pp_onnx_save_with(const pp_graph *g, const char *path, const pp_onnx_s
     if (s == PP_OK) s = pp_atomic_commit(&model);
     pp_atomic_discard(&data);
     pp_atomic_discard(&model);
-    free(buf);
     return s;
 }

@@ -17,6 +17,7 @@
 #include "param_files.h"
 #include "pippin/params.h"
 #include "pippin/safetensors.h"
+#include "safetensors_index.h"
 #include "status_internal.h"
 
 #define OPTIM_PREFIX "pippin.optim."
@@ -36,14 +37,14 @@ static int by_key(const void *a, const void *b) {
 
 /* The hash recorded in a stage file: its tensors' names and bytes in file
  * order, then its metadata (but the hash itself) in key order, so a changed
- * step count shows as much as a changed weight. */
-static uint64_t file_hash(int n, const char *const *names, pp_tensor *const *t, int n_meta, const char *const *keys,
-                          const char *const *vals) {
-    uint64_t h = PP_HASH64_SEED;
-    for (int i = 0; i < n; i++) {
-        h = pp_hash64(h, names[i], strlen(names[i]) + 1);
-        h = pp_hash64(h, t[i]->data, t[i]->nbytes);
-    }
+ * step count shows as much as a changed weight. Built a tensor at a time,
+ * so a load can hash each as it reads it into place. */
+static uint64_t hash_tensor(uint64_t h, const char *name, const void *data, size_t nbytes) {
+    h = pp_hash64(h, name, strlen(name) + 1);
+    return pp_hash64(h, data, nbytes);
+}
+
+static uint64_t hash_meta(uint64_t h, int n_meta, const char *const *keys, const char *const *vals) {
     const char *const *order[64][2];
     int m = 0;
     for (int i = 0; i < n_meta && m < 64; i++)
@@ -54,6 +55,13 @@ static uint64_t file_hash(int n, const char *const *names, pp_tensor *const *t, 
         h = pp_hash64(h, *order[i][1], strlen(*order[i][1]) + 1);
     }
     return h;
+}
+
+static uint64_t file_hash(int n, const char *const *names, pp_tensor *const *t, int n_meta, const char *const *keys,
+                          const char *const *vals) {
+    uint64_t h = PP_HASH64_SEED;
+    for (int i = 0; i < n; i++) h = hash_tensor(h, names[i], t[i]->data, t[i]->nbytes);
+    return hash_meta(h, n_meta, keys, vals);
 }
 
 /* ---- writing ---- */
@@ -320,37 +328,21 @@ pp_status pp_checkpoint_prune(const char *dir, int64_t before) {
     return pp_fsync_dir(dir);
 }
 
-static pp_status check_meta(const pp_safetensors *f, const char *path, const char *key, const char *want) {
-    const char *got = pp_safetensors_meta(f, key);
+/* got: the file's value of metadata key (NULL: missing); want: NULL for any. */
+static pp_status check_meta(const char *got, const char *path, const char *key, const char *want) {
     if (!got) return pp_error(PP_ERR_PARSE, "%s: metadata '%s' missing: not a pippin checkpoint", path, key);
     if (want && strcmp(got, want) != 0)
         return pp_error(PP_ERR_INVALID, "%s: %s is '%s', expected '%s'", path, key, got, want);
     return PP_OK;
 }
 
-static pp_status meta_int(const pp_safetensors *f, const char *path, const char *key, int64_t *out) {
-    PP_TRY(check_meta(f, path, key, NULL));
-    const char *v = pp_safetensors_meta(f, key);
+static pp_status meta_int(const char *v, const char *path, const char *key, int64_t *out) {
+    PP_TRY(check_meta(v, path, key, NULL));
     char *end;
     errno = 0;
     long long x = strtoll(v, &end, 10);
     if (errno || *end || end == v || x < 0) return pp_error(PP_ERR_PARSE, "%s: %s is '%s', not a count", path, key, v);
     *out = x;
-    return PP_OK;
-}
-
-/* Checks the checkpoint's tensor `name` against n floats of this shape
- * (ndim < 0: any), and copies it into dst unless dst is NULL. */
-static pp_status load_floats(const pp_safetensors *f, const char *path, const char *name, float *dst, int64_t n,
-                             int ndim, const int64_t *shape) {
-    const pp_tensor *t = pp_safetensors_find(f, name);
-    if (!t) return pp_error(PP_ERR_NOT_FOUND, "%s: no tensor '%s' (the stage has it)", path, name);
-    int same = t->dtype == PP_F32 && pp_tensor_numel(t) == n && (ndim < 0 || t->ndim == ndim);
-    for (int d = 0; same && ndim >= 0 && d < ndim; d++) same = t->shape[d] == shape[d];
-    if (!same)
-        return pp_error(PP_ERR_SHAPE, "%s: tensor '%s' is %s with %lld elements; the stage's is float32 with %lld", path,
-                        name, pp_dtype_name(t->dtype), (long long)pp_tensor_numel(t), (long long)n);
-    if (n && dst) memcpy(dst, t->data, (size_t)n * sizeof(float));
     return PP_OK;
 }
 
@@ -361,9 +353,10 @@ pp_status pp_checkpoint_read_file(const char *path, pp_safetensors **out) {
     snprintf(want, sizeof want, "%016" PRIx64,
              file_hash(f->n, (const char *const *)f->names, f->tensors, f->n_meta, (const char *const *)f->meta_keys,
                        (const char *const *)f->meta_values));
-    pp_status s = check_meta(f, path, "pippin.format", "checkpoint");
-    if (s == PP_OK) s = check_meta(f, path, "pippin.hash", NULL);
-    if (s == PP_OK && check_meta(f, path, "pippin.hash", want) != PP_OK)
+    const char *hash = pp_safetensors_meta(f, "pippin.hash");
+    pp_status s = check_meta(pp_safetensors_meta(f, "pippin.format"), path, "pippin.format", "checkpoint");
+    if (s == PP_OK) s = check_meta(hash, path, "pippin.hash", NULL);
+    if (s == PP_OK && strcmp(hash, want) != 0)
         s = pp_error(PP_ERR_INVALID, "%s: the contents' hash differs from the one recorded: the file is damaged", path);
     if (s != PP_OK) {
         pp_safetensors_free(f);
@@ -373,71 +366,160 @@ pp_status pp_checkpoint_read_file(const char *path, pp_safetensors **out) {
     return PP_OK;
 }
 
-static pp_status load_file(const pp_safetensors *f, const char *path, int64_t step, pp_stage *st, pp_optim *opt) {
-    pp_flat_params none = {0}, *fp = pp_stage_params(st);
-    if (!fp) {
-        fp = &none;
-        opt = NULL;
-    }
-    char want[32];
-    snprintf(want, sizeof want, "%" PRId64, step);
-    PP_TRY(check_meta(f, path, "pippin.step", want));
-    snprintf(want, sizeof want, "%d", pp_stage_index(st));
-    PP_TRY(check_meta(f, path, "pippin.stage", want));
-    int n_opt = opt ? pp_optim_state(opt, -1, NULL, NULL) : 0;
-    int64_t opt_steps = 0;
-    if (opt) {
-        const char *kind = pp_optim_kind_name(pp_optim_get_config(opt)->kind);
-        if (check_meta(f, path, "pippin.optimizer", kind) != PP_OK)
-            return pp_error(PP_ERR_INVALID, "%s: saved with optimizer '%s', this run uses %s", path,
-                            pp_safetensors_meta(f, "pippin.optimizer") ? pp_safetensors_meta(f, "pippin.optimizer") : "?",
-                            kind);
-        PP_TRY(meta_int(f, path, "pippin.optimizer_steps", &opt_steps));
-    }
-    for (int i = 0; i < f->n; i++) {
-        if (strncmp(f->names[i], OPTIM_PREFIX, strlen(OPTIM_PREFIX)) == 0) continue;
-        int k = 0, j = 0;
-        while (k < fp->n && strcmp(fp->names[k], f->names[i]) != 0) k++;
-        while (j < pp_stage_n_state(st) && strcmp(pp_stage_state_name(st, j), f->names[i]) != 0) j++;
-        if (k == fp->n && j == pp_stage_n_state(st)) return pp_error(PP_ERR_INVALID, "%s: holds parameter '%s', which stage %d does not have", path,
-                                        f->names[i], pp_stage_index(st));
-    }
-    for (int i = 0; i < pp_stage_n_state(st); i++)
-        if (!pp_safetensors_find(f, pp_stage_state_name(st, i)))
-            return pp_error(PP_ERR_NOT_FOUND, "%s: no running statistics '%s' for stage %d: the checkpoint was written "
-                            "before pippin kept BatchNormalization state (or by another model)", path,
-                            pp_stage_state_name(st, i), pp_stage_index(st));
-    for (int copy = 0; copy < 2; copy++) { /* check all, then copy: a refused file leaves the stage as it was */
-        for (int i = 0; i < fp->n; i++)
-            PP_TRY(load_floats(f, path, fp->names[i], copy ? fp->data + fp->offset[i] : NULL, fp->numel[i],
-                               fp->ndims[i], fp->shapes + (size_t)i * PP_MAX_DIMS));
+/* Where entry e of a stage file goes: the stage's parameter, optimizer
+ * buffer or running statistics of its name, as n floats of this shape
+ * (ndim < 0: any); *dst NULL when this stage has no such tensor. */
+typedef struct target {
+    float *dst;
+    int64_t n;
+    int ndim;
+    const int64_t *shape;
+} target;
+
+static target target_of(const char *name, pp_stage *st, pp_flat_params *fp, pp_optim *opt) {
+    target t = {0};
+    if (strncmp(name, OPTIM_PREFIX, strlen(OPTIM_PREFIX)) == 0) {
+        int n_opt = opt ? pp_optim_state(opt, -1, NULL, NULL) : 0;
         for (int i = 0; i < n_opt; i++) {
             const char *bname;
             float *buf;
             pp_optim_state(opt, i, &bname, &buf);
-            char name[256];
-            snprintf(name, sizeof name, OPTIM_PREFIX "%s", bname);
-            PP_TRY(load_floats(f, path, name, copy ? buf : NULL, fp->total, -1, NULL));
+            if (strcmp(name + strlen(OPTIM_PREFIX), bname) == 0) return (target){buf, fp->total, -1, NULL};
         }
-        for (int i = 0; i < pp_stage_n_state(st); i++) {
-            pp_tensor *t = pp_stage_state_tensor(st, i);
-            if (t->dtype != PP_F32)
-                return pp_error(PP_ERR_UNSUPPORTED, "%s: state '%s' is %s (float32 only)", path,
-                                pp_stage_state_name(st, i), pp_dtype_name(t->dtype));
-            PP_TRY(load_floats(f, path, pp_stage_state_name(st, i), copy ? t->data : NULL, pp_tensor_numel(t),
-                               t->ndim, t->shape));
+        return t;
+    }
+    int k = pp_flat_params_find(fp, name);
+    if (k >= 0) return (target){fp->data + fp->offset[k], fp->numel[k], fp->ndims[k], fp->shapes + (size_t)k * PP_MAX_DIMS};
+    for (int j = 0; j < pp_stage_n_state(st); j++)
+        if (strcmp(pp_stage_state_name(st, j), name) == 0) {
+            pp_tensor *x = pp_stage_state_tensor(st, j);
+            return (target){x->dtype == PP_F32 ? x->data : NULL, pp_tensor_numel(x), x->ndim, x->shape};
+        }
+    return t;
+}
+
+/* Checks the file's tensor `name` against n floats of this shape (ndim < 0: any). */
+static pp_status check_floats(const pp_safetensors_index *ix, const char *name, int64_t n, int ndim, const int64_t *shape) {
+    const pp_safetensors_entry *e = NULL;
+    for (int i = 0; i < ix->n && !e; i++)
+        if (strcmp(ix->entries[i].name, name) == 0) e = &ix->entries[i];
+    if (!e) return pp_error(PP_ERR_NOT_FOUND, "%s: no tensor '%s' (the stage has it)", ix->name, name);
+    int64_t numel = 1;
+    for (int d = 0; d < e->ndim; d++) numel *= e->shape[d];
+    int same = e->dtype == PP_F32 && numel == n && (ndim < 0 || e->ndim == ndim);
+    for (int d = 0; same && ndim >= 0 && d < ndim; d++) same = e->shape[d] == shape[d];
+    if (!same)
+        return pp_error(PP_ERR_SHAPE, "%s: tensor '%s' is %s with %lld elements; the stage's is float32 with %lld", ix->name,
+                        name, pp_dtype_name(e->dtype), (long long)numel, (long long)n);
+    return PP_OK;
+}
+
+/* Everything that needs no tensor data: step, stage, optimizer, and every
+ * tensor's name, dtype and shape against the stage's. A file refused here
+ * leaves the stage as it was. */
+static pp_status check_index(const pp_safetensors_index *ix, int64_t step, pp_stage *st, pp_flat_params *fp,
+                             pp_optim *opt, int64_t *opt_steps) {
+    const char *path = ix->name;
+    char want[32];
+    PP_TRY(check_meta(pp_safetensors_index_meta(ix, "pippin.format"), path, "pippin.format", "checkpoint"));
+    PP_TRY(check_meta(pp_safetensors_index_meta(ix, "pippin.hash"), path, "pippin.hash", NULL));
+    snprintf(want, sizeof want, "%" PRId64, step);
+    PP_TRY(check_meta(pp_safetensors_index_meta(ix, "pippin.step"), path, "pippin.step", want));
+    snprintf(want, sizeof want, "%d", pp_stage_index(st));
+    PP_TRY(check_meta(pp_safetensors_index_meta(ix, "pippin.stage"), path, "pippin.stage", want));
+    int n_opt = opt ? pp_optim_state(opt, -1, NULL, NULL) : 0;
+    if (opt) {
+        const char *kind = pp_optim_kind_name(pp_optim_get_config(opt)->kind);
+        const char *saved = pp_safetensors_index_meta(ix, "pippin.optimizer");
+        if (check_meta(saved, path, "pippin.optimizer", kind) != PP_OK)
+            return pp_error(PP_ERR_INVALID, "%s: saved with optimizer '%s', this run uses %s", path, saved ? saved : "?",
+                            kind);
+        PP_TRY(meta_int(pp_safetensors_index_meta(ix, "pippin.optimizer_steps"), path, "pippin.optimizer_steps", opt_steps));
+    }
+    for (int i = 0; i < ix->n; i++) {
+        const char *name = ix->entries[i].name;
+        if (strncmp(name, OPTIM_PREFIX, strlen(OPTIM_PREFIX)) == 0) continue;
+        int j = 0;
+        while (j < pp_stage_n_state(st) && strcmp(pp_stage_state_name(st, j), name) != 0) j++;
+        if (pp_flat_params_find(fp, name) < 0 && j == pp_stage_n_state(st))
+            return pp_error(PP_ERR_INVALID, "%s: holds parameter '%s', which stage %d does not have", path, name,
+                            pp_stage_index(st));
+    }
+    for (int i = 0; i < pp_stage_n_state(st); i++) {
+        const char *name = pp_stage_state_name(st, i);
+        int found = 0;
+        for (int k = 0; k < ix->n && !found; k++) found = strcmp(ix->entries[k].name, name) == 0;
+        if (!found)
+            return pp_error(PP_ERR_NOT_FOUND, "%s: no running statistics '%s' for stage %d: the checkpoint was written "
+                            "before pippin kept BatchNormalization state (or by another model)", path, name,
+                            pp_stage_index(st));
+    }
+    for (int i = 0; i < fp->n; i++)
+        PP_TRY(check_floats(ix, fp->names[i], fp->numel[i], fp->ndims[i], fp->shapes + (size_t)i * PP_MAX_DIMS));
+    for (int i = 0; i < n_opt; i++) {
+        const char *bname;
+        float *buf;
+        pp_optim_state(opt, i, &bname, &buf);
+        char name[256];
+        snprintf(name, sizeof name, OPTIM_PREFIX "%s", bname);
+        PP_TRY(check_floats(ix, name, fp->total, -1, NULL));
+    }
+    for (int i = 0; i < pp_stage_n_state(st); i++) {
+        pp_tensor *t = pp_stage_state_tensor(st, i);
+        if (t->dtype != PP_F32)
+            return pp_error(PP_ERR_UNSUPPORTED, "%s: state '%s' is %s (float32 only)", path, pp_stage_state_name(st, i),
+                            pp_dtype_name(t->dtype));
+        PP_TRY(check_floats(ix, pp_stage_state_name(st, i), pp_tensor_numel(t), t->ndim, t->shape));
+    }
+    return PP_OK;
+}
+
+/* Reads every tensor of the file once, in file order, straight into its
+ * place in the stage (a tensor this stage has no place for, such as
+ * optimizer state when opt is NULL, through a buffer of its own), hashing
+ * each as it comes, and compares the hash with the recorded one. */
+static pp_status read_into_stage(const pp_safetensors_index *ix, pp_stage *st, pp_flat_params *fp, pp_optim *opt) {
+    uint64_t h = PP_HASH64_SEED;
+    for (int i = 0; i < ix->n; i++) {
+        const pp_safetensors_entry *e = &ix->entries[i];
+        target t = target_of(e->name, st, fp, opt);
+        void *dst = t.dst, *own = NULL;
+        if (!dst && !(dst = own = malloc(e->nbytes ? e->nbytes : 1)))
+            return pp_error(PP_ERR_NOMEM, "%s: tensor '%s': out of memory", ix->name, e->name);
+        pp_status s = pp_safetensors_index_read(ix, i, dst);
+        if (s == PP_OK) h = hash_tensor(h, e->name, dst, e->nbytes);
+        free(own);
+        if (s != PP_OK) {
+            char why[1024];
+            snprintf(why, sizeof why, "%s", pp_last_error()); /* pp_error writes over it */
+            return pp_error(s, "%s (stage %d's parameters are now partly overwritten: do not train on)", why,
+                            pp_stage_index(st));
         }
     }
-    if (opt) pp_optim_set_steps(opt, opt_steps);
+    h = hash_meta(h, ix->n_meta, (const char *const *)ix->meta_keys, (const char *const *)ix->meta_values);
+    char got[32];
+    snprintf(got, sizeof got, "%016" PRIx64, h);
+    if (strcmp(got, pp_safetensors_index_meta(ix, "pippin.hash")) != 0)
+        return pp_error(PP_ERR_INVALID, "%s: the contents' hash differs from the one recorded: the file is damaged "
+                        "(stage %d's parameters are now partly overwritten: do not train on)", ix->name,
+                        pp_stage_index(st));
     return PP_OK;
 }
 
 pp_status pp_checkpoint_load_stage(const char *dir, int64_t step, pp_stage *st, pp_optim *opt) {
     char path[4200];
     pp_checkpoint_stage_path(dir, step, pp_stage_index(st), path, sizeof path);
-    pp_safetensors *f;
-    PP_TRY(pp_checkpoint_read_file(path, &f));
-    pp_status s = load_file(f, path, step, st, opt);
-    pp_safetensors_free(f);
+    pp_flat_params none = {0}, *fp = pp_stage_params(st);
+    if (!fp) {
+        fp = &none;
+        opt = NULL;
+    }
+    pp_safetensors_index *ix;
+    PP_TRY(pp_safetensors_index_open(path, &ix));
+    int64_t opt_steps = 0;
+    pp_status s = check_index(ix, step, st, fp, opt, &opt_steps);
+    if (s == PP_OK) s = read_into_stage(ix, st, fp, opt);
+    if (s == PP_OK && opt) pp_optim_set_steps(opt, opt_steps);
+    pp_safetensors_index_free(ix);
     return s;
 }

@@ -2,6 +2,7 @@
 #include "pippin/params.h"
 
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,14 +14,15 @@
  * every view made of it are gone. */
 typedef struct block {
     atomic_int refs;
-    float *mem;
+    void *raw;  /* what calloc gave */
+    float *mem; /* raw rounded up to 64 bytes */
 } block;
 
 static void block_unref(void *data, void *hint) {
     (void)data;
     block *b = hint;
     if (atomic_fetch_sub(&b->refs, 1) == 1) {
-        free(b->mem);
+        free(b->raw);
         free(b);
     }
 }
@@ -125,16 +127,18 @@ pp_status pp_flat_params_new(pp_graph *g, int n, const int *values, pp_flat_para
     free(b);
     block *blk = fp->block;
     if (s == PP_OK) {
+        /* calloc, not aligned_alloc and memset: a large block comes as
+         * fresh zero pages, so the gradients cost no memory until a
+         * backward writes them (never, for `inspect`) */
         size_t bytes = sizeof(float) * (size_t)(2 * fp->total + ALIGN_ELEMS);
-        blk->mem = aligned_alloc(64, (bytes + 63) / 64 * 64);
-        if (!blk->mem) s = pp_error(PP_ERR_NOMEM, "out of memory for %lld parameters",
-                                    (long long)fp->total);
+        blk->raw = calloc(1, bytes + 64);
+        if (!blk->raw) s = pp_error(PP_ERR_NOMEM, "out of memory for %lld parameters", (long long)fp->total);
+        else blk->mem = (float *)(((uintptr_t)blk->raw + 63) / 64 * 64);
     }
     if (s != PP_OK) {
         pp_flat_params_free(fp);
         return s;
     }
-    memset(blk->mem, 0, sizeof(float) * (size_t)(2 * fp->total));
     fp->data = blk->mem;
     fp->grad = blk->mem + fp->total;
     /* Copy each parameter in, then point the graph at the view. */

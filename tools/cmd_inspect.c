@@ -215,6 +215,8 @@ static int print_stages(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, jso
     int64_t *nodes = calloc((size_t)n, sizeof *nodes), *pbytes = calloc((size_t)n, sizeof *pbytes);
     int64_t *stash = calloc((size_t)n, sizeof *stash), *rstash = calloc((size_t)n, sizeof *rstash);
     int64_t *plan = calloc((size_t)n, sizeof *plan), *plan_fixed = calloc((size_t)n, sizeof *plan_fixed);
+    /* each phase's plan: per sample [s * PP_PHASES + p], fixed after them */
+    int64_t *phases = calloc((size_t)n * 2 * PP_PHASES, sizeof *phases);
     for (int s = 0; s < n; s++) {
         nodes[s] = p->stages[s]->n_nodes;
         pp_graph_param_stats(p->stages[s], NULL, &pbytes[s]);
@@ -228,8 +230,11 @@ static int print_stages(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, jso
             if (pp_stage_recompute_stash_per_sample_dims(st, ds->batch, ds->n, (const char *const *)ds->dims,
                                                          &rstash[s]) != PP_OK)
                 rstash[s] = -1;
-            if (pp_stage_plan_per_sample_dims(st, ds->batch, ds->n, (const char *const *)ds->dims, &plan[s],
-                                              &plan_fixed[s]) != PP_OK)
+            int64_t *per = phases + (size_t)s * 2 * PP_PHASES, *fixed = per + PP_PHASES;
+            if (pp_stage_plan_phases_per_sample_dims(st, ds->batch, ds->n, (const char *const *)ds->dims, per,
+                                                     fixed) == PP_OK)
+                pp_backward_plan_bound(per, fixed, &plan[s], &plan_fixed[s]);
+            else
                 plan[s] = plan_fixed[s] = -1;
         }
         pp_stage_free(st);
@@ -246,6 +251,17 @@ static int print_stages(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, jso
                                    rstash[s] >= 0 ? json_object_new_int64(rstash[s]) : NULL);
             json_object_object_add(o, "plan_bytes_per_sample", plan[s] >= 0 ? json_object_new_int64(plan[s]) : NULL);
             json_object_object_add(o, "plan_fixed_bytes", plan[s] >= 0 ? json_object_new_int64(plan_fixed[s]) : NULL);
+            json_object *ph = plan[s] >= 0 ? json_object_new_object() : NULL;
+            static const char *const phase_names[PP_PHASES] = {"F", "I", "W"};
+            for (int p = 0; ph && p < PP_PHASES; p++) {
+                json_object *po = json_object_new_object();
+                json_object_object_add(po, "bytes_per_sample",
+                                       json_object_new_int64(phases[(size_t)s * 2 * PP_PHASES + (size_t)p]));
+                json_object_object_add(po, "fixed_bytes",
+                                       json_object_new_int64(phases[(size_t)s * 2 * PP_PHASES + PP_PHASES + (size_t)p]));
+                json_object_object_add(ph, phase_names[p], po);
+            }
+            json_object_object_add(o, "plan_phases", ph);
             json_object_array_add(arr, o);
         }
         json_object_object_add(root, "stages", arr);
@@ -262,18 +278,20 @@ static int print_stages(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, jso
         json_object_put(pj);
         print_dim_sizes(ds, json);
     } else {
-        char a[32], b[32], c[32], d[32];
-        printf("stages: %d\n  %-6s %6s %12s %16s %18s %14s\n", n, "stage", "nodes", "parameters", "stash/sample",
-               "recompute/sample", "plan/sample");
+        char a[32], b[32], c[32], d[32], f[32];
+        printf("stages: %d\n  %-6s %6s %12s %16s %18s %14s %12s\n", n, "stage", "nodes", "parameters", "stash/sample",
+               "recompute/sample", "plan/sample", "plan fixed");
         for (int s = 0; s < n; s++) {
             human_bytes(pbytes[s], a, sizeof a);
             human_bytes(stash[s], b, sizeof b);
             human_bytes(rstash[s], c, sizeof c);
             human_bytes(plan[s], d, sizeof d);
-            printf("  %-6d %6lld %12s %16s %18s %14s\n", s, (long long)nodes[s], a, b, c, d);
+            human_bytes(plan[s] >= 0 ? plan_fixed[s] : -1, f, sizeof f);
+            printf("  %-6d %6lld %12s %16s %18s %14s %12s\n", s, (long long)nodes[s], a, b, c, d, f);
         }
-        printf("plan: the largest memory plan of a stage's F, I and W (buffers living and dying inside one "
-               "run, reused by liveness)\n");
+        printf("plan: memory plans of a stage's F, I and W (buffers living and dying inside one run, reused by "
+               "liveness; W's hold the parameter gradients): plan/sample x batch + plan fixed covers each "
+               "(--json: \"plan_phases\", each apart)\n");
         printf("edges (bytes per sample):\n");
         for (int e = 0; e < p->n_edges; e++) {
             const pp_pipe_edge *ed = &p->edges[e];
@@ -301,6 +319,7 @@ static int print_stages(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, jso
     free(rstash);
     free(plan);
     free(plan_fixed);
+    free(phases);
     pp_pipe_free(p);
     return rc;
 }
@@ -324,7 +343,7 @@ static int print_backward(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, c
     int64_t rper = 0; /* recompute: F keeps the inputs */
     int rhave = pp_backward_input_bytes_per_sample_dims(g, b, ds->batch, ds->n, (const char *const *)ds->dims,
                                                         &rper, NULL) == PP_OK;
-    int64_t plan = 0, plan_fixed = 0; /* the largest memory plan of F, I and W */
+    int64_t plan = 0, plan_fixed = 0; /* covers the memory plans of F, I and W */
     int phave = pp_backward_plan_per_sample_dims(g, b, ds->batch, ds->n, (const char *const *)ds->dims, &plan,
                                                  &plan_fixed) == PP_OK;
     json_object *o = json ? json_object_new_object() : NULL;
@@ -349,7 +368,7 @@ static int print_backward(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, c
             char pa[32], pf[32];
             human_bytes(plan, pa, sizeof pa);
             human_bytes(plan_fixed, pf, sizeof pf);
-            printf("memory plan (the largest of F, I and W): %s per sample + %s\n", pa, pf);
+            printf("memory plan (covers each of F, I and W): %s per sample + %s\n", pa, pf);
         }
     }
     if (out_path) {

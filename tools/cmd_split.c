@@ -91,7 +91,8 @@ int cmd_split(int argc, char **argv) {
     int rc = 1;
     if (pp_split_args_load(&sa, argv[optind], &g) != PP_OK) goto done;
     pp_split_spec spec = pp_split_args_spec(&sa);
-    if (pp_pipe_split(g, &spec, &p) != PP_OK) goto done;
+    /* the stages take g's weights (g is only freed after): the model is not held twice */
+    if (pp_pipe_split_take(g, &spec, &p) != PP_OK) goto done;
     if (pp_pipe_probe_shapes(p, sa.n_dims, sa.dims) != PP_OK) goto done;
     if (pp_pipe_save_with(p, out_dir, &save) != PP_OK) goto done;
     printf("%d stages, %d edges, %d shared parameters -> %s/pipe.json\n", p->n_stages, p->n_edges,

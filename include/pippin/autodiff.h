@@ -147,9 +147,17 @@ PP_API pp_status pp_autodiff_model(pp_graph *g, const char *loss_name, int wrt_f
  * g->inputs[i] for the inputs that existed before pp_autodiff). */
 PP_API pp_status pp_backward_stash_bytes(pp_graph *g, const pp_backward *b, pp_tensor *const *inputs,
                                   int64_t *bytes);
-/* The largest memory plan (pippin/exec.h: the arena that holds the buffers
- * living and dying inside one run) of F, I and W on the given inputs, with
- * output gradients of zeros. */
+/* The phases of a backward, as the memory plan reports them apart. */
+enum { PP_PHASE_F, PP_PHASE_I, PP_PHASE_W, PP_PHASES };
+
+/* The memory plan (pippin/exec.h: the arena that holds the buffers living
+ * and dying inside one run) of each of F, I and W on the given inputs, with
+ * output gradients of zeros, run as a pipeline stage runs them: W hands
+ * each parameter's gradient over as soon as it is made (the stage adds it
+ * into its flat buffer), so W's plan holds the parameter gradients. */
+PP_API pp_status pp_backward_plan_phase_bytes(pp_graph *g, const pp_backward *b, pp_tensor *const *inputs,
+                                              int64_t bytes[PP_PHASES]);
+/* The largest of the three. */
 PP_API pp_status pp_backward_plan_bytes(pp_graph *g, const pp_backward *b, pp_tensor *const *inputs,
                                         int64_t *bytes);
 /* Stashed bytes per sample: runs the forward on zero inputs with a batch
@@ -173,11 +181,22 @@ PP_API pp_status pp_backward_input_bytes_per_sample_dims(pp_graph *g, const pp_b
                                                   const char *batch_name, int n_dims,
                                                   const char *const *dims, int64_t *per_sample,
                                                   int64_t *fixed);
-/* The same for the largest memory plan of F, I and W
- * (pp_backward_plan_bytes): its bytes per sample and (fixed) at no batch. */
+/* The same for each phase's memory plan (pp_backward_plan_phase_bytes):
+ * its bytes per sample and (fixed) at no batch, phase by phase (W's fixed
+ * part holds the parameter gradients, F's is small: taking the largest
+ * plan at two batch sizes mixed phases). */
+PP_API pp_status pp_backward_plan_phases_per_sample_dims(pp_graph *g, const pp_backward *b, const char *batch_name,
+                                                         int n_dims, const char *const *dims,
+                                                         int64_t per_sample[PP_PHASES], int64_t fixed[PP_PHASES]);
+/* A bound on the memory plan of F, I and W at any batch B: per_sample * B +
+ * fixed is at least every phase's plan (per_sample: the largest of the
+ * phases' per-sample bytes, fixed: the largest of their fixed bytes). */
 PP_API pp_status pp_backward_plan_per_sample_dims(pp_graph *g, const pp_backward *b, const char *batch_name,
                                                   int n_dims, const char *const *dims, int64_t *per_sample,
                                                   int64_t *fixed);
+/* That bound from the phases' figures. */
+PP_API void pp_backward_plan_bound(const int64_t per_sample[PP_PHASES], const int64_t fixed[PP_PHASES],
+                                   int64_t *bound_per_sample, int64_t *bound_fixed);
 
 /* Keep masks (one byte per graph value, caller frees) for running the
  * regions apart with pp_exec_run_nodes: keep_f after F (stash and graph

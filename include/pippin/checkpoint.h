@@ -48,7 +48,12 @@ PP_API pp_status pp_checkpoint_commit(const char *dir, int64_t step, int n_stage
 PP_API pp_status pp_checkpoint_latest(const char *dir, int64_t *step);
 /* Restores stage st (and opt, may be NULL) from step's file: the file's
  * step, stage, hash, parameter names, shapes and optimizer must match;
- * errors name the file and what differs. */
+ * errors name the file and what differs. Each tensor is read once,
+ * straight into the stage's parameters and optimizer state (the file is
+ * never held in memory). A file refused for its header (another step,
+ * stage, model or optimizer) leaves the stage as it was; one found damaged
+ * or cut short while it is read (hash mismatch, a short read) leaves the
+ * stage partly overwritten, and the error says so. */
 PP_API pp_status pp_checkpoint_load_stage(const char *dir, int64_t step, pp_stage *st, pp_optim *opt);
 /* Removes every step directory of dir whose step is below `before`
  * (manifest first, so a half-removed step is never taken for committed). */

@@ -37,6 +37,10 @@ typedef struct pp_safetensors {
  * F32 F64 F16 BF16 I64 I32 I8 U8 BOOL. */
 PP_API pp_status pp_safetensors_save(const char *path, int n, const char *const *names, pp_tensor *const *tensors,
                                      int n_meta, const char *const *meta_keys, const char *const *meta_values);
+/* Reads the header, then each tensor once, straight into its own tensor
+ * (the file is never held whole). Offsets are checked against the file's
+ * size; a file cut short while it is read gives PP_ERR_IO naming the file
+ * and the tensor. */
 PP_API pp_status pp_safetensors_load(const char *path, pp_safetensors **out);
 /* Parses a file image in memory; name is used in messages. Every offset,
  * shape and dtype is checked before a tensor is built. */

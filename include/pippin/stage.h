@@ -104,11 +104,18 @@ PP_API pp_status pp_stage_stash_per_sample(pp_stage *st, int64_t other_dims, int
 PP_API pp_status pp_stage_stash_per_sample_dims(pp_stage *st, const char *batch_name, int n_dims,
                                          const char *const *dims, int64_t *per_sample);
 
-/* The stage's largest memory plan (pippin/exec.h) of F, I and W per sample
- * and at no batch (fixed, may be NULL), sized as
- * pp_stage_stash_per_sample_dims sizes the stash. Training stages only. */
+/* A bound on the stage's memory plans (pippin/exec.h) of F, I and W:
+ * per_sample * B + fixed (may be NULL) covers each phase's plan at batch B
+ * (pp_backward_plan_per_sample_dims; W's holds the parameter gradients),
+ * sized as pp_stage_stash_per_sample_dims sizes the stash. Training stages
+ * only. */
 PP_API pp_status pp_stage_plan_per_sample_dims(pp_stage *st, const char *batch_name, int n_dims,
                                                const char *const *dims, int64_t *per_sample, int64_t *fixed);
+/* Each phase's plan apart (pp_backward_plan_phases_per_sample_dims),
+ * indexed by PP_PHASE_F, _I, _W (pippin/autodiff.h). */
+PP_API pp_status pp_stage_plan_phases_per_sample_dims(pp_stage *st, const char *batch_name, int n_dims,
+                                                      const char *const *dims, int64_t *per_sample,
+                                                      int64_t *fixed);
 
 /* Activation recomputation (on != 0; training stages only): the forward
  * keeps only the stage's inputs for each microbatch, and runs again right

@@ -292,6 +292,46 @@ static void test_gpt_training_same_bits_and_reuse(void **state) {
     pp_graph_free(g);
 }
 
+/* W's plan holds the parameter gradients: a stage hands each over as soon
+ * as W makes it (adding it into its flat buffer), so it is a buffer living
+ * and dying inside W's run. Measured without that hand-over, the gradients
+ * stayed alive to the run's end and W's plan left them out (issue 14: W's
+ * fixed part was 0 here). The figures are computed from the model alone:
+ * the largest parameter's bytes and all of them, gradients that no batch
+ * size changes. */
+static void test_plan_covers_parameter_gradients(void **state) {
+    (void)state;
+    pp_graph *g = tu_fixture_onnx("mlp", "model_nosplit.onnx");
+    pp_backward *b = NULL;
+    TU_OK(pp_autodiff_model(g, NULL, 0, &b)); /* I empty: W holds 11 nodes, enough to be planned */
+    int64_t largest = 0, all = 0; /* all: every gradient at once, in the plan's 64-byte steps */
+    for (int i = 0; i < b->n_params; i++) {
+        const pp_tensor *p = g->values[b->params[i]].data;
+        if (b->param_grads[i] < 0) continue;
+        if ((int64_t)p->nbytes > largest) largest = (int64_t)p->nbytes;
+        all += ((int64_t)p->nbytes + 63) / 64 * 64;
+    }
+    assert_true(largest >= 1024); /* a gradient worth planning */
+    int64_t per[PP_PHASES], fixed[PP_PHASES];
+    TU_OK(pp_backward_plan_phases_per_sample_dims(g, b, NULL, 0, NULL, per, fixed));
+    print_message("# mlp fixture: F %lld/sample + %lld, I %lld + %lld, W %lld + %lld; largest parameter %lld bytes\n",
+                  (long long)per[0], (long long)fixed[0], (long long)per[1], (long long)fixed[1], (long long)per[2],
+                  (long long)fixed[2], (long long)largest);
+    /* the gradients, whatever the batch: the largest at least (0 when W
+     * kept them all to its end), never more than all of them */
+    assert_true(fixed[PP_PHASE_W] >= largest);
+    assert_true(fixed[PP_PHASE_W] <= all);
+    int64_t bound_per, bound_fixed;
+    TU_OK(pp_backward_plan_per_sample_dims(g, b, NULL, 0, NULL, &bound_per, &bound_fixed));
+    for (int p = 0; p < PP_PHASES; p++) { /* the reported bound covers each phase at batch 1 and 2 */
+        assert_true(bound_per + bound_fixed >= per[p] + fixed[p]);
+        assert_true(2 * bound_per + bound_fixed >= 2 * per[p] + fixed[p]);
+    }
+    assert_true(bound_fixed >= largest);
+    pp_backward_free(b);
+    pp_graph_free(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_slot_reused_only_when_free),
@@ -300,6 +340,7 @@ int main(void) {
         cmocka_unit_test(test_failed_recording_makes_no_plan),
         cmocka_unit_test(test_two_consumers_same_bits),
         cmocka_unit_test(test_gpt_training_same_bits_and_reuse),
+        cmocka_unit_test(test_plan_covers_parameter_gradients),
     };
     tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);

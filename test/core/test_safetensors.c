@@ -4,7 +4,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include "pippin/log.h"
 
 #include "pippin/safetensors.h"
 #include "test_util.h"
@@ -183,11 +186,52 @@ static void test_malformed(void **state) {
     assert_int_equal(pp_safetensors_load("/nonexistent/x.safetensors", &st), PP_ERR_IO);
 }
 
+/* Another process cutting the file once its header has been read (the
+ * loader logs that at debug level): each tensor is read with pread into
+ * its own tensor, so the one past the new end comes back short, an error
+ * naming the file and the tensor. */
+static void truncate_after_header(pp_log_level level, const char *msg, void *user) {
+    (void)level;
+    if (!strstr(msg, "header read")) return;
+    struct stat st;
+    if (stat(user, &st) == 0 && truncate(user, st.st_size - 4) != 0) fail_msg("truncate %s", (const char *)user);
+}
+
+static void test_truncated_while_loading(void **state) {
+    (void)state;
+    pp_tensor *a, *b;
+    assert_int_equal(pp_tensor_new(PP_F32, 1, (int64_t[]){4}, &a), PP_OK);
+    assert_int_equal(pp_tensor_new(PP_F32, 1, (int64_t[]){4}, &b), PP_OK);
+    char path[300];
+    snprintf(path, sizeof path, "%s/cut.safetensors", tmpdir);
+    const char *names[] = {"a", "b"};
+    pp_tensor *ts[] = {a, b};
+    assert_int_equal(pp_safetensors_save(path, 2, names, ts, 0, NULL, NULL), PP_OK);
+    pp_log_set_level(PP_LOG_DEBUG);
+    pp_log_set_handler(truncate_after_header, path);
+    pp_safetensors *st = (pp_safetensors *)1;
+    pp_status s = pp_safetensors_load(path, &st);
+    pp_log_set_handler(NULL, NULL);
+    pp_log_set_level(PP_LOG_ERROR);
+    assert_int_equal(s, PP_ERR_IO);
+    assert_null(st);
+    if (!strstr(pp_last_error(), path) || !strstr(pp_last_error(), "tensor 'b': expected 16 bytes at offset") ||
+        !strstr(pp_last_error(), "got 12"))
+        fail_msg("unexpected error: %s", pp_last_error());
+    /* cut before the load: b's offsets pass the end of the data */
+    assert_int_equal(pp_safetensors_load(path, &st), PP_ERR_PARSE);
+    if (!strstr(pp_last_error(), path) || !strstr(pp_last_error(), "tensor 'b'"))
+        fail_msg("unexpected error: %s", pp_last_error());
+    pp_tensor_free(a);
+    pp_tensor_free(b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_spec_layout),
         cmocka_unit_test(test_malformed),
+        cmocka_unit_test(test_truncated_while_loading),
     };
     tu_filter_from_env();
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -116,7 +116,8 @@ if "$PIPPIN" train "$@" --steps 2 --checkpoint "$ck" --checkpoint-every 1 >/dev/
     done
     if "$PIPPIN" train "$@" --steps 3 --checkpoint "$ck" --resume >/dev/null 2>"$tmp/err"; then
         echo "not ok $n - a negative optimizer step count in a checkpoint was accepted"
-    elif grep -q "stage_0.safetensors: the contents' hash differs from the one recorded" "$tmp/err"; then
+    elif grep -q "stage_0.safetensors: pippin.optimizer_steps is '-3', not a count" "$tmp/err"; then
+        # the header is checked before any tensor is read into the stage (the hash comes after)
         echo "ok $n - negative optimizer_steps in a checkpoint refused: $(head -c 160 "$tmp/err")"
     else
         echo "not ok $n - negative optimizer_steps: $(cat "$tmp/err")"
