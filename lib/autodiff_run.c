@@ -106,7 +106,10 @@ pp_status pp_backward_stash_bytes(pp_graph *g, const pp_backward *b, pp_tensor *
 }
 
 
-pp_status pp_backward_plan_bytes(pp_graph *g, const pp_backward *b, pp_tensor *const *inputs, int64_t *bytes) {
+/* F, I and W once on inputs, each region's run recorded for its plan:
+ * the largest plan, and the bytes in-place ops did not allocate. */
+static pp_status plan_run(pp_graph *g, const pp_backward *b, pp_tensor *const *inputs, int64_t *plan_bytes,
+                          int64_t *inplace_bytes) {
     pp_exec *ex;
     PP_TRY(pp_exec_new(g, &ex));
     pp_exec_set_memory_plan(ex, 1);
@@ -125,11 +128,22 @@ pp_status pp_backward_plan_bytes(pp_graph *g, const pp_backward *b, pp_tensor *c
     }
     if (s == PP_OK) s = pp_exec_run_nodes(ex, b->i_nodes, b->n_i, env, keep_i);
     if (s == PP_OK) s = pp_exec_run_nodes(ex, b->w_nodes, b->n_w, env, keep_f);
-    if (s == PP_OK) pp_exec_memory_plan(ex, bytes, NULL);
+    if (s == PP_OK) pp_exec_memory_plan(ex, plan_bytes, NULL);
+    if (s == PP_OK) pp_exec_inplace_stats(ex, NULL, inplace_bytes);
     for (int v = 0; env && v < g->n_values; v++) pp_tensor_free(env[v]);
     free(env);
     free(keep_f);
     free(keep_i);
     pp_exec_free(ex);
     return s;
+}
+
+pp_status pp_backward_plan_bytes(pp_graph *g, const pp_backward *b, pp_tensor *const *inputs, int64_t *bytes) {
+    int64_t inplace;
+    return plan_run(g, b, inputs, bytes, &inplace);
+}
+
+pp_status pp_backward_inplace_bytes(pp_graph *g, const pp_backward *b, pp_tensor *const *inputs, int64_t *bytes) {
+    int64_t plan;
+    return plan_run(g, b, inputs, &plan, bytes);
 }

@@ -109,6 +109,10 @@ PP_API pp_status pp_stage_stash_per_sample_dims(pp_stage *st, const char *batch_
  * pp_stage_stash_per_sample_dims sizes the stash. Training stages only. */
 PP_API pp_status pp_stage_plan_per_sample_dims(pp_stage *st, const char *batch_name, int n_dims,
                                                const char *const *dims, int64_t *per_sample, int64_t *fixed);
+/* The same for the bytes in-place elementwise ops do not allocate in F, I
+ * and W (pp_backward_inplace_per_sample_dims). */
+PP_API pp_status pp_stage_inplace_per_sample_dims(pp_stage *st, const char *batch_name, int n_dims,
+                                                  const char *const *dims, int64_t *per_sample, int64_t *fixed);
 
 /* Activation recomputation (on != 0; training stages only): the forward
  * keeps only the stage's inputs for each microbatch, and runs again right
