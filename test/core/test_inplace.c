@@ -73,6 +73,46 @@ static void test_planner_rule(void **state) {
     pp_graph_free(g);
 }
 
+/* The hand-over: only an uninitialised allocation of the donor's dtype and
+ * shape takes the buffer, once per offer; the donor lives until the taker
+ * goes. */
+static void test_take_rules(void **state) {
+    (void)state;
+    pp_tensor *d = tu_f32(2, SHAPE(2, 3), (float[]){1, 2, 3, 4, 5, 6}), *z, *other, *f64, *t, *again;
+    assert_true(pp_inplace_can_donate(d));
+    pp_tensor *view;
+    TU_OK(pp_tensor_view(d, 1, SHAPE(6), &view));
+    assert_false(pp_inplace_can_donate(d));    /* the view holds a reference */
+    assert_false(pp_inplace_can_donate(view)); /* not its own buffer */
+    pp_tensor_free(view);
+    pp_inplace_offer(&d, 1);
+    TU_OK(pp_tensor_new(PP_F32, 2, SHAPE(2, 3), &z)); /* zeroed: would clear the donor */
+    TU_OK(pp_tensor_empty(PP_F32, 2, SHAPE(3, 2), &other));
+    TU_OK(pp_tensor_empty(PP_F64, 2, SHAPE(2, 3), &f64));
+    TU_OK(pp_tensor_empty(PP_F32, 2, SHAPE(2, 3), &t));
+    TU_OK(pp_tensor_empty(PP_F32, 2, SHAPE(2, 3), &again));
+    assert_int_equal(pp_inplace_withdraw(), 6 * sizeof(float));
+    assert_ptr_not_equal(z->data, d->data);
+    assert_ptr_not_equal(other->data, d->data);
+    assert_ptr_not_equal(f64->data, d->data);
+    assert_ptr_equal(t->data, d->data);
+    assert_ptr_not_equal(again->data, d->data);
+    assert_true(((float *)d->data)[5] == 6.0f);
+    assert_true(pp_inplace_can_donate(t) == 0); /* d still in hand: two references to d */
+    pp_tensor_free(d);
+    assert_true(pp_inplace_can_donate(t)); /* t alone holds the buffer now */
+    assert_true(((float *)t->data)[0] == 1.0f);
+    pp_tensor_free(t); /* ASan: the buffer goes back once, here */
+    pp_tensor_free(z);
+    pp_tensor_free(other);
+    pp_tensor_free(f64);
+    pp_tensor_free(again);
+    /* no offer: nothing taken */
+    TU_OK(pp_tensor_empty(PP_F32, 1, SHAPE(4), &t));
+    assert_int_equal(pp_inplace_withdraw(), 0);
+    pp_tensor_free(t);
+}
+
 /* The executor at run time, x [rows, 8], w [8] a parameter:
  *   h = Add(x, w)      x a graph input: a new buffer
  *   r = Relu(h)        in place (h dies)
@@ -372,6 +412,7 @@ static void test_gpt_training_same_bits(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_planner_rule),
+        cmocka_unit_test(test_take_rules),
         cmocka_unit_test(test_runtime_checks_and_same_bits),
         cmocka_unit_test(test_binary_forms_same_bits),
         cmocka_unit_test(test_optimizer_switch),
