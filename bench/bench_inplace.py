@@ -11,7 +11,8 @@ pipelined as the README's memory row runs it (--split-even 2 --schedule
 1f1b --microbatches 4 --batch-size 8 --steps 3, 1 thread), with
 PIPPIN_OPTIMIZE saying all passes or all but "inplace", interleaved; prints
 each run's peak RSS (wait4's ru_maxrss of that child), its largest memory
-plan (from the debug log) and the last loss, which must be the same.
+plan (from the debug log), the last loss, which must be the same, and its
+user CPU time.
 
     /usr/bin/python3 bench/bench_inplace.py MODEL [--rounds 5] [--threads 1]
         [--train-data DIR] [--build build]
@@ -46,7 +47,7 @@ def train(build, model, data, passes):
         sys.exit("pippin train failed:\n" + text[-2000:])
     plans = [int(x) for x in re.findall(r"placed in (\d+)", text)]
     loss = re.findall(r"step \d+: loss ([0-9.]+)", text)
-    return ru.ru_maxrss / 1024.0, max(plans) / 2**20 if plans else 0.0, loss[-1] if loss else "?"
+    return ru.ru_maxrss / 1024.0, max(plans) / 2**20 if plans else 0.0, loss[-1] if loss else "?", ru.ru_utime
 
 
 def main():
@@ -71,9 +72,10 @@ def main():
         rss = {"on": [], "off": []}
         for _ in range(a.rounds):
             for side, passes in (("on", "all"), ("off", NOT_INPLACE)):
-                r, plan, loss = train(a.build, a.model, a.train_data, passes)
+                r, plan, loss, user = train(a.build, a.model, a.train_data, passes)
                 rss[side].append(r)
-                print(f"train, in place {side:3}: peak RSS {r:.1f} MiB, largest plan {plan:.2f} MiB, last loss {loss}")
+                print(f"train, in place {side:3}: peak RSS {r:.1f} MiB, largest plan {plan:.2f} MiB, last loss {loss}, "
+                      f"user CPU {user:.2f} s")
         print(f"train peak RSS in place / not: {statistics.median(rss['on']) / statistics.median(rss['off']):.3f}x")
 
 
