@@ -138,8 +138,11 @@ static pp_status w_masks(const pp_graph *g, const pp_backward *b, uint8_t **keep
     return PP_OK;
 }
 
-pp_status pp_backward_plan_phase_bytes(pp_graph *g, const pp_backward *b, pp_tensor *const *inputs,
-                                       int64_t bytes[PP_PHASES]) {
+/* F, I and W once on inputs, each on its own executor so each phase's
+ * plan is read apart (bytes[p]), and the bytes in-place ops did not
+ * allocate over the three (inplace_bytes, may be NULL). */
+static pp_status plan_phases(pp_graph *g, const pp_backward *b, pp_tensor *const *inputs, int64_t bytes[PP_PHASES],
+                             int64_t *inplace_bytes) {
     /* one executor per phase, so each one's plan is read apart */
     pp_exec *ex[PP_PHASES] = {NULL};
     uint8_t *keep_f = NULL, *keep_i = NULL, *keep_w = NULL, *watch = NULL;
@@ -166,8 +169,12 @@ pp_status pp_backward_plan_phase_bytes(pp_graph *g, const pp_backward *b, pp_ten
         pp_exec_set_value_hook(ex[PP_PHASE_W], watch, drop_gradient, NULL);
         s = pp_exec_run_nodes(ex[PP_PHASE_W], b->w_nodes, b->n_w, env, keep_w);
     }
+    if (inplace_bytes) *inplace_bytes = 0;
     for (int p = 0; p < PP_PHASES; p++) {
         if (s == PP_OK) pp_exec_memory_plan(ex[p], &bytes[p], NULL);
+        int64_t in_place = 0;
+        if (s == PP_OK && inplace_bytes) pp_exec_inplace_stats(ex[p], NULL, &in_place);
+        if (inplace_bytes) *inplace_bytes += in_place;
         pp_exec_free(ex[p]);
     }
     for (int v = 0; env && v < g->n_values; v++) pp_tensor_free(env[v]);
@@ -181,9 +188,19 @@ pp_status pp_backward_plan_phase_bytes(pp_graph *g, const pp_backward *b, pp_ten
 
 pp_status pp_backward_plan_bytes(pp_graph *g, const pp_backward *b, pp_tensor *const *inputs, int64_t *bytes) {
     int64_t phase[PP_PHASES];
-    PP_TRY(pp_backward_plan_phase_bytes(g, b, inputs, phase));
+    PP_TRY(plan_phases(g, b, inputs, phase, NULL));
     *bytes = 0;
     for (int p = 0; p < PP_PHASES; p++)
         if (phase[p] > *bytes) *bytes = phase[p];
     return PP_OK;
+}
+
+pp_status pp_backward_plan_phase_bytes(pp_graph *g, const pp_backward *b, pp_tensor *const *inputs,
+                                       int64_t bytes[PP_PHASES]) {
+    return plan_phases(g, b, inputs, bytes, NULL);
+}
+
+pp_status pp_backward_inplace_bytes(pp_graph *g, const pp_backward *b, pp_tensor *const *inputs, int64_t *bytes) {
+    int64_t phase[PP_PHASES];
+    return plan_phases(g, b, inputs, phase, bytes);
 }

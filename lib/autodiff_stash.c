@@ -42,12 +42,13 @@ static int64_t dim_size(const char *expr, const char *batch_name, int64_t batch,
     return size;
 }
 
-typedef enum { MEASURE_STASH, MEASURE_INPUTS, MEASURE_PLAN } measure;
+typedef enum { MEASURE_STASH, MEASURE_INPUTS, MEASURE_PLAN, MEASURE_INPLACE } measure;
 
-/* What is measured (the stash, the inputs: one figure; the memory plan:
- * one per phase) at batch 1 and 2 with dims sized as above; a dim no size
- * is known for is the batch if it comes first, else `other`. per_sample[k]
- * and fixed[k] (may be NULL) for each figure k. */
+/* What is measured (the stash, the inputs, the bytes in-place ops did
+ * not allocate: one figure; the memory plan: one per phase) at batch 1 and
+ * 2 with dims sized as above; a dim no size is known for is the batch if
+ * it comes first, else `other`. per_sample[k] and fixed[k] (may be NULL)
+ * for each figure k. */
 static pp_status stash_per_sample(pp_graph *g, const pp_backward *b, const char *batch_name, int n_dims,
                                   const char *const *dims, int64_t other, measure what,
                                   int64_t *per_sample, int64_t *fixed) {
@@ -76,6 +77,8 @@ static pp_status stash_per_sample(pp_graph *g, const pp_backward *b, const char 
             for (int k = 0; k < n; k++) bytes[batch - 1][0] += (int64_t)ins[k]->nbytes;
         else if (s == PP_OK && what == MEASURE_PLAN)
             s = pp_backward_plan_phase_bytes(g, b, ins, bytes[batch - 1]);
+        else if (s == PP_OK && what == MEASURE_INPLACE)
+            s = pp_backward_inplace_bytes(g, b, ins, &bytes[batch - 1][0]);
         else if (s == PP_OK)
             s = pp_backward_stash_bytes(g, b, ins, &bytes[batch - 1][0]);
         for (int k = 0; k < n; k++) {
@@ -132,4 +135,10 @@ pp_status pp_backward_plan_per_sample_dims(pp_graph *g, const pp_backward *b, co
     PP_TRY(pp_backward_plan_phases_per_sample_dims(g, b, batch_name, n_dims, dims, ps, fx));
     pp_backward_plan_bound(ps, fx, per_sample, fixed);
     return PP_OK;
+}
+
+pp_status pp_backward_inplace_per_sample_dims(pp_graph *g, const pp_backward *b, const char *batch_name,
+                                              int n_dims, const char *const *dims, int64_t *per_sample,
+                                              int64_t *fixed) {
+    return stash_per_sample(g, b, batch_name, n_dims, dims, 1, MEASURE_INPLACE, per_sample, fixed);
 }

@@ -12,9 +12,11 @@
 #include "device_backend.h"
 #include "pippin/log.h"
 #include "hash.h"
+#include "inplace.h"
 #include "log_internal.h"
 #include "mem_plan.h"
 #include "op.h"
+#include "pippin/optimize.h"
 
 #include "status_internal.h"
 
@@ -41,6 +43,8 @@ struct pp_exec {
     pp_exec_target_fn target_fn; /* pp_exec_set_target_hook (its user is value_user) */
     void *value_user;
     int plan_memory;        /* pp_exec_set_memory_plan; PIPPIN_MEMORY_PLAN=0 turns it off */
+    int inplace;            /* pp_exec_set_inplace; the optimizer's "inplace" bit by default */
+    int64_t inplace_nodes, inplace_bytes; /* pp_exec_inplace_stats */
 };
 
 static pp_status alloc_zeroed(void **p, size_t n, size_t size) {
@@ -103,6 +107,7 @@ pp_status pp_exec_new(pp_graph *g, pp_exec **out) {
     for (int i = 0; i < g->n_outputs; i++) ex->is_output[g->outputs[i]] = 1;
     const char *plan_env = getenv("PIPPIN_MEMORY_PLAN");
     ex->plan_memory = !(plan_env && strcmp(plan_env, "0") == 0);
+    ex->inplace = (pp_optimize_default() & PP_OPT_INPLACE) != 0;
     mark_static(ex);
     *out = ex;
     return PP_OK;
@@ -146,6 +151,13 @@ void pp_exec_free(pp_exec *ex) {
 
 void pp_exec_set_memory_plan(pp_exec *ex, int on) { ex->plan_memory = on != 0; }
 
+void pp_exec_set_inplace(pp_exec *ex, int on) { ex->inplace = on != 0; }
+
+void pp_exec_inplace_stats(const pp_exec *ex, int64_t *nodes, int64_t *bytes) {
+    if (nodes) *nodes = ex->inplace_nodes;
+    if (bytes) *bytes = ex->inplace_bytes;
+}
+
 void pp_exec_set_value_hook(pp_exec *ex, const uint8_t *watch, pp_exec_value_fn fn, void *user) {
     ex->watch = watch;
     ex->value_fn = watch ? fn : NULL;
@@ -176,7 +188,6 @@ void pp_exec_memory_plan(const pp_exec *ex, int64_t *plan_bytes, int64_t *buffer
     pp_mem_plans_peak(ex->mem, plan_bytes, buffer_bytes);
 }
 
-/* Runs node i reading env; stores outputs in env. */
 /* The places node n may add its watched outputs into (pp_exec_set_target_hook);
  * *count: how many it got. Only for nodes the CPU runs. */
 static pp_status targets_for(pp_exec *ex, const pp_node *n, pp_tensor **into, int *count) {
@@ -197,7 +208,10 @@ static pp_status targets_for(pp_exec *ex, const pp_node *n, pp_tensor **into, in
     return PP_OK;
 }
 
-static pp_status run_node(pp_exec *ex, int i, pp_tensor **env) {
+/* Runs node i reading env; stores outputs in env. donate: the inputs
+ * whose buffer output 0 may take (pp_inplace_choose), if their tensors
+ * allow it now. */
+static pp_status run_node(pp_exec *ex, int i, pp_tensor **env, unsigned donate) {
     const pp_graph *g = ex->g;
     const pp_node *n = &g->nodes[i];
     pp_tensor *ins[64], *outs[64];
@@ -232,7 +246,17 @@ static pp_status run_node(pp_exec *ex, int i, pp_tensor **env) {
     pp_status s = targets_for(ex, n, into, &targets);
     pp_kernel_ctx ctx = {g, n, n->n_in, ins, n->n_out, outs, &ex->random, targets ? into : NULL, &added};
     ex->kernels_run++;
+    pp_tensor *donors[PP_INPLACE_MAX];
+    int n_donors = 0;
+    for (int k = 0; s == PP_OK && donate && k < n->n_in && k < PP_INPLACE_MAX; k++)
+        if ((donate & (1u << k)) && ins[k] && pp_inplace_can_donate(ins[k])) donors[n_donors++] = ins[k];
+    if (n_donors) pp_inplace_offer(donors, n_donors);
     if (s == PP_OK) s = ex->plan ? pp_device_plan_run(ex->plan, i, &ctx) : n->op->run(&ctx);
+    size_t took = n_donors ? pp_inplace_withdraw() : 0;
+    if (took && s == PP_OK) {
+        ex->inplace_nodes++;
+        ex->inplace_bytes += (int64_t)took;
+    }
     for (int k = 0; k < n->n_out && s == PP_OK; k++)
         if (n->out[k] >= 0 && !outs[k] && !(added >> k & 1))
             s = pp_node_error(n, PP_ERR_INTERNAL, "kernel left output %d unset", k);
@@ -289,13 +313,16 @@ static pp_status run_list(pp_exec *ex, const int *nodes, int n_nodes, pp_tensor 
         for (int k = 0; k < n->n_in; k++)
             if (n->in[k] >= 0) last[n->in[k]] = p;
     }
+    /* in place: not where a device runs nodes (values may live there) */
+    uint8_t *donate = ex->inplace && !ex->plan ? malloc((size_t)n_nodes + 1) : NULL;
+    if (donate) pp_inplace_choose(g, nodes, n_nodes, last, keep, ex->value_fn ? ex->watch : NULL, donate);
     int planned = ex->plan_memory && n_nodes >= PLAN_MIN_NODES;
     pp_status s = planned ? pp_mem_run_begin(ex->mem, nodes, n_nodes, run_key(ex, nodes, n_nodes, env, keep))
                           : PP_OK;
     for (int p = 0; p < n_nodes && s == PP_OK; p++) {
         int i = nodes[p];
         if (planned) pp_mem_run_node(ex->mem, p);
-        s = run_node(ex, i, env);
+        s = run_node(ex, i, env, donate ? donate[p] : 0);
         const pp_node *n = &g->nodes[i];
         if (s == PP_OK && ex->value_fn) s = hand_over_outputs(ex, n, env);
         for (int k = 0; k < n->n_in && s == PP_OK; k++) {
@@ -313,6 +340,7 @@ static pp_status run_list(pp_exec *ex, const int *nodes, int n_nodes, pp_tensor 
     }
     if (planned && pp_mem_run_end(ex->mem, s == PP_OK) != PP_OK) /* the run is fine; later ones use the pool */
         pp_warn("no memory plan for a run of %d nodes: %s", n_nodes, pp_last_error());
+    free(donate);
     free(last);
     return s;
 }

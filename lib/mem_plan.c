@@ -453,6 +453,8 @@ void *pp_mem_plan_alloc(pp_tensor *t, size_t nbytes) {
     return mp->cur ? planned_alloc(mp, t, nbytes) : recorded_alloc(mp, t, nbytes);
 }
 
+int pp_mem_plan_owns(pp_free_fn free_fn) { return free_fn == rec_free || free_fn == arena_free; }
+
 void pp_mem_plans_peak(const pp_mem_plans *mp, int64_t *arena_bytes, int64_t *unplanned_bytes) {
     int64_t peak = 0, total = 0;
     for (int i = 0; i < mp->n_plans; i++) {

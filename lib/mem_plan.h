@@ -39,6 +39,10 @@ pp_status pp_mem_run_end(pp_mem_plans *mp, int ok);
  * or nothing fits (the caller then takes one from the tensor pool). */
 void *pp_mem_plan_alloc(pp_tensor *t, size_t nbytes);
 
+/* 1 if free_fn is one this file gives tensors (a recorded run's buffer,
+ * an arena slot): the buffer is the tensor's own. */
+int pp_mem_plan_owns(pp_free_fn free_fn);
+
 /* Lets the calling thread's arena go (its buffers still in use keep it
  * until freed); the next planned run on this thread makes a new one. */
 void pp_mem_plan_release_thread(void);

@@ -50,6 +50,12 @@ typedef struct pp_op {
      * a default-domain op (lib/exec.c); ops of other domains are taken to
      * draw random numbers or keep state unless they say so. */
     int pure;
+    /* Bit k set: output 0 may be given input k's buffer (lib/inplace.c)
+     * when both are float32 or float64 of one shape. The kernel then reads
+     * and writes through one pointer (out->data == in[k]->data exactly,
+     * never a partial overlap), and allocates output 0 (pp_tensor_empty)
+     * before any other tensor of its dtype and shape. */
+    unsigned inplace;
 } pp_op;
 
 /* Registry lookup; domain "" and "ai.onnx" are the same. NULL if unknown. */

@@ -29,6 +29,7 @@ static const pass_entry passes_table[] = {
     {"transpose", PP_OPT_TRANSPOSE, pp_opt_transpose},
     {"matmul", PP_OPT_MATMUL, pp_opt_matmul},
     {"dead", PP_OPT_DEAD, pp_opt_dead},
+    {"inplace", PP_OPT_INPLACE, NULL}, /* the executor's (lib/inplace.c), no rewrite */
 };
 #define N_PASSES ((int)(sizeof passes_table / sizeof passes_table[0]))
 
@@ -57,7 +58,7 @@ pp_status pp_optimize_parse(const char *text, unsigned *passes) {
             }
         if (!found && len)
             return pp_error(PP_ERR_INVALID, "optimizer: unknown pass '%.*s' in \"%s\" (passes: fold, identity, "
-                            "layernorm, gelu, attention, transpose, matmul, dead; or all, none)", (int)len, p, text);
+                            "layernorm, gelu, attention, transpose, matmul, dead, inplace; or all, none)", (int)len, p, text);
         p += len;
         if (*p == ',') p++;
     }
@@ -94,7 +95,7 @@ static pp_status optimize(pp_graph *g, unsigned passes, int training, pp_optimiz
     c.training = training;
     pp_status s = PP_OK;
     for (int k = 0; k < N_PASSES && s == PP_OK; k++) {
-        if (!(passes & passes_table[k].bit)) continue;
+        if (!(passes & passes_table[k].bit) || !passes_table[k].run) continue;
         int count = 0;
         s = passes_table[k].run(&c, &count);
         if (s == PP_OK) s = pp_opt_compact(&c, passes_table[k].name);

@@ -1,6 +1,7 @@
 /* Tensor allocation, reference counting, element access and conversion. */
 #include "pippin/tensor.h"
 
+#include "inplace.h"
 #include "mem_plan.h"
 #include "tensor_pool.h"
 
@@ -52,7 +53,10 @@ static pp_status tensor_alloc(pp_dtype dt, int ndim, const int64_t *shape, int z
     PP_TRY(pp_shape_bytes(dt, ndim, shape, &nbytes));
     pp_tensor *t = calloc(1, sizeof *t);
     if (!t) return pp_error(PP_ERR_NOMEM, "out of memory allocating a tensor");
-    if (nbytes) {
+    /* an in-place op's output takes its dying input's buffer (lib/inplace.c);
+     * never a zeroed one, whose memset would clear the input */
+    int taken = nbytes && !zero && pp_inplace_take(t, dt, ndim, shape, nbytes);
+    if (nbytes && !taken) {
         /* the running graph's memory plan first (lib/mem_plan.c), else the pool */
         t->data = pp_mem_plan_alloc(t, nbytes);
         if (!t->data) t->data = pp_pool_alloc(nbytes, &t->free_fn, &t->free_hint);

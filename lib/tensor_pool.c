@@ -67,6 +67,8 @@ static void pool_free(void *data, void *hint) {
     free(data);
 }
 
+int pp_pool_owns(pp_free_fn free_fn) { return free_fn == plain_free || free_fn == pool_free; }
+
 void *pp_pool_alloc(size_t nbytes, pp_free_fn *free_fn, void **hint) {
     size_t rounded;
     int c = size_class(nbytes, &rounded);

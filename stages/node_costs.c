@@ -228,7 +228,10 @@ static pp_status run_once(run_ctx *r, const pp_node_costs_options *o, int first)
             int v = n->out[k];
             if (v < 0 || !r->env[v]) continue;
             if (first) r->bytes[v] = (int64_t)r->env[v]->nbytes;
-            if (r->last[v] < 0 && !r->is_out[v]) { /* never read */
+            /* never read: gone once sized, graph outputs too (the
+             * parameters' gradients would otherwise all be held to the
+             * step's end, the peak of a split's setup) */
+            if (r->last[v] < 0) {
                 pp_tensor_free(r->env[v]);
                 r->env[v] = NULL;
             }

@@ -649,6 +649,12 @@ pp_status pp_stage_plan_phases_per_sample_dims(pp_stage *st, const char *batch_n
     return pp_backward_plan_phases_per_sample_dims(st->g, st->bw, batch_name, n_dims, dims, per_sample, fixed);
 }
 
+pp_status pp_stage_inplace_per_sample_dims(pp_stage *st, const char *batch_name, int n_dims,
+                                           const char *const *dims, int64_t *per_sample, int64_t *fixed) {
+    if (!st->bw) return pp_error(PP_ERR_STATE, "stage %d was not built for training", st->index);
+    return pp_backward_inplace_per_sample_dims(st->g, st->bw, batch_name, n_dims, dims, per_sample, fixed);
+}
+
 int pp_stage_n_params(const pp_stage *st) { return st->params ? st->params->n : 0; }
 const char *pp_stage_param_name(const pp_stage *st, int i) { return st->params->names[i]; }
 

@@ -217,11 +217,12 @@ static int print_stages(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, jso
     int64_t *plan = calloc((size_t)n, sizeof *plan), *plan_fixed = calloc((size_t)n, sizeof *plan_fixed);
     /* each phase's plan: per sample [s * PP_PHASES + p], fixed after them */
     int64_t *phases = calloc((size_t)n * 2 * PP_PHASES, sizeof *phases);
+    int64_t *inpl = calloc((size_t)n, sizeof *inpl), *inpl_fixed = calloc((size_t)n, sizeof *inpl_fixed);
     for (int s = 0; s < n; s++) {
         nodes[s] = p->stages[s]->n_nodes;
         pp_graph_param_stats(p->stages[s], NULL, &pbytes[s]);
         pp_stage *st = NULL;
-        stash[s] = rstash[s] = plan[s] = plan_fixed[s] = -1;
+        stash[s] = rstash[s] = plan[s] = plan_fixed[s] = inpl[s] = inpl_fixed[s] = -1;
         /* Training stages need a loss downstream; without one, no stash.
          * With recompute (pippin train --recompute) F keeps the inputs. */
         if (p->loss && pp_stage_from_pipe(p, s, 1, &st) == PP_OK) {
@@ -236,6 +237,9 @@ static int print_stages(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, jso
                 pp_backward_plan_bound(per, fixed, &plan[s], &plan_fixed[s]);
             else
                 plan[s] = plan_fixed[s] = -1;
+            if (pp_stage_inplace_per_sample_dims(st, ds->batch, ds->n, (const char *const *)ds->dims, &inpl[s],
+                                                 &inpl_fixed[s]) != PP_OK)
+                inpl[s] = inpl_fixed[s] = -1;
         }
         pp_stage_free(st);
     }
@@ -262,6 +266,8 @@ static int print_stages(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, jso
                 json_object_object_add(ph, phase_names[p], po);
             }
             json_object_object_add(o, "plan_phases", ph);
+            json_object_object_add(o, "inplace_bytes_per_sample", inpl[s] >= 0 ? json_object_new_int64(inpl[s]) : NULL);
+            json_object_object_add(o, "inplace_fixed_bytes", inpl[s] >= 0 ? json_object_new_int64(inpl_fixed[s]) : NULL);
             json_object_array_add(arr, o);
         }
         json_object_object_add(root, "stages", arr);
@@ -278,20 +284,22 @@ static int print_stages(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, jso
         json_object_put(pj);
         print_dim_sizes(ds, json);
     } else {
-        char a[32], b[32], c[32], d[32], f[32];
-        printf("stages: %d\n  %-6s %6s %12s %16s %18s %14s %12s\n", n, "stage", "nodes", "parameters", "stash/sample",
-               "recompute/sample", "plan/sample", "plan fixed");
+        char a[32], b[32], c[32], d[32], e[32], f[32];
+        printf("stages: %d\n  %-6s %6s %12s %16s %18s %14s %12s %16s\n", n, "stage", "nodes", "parameters",
+               "stash/sample", "recompute/sample", "plan/sample", "plan fixed", "in-place/sample");
         for (int s = 0; s < n; s++) {
             human_bytes(pbytes[s], a, sizeof a);
             human_bytes(stash[s], b, sizeof b);
             human_bytes(rstash[s], c, sizeof c);
             human_bytes(plan[s], d, sizeof d);
             human_bytes(plan[s] >= 0 ? plan_fixed[s] : -1, f, sizeof f);
-            printf("  %-6d %6lld %12s %16s %18s %14s %12s\n", s, (long long)nodes[s], a, b, c, d, f);
+            human_bytes(inpl[s], e, sizeof e);
+            printf("  %-6d %6lld %12s %16s %18s %14s %12s %16s\n", s, (long long)nodes[s], a, b, c, d, f, e);
         }
         printf("plan: memory plans of a stage's F, I and W (buffers living and dying inside one run, reused by "
                "liveness; W's hold the parameter gradients): plan/sample x batch + plan fixed covers each "
-               "(--json: \"plan_phases\", each apart)\n");
+               "(--json: \"plan_phases\", each apart); in-place: what elementwise ops writing into a dying "
+               "input's buffer did not allocate in F, I and W (PIPPIN_OPTIMIZE without \"inplace\": none)\n");
         printf("edges (bytes per sample):\n");
         for (int e = 0; e < p->n_edges; e++) {
             const pp_pipe_edge *ed = &p->edges[e];
@@ -320,6 +328,8 @@ static int print_stages(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, jso
     free(plan);
     free(plan_fixed);
     free(phases);
+    free(inpl);
+    free(inpl_fixed);
     pp_pipe_free(p);
     return rc;
 }
@@ -346,6 +356,9 @@ static int print_backward(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, c
     int64_t plan = 0, plan_fixed = 0; /* covers the memory plans of F, I and W */
     int phave = pp_backward_plan_per_sample_dims(g, b, ds->batch, ds->n, (const char *const *)ds->dims, &plan,
                                                  &plan_fixed) == PP_OK;
+    int64_t inpl = 0, inpl_fixed = 0; /* what in-place ops did not allocate in F, I and W */
+    int ihave = pp_backward_inplace_per_sample_dims(g, b, ds->batch, ds->n, (const char *const *)ds->dims, &inpl,
+                                                    &inpl_fixed) == PP_OK;
     json_object *o = json ? json_object_new_object() : NULL;
     if (o) {
         json_object_object_add(o, "forward_nodes", json_object_new_int(b->n_forward));
@@ -356,6 +369,8 @@ static int print_backward(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, c
         json_object_object_add(o, "recompute_stash_bytes_per_sample", rhave ? json_object_new_int64(rper) : NULL);
         json_object_object_add(o, "plan_bytes_per_sample", phave ? json_object_new_int64(plan) : NULL);
         json_object_object_add(o, "plan_fixed_bytes", phave ? json_object_new_int64(plan_fixed) : NULL);
+        json_object_object_add(o, "inplace_bytes_per_sample", ihave ? json_object_new_int64(inpl) : NULL);
+        json_object_object_add(o, "inplace_fixed_bytes", ihave ? json_object_new_int64(inpl_fixed) : NULL);
         json_object_object_add(json, "training_graph", o);
     } else if (have) {
         char a[32], r[32];
@@ -369,6 +384,13 @@ static int print_backward(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, c
             human_bytes(plan, pa, sizeof pa);
             human_bytes(plan_fixed, pf, sizeof pf);
             printf("memory plan (covers each of F, I and W): %s per sample + %s\n", pa, pf);
+        }
+        if (ihave) {
+            char ia[32], ifx[32];
+            human_bytes(inpl, ia, sizeof ia);
+            human_bytes(inpl_fixed, ifx, sizeof ifx);
+            printf("in place (outputs written into a dying input's buffer, not allocated, in F, I and W): "
+                   "%s per sample + %s\n", ia, ifx);
         }
     }
     if (out_path) {

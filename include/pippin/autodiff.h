@@ -160,6 +160,11 @@ PP_API pp_status pp_backward_plan_phase_bytes(pp_graph *g, const pp_backward *b,
 /* The largest of the three. */
 PP_API pp_status pp_backward_plan_bytes(pp_graph *g, const pp_backward *b, pp_tensor *const *inputs,
                                         int64_t *bytes);
+/* The bytes in-place elementwise ops did not allocate (pp_exec_set_inplace:
+ * outputs written into a dying input's buffer) in that run of F, I and W;
+ * 0 with the optimizer's "inplace" bit off. */
+PP_API pp_status pp_backward_inplace_bytes(pp_graph *g, const pp_backward *b, pp_tensor *const *inputs,
+                                           int64_t *bytes);
 /* Stashed bytes per sample: runs the forward on zero inputs with a batch
  * (dim 0 of inputs whose dim 0 is dynamic) of 1 and of 2 and takes the
  * difference; other dynamic dims get other_dims (1 if <= 0). *fixed gets
@@ -197,6 +202,11 @@ PP_API pp_status pp_backward_plan_per_sample_dims(pp_graph *g, const pp_backward
 /* That bound from the phases' figures. */
 PP_API void pp_backward_plan_bound(const int64_t per_sample[PP_PHASES], const int64_t fixed[PP_PHASES],
                                    int64_t *bound_per_sample, int64_t *bound_fixed);
+/* The same for the bytes in-place ops did not allocate in F, I and W
+ * (pp_backward_inplace_bytes). */
+PP_API pp_status pp_backward_inplace_per_sample_dims(pp_graph *g, const pp_backward *b, const char *batch_name,
+                                                     int n_dims, const char *const *dims, int64_t *per_sample,
+                                                     int64_t *fixed);
 
 /* Keep masks (one byte per graph value, caller frees) for running the
  * regions apart with pp_exec_run_nodes: keep_f after F (stash and graph

@@ -53,6 +53,20 @@ PP_API void pp_exec_set_memory_plan(pp_exec *ex, int on);
  * a planned run. */
 PP_API void pp_exec_memory_plan(const pp_exec *ex, int64_t *plan_bytes, int64_t *buffer_bytes);
 
+/* In-place elementwise ops (on != 0): an op whose table entry allows it
+ * (Add, Sub, Mul, Div, Where, the activations and their gradients) writes
+ * its output into the buffer of an input that dies at that node, when the
+ * input was made earlier in the same run, has the output's dtype (float32
+ * or float64) and shape (no broadcasting), is neither kept (keep), watched
+ * (pp_exec_set_value_hook), a view, nor shared, and no device runs the
+ * graph. The results are the same bits either way. On by default unless
+ * the optimizer's "inplace" bit is off (PIPPIN_OPTIMIZE, pippin/optimize.h)
+ * when the executor is made. */
+PP_API void pp_exec_set_inplace(pp_exec *ex, int on);
+/* Nodes that wrote their output in place, and the bytes they did not
+ * allocate, since creation. */
+PP_API void pp_exec_inplace_stats(const pp_exec *ex, int64_t *nodes, int64_t *bytes);
+
 /* A function the runs that follow call after each node that produced a
  * value marked in watch (one byte per graph value, kept by the caller): it
  * may take the tensor out of *slot (setting it NULL), e.g. to add a

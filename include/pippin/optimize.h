@@ -30,7 +30,10 @@
  *              row); so does a Gemm followed by a Relu or Gelu; a
  *              transposed weight read by that MatMul alone is packed once
  *              instead (pippin::PackWeight, panels the GEMM reads);
- *   dead       nodes whose outputs nothing reads are removed.
+ *   dead       nodes whose outputs nothing reads are removed;
+ *   inplace    not a rewrite: executors made while it is on write an
+ *              elementwise op's output into the buffer of an input that
+ *              dies there (pp_exec_set_inplace), in training graphs too.
  * Trainable parameters are never folded (a service may load new weights
  * into them after the graph is prepared); what depends on them alone is
  * computed once by the executor (pp_exec_set_constant_params).
@@ -65,7 +68,8 @@ enum {
     PP_OPT_ATTENTION = 1u << 5,
     PP_OPT_TRANSPOSE = 1u << 6,
     PP_OPT_LAYERNORM = 1u << 7,
-    PP_OPT_ALL = (1u << 8) - 1,
+    PP_OPT_INPLACE = 1u << 8,
+    PP_OPT_ALL = (1u << 9) - 1,
     /* the passes a training graph gets before its backward is built */
     PP_OPT_TRAINING = PP_OPT_FOLD | PP_OPT_MATMUL | PP_OPT_ATTENTION | PP_OPT_DEAD
 };

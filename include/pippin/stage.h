@@ -116,6 +116,10 @@ PP_API pp_status pp_stage_plan_per_sample_dims(pp_stage *st, const char *batch_n
 PP_API pp_status pp_stage_plan_phases_per_sample_dims(pp_stage *st, const char *batch_name, int n_dims,
                                                       const char *const *dims, int64_t *per_sample,
                                                       int64_t *fixed);
+/* The same for the bytes in-place elementwise ops do not allocate in F, I
+ * and W (pp_backward_inplace_per_sample_dims). */
+PP_API pp_status pp_stage_inplace_per_sample_dims(pp_stage *st, const char *batch_name, int n_dims,
+                                                  const char *const *dims, int64_t *per_sample, int64_t *fixed);
 
 /* Activation recomputation (on != 0; training stages only): the forward
  * keeps only the stage's inputs for each microbatch, and runs again right

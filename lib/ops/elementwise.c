@@ -55,10 +55,54 @@ typedef struct bin_impl {
 
 #define BIN(DT, NAME) {DT, NAME##_vv, NAME##_vs, NAME##_sv}
 
-/* Same-type ops over the numeric dtypes; IEXPR is used for integers. */
+/* In-place forms (lib/inplace.c): the output is operand a (_a) or b (_b)
+ * exactly, read and written through the one pointer io, so nothing is
+ * restrict-qualified that may alias; the other operand is a different
+ * buffer. The same expression, so the same bits as the forms above. */
+typedef void (*bin_io_fn)(int64_t n, void *io, const void *other);
+typedef struct bin_io_impl {
+    pp_dtype dt;
+    bin_io_fn vv_a, vs_a, vv_b, sv_b; /* vs_a, sv_b: other is one element */
+} bin_io_impl;
+
+#define DEF_BIN_IO(NAME, T, EXPR)                                                           \
+    PP_VINLINE void NAME##_vv_a_t(int64_t n, T *io, const T *restrict b) {                  \
+        PP_VFOR(i, n, T x = io[i]; T y = b[i]; io[i] = (T)(EXPR););                         \
+    }                                                                                       \
+    PP_VINLINE void NAME##_vs_a_t(int64_t n, T *io, const T y) {                            \
+        PP_VFOR(i, n, T x = io[i]; io[i] = (T)(EXPR););                                     \
+    }                                                                                       \
+    PP_VINLINE void NAME##_vv_b_t(int64_t n, T *io, const T *restrict a) {                  \
+        PP_VFOR(i, n, T x = a[i]; T y = io[i]; io[i] = (T)(EXPR););                         \
+    }                                                                                       \
+    PP_VINLINE void NAME##_sv_b_t(int64_t n, T *io, const T x) {                            \
+        PP_VFOR(i, n, T y = io[i]; io[i] = (T)(EXPR););                                     \
+    }                                                                                       \
+    PP_VEC_CLONES static void NAME##_vv_a(int64_t n, void *io, const void *o) {             \
+        NAME##_vv_a_t(n, io, o);                                                            \
+    }                                                                                       \
+    PP_VEC_CLONES static void NAME##_vs_a(int64_t n, void *io, const void *o) {             \
+        NAME##_vs_a_t(n, io, *(const T *)o);                                                \
+    }                                                                                       \
+    PP_VEC_CLONES static void NAME##_vv_b(int64_t n, void *io, const void *o) {             \
+        NAME##_vv_b_t(n, io, o);                                                            \
+    }                                                                                       \
+    PP_VEC_CLONES static void NAME##_sv_b(int64_t n, void *io, const void *o) {             \
+        NAME##_sv_b_t(n, io, *(const T *)o);                                                \
+    }
+
+#define BIN_IO(DT, NAME) {DT, NAME##_vv_a, NAME##_vs_a, NAME##_vv_b, NAME##_sv_b}
+
+/* Same-type ops over the numeric dtypes; IEXPR is used for integers. The
+ * float ones have in-place forms too (NAME##_io_impls). */
 #define DEF_BIN_NUM(NAME, FEXPR, IEXPR)                                            \
     DEF_BIN(NAME##_f32, float, float, FEXPR)                                       \
     DEF_BIN(NAME##_f64, double, double, FEXPR)                                     \
+    DEF_BIN_IO(NAME##_f32, float, FEXPR)                                           \
+    DEF_BIN_IO(NAME##_f64, double, FEXPR)                                          \
+    __attribute__((unused)) static const bin_io_impl NAME##_io_impls[] = {         \
+        BIN_IO(PP_F32, NAME##_f32), BIN_IO(PP_F64, NAME##_f64),                    \
+        {PP_DTYPE_UNDEFINED, NULL, NULL, NULL, NULL}};                             \
     DEF_BIN(NAME##_i32, int32_t, int32_t, IEXPR(int32_t, uint32_t))                \
     DEF_BIN(NAME##_i64, int64_t, int64_t, IEXPR(int64_t, uint64_t))                \
     DEF_BIN(NAME##_i8, int8_t, int8_t, IEXPR(int8_t, uint8_t))                     \
@@ -207,15 +251,51 @@ static void bin_seg(void *user, int64_t len, const int64_t *off, int64_t out) {
     j->f(len, j->pa + (size_t)off[0] * j->ea, j->pb + (size_t)off[1] * j->eb, j->po + (size_t)out * j->eo);
 }
 
-/* Runs loops l over a (op) b with broadcasting into a new tensor of dtype odt. */
+typedef struct bin_io_job {
+    bin_io_fn f;
+    int other; /* the operand that is not the output: 0 (a) or 1 (b) */
+    const char *po_other;
+    char *io;
+    size_t es;
+} bin_io_job;
+
+/* The output's operand has the output's shape, so its offsets are the
+ * output's: only the other operand's are read from off. */
+static void bin_io_seg(void *user, int64_t len, const int64_t *off, int64_t out) {
+    const bin_io_job *j = user;
+    j->f(len, j->io + (size_t)out * j->es, j->po_other + (size_t)off[j->other] * j->es);
+}
+
+/* o took a's or b's buffer (lib/inplace.c): the in-place loop for it. */
+static pp_status run_bin_inplace(const pp_kernel_ctx *ctx, const pp_bcast *bc, const pp_tensor *a,
+                                 const pp_tensor *b, const bin_io_impl *io, pp_tensor *o) {
+    while (io && io->vv_a && io->dt != o->dtype) io++;
+    if (!io || !io->vv_a)
+        return pp_kernel_error(ctx, PP_ERR_INTERNAL, "output shares an input's buffer, but %s has no in-place loop",
+                               pp_dtype_name(o->dtype));
+    int on_a = o->data == a->data;
+    bin_io_job j = {on_a ? (bc->inner_stride[1] ? io->vv_a : io->vs_a) : (bc->inner_stride[0] ? io->vv_b : io->sv_b),
+                    on_a ? 1 : 0, on_a ? b->data : a->data, o->data, pp_dtype_size(o->dtype)};
+    pp_bcast_run(bc, PP_GRAIN_ELEMS, bin_io_seg, &j);
+    return PP_OK;
+}
+
+/* Runs loops l over a (op) b with broadcasting into a new tensor of dtype
+ * odt; io: the in-place loops, if the op has them (pp_op.inplace). */
 static pp_status run_bin(const pp_kernel_ctx *ctx, const pp_tensor *a, const pp_tensor *b,
-                         pp_dtype odt, const bin_impl *l, pp_tensor **out) {
+                         pp_dtype odt, const bin_impl *l, const bin_io_impl *io, pp_tensor **out) {
     const pp_tensor *ops[2] = {a, b};
     pp_bcast bc;
     if (pp_bcast_init(&bc, 2, ops) != PP_OK)
         return pp_kernel_error(ctx, PP_ERR_SHAPE, "%s", pp_last_error());
     pp_tensor *o;
     PP_TRY(pp_tensor_empty(odt, bc.ndim, bc.shape, &o));
+    if (o->data && (o->data == a->data || o->data == b->data)) {
+        pp_status s = run_bin_inplace(ctx, &bc, a, b, io, o);
+        if (s == PP_OK) *out = o;
+        else pp_tensor_free(o);
+        return s;
+    }
     /* Both inner strides 0 only happens for rows of one element. */
     bin_fn f = bc.inner_stride[0] && bc.inner_stride[1] ? l->vv
                : bc.inner_stride[0]                     ? l->vs
@@ -238,30 +318,30 @@ static pp_status bin_pick(const pp_kernel_ctx *ctx, const pp_tensor *a, const pp
     return *l ? PP_OK : unsupported_dtype(ctx, a->dtype);
 }
 
-static pp_status binary(pp_kernel_ctx *ctx, const bin_impl *impls, int bool_out) {
+static pp_status binary(pp_kernel_ctx *ctx, const bin_impl *impls, const bin_io_impl *io, int bool_out) {
     const pp_tensor *a = NULL, *b = NULL;
     const bin_impl *l;
     PP_TRY(input(ctx, 0, &a));
     PP_TRY(input(ctx, 1, &b));
     PP_TRY(bin_pick(ctx, a, b, impls, &l));
-    return run_bin(ctx, a, b, bool_out ? PP_BOOL : a->dtype, l, &ctx->out[0]);
+    return run_bin(ctx, a, b, bool_out ? PP_BOOL : a->dtype, l, io, &ctx->out[0]);
 }
 
-#define BIN_KERNEL(FN, IMPLS, BOOL_OUT) \
-    static pp_status FN(pp_kernel_ctx *ctx) { return binary(ctx, IMPLS, BOOL_OUT); }
+#define BIN_KERNEL(FN, IMPLS, IO, BOOL_OUT) \
+    static pp_status FN(pp_kernel_ctx *ctx) { return binary(ctx, IMPLS, IO, BOOL_OUT); }
 
-BIN_KERNEL(add_run, add_impls, 0)
-BIN_KERNEL(sub_run, sub_impls, 0)
-BIN_KERNEL(mul_run, mul_impls, 0)
-BIN_KERNEL(div_run, div_impls, 0)
-BIN_KERNEL(equal_run, eq_impls, 1)
-BIN_KERNEL(less_run, lt_impls, 1)
-BIN_KERNEL(greater_run, gt_impls, 1)
-BIN_KERNEL(less_equal_run, le_impls, 1)
-BIN_KERNEL(greater_equal_run, ge_impls, 1)
-BIN_KERNEL(and_run, and_impls, 1)
-BIN_KERNEL(or_run, or_impls, 1)
-BIN_KERNEL(xor_run, xor_impls, 1)
+BIN_KERNEL(add_run, add_impls, add_io_impls, 0)
+BIN_KERNEL(sub_run, sub_impls, sub_io_impls, 0)
+BIN_KERNEL(mul_run, mul_impls, mul_io_impls, 0)
+BIN_KERNEL(div_run, div_impls, div_io_impls, 0)
+BIN_KERNEL(equal_run, eq_impls, NULL, 1)
+BIN_KERNEL(less_run, lt_impls, NULL, 1)
+BIN_KERNEL(greater_run, gt_impls, NULL, 1)
+BIN_KERNEL(less_equal_run, le_impls, NULL, 1)
+BIN_KERNEL(greater_equal_run, ge_impls, NULL, 1)
+BIN_KERNEL(and_run, and_impls, NULL, 1)
+BIN_KERNEL(or_run, or_impls, NULL, 1)
+BIN_KERNEL(xor_run, xor_impls, NULL, 1)
 
 static pp_status mod_check(const pp_graph *g, const pp_node *n) {
     (void)g;
@@ -275,7 +355,7 @@ static pp_status mod_run(pp_kernel_ctx *ctx) {
     int fmod_ = pp_node_attr_int(ctx->node, "fmod", 0) != 0;
     if (!fmod_ && ctx->n_in > 0 && ctx->in[0] && pp_dtype_is_float(ctx->in[0]->dtype))
         return pp_kernel_error(ctx, PP_ERR_INVALID, "floating-point Mod needs fmod=1");
-    return binary(ctx, fmod_ ? fmod_impls : pymod_impls, 0);
+    return binary(ctx, fmod_ ? fmod_impls : pymod_impls, NULL, 0);
 }
 
 /* PRelu broadcasts the slope to X's shape only (unidirectionally). */
@@ -291,7 +371,7 @@ static pp_status prelu_run(pp_kernel_ctx *ctx) {
         return pp_kernel_error(ctx, PP_ERR_SHAPE, "slope shape %s does not broadcast to X shape %s",
                                pp_shape_str(slope->ndim, slope->shape, s1, sizeof s1),
                                pp_shape_str(x->ndim, x->shape, s2, sizeof s2));
-    return binary(ctx, prelu_impls, 0);
+    return binary(ctx, prelu_impls, NULL, 0);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -318,9 +398,35 @@ typedef struct un_impl {
         NAME##_t(n, a, o, p ? p->alpha : 0.0f, p ? p->beta : 0.0f);                        \
     }
 
+/* In-place form (lib/inplace.c): the output is the input exactly, read
+ * and written through the one pointer io. */
+typedef void (*un_io_fn)(int64_t n, void *io, const un_param *p);
+typedef struct un_io_impl {
+    pp_dtype dt;
+    un_io_fn f;
+} un_io_impl;
+
+#define DEF_UN_IO(NAME, T, EXPR)                                                           \
+    PP_VINLINE void NAME##_io_t(int64_t n, T *io, const float alpha, const float beta) {   \
+        (void)alpha;                                                                       \
+        (void)beta;                                                                        \
+        PP_VFOR(i, n, T x = io[i]; io[i] = (T)(EXPR););                                    \
+    }                                                                                      \
+    PP_VEC_CLONES static void NAME##_io(int64_t n, void *io, const un_param *p) {          \
+        NAME##_io_t(n, io, p ? p->alpha : 0.0f, p ? p->beta : 0.0f);                       \
+    }
+
+/* The float loops, with their in-place forms (NAME##_io_impls). */
+#define DEF_UN_FLOAT_IO(NAME, FEXPR, DEXPR)                    \
+    DEF_UN_IO(NAME##_f32, float, FEXPR)                        \
+    DEF_UN_IO(NAME##_f64, double, DEXPR)                       \
+    static const un_io_impl NAME##_io_impls[] = {              \
+        {PP_F32, NAME##_f32_io}, {PP_F64, NAME##_f64_io}, {PP_DTYPE_UNDEFINED, NULL}};
+
 #define DEF_UN_FLOAT(NAME, FEXPR, DEXPR)      \
     DEF_UN(NAME##_f32, float, float, FEXPR)   \
     DEF_UN(NAME##_f64, double, double, DEXPR) \
+    DEF_UN_FLOAT_IO(NAME, FEXPR, DEXPR)       \
     static const un_impl NAME##_impls[] = {   \
         {PP_F32, NAME##_f32}, {PP_F64, NAME##_f64}, {PP_DTYPE_UNDEFINED, NULL}};
 
@@ -331,6 +437,7 @@ typedef struct un_impl {
     DEF_UN(NAME##_i32, int32_t, int32_t, IEXPR(int32_t, uint32_t))        \
     DEF_UN(NAME##_i64, int64_t, int64_t, IEXPR(int64_t, uint64_t))        \
     DEF_UN(NAME##_i8, int8_t, int8_t, IEXPR(int8_t, uint8_t))             \
+    DEF_UN_FLOAT_IO(NAME, FEXPR, DEXPR)                                   \
     static const un_impl NAME##_impls[] = {                               \
         {PP_F32, NAME##_f32}, {PP_F64, NAME##_f64}, {PP_I32, NAME##_i32}, \
         {PP_I64, NAME##_i64}, {PP_I8, NAME##_i8},   {PP_DTYPE_UNDEFINED, NULL}};
@@ -419,7 +526,20 @@ static void un_piece(void *arg, int64_t lo, int64_t hi) {
     j->f(hi - lo, j->a + (size_t)lo * j->ea, j->o + (size_t)lo * j->eo, j->p);
 }
 
-static pp_status unary_with(pp_kernel_ctx *ctx, const un_impl *impls, const un_param *p) {
+typedef struct un_io_job {
+    un_io_fn f;
+    char *io;
+    size_t es;
+    const un_param *p;
+} un_io_job;
+
+static void un_io_piece(void *arg, int64_t lo, int64_t hi) {
+    const un_io_job *j = arg;
+    j->f(hi - lo, j->io + (size_t)lo * j->es, j->p);
+}
+
+/* io: the in-place loops, if the op has them (pp_op.inplace). */
+static pp_status unary_with(pp_kernel_ctx *ctx, const un_impl *impls, const un_io_impl *io, const un_param *p) {
     const pp_tensor *a = NULL;
     PP_TRY(input(ctx, 0, &a));
     const un_impl *l = impls;
@@ -427,36 +547,48 @@ static pp_status unary_with(pp_kernel_ctx *ctx, const un_impl *impls, const un_p
     if (!l->f) return unsupported_dtype(ctx, a->dtype);
     pp_tensor *o;
     PP_TRY(pp_tensor_empty(a->dtype, a->ndim, a->shape, &o));
-    un_job j = {l->f, a->data, o->data, pp_dtype_size(a->dtype), pp_dtype_size(o->dtype), p};
-    pp_parallel_elems(pp_tensor_numel(a), PP_GRAIN_ELEMS, un_piece, &j);
+    if (o->data && o->data == a->data) { /* o took a's buffer (lib/inplace.c) */
+        while (io && io->f && io->dt != a->dtype) io++;
+        if (!io || !io->f) {
+            pp_tensor_free(o);
+            return pp_kernel_error(ctx, PP_ERR_INTERNAL,
+                                   "output shares the input's buffer, but %s has no in-place loop",
+                                   pp_dtype_name(a->dtype));
+        }
+        un_io_job j = {io->f, o->data, pp_dtype_size(a->dtype), p};
+        pp_parallel_elems(pp_tensor_numel(a), PP_GRAIN_ELEMS, un_io_piece, &j);
+    } else {
+        un_job j = {l->f, a->data, o->data, pp_dtype_size(a->dtype), pp_dtype_size(o->dtype), p};
+        pp_parallel_elems(pp_tensor_numel(a), PP_GRAIN_ELEMS, un_piece, &j);
+    }
     ctx->out[0] = o;
     return PP_OK;
 }
 
-#define UN_KERNEL(FN, IMPLS) \
-    static pp_status FN(pp_kernel_ctx *ctx) { return unary_with(ctx, IMPLS, NULL); }
+#define UN_KERNEL(FN, IMPLS, IO) \
+    static pp_status FN(pp_kernel_ctx *ctx) { return unary_with(ctx, IMPLS, IO, NULL); }
 
-UN_KERNEL(neg_run, neg_impls)
-UN_KERNEL(relu_run, relu_impls)
-UN_KERNEL(abs_run, abs_impls)
-UN_KERNEL(sqrt_run, sqrt_impls)
-UN_KERNEL(exp_run, exp_impls)
-UN_KERNEL(log_run, log_impls)
-UN_KERNEL(erf_run, erf_impls)
-UN_KERNEL(tanh_run, tanh_impls)
-UN_KERNEL(sigmoid_run, sigmoid_impls)
-UN_KERNEL(reciprocal_run, reciprocal_impls)
-UN_KERNEL(not_run, not_impls)
-UN_KERNEL(gelu_ms_run, gelu_impls)
-UN_KERNEL(cos_run, cos_impls)
-UN_KERNEL(sin_run, sin_impls)
-UN_KERNEL(floor_run, floor_impls)
-UN_KERNEL(ceil_run, ceil_impls)
-UN_KERNEL(round_run, round_impls)
-UN_KERNEL(sign_run, sign_impls)
-UN_KERNEL(hard_swish_run, hard_swish_impls)
-UN_KERNEL(softplus_run, softplus_impls)
-UN_KERNEL(softsign_run, softsign_impls)
+UN_KERNEL(neg_run, neg_impls, neg_io_impls)
+UN_KERNEL(relu_run, relu_impls, relu_io_impls)
+UN_KERNEL(abs_run, abs_impls, NULL)
+UN_KERNEL(sqrt_run, sqrt_impls, sqrt_io_impls)
+UN_KERNEL(exp_run, exp_impls, exp_io_impls)
+UN_KERNEL(log_run, log_impls, log_io_impls)
+UN_KERNEL(erf_run, erf_impls, erf_io_impls)
+UN_KERNEL(tanh_run, tanh_impls, tanh_io_impls)
+UN_KERNEL(sigmoid_run, sigmoid_impls, sigmoid_io_impls)
+UN_KERNEL(reciprocal_run, reciprocal_impls, reciprocal_io_impls)
+UN_KERNEL(not_run, not_impls, NULL)
+UN_KERNEL(gelu_ms_run, gelu_impls, gelu_io_impls)
+UN_KERNEL(cos_run, cos_impls, cos_io_impls)
+UN_KERNEL(sin_run, sin_impls, sin_io_impls)
+UN_KERNEL(floor_run, floor_impls, floor_io_impls)
+UN_KERNEL(ceil_run, ceil_impls, ceil_io_impls)
+UN_KERNEL(round_run, round_impls, round_io_impls)
+UN_KERNEL(sign_run, sign_impls, sign_io_impls)
+UN_KERNEL(hard_swish_run, hard_swish_impls, hard_swish_io_impls)
+UN_KERNEL(softplus_run, softplus_impls, softplus_io_impls)
+UN_KERNEL(softsign_run, softsign_impls, softsign_io_impls)
 
 static pp_status float_attr_check(const pp_node *n, const char *name) {
     const pp_attr *a = pp_node_attr(n, name);
@@ -488,18 +620,18 @@ static pp_status isinf_run(pp_kernel_ctx *ctx) {
 }
 
 /* Unary ops whose attributes are alpha (and beta), with their defaults. */
-#define UN_ATTR_KERNEL(FN, IMPLS, ALPHA, BETA_NAME, BETA)                              \
+#define UN_ATTR_KERNEL(FN, NAME, ALPHA, BETA_NAME, BETA)                               \
     static pp_status FN(pp_kernel_ctx *ctx) {                                          \
         un_param p = {pp_node_attr_float(ctx->node, "alpha", ALPHA),                   \
                       BETA_NAME ? pp_node_attr_float(ctx->node, BETA_NAME, BETA) : 0}; \
-        return unary_with(ctx, IMPLS, &p);                                             \
+        return unary_with(ctx, NAME##_impls, NAME##_io_impls, &p);                     \
     }
-UN_ATTR_KERNEL(hard_sigmoid_run, hard_sigmoid_impls, 0.2f, "beta", 0.5f)
-UN_ATTR_KERNEL(elu_run, elu_impls, 1.0f, NULL, 0)
-UN_ATTR_KERNEL(selu_run, selu_impls, 1.67326319217681884765625f, "gamma",
+UN_ATTR_KERNEL(hard_sigmoid_run, hard_sigmoid, 0.2f, "beta", 0.5f)
+UN_ATTR_KERNEL(elu_run, elu, 1.0f, NULL, 0)
+UN_ATTR_KERNEL(selu_run, selu, 1.67326319217681884765625f, "gamma",
                1.05070102214813232421875f)
-UN_ATTR_KERNEL(celu_run, celu_impls, 1.0f, NULL, 0)
-UN_ATTR_KERNEL(thresholded_relu_run, thresholded_relu_impls, 1.0f, NULL, 0)
+UN_ATTR_KERNEL(celu_run, celu, 1.0f, NULL, 0)
+UN_ATTR_KERNEL(thresholded_relu_run, thresholded_relu, 1.0f, NULL, 0)
 
 static pp_status alpha_beta_check(const pp_graph *g, const pp_node *n) {
     (void)g;
@@ -515,7 +647,7 @@ static pp_status leaky_relu_check(const pp_graph *g, const pp_node *n) {
 
 static pp_status leaky_relu_run(pp_kernel_ctx *ctx) {
     un_param p = {pp_node_attr_float(ctx->node, "alpha", 0.01f), 0.0f};
-    return unary_with(ctx, leaky_relu_impls, &p);
+    return unary_with(ctx, leaky_relu_impls, leaky_relu_io_impls, &p);
 }
 
 static pp_status gelu_check(const pp_graph *g, const pp_node *n) {
@@ -530,8 +662,8 @@ static pp_status gelu_check(const pp_graph *g, const pp_node *n) {
 
 static pp_status gelu_run(pp_kernel_ctx *ctx) {
     const char *approx = pp_node_attr_string(ctx->node, "approximate", "none");
-    if (strcmp(approx, "tanh") == 0) return unary_with(ctx, gelu_tanh_impls, NULL);
-    if (strcmp(approx, "none") == 0) return unary_with(ctx, gelu_impls, NULL);
+    if (strcmp(approx, "tanh") == 0) return unary_with(ctx, gelu_tanh_impls, gelu_tanh_io_impls, NULL);
+    if (strcmp(approx, "none") == 0) return unary_with(ctx, gelu_impls, gelu_io_impls, NULL);
     return pp_kernel_error(ctx, PP_ERR_UNSUPPORTED, "approximate=\"%s\" is not supported", approx);
 }
 
@@ -559,7 +691,7 @@ static pp_status pow_same(pp_kernel_ctx *ctx, const pp_tensor *a, const pp_tenso
         *out = o;
         return PP_OK;
     }
-    return run_bin(ctx, a, b, a->dtype, l, out);
+    return run_bin(ctx, a, b, a->dtype, l, NULL, out);
 }
 
 static pp_status pow_run(pp_kernel_ctx *ctx) {
@@ -606,7 +738,7 @@ static pp_status fold(pp_kernel_ctx *ctx, const bin_impl *impls, pp_tensor **out
         pp_tensor *next = NULL;
         pp_status s = input(ctx, i, &b);
         if (s == PP_OK) s = bin_pick(ctx, acc, b, impls, &l);
-        if (s == PP_OK) s = run_bin(ctx, acc, b, acc->dtype, l, &next);
+        if (s == PP_OK) s = run_bin(ctx, acc, b, acc->dtype, l, NULL, &next);
         pp_tensor_free(acc);
         if (s != PP_OK) return s;
         acc = next;
@@ -755,7 +887,8 @@ static pp_status clip_run(pp_kernel_ctx *ctx) {
 
 /* A row of Where: c, x, y step by sc, sx, sy (0 or 1). The forms with a
  * contiguous condition get tight loops (a masked_fill exports as Where with
- * a broadcast scalar x); anything else takes the strided loop. */
+ * a broadcast scalar x); anything else takes the strided loop, as does an
+ * output that is x or y exactly (in place, lib/inplace.c: no restrict). */
 #define DEF_WHERE(NAME, T)                                                                 \
     PP_VINLINE void NAME##_t(int64_t n, const uint8_t *restrict c, const T *restrict x,    \
                              int64_t sx, const T *restrict y, int64_t sy, T *restrict o) { \
@@ -774,7 +907,7 @@ static pp_status clip_run(pp_kernel_ctx *ctx) {
     }                                                                                      \
     PP_VEC_CLONES static void NAME(int64_t n, const uint8_t *c, int64_t sc, const void *x, \
                                    int64_t sx, const void *y, int64_t sy, void *o_) {      \
-        if (sc) {                                                                          \
+        if (sc && o_ != x && o_ != y) {                                                    \
             NAME##_t(n, c, x, sx, y, sy, o_);                                              \
             return;                                                                        \
         }                                                                                  \
@@ -891,11 +1024,12 @@ WIDEN(mean_run)
 
 /* ------------------------------------------------------------------------ */
 
+/* .inplace: the inputs whose buffer the output may take (lib/op.h). */
 const pp_op pp_ops_elementwise[] = {
-    {"Add", "", 2, 2, 1, 1, NULL, add_run_w},
-    {"Sub", "", 2, 2, 1, 1, NULL, sub_run_w},
-    {"Mul", "", 2, 2, 1, 1, NULL, mul_run_w},
-    {"Div", "", 2, 2, 1, 1, NULL, div_run_w},
+    {"Add", "", 2, 2, 1, 1, NULL, add_run_w, .inplace = 3},
+    {"Sub", "", 2, 2, 1, 1, NULL, sub_run_w, .inplace = 3},
+    {"Mul", "", 2, 2, 1, 1, NULL, mul_run_w, .inplace = 3},
+    {"Div", "", 2, 2, 1, 1, NULL, div_run_w, .inplace = 3},
     {"Pow", "", 2, 2, 1, 1, NULL, pow_run_w},
     {"Mod", "", 2, 2, 1, 1, mod_check, mod_run_w},
     {"PRelu", "", 2, 2, 1, 1, NULL, prelu_run_w},
@@ -908,37 +1042,37 @@ const pp_op pp_ops_elementwise[] = {
     {"Or", "", 2, 2, 1, 1, NULL, or_run},
     {"Xor", "", 2, 2, 1, 1, NULL, xor_run},
     {"Not", "", 1, 1, 1, 1, NULL, not_run},
-    {"Neg", "", 1, 1, 1, 1, NULL, neg_run_w},
+    {"Neg", "", 1, 1, 1, 1, NULL, neg_run_w, .inplace = 1},
     {"Abs", "", 1, 1, 1, 1, NULL, abs_run_w},
-    {"Sqrt", "", 1, 1, 1, 1, NULL, sqrt_run_w},
-    {"Exp", "", 1, 1, 1, 1, NULL, exp_run_w},
-    {"Log", "", 1, 1, 1, 1, NULL, log_run_w},
-    {"Erf", "", 1, 1, 1, 1, NULL, erf_run_w},
-    {"Tanh", "", 1, 1, 1, 1, NULL, tanh_run_w},
-    {"Sigmoid", "", 1, 1, 1, 1, NULL, sigmoid_run_w},
-    {"Reciprocal", "", 1, 1, 1, 1, NULL, reciprocal_run_w},
-    {"Relu", "", 1, 1, 1, 1, NULL, relu_run_w},
-    {"LeakyRelu", "", 1, 1, 1, 1, leaky_relu_check, leaky_relu_run_w},
-    {"Gelu", "", 1, 1, 1, 1, gelu_check, gelu_run_w},
-    {"Gelu", "com.microsoft", 1, 1, 1, 1, NULL, gelu_ms_run_w},
-    {"Cos", "", 1, 1, 1, 1, NULL, cos_run_w},
-    {"Sin", "", 1, 1, 1, 1, NULL, sin_run_w},
-    {"Floor", "", 1, 1, 1, 1, NULL, floor_run_w},
-    {"Ceil", "", 1, 1, 1, 1, NULL, ceil_run_w},
-    {"Round", "", 1, 1, 1, 1, NULL, round_run_w},
-    {"Sign", "", 1, 1, 1, 1, NULL, sign_run_w},
+    {"Sqrt", "", 1, 1, 1, 1, NULL, sqrt_run_w, .inplace = 1},
+    {"Exp", "", 1, 1, 1, 1, NULL, exp_run_w, .inplace = 1},
+    {"Log", "", 1, 1, 1, 1, NULL, log_run_w, .inplace = 1},
+    {"Erf", "", 1, 1, 1, 1, NULL, erf_run_w, .inplace = 1},
+    {"Tanh", "", 1, 1, 1, 1, NULL, tanh_run_w, .inplace = 1},
+    {"Sigmoid", "", 1, 1, 1, 1, NULL, sigmoid_run_w, .inplace = 1},
+    {"Reciprocal", "", 1, 1, 1, 1, NULL, reciprocal_run_w, .inplace = 1},
+    {"Relu", "", 1, 1, 1, 1, NULL, relu_run_w, .inplace = 1},
+    {"LeakyRelu", "", 1, 1, 1, 1, leaky_relu_check, leaky_relu_run_w, .inplace = 1},
+    {"Gelu", "", 1, 1, 1, 1, gelu_check, gelu_run_w, .inplace = 1},
+    {"Gelu", "com.microsoft", 1, 1, 1, 1, NULL, gelu_ms_run_w, .inplace = 1},
+    {"Cos", "", 1, 1, 1, 1, NULL, cos_run_w, .inplace = 1},
+    {"Sin", "", 1, 1, 1, 1, NULL, sin_run_w, .inplace = 1},
+    {"Floor", "", 1, 1, 1, 1, NULL, floor_run_w, .inplace = 1},
+    {"Ceil", "", 1, 1, 1, 1, NULL, ceil_run_w, .inplace = 1},
+    {"Round", "", 1, 1, 1, 1, NULL, round_run_w, .inplace = 1},
+    {"Sign", "", 1, 1, 1, 1, NULL, sign_run_w, .inplace = 1},
     {"IsNaN", "", 1, 1, 1, 1, NULL, isnan_run_w},
     {"IsInf", "", 1, 1, 1, 1, NULL, isinf_run_w},
-    {"HardSigmoid", "", 1, 1, 1, 1, alpha_beta_check, hard_sigmoid_run_w},
-    {"HardSwish", "", 1, 1, 1, 1, NULL, hard_swish_run_w},
-    {"Softplus", "", 1, 1, 1, 1, NULL, softplus_run_w},
-    {"Softsign", "", 1, 1, 1, 1, NULL, softsign_run_w},
-    {"Elu", "", 1, 1, 1, 1, alpha_beta_check, elu_run_w},
-    {"Selu", "", 1, 1, 1, 1, alpha_beta_check, selu_run_w},
-    {"Celu", "", 1, 1, 1, 1, alpha_beta_check, celu_run_w},
-    {"ThresholdedRelu", "", 1, 1, 1, 1, alpha_beta_check, thresholded_relu_run_w},
+    {"HardSigmoid", "", 1, 1, 1, 1, alpha_beta_check, hard_sigmoid_run_w, .inplace = 1},
+    {"HardSwish", "", 1, 1, 1, 1, NULL, hard_swish_run_w, .inplace = 1},
+    {"Softplus", "", 1, 1, 1, 1, NULL, softplus_run_w, .inplace = 1},
+    {"Softsign", "", 1, 1, 1, 1, NULL, softsign_run_w, .inplace = 1},
+    {"Elu", "", 1, 1, 1, 1, alpha_beta_check, elu_run_w, .inplace = 1},
+    {"Selu", "", 1, 1, 1, 1, alpha_beta_check, selu_run_w, .inplace = 1},
+    {"Celu", "", 1, 1, 1, 1, alpha_beta_check, celu_run_w, .inplace = 1},
+    {"ThresholdedRelu", "", 1, 1, 1, 1, alpha_beta_check, thresholded_relu_run_w, .inplace = 1},
     {"Clip", "", 1, 3, 1, 1, NULL, clip_run_w},
-    {"Where", "", 3, 3, 1, 1, NULL, where_run},
+    {"Where", "", 3, 3, 1, 1, NULL, where_run, .inplace = 6},
     {"Max", "", 1, 64, 1, 1, NULL, max_run_w},
     {"Min", "", 1, 64, 1, 1, NULL, min_run_w},
     {"Sum", "", 1, 64, 1, 1, NULL, sum_run_w},

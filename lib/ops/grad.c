@@ -38,14 +38,23 @@ pp_status pp_grad_k_shape(const pp_kernel_ctx *ctx, int k, int *ndim, int64_t *s
 typedef void (*unary_grad_fn)(int64_t n, float alpha, const float *restrict dy,
                               const float *restrict t, float *restrict dx);
 
+typedef void (*unary_grad_io_fn)(int64_t n, float alpha, float *io, const float *restrict t);
+
 /* dx[i] = r, where BODY computes r from g = dy[i], v = t[i] (and alpha); for
- * AVX2 and for the baseline. */
+ * AVX2 and for the baseline. NAME##_io is the same with dx in dy's buffer
+ * (in place, lib/inplace.c): read and written through one pointer. */
 #define UNARY_GRAD(NAME, ...)                                                           \
     PP_VEC_CLONES static void NAME(int64_t n, float alpha, const float *restrict dy,    \
                                    const float *restrict t, float *restrict dx) {       \
         (void)alpha;                                                                    \
         PP_VFOR(i, n, const float g = dy[i]; const float v = t[i]; float r;             \
                 __VA_ARGS__ dx[i] = r;);                                                \
+    }                                                                                   \
+    PP_VEC_CLONES static void NAME##_io(int64_t n, float alpha, float *io,              \
+                                        const float *restrict t) {                      \
+        (void)alpha;                                                                    \
+        PP_VFOR(i, n, const float g = io[i]; const float v = t[i]; float r;             \
+                __VA_ARGS__ io[i] = r;);                                                \
     }
 
 UNARY_GRAD(tanh_grad, r = g * (1.0f - v * v);)              /* t = y */
@@ -67,6 +76,7 @@ UNARY_GRAD(gelu_tanh_grad, const float k0 = 0.79788456080286536f; const float k1
 
 typedef struct ugrad_job {
     unary_grad_fn fn;
+    unary_grad_io_fn io_fn; /* dx is dy */
     float alpha;
     const float *dy, *t;
     float *dx;
@@ -74,10 +84,12 @@ typedef struct ugrad_job {
 
 static void ugrad_piece(void *arg, int64_t lo, int64_t hi) {
     const ugrad_job *j = arg;
-    j->fn(hi - lo, j->alpha, j->dy + lo, j->t + lo, j->dx + lo);
+    if (j->dx == j->dy) j->io_fn(hi - lo, j->alpha, j->dx + lo, j->t + lo);
+    else j->fn(hi - lo, j->alpha, j->dy + lo, j->t + lo, j->dx + lo);
 }
 
-static pp_status unary_grad(pp_kernel_ctx *ctx, unary_grad_fn fn, float alpha) {
+/* dx may take dy's buffer (pp_op.inplace bit 0), never t's. */
+static pp_status unary_grad(pp_kernel_ctx *ctx, unary_grad_fn fn, unary_grad_io_fn io_fn, float alpha) {
     PP_TRY(pp_grad_k_f32(ctx, 0, "dy"));
     PP_TRY(pp_grad_k_f32(ctx, 1, "the forward value"));
     const pp_tensor *dy = ctx->in[0], *t = ctx->in[1];
@@ -89,39 +101,40 @@ static pp_status unary_grad(pp_kernel_ctx *ctx, unary_grad_fn fn, float alpha) {
     }
     pp_tensor *dx;
     PP_TRY(pp_tensor_empty(PP_F32, t->ndim, t->shape, &dx));
-    ugrad_job j = {fn, alpha, dy->data, t->data, dx->data};
+    ugrad_job j = {fn, io_fn, alpha, dy->data, t->data, dx->data};
     pp_parallel_elems(pp_tensor_numel(t), PP_GRAIN_ELEMS, ugrad_piece, &j);
     ctx->out[0] = dx;
     return PP_OK;
 }
 
-static pp_status tanh_grad_run(pp_kernel_ctx *ctx) { return unary_grad(ctx, tanh_grad, 0); }
-static pp_status sigmoid_grad_run(pp_kernel_ctx *ctx) { return unary_grad(ctx, sigmoid_grad, 0); }
-static pp_status relu_grad_run(pp_kernel_ctx *ctx) { return unary_grad(ctx, relu_grad, 0); }
-static pp_status sqrt_grad_run(pp_kernel_ctx *ctx) { return unary_grad(ctx, sqrt_grad, 0); }
-static pp_status erf_grad_run(pp_kernel_ctx *ctx) { return unary_grad(ctx, erf_grad, 0); }
+static pp_status tanh_grad_run(pp_kernel_ctx *ctx) { return unary_grad(ctx, tanh_grad, tanh_grad_io, 0); }
+static pp_status sigmoid_grad_run(pp_kernel_ctx *ctx) { return unary_grad(ctx, sigmoid_grad, sigmoid_grad_io, 0); }
+static pp_status relu_grad_run(pp_kernel_ctx *ctx) { return unary_grad(ctx, relu_grad, relu_grad_io, 0); }
+static pp_status sqrt_grad_run(pp_kernel_ctx *ctx) { return unary_grad(ctx, sqrt_grad, sqrt_grad_io, 0); }
+static pp_status erf_grad_run(pp_kernel_ctx *ctx) { return unary_grad(ctx, erf_grad, erf_grad_io, 0); }
 
 static pp_status gelu_grad_run(pp_kernel_ctx *ctx) {
     const char *approx = pp_node_attr_string(ctx->node, "approximate", "none");
     if (strcmp(approx, "none") != 0 && strcmp(approx, "tanh") != 0)
         return pp_kernel_error(ctx, PP_ERR_INVALID, "approximate must be 'none' or 'tanh'");
-    return unary_grad(ctx, strcmp(approx, "tanh") == 0 ? gelu_tanh_grad : gelu_grad, 0);
+    int tanh_form = strcmp(approx, "tanh") == 0;
+    return unary_grad(ctx, tanh_form ? gelu_tanh_grad : gelu_grad, tanh_form ? gelu_tanh_grad_io : gelu_grad_io, 0);
 }
 
 static pp_status leaky_relu_grad_run(pp_kernel_ctx *ctx) {
-    return unary_grad(ctx, leaky_relu_grad, pp_node_attr_float(ctx->node, "alpha", 0.01f));
+    return unary_grad(ctx, leaky_relu_grad, leaky_relu_grad_io, pp_node_attr_float(ctx->node, "alpha", 0.01f));
 }
 
 const pp_op pp_ops_grad[] = {
     /* dy, y -> dx */
-    {"TanhGrad", "pippin", 2, 2, 1, 1, NULL, tanh_grad_run},
-    {"SigmoidGrad", "pippin", 2, 2, 1, 1, NULL, sigmoid_grad_run},
-    {"ReluGrad", "pippin", 2, 2, 1, 1, NULL, relu_grad_run},
-    {"SqrtGrad", "pippin", 2, 2, 1, 1, NULL, sqrt_grad_run},
+    {"TanhGrad", "pippin", 2, 2, 1, 1, NULL, tanh_grad_run, .inplace = 1},
+    {"SigmoidGrad", "pippin", 2, 2, 1, 1, NULL, sigmoid_grad_run, .inplace = 1},
+    {"ReluGrad", "pippin", 2, 2, 1, 1, NULL, relu_grad_run, .inplace = 1},
+    {"SqrtGrad", "pippin", 2, 2, 1, 1, NULL, sqrt_grad_run, .inplace = 1},
     /* dy, x -> dx */
-    {"ErfGrad", "pippin", 2, 2, 1, 1, NULL, erf_grad_run},
-    {"GeluGrad", "pippin", 2, 2, 1, 1, NULL, gelu_grad_run},
-    {"LeakyReluGrad", "pippin", 2, 2, 1, 1, NULL, leaky_relu_grad_run},
+    {"ErfGrad", "pippin", 2, 2, 1, 1, NULL, erf_grad_run, .inplace = 1},
+    {"GeluGrad", "pippin", 2, 2, 1, 1, NULL, gelu_grad_run, .inplace = 1},
+    {"LeakyReluGrad", "pippin", 2, 2, 1, 1, NULL, leaky_relu_grad_run, .inplace = 1},
     /* grad, shape -> grad summed over broadcast dims */
     {"SumToShape", "pippin", 2, 2, 1, 1, NULL, pp_grad_sum_to_shape_run},
     /* dy, shape_x[, axes] -> dy broadcast back over reduced axes */

@@ -178,6 +178,10 @@ static void test_two_consumers_same_bits(void **state) {
     TU_OK(pp_exec_new(g, &off));
     pp_exec_set_memory_plan(on, 1);
     pp_exec_set_memory_plan(off, 0);
+    /* the plan's own placement: in place, the chain would hold one buffer
+     * (test_inplace) */
+    pp_exec_set_inplace(on, 0);
+    pp_exec_set_inplace(off, 0);
     /* two signatures, each recorded then planned twice */
     for (int rep = 0; rep < 6; rep++) {
         int64_t rows = rep % 2 ? 300 : 200;
