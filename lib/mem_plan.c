@@ -361,7 +361,7 @@ pp_status pp_mem_run_begin(pp_mem_plans *mp, const int *nodes, int n_nodes, uint
         mp->taken = t;
         mp->cap_taken = mp->cur->n_slots;
     }
-    if (mp->cur) memset(mp->taken, 0, (size_t)mp->cur->n_slots);
+    if (mp->cur && mp->cur->n_slots) memset(mp->taken, 0, (size_t)mp->cur->n_slots); /* a run may place none */
     mp->ar = mp->cur && mp->cur->n_slots ? thread_arena_of(mp->cur->peak) : NULL; /* none: the pool */
     if (mp->ar) { /* the run holds its arena: a nested run or a cache release may let the thread's go */
         pthread_mutex_lock(&mp->ar->mu);
