@@ -199,8 +199,12 @@ static pp_status targets_for(pp_exec *ex, const pp_node *n, pp_tensor **into, in
         int v = n->out[k];
         if (v < 0 || !ex->watch[v]) continue;
         pp_status s = ex->target_fn(ex->value_user, v, &into[k]);
-        if (s != PP_OK) {
-            for (int j = 0; j < k; j++) pp_tensor_free(into[j]);
+        if (s != PP_OK) { /* none offered: the caller frees nothing more */
+            for (int j = 0; j <= k; j++) {
+                pp_tensor_free(into[j]);
+                into[j] = NULL;
+            }
+            *count = 0;
             return s;
         }
         *count += into[k] != NULL;

@@ -16,7 +16,7 @@ struct pp_trainer {
     pp_exec *ex;
     int loss_out;        /* index of the loss among the graph outputs */
     int *grad_out;       /* per flat parameter: index of its gradient output */
-    uint8_t *grad_watch; /* per value: a parameter's gradient (the value hook takes it) */
+    uint8_t *grad_watch; /* per value: a parameter's gradient no node reads (the value hook takes it) */
     int *grad_param;     /* per value: the parameter whose gradient it is, or -1 */
     pp_tensor **ins, **outs;
     pp_train_state state; /* BatchNorm's running statistics (train_state.h) */
@@ -73,6 +73,12 @@ static pp_status watch_gradients(pp_trainer *t) {
         t->grad_param[v] = i;
         t->grad_watch[v] = 1;
     }
+    /* A gradient another node reads (P's in h + P, the same shapes: it is
+     * dy itself, which h's own gradient reads) must stay in the run: it is
+     * added from the outputs at the end, as before the hooks. */
+    for (int n = 0; n < g->n_nodes; n++)
+        for (int k = 0; k < g->nodes[n].n_in; k++)
+            if (g->nodes[n].in[k] >= 0) t->grad_watch[g->nodes[n].in[k]] = 0;
     pp_exec_set_value_hook(t->ex, t->grad_watch, add_gradient, t);
     pp_exec_set_target_hook(t->ex, gradient_place);
     return PP_OK;

@@ -1,6 +1,7 @@
 /* Autodiff against PyTorch autograd (the fixtures' grad_*.npy), the I/W
  * split (I then W equals the whole backward bit for bit), stash analysis and
  * the errors for bad requests. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -693,6 +694,90 @@ static void test_accumulate_moves_nodes(void **state) {
     }
 }
 
+/* Regression (review): the whole-model trainer's value hook took every
+ * parameter gradient as soon as it was made, but a gradient value may also
+ * feed other backward nodes: for y = h + P with h and P the same shape,
+ * P's gradient is dy itself, which h's producer (here MatMul by W1) reads
+ * for W1's gradient. The hook emptied dy first and the run failed with
+ * "input has no value". Gradients are checked against sums in double. */
+static void test_trainer_gradient_read_by_other_nodes(void **state) {
+    (void)state;
+    enum { R = 4, I = 3, H = 5, O = 2 };
+    pp_graph *g;
+    TU_OK(pp_graph_new("shared_grad", &g));
+    float xs[R * I], w1s[I * H], ps[R * H], w2s[H * O];
+    for (int i = 0; i < R * I; i++) xs[i] = 0.25f * (float)(i % 5) - 0.5f;
+    for (int i = 0; i < I * H; i++) w1s[i] = 0.125f * (float)(i % 7) - 0.375f;
+    for (int i = 0; i < R * H; i++) ps[i] = 0.5f * (float)(i % 3);
+    for (int i = 0; i < H * O; i++) w2s[i] = 0.25f * (float)(i % 4) - 0.25f;
+    int x, w1, p, w2, id;
+    TU_OK(pp_graph_add_input(g, "X", PP_F32, 2, SHAPE(R, I), &x));
+    TU_OK(pp_graph_add_initializer(g, "W1", PP_VALUE_PARAM, tu_f32(2, SHAPE(I, H), w1s), &w1));
+    TU_OK(pp_graph_add_initializer(g, "P", PP_VALUE_PARAM, tu_f32(2, SHAPE(R, H), ps), &p));
+    TU_OK(pp_graph_add_initializer(g, "W2", PP_VALUE_PARAM, tu_f32(2, SHAPE(H, O), w2s), &w2));
+    TU_OK(pp_graph_add_node(g, "MatMul", "", "mm1", 2, (int[]){x, w1}, 1, NULL, &id));
+    int h = g->nodes[id].out[0];
+    TU_OK(pp_graph_add_node(g, "Add", "", "add", 2, (int[]){h, p}, 1, NULL, &id));
+    int y = g->nodes[id].out[0];
+    TU_OK(pp_graph_add_node(g, "MatMul", "", "mm2", 2, (int[]){y, w2}, 1, NULL, &id));
+    int z = g->nodes[id].out[0];
+    for (int k = 0; k < 2; k++) { /* shapes known, as an exported model's value_info gives them */
+        pp_value *v = &g->values[k ? y : h];
+        v->dtype = PP_F32, v->ndim = 2, v->shape[0] = R, v->shape[1] = H;
+    }
+    TU_OK(pp_graph_add_node(g, "ReduceSum", "", "sum", 1, &z, 1, (const char *[]){"loss"}, &id));
+    TU_OK(pp_node_set_int(g, id, "keepdims", 0));
+    TU_OK(pp_graph_add_output(g, g->nodes[id].out[0]));
+    pp_trainer *t;
+    TU_OK(pp_trainer_new(g, "loss", &t));
+    const pp_backward *b = pp_trainer_autodiff(t);
+    int read = 0; /* the case: P's gradient is a value another node reads */
+    for (int i = 0; i < b->n_params; i++)
+        for (int n = 0; n < g->n_nodes; n++)
+            for (int k = 0; k < g->nodes[n].n_in; k++) read |= g->nodes[n].in[k] == b->param_grads[i];
+    assert_true(read);
+    pp_tensor *xt = tu_f32(2, SHAPE(R, I), xs);
+    float loss;
+    TU_OK(pp_trainer_backward(t, &xt, 1.0f, &loss));
+    /* dz = 1: dy[r][j] = sum_o W2[j][o] (dP), dW1 = X^T dy, dW2[j][o] = sum_r y[r][j] */
+    double dy[H], want_w1[I * H], want_w2[H * O];
+    for (int j = 0; j < H; j++) {
+        dy[j] = 0;
+        for (int o = 0; o < O; o++) dy[j] += w2s[j * O + o];
+    }
+    for (int i = 0; i < I; i++)
+        for (int j = 0; j < H; j++) {
+            want_w1[i * H + j] = 0;
+            for (int r = 0; r < R; r++) want_w1[i * H + j] += xs[r * I + i] * dy[j];
+        }
+    for (int j = 0; j < H; j++) {
+        double col = 0;
+        for (int r = 0; r < R; r++) {
+            double yv = ps[r * H + j];
+            for (int i = 0; i < I; i++) yv += (double)xs[r * I + i] * w1s[i * H + j];
+            col += yv;
+        }
+        for (int o = 0; o < O; o++) want_w2[j * O + o] = col;
+    }
+    pp_flat_params *fp = pp_trainer_params(t);
+    int seen = 0;
+    for (int k = 0; k < fp->n; k++) {
+        pp_tensor *gv;
+        TU_OK(pp_flat_params_grad_view(fp, k, &gv));
+        const float *gd = gv->data;
+        for (int e = 0; e < pp_tensor_numel(gv); e++) {
+            double want = !strcmp(fp->names[k], "W1") ? want_w1[e] : !strcmp(fp->names[k], "W2") ? want_w2[e] : dy[e % H];
+            if (fabs(gd[e] - want) > 1e-5) fail_msg("d%s[%d] = %g, want %g", fp->names[k], e, (double)gd[e], want);
+        }
+        seen++;
+        pp_tensor_free(gv);
+    }
+    assert_int_equal(seen, 3);
+    pp_tensor_free(xt);
+    pp_trainer_free(t);
+    pp_graph_free(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_accumulate_moves_nodes),
@@ -717,6 +802,7 @@ int main(void) {
         cmocka_unit_test(test_error_no_rule),
         cmocka_unit_test(test_slice_grad_huge_steps),
         cmocka_unit_test(test_omitted_input_gradient),
+        cmocka_unit_test(test_trainer_gradient_read_by_other_nodes),
     };
     tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);

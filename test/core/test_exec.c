@@ -212,7 +212,52 @@ static void test_target_hook(void **state) {
     pp_tensor_free(outs[0]);
     pp_exec_free(ex);
     pp_tensor_free(alone);
-    tu_node_free(&t); /* and its inputs */
+    tu_node_free(&t); /* it owns dy, a and shape (tu_node_init) */
+}
+
+/* Regression (review): a target hook that gave a place for a node's first
+ * watched output and failed for its second had the first place freed twice
+ * (once by the executor's cleanup of the failed offers, once more after the
+ * node), dropping a reference the hook's owner still held. The place here
+ * holds a reference of the test's own, which must survive the failed run. */
+static pp_tensor *kept_place;
+
+static pp_status place_then_fail(void *user, int value, pp_tensor **target) {
+    int *calls = user;
+    (void)value;
+    if ((*calls)++ == 0) return *target = pp_tensor_retain(kept_place), PP_OK;
+    return PP_ERR_NOMEM; /* no place for the second output */
+}
+
+static void test_target_hook_fails_on_second_output(void **state) {
+    (void)state;
+    pp_graph *g;
+    TU_OK(pp_graph_new("split", &g));
+    int x, id;
+    TU_OK(pp_graph_add_input(g, "x", PP_F32, 1, (int64_t[]){4}, &x));
+    TU_OK(pp_graph_add_node(g, "Split", "", "split", 1, &x, 2, NULL, &id));
+    int y0 = g->nodes[id].out[0], y1 = g->nodes[id].out[1];
+    TU_OK(pp_graph_add_output(g, y0));
+    TU_OK(pp_graph_add_output(g, y1));
+    pp_exec *ex;
+    TU_OK(pp_exec_new(g, &ex));
+    uint8_t *watch = calloc((size_t)g->n_values + 1, 1);
+    assert_non_null(watch);
+    watch[y0] = watch[y1] = 1;
+    int calls = 0;
+    TU_OK(pp_tensor_new(PP_F32, 1, (int64_t[]){2}, &kept_place));
+    pp_exec_set_value_hook(ex, watch, count_value, &calls);
+    pp_exec_set_target_hook(ex, place_then_fail);
+    pp_tensor *in, *outs[2] = {NULL, NULL};
+    TU_OK(pp_tensor_new(PP_F32, 1, (int64_t[]){4}, &in));
+    assert_int_equal(pp_exec_run(ex, &in, outs), PP_ERR_NOMEM);
+    assert_int_equal(calls, 2);
+    assert_int_equal(kept_place->refcount, 1); /* the executor let go of its reference once */
+    pp_tensor_free(kept_place);
+    pp_tensor_free(in);
+    pp_exec_free(ex);
+    free(watch);
+    pp_graph_free(g);
 }
 
 /* Identity-like ops hand out views: no copy of a large input. */
@@ -314,6 +359,7 @@ int main(void) {
         cmocka_unit_test(test_run_nodes_frees_and_keeps),
         cmocka_unit_test(test_value_hook),
         cmocka_unit_test(test_target_hook),
+        cmocka_unit_test(test_target_hook_fails_on_second_output),
         cmocka_unit_test(test_views_not_copies),
         cmocka_unit_test(test_decoder_empty_past),
         cmocka_unit_test(test_constant_params_fold_weights),

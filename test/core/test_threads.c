@@ -285,10 +285,10 @@ static void test_kernels_gemm(void **state) {
  * threads. */
 static void test_gemm_packed(void **state) {
     (void)state;
-    const int Ms[] = {1, 5, 6, 13, 64}, Ns[] = {1, 5, 16, 17, 100, 200}, Ks[] = {0, 1, 7, 300, 1000};
+    const int Ms[] = {1, 5, 6, 13, 64, 203}, Ns[] = {1, 5, 16, 17, 100, 200}, Ks[] = {0, 1, 7, 300, 1000};
     uint64_t s = 3;
     int64_t par = pp_pool_parallel_calls();
-    for (size_t a = 0; a < 5; a++)
+    for (size_t a = 0; a < 6; a++)
         for (size_t b = 0; b < 6; b++)
             for (size_t c = 0; c < 5; c++)
                 for (int tb = 0; tb < 2; tb++)
