@@ -106,7 +106,7 @@ static int gemm_in_panels(gemm_job *j) {
     int use = macs / PP_PAR_MIN_MACS < threads ? (int)(macs / PP_PAR_MIN_MACS) : threads;
     int step = (j->M + use - 1) / use;
     j->step = (step + ROW_ALIGN - 1) / ROW_ALIGN * ROW_ALIGN;
-    pp_parallel_for_threads((j->M + j->step - 1) / j->step, 1, panel_piece, j, threads);
+    pp_parallel_for_threads((j->M + j->step - 1) / j->step, 1, panel_piece, j, use); /* all claimed are released */
     pp_pool_threads_release(threads);
     return 1;
 }
