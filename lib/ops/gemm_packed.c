@@ -40,39 +40,22 @@ void pp_pack_b_f32(int tb, int K, int N, const float *B, int ldb, float *out) {
         }
 }
 
-/* C's first `cols` columns of R rows into acc (16 per row, the rest 0). */
-static void load_rows(int rows, int cols, float *acc, const float *C, int ldc) {
-    for (int r = 0; r < rows; r++)
-        for (int c = 0; c < 16; c++) acc[r * 16 + c] = c < cols ? C[(int64_t)r * ldc + c] : 0.0f;
-}
-
 /* acc (16 per row) into C's first `cols` columns. */
 static void store_rows(int rows, int cols, const float *acc, float *C, int ldc) {
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < cols; c++) C[(int64_t)r * ldc + c] = acc[r * 16 + c];
 }
 
-/* R rows x 16 columns of C: 2R accumulators, one FMA per element and k,
- * starting from C's values (from_c: the sum of the K block before) or 0;
- * then + bias (16 floats; NULL: none). A whole panel (cols 16) is loaded
- * and stored from the registers, a narrower one through acc. */
+/* R rows x 16 columns of C: 2R accumulators, one FMA per element and k
+ * from 0, then + bias (16 floats; NULL: none). A whole panel (cols 16) is
+ * stored from the registers, a narrower one through acc. */
 #define PACKED_KERNEL(R)                                                                                      \
     __attribute__((target("avx2,fma"))) static void kernel##R##_avx2(int K, const float *A, int lda,          \
                                                                      const float *B, float *C, int ldc,     \
-                                                                     int cols, int from_c, const float *bias,\
+                                                                     int cols, const float *bias,           \
                                                                      float *acc) {                          \
         __m256 c0[R], c1[R];                                                                                  \
-        if (!from_c) {                                                                                        \
-            _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) c0[r] = c1[r] = _mm256_setzero_ps();         \
-        } else {                                                                                              \
-            const float *src = C;                                                                             \
-            int ld = ldc;                                                                                     \
-            if (cols != 16) load_rows(R, cols, acc, C, ldc), src = acc, ld = 16;                              \
-            _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) {                                             \
-                c0[r] = _mm256_loadu_ps(src + (int64_t)r * ld);                                               \
-                c1[r] = _mm256_loadu_ps(src + (int64_t)r * ld + 8);                                           \
-            }                                                                                                 \
-        }                                                                                                     \
+        _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) c0[r] = c1[r] = _mm256_setzero_ps();             \
         for (int k = 0; k < K; k++) {                                                                         \
             __m256 b0 = _mm256_loadu_ps(B + (int64_t)k * 16), b1 = _mm256_loadu_ps(B + (int64_t)k * 16 + 8); \
             _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) {                                             \
@@ -103,18 +86,17 @@ PACKED_KERNEL(4)
 PACKED_KERNEL(5)
 PACKED_KERNEL(6)
 
-typedef void (*packed_kernel)(int K, const float *A, int lda, const float *B, float *C, int ldc, int cols, int from_c,
+typedef void (*packed_kernel)(int K, const float *A, int lda, const float *B, float *C, int ldc, int cols,
                               const float *bias, float *acc);
 static const packed_kernel kernels[MR + 1] = {NULL,          kernel1_avx2, kernel2_avx2, kernel3_avx2,
                                               kernel4_avx2, kernel5_avx2, kernel6_avx2};
 
 /* The same sums without AVX2: fmaf in the same order gives the same bits. */
 static void kernel_plain(int rows, int K, const float *A, int lda, const float *B, float *C, int ldc, int cols,
-                         int from_c, const float *bias, float *acc) {
-    if (from_c) load_rows(rows, cols, acc, C, ldc);
+                         const float *bias, float *acc) {
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < 16; c++) {
-            float s = from_c ? acc[r * 16 + c] : 0.0f;
+            float s = 0.0f;
             for (int k = 0; k < K; k++) s = fmaf(A[(int64_t)r * lda + k], B[(int64_t)k * 16 + c], s);
             acc[r * 16 + c] = bias ? bias[c] + s : s;
         }
@@ -127,55 +109,30 @@ typedef struct packed_job {
     float *C;
 } packed_job;
 
-/* Cache blocking, as BLIS does, without packing A: K in blocks of at most
- * KC_MAX (a panel's block, KC x 16 floats, stays in L1 across a row block's
- * tiles), rows in blocks whose A block (rows x KC) stays in L2 while every
- * panel of the piece passes over it. Unblocked, A went through once per
- * 16 columns (at 2048 x 768, 6 MB from L3 each time) and the GEMM ran at
- * 0.6-0.7x OpenBLAS's on a loaded machine. Each element's chain of FMAs
- * runs k in order from 0 whatever the blocks (a block starts from the
- * last one's sum in C) and the bias comes last, so blocking changes no
- * bit, and any thread count gives the same bits. */
-#define KC_MAX 384
-#define A_BLOCK_BYTES (384 * 1024)
-
-static int k_block(int K) {
-    int blocks = (K + KC_MAX - 1) / KC_MAX;
-    return blocks > 1 ? (K + blocks - 1) / blocks : K; /* even blocks: no short tail */
-}
-
-static int row_block(int kc) {
-    int64_t rows = A_BLOCK_BYTES / ((int64_t)(kc > 0 ? kc : 1) * (int64_t)sizeof(float)) / MR * MR;
-    return rows < MR ? MR : rows > (1 << 20) ? (1 << 20) : (int)rows;
-}
-
+/* Panels [lo, hi): each panel's columns for all rows, 6 at a time. Cache
+ * blocking (k in blocks continuing the chain from C, rows in L2-sized
+ * blocks, as BLIS does) was tried: 0.78-0.85x OpenBLAS's at 1020-2048
+ * rows against 0.88-1.07x unblocked on a quiet machine (it won only under
+ * load, where A's trips to L3 cost more), so it is not built. */
 static void panels_piece(void *arg, int64_t lo, int64_t hi) {
     const packed_job *j = arg;
     float acc[MR * 16];
-    int kc = k_block(j->K), mc = row_block(kc);
-    for (int k0 = 0; k0 < j->K || k0 == 0; k0 += kc) {
-        int kn = j->K - k0 < kc ? j->K - k0 : kc, from_c = k0 > 0, last = k0 + kn >= j->K;
-        for (int i0 = 0; i0 < j->M; i0 += mc) {
-            int i1 = j->M - i0 < mc ? j->M : i0 + mc;
-            for (int64_t p = lo; p < hi; p++) {
-                const float *B = j->Bp + (p * j->K + k0) * PP_PACK_NR;
-                int col0 = (int)p * PP_PACK_NR, cols = j->N - col0 < PP_PACK_NR ? j->N - col0 : PP_PACK_NR;
-                float bias16[16];
-                const float *bias = NULL;
-                if (last && j->bias) { /* the columns past N: 0 (their sums are not stored) */
-                    for (int c = 0; c < 16; c++) bias16[c] = c < cols ? j->bias[col0 + c] : 0.0f;
-                    bias = bias16;
-                }
-                for (int i = i0; i < i1; i += MR) {
-                    int rows = i1 - i < MR ? i1 - i : MR;
-                    const float *A = j->A + (int64_t)i * j->lda + k0;
-                    float *C = j->C + (int64_t)i * j->ldc + col0;
-                    if (j->avx2) kernels[rows](kn, A, j->lda, B, C, j->ldc, cols, from_c, bias, acc);
-                    else kernel_plain(rows, kn, A, j->lda, B, C, j->ldc, cols, from_c, bias, acc);
-                }
-            }
+    for (int64_t p = lo; p < hi; p++) {
+        const float *B = j->Bp + p * j->K * PP_PACK_NR;
+        int col0 = (int)p * PP_PACK_NR, cols = j->N - col0 < PP_PACK_NR ? j->N - col0 : PP_PACK_NR;
+        float bias16[16];
+        const float *bias = NULL;
+        if (j->bias) { /* the columns past N: 0 (their sums are not stored) */
+            for (int c = 0; c < 16; c++) bias16[c] = c < cols ? j->bias[col0 + c] : 0.0f;
+            bias = bias16;
         }
-        if (j->K == 0) break;
+        for (int i = 0; i < j->M; i += MR) {
+            int rows = j->M - i < MR ? j->M - i : MR;
+            const float *A = j->A + (int64_t)i * j->lda;
+            float *C = j->C + (int64_t)i * j->ldc + col0;
+            if (j->avx2) kernels[rows](j->K, A, j->lda, B, C, j->ldc, cols, bias, acc);
+            else kernel_plain(rows, j->K, A, j->lda, B, C, j->ldc, cols, bias, acc);
+        }
     }
 }
 

@@ -281,8 +281,7 @@ static void test_kernels_gemm(void **state) {
  * kernel, columns against the 16-wide panels), K 0/1/odd and past one
  * K block (1000), with and without a bias, W given as [K, N] and as
  * [N, K] (transposed); bit for bit the plain chain of fmaf over k in order
- * then + the bias (so the cache blocking changes no bit), at 1 and 4
- * threads. */
+ * then + the bias, at 1 and 4 threads. */
 static void test_gemm_packed(void **state) {
     (void)state;
     const int Ms[] = {1, 5, 6, 13, 64, 203}, Ns[] = {1, 5, 16, 17, 100, 200}, Ks[] = {0, 1, 7, 300, 1000};
