@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -23,6 +24,7 @@
 #define SEG_MAGIC "pippinG1"
 #define HEADER_BYTES ((size_t)4096) /* slots start page-aligned */
 #define NAME_CAP 64
+#define OFFER_CAP 512 /* "NAME HOST_ID" */
 #define DEFAULT_SLOT_BYTES ((int64_t)256 << 10)
 #define MAX_SLOT_BYTES ((int64_t)1 << 30)
 #define SPIN_NS 30000L            /* before sleeping: a peer doing the same work arrives within microseconds */
@@ -35,7 +37,7 @@
  * the offer, except the counter (its owner) and waiters (its peers). */
 typedef struct seg_header {
     char magic[8];
-    uint64_t run_id;
+    uint64_t key;                  /* random, sent with the offer: this is the object offered */
     int32_t stage, replica, replicas, pad0;
     int64_t slot_floats;
     uint64_t bytes;                /* the whole object */
@@ -59,6 +61,7 @@ struct pp_grad_shm {
     int64_t slot;               /* floats per slot */
     int state;
     char name[NAME_CAP];        /* this replica's segment ("" if none) */
+    uint64_t key;               /* in its header */
     int linked;                 /* the name is still in /dev/shm */
     seg *segs;                  /* [R]; segs[replica] is this one's */
     char *offered;              /* [R]: 0 not yet, 1 a segment, 2 declined */
@@ -158,7 +161,9 @@ static pp_status create_segment(pp_grad_shm *s) {
     }
     seg_header *h = s->segs[s->o.replica].h;
     memcpy(h->magic, SEG_MAGIC, 8);
-    h->run_id = pp_transport_run_id(s->o.t);
+    if (getrandom(&s->key, sizeof s->key, 0) != (ssize_t)sizeof s->key) /* not secret: tells objects apart */
+        s->key = (uint64_t)now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)s;
+    h->key = s->key;
     h->stage = s->o.stage;
     h->replica = s->o.replica;
     h->replicas = s->o.replicas;
@@ -183,8 +188,9 @@ static int name_ok(const char *name) {
 }
 
 /* Replica k's offered segment, checked: this user's alone, the size this
- * group's layout gives, a header naming k in this run and stage. */
-static pp_status open_peer(pp_grad_shm *s, int k, const char *name) {
+ * group's layout gives, a header with the key it offered, naming k and
+ * this stage. */
+static pp_status open_peer(pp_grad_shm *s, int k, const char *name, uint64_t key) {
     const char *what = "";
     int fd = shm_open(name, O_RDWR, 0);
     if (fd < 0)
@@ -204,11 +210,16 @@ static pp_status open_peer(pp_grad_shm *s, int k, const char *name) {
                         world_rank(s, k), what);
     PP_TRY(r);
     const seg_header *h = s->segs[k].h;
-    if (memcmp(h->magic, SEG_MAGIC, 8) != 0 || h->run_id != pp_transport_run_id(s->o.t) || h->stage != s->o.stage ||
-        h->replica != k || h->replicas != s->o.replicas || h->slot_floats != s->slot || h->bytes != bytes) {
+    what = memcmp(h->magic, SEG_MAGIC, 8) != 0         ? "is not a gradient segment"
+           : h->key != key                            ? "is not the one offered"
+           : h->stage != s->o.stage || h->replica != k ? "is another stage's or replica's"
+           : h->replicas != s->o.replicas || h->slot_floats != s->slot || h->bytes != bytes
+               ? "has another layout (replicas, slot size)"
+               : "";
+    if (*what) {
         unmap(&s->segs[k]);
-        return pp_error(PP_ERR_PEER, "stage %d: shared memory %s offered by replica %d (rank %d) has a header of "
-                        "another run, stage, replica or layout", s->o.stage, name, k, world_rank(s, k));
+        return pp_error(PP_ERR_PEER, "stage %d: shared memory %s offered by replica %d (rank %d) %s", s->o.stage, name,
+                        k, world_rank(s, k), what);
     }
     return PP_OK;
 }
@@ -221,12 +232,6 @@ static void offer_key(const pp_grad_shm *s, int peer, int sending, pp_transport_
                             sending ? theirs : mine, OFFER_NAME};
 }
 
-/* Whether this replica can offer shared memory: every peer on this host. */
-static int all_same_host(const pp_grad_shm *s) {
-    for (int k = 0; k < s->o.replicas; k++)
-        if (k != s->o.replica && !pp_transport_peer_shm(s->o.t, world_rank(s, k))) return 0;
-    return 1;
-}
 
 pp_status pp_grad_shm_new(const pp_grad_shm_options *o, int64_t step, pp_grad_shm **out) {
     *out = NULL;
@@ -247,14 +252,17 @@ pp_status pp_grad_shm_new(const pp_grad_shm_options *o, int64_t step, pp_grad_sh
     s->step = step;
     s->slot = slot_bytes / (int64_t)sizeof(float);
     s->state = OFFERING;
-    if (o->offer && all_same_host(s) && create_segment(s) != PP_OK)
+    const char *host = pp_transport_host_id(o->t);
+    if (o->offer && host[0] && create_segment(s) != PP_OK)
         pp_debug("stage %d replica %d: no shared memory for the gradient sum (%s); summing over the transport",
                  o->stage, o->replica, pp_last_error());
-    s->offered[o->replica] = s->name[0] ? 1 : 2;
-    const char *text = s->name[0] ? s->name : DECLINE;
+    char text[OFFER_CAP];
+    int len = snprintf(text, sizeof text, "%s %016llx %s", s->name, (unsigned long long)s->key, host);
+    if (!s->name[0] || len < 0 || (size_t)len >= sizeof text) len = snprintf(text, sizeof text, DECLINE);
+    s->offered[o->replica] = s->name[0] && strcmp(text, DECLINE) ? 1 : 2;
     pp_tensor *t = NULL;
-    pp_status st = pp_tensor_empty(PP_U8, 1, (int64_t[]){(int64_t)strlen(text)}, &t);
-    if (st == PP_OK) memcpy(t->data, text, strlen(text));
+    pp_status st = pp_tensor_empty(PP_U8, 1, (int64_t[]){len}, &t);
+    if (st == PP_OK) memcpy(t->data, text, (size_t)len);
     for (int k = 0; k < o->replicas && st == PP_OK; k++) {
         if (k == o->replica) continue;
         pp_transport_key key;
@@ -305,21 +313,28 @@ pp_status pp_grad_shm_agree(pp_grad_shm *s, int wait, int timeout_ms, int *decid
             return pp_error_context(st, "stage %d: waiting for replica %d's shared-memory offer", s->o.stage, k);
         }
         if (!in) return PP_OK;
-        char name[NAME_CAP] = "";
+        char name[OFFER_CAP] = "";
         int64_t n = pp_tensor_numel(in);
-        if (in->dtype == PP_U8 && in->ndim == 1 && n > 0 && n < NAME_CAP) memcpy(name, in->data, (size_t)n);
+        if (in->dtype == PP_U8 && in->ndim == 1 && n > 0 && n < OFFER_CAP) memcpy(name, in->data, (size_t)n);
         pp_tensor_free(in);
-        if (strcmp(name, DECLINE) == 0) {
+        /* "NAME KEY HOST_ID" */
+        char *hex = strchr(name, ' '), *host = hex ? strchr(hex + 1, ' ') : NULL, *end = NULL;
+        if (hex) *hex++ = 0;
+        if (host) *host++ = 0;
+        unsigned long long key_value = hex ? strtoull(hex, &end, 16) : 0;
+        if (!end || *end) host = NULL; /* malformed: refused below */
+        /* another host, container or user: its memory is not ours to share */
+        if (strcmp(name, DECLINE) == 0 || (host && strcmp(host, pp_transport_host_id(s->o.t)) != 0)) {
             s->offered[k] = 2;
             continue;
         }
-        if (!name_ok(name)) {
+        if (!host || !name_ok(name)) {
             s->broken = 1;
             return pp_error(PP_ERR_PEER, "stage %d: replica %d (rank %d) offered shared memory under a name that is "
                             "not pippin's", s->o.stage, k, world_rank(s, k));
         }
         if (s->offered[s->o.replica] == 1) {
-            pp_status o = open_peer(s, k, name);
+            pp_status o = open_peer(s, k, name, key_value);
             if (o != PP_OK) {
                 s->broken = 1;
                 return o;

@@ -7,15 +7,17 @@
  *
  * Agreement. At a stage's first bucket every replica offers the others
  * its segment (one message each over the transport, once per group): a
- * 0600 POSIX shared-memory object it created, or "-" when it cannot (a
- * peer the transport does not see on this host (pp_transport_peer_shm:
- * same boot, /dev/shm, user; network namespaces may differ), no room in
- * /dev/shm, or the ring told not to). Shared memory is used only when
- * every replica offered one; otherwise the stage keeps to the ring. A
- * peer's segment is checked before use (this user's, mode 0600, its size,
- * header: run id, stage, replica, layout) and its name is unlinked by its
- * owner once every peer has mapped it (a crashed rank's name is removed by
- * the transport's sweep of dead processes' objects).
+ * 0600 POSIX shared-memory object it created with the transport's host id
+ * (pp_transport_host_id: same boot, /dev/shm, user; network namespaces
+ * may differ), or "-" when it cannot (the transport keeps off shared
+ * memory, no room in /dev/shm, or the ring told not to). Shared memory is
+ * used only when every replica offered one with this replica's host id
+ * (equality is transitive: every replica decides alike); otherwise the
+ * stage keeps to the ring. A peer's segment is checked before use (this
+ * user's, mode 0600, its size, header: the random key sent with the
+ * offer, stage, replica, layout) and its name is unlinked by its owner
+ * once every peer has mapped it (a crashed rank's name is removed by the
+ * transport's sweep of dead processes' objects).
  *
  * Data. Each replica's segment holds two buffers of R slots of a fixed
  * number of floats. A bucket is summed in rounds: in round q every chunk
