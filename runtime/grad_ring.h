@@ -50,7 +50,7 @@ typedef struct pp_grad_ring_options {
      * shared memory instead (grad_shm.h: the same bits, no transport):
      * 0 when they can, < 0 never. Not with shard (ZeRO-1 keeps the ring). */
     int same_host;
-    /* Shared memory: bytes each chunk moves per round; 0: 256 KiB. Every
+    /* Shared memory: bytes each chunk moves per round; 0: 1 MiB. Every
      * replica must use the same. */
     int64_t shm_slot_bytes;
 } pp_grad_ring_options;

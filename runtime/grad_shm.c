@@ -25,7 +25,7 @@
 #define HEADER_BYTES ((size_t)4096) /* slots start page-aligned */
 #define NAME_CAP 64
 #define OFFER_CAP 512 /* "NAME HOST_ID" */
-#define DEFAULT_SLOT_BYTES ((int64_t)256 << 10)
+#define DEFAULT_SLOT_BYTES ((int64_t)1 << 20)
 #define MAX_SLOT_BYTES ((int64_t)1 << 30)
 #define SPIN_NS 30000L            /* before sleeping: a peer doing the same work arrives within microseconds */
 #define SLEEP_SLICE_NS 100000000L /* between looks at the transport for a peer that is gone */

@@ -45,7 +45,7 @@ typedef struct pp_grad_shm_options {
     pp_transport *t;
     int replicas, replica;
     int n_stages, stage;  /* world stage of replica k: k * n_stages + stage */
-    int64_t slot_bytes;   /* floats per slot, in bytes; 0: 256 KiB. Every replica must use the same */
+    int64_t slot_bytes;   /* floats per slot, in bytes; 0: 1 MiB. Every replica must use the same */
     int offer;            /* 0: offer "-" (never use shared memory) */
 } pp_grad_shm_options;
 
