@@ -195,8 +195,9 @@ static pp_status open_peer(pp_grad_shm *s, int k, const char *name, uint64_t key
     const char *what = "";
     int fd = shm_open(name, O_RDWR, 0);
     if (fd < 0)
-        return pp_error(PP_ERR_IO, "stage %d: shared memory %s offered by replica %d (rank %d): %s", s->o.stage, name, k,
-                        world_rank(s, k), strerror(errno));
+        /* most likely the peer gave up on it (or sees another /dev/shm) */
+        return pp_error(PP_ERR_PEER, "stage %d: shared memory %s offered by replica %d (rank %d) cannot be opened: %s",
+                        s->o.stage, name, k, world_rank(s, k), strerror(errno));
     struct stat st;
     size_t bytes = seg_bytes(s);
     if (fstat(fd, &st) != 0) what = "cannot be inspected";

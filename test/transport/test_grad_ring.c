@@ -217,17 +217,19 @@ static void test_shm_collective_same_bits(void **state) {
     for (int i = 0; i < NP; i++) total += (int)((numel[i] + 15) / 16 * 16);
     for (int R = 2; R <= 4; R++) {
         int used = 0, used_small = 0, declined = -1;
-        float *ring = run_shm("tcp", 0, R, -1, R, 0, NULL);
+        float *ring = run_shm("tcp", 0, R, -1, R, 0, NULL), *socket = run_shm("tcp", -1, R, -1, R, 0, NULL);
         float *shm = run_shm("tcp", 0, R, -1, 0, 0, &used);
         float *small = run_shm("tcp", 0, R, -1, 0, 4096, &used_small);
         float *mixed = run_shm("tcp", 0, R, 0, R - 1, 0, &declined);
         assert_true(used > 0 && used_small > 0);
         assert_int_equal(declined, 0);
         size_t bytes = sizeof(float) * (size_t)total * STEPS;
+        assert_memory_equal(ring, socket, bytes);
         assert_memory_equal(ring, shm, bytes);
         assert_memory_equal(ring, small, bytes);
         assert_memory_equal(ring, mixed, bytes);
         free(ring);
+        free(socket);
         free(shm);
         free(small);
         free(mixed);
@@ -252,6 +254,7 @@ typedef struct quit_job {
     pp_transport **t;
     int k, close_after; /* replica 1: close its transport after step 0, or just stop */
     int timeout_ms;
+    int64_t slot_bytes;
     pp_status s[2];
     char err[512];
 } quit_job;
@@ -263,7 +266,7 @@ static void *quit_main(void *arg) {
     int64_t off[1] = {0}, nm[1] = {N};
     float *grad = calloc(N, sizeof(float));
     pp_flat_params fp = {1, NULL, names, off, nm, NULL, NULL, N, NULL, grad, NULL};
-    pp_grad_ring_options o = {*j->t, 2, j->k, 1, 16 << 10, 256 << 10, 0, 0, 0, 0};
+    pp_grad_ring_options o = {*j->t, 2, j->k, 1, 16 << 10, 256 << 10, 0, 0, 0, j->slot_bytes};
     pp_grad_ring *g = NULL;
     j->s[0] = j->s[1] = pp_grad_ring_new(&o, &g);
     for (int step = 0; step < 2 && j->s[0] == PP_OK; step++) {
@@ -294,7 +297,7 @@ static void check_quit(int close_after, int timeout_ms, pp_status code, const ch
     o.timeout_ms = 20000;
     pp_transport *t[2];
     tt_make_ranks("tcp", 2, &o, t);
-    quit_job jobs[2] = {{&t[0], 0, close_after, timeout_ms, {0}, ""}, {&t[1], 1, close_after, timeout_ms, {0}, ""}};
+    quit_job jobs[2] = {{&t[0], 0, close_after, timeout_ms, 0, {0}, ""}, {&t[1], 1, close_after, timeout_ms, 0, {0}, ""}};
     pthread_t th[2];
     for (int k = 0; k < 2; k++) assert_int_equal(pthread_create(&th[k], NULL, quit_main, &jobs[k]), 0);
     pthread_join(th[1], NULL);
@@ -316,6 +319,34 @@ static void test_shm_collective_peer_gone(void **state) {
 static void test_shm_collective_peer_silent(void **state) {
     (void)state;
     check_quit(0, 300, PP_ERR_TIMEOUT, "within 300 ms");
+}
+
+/* Replicas configured with different slot sizes (a misconfigured rank):
+ * each refuses the other's segment, naming it, instead of summing with a
+ * layout it does not share. */
+static void test_shm_collective_refuses_other_layout(void **state) {
+    (void)state;
+    pp_transport_options o;
+    pp_transport_options_init(&o);
+    o.timeout_ms = 5000;
+    pp_transport *t[2];
+    tt_make_ranks("tcp", 2, &o, t);
+    quit_job jobs[2] = {{&t[0], 0, 0, 5000, 4096, {0}, ""}, {&t[1], 1, 0, 5000, 8192, {0}, ""}};
+    pthread_t th[2];
+    for (int k = 0; k < 2; k++) assert_int_equal(pthread_create(&th[k], NULL, quit_main, &jobs[k]), 0);
+    for (int k = 0; k < 2; k++) pthread_join(th[k], NULL);
+    int said = 0; /* the second to look may find the first's segment gone already */
+    for (int k = 0; k < 2; k++) {
+        char who[32];
+        snprintf(who, sizeof who, "replica %d (rank %d)", 1 - k, 1 - k);
+        assert_int_equal(jobs[k].s[0], PP_ERR_PEER);
+        if (!strstr(jobs[k].err, who) || (!strstr(jobs[k].err, "another") && !strstr(jobs[k].err, "cannot be opened")))
+            fail_msg("replica %d should refuse %s's segment of another layout: %s", k, who, jobs[k].err);
+        said += strstr(jobs[k].err, "has another size") != NULL;
+    }
+    assert_true(said >= 1);
+    tt_close_ranks(2, t);
+    assert_int_equal(groups_left(), 0);
 }
 
 /* Regression: finish waited at most 60 s for the transport to let go of
@@ -352,6 +383,7 @@ int main(void) {
         cmocka_unit_test(test_shm_collective_refused_without_shm),
         cmocka_unit_test(test_shm_collective_peer_gone),
         cmocka_unit_test(test_shm_collective_peer_silent),
+        cmocka_unit_test(test_shm_collective_refuses_other_layout),
         cmocka_unit_test(test_settle_follows_transport_timeout),
     };
     tu_filter_from_env();
