@@ -234,7 +234,6 @@ static void offer_key(const pp_grad_shm *s, int peer, int sending, pp_transport_
                             sending ? theirs : mine, OFFER_NAME};
 }
 
-
 pp_status pp_grad_shm_new(const pp_grad_shm_options *o, int64_t step, pp_grad_shm **out) {
     *out = NULL;
     int64_t slot_bytes = o->slot_bytes ? o->slot_bytes : DEFAULT_SLOT_BYTES;
