@@ -18,6 +18,7 @@
 
 #include "grad_ring.h"
 #include "log_internal.h"
+#include "pippin/exec.h"
 #include "shm_ring.h"
 #include "status_internal.h"
 #include "vec.h"
@@ -389,7 +390,11 @@ static pp_status wait_one(pp_grad_shm *s, int k, uint32_t target, int timeout_ms
         long slice = deadline - now < SLEEP_SLICE_NS ? (long)(deadline - now) : SLEEP_SLICE_NS;
         atomic_fetch_add(&g->h->waiters, 1);
         uint32_t seen = atomic_load(&g->h->seq);
-        if ((int32_t)(seen - target) < 0) futex_wait(&g->h->seq, seen, slice);
+        if ((int32_t)(seen - target) < 0) {
+            pp_share_cores_idle(1); /* asleep: lend this rank's threads, as a blocking receive does */
+            futex_wait(&g->h->seq, seen, slice);
+            pp_share_cores_idle(0);
+        }
         atomic_fetch_sub(&g->h->waiters, 1);
         if (arrived(g, target)) break;
         /* a peer that died never wakes us: ask the transport */
