@@ -451,8 +451,11 @@ static void publish(pp_grad_shm *s) {
     }
 }
 
-/* out = a + b, and out += x: out (this replica's slot) is never an
- * operand, so restrict holds and the loops vectorize (vec.h). */
+/* The owner's sums. Its own values always come last in the ring's order
+ * (chunk c = owner + 1 starts at replica c and ends at c - 1, the owner),
+ * so the last addition writes the sum to its slot and its gradients at
+ * once. Every pointer is a different buffer: restrict holds and the loops
+ * vectorize (vec.h). */
 PP_VEC_CLONES static void add2(float *restrict out, const float *restrict a, const float *restrict b, int64_t n) {
     PP_VFOR(i, n, out[i] = a[i] + b[i];);
 }
@@ -461,25 +464,31 @@ PP_VEC_CLONES static void add_into(float *restrict out, const float *restrict x,
     PP_VFOR(i, n, out[i] += x[i];);
 }
 
-/* Phase 1: this replica's chunk summed in the ring's order (replica c
- * first), into its own slot and then its gradients. */
+/* out = mine = acc + mine */
+PP_VEC_CLONES static void add_last(float *restrict out, float *restrict mine, const float *restrict acc, int64_t n) {
+    PP_VFOR(i, n, float v = acc[i] + mine[i]; out[i] = v; mine[i] = v;);
+}
+
+/* out = mine = out + mine */
+PP_VEC_CLONES static void add_last_into(float *restrict out, float *restrict mine, int64_t n) {
+    PP_VFOR(i, n, float v = out[i] + mine[i]; out[i] = v; mine[i] = v;);
+}
+
+/* Phase 1: this replica's chunk c summed in the ring's order (replica c
+ * first, this one last), into its own slot and its gradients. */
 static void reduce_own(pp_grad_shm *s) {
     int r = s->o.replicas, me = s->o.replica, c = mod(me + 1, r);
     int64_t lo, n;
     slice_of(s, c, s->round, &lo, &n);
     if (!n) return;
     float *mine = s->buf + lo, *out = slot_of(s, me, s->rounds, c);
-    const float *x[2];
-    for (int j = 0; j < 2; j++) {
-        int who = mod(c + j, r);
-        x[j] = who == me ? mine : slot_of(s, who, s->rounds, c);
+    if (r == 2) {
+        add_last(out, mine, slot_of(s, c, s->rounds, c), n);
+        return;
     }
-    add2(out, x[0], x[1], n);
-    for (int j = 2; j < r; j++) {
-        int who = mod(c + j, r);
-        add_into(out, who == me ? mine : slot_of(s, who, s->rounds, c), n);
-    }
-    memcpy(mine, out, (size_t)n * sizeof(float));
+    add2(out, slot_of(s, c, s->rounds, c), slot_of(s, mod(c + 1, r), s->rounds, c), n);
+    for (int j = 2; j < r - 1; j++) add_into(out, slot_of(s, mod(c + j, r), s->rounds, c), n);
+    add_last_into(out, mine, n);
 }
 
 /* Phase 2: the sums the others own, from their slots. */
