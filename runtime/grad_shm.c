@@ -29,7 +29,7 @@
 #define OFFER_CAP 512 /* "NAME HOST_ID" */
 #define DEFAULT_SLOT_BYTES ((int64_t)1 << 20)
 #define MAX_SLOT_BYTES ((int64_t)1 << 30)
-#define SPIN_NS 30000L            /* before sleeping: a peer doing the same work arrives within microseconds */
+#define SPIN_NS 200000L /* before sleeping: a peer doing the same work arrives soon, and a wake-up costs more (an idle vCPU halts) */
 #define SLEEP_SLICE_NS 100000000L /* between looks at the transport for a peer that is gone */
 #define OFFER_MICROBATCH (PP_GRAD_RING_MICROBATCH - 2)
 #define OFFER_NAME "pippin:shm:offer"
