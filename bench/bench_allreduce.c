@@ -2,8 +2,9 @@
  * MPI_Allreduce on the same bytes, in the same processes, on the same host.
  * Run it under mpirun (bench/bench_allreduce.sh does):
  *
- *   mpirun -np 2 pippin-bench-allreduce [--json] [--noshm] [--iters N]
+ *   mpirun -np 2 pippin-bench-allreduce [--json] [--noshm] [--ring] [--iters N]
  *                                       [--size BYTES] [--only pippin|mpi]
+ *                                       [--slot BYTES]
  *
  * Each size: float32 buffers summed in place, a few warm-up rounds, then N
  * timed rounds of each, pippin's and MPI's taken in turn (so a change in
@@ -13,8 +14,11 @@
  * (for perf stat on the processes: system calls, context switches).
  * Buckets this small are summed directly rather than round the ring
  * (runtime/grad_ring.h). pippin's ring
- * runs over its transport (tcp on loopback; same-host peers use the
- * shared-memory rings unless --noshm), with the whole buffer as one bucket.
+ * sums through shared memory when every process is on this host
+ * (runtime/grad_shm.h), else over its transport (tcp on loopback); --ring
+ * keeps it on the transport (same-host peers then use the transport's
+ * shared-memory rings unless --noshm); --slot: the shared-memory slot size.
+ * The whole buffer is one bucket.
  * Both results are checked against the exact sum. Prints one line per size,
  * or with --json one JSON object per size: bytes, pippin_gbps, mpi_gbps,
  * ratio (pippin / MPI), and per round and process what the machine's load
@@ -111,21 +115,23 @@ static int check(const float *x, int64_t n, int nranks, const char *who, int ran
 int main(int argc, char **argv) {
     counters_open(); /* before MPI and libzmq start their threads */
     MPI_Init(&argc, &argv);
-    int rank, nranks, json = 0, noshm = 0, iters = 20, run_pippin = 1, run_mpi = 1;
-    int64_t only_size = 0;
+    int rank, nranks, json = 0, noshm = 0, ring = 0, iters = 20, run_pippin = 1, run_mpi = 1;
+    int64_t only_size = 0, slot = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &nranks);
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) json = 1;
         else if (!strcmp(argv[i], "--noshm")) noshm = 1;
+        else if (!strcmp(argv[i], "--ring")) ring = 1;
+        else if (!strcmp(argv[i], "--slot") && i + 1 < argc) slot = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--size") && i + 1 < argc) only_size = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "pippin")) run_mpi = 0, i++;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "mpi")) run_pippin = 0, i++;
         else {
             if (!rank)
-                fprintf(stderr, "usage: mpirun -np R %s [--json] [--noshm] [--iters N] [--size BYTES] "
-                        "[--only pippin|mpi]\n", argv[0]);
+                fprintf(stderr, "usage: mpirun -np R %s [--json] [--noshm] [--ring] [--iters N] [--size BYTES] "
+                        "[--only pippin|mpi] [--slot BYTES]\n", argv[0]);
             MPI_Finalize();
             return 2;
         }
@@ -167,7 +173,9 @@ int main(int argc, char **argv) {
     }
     if (!rank && !json)
         printf("all-reduce of float32, %d processes on this host, %d rounds each, taken in turn; pippin over "
-               "tcp%s (counters: pippin / MPI)\n%12s %14s %14s %8s %10s\n", nranks, iters, noshm ? " (no shared memory)" : " + shared-memory rings",
+               "%s (counters: pippin / MPI)\n%12s %14s %14s %8s %10s\n", nranks, iters,
+               noshm ? "tcp (no shared memory)" : ring ? "tcp + the transport's shared-memory rings"
+                                                 : "shared memory (grad_shm) if every process is on this host",
                "bytes", "pippin GB/s", "MPI GB/s", "ratio", "best/best");
     int64_t step = 0;
     int bad = 0;
@@ -176,7 +184,8 @@ int main(int argc, char **argv) {
         int64_t n = bytes / (int64_t)sizeof(float);
         float *x = malloc((size_t)bytes);
         /* pippin: one stage per rank, the whole buffer one bucket */
-        pp_grad_ring_options ro = {t, nranks, rank, 1, bytes, bytes};
+        pp_grad_ring_options ro = {t, nranks, rank, 1, bytes, bytes, 0, 0, ring ? -1 : 0, slot};
+        int via_shm = 0;
         pp_grad_ring *g;
         if (pp_grad_ring_new(&ro, &g) != PP_OK) MPI_Abort(MPI_COMM_WORLD, 1);
         int64_t off0 = 0, numel = n;
@@ -204,6 +213,7 @@ int main(int argc, char **argv) {
                     MPI_Abort(MPI_COMM_WORLD, 1);
                 }
                 if (it == 0) bad |= check(x, n, nranks, "pippin", rank);
+                via_shm = pp_grad_ring_shm_buckets(g) > 0;
                 if (it >= 0) tp[it] = dt;
             }
             if (run_mpi) {
@@ -236,14 +246,16 @@ int main(int argc, char **argv) {
         MPI_Allreduce(MPI_IN_PLACE, cm, N_COUNTERS, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
         double per = (double)iters * nranks;
         if (!rank && json)
-            printf("{\"bytes\": %lld, \"processes\": %d, \"shm\": %s, \"pippin_gbps\": %.4f, \"mpi_gbps\": %.4f, "
+            printf("{\"bytes\": %lld, \"processes\": %d, \"shm\": %s, \"via\": \"%s\", \"pippin_gbps\": %.4f, \"mpi_gbps\": %.4f, "
                    "\"ratio\": %.3f, \"ratio_best\": %.3f, \"pippin_syscalls\": %.1f, \"mpi_syscalls\": %.1f, "
                    "\"pippin_cswitches\": %.1f, \"mpi_cswitches\": %.1f, \"pippin_cpu_ms\": %.3f, "
-                   "\"mpi_cpu_ms\": %.3f}\n", (long long)bytes, nranks, noshm ? "false" : "true", gp, gm, gp / gm,
+                   "\"mpi_cpu_ms\": %.3f}\n", (long long)bytes, nranks, noshm ? "false" : "true",
+                   via_shm ? "grad_shm" : "transport", gp, gm, gp / gm,
                    bp / bm, cp[0] / per, cm[0] / per, cp[1] / per, cm[1] / per, cp[2] / per / 1e6, cm[2] / per / 1e6);
         else if (!rank)
-            printf("%12lld %14.3f %14.3f %7.2fx %9.2fx   per round and process: syscalls %.1f / %.1f, context "
-                   "switches %.1f / %.1f, CPU ms %.3f / %.3f\n", (long long)bytes, gp, gm, gp / gm, bp / bm, cp[0] / per,
+            printf("%12lld %14.3f %14.3f %7.2fx %9.2fx   %s; per round and process: syscalls %.1f / %.1f, context "
+                   "switches %.1f / %.1f, CPU ms %.3f / %.3f\n", (long long)bytes, gp, gm, gp / gm, bp / bm,
+                   via_shm ? "grad_shm" : "transport", cp[0] / per,
                    cm[0] / per, cp[1] / per, cm[1] / per, cp[2] / per / 1e6, cm[2] / per / 1e6);
         fflush(stdout);
     }

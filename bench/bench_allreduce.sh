@@ -1,7 +1,10 @@
 #!/bin/sh
-# The replicas' gradient ring against Open MPI's MPI_Allreduce (prints the
-# ratios): 2 processes on this host, with pippin's shared-memory rings and
-# without (its socket path, what crosses hosts).
+# The replicas' gradient sum against Open MPI's MPI_Allreduce (prints the
+# ratios): 2 processes on this host, through shared memory
+# (runtime/grad_shm.c; MPI with its shared-memory transport), then the ring
+# over pippin's transport with its shared-memory rings (--ring: the path
+# before grad_shm), then over sockets alone (what crosses hosts; MPI over
+# tcp too).
 #   bench/bench_allreduce.sh [BUILD_DIR] [--json]
 # Needs Open MPI: PIPPIN_WITH_MPI=1 scripts/install-deps, then rebuild.
 set -eu
@@ -15,7 +18,6 @@ fi
 np=${NP:-2}
 mpi="mpirun -np $np --oversubscribe --bind-to none"
 [ "$(id -u)" -eq 0 ] && mpi="$mpi --allow-run-as-root"
-# MPI with its defaults (shared memory between same-host processes) against
-# pippin with its shared-memory rings; then both over tcp sockets only.
 $mpi "$exe" "$@"
+$mpi "$exe" --ring "$@"
 $mpi --mca btl tcp,self "$exe" --noshm "$@"

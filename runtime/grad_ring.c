@@ -9,13 +9,19 @@
 #include <string.h>
 #include <time.h>
 
+#include "grad_shm.h"
 #include "status_internal.h"
+#include "vec.h"
 
 /* Buckets of at most this many bytes times R - 1 are summed directly by
  * default (pp_grad_ring_options.direct_max_bytes): the small buckets,
  * whose time is latency. */
 #define DIRECT_MAX_BYTES ((int64_t)128 << 10)
 #define MAX_DIRECT_REPLICAS 64
+
+/* How a bucket is summed: not known until the stage's replicas agreed on
+ * shared memory (grad_shm.h), over the transport, or through it. */
+enum { WAY_PENDING, WAY_TRANSPORT, WAY_SHM };
 
 typedef struct bucket {
     int stage, id;      /* id: the stage's bucket number this step */
@@ -27,6 +33,7 @@ typedef struct bucket {
     int limit;          /* the phase it may run to now */
     int params;         /* sharded, after the update: the all-gather moves parameters */
     pp_tensor **got;    /* direct: [R] what each replica sent in this phase */
+    int way;            /* WAY_* */
 } bucket;
 
 /* Chunks sent straight from the flat buffers: the transport (or libzmq's
@@ -55,6 +62,7 @@ struct pp_grad_ring {
     int *next_id;       /* [n_stages]: the next bucket id per stage */
     int overlapped;     /* buckets already summed when the step waited for the rest */
     loans *loans;
+    pp_grad_shm **shm;  /* [n_stages]: the stage's shared-memory group, once its first bucket came */
 };
 
 static void loans_unref(loans *l) {
@@ -86,8 +94,9 @@ pp_status pp_grad_ring_new(const pp_grad_ring_options *o, pp_grad_ring **out) {
     pp_grad_ring *g = calloc(1, sizeof *g);
     if (g) g->next_id = calloc((size_t)o->n_stages, sizeof *g->next_id);
     if (g) g->loans = calloc(1, sizeof *g->loans);
-    if (!g || !g->next_id || !g->loans) {
-        if (g) free(g->next_id);
+    if (g) g->shm = calloc((size_t)o->n_stages, sizeof *g->shm);
+    if (!g || !g->next_id || !g->loans || !g->shm) {
+        if (g) free(g->next_id), free(g->loans), free(g->shm);
         free(g);
         return pp_error(PP_ERR_NOMEM, "out of memory");
     }
@@ -118,6 +127,8 @@ void pp_grad_ring_free(pp_grad_ring *g) {
     if (!g) return;
     drop_buckets(g);
     loans_unref(g->loans); /* chunks still out keep it (and their buffers) until they are let go */
+    for (int s = 0; s < g->o.n_stages; s++) pp_grad_shm_free(g->shm[s]);
+    free(g->shm);
     free(g->b);
     free(g->next_id);
     free(g);
@@ -128,10 +139,23 @@ void pp_grad_ring_begin(pp_grad_ring *g, int64_t step) {
     drop_buckets(g);
     g->done = 0;
     memset(g->next_id, 0, sizeof *g->next_id * (size_t)g->o.n_stages);
+    /* a group left mid-sum or mid-agreement by a failed step: its counters
+     * no longer match the peers'; agreed again from scratch */
+    for (int s = 0; s < g->o.n_stages; s++)
+        if (g->shm[s] && pp_grad_shm_broken(g->shm[s])) {
+            pp_grad_shm_free(g->shm[s]);
+            g->shm[s] = NULL;
+        }
 }
 
 int pp_grad_ring_buckets(const pp_grad_ring *g) { return g->n; }
 int pp_grad_ring_overlapped(const pp_grad_ring *g) { return g->overlapped; }
+
+int pp_grad_ring_shm_buckets(const pp_grad_ring *g) {
+    int n = 0;
+    for (int i = 0; i < g->n; i++) n += g->b[i].way == WAY_SHM;
+    return n;
+}
 
 static pp_status push(pp_grad_ring *g, int stage, pp_flat_params *fp, int full, int64_t off, int64_t len) {
     if (g->n == g->cap) {
@@ -143,7 +167,8 @@ static pp_status push(pp_grad_ring *g, int stage, pp_flat_params *fp, int full, 
     int r = g->o.replicas;
     int64_t dmax = g->o.direct_max_bytes ? g->o.direct_max_bytes : DIRECT_MAX_BYTES;
     int direct = r <= MAX_DIRECT_REPLICAS && (int64_t)(r - 1) * len * (int64_t)sizeof(float) <= dmax;
-    bucket b = {stage, g->next_id[stage]++, fp, off, len, direct, 0, 0, 0, 0, NULL};
+    bucket b = {stage, g->next_id[stage]++, fp, off, len, direct, 0, 0, 0, 0, NULL, WAY_TRANSPORT};
+    if (g->shm[stage]) b.way = pp_grad_shm_in_use(g->shm[stage]) ? WAY_SHM : WAY_PENDING;
     b.limit = direct ? 1 : g->o.shard && !full ? r - 1 : 2 * (r - 1);
     if (direct && !(b.got = calloc((size_t)r, sizeof *b.got))) return pp_error(PP_ERR_NOMEM, "out of memory");
     g->b[g->n++] = b;
@@ -184,6 +209,13 @@ static pp_status add_one(void *user, int64_t off, int64_t len) {
 
 pp_status pp_grad_ring_add(pp_grad_ring *g, int stage, pp_flat_params *fp, int full) {
     if (stage < 0 || stage >= g->o.n_stages) return pp_error(PP_ERR_INVALID, "gradient ring: no stage %d", stage);
+    if (!g->shm[stage] && !g->o.shard && fp && fp->total > 0) {
+        /* the stage's first bucket: offer shared memory (once; "no" too, so
+         * that every replica learns whether all can) */
+        pp_grad_shm_options so = {g->o.t, g->o.replicas, g->o.replica, g->o.n_stages, stage, g->o.shm_slot_bytes,
+                                  g->o.same_host >= 0};
+        PP_TRY(pp_grad_shm_new(&so, g->step, &g->shm[stage]));
+    }
     add_ctx a = {g, stage, fp, full};
     PP_TRY(cut(&g->o, fp, add_one, &a));
     return pp_grad_ring_progress(g);
@@ -285,6 +317,12 @@ static pp_status chunk_error(const pp_grad_ring *g, const bucket *b, int from, i
 
 static int chunk_ok(const pp_tensor *in, int64_t n) { return in->dtype == PP_F32 && in->ndim == 1 && in->shape[0] == n; }
 
+/* dst += src: a received chunk (the transport's memory, never the
+ * bucket's), so restrict holds and the loop vectorizes (vec.h). */
+PP_VEC_CLONES static void add_chunk(float *restrict dst, const float *restrict src, int64_t n) {
+    PP_VFOR(i, n, dst[i] += src[i];);
+}
+
 /* Adds (reduce-scatter) or copies (all-gather) the received chunk, reading
  * it where the transport put it (the sender's ring, or the frame). */
 static pp_status apply_chunk(pp_grad_ring *g, bucket *b, pp_tensor *in) {
@@ -296,7 +334,7 @@ static pp_status apply_chunk(pp_grad_ring *g, bucket *b, pp_tensor *in) {
     float *dst = phase_buf(b) + lo;
     const float *src = in->data;
     if (b->phase < g->o.replicas - 1 && !b->params)
-        for (int64_t i = 0; i < n; i++) dst[i] += src[i];
+        add_chunk(dst, src, n);
     else if (n)
         memcpy(dst, src, (size_t)n * sizeof(float));
     b->phase++;
@@ -416,7 +454,29 @@ static pp_status advance_direct(pp_grad_ring *g, bucket *b, int wait, int timeou
     return PP_OK;
 }
 
+/* ---- through shared memory ---- */
+
+static pp_status advance_shm(pp_grad_ring *g, bucket *b, int wait, int timeout_ms) {
+    pp_grad_shm *sh = g->shm[b->stage];
+    if (b->way == WAY_PENDING) {
+        int decided;
+        PP_TRY(pp_grad_shm_agree(sh, wait, timeout_ms, &decided));
+        if (!decided) return PP_OK;
+        int way = pp_grad_shm_in_use(sh) ? WAY_SHM : WAY_TRANSPORT;
+        for (int i = 0; i < g->n; i++)
+            if (g->b[i].stage == b->stage && g->b[i].way == WAY_PENDING) g->b[i].way = way;
+        if (way == WAY_TRANSPORT) return PP_OK;
+    }
+    int done;
+    int tmo = timeout_ms < 0 ? pp_transport_timeout_ms(g->o.t) : timeout_ms;
+    PP_TRY(pp_grad_shm_sum(sh, b->fp->grad, b->off, b->len, b->id, wait, tmo, &done));
+    if (done) b->phase = b->limit;
+    return PP_OK;
+}
+
 static pp_status advance(pp_grad_ring *g, bucket *b, int wait, int timeout_ms) {
+    if (b->way != WAY_TRANSPORT) PP_TRY(advance_shm(g, b, wait, timeout_ms));
+    if (b->way != WAY_TRANSPORT) return PP_OK;
     return b->direct ? advance_direct(g, b, wait, timeout_ms) : advance_ring(g, b, wait, timeout_ms);
 }
 

@@ -14,6 +14,9 @@
  * Small buckets skip the ring: every replica sends its whole bucket to
  * every other and adds them up in that same order (one round trip).
  *
+ * When every replica of a stage runs on this host, the stage's buckets are
+ * summed through shared memory instead (grad_shm.h), with the same bits.
+ *
  * Chunks are sent straight from the flat buffers (no copy; the transport
  * copies into a shared-memory ring, or libzmq writes them out from there):
  * finish and gather return only once the transport has let go of them. */
@@ -43,6 +46,13 @@ typedef struct pp_grad_ring_options {
      * (each replica sends the whole bucket to every other: one round trip
      * instead of 2(R - 1), the same bits). 0: 128 KiB; < 0: never. */
     int64_t direct_max_bytes;
+    /* Replicas all on this host (as the transport sees them) sum through
+     * shared memory instead (grad_shm.h: the same bits, no transport):
+     * 0 when they can, < 0 never. Not with shard (ZeRO-1 keeps the ring). */
+    int same_host;
+    /* Shared memory: bytes each chunk moves per round; 0: 1 MiB. Every
+     * replica must use the same. */
+    int64_t shm_slot_bytes;
 } pp_grad_ring_options;
 
 typedef struct pp_grad_ring pp_grad_ring;
@@ -85,6 +95,8 @@ pp_status pp_grad_ring_shard(const pp_grad_ring_options *o, int replica, const p
 void pp_ring_ranges_free(pp_ring_ranges *r);
 /* Buckets added in the step so far (for tests and the log). */
 int pp_grad_ring_buckets(const pp_grad_ring *g);
+/* Of those, how many were summed through shared memory (grad_shm.h). */
+int pp_grad_ring_shm_buckets(const pp_grad_ring *g);
 /* Of those, how many were summed (their backward half) before the last
  * pp_grad_ring_finish had to wait: the overlap with compute. */
 int pp_grad_ring_overlapped(const pp_grad_ring *g);

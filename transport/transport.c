@@ -365,6 +365,12 @@ uint64_t pp_transport_run_id(const pp_transport *t) { return t->run_known ? t->r
 
 int pp_transport_timeout_ms(const pp_transport *t) { return t->timeout_ms; }
 
+const char *pp_transport_host_id(const pp_transport *t) { return t->shm_bytes ? t->host_id : ""; }
+
+int pp_transport_stage_rank(const pp_transport *t, int stage) {
+    return stage >= 0 && stage < t->nstages ? t->stage_ranks[stage] : -1;
+}
+
 void pp_transport_close(pp_transport *t) {
     if (!t) return;
     if (pp_log_get_level() <= PP_LOG_DEBUG) {

@@ -237,6 +237,16 @@ PP_API uint64_t pp_transport_run_id(const pp_transport *t);
  * or to a layer above it stands for. */
 PP_API int pp_transport_timeout_ms(const pp_transport *t);
 
+/* The rank that runs stage (stage_ranks of the options); -1 if there is no
+ * such stage. */
+PP_API int pp_transport_stage_rank(const pp_transport *t, int stage);
+
+/* What this rank's same-host peers share with it: equal for two ranks
+ * only when they can open each other's 0600 shared memory (boot, /dev/shm,
+ * user; see shm_bytes), as sent in the hello. "" when this transport keeps
+ * off shared memory (shm_bytes < 0, CURVE, no /proc). */
+PP_API const char *pp_transport_host_id(const pp_transport *t);
+
 /* Sets or changes a peer's endpoint and connects to it. */
 PP_API pp_status pp_transport_connect_peer(pp_transport *t, int rank, const char *endpoint);
 

@@ -148,6 +148,41 @@ for trial in $(seq 1 "$TRIALS"); do
     ok "$vstatus" "$vmsg"
 done
 
+# Data-parallel replicas (2 stages x 2 replicas; the replicas sum their
+# gradients through shared memory, runtime/grad_shm.c): a rank killed at a
+# random moment and started again by pippin run. Every rank drops its
+# segments with its run and agrees on new ones after the rollback (the
+# dead rank's are swept); the run ends as the uninterrupted one.
+rep_cfg="split: {auto: 2}
+replicas: 2"
+cfg rfull "$tmp/rfull-params" "$(ipc_ranks rfull)" "$rep_cfg"
+if ! timeout 120 "$PIPPIN" run "$tmp/rfull.yaml" >"$tmp/rfull.out" 2>"$tmp/rfull.err"; then
+    ok 1 "replicas: uninterrupted run: $(tail -3 "$tmp/rfull.err")"
+else
+    victim=$(rand 4)
+    delay_ms=$((300 + $(rand $((run_ms * 6 / 10 + 1)))))
+    cfg rtrial "$tmp/rtrial-params" "$(ipc_ranks rtrial)" "$rep_cfg
+checkpoint: {dir: $tmp/ck-rtrial, every: 1}"
+    timeout 300 "$PIPPIN" run "$tmp/rtrial.yaml" --restart 3 >"$tmp/rtrial.out" 2>"$tmp/rtrial.err" &
+    lpid=$!
+    msleep $delay_ms
+    pkill -9 -f "worker $tmp/rtrial.yaml --rank $victim"
+    wait $lpid
+    rc=$?
+    desc="replicas: rank $victim killed after $delay_ms ms, $(grep -c "restarted rank" "$tmp/rtrial.err") restart(s)"
+    if [ $rc -ne 0 ]; then
+        ok 1 "$desc: pippin run exited $rc: $(grep -v 'dropped a message' "$tmp/rtrial.err" | tail -3 | tr '\n' ' ')"
+    elif [ -n "$(crashed "$tmp/rtrial.err")" ]; then
+        ok 1 "$desc: a sanitizer report: $(grep -m1 -A3 "Sanitizer\|runtime error" "$tmp/rtrial.err")"
+    elif [ "$(last_losses "$tmp/rtrial.out")" != "$(last_losses "$tmp/rfull.out")" ]; then
+        ok 1 "$desc: losses differ from the uninterrupted run's"
+    elif ! diff -r "$tmp/rfull-params" "$tmp/rtrial-params" >/dev/null 2>&1; then
+        ok 1 "$desc: trained parameters differ"
+    else
+        ok 0 "$desc; losses and parameters as uninterrupted"
+    fi
+fi
+
 # A failure that comes back after every rollback (rank 3 stalls past
 # timeout_ms each time it finishes a step from 20 on, like a slow evaluation) ends the
 # run once rejoin_timeout_ms has passed since it first failed, instead of

@@ -259,8 +259,19 @@ fi
 
 # ---- 2 stages x 2 replicas ----
 # the same 4 ranks as 2 balanced stages x 2 data-parallel replicas (replica
-# k's ranks are 2k, 2k+1): the gradient ring crosses the bridge too
+# k's ranks are 2k, 2k+1). In network namespaces that share /dev/shm the
+# replicas sum their gradients through shared memory (runtime/grad_shm.c);
+# with a private /dev/shm each (mount namespaces) they must not, and the
+# gradient ring crosses the bridge
+shm_sums() { cat "$tmp/$1"-?.err | grep -c "replicas sum gradients through shared memory"; }
+ring_sums() { cat "$tmp/$1"-?.err | grep -c "gradients summed over the transport"; }
 netns_case replicas r2 "split: {auto: 2}
 replicas: 2" yes netns netns netns netns
+[ "$(shm_sums replicas)" -ge 4 ] && [ "$(ring_sums replicas)" -eq 0 ]
+ok $? "replicas: every rank summed its stage's gradients through shared memory ($(shm_sums replicas) groups)"
+netns_case replicas-mountns r2 "split: {auto: 2}
+replicas: 2" no mountns mountns mountns mountns
+[ "$(shm_sums replicas-mountns)" -eq 0 ] && [ "$(ring_sums replicas-mountns)" -ge 4 ]
+ok $? "replicas-mountns: private /dev/shm: gradients summed over the transport ($(ring_sums replicas-mountns) groups)"
 
 echo "1..$n"

@@ -656,6 +656,35 @@ static void test_local_stages(void **state) {
     pp_transport_close(t);
 }
 
+/* What the gradient sum through shared memory (runtime/grad_shm.c) asks:
+ * which rank runs a stage, and the host id, which is "" when the
+ * transport keeps off shared memory. */
+static void test_stage_rank_and_host_id(void **state) {
+    (void)state;
+    for (int shm = 0; shm < 2; shm++) {
+        pp_transport_options o = base_opts(500);
+        int stage_ranks[3] = {0, 0, 0};
+        const char *eps[1];
+        char ep[128];
+        tt_endpoint("inproc", 0, ep, sizeof ep);
+        eps[0] = ep;
+        o.nranks = 1;
+        o.endpoints = eps;
+        o.nstages = 3;
+        o.stage_ranks = stage_ranks;
+        o.shm_bytes = shm ? 0 : -1;
+        pp_transport *t;
+        TT_OK(pp_transport_create(&o, &t));
+        assert_int_equal(pp_transport_stage_rank(t, 2), 0);
+        assert_int_equal(pp_transport_stage_rank(t, 3), -1);
+        assert_int_equal(pp_transport_stage_rank(t, -1), -1);
+        char id[256];
+        pp_shm_host_id(id, sizeof id);
+        assert_string_equal(pp_transport_host_id(t), shm ? id : "");
+        pp_transport_close(t);
+    }
+}
+
 static void test_recv_timeout_names_peer(void **state) {
     (void)state;
     pp_transport_options o = base_opts(300);
@@ -1088,6 +1117,7 @@ int main(void) {
         cmocka_unit_test(test_bidirectional_no_deadlock),
         cmocka_unit_test(test_control_messages),
         cmocka_unit_test(test_many_ranks_inproc_threads),
+        cmocka_unit_test(test_stage_rank_and_host_id),
     };
     tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
