@@ -580,9 +580,7 @@ static pp_status gradient_place(void *user, int value, pp_tensor **target) {
     pp_stage *st = user;
     int i = st->grad_param[value];
     if (st->dp || i < 0) return PP_OK;
-    const pp_flat_params *fp = st->params;
-    return pp_tensor_wrap(PP_F32, fp->ndims[i], fp->shapes + (size_t)i * PP_MAX_DIMS, fp->grad + fp->offset[i], NULL,
-                          NULL, target);
+    return pp_flat_params_grad_view(st->params, i, target);
 }
 
 pp_status pp_stage_backward_weight(pp_stage *st, int mb) {

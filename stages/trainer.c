@@ -55,10 +55,7 @@ static pp_status add_gradient(void *user, int value, pp_tensor **slot) {
  * into its place (pp_exec_set_target_hook). */
 static pp_status gradient_place(void *user, int value, pp_tensor **target) {
     pp_trainer *t = user;
-    int i = t->grad_param[value];
-    const pp_flat_params *fp = t->fp;
-    return pp_tensor_wrap(PP_F32, fp->ndims[i], fp->shapes + (size_t)i * PP_MAX_DIMS, fp->grad + fp->offset[i], NULL,
-                          NULL, target);
+    return pp_flat_params_grad_view(t->fp, t->grad_param[value], target);
 }
 
 static pp_status watch_gradients(pp_trainer *t) {

@@ -95,9 +95,9 @@ static void test_gpt_training_step_on_fake_device(void **state) {
     pp_pipe_free(pd);
 }
 
-/* The GPT pipe with every stage on spec (NULL: the CPU) and an optimizer. */
-static pp_runner *gpt_runner(const char *spec, const pp_optim_config *oc, pp_pipe **p_out) {
-    pp_graph *g = tu_fixture_onnx("gpt", "model.onnx");
+/* A fixture's pipe with every stage on spec (NULL: the CPU) and an optimizer. */
+static pp_runner *fixture_runner(const char *fixture, const char *spec, const pp_optim_config *oc, pp_pipe **p_out) {
+    pp_graph *g = tu_fixture_onnx(fixture, "model.onnx");
     TU_OK(pp_pipe_split(g, NULL, p_out));
     pp_graph_free(g);
     pp_runner *r;
@@ -125,16 +125,26 @@ static pp_device_stats take_copies(pp_runner *r) {
     return sum;
 }
 
-/* One training step: zero_grad, 2 microbatches, the optimizer. */
-static void train_step(pp_runner *r, pp_tensor **outs) {
-    pp_tensor *ins[2] = {tu_fixture_npy("gpt", "idx.npy"), tu_fixture_npy("gpt", "targets.npy")};
+static pp_runner *gpt_runner(const char *spec, const pp_optim_config *oc, pp_pipe **p_out) {
+    return fixture_runner("gpt", spec, oc, p_out);
+}
+
+/* One training step of a fixture fed its two inputs: zero_grad, 2
+ * microbatches, the optimizer. */
+static void fixture_step(const char *fixture, const char *const names[2], pp_runner *r, pp_tensor **outs) {
+    char f0[64], f1[64];
+    snprintf(f0, sizeof f0, "%s.npy", names[0]);
+    snprintf(f1, sizeof f1, "%s.npy", names[1]);
+    pp_tensor *ins[2] = {tu_fixture_npy(fixture, f0), tu_fixture_npy(fixture, f1)};
     pp_runner_zero_grad(r);
     for (int o = 0; o < pp_runner_n_outputs(r); o++) pp_tensor_free(outs[o]), outs[o] = NULL;
-    TU_OK(pp_runner_step(r, 2, NULL, 2, input_names, ins, outs));
+    TU_OK(pp_runner_step(r, 2, NULL, 2, names, ins, outs));
     TU_OK(pp_runner_optimizer_step(r));
     pp_tensor_free(ins[0]);
     pp_tensor_free(ins[1]);
 }
+
+static void train_step(pp_runner *r, pp_tensor **outs) { fixture_step("gpt", input_names, r, outs); }
 
 /* Every parameter and gradient of a equals b's, bit for bit. */
 static void assert_same_params(pp_runner *a, pp_runner *b) {
@@ -291,29 +301,9 @@ static void test_host_writes_reach_the_device(void **state) {
  * BatchNormalization nodes (and the convolutions) on the fake device give
  * the CPU's running statistics and loss bit for bit; then a host write of
  * the statistics (a checkpoint load) reaches the device too. */
-static pp_runner *bn_runner(const char *spec, pp_pipe **p) {
-    pp_graph *g = tu_fixture_onnx("bn", "model.onnx");
-    TU_OK(pp_pipe_split(g, NULL, p));
-    pp_graph_free(g);
-    pp_runner *r;
-    TU_OK(pp_runner_new(*p, 1, &r));
-    for (int s = 0; spec && s < pp_runner_n_stages(r); s++) TU_OK(pp_stage_use_device(pp_runner_stage(r, s), spec));
-    pp_optim_config oc;
-    pp_optim_config_init(&oc, PP_OPTIM_SGD);
-    TU_OK(pp_runner_set_optimizer(r, &oc));
-    return r;
-}
+static const char *const bn_inputs[2] = {"x", "y"};
 
-static void bn_step(pp_runner *r, pp_tensor **outs) {
-    static const char *const names[2] = {"x", "y"};
-    pp_tensor *ins[2] = {tu_fixture_npy("bn", "x.npy"), tu_fixture_npy("bn", "y.npy")};
-    pp_runner_zero_grad(r);
-    for (int o = 0; o < pp_runner_n_outputs(r); o++) pp_tensor_free(outs[o]), outs[o] = NULL;
-    TU_OK(pp_runner_step(r, 2, NULL, 2, names, ins, outs));
-    TU_OK(pp_runner_optimizer_step(r));
-    pp_tensor_free(ins[0]);
-    pp_tensor_free(ins[1]);
-}
+static void bn_step(pp_runner *r, pp_tensor **outs) { fixture_step("bn", bn_inputs, r, outs); }
 
 static void assert_same_state(pp_runner *dev, pp_runner *cpu) {
     int states = 0;
@@ -327,7 +317,10 @@ static void assert_same_state(pp_runner *dev, pp_runner *cpu) {
 static void test_batch_norm_state_reaches_the_device(void **state) {
     (void)state;
     pp_pipe *pc, *pd;
-    pp_runner *cpu = bn_runner(NULL, &pc), *dev = bn_runner("fake:BatchNormalization,Conv", &pd);
+    pp_optim_config sgd;
+    pp_optim_config_init(&sgd, PP_OPTIM_SGD);
+    pp_runner *cpu = fixture_runner("bn", NULL, &sgd, &pc);
+    pp_runner *dev = fixture_runner("bn", "fake:BatchNormalization,Conv", &sgd, &pd);
     pp_tensor *oc[2] = {0}, *od[2] = {0};
     for (int step = 0; step < 2; step++) {
         bn_step(cpu, oc);
