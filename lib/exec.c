@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "device_backend.h"
+#include "exec_fault.h"
 #include "pippin/log.h"
 #include "hash.h"
 #include "inplace.h"
@@ -303,6 +304,15 @@ static uint64_t run_key(const pp_exec *ex, const int *nodes, int n_nodes, pp_ten
     return h;
 }
 
+/* Nodes left before the injected failure; -1: none planned (exec_fault.h). */
+static _Thread_local int fail_countdown = -1;
+
+int pp_exec_fail_after_nodes(int n) {
+    int left = fail_countdown;
+    fail_countdown = n < 0 ? -1 : n;
+    return left;
+}
+
 static pp_status run_list(pp_exec *ex, const int *nodes, int n_nodes, pp_tensor **env,
                           const uint8_t *keep) {
     const pp_graph *g = ex->g;
@@ -326,8 +336,11 @@ static pp_status run_list(pp_exec *ex, const int *nodes, int n_nodes, pp_tensor 
     for (int p = 0; p < n_nodes && s == PP_OK; p++) {
         int i = nodes[p];
         if (planned) pp_mem_run_node(ex->mem, p);
-        s = run_node(ex, i, env, donate ? donate[p] : 0);
         const pp_node *n = &g->nodes[i];
+        if (fail_countdown >= 0 && fail_countdown-- == 0)
+            s = pp_node_error(n, PP_ERR_INTERNAL, "failure injected by the test hook");
+        else
+            s = run_node(ex, i, env, donate ? donate[p] : 0);
         if (s == PP_OK && ex->value_fn) s = hand_over_outputs(ex, n, env);
         for (int k = 0; k < n->n_in && s == PP_OK; k++) {
             int v = n->in[k];

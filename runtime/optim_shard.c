@@ -47,6 +47,7 @@ void pp_ring_ranges_scatter(const pp_ring_ranges *r, const float *part, float *w
 }
 
 pp_status pp_optim_shard_step(pp_optim_shard *s, pp_flat_params *fp) {
+    PP_TRY(pp_flat_params_check_grads(fp, "optimizer shard"));
     pp_ring_ranges_gather(&s->r, fp->data, s->p);
     pp_ring_ranges_gather(&s->r, fp->grad, s->g);
     PP_TRY(pp_optim_step(s->opt, s->p, s->g, s->r.count));

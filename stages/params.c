@@ -168,6 +168,13 @@ int pp_flat_params_find(const pp_flat_params *fp, const char *name) {
 
 void pp_flat_params_zero_grad(pp_flat_params *fp) {
     memset(fp->grad, 0, sizeof(float) * (size_t)fp->total);
+    fp->grads_incomplete = 0;
+}
+
+pp_status pp_flat_params_check_grads(const pp_flat_params *fp, const char *who) {
+    if (!fp || !fp->grads_incomplete) return PP_OK;
+    return pp_error(PP_ERR_STATE, "%s: the gradients hold part of a backward that failed; zero them before "
+                    "another backward or an optimizer step", who);
 }
 
 static pp_status check_src(const pp_flat_params *fp, int i, const pp_tensor *t, const char *what) {

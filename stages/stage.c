@@ -32,6 +32,7 @@ struct pp_stage {
     pp_graph *g;
     int index;
     int training;
+    int grads_touched; /* a W of this step (pp_stage_begin_step) has added to the gradients */
     pp_exec *ex;
     pp_device *dev;      /* pp_stage_use_device; NULL: the CPU */
     pp_backward *bw;
@@ -357,7 +358,21 @@ static pp_status to_host(pp_stage *st, pp_tensor *t, pp_tensor **out) {
 }
 
 /* Gradient i += g, where the stage keeps its gradients. */
+/* The gradients hold a part sum after a failed W (pippin/params.h,
+ * grads_incomplete); kept on the host buffer, which ZeRO-1's step and
+ * the replicas' sum also look at, with the parameters on a device too. */
+static void mark_grads_incomplete(pp_stage *st) {
+    if (st->params) st->params->grads_incomplete = 1;
+}
+
+static pp_status check_grads(const pp_stage *st) {
+    char who[32];
+    snprintf(who, sizeof who, "stage %d", st->index);
+    return pp_flat_params_check_grads(st->params, who);
+}
+
 static pp_status accumulate(pp_stage *st, int i, const pp_tensor *g) {
+    st->grads_touched = 1;
     return st->dp ? pp_device_params_accumulate(st->dp, i, g) : pp_flat_params_accumulate(st->params, i, g);
 }
 
@@ -580,6 +595,7 @@ static pp_status gradient_place(void *user, int value, pp_tensor **target) {
     pp_stage *st = user;
     int i = st->grad_param[value];
     if (st->dp || i < 0) return PP_OK;
+    st->grads_touched = 1; /* the GEMM adds into it from here on */
     return pp_flat_params_grad_view(st->params, i, target);
 }
 
@@ -589,6 +605,7 @@ pp_status pp_stage_backward_weight(pp_stage *st, int mb) {
     if (!m || !m->backward_input_done)
         return stage_error(st, PP_ERR_STATE, "%sbackward-weight of microbatch %d before its backward-input", "", mb);
     pp_backward *b = st->bw;
+    PP_TRY(check_grads(st));
     pp_exec_set_value_hook(st->ex, st->grad_watch, add_gradient, st);
     pp_exec_set_target_hook(st->ex, gradient_place);
     pp_status s = place_params(st, m->env);
@@ -599,7 +616,13 @@ pp_status pp_stage_backward_weight(pp_stage *st, int mb) {
         const pp_tensor *gt = b->param_grads[i] >= 0 ? m->env[b->param_grads[i]] : NULL;
         if (gt) s = accumulate(st, i, gt);
     }
-    if (s != PP_OK) return pp_error_context(s, "stage %d backward-weight of microbatch %d", st->index, mb);
+    if (s != PP_OK) {
+        /* a part sum is flagged, never stepped on nor added to (a retry
+         * would add the parts that went in twice); so is one with this
+         * step's earlier microbatches only */
+        if (st->grads_touched) mark_grads_incomplete(st);
+        return pp_error_context(s, "stage %d backward-weight of microbatch %d", st->index, mb);
+    }
     drop_mb(st, m);
     return PP_OK;
 }
@@ -698,6 +721,7 @@ pp_status pp_stage_set_param_grad(pp_stage *st, int i, const pp_tensor *g) {
 
 pp_status pp_stage_optimizer_step(pp_stage *st, pp_optim *o) {
     if (!st->params) return PP_OK;
+    PP_TRY(check_grads(st));
     if (st->dp) return in_stage(st, pp_device_params_step(st->dp, o));
     return pp_optim_step(o, st->params->data, st->params->grad, st->params->total);
 }
@@ -705,14 +729,19 @@ pp_status pp_stage_optimizer_step(pp_stage *st, pp_optim *o) {
 void pp_stage_zero_grad(pp_stage *st) {
     if (st->dp) pp_device_params_zero_grad(st->dp);
     else if (st->params) pp_flat_params_zero_grad(st->params);
+    if (st->params) st->params->grads_incomplete = 0;
 }
 
 pp_status pp_stage_begin_step(pp_stage *st, int64_t step) {
     st->step = step;
+    st->grads_touched = 0;
     return st->training ? pp_train_state_snapshot(&st->state, st->g) : PP_OK;
 }
 
-void pp_stage_abort_step(pp_stage *st) { pp_train_state_restore(&st->state, st->g); }
+void pp_stage_abort_step(pp_stage *st) {
+    pp_train_state_restore(&st->state, st->g);
+    if (st->grads_touched) mark_grads_incomplete(st); /* part of the step's microbatches went in */
+}
 
 int pp_stage_n_state(const pp_stage *st) { return st->state.n; }
 const char *pp_stage_state_name(const pp_stage *st, int i) { return st->g->values[st->state.dst[i]].name; }

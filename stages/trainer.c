@@ -23,6 +23,7 @@ struct pp_trainer {
     int *state_out;       /* per state: its index among the graph outputs */
     pp_tensor **computed; /* per state: scratch */
     int64_t step, microbatch; /* pp_trainer_set_step */
+    int touched;              /* this backward has added to the gradients */
 };
 
 void pp_trainer_free(pp_trainer *t) {
@@ -45,6 +46,7 @@ void pp_trainer_free(pp_trainer *t) {
  * as it is made (the run holds no gradient to its end). */
 static pp_status add_gradient(void *user, int value, pp_tensor **slot) {
     pp_trainer *t = user;
+    t->touched = 1;
     pp_status s = pp_flat_params_accumulate(t->fp, t->grad_param[value], *slot);
     pp_tensor_free(*slot);
     *slot = NULL;
@@ -55,6 +57,7 @@ static pp_status add_gradient(void *user, int value, pp_tensor **slot) {
  * into its place (pp_exec_set_target_hook). */
 static pp_status gradient_place(void *user, int value, pp_tensor **target) {
     pp_trainer *t = user;
+    t->touched = 1; /* the GEMM adds into it from here on */
     return pp_flat_params_grad_view(t->fp, t->grad_param[value], target);
 }
 
@@ -125,8 +128,8 @@ pp_status pp_trainer_new(pp_graph *g, const char *loss_name, pp_trainer **out) {
     return PP_OK;
 }
 
-pp_status pp_trainer_backward(pp_trainer *t, pp_tensor *const *inputs, float loss_scale,
-                              float *loss) {
+/* One forward and backward (pp_trainer_backward). */
+static pp_status trainer_run(pp_trainer *t, pp_tensor *const *inputs, float loss_scale, float *loss) {
     pp_graph *g = t->g;
     int n = t->b->n_inputs_before;
     for (int i = 0; i < n; i++) t->ins[i] = inputs[i];
@@ -144,13 +147,27 @@ pp_status pp_trainer_backward(pp_trainer *t, pp_tensor *const *inputs, float los
                      g->values[g->outputs[t->loss_out]].name, (long long)pp_tensor_numel(l));
     if (s == PP_OK && loss) *loss = ((const float *)l->data)[0];
     for (int i = 0; s == PP_OK && i < t->fp->n; i++) /* the hooks took each gradient as it was made */
-        if (t->grad_out[i] >= 0 && t->outs[t->grad_out[i]])
+        if (t->grad_out[i] >= 0 && t->outs[t->grad_out[i]]) {
+            t->touched = 1;
             s = pp_flat_params_accumulate(t->fp, i, t->outs[t->grad_out[i]]);
+        }
     if (s == PP_OK) s = pp_train_state_update_from(&t->state, g, t->computed);
     for (int i = 0; i < g->n_outputs; i++) {
         pp_tensor_free(t->outs[i]);
         t->outs[i] = NULL;
     }
+    return s;
+}
+
+pp_status pp_trainer_backward(pp_trainer *t, pp_tensor *const *inputs, float loss_scale,
+                              float *loss) {
+    PP_TRY(pp_flat_params_check_grads(t->fp, "trainer"));
+    t->touched = 0;
+    pp_status s = trainer_run(t, inputs, loss_scale, loss);
+    /* a failure after a gradient went in leaves a part sum: flagged, never
+     * silently stepped on or added to (a failure before any went in leaves
+     * the buffer as it was) */
+    if (s != PP_OK && t->touched) t->fp->grads_incomplete = 1;
     return s;
 }
 

@@ -34,6 +34,11 @@ typedef struct pp_flat_params {
     float *data;       /* parameters */
     float *grad;       /* gradients */
     void *block;       /* private: the reference-counted allocation */
+    /* 1 once a backward failed after adding part of its gradients: the
+     * buffer then holds no whole sum, so the trainer and the stages refuse
+     * to add more or to take an optimizer step until it is zeroed
+     * (pp_flat_params_zero_grad clears it). */
+    int grads_incomplete;
 } pp_flat_params;
 
 /* Moves the given float32 PARAM values of g (n of them, in this order) into
@@ -45,7 +50,7 @@ PP_API void pp_flat_params_free(pp_flat_params *fp);
 /* Index of a parameter by name, or -1. */
 PP_API int pp_flat_params_find(const pp_flat_params *fp, const char *name);
 
-/* Sets every gradient to zero. */
+/* Sets every gradient to zero (and clears grads_incomplete). */
 PP_API void pp_flat_params_zero_grad(pp_flat_params *fp);
 /* grad[i] += g (same number of elements; float32). Accumulating microbatch
  * gradients this way gives the full-batch gradient when each microbatch's
@@ -62,6 +67,10 @@ PP_API pp_status pp_flat_params_grad_view(pp_flat_params *fp, int i, pp_tensor *
  * pp_flat_params_new makes, must outlive the view itself). */
 PP_API pp_status pp_flat_params_range_view(pp_flat_params *fp, int grad, int64_t off, int64_t len,
                                            pp_tensor **out);
+
+/* PP_OK, or PP_ERR_STATE naming who (e.g. "stage 1") when grads_incomplete
+ * is set: what an optimizer step or a further backward checks first. */
+PP_API pp_status pp_flat_params_check_grads(const pp_flat_params *fp, const char *who);
 
 /* Copies src into parameter i (same element count; float32). */
 PP_API pp_status pp_flat_params_set(pp_flat_params *fp, int i, const pp_tensor *src);

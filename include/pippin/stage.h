@@ -169,6 +169,8 @@ PP_API pp_status pp_stage_set_param_grad(pp_stage *st, int i, const pp_tensor *g
  * first step there and kept there after (o must then stay alive until
  * pp_stage_params brings it back, or the stage ends); else on the host. */
 PP_API pp_status pp_stage_optimizer_step(pp_stage *st, pp_optim *o);
+/* (A failed W that had added part of its gradients, or a failed step whose
+ * W had added any, leaves them incomplete: see pp_stage_abort_step.) */
 PP_API int pp_stage_n_params(const pp_stage *st);
 PP_API const char *pp_stage_param_name(const pp_stage *st, int i);
 /* Index of a parameter by name, -1 if absent. */
@@ -179,7 +181,10 @@ PP_API void pp_stage_zero_grad(pp_stage *st);
  * and the state (below) is remembered. */
 PP_API pp_status pp_stage_begin_step(pp_stage *st, int64_t step);
 /* The step failed: the state goes back to what it was when it began, so a
- * retried step does not apply its microbatches twice. */
+ * retried step does not apply its microbatches twice. Gradients cannot go
+ * back: if the step's W had added any, they are marked incomplete
+ * (pippin/params.h, grads_incomplete), and W and pp_stage_optimizer_step
+ * fail until pp_stage_zero_grad. */
 PP_API void pp_stage_abort_step(pp_stage *st);
 /* State the training forward updates: BatchNormalization's running mean and
  * variance (initializers, never trained), replaced after each microbatch's

@@ -31,7 +31,9 @@ PP_API void pp_trainer_free(pp_trainer *t);
  * input i (the graph's inputs before autodiff). The loss gradient is seeded
  * with loss_scale (1/M for M microbatches, else 1); parameter gradients are
  * ADDED to the flat gradient buffer. *loss (may be NULL) gets the loss. A
- * loss that turns out not to be a scalar is an error. */
+ * loss that turns out not to be a scalar is an error. A failure after some
+ * gradient went in sets the buffer's grads_incomplete (pippin/params.h):
+ * later calls fail until pp_flat_params_zero_grad. */
 PP_API pp_status pp_trainer_backward(pp_trainer *t, pp_tensor *const *inputs, float loss_scale,
                               float *loss);
 
