@@ -940,19 +940,19 @@ static pp_status poll_oldest(serve *s, int *done) {
         if (bt->outs[o] || r == s->front || s->state_out[o]) continue;
         pp_transport_key k = {PP_MSG_ACTIVATION, ANSWER_STEP + bt->b, SERVE_MB, s->first_stage[r],
                               s->first_stage[s->front], p->outputs[o]};
-        pp_status st = pp_transport_recv(x->t, &k, 0, &bt->outs[o]);
-        if (st == PP_ERR_TIMEOUT) missing++;
-        else if (st != PP_OK) return st;
+        /* what the loop's poll moved to the mailbox: no socket call, no
+         * error built for each miss (peers_alive judges the ranks) */
+        PP_TRY(pp_transport_take(x->t, &k, &bt->outs[o]));
+        if (!bt->outs[o]) missing++;
     }
     for (int r = 0; missing && r < x->sched->nranks; r++) { /* every rank's, so none is left behind */
         if (r == s->front) continue;
         pp_transport_key k = {PP_MSG_ACTIVATION, ANSWER_STEP + bt->b, SERVE_MB + 1, s->first_stage[r],
                               s->first_stage[s->front], FAIL_NAME};
         pp_tensor *f = NULL;
-        pp_status st = pp_transport_recv(x->t, &k, 0, &f);
-        if (st == PP_OK && !why[0]) snprintf(why, sizeof why, "rank %d: %.*s", r, (int)f->nbytes, (const char *)f->data);
+        PP_TRY(pp_transport_take(x->t, &k, &f));
+        if (f && !why[0]) snprintf(why, sizeof why, "rank %d: %.*s", r, (int)f->nbytes, (const char *)f->data);
         pp_tensor_free(f);
-        if (st != PP_OK && st != PP_ERR_TIMEOUT) return st;
     }
     double age = now_ms() - bt->started;
     if (missing && !why[0] && age > 2.0 * s->c->timeout_ms)

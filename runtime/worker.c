@@ -107,6 +107,7 @@ static pp_status open_transport(pp_worker *w) {
      * another run's until rejoin_timeout_ms. */
     else if (w->rank == 0) o.run_id = w->run_id;
     if (!c->shared_memory) o.shm_bytes = -1;
+    o.spin_us = c->spin_us;
     char secret[PP_CURVE_KEY_CHARS + 1];
     char(*pub)[PP_CURVE_KEY_CHARS + 1] = NULL;
     const char **pubs = NULL;

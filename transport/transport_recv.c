@@ -652,6 +652,11 @@ pp_status pp_transport_recv(pp_transport *t, const pp_transport_key *key, int ti
     }
 }
 
+pp_status pp_transport_take(pp_transport *t, const pp_transport_key *key, pp_tensor **out) {
+    pp_mbox_key k;
+    return recv_start(t, key, &k, out);
+}
+
 pp_status pp_transport_try_recv(pp_transport *t, const pp_transport_key *key, pp_tensor **out) {
     pp_mbox_key k;
     PP_TRY(recv_start(t, key, &k, out));
@@ -667,7 +672,13 @@ pp_status pp_transport_try_recv(pp_transport *t, const pp_transport_key *key, pp
 
 pp_status pp_transport_poll(pp_transport *t, int timeout_ms) {
     pp_tp_read_monitors(t);
-    if (pp_tp_drain(t, NULL, NULL) == 0 && timeout_ms > 0) {
+    int got = pp_tp_drain(t, NULL, NULL);
+    if (!got && timeout_ms > 0 && t->spin_ns > 0) { /* spin_us: busy-poll before the thread sleeps */
+        int64_t until = now_ns() + t->spin_ns;
+        while (!(got = pp_tp_drain(t, NULL, NULL)) && now_ns() < until && !t->aborted) {
+        }
+    }
+    if (got == 0 && timeout_ms > 0) {
         pp_tp_wait_events(t, timeout_ms, NULL);
         pp_tp_drain(t, NULL, NULL);
     }

@@ -121,8 +121,9 @@ typedef struct pp_transport_options {
      * been called so are messages more than step_window steps ahead of it.
      * 0: 2 steps; < 0: no upper bound. */
     int64_t step_window;
-    /* A receive that finds nothing busy-polls this long before it sleeps,
-     * since waking a sleeping thread costs more than a small message. Pays
+    /* A receive (or a poll that may wait) that finds nothing busy-polls
+     * this long before it sleeps, since waking a sleeping thread costs
+     * more than a small message. Pays
      * only when every rank and libzmq I/O thread has a core of its own (a
      * spinning rank starves the I/O thread that would deliver to it).
      * 0: never spin. */
@@ -282,8 +283,15 @@ PP_API pp_status pp_transport_recv(pp_transport *t, const pp_transport_key *key,
  * replicas' gradient ring). Errors: PP_ERR_PEER when the run was aborted. */
 PP_API pp_status pp_transport_try_recv(pp_transport *t, const pp_transport_key *key, pp_tensor **out);
 
+/* Takes the tensor filed under key if it is in the mailbox already (what
+ * pp_transport_poll or another receive moved there), with no socket call
+ * and no peer check: *out is NULL when it is not. For a loop that polls
+ * once and then looks for several keys (the serving front). Errors:
+ * PP_ERR_PEER when the run was aborted. */
+PP_API pp_status pp_transport_take(pp_transport *t, const pp_transport_key *key, pp_tensor **out);
+
 /* Moves whatever has arrived into the mailbox, waiting at most timeout_ms
- * for the first message (0: do not wait). */
+ * for the first message (0: do not wait; spin_us of it busy-polled). */
 PP_API pp_status pp_transport_poll(pp_transport *t, int timeout_ms);
 
 /* Batching (off unless turned on here). When on, a send of small tensors

@@ -816,7 +816,7 @@ static void test_rank(void **state) {
     clear_rank_env();
 }
 
-/* share_cores: on by default; a rank joins the host's sharing only with
+/* spin_us: 0 unless given, a bounded count. share_cores: on by default; a rank joins the host's sharing only with
  * another rank on the host and more CPUs than its own threads, and not
  * when the key says false. */
 static void test_share_cores(void **state) {
@@ -831,7 +831,13 @@ static void test_share_cores(void **state) {
     pp_rank_share_cores_done(joined);
     assert_false(pp_share_cores_joined());
     assert_int_equal(pp_get_threads(), 1);
+    assert_int_equal(c->spin_us, 0); /* spin_us: off by default */
     pp_config_free(c);
+    c = parse_ok(BASE "spin_us: 300\n", "/d");
+    assert_int_equal(c->spin_us, 300);
+    pp_config_free(c);
+    expect_err(BASE "spin_us: -1\n", PP_ERR_INVALID, 0, "spin_us", NULL);
+    expect_err(BASE "spin_us: fast\n", PP_ERR_PARSE, 0, "spin_us", NULL);
     c = parse_ok(BASE "share_cores: false\n", "/d");
     assert_int_equal(c->share_cores, 0);
     pp_rank_share_cores(c, 0, &joined);

@@ -402,6 +402,20 @@ static void test_spin_receive(void **state) {
     TT_OK(sl.status);
     tt_assert_same(sl.got, x);
     pp_tensor_free(sl.got);
+    /* a poll that may wait spins too: what comes during the spin, and what
+     * comes after it while the poll sleeps, lands in the mailbox */
+    for (int m = 0; m < 20; m++) {
+        pp_transport_key k2 = tt_key(PP_MSG_ACTIVATION, 2, m, 0, 1, "polled");
+        TT_OK(pp_transport_send(t[0], &k2, x));
+        pp_tensor *got = NULL;
+        for (int tries = 0; tries < 100 && !got; tries++) {
+            TT_OK(pp_transport_poll(t[1], 50));
+            TT_OK(pp_transport_try_recv(t[1], &k2, &got));
+        }
+        assert_non_null(got);
+        tt_assert_same(got, x);
+        pp_tensor_free(got);
+    }
     pp_tensor_free(x);
     tt_close_ranks(2, t);
 }
