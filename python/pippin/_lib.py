@@ -195,7 +195,7 @@ class FlatParams(Structure):  # pp_flat_params
     _fields_ = [("n", c_int), ("values", POINTER(c_int)), ("names", POINTER(c_char_p)),
                 ("offset", POINTER(c_int64)), ("numel", POINTER(c_int64)), ("ndims", POINTER(c_int)),
                 ("shapes", POINTER(c_int64)), ("total", c_int64), ("data", POINTER(c_float)),
-                ("grad", POINTER(c_float)), ("block", c_void_p)]
+                ("grad", POINTER(c_float)), ("block", c_void_p), ("grads_incomplete", c_int)]
 
 
 class ConfigEntry(Structure):  # pp_config_entry

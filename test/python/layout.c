@@ -124,6 +124,7 @@ int main(void) {
     F(pp_flat_params, data);
     F(pp_flat_params, grad);
     F(pp_flat_params, block);
+    F(pp_flat_params, grads_incomplete);
     S(pp_config_entry);
     F(pp_config_entry, key);
     F(pp_config_entry, value);
