@@ -138,6 +138,15 @@ PP_API pp_status pp_stage_set_recompute(pp_stage *st, int on);
  * on the CPU. Errors name the stage: "stage 1: device 'cuda:0': no CUDA
  * device: ...". */
 PP_API pp_status pp_stage_use_device(pp_stage *st, const char *spec);
+/* on = 1: on a device, pp_stage_forward's outputs and
+ * pp_stage_backward_input's gradients may come back while their downloads
+ * are still in flight on the device's copy stream (pp_tensor_pending,
+ * pippin/device.h): the caller waits for each (pp_tensor_wait) before
+ * reading or sending it, and meanwhile may start the next microbatch's
+ * compute (the execution core does: a send of microbatch k overlaps the
+ * compute of k + 1). 0, the default: they are complete on return. No
+ * effect on the CPU. */
+PP_API void pp_stage_set_async_outputs(pp_stage *st, int on);
 /* The stage's device; NULL on the CPU. */
 PP_API pp_device *pp_stage_device(const pp_stage *st);
 /* The stage's executor (where each node runs: pp_exec_node_device). */
@@ -169,6 +178,14 @@ PP_API pp_status pp_stage_set_param_grad(pp_stage *st, int i, const pp_tensor *g
  * first step there and kept there after (o must then stay alive until
  * pp_stage_params brings it back, or the stage ends); else on the host. */
 PP_API pp_status pp_stage_optimizer_step(pp_stage *st, pp_optim *o);
+/* Writes new bytes (t: the same dtype and shape, host memory) into the
+ * stage's parameter or constant `name` in place, between runs: a model's
+ * weights replaced on a running service (an inference stage's are
+ * constants). What the stage derived from the old bytes goes: its
+ * executor's constant cache and the copies its device keeps across runs
+ * (pp_exec_constants_written); a training stage's device takes its
+ * parameters again. PP_ERR_NOT_FOUND for a name that is neither. */
+PP_API pp_status pp_stage_set_constant(pp_stage *st, const char *name, const pp_tensor *t);
 PP_API int pp_stage_n_params(const pp_stage *st);
 PP_API const char *pp_stage_param_name(const pp_stage *st, int i);
 /* Index of a parameter by name, -1 if absent. */
