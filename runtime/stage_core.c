@@ -423,7 +423,10 @@ pp_status pp_core_run_action(pp_core *c, const pp_route *r, int rank, const pp_a
     double t0 = c->trace ? pp_monotonic_ms() : 0;
     c->inputs_ms = 0;
     PP_TRY(run_compute(c, r, a, ran));
-    if (!*ran && c->n_pending) PP_TRY(pp_core_flush_sends(c, r)); /* what it waits for may be held here */
+    if (!*ran && c->n_pending) { /* what it waits for may be held here: out, and look again */
+        PP_TRY(pp_core_flush_sends(c, r));
+        PP_TRY(run_compute(c, r, a, ran));
+    }
     if (c->trace && *ran) {
         double t1 = pp_monotonic_ms(), ready = c->inputs_ms > t0 ? c->inputs_ms : t0;
         /* a route with ready hooks (the local runner) had the inputs at hand */

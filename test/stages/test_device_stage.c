@@ -470,6 +470,46 @@ static void test_send_overlaps_next_compute(void **state) {
     }
 }
 
+/* Held sends under schedules that interleave F, I and W across ranks and
+ * put two stages on a rank (the local runner's ready hooks: a rank whose
+ * next action waits for a held send sends it and looks again): a training
+ * step on the fake device equals the CPU's bit for bit. */
+static void test_schedules_with_held_sends(void **state) {
+    (void)state;
+    static const struct { pp_sched_kind kind; int per_rank; } kinds[] = {
+        {PP_SCHED_1F1B, 1}, {PP_SCHED_INTERLEAVED_ZB, 2}, {PP_SCHED_ZBV, 2}};
+    pp_optim_config oc;
+    pp_optim_config_init(&oc, PP_OPTIM_SGD);
+    for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
+        pp_pipe *pc, *pd;
+        pp_runner *cpu = gpt_runner(NULL, &oc, &pc), *dev = gpt_runner(CUDA_OPS, &oc, &pd);
+        pp_sched_params sp = {0};
+        sp.kind = kinds[k].kind;
+        sp.stages_per_rank = kinds[k].per_rank;
+        sp.nranks = pp_runner_n_stages(cpu) / kinds[k].per_rank;
+        sp.nmb = 2;
+        pp_schedule *sched;
+        TU_OK(pp_schedule_generate(&sp, &sched));
+        pp_tensor *ins[2] = {tu_fixture_npy("gpt", "idx.npy"), tu_fixture_npy("gpt", "targets.npy")};
+        pp_tensor *oc_[4] = {0}, *od[4] = {0};
+        TU_OK(pp_runner_step(cpu, 2, sched, 2, input_names, ins, oc_));
+        TU_OK(pp_runner_step(dev, 2, sched, 2, input_names, ins, od));
+        for (int o = 0; o < pp_runner_n_outputs(cpu); o++) assert_same(od[o], oc_[o], pp_runner_output_name(cpu, o));
+        assert_same_params(dev, cpu);
+        for (int o = 0; o < 4; o++) {
+            pp_tensor_free(oc_[o]);
+            pp_tensor_free(od[o]);
+        }
+        pp_tensor_free(ins[0]);
+        pp_tensor_free(ins[1]);
+        pp_schedule_free(sched);
+        pp_runner_free(cpu);
+        pp_runner_free(dev);
+        pp_pipe_free(pc);
+        pp_pipe_free(pd);
+    }
+}
+
 /* ---- constants the host rewrites reach an inference stage's device ---- */
 
 static int64_t param_value_bytes(pp_runner *r) {
@@ -587,6 +627,7 @@ int main(void) {
         cmocka_unit_test(test_host_writes_reach_the_device),
         cmocka_unit_test(test_batch_norm_state_reaches_the_device),
         cmocka_unit_test(test_send_overlaps_next_compute),
+        cmocka_unit_test(test_schedules_with_held_sends),
         cmocka_unit_test(test_inference_constants_rewritten),
         cmocka_unit_test(test_no_cuda_device_is_an_error),
     };
