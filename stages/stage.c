@@ -696,6 +696,13 @@ pp_status pp_stage_set_constant(pp_stage *st, const char *name, const pp_tensor 
     return PP_OK;
 }
 
+pp_flat_params *pp_stage_grads(pp_stage *st) {
+    if (st->dp && pp_device_params_grads_to_host(st->dp) != PP_OK)
+        pp_log_error("stage %d: gradients on %s not brought back: %s", st->index, pp_device_name(st->dev),
+                     pp_last_error());
+    return st->params;
+}
+
 static pp_status in_stage(const pp_stage *st, pp_status s) {
     return s == PP_OK ? s : pp_error_context(s, "stage %d", st->index);
 }

@@ -166,6 +166,12 @@ PP_API pp_status pp_stage_recompute_stash_per_sample_dims(pp_stage *st, const ch
  * before it next uses them. The graph's parameter values are views of the
  * host's buffers: read them after this call. */
 PP_API pp_flat_params *pp_stage_params(pp_stage *st);
+/* The same buffers with only the gradients brought up to date and
+ * writable (the device takes them again before it next uses them); on a
+ * device the weights and the optimizer's state stay there and the host's
+ * weights may be stale: for reading and writing gradients alone (the
+ * data-parallel replicas' gradient sum). pp_stage_params otherwise. */
+PP_API pp_flat_params *pp_stage_grads(pp_stage *st);
 /* Parameter i's weights (grad 0) or gradient (grad 1) as a new host
  * tensor; on a device, only its part crosses, and only when the device's
  * copy is newer. */
