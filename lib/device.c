@@ -105,6 +105,7 @@ typedef struct device_buffer {
     pp_memory_kind kind;
     size_t size;
     void *event; /* pinned staging: the download's event, until waited for */
+    pp_tensor *source; /* pinned staging: the downloaded tensor, kept until then (the copy reads it) */
     pp_tensor *parent; /* a view (pp_device_tensor_view): the tensor whose memory it is */
 } device_buffer;
 
@@ -163,6 +164,7 @@ static void buffer_release(void *data, void *hint) {
         (void)b->dev->ops->event_wait(b->dev, b->event); /* a copy may still write it */
         b->dev->ops->event_free(b->dev, b->event);
     }
+    pp_tensor_free(b->source);
     pp_device *dev = b->dev;
     if (b->parent) pp_tensor_free(b->parent); /* a view gives back no memory */
     else if (data) pool_give(dev, b->kind, b->size, data);
@@ -176,7 +178,7 @@ pp_status pp_device_tensor_new(pp_device *dev, pp_memory_kind kind, pp_dtype dt,
     PP_TRY(pp_shape_bytes(dt, ndim, shape, &nbytes));
     device_buffer *b = calloc(1, sizeof *b);
     if (!b) return pp_error(PP_ERR_NOMEM, "%s: out of memory", dev->name);
-    *b = (device_buffer){dev, kind, round_size(nbytes), NULL, NULL};
+    *b = (device_buffer){dev, kind, round_size(nbytes), NULL, NULL, NULL};
     void *ptr = NULL;
     pp_status s = nbytes ? pool_take(dev, kind, b->size, &ptr) : PP_OK;
     if (s != PP_OK) {
@@ -211,7 +213,7 @@ pp_status pp_device_tensor_view(pp_tensor *parent, size_t offset, pp_dtype dt, i
     pp_device *dev = pb->dev;
     device_buffer *b = calloc(1, sizeof *b);
     if (!b) return pp_error(PP_ERR_NOMEM, "%s: out of memory", dev->name);
-    *b = (device_buffer){dev, PP_MEMORY_DEVICE, 0, NULL, pp_tensor_retain(parent)};
+    *b = (device_buffer){dev, PP_MEMORY_DEVICE, 0, NULL, NULL, pp_tensor_retain(parent)};
     pp_status s = pp_tensor_wrap(dt, ndim, shape, (char *)parent->data + offset, buffer_release, b, out);
     if (s != PP_OK) {
         pp_tensor_free(parent);
@@ -270,6 +272,9 @@ pp_status pp_device_download_async(pp_device *dev, const pp_tensor *dt, pp_tenso
         s = dev->ops->stream_wait(dev, PP_STREAM_COPY, PP_STREAM_COMPUTE); /* the value is computed */
         if (!s) s = dev->ops->copy(dev, PP_STREAM_COPY, t->data, dt->data, dt->nbytes, PP_COPY_TO_HOST);
         if (!s) s = dev->ops->event_record(dev, PP_STREAM_COPY, &b->event);
+        /* the source stays out of the pool until the copy is waited for:
+         * the compute stream goes on and would reuse its memory */
+        if (!s) b->source = pp_tensor_retain((pp_tensor *)dt);
     }
     if (s != PP_OK) {
         pp_tensor_free(t);
@@ -290,7 +295,20 @@ pp_status pp_device_staging_wait(pp_device *dev, const pp_tensor *staged) {
     pp_status s = b->dev->ops->event_wait(b->dev, b->event);
     b->dev->ops->event_free(b->dev, b->event);
     b->event = NULL;
+    pp_tensor_free(b->source);
+    b->source = NULL;
     return s;
+}
+
+int pp_tensor_pending(const pp_tensor *t) {
+    const device_buffer *b = buffer_of(t);
+    return b && b->kind == PP_MEMORY_PINNED && b->event != NULL;
+}
+
+pp_status pp_tensor_wait(const pp_tensor *t) {
+    if (!pp_tensor_pending(t)) return PP_OK;
+    const device_buffer *b = buffer_of(t);
+    return pp_device_staging_wait(b->dev, t);
 }
 
 int pp_device_keeps_params(const pp_device *dev) {

@@ -116,13 +116,19 @@ const char *pp_device_plan_node_device(const pp_device_plan *p, int node);
 pp_status pp_device_plan_run(pp_device_plan *p, int i, pp_kernel_ctx *ctx);
 /* The executor freed value v: drop its copy on the other side. */
 void pp_device_plan_drop(pp_device_plan *p, int v);
+/* on = 1: parameters' device copies are kept across runs as constants'
+ * are (the executor's parameters are constant: an inference stage's). */
+void pp_device_plan_keep_params(pp_device_plan *p, int on);
+/* Drops every copy kept across runs (the host wrote constants in place). */
+void pp_device_plan_forget(pp_device_plan *p);
 /* End of a run: values left on the device come back to (pinned) host
  * memory in env, but those `resident` marks (may be NULL), which stay on
  * the device; copies of constants stay for the next run, but those of the
  * constants `host_written` marks (may be NULL), which the host may change
- * before it. */
+ * before it. The downloads of values `no_wait` marks (may be NULL) are
+ * left in flight (pp_tensor_pending); the others are waited for. */
 pp_status pp_device_plan_finish(pp_device_plan *p, pp_tensor **env, const uint8_t *resident,
-                                const uint8_t *host_written);
+                                const uint8_t *host_written, const uint8_t *no_wait);
 
 /* Values (one byte per graph value, kept by the caller; NULL: none) that
  * the caller holds on the device across runs (lib/exec.c): a stage's
@@ -138,6 +144,13 @@ void pp_exec_set_device_values(pp_exec *ex, const uint8_t *resident);
  * tensor it copies, which an in-place write does not change, so these are
  * copied again at each run instead. */
 void pp_exec_set_host_written(pp_exec *ex, const uint8_t *host_written);
+
+/* on = 1: pp_exec_run leaves the downloads of the graph's outputs in
+ * flight: an output may come back pending (pp_tensor_pending) and must be
+ * waited for (pp_tensor_wait) before its bytes are read. The caller (a
+ * stage whose sends overlap the next compute) then waits when it needs
+ * them. 0 (the default): every output is complete when the run returns. */
+void pp_exec_set_async_outputs(pp_exec *ex, int on);
 
 #ifdef __cplusplus
 }

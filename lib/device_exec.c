@@ -16,6 +16,8 @@ struct pp_device_plan {
     uint8_t *on_device;  /* per node */
     pp_tensor **mirror_of; /* per value: the tensor mirrored (a reference) */
     pp_tensor **mirror;    /* per value: its copy on the other side */
+    int keep_params;       /* pp_device_plan_keep_params */
+    const uint8_t *static_node; /* the executor's: per node, its output is cached across runs */
 };
 
 pp_status pp_device_plan_new(pp_device *dev, const pp_graph *g, const uint8_t *static_node,
@@ -25,6 +27,7 @@ pp_status pp_device_plan_new(pp_device *dev, const pp_graph *g, const uint8_t *s
     if (!p) return pp_error(PP_ERR_NOMEM, "out of memory placing nodes");
     p->dev = dev;
     p->g = g;
+    p->static_node = static_node;
     p->on_device = calloc((size_t)g->n_nodes + 1, 1);
     p->mirror_of = calloc((size_t)g->n_values + 1, sizeof *p->mirror_of);
     p->mirror = calloc((size_t)g->n_values + 1, sizeof *p->mirror);
@@ -45,10 +48,23 @@ static void drop_mirror(pp_device_plan *p, int v) {
     p->mirror[v] = p->mirror_of[v] = NULL;
 }
 
-/* A copy of a constant's data stays for the next runs. */
+/* A copy of a constant's data (a parameter's, when they are constant),
+ * or of what the executor caches across runs (a static node's output:
+ * a weight transposed once), stays for the next runs. It is found by the
+ * tensor it copies (a new cached tensor is copied again); a host write in
+ * place is not seen, so the writer says so (pp_exec_constants_written). */
 static int keeps(const pp_device_plan *p, int v) {
     const pp_value *val = &p->g->values[v];
-    return p->mirror[v] && val->kind == PP_VALUE_CONST && p->mirror_of[v] == val->data;
+    if (!p->mirror[v]) return 0;
+    if (val->producer >= 0) return p->static_node && p->static_node[val->producer];
+    int kind_kept = val->kind == PP_VALUE_CONST || (p->keep_params && val->kind == PP_VALUE_PARAM);
+    return kind_kept && p->mirror_of[v] == val->data;
+}
+
+void pp_device_plan_keep_params(pp_device_plan *p, int on) { p->keep_params = on != 0; }
+
+void pp_device_plan_forget(pp_device_plan *p) {
+    for (int v = 0; v < p->g->n_values; v++) drop_mirror(p, v);
 }
 
 void pp_device_plan_drop(pp_device_plan *p, int v) {
@@ -118,7 +134,7 @@ pp_status pp_device_plan_run(pp_device_plan *p, int i, pp_kernel_ctx *ctx) {
 }
 
 pp_status pp_device_plan_finish(pp_device_plan *p, pp_tensor **env, const uint8_t *resident,
-                                const uint8_t *host_written) {
+                                const uint8_t *host_written, const uint8_t *no_wait) {
     const pp_graph *g = p->g;
     pp_status s = PP_OK;
     /* Start every download, then wait once for all (they overlap). */
@@ -133,7 +149,7 @@ pp_status pp_device_plan_finish(pp_device_plan *p, pp_tensor **env, const uint8_
         env[v] = host;
     }
     for (int v = 0; v < g->n_values; v++) {
-        if (env[v] && pp_tensor_memory_kind(env[v]) == PP_MEMORY_PINNED) {
+        if (env[v] && pp_tensor_memory_kind(env[v]) == PP_MEMORY_PINNED && !(no_wait && no_wait[v])) {
             pp_status w = pp_device_staging_wait(p->dev, env[v]);
             if (s == PP_OK) s = w;
         }

@@ -137,7 +137,7 @@ static const struct {
     {"MatMulGradA", 1 << 2}, {"MatMulGradB", 1 << 2}, {"SumToShape", 1 << 1},
     {"Gather", 1 << 1},      {"GatherGrad", 1 << 1 | 1 << 2}, {"SoftmaxCrossEntropyLoss", 1 << 1},
     {"SoftmaxCrossEntropyLossGrad", 1 << 2}, {"Reshape", 1 << 1}, {"Squeeze", 1 << 1},
-    {"Unsqueeze", 1 << 1},
+    {"Unsqueeze", 1 << 1}, {"Split", 1 << 1}, {"CausalAttention", 1 << 3}, {"CausalAttentionGrad", 1 << 4},
 };
 
 static int fake_input_on_host(const pp_node *n, int k) {

@@ -39,6 +39,7 @@ struct pp_exec {
     pp_mem_plans *mem;      /* buffer plans per node list and signature */
     const uint8_t *device_values; /* pp_exec_set_device_values */
     const uint8_t *host_written;  /* pp_exec_set_host_written */
+    int async_outputs;            /* pp_exec_set_async_outputs */
     const uint8_t *watch;   /* pp_exec_set_value_hook */
     pp_exec_value_fn value_fn;
     pp_exec_target_fn target_fn; /* pp_exec_set_target_hook (its user is value_user) */
@@ -130,6 +131,15 @@ void pp_exec_set_constant_params(pp_exec *ex, int on) {
     clear_cache_of(ex, 1);
     ex->params_constant = on != 0;
     mark_static(ex);
+    if (ex->plan) {
+        pp_device_plan_forget(ex->plan);
+        pp_device_plan_keep_params(ex->plan, ex->params_constant);
+    }
+}
+
+void pp_exec_constants_written(pp_exec *ex) {
+    clear_cache_of(ex, 1);
+    if (ex->plan) pp_device_plan_forget(ex->plan);
 }
 
 void pp_exec_set_random_stream(pp_exec *ex, uint64_t seed, int64_t step, int64_t microbatch) {
@@ -170,6 +180,8 @@ void pp_exec_set_target_hook(pp_exec *ex, pp_exec_target_fn fn) { ex->target_fn 
 void pp_exec_set_device_values(pp_exec *ex, const uint8_t *resident) { ex->device_values = resident; }
 
 void pp_exec_set_host_written(pp_exec *ex, const uint8_t *host_written) { ex->host_written = host_written; }
+
+void pp_exec_set_async_outputs(pp_exec *ex, int on) { ex->async_outputs = on != 0; }
 
 /* Hands the watched outputs of node n to the value hook. A value on a
  * device is not the hook's to read (its data is device memory): it stays
@@ -352,7 +364,9 @@ static pp_status run_list(pp_exec *ex, const int *nodes, int n_nodes, pp_tensor 
         }
     }
     if (ex->plan) { /* what the run leaves behind goes back to the host */
-        pp_status f = pp_device_plan_finish(ex->plan, env, ex->device_values, ex->host_written);
+        /* pp_exec_run's outputs (keep is is_output there) may stay in flight */
+        const uint8_t *no_wait = ex->async_outputs && keep == ex->is_output ? ex->is_output : NULL;
+        pp_status f = pp_device_plan_finish(ex->plan, env, ex->device_values, ex->host_written, no_wait);
         if (s == PP_OK) s = f;
     }
     if (planned && pp_mem_run_end(ex->mem, s == PP_OK) != PP_OK) /* the run is fine; later ones use the pool */
@@ -441,7 +455,9 @@ pp_status pp_exec_set_device(pp_exec *ex, pp_device *dev) {
     pp_device_plan_free(ex->plan);
     ex->plan = NULL;
     if (pp_device_is_cpu(dev)) return PP_OK;
-    return pp_device_plan_new(dev, ex->g, ex->static_node, &ex->plan);
+    PP_TRY(pp_device_plan_new(dev, ex->g, ex->static_node, &ex->plan));
+    pp_device_plan_keep_params(ex->plan, ex->params_constant);
+    return PP_OK;
 }
 
 const char *pp_exec_node_device(const pp_exec *ex, int node) {

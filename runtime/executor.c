@@ -278,7 +278,9 @@ static pp_status ring_progress(pp_executor *ex) {
         int s = c->local[i];
         if (ex->ring_added[s] || !pp_core_weights_done(c, s)) continue;
         ex->ring_added[s] = 1;
-        PP_TRY(pp_grad_ring_add(ex->ring, s, pp_stage_params(c->stages[s]), ex->shards && ex->has_shared[s]));
+        /* unsharded, the ring sums gradients alone: a device stage's weights and optimizer state stay there */
+        pp_flat_params *fp = ex->shards ? pp_stage_params(c->stages[s]) : pp_stage_grads(c->stages[s]);
+        PP_TRY(pp_grad_ring_add(ex->ring, s, fp, ex->shards && ex->has_shared[s]));
     }
     return pp_grad_ring_progress(ex->ring);
 }

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pippin/device.h"
 #include "pippin/microbatch.h"
 #include "status_internal.h"
 #include "timing.h"
@@ -60,6 +61,51 @@ pp_status pp_core_init(pp_core *c, pp_pipe *p, const pp_schedule *sched, int ran
     return PP_OK;
 }
 
+/* ---- sends held back while their downloads are in flight ---- */
+
+static pp_status send_now(const pp_route *r, const pp_core_send *q) {
+    return q->grad ? r->send_grad(r->ctx, q->e, q->mb, q->peer, q->t) : r->send_act(r->ctx, q->e, q->mb, q->peer, q->t);
+}
+
+/* Sends the first n held sends (each once its download is done), in order;
+ * the rest move up. All n are dropped even when one fails. */
+static pp_status flush_first(pp_core *c, const pp_route *r, int n) {
+    pp_status s = PP_OK;
+    for (int i = 0; i < n; i++) {
+        pp_core_send *q = &c->pending[i];
+        if (s == PP_OK) s = pp_tensor_wait(q->t);
+        if (s == PP_OK) s = send_now(r, q);
+        pp_tensor_free(q->t);
+    }
+    if (n) memmove(c->pending, c->pending + n, sizeof *c->pending * (size_t)(c->n_pending - n));
+    c->n_pending -= n;
+    return s;
+}
+
+pp_status pp_core_flush_sends(pp_core *c, const pp_route *r) { return flush_first(c, r, c->n_pending); }
+
+static void drop_sends(pp_core *c) {
+    for (int i = 0; i < c->n_pending; i++) pp_tensor_free(c->pending[i].t); /* a copy in flight is waited for */
+    c->n_pending = 0;
+}
+
+/* Sends t now, or holds it back: its download is in flight, or sends are
+ * held before it (the order stays). */
+static pp_status send_or_hold(pp_core *c, const pp_route *r, int grad, int e, int mb, int peer, pp_tensor *t) {
+    pp_core_send q = {grad, e, mb, peer, t};
+    if (!c->n_pending && !pp_tensor_pending(t)) return send_now(r, &q);
+    if (c->n_pending == c->cap_pending) {
+        int cap = c->cap_pending ? c->cap_pending * 2 : 16;
+        pp_core_send *np = realloc(c->pending, sizeof *np * (size_t)cap);
+        if (!np) return pp_error(PP_ERR_NOMEM, "out of memory");
+        c->pending = np;
+        c->cap_pending = cap;
+    }
+    q.t = pp_tensor_retain(t);
+    c->pending[c->n_pending++] = q;
+    return PP_OK;
+}
+
 static void step_clear(pp_core *c) {
     size_t ne = (size_t)c->p->n_edges * (size_t)c->m, no = (size_t)c->p->n_outputs * (size_t)c->m;
     for (size_t i = 0; c->chunks && i < ne; i++) pp_tensor_free(c->chunks[i]);
@@ -77,6 +123,8 @@ static void step_clear(pp_core *c) {
 }
 
 void pp_core_free(pp_core *c) {
+    drop_sends(c);
+    free(c->pending);
     step_clear(c);
     for (int i = 0; i < c->n_stages; i++) {
         if (c->stages) pp_stage_free(c->stages[i]);
@@ -239,18 +287,26 @@ static pp_status run_forward(pp_core *c, const pp_route *r, int s, int mb) {
     const pp_core_links *l = &c->links[s];
     for (int i = 0; i < ni && status == PP_OK; i++) {
         int e = l->in_edge[i];
-        if (p->edges[e].producer < 0) ins[i] = pp_tensor_retain(c->chunks[e * m + mb]);
-        else status = r->recv_act(r->ctx, e, mb, s, &ins[i]);
+        if (p->edges[e].producer < 0) {
+            ins[i] = pp_tensor_retain(c->chunks[e * m + mb]);
+            continue;
+        }
+        /* a blocking receive may wait for what this rank holds back */
+        if (!r->act_ready && c->n_pending) status = pp_core_flush_sends(c, r);
+        if (status == PP_OK) status = r->recv_act(r->ctx, e, mb, s, &ins[i]);
     }
+    int held = c->n_pending; /* earlier actions' sends: out once this compute is queued */
+    pp_stage_set_async_outputs(st, 1);
     double t0 = pp_monotonic_ms();
     c->inputs_ms = t0;
     if (status == PP_OK) status = pp_stage_forward(st, mb, ins, outs);
     c->compute_ms += pp_monotonic_ms() - t0;
     if (status == PP_OK) c->done_f[s * m + mb] = 1;
+    if (status == PP_OK && held) status = flush_first(c, r, held);
     for (int o = 0; o < no && status == PP_OK; o++) {
         int e = l->out_edge[o];
         for (int k = 0; e >= 0 && k < p->edges[e].n_consumers && status == PP_OK; k++)
-            status = r->send_act(r->ctx, e, mb, p->edges[e].consumers[k], outs[o]);
+            status = send_or_hold(c, r, 0, e, mb, p->edges[e].consumers[k], outs[o]);
         if (l->out_model[o] >= 0) c->outs[l->out_model[o] * m + mb] = pp_tensor_retain(outs[o]);
     }
     for (int i = 0; ins && i < ni; i++) pp_tensor_free(ins[i]);
@@ -280,6 +336,8 @@ static pp_status run_backward_input(pp_core *c, const pp_route *r, int s, int mb
         const pp_pipe_edge *e = &p->edges[ei];
         pp_tensor **parts = calloc((size_t)e->n_consumers + 1, sizeof *parts);
         if (!parts) status = pp_error(PP_ERR_NOMEM, "out of memory");
+        /* a blocking receive may wait for what this rank holds back */
+        if (status == PP_OK && !r->grads_ready && c->n_pending) status = pp_core_flush_sends(c, r);
         for (int j = 0; j < e->n_consumers && status == PP_OK; j++)
             status = r->recv_grad(r->ctx, ei, mb, e->consumers[j], &parts[j]);
         /* summed in consumer order: the same bits wherever the consumers run */
@@ -287,14 +345,17 @@ static pp_status run_backward_input(pp_core *c, const pp_route *r, int s, int mb
         for (int j = 0; parts && j < e->n_consumers; j++) pp_tensor_free(parts[j]);
         free(parts);
     }
+    int held = c->n_pending; /* earlier actions' sends: out once this compute is queued */
+    pp_stage_set_async_outputs(st, 1);
     double t0 = pp_monotonic_ms();
     c->inputs_ms = t0;
     if (status == PP_OK) status = pp_stage_backward_input(st, mb, gout, gin);
     c->compute_ms += pp_monotonic_ms() - t0;
     if (status == PP_OK) c->done_i[s * c->m + mb] = 1;
+    if (status == PP_OK && held) status = flush_first(c, r, held);
     for (int k = 0; k < nw && status == PP_OK; k++) {
         int e = c->links[s].gin_edge[k];
-        if (e >= 0 && p->edges[e].producer >= 0) status = r->send_grad(r->ctx, e, mb, s, gin[k]);
+        if (e >= 0 && p->edges[e].producer >= 0) status = send_or_hold(c, r, 1, e, mb, s, gin[k]);
     }
     for (int k = 0; gout && k < ng; k++) pp_tensor_free(gout[k]);
     for (int k = 0; gin && k < nw; k++) pp_tensor_free(gin[k]);
@@ -303,15 +364,17 @@ static pp_status run_backward_input(pp_core *c, const pp_route *r, int s, int mb
     return status;
 }
 
-static pp_status run_weight(pp_core *c, int s, int mb, int *ran) {
+static pp_status run_weight(pp_core *c, const pp_route *r, int s, int mb, int *ran) {
     int i = s * c->m + mb;
     if (!c->done_i[i]) return PP_OK; /* its I has not run yet */
     if (c->done_w[i]) return pp_error(PP_ERR_STATE, "stage %d: weight gradient of microbatch %d scheduled twice", s, mb);
     *ran = 1;
     c->done_w[i] = 1;
+    int held = c->n_pending;
     double t0 = pp_monotonic_ms();
     pp_status st = pp_stage_backward_weight(c->stages[s], mb);
     c->compute_ms += pp_monotonic_ms() - t0;
+    if (st == PP_OK && held) st = flush_first(c, r, held); /* W's compute is queued: earlier sends go out */
     return st;
 }
 
@@ -340,13 +403,13 @@ static pp_status run_compute(pp_core *c, const pp_route *r, const pp_action *a, 
         PP_TRY(run_backward_input(c, r, s, mb));
         if (a->kind == PP_ACT_I) return PP_OK;
         *ran = 0;
-        return run_weight(c, s, mb, ran); /* B is I then W */
+        return run_weight(c, r, s, mb, ran); /* B is I then W */
     case PP_ACT_W:
         if (!c->training) {
             *ran = 1;
             return PP_OK;
         }
-        return run_weight(c, s, mb, ran);
+        return run_weight(c, r, s, mb, ran);
     default: return PP_OK;
     }
 }
@@ -360,6 +423,10 @@ pp_status pp_core_run_action(pp_core *c, const pp_route *r, int rank, const pp_a
     double t0 = c->trace ? pp_monotonic_ms() : 0;
     c->inputs_ms = 0;
     PP_TRY(run_compute(c, r, a, ran));
+    if (!*ran && c->n_pending) { /* what it waits for may be held here: out, and look again */
+        PP_TRY(pp_core_flush_sends(c, r));
+        PP_TRY(run_compute(c, r, a, ran));
+    }
     if (c->trace && *ran) {
         double t1 = pp_monotonic_ms(), ready = c->inputs_ms > t0 ? c->inputs_ms : t0;
         /* a route with ready hooks (the local runner) had the inputs at hand */
@@ -397,6 +464,7 @@ static pp_status check_complete(const pp_core *c) {
 
 pp_status pp_core_sync_shared(pp_core *c, const pp_route *r) {
     if (c->shared_synced || !c->training) return PP_OK;
+    PP_TRY(pp_core_flush_sends(c, r));
     c->shared_synced = 1;
     for (int i = 0; i < c->p->n_shared; i++)
         if (c->snap[i]) PP_TRY(sync_one(c, r, i));
@@ -406,6 +474,10 @@ pp_status pp_core_sync_shared(pp_core *c, const pp_route *r) {
 pp_status pp_core_step_end(pp_core *c, const pp_route *r, pp_status s, pp_tensor **outputs) {
     const pp_pipe *p = c->p;
     for (int o = 0; outputs && o < p->n_outputs; o++) outputs[o] = NULL;
+    if (s == PP_OK) s = pp_core_flush_sends(c, r);
+    else drop_sends(c);
+    for (size_t i = 0; s == PP_OK && c->outs && i < (size_t)p->n_outputs * (size_t)c->m; i++)
+        s = pp_tensor_wait(c->outs[i]); /* a device stage's model outputs, downloaded meanwhile */
     if (s == PP_OK) s = check_complete(c);
     if (s == PP_OK) s = pp_core_sync_shared(c, r);
     for (int o = 0; s == PP_OK && outputs && o < p->n_outputs; o++)

@@ -48,6 +48,14 @@ typedef struct pp_core_links {
     int *in_edge, *out_edge, *out_model, *gout_edge, *gin_edge;
 } pp_core_links;
 
+/* A send held back until its download (a device stage's output on the
+ * copy stream) is done: an activation (grad 0) of edge e to `peer` (the
+ * consumer), or a gradient (grad 1) of edge e from `peer`. */
+typedef struct pp_core_send {
+    int grad, e, mb, peer;
+    pp_tensor *t;
+} pp_core_send;
+
 typedef struct pp_core {
     pp_pipe *p;
     int training;
@@ -73,6 +81,13 @@ typedef struct pp_core {
     uint8_t *done_f, *done_i, *done_w; /* [stage * m + mb] */
     pp_tensor **snap;                 /* [shared]: replicated gradients before the step */
     int shared_synced;                /* pp_core_sync_shared ran this step */
+    /* Sends of device stages' outputs whose downloads are in flight, in
+     * order: they go out after the next action's compute is queued (so
+     * the copy overlaps it), before a receive that may block, when an
+     * action is not ready, and at the step's end. A CPU stage's outputs
+     * are sent at once, as before, unless sends are held before them. */
+    pp_core_send *pending;
+    int n_pending, cap_pending;
 } pp_core;
 
 /* Builds the stages of p that `rank` runs under sched (rank -1: all of
@@ -89,14 +104,17 @@ pp_status pp_core_step_begin(pp_core *c, int64_t step, int m, int n_inputs, cons
 /* Runs one F, I, B or W action (others are no-ops) of a local stage, on
  * `rank` for the trace. *ran is 0 when its inputs are not there yet (only a
  * route with ready hooks says so). The trace gets the action from when its
- * inputs were there to its end (its sends included) and, when it had to
- * wait for them, the wait as RECV_F / RECV_B on the communication lane. */
+ * inputs were there to its end (its sends included, but those of a device
+ * stage, which go out with the next action: see pending) and, when it had
+ * to wait for them, the wait as RECV_F / RECV_B on the communication lane. */
 pp_status pp_core_run_action(pp_core *c, const pp_route *r, int rank, const pp_action *a, int *ran);
 /* 1 once every weight gradient of local stage s ran this step (training). */
 int pp_core_weights_done(const pp_core *c, int s);
 /* Sums the replicated parameters' gradients across their stages (once a
  * step; pp_core_step_end does it if no one did before). */
 pp_status pp_core_sync_shared(pp_core *c, const pp_route *r);
+/* Waits for the held-back sends' downloads and sends them, in order. */
+pp_status pp_core_flush_sends(pp_core *c, const pp_route *r);
 /* Ends the step: every local forward (and, training, backward) ran, the
  * replicated parameters' gradients are summed across their stages, and
  * outputs[o] (may be NULL) gets model output o merged over microbatches

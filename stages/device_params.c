@@ -165,6 +165,12 @@ pp_status pp_device_params_to_host(pp_device_params *dp, int writable) {
     return PP_OK;
 }
 
+pp_status pp_device_params_grads_to_host(pp_device_params *dp) {
+    PP_TRY(to_host(dp, dp->fp->grad, dp->grad->data, &dp->grad_side));
+    dp->grad_side = HOST_NEWER;
+    return PP_OK;
+}
+
 pp_status pp_device_params_copy(pp_device_params *dp, int i, int grad, pp_tensor **out) {
     *out = NULL;
     PP_TRY(check_index(dp, i, NULL, NULL));

@@ -40,6 +40,9 @@ pp_status pp_device_params_step(pp_device_params *dp, pp_optim *o);
  * here. writable: the caller may change them, so the device takes the
  * host's again before it next uses them. */
 pp_status pp_device_params_to_host(pp_device_params *dp, int writable);
+/* The host's gradients current and writable (the device takes them again
+ * before it next uses them); the weights and the optimizer state stay. */
+pp_status pp_device_params_grads_to_host(pp_device_params *dp);
 /* Parameter i's weights (grad 0) or gradient (grad 1) as a new host
  * tensor, downloading that range only when only the device has it. */
 pp_status pp_device_params_copy(pp_device_params *dp, int i, int grad, pp_tensor **out);

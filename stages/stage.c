@@ -43,6 +43,7 @@ struct pp_stage {
     uint8_t *input_mask; /* per value: a forward input (what F keeps under recompute) */
     uint8_t *keep_f_rc;  /* keep_f and the inputs: F's keep mask under recompute */
     int recompute;       /* pp_stage_set_recompute */
+    int async_outputs;   /* pp_stage_set_async_outputs */
     int n_fwd_inputs, n_fwd_outputs;
     int loss_seed; /* index into bw->seed_values of the loss, -1 if none */
     float loss_scale;
@@ -351,10 +352,16 @@ static pp_status place_params(pp_stage *st, pp_tensor **env) {
     return PP_OK;
 }
 
-/* A new host reference to t (downloaded when it is on the device). */
+/* A new host reference to t (downloaded when it is on the device; left
+ * in flight with async_outputs). */
 static pp_status to_host(pp_stage *st, pp_tensor *t, pp_tensor **out) {
     if (!pp_tensor_device(t)) return *out = pp_tensor_retain(t), PP_OK;
-    return pp_device_download(st->dev, t, out);
+    return st->async_outputs ? pp_device_download_async(st->dev, t, out) : pp_device_download(st->dev, t, out);
+}
+
+void pp_stage_set_async_outputs(pp_stage *st, int on) {
+    st->async_outputs = on != 0;
+    pp_exec_set_async_outputs(st->ex, st->async_outputs);
 }
 
 /* Gradient i += g, where the stage keeps its gradients. */
@@ -688,6 +695,33 @@ pp_flat_params *pp_stage_params(pp_stage *st) {
      * and the device takes them again before it next uses them */
     if (st->dp && pp_device_params_to_host(st->dp, 1) != PP_OK)
         pp_log_error("stage %d: parameters on %s not brought back: %s", st->index, pp_device_name(st->dev),
+                     pp_last_error());
+    return st->params;
+}
+
+pp_status pp_stage_set_constant(pp_stage *st, const char *name, const pp_tensor *t) {
+    int v = name ? pp_graph_find_value(st->g, name) : -1;
+    pp_value *val = v >= 0 ? &st->g->values[v] : NULL;
+    if (!val || (val->kind != PP_VALUE_PARAM && val->kind != PP_VALUE_CONST) || !val->data)
+        return pp_error(PP_ERR_NOT_FOUND, "stage %d has no parameter or constant '%s'", st->index, name ? name : "");
+    char a[128], b[128];
+    if (!t || pp_tensor_device(t) || t->dtype != val->data->dtype ||
+        !pp_shape_equal(t->ndim, t->shape, val->data->ndim, val->data->shape))
+        return pp_error(PP_ERR_SHAPE, "stage %d: '%s' is %s%s, the new value %s%s%s", st->index, name,
+                        pp_dtype_name(val->data->dtype), pp_shape_str(val->data->ndim, val->data->shape, a, sizeof a),
+                        t ? pp_dtype_name(t->dtype) : "none", t ? pp_shape_str(t->ndim, t->shape, b, sizeof b) : "",
+                        t && pp_tensor_device(t) ? " on a device" : "");
+    PP_TRY(pp_tensor_wait(t));
+    /* a trained parameter is a view of the flat buffer: the host's current, the device's taken again */
+    if (val->kind == PP_VALUE_PARAM && st->params) (void)pp_stage_params(st);
+    if (t->nbytes) memcpy(val->data->data, t->data, t->nbytes);
+    pp_exec_constants_written(st->ex); /* the cache and the device's copies made from the old bytes go */
+    return PP_OK;
+}
+
+pp_flat_params *pp_stage_grads(pp_stage *st) {
+    if (st->dp && pp_device_params_grads_to_host(st->dp) != PP_OK)
+        pp_log_error("stage %d: gradients on %s not brought back: %s", st->index, pp_device_name(st->dev),
                      pp_last_error());
     return st->params;
 }

@@ -84,6 +84,12 @@ PP_API pp_status pp_device_download(pp_device *dev, const pp_tensor *dt, pp_tens
  * computes). */
 PP_API pp_status pp_device_download_async(pp_device *dev, const pp_tensor *dt, pp_tensor **out);
 PP_API pp_status pp_device_staging_wait(pp_device *dev, const pp_tensor *staged);
+/* 1 while t is a staging buffer whose download has not been waited for
+ * (its bytes are not there yet); 0 for any other tensor. */
+PP_API int pp_tensor_pending(const pp_tensor *t);
+/* Waits for t's download when it is pending; PP_OK at once otherwise
+ * (any tensor may be passed). */
+PP_API pp_status pp_tensor_wait(const pp_tensor *t);
 
 typedef struct pp_device_stats {
     int64_t uploads, downloads;       /* host->device and device->host copies */

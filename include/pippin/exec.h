@@ -96,6 +96,13 @@ PP_API void pp_exec_stats(const pp_exec *ex, int64_t *kernels_run, int64_t *node
  * for every input shape. Off again before changing a parameter. */
 PP_API void pp_exec_set_constant_params(pp_exec *ex, int on);
 
+/* The host wrote the data of the graph's parameters or constants in place
+ * (a model's weights replaced on a running service): what was computed
+ * from them (the constant cache above) and their copies on the executor's
+ * device (kept across runs, found by the tensor, which an in-place write
+ * does not change) are made again at the next run. Not during a run. */
+PP_API void pp_exec_constants_written(pp_exec *ex);
+
 /* The stream random ops draw from in the runs that follow: training-mode
  * Dropout's mask is a function of (seed, step, microbatch, node name,
  * element) alone (Philox4x32-10), so the same step and microbatch give the

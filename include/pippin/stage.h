@@ -138,6 +138,15 @@ PP_API pp_status pp_stage_set_recompute(pp_stage *st, int on);
  * on the CPU. Errors name the stage: "stage 1: device 'cuda:0': no CUDA
  * device: ...". */
 PP_API pp_status pp_stage_use_device(pp_stage *st, const char *spec);
+/* on = 1: on a device, pp_stage_forward's outputs and
+ * pp_stage_backward_input's gradients may come back while their downloads
+ * are still in flight on the device's copy stream (pp_tensor_pending,
+ * pippin/device.h): the caller waits for each (pp_tensor_wait) before
+ * reading or sending it, and meanwhile may start the next microbatch's
+ * compute (the execution core does: a send of microbatch k overlaps the
+ * compute of k + 1). 0, the default: they are complete on return. No
+ * effect on the CPU. */
+PP_API void pp_stage_set_async_outputs(pp_stage *st, int on);
 /* The stage's device; NULL on the CPU. */
 PP_API pp_device *pp_stage_device(const pp_stage *st);
 /* The stage's executor (where each node runs: pp_exec_node_device). */
@@ -157,6 +166,12 @@ PP_API pp_status pp_stage_recompute_stash_per_sample_dims(pp_stage *st, const ch
  * before it next uses them. The graph's parameter values are views of the
  * host's buffers: read them after this call. */
 PP_API pp_flat_params *pp_stage_params(pp_stage *st);
+/* The same buffers with only the gradients brought up to date and
+ * writable (the device takes them again before it next uses them); on a
+ * device the weights and the optimizer's state stay there and the host's
+ * weights may be stale: for reading and writing gradients alone (the
+ * data-parallel replicas' gradient sum). pp_stage_params otherwise. */
+PP_API pp_flat_params *pp_stage_grads(pp_stage *st);
 /* Parameter i's weights (grad 0) or gradient (grad 1) as a new host
  * tensor; on a device, only its part crosses, and only when the device's
  * copy is newer. */
@@ -171,6 +186,14 @@ PP_API pp_status pp_stage_set_param_grad(pp_stage *st, int i, const pp_tensor *g
 PP_API pp_status pp_stage_optimizer_step(pp_stage *st, pp_optim *o);
 /* (A failed W that had added part of its gradients, or a failed step whose
  * W had added any, leaves them incomplete: see pp_stage_abort_step.) */
+/* Writes new bytes (t: the same dtype and shape, host memory) into the
+ * stage's parameter or constant `name` in place, between runs: a model's
+ * weights replaced on a running service (an inference stage's are
+ * constants). What the stage derived from the old bytes goes: its
+ * executor's constant cache and the copies its device keeps across runs
+ * (pp_exec_constants_written); a training stage's device takes its
+ * parameters again. PP_ERR_NOT_FOUND for a name that is neither. */
+PP_API pp_status pp_stage_set_constant(pp_stage *st, const char *name, const pp_tensor *t);
 PP_API int pp_stage_n_params(const pp_stage *st);
 PP_API const char *pp_stage_param_name(const pp_stage *st, int i);
 /* Index of a parameter by name, -1 if absent. */

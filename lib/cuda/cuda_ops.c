@@ -6,6 +6,8 @@
  * run time) returns PP_ERR_UNSUPPORTED and the CPU runs it instead. */
 #include "cuda_internal.h"
 #include "op_attrs.h"
+#include "attention_internal.h"
+#include "shape_kernels.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -559,6 +561,111 @@ static pp_status run_concat(pp_device *dev, cuda_device *c, pp_kernel_ctx *ctx) 
     return PP_OK;
 }
 
+/* Split along any axis, sizes from the `split` input (read on the host) or
+ * attribute, else num_outputs or equal parts (pp_split_sizes, the CPU
+ * kernel's). A part that is one contiguous block (nothing before the
+ * axis) is a view of the input, as on the CPU; the others are copied. */
+static pp_status run_split(pp_device *dev, cuda_device *c, pp_kernel_ctx *ctx) {
+    pp_tensor *x = ctx->in[0];
+    int nout = ctx->n_out, axis = 0;
+    if (x->ndim < 1) return fallback();
+    int64_t *sizes = calloc((size_t)(nout ? nout : 1), sizeof *sizes);
+    if (!sizes) return pp_error(PP_ERR_NOMEM, "%s: out of memory", dev->name);
+    pp_status s = pp_split_sizes(ctx, x, &axis, sizes);
+    int64_t dim = x->shape[axis], start = 0, es = (int64_t)pp_dtype_size(x->dtype);
+    int64_t outer = pp_shape_numel(axis, x->shape);
+    int64_t inner = pp_shape_numel(x->ndim - axis - 1, x->shape + axis + 1);
+    for (int i = 0; i < nout && s == PP_OK; i++) {
+        int64_t shape[PP_MAX_DIMS];
+        memcpy(shape, x->shape, sizeof(int64_t) * (size_t)x->ndim);
+        shape[axis] = sizes[i];
+        int64_t off = start;
+        start += sizes[i];
+        if (!pp_kernel_want_out(ctx, i)) continue;
+        if (outer == 1 && sizes[i] * inner > 0) {
+            s = pp_device_tensor_view(x, (size_t)(off * inner * es), x->dtype, x->ndim, shape, &ctx->out[i]);
+            continue;
+        }
+        pp_tensor *y;
+        s = new_out(dev, ctx, i, x->dtype, x->ndim, shape, &y);
+        if (!s)
+            s = launched(dev, pp_cu_split_part(c->stream[0], x->data, (int)es, sizes[i], inner, dim, off, y->data,
+                                               pp_tensor_numel(y)),
+                         "Split");
+    }
+    free(sizes);
+    return s;
+}
+
+/* ---------------------------------------------------- causal attention */
+
+static pp_km_attn_view km_view(const pp_attn_view *v) { return (pp_km_attn_view){v->sb, v->sh, v->st, v->sd}; }
+
+/* The kernels' description of an attention's operands (checked by
+ * pp_attn_operands_of, the CPU kernels' own checks). */
+static pp_km_attn km_attn(const pp_kernel_ctx *ctx, const pp_attn_operands *o) {
+    pp_km_attn a;
+    memset(&a, 0, sizeof a);
+    a.heads = o->q.heads, a.tq = o->q.rows, a.tk = o->k.rows, a.d = o->q.cols, a.dv = o->v.cols;
+    a.mask_a = o->mask_a, a.mask_b = o->mask_b;
+    a.scale = pp_node_attr_float(ctx->node, "scale", 1.0f);
+    a.scale_div = pp_node_attr_int(ctx->node, "scale_div", 0) != 0;
+    a.q = km_view(&o->q), a.k = km_view(&o->k), a.v = km_view(&o->v);
+    return a;
+}
+
+/* pippin::CausalAttention(Q, K, V[, mask_ref]): mask_ref is read for its
+ * shape alone (on the host). */
+static pp_status run_attention(pp_device *dev, cuda_device *c, pp_kernel_ctx *ctx) {
+    const pp_tensor *Q = ctx->in[0], *K = ctx->in[1], *V = ctx->in[2];
+    const pp_tensor *M = ctx->n_in > 3 ? ctx->in[3] : NULL;
+    if (!is_f32(Q) || !is_f32(K) || !is_f32(V)) return fallback();
+    pp_attn_operands o;
+    PP_TRY(pp_attn_operands_of(ctx, Q, K, V, M, &o));
+    int64_t shape[PP_MAX_DIMS], ys[3];
+    int nd;
+    PP_TRY(pp_attn_out_shape(ctx, Q, &o, shape, &nd, ys));
+    pp_km_attn a = km_attn(ctx, &o);
+    a.y = (pp_km_attn_view){ys[0], ys[1], ys[2], 1};
+    pp_tensor *y;
+    PP_TRY(new_out(dev, ctx, 0, PP_F32, nd, shape, &y));
+    return launched(dev, pp_cu_attention(c->stream[0], a, Q->data, K->data, V->data, y->data, o.q.batch * o.q.heads),
+                    "CausalAttention");
+}
+
+/* pippin::CausalAttentionGrad(dY, Q, K, V[, mask_ref]) -> dQ, dK, dV (each
+ * shaped and laid out as its operand; those not wanted not computed). */
+static pp_status run_attention_grad(pp_device *dev, cuda_device *c, pp_kernel_ctx *ctx) {
+    const pp_tensor *dY = ctx->in[0], *Q = ctx->in[1], *K = ctx->in[2], *V = ctx->in[3];
+    const pp_tensor *M = ctx->n_in > 4 ? ctx->in[4] : NULL;
+    if (!is_f32(dY) || !is_f32(Q) || !is_f32(K) || !is_f32(V)) return fallback();
+    pp_attn_operands o;
+    PP_TRY(pp_attn_operands_of(ctx, Q, K, V, M, &o));
+    pp_attn_view dyv;
+    PP_TRY(pp_attn_view_of(ctx, "dY", dY, o.ol, &dyv));
+    if (dyv.batch * dyv.heads != o.q.batch * o.q.heads || dyv.rows != o.q.rows || dyv.cols != o.v.cols)
+        return pp_kernel_error(ctx, PP_ERR_SHAPE, "dY is not the output of this attention's Q");
+    pp_km_attn a = km_attn(ctx, &o);
+    /* dY read with Y's strides: the same heads in the same order as Q's */
+    if (o.ol == L_BTHD) a.y.sh = o.v.cols, a.y.st = o.q.heads * o.v.cols, a.y.sb = o.q.rows * a.y.st;
+    else a.y.st = o.v.cols, a.y.sh = o.q.rows * o.v.cols, a.y.sb = o.q.heads * a.y.sh;
+    a.y.sd = 1;
+    const pp_tensor *like[3] = {Q, K, V};
+    pp_tensor *g[3] = {NULL, NULL, NULL}, *stats = NULL;
+    for (int k = 0; k < 3; k++)
+        if (k < ctx->n_out && ctx->node->out[k] >= 0) PP_TRY(new_out(dev, ctx, k, PP_F32, like[k]->ndim, like[k]->shape, &g[k]));
+    int64_t n_bh = o.q.batch * o.q.heads;
+    PP_TRY(pp_device_tensor_new(dev, PP_MEMORY_DEVICE, PP_F32, 1, (int64_t[]){3 * n_bh * o.q.rows}, &stats));
+    float cf = a.scale_div ? 1.0f / a.scale : a.scale;
+    pp_status s = launched(dev,
+                           pp_cu_attention_grad(c->stream[0], a, Q->data, K->data, V->data, dY->data, cf, stats->data,
+                                                g[0] ? g[0]->data : NULL, g[1] ? g[1]->data : NULL,
+                                                g[2] ? g[2]->data : NULL, n_bh),
+                           "CausalAttentionGrad");
+    pp_tensor_free(stats); /* back to the pool: reused in stream order */
+    return s;
+}
+
 /* ----------------------------------------------------------- the table */
 
 static const struct {
@@ -602,6 +709,9 @@ static const struct {
     {"", "Unsqueeze", run_view, 1 << 1},
     {"", "Identity", run_view, 0},
     {"", "Concat", run_concat, 0},
+    {"", "Split", run_split, 1 << 1},
+    {"pippin", "CausalAttention", run_attention, 1 << 3},
+    {"pippin", "CausalAttentionGrad", run_attention_grad, 1 << 4},
 };
 
 static int find_op(const pp_node *n) {
@@ -622,7 +732,7 @@ int pp_cuda_supports(const pp_device *dev, const pp_graph *g, const pp_node *n) 
         if (n->in[k] < 0 || (ops[i].host_inputs >> k & 1)) continue;
         pp_dtype dt = g->values[n->in[k]].dtype;
         if (dt != PP_DTYPE_UNDEFINED && dt != PP_F32 && ops[i].run != run_view && ops[i].run != run_transpose &&
-            ops[i].run != run_concat && !(ops[i].run == run_gather && k == 0))
+            ops[i].run != run_concat && ops[i].run != run_split && !(ops[i].run == run_gather && k == 0))
             return 0;
     }
     return 1;
@@ -638,7 +748,8 @@ pp_status pp_cuda_run(pp_device *dev, pp_kernel_ctx *ctx) {
     int i = find_op(ctx->node);
     if (i < 0) return fallback();
     for (int k = 0; k < ctx->n_in; k++)
-        if (!ctx->in[k] && k < 2 && ops[i].run != run_concat) return fallback(); /* an omitted input the table does not expect */
+        if (!ctx->in[k] && k < 2 && ops[i].run != run_concat && ops[i].run != run_split)
+            return fallback(); /* an omitted input the table does not expect */
     pp_status s = ops[i].run(dev, c, ctx);
     if (s != PP_OK) { /* the executor expects no outputs set on failure or fallback */
         for (int k = 0; k < ctx->n_out; k++) {

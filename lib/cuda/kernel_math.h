@@ -97,6 +97,13 @@ PP_HD int64_t pp_km_concat_dst(int64_t i, int64_t len, int64_t inner, int64_t to
     return (o * total + axis_off + a) * inner + in;
 }
 
+/* Split: element i of part k (outer x len x inner) reads this offset of
+ * the input (outer x total x inner), the part starting at axis_off: the
+ * inverse of Concat's placement. */
+PP_HD int64_t pp_km_split_src(int64_t i, int64_t len, int64_t inner, int64_t total, int64_t axis_off) {
+    return pp_km_concat_dst(i, len, inner, total, axis_off);
+}
+
 /* ---------------------------------------------------------------- GEMMs */
 
 /* One strided batched GEMM over row-major matrices:
@@ -363,6 +370,139 @@ PP_HD void pp_km_sce_row_grad(const float *s, int64_t C, int64_t label, int64_t 
     float k = coef / z;
     for (int64_t c = 0; c < C; c++) d[c] *= k;
     d[label] -= coef;
+}
+
+/* ---------------------------------------------------- causal attention */
+
+/* pippin::CausalAttention and its gradient (lib/ops/attention.c,
+ * attention_grad.c) one query row or one key row per thread. An operand
+ * as the CPU kernels view it (lib/ops/attention_internal.h): the head of
+ * batch-head bh starts at (bh / heads) * sb + (bh % heads) * sh; row t
+ * (time) at t * st from there, feature c at c * sd. Y and dY: sd = 1. */
+typedef struct pp_km_attn_view {
+    int64_t sb, sh, st, sd;
+} pp_km_attn_view;
+
+typedef struct pp_km_attn {
+    int64_t heads, tq, tk, d, dv; /* d: Q's and K's width; dv: V's */
+    int64_t mask_a, mask_b;       /* the causal mask's last two dims (tq, tk without one) */
+    float scale;
+    int scale_div;                /* scores x / scale, else x * scale */
+    pp_km_attn_view q, k, v, y;   /* y: Y (forward) or dY (backward) */
+} pp_km_attn;
+
+PP_HD int64_t pp_km_attn_at(const pp_km_attn_view *v, int64_t heads, int64_t bh, int64_t t) {
+    return (bh / heads) * v->sb + (bh % heads) * v->sh + t * v->st;
+}
+
+/* Keys query i sees (pp_attn_keys_seen): j < this. */
+PP_HD int64_t pp_km_attn_seen(const pp_km_attn *A, int64_t i) {
+    if (A->mask_b == 1) return A->tk;
+    int64_t ip = A->mask_a == 1 ? 0 : i;
+    return ip + 1 < A->tk ? ip + 1 : A->tk;
+}
+
+/* The scaled score of query i and key j. */
+PP_HD float pp_km_attn_score(const pp_km_attn *A, const float *q, const float *k, int64_t bh, int64_t i,
+                             int64_t j) {
+    const float *qi = q + pp_km_attn_at(&A->q, A->heads, bh, i), *kj = k + pp_km_attn_at(&A->k, A->heads, bh, j);
+    float s = 0;
+    for (int64_t c = 0; c < A->d; c++) s += qi[c * A->q.sd] * kj[c * A->k.sd];
+    return A->scale_div ? s / A->scale : s * A->scale;
+}
+
+/* Row i's softmax: its max m and 1 / sum(exp(score - m)) (summed in
+ * double, as pp_attn_softmax_row does); P[i][j] = exp(score - m) * inv. */
+PP_HD void pp_km_attn_row_norm(const pp_km_attn *A, const float *q, const float *k, int64_t bh, int64_t i, float *m,
+                               float *inv) {
+    int64_t n = pp_km_attn_seen(A, i);
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < n; j++) {
+        float s = pp_km_attn_score(A, q, k, bh, i, j);
+        mx = s > mx ? s : mx;
+    }
+    double total = 0;
+    for (int64_t j = 0; j < n; j++) total += expf(pp_km_attn_score(A, q, k, bh, i, j) - mx);
+    *m = mx;
+    *inv = (float)(1.0 / total);
+}
+
+/* dY[i] . V[j]: dP of query i and key j. */
+PP_HD float pp_km_attn_dp(const pp_km_attn *A, const float *v, const float *dy, int64_t bh, int64_t i, int64_t j) {
+    const float *dyi = dy + pp_km_attn_at(&A->y, A->heads, bh, i), *vj = v + pp_km_attn_at(&A->v, A->heads, bh, j);
+    float s = 0;
+    for (int64_t c = 0; c < A->dv; c++) s += dyi[c * A->y.sd] * vj[c * A->v.sd];
+    return s;
+}
+
+/* The forward of query row i of batch-head bh: Y[i] = sum_j P[i][j] V[j]
+ * over the keys it sees (0 without keys). */
+PP_HD void pp_km_attn_fwd_row(const pp_km_attn *A, const float *q, const float *k, const float *v, float *y,
+                              int64_t bh, int64_t i) {
+    float *yi = y + pp_km_attn_at(&A->y, A->heads, bh, i);
+    for (int64_t c = 0; c < A->dv; c++) yi[c * A->y.sd] = 0.0f;
+    int64_t n = pp_km_attn_seen(A, i);
+    if (n <= 0) return;
+    float m, inv;
+    pp_km_attn_row_norm(A, q, k, bh, i, &m, &inv);
+    for (int64_t j = 0; j < n; j++) {
+        float p = expf(pp_km_attn_score(A, q, k, bh, i, j) - m) * inv;
+        const float *vj = v + pp_km_attn_at(&A->v, A->heads, bh, j);
+        for (int64_t c = 0; c < A->dv; c++) yi[c * A->y.sd] += p * vj[c * A->v.sd];
+    }
+}
+
+/* The backward's first pass, query row i: its softmax (stats[0], [1]: m
+ * and inv) and rowsum(dP P) (stats[2]), and dQ[i] = sum_j dS[i][j] K[j]
+ * (dq may be NULL), dS = P (dP - rowsum(dP P)) * c, c the scale or
+ * 1 / scale. dq is laid out as Q. */
+PP_HD void pp_km_attn_grad_row(const pp_km_attn *A, const float *q, const float *k, const float *v, const float *dy,
+                               int64_t bh, int64_t i, float c, float *stats, float *dq) {
+    int64_t n = pp_km_attn_seen(A, i);
+    float m = 0, inv = 0;
+    double dot = 0;
+    if (n > 0) pp_km_attn_row_norm(A, q, k, bh, i, &m, &inv);
+    for (int64_t j = 0; j < n; j++) {
+        float p = expf(pp_km_attn_score(A, q, k, bh, i, j) - m) * inv;
+        dot += (double)pp_km_attn_dp(A, v, dy, bh, i, j) * p;
+    }
+    float t = (float)dot;
+    stats[0] = m, stats[1] = inv, stats[2] = t;
+    if (!dq) return;
+    float *dqi = dq + pp_km_attn_at(&A->q, A->heads, bh, i);
+    for (int64_t cc = 0; cc < A->d; cc++) dqi[cc * A->q.sd] = 0.0f;
+    for (int64_t j = 0; j < n; j++) {
+        float p = expf(pp_km_attn_score(A, q, k, bh, i, j) - m) * inv;
+        float ds = p * (pp_km_attn_dp(A, v, dy, bh, i, j) - t) * c;
+        const float *kj = k + pp_km_attn_at(&A->k, A->heads, bh, j);
+        for (int64_t cc = 0; cc < A->d; cc++) dqi[cc * A->q.sd] += ds * kj[cc * A->k.sd];
+    }
+}
+
+/* The backward's second pass, key row j: dK[j] = sum_i dS[i][j] Q[i] and
+ * dV[j] = sum_i P[i][j] dY[i] over the queries that see j, in query
+ * order, from the first pass's stats (3 per row, rows of batch-head bh
+ * at bh * tq). dk (laid out as K) and dv (as V) may be NULL. */
+PP_HD void pp_km_attn_grad_key(const pp_km_attn *A, const float *q, const float *k, const float *v, const float *dy,
+                               const float *stats, int64_t bh, int64_t j, float c, float *dk, float *dv) {
+    float *dkj = dk ? dk + pp_km_attn_at(&A->k, A->heads, bh, j) : 0;
+    float *dvj = dv ? dv + pp_km_attn_at(&A->v, A->heads, bh, j) : 0;
+    for (int64_t cc = 0; dkj && cc < A->d; cc++) dkj[cc * A->k.sd] = 0.0f;
+    for (int64_t cc = 0; dvj && cc < A->dv; cc++) dvj[cc * A->v.sd] = 0.0f;
+    for (int64_t i = 0; i < A->tq; i++) {
+        if (j >= pp_km_attn_seen(A, i)) continue;
+        const float *st = stats + 3 * (bh * A->tq + i);
+        float p = expf(pp_km_attn_score(A, q, k, bh, i, j) - st[0]) * st[1];
+        if (dvj) {
+            const float *dyi = dy + pp_km_attn_at(&A->y, A->heads, bh, i);
+            for (int64_t cc = 0; cc < A->dv; cc++) dvj[cc * A->v.sd] += p * dyi[cc * A->y.sd];
+        }
+        if (dkj) {
+            float ds = p * (pp_km_attn_dp(A, v, dy, bh, i, j) - st[2]) * c;
+            const float *qi = q + pp_km_attn_at(&A->q, A->heads, bh, i);
+            for (int64_t cc = 0; cc < A->d; cc++) dkj[cc * A->k.sd] += ds * qi[cc * A->q.sd];
+        }
+    }
 }
 
 /* ------------------------------------------------------------ optimizers */

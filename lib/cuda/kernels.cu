@@ -121,6 +121,30 @@ __global__ void concat_part_k(const T *src, int64_t len, int64_t inner, int64_t 
     out[pp_km_concat_dst(i, len, inner, total, off)] = src[i];
 }
 
+template <typename T>
+__global__ void split_part_k(const T *src, int64_t len, int64_t inner, int64_t total, int64_t off, T *out,
+                             int64_t n) {
+    PP_CU_INDEX(n);
+    out[i] = src[pp_km_split_src(i, len, inner, total, off)];
+}
+
+__global__ void attn_fwd_k(pp_km_attn a, const float *q, const float *k, const float *v, float *y, int64_t n) {
+    PP_CU_INDEX(n);
+    pp_km_attn_fwd_row(&a, q, k, v, y, i / a.tq, i % a.tq);
+}
+
+__global__ void attn_grad_rows_k(pp_km_attn a, const float *q, const float *k, const float *v, const float *dy,
+                                 float c, float *stats, float *dq, int64_t n) {
+    PP_CU_INDEX(n);
+    pp_km_attn_grad_row(&a, q, k, v, dy, i / a.tq, i % a.tq, c, stats + 3 * i, dq);
+}
+
+__global__ void attn_grad_keys_k(pp_km_attn a, const float *q, const float *k, const float *v, const float *dy,
+                                 const float *stats, float c, float *dk, float *dv, int64_t n) {
+    PP_CU_INDEX(n);
+    pp_km_attn_grad_key(&a, q, k, v, dy, stats, i / a.tk, i % a.tk, c, dk, dv);
+}
+
 __global__ void sgd_k(pp_km_sgd c, float *p, const float *grad, float *buf, int64_t n) {
     PP_CU_INDEX(n);
     pp_km_sgd_step(&c, p, grad, buf, i);
@@ -162,6 +186,14 @@ template <typename T> struct concat_go {
     static int go(cudaStream_t s, const void *src, int64_t len, int64_t inner, int64_t total, int64_t off,
                   void *out, int64_t n) {
         concat_part_k<T><<<blocks_for(n), kThreads, 0, s>>>((const T *)src, len, inner, total, off, (T *)out, n);
+        return launched();
+    }
+};
+
+template <typename T> struct split_go {
+    static int go(cudaStream_t s, const void *src, int64_t len, int64_t inner, int64_t total, int64_t off,
+                  void *out, int64_t n) {
+        split_part_k<T><<<blocks_for(n), kThreads, 0, s>>>((const T *)src, len, inner, total, off, (T *)out, n);
         return launched();
     }
 };
@@ -261,6 +293,28 @@ int pp_cu_concat_part(pp_cu_stream s, const void *src, int elem, int64_t len, in
                       int64_t axis_off, void *out, int64_t n) {
     if (n <= 0) return 0;
     return by_size<concat_go>(elem, (cudaStream_t)s, src, len, inner, total, axis_off, out, n);
+}
+
+int pp_cu_split_part(pp_cu_stream s, const void *src, int elem, int64_t len, int64_t inner, int64_t total,
+                     int64_t axis_off, void *out, int64_t n) {
+    if (n <= 0) return 0;
+    return by_size<split_go>(elem, (cudaStream_t)s, src, len, inner, total, axis_off, out, n);
+}
+
+int pp_cu_attention(pp_cu_stream s, pp_km_attn a, const float *q, const float *k, const float *v, float *y,
+                    int64_t n_bh) {
+    PP_CU_LAUNCH(n_bh * a.tq, attn_fwd_k, a, q, k, v, y, n_bh * a.tq);
+}
+
+int pp_cu_attention_grad(pp_cu_stream s, pp_km_attn a, const float *q, const float *k, const float *v,
+                         const float *dy, float c, float *stats, float *dq, float *dk, float *dv, int64_t n_bh) {
+    if (n_bh * a.tq > 0) {
+        attn_grad_rows_k<<<blocks_for(n_bh * a.tq), kThreads, 0, s>>>(a, q, k, v, dy, c, stats, dq, n_bh * a.tq);
+        int e = launched();
+        if (e) return e;
+    }
+    if (!dk && !dv) return 0;
+    PP_CU_LAUNCH(n_bh * a.tk, attn_grad_keys_k, a, q, k, v, dy, stats, c, dk, dv, n_bh * a.tk);
 }
 
 int pp_cu_sgd(pp_cu_stream s, pp_km_sgd c, float *p, const float *grad, float *buf, int64_t n) {

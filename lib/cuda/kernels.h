@@ -46,6 +46,16 @@ int pp_cu_strided_copy(pp_cu_stream s, const void *src, int elem, int64_t base, 
                        int64_t n);
 int pp_cu_concat_part(pp_cu_stream s, const void *src, int elem, int64_t len, int64_t inner, int64_t total,
                       int64_t axis_off, void *out, int64_t n);
+/* One part of a Split: the inverse of pp_cu_concat_part. */
+int pp_cu_split_part(pp_cu_stream s, const void *src, int elem, int64_t len, int64_t inner, int64_t total,
+                     int64_t axis_off, void *out, int64_t n);
+/* pippin::CausalAttention over n_bh batch-heads: one thread per query row. */
+int pp_cu_attention(pp_cu_stream s, pp_km_attn a, const float *q, const float *k, const float *v, float *y,
+                    int64_t n_bh);
+/* Its gradient: query rows (stats: 3 * n_bh * tq floats of scratch; dQ),
+ * then key rows (dK, dV); dq, dk, dv may be NULL. a.y describes dY. */
+int pp_cu_attention_grad(pp_cu_stream s, pp_km_attn a, const float *q, const float *k, const float *v,
+                         const float *dy, float c, float *stats, float *dq, float *dk, float *dv, int64_t n_bh);
 int pp_cu_sgd(pp_cu_stream s, pp_km_sgd c, float *p, const float *grad, float *buf, int64_t n);
 int pp_cu_adamw(pp_cu_stream s, pp_km_adamw c, float *p, const float *grad, float *m, float *v, int64_t n);
 

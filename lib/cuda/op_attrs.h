@@ -11,7 +11,7 @@
 
 static const struct {
     const char *op;
-    const char *attrs[4];
+    const char *attrs[8];
 } pp_cuda_op_attrs[] = {
     {"Gelu", {"approximate"}},
     {"GeluGrad", {"approximate"}},
@@ -34,13 +34,16 @@ static const struct {
     {"Squeeze", {"axes"}},
     {"Unsqueeze", {"axes"}},
     {"Concat", {"axis"}},
+    {"Split", {"axis", "split", "num_outputs"}},
+    {"CausalAttention", {"scale", "scale_div", "q_layout", "k_layout", "v_layout", "out_layout"}},
+    {"CausalAttentionGrad", {"scale", "scale_div", "q_layout", "k_layout", "v_layout", "out_layout"}},
 };
 
 /* 1 if the backend reads attribute attr of op_type (ops not listed read none). */
 static inline int pp_cuda_attr_known(const char *op_type, const char *attr) {
     for (size_t i = 0; i < sizeof pp_cuda_op_attrs / sizeof *pp_cuda_op_attrs; i++) {
         if (strcmp(pp_cuda_op_attrs[i].op, op_type) != 0) continue;
-        for (int k = 0; k < 4 && pp_cuda_op_attrs[i].attrs[k]; k++)
+        for (int k = 0; k < 8 && pp_cuda_op_attrs[i].attrs[k]; k++)
             if (!strcmp(pp_cuda_op_attrs[i].attrs[k], attr)) return 1;
         return 0;
     }

@@ -228,6 +228,36 @@ pp_status pp_attn_operands_of(const pp_kernel_ctx *ctx, const pp_tensor *Q, cons
     return PP_OK;
 }
 
+pp_status pp_attn_out_shape(const pp_kernel_ctx *ctx, const pp_tensor *Q, const pp_attn_operands *o,
+                            int64_t *oshape, int *nd, int64_t *ystride) {
+    int64_t tq = o->q.rows, dv = o->v.cols, heads = o->q.heads;
+    int ond;
+    /* Y: Q's leading dims (or [B, T, H, Dv]), after the 1s a wider mask adds. */
+    if (o->ol == L_BTHD) {
+        int64_t s4[4] = {o->q.batch, tq, heads, dv};
+        ond = 4;
+        memcpy(oshape, s4, sizeof s4);
+    } else {
+        int qnd = o->ql == L_BTHD ? 4 : Q->ndim;
+        ond = o->mask_rank > qnd ? o->mask_rank : qnd;
+        if (ond > PP_MAX_DIMS)
+            return pp_kernel_error(ctx, PP_ERR_SHAPE, "attention output has more than %d dims", PP_MAX_DIMS);
+        int pad = ond - qnd;
+        for (int d = 0; d < pad; d++) oshape[d] = 1;
+        if (o->ql == L_BTHD) {
+            int64_t s4[4] = {o->q.batch, heads, tq, dv};
+            memcpy(oshape + pad, s4, sizeof s4);
+        } else {
+            for (int d = 0; d < Q->ndim - 1; d++) oshape[pad + d] = Q->shape[d];
+            oshape[ond - 1] = dv;
+        }
+    }
+    *nd = ond;
+    if (o->ol == L_BTHD) ystride[1] = dv, ystride[2] = heads * dv, ystride[0] = tq * ystride[2];
+    else ystride[2] = dv, ystride[1] = tq * dv, ystride[0] = heads * tq * dv;
+    return PP_OK;
+}
+
 static pp_status attention_run(pp_kernel_ctx *ctx) {
     const pp_node *n = ctx->node;
     const pp_tensor *Q = ctx->in[0], *K = ctx->in[1], *V = ctx->in[2];
@@ -237,32 +267,15 @@ static pp_status attention_run(pp_kernel_ctx *ctx) {
     attn_job *j = calloc(1, sizeof *j);
     if (!j) return pp_kernel_error(ctx, PP_ERR_NOMEM, "out of memory");
     j->q = op.q, j->k = op.k, j->v = op.v, j->mask_a = op.mask_a, j->mask_b = op.mask_b;
-    int ql = op.ql, kl = op.kl, ol = op.ol, mrank = op.mask_rank;
+    int kl = op.kl;
     int64_t tq = j->q.rows, tk = j->k.rows, dv = j->v.cols, nbh = j->q.batch * j->q.heads;
     pp_status st;
-    /* Y: Q's leading dims (or [B, T, H, Dv]), after the 1s a wider mask adds. */
-    int64_t oshape[PP_MAX_DIMS];
+    int64_t oshape[PP_MAX_DIMS], ystride[3];
     int ond;
-    if (ol == L_BTHD) {
-        int64_t s4[4] = {j->q.batch, tq, j->q.heads, dv};
-        ond = 4;
-        memcpy(oshape, s4, sizeof s4);
-    } else {
-        int qnd = ql == L_BTHD ? 4 : Q->ndim;
-        ond = mrank > qnd ? mrank : qnd;
-        int pad = ond - qnd;
-        for (int d = 0; d < pad; d++) oshape[d] = 1;
-        if (ql == L_BTHD) {
-            int64_t s4[4] = {j->q.batch, j->q.heads, tq, dv};
-            memcpy(oshape + pad, s4, sizeof s4);
-        } else {
-            for (int d = 0; d < Q->ndim - 1; d++) oshape[pad + d] = Q->shape[d];
-            oshape[ond - 1] = dv;
-        }
-    }
-    if (ond > PP_MAX_DIMS) {
+    st = pp_attn_out_shape(ctx, Q, &op, oshape, &ond, ystride);
+    if (st != PP_OK) {
         free(j);
-        return pp_kernel_error(ctx, PP_ERR_SHAPE, "attention output has more than %d dims", PP_MAX_DIMS);
+        return st;
     }
     pp_tensor *y;
     st = pp_tensor_empty(PP_F32, ond, oshape, &y);
@@ -273,8 +286,7 @@ static pp_status attention_run(pp_kernel_ctx *ctx) {
     ctx->out[0] = y;
     j->y = y->data;
     j->heads = j->q.heads;
-    if (ol == L_BTHD) j->y_sh = dv, j->y_st = j->heads * dv, j->y_sb = tq * j->y_st;
-    else j->y_st = dv, j->y_sh = tq * dv, j->y_sb = j->heads * tq * dv;
+    j->y_sb = ystride[0], j->y_sh = ystride[1], j->y_st = ystride[2];
     j->tq = tq, j->tk = tk, j->d = j->q.cols, j->dv = dv, j->k_dt = kl == L_BHDT;
     j->scale = pp_node_attr_float(n, "scale", 1.0f);
     j->scale_div = pp_node_attr_int(n, "scale_div", 0) != 0;

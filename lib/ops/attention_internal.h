@@ -54,6 +54,13 @@ typedef struct {
 pp_status pp_attn_operands_of(const pp_kernel_ctx *ctx, const pp_tensor *Q, const pp_tensor *K, const pp_tensor *V,
                               const pp_tensor *M, pp_attn_operands *o);
 
+/* Y's shape (*nd dims) and strides (ystride: batch, head, time; features
+ * step by 1) for Q and the operands o: Q's leading dims or [B, T, H, Dv]
+ * by out_layout, after the 1s a wider mask adds. The CPU kernel's and
+ * the CUDA backend's. */
+pp_status pp_attn_out_shape(const pp_kernel_ctx *ctx, const pp_tensor *Q, const pp_attn_operands *o,
+                            int64_t *shape, int *nd, int64_t *ystride);
+
 /* Keys query i sees under a mask of dims a x b over tk keys. */
 static inline int64_t pp_attn_keys_seen(int64_t a, int64_t b, int64_t tk, int64_t i) {
     if (b == 1) return tk;

@@ -35,6 +35,12 @@ static inline void pp_contiguous_strides(int ndim, const int64_t *shape, int64_t
     }
 }
 
+/* Split's axis and the sizes of its ctx->n_out parts along it (sizes has
+ * n_out entries): the `split` input or attribute, else num_outputs or
+ * equal parts, checked against x. The CPU kernel's and the CUDA
+ * backend's (lib/cuda/cuda_ops.c). */
+pp_status pp_split_sizes(const pp_kernel_ctx *ctx, const pp_tensor *x, int *axis, int64_t *sizes);
+
 /* Reads a 0-d or 1-d int32/int64 tensor of at most max entries. */
 pp_status pp_read_ints(const pp_kernel_ctx *ctx, const pp_tensor *t, const char *what,
                        int64_t *vals, int max, int *n);

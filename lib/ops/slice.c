@@ -95,17 +95,15 @@ static pp_status concat_run(pp_kernel_ctx *ctx) {
 
 /* --------------------------------------------------------------- Split */
 
-static pp_status split_run(pp_kernel_ctx *ctx) {
-    pp_tensor *x = ctx->in[0];
+pp_status pp_split_sizes(const pp_kernel_ctx *ctx, const pp_tensor *x, int *axis_out, int64_t *sizes) {
     int nout = ctx->n_out;
     int64_t axis_attr = pp_node_attr_int(ctx->node, "axis", 0);
     int axis = pp_norm_axis(axis_attr, x->ndim);
     if (axis < 0)
         return pp_kernel_error(ctx, PP_ERR_SHAPE, "axis %" PRId64 " out of range for rank %d",
                                axis_attr, x->ndim);
+    *axis_out = axis;
     int64_t dim = x->shape[axis];
-    int64_t *sizes = calloc((size_t)(nout ? nout : 1), sizeof *sizes);
-    if (!sizes) return pp_error(PP_ERR_NOMEM, "out of memory");
     pp_status s = PP_OK;
     const pp_tensor *st = pp_kernel_input(ctx, 1);
     const int64_t *attr_split;
@@ -146,6 +144,20 @@ static pp_status split_run(pp_kernel_ctx *ctx) {
             left -= sizes[i];
         }
     }
+    return s;
+}
+
+static pp_status split_run(pp_kernel_ctx *ctx) {
+    pp_tensor *x = ctx->in[0];
+    int nout = ctx->n_out, axis = 0;
+    int64_t *sizes = calloc((size_t)(nout ? nout : 1), sizeof *sizes);
+    if (!sizes) return pp_error(PP_ERR_NOMEM, "out of memory");
+    pp_status s = pp_split_sizes(ctx, x, &axis, sizes);
+    if (s != PP_OK) {
+        free(sizes);
+        return s;
+    }
+    int64_t dim = x->shape[axis];
     size_t es = pp_dtype_size(x->dtype);
     int64_t outer = pp_shape_numel(axis, x->shape);
     int64_t inner = pp_shape_numel(x->ndim - axis - 1, x->shape + axis + 1);

@@ -263,6 +263,80 @@ static void test_fake_device_is_strict(void **state) {
     pp_device_close(dev);
 }
 
+/* An async download's source may be freed by its owner at once (a run
+ * ends, its values go back to the pool) while the compute stream goes on:
+ * the next buffer handed out must not be that memory before the copy is
+ * waited for. Before, the pool gave it out again and the copy read the
+ * new tensor's bytes (a microbatch's output sent with the next one's). */
+static void test_download_source_kept_until_waited(void **state) {
+    (void)state;
+    pp_device *dev;
+    TU_OK(pp_device_open("fake", &dev));
+    pp_tensor *h = F32(1, SHAPE(4), 1, 2, 3, 4), *d, *staged, *next;
+    TU_OK(pp_device_upload(dev, h, &d));
+    TU_OK(pp_device_download_async(dev, d, &staged));
+    assert_true(pp_tensor_pending(staged));
+    void *src = d->data;
+    pp_tensor_free(d); /* the owner is done with it */
+    TU_OK(pp_device_tensor_new(dev, PP_MEMORY_DEVICE, PP_F32, 1, SHAPE(4), &next)); /* the next compute's buffer */
+    assert_ptr_not_equal(next->data, src);
+    memset(next->data, 0, next->nbytes); /* a kernel writes it */
+    TU_OK(pp_tensor_wait(staged));
+    assert_false(pp_tensor_pending(staged));
+    assert_same_bits(staged, h);
+    assert_false(pp_tensor_pending(h));
+    TU_OK(pp_tensor_wait(h)); /* any tensor: at once */
+    pp_tensor_free(next);
+    pp_tensor_free(staged);
+    pp_tensor_free(h);
+    pp_device_stats st;
+    pp_device_get_stats(dev, &st);
+    assert_int_equal(st.bytes_in_use, 0);
+    pp_device_close(dev);
+}
+
+/* A constant the host rewrites in place (weights replaced on a running
+ * service): its device copy, kept across runs by the tensor it copies,
+ * is made again after pp_exec_constants_written, so the run equals the
+ * CPU's with the new values. Without it the device used the old ones. */
+static void test_constants_written_reach_the_device(void **state) {
+    (void)state;
+    pp_graph *g = mlp_graph();
+    pp_device *dev;
+    TU_OK(pp_device_open("fake:MatMul,Add,Relu,Mul", &dev));
+    pp_exec *cpu, *ex;
+    TU_OK(pp_exec_new(g, &cpu));
+    TU_OK(pp_exec_new(g, &ex));
+    TU_OK(pp_exec_set_device(ex, dev));
+    pp_tensor *x = random_x(5, 21), *y_cpu[2], *y_dev[2];
+    for (int run = 0; run < 2; run++) {
+        if (run == 1) { /* W and b rewritten in place */
+            for (int v = 0; v < g->n_values; v++)
+                if (g->values[v].kind == PP_VALUE_CONST && g->values[v].data)
+                    for (int64_t i = 0; i < pp_tensor_numel(g->values[v].data); i++)
+                        ((float *)g->values[v].data->data)[i] += 0.5f;
+            pp_exec_constants_written(ex);
+            pp_exec_constants_written(cpu);
+        }
+        pp_device_reset_stats(dev);
+        TU_OK(pp_exec_run(cpu, &x, y_cpu));
+        TU_OK(pp_exec_run(ex, &x, y_dev));
+        pp_device_stats st;
+        pp_device_get_stats(dev, &st);
+        assert_int_equal(st.uploads, 5); /* x, Tanh's output, and W, b, c again */
+        for (int o = 0; o < 2; o++) {
+            assert_same_bits(y_dev[o], y_cpu[o]);
+            pp_tensor_free(y_cpu[o]);
+            pp_tensor_free(y_dev[o]);
+        }
+    }
+    pp_tensor_free(x);
+    pp_exec_free(ex);
+    pp_exec_free(cpu);
+    pp_device_close(dev);
+    pp_graph_free(g);
+}
+
 /* A device tensor may outlive pp_device_close (a stage's output after the
  * stage is gone): the device goes with its last buffer (ASan: no leak, no
  * use after free). */
@@ -313,6 +387,8 @@ int main(void) {
         cmocka_unit_test(test_gpt_forward_equal),
         cmocka_unit_test(test_staging_download),
         cmocka_unit_test(test_fake_device_is_strict),
+        cmocka_unit_test(test_download_source_kept_until_waited),
+        cmocka_unit_test(test_constants_written_reach_the_device),
         cmocka_unit_test(test_tensor_outlives_close),
         cmocka_unit_test(test_specs_and_errors),
     };

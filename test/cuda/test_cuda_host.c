@@ -312,6 +312,227 @@ static void test_transpose_slice_concat(void **state) {
     pp_tensor_free(y);
 }
 
+/* ---------------------------------------------------------------- Split */
+
+typedef struct split_case {
+    int64_t axis;
+    const int64_t *split_attr; /* n_out entries, or NULL */
+    int split_input;           /* the sizes as input 1 instead */
+    int64_t num_outputs;       /* 0: not set */
+    int n_out;
+} split_case;
+
+static void set_split(pp_graph *g, int node, const void *arg) {
+    const split_case *c = arg;
+    TU_OK(pp_node_set_int(g, node, "axis", c->axis));
+    if (c->split_attr) TU_OK(pp_node_set_ints(g, node, "split", c->n_out, c->split_attr));
+    if (c->num_outputs) TU_OK(pp_node_set_int(g, node, "num_outputs", c->num_outputs));
+}
+
+/* Each part by pp_km_split_src over its index space (one launch per part),
+ * against the CPU's Split: equal parts, the split attribute, the split
+ * input, num_outputs with a shorter last part; first, middle and last axis. */
+static void test_split(void **state) {
+    (void)state;
+    pp_tensor *x = rand_f32(3, SHAPE(4, 6, 7), 41);
+    static const int64_t s0[] = {1, 3}, s1[] = {1, 3, 2}, s2[] = {2, 0, 5};
+    split_case cases[] = {
+        {1, NULL, 0, 0, 3},  /* equal parts of 6 */
+        {0, s0, 0, 0, 2},    /* attribute, axis 0: nothing before it */
+        {-2, s1, 1, 0, 3},   /* input, negative axis */
+        {2, s2, 0, 0, 3},    /* last axis, an empty part */
+        {-1, NULL, 0, 3, 3}, /* num_outputs: 3, 3, 1 */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        const split_case *c = &cases[k];
+        pp_tensor *ins[2] = {x, NULL};
+        int n_in = 1;
+        if (c->split_input) {
+            TU_OK(pp_tensor_new(PP_I64, 1, (int64_t[]){c->n_out}, &ins[1]));
+            memcpy(ins[1]->data, c->split_attr, sizeof(int64_t) * (size_t)c->n_out);
+            n_in = 2;
+        }
+        split_case attrs = *c;
+        if (c->split_input) attrs.split_attr = NULL;
+        pp_tensor *want[8] = {0};
+        cpu_run("Split", "", n_in, ins, c->n_out, set_split, &attrs, want);
+        int axis = (int)(c->axis < 0 ? c->axis + x->ndim : c->axis);
+        int64_t inner = pp_shape_numel(x->ndim - axis - 1, x->shape + axis + 1), off = 0;
+        for (int o = 0; o < c->n_out; o++) {
+            pp_tensor *got = like(want[o]);
+            int64_t len = want[o]->shape[axis];
+            for (int64_t i = 0; i < pp_tensor_numel(got); i++)
+                ((float *)got->data)[i] = ((float *)x->data)[pp_km_split_src(i, len, inner, x->shape[axis], off)];
+            char what[64];
+            snprintf(what, sizeof what, "Split case %zu part %d", k, o);
+            tu_expect(got, want[o], RTOL, ATOL, what);
+            off += len;
+        }
+        assert_int_equal(off, x->shape[axis]);
+        pp_tensor_free(ins[1]);
+    }
+    pp_tensor_free(x);
+}
+
+/* ----------------------------------------------------- causal attention */
+
+enum { A_BHTD, A_BTHD, A_BHDT };
+static const char *const layout_names[] = {"bhtd", "bthd", "bhdt"};
+
+typedef struct attn_case {
+    int ql, kl, vl, ol;
+    int64_t B, H, tq, tk, d, dv; /* B = 0: 3-D operands (no batch dim) */
+    int mask_nd;                 /* 0: no mask_ref */
+    int64_t mask_a, mask_b;
+    float scale;
+    int scale_div;
+} attn_case;
+
+static void set_attn(pp_graph *g, int node, const void *arg) {
+    const attn_case *c = arg;
+    TU_OK(pp_node_set_float(g, node, "scale", c->scale));
+    if (c->scale_div) TU_OK(pp_node_set_int(g, node, "scale_div", 1));
+    TU_OK(pp_node_set_string(g, node, "q_layout", layout_names[c->ql]));
+    TU_OK(pp_node_set_string(g, node, "k_layout", layout_names[c->kl]));
+    TU_OK(pp_node_set_string(g, node, "v_layout", layout_names[c->vl]));
+    TU_OK(pp_node_set_string(g, node, "out_layout", layout_names[c->ol]));
+}
+
+/* An operand of t rows (time) by w features in layout l, and its view as
+ * the kernels index it (written out here, not taken from the CPU's). */
+static pp_tensor *attn_operand(const attn_case *c, int l, int64_t t, int64_t w, uint64_t seed, pp_km_attn_view *v) {
+    int64_t B = c->B ? c->B : 1, H = c->H;
+    if (l == A_BTHD) {
+        *v = (pp_km_attn_view){t * H * w, w, H * w, 1};
+        return rand_f32(4, SHAPE(B, t, H, w), seed);
+    }
+    if (l == A_BHDT) *v = (pp_km_attn_view){H * w * t, w * t, 1, t};
+    else *v = (pp_km_attn_view){H * t * w, t * w, w, 1};
+    int64_t r = l == A_BHDT ? w : t, cl = l == A_BHDT ? t : w;
+    return c->B ? rand_f32(4, SHAPE(c->B, H, r, cl), seed) : rand_f32(3, SHAPE(H, r, cl), seed);
+}
+
+static pp_km_attn_view attn_out_view(const attn_case *c) {
+    if (c->ol == A_BTHD) return (pp_km_attn_view){c->tq * c->H * c->dv, c->dv, c->H * c->dv, 1};
+    return (pp_km_attn_view){c->H * c->tq * c->dv, c->tq * c->dv, c->dv, 1};
+}
+
+static const attn_case attn_cases[] = {
+    /* the optimizer's usual form: K^T, odd T, D != Dv */
+    {A_BHTD, A_BHDT, A_BHTD, A_BHTD, 2, 3, 7, 7, 5, 4, 0, 0, 0, 0.37f, 0},
+    /* everything [B, T, H, D], the graph's sliced mask, a divided scale */
+    {A_BTHD, A_BTHD, A_BTHD, A_BTHD, 1, 2, 9, 9, 3, 3, 4, 9, 9, 2.0f, 1},
+    /* a mask of one row (every query sees key 0 alone), Y as [B, T, H, D] */
+    {A_BHTD, A_BHTD, A_BHTD, A_BTHD, 2, 2, 5, 5, 4, 6, 4, 1, 5, 0.5f, 0},
+    /* a mask of one column (every key seen), a 5-D mask widening Y */
+    {A_BHTD, A_BHDT, A_BTHD, A_BHTD, 1, 3, 7, 7, 2, 5, 5, 7, 1, 1.5f, 0},
+    /* 3-D operands, more keys than queries (no mask: keys j <= i) */
+    {A_BHTD, A_BHDT, A_BHTD, A_BHTD, 0, 2, 5, 8, 3, 3, 0, 0, 0, 0.8f, 1},
+    /* one query, one head */
+    {A_BHTD, A_BHTD, A_BHTD, A_BHTD, 1, 1, 1, 1, 6, 2, 0, 0, 0, 0.3f, 0},
+};
+
+typedef struct attn_data {
+    pp_tensor *q, *k, *v, *m;
+    pp_km_attn a;
+    int n_in;
+} attn_data;
+
+static void attn_setup(const attn_case *c, uint64_t seed, attn_data *o) {
+    memset(o, 0, sizeof *o);
+    pp_km_attn *a = &o->a;
+    o->q = attn_operand(c, c->ql, c->tq, c->d, seed, &a->q);
+    o->k = attn_operand(c, c->kl, c->tk, c->d, seed + 1, &a->k);
+    o->v = attn_operand(c, c->vl, c->tk, c->dv, seed + 2, &a->v);
+    o->n_in = 3;
+    if (c->mask_nd) {
+        int64_t ms[8];
+        for (int d = 0; d < c->mask_nd; d++) ms[d] = 1;
+        ms[c->mask_nd - 2] = c->mask_a, ms[c->mask_nd - 1] = c->mask_b;
+        TU_OK(pp_tensor_new(PP_F32, c->mask_nd, ms, &o->m)); /* read for its shape alone */
+        o->n_in = 4;
+    }
+    a->heads = c->H, a->tq = c->tq, a->tk = c->tk, a->d = c->d, a->dv = c->dv;
+    a->mask_a = c->mask_nd ? c->mask_a : c->tq, a->mask_b = c->mask_nd ? c->mask_b : c->tk;
+    a->scale = c->scale, a->scale_div = c->scale_div;
+    a->y = attn_out_view(c);
+}
+
+static void attn_free(attn_data *o) {
+    pp_tensor_free(o->q);
+    pp_tensor_free(o->k);
+    pp_tensor_free(o->v);
+    pp_tensor_free(o->m);
+}
+
+/* pippin::CausalAttention: one call of pp_km_attn_fwd_row per (batch-head,
+ * query row), in reverse order, against the CPU kernel. */
+static void test_attention(void **state) {
+    (void)state;
+    for (size_t k = 0; k < sizeof attn_cases / sizeof *attn_cases; k++) {
+        const attn_case *c = &attn_cases[k];
+        attn_data d;
+        attn_setup(c, 60 + 10 * k, &d);
+        pp_tensor *want = cpu_one("CausalAttention", "pippin", d.n_in, (pp_tensor *[]){d.q, d.k, d.v, d.m}, set_attn, c);
+        pp_tensor *got = like(want);
+        float *y = got->data;
+        for (int64_t i = 0; i < pp_tensor_numel(got); i++) y[i] = NAN; /* every element written */
+        int64_t nbh = (c->B ? c->B : 1) * c->H;
+        for (int64_t t = nbh * c->tq - 1; t >= 0; t--)
+            pp_km_attn_fwd_row(&d.a, d.q->data, d.k->data, d.v->data, y, t / c->tq, t % c->tq);
+        char what[64];
+        snprintf(what, sizeof what, "CausalAttention case %zu", k);
+        tu_expect(got, want, 1e-5, 1e-5, what);
+        attn_free(&d);
+    }
+}
+
+/* pippin::CausalAttentionGrad: the query-row pass (stats, dQ) then the
+ * key-row pass (dK, dV), as the two kernels launch, against the CPU
+ * kernel; also with dQ alone and with dK, dV alone wanted. */
+static void test_attention_grad(void **state) {
+    (void)state;
+    for (size_t k = 0; k < sizeof attn_cases / sizeof *attn_cases; k++) {
+        const attn_case *c = &attn_cases[k];
+        attn_data d;
+        attn_setup(c, 160 + 10 * k, &d);
+        pp_tensor *y = cpu_one("CausalAttention", "pippin", d.n_in, (pp_tensor *[]){d.q, d.k, d.v, d.m}, set_attn, c);
+        pp_tensor *dy = rand_f32(y->ndim, y->shape, 260 + k);
+        pp_tensor_free(y);
+        pp_tensor *want[3] = {0};
+        cpu_run("CausalAttentionGrad", "pippin", d.n_in + 1, (pp_tensor *[]){dy, d.q, d.k, d.v, d.m}, 3, set_attn, c,
+                want);
+        int64_t nbh = (c->B ? c->B : 1) * c->H;
+        float cf = c->scale_div ? 1.0f / c->scale : c->scale;
+        for (int only = 0; only < 3; only++) { /* 0: all; 1: dQ alone; 2: dK, dV alone */
+            pp_tensor *got[3] = {like(want[0]), like(want[1]), like(want[2])};
+            for (int g = 0; g < 3; g++)
+                for (int64_t i = 0; i < pp_tensor_numel(got[g]); i++) ((float *)got[g]->data)[i] = NAN;
+            float *stats = malloc(sizeof(float) * (size_t)(3 * nbh * c->tq + 1));
+            float *dq = only != 2 ? got[0]->data : NULL, *dk = only != 1 ? got[1]->data : NULL;
+            float *dv = only != 1 ? got[2]->data : NULL;
+            for (int64_t t = nbh * c->tq - 1; t >= 0; t--)
+                pp_km_attn_grad_row(&d.a, d.q->data, d.k->data, d.v->data, dy->data, t / c->tq, t % c->tq, cf,
+                                    stats + 3 * t, dq);
+            for (int64_t t = 0; (dk || dv) && t < nbh * c->tk; t++)
+                pp_km_attn_grad_key(&d.a, d.q->data, d.k->data, d.v->data, dy->data, stats, t / c->tk, t % c->tk, cf,
+                                    dk, dv);
+            static const char *const names[] = {"dQ", "dK", "dV"};
+            for (int g = 0; g < 3; g++) {
+                if ((g == 0 && !dq) || (g == 1 && !dk) || (g == 2 && !dv)) continue;
+                char what[80];
+                snprintf(what, sizeof what, "CausalAttentionGrad case %zu %s (pass %d)", k, names[g], only);
+                tu_assert_close(got[g], want[g], 1e-4, 1e-5, what);
+            }
+            for (int g = 0; g < 3; g++) pp_tensor_free(got[g]);
+            free(stats);
+        }
+        for (int g = 0; g < 3; g++) pp_tensor_free(want[g]);
+        pp_tensor_free(dy);
+        attn_free(&d);
+    }
+}
+
 /* ------------------------------------------------------------ optimizers */
 
 static void check_optimizer(pp_optim_kind kind, double momentum, int nesterov) {
@@ -447,7 +668,7 @@ static void test_gpt_attributes_known(void **state) {
         "GeluGrad", "Softmax", "SoftmaxGrad", "LayerNormalization", "LayerNormGradInput", "LayerNormGradWeight",
         "MatMul", "Gemm", "MatMulAdd", "MatMulGradA", "MatMulGradB", "SumToShape", "Gather", "GatherGrad",
         "SoftmaxCrossEntropyLoss", "SoftmaxCrossEntropyLossGrad", "Transpose", "Reshape", "Flatten", "Squeeze",
-        "Unsqueeze", "Identity", "Concat"};
+        "Unsqueeze", "Identity", "Concat", "Split", "CausalAttention", "CausalAttentionGrad"};
     pp_graph *g = tu_fixture_onnx("gpt", "model.onnx");
     pp_pipe *p;
     TU_OK(pp_pipe_split(g, NULL, &p));
@@ -490,6 +711,9 @@ int main(void) {
         cmocka_unit_test(test_gather_and_grad),
         cmocka_unit_test(test_cross_entropy_and_grad),
         cmocka_unit_test(test_transpose_slice_concat),
+        cmocka_unit_test(test_split),
+        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_grad),
         cmocka_unit_test(test_optimizers),
         cmocka_unit_test(test_matmul_grad_plans),
         cmocka_unit_test(test_gpt_attributes_known),

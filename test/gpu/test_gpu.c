@@ -83,6 +83,15 @@ static void attr_mma(pp_graph *g, int n) { TU_OK(pp_node_set_string(g, n, "activ
 static void attr_perm(pp_graph *g, int n) { TU_OK(pp_node_set_ints(g, n, "perm", 4, (int64_t[]){0, 2, 1, 3})); }
 static void attr_ignore(pp_graph *g, int n) { TU_OK(pp_node_set_int(g, n, "ignore_index", 3)); }
 static void attr_weight_t(pp_graph *g, int n) { TU_OK(pp_node_set_int(g, n, "weight_t", 1)); }
+static void attr_attn(pp_graph *g, int n) { TU_OK(pp_node_set_float(g, n, "scale", 0.35f)); }
+static void attr_attn_bthd(pp_graph *g, int n) {
+    TU_OK(pp_node_set_float(g, n, "scale", 2.0f));
+    TU_OK(pp_node_set_int(g, n, "scale_div", 1));
+    TU_OK(pp_node_set_string(g, n, "q_layout", "bthd"));
+    TU_OK(pp_node_set_string(g, n, "k_layout", "bthd"));
+    TU_OK(pp_node_set_string(g, n, "v_layout", "bthd"));
+    TU_OK(pp_node_set_string(g, n, "out_layout", "bthd"));
+}
 
 static void test_elementwise(void **state) {
     (void)state;
@@ -173,6 +182,29 @@ static void test_gather_losses_movement(void **state) {
     check("Transpose", "Transpose", "", 1, INS(rand_f32(4, SHAPE(2, 16, 4, 8), 37)), 1, attr_perm);
     check("Reshape", "Reshape", "", 2, INS(rand_f32(3, SHAPE(2, 16, 32), 38), I64(1, SHAPE(4), 2, 16, 4, -1)), 1, NULL);
     check("Concat", "Concat", "", 2, INS(rand_f32(3, SHAPE(2, 3, 4), 39), rand_f32(3, SHAPE(2, 5, 4), 40)), 1, attr_axis1);
+    check("Split", "Split", "", 1, INS(rand_f32(3, SHAPE(2, 9, 4), 41)), 3, attr_axis1);
+    check("Split sizes axis 0", "Split", "", 2, INS(rand_f32(3, SHAPE(5, 3, 4), 42), I64(1, SHAPE(2), 2, 3)), 2, NULL);
+}
+
+/* The fused causal attention and its gradient: K^T and [B, T, H, D] forms, odd T. */
+static void test_attention(void **state) {
+    (void)state;
+    check("CausalAttention", "CausalAttention", "pippin", 3,
+          INS(rand_f32(4, SHAPE(2, 3, 37, 16), 43), rand_f32(4, SHAPE(2, 3, 16, 37), 44),
+              rand_f32(4, SHAPE(2, 3, 37, 16), 45)),
+          1, attr_attn);
+    check("CausalAttention bthd", "CausalAttention", "pippin", 3,
+          INS(rand_f32(4, SHAPE(2, 33, 4, 8), 46), rand_f32(4, SHAPE(2, 33, 4, 8), 47),
+              rand_f32(4, SHAPE(2, 33, 4, 8), 48)),
+          1, attr_attn_bthd);
+    check("CausalAttentionGrad", "CausalAttentionGrad", "pippin", 4,
+          INS(rand_f32(4, SHAPE(2, 3, 37, 16), 49), rand_f32(4, SHAPE(2, 3, 37, 16), 50),
+              rand_f32(4, SHAPE(2, 3, 16, 37), 51), rand_f32(4, SHAPE(2, 3, 37, 16), 52)),
+          3, attr_attn);
+    check("CausalAttentionGrad bthd", "CausalAttentionGrad", "pippin", 4,
+          INS(rand_f32(4, SHAPE(2, 33, 4, 8), 53), rand_f32(4, SHAPE(2, 33, 4, 8), 54),
+              rand_f32(4, SHAPE(2, 33, 4, 8), 55), rand_f32(4, SHAPE(2, 33, 4, 8), 56)),
+          3, attr_attn_bthd);
 }
 
 /* The optimizer kernels on the device against the formulas on the host
@@ -355,6 +387,7 @@ int main(void) {
         cmocka_unit_test(test_rows),
         cmocka_unit_test(test_matmuls),
         cmocka_unit_test(test_gather_losses_movement),
+        cmocka_unit_test(test_attention),
         cmocka_unit_test(test_optimizer_kernels),
         cmocka_unit_test(test_gpt_training_step),
     };

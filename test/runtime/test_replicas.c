@@ -275,6 +275,29 @@ static void test_sharded_optimizer_bit_identical(void **state) {
                   (long long)plain.optim_bytes[0], (long long)sharded.optim_bytes[0]);
 }
 
+/* Replicas whose stages run on the fake device (which keeps weights,
+ * gradients and optimizer state in its memory and runs the CPU kernels):
+ * the unsharded gradient sum brings only the gradients to the host
+ * (pp_stage_grads), the sharded one everything (pp_stage_params); both give
+ * the CPU run's bits. */
+static void test_replicas_on_a_device(void **state) {
+    (void)state;
+    static const char *const dev =
+        "device: \"fake:MatMul,Gemm,Add,Relu,ReluGrad,MatMulAdd,MatMulGradA,MatMulGradB,SumToShape,Softmax\"";
+    char sharded_dev[400];
+    snprintf(sharded_dev, sizeof sharded_dev, "%s\nshard_optimizer: true", dev);
+    result cpu, on_dev, sharded;
+    run(2, 1, 4, NULL, &cpu);
+    run(2, 1, 4, dev, &on_dev);
+    run(2, 1, 4, sharded_dev, &sharded);
+    for (int s = 0; s < STEPS; s++) {
+        assert_memory_equal(&cpu.loss[s], &on_dev.loss[s], sizeof(float));
+        assert_memory_equal(&cpu.loss[s], &sharded.loss[s], sizeof(float));
+    }
+    assert_true(param_diff(&cpu, &on_dev) == 0);
+    assert_true(param_diff(&cpu, &sharded) == 0);
+}
+
 /* Sharded checkpoints are whole (put together on replica 0): they resume
  * sharded, unsharded, and with another number of replicas. */
 static void test_sharded_checkpoints_resume_any_replicas(void **state) {
@@ -460,6 +483,7 @@ int main(void) {
         cmocka_unit_test(test_replicas_resume),
         cmocka_unit_test(test_sharded_optimizer_bit_identical),
         cmocka_unit_test(test_sharded_checkpoints_resume_any_replicas),
+        cmocka_unit_test(test_replicas_on_a_device),
         cmocka_unit_test(test_sharded_tied_parameters),
         cmocka_unit_test(test_shards_partition_the_buffer),
         cmocka_unit_test(test_wire_bf16),

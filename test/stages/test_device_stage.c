@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "stage_core.h"
 #include "test_util.h"
 
 #include "test_filter.h"
@@ -22,7 +23,8 @@ static const char *const input_names[2] = {"idx", "targets"};
     "fake:Add,Sub,Mul,Div,Relu,Tanh,Gelu,Neg,Exp,Sqrt,Sigmoid,ReluGrad,TanhGrad,GeluGrad,"                         \
     "Softmax,SoftmaxGrad,LayerNormalization,LayerNormGradInput,LayerNormGradWeight,MatMul,"                        \
     "Gemm,MatMulAdd,MatMulGradA,MatMulGradB,Gather,GatherGrad,SoftmaxCrossEntropyLoss,"                            \
-    "SoftmaxCrossEntropyLossGrad,SumToShape,Transpose,Reshape,Flatten,Squeeze,Unsqueeze,Identity,Concat"
+    "SoftmaxCrossEntropyLossGrad,SumToShape,Transpose,Reshape,Flatten,Squeeze,Unsqueeze,Identity,Concat,Split,"     \
+    "CausalAttention,CausalAttentionGrad"
 
 static pp_runner *gpt_step(const char *spec, pp_pipe **p_out, pp_tensor **outs) {
     pp_graph *g = tu_fixture_onnx("gpt", "model.onnx");
@@ -353,6 +355,246 @@ static void test_batch_norm_state_reaches_the_device(void **state) {
     pp_pipe_free(pd);
 }
 
+/* ---- a microbatch's send overlaps the next one's compute ---- */
+
+/* A route that keeps what is sent (the local runner's way, with ready
+ * hooks) and notes, for each send, how many kernels stage 0's device had
+ * run by then, and whether the tensor held NaN (the fake device's staging
+ * buffers hold NaN until their download is waited for). */
+typedef struct sent_box {
+    int n;
+    int e[32], mb[32], to[32];
+    pp_tensor *t[32];
+    int64_t kernels_at_send[32];
+    int nan_sends;
+    pp_device *dev0;
+} sent_box;
+
+static int box_find(const sent_box *b, int e, int mb, int to) {
+    for (int i = 0; i < b->n; i++)
+        if (b->e[i] == e && b->mb[i] == mb && b->to[i] == to) return i;
+    return -1;
+}
+
+static int box_ready(void *ctx, int e, int mb, int consumer) { return box_find(ctx, e, mb, consumer) >= 0; }
+
+static pp_status box_send(void *ctx, int e, int mb, int consumer, pp_tensor *t) {
+    sent_box *b = ctx;
+    assert_true(b->n < 32);
+    assert_false(pp_tensor_pending(t)); /* the core waited for the download */
+    for (int64_t i = 0; t->dtype == PP_F32 && i < pp_tensor_numel(t); i++)
+        if (((float *)t->data)[i] != ((float *)t->data)[i]) {
+            b->nan_sends++;
+            break;
+        }
+    pp_device_stats st = {0};
+    if (b->dev0) pp_device_get_stats(b->dev0, &st);
+    b->e[b->n] = e, b->mb[b->n] = mb, b->to[b->n] = consumer;
+    b->kernels_at_send[b->n] = st.kernels;
+    b->t[b->n++] = pp_tensor_retain(t);
+    return PP_OK;
+}
+
+static pp_status box_recv(void *ctx, int e, int mb, int consumer, pp_tensor **out) {
+    sent_box *b = ctx;
+    int i = box_find(b, e, mb, consumer);
+    if (i < 0) return PP_ERR_STATE; /* the ready hook said so: not reached */
+    *out = pp_tensor_retain(b->t[i]);
+    return PP_OK;
+}
+
+/* The GPT's inference forward over 2 microbatches through the execution
+ * core, every stage on spec (NULL: the CPU), GPipe order; box gets the
+ * sends. Returns the number of sends made once stage 0's forward of
+ * microbatch 0 had run, and of its device's kernels then and after
+ * microbatch 1 (k0, k1). */
+static int core_forward(const char *spec, sent_box *box, pp_tensor **outs, int64_t *k0, int64_t *k1) {
+    pp_graph *g = tu_fixture_onnx("gpt", "model.onnx");
+    pp_pipe *p;
+    TU_OK(pp_pipe_split(g, NULL, &p));
+    pp_graph_free(g);
+    pp_core c;
+    TU_OK(pp_core_init(&c, p, NULL, -1, 0));
+    for (int s = 0; spec && s < c.n_stages; s++) TU_OK(pp_stage_use_device(c.stages[s], spec));
+    memset(box, 0, sizeof *box);
+    box->dev0 = pp_stage_device(c.stages[0]);
+    pp_route r = {box, box_ready, box_send, box_recv, NULL, NULL, NULL, NULL, NULL};
+    pp_tensor *ins[2] = {tu_fixture_npy("gpt", "idx.npy"), tu_fixture_npy("gpt", "targets.npy")};
+    TU_OK(pp_core_step_begin(&c, 0, 2, 2, input_names, ins));
+    int ran, sent_after_first = -1;
+    pp_device_stats st = {0};
+    for (int s = 0; s < c.n_stages; s++)
+        for (int mb = 0; mb < 2; mb++) {
+            pp_action a = pp_act(PP_ACT_F, s, mb);
+            TU_OK(pp_core_run_action(&c, &r, 0, &a, &ran));
+            assert_int_equal(ran, 1);
+            if (s == 0 && box->dev0) pp_device_get_stats(box->dev0, &st);
+            if (s == 0 && mb == 0) sent_after_first = box->n, *k0 = st.kernels;
+            if (s == 0 && mb == 1) *k1 = st.kernels;
+        }
+    TU_OK(pp_core_step_end(&c, &r, PP_OK, outs));
+    for (int i = 0; i < box->n; i++) pp_tensor_free(box->t[i]);
+    pp_tensor_free(ins[0]);
+    pp_tensor_free(ins[1]);
+    pp_core_free(&c);
+    pp_pipe_free(p);
+    return sent_after_first;
+}
+
+/* On a device, stage 0's send of microbatch 0 waits in flight on the copy
+ * stream while microbatch 1's compute is queued, and goes out after it:
+ * when it was sent the device had run microbatch 1's kernels too. The
+ * bytes sent are the download's (a send before its wait would send the
+ * fake device's NaN), and the outputs equal the CPU's bit for bit. On the
+ * CPU the send goes out with its own action, as before. */
+static void test_send_overlaps_next_compute(void **state) {
+    (void)state;
+    sent_box cpu_box, dev_box;
+    pp_tensor *oc[4] = {0}, *od[4] = {0};
+    int64_t k0 = 0, k1 = 0;
+    assert_true(core_forward(NULL, &cpu_box, oc, &k0, &k1) > 0); /* the CPU sends at once */
+    assert_int_equal(core_forward(CUDA_OPS, &dev_box, od, &k0, &k1), 0); /* held while its download is in flight */
+    assert_true(k1 > k0);
+    int first = -1;
+    for (int i = 0; i < dev_box.n && first < 0; i++)
+        if (dev_box.mb[i] == 0) first = i;
+    assert_true(first >= 0);
+    assert_int_equal(dev_box.kernels_at_send[first], k1); /* microbatch 1's compute came first */
+    assert_int_equal(dev_box.nan_sends, 0);
+    assert_int_equal(cpu_box.nan_sends, 0);
+    assert_int_equal(dev_box.n, cpu_box.n);
+    for (int o = 0; o < 4 && oc[o]; o++) {
+        assert_same(od[o], oc[o], "output");
+        pp_tensor_free(oc[o]);
+        pp_tensor_free(od[o]);
+    }
+}
+
+/* Held sends under schedules that interleave F, I and W across ranks and
+ * put two stages on a rank (the local runner's ready hooks: a rank whose
+ * next action waits for a held send sends it and looks again): a training
+ * step on the fake device equals the CPU's bit for bit. */
+static void test_schedules_with_held_sends(void **state) {
+    (void)state;
+    static const struct { pp_sched_kind kind; int per_rank; } kinds[] = {
+        {PP_SCHED_1F1B, 1}, {PP_SCHED_INTERLEAVED_ZB, 2}, {PP_SCHED_ZBV, 2}};
+    pp_optim_config oc;
+    pp_optim_config_init(&oc, PP_OPTIM_SGD);
+    for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
+        pp_pipe *pc, *pd;
+        pp_runner *cpu = gpt_runner(NULL, &oc, &pc), *dev = gpt_runner(CUDA_OPS, &oc, &pd);
+        pp_sched_params sp = {0};
+        sp.kind = kinds[k].kind;
+        sp.stages_per_rank = kinds[k].per_rank;
+        sp.nranks = pp_runner_n_stages(cpu) / kinds[k].per_rank;
+        sp.nmb = 2;
+        pp_schedule *sched;
+        TU_OK(pp_schedule_generate(&sp, &sched));
+        pp_tensor *ins[2] = {tu_fixture_npy("gpt", "idx.npy"), tu_fixture_npy("gpt", "targets.npy")};
+        pp_tensor *oc_[4] = {0}, *od[4] = {0};
+        TU_OK(pp_runner_step(cpu, 2, sched, 2, input_names, ins, oc_));
+        TU_OK(pp_runner_step(dev, 2, sched, 2, input_names, ins, od));
+        for (int o = 0; o < pp_runner_n_outputs(cpu); o++) assert_same(od[o], oc_[o], pp_runner_output_name(cpu, o));
+        assert_same_params(dev, cpu);
+        for (int o = 0; o < 4; o++) {
+            pp_tensor_free(oc_[o]);
+            pp_tensor_free(od[o]);
+        }
+        pp_tensor_free(ins[0]);
+        pp_tensor_free(ins[1]);
+        pp_schedule_free(sched);
+        pp_runner_free(cpu);
+        pp_runner_free(dev);
+        pp_pipe_free(pc);
+        pp_pipe_free(pd);
+    }
+}
+
+/* ---- constants the host rewrites reach an inference stage's device ---- */
+
+static int64_t param_value_bytes(pp_runner *r) {
+    int64_t n = 0;
+    for (int s = 0; s < pp_runner_n_stages(r); s++) {
+        const pp_graph *g = pp_stage_graph(pp_runner_stage(r, s));
+        for (int v = 0; v < g->n_values; v++)
+            if (g->values[v].kind == PP_VALUE_PARAM && g->values[v].data) n += (int64_t)g->values[v].data->nbytes;
+    }
+    return n;
+}
+
+static void infer_step(pp_runner *r, pp_tensor **outs) {
+    pp_tensor *ins[2] = {tu_fixture_npy("gpt", "idx.npy"), tu_fixture_npy("gpt", "targets.npy")};
+    for (int o = 0; o < pp_runner_n_outputs(r); o++) pp_tensor_free(outs[o]), outs[o] = NULL;
+    TU_OK(pp_runner_step(r, 2, NULL, 2, input_names, ins, outs));
+    pp_tensor_free(ins[0]);
+    pp_tensor_free(ins[1]);
+}
+
+/* An inference stage's weights are constants: the device keeps its copies
+ * across runs (a second step uploads far fewer bytes than the weights),
+ * and a host write of them (pp_stage_set_constant: weights replaced on a
+ * running service) reaches the device: the next step equals the CPU's
+ * with the new weights. Before, the device kept its copy keyed by the
+ * tensor, which an in-place write leaves as it was. */
+static void test_inference_constants_rewritten(void **state) {
+    (void)state;
+    pp_graph *g = tu_fixture_onnx("gpt", "model.onnx");
+    pp_pipe *pc, *pd;
+    TU_OK(pp_pipe_split(g, NULL, &pc));
+    pp_graph_free(g);
+    g = tu_fixture_onnx("gpt", "model.onnx");
+    TU_OK(pp_pipe_split(g, NULL, &pd));
+    pp_graph_free(g);
+    pp_runner *cpu, *dev;
+    TU_OK(pp_runner_new(pc, 0, &cpu));
+    TU_OK(pp_runner_new(pd, 0, &dev));
+    for (int s = 0; s < pp_runner_n_stages(dev); s++) TU_OK(pp_stage_use_device(pp_runner_stage(dev, s), CUDA_OPS));
+    pp_tensor *oc[4] = {0}, *od[4] = {0};
+    infer_step(cpu, oc);
+    infer_step(dev, od);
+    for (int o = 0; o < pp_runner_n_outputs(cpu); o++) assert_same(od[o], oc[o], pp_runner_output_name(cpu, o));
+    (void)take_copies(dev);
+    infer_step(dev, od);
+    pp_device_stats st = take_copies(dev);
+    int64_t weights = param_value_bytes(dev);
+    assert_true(weights > 0);
+    printf("# uploads %lld bytes %lld weights %lld\n", (long long)st.uploads, (long long)st.upload_bytes, (long long)weights);
+    assert_true(st.upload_bytes < weights / 4); /* the weights stayed on the device */
+    int written = 0;
+    for (int s = 0; s < pp_runner_n_stages(cpu); s++) { /* every float weight: w * 0.5 + 0.125 */
+        const pp_graph *sg = pp_stage_graph(pp_runner_stage(cpu, s));
+        for (int v = 0; v < sg->n_values; v++) {
+            const pp_value *val = &sg->values[v];
+            if (val->kind != PP_VALUE_PARAM || !val->data || val->data->dtype != PP_F32) continue;
+            pp_tensor *w;
+            TU_OK(pp_tensor_clone(val->data, &w));
+            for (int64_t j = 0; j < pp_tensor_numel(w); j++) ((float *)w->data)[j] = ((float *)w->data)[j] * 0.5f + 0.125f;
+            TU_OK(pp_stage_set_constant(pp_runner_stage(cpu, s), val->name, w));
+            TU_OK(pp_stage_set_constant(pp_runner_stage(dev, s), val->name, w));
+            pp_tensor_free(w);
+            written++;
+        }
+    }
+    assert_true(written > 0);
+    infer_step(cpu, oc);
+    infer_step(dev, od);
+    st = take_copies(dev);
+    assert_true(st.upload_bytes >= weights / 2); /* made again */
+    for (int o = 0; o < pp_runner_n_outputs(cpu); o++) assert_same(od[o], oc[o], pp_runner_output_name(cpu, o));
+    pp_tensor *bad = NULL;
+    TU_OK(pp_tensor_new(PP_F32, 1, (int64_t[]){3}, &bad));
+    assert_int_equal(pp_stage_set_constant(pp_runner_stage(dev, 0), "no such weight", bad), PP_ERR_NOT_FOUND);
+    pp_tensor_free(bad);
+    for (int o = 0; o < 4; o++) {
+        pp_tensor_free(oc[o]);
+        pp_tensor_free(od[o]);
+    }
+    pp_runner_free(cpu);
+    pp_runner_free(dev);
+    pp_pipe_free(pc);
+    pp_pipe_free(pd);
+}
+
 /* Without a GPU (or a CUDA build): an error naming the stage, the stage
  * still usable on the CPU. */
 static void test_no_cuda_device_is_an_error(void **state) {
@@ -384,6 +626,9 @@ int main(void) {
         cmocka_unit_test(test_sgd_momentum_steps_keep_params_on_device),
         cmocka_unit_test(test_host_writes_reach_the_device),
         cmocka_unit_test(test_batch_norm_state_reaches_the_device),
+        cmocka_unit_test(test_send_overlaps_next_compute),
+        cmocka_unit_test(test_schedules_with_held_sends),
+        cmocka_unit_test(test_inference_constants_rewritten),
         cmocka_unit_test(test_no_cuda_device_is_an_error),
     };
     tu_filter_from_env();
