@@ -743,7 +743,7 @@ static pp_status parse_top(const cx *x, const yaml_node_t *root) {
     PP_TRY(parse_devices(x, v));
     if (given(v[K_SHM])) PP_TRY(get_bool(x, v[K_SHM], "shared_memory", &c->shared_memory));
     if (given(v[K_SHARE_CORES])) PP_TRY(get_bool(x, v[K_SHARE_CORES], "share_cores", &c->share_cores));
-    if (given(v[K_SPIN])) PP_TRY(get_int32(x, v[K_SPIN], "spin_us", 0, 1000000, &c->spin_us));
+    if (given(v[K_SPIN])) PP_TRY(get_int32(x, v[K_SPIN], "spin_us", 0, 10000, &c->spin_us));
     if (given(v[K_SECURITY])) {
         yaml_node_t *lists[2];
         PP_TRY(parse_security(x, v[K_SECURITY], lists));

@@ -96,6 +96,7 @@ pp_status pp_executor_set_optimizer(pp_executor *ex, const pp_optim_config *c) {
 pp_status pp_executor_optimizer_step(pp_executor *ex) {
     pp_status s = PP_OK;
     if (ex->shards) { /* each replica its shard, then the parameters go round */
+        s = pp_core_check_grads(&ex->core); /* every stage's first: all or none */
         for (int i = 0; i < ex->core.n_local && s == PP_OK; i++) {
             int st = ex->core.local[i];
             if (!ex->shards[st]) s = pp_error(PP_ERR_STATE, "stage %d: no optimizer set", st);

@@ -1046,6 +1046,9 @@ static pp_status front_rank(serve *s) {
             if (n) st = launch(s, picked, n, rows), progressed = 1;
         }
         int done = 1;
+        /* what arrived while the stage ran goes to the mailbox, once per
+         * pass: poll_oldest only looks there (pp_transport_take) */
+        if (st == PP_OK && s->n_inflight) st = pp_transport_poll(x->t, 0);
         while (st == PP_OK && done && s->n_inflight) {
             st = poll_oldest(s, &done);
             progressed |= done;

@@ -235,6 +235,8 @@ pp_status pp_core_step_begin(pp_core *c, int64_t step, int m, int n_inputs, cons
                              pp_tensor *const *inputs) {
     const pp_pipe *p = c->p;
     step_clear(c);
+    /* a part sum left by a failed step: said now, not after the forwards */
+    if (c->training) PP_TRY(pp_core_check_grads(c));
     c->step = step;
     c->m = m;
     c->shared_synced = 0;
@@ -513,7 +515,13 @@ pp_status pp_core_set_optimizer(pp_core *c, const pp_optim_config *cfg) {
     return PP_OK;
 }
 
+pp_status pp_core_check_grads(const pp_core *c) {
+    for (int i = 0; i < c->n_local; i++) PP_TRY(pp_stage_check_grads(c->stages[c->local[i]]));
+    return PP_OK;
+}
+
 pp_status pp_core_optimizer_step(pp_core *c) {
+    PP_TRY(pp_core_check_grads(c)); /* every stage's, before any steps: all or none */
     for (int i = 0; i < c->n_local; i++) {
         int s = c->local[i];
         if (!c->optims[s]) return pp_error(PP_ERR_STATE, "stage %d: no optimizer set", s);

@@ -125,5 +125,7 @@ pp_status pp_core_step_end(pp_core *c, const pp_route *r, pp_status s, pp_tensor
 void pp_core_zero_grad(pp_core *c);
 pp_status pp_core_set_optimizer(pp_core *c, const pp_optim_config *cfg);
 pp_status pp_core_optimizer_step(pp_core *c);
+/* PP_ERR_STATE when a local stage's gradients are incomplete (pp_stage_check_grads). */
+pp_status pp_core_check_grads(const pp_core *c);
 
 #endif

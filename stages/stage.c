@@ -378,6 +378,8 @@ static pp_status check_grads(const pp_stage *st) {
     return pp_flat_params_check_grads(st->params, who);
 }
 
+pp_status pp_stage_check_grads(const pp_stage *st) { return check_grads(st); }
+
 static pp_status accumulate(pp_stage *st, int i, const pp_tensor *g) {
     st->grads_touched = 1;
     return st->dp ? pp_device_params_accumulate(st->dp, i, g) : pp_flat_params_accumulate(st->params, i, g);
@@ -764,6 +766,7 @@ void pp_stage_zero_grad(pp_stage *st) {
     if (st->dp) pp_device_params_zero_grad(st->dp);
     else if (st->params) pp_flat_params_zero_grad(st->params);
     if (st->params) st->params->grads_incomplete = 0;
+    st->grads_touched = 0;
 }
 
 pp_status pp_stage_begin_step(pp_stage *st, int64_t step) {

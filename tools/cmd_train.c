@@ -587,7 +587,8 @@ int cmd_train(int argc, char **argv) {
         double t0 = pp_cli_now_ms();
         float loss = 0;
         if (train_step(t, data, n, &a, step, &loss) != PP_OK) goto done;
-        if (pp_optim_step(o, fp->data, fp->grad, fp->total) != PP_OK) goto done;
+        if (pp_flat_params_check_grads(fp, "trainer") != PP_OK || pp_optim_step(o, fp->data, fp->grad, fp->total) != PP_OK)
+            goto done;
         train_print_progress(step, &a, loss, pp_cli_now_ms() - t0);
         fflush(stdout);
     }

@@ -673,13 +673,15 @@ pp_status pp_transport_try_recv(pp_transport *t, const pp_transport_key *key, pp
 pp_status pp_transport_poll(pp_transport *t, int timeout_ms) {
     pp_tp_read_monitors(t);
     int got = pp_tp_drain(t, NULL, NULL);
-    if (!got && timeout_ms > 0 && t->spin_ns > 0) { /* spin_us: busy-poll before the thread sleeps */
-        int64_t until = now_ns() + t->spin_ns;
+    int64_t left_ns = (int64_t)timeout_ms * 1000000;
+    if (!got && left_ns > 0 && t->spin_ns > 0) { /* spin_us (within the timeout) before the thread sleeps */
+        int64_t t0 = now_ns(), until = t0 + (t->spin_ns < left_ns ? t->spin_ns : left_ns);
         while (!(got = pp_tp_drain(t, NULL, NULL)) && now_ns() < until && !t->aborted) {
         }
+        left_ns -= now_ns() - t0;
     }
-    if (got == 0 && timeout_ms > 0) {
-        pp_tp_wait_events(t, timeout_ms, NULL);
+    if (got == 0 && left_ns >= 1000000) { /* what is left of the timeout, in whole ms */
+        pp_tp_wait_events(t, left_ns / 1000000, NULL);
         pp_tp_drain(t, NULL, NULL);
     }
     return t->aborted ? pp_tp_abort_error(t) : PP_OK;

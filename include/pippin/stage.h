@@ -184,8 +184,10 @@ PP_API pp_status pp_stage_set_param_grad(pp_stage *st, int i, const pp_tensor *g
  * first step there and kept there after (o must then stay alive until
  * pp_stage_params brings it back, or the stage ends); else on the host. */
 PP_API pp_status pp_stage_optimizer_step(pp_stage *st, pp_optim *o);
-/* (A failed W that had added part of its gradients, or a failed step whose
- * W had added any, leaves them incomplete: see pp_stage_abort_step.) */
+/* PP_ERR_STATE naming the stage when its gradients are incomplete (a
+ * failed W that had added part of them, or a failed step whose W had added
+ * any: see pp_stage_abort_step); W and pp_stage_optimizer_step check it. */
+PP_API pp_status pp_stage_check_grads(const pp_stage *st);
 /* Writes new bytes (t: the same dtype and shape, host memory) into the
  * stage's parameter or constant `name` in place, between runs: a model's
  * weights replaced on a running service (an inference stage's are

@@ -33,7 +33,8 @@ PP_API void pp_trainer_free(pp_trainer *t);
  * ADDED to the flat gradient buffer. *loss (may be NULL) gets the loss. A
  * loss that turns out not to be a scalar is an error. A failure after some
  * gradient went in sets the buffer's grads_incomplete (pippin/params.h):
- * later calls fail until pp_flat_params_zero_grad. */
+ * later calls fail until pp_flat_params_zero_grad, and a caller that runs
+ * the optimizer itself checks pp_flat_params_check_grads first. */
 PP_API pp_status pp_trainer_backward(pp_trainer *t, pp_tensor *const *inputs, float loss_scale,
                               float *loss);
 

@@ -336,6 +336,7 @@ _protos = {
     "pp_trainer_set_step": (None, [V, c_int64, c_int64]),
     "pp_trainer_n_inputs": (c_int, [V]),
     "pp_flat_params_zero_grad": (None, [P(FlatParams)]),
+    "pp_flat_params_check_grads": (c_int, [P(FlatParams), c_char_p]),
     # checkpoint.h, safetensors.h
     "pp_checkpoint_save_stage": (c_int, [c_char_p, c_int64, V, V]),
     "pp_checkpoint_commit": (c_int, [c_char_p, c_int64, c_int]),

@@ -613,6 +613,7 @@ class Trainer(Closing):
         if not self._opt:
             raise PippinError(-10, "no optimizer (set_optimizer)", "wrong state")
         fp = self._fp
+        check(lib.pp_flat_params_check_grads(byref(fp), b"trainer"))  # no step on a part sum
         check(lib.pp_optim_step(self._opt, fp.data, fp.grad, fp.total))
         self.step_index += 1
 

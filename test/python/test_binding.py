@@ -207,6 +207,16 @@ class Training(unittest.TestCase):
         self.assertEqual(float(np.abs(t.grads["fc1.weight"]).max()), 0.0)
         t.backward(batch(0))
         self.assertGreater(float(np.abs(t.grads["fc1.weight"]).max()), 0.0)
+        # gradients a failed backward left part-added: no optimizer step
+        # on them (regression: Python stepped on raw pointers unchecked)
+        t._fp.grads_incomplete = 1
+        before = t.params["fc1.weight"].copy()
+        with self.assertRaises(pippin.PippinError) as e:
+            t.optimizer_step()
+        self.assertIn("part of a backward that failed", str(e.exception))
+        np.testing.assert_array_equal(t.params["fc1.weight"], before)
+        t.zero_grad()
+        t.optimizer_step()
         d = tempfile.mkdtemp()
         try:
             t.save(d)

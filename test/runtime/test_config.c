@@ -837,6 +837,7 @@ static void test_share_cores(void **state) {
     assert_int_equal(c->spin_us, 300);
     pp_config_free(c);
     expect_err(BASE "spin_us: -1\n", PP_ERR_INVALID, 0, "spin_us", NULL);
+    expect_err(BASE "spin_us: 10001\n", PP_ERR_INVALID, 0, "spin_us", NULL);
     expect_err(BASE "spin_us: fast\n", PP_ERR_PARSE, 0, "spin_us", NULL);
     c = parse_ok(BASE "share_cores: false\n", "/d");
     assert_int_equal(c->share_cores, 0);
