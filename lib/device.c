@@ -93,6 +93,7 @@ void pp_device_reset_stats(pp_device *dev) {
     int64_t in_use = dev->stats.bytes_in_use, pooled = dev->stats.bytes_pooled;
     memset(&dev->stats, 0, sizeof dev->stats);
     dev->stats.bytes_in_use = in_use;
+    dev->stats.peak_bytes_in_use = in_use;
     dev->stats.bytes_pooled = pooled;
     pthread_mutex_unlock(&dev->pool_lock);
 }
@@ -112,6 +113,12 @@ typedef struct device_buffer {
 /* Sizes round up to 256 bytes (a block serves any request of its size). */
 static size_t round_size(size_t n) { return (n + 255) & ~(size_t)255; }
 
+/* Under pool_lock. */
+static void in_use_add(pp_device *dev, int64_t n) {
+    dev->stats.bytes_in_use += n;
+    if (dev->stats.bytes_in_use > dev->stats.peak_bytes_in_use) dev->stats.peak_bytes_in_use = dev->stats.bytes_in_use;
+}
+
 static pp_status pool_take(pp_device *dev, pp_memory_kind kind, size_t size, void **ptr) {
     pthread_mutex_lock(&dev->pool_lock);
     dev->stats.allocs++;
@@ -122,14 +129,14 @@ static pp_status pool_take(pp_device *dev, pp_memory_kind kind, size_t size, voi
         dev->free_blocks[i] = dev->free_blocks[--dev->n_free];
         dev->stats.pool_hits++;
         dev->stats.bytes_pooled -= (int64_t)size;
-        dev->stats.bytes_in_use += (int64_t)size;
+        in_use_add(dev, (int64_t)size);
         pthread_mutex_unlock(&dev->pool_lock);
         return PP_OK;
     }
     pthread_mutex_unlock(&dev->pool_lock);
     PP_TRY(dev->ops->alloc(dev, kind, size, ptr));
     pthread_mutex_lock(&dev->pool_lock);
-    dev->stats.bytes_in_use += (int64_t)size;
+    in_use_add(dev, (int64_t)size);
     pthread_mutex_unlock(&dev->pool_lock);
     return PP_OK;
 }

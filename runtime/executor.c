@@ -281,6 +281,7 @@ static pp_status ring_progress(pp_executor *ex) {
         ex->ring_added[s] = 1;
         /* unsharded, the ring sums gradients alone: a device stage's weights and optimizer state stay there */
         pp_flat_params *fp = ex->shards ? pp_stage_params(c->stages[s]) : pp_stage_grads(c->stages[s]);
+        if (!fp) return pp_error_context(PP_ERR_IO, "rank %d", ex->world_rank);
         PP_TRY(pp_grad_ring_add(ex->ring, s, fp, ex->shards && ex->has_shared[s]));
     }
     return pp_grad_ring_progress(ex->ring);

@@ -305,6 +305,10 @@ static pp_status run_forward(pp_core *c, const pp_route *r, int s, int mb) {
     c->compute_ms += pp_monotonic_ms() - t0;
     if (status == PP_OK) c->done_f[s * m + mb] = 1;
     if (status == PP_OK && held) status = flush_first(c, r, held);
+    /* earlier microbatches' model outputs: downloaded by now; waiting lets
+     * their device buffers go (else each would stay to the step's end) */
+    for (size_t i = 0; status == PP_OK && c->outs && i < (size_t)p->n_outputs * (size_t)m; i++)
+        if (c->outs[i] && pp_tensor_pending(c->outs[i])) status = pp_tensor_wait(c->outs[i]);
     for (int o = 0; o < no && status == PP_OK; o++) {
         int e = l->out_edge[o];
         for (int k = 0; e >= 0 && k < p->edges[e].n_consumers && status == PP_OK; k++)

@@ -715,16 +715,21 @@ pp_status pp_stage_set_constant(pp_stage *st, const char *name, const pp_tensor 
                         t && pp_tensor_device(t) ? " on a device" : "");
     PP_TRY(pp_tensor_wait(t));
     /* a trained parameter is a view of the flat buffer: the host's current, the device's taken again */
-    if (val->kind == PP_VALUE_PARAM && st->params) (void)pp_stage_params(st);
+    if (val->kind == PP_VALUE_PARAM && st->dp) { /* a write to a stale host copy would be lost */
+        pp_status s = pp_device_params_to_host(st->dp, 1);
+        if (s != PP_OK) return pp_error_context(s, "stage %d: '%s'", st->index, name);
+    }
     if (t->nbytes) memcpy(val->data->data, t->data, t->nbytes);
     pp_exec_constants_written(st->ex); /* the cache and the device's copies made from the old bytes go */
     return PP_OK;
 }
 
 pp_flat_params *pp_stage_grads(pp_stage *st) {
-    if (st->dp && pp_device_params_grads_to_host(st->dp) != PP_OK)
-        pp_log_error("stage %d: gradients on %s not brought back: %s", st->index, pp_device_name(st->dev),
-                     pp_last_error());
+    pp_status s = st->dp ? pp_device_params_grads_to_host(st->dp) : PP_OK;
+    if (s != PP_OK) { /* never stale gradients summed as if current */
+        pp_error_context(s, "stage %d: gradients on %s not brought back", st->index, pp_device_name(st->dev));
+        return NULL;
+    }
     return st->params;
 }
 

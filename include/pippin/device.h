@@ -98,6 +98,7 @@ typedef struct pp_device_stats {
     int64_t fallbacks;                /* claimed nodes it handed to the CPU at run time (a dtype it lacks) */
     int64_t allocs, pool_hits;        /* buffers asked for; of them, served from the pool */
     int64_t bytes_in_use, bytes_pooled;
+    int64_t peak_bytes_in_use;        /* the most bytes_in_use reached since the last reset */
 } pp_device_stats;
 
 PP_API void pp_device_get_stats(const pp_device *dev, pp_device_stats *out);

@@ -145,7 +145,9 @@ PP_API pp_status pp_stage_use_device(pp_stage *st, const char *spec);
  * reading or sending it, and meanwhile may start the next microbatch's
  * compute (the execution core does: a send of microbatch k overlaps the
  * compute of k + 1). 0, the default: they are complete on return. No
- * effect on the CPU. */
+ * effect on the CPU. The execution core (runner, executor) turns it on
+ * for its stages, and it stays on: a caller that takes such a stage
+ * (pp_runner_stage) and runs it directly waits for its outputs. */
 PP_API void pp_stage_set_async_outputs(pp_stage *st, int on);
 /* The stage's device; NULL on the CPU. */
 PP_API pp_device *pp_stage_device(const pp_stage *st);
@@ -170,7 +172,9 @@ PP_API pp_flat_params *pp_stage_params(pp_stage *st);
  * writable (the device takes them again before it next uses them); on a
  * device the weights and the optimizer's state stay there and the host's
  * weights may be stale: for reading and writing gradients alone (the
- * data-parallel replicas' gradient sum). pp_stage_params otherwise. */
+ * data-parallel replicas' gradient sum). pp_stage_params otherwise. NULL
+ * (pp_last_error says why) when the device's gradients could not be
+ * brought back. */
 PP_API pp_flat_params *pp_stage_grads(pp_stage *st);
 /* Parameter i's weights (grad 0) or gradient (grad 1) as a new host
  * tensor; on a device, only its part crosses, and only when the device's

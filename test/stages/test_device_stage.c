@@ -595,6 +595,62 @@ static void test_inference_constants_rewritten(void **state) {
     pp_pipe_free(pd);
 }
 
+/* The last stage's device peak over an inference step of m one-row
+ * microbatches (the fixture's rows repeated). */
+static int64_t last_stage_peak(int m, int64_t *logits_bytes) {
+    pp_graph *g = tu_fixture_onnx("gpt", "model.onnx");
+    pp_pipe *p;
+    TU_OK(pp_pipe_split(g, NULL, &p));
+    pp_graph_free(g);
+    pp_runner *r;
+    TU_OK(pp_runner_new(p, 0, &r));
+    int ns = pp_runner_n_stages(r);
+    for (int s = 0; s < ns; s++) TU_OK(pp_stage_use_device(pp_runner_stage(r, s), CUDA_OPS));
+    pp_tensor *idx = tu_fixture_npy("gpt", "idx.npy"), *tg = tu_fixture_npy("gpt", "targets.npy");
+    pp_tensor *ins[2];
+    TU_OK(pp_data_batch(idx, 0, m, &ins[0]));
+    TU_OK(pp_data_batch(tg, 0, m, &ins[1]));
+    pp_tensor *outs[4] = {0};
+    TU_OK(pp_runner_step(r, m, NULL, 2, input_names, ins, outs)); /* warm: the weights go up */
+    for (int o = 0; o < pp_runner_n_outputs(r); o++) pp_tensor_free(outs[o]), outs[o] = NULL;
+    pp_device *d = pp_stage_device(pp_runner_stage(r, ns - 1));
+    pp_device_reset_stats(d);
+    TU_OK(pp_runner_step(r, m, NULL, 2, input_names, ins, outs));
+    pp_device_stats st;
+    pp_device_get_stats(d, &st);
+    *logits_bytes = 0;
+    for (int o = 0; o < pp_runner_n_outputs(r); o++) {
+        if (strcmp(pp_runner_output_name(r, o), "logits") == 0) *logits_bytes = (int64_t)outs[o]->nbytes / m;
+        pp_tensor_free(outs[o]);
+    }
+    pp_tensor_free(ins[0]);
+    pp_tensor_free(ins[1]);
+    pp_tensor_free(idx);
+    pp_tensor_free(tg);
+    pp_runner_free(r);
+    pp_pipe_free(p);
+    return st.peak_bytes_in_use;
+}
+
+/* A device stage's model outputs (the logits) are downloaded while the
+ * next microbatch computes; their device buffers go once that compute is
+ * queued, not at the step's end. What stays per microbatch is the host
+ * (pinned) copy each output needs until the outputs are merged, as on the
+ * CPU: from 4 to 8 microbatches the peak (the pool counts both kinds)
+ * grows by about one logits per microbatch. Regression (review): the
+ * device buffer stayed too, two logits per microbatch. */
+static void test_model_outputs_do_not_pile_up_on_the_device(void **state) {
+    (void)state;
+    int64_t l4, l8;
+    int64_t four = last_stage_peak(4, &l4), eight = last_stage_peak(8, &l8);
+    assert_true(l4 > 0 && l4 == l8);
+    double per = (double)(eight - four) / 4;
+    printf("# peak m=4 %lld, m=8 %lld: %.0f bytes more per microbatch, logits %lld each\n", (long long)four,
+           (long long)eight, per, (long long)l4);
+    if (per >= 1.5 * (double)l4)
+        fail_msg("the device peak grows by %.0f bytes per microbatch (logits: %lld)", per, (long long)l4);
+}
+
 /* Without a GPU (or a CUDA build): an error naming the stage, the stage
  * still usable on the CPU. */
 static void test_no_cuda_device_is_an_error(void **state) {
@@ -629,6 +685,7 @@ int main(void) {
         cmocka_unit_test(test_send_overlaps_next_compute),
         cmocka_unit_test(test_schedules_with_held_sends),
         cmocka_unit_test(test_inference_constants_rewritten),
+        cmocka_unit_test(test_model_outputs_do_not_pile_up_on_the_device),
         cmocka_unit_test(test_no_cuda_device_is_an_error),
     };
     tu_filter_from_env();
