@@ -1,5 +1,5 @@
 /* Weights read after the split (pp_onnx_load_deferred): a model of 4
- * stages, each adding a 4 MiB parameter (the first one tied into the
+ * stages, each adding an 8 MiB parameter (the first one tied into the
  * last stage, so split replicates it), gives the same stage files split
  * from a deferred load as from pp_onnx_load; the load, split and shape
  * probe hold none of the weights, and filling one stage of four holds a
@@ -21,7 +21,7 @@
 #include "test_filter.h"
 
 #define N_STAGES 4
-#define ROWS 1024 /* each parameter [ROWS, COLS] float32: 4 MiB */
+#define ROWS 2048 /* each parameter [ROWS, COLS] float32: 8 MiB */
 #define COLS 1024
 
 static char tmp_dir[256], model_path[300];
@@ -151,7 +151,8 @@ static long rss_kib(void) {
 /* What a child process's peak RSS grew by, in bytes, over what it held
  * when it started: mode 0 loads the model as pp_onnx_load does; 1 loads it
  * deferred, splits and probes; 2 does that and fills stage 0's weights,
- * as a `model:` worker of stage 0 of 4 does. */
+ * as a `model:` worker of stage 0 of 4 does; 3 fills every stage, as
+ * `pippin split` does. */
 static double peak_growth(int mode) {
     int fd[2];
     assert_int_equal(pipe(fd), 0);
@@ -174,7 +175,8 @@ static double peak_growth(int mode) {
             pp_graph_free(p->stages[s]);
             p->stages[s] = NULL;
         }
-        if (ok && mode == 2) ok = pp_onnx_deferred_fill(d, p->stages[0]) == PP_OK;
+        for (int s = 0; ok && mode >= 2 && s < p->n_stages; s++)
+            if (p->stages[s]) ok = pp_onnx_deferred_fill(d, p->stages[s]) == PP_OK;
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
         double grew = ok && before >= 0 ? ((double)ru.ru_maxrss - (double)before) * 1024.0 : -1.0;
@@ -196,13 +198,14 @@ static double peak_growth(int mode) {
 static void test_peak_memory(void **state) {
     (void)state;
     double file = (double)model_bytes;
-    double eager = peak_growth(0), probed = peak_growth(1), one_stage = peak_growth(2);
+    double eager = peak_growth(0), probed = peak_growth(1), one_stage = peak_growth(2), all = peak_growth(3);
     print_message("# file %.1f MiB; peak growth: load %.2fx, deferred load+split+probe %.2fx, "
-                  "+ stage 0 of %d filled %.2fx\n",
-                  file / 1048576.0, eager / file, probed / file, N_STAGES, one_stage / file);
+                  "+ stage 0 of %d filled %.2fx, + every stage filled %.2fx\n",
+                  file / 1048576.0, eager / file, probed / file, N_STAGES, one_stage / file, all / file);
     assert_true(eager >= 0.9 * file);      /* the measure sees the weights */
     assert_true(probed <= 0.25 * file);    /* none of them, and a small probe */
     assert_true(one_stage <= 0.5 * file);  /* a quarter of them */
+    assert_true(all <= 1.25 * file);       /* the file once (its replicated w0 twice) */
 }
 
 static void test_truncated_before_fill(void **state) {
