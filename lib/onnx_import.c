@@ -283,7 +283,7 @@ typedef struct model_src {
     const unsigned char *bytes;
     size_t len;
     int fd;
-    pp_onnx_deferred *defer; /* non-NULL: large float weights in the file are left unread */
+    pp_onnx_deferred *defer; /* non-NULL: parameters of 64 KiB and up in the file are left unread */
 } model_src;
 
 /* Initializer i of the model as a tensor; its raw_data from src when the
