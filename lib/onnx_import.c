@@ -10,6 +10,7 @@
 
 #include "onnx.pb-c.h"
 #include "file_io.h"
+#include "onnx_deferred.h"
 #include "onnx_external.h"
 #include "onnx_tensor.h"
 #include "pippin/log.h"
@@ -282,17 +283,29 @@ typedef struct model_src {
     const unsigned char *bytes;
     size_t len;
     int fd;
+    pp_onnx_deferred *defer; /* non-NULL: parameters of 64 KiB and up in the file are left unread */
 } model_src;
 
 /* Initializer i of the model as a tensor; its raw_data from src when the
  * model was stripped. */
 static pp_status load_initializer(const Onnx__TensorProto *tp, const char *what, const model_src *src,
-                                  pp_onnx_ext *ext, pp_tensor **t) {
+                                  pp_onnx_ext *ext, int trains, pp_tensor **t) {
     size_t off = 0, n = 0;
     int stripped = src ? pp_onnx_wire_raw_data(tp, src->len, &off, &n) : 0;
     if (stripped < 0) return pp_error(PP_ERR_PARSE, "%s: raw_data record out of range", what);
     if (stripped && pp_onnx_ext_is_external(tp))
         return pp_error(PP_ERR_PARSE, "%s: holds data of its own besides its external data", what);
+    /* only parameters: the optimizer and the gradient fusions read constants
+     * (a causal mask), never a parameter's values */
+    if (stripped && src->fd >= 0 && src->defer && trains && pp_onnx_tensor_may_defer(n)) {
+        PP_TRY(pp_onnx_tensor_unread_raw(tp, what, n, t));
+        pp_status s = pp_onnx_deferred_add(src->defer, tp->name, off, n);
+        if (s != PP_OK) {
+            pp_tensor_free(*t);
+            *t = NULL;
+        }
+        return s;
+    }
     if (stripped && src->fd >= 0) return pp_onnx_tensor_read_raw(tp, what, src->fd, off, n, t);
     if (stripped) {
         Onnx__TensorProto with_data = *tp;
@@ -331,9 +344,9 @@ static pp_status build_graph(const Onnx__ModelProto *m, const char *file, const 
         if (strcmp(tp->name, PP_ONNX_ABSENT) == 0) continue; /* stands for an absent input */
         snprintf(what, sizeof what, "%s: initializer '%s'", file, tp->name);
         pp_tensor *t;
-        s = load_initializer(tp, what, src, ext, &t);
+        int trains = pp_dtype_is_float((pp_dtype)tp->data_type) && (!trainable || listed(trainable, tp->name));
+        s = load_initializer(tp, what, src, ext, trains, &t);
         if (s != PP_OK) break;
-        int trains = pp_dtype_is_float(t->dtype) && (!trainable || listed(trainable, tp->name));
         pp_value_kind kind = trains ? PP_VALUE_PARAM : PP_VALUE_CONST;
         s = pp_graph_add_initializer(g, tp->name, kind, t, NULL);
         if (s != PP_OK) s = pp_error_context(s, "%s", file);
@@ -407,19 +420,29 @@ static pp_status parse_model(const model_src *src, const char *name, const char 
 }
 
 pp_status pp_onnx_parse(const void *bytes, size_t len, const char *name, pp_graph **out) {
-    model_src src = {bytes, len, -1};
+    model_src src = {bytes, len, -1, NULL};
     return parse_model(&src, name, NULL, out);
 }
 
-pp_status pp_onnx_load(const char *path, pp_graph **out) {
+static pp_status load_file(const char *path, pp_graph **out, pp_onnx_deferred **deferred) {
     *out = NULL;
     /* Read, never mapped: a model file truncated while it is read (another
      * process saving over it in place, a partial copy) is an error naming
      * the file, not a SIGBUS (file_io.h). The structure is read once and
      * each weight straight into its tensor, so loading peaks at about the
      * file's size plus its decoded structure. */
-    model_src src = {NULL, 0, -1};
+    model_src src = {NULL, 0, -1, NULL};
     PP_TRY(pp_open_file(path, PP_ONNX_MAX_BYTES, &src.fd, &src.len));
+    if (deferred) { /* the record keeps the file open for the reads to come */
+        *deferred = NULL;
+        int fd = dup(src.fd);
+        pp_status ds = fd < 0 ? pp_error(PP_ERR_IO, "%s: %s", path, strerror(errno))
+                              : pp_onnx_deferred_new(fd, path, &src.defer);
+        if (ds != PP_OK) {
+            close(src.fd);
+            return ds;
+        }
+    }
     /* external data locations are relative to the model file's directory */
     char *dir = malloc(strlen(path) + 2);
     pp_status s = PP_OK;
@@ -433,7 +456,15 @@ pp_status pp_onnx_load(const char *path, pp_graph **out) {
     }
     free(dir);
     close(src.fd);
+    if (s == PP_OK && deferred) *deferred = src.defer;
+    else pp_onnx_deferred_free(src.defer);
     return s;
+}
+
+pp_status pp_onnx_load(const char *path, pp_graph **out) { return load_file(path, out, NULL); }
+
+pp_status pp_onnx_load_deferred(const char *path, pp_graph **out, pp_onnx_deferred **deferred) {
+    return load_file(path, out, deferred);
 }
 
 pp_status pp_onnx_tensor_parse(const void *bytes, size_t len, const char *name, pp_tensor **out,

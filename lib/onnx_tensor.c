@@ -107,6 +107,27 @@ pp_status pp_onnx_tensor_read_raw(const Onnx__TensorProto *tp, const char *what,
     return s;
 }
 
+/* Weights at least this large may be left unread (pp_onnx_load_deferred). */
+#define UNREAD_MIN ((size_t)64 << 10)
+
+int pp_onnx_tensor_may_defer(size_t nbytes) { return nbytes >= UNREAD_MIN; }
+
+pp_status pp_onnx_tensor_unread_raw(const Onnx__TensorProto *tp, const char *what, size_t len, pp_tensor **out) {
+    *out = NULL;
+    pp_dtype dt;
+    int ndim;
+    int64_t shape[PP_MAX_DIMS];
+    size_t nbytes;
+    PP_TRY(pp_onnx_tensor_header(tp, what, &dt, &ndim, shape, &nbytes));
+    if (len != nbytes) return pp_error(PP_ERR_PARSE, "%s: holds %zu bytes, shape needs %zu", what, len, nbytes);
+    /* pages of its own whatever its size: zeros that cost nothing until written */
+    void *p = nbytes ? mmap(NULL, nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) : MAP_FAILED;
+    if (p == MAP_FAILED) return pp_error(PP_ERR_NOMEM, "%s: out of memory for %zu bytes", what, nbytes);
+    pp_status s = pp_tensor_wrap(dt, ndim, shape, p, unmap_weight, (void *)(uintptr_t)nbytes, out);
+    if (s != PP_OK) munmap(p, nbytes);
+    return s;
+}
+
 pp_status pp_onnx_tensor_to_proto(const pp_tensor *t, const char *name, Onnx__TensorProto *tp) {
     tp->n_dims = (size_t)t->ndim;
     tp->dims = (int64_t *)t->shape;

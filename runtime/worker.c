@@ -34,6 +34,7 @@ struct pp_worker {
     pp_worker_options opt;
     int rank;
     pp_graph *g;              /* the whole model (model:), else NULL */
+    pp_onnx_deferred *weights; /* model:, until this rank's stages have their weights */
     pp_pipe *p;
     pp_schedule *sched;       /* one replica's */
     /* Data-parallel replicas (replicas:): this rank is rank `prank` of the
@@ -146,7 +147,11 @@ static pp_status open_transport(pp_worker *w) {
 static pp_status open_pipe(pp_worker *w) {
     const pp_config *c = w->c;
     if (c->model) {
-        PP_TRY(pp_onnx_load(c->model, &w->g));
+        /* The weights are read once the stages are cut and probed, and only
+         * this rank's: params: writes them, split.auto times the nodes and
+         * freeze: makes constants of them first, so those read the whole model. */
+        if (c->params || c->split_auto || c->n_freeze) PP_TRY(pp_onnx_load(c->model, &w->g));
+        else PP_TRY(pp_onnx_load_deferred(c->model, &w->g, &w->weights));
         if (c->params) {
             int loaded;
             pp_status ps = pp_load_params_dir(w->g, c->params, &loaded);
@@ -217,7 +222,11 @@ static pp_status open_pipe(pp_worker *w) {
         if (w->sched->stage_rank[s] != w->prank) {
             pp_graph_free(w->p->stages[s]);
             w->p->stages[s] = NULL;
+        } else {
+            PP_TRY(pp_onnx_deferred_fill(w->weights, w->p->stages[s]));
         }
+    pp_onnx_deferred_free(w->weights);
+    w->weights = NULL;
     if (c->training && !w->p->loss) return pp_error(PP_ERR_NOT_FOUND, "%s: the model has no loss output to train on", c->path);
     for (int i = 0; i < c->n_recompute_stages; i++)
         if (c->recompute_stages[i] >= w->p->n_stages)
@@ -453,6 +462,7 @@ static void close_run(pp_worker *w) {
     free(w->world_stage_rank);
     w->world_stage_rank = NULL;
     pp_pipe_free(w->p);
+    pp_onnx_deferred_free(w->weights);
     pp_graph_free(w->g);
     w->ex = NULL, w->t = NULL, w->stages = NULL, w->optims = NULL, w->identity = NULL, w->id = NULL;
     w->data = NULL, w->names = NULL, w->n_inputs = 0, w->sched = NULL, w->p = NULL, w->g = NULL;

@@ -271,6 +271,10 @@ pp_status pp_pipe_probe_shapes(pp_pipe *p, int n_dims_given, const char *const *
     }
     if (st == PP_OK) type_outputs(p, &runs[0]);
     for (int r = 0; r <= sy.n; r++) map_free(&runs[r]);
+    /* The probe's buffers (made-up sizes, freed into the tensor cache and
+     * this thread's plan arena) serve nothing that follows: the weights
+     * read next (pippin split, model: workers) must not sit on them. */
+    pp_tensor_cache_release();
     if (st == PP_OK) st = keep_sizes(p, &sy); /* before the names go with the stage inputs' old types */
     if (st == PP_OK) type_stage_values(p);
     return st;

@@ -338,7 +338,7 @@ static int print_stages(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, jso
  * stage table assumed, or the model's own probe's), and the graph written as
  * ONNX when asked. With json, all of it goes into that document. */
 static int print_backward(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, const char *out_path,
-                          json_object *json) {
+                          pp_onnx_deferred *weights, json_object *json) {
     if (!ds->known) {
         dim_sizes_probe_model(ds, g, sa); /* before autodiff grows g */
         if (!json) print_dim_sizes(ds, NULL);
@@ -393,8 +393,8 @@ static int print_backward(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, c
                    "%s per sample + %s\n", ia, ifx);
         }
     }
-    if (out_path) {
-        if (pp_onnx_save(g, out_path) != PP_OK) rc = 1;
+    if (out_path) { /* the one place inspect needs the weights' values */
+        if (pp_onnx_deferred_fill(weights, g) != PP_OK || pp_onnx_save(g, out_path) != PP_OK) rc = 1;
         else if (o) json_object_object_add(o, "file", json_object_new_string(out_path));
         else printf("training graph written to %s\n", out_path);
     }
@@ -555,9 +555,13 @@ int cmd_inspect(int argc, char **argv) {
         return 2;
     }
     pp_graph *g;
-    if (pp_split_args_load(&sa, argv[optind], &g) != PP_OK) return pp_cli_fail("inspect");
+    /* Shapes and memory do not depend on the weights' values: they are
+     * read only to be written (--backward -o). */
+    pp_onnx_deferred *weights;
+    if (pp_split_args_load_deferred(&sa, argv[optind], &g, &weights) != PP_OK) return pp_cli_fail("inspect");
     op_count *ops = calloc((size_t)g->n_nodes + 1, sizeof *ops);
     if (!ops) {
+        pp_onnx_deferred_free(weights);
         pp_graph_free(g);
         return 1;
     }
@@ -566,7 +570,7 @@ int cmd_inspect(int argc, char **argv) {
     dim_sizes ds = {0};
     if (!json) print_text(g, ops, n_ops);
     if (pp_cli_has_markers(g) || pp_split_args_any(&sa)) rc = print_stages(g, &sa, &ds, root);
-    if (!rc && backward) rc = print_backward(g, &sa, &ds, out_path, root);
+    if (!rc && backward) rc = print_backward(g, &sa, &ds, out_path, weights, root);
     if (!rc && optimized) rc = print_optimized(&sa, argv[optind], root);
     if (!rc && device) rc = print_placement(g, device, root);
     if (root && !rc)
@@ -575,6 +579,7 @@ int cmd_inspect(int argc, char **argv) {
     dim_sizes_clear(&ds);
     if (rc) pp_cli_fail("inspect");
     free(ops);
+    pp_onnx_deferred_free(weights);
     pp_graph_free(g);
     pp_split_args_free(&sa);
     return rc;

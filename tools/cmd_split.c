@@ -88,18 +88,26 @@ int cmd_split(int argc, char **argv) {
     }
     pp_graph *g = NULL;
     pp_pipe *p = NULL;
+    pp_onnx_deferred *weights = NULL;
     int rc = 1;
-    if (pp_split_args_load(&sa, argv[optind], &g) != PP_OK) goto done;
+    /* the weights are read after the probe, so its activations and the
+     * model are not held together */
+    if (pp_split_args_load_deferred(&sa, argv[optind], &g, &weights) != PP_OK) goto done;
     pp_split_spec spec = pp_split_args_spec(&sa);
     /* the stages take g's weights (g is only freed after): the model is not held twice */
     if (pp_pipe_split_take(g, &spec, &p) != PP_OK) goto done;
     if (pp_pipe_probe_shapes(p, sa.n_dims, sa.dims) != PP_OK) goto done;
+    for (int s = 0; s < p->n_stages; s++)
+        if (pp_onnx_deferred_fill(weights, p->stages[s]) != PP_OK) goto done;
+    pp_onnx_deferred_free(weights);
+    weights = NULL;
     if (pp_pipe_save_with(p, out_dir, &save) != PP_OK) goto done;
     printf("%d stages, %d edges, %d shared parameters -> %s/pipe.json\n", p->n_stages, p->n_edges,
            p->n_shared, out_dir);
     rc = 0;
 done:
     if (rc) pp_cli_fail("split");
+    pp_onnx_deferred_free(weights);
     pp_pipe_free(p);
     pp_graph_free(g);
     pp_split_args_free(&sa);

@@ -97,13 +97,16 @@ void pp_split_args_free(pp_split_args *a) {
     a->n_cut_at = 0;
 }
 
-pp_status pp_split_args_load(pp_split_args *a, const char *path, pp_graph **out) {
+static pp_status load(pp_split_args *a, const char *path, pp_graph **out, pp_onnx_deferred **deferred) {
     if (a->auto_stages && a->even_stages)
         return pp_error(PP_ERR_INVALID, "--auto and --split-even each choose the cuts: give one");
     if ((a->auto_stages || a->even_stages) && a->n_before + a->n_after > 0)
         return pp_error(PP_ERR_INVALID, "--%s chooses every cut: no --split-before or --split-after with it",
                         a->auto_stages ? "auto" : "split-even");
-    PP_TRY(pp_onnx_load(path, out));
+    /* --auto times the nodes (on zero pages it would time the wrong thing);
+     * --freeze makes parameters constants, whose values the optimizer reads */
+    if (deferred && !a->auto_stages && !a->n_freeze) PP_TRY(pp_onnx_load_deferred(path, out, deferred));
+    else PP_TRY(pp_onnx_load(path, out));
     if (a->marker_identity && pp_graph_identity_markers(*out, a->marker_identity) == 0) {
         pp_graph_free(*out);
         *out = NULL;
@@ -126,4 +129,17 @@ pp_status pp_split_args_load(pp_split_args *a, const char *path, pp_graph **out)
         }
     }
     return PP_OK;
+}
+
+pp_status pp_split_args_load(pp_split_args *a, const char *path, pp_graph **out) { return load(a, path, out, NULL); }
+
+pp_status pp_split_args_load_deferred(pp_split_args *a, const char *path, pp_graph **out,
+                                      pp_onnx_deferred **deferred) {
+    *deferred = NULL;
+    pp_status s = load(a, path, out, deferred);
+    if (s != PP_OK) {
+        pp_onnx_deferred_free(*deferred);
+        *deferred = NULL;
+    }
+    return s;
 }

@@ -12,6 +12,7 @@
 
 #include <stdio.h>
 
+#include "pippin/onnx.h"
 #include "pippin/pipe.h"
 
 typedef struct pp_split_args {
@@ -74,6 +75,11 @@ int pp_split_args_any(const pp_split_args *a);
  * --split-even, chooses the cuts (a->cut_at; pp_split_args_spec hands them
  * on) and prints them to a->report. */
 pp_status pp_split_args_load(pp_split_args *a, const char *path, pp_graph **out);
+/* The same with the large weights left unread (pp_onnx_load_deferred;
+ * *deferred NULL when they were read: --auto times the nodes, --freeze
+ * makes constants of parameters). */
+pp_status pp_split_args_load_deferred(pp_split_args *a, const char *path, pp_graph **out,
+                                      pp_onnx_deferred **deferred);
 /* --auto / --split-even: measures node costs of g, picks the cuts into
  * a->cut_at and prints the plan with the simulated comparison
  * (tools/split_balance.c). */

@@ -29,6 +29,25 @@ extern "C" {
  * not mapped: one truncated while it is read (another process saving
  * over it) gives PP_ERR_IO naming the file, never a SIGBUS. */
 PP_API pp_status pp_onnx_load(const char *path, pp_graph **out);
+/* pp_onnx_load with the weights read later: the parameters (trainable
+ * float initializers) of 64 KiB and up whose data lies in the model file
+ * itself are not read (constants are: the optimizer reads some, such as a
+ * causal mask; a parameter frozen after loading should be filled first);
+ * their tensors are zero pages of their own (no memory until written) and
+ * *deferred records where each lies, keeping the file open (renamed over
+ * meanwhile, it still gives the bytes the structure came from). Shapes do
+ * not depend on such weights, so the graph can be split, its shapes
+ * probed and its memory measured as it is; pp_onnx_deferred_fill then
+ * reads the recorded initializers of g (the model, or a stage graph split
+ * from it: by name) straight into their tensors. Fill before anything
+ * reads the values or writes the tensors: a copy taken earlier (flat
+ * parameters, a replicated shared parameter is filled by name too) holds
+ * zeros. Frees with pp_onnx_deferred_free (after the fills; the graphs
+ * stay valid). */
+typedef struct pp_onnx_deferred pp_onnx_deferred;
+PP_API pp_status pp_onnx_load_deferred(const char *path, pp_graph **out, pp_onnx_deferred **deferred);
+PP_API pp_status pp_onnx_deferred_fill(pp_onnx_deferred *deferred, pp_graph *g);
+PP_API void pp_onnx_deferred_free(pp_onnx_deferred *deferred);
 /* The same from bytes in memory; name is used in messages. */
 PP_API pp_status pp_onnx_parse(const void *bytes, size_t len, const char *name, pp_graph **out);
 /* Decodes a serialized TensorProto (the input_*.pb files of ONNX's tests). */
