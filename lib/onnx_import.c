@@ -1,6 +1,7 @@
 /* ONNX model -> pp_graph. Decoding is done by protobuf-c from the system's
  * onnx.proto; this file maps the messages onto the IR and checks them. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -435,7 +436,7 @@ static pp_status load_file(const char *path, pp_graph **out, pp_onnx_deferred **
     PP_TRY(pp_open_file(path, PP_ONNX_MAX_BYTES, &src.fd, &src.len));
     if (deferred) { /* the record keeps the file open for the reads to come */
         *deferred = NULL;
-        int fd = dup(src.fd);
+        int fd = fcntl(src.fd, F_DUPFD_CLOEXEC, 0); /* dup would drop close-on-exec */
         pp_status ds = fd < 0 ? pp_error(PP_ERR_IO, "%s: %s", path, strerror(errno))
                               : pp_onnx_deferred_new(fd, path, &src.defer);
         if (ds != PP_OK) {
@@ -456,7 +457,10 @@ static pp_status load_file(const char *path, pp_graph **out, pp_onnx_deferred **
     }
     free(dir);
     close(src.fd);
-    if (s == PP_OK && deferred) *deferred = src.defer;
+    if (s == PP_OK && deferred) {
+        pp_onnx_deferred_done(src.defer);
+        *deferred = src.defer;
+    }
     else pp_onnx_deferred_free(src.defer);
     return s;
 }

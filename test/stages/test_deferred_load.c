@@ -14,6 +14,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "test_util.h"
@@ -231,11 +232,55 @@ static void test_truncated_before_fill(void **state) {
     pp_graph_free(g);
 }
 
+/* A file saved over in place (same inode and size, a new modification
+ * time) between the load and the fill: an error naming the file, not
+ * other bytes read at the old offsets (regression, review). */
+static void test_rewritten_before_fill(void **state) {
+    (void)state;
+    char path[400];
+    snprintf(path, sizeof path, "%s/rewritten.onnx", tmp_dir);
+    size_t len;
+    unsigned char *bytes = read_all(model_path, &len);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(bytes, 1, len, f), len);
+    fclose(f);
+    pp_graph *g;
+    pp_onnx_deferred *d;
+    TU_OK(pp_onnx_load_deferred(path, &g, &d));
+    f = fopen(path, "r+b"); /* the same bytes again, in place: only the time moves */
+    assert_non_null(f);
+    assert_int_equal(fwrite(bytes, 1, len, f), len);
+    fclose(f);
+    free(bytes);
+    struct timespec later[2] = {{0, UTIME_OMIT}, {time(NULL) + 5, 0}}; /* past the clock's coarse tick */
+    assert_int_equal(utimensat(AT_FDCWD, path, later, 0), 0);
+    assert_int_equal(pp_onnx_deferred_fill(d, g), PP_ERR_IO);
+    assert_non_null(strstr(pp_last_error(), "rewritten.onnx changed since it was loaded"));
+    pp_onnx_deferred_free(d);
+    pp_graph_free(g);
+}
+
+/* A model with no initializer large enough to defer: an empty record
+ * fills as a no-op (regression, review: bsearch on its NULL array is
+ * undefined behaviour, which UBSan stops on). */
+static void test_nothing_deferred(void **state) {
+    (void)state;
+    pp_graph *g;
+    pp_onnx_deferred *d;
+    TU_OK(pp_onnx_load_deferred(tu_src_path("test/fixtures/mlp/model.onnx"), &g, &d));
+    TU_OK(pp_onnx_deferred_fill(d, g));
+    pp_onnx_deferred_free(d);
+    pp_graph_free(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_same_stage_files),
         cmocka_unit_test(test_peak_memory),
         cmocka_unit_test(test_truncated_before_fill),
+        cmocka_unit_test(test_rewritten_before_fill),
+        cmocka_unit_test(test_nothing_deferred),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
