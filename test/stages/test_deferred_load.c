@@ -203,10 +203,15 @@ static void test_peak_memory(void **state) {
     print_message("# file %.1f MiB; peak growth: load %.2fx, deferred load+split+probe %.2fx, "
                   "+ stage 0 of %d filled %.2fx, + every stage filled %.2fx\n",
                   file / 1048576.0, eager / file, probed / file, N_STAGES, one_stage / file, all / file);
-    assert_true(eager >= 0.9 * file);      /* the measure sees the weights */
-    assert_true(probed <= 0.25 * file);    /* none of them, and a small probe */
-    assert_true(one_stage <= 0.5 * file);  /* a quarter of them */
-    assert_true(all <= 1.25 * file);       /* the file once (its replicated w0 twice) */
+#if defined(__SANITIZE_ADDRESS__)
+    const double slack = 1.3; /* AddressSanitizer's shadow and quarantine hold more */
+#else
+    const double slack = 1.0;
+#endif
+    assert_true(eager >= 0.9 * file);              /* the measure sees the weights */
+    assert_true(probed <= 0.25 * slack * file);    /* none of them, and a small probe */
+    assert_true(one_stage <= 0.5 * slack * file);  /* a quarter of them */
+    assert_true(all <= 1.25 * slack * file);       /* the file once (its replicated w0 twice) */
 }
 
 static void test_truncated_before_fill(void **state) {
