@@ -40,7 +40,7 @@
 #include "status_internal.h"
 #include "thread_pool.h"
 
-#define SHARE_MAGIC 0x31736370u /* "pcs1" */
+#define SHARE_MAGIC 0x32736370u /* "pcs2" */
 #define SHARE_SLOTS 256
 
 typedef struct share_slot {
@@ -54,6 +54,7 @@ typedef struct share_segment {
     _Atomic uint32_t magic; /* 0 in a new segment (ftruncate fills zeros) */
     atomic_int lock;
     share_slot slot[SHARE_SLOTS];
+    atomic_llong borrows; /* claims that took lent threads, ever: a spinning rank's sign to sleep instead */
 } share_segment;
 
 /* The process's join. `active` is written last on join and first on
@@ -181,6 +182,18 @@ void pp_share_cores_idle(int idle) {
 
 int pp_share_cores_joined(void) { return atomic_load(&share.active); }
 
+int pp_share_cores_borrowing(void) {
+    if (!atomic_load_explicit(&share.active, memory_order_acquire)) return 0;
+    for (int r = 0; r < share.n_slots; r++)
+        if (r != share.me && atomic_load_explicit(&share.seg->slot[r].borrowed, memory_order_relaxed) > 0) return 1;
+    return 0;
+}
+
+int64_t pp_share_cores_borrows(void) {
+    if (!atomic_load_explicit(&share.active, memory_order_acquire)) return 0;
+    return atomic_load_explicit(&share.seg->borrows, memory_order_relaxed);
+}
+
 int64_t pp_share_cores_borrowed_calls(void) { return atomic_load(&share.borrowed_calls); }
 
 int pp_share_cores_claim(int threads) {
@@ -199,6 +212,7 @@ int pp_share_cores_claim(int threads) {
     }
     int take = spare < want ? spare : want;
     if (take > 0) atomic_fetch_add(&seg->slot[share.me].borrowed, take);
+    if (take > 0) atomic_fetch_add_explicit(&seg->borrows, 1, memory_order_relaxed);
     atomic_store(&seg->lock, 0);
     if (take <= 0) return share.own;
     atomic_fetch_add(&share.borrowed_calls, 1);

@@ -931,6 +931,7 @@ pp_status pp_config_parse(const char *text, size_t len, const char *name, const 
     c->timeout_ms = 10000;
     c->shared_memory = 1;
     c->share_cores = 1;
+    c->spin_us = -1; /* auto: pp_worker_spin_us */
     c->checkpoint_keep = 2;
     c->serve_max_batch = 8;
     c->serve_max_wait_us = 500;

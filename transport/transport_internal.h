@@ -169,6 +169,7 @@ struct pp_transport {
     zmq_pollitem_t *items;  /* poll scratch: 1 + pull + monitors */
     int rcvtimeo;           /* ZMQ_RCVTIMEO currently set on pull */
     int64_t spin_ns;        /* busy-poll this long before a receive blocks */
+    int64_t spin_borrows;   /* pp_share_cores_borrows when this rank last waited (may_spin) */
     size_t shm_bytes;       /* ring size per same-host peer; 0: rings off */
     pp_doorbell *bell;      /* ours, announced in hellos (NULL: no message rings) */
     int n_rx_msg;           /* peers' message rings we read */

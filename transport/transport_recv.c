@@ -501,13 +501,31 @@ static int receive_one(pp_transport *t, const pp_mbox_key *want, pp_tensor **got
  * a message that arrives meanwhile is taken without the thread going to
  * sleep and being woken again, which costs more than the message itself
  * when messages are small. Returns 1 if it handled a message. */
-static int spin_receive(pp_transport *t, const pp_mbox_key *want, pp_tensor **got) {
+/* Whether a wait may busy-poll now: spin_us is set, and no rank of the
+ * host has borrowed lent threads since this rank last waited. Ranks whose
+ * kernels split over lent cores need the waiting rank's core asleep (a
+ * spinner holds it until the scheduler preempts it, which delays every
+ * borrowed piece); ranks with small kernels never borrow and keep their
+ * cores awake (docs/serving.md, spin_us). */
+static int may_spin(pp_transport *t) {
     if (t->spin_ns <= 0) return 0;
+    int64_t b = pp_share_cores_borrows();
+    int quiet = b == t->spin_borrows;
+    t->spin_borrows = b;
+    return quiet;
+}
+
+static int spin_receive(pp_transport *t, const pp_mbox_key *want, pp_tensor **got) {
+    if (!may_spin(t)) return 0;
     int64_t until = now_ns() + t->spin_ns;
+    pp_share_cores_idle(1); /* lent while it spins: a borrower ends the spin */
+    int found = 0;
     for (unsigned i = 1;; i++) {
-        if (receive_one(t, want, got, 0)) return 1;
-        if ((i & 15) == 0 && now_ns() >= until) return 0;
+        if ((found = receive_one(t, want, got, 0))) break;
+        if ((i & 15) == 0 && (now_ns() >= until || pp_share_cores_borrowing())) break;
     }
+    pp_share_cores_idle(0);
+    return found;
 }
 
 /* Moves waiting messages into the mailbox, at most DRAIN_BATCH. Returns the
@@ -674,10 +692,12 @@ pp_status pp_transport_poll(pp_transport *t, int timeout_ms) {
     pp_tp_read_monitors(t);
     int got = pp_tp_drain(t, NULL, NULL);
     int64_t left_ns = (int64_t)timeout_ms * 1000000;
-    if (!got && left_ns > 0 && t->spin_ns > 0) { /* spin_us (within the timeout) before the thread sleeps */
+    if (!got && left_ns > 0 && may_spin(t)) { /* spin_us (within the timeout) before the thread sleeps */
         int64_t t0 = now_ns(), until = t0 + (t->spin_ns < left_ns ? t->spin_ns : left_ns);
-        while (!(got = pp_tp_drain(t, NULL, NULL)) && now_ns() < until && !t->aborted) {
+        pp_share_cores_idle(1); /* lent while it spins: a borrower ends the spin */
+        while (!(got = pp_tp_drain(t, NULL, NULL)) && now_ns() < until && !t->aborted && !pp_share_cores_borrowing()) {
         }
+        pp_share_cores_idle(0);
         left_ns -= now_ns() - t0;
     }
     if (got == 0 && left_ns >= 1000000) { /* what is left of the timeout, in whole ms */

@@ -49,7 +49,7 @@
  *   share_cores: false                     # optional: ranks on one host lend their threads to a busy
  *                                          #   one while they wait (default true; pp_share_cores_join)
  *   spin_us: 300                           # optional: a waiting rank busy-polls this long before it
- *                                          #   sleeps (default 0: never)
+ *                                          #   sleeps (default: 2000 serving with a core per rank, else 0)
  *   recompute: [0, 2]                      # optional (mode train): stages that recompute their forward
  *                                          #   before the backward instead of stashing (true: all)
  *   serve: {endpoint: tcp://127.0.0.1:5600, max_batch: 8, max_wait_us: 500,   # mode serve
@@ -172,7 +172,8 @@ typedef struct pp_config {
     int share_cores;                 /* share_cores: same-host ranks lend their threads to a busy one while
                                       * they wait (pp_share_cores_join); default 1 */
     int spin_us;                     /* spin_us: a rank waiting for a peer busy-polls this long before it
-                                      * sleeps (pp_transport_options.spin_us); default 0 */
+                                      * sleeps (pp_transport_options.spin_us); -1 (default): auto
+                                      * (pp_worker_spin_us) */
     /* Devices (pippin/device.h): device: cuda:0 puts every stage there;
      * device: [cuda:0, cuda:1] gives rank r's stages entry r;
      * stage_devices: [cpu, cuda:0] gives stage s entry s (over device:).

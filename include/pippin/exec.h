@@ -166,6 +166,12 @@ PP_API pp_status pp_share_cores_join(const char *key, int slot, int n_slots, int
 PP_API void pp_share_cores_leave(void);
 PP_API void pp_share_cores_idle(int idle);
 PP_API int pp_share_cores_joined(void);
+/* 1 while another rank of the host computes on threads lent to it (a
+ * rank that busy-polls while it lends stops, so the borrowed thread gets
+ * the core it spins on). */
+PP_API int pp_share_cores_borrowing(void);
+/* Claims on the host that took lent threads, ever (0 when not joined). */
+PP_API int64_t pp_share_cores_borrows(void);
 PP_API int64_t pp_share_cores_borrowed_calls(void);
 
 #ifdef __cplusplus

@@ -90,6 +90,11 @@ typedef struct pp_worker_options {
  * ranks_on_host; ranks_on_host 0: the config's ranks whose endpoints can
  * only be on this host (ipc://, loopback tcp), at least 1. c may be NULL. */
 PP_API int pp_worker_threads(const pp_config *c, int given, int ranks_on_host);
+/* The transport's spin_us for a rank of config c computing on `threads`
+ * threads: the config's spin_us when given; else, serving, 2000 us when
+ * the ranks on this host times their threads fit its CPUs (a waiting rank
+ * keeps its core awake between requests), 0 otherwise. */
+PP_API int pp_worker_spin_us(const pp_config *c, int threads);
 
 /* Defaults: rank -1, no progress callback, no checkpoints, compute threads
  * from pp_worker_threads. */

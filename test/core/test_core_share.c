@@ -116,11 +116,13 @@ static void test_lent_threads_come_and_go(void **state) {
     pp_share_cores_release(1);
     /* the child waits: its thread is ours, one claim at a time */
     tell(&l, 'i');
-    int64_t calls = pp_share_cores_borrowed_calls();
+    int64_t calls = pp_share_cores_borrowed_calls(), host = pp_share_cores_borrows();
     int t = pp_share_cores_claim(2);
     assert_int_equal(t, 2);
+    assert_true(pp_share_cores_borrowing() == 0); /* our own borrowing: not another rank's */
     pp_share_cores_release(t);
     assert_int_equal(pp_share_cores_borrowed_calls(), calls + 1);
+    assert_int_equal(pp_share_cores_borrows(), host + 1); /* the host's count a spinner watches */
     /* asking for fewer than our own never borrows */
     assert_int_equal(pp_share_cores_claim(1), 1);
     pp_share_cores_release(1);

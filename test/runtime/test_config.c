@@ -533,6 +533,12 @@ static void test_serve(void **state) {
     assert_int_equal(c->serve_max_queue, 256);
     assert_int_equal(c->serve_max_inflight, 0);
     assert_true(c->serve_max_request_bytes == (int64_t)64 << 20);
+    /* spin_us, auto: serving with a core per rank's threads spins 2 ms */
+    int cpus = pp_affinity_cpus();
+    assert_int_equal(pp_worker_spin_us(c, 1), 2 <= cpus ? 2000 : 0);
+    assert_int_equal(pp_worker_spin_us(c, cpus), 0); /* 2 ranks x all the CPUs: no core to spare */
+    c->spin_us = 50;
+    assert_int_equal(pp_worker_spin_us(c, cpus), 50); /* given: as given */
     pp_config_free(c);
     snprintf(text, sizeof text, "%sserve: {endpoint: ipc:///tmp/f, max_batch: 32, max_wait_us: 0, max_queue: 9, "
              "max_inflight: 3, max_request_bytes: 1000}\n", base);
@@ -831,7 +837,8 @@ static void test_share_cores(void **state) {
     pp_rank_share_cores_done(joined);
     assert_false(pp_share_cores_joined());
     assert_int_equal(pp_get_threads(), 1);
-    assert_int_equal(c->spin_us, 0); /* spin_us: off by default */
+    assert_int_equal(c->spin_us, -1); /* spin_us: auto */
+    assert_int_equal(pp_worker_spin_us(c, 1), 0); /* training: never */
     pp_config_free(c);
     c = parse_ok(BASE "spin_us: 300\n", "/d");
     assert_int_equal(c->spin_us, 300);
