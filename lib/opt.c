@@ -30,6 +30,7 @@ static const pass_entry passes_table[] = {
     {"matmul", PP_OPT_MATMUL, pp_opt_matmul},
     {"dead", PP_OPT_DEAD, pp_opt_dead},
     {"inplace", PP_OPT_INPLACE, NULL}, /* the executor's (lib/inplace.c), no rewrite */
+    {"pack", PP_OPT_PACK, NULL},       /* training executors' packed weights (lib/pack_cache.c), no rewrite */
 };
 #define N_PASSES ((int)(sizeof passes_table / sizeof passes_table[0]))
 
@@ -58,7 +59,7 @@ pp_status pp_optimize_parse(const char *text, unsigned *passes) {
             }
         if (!found && len)
             return pp_error(PP_ERR_INVALID, "optimizer: unknown pass '%.*s' in \"%s\" (passes: fold, identity, "
-                            "layernorm, gelu, attention, transpose, matmul, dead, inplace; or all, none)", (int)len, p, text);
+                            "layernorm, gelu, attention, transpose, matmul, dead, inplace, pack; or all, none)", (int)len, p, text);
         p += len;
         if (*p == ',') p++;
     }

@@ -96,6 +96,28 @@ PP_API void pp_exec_stats(const pp_exec *ex, int64_t *kernels_run, int64_t *node
  * for every input shape. Off again before changing a parameter. */
 PP_API void pp_exec_set_constant_params(pp_exec *ex, int on);
 
+/* Packed weights for training (on != 0): a GEMM by a 2-D float32
+ * parameter (pippin::MatMulAdd's forward, and dX = dY W in its backward)
+ * at a size where pippin's packed kernel beats OpenBLAS's reads panels of
+ * the weight packed at its first use and reused by every later run, until
+ * pp_exec_params_changed. Call that after writing any parameter (or
+ * replacing its tensor) and before the next run: the executor cannot see
+ * writes to parameter memory. Stages and the whole-model trainer turn it
+ * on in training when the optimizer's "pack" bit is on (pippin/optimize.h)
+ * and call pp_exec_params_changed wherever their parameters may change.
+ * Off by default; turning it off frees the copies, on again starts afresh.
+ * Results match OpenBLAS's within float rounding (another order of sums),
+ * and the packed kernel gives the same bits at any thread count. With
+ * PIPPIN_PACK_CHECK=1 every reuse is checked against a fresh pack and a
+ * stale copy fails the node (a debugging aid: it costs a pack per use).
+ * Errors: out of memory. */
+PP_API pp_status pp_exec_set_pack_weights(pp_exec *ex, int on);
+PP_API int pp_exec_pack_weights(const pp_exec *ex);
+/* Every packed copy is stale from now on (packed again at its next use). */
+PP_API void pp_exec_params_changed(pp_exec *ex);
+/* Weights packed, and packed copies reused, since packing was turned on. */
+PP_API void pp_exec_pack_stats(const pp_exec *ex, int64_t *packed, int64_t *reused);
+
 /* The stream random ops draw from in the runs that follow: training-mode
  * Dropout's mask is a function of (seed, step, microbatch, node name,
  * element) alone (Philox4x32-10), so the same step and microbatch give the

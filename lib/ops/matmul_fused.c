@@ -20,6 +20,7 @@
 
 #include "gemm.h"
 #include "op.h"
+#include "pack_cache.h"
 #include "thread_pool.h"
 #include "vec.h"
 
@@ -118,13 +119,19 @@ static pp_status matmul_add_run(pp_kernel_ctx *ctx) {
     ctx->out[0] = y;
     if (!y->nbytes) return PP_OK;
     epilogue_job j = {y->data, bias ? bias->data : NULL, N, act};
-    if (packed_n) /* the bias added as each tile is stored */
-        pp_gemm_packed_f32((int)M, (int)N, (int)K, a->data, (int)K, b->data, bias ? bias->data : NULL, y->data, (int)N);
+    /* Training: a parameter W packed once per step by the executor
+     * (lib/pack_cache.c) where that beats OpenBLAS's packing it per call. */
+    const float *panels = NULL;
+    if (!packed_n && K > 0 && pp_pack_pays(M, K, N))
+        PP_TRY(pp_kernel_packed_weight(ctx, 1, tb ? PP_PACK_PANELS_T : PP_PACK_PANELS, &panels));
+    if (packed_n || panels) /* the bias added as each tile is stored */
+        pp_gemm_packed_f32((int)M, (int)N, (int)K, a->data, (int)K, panels ? panels : b->data,
+                           bias ? bias->data : NULL, y->data, (int)N);
     else if (bias)
         pp_parallel_for(M, pp_grain_rows(N, PP_GRAIN_ELEMS), bias_piece, &j);
     else if (K == 0)
         memset(y->data, 0, y->nbytes);
-    if (K > 0 && !packed_n)
+    if (K > 0 && !packed_n && !panels)
         pp_gemm_f32(0, tb, (int)M, (int)N, (int)K, 1.0f, a->data, (int)K, b->data, (int)b->shape[1],
                     bias ? 1.0f : 0.0f, y->data, (int)N);
     if (act == ACT_NONE) return PP_OK;
