@@ -9,7 +9,7 @@
  *
  * With --train: the medium GPT's training GEMMs (d 384: K x N of
  * 384x1152, 384x384, 384x1536, 1536x384, 384x65) at a microbatch's rows
- * of batch 8 x T 128 as 8, 4 and 1 microbatches (M 128, 256, 1024), each
+ * of batch 8 x T 128 as 8, 4, 2 and 1 microbatches (M 128-1024), each
  * product both ways a training step runs it: the forward C = A W^T and
  * dX = dY W; OpenBLAS as training called it (W read in place), OpenBLAS
  * on a copy of W transposed once (the other pack path: NN forward, NT
@@ -72,7 +72,7 @@ static double run_variant(int v, int reps, int M, int K, int N, const float *A, 
 }
 
 static int train_shapes(int rounds) {
-    static const int ms[] = {128, 256, 1024}, ws[][2] = {{384, 1152}, {384, 384}, {384, 1536}, {1536, 384}, {384, 65}};
+    static const int ms[] = {128, 256, 512, 1024}, ws[][2] = {{384, 1152}, {384, 384}, {384, 1536}, {1536, 384}, {384, 65}};
     printf("medium GPT training GEMMs, W [N, K]; 1 thread; thread CPU ms, median of %d interleaved rounds\n"
            "%5s %5s %5s | fwd: %7s %7s %7s %6s | dX: %7s %7s %7s %6s | %6s %6s\n",
            rounds, "M", "K", "N", "blas", "blas^T", "packed", "ratio", "blas", "blas^T", "packed", "ratio", "pack", "pack");

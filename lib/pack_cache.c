@@ -70,22 +70,50 @@ void pp_pack_cache_stats(const pp_pack_cache *c, int64_t *packed, int64_t *reuse
     if (reused) *reused = c ? c->reused : 0;
 }
 
-/* Measured (bench/bench_gemm_packed.c --train, one thread): see
- * docs/architecture.md. The packed kernel wins at a microbatch's rows and
- * loses to OpenBLAS's cache blocking on a whole batch's. */
-#define PACK_MAX_ROWS 512
+/* Measured on the medium GPT's weights (bench/bench_gemm_packed.c
+ * --train, one thread, thread CPU time; docs/architecture.md): against
+ * OpenBLAS with transB as training called it, the packed kernel is
+ * 1.1-1.4x at 128 rows and 1.0-1.4x at 256, but OpenBLAS on W^T (no
+ * transB) is as fast there and ahead from 512 rows (1.1-1.2x, where the
+ * packed kernel's 1.0-1.15x lacks cache blocking); at 1024 rows (a whole
+ * batch) W^T gains about 5%, less than its copy's memory is worth. */
+#define PANELS_MAX_ROWS 256
+#define TRANSPOSED_MAX_ROWS 512
 
-int pp_pack_pays(int64_t M, int64_t K, int64_t N) {
-    return M >= 1 && M <= PACK_MAX_ROWS && K >= 16 && N >= 16;
+int pp_pack_choice(int64_t M, int64_t K, int64_t N, int trans_b) {
+    if (M < 1 || K < 16 || N < 16) return -1;
+    if (M <= PANELS_MAX_ROWS) return trans_b ? PP_PACK_PANELS_T : PP_PACK_PANELS;
+    return trans_b && M <= TRANSPOSED_MAX_ROWS ? PP_PACK_TRANSPOSED : -1;
 }
 
-/* op(B)'s K and N for a weight of rows x cols in layout. */
+/* op(B)'s K and N for a weight of rows x cols in a panel layout. */
 static void dims_of(int layout, int64_t rows, int64_t cols, int *K, int *N) {
     *K = (int)(layout == PP_PACK_PANELS_T ? cols : rows);
     *N = (int)(layout == PP_PACK_PANELS_T ? rows : cols);
 }
 
+/* out [cols, rows] = w^T, in tiles that stay in L1 both ways. */
+static void transpose_into(const pp_tensor *w, float *out) {
+    int64_t R = w->shape[0], C = w->shape[1];
+    const float *in = w->data;
+    for (int64_t r0 = 0; r0 < R; r0 += 32)
+        for (int64_t c0 = 0; c0 < C; c0 += 32)
+            for (int64_t c = c0; c < c0 + 32 && c < C; c++)
+                for (int64_t r = r0; r < r0 + 32 && r < R; r++) out[c * R + r] = in[r * C + c];
+}
+
+static int64_t floats_of(int layout, const pp_tensor *w) {
+    if (layout == PP_PACK_TRANSPOSED) return w->shape[0] * w->shape[1];
+    int K, N;
+    dims_of(layout, w->shape[0], w->shape[1], &K, &N);
+    return pp_packed_b_floats(K, N);
+}
+
 static void pack_into(int layout, const pp_tensor *w, float *out) {
+    if (layout == PP_PACK_TRANSPOSED) {
+        transpose_into(w, out);
+        return;
+    }
     int K, N;
     dims_of(layout, w->shape[0], w->shape[1], &K, &N);
     pp_pack_b_f32(layout == PP_PACK_PANELS_T, K, N, w->data, (int)w->shape[1], out);
@@ -123,9 +151,7 @@ pp_status pp_kernel_packed_weight(pp_kernel_ctx *ctx, int k, int layout, const f
         *panels = e->panels;
         return PP_OK;
     }
-    int K, N;
-    dims_of(layout, w->shape[0], w->shape[1], &K, &N);
-    int64_t floats = pp_packed_b_floats(K, N);
+    int64_t floats = floats_of(layout, w);
     if (floats > e->floats) {
         free(e->panels);
         e->panels = aligned_alloc(64, (sizeof(float) * (size_t)floats + 63) / 64 * 64);

@@ -24,9 +24,10 @@
 
 /* What a kernel asks for. */
 enum {
-    PP_PACK_PANELS_T = 0, /* W [N, K] as panels of op(B) = W^T (a Linear's forward, transB) */
-    PP_PACK_PANELS = 1,   /* W [K, N] as panels of op(B) = W (dX = dY W in the backward) */
-    PP_PACK_LAYOUTS = 2
+    PP_PACK_PANELS_T = 0,   /* W [N, K] as panels of op(B) = W^T (a Linear's forward, transB) */
+    PP_PACK_PANELS = 1,     /* W [K, N] as panels of op(B) = W */
+    PP_PACK_TRANSPOSED = 2, /* W [N, K] as a plain W^T [K, N], for OpenBLAS without transB */
+    PP_PACK_LAYOUTS = 3
 };
 
 typedef struct pp_pack_cache pp_pack_cache;
@@ -39,11 +40,12 @@ void pp_pack_cache_invalidate(pp_pack_cache *c);
 /* Packs made and packs reused since creation. */
 void pp_pack_cache_stats(const pp_pack_cache *c, int64_t *packed, int64_t *reused);
 
-/* 1 when the packed GEMM (pp_gemm_packed_f32) beats OpenBLAS's sgemm for
- * a product of M rows by a K x N weight, as measured on the training
- * shapes (bench/bench_gemm_packed.c --train); else the kernel keeps
- * OpenBLAS and asks for nothing (no pack is made). */
-int pp_pack_pays(int64_t M, int64_t K, int64_t N);
+/* Which copy of a K x N weight (trans_b: stored [N, K]) a product of M
+ * rows should read, as measured on the training shapes
+ * (bench/bench_gemm_packed.c --train): PP_PACK_PANELS(_T) for pippin's
+ * packed GEMM, PP_PACK_TRANSPOSED for OpenBLAS on W^T (its cheaper
+ * packing path), or -1: OpenBLAS on W as stored, no copy made. */
+int pp_pack_choice(int64_t M, int64_t K, int64_t N, int trans_b);
 
 /* Input k's panels in layout, current for this epoch; *panels NULL (and
  * PP_OK) when the executor has no cache or input k is not a 2-D float32

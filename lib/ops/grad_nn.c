@@ -10,7 +10,6 @@
 
 #include "gemm.h"
 #include "grad_kernels.h"
-#include "pack_cache.h"
 
 #include "status_internal.h"
 #include "thread_pool.h"
@@ -146,17 +145,6 @@ static pp_status mm_grad(pp_kernel_ctx *ctx, int want_a) {
      * is one tall gemm; a 2-D b always is. Without broadcasting every
      * product writes its own matrix, so the products spread over the pool
      * (attention's per-head products). */
-    /* da by a parameter W (one tall product): W's panels packed once per
-     * step by the executor (lib/pack_cache.c) where that beats OpenBLAS's
-     * packing W on every call. */
-    const float *panels = NULL;
-    if (want_a && tall && pp_pack_pays(p.P * p.M, p.N, p.K))
-        PP_TRY(pp_kernel_packed_weight(ctx, 1, wt ? PP_PACK_PANELS : PP_PACK_PANELS_T, &panels));
-    if (panels) {
-        pp_gemm_packed_f32((int)(p.P * p.M), (int)p.K, (int)p.N, dy->data, (int)p.N, panels, NULL, out->data,
-                           (int)p.K);
-        return PP_OK;
-    }
     mm_grad_job j = {&p, dy->data, other->data, into ? into->data : out->data, want_a, wt, tall, into ? 1.0f : 0.0f};
     int64_t n_prod = tall ? 1 : p.P, macs = p.M * p.N * p.K;
     if (!tall && p.Pa == p.P && p.Pb == p.P)

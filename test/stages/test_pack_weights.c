@@ -390,6 +390,28 @@ static void test_exec_contract(void **state) {
     assert_int_equal(pp_exec_run(ex, &x, &stale), PP_ERR_STATE);
     assert_non_null(strstr(pp_last_error(), "'W'"));
     assert_null(stale);
+    wd[0] -= 1.0f;
+    /* Row counts pick the copy (pp_pack_choice): 300 rows read W^T through
+     * OpenBLAS (a second copy), 600 rows W as stored (none). */
+    pp_exec_params_changed(ex);
+    for (int rows = 300; rows <= 600; rows += 300) {
+        float *vb = malloc(sizeof(float) * (size_t)rows * 32);
+        for (int i = 0; i < rows * 32; i++) vb[i] = (float)tu_urand(&seed);
+        pp_tensor *xb = tu_f32(2, (int64_t[]){rows, 32}, vb), *yb[2] = {0}, *rb = NULL;
+        TU_OK(pp_exec_run(ex, &xb, &yb[0]));
+        TU_OK(pp_exec_run(ex, &xb, &yb[1]));
+        TU_OK(pp_exec_run(plain, &xb, &rb));
+        tu_assert_close(yb[0], rb, 1e-5, 1e-5, rows == 300 ? "through W^T" : "unpacked");
+        tu_assert_close(yb[1], yb[0], 0, 0, "reused copy");
+        pp_exec_pack_stats(ex, &packed, &reused);
+        assert_int_equal(packed, 3);
+        assert_int_equal(reused, 2); /* 600 rows: neither packed nor reused */
+        free(vb);
+        pp_tensor_free(xb);
+        pp_tensor_free(yb[0]);
+        pp_tensor_free(yb[1]);
+        pp_tensor_free(rb);
+    }
     unsetenv("PIPPIN_PACK_CHECK");
     for (int k = 0; k < 3; k++) pp_tensor_free(y[k]);
     pp_tensor_free(ref);
