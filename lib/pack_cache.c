@@ -1,11 +1,13 @@
 /* Training weights packed once per parameter version (pack_cache.h).
  *
  * Why: OpenBLAS packs op(B) on every sgemm call (and again in every row
- * panel of the pool's cut), so with M microbatches a step packed each
- * weight M times in the forward and M times in dX = dY W; at 8
- * microbatches that was 6-11% of the medium GPT's step. Here each
- * parameter is packed at its first use after the parameters last changed
- * and the panels are read by pp_gemm_packed_f32 until they change again.
+ * panel of the pool's cut), with transB (torch's Linear weights) by its
+ * slower path, so with M microbatches a step packed each weight M times
+ * in the forward; at 8 microbatches OpenBLAS's packing was 6-11% of the
+ * medium GPT's step. Here each parameter is copied at its first use after
+ * the parameters last changed, into the layout pp_pack_choice picks for
+ * the row count (panels for pp_gemm_packed_f32, or W^T for OpenBLAS), and
+ * the copy is read until they change again.
  *
  * Entries are keyed by (value, layout) and validated on every use by the
  * epoch, the source pointer and the shape: a parameter whose tensor was
@@ -24,7 +26,8 @@
 
 typedef struct pack_entry {
     float *panels;      /* NULL until first packed */
-    int64_t floats;     /* allocated */
+    int64_t cap;        /* floats allocated */
+    int64_t floats;     /* floats of the current copy */
     const float *src;   /* the weight's data when packed */
     int64_t rows, cols; /* its shape then */
     uint64_t epoch;     /* the cache's epoch then */
@@ -152,10 +155,11 @@ pp_status pp_kernel_packed_weight(pp_kernel_ctx *ctx, int k, int layout, const f
         return PP_OK;
     }
     int64_t floats = floats_of(layout, w);
-    if (floats > e->floats) {
+    if (floats > e->cap) {
         free(e->panels);
         e->panels = aligned_alloc(64, (sizeof(float) * (size_t)floats + 63) / 64 * 64);
-        e->floats = e->panels ? floats : 0;
+        e->cap = e->panels ? floats : 0;
+        e->epoch = 0; /* not current, whatever happens next */
         if (!e->panels) return PP_OK; /* an optimisation only: OpenBLAS reads W as before */
     }
     e->floats = floats;

@@ -3,9 +3,9 @@
  *
  * An executor with packing on (pp_exec_set_pack_weights) gives its kernels
  * a cache: a kernel asks for input k (a 2-D float32 parameter on the host)
- * in a layout, and gets panels packed at the first ask since the
- * parameters last changed, so every microbatch of a step reads one packed
- * copy instead of OpenBLAS packing the weight on each call.
+ * in a layout, and gets a copy made at the first ask since the parameters
+ * last changed, so every microbatch of a step reads one prepared copy
+ * instead of OpenBLAS packing the weight on each call.
  *
  * The invariant: an entry is used only while the cache's epoch equals the
  * one it was packed at, and its source pointer and shape still match.

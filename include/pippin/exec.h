@@ -97,17 +97,18 @@ PP_API void pp_exec_stats(const pp_exec *ex, int64_t *kernels_run, int64_t *node
 PP_API void pp_exec_set_constant_params(pp_exec *ex, int on);
 
 /* Packed weights for training (on != 0): a GEMM by a 2-D float32
- * parameter (pippin::MatMulAdd's forward, and dX = dY W in its backward)
- * at a size where pippin's packed kernel beats OpenBLAS's reads panels of
- * the weight packed at its first use and reused by every later run, until
- * pp_exec_params_changed. Call that after writing any parameter (or
+ * parameter (pippin::MatMulAdd, a Linear layer's forward) at a size where
+ * a prepared copy of the weight beats OpenBLAS packing it on every call
+ * reads a copy made at its first use and reused by every later run, until
+ * pp_exec_params_changed: panels for pippin's packed GEMM at up to 256
+ * rows, W^T for OpenBLAS (its cheaper packing path) at up to 512. Call that after writing any parameter (or
  * replacing its tensor) and before the next run: the executor cannot see
  * writes to parameter memory. Stages and the whole-model trainer turn it
  * on in training when the optimizer's "pack" bit is on (pippin/optimize.h)
  * and call pp_exec_params_changed wherever their parameters may change.
  * Off by default; turning it off frees the copies, on again starts afresh.
- * Results match OpenBLAS's within float rounding (another order of sums),
- * and the packed kernel gives the same bits at any thread count. With
+ * Results match the unpacked run's within float rounding (another order
+ * of sums), and the same bits at any thread count. With
  * PIPPIN_PACK_CHECK=1 every reuse is checked against a fresh pack and a
  * stale copy fails the node (a debugging aid: it costs a pack per use).
  * Errors: out of memory. */

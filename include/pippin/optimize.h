@@ -35,10 +35,11 @@
  *              elementwise op's output into the buffer of an input that
  *              dies there (pp_exec_set_inplace), in training graphs too.
  *   pack       not a rewrite: training stages and the whole-model trainer
- *              made while it is on pack each weight a GEMM reads once per
- *              step and reuse the panels in every microbatch
- *              (pp_exec_set_pack_weights); inference packs through the
- *              matmul pass's pippin::PackWeight instead.
+ *              made while it is on prepare each Linear weight once per
+ *              step for the GEMM (packed panels, or W^T for OpenBLAS) and
+ *              reuse it in every microbatch (pp_exec_set_pack_weights);
+ *              inference packs through the matmul pass's
+ *              pippin::PackWeight instead.
  * Trainable parameters are never folded (a service may load new weights
  * into them after the graph is prepared); what depends on them alone is
  * computed once by the executor (pp_exec_set_constant_params).

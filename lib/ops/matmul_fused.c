@@ -13,7 +13,9 @@
  * rounding: the same bits when the GEMM adds its product to C once (K
  * within one OpenBLAS block, and no transB), else the bias joins the sum
  * earlier. Rows split between threads, never inside one, so any thread
- * count of pippin's pool gives the same bits. */
+ * count of pippin's pool gives the same bits. In training, a weight that
+ * is a parameter is read from the executor's copy made once per step
+ * (lib/pack_cache.c) when the row count makes that pay. */
 #include <inttypes.h>
 #include <limits.h>
 #include <string.h>
