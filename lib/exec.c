@@ -17,6 +17,7 @@
 #include "log_internal.h"
 #include "mem_plan.h"
 #include "op.h"
+#include "pack_cache.h"
 #include "pippin/optimize.h"
 
 #include "status_internal.h"
@@ -47,6 +48,7 @@ struct pp_exec {
     int plan_memory;        /* pp_exec_set_memory_plan; PIPPIN_MEMORY_PLAN=0 turns it off */
     int inplace;            /* pp_exec_set_inplace; the optimizer's "inplace" bit by default */
     int64_t inplace_nodes, inplace_bytes; /* pp_exec_inplace_stats */
+    pp_pack_cache *packs;   /* pp_exec_set_pack_weights; NULL: off */
 };
 
 static pp_status alloc_zeroed(void **p, size_t n, size_t size) {
@@ -139,6 +141,7 @@ void pp_exec_set_constant_params(pp_exec *ex, int on) {
 
 void pp_exec_constants_written(pp_exec *ex) {
     clear_cache_of(ex, 1);
+    pp_pack_cache_invalidate(ex->packs); /* packed copies of the old bytes too */
     if (ex->plan) pp_device_plan_forget(ex->plan);
 }
 
@@ -150,6 +153,7 @@ void pp_exec_free(pp_exec *ex) {
     if (!ex) return;
     if (ex->cache) clear_cache_of(ex, 1);
     pp_device_plan_free(ex->plan);
+    pp_pack_cache_free(ex->packs);
     free(ex->cache);
     free(ex->const_node);
     free(ex->all_nodes);
@@ -161,6 +165,22 @@ void pp_exec_free(pp_exec *ex) {
 }
 
 void pp_exec_set_memory_plan(pp_exec *ex, int on) { ex->plan_memory = on != 0; }
+
+pp_status pp_exec_set_pack_weights(pp_exec *ex, int on) {
+    if (!on || ex->packs) { /* on again: the copies may be stale, start afresh */
+        pp_pack_cache_free(ex->packs);
+        ex->packs = NULL;
+    }
+    return on ? pp_pack_cache_new(ex->g->n_values, &ex->packs) : PP_OK;
+}
+
+int pp_exec_pack_weights(const pp_exec *ex) { return ex->packs != NULL; }
+
+void pp_exec_params_changed(pp_exec *ex) { pp_pack_cache_invalidate(ex->packs); }
+
+void pp_exec_pack_stats(const pp_exec *ex, int64_t *packed, int64_t *reused) {
+    pp_pack_cache_stats(ex->packs, packed, reused);
+}
 
 void pp_exec_set_inplace(pp_exec *ex, int on) { ex->inplace = on != 0; }
 
@@ -261,7 +281,7 @@ static pp_status run_node(pp_exec *ex, int i, pp_tensor **env, unsigned donate) 
     uint64_t added = 0;
     int targets = 0;
     pp_status s = targets_for(ex, n, into, &targets);
-    pp_kernel_ctx ctx = {g, n, n->n_in, ins, n->n_out, outs, &ex->random, targets ? into : NULL, &added};
+    pp_kernel_ctx ctx = {g, n, n->n_in, ins, n->n_out, outs, &ex->random, targets ? into : NULL, &added, ex->packs};
     ex->kernels_run++;
     pp_tensor *donors[PP_INPLACE_MAX];
     int n_donors = 0;

@@ -35,6 +35,8 @@ typedef struct pp_kernel_ctx {
                                that output into (pp_exec_set_target_hook) */
     uint64_t *added;        /* with into: the kernel sets bit k when it added output
                                k into into[k] (then out[k] stays NULL) */
+    struct pp_pack_cache *packs; /* NULL, or the executor's packed weights
+                                    (lib/pack_cache.h, pp_exec_set_pack_weights) */
 } pp_kernel_ctx;
 
 typedef struct pp_op {

@@ -30,6 +30,7 @@ static const pass_entry passes_table[] = {
     {"matmul", PP_OPT_MATMUL, pp_opt_matmul},
     {"dead", PP_OPT_DEAD, pp_opt_dead},
     {"inplace", PP_OPT_INPLACE, NULL}, /* the executor's (lib/inplace.c), no rewrite */
+    {"pack", PP_OPT_PACK, NULL},       /* training executors' packed weights (lib/pack_cache.c), no rewrite */
 };
 #define N_PASSES ((int)(sizeof passes_table / sizeof passes_table[0]))
 
@@ -58,7 +59,7 @@ pp_status pp_optimize_parse(const char *text, unsigned *passes) {
             }
         if (!found && len)
             return pp_error(PP_ERR_INVALID, "optimizer: unknown pass '%.*s' in \"%s\" (passes: fold, identity, "
-                            "layernorm, gelu, attention, transpose, matmul, dead, inplace; or all, none)", (int)len, p, text);
+                            "layernorm, gelu, attention, transpose, matmul, dead, inplace, pack; or all, none)", (int)len, p, text);
         p += len;
         if (*p == ',') p++;
     }
@@ -72,7 +73,9 @@ unsigned pp_optimize_default(void) {
     int o = atomic_load(&default_override);
     if (o >= 0) return (unsigned)o;
     const char *env = getenv("PIPPIN_OPTIMIZE");
-    if (!env) return PP_OPT_ALL;
+    /* pack only when asked: a second copy of every Linear weight for a
+     * gain the step time has not shown (docs/architecture.md) */
+    if (!env) return PP_OPT_ALL & ~PP_OPT_PACK;
     unsigned bits;
     if (pp_optimize_parse(env, &bits) != PP_OK) {
         pp_warn("PIPPIN_OPTIMIZE=%s: not a pass list; every pass runs", env);

@@ -61,6 +61,14 @@ struct pp_stage {
     int64_t step;           /* pp_stage_begin_step: for the random stream */
 };
 
+/* The parameters may change (or did): the executor's packed copies of
+ * them are stale (pp_exec_set_pack_weights). Called by every stage call
+ * that changes the parameters or hands out their buffers for writing, and
+ * at every step's start, so a pack never outlives a step. */
+static void params_changed(pp_stage *st) {
+    if (st->ex) pp_exec_params_changed(st->ex);
+}
+
 static pp_status stage_error(const pp_stage *st, pp_status code, const char *fmt, const char *a, int mb) {
     char msg[512];
     snprintf(msg, sizeof msg, fmt, a, mb);
@@ -165,6 +173,8 @@ pp_status pp_stage_new(pp_graph *g, const pp_stage_spec *spec, pp_stage **out) {
     }
     if (s == PP_OK) s = pp_exec_new(g, &st->ex);
     if (s == PP_OK && !spec->training) pp_exec_set_constant_params(st->ex, 1); /* weights never change here */
+    if (s == PP_OK && spec->training && (pp_optimize_default() & PP_OPT_PACK))
+        s = pp_exec_set_pack_weights(st->ex, 1); /* packed once per step (params_changed) */
     if (s != PP_OK) {
         pp_stage_free(st);
         return s;
@@ -321,6 +331,7 @@ pp_status pp_stage_use_device(pp_stage *st, const char *spec) {
     }
     pp_device_close(st->dev);
     st->dev = dev;
+    params_changed(st); /* the weights came back from the old device */
     return s == PP_OK ? s : pp_error_context(s, "stage %d", st->index);
 }
 
@@ -694,7 +705,9 @@ int pp_stage_find_param(const pp_stage *st, const char *name) {
 
 pp_flat_params *pp_stage_params(pp_stage *st) {
     /* the caller may read or write the host's buffers: they become current,
-     * and the device takes them again before it next uses them */
+     * and the device takes them again before it next uses them; packed
+     * copies are made again at their next use */
+    params_changed(st);
     if (st->dp && pp_device_params_to_host(st->dp, 1) != PP_OK)
         pp_log_error("stage %d: parameters on %s not brought back: %s", st->index, pp_device_name(st->dev),
                      pp_last_error());
@@ -763,6 +776,7 @@ pp_status pp_stage_set_param_grad(pp_stage *st, int i, const pp_tensor *g) {
 pp_status pp_stage_optimizer_step(pp_stage *st, pp_optim *o) {
     if (!st->params) return PP_OK;
     PP_TRY(check_grads(st));
+    params_changed(st); /* also when the step fails part way */
     if (st->dp) return in_stage(st, pp_device_params_step(st->dp, o));
     return pp_optim_step(o, st->params->data, st->params->grad, st->params->total);
 }
@@ -777,12 +791,14 @@ void pp_stage_zero_grad(pp_stage *st) {
 pp_status pp_stage_begin_step(pp_stage *st, int64_t step) {
     st->step = step;
     st->grads_touched = 0;
+    params_changed(st); /* whatever wrote them between steps */
     return st->training ? pp_train_state_snapshot(&st->state, st->g) : PP_OK;
 }
 
 void pp_stage_abort_step(pp_stage *st) {
     pp_train_state_restore(&st->state, st->g);
     if (st->grads_touched) mark_grads_incomplete(st); /* part of the step's microbatches went in */
+    params_changed(st);
 }
 
 int pp_stage_n_state(const pp_stage *st) { return st->state.n; }

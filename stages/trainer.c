@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "pippin/exec.h"
+#include "pippin/optimize.h"
 
 #include "status_internal.h"
 #include "train_state.h"
@@ -24,6 +25,7 @@ struct pp_trainer {
     pp_tensor **computed; /* per state: scratch */
     int64_t step, microbatch; /* pp_trainer_set_step */
     int touched;              /* this backward has added to the gradients */
+    int hold;             /* pp_trainer_hold_params: packed weights outlive a backward */
 };
 
 void pp_trainer_free(pp_trainer *t) {
@@ -108,6 +110,7 @@ pp_status pp_trainer_new(pp_graph *g, const char *loss_name, pp_trainer **out) {
     }
     if (s == PP_OK) s = pp_flat_params_new(g, t->b->n_params, t->b->params, &t->fp);
     if (s == PP_OK) s = pp_exec_new(g, &t->ex);
+    if (s == PP_OK && (pp_optimize_default() & PP_OPT_PACK)) s = pp_exec_set_pack_weights(t->ex, 1);
     if (s == PP_OK) {
         t->grad_out = calloc((size_t)t->b->n_params + 1, sizeof(int));
         t->ins = calloc((size_t)g->n_inputs + 1, sizeof *t->ins);
@@ -133,6 +136,10 @@ static pp_status trainer_run(pp_trainer *t, pp_tensor *const *inputs, float loss
     pp_graph *g = t->g;
     int n = t->b->n_inputs_before;
     for (int i = 0; i < n; i++) t->ins[i] = inputs[i];
+    /* Unless the caller holds the parameters (pp_trainer_hold_params), it
+     * may have written them since the last call (through the flat buffer
+     * it keeps): packed copies live for this call only. */
+    if (!t->hold) pp_exec_params_changed(t->ex);
     pp_tensor *seed;
     PP_TRY(pp_tensor_scalar_f32(loss_scale, &seed));
     t->ins[n] = seed; /* the loss seed is the one input autodiff added */
@@ -171,9 +178,20 @@ pp_status pp_trainer_backward(pp_trainer *t, pp_tensor *const *inputs, float los
     return s;
 }
 
-pp_flat_params *pp_trainer_params(pp_trainer *t) { return t->fp; }
+pp_flat_params *pp_trainer_params(pp_trainer *t) {
+    pp_exec_params_changed(t->ex); /* the caller may write them */
+    return t->fp;
+}
+
+void pp_trainer_hold_params(pp_trainer *t, int on) {
+    pp_exec_params_changed(t->ex); /* held from now on, or may change from now on */
+    t->hold = on != 0;
+}
+
+const pp_exec *pp_trainer_exec(const pp_trainer *t) { return t->ex; }
 
 void pp_trainer_set_step(pp_trainer *t, int64_t step, int64_t microbatch) {
+    if (step != t->step) pp_exec_params_changed(t->ex); /* an optimizer may have run in between */
     t->step = step;
     t->microbatch = microbatch;
 }

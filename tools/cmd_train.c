@@ -300,6 +300,7 @@ static pp_status train_step(pp_trainer *t, pp_tensor *const *data, int n, const 
     }
     pp_flat_params_zero_grad(pp_trainer_params(t));
     double sum = 0;
+    pp_trainer_hold_params(t, 1); /* no update until the step's end: weights packed once for all microbatches */
     for (int k = 0; k < m && s == PP_OK; k++) {
         for (int i = 0; i < n; i++) ins[i] = chunks[(size_t)i * (size_t)m + (size_t)k];
         pp_trainer_set_step(t, step, k);
@@ -307,6 +308,7 @@ static pp_status train_step(pp_trainer *t, pp_tensor *const *data, int n, const 
         s = pp_trainer_backward(t, ins, 1.0f / (float)m, &l);
         sum += l;
     }
+    pp_trainer_hold_params(t, 0);
     if (s == PP_OK) *loss = m == 1 ? (float)sum : (float)(sum / m);
     for (int i = 0; batch && i < n; i++) pp_tensor_free(batch[i]);
     for (size_t k = 0; chunks && k < (size_t)n * (size_t)m; k++) pp_tensor_free(chunks[k]);

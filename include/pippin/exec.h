@@ -102,6 +102,28 @@ PP_API void pp_exec_set_constant_params(pp_exec *ex, int on);
  * device (kept across runs, found by the tensor, which an in-place write
  * does not change) are made again at the next run. Not during a run. */
 PP_API void pp_exec_constants_written(pp_exec *ex);
+/* Packed weights for training (on != 0): a GEMM by a 2-D float32
+ * parameter (pippin::MatMulAdd, a Linear layer's forward) at a size where
+ * a prepared copy of the weight beats OpenBLAS packing it on every call
+ * reads a copy made at its first use and reused by every later run, until
+ * pp_exec_params_changed: panels for pippin's packed GEMM at up to 256
+ * rows, W^T for OpenBLAS (its cheaper packing path) at up to 512. Call that after writing any parameter (or
+ * replacing its tensor) and before the next run: the executor cannot see
+ * writes to parameter memory. Stages and the whole-model trainer turn it
+ * on in training when the optimizer's "pack" bit is on (pippin/optimize.h)
+ * and call pp_exec_params_changed wherever their parameters may change.
+ * Off by default; turning it off frees the copies, on again starts afresh.
+ * Results match the unpacked run's within float rounding (another order
+ * of sums), and the same bits at any thread count. With
+ * PIPPIN_PACK_CHECK=1 every reuse is checked against a fresh pack and a
+ * stale copy fails the node (a debugging aid: it costs a pack per use).
+ * Errors: out of memory. */
+PP_API pp_status pp_exec_set_pack_weights(pp_exec *ex, int on);
+PP_API int pp_exec_pack_weights(const pp_exec *ex);
+/* Every packed copy is stale from now on (packed again at its next use). */
+PP_API void pp_exec_params_changed(pp_exec *ex);
+/* Weights packed, and packed copies reused, since packing was turned on. */
+PP_API void pp_exec_pack_stats(const pp_exec *ex, int64_t *packed, int64_t *reused);
 
 /* The stream random ops draw from in the runs that follow: training-mode
  * Dropout's mask is a function of (seed, step, microbatch, node name,

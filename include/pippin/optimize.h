@@ -34,6 +34,16 @@
  *   inplace    not a rewrite: executors made while it is on write an
  *              elementwise op's output into the buffer of an input that
  *              dies there (pp_exec_set_inplace), in training graphs too.
+ *   pack       not a rewrite: training stages and the whole-model trainer
+ *              made while it is on prepare each Linear weight once per
+ *              step for the GEMM (packed panels, or W^T for OpenBLAS) and
+ *              reuse it in every microbatch (pp_exec_set_pack_weights);
+ *              inference packs through the matmul pass's
+ *              pippin::PackWeight instead. Off by default (without
+ *              PIPPIN_OPTIMIZE): it keeps a second copy of every Linear
+ *              weight for the executor's life, for a step-time gain
+ *              within the noise when measured; "all" or a list naming
+ *              it turns it on.
  * Trainable parameters are never folded (a service may load new weights
  * into them after the graph is prepared); what depends on them alone is
  * computed once by the executor (pp_exec_set_constant_params).
@@ -69,7 +79,8 @@ enum {
     PP_OPT_TRANSPOSE = 1u << 6,
     PP_OPT_LAYERNORM = 1u << 7,
     PP_OPT_INPLACE = 1u << 8,
-    PP_OPT_ALL = (1u << 9) - 1,
+    PP_OPT_PACK = 1u << 9,
+    PP_OPT_ALL = (1u << 10) - 1,
     /* the passes a training graph gets before its backward is built */
     PP_OPT_TRAINING = PP_OPT_FOLD | PP_OPT_MATMUL | PP_OPT_ATTENTION | PP_OPT_DEAD
 };

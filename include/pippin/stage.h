@@ -166,7 +166,10 @@ PP_API pp_status pp_stage_recompute_stash_per_sample_dims(pp_stage *st, const ch
  * and steps; this call brings the host's buffers up to date (downloads)
  * and, as the caller may write them, has the device take them again
  * before it next uses them. The graph's parameter values are views of the
- * host's buffers: read them after this call. */
+ * host's buffers: read them after this call. Write them between steps, or
+ * call this again after a write inside a step: what was derived from the
+ * old values (a device's copies, packed weights) is dropped when it is
+ * called, not when the buffer is written. */
 PP_API pp_flat_params *pp_stage_params(pp_stage *st);
 /* The same buffers with only the gradients brought up to date and
  * writable (the device takes them again before it next uses them); on a

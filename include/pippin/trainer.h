@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "pippin/autodiff.h"
+#include "pippin/exec.h"
 #include "pippin/graph.h"
 #include "pippin/params.h"
 #include "pippin/tensor.h"
@@ -38,7 +39,21 @@ PP_API void pp_trainer_free(pp_trainer *t);
 PP_API pp_status pp_trainer_backward(pp_trainer *t, pp_tensor *const *inputs, float loss_scale,
                               float *loss);
 
+/* The flat buffers; the caller may write the parameters through them
+ * (packed copies of the weights are then made again: see
+ * pp_trainer_hold_params). */
 PP_API pp_flat_params *pp_trainer_params(pp_trainer *t);
+/* on != 0: the caller promises that the parameters do not change until it
+ * calls this again with 0 (e.g. over the microbatches of one step, before
+ * the optimizer runs), so the weights the GEMMs read packed
+ * (pp_exec_set_pack_weights, the optimizer's "pack" bit) are packed once
+ * and reused by every pp_trainer_backward in between. Off (the default):
+ * each pp_trainer_backward packs afresh, as the caller may have written
+ * the parameters since the last. pp_trainer_params and a new step in
+ * pp_trainer_set_step also drop the packed copies. */
+PP_API void pp_trainer_hold_params(pp_trainer *t, int on);
+/* The trainer's executor (pp_exec_pack_stats, pp_exec_memory_plan). */
+PP_API const pp_exec *pp_trainer_exec(const pp_trainer *t);
 /* The step and microbatch the next pp_trainer_backward belongs to (default
  * 0, 0): training-mode Dropout draws its masks from them. */
 PP_API void pp_trainer_set_step(pp_trainer *t, int64_t step, int64_t microbatch);

@@ -13,13 +13,16 @@
  * rounding: the same bits when the GEMM adds its product to C once (K
  * within one OpenBLAS block, and no transB), else the bias joins the sum
  * earlier. Rows split between threads, never inside one, so any thread
- * count of pippin's pool gives the same bits. */
+ * count of pippin's pool gives the same bits. In training, a weight that
+ * is a parameter is read from the executor's copy made once per step
+ * (lib/pack_cache.c) when the row count makes that pay. */
 #include <inttypes.h>
 #include <limits.h>
 #include <string.h>
 
 #include "gemm.h"
 #include "op.h"
+#include "pack_cache.h"
 #include "thread_pool.h"
 #include "vec.h"
 
@@ -118,15 +121,29 @@ static pp_status matmul_add_run(pp_kernel_ctx *ctx) {
     ctx->out[0] = y;
     if (!y->nbytes) return PP_OK;
     epilogue_job j = {y->data, bias ? bias->data : NULL, N, act};
-    if (packed_n) /* the bias added as each tile is stored */
-        pp_gemm_packed_f32((int)M, (int)N, (int)K, a->data, (int)K, b->data, bias ? bias->data : NULL, y->data, (int)N);
+    /* Training: a copy of the parameter W made once per step by the
+     * executor (lib/pack_cache.c) where reading it beats OpenBLAS's
+     * packing W with transB on every call: panels for pippin's packed GEMM
+     * at a microbatch's rows, W^T for OpenBLAS at more. */
+    const float *panels = NULL, *wt = NULL;
+    int choice = packed_n || K == 0 ? -1 : pp_pack_choice(M, K, N, tb);
+    if (choice == PP_PACK_TRANSPOSED) PP_TRY(pp_kernel_packed_weight(ctx, 1, choice, &wt));
+    else if (choice >= 0) PP_TRY(pp_kernel_packed_weight(ctx, 1, choice, &panels));
+    if (packed_n || panels) /* the bias added as each tile is stored */
+        pp_gemm_packed_f32((int)M, (int)N, (int)K, a->data, (int)K, panels ? panels : b->data,
+                           bias ? bias->data : NULL, y->data, (int)N);
     else if (bias)
         pp_parallel_for(M, pp_grain_rows(N, PP_GRAIN_ELEMS), bias_piece, &j);
     else if (K == 0)
         memset(y->data, 0, y->nbytes);
-    if (K > 0 && !packed_n)
-        pp_gemm_f32(0, tb, (int)M, (int)N, (int)K, 1.0f, a->data, (int)K, b->data, (int)b->shape[1],
-                    bias ? 1.0f : 0.0f, y->data, (int)N);
+    if (K > 0 && !packed_n && !panels) {
+        if (wt) /* W^T [K, N] */
+            pp_gemm_f32(0, 0, (int)M, (int)N, (int)K, 1.0f, a->data, (int)K, wt, (int)N, bias ? 1.0f : 0.0f, y->data,
+                        (int)N);
+        else
+            pp_gemm_f32(0, tb, (int)M, (int)N, (int)K, 1.0f, a->data, (int)K, b->data, (int)b->shape[1],
+                        bias ? 1.0f : 0.0f, y->data, (int)N);
+    }
     if (act == ACT_NONE) return PP_OK;
     int64_t grain = act == ACT_GELU || act == ACT_GELU_TANH ? PP_GRAIN_ROW_ELEMS : PP_GRAIN_ELEMS;
     pp_parallel_for(M, pp_grain_rows(N, grain), epilogue_piece, &j);

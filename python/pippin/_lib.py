@@ -334,6 +334,7 @@ _protos = {
     "pp_trainer_backward": (c_int, [V, P(TensorP), c_float, P(c_float)]),
     "pp_trainer_params": (P(FlatParams), [V]),
     "pp_trainer_set_step": (None, [V, c_int64, c_int64]),
+    "pp_trainer_hold_params": (None, [V, c_int]),
     "pp_trainer_n_inputs": (c_int, [V]),
     "pp_flat_params_zero_grad": (None, [P(FlatParams)]),
     "pp_flat_params_check_grads": (c_int, [P(FlatParams), c_char_p]),

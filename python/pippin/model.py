@@ -625,7 +625,11 @@ class Trainer(Closing):
         if isinstance(inputs, dict):
             inputs = [inputs[n] for n in self.input_names]
         parts = [np.array_split(np.asarray(a), microbatches) for a in inputs]
-        losses = [self.backward([p[m] for p in parts], 1.0 / microbatches, m) for m in range(microbatches)]
+        lib.pp_trainer_hold_params(self._t, 1)  # unchanged until the update: weights packed once
+        try:
+            losses = [self.backward([p[m] for p in parts], 1.0 / microbatches, m) for m in range(microbatches)]
+        finally:
+            lib.pp_trainer_hold_params(self._t, 0)
         self.optimizer_step()
         return float(np.mean(losses))
 

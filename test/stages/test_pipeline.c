@@ -622,7 +622,7 @@ static void test_marker_forms(void **state) {
 
 /* Through the pipe, every gradient equals the unsplit graph's (1e-5), and
  * every schedule gives the same numbers (1e-6). Also with the shared
- * embedding transmitted instead of replicated. */
+ * embedding transmitted instead of replicated (1e-5: see below). */
 static void test_matches_unsplit_and_schedules_agree(void **state) {
     (void)state;
     const fixture *f = &fixtures[2];
@@ -667,7 +667,11 @@ static void test_matches_unsplit_and_schedules_agree(void **state) {
                 tu_assert_close(got, want, 1e-5, 1e-7, what);
                 if (m == 2 && !first[i]) first[i] = got;
                 else {
-                    if (m == 2) tu_assert_close(got, first[i], 1e-6, 1e-8, "schedules agree");
+                    /* transmitted, the head's weight is an input, not a parameter packed
+                     * once per step: another GEMM kernel, so within its rounding */
+                    if (m == 2)
+                        tu_assert_close(got, first[i], transmit ? 1e-5 : 1e-6, transmit ? 1e-7 : 1e-8,
+                                        "schedules agree");
                     pp_tensor_free(got);
                 }
                 pp_tensor_free(want);
