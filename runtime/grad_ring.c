@@ -18,12 +18,15 @@
  * whose time is latency. */
 #define DIRECT_MAX_BYTES ((int64_t)128 << 10)
 #define MAX_DIRECT_REPLICAS 64
-/* A ring phase's chunk goes in pieces of at most this many bytes
- * (pp_grad_ring_options.piece_bytes): piece j of the next phase leaves as
- * soon as piece j of this one is in, so the sums of one piece overlap the
- * transfer of the next, and the receiver's buffers stay small enough to
- * be reused (a fresh buffer of several MiB page-faults). */
-#define PIECE_BYTES ((int64_t)512 << 10)
+/* A ring phase's chunk may go in pieces (pp_grad_ring_options.piece_bytes
+ * > 0): piece j of the next phase leaves as soon as piece j of this one is
+ * in, so the sums of one piece overlap the transfer of the next. Off by
+ * default: on this project's 2-core machine every core is busy copying
+ * during a transfer anyway, and each piece is one more message through
+ * libzmq's I/O thread, received into a buffer glibc trims and faults in
+ * again (16 MiB over tcp, 2 processes, pieces of 512 KiB: 6x the system
+ * calls, 5x the page faults, 1.6x the CPU time per round; 4 MiB pieces:
+ * 1.1x the CPU time). */
 
 /* How a bucket is summed: not known until the stage's replicas agreed on
  * shared memory (grad_shm.h), over the transport, or through it. */
@@ -271,8 +274,8 @@ static float *phase_buf(const bucket *b) { return b->params ? b->fp->data : b->f
 /* Elements per piece of a ring phase's chunk, and chunk c's piece j. An
  * empty chunk is one empty piece (the message still says "done"). */
 static int64_t piece_elems(const pp_grad_ring *g) {
-    int64_t bytes = g->o.piece_bytes ? g->o.piece_bytes : PIECE_BYTES;
-    if (bytes < 0) return INT64_MAX / 2;
+    int64_t bytes = g->o.piece_bytes;
+    if (bytes <= 0) return INT64_MAX / 2;
     return bytes < (int64_t)sizeof(float) ? 1 : bytes / (int64_t)sizeof(float);
 }
 

@@ -4,7 +4,7 @@
  * step are complete its flat gradient buffer is cut into buckets in reverse
  * parameter order (the first small, so the ring starts at once, then large
  * ones); each bucket is summed with a ring reduce-scatter then all-gather,
- * chunk by chunk, each chunk in pieces sent on as they arrive (so the
+ * chunk by chunk (optionally in pieces sent on as they arrive, so the
  * phases overlap). Progress is made between the rank's other actions, so
  * the sums overlap the backward work still to run, and finished at the
  * step's end.
@@ -58,8 +58,9 @@ typedef struct pp_grad_ring_options {
     int64_t shm_slot_bytes;
     /* Over the transport: a ring phase's chunk goes in pieces of at most
      * this many bytes, each sent on as soon as it is in (the phases
-     * overlap); 0: 512 KiB; < 0: whole chunks. Every replica must use the
-     * same (a piece of another size is refused, naming its replica). */
+     * overlap); <= 0: whole chunks (grad_ring.c says why by default).
+     * Every replica must use the same (a piece of another size is
+     * refused, naming its replica). */
     int64_t piece_bytes;
 } pp_grad_ring_options;
 

@@ -504,8 +504,8 @@ static void test_shm_sharded_refused_without_shm(void **state) {
 
 /* The ring's chunks in pieces (each sent on as it arrives): the same bits
  * with pieces of 4 KiB (the 300k-float bucket's chunks in 74 to 147
- * pieces), the default and whole chunks, over inproc and the socket,
- * summed and sharded. */
+ * pieces), of 256 KiB (one or two) and whole chunks, over inproc and the
+ * socket, summed and sharded. */
 static void test_ring_pieces_same_bits(void **state) {
     (void)state;
     int64_t total = 0;
@@ -520,7 +520,7 @@ static void test_ring_pieces_same_bits(void **state) {
                 float *whole = run_shm(kinds[i], -1, R, -1, R, 0, NULL);
                 opt_piece_bytes = 4096;
                 float *small = run_shm(kinds[i], -1, R, -1, R, 0, NULL);
-                opt_piece_bytes = 0;
+                opt_piece_bytes = 256 << 10;
                 float *dflt = run_shm(kinds[i], -1, R, 0, R, 0, NULL);
                 assert_memory_equal(whole, small, bytes);
                 assert_memory_equal(whole, dflt, bytes);
@@ -529,6 +529,7 @@ static void test_ring_pieces_same_bits(void **state) {
                 free(dflt);
             }
     opt_shard = 0;
+    opt_piece_bytes = 0;
 }
 
 /* Replicas configured with different ring pieces (a misconfigured rank):
