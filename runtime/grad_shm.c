@@ -55,6 +55,11 @@ typedef struct seg_header {
     char pad2[64 - 4];
     _Atomic uint32_t waiters;      /* peers asleep (or about to be) on seq */
     char pad3[64 - 4];
+    /* per buffer: the collective of the round that wrote it (op_word),
+     * written with the slots, so that replicas running different ones (a
+     * misconfigured rank) stop instead of mixing each other's slots */
+    uint64_t op[2];
+    char pad4[64 - 16];
     /* then uint32_t skew[2][R]: where in each slot its data starts (floats),
      * written by the owner before the sync point that publishes the slot */
 } seg_header;
@@ -500,10 +505,36 @@ static void slice_of(const pp_grad_shm *s, int c, int64_t q, int64_t *lo, int64_
     *n = to > from ? to - from : 0;
 }
 
+/* What a round does, as every replica of the group must agree. */
+static uint64_t op_word(const pp_grad_shm *s) {
+    return ((uint64_t)(s->mode + 1) << 56) ^ ((uint64_t)((uint32_t)s->bucket & 0xffffffu) << 32) ^
+           (uint64_t)(uint32_t)s->len ^ ((uint64_t)(uint32_t)s->round << 24);
+}
+
+/* After the first sync point of a round: every peer wrote this round's
+ * buffer doing the same collective on the same bucket. */
+static pp_status same_op(pp_grad_shm *s) {
+    uint64_t mine = op_word(s);
+    for (int k = 0; k < s->o.replicas; k++) {
+        if (k == s->o.replica) continue;
+        uint64_t theirs = s->segs[k].h->op[s->rounds & 1];
+        if (theirs != mine) {
+            static const char *names[3] = {"sum", "reduce-scatter", "all-gather"};
+            char why[200];
+            snprintf(why, sizeof why, "is running another collective (this replica: the %s of bucket %d, round %lld; "
+                     "is the replicas' configuration the same: shard_optimizer, gradient buckets?)", names[s->mode],
+                     s->bucket, (long long)s->round);
+            return gone(s, PP_ERR_PEER, k, why);
+        }
+    }
+    return PP_OK;
+}
+
 /* Round phase 0: into this replica's slots, the slices of the chunks
  * others own (sum, scatter), or of the one it owns (gather). */
 static void publish(pp_grad_shm *s) {
     int r = s->o.replicas, me = s->o.replica, own = mod(me + 1, r);
+    s->segs[me].h->op[s->rounds & 1] = op_word(s);
     for (int c = 0; c < r; c++) {
         if ((c == own) != (s->mode == PP_SHM_GATHER)) continue;
         int64_t lo, n;
@@ -609,6 +640,7 @@ pp_status pp_grad_shm_run(pp_grad_shm *s, int mode, float *buf, int64_t off, int
         if (s->phase == 1) {
             PP_TRY(wait_all(s, wait, timeout_ms, &ok));
             if (!ok) return PP_OK;
+            PP_TRY(same_op(s));
             if (s->mode == PP_SHM_GATHER) {
                 gather(s);
             } else {

@@ -539,6 +539,7 @@ typedef struct piece_job {
     pp_transport *t;
     int k;
     int64_t piece_bytes;
+    int shard, same_host;
     pp_status s;
     char err[512];
 } piece_job;
@@ -550,7 +551,7 @@ static void *piece_main(void *arg) {
     int64_t off[1] = {0}, nm[1] = {N};
     float *grad = calloc(N, sizeof(float));
     pp_flat_params fp = {1, NULL, names, off, nm, NULL, NULL, N, NULL, grad, NULL};
-    pp_grad_ring_options o = {j->t, 2, j->k, 1, 16 << 10, 256 << 10, 0, -1, -1, 0, j->piece_bytes};
+    pp_grad_ring_options o = {j->t, 2, j->k, 1, 16 << 10, 256 << 10, j->shard, -1, j->same_host, 0, j->piece_bytes};
     pp_grad_ring *g = NULL;
     j->s = pp_grad_ring_new(&o, &g);
     pp_transport_set_step(j->t, 0);
@@ -573,7 +574,7 @@ static void test_ring_refuses_other_pieces(void **state) {
     o.shm_bytes = -1;
     pp_transport *t[2];
     tt_make_ranks("tcp", 2, &o, t);
-    piece_job jobs[2] = {{t[0], 0, 4096, PP_OK, ""}, {t[1], 1, 8192, PP_OK, ""}};
+    piece_job jobs[2] = {{t[0], 0, 4096, 0, -1, PP_OK, ""}, {t[1], 1, 8192, 0, -1, PP_OK, ""}};
     pthread_t th[2];
     for (int k = 0; k < 2; k++) assert_int_equal(pthread_create(&th[k], NULL, piece_main, &jobs[k]), 0);
     for (int k = 0; k < 2; k++) pthread_join(th[k], NULL);
@@ -585,6 +586,32 @@ static void test_ring_refuses_other_pieces(void **state) {
             fail_msg("replica %d should refuse replica %d's piece of another size: %s", k, 1 - k, jobs[k].err);
     }
     tt_close_ranks(2, t);
+}
+
+/* Replicas through shared memory where one is sharded and the other not
+ * (a misconfigured rank, through the C API: the config's run identity
+ * refuses it earlier): each stops at the first round, naming the other,
+ * instead of reading slots the other filled for another collective. */
+static void test_shm_refuses_other_collective(void **state) {
+    (void)state;
+    pp_transport_options o;
+    pp_transport_options_init(&o);
+    o.timeout_ms = 5000;
+    pp_transport *t[2];
+    tt_make_ranks("tcp", 2, &o, t);
+    piece_job jobs[2] = {{t[0], 0, 0, 1, 0, PP_OK, ""}, {t[1], 1, 0, 0, 0, PP_OK, ""}};
+    pthread_t th[2];
+    for (int k = 0; k < 2; k++) assert_int_equal(pthread_create(&th[k], NULL, piece_main, &jobs[k]), 0);
+    for (int k = 0; k < 2; k++) pthread_join(th[k], NULL);
+    for (int k = 0; k < 2; k++) {
+        char who[32];
+        snprintf(who, sizeof who, "replica %d (rank %d)", 1 - k, 1 - k);
+        assert_int_equal(jobs[k].s, PP_ERR_PEER);
+        if (!strstr(jobs[k].err, who) || !strstr(jobs[k].err, "another collective"))
+            fail_msg("replica %d should refuse to sum with %s: %s", k, who, jobs[k].err);
+    }
+    tt_close_ranks(2, t);
+    assert_int_equal(groups_left(), 0);
 }
 
 /* Regression: a rank with two stages whose later-added stage's bucket
@@ -738,6 +765,7 @@ int main(void) {
         cmocka_unit_test_setup(test_ring_refuses_other_pieces, plain_options),
         cmocka_unit_test_setup(test_shm_stage_done_first_not_summed_again, plain_options),
         cmocka_unit_test_setup(test_copy_any_alignment, plain_options),
+        cmocka_unit_test_setup(test_shm_refuses_other_collective, plain_options),
     };
     tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
