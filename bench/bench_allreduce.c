@@ -4,7 +4,7 @@
  *
  *   mpirun -np 2 pippin-bench-allreduce [--json] [--noshm] [--ring] [--iters N]
  *                                       [--size BYTES] [--only pippin|mpi]
- *                                       [--slot BYTES] [--piece BYTES] [--shard]
+ *                                       [--slot BYTES] [--piece BYTES] [--shard] [--spin-us US]
  *
  * Each size: float32 buffers summed in place, a few warm-up rounds, then N
  * timed rounds of each, pippin's and MPI's taken in turn (so a change in
@@ -22,7 +22,8 @@
  * --shard: ZeRO-1's pair instead of the sum, the reduce-scatter of the
  * gradients then the all-gather of the parameters (each process's shard
  * of the sums taken as its updated parameters), against the same
- * MPI_Allreduce (the same bytes each way).
+ * MPI_Allreduce (the same bytes each way); --spin-us: the transport's
+ * busy-poll before a receive sleeps (pp_transport_options.spin_us).
  * The whole buffer is one bucket.
  * Both results are checked against the exact sum. Prints one line per size,
  * or with --json one JSON object per size: bytes, pippin_gbps, mpi_gbps,
@@ -122,6 +123,7 @@ int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     int rank, nranks, json = 0, noshm = 0, ring = 0, iters = 20, run_pippin = 1, run_mpi = 1, shard = 0;
     int64_t only_size = 0, slot = 0, piece = 0;
+    int spin_us = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &nranks);
     for (int i = 1; i < argc; i++) {
@@ -131,6 +133,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--slot") && i + 1 < argc) slot = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--piece") && i + 1 < argc) piece = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--shard")) shard = 1;
+        else if (!strcmp(argv[i], "--spin-us") && i + 1 < argc) spin_us = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--size") && i + 1 < argc) only_size = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "pippin")) run_mpi = 0, i++;
@@ -138,7 +141,7 @@ int main(int argc, char **argv) {
         else {
             if (!rank)
                 fprintf(stderr, "usage: mpirun -np R %s [--json] [--noshm] [--ring] [--iters N] [--size BYTES] "
-                        "[--only pippin|mpi] [--slot BYTES] [--piece BYTES] [--shard]\n", argv[0]);
+                        "[--only pippin|mpi] [--slot BYTES] [--piece BYTES] [--shard] [--spin-us US]\n", argv[0]);
             MPI_Finalize();
             return 2;
         }
@@ -161,6 +164,7 @@ int main(int argc, char **argv) {
     o.timeout_ms = 60000;
     o.step_window = -1;
     if (noshm) o.shm_bytes = -1;
+    o.spin_us = spin_us;
     int *stage_rank = calloc((size_t)nranks, sizeof *stage_rank);
     for (int r = 0; r < nranks; r++) stage_rank[r] = r;
     o.nstages = nranks;
