@@ -414,19 +414,21 @@ static pp_status recv_piece(pp_grad_ring *g, bucket *b, int p, int wait, int tim
  * the phase before received), so the reduce-scatter and the all-gather
  * overlap and nothing waits for a whole chunk. */
 static pp_status advance_ring(pp_grad_ring *g, bucket *b, int wait, int timeout_ms) {
-    for (;;) {
-        int moved = 0;
+    /* look: poll for what arrived (each look polls libzmq), when not
+     * waiting; waiting, each piece is asked for directly (what arrived
+     * before is in the mailbox, which a receive reads first) */
+    for (int look = !wait;;) {
+        int got_any = 0;
         for (int p = b->phase; p < b->limit; p++) {
             int cs, cr;
             phase_chunks(g, p, &cs, &cr);
             int ns = pieces_of(g, b, cs), nr = pieces_of(g, b, cr);
-            while (b->psent[p] < ns && (p == b->start || b->pgot[p - 1] > b->psent[p])) {
+            while (b->psent[p] < ns && (p == b->start || b->pgot[p - 1] > b->psent[p]))
                 PP_TRY(send_piece(g, b, p, b->psent[p]));
-                moved = 1;
-            }
-            for (int got = 1; got && b->pgot[p] < nr;) {
+            /* a later phase's piece only once the piece before it came */
+            for (int got = 1; look && got && b->pgot[p] < nr && (p == b->phase || b->pgot[p - 1] > b->pgot[p]);) {
                 PP_TRY(recv_piece(g, b, p, 0, timeout_ms, &got));
-                moved |= got;
+                got_any |= got;
             }
         }
         while (b->phase < b->limit) {
@@ -435,10 +437,9 @@ static pp_status advance_ring(pp_grad_ring *g, bucket *b, int wait, int timeout_
             if (b->psent[b->phase] < pieces_of(g, b, cs) || b->pgot[b->phase] < pieces_of(g, b, cr)) break;
             b->phase++;
         }
-        if (b->phase == b->limit || (!moved && !wait)) return PP_OK;
-        if (moved) continue;
-        /* nothing to do but wait: for the first piece still missing (what
-         * comes before it from the same replica is kept till asked for) */
+        if (b->phase == b->limit || !wait) return PP_OK;
+        if (got_any) continue; /* the sends it allowed went in this pass; more may have come */
+        /* nothing to do but wait: for the first piece still missing */
         int p = b->phase, cs, cr;
         for (; p < b->limit; p++) {
             phase_chunks(g, p, &cs, &cr);
