@@ -24,9 +24,9 @@
  * default: on this project's 2-core machine every core is busy copying
  * during a transfer anyway, and each piece is one more message through
  * libzmq's I/O thread, received into a buffer glibc trims and faults in
- * again (16 MiB over tcp, 2 processes, pieces of 512 KiB: 6x the system
- * calls, 5x the page faults, 1.6x the CPU time per round; 4 MiB pieces:
- * 1.1x the CPU time). */
+ * again (16 MiB over tcp, 2 processes, loaded machine, per round against
+ * whole chunks: pieces of 512 KiB 5x the system calls, 3x the page faults,
+ * 1.4x the CPU time; of 2 MiB 1.8x, 1.6x, 1.1x). */
 
 /* How a bucket is summed: not known until the stage's replicas agreed on
  * shared memory (grad_shm.h), over the transport, or through it. */
