@@ -214,17 +214,22 @@ static void test_peak_memory(void **state) {
     assert_true(all <= 1.25 * slack * file);       /* the file once (its replicated w0 twice) */
 }
 
+/* The model copied to tmp_dir/name (path: its path); its bytes (len). */
+static unsigned char *copy_model(const char *name, char *path, size_t cap, size_t *len) {
+    snprintf(path, cap, "%s/%s", tmp_dir, name);
+    unsigned char *bytes = read_all(model_path, len);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(bytes, 1, *len, f), *len);
+    fclose(f);
+    return bytes;
+}
+
 static void test_truncated_before_fill(void **state) {
     (void)state;
     char path[400];
-    snprintf(path, sizeof path, "%s/cut.onnx", tmp_dir);
     size_t len;
-    unsigned char *bytes = read_all(model_path, &len);
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(bytes, 1, len, f), len);
-    fclose(f);
-    free(bytes);
+    free(copy_model("cut.onnx", path, sizeof path, &len));
     pp_graph *g;
     pp_onnx_deferred *d;
     TU_OK(pp_onnx_load_deferred(path, &g, &d));
@@ -243,17 +248,12 @@ static void test_truncated_before_fill(void **state) {
 static void test_rewritten_before_fill(void **state) {
     (void)state;
     char path[400];
-    snprintf(path, sizeof path, "%s/rewritten.onnx", tmp_dir);
     size_t len;
-    unsigned char *bytes = read_all(model_path, &len);
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(bytes, 1, len, f), len);
-    fclose(f);
+    unsigned char *bytes = copy_model("rewritten.onnx", path, sizeof path, &len);
     pp_graph *g;
     pp_onnx_deferred *d;
     TU_OK(pp_onnx_load_deferred(path, &g, &d));
-    f = fopen(path, "r+b"); /* the same bytes again, in place: only the time moves */
+    FILE *f = fopen(path, "r+b"); /* the same bytes again, in place: only the time moves */
     assert_non_null(f);
     assert_int_equal(fwrite(bytes, 1, len, f), len);
     fclose(f);

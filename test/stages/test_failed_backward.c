@@ -95,32 +95,19 @@ static pp_runner *gpt_runner(pp_pipe **p) {
     return r;
 }
 
-/* Every stage's gradients, concatenated (the runner's host buffers). */
-static float *runner_grads(pp_runner *r, int64_t *n_out) {
+/* Every stage's gradients (grad 1) or parameters (grad 0), concatenated
+ * (the runner's host buffers, one layout for both); *n_out their count. */
+static float *runner_buffers(pp_runner *r, int grad, int64_t *n_out) {
     int64_t n = 0;
     for (int s = 0; s < pp_runner_n_stages(r); s++) n += pp_stage_params(pp_runner_stage(r, s))->total;
     float *all = malloc(sizeof(float) * (size_t)(n + 1)), *at = all;
     assert_non_null(all);
     for (int s = 0; s < pp_runner_n_stages(r); s++) {
         const pp_flat_params *fp = pp_stage_params(pp_runner_stage(r, s));
-        memcpy(at, fp->grad, sizeof(float) * (size_t)fp->total);
+        memcpy(at, grad ? fp->grad : fp->data, sizeof(float) * (size_t)fp->total);
         at += fp->total;
     }
     *n_out = n;
-    return all;
-}
-
-/* Every stage's parameters, concatenated. */
-static float *runner_params(pp_runner *r) {
-    int64_t n = 0;
-    for (int s = 0; s < pp_runner_n_stages(r); s++) n += pp_stage_params(pp_runner_stage(r, s))->total;
-    float *all = malloc(sizeof(float) * (size_t)(n + 1)), *at = all;
-    assert_non_null(all);
-    for (int s = 0; s < pp_runner_n_stages(r); s++) {
-        const pp_flat_params *fp = pp_stage_params(pp_runner_stage(r, s));
-        memcpy(at, fp->data, sizeof(float) * (size_t)fp->total);
-        at += fp->total;
-    }
     return all;
 }
 
@@ -140,7 +127,7 @@ static void test_runner_failed_step_leaves_whole_sum_or_flag(void **state) {
     TU_OK(pp_runner_step(r, 2, NULL, 2, input_names, ins, NULL));
     int nodes = (1 << 30) - pp_exec_fail_after_nodes(-1);
     int64_t n;
-    float *clean = runner_grads(r, &n);
+    float *clean = runner_buffers(r, 1, &n);
     float *zero = calloc((size_t)n + 1, sizeof(float));
     assert_non_null(zero);
     int flagged = 0, untouched = 0;
@@ -151,19 +138,18 @@ static void test_runner_failed_step_leaves_whole_sum_or_flag(void **state) {
         pp_exec_fail_after_nodes(-1);
         if (!any_flagged(r)) {
             untouched++;
-            float *got = runner_grads(r, &n);
+            float *got = runner_buffers(r, 1, &n);
             if (memcmp(got, zero, sizeof(float) * (size_t)n) != 0)
                 fail_msg("failure at node %d: gradients changed but are not flagged", k);
             free(got);
             continue;
         }
         flagged++;
-        float *before = runner_params(r);
+        float *before = runner_buffers(r, 0, &n);
         assert_int_equal(pp_runner_optimizer_step(r), PP_ERR_STATE);
         assert_non_null(strstr(pp_last_error(), "the gradients hold part of a backward that failed"));
-        float *after = runner_params(r); /* all stages or none: not one stepped before another refused */
+        float *after = runner_buffers(r, 0, &n); /* all stages or none: not one stepped before another refused */
         if (memcmp(before, after, sizeof(float) * (size_t)n) != 0) {
-            /* n counts gradients and parameters alike (one layout) */
             fail_msg("failure at node %d: a refused optimizer step changed parameters", k);
         }
         free(before);
@@ -172,7 +158,7 @@ static void test_runner_failed_step_leaves_whole_sum_or_flag(void **state) {
         pp_runner_zero_grad(r);
         assert_int_equal(any_flagged(r), 0);
         TU_OK(pp_runner_step(r, 2, NULL, 2, input_names, ins, NULL));
-        float *got = runner_grads(r, &n);
+        float *got = runner_buffers(r, 1, &n);
         if (memcmp(got, clean, sizeof(float) * (size_t)n) != 0)
             fail_msg("failure at node %d: the step redone after zeroing differs from the clean one", k);
         free(got);
