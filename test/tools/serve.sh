@@ -260,8 +260,12 @@ else
 fi
 
 # a dead stage worker (workers started by hand: pippin run would stop them
-# all): the request fails with an error naming the rank, within the timeout
+# all): the request fails with an error naming the rank, within the timeout.
+# With rejoin_timeout_ms the front stays up (degraded) while the others wait:
+# without it rank 0 may notice the loss before the request is sent and end,
+# and a request to a service that is gone is answered by no one (CI saw it).
 cfg k "max_batch: 8, max_wait_us: 1000"
+echo "rejoin_timeout_ms: 60000" >>"$tmp/k.yaml"
 kpids=""
 for r in 0 1 2 3; do
     timeout 120 "$PIPPIN" worker "$tmp/k.yaml" --rank $r >"$tmp/k$r.out" 2>"$tmp/k$r.err" &
