@@ -92,7 +92,11 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--passes", help="only these columns, e.g. none,all (default: every step of the table above)")
     a = ap.parse_args()
+    passes_run = [p for p in PASSES if not a.passes or p[1] in a.passes.split(",")]
+    if not passes_run:
+        ap.error("--passes: none of " + ", ".join(k for _, k in PASSES))
     sizes = a.size or ["example", "medium"]
     threads = [int(t) for t in a.threads.split(",")]
     ort = bench_serve.ort_dir(a.ort_cache)
@@ -120,7 +124,7 @@ def main():
         res = {}  # (threads, key) -> [ms]
         for _ in range(a.repeat):
             for t in threads:
-                for passes, key in PASSES:
+                for passes, key in passes_run:
                     out = run_json([exe, model, "--batch", str(a.batch), "--seq", str(seq), "--vocab", str(vocab),
                                     "--threads", str(t), "--passes", passes, "--iters", str(a.iters)], env)[0]
                     res.setdefault((t, key), []).append(out["median_ms"])
@@ -131,19 +135,19 @@ def main():
                 res.setdefault((out["threads"], "ort"), []).append(out["median_ms"])
                 res.setdefault((out["threads"], "cpu ort"), []).append(out["cpu_ms"])
         print(f"\n{label}, batch {a.batch}: forward ms (median; wall, and CPU time of the process)")
-        print("  %-12s %10s" % ("threads", "ORT") + "".join("%12s" % k for _, k in PASSES)
-              + "   ORT/pippin: none -> all")
+        print("  %-12s %10s" % ("threads", "ORT") + "".join("%12s" % k for _, k in passes_run)
+              + "   ORT/pippin: first -> last column")
         for t in threads:
             for kind in ("", "cpu "):
                 ort_ms = statistics.median(res[(t, kind + "ort")])
-                row = [statistics.median(res[(t, kind + k)]) for _, k in PASSES]
+                row = [statistics.median(res[(t, kind + k)]) for _, k in passes_run]
                 print("  %-12s %10.2f" % (f"{t} {kind or 'wall'}", ort_ms) + "".join("%12.2f" % v for v in row)
                       + "   %.2fx -> %.2fx" % (ort_ms / row[0], ort_ms / row[-1]))
-        print("  nodes: " + ", ".join(f"{k} {res[(threads[0], 'nodes ' + k)][0]}" for _, k in PASSES))
+        print("  nodes: " + ", ".join(f"{k} {res[(threads[0], 'nodes ' + k)][0]}" for _, k in passes_run))
         for t in threads:
             for kind in ("", "cpu "):
-                row = [statistics.median(res[(t, kind + k)]) for _, k in PASSES]
-                gains = ", ".join(f"{PASSES[i][1]} {row[i - 1] / row[i]:.2f}x" for i in range(1, len(PASSES)))
+                row = [statistics.median(res[(t, kind + k)]) for _, k in passes_run]
+                gains = ", ".join(f"{passes_run[i][1]} {row[i - 1] / row[i]:.2f}x" for i in range(1, len(passes_run)))
                 print(f"  {t} thread{'s' if t > 1 else ''} {kind or 'wall'}: each step's speed-up: {gains}; "
                       f"all {row[0] / row[-1]:.2f}x")
     print(f"\nload average {load0:.1f} before, {loadavg():.1f} after")
