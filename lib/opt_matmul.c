@@ -18,7 +18,9 @@
  * OpenBLAS would pack on every call. Before a training graph's backward is built
  * (pp_graph_optimize_for_training) the activation stays a node of its own:
  * its gradient needs the value before it, which the fused node does not
- * keep; the transpose and the bias are still taken, and MatMulAdd's
+ * keep (nor is a residual Add after it taken in, as inference graphs do:
+ * Add(y, r) with r made before the MatMul becomes MatMulAdd's input 3);
+ * the transpose and the bias are still taken, and MatMulAdd's
  * gradient rule (lib/grad_rules_nn.c) reads W in place too. */
 #include <string.h>
 
@@ -77,6 +79,20 @@ static const char *find_activation(const pp_opt_ctx *c, int y, int *node) {
     return NULL;
 }
 
+/* Inference: the Add reading y alone that adds a residual r to it, r made
+ * before node i (the fused node reads it there); r, or -1. */
+static int find_residual(const pp_opt_ctx *c, int i, int y, int *node) {
+    const pp_graph *g = c->g;
+    *node = pp_opt_sole_reader(c, y);
+    if (c->training || *node < 0) return -1;
+    const pp_node *add = &g->nodes[*node];
+    if (!pp_opt_is_op(add, "Add") || add->n_in != 2 || add->n_out != 1 || add->in[0] == add->in[1]) return -1;
+    int r = add->in[0] == y ? add->in[1] : add->in[0];
+    if (r < 0 || pp_opt_initializer(g, r)) return -1; /* a constant: a bias of another shape, not a residual */
+    int made = g->values[r].producer;
+    return made < i ? r : -1;
+}
+
 /* Gemm node i as MatMulAdd: W, transB, bias (-1: none); 0 if it does not fit. */
 static int gemm_fits(const pp_opt_ctx *c, int i, int *w, int *trans_b, int *bias) {
     const pp_graph *g = c->g;
@@ -133,6 +149,8 @@ pp_status pp_opt_matmul(pp_opt_ctx *c, int *count) {
         if (act) y = g->nodes[act_node].out[0];
         else act_node = -1;
         if (!trans_b && bias < 0 && !act) continue;
+        int res_node, res = find_residual(c, i, y, &res_node);
+        if (res >= 0) y = g->nodes[res_node].out[0];
         /* Inference: the Transpose becomes PackWeight (the weight packed
          * once for pp_gemm_packed_f32) when this MatMul is its only reader. */
         int tv = mm->in[1], t = trans_b ? pp_opt_producer(c, tv, "Transpose") : -1;
@@ -141,13 +159,14 @@ pp_status pp_opt_matmul(pp_opt_ctx *c, int *count) {
             PP_TRY(pp_opt_rewrite(c, t, "PackWeight", "pippin", 1, &w));
             PP_TRY(pp_node_set_int(g, t, "transB", 1));
         }
-        int ins[3] = {mm->in[0], pack ? tv : w, bias};
-        PP_TRY(pp_opt_rewrite(c, i, "MatMulAdd", "pippin", bias >= 0 ? 3 : 2, ins));
+        int ins[4] = {mm->in[0], pack ? tv : w, bias, res};
+        PP_TRY(pp_opt_rewrite(c, i, "MatMulAdd", "pippin", res >= 0 ? 4 : bias >= 0 ? 3 : 2, ins));
         if (pack) PP_TRY(pp_node_set_int(g, i, "packed_n", n));
         else if (trans_b) PP_TRY(pp_node_set_int(g, i, "transB", 1));
         if (act) PP_TRY(pp_node_set_string(g, i, "activation", act));
         if (act_node >= 0) pp_opt_kill(c, act_node);
         if (add >= 0) pp_opt_kill(c, add);
+        if (res >= 0) pp_opt_kill(c, res_node);
         if (y != g->nodes[i].out[0]) pp_opt_take_output(c, i, y);
         (*count)++;
     }

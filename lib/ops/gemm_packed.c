@@ -107,6 +107,8 @@ typedef struct packed_job {
     int M, N, K, lda, ldc, avx2;
     const float *A, *Bp, *bias;
     float *C;
+    pp_tile_fn tile_fn; /* NULL: none */
+    const void *tile_arg;
 } packed_job;
 
 /* Panels [lo, hi): each panel's columns for all rows, 6 at a time. Cache
@@ -132,15 +134,21 @@ static void panels_piece(void *arg, int64_t lo, int64_t hi) {
             float *C = j->C + (int64_t)i * j->ldc + col0;
             if (j->avx2) kernels[rows](j->K, A, j->lda, B, C, j->ldc, cols, bias, acc);
             else kernel_plain(rows, j->K, A, j->lda, B, C, j->ldc, cols, bias, acc);
+            if (j->tile_fn) j->tile_fn(j->tile_arg, C, j->ldc, i, rows, col0, cols); /* while it is in L1 */
         }
     }
 }
 
 void pp_gemm_packed_f32(int M, int N, int K, const float *A, int lda, const float *Bp, const float *bias, float *C,
                         int ldc) {
+    pp_gemm_packed_tiles(M, N, K, A, lda, Bp, bias, C, ldc, NULL, NULL);
+}
+
+void pp_gemm_packed_tiles(int M, int N, int K, const float *A, int lda, const float *Bp, const float *bias, float *C,
+                          int ldc, pp_tile_fn tile_fn, const void *tile_arg) {
     if (M <= 0 || N <= 0) return;
     int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    packed_job j = {M, N, K, lda, ldc, avx2, A, Bp, bias, C};
+    packed_job j = {M, N, K, lda, ldc, avx2, A, Bp, bias, C, tile_fn, tile_arg};
     int64_t panels = (N + PP_PACK_NR - 1) / PP_PACK_NR, per = (int64_t)M * K * PP_PACK_NR;
     pp_parallel_for(panels, pp_grain_macs(per), panels_piece, &j);
 }

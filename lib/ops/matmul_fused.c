@@ -2,7 +2,9 @@
  * (lib/opt_matmul.c): Y = act(A op(B) + bias) with A float32 [..., K]
  * (every leading dim folded into the GEMM's rows), B a 2-D weight ([K, N],
  * or [N, K] with transB = 1, read in place), bias [N] (optional input 2)
- * and activation "" (none), "relu", "gelu" or "gelu_tanh".
+ * and activation "" (none), "relu", "gelu" or "gelu_tanh"; in inference
+ * graphs, a residual R (optional input 3) added after the activation:
+ * Y = act(A op(B) + bias) + R, as the Add the optimizer took in.
  *
  * The output rows start as the bias and the GEMM (the call MatMul makes,
  * lib/ops/gemm.h) adds the product to them (beta 1: OpenBLAS then skips
@@ -13,7 +15,11 @@
  * rounding: the same bits when the GEMM adds its product to C once (K
  * within one OpenBLAS block, and no transB), else the bias joins the sum
  * earlier. Rows split between threads, never inside one, so any thread
- * count of pippin's pool gives the same bits. In training, a weight that
+ * count of pippin's pool gives the same bits. With packed panels and no
+ * activation, R is added to each tile as the GEMM stores it
+ * (pp_gemm_packed_tiles), while it is in L1; otherwise in the one pass
+ * over the rows after it. An R of another shape than Y (the Add broadcast it)
+ * is added by the Add kernel after, as the graph did. In training, a weight that
  * is a parameter is read from the executor's copy made once per step
  * (lib/pack_cache.c) when the row count makes that pay. */
 #include <inttypes.h>
@@ -64,16 +70,54 @@ PP_VEC_CLONES static void epilogue_row(int64_t n, float *restrict y, int act) {
     }
 }
 
+/* y[i] += r[i] over one row: Add's arithmetic (a + b is b + a in floats). */
+PP_VEC_CLONES static void residual_row(int64_t n, float *restrict y, const float *restrict r) {
+    PP_VFOR(i, n, y[i] += r[i];);
+}
+
 typedef struct {
     float *y;
     const float *bias;
     int64_t n;
     int act;
+    const float *residual; /* [rows, n], or NULL */
 } epilogue_job;
 
 static void epilogue_piece(void *arg, int64_t lo, int64_t hi) {
     const epilogue_job *j = arg;
-    for (int64_t r = lo; r < hi; r++) epilogue_row(j->n, j->y + r * j->n, j->act);
+    for (int64_t r = lo; r < hi; r++) {
+        epilogue_row(j->n, j->y + r * j->n, j->act);
+        if (j->residual) residual_row(j->n, j->y + r * j->n, j->residual + r * j->n);
+    }
+}
+
+/* pp_tile_fn: R added to one tile the packed GEMM just stored (no
+ * activation: see matmul_add_run). */
+static void residual_tile(const void *arg, float *C, int ldc, int row0, int rows, int col0, int cols) {
+    const epilogue_job *j = arg;
+    for (int r = 0; r < rows; r++)
+        residual_row(cols, C + (int64_t)r * ldc, j->residual + (int64_t)(row0 + r) * j->n + col0);
+}
+
+/* Y + R by the Add kernel, for an R of another shape (broadcast): *y
+ * becomes the sum. */
+static pp_status add_broadcast(pp_kernel_ctx *ctx, pp_tensor **y, const pp_tensor *r) {
+    const pp_op *add = pp_op_find("", "Add");
+    if (!add) return pp_kernel_error(ctx, PP_ERR_INTERNAL, "no Add kernel for the residual");
+    pp_tensor *in[2] = {*y, (pp_tensor *)r}, *sum = NULL;
+    pp_kernel_ctx sub = *ctx;
+    sub.n_in = 2, sub.in = in, sub.n_out = 1, sub.out = &sum, sub.into = NULL, sub.added = NULL;
+    PP_TRY(add->run(&sub));
+    pp_tensor_free(*y);
+    *y = sum;
+    return PP_OK;
+}
+
+static int same_shape(const pp_tensor *a, const pp_tensor *b) {
+    if (a->ndim != b->ndim) return 0;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d]) return 0;
+    return 1;
 }
 
 static void bias_piece(void *arg, int64_t lo, int64_t hi) {
@@ -116,11 +160,13 @@ static pp_status matmul_add_run(pp_kernel_ctx *ctx) {
     int64_t M = pp_shape_numel(a->ndim - 1, a->shape);
     if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
         return pp_kernel_error(ctx, PP_ERR_UNSUPPORTED, "matrix dims exceed BLAS int range");
+    const pp_tensor *res = ctx->n_in > 3 ? ctx->in[3] : NULL;
     pp_tensor *y;
     PP_TRY(pp_tensor_empty(PP_F32, a->ndim, oshape, &y));
     ctx->out[0] = y;
-    if (!y->nbytes) return PP_OK;
-    epilogue_job j = {y->data, bias ? bias->data : NULL, N, act};
+    int res_here = res && res->dtype == PP_F32 && same_shape(res, y); /* else the Add kernel's, after */
+    if (!y->nbytes) return res && !res_here ? add_broadcast(ctx, &ctx->out[0], res) : PP_OK;
+    epilogue_job j = {y->data, bias ? bias->data : NULL, N, act, res_here ? res->data : NULL};
     /* Training: a copy of the parameter W made once per step by the
      * executor (lib/pack_cache.c) where reading it beats OpenBLAS's
      * packing W with transB on every call: panels for pippin's packed GEMM
@@ -129,9 +175,13 @@ static pp_status matmul_add_run(pp_kernel_ctx *ctx) {
     int choice = packed_n || K == 0 ? -1 : pp_pack_choice(M, K, N, tb);
     if (choice == PP_PACK_TRANSPOSED) PP_TRY(pp_kernel_packed_weight(ctx, 1, choice, &wt));
     else if (choice >= 0) PP_TRY(pp_kernel_packed_weight(ctx, 1, choice, &panels));
-    if (packed_n || panels) /* the bias added as each tile is stored */
-        pp_gemm_packed_f32((int)M, (int)N, (int)K, a->data, (int)K, panels ? panels : b->data,
-                           bias ? bias->data : NULL, y->data, (int)N);
+    /* R is added to each tile as it is stored; an activation is not (its
+     * math inside the GEMM's loop measured slower than a pass after it,
+     * which then adds R too) */
+    int tiles = (packed_n || panels) && act == ACT_NONE && j.residual;
+    if (packed_n || panels) /* the bias added as each tile is stored, then the epilogue */
+        pp_gemm_packed_tiles((int)M, (int)N, (int)K, a->data, (int)K, panels ? panels : b->data,
+                             bias ? bias->data : NULL, y->data, (int)N, tiles ? residual_tile : NULL, &j);
     else if (bias)
         pp_parallel_for(M, pp_grain_rows(N, PP_GRAIN_ELEMS), bias_piece, &j);
     else if (K == 0)
@@ -144,10 +194,11 @@ static pp_status matmul_add_run(pp_kernel_ctx *ctx) {
             pp_gemm_f32(0, tb, (int)M, (int)N, (int)K, 1.0f, a->data, (int)K, b->data, (int)b->shape[1],
                         bias ? 1.0f : 0.0f, y->data, (int)N);
     }
-    if (act == ACT_NONE) return PP_OK;
-    int64_t grain = act == ACT_GELU || act == ACT_GELU_TANH ? PP_GRAIN_ROW_ELEMS : PP_GRAIN_ELEMS;
-    pp_parallel_for(M, pp_grain_rows(N, grain), epilogue_piece, &j);
-    return PP_OK;
+    if (!tiles && (act != ACT_NONE || j.residual)) {
+        int64_t grain = act == ACT_GELU || act == ACT_GELU_TANH ? PP_GRAIN_ROW_ELEMS : PP_GRAIN_ELEMS;
+        pp_parallel_for(M, pp_grain_rows(N, grain), epilogue_piece, &j);
+    }
+    return res && !res_here ? add_broadcast(ctx, &ctx->out[0], res) : PP_OK;
 }
 
 /* pippin::PackWeight(W) with transB: op(W) [K, N] packed for
@@ -173,7 +224,7 @@ static pp_status pack_weight_run(pp_kernel_ctx *ctx) {
 }
 
 const pp_op pp_ops_matmul_fused[] = {
-    {"MatMulAdd", "pippin", 2, 3, 1, 1, matmul_add_check, matmul_add_run},
+    {"MatMulAdd", "pippin", 2, 4, 1, 1, matmul_add_check, matmul_add_run},
     {"PackWeight", "pippin", 1, 1, 1, 1, NULL, pack_weight_run, 1}, /* pure: packed once per weight */
     {NULL},
 };

@@ -419,6 +419,94 @@ static void test_matmul_add_threads(void **state) {
     pp_tensor_free(b);
 }
 
+/* A Linear (x [2, 7, 20], W [37, 20]: 7 rows of 6 and a partial panel of 5
+ * columns), then Gelu (tanh), then Add(r, y) or Add(y, r). The residual r
+ * is an input [2, 7, 37], or [37] (broadcast), or made after the MatMul
+ * (late: Relu(r) then); keep_y also makes y a graph output (nothing taken
+ * in: the unfused reference, whose Add output comes first). */
+static pp_graph *residual_graph(int r_dims, int r_first, int late, int keep_y) {
+    pp_graph *g;
+    TU_OK(pp_graph_new("residual", &g));
+    int x, r;
+    TU_OK(pp_graph_add_input(g, "x", PP_F32, -1, NULL, &x));
+    TU_OK(pp_graph_add_input(g, "r", PP_F32, -1, NULL, &r));
+    (void)r_dims;
+    int w = add_param(g, "W", PP_VALUE_PARAM, rand_f32(2, SHAPE(37, 20), 61));
+    int b = add_param(g, "b", PP_VALUE_PARAM, rand_f32(1, SHAPE(37), 62));
+    int wt = node1(g, "Transpose", "wt", 1, &w);
+    TU_OK(pp_node_set_ints(g, g->values[wt].producer, "perm", 2, (int64_t[]){1, 0}));
+    int m = node1(g, "MatMul", "mm", 2, (int[]){x, wt});
+    int y = node1(g, "Add", "add_bias", 2, (int[]){m, b}), id;
+    TU_OK(pp_graph_add_node(g, "Gelu", "", "act", 1, &y, 1, NULL, &id));
+    TU_OK(pp_node_set_string(g, id, "approximate", "tanh"));
+    y = g->nodes[id].out[0];
+    if (late) r = node1(g, "Relu", "late", 1, &r);
+    int out = node1(g, "Add", "residual", 2, r_first ? (int[]){r, y} : (int[]){y, r});
+    TU_OK(pp_graph_add_output(g, out));
+    if (keep_y) TU_OK(pp_graph_add_output(g, y));
+    return g;
+}
+
+static pp_graph *residual_same(void) { return residual_graph(3, 1, 0, 0); }
+static pp_graph *residual_same_kept(void) { return residual_graph(3, 1, 0, 1); }
+static pp_graph *residual_second(void) { return residual_graph(3, 0, 0, 0); }
+static pp_graph *residual_late(void) { return residual_graph(3, 1, 1, 0); }
+
+/* Inference takes the residual Add into MatMulAdd (input 3): added to each
+ * tile with the activation as the packed GEMM stores it, the same bits as
+ * the Add after it, at any thread count; an r of another shape is added
+ * by the Add kernel (broadcast); an r made after the MatMul, or in a
+ * training graph, is left alone. */
+static void test_matmul_residual(void **state) {
+    (void)state;
+    pp_tensor *in[2] = {rand_f32(3, SHAPE(2, 7, 20), 63), rand_f32(3, SHAPE(2, 7, 37), 64)};
+    pp_tensor *in_b[2] = {in[0], rand_f32(1, SHAPE(37), 65)};
+    pp_optimize_report r;
+    builder fused[] = {residual_same, residual_second};
+    for (int k = 0; k < 2; k++) {
+        pp_tensor *const *ins = k ? in_b : in; /* the same graphs, r [2,7,37] then r [37] */
+        for (int f = 0; f < 2; f++) {
+            pp_graph *g = check_optimized(fused[f], PP_OPT_ALL, ins, 1e-5, &r);
+            assert_int_equal(g->n_nodes, 2);
+            assert_string_equal(g->nodes[1].op_type, "MatMulAdd");
+            assert_int_equal(g->nodes[1].n_in, 4);
+            assert_int_equal(g->nodes[1].in[3], pp_graph_find_value(g, "r"));
+            assert_int_equal(g->values[g->outputs[0]].producer, 1);
+            /* the unfused Add after the same packed GEMM: the same bits, at 1 and 4 threads */
+            pp_graph *ref = residual_same_kept();
+            TU_OK(pp_graph_optimize(ref, PP_OPT_ALL, &r));
+            assert_int_equal(count_op(ref, "Add"), 1);
+            pp_tensor *want[2], *got;
+            TU_OK(pp_graph_run(ref, ins, want));
+            int before = pp_get_threads();
+            for (int t = 1; t <= 4; t += 3) {
+                pp_set_threads(t);
+                TU_OK(pp_graph_run(g, ins, &got));
+                assert_int_equal(got->nbytes, want[0]->nbytes);
+                assert_memory_equal(got->data, want[0]->data, want[0]->nbytes);
+                pp_tensor_free(got);
+            }
+            pp_set_threads(before);
+            pp_tensor_free(want[0]);
+            pp_tensor_free(want[1]);
+            pp_graph_free(ref);
+            pp_graph_free(g);
+        }
+    }
+    pp_graph *g = check_optimized(residual_late, PP_OPT_ALL, in, 1e-5, &r); /* r made after the MatMul */
+    assert_int_equal(count_op(g, "Add"), 1);
+    assert_int_equal(count_op(g, "MatMulAdd"), 1);
+    pp_graph_free(g);
+    g = residual_same();
+    TU_OK(pp_graph_optimize_for_training(g, &r));
+    for (int i = 0; i < g->n_nodes; i++) assert_true(g->nodes[i].n_in <= 3);
+    assert_int_equal(count_op(g, "Add"), 1);
+    pp_graph_free(g);
+    pp_tensor_free(in[0]);
+    pp_tensor_free(in[1]);
+    pp_tensor_free(in_b[1]);
+}
+
 static void test_matmul_add_errors(void **state) {
     (void)state;
     pp_tensor *a = rand_f32(2, SHAPE(3, 4), 1), *w = rand_f32(2, SHAPE(5, 4), 2), *b = rand_f32(1, SHAPE(4), 3);
@@ -876,6 +964,7 @@ int main(void) {
         cmocka_unit_test(test_gemm_activation),
         cmocka_unit_test(test_matmul_add_threads),
         cmocka_unit_test(test_matmul_add_errors),
+        cmocka_unit_test(test_matmul_residual),
         cmocka_unit_test(test_layernorm_fusion),
         cmocka_unit_test(test_transpose_elimination),
         cmocka_unit_test(test_attention_fusion),
