@@ -97,6 +97,7 @@ static pp_status matmul_add(const pp_graph *g, const pp_node *n, pp_fn_body *b) 
     if (pp_node_attr_string(n, "activation", "")[0])
         return pp_error(PP_ERR_UNSUPPORTED, "activation '%s' fused", pp_node_attr_string(n, "activation", ""));
     if (n->n_in > 3) return pp_error(PP_ERR_UNSUPPORTED, "a residual Add fused");
+    if (n->n_out > 1) return pp_error(PP_ERR_UNSUPPORTED, "a Split fused");
     b->inputs = "a, b, c";
     b->outputs = "y";
     pp_fn_line(b, "i0 = Constant<value_ints=[0]>()");

@@ -49,6 +49,9 @@ pp_status pp_opt_rewrite(pp_opt_ctx *c, int i, const char *op_type, const char *
 /* Node i's only output becomes value v (made by a node after i that the
  * caller kills): its old output is left without a producer. */
 void pp_opt_take_output(pp_opt_ctx *c, int i, int v);
+/* Node i's outputs become vs[0..n) (made by a node after i that the
+ * caller kills; -1: none); its old outputs are left without a producer. */
+pp_status pp_opt_take_outputs(pp_opt_ctx *c, int i, int n, const int *vs);
 /* Readers of `from` read `to` instead (from must not be a graph output). */
 void pp_opt_replace_uses(pp_opt_ctx *c, int from, int to);
 

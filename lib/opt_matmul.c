@@ -93,6 +93,43 @@ static int find_residual(const pp_opt_ctx *c, int i, int y, int *node) {
     return made < i ? r : -1;
 }
 
+/* Inference: the Split that alone reads packed MatMulAdd i's output y,
+ * with its sizes given (an attribute or a constant input) and at most 16
+ * parts, is taken in: node i makes the parts ("axis", "split"), and where
+ * the cut is along the last axis at multiples of the GEMM's 16-column
+ * panels the GEMM stores each tile in its part (the QKV projection's
+ * Split: no copy); else the Split kernel cuts the product
+ * (lib/ops/matmul_fused.c). 1 if taken. */
+static int take_split(pp_opt_ctx *c, int i, pp_status *st) {
+    pp_graph *g = c->g;
+    *st = PP_OK;
+    int sp = pp_opt_sole_reader(c, g->nodes[i].out[0]);
+    if (sp < 0 || !pp_opt_is_op(&g->nodes[sp], "Split")) return 0;
+    const pp_node *s = &g->nodes[sp];
+    if (s->n_out < 2 || s->n_out > 16 || s->n_in < 1 || s->in[0] != g->nodes[i].out[0]) return 0;
+    int64_t sizes[16];
+    const int64_t *attr;
+    int na = pp_node_attr_ints(s, "split", &attr);
+    const pp_tensor *t = s->n_in > 1 && s->in[1] >= 0 ? pp_opt_initializer(g, s->in[1]) : NULL;
+    if (t && t->dtype == PP_I64 && t->ndim == 1 && t->shape[0] == s->n_out)
+        memcpy(sizes, t->data, sizeof(int64_t) * (size_t)s->n_out);
+    else if (s->n_in == 1 && na == s->n_out)
+        memcpy(sizes, attr, sizeof(int64_t) * (size_t)s->n_out);
+    else
+        return 0;
+    for (int k = 0; k < s->n_out; k++)
+        if (sizes[k] < 0) return 0;
+    int outs[16];
+    memcpy(outs, s->out, sizeof(int) * (size_t)s->n_out);
+    int n = s->n_out;
+    int64_t axis = pp_node_attr_int(s, "axis", 0);
+    if ((*st = pp_node_set_ints(g, i, "split", n, sizes)) != PP_OK) return 0;
+    if ((*st = pp_node_set_int(g, i, "axis", axis)) != PP_OK) return 0;
+    pp_opt_kill(c, sp);
+    if ((*st = pp_opt_take_outputs(c, i, n, outs)) != PP_OK) return 0;
+    return 1;
+}
+
 /* Gemm node i as MatMulAdd: W, transB, bias (-1: none); 0 if it does not fit. */
 static int gemm_fits(const pp_opt_ctx *c, int i, int *w, int *trans_b, int *bias) {
     const pp_graph *g = c->g;
@@ -168,6 +205,11 @@ pp_status pp_opt_matmul(pp_opt_ctx *c, int *count) {
         if (add >= 0) pp_opt_kill(c, add);
         if (res >= 0) pp_opt_kill(c, res_node);
         if (y != g->nodes[i].out[0]) pp_opt_take_output(c, i, y);
+        if (pack && !act && res < 0) {
+            pp_status st;
+            (void)take_split(c, i, &st);
+            PP_TRY(st);
+        }
         (*count)++;
     }
     return PP_OK;

@@ -130,6 +130,26 @@ void pp_opt_take_output(pp_opt_ctx *c, int i, int v) {
     g->values[v].producer_output = 0;
 }
 
+pp_status pp_opt_take_outputs(pp_opt_ctx *c, int i, int n, const int *vs) {
+    pp_graph *g = c->g;
+    pp_node *nd = &g->nodes[i];
+    int *out = malloc(sizeof *out * (size_t)(n > 0 ? n : 1));
+    if (!out) return pp_error(PP_ERR_NOMEM, "out of memory");
+    for (int k = 0; k < nd->n_out; k++)
+        if (nd->out[k] >= 0) g->values[nd->out[k]].producer = -1;
+    for (int k = 0; k < n; k++) {
+        out[k] = vs[k];
+        if (vs[k] >= 0) {
+            g->values[vs[k]].producer = i;
+            g->values[vs[k]].producer_output = k;
+        }
+    }
+    free(nd->out);
+    nd->out = out;
+    nd->n_out = n;
+    return PP_OK;
+}
+
 void pp_opt_replace_uses(pp_opt_ctx *c, int from, int to) {
     pp_graph *g = c->g;
     for (int i = 0; i < g->n_nodes; i++) {

@@ -332,7 +332,7 @@ static pp_status run_gemm(pp_device *dev, cuda_device *c, pp_kernel_ctx *ctx) {
 static pp_status run_matmul_add(pp_device *dev, cuda_device *c, pp_kernel_ctx *ctx) {
     const pp_tensor *a = ctx->in[0], *b = ctx->in[1], *bias = ctx->n_in > 2 ? ctx->in[2] : NULL;
     if (!is_f32(a) || !is_f32(b) || (bias && !is_f32(bias)) || a->ndim < 1 || b->ndim != 2) return fallback();
-    if (ctx->n_in > 3 && ctx->in[3]) return fallback(); /* a residual taken in: the CPU's */
+    if ((ctx->n_in > 3 && ctx->in[3]) || ctx->n_out > 1) return fallback(); /* a residual or Split taken in */
     int tb = pp_node_attr_int(ctx->node, "transB", 0) != 0;
     const char *act_name = pp_node_attr_string(ctx->node, "activation", "");
     int act = !act_name[0] ? -1 : !strcmp(act_name, "relu") ? PP_KM_RELU : !strcmp(act_name, "gelu") ? PP_KM_GELU

@@ -32,5 +32,11 @@ void pp_gemm_packed_f32(int M, int N, int K, const float *A, int lda, const floa
 typedef void (*pp_tile_fn)(const void *arg, float *C, int ldc, int row0, int rows, int col0, int cols);
 void pp_gemm_packed_tiles(int M, int N, int K, const float *A, int lda, const float *Bp, const float *bias, float *C,
                           int ldc, pp_tile_fn tile_fn, const void *tile_arg);
+/* The same product with C's columns cut among n outputs, as a Split along
+ * the last axis would: columns [starts[o], starts[o + 1]) go to outs[o]
+ * (rows of starts[o + 1] - starts[o] floats); starts[0] = 0, starts[n] =
+ * N, each start a multiple of PP_PACK_NR so no tile straddles two. */
+void pp_gemm_packed_split(int M, int N, int K, const float *A, int lda, const float *Bp, const float *bias, int n,
+                          float *const *outs, const int *starts);
 
 #endif

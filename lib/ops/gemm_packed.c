@@ -109,6 +109,9 @@ typedef struct packed_job {
     float *C;
     pp_tile_fn tile_fn; /* NULL: none */
     const void *tile_arg;
+    int n_outs;         /* > 0: C's columns go to outs instead (pp_gemm_packed_split) */
+    float *const *outs;
+    const int *starts;
 } packed_job;
 
 /* Panels [lo, hi): each panel's columns for all rows, 6 at a time. Cache
@@ -122,6 +125,15 @@ static void panels_piece(void *arg, int64_t lo, int64_t hi) {
     for (int64_t p = lo; p < hi; p++) {
         const float *B = j->Bp + p * j->K * PP_PACK_NR;
         int col0 = (int)p * PP_PACK_NR, cols = j->N - col0 < PP_PACK_NR ? j->N - col0 : PP_PACK_NR;
+        float *out = j->C; /* the output holding column col0, its row length, col0's column there */
+        int ld = j->ldc, at = col0;
+        if (j->n_outs) {
+            int o = 0;
+            while (o + 1 < j->n_outs && j->starts[o + 1] <= col0) o++;
+            ld = j->starts[o + 1] - j->starts[o];
+            out = j->outs[o];
+            at = col0 - j->starts[o];
+        }
         float bias16[16];
         const float *bias = NULL;
         if (j->bias) { /* the columns past N: 0 (their sums are not stored) */
@@ -131,10 +143,10 @@ static void panels_piece(void *arg, int64_t lo, int64_t hi) {
         for (int i = 0; i < j->M; i += MR) {
             int rows = j->M - i < MR ? j->M - i : MR;
             const float *A = j->A + (int64_t)i * j->lda;
-            float *C = j->C + (int64_t)i * j->ldc + col0;
-            if (j->avx2) kernels[rows](j->K, A, j->lda, B, C, j->ldc, cols, bias, acc);
-            else kernel_plain(rows, j->K, A, j->lda, B, C, j->ldc, cols, bias, acc);
-            if (j->tile_fn) j->tile_fn(j->tile_arg, C, j->ldc, i, rows, col0, cols); /* while it is in L1 */
+            float *C = out + (int64_t)i * ld + at;
+            if (j->avx2) kernels[rows](j->K, A, j->lda, B, C, ld, cols, bias, acc);
+            else kernel_plain(rows, j->K, A, j->lda, B, C, ld, cols, bias, acc);
+            if (j->tile_fn) j->tile_fn(j->tile_arg, C, ld, i, rows, col0, cols); /* while it is in L1 */
         }
     }
 }
@@ -148,7 +160,16 @@ void pp_gemm_packed_tiles(int M, int N, int K, const float *A, int lda, const fl
                           int ldc, pp_tile_fn tile_fn, const void *tile_arg) {
     if (M <= 0 || N <= 0) return;
     int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    packed_job j = {M, N, K, lda, ldc, avx2, A, Bp, bias, C, tile_fn, tile_arg};
+    packed_job j = {M, N, K, lda, ldc, avx2, A, Bp, bias, C, tile_fn, tile_arg, 0, NULL, NULL};
+    int64_t panels = (N + PP_PACK_NR - 1) / PP_PACK_NR, per = (int64_t)M * K * PP_PACK_NR;
+    pp_parallel_for(panels, pp_grain_macs(per), panels_piece, &j);
+}
+
+void pp_gemm_packed_split(int M, int N, int K, const float *A, int lda, const float *Bp, const float *bias, int n,
+                          float *const *outs, const int *starts) {
+    if (M <= 0 || N <= 0) return;
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    packed_job j = {M, N, K, lda, N, avx2, A, Bp, bias, NULL, NULL, NULL, n, outs, starts};
     int64_t panels = (N + PP_PACK_NR - 1) / PP_PACK_NR, per = (int64_t)M * K * PP_PACK_NR;
     pp_parallel_for(panels, pp_grain_macs(per), panels_piece, &j);
 }

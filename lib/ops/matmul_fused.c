@@ -4,7 +4,12 @@
  * or [N, K] with transB = 1, read in place), bias [N] (optional input 2)
  * and activation "" (none), "relu", "gelu" or "gelu_tanh"; in inference
  * graphs, a residual R (optional input 3) added after the activation:
- * Y = act(A op(B) + bias) + R, as the Add the optimizer took in.
+ * Y = act(A op(B) + bias) + R, as the Add the optimizer took in; and in
+ * place of one output Y, the parts of the Split it took in (attributes
+ * "axis" and "split", as Split's): with packed panels, the cut along the
+ * last axis at multiples of 16 columns and nothing after the bias, each
+ * tile is stored straight into its part; otherwise Y is made whole and
+ * the Split kernel cuts it.
  *
  * The output rows start as the bias and the GEMM (the call MatMul makes,
  * lib/ops/gemm.h) adds the product to them (beta 1: OpenBLAS then skips
@@ -36,6 +41,8 @@
 
 enum { ACT_NONE, ACT_RELU, ACT_GELU, ACT_GELU_TANH };
 
+#define PP_SPLIT_MAX 16 /* outputs of a Split taken in (the optimizer's limit too) */
+
 static int activation_of(const pp_node *n) {
     const char *a = pp_node_attr_string(n, "activation", "");
     if (!a[0]) return ACT_NONE;
@@ -52,6 +59,9 @@ static pp_status matmul_add_check(const pp_graph *g, const pp_node *n) {
                              "attribute 'activation' must be \"\", \"relu\", \"gelu\" or \"gelu_tanh\"");
     int64_t tb = pp_node_attr_int(n, "transB", 0);
     if (tb != 0 && tb != 1) return pp_node_error(n, PP_ERR_INVALID, "attribute 'transB' must be 0 or 1");
+    const int64_t *split;
+    if (n->n_out > 1 && pp_node_attr_ints(n, "split", &split) != n->n_out)
+        return pp_node_error(n, PP_ERR_INVALID, "%d outputs need attribute 'split' with as many sizes", n->n_out);
     return PP_OK;
 }
 
@@ -113,6 +123,36 @@ static pp_status add_broadcast(pp_kernel_ctx *ctx, pp_tensor **y, const pp_tenso
     return PP_OK;
 }
 
+/* Outputs cut from the product y as the Split the optimizer took in
+ * would ("axis", "split"): the Split kernel run on y. */
+static pp_status split_by_kernel(pp_kernel_ctx *ctx, pp_tensor *y) {
+    const pp_op *split = pp_op_find("", "Split");
+    if (!split) return pp_kernel_error(ctx, PP_ERR_INTERNAL, "no Split kernel for the outputs");
+    pp_kernel_ctx sub = *ctx;
+    sub.n_in = 1, sub.in = &y, sub.into = NULL, sub.added = NULL; /* the sizes from the attribute */
+    return split->run(&sub);
+}
+
+/* The packed GEMM's tiles stored straight into the outputs: the cut is
+ * along the last axis at multiples of its panel width, every output is
+ * wanted and nothing is applied after the bias. 0: not this case. */
+static int split_direct(const pp_kernel_ctx *ctx, int ndim, int64_t N, int *starts) {
+    const pp_node *n = ctx->node;
+    const int64_t *split;
+    int k = pp_node_attr_ints(n, "split", &split);
+    int64_t axis = pp_node_attr_int(n, "axis", 0);
+    if (k != ctx->n_out || k > PP_SPLIT_MAX || (axis != -1 && axis != ndim - 1)) return 0;
+    int64_t at = 0;
+    for (int o = 0; o < k; o++) {
+        if (n->out[o] < 0 || split[o] < 0 || at % PP_PACK_NR) return 0;
+        starts[o] = (int)at;
+        at += split[o];
+        if (at > N) return 0;
+    }
+    starts[k] = (int)at;
+    return at == N;
+}
+
 static int same_shape(const pp_tensor *a, const pp_tensor *b) {
     if (a->ndim != b->ndim) return 0;
     for (int d = 0; d < a->ndim; d++)
@@ -161,6 +201,28 @@ static pp_status matmul_add_run(pp_kernel_ctx *ctx) {
     if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
         return pp_kernel_error(ctx, PP_ERR_UNSUPPORTED, "matrix dims exceed BLAS int range");
     const pp_tensor *res = ctx->n_in > 3 ? ctx->in[3] : NULL;
+    int starts[PP_SPLIT_MAX + 1];
+    if (ctx->n_out > 1 && packed_n && act == ACT_NONE && !res && M > 0 && K > 0 &&
+        split_direct(ctx, a->ndim, N, starts)) { /* a Split after the GEMM: no copy */
+        float *outs[PP_SPLIT_MAX];
+        for (int o = 0; o < ctx->n_out; o++) {
+            oshape[a->ndim - 1] = starts[o + 1] - starts[o];
+            PP_TRY(pp_tensor_empty(PP_F32, a->ndim, oshape, &ctx->out[o]));
+            outs[o] = ctx->out[o]->data;
+        }
+        pp_gemm_packed_split((int)M, (int)N, (int)K, a->data, (int)K, b->data, bias ? bias->data : NULL, ctx->n_out,
+                             outs, starts);
+        return PP_OK;
+    }
+    if (ctx->n_out > 1) { /* the whole product, then the Split kernel's cut */
+        pp_tensor *whole = NULL;
+        pp_kernel_ctx one = *ctx;
+        one.n_out = 1, one.out = &whole;
+        pp_status s = matmul_add_run(&one);
+        if (s == PP_OK) s = split_by_kernel(ctx, whole);
+        pp_tensor_free(whole);
+        return s;
+    }
     pp_tensor *y;
     PP_TRY(pp_tensor_empty(PP_F32, a->ndim, oshape, &y));
     ctx->out[0] = y;
@@ -224,7 +286,7 @@ static pp_status pack_weight_run(pp_kernel_ctx *ctx) {
 }
 
 const pp_op pp_ops_matmul_fused[] = {
-    {"MatMulAdd", "pippin", 2, 4, 1, 1, matmul_add_check, matmul_add_run},
+    {"MatMulAdd", "pippin", 2, 4, 1, PP_SPLIT_MAX, matmul_add_check, matmul_add_run},
     {"PackWeight", "pippin", 1, 1, 1, 1, NULL, pack_weight_run, 1}, /* pure: packed once per weight */
     {NULL},
 };

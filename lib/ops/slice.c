@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "shape_kernels.h"
+#include "thread_pool.h"
 
 #include "status_internal.h"
 
@@ -147,16 +148,36 @@ pp_status pp_split_sizes(const pp_kernel_ctx *ctx, const pp_tensor *x, int *axis
     return s;
 }
 
+/* The copies of the outputs that are not views: rows [lo, hi) of every one. */
+typedef struct {
+    const char *src;
+    size_t row;       /* bytes of one outer row of the input */
+    int n;
+    char **dst;
+    size_t *chunk, *off;
+} split_job;
+
+static void split_piece(void *arg, int64_t lo, int64_t hi) {
+    const split_job *j = arg;
+    for (int i = 0; i < j->n; i++)
+        for (int64_t o = lo; o < hi; o++)
+            memcpy(j->dst[i] + (size_t)o * j->chunk[i], j->src + (size_t)o * j->row + j->off[i], j->chunk[i]);
+}
+
 static pp_status split_run(pp_kernel_ctx *ctx) {
     pp_tensor *x = ctx->in[0];
     int nout = ctx->n_out, axis = 0;
-    int64_t *sizes = calloc((size_t)(nout ? nout : 1), sizeof *sizes);
-    if (!sizes) return pp_error(PP_ERR_NOMEM, "out of memory");
-    pp_status s = pp_split_sizes(ctx, x, &axis, sizes);
+    size_t n1 = (size_t)(nout ? nout : 1);
+    int64_t *sizes = calloc(n1, sizeof *sizes);
+    char **dst = calloc(n1, sizeof *dst);
+    size_t *chunks = calloc(n1, sizeof *chunks), *offs = calloc(n1, sizeof *offs);
+    pp_status s = sizes && dst && chunks && offs ? pp_split_sizes(ctx, x, &axis, sizes)
+                                                : pp_error(PP_ERR_NOMEM, "out of memory");
     if (s != PP_OK) {
-        free(sizes);
+        free(sizes), free(dst), free(chunks), free(offs);
         return s;
     }
+    split_job job = {x->data, 0, 0, dst, chunks, offs};
     int64_t dim = x->shape[axis];
     size_t es = pp_dtype_size(x->dtype);
     int64_t outer = pp_shape_numel(axis, x->shape);
@@ -176,11 +197,13 @@ static pp_status split_run(pp_kernel_ctx *ctx) {
         }
         s = pp_tensor_empty(x->dtype, x->ndim, shape, &ctx->out[i]);
         if (s != PP_OK || !chunk) continue;
-        const char *src = (const char *)x->data + off;
-        char *d = ctx->out[i]->data;
-        for (int64_t o = 0; o < outer; o++, src += row, d += chunk) memcpy(d, src, chunk);
+        dst[job.n] = ctx->out[i]->data, chunks[job.n] = chunk, offs[job.n] = off;
+        job.n++;
     }
-    free(sizes);
+    job.row = row;
+    if (s == PP_OK && job.n) /* one pass of row copies, split between threads */
+        pp_parallel_for(outer, pp_grain_rows((int64_t)(es ? row / es : row), PP_GRAIN_ELEMS), split_piece, &job);
+    free(sizes), free(dst), free(chunks), free(offs);
     if (s != PP_OK)
         for (int i = 0; i < nout; i++) {
             pp_tensor_free(ctx->out[i]);

@@ -507,6 +507,78 @@ static void test_matmul_residual(void **state) {
     pp_tensor_free(in_b[1]);
 }
 
+/* A Linear (x [2, 7, 20], W [80, 20], bias) whose output a Split cuts:
+ * along axis 2 into 32/16/32 (the panels' multiples: stored straight into
+ * the parts), 30/50 (not), or along axis 1 into 3/4 (not the last axis);
+ * the sizes as a constant input or (sizes_attr) an attribute; keep_y also
+ * makes the product a graph output (nothing taken in: the reference). */
+static pp_graph *split_graph(int kind, int sizes_attr, int keep_y) {
+    pp_graph *g;
+    TU_OK(pp_graph_new("split", &g));
+    int x, id;
+    TU_OK(pp_graph_add_input(g, "x", PP_F32, -1, NULL, &x));
+    int w = add_param(g, "W", PP_VALUE_PARAM, rand_f32(2, SHAPE(80, 20), 71));
+    int b = add_param(g, "b", PP_VALUE_PARAM, rand_f32(1, SHAPE(80), 72));
+    int wt = node1(g, "Transpose", "wt", 1, &w);
+    TU_OK(pp_node_set_ints(g, g->values[wt].producer, "perm", 2, (int64_t[]){1, 0}));
+    int m = node1(g, "MatMul", "mm", 2, (int[]){x, wt});
+    int y = node1(g, "Add", "add_bias", 2, (int[]){b, m});
+    int64_t sizes[3][3] = {{32, 16, 32}, {30, 50}, {3, 4}};
+    int n = kind == 0 ? 3 : 2;
+    int in[2] = {y, sizes_attr ? -1 : add_param(g, "sizes", PP_VALUE_CONST, I64(1, SHAPE(n), 0))};
+    if (!sizes_attr) memcpy(g->values[in[1]].data->data, sizes[kind], sizeof(int64_t) * (size_t)n);
+    TU_OK(pp_graph_add_node(g, "Split", "", "split", sizes_attr ? 1 : 2, in, n, NULL, &id));
+    TU_OK(pp_node_set_int(g, id, "axis", kind == 2 ? 1 : 2));
+    if (sizes_attr) TU_OK(pp_node_set_ints(g, id, "split", n, sizes[kind]));
+    for (int k = 0; k < n; k++) TU_OK(pp_graph_add_output(g, g->nodes[id].out[k]));
+    if (keep_y) TU_OK(pp_graph_add_output(g, y));
+    return g;
+}
+
+static int split_kind, split_attr;
+static pp_graph *split_fused(void) { return split_graph(split_kind, split_attr, 0); }
+static pp_graph *split_kept(void) { return split_graph(split_kind, split_attr, 1); }
+
+/* Inference takes a Split of a packed Linear's product into its MatMulAdd:
+ * the parts are the Split's to the bit, at 1 and 4 threads, whether the
+ * GEMM stores them straight (32/16/32 along the last axis) or the Split
+ * kernel cuts the product (30/50, or along axis 1). */
+static void test_matmul_split(void **state) {
+    (void)state;
+    pp_tensor *x = rand_f32(3, SHAPE(2, 7, 20), 73);
+    pp_optimize_report r;
+    for (split_kind = 0; split_kind < 3; split_kind++)
+        for (split_attr = 0; split_attr < 2; split_attr++) {
+            int n = split_kind == 0 ? 3 : 2;
+            pp_graph *g = check_optimized(split_fused, PP_OPT_ALL, &x, 1e-5, &r);
+            assert_int_equal(g->n_nodes, 2);
+            assert_string_equal(g->nodes[1].op_type, "MatMulAdd");
+            assert_int_equal(g->nodes[1].n_out, n);
+            for (int k = 0; k < n; k++) assert_int_equal(g->values[g->outputs[k]].producer, 1);
+            pp_graph *ref = split_kept();
+            TU_OK(pp_graph_optimize(ref, PP_OPT_ALL, &r));
+            assert_int_equal(count_op(ref, "Split"), 1);
+            pp_tensor *want[4] = {0}, *got[3] = {0};
+            TU_OK(pp_graph_run(ref, &x, want));
+            int before = pp_get_threads();
+            for (int t = 1; t <= 4; t += 3) {
+                pp_set_threads(t);
+                TU_OK(pp_graph_run(g, &x, got));
+                for (int k = 0; k < n; k++) {
+                    assert_int_equal(got[k]->ndim, 3);
+                    assert_int_equal(got[k]->nbytes, want[k]->nbytes);
+                    assert_memory_equal(got[k]->data, want[k]->data, want[k]->nbytes);
+                    pp_tensor_free(got[k]);
+                }
+            }
+            pp_set_threads(before);
+            for (int k = 0; k <= n; k++) pp_tensor_free(want[k]);
+            pp_graph_free(ref);
+            pp_graph_free(g);
+        }
+    pp_tensor_free(x);
+}
+
 static void test_matmul_add_errors(void **state) {
     (void)state;
     pp_tensor *a = rand_f32(2, SHAPE(3, 4), 1), *w = rand_f32(2, SHAPE(5, 4), 2), *b = rand_f32(1, SHAPE(4), 3);
@@ -965,6 +1037,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_add_threads),
         cmocka_unit_test(test_matmul_add_errors),
         cmocka_unit_test(test_matmul_residual),
+        cmocka_unit_test(test_matmul_split),
         cmocka_unit_test(test_layernorm_fusion),
         cmocka_unit_test(test_transpose_elimination),
         cmocka_unit_test(test_attention_fusion),
