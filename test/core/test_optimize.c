@@ -525,7 +525,9 @@ static pp_graph *split_graph(int kind, int sizes_attr, int keep_y) {
     int y = node1(g, "Add", "add_bias", 2, (int[]){b, m});
     int64_t sizes[3][3] = {{32, 16, 32}, {30, 50}, {3, 4}};
     int n = kind == 0 ? 3 : 2;
-    int in[2] = {y, sizes_attr ? -1 : add_param(g, "sizes", PP_VALUE_CONST, I64(1, SHAPE(n), 0))};
+    pp_tensor *st = NULL;
+    if (!sizes_attr) TU_OK(pp_tensor_empty(PP_I64, 1, SHAPE(n), &st));
+    int in[2] = {y, sizes_attr ? -1 : add_param(g, "sizes", PP_VALUE_CONST, st)};
     if (!sizes_attr) memcpy(g->values[in[1]].data->data, sizes[kind], sizeof(int64_t) * (size_t)n);
     TU_OK(pp_graph_add_node(g, "Split", "", "split", sizes_attr ? 1 : 2, in, n, NULL, &id));
     TU_OK(pp_node_set_int(g, id, "axis", kind == 2 ? 1 : 2));
