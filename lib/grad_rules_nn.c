@@ -52,9 +52,9 @@ PP_GRAD_RULE(matmul_add) {
         return pp_node_error(n, PP_ERR_UNSUPPORTED, "no gradient for MatMulAdd with activation '%s' "
                              "(pp_graph_optimize_for_training never fuses one)",
                              pp_node_attr_string(n, "activation", ""));
-    if (n->n_in > 3)
-        return pp_node_error(n, PP_ERR_UNSUPPORTED, "no gradient for MatMulAdd with a residual input "
-                             "(pp_graph_optimize_for_training never fuses one)");
+    if (n->n_in > 3 || n->n_out > 1)
+        return pp_node_error(n, PP_ERR_UNSUPPORTED, "no gradient for MatMulAdd with a residual input or a "
+                             "Split's parts as outputs (pp_graph_optimize_for_training never fuses one)");
     int trans_b = pp_node_attr_int(n, "transB", 0) != 0;
     int x = pp_ad_in(c, 0), w = pp_ad_in(c, 1), bias = pp_ad_in(c, 2);
     for (int k = 0; k < 2; k++) {

@@ -725,6 +725,9 @@ static int find_op(const pp_node *n) {
 int pp_cuda_supports(const pp_device *dev, const pp_graph *g, const pp_node *n) {
     int i = find_op(n);
     if (i < 0) return 0;
+    /* a residual or Split the inference optimizer took into MatMulAdd: the
+     * CPU's (claimed, it would only go back there on every run) */
+    if (ops[i].run == run_matmul_add && ((n->n_in > 3 && n->in[3] >= 0) || n->n_out > 1)) return 0;
     /* an attribute this backend does not read: the CPU honours it */
     for (int a = 0; a < n->n_attr; a++)
         if (!pp_cuda_attr_known(n->op_type, n->attrs[a].name)) return 0;

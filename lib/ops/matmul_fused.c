@@ -144,10 +144,9 @@ static int split_direct(const pp_kernel_ctx *ctx, int ndim, int64_t N, int *star
     if (k != ctx->n_out || k > PP_SPLIT_MAX || (axis != -1 && axis != ndim - 1)) return 0;
     int64_t at = 0;
     for (int o = 0; o < k; o++) {
-        if (n->out[o] < 0 || split[o] < 0 || at % PP_PACK_NR) return 0;
+        if (n->out[o] < 0 || split[o] < 0 || split[o] > N - at || at % PP_PACK_NR) return 0;
         starts[o] = (int)at;
         at += split[o];
-        if (at > N) return 0;
     }
     starts[k] = (int)at;
     return at == N;

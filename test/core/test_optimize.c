@@ -419,61 +419,68 @@ static void test_matmul_add_threads(void **state) {
     pp_tensor_free(b);
 }
 
-/* A Linear (x [2, 7, 20], W [37, 20]: 7 rows of 6 and a partial panel of 5
- * columns), then Gelu (tanh), then Add(r, y) or Add(y, r). The residual r
- * is an input [2, 7, 37], or [37] (broadcast), or made after the MatMul
- * (late: Relu(r) then); keep_y also makes y a graph output (nothing taken
+/* A Linear (x [2, 7, 20], W 37 x 20: 7 rows of 6 and a partial panel of 5
+ * columns; res_packed: W [37, 20] read through Transpose, packed; else W
+ * [20, 37] as it is, OpenBLAS's GEMM), then Gelu (tanh) when res_act, then
+ * Add(r, y) or (r_first 0) Add(y, r). r is an input, or (late) Relu(r)
+ * made after the MatMul; keep_y also makes y a graph output (nothing taken
  * in: the unfused reference, whose Add output comes first). */
-static pp_graph *residual_graph(int r_dims, int r_first, int late, int keep_y) {
+static int res_act = 1, res_packed = 1, res_first = 1;
+static pp_graph *residual_graph(int late, int keep_y) {
     pp_graph *g;
     TU_OK(pp_graph_new("residual", &g));
     int x, r;
     TU_OK(pp_graph_add_input(g, "x", PP_F32, -1, NULL, &x));
     TU_OK(pp_graph_add_input(g, "r", PP_F32, -1, NULL, &r));
-    (void)r_dims;
-    int w = add_param(g, "W", PP_VALUE_PARAM, rand_f32(2, SHAPE(37, 20), 61));
+    int w = add_param(g, "W", PP_VALUE_PARAM, res_packed ? rand_f32(2, SHAPE(37, 20), 61) : rand_f32(2, SHAPE(20, 37), 61));
     int b = add_param(g, "b", PP_VALUE_PARAM, rand_f32(1, SHAPE(37), 62));
-    int wt = node1(g, "Transpose", "wt", 1, &w);
-    TU_OK(pp_node_set_ints(g, g->values[wt].producer, "perm", 2, (int64_t[]){1, 0}));
+    int wt = w;
+    if (res_packed) {
+        wt = node1(g, "Transpose", "wt", 1, &w);
+        TU_OK(pp_node_set_ints(g, g->values[wt].producer, "perm", 2, (int64_t[]){1, 0}));
+    }
     int m = node1(g, "MatMul", "mm", 2, (int[]){x, wt});
     int y = node1(g, "Add", "add_bias", 2, (int[]){m, b}), id;
-    TU_OK(pp_graph_add_node(g, "Gelu", "", "act", 1, &y, 1, NULL, &id));
-    TU_OK(pp_node_set_string(g, id, "approximate", "tanh"));
-    y = g->nodes[id].out[0];
+    if (res_act) {
+        TU_OK(pp_graph_add_node(g, "Gelu", "", "act", 1, &y, 1, NULL, &id));
+        TU_OK(pp_node_set_string(g, id, "approximate", "tanh"));
+        y = g->nodes[id].out[0];
+    }
     if (late) r = node1(g, "Relu", "late", 1, &r);
-    int out = node1(g, "Add", "residual", 2, r_first ? (int[]){r, y} : (int[]){y, r});
+    int out = node1(g, "Add", "residual", 2, res_first ? (int[]){r, y} : (int[]){y, r});
     TU_OK(pp_graph_add_output(g, out));
     if (keep_y) TU_OK(pp_graph_add_output(g, y));
     return g;
 }
 
-static pp_graph *residual_same(void) { return residual_graph(3, 1, 0, 0); }
-static pp_graph *residual_same_kept(void) { return residual_graph(3, 1, 0, 1); }
-static pp_graph *residual_second(void) { return residual_graph(3, 0, 0, 0); }
-static pp_graph *residual_late(void) { return residual_graph(3, 1, 1, 0); }
+static pp_graph *residual_fused(void) { return residual_graph(0, 0); }
+static pp_graph *residual_kept(void) { return residual_graph(0, 1); }
+static pp_graph *residual_late(void) { return residual_graph(1, 0); }
 
-/* Inference takes the residual Add into MatMulAdd (input 3): added to each
- * tile with the activation as the packed GEMM stores it, the same bits as
- * the Add after it, at any thread count; an r of another shape is added
- * by the Add kernel (broadcast); an r made after the MatMul, or in a
- * training graph, is left alone. */
+/* Inference takes the residual Add into MatMulAdd (input 3), the same bits
+ * as the Add after it at 1 and 4 threads: added to each tile as the packed
+ * GEMM stores it (no activation), in the activation's pass after the GEMM,
+ * or after OpenBLAS's GEMM (W not packed); an r of another shape is added
+ * by the Add kernel (broadcast); no rows at all; an r made after the
+ * MatMul, or a training graph, is left alone. */
 static void test_matmul_residual(void **state) {
     (void)state;
     pp_tensor *in[2] = {rand_f32(3, SHAPE(2, 7, 20), 63), rand_f32(3, SHAPE(2, 7, 37), 64)};
     pp_tensor *in_b[2] = {in[0], rand_f32(1, SHAPE(37), 65)};
+    pp_tensor *in_0[2] = {rand_f32(3, SHAPE(2, 0, 20), 66), rand_f32(3, SHAPE(2, 0, 37), 67)};
     pp_optimize_report r;
-    builder fused[] = {residual_same, residual_second};
-    for (int k = 0; k < 2; k++) {
-        pp_tensor *const *ins = k ? in_b : in; /* the same graphs, r [2,7,37] then r [37] */
-        for (int f = 0; f < 2; f++) {
-            pp_graph *g = check_optimized(fused[f], PP_OPT_ALL, ins, 1e-5, &r);
-            assert_int_equal(g->n_nodes, 2);
-            assert_string_equal(g->nodes[1].op_type, "MatMulAdd");
-            assert_int_equal(g->nodes[1].n_in, 4);
-            assert_int_equal(g->nodes[1].in[3], pp_graph_find_value(g, "r"));
-            assert_int_equal(g->values[g->outputs[0]].producer, 1);
-            /* the unfused Add after the same packed GEMM: the same bits, at 1 and 4 threads */
-            pp_graph *ref = residual_same_kept();
+    for (int k = 0; k < 3; k++) /* r [2,7,37], r [37], no rows */
+        for (int v = 0; v < 8; v++) {
+            pp_tensor *const *ins = k == 0 ? in : k == 1 ? in_b : in_0;
+            res_act = v & 1, res_packed = v >> 1 & 1, res_first = v >> 2 & 1;
+            pp_graph *g = check_optimized(residual_fused, PP_OPT_ALL, ins, 1e-5, &r);
+            assert_int_equal(g->n_nodes, res_packed ? 2 : 1);
+            const pp_node *mm = &g->nodes[g->n_nodes - 1];
+            assert_string_equal(mm->op_type, "MatMulAdd");
+            assert_int_equal(mm->n_in, 4);
+            assert_int_equal(mm->in[3], pp_graph_find_value(g, "r"));
+            assert_int_equal(g->values[g->outputs[0]].producer, g->n_nodes - 1);
+            pp_graph *ref = residual_kept();
             TU_OK(pp_graph_optimize(ref, PP_OPT_ALL, &r));
             assert_int_equal(count_op(ref, "Add"), 1);
             pp_tensor *want[2], *got;
@@ -492,12 +499,12 @@ static void test_matmul_residual(void **state) {
             pp_graph_free(ref);
             pp_graph_free(g);
         }
-    }
+    res_act = res_packed = res_first = 1;
     pp_graph *g = check_optimized(residual_late, PP_OPT_ALL, in, 1e-5, &r); /* r made after the MatMul */
     assert_int_equal(count_op(g, "Add"), 1);
     assert_int_equal(count_op(g, "MatMulAdd"), 1);
     pp_graph_free(g);
-    g = residual_same();
+    g = residual_fused();
     TU_OK(pp_graph_optimize_for_training(g, &r));
     for (int i = 0; i < g->n_nodes; i++) assert_true(g->nodes[i].n_in <= 3);
     assert_int_equal(count_op(g, "Add"), 1);
@@ -505,26 +512,29 @@ static void test_matmul_residual(void **state) {
     pp_tensor_free(in[0]);
     pp_tensor_free(in[1]);
     pp_tensor_free(in_b[1]);
+    pp_tensor_free(in_0[0]);
+    pp_tensor_free(in_0[1]);
 }
 
 /* A Linear (x [2, 7, 20], W [80, 20], bias) whose output a Split cuts:
  * along axis 2 into 32/16/32 (the panels' multiples: stored straight into
- * the parts), 30/50 (not), or along axis 1 into 3/4 (not the last axis);
+ * the parts), 32/16/5 of W [53, 20] (the same, a partial last panel),
+ * 30/50 (not), or along axis 1 into 3/4 (not the last axis);
  * the sizes as a constant input or (sizes_attr) an attribute; keep_y also
  * makes the product a graph output (nothing taken in: the reference). */
 static pp_graph *split_graph(int kind, int sizes_attr, int keep_y) {
     pp_graph *g;
     TU_OK(pp_graph_new("split", &g));
-    int x, id;
+    int x, id, nw = kind == 3 ? 53 : 80;
     TU_OK(pp_graph_add_input(g, "x", PP_F32, -1, NULL, &x));
-    int w = add_param(g, "W", PP_VALUE_PARAM, rand_f32(2, SHAPE(80, 20), 71));
-    int b = add_param(g, "b", PP_VALUE_PARAM, rand_f32(1, SHAPE(80), 72));
+    int w = add_param(g, "W", PP_VALUE_PARAM, rand_f32(2, SHAPE(nw, 20), 71));
+    int b = add_param(g, "b", PP_VALUE_PARAM, rand_f32(1, SHAPE(nw), 72));
     int wt = node1(g, "Transpose", "wt", 1, &w);
     TU_OK(pp_node_set_ints(g, g->values[wt].producer, "perm", 2, (int64_t[]){1, 0}));
     int m = node1(g, "MatMul", "mm", 2, (int[]){x, wt});
     int y = node1(g, "Add", "add_bias", 2, (int[]){b, m});
-    int64_t sizes[3][3] = {{32, 16, 32}, {30, 50}, {3, 4}};
-    int n = kind == 0 ? 3 : 2;
+    int64_t sizes[4][3] = {{32, 16, 32}, {30, 50}, {3, 4}, {32, 16, 5}};
+    int n = kind == 0 || kind == 3 ? 3 : 2;
     pp_tensor *st = NULL;
     if (!sizes_attr) TU_OK(pp_tensor_empty(PP_I64, 1, SHAPE(n), &st));
     int in[2] = {y, sizes_attr ? -1 : add_param(g, "sizes", PP_VALUE_CONST, st)};
@@ -549,9 +559,9 @@ static void test_matmul_split(void **state) {
     (void)state;
     pp_tensor *x = rand_f32(3, SHAPE(2, 7, 20), 73);
     pp_optimize_report r;
-    for (split_kind = 0; split_kind < 3; split_kind++)
+    for (split_kind = 0; split_kind < 4; split_kind++)
         for (split_attr = 0; split_attr < 2; split_attr++) {
-            int n = split_kind == 0 ? 3 : 2;
+            int n = split_kind == 0 || split_kind == 3 ? 3 : 2;
             pp_graph *g = check_optimized(split_fused, PP_OPT_ALL, &x, 1e-5, &r);
             assert_int_equal(g->n_nodes, 2);
             assert_string_equal(g->nodes[1].op_type, "MatMulAdd");
