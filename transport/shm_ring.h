@@ -7,10 +7,12 @@
  * receiver copies the bytes out when the envelope arrives and hands the
  * space back. Positions grow without wrapping (byte offset = position mod
  * ring size); a record never straddles the end of the ring, so the sender
- * skips the remainder when one would not fit, and it also goes back to the
- * start as soon as a record fits before everything not yet consumed, so
- * the pages in use (mapped on first touch, not up front) follow the bytes
- * in flight rather than the ring's size.
+ * skips the remainder when one would not fit; it also goes back to the
+ * start whenever the receiver has consumed everything, so the pages in use
+ * (mapped on first touch, not up front) follow the bytes in flight rather
+ * than the ring's size. The header names the sender's last skip
+ * (skip_from): a receiver that has consumed up to it counts the rest of
+ * that lap as read, so a skip costs no room.
  *
  * Single producer, single consumer, in order: messages of one link arrive
  * in the order they were sent, so handing back "everything before position
