@@ -9,7 +9,8 @@
  * private directory of its own, so external data named by an input can
  * only resolve inside that directory, which holds one side file,
  * model.data (256 KiB of floats, the location the seed names: large
- * enough for a parameter of 64 KiB and up to be deferred from it). When
+ * enough for a parameter of 64 KiB and up to be deferred from it; seed
+ * external_deferred.onnx holds a 128 KiB parameter there). When
  * the deferred load and its fill succeed, an eager load must give the same
  * bits. */
 #include <stddef.h>
