@@ -23,6 +23,7 @@
 
 typedef struct {
     char *location; /* as the model spells it */
+    char *path;     /* the model's directory joined with it, for messages */
     int fd;
     size_t len; /* when opened */
 } ext_file;
@@ -50,6 +51,7 @@ void pp_onnx_ext_close(pp_onnx_ext *x) {
     if (!x) return;
     for (int i = 0; i < x->n_files; i++) {
         free(x->files[i].location);
+        free(x->files[i].path);
         close(x->files[i].fd);
     }
     free(x->files);
@@ -193,22 +195,26 @@ static pp_status get_file(pp_onnx_ext *x, const char *what, const char *loc, ext
     int fd;
     off_t size;
     PP_TRY(open_side_file(x, what, loc, &fd, &size));
-    char *name = strdup(loc);
-    if (!name || PP_GROW(x->files, x->cap_files, x->n_files) != PP_OK) {
+    char *name = strdup(loc), *path = malloc(strlen(x->base_dir) + strlen(loc) + 2);
+    if (!name || !path || PP_GROW(x->files, x->cap_files, x->n_files) != PP_OK) {
         free(name);
+        free(path);
         close(fd);
         return pp_error(PP_ERR_NOMEM, "out of memory");
     }
+    snprintf(path, strlen(x->base_dir) + strlen(loc) + 2, "%s/%s", x->base_dir, loc);
     ext_file *f = &x->files[x->n_files++];
     f->location = name;
+    f->path = path;
     f->fd = fd;
     f->len = (size_t)size;
     *out = f;
     return PP_OK;
 }
 
-pp_status pp_onnx_ext_load(pp_onnx_ext *x, const Onnx__TensorProto *tp, const char *what, pp_tensor **out) {
-    *out = NULL;
+pp_status pp_onnx_ext_locate(pp_onnx_ext *x, const Onnx__TensorProto *tp, const char *what, pp_onnx_ext_where *w) {
+    memset(w, 0, sizeof *w);
+    w->fd = -1;
     pp_dtype dt;
     int ndim;
     int64_t shape[PP_MAX_DIMS];
@@ -232,8 +238,20 @@ pp_status pp_onnx_ext_load(pp_onnx_ext *x, const Onnx__TensorProto *tp, const ch
         return pp_error(PP_ERR_PARSE, "%s: external data '%s': bytes %llu..%llu lie past its end (%zu bytes)", what,
                         r.location, (unsigned long long)r.offset,
                         (unsigned long long)(r.offset + length < r.offset ? UINT64_MAX : r.offset + length), f->len);
+    w->fd = f->fd;
+    w->offset = r.offset;
+    w->nbytes = nbytes;
+    w->location = f->location;
+    w->path = f->path;
+    return PP_OK;
+}
+
+pp_status pp_onnx_ext_load(pp_onnx_ext *x, const Onnx__TensorProto *tp, const char *what, pp_tensor **out) {
+    *out = NULL;
+    pp_onnx_ext_where w;
+    PP_TRY(pp_onnx_ext_locate(x, tp, what, &w));
     /* little-endian, as raw_data (the only byte order pippin reads) */
     char where[1400];
-    snprintf(where, sizeof where, "%s: external data file '%s'", what, r.location);
-    return pp_onnx_tensor_read_raw(tp, where, f->fd, r.offset, nbytes, out);
+    snprintf(where, sizeof where, "%s: external data file '%s'", what, w.location);
+    return pp_onnx_tensor_read_raw(tp, where, w.fd, w.offset, w.nbytes, out);
 }

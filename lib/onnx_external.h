@@ -34,6 +34,18 @@ pp_status pp_onnx_ext_open(const char *base_dir, pp_onnx_ext **out);
 void pp_onnx_ext_close(pp_onnx_ext *x);
 /* 1 if tp keeps its data in an external file. */
 int pp_onnx_ext_is_external(const Onnx__TensorProto *tp);
+/* Where an external initializer's bytes lie, checked as for a read (the
+ * entries, the location, the side file, the length against the tensor's
+ * shape, the range against the file), nothing read. fd, location and path
+ * belong to x (valid until pp_onnx_ext_close). */
+typedef struct pp_onnx_ext_where {
+    int fd;               /* the side file, open read-only */
+    uint64_t offset;
+    size_t nbytes;        /* the tensor's size, as its header gives it */
+    const char *location; /* as the model spells it */
+    const char *path;     /* the model's directory joined with it */
+} pp_onnx_ext_where;
+pp_status pp_onnx_ext_locate(pp_onnx_ext *x, const Onnx__TensorProto *tp, const char *what, pp_onnx_ext_where *w);
 /* The tensor tp describes, read from its side file; what names it in
  * messages ("model.onnx: initializer 'w'"). */
 pp_status pp_onnx_ext_load(pp_onnx_ext *x, const Onnx__TensorProto *tp, const char *what, pp_tensor **out);

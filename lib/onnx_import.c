@@ -284,7 +284,7 @@ typedef struct model_src {
     const unsigned char *bytes;
     size_t len;
     int fd;
-    pp_onnx_deferred *defer; /* non-NULL: parameters of 64 KiB and up in the file are left unread */
+    pp_onnx_deferred *defer; /* non-NULL: parameters of 64 KiB and up (in the file or a side file) are left unread */
 } model_src;
 
 /* Initializer i of the model as a tensor; its raw_data from src when the
@@ -314,7 +314,20 @@ static pp_status load_initializer(const Onnx__TensorProto *tp, const char *what,
         with_data.raw_data.len = n;
         return pp_onnx_tensor_from_proto(&with_data, what, t);
     }
-    return pp_onnx_ext_is_external(tp) ? pp_onnx_ext_load(ext, tp, what, t) : pp_onnx_tensor_from_proto(tp, what, t);
+    if (!pp_onnx_ext_is_external(tp)) return pp_onnx_tensor_from_proto(tp, what, t);
+    if (!(src && src->fd >= 0 && src->defer && trains)) return pp_onnx_ext_load(ext, tp, what, t);
+    /* a parameter in a side file: left unread like one in the model file,
+     * its side file kept open by the record */
+    pp_onnx_ext_where w;
+    PP_TRY(pp_onnx_ext_locate(ext, tp, what, &w));
+    if (!pp_onnx_tensor_may_defer(w.nbytes)) return pp_onnx_ext_load(ext, tp, what, t);
+    PP_TRY(pp_onnx_tensor_unread_raw(tp, what, w.nbytes, t));
+    pp_status s = pp_onnx_deferred_add_external(src->defer, tp->name, w.fd, w.path, w.offset, w.nbytes);
+    if (s != PP_OK) {
+        pp_tensor_free(*t);
+        *t = NULL;
+    }
+    return s;
 }
 
 static pp_status build_graph(const Onnx__ModelProto *m, const char *file, const model_src *src, pp_onnx_ext *ext,

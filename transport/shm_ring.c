@@ -34,7 +34,8 @@ typedef struct ring_header {
     _Atomic uint64_t consumed;   /* written by the receiver */
     char pad2[64 - 8];
     _Atomic uint64_t head;       /* message rings: end of the last record published */
-    char pad3[64 - 8];
+    _Atomic uint64_t skip_from;  /* the sender's last skip to the next lap started here (0: none) */
+    char pad3[64 - 16];
     _Atomic uint32_t waiting;    /* message rings: the receiver is (about to be) asleep */
 } ring_header;
 
@@ -56,6 +57,7 @@ struct pp_shm_ring {
     size_t map_bytes;
     uint64_t align;      /* sender: records start at multiples of this */
     uint64_t head;       /* sender: end of the last record written */
+    uint64_t skip_from, skip_to; /* sender: its last skip to the next lap (none: equal) */
     uint64_t settled;    /* receiver: everything before this is processed */
     /* Receiver: loans in order (ids base_id, base_id+1, ...); the sender may
      * reuse only what lies before the oldest loan still out. Tensors are
@@ -125,8 +127,16 @@ void pp_shm_host_id(char *buf, size_t cap) {
         if ((unsigned char)*p < 0x20 || *p == 0x7f || *p == ' ') *p = '_';
 }
 
+/* Maps the ring without MAP_POPULATE: its pages are reserved in /dev/shm
+ * (posix_fallocate) but enter this process's page tables, and its RSS, only
+ * when first touched, and a sender whose receiver has consumed everything
+ * starts again at offset 0 (pp_shm_ring_reserve), so a ring costs the
+ * pages its traffic in flight needs, not its size (4 MiB message rings to
+ * each peer, prefaulted on both sides, were 0.45x of the medium GPT's file
+ * in a worker's peak). A page faults once, on its first use: the ring in
+ * use stays mapped, so the steady state has no faults. */
 static pp_status map_ring(pp_shm_ring *r, int fd, size_t bytes) {
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED)
         return pp_error(PP_ERR_NOMEM, "shared-memory ring %s: mmap of %zu bytes: %s", r->name, bytes,
                         strerror(errno));
@@ -252,13 +262,35 @@ const char *pp_shm_ring_name(const pp_shm_ring *r) { return r->name; }
 
 size_t pp_shm_ring_bytes(const pp_shm_ring *r) { return (size_t)r->size; }
 
+/* Where the receiver stands once the gap a skip left is counted as read:
+ * settled at the start of the sender's last skip means nothing is left in
+ * that lap (the receiver checks the same, so a skip costs no room). */
+static uint64_t past_skip(const pp_shm_ring *r, uint64_t settled) {
+    if (settled % r->size && atomic_load_explicit(&r->hdr->skip_from, memory_order_acquire) == settled)
+        return settled - settled % r->size + r->size;
+    return settled;
+}
+
 int pp_shm_ring_reserve(pp_shm_ring *r, size_t n, uint64_t *pos, void **dst) {
     if (n == 0 || n > r->size) return 0;
     uint64_t consumed = atomic_load_explicit(&r->hdr->consumed, memory_order_acquire);
     if (consumed > r->head) return 0; /* the receiver wrote nonsense: stop using the ring */
+    int drained = consumed == r->head;
+    if (r->skip_to != r->skip_from && consumed == r->skip_from) consumed = r->skip_to;
     uint64_t start = (r->head + r->align - 1) / r->align * r->align, off = start % r->size;
-    if (off + n > r->size) start += r->size - off; /* no straddling the end */
+    /* no straddling the end; and, with everything consumed, back to offset
+     * 0: the ring then reuses the pages it has touched (in cache, in RSS)
+     * instead of walking all of them, at no cost in room */
+    if (off && (off + n > r->size || drained)) {
+        start += r->size - off;
+        if (drained) consumed = start; /* nothing left before it */
+    }
     if (start + n - consumed > r->size) return 0;
+    if (start % r->size == 0 && start > r->head && r->head % r->size) { /* skipped the rest of a lap */
+        r->skip_from = r->head;
+        r->skip_to = start;
+        atomic_store_explicit(&r->hdr->skip_from, r->head, memory_order_release);
+    }
     *pos = start;
     *dst = r->data + start % r->size;
     return 1;
@@ -282,12 +314,13 @@ pp_status pp_shm_ring_locate(const pp_shm_ring *r, uint64_t pos, uint64_t n, con
     if (n == 0 || n > r->size || pos > UINT64_MAX - n)
         return pp_error(PP_ERR_PARSE, "shared-memory record of %llu bytes in a ring of %llu",
                         (unsigned long long)n, (unsigned long long)r->size);
-    if (pos < r->settled)
+    uint64_t settled = past_skip(r, r->settled);
+    if (pos < settled)
         return pp_error(PP_ERR_PARSE, "shared-memory record at %llu, before the consumed mark %llu",
-                        (unsigned long long)pos, (unsigned long long)r->settled);
-    if (pos + n - r->settled > r->size)
+                        (unsigned long long)pos, (unsigned long long)settled);
+    if (pos + n - settled > r->size)
         return pp_error(PP_ERR_PARSE, "shared-memory record at %llu runs more than a lap past the "
-                        "consumed mark %llu", (unsigned long long)pos, (unsigned long long)r->settled);
+                        "consumed mark %llu", (unsigned long long)pos, (unsigned long long)settled);
     if (pos % r->size + n > r->size)
         return pp_error(PP_ERR_PARSE, "shared-memory record at %llu straddles the end of the ring",
                         (unsigned long long)pos);
@@ -412,8 +445,10 @@ int pp_shm_ring_msg_commit(pp_shm_ring *r, uint64_t pos, size_t len) {
 
 int pp_shm_ring_msg_next(pp_shm_ring *r, const void **data, size_t *len, uint64_t *end) {
     uint64_t head = atomic_load_explicit(&r->hdr->head, memory_order_seq_cst);
-    uint64_t c = r->settled;
-    if (c == head) return 0;
+    /* at the sender's last skip: the rest of that lap is empty (its skip
+     * mark may be overwritten already: the lap after it has the room) */
+    uint64_t c = past_skip(r, r->settled);
+    if (c == head || r->settled == head) return 0;
     if (head < c || head - c > r->size || c % 8) {
         pp_error(PP_ERR_PARSE, "message ring %s: head %llu, consumed %llu", r->name,
                  (unsigned long long)head, (unsigned long long)c);

@@ -7,7 +7,12 @@
  * receiver copies the bytes out when the envelope arrives and hands the
  * space back. Positions grow without wrapping (byte offset = position mod
  * ring size); a record never straddles the end of the ring, so the sender
- * skips the remainder when one would not fit.
+ * skips the remainder when one would not fit; it also goes back to the
+ * start whenever the receiver has consumed everything, so the pages in use
+ * (mapped on first touch, not up front) follow the bytes in flight rather
+ * than the ring's size. The header names the sender's last skip
+ * (skip_from): a receiver that has consumed up to it counts the rest of
+ * that lap as read, so a skip costs no room.
  *
  * Single producer, single consumer, in order: messages of one link arrive
  * in the order they were sent, so handing back "everything before position
@@ -42,8 +47,9 @@ void pp_shm_host_id(char *buf, size_t cap);
  * digits, '.', '_' or '-' (a peer sends it; it must not name anything else). */
 int pp_shm_ring_name_ok(const char *name);
 
-/* Sender: creates a ring with data_bytes of room (rounded up to pages) and
- * maps it with its pages already in memory. */
+/* Sender: creates a ring with data_bytes of room (rounded up to pages),
+ * reserved in /dev/shm (a full /dev/shm fails here, not with SIGBUS later)
+ * and mapped; pages enter RSS when first touched. */
 pp_status pp_shm_ring_create(size_t data_bytes, pp_shm_ring **out);
 
 /* Receiver: maps the ring the sender named, checks its header, and unlinks

@@ -12,7 +12,10 @@
  * be in flight), rounded up to a power of two, at least MIN_RING_BYTES. */
 #define RING_TENSORS 4
 #define MIN_RING_BYTES ((size_t)1 << 20)
-/* Message rings (small messages between same-host ranks). */
+/* Message rings (small messages between same-host ranks): room for a
+ * receiver that lags far behind; what a ring costs in RSS is the pages its
+ * traffic in flight touches (shm_ring.c maps them on first touch and goes
+ * back to the start of the ring whenever the receiver has caught up). */
 #define MSG_RING_BYTES ((size_t)4 << 20)
 /* A sender waits this long for room in a full ring before it grows it. */
 #define RING_WAIT_US 10000

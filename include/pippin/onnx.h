@@ -30,12 +30,14 @@ extern "C" {
  * over it) gives PP_ERR_IO naming the file, never a SIGBUS. */
 PP_API pp_status pp_onnx_load(const char *path, pp_graph **out);
 /* pp_onnx_load with the weights read later: the parameters (trainable
- * float initializers) of 64 KiB and up whose data lies in the model file
- * itself are not read (constants are: the optimizer reads some, such as a
- * causal mask; a parameter frozen after loading should be filled first);
+ * float initializers) of 64 KiB and up, in the model file itself or in an
+ * external-data side file, are not read (constants are: the optimizer
+ * reads some, such as a causal mask; a parameter frozen after loading
+ * should be filled first);
  * their tensors are zero pages of their own (no memory until written) and
- * *deferred records where each lies, keeping the file open (renamed over
- * meanwhile, it still gives the bytes the structure came from). Shapes do
+ * *deferred records where each lies, keeping the files open (renamed over
+ * meanwhile, they still give the bytes the structure came from; one cut
+ * short or rewritten in place fails the fill naming it). Shapes do
  * not depend on such weights, so the graph can be split, its shapes
  * probed and its memory measured as it is; pp_onnx_deferred_fill then
  * reads the recorded initializers of g (the model, or a stage graph split

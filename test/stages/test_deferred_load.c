@@ -6,7 +6,10 @@
  * quarter of them (peak RSS of a child process, against the file size:
  * what `pippin split`, `inspect` and `model:` workers peak at); a model
  * file cut short after the deferred load fails the fill naming the file
- * and the initializer. */
+ * and the initializer. The same model saved with its weights as external
+ * data (a side file model.onnx.data) defers them too: the same bits as an
+ * eager load, none held before the fill, and a side file cut short or
+ * rewritten in place fails the fill naming the side file. */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,8 +28,8 @@
 #define ROWS 2048 /* each parameter [ROWS, COLS] float32: 8 MiB */
 #define COLS 1024
 
-static char tmp_dir[256], model_path[300];
-static size_t model_bytes;
+static char tmp_dir[256], model_path[300], ext_path[300];
+static size_t model_bytes, ext_bytes; /* ext_bytes: the model file and its side file */
 
 /* x[batch, 8, COLS] -> Add(w0) -> | -> Add(w1) -> | ... -> Add(w0): every
  * stage but the last adds its own parameter, the last adds w0 again. */
@@ -70,6 +73,30 @@ static pp_graph *build_model(void) {
     return g;
 }
 
+static size_t file_bytes(const char *path) {
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    return (size_t)st.st_size;
+}
+
+/* The model saved to tmp_dir/dir/model.onnx with every initializer as
+ * external data in model.onnx.data beside it (path: the model file);
+ * returns the two files' bytes together. */
+static size_t save_external(const pp_graph *g, const char *dir, char *path, size_t cap) {
+    char d[400], side[420];
+    snprintf(d, sizeof d, "%s/%s", tmp_dir, dir);
+    assert_int_equal(mkdir(d, 0700), 0);
+    if (snprintf(path, cap, "%s/model.onnx", d) >= (int)cap) fail_msg("%s: path too long", d);
+    pp_onnx_save_options o;
+    pp_onnx_save_options_init(&o);
+    o.external_data = PP_ONNX_EXTERNAL_ALWAYS;
+    TU_OK(pp_onnx_save_with(g, path, &o));
+    snprintf(side, sizeof side, "%s.data", path);
+    size_t model = file_bytes(path), data = file_bytes(side);
+    assert_true(model < 64 << 10); /* the weights are all in the side file */
+    return model + data;
+}
+
 static int setup(void **state) {
     (void)state;
     snprintf(tmp_dir, sizeof tmp_dir, "/tmp/pippin-deferred-XXXXXX");
@@ -77,10 +104,9 @@ static int setup(void **state) {
     snprintf(model_path, sizeof model_path, "%s/model.onnx", tmp_dir);
     pp_graph *g = build_model();
     TU_OK(pp_onnx_save(g, model_path));
+    ext_bytes = save_external(g, "ext", ext_path, sizeof ext_path);
     pp_graph_free(g);
-    struct stat st;
-    assert_int_equal(stat(model_path, &st), 0);
-    model_bytes = (size_t)st.st_size;
+    model_bytes = file_bytes(model_path);
     assert_true(model_bytes > (size_t)(N_STAGES - 1) * ROWS * COLS * 4);
     return 0;
 }
@@ -104,11 +130,11 @@ static unsigned char *read_all(const char *path, size_t *len) {
     return buf;
 }
 
-static void split_to(const char *dir, int deferred) {
+static void split_to(const char *path, const char *dir, int deferred) {
     pp_graph *g;
     pp_onnx_deferred *d = NULL;
-    if (deferred) TU_OK(pp_onnx_load_deferred(model_path, &g, &d));
-    else TU_OK(pp_onnx_load(model_path, &g));
+    if (deferred) TU_OK(pp_onnx_load_deferred(path, &g, &d));
+    else TU_OK(pp_onnx_load(path, &g));
     pp_pipe *p;
     TU_OK(pp_pipe_split_take(g, NULL, &p));
     assert_int_equal(p->n_stages, N_STAGES);
@@ -120,13 +146,14 @@ static void split_to(const char *dir, int deferred) {
     pp_graph_free(g);
 }
 
-static void test_same_stage_files(void **state) {
-    (void)state;
+/* Stage files split from path eagerly and deferred, written under
+ * tmp_dir/label-eager and tmp_dir/label-deferred, are byte for byte the same. */
+static void same_stage_files(const char *path, const char *label) {
     char a[400], b[400];
-    snprintf(a, sizeof a, "%s/eager", tmp_dir);
-    snprintf(b, sizeof b, "%s/deferred", tmp_dir);
-    split_to(a, 0);
-    split_to(b, 1);
+    snprintf(a, sizeof a, "%s/%s-eager", tmp_dir, label);
+    snprintf(b, sizeof b, "%s/%s-deferred", tmp_dir, label);
+    split_to(path, a, 0);
+    split_to(path, b, 1);
     const char *files[] = {"pipe.json", "stage_0.onnx", "stage_1.onnx", "stage_2.onnx", "stage_3.onnx"};
     for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
         char pa[500], pb[500];
@@ -138,6 +165,52 @@ static void test_same_stage_files(void **state) {
         free(da);
         free(db);
     }
+}
+
+static void test_same_stage_files(void **state) {
+    (void)state;
+    same_stage_files(model_path, "inline");
+}
+
+static void test_external_same_stage_files(void **state) {
+    (void)state;
+    same_stage_files(ext_path, "external");
+}
+
+/* The external model loaded deferred: its parameters are zeros (unread)
+ * until the fill, then hold exactly the eager load's bits; its constants
+ * are read at load as before. */
+static void test_external_same_bits(void **state) {
+    (void)state;
+    pp_graph *eager, *g;
+    pp_onnx_deferred *d;
+    TU_OK(pp_onnx_load(ext_path, &eager));
+    TU_OK(pp_onnx_load_deferred(ext_path, &g, &d));
+    int params = 0;
+    for (int v = 0; v < g->n_values; v++) {
+        const pp_value *val = &g->values[v];
+        if (val->kind != PP_VALUE_PARAM || !val->data) continue;
+        params++;
+        const float *x = val->data->data;
+        for (size_t i = 0; i < val->data->nbytes / sizeof *x; i++)
+            if (x[i] != 0.0f) fail_msg("parameter '%s' was read at load (element %zu)", val->name, i);
+    }
+    assert_int_equal(params, N_STAGES - 1);
+    TU_OK(pp_onnx_deferred_fill(d, g));
+    pp_onnx_deferred_free(d); /* the graph keeps its tensors */
+    assert_int_equal(g->n_values, eager->n_values);
+    for (int v = 0; v < g->n_values; v++) {
+        const pp_value *a = &eager->values[v], *b = &g->values[v];
+        assert_string_equal(a->name, b->name);
+        assert_int_equal(a->kind, b->kind);
+        assert_int_equal(!a->data, !b->data);
+        if (!a->data) continue;
+        assert_int_equal(a->data->nbytes, b->data->nbytes);
+        if (memcmp(a->data->data, b->data->data, a->data->nbytes) != 0)
+            fail_msg("'%s' differs between eager and deferred loads of external data", a->name);
+    }
+    pp_graph_free(g);
+    pp_graph_free(eager);
 }
 
 static long rss_kib(void) {
@@ -154,7 +227,7 @@ static long rss_kib(void) {
  * deferred, splits and probes; 2 does that and fills stage 0's weights,
  * as a `model:` worker of stage 0 of 4 does; 3 fills every stage, as
  * `pippin split` does. */
-static double peak_growth(int mode) {
+static double peak_growth(const char *path, int mode) {
     int fd[2];
     assert_int_equal(pipe(fd), 0);
     pid_t pid = fork();
@@ -165,7 +238,7 @@ static double peak_growth(int mode) {
         pp_graph *g;
         pp_onnx_deferred *d = NULL;
         pp_pipe *p = NULL;
-        int ok = (mode == 0 ? pp_onnx_load(model_path, &g) : pp_onnx_load_deferred(model_path, &g, &d)) == PP_OK;
+        int ok = (mode == 0 ? pp_onnx_load(path, &g) : pp_onnx_load_deferred(path, &g, &d)) == PP_OK;
         if (ok && mode > 0) ok = pp_pipe_split_take(g, NULL, &p) == PP_OK;
         if (ok && mode > 0) {
             pp_graph_free(g);
@@ -196,12 +269,12 @@ static double peak_growth(int mode) {
     return grew;
 }
 
-static void test_peak_memory(void **state) {
-    (void)state;
-    double file = (double)model_bytes;
-    double eager = peak_growth(0), probed = peak_growth(1), one_stage = peak_growth(2), all = peak_growth(3);
-    print_message("# file %.1f MiB; peak growth: load %.2fx, deferred load+split+probe %.2fx, "
-                  "+ stage 0 of %d filled %.2fx, + every stage filled %.2fx\n",
+static void peak_memory(const char *path, size_t bytes, const char *label) {
+    double file = (double)bytes;
+    double eager = peak_growth(path, 0), probed = peak_growth(path, 1), one_stage = peak_growth(path, 2),
+           all = peak_growth(path, 3);
+    print_message("# %s: file %.1f MiB; peak growth: load %.2fx, deferred load+split+probe %.2fx, "
+                  "+ stage 0 of %d filled %.2fx, + every stage filled %.2fx\n", label,
                   file / 1048576.0, eager / file, probed / file, N_STAGES, one_stage / file, all / file);
 #if defined(__SANITIZE_ADDRESS__)
     const double slack = 1.3; /* AddressSanitizer's shadow and quarantine hold more */
@@ -212,6 +285,18 @@ static void test_peak_memory(void **state) {
     assert_true(probed <= 0.25 * slack * file);    /* none of them, and a small probe */
     assert_true(one_stage <= 0.5 * slack * file);  /* a quarter of them */
     assert_true(all <= 1.25 * slack * file);       /* the file once (its replicated w0 twice) */
+}
+
+static void test_peak_memory(void **state) {
+    (void)state;
+    peak_memory(model_path, model_bytes, "weights in the model file");
+}
+
+/* External data was read at load, whatever the caller wanted: a
+ * deferred load held every weight (regression, issue 14). */
+static void test_external_peak_memory(void **state) {
+    (void)state;
+    peak_memory(ext_path, ext_bytes, "weights in a side file");
 }
 
 /* The model copied to tmp_dir/name (path: its path); its bytes (len). */
@@ -266,6 +351,41 @@ static void test_rewritten_before_fill(void **state) {
     pp_graph_free(g);
 }
 
+/* The side file cut short, or saved over in place with the same bytes
+ * (same inode and size, a new modification time), between the load and
+ * the fill: an error naming the side file, nothing read. */
+static void test_external_changed_before_fill(void **state) {
+    (void)state;
+    pp_graph *model = build_model();
+    for (int cut = 0; cut < 2; cut++) {
+        char path[400], side[420];
+        save_external(model, cut ? "ext-cut" : "ext-rewritten", path, sizeof path);
+        snprintf(side, sizeof side, "%s.data", path);
+        pp_graph *g;
+        pp_onnx_deferred *d;
+        TU_OK(pp_onnx_load_deferred(path, &g, &d));
+        if (cut) {
+            assert_int_equal(truncate(side, (off_t)(file_bytes(side) / 2)), 0);
+        } else {
+            size_t len;
+            unsigned char *bytes = read_all(side, &len);
+            FILE *f = fopen(side, "r+b");
+            assert_non_null(f);
+            assert_int_equal(fwrite(bytes, 1, len, f), len);
+            fclose(f);
+            free(bytes);
+            struct timespec later[2] = {{0, UTIME_OMIT}, {time(NULL) + 5, 0}};
+            assert_int_equal(utimensat(AT_FDCWD, side, later, 0), 0);
+        }
+        assert_int_equal(pp_onnx_deferred_fill(d, g), PP_ERR_IO);
+        assert_non_null(strstr(pp_last_error(), "model.onnx.data changed since it was loaded"));
+        assert_non_null(strstr(pp_last_error(), "initializer 'w"));
+        pp_onnx_deferred_free(d);
+        pp_graph_free(g);
+    }
+    pp_graph_free(model);
+}
+
 /* A model with no initializer large enough to defer: an empty record
  * fills as a no-op (regression, review: bsearch on its NULL array is
  * undefined behaviour, which UBSan stops on). */
@@ -286,6 +406,10 @@ int main(void) {
         cmocka_unit_test(test_truncated_before_fill),
         cmocka_unit_test(test_rewritten_before_fill),
         cmocka_unit_test(test_nothing_deferred),
+        cmocka_unit_test(test_external_same_stage_files),
+        cmocka_unit_test(test_external_same_bits),
+        cmocka_unit_test(test_external_peak_memory),
+        cmocka_unit_test(test_external_changed_before_fill),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
