@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "grad_ring.h"
+#include "hash.h"
 #include "log_internal.h"
 #include "pippin/exec.h"
 #include "shm_ring.h"
@@ -117,8 +118,8 @@ static size_t slot_index(const pp_grad_shm *s, uint64_t buffer, int c) {
  * wrote: read only after the owner's sync point). */
 static float *slot_of(const pp_grad_shm *s, int k, uint64_t buffer, int c) {
     size_t i = slot_index(s, buffer, c);
-    uint32_t skew = s->segs[k].skew[i];
-    if (skew >= SKEW_FLOATS) skew = 0; /* never: the owner wrote it; kept in bounds whatever a peer wrote */
+    uint32_t skew = atomic_load_explicit((_Atomic uint32_t *)&s->segs[k].skew[i], memory_order_relaxed);
+    if (skew >= SKEW_FLOATS) skew = 0; /* same_op refused such a peer; bounds kept whatever it writes since */
     return s->segs[k].slots + i * (size_t)(s->slot + SKEW_FLOATS) + skew;
 }
 
@@ -505,10 +506,14 @@ static void slice_of(const pp_grad_shm *s, int c, int64_t q, int64_t *lo, int64_
     *n = to > from ? to - from : 0;
 }
 
-/* What a round does, as every replica of the group must agree. */
+/* What a round does, as every replica of the group must agree: the
+ * collective, the bucket, where it lies in the flat buffer (replicas split
+ * differently can have buckets of one length at other offsets) and the
+ * round, hashed into the one word the header has for it (never 0, which a
+ * fresh header holds). */
 static uint64_t op_word(const pp_grad_shm *s) {
-    return ((uint64_t)(s->mode + 1) << 56) ^ ((uint64_t)((uint32_t)s->bucket & 0xffffffu) << 32) ^
-           (uint64_t)(uint32_t)s->len ^ ((uint64_t)(uint32_t)s->round << 24);
+    int64_t what[5] = {s->mode, s->bucket, s->off, s->len, s->round};
+    return pp_hash64(PP_HASH64_SEED, what, sizeof what) | 1;
 }
 
 /* After the first sync point of a round: every peer wrote this round's
@@ -518,6 +523,11 @@ static pp_status same_op(pp_grad_shm *s) {
     for (int k = 0; k < s->o.replicas; k++) {
         if (k == s->o.replica) continue;
         uint64_t theirs = s->segs[k].h->op[s->rounds & 1];
+        for (int c = 0; c < s->o.replicas && theirs == mine; c++) { /* its data placements, before any is read */
+            uint32_t skew = atomic_load_explicit((_Atomic uint32_t *)&s->segs[k].skew[slot_index(s, s->rounds, c)],
+                                                 memory_order_relaxed);
+            if (skew >= SKEW_FLOATS) return gone(s, PP_ERR_PEER, k, "wrote a slot offset out of range");
+        }
         if (theirs != mine) {
             static const char *names[3] = {"sum", "reduce-scatter", "all-gather"};
             char why[200];

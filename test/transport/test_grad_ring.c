@@ -542,15 +542,16 @@ typedef struct piece_job {
     int shard, same_host;
     pp_status s;
     char err[512];
+    int64_t lead; /* floats before the parameter in the flat buffer */
 } piece_job;
 
 static void *piece_main(void *arg) {
     piece_job *j = arg;
     enum { N = 50000 };
     char *names[1] = {"w"};
-    int64_t off[1] = {0}, nm[1] = {N};
-    float *grad = calloc(N, sizeof(float));
-    pp_flat_params fp = {1, NULL, names, off, nm, NULL, NULL, N, NULL, grad, NULL};
+    int64_t off[1] = {j->lead}, nm[1] = {N};
+    float *grad = calloc(N + j->lead, sizeof(float));
+    pp_flat_params fp = {1, NULL, names, off, nm, NULL, NULL, N + j->lead, NULL, grad, NULL};
     pp_grad_ring_options o = {j->t, 2, j->k, 1, 16 << 10, 256 << 10, j->shard, -1, j->same_host, 0, j->piece_bytes};
     pp_grad_ring *g = NULL;
     j->s = pp_grad_ring_new(&o, &g);
@@ -609,6 +610,31 @@ static void test_shm_refuses_other_collective(void **state) {
         assert_int_equal(jobs[k].s, PP_ERR_PEER);
         if (!strstr(jobs[k].err, who) || !strstr(jobs[k].err, "another collective"))
             fail_msg("replica %d should refuse to sum with %s: %s", k, who, jobs[k].err);
+    }
+    tt_close_ranks(2, t);
+    assert_int_equal(groups_left(), 0);
+}
+
+/* Replicas whose flat buffers are laid out differently (split apart
+ * differently: the parameter at another offset) refuse each other at the
+ * first round instead of summing mismatched gradients. (The round's check
+ * now hashes the bucket's offset too; here the other totals already tell
+ * them apart, so this test does not isolate that field.) */
+static void test_shm_refuses_other_layout_same_length(void **state) {
+    (void)state;
+    pp_transport_options o;
+    pp_transport_options_init(&o);
+    o.timeout_ms = 5000;
+    pp_transport *t[2];
+    tt_make_ranks("tcp", 2, &o, t);
+    piece_job jobs[2] = {{t[0], 0, 0, 0, 0, PP_OK, "", 0}, {t[1], 1, 0, 0, 0, PP_OK, "", 64}};
+    pthread_t th[2];
+    for (int k = 0; k < 2; k++) assert_int_equal(pthread_create(&th[k], NULL, piece_main, &jobs[k]), 0);
+    for (int k = 0; k < 2; k++) pthread_join(th[k], NULL);
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(jobs[k].s, PP_ERR_PEER);
+        if (!strstr(jobs[k].err, "another collective"))
+            fail_msg("replica %d should refuse a bucket at another offset: %s", k, jobs[k].err);
     }
     tt_close_ranks(2, t);
     assert_int_equal(groups_left(), 0);
@@ -766,6 +792,7 @@ int main(void) {
         cmocka_unit_test_setup(test_shm_stage_done_first_not_summed_again, plain_options),
         cmocka_unit_test_setup(test_copy_any_alignment, plain_options),
         cmocka_unit_test_setup(test_shm_refuses_other_collective, plain_options),
+        cmocka_unit_test_setup(test_shm_refuses_other_layout_same_length, plain_options),
     };
     tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
