@@ -76,6 +76,12 @@ struct pp_grad_ring {
     int overlapped;     /* buckets already summed when the step waited for the rest */
     loans *loans;
     pp_grad_shm **shm;  /* [n_stages]: the stage's shared-memory group, once its first bucket came */
+    /* [n_stages]: the id of the stage's bucket whose shared-memory
+     * collective comes next. A group runs one collective at a time, and
+     * every replica must run them in the same order (their rounds are
+     * matched one for one): bucket order, never the order in which
+     * buckets became ready or the replicas agreed */
+    int *shm_turn;
 };
 
 static void loans_unref(loans *l) {
@@ -108,8 +114,9 @@ pp_status pp_grad_ring_new(const pp_grad_ring_options *o, pp_grad_ring **out) {
     if (g) g->next_id = calloc((size_t)o->n_stages, sizeof *g->next_id);
     if (g) g->loans = calloc(1, sizeof *g->loans);
     if (g) g->shm = calloc((size_t)o->n_stages, sizeof *g->shm);
-    if (!g || !g->next_id || !g->loans || !g->shm) {
-        if (g) free(g->next_id), free(g->loans), free(g->shm);
+    if (g) g->shm_turn = calloc((size_t)o->n_stages, sizeof *g->shm_turn);
+    if (!g || !g->next_id || !g->loans || !g->shm || !g->shm_turn) {
+        if (g) free(g->next_id), free(g->loans), free(g->shm), free(g->shm_turn);
         free(g);
         return pp_error(PP_ERR_NOMEM, "out of memory");
     }
@@ -143,6 +150,7 @@ void pp_grad_ring_free(pp_grad_ring *g) {
     loans_unref(g->loans); /* chunks still out keep it (and their buffers) until they are let go */
     for (int s = 0; s < g->o.n_stages; s++) pp_grad_shm_free(g->shm[s]);
     free(g->shm);
+    free(g->shm_turn);
     free(g->b);
     free(g->next_id);
     free(g);
@@ -153,6 +161,7 @@ void pp_grad_ring_begin(pp_grad_ring *g, int64_t step) {
     drop_buckets(g);
     g->done = 0;
     memset(g->next_id, 0, sizeof *g->next_id * (size_t)g->o.n_stages);
+    memset(g->shm_turn, 0, sizeof *g->shm_turn * (size_t)g->o.n_stages);
     /* a group left mid-sum or mid-agreement by a failed step: its counters
      * no longer match the peers'; agreed again from scratch */
     for (int s = 0; s < g->o.n_stages; s++)
@@ -556,13 +565,23 @@ static pp_status advance_shm(pp_grad_ring *g, bucket *b, int wait, int timeout_m
             if (g->b[i].stage == b->stage && g->b[i].way == WAY_PENDING) g->b[i].way = way;
         if (way == WAY_TRANSPORT) return PP_OK;
     }
+    /* the stage's buckets in order: one that is ready (or whose pass saw
+     * the agreement come in) before an earlier one waits for it */
+    if (b->id != g->shm_turn[b->stage]) {
+        if (!wait) return PP_OK;
+        return pp_error(PP_ERR_INTERNAL, "gradient ring: stage %d's bucket %d waited for before bucket %d "
+                        "(shared memory takes them in order)", b->stage, b->id, g->shm_turn[b->stage]);
+    }
     /* sharded: the reduce-scatter (the whole sum for a bucket summed
      * whole), then after the update the all-gather of the parameters */
     int mode = b->params ? PP_SHM_GATHER : g->o.shard && !b->full ? PP_SHM_SCATTER : PP_SHM_SUM;
     int done;
     int tmo = timeout_ms < 0 ? pp_transport_timeout_ms(g->o.t) : timeout_ms;
     PP_TRY(pp_grad_shm_run(sh, mode, phase_buf(b), b->off, b->len, b->id, wait, tmo, &done));
-    if (done) b->phase = b->limit;
+    if (done) {
+        b->phase = b->limit;
+        g->shm_turn[b->stage]++;
+    }
     return PP_OK;
 }
 
@@ -627,6 +646,7 @@ pp_status pp_grad_ring_gather(pp_grad_ring *g, int timeout_ms) {
         b->limit = b->direct ? 2 : 2 * (g->o.replicas - 1);
     }
     g->done = 0;
+    memset(g->shm_turn, 0, sizeof *g->shm_turn * (size_t)g->o.n_stages);
     return pp_grad_ring_finish(g, timeout_ms);
 }
 

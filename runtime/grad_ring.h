@@ -18,6 +18,9 @@
  * When every replica of a stage runs on this host, the stage's buckets are
  * summed through shared memory instead (grad_shm.h), with the same bits;
  * sharded (ZeRO-1), its reduce-scatter and all-gather go that way too.
+ * There a stage's buckets go one at a time, in bucket order on every
+ * replica (whatever order they became ready in), so that the replicas'
+ * rounds match.
  *
  * Chunks are sent straight from the flat buffers (no copy; the transport
  * copies into a shared-memory ring, or libzmq writes them out from there):

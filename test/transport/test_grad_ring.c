@@ -723,6 +723,101 @@ static void test_shm_stage_done_first_not_summed_again(void **state) {
     assert_int_equal(groups_left(), 0);
 }
 
+/* Regression: a stage's buckets are summed through shared memory in
+ * bucket order on every replica. The replicas' agreement on shared memory
+ * is taken by whichever pending bucket looks first after the last offer
+ * came in; when it came in during a progress pass, after the pass had
+ * looked at bucket 0, the bucket that saw it started its sum before
+ * bucket 0, while a replica that agreed at bucket 0 ran bucket 0: the two
+ * ran different buckets' collectives in the same round (refused as
+ * "another collective"; before that check, each summed slots filled for
+ * another bucket). Replica 0 moves many one-parameter buckets on without
+ * pause while replica 1 offers, so replica 1's offer lands mid-pass, after
+ * bucket 0, in all but about 1 in ORDER_NP tries. */
+enum { ORDER_NP = 256, ORDER_NUMEL = 16, ORDER_TRIES = 3 };
+
+typedef struct order_job {
+    pp_transport *t;
+    int k;
+    atomic_int *stage; /* 1: replica 0 added its buckets; 2: replica 1 too */
+    float *grad;
+    int shm_buckets, buckets;
+    pp_status s;
+    char err[512];
+} order_job;
+
+static float order_value(int64_t e, int k) { return (float)((e * 7 + k * 3) % 31) * 0.25f; }
+
+static void *order_main(void *arg) {
+    order_job *j = arg;
+    char *names[ORDER_NP];
+    int64_t off[ORDER_NP], nm[ORDER_NP], total = (int64_t)ORDER_NP * ORDER_NUMEL;
+    for (int i = 0; i < ORDER_NP; i++) names[i] = "w", off[i] = (int64_t)i * ORDER_NUMEL, nm[i] = ORDER_NUMEL;
+    for (int64_t e = 0; e < total; e++) j->grad[e] = order_value(e, j->k);
+    pp_flat_params fp = {ORDER_NP, NULL, names, off, nm, NULL, NULL, total, NULL, j->grad, NULL};
+    /* buckets of one parameter each */
+    int64_t bucket = ORDER_NUMEL * (int64_t)sizeof(float);
+    pp_grad_ring_options o = {j->t, 2, j->k, 1, bucket, bucket, 0, 0, 0, 0, 0};
+    pp_grad_ring *g = NULL;
+    pp_status s = pp_grad_ring_new(&o, &g);
+    pp_transport_set_step(j->t, 0);
+    if (s == PP_OK) pp_grad_ring_begin(g, 0);
+    if (j->k == 0) {
+        if (s == PP_OK) s = pp_grad_ring_add(g, 0, &fp, 0);
+        atomic_store(j->stage, 1);
+        /* pass after pass until replica 1 offered, and a while after */
+        for (int after = 0; s == PP_OK && after < 200; after += atomic_load(j->stage) == 2)
+            s = pp_grad_ring_progress(g);
+    } else {
+        while (atomic_load(j->stage) < 1) sched_yield();
+        if (s == PP_OK) s = pp_grad_ring_add(g, 0, &fp, 0);
+        atomic_store(j->stage, 2);
+    }
+    if (s == PP_OK) s = pp_grad_ring_finish(g, 5000);
+    atomic_store(j->stage, 2); /* replica 0 stops on a failure of replica 1's add */
+    j->shm_buckets = g ? pp_grad_ring_shm_buckets(g) : 0;
+    j->buckets = g ? pp_grad_ring_buckets(g) : 0;
+    j->s = s;
+    if (s != PP_OK) snprintf(j->err, sizeof j->err, "%s", pp_last_error());
+    pp_grad_ring_free(g);
+    return NULL;
+}
+
+static void test_shm_buckets_in_bucket_order(void **state) {
+    (void)state;
+    int64_t total = (int64_t)ORDER_NP * ORDER_NUMEL;
+    for (int attempt = 0; attempt < ORDER_TRIES; attempt++) {
+        pp_transport_options o;
+        pp_transport_options_init(&o);
+        o.timeout_ms = 5000;
+        pp_transport *t[2];
+        tt_make_ranks("tcp", 2, &o, t);
+        atomic_int stage = 0;
+        order_job jobs[2];
+        for (int k = 0; k < 2; k++)
+            jobs[k] = (order_job){.t = t[k], .k = k, .stage = &stage, .grad = calloc((size_t)total, sizeof(float))};
+        pthread_t th[2];
+        for (int k = 0; k < 2; k++) assert_int_equal(pthread_create(&th[k], NULL, order_main, &jobs[k]), 0);
+        for (int k = 0; k < 2; k++) pthread_join(th[k], NULL);
+        for (int k = 0; k < 2; k++) {
+            if (jobs[k].s != PP_OK) fail_msg("try %d, replica %d: %s", attempt, k, jobs[k].err);
+            if (jobs[k].buckets != ORDER_NP || jobs[k].shm_buckets != ORDER_NP)
+                fail_msg("try %d, replica %d: %d of %d buckets through shared memory, expected all %d", attempt, k,
+                         jobs[k].shm_buckets, jobs[k].buckets, ORDER_NP);
+        }
+        for (int64_t e = 0; e < total; e++) {
+            float want = order_value(e, 0) + order_value(e, 1);
+            for (int k = 0; k < 2; k++)
+                if (jobs[k].grad[e] != want)
+                    fail_msg("try %d, replica %d, element %lld: %g, want %g", attempt, k, (long long)e,
+                             jobs[k].grad[e], want);
+        }
+        for (int k = 0; k < 2; k++) free(jobs[k].grad);
+        tt_close_ranks(2, t);
+        assert_int_equal(groups_left(), 0);
+    }
+}
+
 /* pp_grad_copy (the copies of chunks and slots) copies exactly, whatever
  * the destination's place against the source, on either side of the
  * 4 KiB-aliased window where it copies backward. */
@@ -793,6 +888,7 @@ int main(void) {
         cmocka_unit_test_setup(test_copy_any_alignment, plain_options),
         cmocka_unit_test_setup(test_shm_refuses_other_collective, plain_options),
         cmocka_unit_test_setup(test_shm_refuses_other_layout_same_length, plain_options),
+        cmocka_unit_test_setup(test_shm_buckets_in_bucket_order, plain_options),
     };
     tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
