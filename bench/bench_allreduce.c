@@ -4,7 +4,7 @@
  *
  *   mpirun -np 2 pippin-bench-allreduce [--json] [--noshm] [--ring] [--iters N]
  *                                       [--size BYTES] [--only pippin|mpi]
- *                                       [--slot BYTES]
+ *                                       [--slot BYTES] [--piece BYTES] [--shard] [--spin-us US]
  *
  * Each size: float32 buffers summed in place, a few warm-up rounds, then N
  * timed rounds of each, pippin's and MPI's taken in turn (so a change in
@@ -17,7 +17,13 @@
  * sums through shared memory when every process is on this host
  * (runtime/grad_shm.h), else over its transport (tcp on loopback); --ring
  * keeps it on the transport (same-host peers then use the transport's
- * shared-memory rings unless --noshm); --slot: the shared-memory slot size.
+ * shared-memory rings unless --noshm); --slot: the shared-memory slot size;
+ * --piece: the ring's pieces over the transport (0: whole chunks);
+ * --shard: ZeRO-1's pair instead of the sum, the reduce-scatter of the
+ * gradients then the all-gather of the parameters (each process's shard
+ * of the sums taken as its updated parameters), against the same
+ * MPI_Allreduce (the same bytes each way); --spin-us: the transport's
+ * busy-poll before a receive sleeps (pp_transport_options.spin_us).
  * The whole buffer is one bucket.
  * Both results are checked against the exact sum. Prints one line per size,
  * or with --json one JSON object per size: bytes, pippin_gbps, mpi_gbps,
@@ -115,8 +121,9 @@ static int check(const float *x, int64_t n, int nranks, const char *who, int ran
 int main(int argc, char **argv) {
     counters_open(); /* before MPI and libzmq start their threads */
     MPI_Init(&argc, &argv);
-    int rank, nranks, json = 0, noshm = 0, ring = 0, iters = 20, run_pippin = 1, run_mpi = 1;
-    int64_t only_size = 0, slot = 0;
+    int rank, nranks, json = 0, noshm = 0, ring = 0, iters = 20, run_pippin = 1, run_mpi = 1, shard = 0;
+    int64_t only_size = 0, slot = 0, piece = 0;
+    int spin_us = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &nranks);
     for (int i = 1; i < argc; i++) {
@@ -124,6 +131,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--noshm")) noshm = 1;
         else if (!strcmp(argv[i], "--ring")) ring = 1;
         else if (!strcmp(argv[i], "--slot") && i + 1 < argc) slot = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--piece") && i + 1 < argc) piece = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--shard")) shard = 1;
+        else if (!strcmp(argv[i], "--spin-us") && i + 1 < argc) spin_us = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--size") && i + 1 < argc) only_size = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "pippin")) run_mpi = 0, i++;
@@ -131,7 +141,7 @@ int main(int argc, char **argv) {
         else {
             if (!rank)
                 fprintf(stderr, "usage: mpirun -np R %s [--json] [--noshm] [--ring] [--iters N] [--size BYTES] "
-                        "[--only pippin|mpi] [--slot BYTES]\n", argv[0]);
+                        "[--only pippin|mpi] [--slot BYTES] [--piece BYTES] [--shard] [--spin-us US]\n", argv[0]);
             MPI_Finalize();
             return 2;
         }
@@ -154,6 +164,7 @@ int main(int argc, char **argv) {
     o.timeout_ms = 60000;
     o.step_window = -1;
     if (noshm) o.shm_bytes = -1;
+    o.spin_us = spin_us;
     int *stage_rank = calloc((size_t)nranks, sizeof *stage_rank);
     for (int r = 0; r < nranks; r++) stage_rank[r] = r;
     o.nstages = nranks;
@@ -182,15 +193,17 @@ int main(int argc, char **argv) {
     double *tp = calloc((size_t)iters, sizeof *tp), *tm = calloc((size_t)iters, sizeof *tm);
     for (int64_t bytes = only_size ? only_size : 4096; bytes <= (only_size ? only_size : 64 << 20); bytes *= 4) {
         int64_t n = bytes / (int64_t)sizeof(float);
-        float *x = malloc((size_t)bytes);
+        float *x = malloc((size_t)bytes), *y = shard ? malloc((size_t)bytes) : NULL;
         /* pippin: one stage per rank, the whole buffer one bucket */
-        pp_grad_ring_options ro = {t, nranks, rank, 1, bytes, bytes, 0, 0, ring ? -1 : 0, slot};
+        pp_grad_ring_options ro = {t, nranks, rank, 1, bytes, bytes, shard, 0, ring ? -1 : 0, slot, piece};
         int via_shm = 0;
         pp_grad_ring *g;
         if (pp_grad_ring_new(&ro, &g) != PP_OK) MPI_Abort(MPI_COMM_WORLD, 1);
         int64_t off0 = 0, numel = n;
         char xname[] = "x", *name = xname;
-        pp_flat_params fp = {1, NULL, &name, &off0, &numel, NULL, NULL, n, NULL, x, NULL};
+        pp_flat_params fp = {1, NULL, &name, &off0, &numel, NULL, NULL, n, y, x, NULL};
+        pp_ring_ranges mine = {0};
+        if (shard && pp_grad_ring_shard(&ro, rank, &fp, &mine) != PP_OK) MPI_Abort(MPI_COMM_WORLD, 1);
         double cp[N_COUNTERS] = {0}, cm[N_COUNTERS] = {0};
         for (int it = -3; it < iters && !bad; it++) {
             if (run_pippin) {
@@ -204,6 +217,9 @@ int main(int argc, char **argv) {
                 pp_grad_ring_begin(g, step++);
                 pp_status s = pp_grad_ring_add(g, 0, &fp, 0);
                 if (s == PP_OK) s = pp_grad_ring_finish(g, -1);
+                for (int q = 0; shard && s == PP_OK && q < mine.n; q++) /* the "update": the shard's sums */
+                    memcpy(y + mine.lo[q], x + mine.lo[q], sizeof(float) * (size_t)mine.len[q]);
+                if (shard && s == PP_OK) s = pp_grad_ring_gather(g, -1);
                 double dt = now_s() - t0;
                 counters_enable(0);
                 counters_read(c1);
@@ -212,7 +228,7 @@ int main(int argc, char **argv) {
                     fprintf(stderr, "rank %d: %s\n", rank, pp_last_error());
                     MPI_Abort(MPI_COMM_WORLD, 1);
                 }
-                if (it == 0) bad |= check(x, n, nranks, "pippin", rank);
+                if (it == 0) bad |= check(shard ? y : x, n, nranks, "pippin", rank);
                 via_shm = pp_grad_ring_shm_buckets(g) > 0;
                 if (it >= 0) tp[it] = dt;
             }
@@ -233,7 +249,9 @@ int main(int argc, char **argv) {
             }
         }
         pp_grad_ring_free(g);
+        pp_ring_ranges_free(&mine);
         free(x);
+        free(y);
         /* the slowest rank's round is the round */
         MPI_Allreduce(MPI_IN_PLACE, tp, iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
         MPI_Allreduce(MPI_IN_PLACE, tm, iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -246,16 +264,16 @@ int main(int argc, char **argv) {
         MPI_Allreduce(MPI_IN_PLACE, cm, N_COUNTERS, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
         double per = (double)iters * nranks;
         if (!rank && json)
-            printf("{\"bytes\": %lld, \"processes\": %d, \"shm\": %s, \"via\": \"%s\", \"pippin_gbps\": %.4f, \"mpi_gbps\": %.4f, "
+            printf("{\"bytes\": %lld, \"processes\": %d, \"shm\": %s, \"sharded\": %s, \"via\": \"%s\", \"pippin_gbps\": %.4f, \"mpi_gbps\": %.4f, "
                    "\"ratio\": %.3f, \"ratio_best\": %.3f, \"pippin_syscalls\": %.1f, \"mpi_syscalls\": %.1f, "
                    "\"pippin_cswitches\": %.1f, \"mpi_cswitches\": %.1f, \"pippin_cpu_ms\": %.3f, "
                    "\"mpi_cpu_ms\": %.3f}\n", (long long)bytes, nranks, noshm ? "false" : "true",
-                   via_shm ? "grad_shm" : "transport", gp, gm, gp / gm,
+                   shard ? "true" : "false", via_shm ? "grad_shm" : "transport", gp, gm, gp / gm,
                    bp / bm, cp[0] / per, cm[0] / per, cp[1] / per, cm[1] / per, cp[2] / per / 1e6, cm[2] / per / 1e6);
         else if (!rank)
-            printf("%12lld %14.3f %14.3f %7.2fx %9.2fx   %s; per round and process: syscalls %.1f / %.1f, context "
+            printf("%12lld %14.3f %14.3f %7.2fx %9.2fx   %s%s; per round and process: syscalls %.1f / %.1f, context "
                    "switches %.1f / %.1f, CPU ms %.3f / %.3f\n", (long long)bytes, gp, gm, gp / gm, bp / bm,
-                   via_shm ? "grad_shm" : "transport", cp[0] / per,
+                   via_shm ? "grad_shm" : "transport", shard ? " (ZeRO-1)" : "", cp[0] / per,
                    cm[0] / per, cp[1] / per, cm[1] / per, cp[2] / per / 1e6, cm[2] / per / 1e6);
         fflush(stdout);
     }

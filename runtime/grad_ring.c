@@ -18,6 +18,15 @@
  * whose time is latency. */
 #define DIRECT_MAX_BYTES ((int64_t)128 << 10)
 #define MAX_DIRECT_REPLICAS 64
+/* A ring phase's chunk may go in pieces (pp_grad_ring_options.piece_bytes
+ * > 0): piece j of the next phase leaves as soon as piece j of this one is
+ * in, so the sums of one piece overlap the transfer of the next. Off by
+ * default: on this project's 2-core machine every core is busy copying
+ * during a transfer anyway, and each piece is one more message through
+ * libzmq's I/O thread, received into a buffer glibc trims and faults in
+ * again (16 MiB over tcp, 2 processes, loaded machine, per round against
+ * whole chunks: pieces of 512 KiB 5x the system calls, 3x the page faults,
+ * 1.4x the CPU time; of 2 MiB 1.8x, 1.6x, 1.1x). */
 
 /* How a bucket is summed: not known until the stage's replicas agreed on
  * shared memory (grad_shm.h), over the transport, or through it. */
@@ -28,10 +37,14 @@ typedef struct bucket {
     pp_flat_params *fp; /* the stage's flat gradients (and, sharded, parameters) */
     int64_t off, len;   /* elements */
     int direct;         /* summed directly: phase 0 the sum, phase 1 the all-gather */
-    int phase;          /* ring: 0 .. 2(R-1): reduce-scatter, then all-gather; 2(R-1): done */
-    int sent;           /* this phase's chunk has left */
+    int phase;          /* ring: 0 .. 2(R-1): reduce-scatter, then all-gather; 2(R-1): done (every phase
+                           before this one sent and received whole) */
+    int start;          /* ring: the run's first phase (the all-gather of the parameters starts at R - 1) */
+    int sent;           /* direct: this phase's copy has left */
+    int *psent, *pgot;  /* ring: [2(R-1)] pieces of each phase sent, and received and applied */
     int limit;          /* the phase it may run to now */
     int params;         /* sharded, after the update: the all-gather moves parameters */
+    int full;           /* sharded: summed whole all the same (pp_grad_ring_add) */
     pp_tensor **got;    /* direct: [R] what each replica sent in this phase */
     int way;            /* WAY_* */
 } bucket;
@@ -63,6 +76,12 @@ struct pp_grad_ring {
     int overlapped;     /* buckets already summed when the step waited for the rest */
     loans *loans;
     pp_grad_shm **shm;  /* [n_stages]: the stage's shared-memory group, once its first bucket came */
+    /* [n_stages]: the id of the stage's bucket whose shared-memory
+     * collective comes next. A group runs one collective at a time, and
+     * every replica must run them in the same order (their rounds are
+     * matched one for one): bucket order, never the order in which
+     * buckets became ready or the replicas agreed */
+    int *shm_turn;
 };
 
 static void loans_unref(loans *l) {
@@ -95,8 +114,9 @@ pp_status pp_grad_ring_new(const pp_grad_ring_options *o, pp_grad_ring **out) {
     if (g) g->next_id = calloc((size_t)o->n_stages, sizeof *g->next_id);
     if (g) g->loans = calloc(1, sizeof *g->loans);
     if (g) g->shm = calloc((size_t)o->n_stages, sizeof *g->shm);
-    if (!g || !g->next_id || !g->loans || !g->shm) {
-        if (g) free(g->next_id), free(g->loans), free(g->shm);
+    if (g) g->shm_turn = calloc((size_t)o->n_stages, sizeof *g->shm_turn);
+    if (!g || !g->next_id || !g->loans || !g->shm || !g->shm_turn) {
+        if (g) free(g->next_id), free(g->loans), free(g->shm), free(g->shm_turn);
         free(g);
         return pp_error(PP_ERR_NOMEM, "out of memory");
     }
@@ -119,6 +139,7 @@ static void drop_buckets(pp_grad_ring *g) {
     for (int i = 0; i < g->n; i++) {
         drop_got(g, &g->b[i]);
         free(g->b[i].got);
+        free(g->b[i].psent);
     }
     g->n = 0;
 }
@@ -129,6 +150,7 @@ void pp_grad_ring_free(pp_grad_ring *g) {
     loans_unref(g->loans); /* chunks still out keep it (and their buffers) until they are let go */
     for (int s = 0; s < g->o.n_stages; s++) pp_grad_shm_free(g->shm[s]);
     free(g->shm);
+    free(g->shm_turn);
     free(g->b);
     free(g->next_id);
     free(g);
@@ -139,6 +161,7 @@ void pp_grad_ring_begin(pp_grad_ring *g, int64_t step) {
     drop_buckets(g);
     g->done = 0;
     memset(g->next_id, 0, sizeof *g->next_id * (size_t)g->o.n_stages);
+    memset(g->shm_turn, 0, sizeof *g->shm_turn * (size_t)g->o.n_stages);
     /* a group left mid-sum or mid-agreement by a failed step: its counters
      * no longer match the peers'; agreed again from scratch */
     for (int s = 0; s < g->o.n_stages; s++)
@@ -167,10 +190,15 @@ static pp_status push(pp_grad_ring *g, int stage, pp_flat_params *fp, int full, 
     int r = g->o.replicas;
     int64_t dmax = g->o.direct_max_bytes ? g->o.direct_max_bytes : DIRECT_MAX_BYTES;
     int direct = r <= MAX_DIRECT_REPLICAS && (int64_t)(r - 1) * len * (int64_t)sizeof(float) <= dmax;
-    bucket b = {stage, g->next_id[stage]++, fp, off, len, direct, 0, 0, 0, 0, NULL, WAY_TRANSPORT};
+    bucket b = {stage, g->next_id[stage]++, fp, off, len, direct, 0, 0, 0, NULL, NULL, 0, 0, full, NULL, WAY_TRANSPORT};
     if (g->shm[stage]) b.way = pp_grad_shm_in_use(g->shm[stage]) ? WAY_SHM : WAY_PENDING;
     b.limit = direct ? 1 : g->o.shard && !full ? r - 1 : 2 * (r - 1);
     if (direct && !(b.got = calloc((size_t)r, sizeof *b.got))) return pp_error(PP_ERR_NOMEM, "out of memory");
+    if (!direct) {
+        b.psent = calloc((size_t)(4 * (r - 1)), sizeof *b.psent);
+        if (!b.psent) return pp_error(PP_ERR_NOMEM, "out of memory");
+        b.pgot = b.psent + 2 * (r - 1);
+    }
     g->b[g->n++] = b;
     return PP_OK;
 }
@@ -209,7 +237,7 @@ static pp_status add_one(void *user, int64_t off, int64_t len) {
 
 pp_status pp_grad_ring_add(pp_grad_ring *g, int stage, pp_flat_params *fp, int full) {
     if (stage < 0 || stage >= g->o.n_stages) return pp_error(PP_ERR_INVALID, "gradient ring: no stage %d", stage);
-    if (!g->shm[stage] && !g->o.shard && fp && fp->total > 0) {
+    if (!g->shm[stage] && fp && fp->total > 0) {
         /* the stage's first bucket: offer shared memory (once; "no" too, so
          * that every replica learns whether all can) */
         pp_grad_shm_options so = {g->o.t, g->o.replicas, g->o.replica, g->o.n_stages, stage, g->o.shm_slot_bytes,
@@ -252,11 +280,35 @@ static void chunk_range(const pp_grad_ring *g, const bucket *b, int c, int64_t *
  * all-gather after the update) the parameters. */
 static float *phase_buf(const bucket *b) { return b->params ? b->fp->data : b->fp->grad; }
 
-static void ring_key(const pp_grad_ring *g, const bucket *b, int sending, char *name, size_t cap,
+/* Elements per piece of a ring phase's chunk, and chunk c's piece j. An
+ * empty chunk is one empty piece (the message still says "done"). */
+static int64_t piece_elems(const pp_grad_ring *g) {
+    int64_t bytes = g->o.piece_bytes;
+    if (bytes <= 0) return INT64_MAX / 2;
+    return bytes < (int64_t)sizeof(float) ? 1 : bytes / (int64_t)sizeof(float);
+}
+
+static int pieces_of(const pp_grad_ring *g, const bucket *b, int c) {
+    int64_t lo, n, pe = piece_elems(g);
+    chunk_range(g, b, c, &lo, &n);
+    return n == 0 ? 1 : (int)((n + pe - 1) / pe);
+}
+
+static void piece_range(const pp_grad_ring *g, const bucket *b, int c, int j, int64_t *lo, int64_t *n) {
+    int64_t pe = piece_elems(g), clo, cn;
+    chunk_range(g, b, c, &clo, &cn);
+    int64_t a = (int64_t)j * pe, z = a + pe < cn ? a + pe : cn;
+    *lo = clo + a;
+    *n = z > a ? z - a : 0;
+}
+
+/* The key of piece j of phase p, sent to the next replica or received
+ * from the previous one. */
+static void ring_key(const pp_grad_ring *g, const bucket *b, int p, int j, int sending, char *name, size_t cap,
                      pp_transport_key *k) {
     int r = g->o.replicas, me = g->o.replica, s = g->o.n_stages;
     int peer = sending ? mod(me + 1, r) : mod(me - 1, r);
-    snprintf(name, cap, "pippin:ring:%d", b->phase);
+    snprintf(name, cap, "pippin:ring:%d:%d", p, j);
     int mine = me * s + b->stage, theirs = peer * s + b->stage;
     *k = (pp_transport_key){PP_MSG_GRADIENT, g->step, PP_GRAD_RING_MICROBATCH + b->id, sending ? mine : theirs,
                             sending ? theirs : mine, name};
@@ -268,7 +320,7 @@ static void ring_key(const pp_grad_ring *g, const bucket *b, int sending, char *
 static pp_status chunk_tensor(pp_grad_ring *g, bucket *b, int64_t lo, int64_t n, int copy, pp_tensor **out) {
     if (copy) {
         PP_TRY(pp_tensor_empty(PP_F32, 1, (int64_t[]){n}, out));
-        if (n) memcpy((*out)->data, phase_buf(b) + lo, (size_t)n * sizeof(float));
+        pp_grad_copy((*out)->data, phase_buf(b) + lo, n);
         return PP_OK;
     }
     loan *ln = malloc(sizeof *ln);
@@ -288,31 +340,31 @@ static pp_status chunk_tensor(pp_grad_ring *g, bucket *b, int64_t lo, int64_t n,
     return s;
 }
 
-/* Sends straight from the gradients: within a bucket a chunk is changed
- * again only after every replica has it (the all-gather brings it back
- * summed, which needs this replica's part), and the last ones are waited
- * for before finish returns (settle). */
-static pp_status send_chunk(pp_grad_ring *g, bucket *b) {
+/* Sends piece j of phase p straight from the gradients: within a bucket a
+ * piece is changed again only after every replica has it (the all-gather
+ * brings it back summed, which needs this replica's part), and the last
+ * ones are waited for before finish returns (settle). */
+static pp_status send_piece(pp_grad_ring *g, bucket *b, int p, int j) {
     int c, unused;
-    phase_chunks(g, b->phase, &c, &unused);
+    phase_chunks(g, p, &c, &unused);
     int64_t lo, n;
-    chunk_range(g, b, c, &lo, &n);
+    piece_range(g, b, c, j, &lo, &n);
     pp_tensor *t;
     PP_TRY(chunk_tensor(g, b, lo, n, 0, &t));
     char name[64];
     pp_transport_key k;
-    ring_key(g, b, 1, name, sizeof name, &k);
+    ring_key(g, b, p, j, 1, name, sizeof name, &k);
     pp_status s = pp_transport_send(g->o.t, &k, t);
     pp_tensor_free(t);
-    if (s == PP_OK) b->sent = 1;
+    if (s == PP_OK) b->psent[p]++;
     return s;
 }
 
 static pp_status chunk_error(const pp_grad_ring *g, const bucket *b, int from, int c, const pp_tensor *in,
                              int64_t n) {
     return pp_error(PP_ERR_PEER, "replica %d sent stage %d's gradient chunk %d of bucket %d with %lld values, "
-                    "expected %lld float32 (do the replicas hold the same stage?)", from, b->stage, c, b->id,
-                    (long long)pp_tensor_numel(in), (long long)n);
+                    "expected %lld float32 (do the replicas hold the same stage and gradient ring options?)", from,
+                    b->stage, c, b->id, (long long)pp_tensor_numel(in), (long long)n);
 }
 
 static int chunk_ok(const pp_tensor *in, int64_t n) { return in->dtype == PP_F32 && in->ndim == 1 && in->shape[0] == n; }
@@ -323,22 +375,23 @@ PP_VEC_CLONES static void add_chunk(float *restrict dst, const float *restrict s
     PP_VFOR(i, n, dst[i] += src[i];);
 }
 
-/* Adds (reduce-scatter) or copies (all-gather) the received chunk, reading
- * it where the transport put it (the sender's ring, or the frame). */
-static pp_status apply_chunk(pp_grad_ring *g, bucket *b, pp_tensor *in) {
+/* Adds (reduce-scatter) or copies (all-gather) piece j of phase p received,
+ * reading it where the transport put it (the sender's ring, or the frame).
+ * A piece's sum is the chunk's order: replica c's values first, then each
+ * next replica's as the piece goes round, whatever the pieces. */
+static pp_status apply_piece(pp_grad_ring *g, bucket *b, int p, int j, pp_tensor *in) {
     int unused, c;
-    phase_chunks(g, b->phase, &unused, &c);
+    phase_chunks(g, p, &unused, &c);
     int64_t lo, n;
-    chunk_range(g, b, c, &lo, &n);
+    piece_range(g, b, c, j, &lo, &n);
     if (!chunk_ok(in, n)) return chunk_error(g, b, mod(g->o.replica - 1, g->o.replicas), c, in, n);
     float *dst = phase_buf(b) + lo;
     const float *src = in->data;
-    if (b->phase < g->o.replicas - 1 && !b->params)
+    if (p < g->o.replicas - 1 && !b->params)
         add_chunk(dst, src, n);
-    else if (n)
-        memcpy(dst, src, (size_t)n * sizeof(float));
-    b->phase++;
-    b->sent = 0;
+    else
+        pp_grad_copy(dst, src, n);
+    b->pgot[p]++;
     return PP_OK;
 }
 
@@ -346,22 +399,67 @@ static pp_status recv_error(const pp_grad_ring *g, const bucket *b, int from, pp
     return pp_error_context(s, "summing stage %d's gradients with replica %d (bucket %d)", b->stage, from, b->id);
 }
 
-/* Runs a ring bucket on; wait 0: only as far as what has arrived allows. */
+/* Receives piece pgot[p] of phase p (wait 0: if it arrived) and applies
+ * it; *got says whether it came. */
+static pp_status recv_piece(pp_grad_ring *g, bucket *b, int p, int wait, int timeout_ms, int *got) {
+    char name[64];
+    pp_transport_key k;
+    int j = b->pgot[p];
+    ring_key(g, b, p, j, 0, name, sizeof name, &k);
+    pp_tensor *in = NULL;
+    *got = 0;
+    pp_status s = wait ? pp_transport_recv(g->o.t, &k, timeout_ms, &in) : pp_transport_try_recv(g->o.t, &k, &in);
+    if (s != PP_OK) return recv_error(g, b, mod(g->o.replica - 1, g->o.replicas), s);
+    if (!in) return PP_OK;
+    s = apply_piece(g, b, p, j, in);
+    pp_tensor_free(in);
+    *got = s == PP_OK;
+    return s;
+}
+
+/* Runs a ring bucket on; wait 0: only as far as what has arrived allows.
+ * Every phase moves at once, piece by piece: piece j of phase p leaves
+ * once piece j of phase p - 1 is in (the chunk a phase sends is the one
+ * the phase before received), so the reduce-scatter and the all-gather
+ * overlap and nothing waits for a whole chunk. */
 static pp_status advance_ring(pp_grad_ring *g, bucket *b, int wait, int timeout_ms) {
-    while (b->phase < b->limit) {
-        if (!b->sent) PP_TRY(send_chunk(g, b));
-        char name[64];
-        pp_transport_key k;
-        ring_key(g, b, 0, name, sizeof name, &k);
-        pp_tensor *in = NULL;
-        pp_status s = wait ? pp_transport_recv(g->o.t, &k, timeout_ms, &in) : pp_transport_try_recv(g->o.t, &k, &in);
-        if (s != PP_OK) return recv_error(g, b, mod(g->o.replica - 1, g->o.replicas), s);
-        if (!in) return PP_OK;
-        s = apply_chunk(g, b, in);
-        pp_tensor_free(in);
-        PP_TRY(s);
+    /* look: poll for what arrived (each look polls libzmq), when not
+     * waiting; waiting, each piece is asked for directly (what arrived
+     * before is in the mailbox, which a receive reads first) */
+    for (int look = !wait;;) {
+        int got_any = 0;
+        for (int p = b->phase; p < b->limit; p++) {
+            int cs, cr;
+            phase_chunks(g, p, &cs, &cr);
+            int ns = pieces_of(g, b, cs), nr = pieces_of(g, b, cr);
+            while (b->psent[p] < ns && (p == b->start || b->pgot[p - 1] > b->psent[p]))
+                PP_TRY(send_piece(g, b, p, b->psent[p]));
+            /* a later phase's piece only once the piece before it came */
+            for (int got = 1; look && got && b->pgot[p] < nr && (p == b->phase || b->pgot[p - 1] > b->pgot[p]);) {
+                PP_TRY(recv_piece(g, b, p, 0, timeout_ms, &got));
+                got_any |= got;
+            }
+        }
+        while (b->phase < b->limit) {
+            int cs, cr;
+            phase_chunks(g, b->phase, &cs, &cr);
+            if (b->psent[b->phase] < pieces_of(g, b, cs) || b->pgot[b->phase] < pieces_of(g, b, cr)) break;
+            b->phase++;
+        }
+        if (b->phase == b->limit || !wait) return PP_OK;
+        if (got_any) continue; /* the sends it allowed went in this pass; more may have come */
+        /* nothing to do but wait: for the first piece still missing */
+        int p = b->phase, cs, cr;
+        for (; p < b->limit; p++) {
+            phase_chunks(g, p, &cs, &cr);
+            if (b->pgot[p] < pieces_of(g, b, cr)) break;
+        }
+        if (p == b->limit) /* never: sends wait only for receives */
+            return pp_error(PP_ERR_INTERNAL, "gradient ring: stage %d bucket %d stuck in phase %d", b->stage, b->id,
+                            b->phase);
+        int got;
+        PP_TRY(recv_piece(g, b, p, 1, timeout_ms, &got));
     }
-    return PP_OK;
 }
 
 /* ---- a small bucket, summed directly ---- */
@@ -444,7 +542,7 @@ static pp_status advance_direct(pp_grad_ring *g, bucket *b, int wait, int timeou
                 int from = mod(me + j, r);
                 int64_t lo, n;
                 chunk_range(g, b, mod(from + 1, r), &lo, &n);
-                if (n) memcpy(phase_buf(b) + lo, b->got[from]->data, (size_t)n * sizeof(float));
+                pp_grad_copy(phase_buf(b) + lo, b->got[from]->data, n);
             }
         }
         drop_got(g, b);
@@ -467,14 +565,30 @@ static pp_status advance_shm(pp_grad_ring *g, bucket *b, int wait, int timeout_m
             if (g->b[i].stage == b->stage && g->b[i].way == WAY_PENDING) g->b[i].way = way;
         if (way == WAY_TRANSPORT) return PP_OK;
     }
+    /* the stage's buckets in order: one that is ready (or whose pass saw
+     * the agreement come in) before an earlier one waits for it */
+    if (b->id != g->shm_turn[b->stage]) {
+        if (!wait) return PP_OK;
+        return pp_error(PP_ERR_INTERNAL, "gradient ring: stage %d's bucket %d waited for before bucket %d "
+                        "(shared memory takes them in order)", b->stage, b->id, g->shm_turn[b->stage]);
+    }
+    /* sharded: the reduce-scatter (the whole sum for a bucket summed
+     * whole), then after the update the all-gather of the parameters */
+    int mode = b->params ? PP_SHM_GATHER : g->o.shard && !b->full ? PP_SHM_SCATTER : PP_SHM_SUM;
     int done;
     int tmo = timeout_ms < 0 ? pp_transport_timeout_ms(g->o.t) : timeout_ms;
-    PP_TRY(pp_grad_shm_sum(sh, b->fp->grad, b->off, b->len, b->id, wait, tmo, &done));
-    if (done) b->phase = b->limit;
+    PP_TRY(pp_grad_shm_run(sh, mode, phase_buf(b), b->off, b->len, b->id, wait, tmo, &done));
+    if (done) {
+        b->phase = b->limit;
+        g->shm_turn[b->stage]++;
+    }
     return PP_OK;
 }
 
 static pp_status advance(pp_grad_ring *g, bucket *b, int wait, int timeout_ms) {
+    /* done (buckets of several stages finish out of order): a shared-memory
+     * sum must not start again, its peers would wait for it */
+    if (b->way != WAY_PENDING && b->phase >= b->limit) return PP_OK;
     if (b->way != WAY_TRANSPORT) PP_TRY(advance_shm(g, b, wait, timeout_ms));
     if (b->way != WAY_TRANSPORT) return PP_OK;
     return b->direct ? advance_direct(g, b, wait, timeout_ms) : advance_ring(g, b, wait, timeout_ms);
@@ -524,12 +638,15 @@ pp_status pp_grad_ring_gather(pp_grad_ring *g, int timeout_ms) {
      * whole (full) goes through its all-gather phases a second time */
     for (int i = 0; i < g->n; i++) {
         bucket *b = &g->b[i];
-        b->phase = b->direct ? 1 : g->o.replicas - 1;
+        b->phase = b->start = b->direct ? 1 : g->o.replicas - 1;
         b->sent = 0;
+        if (b->psent)
+            for (int p = b->start; p < 2 * (g->o.replicas - 1); p++) b->psent[p] = b->pgot[p] = 0;
         b->params = 1;
         b->limit = b->direct ? 2 : 2 * (g->o.replicas - 1);
     }
     g->done = 0;
+    memset(g->shm_turn, 0, sizeof *g->shm_turn * (size_t)g->o.n_stages);
     return pp_grad_ring_finish(g, timeout_ms);
 }
 

@@ -4,7 +4,8 @@
  * step are complete its flat gradient buffer is cut into buckets in reverse
  * parameter order (the first small, so the ring starts at once, then large
  * ones); each bucket is summed with a ring reduce-scatter then all-gather,
- * chunk by chunk. Progress is made between the rank's other actions, so
+ * chunk by chunk (optionally in pieces sent on as they arrive, so the
+ * phases overlap). Progress is made between the rank's other actions, so
  * the sums overlap the backward work still to run, and finished at the
  * step's end.
  *
@@ -15,7 +16,11 @@
  * every other and adds them up in that same order (one round trip).
  *
  * When every replica of a stage runs on this host, the stage's buckets are
- * summed through shared memory instead (grad_shm.h), with the same bits.
+ * summed through shared memory instead (grad_shm.h), with the same bits;
+ * sharded (ZeRO-1), its reduce-scatter and all-gather go that way too.
+ * There a stage's buckets go one at a time, in bucket order on every
+ * replica (whatever order they became ready in), so that the replicas'
+ * rounds match.
  *
  * Chunks are sent straight from the flat buffers (no copy; the transport
  * copies into a shared-memory ring, or libzmq writes them out from there):
@@ -48,11 +53,18 @@ typedef struct pp_grad_ring_options {
     int64_t direct_max_bytes;
     /* Replicas all on this host (as the transport sees them) sum through
      * shared memory instead (grad_shm.h: the same bits, no transport):
-     * 0 when they can, < 0 never. Not with shard (ZeRO-1 keeps the ring). */
+     * 0 when they can, < 0 never. Sharded too: reduce-scatter and
+     * all-gather through the same segments. */
     int same_host;
     /* Shared memory: bytes each chunk moves per round; 0: 1 MiB. Every
      * replica must use the same. */
     int64_t shm_slot_bytes;
+    /* Over the transport: a ring phase's chunk goes in pieces of at most
+     * this many bytes, each sent on as soon as it is in (the phases
+     * overlap); <= 0: whole chunks (grad_ring.c says why by default).
+     * Every replica must use the same (a piece of another size is
+     * refused, naming its replica). */
+    int64_t piece_bytes;
 } pp_grad_ring_options;
 
 typedef struct pp_grad_ring pp_grad_ring;

@@ -17,14 +17,22 @@
 #include <unistd.h>
 
 #include "grad_ring.h"
+#include "hash.h"
 #include "log_internal.h"
 #include "pippin/exec.h"
 #include "shm_ring.h"
 #include "status_internal.h"
 #include "vec.h"
 
-#define SEG_MAGIC "pippinG1"
-#define HEADER_BYTES ((size_t)4096) /* slots start page-aligned */
+#define SEG_MAGIC "pippinG2"
+#define PAGE ((size_t)4096)
+/* Each slot has room for this many floats more than a round moves: its
+ * data starts where its address has the low 12 bits of the caller's
+ * buffer (the slot's skew), so a copy or sum between the two never has a
+ * load and an earlier store 4 KiB apart (4K aliasing: a caller's buffer at
+ * page + 16 bytes against page-aligned slots ran 256 KiB sums at half
+ * speed). */
+#define SKEW_FLOATS ((int64_t)(PAGE / sizeof(float)))
 #define NAME_CAP 64
 #define OFFER_CAP 512 /* "NAME HOST_ID" */
 #define DEFAULT_SLOT_BYTES ((int64_t)1 << 20)
@@ -47,11 +55,20 @@ typedef struct seg_header {
     _Atomic uint32_t seq;          /* sync points its owner passed */
     char pad2[64 - 4];
     _Atomic uint32_t waiters;      /* peers asleep (or about to be) on seq */
+    char pad3[64 - 4];
+    /* per buffer: the collective of the round that wrote it (op_word),
+     * written with the slots, so that replicas running different ones (a
+     * misconfigured rank) stop instead of mixing each other's slots */
+    uint64_t op[2];
+    char pad4[64 - 16];
+    /* then uint32_t skew[2][R]: where in each slot its data starts (floats),
+     * written by the owner before the sync point that publishes the slot */
 } seg_header;
 
 typedef struct seg {
     seg_header *h;
-    float *slots;  /* [2][R][slot_floats] */
+    uint32_t *skew; /* [2][R] */
+    float *slots;   /* [2][R][slot_floats + SKEW_FLOATS] */
     size_t bytes;
 } seg;
 
@@ -74,7 +91,7 @@ struct pp_grad_shm {
     int busy;
     float *buf;
     int64_t off, len, round, nrounds;
-    int phase, bucket;
+    int phase, bucket, mode;
 };
 
 static int mod(int a, int r) { return ((a % r) + r) % r; }
@@ -83,12 +100,39 @@ static int world_rank(const pp_grad_shm *s, int k) {
     return pp_transport_stage_rank(s->o.t, k * s->o.n_stages + s->o.stage);
 }
 
-static size_t seg_bytes(const pp_grad_shm *s) {
-    return HEADER_BYTES + (size_t)2 * (size_t)s->o.replicas * (size_t)s->slot * sizeof(float);
+static size_t header_bytes(int replicas) {
+    size_t n = sizeof(seg_header) + (size_t)2 * (size_t)replicas * sizeof(uint32_t);
+    return (n + PAGE - 1) / PAGE * PAGE;
 }
 
+static size_t seg_bytes(const pp_grad_shm *s) {
+    return header_bytes(s->o.replicas) +
+           (size_t)2 * (size_t)s->o.replicas * (size_t)(s->slot + SKEW_FLOATS) * sizeof(float);
+}
+
+static size_t slot_index(const pp_grad_shm *s, uint64_t buffer, int c) {
+    return (size_t)(buffer & 1) * (size_t)s->o.replicas + (size_t)c;
+}
+
+/* Slot c of replica k's buffer, where its data starts (the skew its owner
+ * wrote: read only after the owner's sync point). */
 static float *slot_of(const pp_grad_shm *s, int k, uint64_t buffer, int c) {
-    return s->segs[k].slots + ((size_t)(buffer & 1) * (size_t)s->o.replicas + (size_t)c) * (size_t)s->slot;
+    size_t i = slot_index(s, buffer, c);
+    uint32_t skew = atomic_load_explicit((_Atomic uint32_t *)&s->segs[k].skew[i], memory_order_relaxed);
+    if (skew >= SKEW_FLOATS) skew = 0; /* same_op refused such a peer; bounds kept whatever it writes since */
+    return s->segs[k].slots + i * (size_t)(s->slot + SKEW_FLOATS) + skew;
+}
+
+/* This replica's own slot c, its data placed at the address with the low
+ * 12 bits of p's (the slots' addresses have the same low bits in every
+ * process: segments are mapped page-aligned). */
+static float *own_slot_for(pp_grad_shm *s, uint64_t buffer, int c, const float *p) {
+    seg *g = &s->segs[s->o.replica];
+    size_t i = slot_index(s, buffer, c);
+    float *base = g->slots + i * (size_t)(s->slot + SKEW_FLOATS);
+    uint32_t skew = (uint32_t)((((uintptr_t)p - (uintptr_t)base) & (PAGE - 1)) / sizeof(float));
+    g->skew[i] = skew;
+    return base + skew;
 }
 
 /* ---- futex ---- */
@@ -123,11 +167,12 @@ static void unmap(seg *g) {
     g->h = NULL;
 }
 
-static pp_status map_fd(seg *g, int fd, size_t bytes, const char *name) {
+static pp_status map_fd(seg *g, int fd, size_t bytes, size_t header, const char *name) {
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (p == MAP_FAILED) return pp_error(PP_ERR_NOMEM, "shared memory %s: mmap of %zu bytes: %s", name, bytes, strerror(errno));
     g->h = p;
-    g->slots = (float *)((unsigned char *)p + HEADER_BYTES);
+    g->skew = (uint32_t *)((unsigned char *)p + sizeof(seg_header));
+    g->slots = (float *)((unsigned char *)p + header);
     g->bytes = bytes;
     return PP_OK;
 }
@@ -153,7 +198,7 @@ static pp_status create_segment(pp_grad_shm *s) {
     /* reserved now: a full /dev/shm fails here, not with SIGBUS later */
     int e = posix_fallocate(fd, 0, (off_t)bytes);
     pp_status st = e ? pp_error(PP_ERR_NOMEM, "shared memory %s: cannot reserve %zu bytes: %s", s->name, bytes, strerror(e))
-                     : map_fd(&s->segs[s->o.replica], fd, bytes, s->name);
+                     : map_fd(&s->segs[s->o.replica], fd, bytes, header_bytes(s->o.replicas), s->name);
     close(fd);
     if (st != PP_OK) {
         shm_unlink(s->name);
@@ -206,7 +251,7 @@ static pp_status open_peer(pp_grad_shm *s, int k, const char *name, uint64_t key
     else if (st.st_mode & 077) what = "is open to other users (not mode 0600)";
     else if ((uint64_t)st.st_size != bytes) what = "has another size (another slot size or replica count?)";
     else if ((uint64_t)st.st_blocks * 512 < (uint64_t)st.st_size) what = "is not fully allocated";
-    pp_status r = *what ? PP_OK : map_fd(&s->segs[k], fd, bytes, name);
+    pp_status r = *what ? PP_OK : map_fd(&s->segs[k], fd, bytes, header_bytes(s->o.replicas), name);
     close(fd);
     if (*what)
         return pp_error(PP_ERR_PEER, "stage %d: shared memory %s offered by replica %d (rank %d) %s", s->o.stage, name, k,
@@ -430,6 +475,26 @@ static pp_status wait_all(pp_grad_shm *s, int wait, int timeout_ms, int *ok) {
     return PP_OK;
 }
 
+/* ---- copies ---- */
+
+/* Backward, 32 floats at a time: a load never follows a store to the same
+ * low 12 address bits (kept a loop, not turned into a memcpy call). */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("no-tree-loop-distribute-patterns")))
+#endif
+PP_VEC_CLONES static void copy_back(float *restrict dst, const float *restrict src, int64_t n) {
+    int64_t i = n;
+    for (; i >= 32; i -= 32)
+        for (int j = 0; j < 32; j++) dst[i - 32 + j] = src[i - 32 + j];
+    for (; i > 0; i--) dst[i - 1] = src[i - 1];
+}
+
+void pp_grad_copy(float *dst, const float *src, int64_t n) {
+    uintptr_t ahead = ((uintptr_t)dst - (uintptr_t)src) & (PAGE - 1);
+    if (n >= 512 && ahead > 0 && ahead < 64) copy_back(dst, src, n);
+    else if (n > 0) memcpy(dst, src, (size_t)n * sizeof(float));
+}
+
 /* ---- one bucket ---- */
 
 /* Chunk c of the bucket (the ring's chunks), and its slice in round q. */
@@ -441,13 +506,50 @@ static void slice_of(const pp_grad_shm *s, int c, int64_t q, int64_t *lo, int64_
     *n = to > from ? to - from : 0;
 }
 
-/* Round phase 0: the slices of the chunks others own, into this replica's slots. */
+/* What a round does, as every replica of the group must agree: the
+ * collective, the bucket, where it lies in the flat buffer (replicas split
+ * differently can have buckets of one length at other offsets) and the
+ * round, hashed into the one word the header has for it (never 0, which a
+ * fresh header holds). */
+static uint64_t op_word(const pp_grad_shm *s) {
+    int64_t what[5] = {s->mode, s->bucket, s->off, s->len, s->round};
+    return pp_hash64(PP_HASH64_SEED, what, sizeof what) | 1;
+}
+
+/* After the first sync point of a round: every peer wrote this round's
+ * buffer doing the same collective on the same bucket. */
+static pp_status same_op(pp_grad_shm *s) {
+    uint64_t mine = op_word(s);
+    for (int k = 0; k < s->o.replicas; k++) {
+        if (k == s->o.replica) continue;
+        uint64_t theirs = s->segs[k].h->op[s->rounds & 1];
+        for (int c = 0; c < s->o.replicas && theirs == mine; c++) { /* its data placements, before any is read */
+            uint32_t skew = atomic_load_explicit((_Atomic uint32_t *)&s->segs[k].skew[slot_index(s, s->rounds, c)],
+                                                 memory_order_relaxed);
+            if (skew >= SKEW_FLOATS) return gone(s, PP_ERR_PEER, k, "wrote a slot offset out of range");
+        }
+        if (theirs != mine) {
+            static const char *names[3] = {"sum", "reduce-scatter", "all-gather"};
+            char why[200];
+            snprintf(why, sizeof why, "is running another collective (this replica: the %s of bucket %d, round %lld; "
+                     "is the replicas' configuration the same: shard_optimizer, gradient buckets?)", names[s->mode],
+                     s->bucket, (long long)s->round);
+            return gone(s, PP_ERR_PEER, k, why);
+        }
+    }
+    return PP_OK;
+}
+
+/* Round phase 0: into this replica's slots, the slices of the chunks
+ * others own (sum, scatter), or of the one it owns (gather). */
 static void publish(pp_grad_shm *s) {
     int r = s->o.replicas, me = s->o.replica, own = mod(me + 1, r);
+    s->segs[me].h->op[s->rounds & 1] = op_word(s);
     for (int c = 0; c < r; c++) {
+        if ((c == own) != (s->mode == PP_SHM_GATHER)) continue;
         int64_t lo, n;
         slice_of(s, c, s->round, &lo, &n);
-        if (c != own && n) memcpy(slot_of(s, me, s->rounds, c), s->buf + lo, (size_t)n * sizeof(float));
+        if (n) pp_grad_copy(own_slot_for(s, s->rounds, c, s->buf + lo), s->buf + lo, n);
     }
 }
 
@@ -475,47 +577,64 @@ PP_VEC_CLONES static void add_last_into(float *restrict out, float *restrict min
 }
 
 /* Phase 1: this replica's chunk c summed in the ring's order (replica c
- * first, this one last), into its own slot and its gradients. */
+ * first, this one last), into its gradients and (sum: for the others to
+ * copy; scatter: as scratch when R > 2) its own slot. acc + mine and
+ * mine + acc are the same bits (IEEE addition commutes). */
 static void reduce_own(pp_grad_shm *s) {
     int r = s->o.replicas, me = s->o.replica, c = mod(me + 1, r);
     int64_t lo, n;
     slice_of(s, c, s->round, &lo, &n);
     if (!n) return;
-    float *mine = s->buf + lo, *out = slot_of(s, me, s->rounds, c);
+    float *mine = s->buf + lo;
+    if (r == 2 && s->mode == PP_SHM_SCATTER) {
+        add_into(mine, slot_of(s, c, s->rounds, c), n);
+        return;
+    }
+    float *out = own_slot_for(s, s->rounds, c, mine);
     if (r == 2) {
         add_last(out, mine, slot_of(s, c, s->rounds, c), n);
         return;
     }
     add2(out, slot_of(s, c, s->rounds, c), slot_of(s, mod(c + 1, r), s->rounds, c), n);
     for (int j = 2; j < r - 1; j++) add_into(out, slot_of(s, mod(c + j, r), s->rounds, c), n);
-    add_last_into(out, mine, n);
+    if (s->mode == PP_SHM_SCATTER) add_into(mine, out, n);
+    else add_last_into(out, mine, n);
 }
 
-/* Phase 2: the sums the others own, from their slots. */
+/* The chunks the others own, from their slots (sum: the sums; gather: the
+ * values they hold). */
 static void gather(pp_grad_shm *s) {
     int r = s->o.replicas, me = s->o.replica;
     for (int k = 0; k < r; k++) {
         if (k == me) continue;
         int64_t lo, n;
         slice_of(s, mod(k + 1, r), s->round, &lo, &n);
-        if (n) memcpy(s->buf + lo, slot_of(s, k, s->rounds, mod(k + 1, r)), (size_t)n * sizeof(float));
+        if (n) pp_grad_copy(s->buf + lo, slot_of(s, k, s->rounds, mod(k + 1, r)), n);
     }
 }
 
-pp_status pp_grad_shm_sum(pp_grad_shm *s, float *buf, int64_t off, int64_t len, int bucket, int wait,
+/* A round: publish and a sync point, then (sum) the owners' sums and a
+ * second sync point before the copies back, (scatter) the owners' sums
+ * alone, (gather) the copies alone. One sync point is enough where a round
+ * writes no slot after it: the next round writes the other buffer, and the
+ * one after waits at the next round's sync point, which every peer passes
+ * only after its reads of this round. */
+pp_status pp_grad_shm_run(pp_grad_shm *s, int mode, float *buf, int64_t off, int64_t len, int bucket, int wait,
                           int timeout_ms, int *done) {
     *done = 0;
     if (s->state != IN_USE || s->broken)
         return pp_error(PP_ERR_STATE, "stage %d: the shared-memory gradient sum is not usable%s", s->o.stage,
                         s->broken ? " after an earlier failure" : "");
+    if (mode != PP_SHM_SUM && mode != PP_SHM_SCATTER && mode != PP_SHM_GATHER)
+        return pp_error(PP_ERR_INVALID, "stage %d: no shared-memory collective %d", s->o.stage, mode);
     if (!s->busy) {
         int r = s->o.replicas;
         s->busy = 1;
-        s->buf = buf, s->off = off, s->len = len, s->bucket = bucket;
+        s->buf = buf, s->off = off, s->len = len, s->bucket = bucket, s->mode = mode;
         s->round = 0, s->phase = 0;
         int64_t longest = (len + r - 1) / r;
         s->nrounds = (longest + s->slot - 1) / s->slot;
-    } else if (s->buf != buf || s->off != off || s->len != len || s->bucket != bucket) {
+    } else if (s->buf != buf || s->off != off || s->len != len || s->bucket != bucket || s->mode != mode) {
         /* an earlier bucket of the stage holds the group: its turn comes first */
         if (!wait) return PP_OK;
         return pp_error(PP_ERR_STATE, "stage %d: bucket %d waited for while bucket %d is being summed", s->o.stage,
@@ -531,13 +650,20 @@ pp_status pp_grad_shm_sum(pp_grad_shm *s, float *buf, int64_t off, int64_t len, 
         if (s->phase == 1) {
             PP_TRY(wait_all(s, wait, timeout_ms, &ok));
             if (!ok) return PP_OK;
-            reduce_own(s);
-            post(s);
-            s->phase = 2;
+            PP_TRY(same_op(s));
+            if (s->mode == PP_SHM_GATHER) {
+                gather(s);
+            } else {
+                reduce_own(s);
+                if (s->mode == PP_SHM_SUM) post(s);
+            }
+            s->phase = s->mode == PP_SHM_SUM ? 2 : 3;
         }
-        PP_TRY(wait_all(s, wait, timeout_ms, &ok));
-        if (!ok) return PP_OK;
-        gather(s);
+        if (s->phase == 2) {
+            PP_TRY(wait_all(s, wait, timeout_ms, &ok));
+            if (!ok) return PP_OK;
+            gather(s);
+        }
         s->round++;
         s->rounds++;
         s->phase = 0;
@@ -545,6 +671,11 @@ pp_status pp_grad_shm_sum(pp_grad_shm *s, float *buf, int64_t off, int64_t len, 
     s->busy = 0;
     *done = 1;
     return PP_OK;
+}
+
+pp_status pp_grad_shm_sum(pp_grad_shm *s, float *buf, int64_t off, int64_t len, int bucket, int wait,
+                          int timeout_ms, int *done) {
+    return pp_grad_shm_run(s, PP_SHM_SUM, buf, off, len, bucket, wait, timeout_ms, done);
 }
 
 void pp_grad_shm_free(pp_grad_shm *s) {

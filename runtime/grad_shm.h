@@ -30,6 +30,20 @@
  * the two buffers, so a replica never overwrites a slot a peer may still
  * read (that peer has said it reached the next round first).
  *
+ * ZeRO-1 (grad_ring.h's shard) uses the two halves alone: the
+ * reduce-scatter is the rounds without the copies back (each replica ends
+ * with the sum of the chunk it owns, chunk replica + 1, the ring's shard;
+ * the rest of its buffer keeps its own values), and the all-gather of the
+ * updated parameters is the rounds where each replica publishes the chunk
+ * it owns and copies the others'. Each has one sync point per round.
+ *
+ * Slots have a page of slack: the owner puts a slice's data where its
+ * address has the low 12 bits of the caller's buffer at that slice (the
+ * skew, in the segment's header), so copies and sums between buffer and
+ * slot never stall on loads that look like earlier stores 4 KiB away (4K
+ * aliasing: a buffer at page + 16 bytes against page-aligned slots summed
+ * 256 KiB at about half the speed of a page-aligned one).
+ *
  * Waiting: a short spin on the peer's counter, then a futex wait in
  * slices; between slices the transport is polled, so a peer that is gone
  * (connection lost, closed, aborted) ends the wait at once with an error
@@ -68,8 +82,24 @@ int pp_grad_shm_in_use(const pp_grad_shm *s);
  * error the group is unusable (pp_grad_shm_broken). */
 pp_status pp_grad_shm_sum(pp_grad_shm *s, float *buf, int64_t off, int64_t len, int bucket, int wait,
                           int timeout_ms, int *done);
+
+/* The collectives of pp_grad_shm_run: the whole sum; its reduce-scatter
+ * (replica k ends with chunk k + 1 of the ring's chunks summed, bit for
+ * bit the ring's, the rest of buf unchanged); the all-gather (replica k's
+ * chunk k + 1 of buf to every other). */
+enum { PP_SHM_SUM, PP_SHM_SCATTER, PP_SHM_GATHER };
+/* pp_grad_shm_sum for any of them; every replica must run the same ones
+ * on the same buckets in the same order. */
+pp_status pp_grad_shm_run(pp_grad_shm *s, int mode, float *buf, int64_t off, int64_t len, int bucket, int wait,
+                          int timeout_ms, int *done);
 /* 1 if a sum failed or is half done: the replicas' counters no longer
  * match, the group must be dropped (and agreed again). */
 int pp_grad_shm_broken(const pp_grad_shm *s);
+
+/* memcpy of n floats, except where dst is up to 63 bytes above src modulo
+ * 4 KiB: there glibc's copy (rep movsb, up to 512 KiB on AMD Zen 3) ran
+ * 10-16x slower (a 128 KiB chunk: 45 us instead of 3), and a backward
+ * copy is used instead. */
+void pp_grad_copy(float *dst, const float *src, int64_t n);
 
 #endif

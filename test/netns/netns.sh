@@ -273,5 +273,18 @@ netns_case replicas-mountns r2 "split: {auto: 2}
 replicas: 2" no mountns mountns mountns mountns
 [ "$(shm_sums replicas-mountns)" -eq 0 ] && [ "$(ring_sums replicas-mountns)" -ge 4 ]
 ok $? "replicas-mountns: private /dev/shm: gradients summed over the transport ($(ring_sums replicas-mountns) groups)"
+# ZeRO-1 (shard_optimizer): the reduce-scatter and the parameters'
+# all-gather through shared memory where it is shared, over the bridge where
+# it is not; either way the unsharded loopback run's losses and parameters
+netns_case replicas-zero r2 "split: {auto: 2}
+replicas: 2
+shard_optimizer: true" yes netns netns netns netns
+[ "$(shm_sums replicas-zero)" -ge 4 ] && [ "$(ring_sums replicas-zero)" -eq 0 ]
+ok $? "replicas-zero: sharded, every rank's reduce-scatter and all-gather through shared memory ($(shm_sums replicas-zero) groups)"
+netns_case replicas-zero-mountns r2 "split: {auto: 2}
+replicas: 2
+shard_optimizer: true" no mountns mountns mountns mountns
+[ "$(shm_sums replicas-zero-mountns)" -eq 0 ] && [ "$(ring_sums replicas-zero-mountns)" -ge 4 ]
+ok $? "replicas-zero-mountns: sharded, private /dev/shm: over the transport ($(ring_sums replicas-zero-mountns) groups)"
 
 echo "1..$n"
