@@ -17,7 +17,12 @@
 #include <unistd.h>
 
 #include "status_internal.h"
-#define RING_MAGIC "pippinR1"
+/* R2: the sender may fill a lap after a skip and start again at 0 when
+ * drained; the receiver follows the header's skip_from. An R1 peer would
+ * misread that, so R2 rings are not opened by R1 builds (magic), and the
+ * format is part of the host id (pp_shm_host_id): mixed builds use sockets. */
+#define RING_MAGIC "pippinR2"
+#define RING_FORMAT "R2"
 /* The header takes one page, so the data starts page-aligned. */
 #define HEADER_BYTES ((size_t)4096)
 /* A ring larger than this in a peer's header is not believed. */
@@ -119,8 +124,8 @@ void pp_shm_host_id(char *buf, size_t cap) {
         return;
     }
     size_t len = strlen(buf);
-    int w = snprintf(buf + len, cap - len, "/%llx:%llx/%u", (unsigned long long)st.st_dev,
-                     (unsigned long long)st.st_ino, (unsigned)geteuid());
+    int w = snprintf(buf + len, cap - len, "/%llx:%llx/%u/%s", (unsigned long long)st.st_dev,
+                     (unsigned long long)st.st_ino, (unsigned)geteuid(), RING_FORMAT);
     if (w < 0 || (size_t)w >= cap - len) buf[0] = 0;
     /* the id travels in an envelope text: keep it printable */
     for (char *p = buf; *p; p++)

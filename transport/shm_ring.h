@@ -39,7 +39,8 @@ typedef struct pp_shm_ring pp_shm_ring;
  * memory through shm_open: same boot of the same machine, same IPC
  * namespace, same /dev/shm (device and inode), same user namespace and
  * euid. Network and mount namespaces do not count (processes in them share
- * /dev/shm all the same). Empty when it cannot be told (no /proc): then
+ * /dev/shm all the same), and the same ring format (builds whose rings
+ * differ use sockets). Empty when it cannot be told (no /proc): then
  * rings are not used. */
 void pp_shm_host_id(char *buf, size_t cap);
 
@@ -60,7 +61,10 @@ const char *pp_shm_ring_name(const pp_shm_ring *r);
 size_t pp_shm_ring_bytes(const pp_shm_ring *r);
 
 /* Sender: room for n contiguous bytes. Returns 1 and sets *pos and *dst
- * (where to write), or 0 when the ring has no room now. */
+ * (where to write), or 0 when the ring has no room now. A reservation
+ * that returned 1 must be committed before the next one, even when the
+ * send then fails: a skip to the next lap is recorded here, and an
+ * abandoned one would let the receiver jump over what comes next. */
 int pp_shm_ring_reserve(pp_shm_ring *r, size_t n, uint64_t *pos, void **dst);
 /* Sender: the n bytes at pos are written (call before sending the
  * envelope that names them). */
@@ -103,7 +107,8 @@ void pp_shm_ring_set_align(pp_shm_ring *r, size_t align);
  * needs its doorbell rung (see transport.c). */
 
 /* Sender: room for a record of len bytes; *dst is where to write them. 0:
- * no room now. */
+ * no room now. Like pp_shm_ring_reserve, a reservation that succeeded
+ * must be committed before the next. */
 int pp_shm_ring_msg_reserve(pp_shm_ring *r, size_t len, uint64_t *pos, void **dst);
 /* Sender: publishes the record reserved at pos. Returns 1 if the receiver
  * said it is waiting (ring its doorbell). */
