@@ -156,20 +156,22 @@ void pp_gemm_packed_f32(int M, int N, int K, const float *A, int lda, const floa
     pp_gemm_packed_tiles(M, N, K, A, lda, Bp, bias, C, ldc, NULL, NULL);
 }
 
+/* The panels of job j over the pool. */
+static void run_panels(packed_job *j) {
+    if (j->M <= 0 || j->N <= 0) return;
+    j->avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    int64_t panels = (j->N + PP_PACK_NR - 1) / PP_PACK_NR, per = (int64_t)j->M * j->K * PP_PACK_NR;
+    pp_parallel_for(panels, pp_grain_macs(per), panels_piece, j);
+}
+
 void pp_gemm_packed_tiles(int M, int N, int K, const float *A, int lda, const float *Bp, const float *bias, float *C,
                           int ldc, pp_tile_fn tile_fn, const void *tile_arg) {
-    if (M <= 0 || N <= 0) return;
-    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    packed_job j = {M, N, K, lda, ldc, avx2, A, Bp, bias, C, tile_fn, tile_arg, 0, NULL, NULL};
-    int64_t panels = (N + PP_PACK_NR - 1) / PP_PACK_NR, per = (int64_t)M * K * PP_PACK_NR;
-    pp_parallel_for(panels, pp_grain_macs(per), panels_piece, &j);
+    packed_job j = {M, N, K, lda, ldc, 0, A, Bp, bias, C, tile_fn, tile_arg, 0, NULL, NULL};
+    run_panels(&j);
 }
 
 void pp_gemm_packed_split(int M, int N, int K, const float *A, int lda, const float *Bp, const float *bias, int n,
                           float *const *outs, const int *starts) {
-    if (M <= 0 || N <= 0) return;
-    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    packed_job j = {M, N, K, lda, N, avx2, A, Bp, bias, NULL, NULL, NULL, n, outs, starts};
-    int64_t panels = (N + PP_PACK_NR - 1) / PP_PACK_NR, per = (int64_t)M * K * PP_PACK_NR;
-    pp_parallel_for(panels, pp_grain_macs(per), panels_piece, &j);
+    packed_job j = {M, N, K, lda, N, 0, A, Bp, bias, NULL, NULL, NULL, n, outs, starts};
+    run_panels(&j);
 }

@@ -148,20 +148,28 @@ pp_status pp_split_sizes(const pp_kernel_ctx *ctx, const pp_tensor *x, int *axis
     return s;
 }
 
-/* The copies of the outputs that are not views: rows [lo, hi) of every one. */
+/* An output that is a copy: its buffer, the bytes it takes of each outer
+ * row of the input, and where in the row they start. */
+typedef struct {
+    char *dst;
+    size_t chunk, off;
+} split_copy;
+
+/* The copies' rows [lo, hi), every one of them. */
 typedef struct {
     const char *src;
-    size_t row;       /* bytes of one outer row of the input */
+    size_t row; /* bytes of one outer row of the input */
     int n;
-    char **dst;
-    size_t *chunk, *off;
+    const split_copy *c;
 } split_job;
 
 static void split_piece(void *arg, int64_t lo, int64_t hi) {
     const split_job *j = arg;
-    for (int i = 0; i < j->n; i++)
+    for (int i = 0; i < j->n; i++) {
+        const split_copy *c = &j->c[i];
         for (int64_t o = lo; o < hi; o++)
-            memcpy(j->dst[i] + (size_t)o * j->chunk[i], j->src + (size_t)o * j->row + j->off[i], j->chunk[i]);
+            memcpy(c->dst + (size_t)o * c->chunk, j->src + (size_t)o * j->row + c->off, c->chunk);
+    }
 }
 
 static pp_status split_run(pp_kernel_ctx *ctx) {
@@ -169,15 +177,13 @@ static pp_status split_run(pp_kernel_ctx *ctx) {
     int nout = ctx->n_out, axis = 0;
     size_t n1 = (size_t)(nout ? nout : 1);
     int64_t *sizes = calloc(n1, sizeof *sizes);
-    char **dst = calloc(n1, sizeof *dst);
-    size_t *chunks = calloc(n1, sizeof *chunks), *offs = calloc(n1, sizeof *offs);
-    pp_status s = sizes && dst && chunks && offs ? pp_split_sizes(ctx, x, &axis, sizes)
-                                                : pp_error(PP_ERR_NOMEM, "out of memory");
+    split_copy *copies = calloc(n1, sizeof *copies);
+    pp_status s = sizes && copies ? pp_split_sizes(ctx, x, &axis, sizes) : pp_error(PP_ERR_NOMEM, "out of memory");
     if (s != PP_OK) {
-        free(sizes), free(dst), free(chunks), free(offs);
+        free(sizes), free(copies);
         return s;
     }
-    split_job job = {x->data, 0, 0, dst, chunks, offs};
+    split_job job = {x->data, 0, 0, copies};
     int64_t dim = x->shape[axis];
     size_t es = pp_dtype_size(x->dtype);
     int64_t outer = pp_shape_numel(axis, x->shape);
@@ -197,13 +203,12 @@ static pp_status split_run(pp_kernel_ctx *ctx) {
         }
         s = pp_tensor_empty(x->dtype, x->ndim, shape, &ctx->out[i]);
         if (s != PP_OK || !chunk) continue;
-        dst[job.n] = ctx->out[i]->data, chunks[job.n] = chunk, offs[job.n] = off;
-        job.n++;
+        copies[job.n++] = (split_copy){ctx->out[i]->data, chunk, off};
     }
     job.row = row;
     if (s == PP_OK && job.n) /* one pass of row copies, split between threads */
         pp_parallel_for(outer, pp_grain_rows((int64_t)(es ? row / es : row), PP_GRAIN_ELEMS), split_piece, &job);
-    free(sizes), free(dst), free(chunks), free(offs);
+    free(sizes), free(copies);
     if (s != PP_OK)
         for (int i = 0; i < nout; i++) {
             pp_tensor_free(ctx->out[i]);
