@@ -2,7 +2,7 @@
  * MPI_Allreduce on the same bytes, in the same processes, on the same host.
  * Run it under mpirun (bench/bench_allreduce.sh does):
  *
- *   mpirun -np 2 pippin-bench-allreduce [--json] [--noshm] [--ring] [--iters N]
+ *   mpirun -np 2 pippin-bench-allreduce [--json] [--noshm] [--ring] [--no-links] [--iters N]
  *                                       [--size BYTES] [--only pippin|mpi]
  *                                       [--slot BYTES] [--piece BYTES] [--shard] [--spin-us US]
  *
@@ -15,9 +15,11 @@
  * Buckets this small are summed directly rather than round the ring
  * (runtime/grad_ring.h). pippin's ring
  * sums through shared memory when every process is on this host
- * (runtime/grad_shm.h), else over its transport (tcp on loopback); --ring
- * keeps it on the transport (same-host peers then use the transport's
- * shared-memory rings unless --noshm); --slot: the shared-memory slot size;
+ * (runtime/grad_shm.h), else over direct TCP links beside its transport
+ * (runtime/grad_tcp.h; tcp on loopback); --no-links keeps it off those
+ * (through the transport); --ring keeps it off shared memory (same-host
+ * peers then use the transport's shared-memory rings unless --noshm, and
+ * direct links with it); --slot: the shared-memory slot size;
  * --piece: the ring's pieces over the transport (0: whole chunks);
  * --shard: ZeRO-1's pair instead of the sum, the reduce-scatter of the
  * gradients then the all-gather of the parameters (each process's shard
@@ -121,7 +123,7 @@ static int check(const float *x, int64_t n, int nranks, const char *who, int ran
 int main(int argc, char **argv) {
     counters_open(); /* before MPI and libzmq start their threads */
     MPI_Init(&argc, &argv);
-    int rank, nranks, json = 0, noshm = 0, ring = 0, iters = 20, run_pippin = 1, run_mpi = 1, shard = 0;
+    int rank, nranks, json = 0, noshm = 0, ring = 0, nolinks = 0, iters = 20, run_pippin = 1, run_mpi = 1, shard = 0;
     int64_t only_size = 0, slot = 0, piece = 0;
     int spin_us = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -130,6 +132,7 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--json")) json = 1;
         else if (!strcmp(argv[i], "--noshm")) noshm = 1;
         else if (!strcmp(argv[i], "--ring")) ring = 1;
+        else if (!strcmp(argv[i], "--no-links")) nolinks = 1;
         else if (!strcmp(argv[i], "--slot") && i + 1 < argc) slot = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--piece") && i + 1 < argc) piece = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--shard")) shard = 1;
@@ -140,7 +143,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "mpi")) run_pippin = 0, i++;
         else {
             if (!rank)
-                fprintf(stderr, "usage: mpirun -np R %s [--json] [--noshm] [--ring] [--iters N] [--size BYTES] "
+                fprintf(stderr, "usage: mpirun -np R %s [--json] [--noshm] [--ring] [--no-links] [--iters N] [--size BYTES] "
                         "[--only pippin|mpi] [--slot BYTES] [--piece BYTES] [--shard] [--spin-us US]\n", argv[0]);
             MPI_Finalize();
             return 2;
@@ -195,8 +198,9 @@ int main(int argc, char **argv) {
         int64_t n = bytes / (int64_t)sizeof(float);
         float *x = malloc((size_t)bytes), *y = shard ? malloc((size_t)bytes) : NULL;
         /* pippin: one stage per rank, the whole buffer one bucket */
-        pp_grad_ring_options ro = {t, nranks, rank, 1, bytes, bytes, shard, 0, ring ? -1 : 0, slot, piece};
-        int via_shm = 0;
+        pp_grad_ring_options ro = {t, nranks, rank, 1, bytes, bytes, shard, 0, ring ? -1 : 0, slot, piece,
+                                   nolinks ? -1 : 0};
+        const char *via = "transport";
         pp_grad_ring *g;
         if (pp_grad_ring_new(&ro, &g) != PP_OK) MPI_Abort(MPI_COMM_WORLD, 1);
         int64_t off0 = 0, numel = n;
@@ -229,7 +233,7 @@ int main(int argc, char **argv) {
                     MPI_Abort(MPI_COMM_WORLD, 1);
                 }
                 if (it == 0) bad |= check(shard ? y : x, n, nranks, "pippin", rank);
-                via_shm = pp_grad_ring_shm_buckets(g) > 0;
+                via = pp_grad_ring_shm_buckets(g) > 0 ? "grad_shm" : pp_grad_ring_tcp_buckets(g) > 0 ? "links" : "transport";
                 if (it >= 0) tp[it] = dt;
             }
             if (run_mpi) {
@@ -268,12 +272,12 @@ int main(int argc, char **argv) {
                    "\"ratio\": %.3f, \"ratio_best\": %.3f, \"pippin_syscalls\": %.1f, \"mpi_syscalls\": %.1f, "
                    "\"pippin_cswitches\": %.1f, \"mpi_cswitches\": %.1f, \"pippin_cpu_ms\": %.3f, "
                    "\"mpi_cpu_ms\": %.3f}\n", (long long)bytes, nranks, noshm ? "false" : "true",
-                   shard ? "true" : "false", via_shm ? "grad_shm" : "transport", gp, gm, gp / gm,
+                   shard ? "true" : "false", via, gp, gm, gp / gm,
                    bp / bm, cp[0] / per, cm[0] / per, cp[1] / per, cm[1] / per, cp[2] / per / 1e6, cm[2] / per / 1e6);
         else if (!rank)
             printf("%12lld %14.3f %14.3f %7.2fx %9.2fx   %s%s; per round and process: syscalls %.1f / %.1f, context "
                    "switches %.1f / %.1f, CPU ms %.3f / %.3f\n", (long long)bytes, gp, gm, gp / gm, bp / bm,
-                   via_shm ? "grad_shm" : "transport", shard ? " (ZeRO-1)" : "", cp[0] / per,
+                   via, shard ? " (ZeRO-1)" : "", cp[0] / per,
                    cm[0] / per, cp[1] / per, cm[1] / per, cp[2] / per / 1e6, cm[2] / per / 1e6);
         fflush(stdout);
     }

@@ -4,7 +4,8 @@
 # (runtime/grad_shm.c; MPI with its shared-memory transport), then the ring
 # over pippin's transport with its shared-memory rings (--ring: the path
 # before grad_shm), then over sockets alone (what crosses hosts; MPI over
-# tcp too), then ZeRO-1's reduce-scatter + all-gather (--shard) through
+# tcp too): pippin over its direct TCP links (runtime/grad_tcp.c), then
+# through its transport (--no-links, the path before them), then ZeRO-1's reduce-scatter + all-gather (--shard) through
 # shared memory.
 #   bench/bench_allreduce.sh [BUILD_DIR] [--json]
 # Needs Open MPI: PIPPIN_WITH_MPI=1 scripts/install-deps, then rebuild.
@@ -22,4 +23,5 @@ mpi="mpirun -np $np --oversubscribe --bind-to none"
 $mpi "$exe" "$@"
 $mpi "$exe" --ring "$@"
 $mpi --mca btl tcp,self "$exe" --noshm "$@"
+$mpi --mca btl tcp,self "$exe" --noshm --no-links "$@"
 $mpi "$exe" --shard "$@"

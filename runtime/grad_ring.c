@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "grad_shm.h"
+#include "grad_tcp.h"
 #include "status_internal.h"
 #include "vec.h"
 
@@ -29,8 +30,9 @@
  * 1.4x the CPU time; of 2 MiB 1.8x, 1.6x, 1.1x). */
 
 /* How a bucket is summed: not known until the stage's replicas agreed on
- * shared memory (grad_shm.h), over the transport, or through it. */
-enum { WAY_PENDING, WAY_TRANSPORT, WAY_SHM };
+ * shared memory (grad_shm.h), then direct links (grad_tcp.h); else through
+ * the transport. */
+enum { WAY_PENDING, WAY_TRANSPORT, WAY_SHM, WAY_TCP };
 
 typedef struct bucket {
     int stage, id;      /* id: the stage's bucket number this step */
@@ -76,12 +78,13 @@ struct pp_grad_ring {
     int overlapped;     /* buckets already summed when the step waited for the rest */
     loans *loans;
     pp_grad_shm **shm;  /* [n_stages]: the stage's shared-memory group, once its first bucket came */
-    /* [n_stages]: the id of the stage's bucket whose shared-memory
-     * collective comes next. A group runs one collective at a time, and
+    pp_grad_tcp **tcp;  /* [n_stages]: its direct links, once shared memory was declined */
+    /* [n_stages]: the id of the stage's bucket whose shared-memory (or
+     * direct-link) collective comes next. A group runs one at a time, and
      * every replica must run them in the same order (their rounds are
      * matched one for one): bucket order, never the order in which
      * buckets became ready or the replicas agreed */
-    int *shm_turn;
+    int *turn;
 };
 
 static void loans_unref(loans *l) {
@@ -114,9 +117,10 @@ pp_status pp_grad_ring_new(const pp_grad_ring_options *o, pp_grad_ring **out) {
     if (g) g->next_id = calloc((size_t)o->n_stages, sizeof *g->next_id);
     if (g) g->loans = calloc(1, sizeof *g->loans);
     if (g) g->shm = calloc((size_t)o->n_stages, sizeof *g->shm);
-    if (g) g->shm_turn = calloc((size_t)o->n_stages, sizeof *g->shm_turn);
-    if (!g || !g->next_id || !g->loans || !g->shm || !g->shm_turn) {
-        if (g) free(g->next_id), free(g->loans), free(g->shm), free(g->shm_turn);
+    if (g) g->tcp = calloc((size_t)o->n_stages, sizeof *g->tcp);
+    if (g) g->turn = calloc((size_t)o->n_stages, sizeof *g->turn);
+    if (!g || !g->next_id || !g->loans || !g->shm || !g->tcp || !g->turn) {
+        if (g) free(g->next_id), free(g->loans), free(g->shm), free(g->tcp), free(g->turn);
         free(g);
         return pp_error(PP_ERR_NOMEM, "out of memory");
     }
@@ -148,9 +152,10 @@ void pp_grad_ring_free(pp_grad_ring *g) {
     if (!g) return;
     drop_buckets(g);
     loans_unref(g->loans); /* chunks still out keep it (and their buffers) until they are let go */
-    for (int s = 0; s < g->o.n_stages; s++) pp_grad_shm_free(g->shm[s]);
+    for (int s = 0; s < g->o.n_stages; s++) pp_grad_shm_free(g->shm[s]), pp_grad_tcp_free(g->tcp[s]);
     free(g->shm);
-    free(g->shm_turn);
+    free(g->tcp);
+    free(g->turn);
     free(g->b);
     free(g->next_id);
     free(g);
@@ -161,13 +166,15 @@ void pp_grad_ring_begin(pp_grad_ring *g, int64_t step) {
     drop_buckets(g);
     g->done = 0;
     memset(g->next_id, 0, sizeof *g->next_id * (size_t)g->o.n_stages);
-    memset(g->shm_turn, 0, sizeof *g->shm_turn * (size_t)g->o.n_stages);
+    memset(g->turn, 0, sizeof *g->turn * (size_t)g->o.n_stages);
     /* a group left mid-sum or mid-agreement by a failed step: its counters
      * no longer match the peers'; agreed again from scratch */
     for (int s = 0; s < g->o.n_stages; s++)
-        if (g->shm[s] && pp_grad_shm_broken(g->shm[s])) {
+        if ((g->shm[s] && pp_grad_shm_broken(g->shm[s])) || (g->tcp[s] && pp_grad_tcp_broken(g->tcp[s]))) {
             pp_grad_shm_free(g->shm[s]);
+            pp_grad_tcp_free(g->tcp[s]);
             g->shm[s] = NULL;
+            g->tcp[s] = NULL;
         }
 }
 
@@ -178,6 +185,33 @@ int pp_grad_ring_shm_buckets(const pp_grad_ring *g) {
     int n = 0;
     for (int i = 0; i < g->n; i++) n += g->b[i].way == WAY_SHM;
     return n;
+}
+
+int pp_grad_ring_tcp_buckets(const pp_grad_ring *g) {
+    int n = 0;
+    for (int i = 0; i < g->n; i++) n += g->b[i].way == WAY_TCP;
+    return n;
+}
+
+/* The way the stage's replicas agreed on so far (WAY_PENDING: not yet). */
+static int stage_way(const pp_grad_ring *g, int stage) {
+    if (!g->shm[stage]) return WAY_TRANSPORT;
+    if (pp_grad_shm_in_use(g->shm[stage])) return WAY_SHM;
+    if (!g->tcp[stage]) return WAY_PENDING;
+    if (pp_grad_tcp_in_use(g->tcp[stage])) return WAY_TCP;
+    return pp_grad_tcp_broken(g->tcp[stage]) ? WAY_PENDING : WAY_TRANSPORT;
+}
+
+/* Direct links carry only the ring: a small bucket meant to be summed
+ * directly goes round it instead (the same bits: the ring's order). */
+static void use_way(pp_grad_ring *g, bucket *b, int way) {
+    b->way = way;
+    if (way != WAY_TCP || !b->direct) return;
+    drop_got(g, b);
+    free(b->got);
+    b->got = NULL;
+    b->direct = 0;
+    b->limit = g->o.shard && !b->full ? g->o.replicas - 1 : 2 * (g->o.replicas - 1);
 }
 
 static pp_status push(pp_grad_ring *g, int stage, pp_flat_params *fp, int full, int64_t off, int64_t len) {
@@ -191,15 +225,15 @@ static pp_status push(pp_grad_ring *g, int stage, pp_flat_params *fp, int full, 
     int64_t dmax = g->o.direct_max_bytes ? g->o.direct_max_bytes : DIRECT_MAX_BYTES;
     int direct = r <= MAX_DIRECT_REPLICAS && (int64_t)(r - 1) * len * (int64_t)sizeof(float) <= dmax;
     bucket b = {stage, g->next_id[stage]++, fp, off, len, direct, 0, 0, 0, NULL, NULL, 0, 0, full, NULL, WAY_TRANSPORT};
-    if (g->shm[stage]) b.way = pp_grad_shm_in_use(g->shm[stage]) ? WAY_SHM : WAY_PENDING;
     b.limit = direct ? 1 : g->o.shard && !full ? r - 1 : 2 * (r - 1);
     if (direct && !(b.got = calloc((size_t)r, sizeof *b.got))) return pp_error(PP_ERR_NOMEM, "out of memory");
-    if (!direct) {
-        b.psent = calloc((size_t)(4 * (r - 1)), sizeof *b.psent);
-        if (!b.psent) return pp_error(PP_ERR_NOMEM, "out of memory");
-        b.pgot = b.psent + 2 * (r - 1);
+    if (!(b.psent = calloc((size_t)(4 * (r - 1)), sizeof *b.psent))) {
+        free(b.got);
+        return pp_error(PP_ERR_NOMEM, "out of memory");
     }
-    g->b[g->n++] = b;
+    b.pgot = b.psent + 2 * (r - 1);
+    g->b[g->n] = b;
+    use_way(g, &g->b[g->n++], stage_way(g, stage));
     return PP_OK;
 }
 
@@ -554,24 +588,41 @@ static pp_status advance_direct(pp_grad_ring *g, bucket *b, int wait, int timeou
 
 /* ---- through shared memory ---- */
 
+/* The stage's way, agreed as far as what arrived allows: shared memory
+ * first; if declined, direct links (offered only then, so that replicas
+ * sharing memory never open sockets). */
+static pp_status agree_way(pp_grad_ring *g, bucket *b, int wait, int timeout_ms) {
+    int st = b->stage, decided;
+    PP_TRY(pp_grad_shm_agree(g->shm[st], wait, timeout_ms, &decided));
+    if (!decided) return PP_OK;
+    if (!pp_grad_shm_in_use(g->shm[st])) {
+        if (!g->tcp[st]) {
+            pp_grad_tcp_options to = {g->o.t, g->o.replicas, g->o.replica, g->o.n_stages, st, g->o.sockets >= 0};
+            PP_TRY(pp_grad_tcp_new(&to, g->step, &g->tcp[st]));
+        }
+        PP_TRY(pp_grad_tcp_agree(g->tcp[st], wait, timeout_ms, &decided));
+        if (!decided) return PP_OK;
+    }
+    int way = stage_way(g, st);
+    for (int i = 0; i < g->n; i++)
+        if (g->b[i].stage == st && g->b[i].way == WAY_PENDING) use_way(g, &g->b[i], way);
+    return PP_OK;
+}
+
+/* The stage's buckets in order: one that is ready (or whose pass saw the
+ * agreement come in) before an earlier one waits for it. */
+static pp_status my_turn(pp_grad_ring *g, bucket *b, int wait, int *yes) {
+    *yes = b->id == g->turn[b->stage];
+    if (*yes || !wait) return PP_OK;
+    return pp_error(PP_ERR_INTERNAL, "gradient ring: stage %d's bucket %d waited for before bucket %d "
+                    "(shared memory and direct links take them in order)", b->stage, b->id, g->turn[b->stage]);
+}
+
 static pp_status advance_shm(pp_grad_ring *g, bucket *b, int wait, int timeout_ms) {
     pp_grad_shm *sh = g->shm[b->stage];
-    if (b->way == WAY_PENDING) {
-        int decided;
-        PP_TRY(pp_grad_shm_agree(sh, wait, timeout_ms, &decided));
-        if (!decided) return PP_OK;
-        int way = pp_grad_shm_in_use(sh) ? WAY_SHM : WAY_TRANSPORT;
-        for (int i = 0; i < g->n; i++)
-            if (g->b[i].stage == b->stage && g->b[i].way == WAY_PENDING) g->b[i].way = way;
-        if (way == WAY_TRANSPORT) return PP_OK;
-    }
-    /* the stage's buckets in order: one that is ready (or whose pass saw
-     * the agreement come in) before an earlier one waits for it */
-    if (b->id != g->shm_turn[b->stage]) {
-        if (!wait) return PP_OK;
-        return pp_error(PP_ERR_INTERNAL, "gradient ring: stage %d's bucket %d waited for before bucket %d "
-                        "(shared memory takes them in order)", b->stage, b->id, g->shm_turn[b->stage]);
-    }
+    int yes;
+    PP_TRY(my_turn(g, b, wait, &yes));
+    if (!yes) return PP_OK;
     /* sharded: the reduce-scatter (the whole sum for a bucket summed
      * whole), then after the update the all-gather of the parameters */
     int mode = b->params ? PP_SHM_GATHER : g->o.shard && !b->full ? PP_SHM_SCATTER : PP_SHM_SUM;
@@ -580,17 +631,48 @@ static pp_status advance_shm(pp_grad_ring *g, bucket *b, int wait, int timeout_m
     PP_TRY(pp_grad_shm_run(sh, mode, phase_buf(b), b->off, b->len, b->id, wait, tmo, &done));
     if (done) {
         b->phase = b->limit;
-        g->shm_turn[b->stage]++;
+        g->turn[b->stage]++;
+    }
+    return PP_OK;
+}
+
+/* ---- over direct links ---- */
+
+static pp_status advance_tcp(pp_grad_ring *g, bucket *b, int wait, int timeout_ms) {
+    int yes;
+    PP_TRY(my_turn(g, b, wait, &yes));
+    if (!yes) return PP_OK;
+    int r = g->o.replicas, n = b->limit - b->start;
+    pp_grad_tcp_phase ph[2 * MAX_DIRECT_REPLICAS], *php = n <= 2 * MAX_DIRECT_REPLICAS ? ph : malloc(sizeof *php * (size_t)n);
+    if (!php) return pp_error(PP_ERR_NOMEM, "out of memory");
+    float *buf = phase_buf(b);
+    for (int i = 0; i < n; i++) {
+        int p = b->start + i, cs, cr;
+        int64_t lo_s, n_s, lo_r, n_r;
+        phase_chunks(g, p, &cs, &cr);
+        chunk_range(g, b, cs, &lo_s, &n_s);
+        chunk_range(g, b, cr, &lo_r, &n_r);
+        php[i] = (pp_grad_tcp_phase){buf + lo_s, n_s, buf + lo_r, n_r, p < r - 1 && !b->params};
+    }
+    int done, tmo = timeout_ms < 0 ? pp_transport_timeout_ms(g->o.t) : timeout_ms;
+    pp_status s = pp_grad_tcp_run(g->tcp[b->stage], php, n, b->id, wait, tmo, &done);
+    if (php != ph) free(php);
+    PP_TRY(s);
+    if (done) {
+        b->phase = b->limit;
+        g->turn[b->stage]++;
     }
     return PP_OK;
 }
 
 static pp_status advance(pp_grad_ring *g, bucket *b, int wait, int timeout_ms) {
     /* done (buckets of several stages finish out of order): a shared-memory
-     * sum must not start again, its peers would wait for it */
+     * or direct-link sum must not start again, its peers would wait for it */
     if (b->way != WAY_PENDING && b->phase >= b->limit) return PP_OK;
-    if (b->way != WAY_TRANSPORT) PP_TRY(advance_shm(g, b, wait, timeout_ms));
-    if (b->way != WAY_TRANSPORT) return PP_OK;
+    if (b->way == WAY_PENDING) PP_TRY(agree_way(g, b, wait, timeout_ms));
+    if (b->way == WAY_PENDING) return PP_OK;
+    if (b->way == WAY_SHM) return advance_shm(g, b, wait, timeout_ms);
+    if (b->way == WAY_TCP) return advance_tcp(g, b, wait, timeout_ms);
     return b->direct ? advance_direct(g, b, wait, timeout_ms) : advance_ring(g, b, wait, timeout_ms);
 }
 
@@ -646,7 +728,7 @@ pp_status pp_grad_ring_gather(pp_grad_ring *g, int timeout_ms) {
         b->limit = b->direct ? 2 : 2 * (g->o.replicas - 1);
     }
     g->done = 0;
-    memset(g->shm_turn, 0, sizeof *g->shm_turn * (size_t)g->o.n_stages);
+    memset(g->turn, 0, sizeof *g->turn * (size_t)g->o.n_stages);
     return pp_grad_ring_finish(g, timeout_ms);
 }
 

@@ -18,9 +18,11 @@
  * When every replica of a stage runs on this host, the stage's buckets are
  * summed through shared memory instead (grad_shm.h), with the same bits;
  * sharded (ZeRO-1), its reduce-scatter and all-gather go that way too.
- * There a stage's buckets go one at a time, in bucket order on every
- * replica (whatever order they became ready in), so that the replicas'
- * rounds match.
+ * Otherwise, over a plain tcp transport, the ring's chunks go over direct
+ * TCP links between neighbouring replicas (grad_tcp.h), read and written
+ * by this thread. Both ways take a stage's buckets one at a time, in
+ * bucket order on every replica (whatever order they became ready in), so
+ * that the replicas' rounds match.
  *
  * Chunks are sent straight from the flat buffers (no copy; the transport
  * copies into a shared-memory ring, or libzmq writes them out from there):
@@ -65,6 +67,11 @@ typedef struct pp_grad_ring_options {
      * Every replica must use the same (a piece of another size is
      * refused, naming its replica). */
     int64_t piece_bytes;
+    /* Replicas that cannot share memory sum over direct TCP links beside
+     * the transport (grad_tcp.h: the same bits, no libzmq I/O thread) when
+     * every one of them can (plain tcp transport, no CURVE): 0 when they
+     * can, < 0 never (always through the transport). */
+    int sockets;
 } pp_grad_ring_options;
 
 typedef struct pp_grad_ring pp_grad_ring;
@@ -109,6 +116,8 @@ void pp_ring_ranges_free(pp_ring_ranges *r);
 int pp_grad_ring_buckets(const pp_grad_ring *g);
 /* Of those, how many were summed through shared memory (grad_shm.h). */
 int pp_grad_ring_shm_buckets(const pp_grad_ring *g);
+/* Of those, how many went over direct links (grad_tcp.h). */
+int pp_grad_ring_tcp_buckets(const pp_grad_ring *g);
 /* Of those, how many were summed (their backward half) before the last
  * pp_grad_ring_finish had to wait: the overlap with compute. */
 int pp_grad_ring_overlapped(const pp_grad_ring *g);

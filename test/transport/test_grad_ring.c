@@ -42,7 +42,7 @@ typedef struct job {
     float *x[STEPS];   /* this replica's gradients of each step */
     float *out[STEPS]; /* what it held after finish */
     float *params[STEPS]; /* sharded: the parameters after the update and the all-gather */
-    int shm_buckets, buckets; /* of the last step */
+    int shm_buckets, tcp_buckets, buckets; /* of the last step */
     pp_status s;
     char err[512];
 } job;
@@ -74,6 +74,7 @@ static void *replica_main(void *arg) {
         j->s = pp_grad_ring_add(g, 0, &fp, j->full);
         if (j->s == PP_OK) j->s = pp_grad_ring_finish(g, 10000);
         j->shm_buckets = pp_grad_ring_shm_buckets(g);
+        j->tcp_buckets = pp_grad_ring_tcp_buckets(g);
         j->buckets = pp_grad_ring_buckets(g);
         memcpy(j->out[step], grad, sizeof(float) * (size_t)j->total);
         if (j->o.shard && j->s == PP_OK) { /* this replica's shard updated, then the parameters go round */
@@ -106,12 +107,17 @@ static float value(unsigned *seed) {
  * summed whole all the same), ring pieces of piece_bytes (0: the default). */
 static int opt_shard, opt_full, opt_shift;
 static int64_t opt_piece_bytes;
+/* Direct links (grad_tcp.h): the ring option sockets of every replica
+ * (-1: through the transport, the default here), and a replica that
+ * declines them all the same (-1: none). */
+static int opt_sockets, opt_sockets_declined;
 
 /* Before each test: what a failed one left set is not carried on. */
 static int plain_options(void **state) {
     (void)state;
     opt_shard = opt_full = opt_shift = 0;
     opt_piece_bytes = 0;
+    opt_sockets = opt_sockets_declined = -1;
     return 0;
 }
 
@@ -143,7 +149,8 @@ static float *run_shm(const char *kind, int64_t shm_bytes, int R, int64_t direct
         memset(j, 0, sizeof *j);
         j->t = t[k];
         j->o = (pp_grad_ring_options){t[k], R, k, 1, 16 << 10, 256 << 10, opt_shard, direct_max_bytes,
-                                      k < shm_from ? -1 : 0, slot_bytes, opt_piece_bytes};
+                                      k < shm_from ? -1 : 0, slot_bytes, opt_piece_bytes,
+                                      k == opt_sockets_declined ? -1 : opt_sockets};
         j->full = opt_full;
         j->shift = opt_shift ? (int)((unsigned)opt_shift * (unsigned)(k + 1) % 4096u) : 0;
         j->total = total;
@@ -217,6 +224,12 @@ static float *run_shm(const char *kind, int64_t shm_bytes, int R, int64_t direct
         if (jobs[k].shm_buckets != (expect ? jobs[k].buckets : 0))
             fail_msg("%s, %d replicas, shared memory from replica %d: replica %d summed %d of %d buckets through shared "
                      "memory", kind, R, shm_from, k, jobs[k].shm_buckets, jobs[k].buckets);
+    /* direct links likewise: all or none, when shared memory is not used */
+    int links = !expect && opt_sockets >= 0 && opt_sockets_declined < 0 && strcmp(kind, "tcp") == 0;
+    for (int k = 0; k < R; k++)
+        if (jobs[k].tcp_buckets != (links ? jobs[k].buckets : 0))
+            fail_msg("%s, %d replicas, direct links %d (declined by replica %d): replica %d summed %d of %d buckets "
+                     "over them", kind, R, opt_sockets, opt_sockets_declined, k, jobs[k].tcp_buckets, jobs[k].buckets);
     if (shm) *shm = jobs[0].shm_buckets;
     float *res = malloc(sizeof(float) * (size_t)total * STEPS);
     for (int s = 0; s < STEPS; s++)
@@ -331,6 +344,8 @@ typedef struct quit_job {
     int k, close_after; /* replica 1: close its transport after step 0, or just stop */
     int timeout_ms;
     int64_t slot_bytes;
+    int links;       /* over direct links (the transports keep off shared memory) */
+    atomic_int *release; /* links, silent: replica 1 keeps its links open until this is set */
     pp_status s[2];
     char err[512];
 } quit_job;
@@ -351,6 +366,7 @@ static void *quit_main(void *arg) {
                 pp_transport_close(*j->t);
                 *j->t = NULL;
             }
+            while (j->links && !j->close_after && !atomic_load(j->release)) usleep(1000);
             break;
         }
         for (int i = 0; i < N; i++) grad[i] = (float)(i % 7 + j->k);
@@ -360,31 +376,40 @@ static void *quit_main(void *arg) {
         if (s == PP_OK) s = pp_grad_ring_finish(g, j->timeout_ms);
         j->s[step] = s;
         if (s != PP_OK) snprintf(j->err, sizeof j->err, "%s", pp_last_error());
-        if (step == 0 && s == PP_OK && pp_grad_ring_shm_buckets(g) != pp_grad_ring_buckets(g)) j->s[0] = PP_ERR_STATE;
+        int via = j->links ? pp_grad_ring_tcp_buckets(g) : pp_grad_ring_shm_buckets(g);
+        if (step == 0 && s == PP_OK && via != pp_grad_ring_buckets(g)) j->s[0] = PP_ERR_STATE;
     }
     pp_grad_ring_free(g);
     free(grad);
     return NULL;
 }
 
-static void check_quit(int close_after, int timeout_ms, pp_status code, const char *want) {
+static void check_quit_over(int links, int close_after, int timeout_ms, pp_status code, const char *want) {
     pp_transport_options o;
     pp_transport_options_init(&o);
     o.timeout_ms = 20000;
+    if (links) o.shm_bytes = -1;
     pp_transport *t[2];
     tt_make_ranks("tcp", 2, &o, t);
-    quit_job jobs[2] = {{&t[0], 0, close_after, timeout_ms, 0, {0}, ""}, {&t[1], 1, close_after, timeout_ms, 0, {0}, ""}};
+    atomic_int release = 0;
+    quit_job jobs[2] = {{&t[0], 0, close_after, timeout_ms, 0, links, &release, {0}, ""},
+                        {&t[1], 1, close_after, timeout_ms, 0, links, &release, {0}, ""}};
     pthread_t th[2];
     for (int k = 0; k < 2; k++) assert_int_equal(pthread_create(&th[k], NULL, quit_main, &jobs[k]), 0);
-    pthread_join(th[1], NULL);
     pthread_join(th[0], NULL);
+    atomic_store(&release, 1);
+    pthread_join(th[1], NULL);
     assert_int_equal(jobs[0].s[0], PP_OK);
     assert_int_equal(jobs[1].s[0], PP_OK);
-    assert_int_equal(jobs[0].s[1], code);
+    if (jobs[0].s[1] != code) fail_msg("step 1: status %d, not %d: %s", jobs[0].s[1], code, jobs[0].err);
     if (!strstr(jobs[0].err, "replica 1 (rank 1)") || !strstr(jobs[0].err, want))
         fail_msg("the error should name replica 1 (rank 1) and say \"%s\": %s", want, jobs[0].err);
     for (int k = 0; k < 2; k++) pp_transport_close(t[k]);
     assert_int_equal(groups_left(), 0);
+}
+
+static void check_quit(int close_after, int timeout_ms, pp_status code, const char *want) {
+    check_quit_over(0, close_after, timeout_ms, code, want);
 }
 
 static void test_shm_collective_peer_gone(void **state) {
@@ -407,7 +432,7 @@ static void test_shm_collective_refuses_other_layout(void **state) {
     o.timeout_ms = 5000;
     pp_transport *t[2];
     tt_make_ranks("tcp", 2, &o, t);
-    quit_job jobs[2] = {{&t[0], 0, 0, 5000, 4096, {0}, ""}, {&t[1], 1, 0, 5000, 8192, {0}, ""}};
+    quit_job jobs[2] = {{&t[0], 0, 0, 5000, 4096, 0, NULL, {0}, ""}, {&t[1], 1, 0, 5000, 8192, 0, NULL, {0}, ""}};
     pthread_t th[2];
     for (int k = 0; k < 2; k++) assert_int_equal(pthread_create(&th[k], NULL, quit_main, &jobs[k]), 0);
     for (int k = 0; k < 2; k++) pthread_join(th[k], NULL);
@@ -543,6 +568,7 @@ typedef struct piece_job {
     pp_status s;
     char err[512];
     int64_t lead; /* floats before the parameter in the flat buffer */
+    int links;    /* over direct links (else through the transport) */
 } piece_job;
 
 static void *piece_main(void *arg) {
@@ -552,7 +578,8 @@ static void *piece_main(void *arg) {
     int64_t off[1] = {j->lead}, nm[1] = {N};
     float *grad = calloc(N + j->lead, sizeof(float));
     pp_flat_params fp = {1, NULL, names, off, nm, NULL, NULL, N + j->lead, NULL, grad, NULL};
-    pp_grad_ring_options o = {j->t, 2, j->k, 1, 16 << 10, 256 << 10, j->shard, -1, j->same_host, 0, j->piece_bytes};
+    pp_grad_ring_options o = {j->t, 2, j->k, 1, 16 << 10, 256 << 10, j->shard, -1, j->same_host, 0, j->piece_bytes,
+                              j->links ? 0 : -1};
     pp_grad_ring *g = NULL;
     j->s = pp_grad_ring_new(&o, &g);
     pp_transport_set_step(j->t, 0);
@@ -869,6 +896,84 @@ static void test_settle_follows_transport_timeout(void **state) {
     }
 }
 
+/* Replicas that cannot share memory, over a plain tcp transport, sum over
+ * direct links (runtime/grad_tcp.c): the transport ring's bits, summed
+ * and sharded (a bucket summed whole too), small buckets (which the
+ * transport sums directly) going round the ring instead, buffers at any
+ * alignment; a replica that will not use links keeps every replica on
+ * the transport. */
+static void test_links_same_bits(void **state) {
+    (void)state;
+    int64_t total = 0;
+    for (int i = 0; i < NP; i++) total += (numel[i] + 15) / 16 * 16;
+    size_t bytes = sizeof(float) * (size_t)total * STEPS;
+    for (int R = 2; R <= 4; R++)
+        for (int shard = 0; shard <= 2; shard++) {
+            opt_shard = shard > 0;
+            opt_full = shard == 2;
+            opt_sockets = -1;
+            float *ring = run("tcp", -1, R, 0);
+            opt_sockets = 0;
+            float *links = run("tcp", -1, R, -1), *small = run("tcp", -1, R, (int64_t)1 << 30);
+            opt_shift = 1005;
+            float *shifted = run("tcp", -1, R, 0);
+            opt_shift = 0;
+            opt_sockets_declined = R - 1;
+            float *declined = run("tcp", -1, R, 0);
+            opt_sockets_declined = -1;
+            assert_memory_equal(ring, links, bytes);
+            assert_memory_equal(ring, small, bytes);
+            assert_memory_equal(ring, shifted, bytes);
+            assert_memory_equal(ring, declined, bytes);
+            free(ring);
+            free(links);
+            free(small);
+            free(shifted);
+            free(declined);
+        }
+}
+
+/* A replica that stops taking part after a step over direct links: gone
+ * (its links closed) or silent (links open, nothing sent). The other's
+ * next sum fails with an error naming it, never hangs. */
+static void test_links_peer_gone(void **state) {
+    (void)state;
+    check_quit_over(1, 1, 20000, PP_ERR_PEER, "closed its link");
+}
+
+static void test_links_peer_silent(void **state) {
+    (void)state;
+    check_quit_over(1, 0, 300, PP_ERR_TIMEOUT, "sent nothing for 300 ms");
+}
+
+/* Replicas whose flat buffers differ (a misconfigured rank): the first
+ * chunk's header does not match, and each refuses the other's, naming
+ * it, instead of adding up chunks that do not match. */
+static void test_links_refuse_other_layout(void **state) {
+    (void)state;
+    pp_transport_options o;
+    pp_transport_options_init(&o);
+    o.timeout_ms = 5000;
+    o.shm_bytes = -1;
+    pp_transport *t[2];
+    tt_make_ranks("tcp", 2, &o, t);
+    piece_job jobs[2] = {{t[0], 0, 0, 0, -1, PP_OK, "", 0, 1}, {t[1], 1, 0, 0, -1, PP_OK, "", 64, 1}};
+    pthread_t th[2];
+    for (int k = 0; k < 2; k++) assert_int_equal(pthread_create(&th[k], NULL, piece_main, &jobs[k]), 0);
+    for (int k = 0; k < 2; k++) pthread_join(th[k], NULL);
+    int said = 0; /* the second may see the first's link closed instead */
+    for (int k = 0; k < 2; k++) {
+        char who[32];
+        snprintf(who, sizeof who, "replica %d (rank %d)", 1 - k, 1 - k);
+        assert_int_equal(jobs[k].s, PP_ERR_PEER);
+        if (!strstr(jobs[k].err, who))
+            fail_msg("replica %d should refuse %s's chunk of another size: %s", k, who, jobs[k].err);
+        said += strstr(jobs[k].err, "was due") != NULL;
+    }
+    assert_true(said >= 1);
+    tt_close_ranks(2, t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_ring_inproc, plain_options),
@@ -889,6 +994,10 @@ int main(void) {
         cmocka_unit_test_setup(test_shm_refuses_other_collective, plain_options),
         cmocka_unit_test_setup(test_shm_refuses_other_layout_same_length, plain_options),
         cmocka_unit_test_setup(test_shm_buckets_in_bucket_order, plain_options),
+        cmocka_unit_test_setup(test_links_same_bits, plain_options),
+        cmocka_unit_test_setup(test_links_peer_gone, plain_options),
+        cmocka_unit_test_setup(test_links_peer_silent, plain_options),
+        cmocka_unit_test_setup(test_links_refuse_other_layout, plain_options),
     };
     tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,54 @@
+/* Internal: plain TCP connections beside the transport, for bulk data
+ * between two ranks that already talk over it (the replicas' gradient
+ * ring, runtime/grad_tcp.h). libzmq hands every message to its I/O thread
+ * and back (two wake-ups a message on each side); a collective that moves
+ * megabytes in lock step with its neighbours does better writing and
+ * reading the socket from its own thread, as MPI's tcp transport does.
+ *
+ * Setting one up: the accepting rank listens on the address its transport
+ * is bound to (an ephemeral port) and sends the connecting rank an offer
+ * over the transport: "tcp HOST PORT NONCE", NONCE 16 random bytes in hex.
+ * The connecting rank connects and sends a hello (magic, the nonce, the
+ * run id, what it is for and who it is); the acceptor keeps only a
+ * connection whose hello carries its nonce and the expected purpose and
+ * sender, and closes any other (a stranger, a stale rank) with a warning.
+ * The nonce travelled over the transport, so the link is as authenticated
+ * as the transport, but it is never encrypted: offered only when the
+ * transport is plain tcp without CURVE, bound to a concrete address. */
+#ifndef PIPPIN_TRANSPORT_DIRECT_TCP_H
+#define PIPPIN_TRANSPORT_DIRECT_TCP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pippin/transport.h"
+
+#define PP_DIRECT_OFFER_CAP 128
+
+typedef struct pp_direct_listener pp_direct_listener;
+
+/* Whether t may carry direct links (plain tcp, no CURVE, a concrete bind
+ * address); if not, *why says why (for the log). */
+int pp_direct_possible(const pp_transport *t, const char **why);
+
+/* Listens beside t's endpoint; offer (PP_DIRECT_OFFER_CAP) receives the
+ * text to send to the rank that will connect. purpose and peer are what
+ * that rank's hello must carry. */
+pp_status pp_direct_listen(pp_transport *t, uint32_t purpose, int32_t peer, char *offer, pp_direct_listener **out);
+void pp_direct_listener_free(pp_direct_listener *l);
+
+/* Takes the connection whose hello matches (timeout_ms 0: only one
+ * already waiting; else up to timeout_ms). *fd is -1 while none came. A
+ * mismatched hello closes that connection (logged) and goes on. */
+pp_status pp_direct_accept(pp_direct_listener *l, int timeout_ms, int *fd);
+
+/* Connects to an offer's address and sends the hello (purpose, me: this
+ * rank's name for itself on that link). *fd: the connected socket,
+ * non-blocking, TCP_NODELAY. */
+pp_status pp_direct_connect(pp_transport *t, const char *offer, uint32_t purpose, int32_t me, int timeout_ms,
+                            int *fd);
+
+/* 1 when text parses as an offer (for checking a peer's before use). */
+int pp_direct_offer_valid(const char *text);
+
+#endif
