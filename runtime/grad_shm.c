@@ -337,7 +337,7 @@ static pp_status decide(pp_grad_shm *s) {
         if (s->linked) shm_unlink(s->name);
         s->linked = 0;
         pp_debug("stage %d replica %d: a replica is not on this host or has no shared memory: gradients summed "
-                 "over the transport", s->o.stage, s->o.replica);
+                 "over the network", s->o.stage, s->o.replica);
         return PP_OK;
     }
     s->state = IN_USE;

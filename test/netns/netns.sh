@@ -264,15 +264,17 @@ fi
 # with a private /dev/shm each (mount namespaces) they must not, and the
 # gradient ring crosses the bridge
 shm_sums() { cat "$tmp/$1"-?.err | grep -c "replicas sum gradients through shared memory"; }
-ring_sums() { cat "$tmp/$1"-?.err | grep -c "gradients summed over the transport"; }
+ring_sums() { cat "$tmp/$1"-?.err | grep -c "gradients summed over the network"; }
+# ... and of those, the groups that went over direct TCP links (runtime/grad_tcp.c)
+link_sums() { cat "$tmp/$1"-?.err | grep -c "replicas sum gradients over direct links"; }
 netns_case replicas r2 "split: {auto: 2}
 replicas: 2" yes netns netns netns netns
 [ "$(shm_sums replicas)" -ge 4 ] && [ "$(ring_sums replicas)" -eq 0 ]
 ok $? "replicas: every rank summed its stage's gradients through shared memory ($(shm_sums replicas) groups)"
 netns_case replicas-mountns r2 "split: {auto: 2}
 replicas: 2" no mountns mountns mountns mountns
-[ "$(shm_sums replicas-mountns)" -eq 0 ] && [ "$(ring_sums replicas-mountns)" -ge 4 ]
-ok $? "replicas-mountns: private /dev/shm: gradients summed over the transport ($(ring_sums replicas-mountns) groups)"
+[ "$(shm_sums replicas-mountns)" -eq 0 ] && [ "$(ring_sums replicas-mountns)" -ge 4 ] && [ "$(link_sums replicas-mountns)" -ge 4 ]
+ok $? "replicas-mountns: private /dev/shm: gradients summed over the network ($(ring_sums replicas-mountns) groups, $(link_sums replicas-mountns) over direct links)"
 # ZeRO-1 (shard_optimizer): the reduce-scatter and the parameters'
 # all-gather through shared memory where it is shared, over the bridge where
 # it is not; either way the unsharded loopback run's losses and parameters
@@ -284,7 +286,7 @@ ok $? "replicas-zero: sharded, every rank's reduce-scatter and all-gather throug
 netns_case replicas-zero-mountns r2 "split: {auto: 2}
 replicas: 2
 shard_optimizer: true" no mountns mountns mountns mountns
-[ "$(shm_sums replicas-zero-mountns)" -eq 0 ] && [ "$(ring_sums replicas-zero-mountns)" -ge 4 ]
-ok $? "replicas-zero-mountns: sharded, private /dev/shm: over the transport ($(ring_sums replicas-zero-mountns) groups)"
+[ "$(shm_sums replicas-zero-mountns)" -eq 0 ] && [ "$(ring_sums replicas-zero-mountns)" -ge 4 ] && [ "$(link_sums replicas-zero-mountns)" -ge 4 ]
+ok $? "replicas-zero-mountns: sharded, private /dev/shm: over the network ($(ring_sums replicas-zero-mountns) groups, $(link_sums replicas-zero-mountns) over direct links)"
 
 echo "1..$n"
