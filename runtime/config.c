@@ -470,12 +470,13 @@ static pp_status parse_checkpoint(const cx *x, const yaml_node_t *m) {
 }
 
 static pp_status parse_buckets(const cx *x, const yaml_node_t *m) {
-    static const char *const keys[] = {"first_bytes", "bytes"};
-    yaml_node_t *v[2];
+    static const char *const keys[] = {"first_bytes", "bytes", "direct_links"};
+    yaml_node_t *v[3];
     pp_config *c = x->c;
-    PP_TRY(match_keys(x, m, "gradient_buckets", keys, 2, v));
+    PP_TRY(match_keys(x, m, "gradient_buckets", keys, 3, v));
     if (given(v[0])) PP_TRY(get_int(x, v[0], "gradient_buckets.first_bytes", 4, INT64_MAX, &c->bucket_first_bytes));
     if (given(v[1])) PP_TRY(get_int(x, v[1], "gradient_buckets.bytes", 4, INT64_MAX, &c->bucket_bytes));
+    if (given(v[2])) PP_TRY(get_bool(x, v[2], "gradient_buckets.direct_links", &c->bucket_direct_links));
     return PP_OK;
 }
 
@@ -927,6 +928,7 @@ pp_status pp_config_parse(const char *text, size_t len, const char *name, const 
     c->replicas = 1;
     c->bucket_first_bytes = 1 << 20;
     c->bucket_bytes = 25 << 20;
+    c->bucket_direct_links = 1;
     c->steps = 1;
     c->timeout_ms = 10000;
     c->shared_memory = 1;

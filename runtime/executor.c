@@ -204,6 +204,7 @@ pp_status pp_executor_load_optimizer(pp_executor *ex, int i, pp_optim *whole) {
 /* ---- data-parallel replicas ---- */
 
 void pp_replica_options_init(pp_replica_options *o) {
+    memset(o, 0, sizeof *o); /* every field not named below: off (shard_optimizer was left unset) */
     o->replicas = 1;
     o->replica = 0;
     o->first_bucket_bytes = 1 << 20;
@@ -256,6 +257,7 @@ pp_status pp_executor_set_replicas(pp_executor *ex, const pp_replica_options *o)
     int ns = ex->sched->nstages;
     ex->ring_opt = (pp_grad_ring_options){ex->t, o->replicas, o->replica, ns, o->first_bucket_bytes, o->bucket_bytes,
                                           o->shard_optimizer};
+    ex->ring_opt.sockets = o->direct_links < 0 ? -1 : 0;
     ex->ring_added = calloc((size_t)ns, 1);
     ex->has_shared = calloc((size_t)ns, 1);
     if (o->shard_optimizer) ex->shards = calloc((size_t)ns, sizeof *ex->shards);

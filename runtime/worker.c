@@ -437,6 +437,7 @@ static pp_status open_run(pp_worker *w) {
         ro.first_bucket_bytes = c->bucket_first_bytes;
         ro.bucket_bytes = c->bucket_bytes;
         ro.shard_optimizer = c->shard_optimizer;
+        ro.direct_links = c->bucket_direct_links ? 0 : -1;
         s = pp_error_context(pp_executor_set_replicas(w->ex, &ro), "rank %d (replica %d)", w->rank, w->replica);
     }
     if (s == PP_OK && c->training) s = pp_executor_set_optimizer(w->ex, &c->optim);

@@ -39,7 +39,7 @@
  *   rejoin_timeout_ms: 60000               # optional: wait for a failed rank to come back
  *   replicas: 2                            # optional (mode train): data-parallel copies of the pipeline;
  *                                          #   ranks lists replicas x the schedule's ranks
- *   gradient_buckets: {first_bytes: 1048576, bytes: 26214400}  # the replicas' gradient sums
+ *   gradient_buckets: {first_bytes: 1048576, bytes: 26214400, direct_links: true}  # the replicas' gradient sums
  *   shard_optimizer: true                  # optional, with replicas: ZeRO-1 (optimizer state / replicas)
  *   wire_dtype: bfloat16                   # optional: activations and gradients between ranks (float32)
  *   device: cuda:0                         # optional: cpu (default), cuda:N, or a list per rank;
@@ -161,6 +161,7 @@ typedef struct pp_config {
     int replicas;
     int64_t bucket_first_bytes;      /* gradient_buckets.first_bytes: default 1 MiB */
     int64_t bucket_bytes;            /* gradient_buckets.bytes: default 25 MiB */
+    int bucket_direct_links;         /* gradient_buckets.direct_links: default 1 */
     int shard_optimizer;             /* shard_optimizer: ZeRO-1 over the replicas; default 0 */
     int wire_bf16;                   /* wire_dtype: bfloat16: float32 activations and gradients between
                                       * ranks travel as bfloat16 (pp_executor_set_wire_dtype); default 0 */

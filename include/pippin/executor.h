@@ -114,6 +114,12 @@ typedef struct pp_replica_options {
      * only in this replica's shard (and in stages that hold a copy of a
      * replicated parameter, whose gradients are summed whole). Default 0. */
     int shard_optimizer;
+    /* Replicas that cannot share memory sum over direct TCP links beside
+     * the transport (plain tcp, no CURVE; every replica must offer them,
+     * else all sum through the transport, with the same bits either way):
+     * 0 (the default) when they can, < 0 never, e.g. where a firewall lets
+     * only the transport's ports through. */
+    int direct_links;
 } pp_replica_options;
 
 /* One replica of one (no replicas) and the default buckets. */

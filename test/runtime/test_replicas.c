@@ -421,6 +421,8 @@ static void test_replica_config_errors(void **state) {
     expect_config_error("batch_size: 6\nmode: infer\nreplicas: 2", "for mode: train");
     expect_config_error("batch_size: 6\nreplicas: 2\ngradient_buckets: {first_bytes: 0}", "gradient_buckets.first_bytes");
     expect_config_error("batch_size: 6\nreplicas: 2\ngradient_buckets: {size: 10}", "size");
+    expect_config_error("batch_size: 6\nreplicas: 2\ngradient_buckets: {direct_links: maybe}",
+                        "gradient_buckets.direct_links");
     expect_config_error("batch_size: 6\nwire_dtype: float16", "key 'wire_dtype': expected float32 or bfloat16, got 'float16'");
     expect_config_error("batch_size: 6\nshard_optimizer: true", "key 'shard_optimizer': shards the optimizer over the "
                         "replicas; needs 'replicas' of 2 or more");
@@ -431,7 +433,27 @@ static void test_replica_config_errors(void **state) {
     assert_int_equal(c->replicas, 2);
     assert_int_equal(c->bucket_first_bytes, 64);
     assert_int_equal(c->bucket_bytes, 128);
+    assert_int_equal(c->bucket_direct_links, 1);
     pp_config_free(c);
+    const char *off = "model: m.onnx\nbatch_size: 6\nmicrobatches: 3\ndata: {x: x.npy}\n"
+                      "ranks: [inproc://a, inproc://b]\nreplicas: 2\ngradient_buckets: {direct_links: false}\n";
+    TU_OK(pp_config_parse(off, strlen(off), "off.yaml", ".", &c));
+    assert_int_equal(c->bucket_direct_links, 0);
+    pp_config_free(c);
+}
+
+/* Regression: pp_replica_options_init left shard_optimizer (and any field
+ * added since) as whatever the caller's stack held. */
+static void test_replica_options_init_sets_every_field(void **state) {
+    (void)state;
+    pp_replica_options o;
+    memset(&o, 0x5a, sizeof o);
+    pp_replica_options_init(&o);
+    assert_int_equal(o.replicas, 1);
+    assert_int_equal(o.replica, 0);
+    assert_int_equal(o.shard_optimizer, 0);
+    assert_int_equal(o.direct_links, 0);
+    assert_true(o.first_bucket_bytes > 0 && o.bucket_bytes > 0);
 }
 
 /* The worker refuses a rank count that is not replicas x the schedule's. */
@@ -488,6 +510,7 @@ int main(void) {
         cmocka_unit_test(test_shards_partition_the_buffer),
         cmocka_unit_test(test_wire_bf16),
         cmocka_unit_test(test_replica_config_errors),
+        cmocka_unit_test(test_replica_options_init_sets_every_field),
         cmocka_unit_test(test_replica_rank_count),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
