@@ -59,7 +59,7 @@ struct pp_grad_tcp {
 static int mod(int a, int r) { return ((a % r) + r) % r; }
 
 static int world_rank(const pp_grad_tcp *s, int k) {
-    return pp_transport_stage_rank(s->o.t, k * s->o.n_stages + s->o.stage);
+    return s->o.t ? pp_transport_stage_rank(s->o.t, k * s->o.n_stages + s->o.stage) : -1;
 }
 
 static int64_t now_ms(void) {
@@ -133,6 +133,26 @@ pp_status pp_grad_tcp_new(const pp_grad_tcp_options *o, int64_t step, pp_grad_tc
         pp_grad_tcp_free(s);
         return st;
     }
+    *out = s;
+    return PP_OK;
+}
+
+pp_status pp_grad_tcp_new_connected(const pp_grad_tcp_options *o, int send_fd, int recv_fd, pp_grad_tcp **out) {
+    *out = NULL;
+    pp_grad_tcp *s = calloc(1, sizeof *s);
+    if (s) s->offered = calloc((size_t)(o->replicas > 0 ? o->replicas : 1), 1);
+    if (s && s->offered) s->staging = malloc(STAGE_BYTES);
+    if (!s || !s->offered || !s->staging) {
+        if (s) free(s->offered);
+        free(s);
+        close(send_fd);
+        close(recv_fd);
+        return pp_error(PP_ERR_NOMEM, "out of memory");
+    }
+    s->o = *o;
+    s->state = IN_USE;
+    s->send_fd = send_fd;
+    s->recv_fd = recv_fd;
     *out = s;
     return PP_OK;
 }
@@ -293,6 +313,23 @@ static pp_status pump_recv(pp_grad_tcp *s, const pp_grad_tcp_phase *ph, int n, i
     return PP_OK;
 }
 
+/* Between slices of a wait: the transport's view of replica k (a peer
+ * whose host is gone never closes its link). */
+static pp_status look_at_transport(pp_grad_tcp *s, int k, int bucket) {
+    if (!s->o.t) return PP_OK;
+    pp_status st = pp_transport_poll(s->o.t, 0);
+    if (st != PP_OK)
+        return fail(s, pp_error_context(st, "stage %d: summing gradients over direct links (bucket %d) with replica %d",
+                                        s->o.stage, bucket, k));
+    pp_peer_state ps = pp_transport_peer_state(s->o.t, world_rank(s, k));
+    if (ps == PP_PEER_DOWN || ps == PP_PEER_CLOSED || ps == PP_PEER_REJECTED) {
+        char what[64];
+        snprintf(what, sizeof what, "is gone (%s)", pp_peer_state_name(ps));
+        return peer_error(s, k, bucket, what, 0);
+    }
+    return PP_OK;
+}
+
 pp_status pp_grad_tcp_run(pp_grad_tcp *s, const pp_grad_tcp_phase *ph, int nphases, int bucket, int wait,
                           int timeout_ms, int *done) {
     *done = 0;
@@ -300,16 +337,22 @@ pp_status pp_grad_tcp_run(pp_grad_tcp *s, const pp_grad_tcp_phase *ph, int nphas
         return pp_error(PP_ERR_STATE, "stage %d: the gradient ring's direct links are not in use", s->o.stage);
     int prev = mod(s->o.replica - 1, s->o.replicas);
     int64_t deadline = now_ms() + timeout_ms;
-    if (s->recv_fd < 0) {
-        pp_status st = pp_direct_accept(s->listener, wait ? timeout_ms : 0, &s->recv_fd);
+    /* the previous replica connects once it has every offer: accepted in
+     * slices, looking at the transport between them for a peer that is gone */
+    while (s->recv_fd < 0) {
+        int64_t left = deadline - now_ms();
+        pp_status st = pp_direct_accept(s->listener, !wait ? 0 : left < POLL_SLICE_MS ? (int)left : POLL_SLICE_MS,
+                                        &s->recv_fd);
         if (st != PP_OK) return fail(s, pp_error_context(st, "stage %d: the gradient ring's link from replica %d",
                                                            s->o.stage, prev));
-        if (s->recv_fd < 0) {
-            if (!wait) return PP_OK;
-            return peer_error(s, prev, bucket, "did not connect its link", ETIMEDOUT);
+        if (s->recv_fd >= 0) {
+            pp_direct_listener_free(s->listener);
+            s->listener = NULL;
+            break;
         }
-        pp_direct_listener_free(s->listener);
-        s->listener = NULL;
+        if (!wait) return PP_OK;
+        if (now_ms() >= deadline) return peer_error(s, prev, bucket, "did not connect its link", ETIMEDOUT);
+        PP_TRY(look_at_transport(s, prev, bucket));
     }
     if (!s->busy) {
         s->busy = 1;
@@ -344,12 +387,6 @@ pp_status pp_grad_tcp_run(pp_grad_tcp *s, const pp_grad_tcp_phase *ph, int nphas
         pp_share_cores_idle(1); /* asleep: lend this rank's threads, as a blocking receive does */
         int rc = poll(pf, (nfds_t)np, (int)(left < POLL_SLICE_MS ? left : POLL_SLICE_MS));
         pp_share_cores_idle(0);
-        if (rc == 0) {
-            /* a peer whose host is gone never closes the link: ask the transport */
-            pp_status st = pp_transport_poll(s->o.t, 0);
-            if (st != PP_OK)
-                return fail(s, pp_error_context(st, "stage %d: summing gradients over direct links (bucket %d)",
-                                                s->o.stage, bucket));
-        }
+        if (rc == 0) PP_TRY(look_at_transport(s, s->rp < nphases ? prev : mod(s->o.replica + 1, s->o.replicas), bucket));
     }
 }

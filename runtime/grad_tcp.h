@@ -68,6 +68,11 @@ typedef struct pp_grad_tcp_phase {
  * again with the same arguments until *done; wait 0 never waits. */
 pp_status pp_grad_tcp_run(pp_grad_tcp *s, const pp_grad_tcp_phase *ph, int nphases, int bucket, int wait,
                           int timeout_ms, int *done);
+/* A group in use over the given connected sockets (taken over: closed by
+ * pp_grad_tcp_free), without agreement; o->t may be NULL. For tests and
+ * fuzzing of the wire. */
+pp_status pp_grad_tcp_new_connected(const pp_grad_tcp_options *o, int send_fd, int recv_fd, pp_grad_tcp **out);
+
 /* 1 if the group cannot be used again (an error, a collective half done,
  * an agreement not finished): it must be dropped and agreed again. */
 int pp_grad_tcp_broken(const pp_grad_tcp *s);

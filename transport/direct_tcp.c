@@ -168,6 +168,18 @@ static int write_all(int fd, const void *buf, size_t n, int ms) {
     return 1;
 }
 
+const char *pp_direct_hello_check(const void *buf, size_t n, const unsigned char nonce[16], uint64_t run_id,
+                                  uint32_t purpose, int32_t peer) {
+    hello h;
+    if (n != sizeof h) return "sent a hello of another size";
+    memcpy(&h, buf, sizeof h);
+    if (memcmp(h.magic, HELLO_MAGIC, 8) != 0) return "is not a pippin direct link";
+    if (memcmp(h.nonce, nonce, NONCE_BYTES) != 0) return "does not carry the nonce offered";
+    if (run_id && h.run_id && h.run_id != run_id) return "belongs to another run";
+    if (h.purpose != purpose || h.sender != peer) return "is for another link";
+    return "";
+}
+
 pp_status pp_direct_accept(pp_direct_listener *l, int timeout_ms, int *fd) {
     *fd = -1;
     int64_t until = now_ms() + timeout_ms;
@@ -186,10 +198,7 @@ pp_status pp_direct_accept(pp_direct_listener *l, int timeout_ms, int *fd) {
         const char *what = "";
         if (!set_flags(c)) what = "cannot be set up";
         else if (!read_all(c, &h, sizeof h, HELLO_MS)) what = "sent no hello";
-        else if (memcmp(h.magic, HELLO_MAGIC, 8) != 0) what = "is not a pippin direct link";
-        else if (memcmp(h.nonce, l->nonce, NONCE_BYTES) != 0) what = "does not carry the nonce offered";
-        else if (l->run_id && h.run_id && h.run_id != l->run_id) what = "belongs to another run";
-        else if (h.purpose != l->purpose || h.sender != l->peer) what = "is for another link";
+        else what = pp_direct_hello_check(&h, sizeof h, l->nonce, l->run_id, l->purpose, l->peer);
         if (!*what) {
             *fd = c;
             return PP_OK;

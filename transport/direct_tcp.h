@@ -51,4 +51,10 @@ pp_status pp_direct_connect(pp_transport *t, const char *offer, uint32_t purpose
 /* 1 when text parses as an offer (for checking a peer's before use). */
 int pp_direct_offer_valid(const char *text);
 
+/* What is wrong with n bytes received as a hello on a listener that
+ * offered nonce (16 bytes) for purpose and expects peer ("" if nothing;
+ * run_id 0 accepts any run). */
+const char *pp_direct_hello_check(const void *buf, size_t n, const unsigned char nonce[16], uint64_t run_id,
+                                  uint32_t purpose, int32_t peer);
+
 #endif
