@@ -141,15 +141,7 @@ void pp_shm_host_id(char *buf, size_t cap) {
         if ((unsigned char)*p < 0x20 || *p == 0x7f || *p == ' ') *p = '_';
 }
 
-/* Maps the ring without MAP_POPULATE: its pages enter this process's page
- * tables, and its RSS, only when first touched, and a sender whose
- * receiver has consumed everything starts again at offset 0
- * (pp_shm_ring_reserve), so a ring costs the pages its traffic in flight
- * needs, not its size (4 MiB message rings to each peer, prefaulted on
- * both sides, were 0.45x of the medium GPT's file in a worker's peak). The
- * same holds for /dev/shm: the sender allocates pages (grow) only as far
- * as it has written. A page faults once, on its first use: the ring in
- * use stays mapped, so the steady state has no faults. */
+/* pp_shm_ring_fail_alloc_after's setting: allocations left before they fail (-1: off) */
 static atomic_int alloc_fail_after = -1;
 
 int pp_shm_ring_fail_alloc_after(int n) {
@@ -164,6 +156,15 @@ static int injected_failure(void) {
     return left == 0;
 }
 
+/* Maps the ring without MAP_POPULATE: its pages enter this process's page
+ * tables, and its RSS, only when first touched, and a sender whose
+ * receiver has consumed everything starts again at offset 0
+ * (pp_shm_ring_reserve), so a ring costs the pages its traffic in flight
+ * needs, not its size (4 MiB message rings to each peer, prefaulted on
+ * both sides, were 0.45x of the medium GPT's file in a worker's peak). The
+ * same holds for /dev/shm: the sender allocates pages (grow), a step at a
+ * time, only as far as it writes. A page faults once, on its first use: the ring in
+ * use stays mapped, so the steady state has no faults. */
 static pp_status map_ring(pp_shm_ring *r, int fd, size_t bytes) {
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED)
