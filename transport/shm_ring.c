@@ -18,15 +18,21 @@
 
 #include "status_internal.h"
 /* R2: the sender may fill a lap after a skip and start again at 0 when
- * drained; the receiver follows the header's skip_from. An R1 peer would
- * misread that, so R2 rings are not opened by R1 builds (magic), and the
- * format is part of the host id (pp_shm_host_id): mixed builds use sockets. */
-#define RING_MAGIC "pippinR2"
-#define RING_FORMAT "R2"
+ * drained; the receiver follows the header's skip_from. R3: the object's
+ * pages are allocated as the sender first writes them (the header's
+ * `allocated`), where R2 allocated them all at creation and refused a
+ * sparse ring. A peer of another format would misread that, so rings are
+ * not opened across formats (magic), and the format is part of the host id
+ * (pp_shm_host_id): mixed builds use sockets. */
+#define RING_MAGIC "pippinR3"
+#define RING_FORMAT "R3"
 /* The header takes one page, so the data starts page-aligned. */
 #define HEADER_BYTES ((size_t)4096)
 /* A ring larger than this in a peer's header is not believed. */
 #define MAX_RING_BYTES ((uint64_t)1 << 40)
+/* The sender allocates the ring's /dev/shm pages in steps this big, ahead
+ * of its first write into them. */
+#define ALLOC_STEP ((uint64_t)256 << 10)
 
 /* The first page of the shared object. After creation the receiver writes
  * `opened` once and `consumed` as it goes (a cache line of its own). */
@@ -40,7 +46,8 @@ typedef struct ring_header {
     char pad2[64 - 8];
     _Atomic uint64_t head;       /* message rings: end of the last record published */
     _Atomic uint64_t skip_from;  /* the sender's last skip to the next lap started here (0: none) */
-    char pad3[64 - 16];
+    _Atomic uint64_t allocated;  /* data bytes from offset 0 the sender has allocated; none beyond is read */
+    char pad3[64 - 24];
     _Atomic uint32_t waiting;    /* message rings: the receiver is (about to be) asleep */
 } ring_header;
 
@@ -56,6 +63,8 @@ typedef struct loan {
 struct pp_shm_ring {
     char name[PP_ENVELOPE_MAX_SHM_NAME + 1];
     int owner;           /* created here (the sender) */
+    int fd;              /* sender: the shared object, to allocate more of it (-1: none) */
+    uint64_t alloc;      /* sender: data bytes allocated (a multiple of ALLOC_STEP, or size) */
     ring_header *hdr;
     unsigned char *data;
     uint64_t size;       /* data bytes */
@@ -132,13 +141,29 @@ void pp_shm_host_id(char *buf, size_t cap) {
         if ((unsigned char)*p < 0x20 || *p == 0x7f || *p == ' ') *p = '_';
 }
 
-/* Maps the ring without MAP_POPULATE: its pages are reserved in /dev/shm
- * (posix_fallocate) but enter this process's page tables, and its RSS, only
- * when first touched, and a sender whose receiver has consumed everything
- * starts again at offset 0 (pp_shm_ring_reserve), so a ring costs the
- * pages its traffic in flight needs, not its size (4 MiB message rings to
- * each peer, prefaulted on both sides, were 0.45x of the medium GPT's file
- * in a worker's peak). A page faults once, on its first use: the ring in
+/* pp_shm_ring_fail_alloc_after's setting: allocations left before they fail (-1: off) */
+static atomic_int alloc_fail_after = -1;
+
+int pp_shm_ring_fail_alloc_after(int n) {
+    return atomic_exchange(&alloc_fail_after, n < 0 ? -1 : n);
+}
+
+/* The test hook's verdict on the next allocation: 1 fails it. */
+static int injected_failure(void) {
+    int left = atomic_load(&alloc_fail_after);
+    while (left > 0 && !atomic_compare_exchange_weak(&alloc_fail_after, &left, left - 1)) {
+    }
+    return left == 0;
+}
+
+/* Maps the ring without MAP_POPULATE: its pages enter this process's page
+ * tables, and its RSS, only when first touched, and a sender whose
+ * receiver has consumed everything starts again at offset 0
+ * (pp_shm_ring_reserve), so a ring costs the pages its traffic in flight
+ * needs, not its size (4 MiB message rings to each peer, prefaulted on
+ * both sides, were 0.45x of the medium GPT's file in a worker's peak). The
+ * same holds for /dev/shm: the sender allocates pages (grow), a step at a
+ * time, only as far as it writes. A page faults once, on its first use: the ring in
  * use stays mapped, so the steady state has no faults. */
 static pp_status map_ring(pp_shm_ring *r, int fd, size_t bytes) {
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -163,6 +188,7 @@ pp_status pp_shm_ring_create(size_t data_bytes, pp_shm_ring **out) {
     r->owner = 1;
     r->refs = 1;
     r->align = 1;
+    r->fd = -1;
     pthread_mutex_init(&r->lock, NULL);
     int fd = -1;
     for (int tries = 0; fd < 0 && tries < 100; tries++) {
@@ -176,21 +202,25 @@ pp_status pp_shm_ring_create(size_t data_bytes, pp_shm_ring **out) {
         free(r);
         return s;
     }
-    /* posix_fallocate, not just ftruncate: a /dev/shm too small for the ring
-     * (64 MiB in a default Docker container) must fail here, not with SIGBUS
-     * on a later write */
+    /* the object is the ring's size but sparse; only the header is
+     * allocated now (both sides write it), the data as the sender first
+     * writes it (grow): a ring costs /dev/shm (and the memory cgroup it
+     * is charged to) what its traffic uses, and a full /dev/shm fails an
+     * allocation, which sends over the socket, never a write with SIGBUS */
     pp_status s = PP_OK;
-    int e = posix_fallocate(fd, 0, (off_t)(HEADER_BYTES + data_bytes));
+    int e = ftruncate(fd, (off_t)(HEADER_BYTES + data_bytes)) != 0 ? errno
+            : injected_failure()                                    ? ENOSPC
+                                                                    : posix_fallocate(fd, 0, (off_t)HEADER_BYTES);
     if (e != 0)
-        s = pp_error(PP_ERR_NOMEM, "shared-memory ring %s: cannot reserve %zu bytes: %s", r->name,
-                     HEADER_BYTES + data_bytes, strerror(e));
+        s = pp_error(PP_ERR_NOMEM, "shared-memory ring %s: cannot allocate its header: %s", r->name, strerror(e));
     if (s == PP_OK) s = map_ring(r, fd, HEADER_BYTES + data_bytes);
-    close(fd);
     if (s != PP_OK) {
+        close(fd);
         shm_unlink(r->name);
         free(r);
         return s;
     }
+    r->fd = fd;
     memcpy(r->hdr->magic, RING_MAGIC, 8);
     r->hdr->data_bytes = data_bytes;
     r->hdr->header_bytes = HEADER_BYTES;
@@ -224,6 +254,7 @@ pp_status pp_shm_ring_open(const char *name, pp_shm_ring **out) {
     snprintf(r->name, sizeof r->name, "%s", name);
     r->refs = 1;
     r->align = 1;
+    r->fd = -1;
     pthread_mutex_init(&r->lock, NULL);
     int fd = shm_open(name, O_RDWR, 0);
     if (fd < 0) {
@@ -232,7 +263,8 @@ pp_status pp_shm_ring_open(const char *name, pp_shm_ring **out) {
         free(r);
         return s;
     }
-    struct stat st;
+    struct stat st, now;
+    ring_header h;
     pp_status s = PP_OK;
     if (fstat(fd, &st) != 0)
         s = pp_error(PP_ERR_IO, "shared-memory ring %s: fstat: %s", name, strerror(errno));
@@ -241,21 +273,27 @@ pp_status pp_shm_ring_open(const char *name, pp_shm_ring **out) {
     else if ((uint64_t)st.st_size <= HEADER_BYTES || (uint64_t)st.st_size > MAX_RING_BYTES + HEADER_BYTES ||
              (uint64_t)st.st_size % HEADER_BYTES)
         s = pp_error(PP_ERR_PARSE, "shared-memory ring %s has %lld bytes", name, (long long)st.st_size);
-    /* a sparse object (not made by pp_shm_ring_create) faults with SIGBUS
-     * when /dev/shm is full: refuse it */
-    else if ((uint64_t)st.st_blocks * 512 < (uint64_t)st.st_size)
-        s = pp_error(PP_ERR_PARSE, "shared-memory ring %s is not fully allocated", name);
+    /* the header is read, not mapped, first: read(2) of a hole gives zeros
+     * (a bad header), where touching it through the mapping would allocate
+     * it, or fault with SIGBUS on a full /dev/shm */
+    else if (pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h || memcmp(h.magic, RING_MAGIC, 8) != 0 ||
+             h.header_bytes != HEADER_BYTES || h.data_bytes != (uint64_t)st.st_size - HEADER_BYTES ||
+             h.allocated > h.data_bytes)
+        s = pp_error(PP_ERR_PARSE, "shared-memory ring %s: bad header", name);
+    /* the receiver reads only what the header says is allocated: an object
+     * that has fewer pages (not made by pp_shm_ring_create) could fault
+     * with SIGBUS when /dev/shm is full. Checked after the read: the
+     * sender allocates before it says so */
+    else if (fstat(fd, &now) != 0 || (uint64_t)now.st_blocks * 512 < HEADER_BYTES + h.allocated)
+        s = pp_error(PP_ERR_PARSE, "shared-memory ring %s has fewer pages allocated than its header says", name);
     if (s == PP_OK) s = map_ring(r, fd, (size_t)st.st_size);
     close(fd);
-    if (s == PP_OK && (memcmp(r->hdr->magic, RING_MAGIC, 8) != 0 || r->hdr->header_bytes != HEADER_BYTES ||
-                       r->hdr->data_bytes != (uint64_t)st.st_size - HEADER_BYTES))
-        s = pp_error(PP_ERR_PARSE, "shared-memory ring %s: bad header", name);
     if (s != PP_OK) {
         if (r->hdr) munmap(r->hdr, r->map_bytes);
         free(r);
         return s;
     }
-    r->size = r->hdr->data_bytes;
+    r->size = (uint64_t)st.st_size - HEADER_BYTES; /* what is mapped, whatever the header says now */
     r->settled = atomic_load_explicit(&r->hdr->consumed, memory_order_acquire);
     atomic_store_explicit(&r->hdr->opened, 1, memory_order_release);
     shm_unlink(name); /* both sides have it mapped now */
@@ -276,6 +314,25 @@ static uint64_t past_skip(const pp_shm_ring *r, uint64_t settled) {
     return settled;
 }
 
+/* Sender: allocates the data area's pages up to past end (the byte after
+ * a record too: a message ring's next skip writes its mark there), in
+ * steps of ALLOC_STEP. 0: /dev/shm is full (the error says so). */
+static int grow(pp_shm_ring *r, uint64_t end) {
+    uint64_t want = (end / ALLOC_STEP + 1) * ALLOC_STEP;
+    if (want > r->size) want = r->size;
+    int e = injected_failure() ? ENOSPC
+                               : posix_fallocate(r->fd, (off_t)(HEADER_BYTES + r->alloc), (off_t)(want - r->alloc));
+    if (e != 0) {
+        pp_error(PP_ERR_NOMEM, "shared-memory ring %s: cannot allocate %llu more bytes in /dev/shm: %s", r->name,
+                 (unsigned long long)(want - r->alloc), strerror(e));
+        return 0;
+    }
+    r->alloc = want;
+    /* before any record in the new pages is named to the receiver */
+    atomic_store_explicit(&r->hdr->allocated, want, memory_order_release);
+    return 1;
+}
+
 int pp_shm_ring_reserve(pp_shm_ring *r, size_t n, uint64_t *pos, void **dst) {
     if (n == 0 || n > r->size) return 0;
     uint64_t consumed = atomic_load_explicit(&r->hdr->consumed, memory_order_acquire);
@@ -291,6 +348,10 @@ int pp_shm_ring_reserve(pp_shm_ring *r, size_t n, uint64_t *pos, void **dst) {
         if (drained) consumed = start; /* nothing left before it */
     }
     if (start + n - consumed > r->size) return 0;
+    /* pages not yet allocated: allocate them first (the common case is
+     * this one compare); failing that, nothing has changed */
+    uint64_t end = start % r->size + n;
+    if (end >= r->alloc && r->alloc < r->size && !grow(r, end)) return -1;
     if (start % r->size == 0 && start > r->head && r->head % r->size) { /* skipped the rest of a lap */
         r->skip_from = r->head;
         r->skip_to = start;
@@ -315,6 +376,14 @@ void pp_shm_ring_commit(pp_shm_ring *r, uint64_t pos, size_t n) {
     r->head = pos + n;
 }
 
+/* Receiver: 1 if the data bytes [off, end) are allocated (the sender said
+ * so before naming anything in them). Nothing else is ever read: touching
+ * a page the sender never allocated would allocate it here, or fault with
+ * SIGBUS when /dev/shm is full. */
+static int allocated_to(const pp_shm_ring *r, uint64_t end) {
+    return end <= atomic_load_explicit(&r->hdr->allocated, memory_order_acquire);
+}
+
 pp_status pp_shm_ring_locate(const pp_shm_ring *r, uint64_t pos, uint64_t n, const void **src) {
     if (n == 0 || n > r->size || pos > UINT64_MAX - n)
         return pp_error(PP_ERR_PARSE, "shared-memory record of %llu bytes in a ring of %llu",
@@ -328,6 +397,9 @@ pp_status pp_shm_ring_locate(const pp_shm_ring *r, uint64_t pos, uint64_t n, con
                         "consumed mark %llu", (unsigned long long)pos, (unsigned long long)settled);
     if (pos % r->size + n > r->size)
         return pp_error(PP_ERR_PARSE, "shared-memory record at %llu straddles the end of the ring",
+                        (unsigned long long)pos);
+    if (!allocated_to(r, pos % r->size + n))
+        return pp_error(PP_ERR_PARSE, "shared-memory record at %llu lies past what its sender allocated",
                         (unsigned long long)pos);
     atomic_thread_fence(memory_order_acquire); /* pairs with the sender's commit */
     *src = r->data + pos % r->size;
@@ -361,6 +433,7 @@ void pp_shm_ring_set_align(pp_shm_ring *r, size_t align) { r->align = align ? al
 static void unmap_free(pp_shm_ring *r) {
     if (r->hdr) munmap(r->hdr, r->map_bytes);
     if (r->owner) shm_unlink(r->name); /* ENOENT once the receiver unlinked it */
+    if (r->fd >= 0) close(r->fd);
     pthread_mutex_destroy(&r->lock);
     free(r->loans);
     free(r);
@@ -428,7 +501,8 @@ int pp_shm_ring_msg_reserve(pp_shm_ring *r, size_t len, uint64_t *pos, void **ds
     uint64_t n = round8(RECORD_HEADER + len);
     uint64_t before = r->head;
     void *at;
-    if (!pp_shm_ring_reserve(r, (size_t)n, pos, &at)) return 0;
+    int got = pp_shm_ring_reserve(r, (size_t)n, pos, &at);
+    if (got <= 0) return got;
     if (*pos != before) { /* skipped the end of the lap: say so where a record would start */
         uint32_t mark = SKIP_MARK;
         memcpy(r->data + before % r->size, &mark, sizeof mark);
@@ -460,6 +534,7 @@ int pp_shm_ring_msg_next(pp_shm_ring *r, const void **data, size_t *len, uint64_
         return -1;
     }
     uint32_t hdr[2];
+    if (!allocated_to(r, c % r->size + RECORD_HEADER)) goto unallocated;
     memcpy(hdr, r->data + c % r->size, sizeof hdr);
     if (hdr[0] == SKIP_MARK) { /* the rest of this lap is empty */
         c += r->size - c % r->size;
@@ -468,6 +543,7 @@ int pp_shm_ring_msg_next(pp_shm_ring *r, const void **data, size_t *len, uint64_
             pp_error(PP_ERR_PARSE, "message ring %s: skip past the head", r->name);
             return -1;
         }
+        if (!allocated_to(r, RECORD_HEADER)) goto unallocated;
         memcpy(hdr, r->data, sizeof hdr);
     }
     uint64_t n = round8(RECORD_HEADER + (uint64_t)hdr[0]);
@@ -476,10 +552,15 @@ int pp_shm_ring_msg_next(pp_shm_ring *r, const void **data, size_t *len, uint64_
                  hdr[0], (unsigned long long)c);
         return -1;
     }
+    if (!allocated_to(r, c % r->size + n)) goto unallocated;
     *data = r->data + c % r->size + RECORD_HEADER;
     *len = hdr[0];
     *end = c + n;
     return 1;
+unallocated:
+    pp_error(PP_ERR_PARSE, "message ring %s: record at %llu lies past what its sender allocated", r->name,
+             (unsigned long long)c);
+    return -1;
 }
 
 void pp_shm_ring_set_waiting(pp_shm_ring *r, int waiting) {

@@ -12,13 +12,16 @@
  * (mapped on first touch, not up front) follow the bytes in flight rather
  * than the ring's size. The header names the sender's last skip
  * (skip_from): a receiver that has consumed up to it counts the rest of
- * that lap as read, so a skip costs no room.
+ * that lap as read, so a skip costs no room. Its pages in /dev/shm are
+ * allocated likewise: the sender allocates them (in steps) before it first
+ * writes into them and says how far in the header; the receiver reads
+ * nothing beyond.
  *
  * Single producer, single consumer, in order: messages of one link arrive
  * in the order they were sent, so handing back "everything before position
  * P" is all the consumer needs to say. The sender never waits for room:
- * when the ring is full (a slow or dead receiver) the tensor goes over the
- * socket instead.
+ * when the ring is full (a slow or dead receiver) or /dev/shm has no pages
+ * left for it, the tensor goes over the socket instead.
  *
  * The ring is a POSIX shared-memory object "/pippin-<pid>-<n>" of mode 0600.
  * The receiver unlinks the name as soon as it has mapped the ring, so
@@ -49,8 +52,8 @@ void pp_shm_host_id(char *buf, size_t cap);
 int pp_shm_ring_name_ok(const char *name);
 
 /* Sender: creates a ring with data_bytes of room (rounded up to pages),
- * reserved in /dev/shm (a full /dev/shm fails here, not with SIGBUS later)
- * and mapped; pages enter RSS when first touched. */
+ * mapped; only its header page is allocated in /dev/shm now, the rest as
+ * reserve first needs it. Pages enter RSS when first touched. */
 pp_status pp_shm_ring_create(size_t data_bytes, pp_shm_ring **out);
 
 /* Receiver: maps the ring the sender named, checks its header, and unlinks
@@ -61,7 +64,9 @@ const char *pp_shm_ring_name(const pp_shm_ring *r);
 size_t pp_shm_ring_bytes(const pp_shm_ring *r);
 
 /* Sender: room for n contiguous bytes. Returns 1 and sets *pos and *dst
- * (where to write), or 0 when the ring has no room now. A reservation
+ * (where to write), 0 when the ring has no room now, or -1 when its pages
+ * could not be allocated in /dev/shm (full; the error says so; nothing
+ * changed, a later call tries again). A reservation
  * that returned 1 must be committed before the next one, even when the
  * send then fails: a skip to the next lap is recorded here, and an
  * abandoned one would let the receiver jump over what comes next. */
@@ -107,8 +112,9 @@ void pp_shm_ring_set_align(pp_shm_ring *r, size_t align);
  * needs its doorbell rung (see transport.c). */
 
 /* Sender: room for a record of len bytes; *dst is where to write them. 0:
- * no room now. Like pp_shm_ring_reserve, a reservation that succeeded
- * must be committed before the next. */
+ * no room now; -1: no pages (as pp_shm_ring_reserve). Like
+ * pp_shm_ring_reserve, a reservation that succeeded must be committed
+ * before the next. */
 int pp_shm_ring_msg_reserve(pp_shm_ring *r, size_t len, uint64_t *pos, void **dst);
 /* Sender: publishes the record reserved at pos. Returns 1 if the receiver
  * said it is waiting (ring its doorbell). */
@@ -132,6 +138,12 @@ unsigned long long pp_shm_pid_ns(void);
  * that no longer exist: a process killed before it could clean up leaves
  * them. Once per process; returns how many it removed. */
 int pp_shm_sweep_stale(void);
+
+/* Test hook (fault injection), process-wide: after the next n allocations
+ * of ring pages in /dev/shm (a header at creation, or a step of data)
+ * succeed, every one fails as if /dev/shm were full, until n < 0 turns it
+ * off. Returns the previous setting (-1: off). */
+int pp_shm_ring_fail_alloc_after(int n);
 
 /* Unmaps (once every loan is back); the sender also unlinks the name. NULL
  * is ignored. */

@@ -81,6 +81,7 @@ typedef struct peer {
     char proc[48];          /* "NS-PID" from its hello: the prefix of its ring names */
     int same_host;          /* its hello carried our host id: rings can be used */
     size_t ring_failed;     /* creating a ring this big failed: do not try again */
+    uint64_t ring_nospace;  /* sends that found no /dev/shm pages for a ring to it (for warnings) */
     pp_shm_ring *tx_ring;   /* ours, for large tensors to this peer */
     pp_shm_ring *old_ring;  /* replaced by tx_ring, closed once the peer has drained it */
     pp_shm_ring *rx_ring;   /* the peer's, for large tensors from it */

@@ -80,6 +80,17 @@ pp_shm_ring *pp_tp_tx_ring(pp_transport *t, int r, size_t largest) {
     return p->tx_ring;
 }
 
+/* No /dev/shm pages for the ring to peer r (reserve returned -1): this
+ * message goes over the socket, as when the ring is full. Said the first
+ * time and then every power of two; each later send tries again. */
+static void ring_nospace(pp_transport *t, int r) {
+    peer *p = &t->peers[r];
+    uint64_t n = ++p->ring_nospace;
+    if ((n & (n - 1)) == 0)
+        pp_warn("transport rank %d: no room in /dev/shm for the ring to rank %d (%s); sent over the socket "
+                "instead (%llu so far): %s", t->rank, r, peer_ep(t, r), (unsigned long long)n, pp_last_error());
+}
+
 /* Room for n bytes in the ring to peer r. When the ring is full and
  * nothing of the message being built is in it yet: first wait a little for
  * the receiver, which copies out as envelopes arrive (a small ring that
@@ -90,19 +101,23 @@ pp_shm_ring *pp_tp_tx_ring(pp_transport *t, int r, size_t largest) {
 int pp_tp_ring_reserve(pp_transport *t, int r, pp_shm_ring **ring, int first, size_t n, uint64_t *pos,
                        void **dst) {
     if (!*ring) return 0;
-    if (pp_shm_ring_reserve(*ring, n, pos, dst)) return 1;
+    int got = pp_shm_ring_reserve(*ring, n, pos, dst);
+    if (got) goto out; /* room, or no pages: neither waiting nor a bigger ring helps the latter */
     if (!first || n > pp_shm_ring_bytes(*ring)) return 0;
     int64_t until = now_ns() + (int64_t)RING_WAIT_US * 1000;
     while (now_ns() < until) {
         struct timespec nap = {0, 20000};
         nanosleep(&nap, NULL);
         pp_tp_drain(t, NULL, NULL);
-        if (pp_shm_ring_reserve(*ring, n, pos, dst)) return 1;
+        if ((got = pp_shm_ring_reserve(*ring, n, pos, dst))) goto out;
     }
     size_t have = pp_shm_ring_bytes(*ring);
     if (have >= t->shm_bytes) return 0;
     *ring = replace_ring(t, r, have > t->shm_bytes / 2 ? t->shm_bytes : 2 * have);
-    return pp_shm_ring_reserve(*ring, n, pos, dst);
+    got = pp_shm_ring_reserve(*ring, n, pos, dst);
+out:
+    if (got < 0) ring_nospace(t, r);
+    return got > 0;
 }
 
 /* ---- sending: message rings ---- */
@@ -133,6 +148,8 @@ pp_shm_ring *pp_tp_msg_ring(pp_transport *t, int r) {
 }
 
 typedef struct ring_slot {
+    pp_transport *t;
+    int r;
     pp_shm_ring *ring;
     uint64_t pos;
 } ring_slot;
@@ -140,13 +157,15 @@ typedef struct ring_slot {
 static void *alloc_in_ring(void *ctx, size_t n) {
     ring_slot *rs = ctx;
     void *dst;
-    return pp_shm_ring_msg_reserve(rs->ring, n, &rs->pos, &dst) ? dst : NULL;
+    int got = pp_shm_ring_msg_reserve(rs->ring, n, &rs->pos, &dst);
+    if (got < 0) ring_nospace(rs->t, rs->r);
+    return got > 0 ? dst : NULL;
 }
 
 /* Writes the envelope (every tensor inline) into the message ring to peer
  * r and rings its doorbell if it sleeps. 0: no room; use the socket. */
 int pp_tp_send_by_ring(pp_transport *t, int r, pp_shm_ring *ring, const pp_envelope *env) {
-    ring_slot rs = {ring, 0};
+    ring_slot rs = {t, r, ring, 0};
     size_t len;
     if (pp_envelope_pack_into(env, alloc_in_ring, &rs, &len) != PP_OK) return 0;
     if (pp_shm_ring_msg_commit(ring, rs.pos, len)) pp_doorbell_ring(t->peers[r].bell_fd);

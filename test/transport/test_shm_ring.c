@@ -38,7 +38,7 @@ static void test_host_id(void **state) {
     assert_string_equal(a, b);
     for (const char *p = a; *p; p++) assert_true(*p > 0x20 && *p < 0x7f);
     /* the ring format is part of it: a build whose rings differ uses sockets */
-    assert_true(strlen(a) > 3 && strcmp(a + strlen(a) - 3, "/R2") == 0);
+    assert_true(strlen(a) > 3 && strcmp(a + strlen(a) - 3, "/R3") == 0);
     char tiny[8];
     pp_shm_host_id(tiny, sizeof tiny); /* does not fit: empty, never truncated */
     assert_string_equal(tiny, "");
@@ -190,6 +190,12 @@ static void test_locate_refuses(void **state) {
     TT_OK(pp_shm_ring_create(MIB, &tx));
     TT_OK(pp_shm_ring_open(pp_shm_ring_name(tx), &rx));
     const void *src;
+    /* nothing written: its pages are not even allocated, and never read */
+    TT_FAILS(PP_ERR_PARSE, pp_shm_ring_locate(rx, 0, 10, &src), "past what its sender allocated");
+    uint64_t pos;
+    void *dst;
+    assert_int_equal(pp_shm_ring_reserve(tx, MIB, &pos, &dst), 1); /* allocates it all */
+    pp_shm_ring_commit(tx, pos, MIB);
     TT_FAILS(PP_ERR_PARSE, pp_shm_ring_locate(rx, 0, 0, &src), "0 bytes");
     TT_FAILS(PP_ERR_PARSE, pp_shm_ring_locate(rx, 0, MIB + 1, &src), "in a ring of");
     TT_FAILS(PP_ERR_PARSE, pp_shm_ring_locate(rx, MIB, 10, &src), "more than a lap");
@@ -243,42 +249,58 @@ static void test_open_errors(void **state) {
     TT_FAILS(PP_ERR_INVALID, pp_shm_ring_create(0, &r), "0 bytes");
 }
 
-/* A shared object with a ring's header, of size bytes, allocated or sparse. */
-static const char *fake_magic = "pippinR2";
+/* A shared object with a ring's header, of size bytes, allocated or sparse,
+ * whose header says `claims` data bytes are allocated (-1: no header at
+ * all, a hole). */
+static const char *fake_magic = "pippinR3";
 
-static void fake_ring(const char *name, size_t size, int allocate) {
+static void fake_ring(const char *name, size_t size, int allocate, long long claims) {
     int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
     assert_true(fd >= 0);
     assert_int_equal(allocate ? posix_fallocate(fd, 0, (off_t)size) : ftruncate(fd, (off_t)size), 0);
-    uint64_t hdr[3] = {0, size - 4096, 4096};
+    uint64_t hdr[19] = {0, size - 4096, 4096}; /* the allocated mark is at byte 144 */
     memcpy(hdr, fake_magic, 8);
-    assert_int_equal(pwrite(fd, hdr, sizeof hdr, 0), (ssize_t)sizeof hdr);
+    hdr[18] = claims < 0 ? 0 : (uint64_t)claims;
+    if (claims >= 0) assert_int_equal(pwrite(fd, hdr, sizeof hdr, 0), (ssize_t)sizeof hdr);
     close(fd);
 }
 
 /* A peer's object that could fault later is refused up front: a data size
- * that is not whole pages (records could end past the mapping), or holes
+ * that is not whole pages (records could end past the mapping), a header
+ * that is a hole, or fewer pages than its header says are allocated
  * (SIGBUS on first touch once /dev/shm is full). */
 static void test_open_refuses_odd_objects(void **state) {
     (void)state;
     pp_shm_ring *r;
     char name[64];
     snprintf(name, sizeof name, "/pippin-test-odd-%ld", (long)getpid());
-    fake_ring(name, 4096 + 4095, 1);
+    fake_ring(name, 4096 + 4095, 1, 0);
     TT_FAILS(PP_ERR_PARSE, pp_shm_ring_open(name, &r), "8191 bytes");
     shm_unlink(name);
-    fake_ring(name, 4096 + MIB, 0);
-    TT_FAILS(PP_ERR_PARSE, pp_shm_ring_open(name, &r), "not fully allocated");
+    fake_ring(name, 4096 + MIB, 0, (long long)MIB);
+    TT_FAILS(PP_ERR_PARSE, pp_shm_ring_open(name, &r), "fewer pages allocated than its header says");
     shm_unlink(name);
-    fake_ring(name, 4096 + MIB, 1); /* as pp_shm_ring_create makes it */
+    fake_ring(name, 4096 + MIB, 0, -1); /* read, not mapped: no page is allocated for it */
+    TT_FAILS(PP_ERR_PARSE, pp_shm_ring_open(name, &r), "bad header");
+    shm_unlink(name);
+    fake_ring(name, 4096 + MIB, 0, (long long)MIB + 1);
+    TT_FAILS(PP_ERR_PARSE, pp_shm_ring_open(name, &r), "bad header");
+    shm_unlink(name);
+    fake_ring(name, 4096 + MIB, 0, 0); /* as pp_shm_ring_create makes it: header only */
     TT_OK(pp_shm_ring_open(name, &r));
     assert_false(name_exists(name));
     pp_shm_ring_close(r);
-    fake_magic = "pippinR1"; /* an older build's ring: its laps are read otherwise */
-    fake_ring(name, 4096 + MIB, 1);
-    TT_FAILS(PP_ERR_PARSE, pp_shm_ring_open(name, &r), "bad header");
-    shm_unlink(name);
-    fake_magic = "pippinR2";
+    fake_ring(name, 4096 + MIB, 1, (long long)MIB); /* all allocated */
+    TT_OK(pp_shm_ring_open(name, &r));
+    pp_shm_ring_close(r);
+    const char *older[2] = {"pippinR1", "pippinR2"}; /* their laps or pages are read otherwise */
+    for (int i = 0; i < 2; i++) {
+        fake_magic = older[i];
+        fake_ring(name, 4096 + MIB, 1, 0);
+        TT_FAILS(PP_ERR_PARSE, pp_shm_ring_open(name, &r), "bad header");
+        shm_unlink(name);
+    }
+    fake_magic = "pippinR3";
 }
 
 /* The sender unlinks a ring nobody opened; nothing is left behind. */
@@ -520,6 +542,154 @@ static void test_pages_follow_use(void **state) {
     pp_shm_ring_close(tx);
 }
 
+/* Bytes the shared object behind fd holds in /dev/shm (what a memory
+ * cgroup is charged for the ring), whatever is mapped. */
+static long long shm_allocated(int fd) {
+    struct stat st;
+    assert_int_equal(fstat(fd, &st), 0);
+    return (long long)st.st_blocks * 512;
+}
+
+/* A ring's /dev/shm pages are allocated as the sender first writes them,
+ * in 256 KiB steps: a fresh ring holds its header page alone, one whose
+ * receiver keeps up a step, and a lagging receiver makes it grow with the
+ * traffic, across the ring's wrap-around, up to its size (issue 14: the
+ * 4 MiB message rings to each peer were allocated whole at creation). */
+static void test_pages_allocated_on_demand(void **state) {
+    (void)state;
+    const long long step = 256 << 10;
+    pp_shm_ring *tx, *rx;
+    TT_OK(pp_shm_ring_create(4 * MIB, &tx));
+    int fd = shm_open(pp_shm_ring_name(tx), O_RDONLY, 0); /* stays valid once the receiver unlinks it */
+    assert_true(fd >= 0);
+    TT_OK(pp_shm_ring_open(pp_shm_ring_name(tx), &rx));
+    print_message("# 4 MiB message ring, created and opened: %lld KiB in /dev/shm\n", shm_allocated(fd) >> 10);
+    assert_int_equal(shm_allocated(fd), 4096); /* the header: was 4 MiB + 4 KiB */
+    const void *data;
+    size_t len;
+    uint64_t end, pos;
+    void *dst;
+    for (unsigned i = 0; i < 2000; i++) { /* 12 MB of 6000-byte records, each read before the next */
+        assert_int_equal(pp_shm_ring_msg_reserve(tx, 6000, &pos, &dst), 1);
+        memset(dst, (int)(i & 0xff), 6000);
+        pp_shm_ring_msg_commit(tx, pos, 6000);
+        assert_int_equal(pp_shm_ring_msg_next(rx, &data, &len, &end), 1);
+        assert_int_equal(((const unsigned char *)data)[5999], i & 0xff);
+        pp_shm_ring_release(rx, end);
+    }
+    print_message("# after 12 MB read as sent: %lld KiB\n", shm_allocated(fd) >> 10);
+    assert_int_equal(shm_allocated(fd), 4096 + step);
+    /* a receiver three records of 100000 bytes behind: the sender walks the
+     * ring, allocating a step at a time, then wraps around into pages it
+     * has; every record reads back as written */
+    long long last = shm_allocated(fd);
+    int grew = 0;
+    unsigned sent = 0, got = 0;
+    for (int lap = 0; lap < 3 * 4 * 42; lap++) { /* three laps */
+        assert_int_equal(pp_shm_ring_msg_reserve(tx, 100000, &pos, &dst), 1);
+        memset(dst, (int)(sent & 0xff), 100000);
+        pp_shm_ring_msg_commit(tx, pos, 100000);
+        sent++;
+        long long now = shm_allocated(fd);
+        assert_true(now >= last && now <= 4096 + 4 * (long long)MIB);
+        grew += now > last;
+        last = now;
+        while (sent - got > 3) {
+            assert_int_equal(pp_shm_ring_msg_next(rx, &data, &len, &end), 1);
+            assert_int_equal(len, 100000);
+            assert_int_equal(((const unsigned char *)data)[0], got & 0xff);
+            assert_int_equal(((const unsigned char *)data)[99999], got & 0xff);
+            pp_shm_ring_release(rx, end);
+            got++;
+        }
+    }
+    print_message("# after %u records of 100000 bytes, three in flight: %lld KiB, grown %d times\n", sent,
+                  last >> 10, grew);
+    assert_true(last <= 4096 + 4 * (long long)MIB);
+    assert_true(last >= 4096 + 4 * (long long)MIB - step); /* the whole lap walked */
+    assert_true(grew >= 10);
+    pp_shm_ring_close(rx);
+    pp_shm_ring_close(tx);
+    close(fd);
+
+    /* a tensor ring: the first tensor allocates what it covers, and the
+     * byte after it (a step), not the ring */
+    TT_OK(pp_shm_ring_create(64 * MIB, &tx));
+    pp_shm_ring_set_align(tx, 64);
+    fd = shm_open(pp_shm_ring_name(tx), O_RDONLY, 0);
+    TT_OK(pp_shm_ring_open(pp_shm_ring_name(tx), &rx));
+    assert_int_equal(pp_shm_ring_reserve(tx, MIB, &pos, &dst), 1);
+    memset(dst, 'x', MIB);
+    pp_shm_ring_commit(tx, pos, MIB);
+    assert_int_equal(shm_allocated(fd), 4096 + (long long)MIB + step);
+    const void *src;
+    TT_OK(pp_shm_ring_locate(rx, pos, MIB, &src));
+    assert_int_equal(((const char *)src)[MIB - 1], 'x');
+    pp_shm_ring_release(rx, pos + MIB);
+    pp_shm_ring_close(rx);
+    pp_shm_ring_close(tx);
+    close(fd);
+}
+
+static int hook_off(void **state) {
+    (void)state;
+    pp_shm_ring_fail_alloc_after(-1); /* whether the test got that far or not */
+    return 0;
+}
+
+/* No pages left in /dev/shm (simulated): creating a ring fails, and a
+ * reservation that needs new pages says so (-1) and changes nothing, so the
+ * transport sends over the socket; once there is room again the ring goes
+ * on where it was, and what was written before reads back. */
+static void test_alloc_failure(void **state) {
+    (void)state;
+    pp_shm_ring *tx, *rx;
+    assert_int_equal(pp_shm_ring_fail_alloc_after(0), -1);
+    TT_FAILS(PP_ERR_NOMEM, pp_shm_ring_create(MIB, &tx), "cannot allocate its header", "No space left");
+    assert_int_equal(pp_shm_ring_fail_alloc_after(-1), 0);
+    TT_OK(pp_shm_ring_create(MIB, &tx));
+    pp_shm_ring_set_align(tx, 64);
+    TT_OK(pp_shm_ring_open(pp_shm_ring_name(tx), &rx));
+    uint64_t pos[3];
+    void *dst;
+    size_t n = 200 << 10;
+    assert_int_equal(pp_shm_ring_reserve(tx, n, &pos[0], &dst), 1); /* allocates 256 KiB */
+    memset(dst, 'a', n);
+    pp_shm_ring_commit(tx, pos[0], n);
+    pp_shm_ring_fail_alloc_after(0);
+    assert_int_equal(pp_shm_ring_reserve(tx, 1000, &pos[1], &dst), 1); /* within the pages it has */
+    memset(dst, 'b', 1000);
+    pp_shm_ring_commit(tx, pos[1], 1000);
+    uint64_t at;
+    assert_int_equal(pp_shm_ring_reserve(tx, n, &at, &dst), -1); /* needs the next step */
+    tt_assert_mentions(pp_last_error(), pp_shm_ring_name(tx), "cannot allocate", "/dev/shm", NULL);
+    const void *src;
+    TT_FAILS(PP_ERR_PARSE, pp_shm_ring_locate(rx, 256 << 10, 10, &src), "past what its sender allocated");
+    /* a message ring likewise */
+    pp_shm_ring *mtx;
+    pp_shm_ring_fail_alloc_after(1); /* its header, then no more */
+    TT_OK(pp_shm_ring_create(MIB, &mtx));
+    assert_int_equal(pp_shm_ring_msg_reserve(mtx, 10, &at, &dst), -1);
+    pp_shm_ring_close(mtx);
+    /* room again: the next reservation starts where the failed one would
+     * have, and both earlier records are intact */
+    assert_int_equal(pp_shm_ring_fail_alloc_after(-1), 0);
+    assert_int_equal(pp_shm_ring_reserve(tx, n, &pos[2], &dst), 1);
+    assert_int_equal(pos[2], (pos[1] + 1000 + 63) / 64 * 64);
+    memset(dst, 'c', n);
+    pp_shm_ring_commit(tx, pos[2], n);
+    const char want[3] = {'a', 'b', 'c'};
+    size_t len[3] = {n, 1000, n};
+    for (int i = 0; i < 3; i++) {
+        TT_OK(pp_shm_ring_locate(rx, pos[i], len[i], &src));
+        assert_int_equal(((const char *)src)[len[i] - 1], want[i]);
+        pp_shm_ring_release(rx, pos[i] + len[i]);
+    }
+    assert_true(pp_shm_ring_drained(tx));
+    pp_shm_ring_close(rx);
+    pp_shm_ring_close(tx);
+}
+
 static int readable(int fd) {
     struct pollfd p = {fd, POLLIN, 0};
     return poll(&p, 1, 0) == 1;
@@ -611,6 +781,8 @@ int main(void) {
         cmocka_unit_test(test_lend),
         cmocka_unit_test(test_msg_records),
         cmocka_unit_test(test_pages_follow_use),
+        cmocka_unit_test(test_pages_allocated_on_demand),
+        cmocka_unit_test_teardown(test_alloc_failure, hook_off),
         cmocka_unit_test(test_doorbell),
         cmocka_unit_test(test_sweep_stale),
     };

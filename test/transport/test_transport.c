@@ -149,6 +149,84 @@ static void test_shm_full_ring_falls_back(void **state) {
     assert_int_equal(leftover_rings(), 0);
 }
 
+/* /dev/shm out of pages (simulated: shm_ring's fault hook): a send that
+ * needs new pages in a ring goes over the socket at once, large tensors
+ * and small messages alike (no wait for room, no bigger ring), and every
+ * message arrives intact; with room again, the rings are used again. */
+static int hook_off(void **state) {
+    (void)state;
+    pp_shm_ring_fail_alloc_after(-1); /* whether the test got that far or not */
+    return 0;
+}
+
+static void test_shm_no_pages_falls_back(void **state) {
+    (void)state;
+    pp_transport *t[2];
+    shm_pair("ipc", 0, 2000, t);
+    int64_t s_small[1] = {3000}, s_big[1] = {25600}; /* 12 KiB: inline; 100 KiB: a 1 MiB tensor ring */
+    pp_tensor *small = tt_f32_seq(1, s_small, 7), *x[8];
+    for (int m = 0; m < 8; m++) x[m] = tt_f32_seq(1, s_big, (float)m * 1000);
+    pp_transport_stats st = {0}, before;
+    for (int m = 0; !st.shm_bytes_sent && m < 1000; m++) { /* until the message ring is in use */
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "s");
+        TT_OK(pp_transport_send(t[0], &k, small));
+        expect_recv(t[1], &k, small);
+        pp_transport_stats_get(t[0], &st);
+    }
+    assert_true(st.shm_bytes_sent > 0);
+    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 1, 0, 0, 1, "x");
+    TT_OK(pp_transport_send(t[0], &k, x[0])); /* the tensor ring's first pages (256 KiB) */
+    pp_transport_stats_get(t[0], &before);
+    assert_int_equal(before.shm_bytes_sent, st.shm_bytes_sent + x[0]->nbytes);
+
+    pp_shm_ring_fail_alloc_after(0); /* from now on: no page to be had */
+    int64_t t0 = tt_now_ms();
+    for (int m = 1; m < 4; m++) { /* the first fits in the pages the ring has, the rest do not */
+        k = tt_key(PP_MSG_ACTIVATION, 1, m, 0, 1, "x");
+        TT_OK(pp_transport_send(t[0], &k, x[m]));
+    }
+    pp_transport_stats_get(t[0], &st);
+    assert_int_equal(st.shm_bytes_sent, before.shm_bytes_sent + x[1]->nbytes);
+    /* small messages fill the message ring's pages (256 KiB), then the socket */
+    for (int m = 0; m < 40; m++) {
+        k = tt_key(PP_MSG_ACTIVATION, 2, m, 0, 1, "s");
+        TT_OK(pp_transport_send(t[0], &k, small));
+    }
+    int64_t took = tt_now_ms() - t0;
+    print_message("# 3 tensors and 40 small messages, no pages: %lld ms\n", (long long)took);
+    assert_true(took < 1000); /* never waited for room */
+    pp_transport_stats_get(t[0], &before);
+    assert_true(before.shm_bytes_sent > st.shm_bytes_sent);                     /* some fitted */
+    assert_true(before.shm_bytes_sent < st.shm_bytes_sent + 40 * small->nbytes); /* not all */
+    for (int m = 3; m >= 0; m--) {
+        k = tt_key(PP_MSG_ACTIVATION, 1, m, 0, 1, "x");
+        expect_recv(t[1], &k, x[m]);
+    }
+    for (int m = 0; m < 40; m++) {
+        k = tt_key(PP_MSG_ACTIVATION, 2, m, 0, 1, "s");
+        expect_recv(t[1], &k, small);
+    }
+
+    /* room again: four tensors in flight, allocating more of the ring */
+    assert_int_equal(pp_shm_ring_fail_alloc_after(-1), 0);
+    for (int m = 4; m < 8; m++) {
+        k = tt_key(PP_MSG_ACTIVATION, 3, m, 0, 1, "x");
+        TT_OK(pp_transport_send(t[0], &k, x[m]));
+    }
+    pp_transport_stats_get(t[0], &st);
+    assert_int_equal(st.shm_bytes_sent, before.shm_bytes_sent + 4 * x[4]->nbytes);
+    for (int m = 4; m < 8; m++) {
+        k = tt_key(PP_MSG_ACTIVATION, 3, m, 0, 1, "x");
+        expect_recv(t[1], &k, x[m]);
+    }
+    pp_transport_stats_get(t[1], &st);
+    assert_int_equal(st.dropped, 0);
+    for (int m = 0; m < 8; m++) pp_tensor_free(x[m]);
+    pp_tensor_free(small);
+    tt_close_ranks(2, t);
+    assert_int_equal(leftover_rings(), 0);
+}
+
 /* A full ring is replaced by a bigger one (up to shm_bytes) rather than
  * sending over the socket. */
 static void test_shm_full_ring_grows(void **state) {
@@ -1105,6 +1183,7 @@ int main(void) {
         cmocka_unit_test(test_roundtrip_ipc_shm),
         cmocka_unit_test(test_roundtrip_tcp_shm),
         cmocka_unit_test(test_shm_full_ring_falls_back),
+        cmocka_unit_test_teardown(test_shm_no_pages_falls_back, hook_off),
         cmocka_unit_test(test_shm_ring_grows),
         cmocka_unit_test(test_shm_ring_grows_twice),
         cmocka_unit_test(test_shm_full_ring_grows),
