@@ -337,9 +337,17 @@ pp_status pp_device_copy_in(pp_device *dev, void *device_ptr, const void *src, s
     return PP_OK;
 }
 
+static atomic_int copies_out_left = -1; /* < 0: no failure injected */
+
+void pp_device_fail_copies_out_after(int n) { atomic_store(&copies_out_left, n < 0 ? -1 : n); }
+
 pp_status pp_device_copy_out(pp_device *dev, void *dst, const void *device_ptr, size_t bytes) {
     if (pp_device_is_cpu(dev)) return pp_error(PP_ERR_INVALID, "copy out: the CPU has no device memory");
     if (!bytes) return PP_OK;
+    for (int left = atomic_load(&copies_out_left); left >= 0;) {
+        if (left == 0) return pp_error(PP_ERR_IO, "%s: copy of %zu bytes from the device: failure injected", dev->name, bytes);
+        if (atomic_compare_exchange_weak(&copies_out_left, &left, left - 1)) break;
+    }
     void *event = NULL;
     pp_status s = dev->ops->stream_wait(dev, PP_STREAM_COPY, PP_STREAM_COMPUTE); /* the values are computed */
     if (!s) s = dev->ops->copy(dev, PP_STREAM_COPY, dst, device_ptr, bytes, PP_COPY_TO_HOST);

@@ -100,6 +100,9 @@ pp_status pp_device_tensor_view(pp_tensor *parent, size_t offset, pp_dtype dt, i
  * holds the bytes (after the compute stream's work so far). */
 pp_status pp_device_copy_in(pp_device *dev, void *device_ptr, const void *src, size_t bytes);
 pp_status pp_device_copy_out(pp_device *dev, void *dst, const void *device_ptr, size_t bytes);
+/* Test hook: after n more copies out succeed, every one fails (as a
+ * device that failed would) until called with n < 0. Process-wide. */
+void pp_device_fail_copies_out_after(int n);
 /* 1 if dev keeps a stage's parameters (the ops above are there). */
 int pp_device_keeps_params(const pp_device *dev);
 /* The memory kind of a tensor made by pp_device_tensor_new; HOST otherwise. */

@@ -67,7 +67,8 @@ static uint64_t file_hash(int n, const char *const *names, pp_tensor *const *t, 
 /* ---- writing ---- */
 
 pp_status pp_checkpoint_save_stage(const char *dir, int64_t step, pp_stage *st, pp_optim *opt) {
-    pp_flat_params none = {0}, *fp = pp_stage_params(st);
+    pp_flat_params none = {0}, *fp;
+    PP_TRY(pp_stage_params_sync(st, &fp)); /* never the host's stale copy of a device's values */
     int k = pp_stage_index(st);
     if (!fp) { /* a stage without parameters still has its file: every stage of a step is there */
         fp = &none;
@@ -509,7 +510,8 @@ static pp_status read_into_stage(const pp_safetensors_index *ix, pp_stage *st, p
 pp_status pp_checkpoint_load_stage(const char *dir, int64_t step, pp_stage *st, pp_optim *opt) {
     char path[4200];
     pp_checkpoint_stage_path(dir, step, pp_stage_index(st), path, sizeof path);
-    pp_flat_params none = {0}, *fp = pp_stage_params(st);
+    pp_flat_params none = {0}, *fp;
+    PP_TRY(pp_stage_params_sync(st, &fp));
     if (!fp) {
         fp = &none;
         opt = NULL;

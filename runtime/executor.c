@@ -87,7 +87,8 @@ pp_status pp_executor_set_optimizer(pp_executor *ex, const pp_optim_config *c) {
         int s = ex->core.local[i];
         pp_optim_shard_free(ex->shards[s]);
         ex->shards[s] = NULL;
-        pp_flat_params *fp = pp_stage_params(ex->core.stages[s]);
+        pp_flat_params *fp;
+        PP_TRY(pp_stage_params_sync(ex->core.stages[s], &fp));
         PP_TRY(pp_optim_shard_new(c, &ex->ring_opt, ex->rep.replica, fp, &ex->shards[s]));
     }
     return PP_OK;
@@ -99,8 +100,9 @@ pp_status pp_executor_optimizer_step(pp_executor *ex) {
         s = pp_core_check_grads(&ex->core); /* every stage's first: all or none */
         for (int i = 0; i < ex->core.n_local && s == PP_OK; i++) {
             int st = ex->core.local[i];
+            pp_flat_params *fp = NULL;
             if (!ex->shards[st]) s = pp_error(PP_ERR_STATE, "stage %d: no optimizer set", st);
-            else s = pp_optim_shard_step(ex->shards[st], pp_stage_params(ex->core.stages[st]));
+            else if ((s = pp_stage_params_sync(ex->core.stages[st], &fp)) == PP_OK) s = pp_optim_shard_step(ex->shards[st], fp);
         }
         if (s == PP_OK) s = pp_grad_ring_gather(ex->ring, ex->timeout_ms);
     } else {
@@ -139,7 +141,8 @@ pp_status pp_executor_gather_optimizer(pp_executor *ex, int i, pp_optim **whole)
     if (i < 0 || i >= ex->core.n_local) return pp_error(PP_ERR_INVALID, "rank %d: no local stage %d", ex->world_rank, i);
     int st = ex->core.local[i], r = ex->rep.replicas, me = ex->rep.replica, ns = ex->sched->nstages;
     pp_optim_shard *sh = ex->shards[st];
-    pp_flat_params *fp = pp_stage_params(ex->core.stages[st]);
+    pp_flat_params *fp;
+    PP_TRY(pp_stage_params_sync(ex->core.stages[st], &fp));
     if (!sh || !fp) return sh ? PP_OK : pp_error(PP_ERR_STATE, "stage %d: no optimizer set", st);
     int nb = pp_optim_state(sh->opt, -1, NULL, NULL);
     char name[64];

@@ -50,7 +50,8 @@ pp_status pp_save_stage_params(const pp_pipe *p, int n, pp_stage *const *stages,
     PP_TRY(pp_mkdirs(dir));
     int saved = 0;
     for (int s = 0; s < n; s++) {
-        pp_flat_params *fp = pp_stage_params(stages[s]);
+        pp_flat_params *fp;
+        PP_TRY(pp_stage_params_sync(stages[s], &fp));
         for (int i = 0; fp && i < fp->n; i++) {
             if (!writes_param(p, pp_stage_index(stages[s]), fp->names[i])) continue;
             pp_tensor *t;

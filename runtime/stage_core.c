@@ -511,7 +511,8 @@ void pp_core_zero_grad(pp_core *c) {
 pp_status pp_core_set_optimizer(pp_core *c, const pp_optim_config *cfg) {
     for (int i = 0; i < c->n_local; i++) {
         int s = c->local[i];
-        pp_flat_params *fp = pp_stage_params(c->stages[s]); /* a device's copy of the old one's state comes back first */
+        pp_flat_params *fp; /* a device's copy of the old one's state comes back first */
+        PP_TRY(pp_stage_params_sync(c->stages[s], &fp));
         pp_optim_free(c->optims[s]);
         c->optims[s] = NULL;
         PP_TRY(pp_optim_new(cfg, fp ? fp->total : 0, &c->optims[s]));

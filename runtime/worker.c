@@ -354,8 +354,9 @@ static pp_status start_checkpoint(pp_worker *w, pp_ckpt_start_mode mode, int64_t
     pp_optim **whole = calloc((size_t)n + 1, sizeof *whole);
     pp_status s = whole ? PP_OK : pp_error(PP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n && s == PP_OK && mode != PP_CKPT_FRESH; i++) { /* only to load into */
-        pp_flat_params *fp = pp_stage_params(w->stages[i]);
-        if (fp) s = pp_optim_new(&w->c->optim, fp->total, &whole[i]);
+        pp_flat_params *fp;
+        s = pp_stage_params_sync(w->stages[i], &fp);
+        if (s == PP_OK && fp) s = pp_optim_new(&w->c->optim, fp->total, &whole[i]);
     }
     pp_optim *const *shards = ck->optims;
     ck->optims = whole;

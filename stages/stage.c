@@ -703,15 +703,29 @@ int pp_stage_find_param(const pp_stage *st, const char *name) {
     return st->params ? pp_flat_params_find(st->params, name) : -1;
 }
 
-pp_flat_params *pp_stage_params(pp_stage *st) {
+pp_status pp_stage_params_sync(pp_stage *st, pp_flat_params **out) {
     /* the caller may read or write the host's buffers: they become current,
      * and the device takes them again before it next uses them; packed
      * copies are made again at their next use */
+    *out = NULL;
     params_changed(st);
-    if (st->dp && pp_device_params_to_host(st->dp, 1) != PP_OK)
-        pp_log_error("stage %d: parameters on %s not brought back: %s", st->index, pp_device_name(st->dev),
-                     pp_last_error());
-    return st->params;
+    if (st->dp) {
+        pp_status s = pp_device_params_to_host(st->dp, 1);
+        if (s != PP_OK)
+            return pp_error_context(s, "stage %d: parameters on %s not brought back", st->index,
+                                    pp_device_name(st->dev));
+    }
+    *out = st->params;
+    return PP_OK;
+}
+
+pp_flat_params *pp_stage_params(pp_stage *st) {
+    pp_flat_params *fp;
+    if (pp_stage_params_sync(st, &fp) != PP_OK) {
+        pp_log_error("%s", pp_last_error());
+        return st->params;
+    }
+    return fp;
 }
 
 pp_status pp_stage_set_constant(pp_stage *st, const char *name, const pp_tensor *t) {

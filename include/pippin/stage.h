@@ -171,6 +171,12 @@ PP_API pp_status pp_stage_recompute_stash_per_sample_dims(pp_stage *st, const ch
  * old values (a device's copies, packed weights) is dropped when it is
  * called, not when the buffer is written. */
 PP_API pp_flat_params *pp_stage_params(pp_stage *st);
+/* pp_stage_params that fails when the device's buffers could not be
+ * brought back (pp_stage_params then only logs it and hands out the
+ * host's stale ones): for whatever writes or updates the values (a
+ * checkpoint, parameter files, an update on the host). *out NULL: no
+ * parameters. */
+PP_API pp_status pp_stage_params_sync(pp_stage *st, pp_flat_params **out);
 /* The same buffers with only the gradients brought up to date and
  * writable (the device takes them again before it next uses them); on a
  * device the weights and the optimizer's state stay there and the host's

@@ -8,7 +8,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "device_backend.h"
+#include "pippin/checkpoint.h"
 #include "stage_core.h"
 #include "test_util.h"
 
@@ -285,6 +288,53 @@ static void test_host_writes_reach_the_device(void **state) {
     train_step(cpu, oc_);
     train_step(dev, od);
     assert_same_params(dev, cpu);
+    for (int o = 0; o < 4; o++) {
+        pp_tensor_free(oc_[o]);
+        pp_tensor_free(od[o]);
+    }
+    pp_runner_free(cpu);
+    pp_runner_free(dev);
+    pp_pipe_free(pc);
+    pp_pipe_free(pd);
+}
+
+/* Regression: a device whose values cannot be brought back. pp_stage_params
+ * logged it and handed out the host's stale buffers, so a checkpoint saved
+ * them as if current; pp_stage_params_sync and the checkpoint now fail,
+ * naming the stage, and once the device answers again the values are the
+ * CPU run's. */
+static void test_failed_bring_back_is_an_error(void **state) {
+    (void)state;
+    pp_optim_config oc;
+    pp_optim_config_init(&oc, PP_OPTIM_ADAMW);
+    pp_pipe *pc, *pd;
+    pp_runner *cpu = gpt_runner(NULL, &oc, &pc), *dev = gpt_runner(CUDA_OPS, &oc, &pd);
+    pp_tensor *oc_[4] = {0}, *od[4] = {0};
+    train_step(cpu, oc_);
+    train_step(dev, od); /* the weights now newer on the device */
+    char dir[128];
+    snprintf(dir, sizeof dir, "/tmp/pippin-device-ckpt-%d", (int)getpid());
+    pp_stage *st = pp_runner_stage(dev, 0);
+    pp_device_fail_copies_out_after(0);
+    pp_flat_params *fp = (pp_flat_params *)1;
+    pp_status s = pp_stage_params_sync(st, &fp);
+    char err[512];
+    snprintf(err, sizeof err, "%s", pp_last_error());
+    pp_status ck = pp_checkpoint_save_stage(dir, 1, st, pp_runner_optimizer(dev, 0));
+    char ck_err[512];
+    snprintf(ck_err, sizeof ck_err, "%s", pp_last_error());
+    pp_device_fail_copies_out_after(-1);
+    assert_int_not_equal(s, PP_OK);
+    assert_null(fp);
+    if (!strstr(err, "stage 0") || !strstr(err, "not brought back")) fail_msg("the error should name the stage: %s", err);
+    assert_int_not_equal(ck, PP_OK);
+    if (!strstr(ck_err, "not brought back")) fail_msg("the checkpoint should fail on the stale values: %s", ck_err);
+    TU_OK(pp_stage_params_sync(st, &fp));
+    assert_non_null(fp);
+    assert_same_params(dev, cpu);
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
     for (int o = 0; o < 4; o++) {
         pp_tensor_free(oc_[o]);
         pp_tensor_free(od[o]);
@@ -686,6 +736,7 @@ int main(void) {
         cmocka_unit_test(test_adamw_steps_keep_params_on_device),
         cmocka_unit_test(test_sgd_momentum_steps_keep_params_on_device),
         cmocka_unit_test(test_host_writes_reach_the_device),
+        cmocka_unit_test(test_failed_bring_back_is_an_error),
         cmocka_unit_test(test_batch_norm_state_reaches_the_device),
         cmocka_unit_test(test_send_overlaps_next_compute),
         cmocka_unit_test(test_schedules_with_held_sends),
