@@ -71,13 +71,16 @@ files = sorted(glob.glob(pp + '/*.npy'))
 assert len(files) == len(glob.glob(ort + '/*.npy')) and len(files) >= 2, 'output counts differ'
 outs = [(np.load(f), np.load(os.path.join(ort, os.path.basename(f))), os.path.basename(f)) for f in files]
 # the error allowed: relative to each output, and to the largest for those
-# that are zero but for rounding (a bias before BatchNorm)
+# that are zero but for rounding (a bias before BatchNorm: its gradient is
+# noise, 1.2e-6 in pippin and 2.6e-6 away from it in ONNX Runtime 1.30 on
+# an AMD EPYC host, where the largest output is 2.39; 1e-6 of the largest,
+# allowed before, failed there)
 top = max(float(np.abs(a).max()) for a, _, _ in outs)
 nonzero = 0
 for a, b, f in outs:
     assert a.shape == b.shape, (f, a.shape, b.shape)
     nonzero += bool(np.abs(a).max() > 0)
-    assert np.allclose(a, b, rtol=1e-4, atol=1e-4 * max(1e-2 * top, float(np.abs(a).max()))), \
+    assert np.allclose(a, b, rtol=1e-4, atol=1e-4 * max(1e-1 * top, float(np.abs(a).max()))), \
         (f, float(np.abs(a - b).max()))
 assert nonzero >= 2, 'the loss and its gradients are zero'
 print(len(files))" "$tmp/pp-$f" "$tmp/ort-$f" >"$tmp/n" 2>>"$tmp/err"
