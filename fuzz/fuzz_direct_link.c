@@ -84,8 +84,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
      * the bytes and then end of stream, never waits for more */
     size_t left = size - 2;
     const uint8_t *p = data + 2;
-    while (left > 0) {
-        ssize_t k = send(to_ring[1], p, left, MSG_NOSIGNAL);
+    while (left > 0) { /* what the socket buffer holds; the rest is cut */
+        ssize_t k = send(to_ring[1], p, left, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (k <= 0) break;
         p += k, left -= (size_t)k;
     }

@@ -79,6 +79,7 @@ struct pp_grad_ring {
     loans *loans;
     pp_grad_shm **shm;  /* [n_stages]: the stage's shared-memory group, once its first bucket came */
     pp_grad_tcp **tcp;  /* [n_stages]: its direct links, once shared memory was declined */
+    char *lost;         /* [n_stages]: the agreement failed half way: both groups dropped at the next begin */
     /* [n_stages]: the id of the stage's bucket whose shared-memory (or
      * direct-link) collective comes next. A group runs one at a time, and
      * every replica must run them in the same order (their rounds are
@@ -118,9 +119,10 @@ pp_status pp_grad_ring_new(const pp_grad_ring_options *o, pp_grad_ring **out) {
     if (g) g->loans = calloc(1, sizeof *g->loans);
     if (g) g->shm = calloc((size_t)o->n_stages, sizeof *g->shm);
     if (g) g->tcp = calloc((size_t)o->n_stages, sizeof *g->tcp);
+    if (g) g->lost = calloc((size_t)o->n_stages, 1);
     if (g) g->turn = calloc((size_t)o->n_stages, sizeof *g->turn);
-    if (!g || !g->next_id || !g->loans || !g->shm || !g->tcp || !g->turn) {
-        if (g) free(g->next_id), free(g->loans), free(g->shm), free(g->tcp), free(g->turn);
+    if (!g || !g->next_id || !g->loans || !g->shm || !g->tcp || !g->lost || !g->turn) {
+        if (g) free(g->next_id), free(g->loans), free(g->shm), free(g->tcp), free(g->lost), free(g->turn);
         free(g);
         return pp_error(PP_ERR_NOMEM, "out of memory");
     }
@@ -155,6 +157,7 @@ void pp_grad_ring_free(pp_grad_ring *g) {
     for (int s = 0; s < g->o.n_stages; s++) pp_grad_shm_free(g->shm[s]), pp_grad_tcp_free(g->tcp[s]);
     free(g->shm);
     free(g->tcp);
+    free(g->lost);
     free(g->turn);
     free(g->b);
     free(g->next_id);
@@ -170,11 +173,13 @@ void pp_grad_ring_begin(pp_grad_ring *g, int64_t step) {
     /* a group left mid-sum or mid-agreement by a failed step: its counters
      * no longer match the peers'; agreed again from scratch */
     for (int s = 0; s < g->o.n_stages; s++)
-        if ((g->shm[s] && pp_grad_shm_broken(g->shm[s])) || (g->tcp[s] && pp_grad_tcp_broken(g->tcp[s]))) {
+        if (g->lost[s] || (g->shm[s] && pp_grad_shm_broken(g->shm[s])) ||
+            (g->tcp[s] && pp_grad_tcp_broken(g->tcp[s]))) {
             pp_grad_shm_free(g->shm[s]);
             pp_grad_tcp_free(g->tcp[s]);
             g->shm[s] = NULL;
             g->tcp[s] = NULL;
+            g->lost[s] = 0;
         }
 }
 
@@ -593,12 +598,17 @@ static pp_status advance_direct(pp_grad_ring *g, bucket *b, int wait, int timeou
  * sharing memory never open sockets). */
 static pp_status agree_way(pp_grad_ring *g, bucket *b, int wait, int timeout_ms) {
     int st = b->stage, decided;
+    if (g->lost[st]) return pp_error(PP_ERR_STATE, "gradient ring: stage %d's agreement failed this step", st);
     PP_TRY(pp_grad_shm_agree(g->shm[st], wait, timeout_ms, &decided));
     if (!decided) return PP_OK;
     if (!pp_grad_shm_in_use(g->shm[st])) {
         if (!g->tcp[st]) {
             pp_grad_tcp_options to = {g->o.t, g->o.replicas, g->o.replica, g->o.n_stages, st, g->o.sockets >= 0};
-            PP_TRY(pp_grad_tcp_new(&to, g->step, &g->tcp[st]));
+            pp_status s = pp_grad_tcp_new(&to, g->step, &g->tcp[st]);
+            if (s != PP_OK) {
+                g->lost[st] = 1; /* the peers' offers of this step go unanswered: all agree afresh */
+                return s;
+            }
         }
         PP_TRY(pp_grad_tcp_agree(g->tcp[st], wait, timeout_ms, &decided));
         if (!decided) return PP_OK;

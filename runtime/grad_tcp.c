@@ -27,6 +27,10 @@
  * each fills, so the sum reads them while they are still in cache. */
 #define STAGE_BYTES ((size_t)256 << 10)
 #define POLL_SLICE_MS 100 /* between looks at the transport for a peer that is gone */
+#define SETUP_SLICE_MS 10 /* while the links come up (once per group) */
+/* A call that does not wait moves at most this much before it returns,
+ * so that the rank's next action is not held up by a whole bucket. */
+#define NOWAIT_BUDGET ((size_t)4 << 20)
 
 typedef struct wire_header {
     uint32_t tag;
@@ -44,6 +48,7 @@ struct pp_grad_tcp {
     int64_t step; /* of the agreement */
     int state;
     pp_direct_listener *listener; /* until the previous replica's link is accepted */
+    pp_direct_conn *conn;         /* until the link to the next replica is up */
     char *offered;                /* [R]: 0 not yet, 1 an offer, 2 declined */
     char next_offer[PP_DIRECT_OFFER_CAP];
     int send_fd, recv_fd;
@@ -77,6 +82,8 @@ static void offer_key(const pp_grad_tcp *s, int peer, int sending, pp_transport_
 static void close_links(pp_grad_tcp *s) {
     pp_direct_listener_free(s->listener);
     s->listener = NULL;
+    pp_direct_conn_free(s->conn);
+    s->conn = NULL;
     if (s->send_fd >= 0) close(s->send_fd);
     if (s->recv_fd >= 0) close(s->recv_fd);
     s->send_fd = s->recv_fd = -1;
@@ -164,7 +171,7 @@ static pp_status fail(pp_grad_tcp *s, pp_status st) {
 
 /* Every offer is in: connect to the next replica, or give up on links if
  * anyone declined. */
-static pp_status decide(pp_grad_tcp *s, int timeout_ms) {
+static pp_status decide(pp_grad_tcp *s) {
     int all = 1;
     for (int k = 0; k < s->o.replicas; k++) all &= s->offered[k] == 1;
     if (!all) {
@@ -175,12 +182,14 @@ static pp_status decide(pp_grad_tcp *s, int timeout_ms) {
         return PP_OK;
     }
     int next = mod(s->o.replica + 1, s->o.replicas);
-    pp_status st = pp_direct_connect(s->o.t, s->next_offer, PURPOSE_GRAD | (uint32_t)s->o.stage, s->o.replica,
-                                     timeout_ms, &s->send_fd);
+    if (!(s->staging = malloc(STAGE_BYTES))) return fail(s, pp_error(PP_ERR_NOMEM, "out of memory"));
+    /* started here, finished by the first collective (a round trip away
+     * on another host: a progress pass must not wait for it) */
+    pp_status st = pp_direct_connect_start(s->o.t, s->next_offer, PURPOSE_GRAD | (uint32_t)s->o.stage, s->o.replica,
+                                           &s->conn);
     if (st != PP_OK)
         return fail(s, pp_error_context(st, "stage %d: the gradient ring's link to replica %d (rank %d)", s->o.stage,
                                         next, world_rank(s, next)));
-    if (!(s->staging = malloc(STAGE_BYTES))) return fail(s, pp_error(PP_ERR_NOMEM, "out of memory"));
     s->state = IN_USE;
     pp_debug("stage %d replica %d: the %d replicas sum gradients over direct links", s->o.stage, s->o.replica,
              s->o.replicas);
@@ -190,6 +199,7 @@ static pp_status decide(pp_grad_tcp *s, int timeout_ms) {
 pp_status pp_grad_tcp_agree(pp_grad_tcp *s, int wait, int timeout_ms, int *decided) {
     *decided = s->state != OFFERING;
     if (*decided) return PP_OK;
+    if (s->broken) return pp_error(PP_ERR_STATE, "stage %d: the direct-link agreement failed before", s->o.stage);
     int tmo = timeout_ms < 0 ? pp_transport_timeout_ms(s->o.t) : timeout_ms;
     int next = mod(s->o.replica + 1, s->o.replicas);
     for (int k = 0; k < s->o.replicas; k++) {
@@ -199,7 +209,8 @@ pp_status pp_grad_tcp_agree(pp_grad_tcp *s, int wait, int timeout_ms, int *decid
         pp_tensor *in = NULL;
         pp_status st = wait ? pp_transport_recv(s->o.t, &key, tmo, &in) : pp_transport_try_recv(s->o.t, &key, &in);
         if (st != PP_OK)
-            return fail(s, pp_error_context(st, "stage %d: waiting for replica %d's direct-link offer", s->o.stage, k));
+            return fail(s, pp_error_context(st, "stage %d: waiting for replica %d's (rank %d) direct-link offer",
+                                            s->o.stage, k, world_rank(s, k)));
         if (!in) return PP_OK;
         char text[PP_DIRECT_OFFER_CAP] = "";
         int64_t n = pp_tensor_numel(in);
@@ -216,7 +227,7 @@ pp_status pp_grad_tcp_agree(pp_grad_tcp *s, int wait, int timeout_ms, int *decid
         s->offered[k] = 1;
     }
     *decided = 1;
-    return decide(s, tmo);
+    return decide(s);
 }
 
 int pp_grad_tcp_in_use(const pp_grad_tcp *s) { return s->state == IN_USE; }
@@ -236,7 +247,7 @@ static pp_status peer_error(pp_grad_tcp *s, int k, int bucket, const char *what,
 }
 
 /* Writes as much of the phases' messages as the socket takes. */
-static pp_status pump_send(pp_grad_tcp *s, const pp_grad_tcp_phase *ph, int n, int bucket, int *moved) {
+static pp_status pump_send(pp_grad_tcp *s, const pp_grad_tcp_phase *ph, int n, int bucket, size_t *moved) {
     int next = mod(s->o.replica + 1, s->o.replicas);
     while (s->sp < n && (s->sp == 0 || s->rp >= s->sp)) {
         const pp_grad_tcp_phase *p = &ph[s->sp];
@@ -256,7 +267,7 @@ static pp_status pump_send(pp_grad_tcp *s, const pp_grad_tcp_phase *ph, int n, i
             return peer_error(s, next, bucket, "cannot be written to", errno);
         }
         s->sdone += (size_t)k;
-        *moved = 1;
+        *moved += (size_t)k;
         if (s->sdone == total) s->sp++, s->sdone = 0;
     }
     return PP_OK;
@@ -264,7 +275,7 @@ static pp_status pump_send(pp_grad_tcp *s, const pp_grad_tcp_phase *ph, int n, i
 
 /* Reads as much of the phases' messages as has arrived, adding or
  * copying the values into place. */
-static pp_status pump_recv(pp_grad_tcp *s, const pp_grad_tcp_phase *ph, int n, int bucket, int *moved) {
+static pp_status pump_recv(pp_grad_tcp *s, const pp_grad_tcp_phase *ph, int n, int bucket, size_t *moved) {
     int prev = mod(s->o.replica - 1, s->o.replicas);
     while (s->rp < n) {
         const pp_grad_tcp_phase *p = &ph[s->rp];
@@ -289,7 +300,7 @@ static pp_status pump_recv(pp_grad_tcp *s, const pp_grad_tcp_phase *ph, int n, i
             return peer_error(s, prev, bucket, k == 0 ? "closed its link" : "cannot be read from", k == 0 ? 0 : errno);
         }
         s->rdone += (size_t)k;
-        *moved = 1;
+        *moved += (size_t)k + !k; /* a header-only phase moves too */
         if (s->rdone == sizeof(wire_header) && k > 0) {
             const wire_header *h = &s->rhdr;
             if (h->tag != WIRE_TAG || h->phase != s->rp || h->seq != s->seq || h->count != p->nrecv ||
@@ -330,37 +341,69 @@ static pp_status look_at_transport(pp_grad_tcp *s, int k, int bucket) {
     return PP_OK;
 }
 
+/* Brings both links up: the one to the next replica (started by the
+ * agreement) connected and its hello sent, the previous replica's
+ * accepted. *up 0 while either is still under way (wait 0 returns then). */
+static pp_status links_up(pp_grad_tcp *s, int wait, int timeout_ms, int bucket, int *up) {
+    int prev = mod(s->o.replica - 1, s->o.replicas), next = mod(s->o.replica + 1, s->o.replicas);
+    int64_t deadline = now_ms() + timeout_ms, look = now_ms() + POLL_SLICE_MS;
+    for (;;) {
+        if (s->conn) {
+            pp_status st = pp_direct_connect_finish(s->conn, 0, &s->send_fd);
+            if (st != PP_OK)
+                return fail(s, pp_error_context(st, "stage %d: the gradient ring's link to replica %d (rank %d)",
+                                                s->o.stage, next, world_rank(s, next)));
+            if (s->send_fd >= 0) {
+                pp_direct_conn_free(s->conn);
+                s->conn = NULL;
+            }
+        }
+        if (s->recv_fd < 0) {
+            pp_status st = pp_direct_accept(s->listener, 0, &s->recv_fd);
+            if (st != PP_OK)
+                return fail(s, pp_error_context(st, "stage %d: the gradient ring's link from replica %d (rank %d)",
+                                                s->o.stage, prev, world_rank(s, prev)));
+            if (s->recv_fd >= 0) {
+                pp_direct_listener_free(s->listener);
+                s->listener = NULL;
+            }
+        }
+        *up = s->send_fd >= 0 && s->recv_fd >= 0;
+        if (*up || !wait) return PP_OK;
+        int64_t now = now_ms();
+        if (now >= deadline)
+            return peer_error(s, s->recv_fd < 0 ? prev : next, bucket,
+                              s->recv_fd < 0 ? "did not connect its link" : "did not take our link", ETIMEDOUT);
+        if (now >= look) {
+            PP_TRY(look_at_transport(s, s->recv_fd < 0 ? prev : next, bucket));
+            look = now + POLL_SLICE_MS;
+        }
+        struct pollfd pf[2];
+        int np = 0;
+        if (s->conn) pf[np++] = (struct pollfd){pp_direct_conn_fd(s->conn), POLLOUT, 0};
+        if (s->recv_fd < 0) pf[np++] = (struct pollfd){pp_direct_listener_fd(s->listener), POLLIN, 0};
+        poll(pf, (nfds_t)np, SETUP_SLICE_MS);
+    }
+}
+
 pp_status pp_grad_tcp_run(pp_grad_tcp *s, const pp_grad_tcp_phase *ph, int nphases, int bucket, int wait,
                           int timeout_ms, int *done) {
     *done = 0;
     if (s->state != IN_USE || s->broken)
         return pp_error(PP_ERR_STATE, "stage %d: the gradient ring's direct links are not in use", s->o.stage);
-    int prev = mod(s->o.replica - 1, s->o.replicas);
-    int64_t deadline = now_ms() + timeout_ms;
-    /* the previous replica connects once it has every offer: accepted in
-     * slices, looking at the transport between them for a peer that is gone */
-    while (s->recv_fd < 0) {
-        int64_t left = deadline - now_ms();
-        pp_status st = pp_direct_accept(s->listener, !wait ? 0 : left < POLL_SLICE_MS ? (int)left : POLL_SLICE_MS,
-                                        &s->recv_fd);
-        if (st != PP_OK) return fail(s, pp_error_context(st, "stage %d: the gradient ring's link from replica %d",
-                                                           s->o.stage, prev));
-        if (s->recv_fd >= 0) {
-            pp_direct_listener_free(s->listener);
-            s->listener = NULL;
-            break;
-        }
-        if (!wait) return PP_OK;
-        if (now_ms() >= deadline) return peer_error(s, prev, bucket, "did not connect its link", ETIMEDOUT);
-        PP_TRY(look_at_transport(s, prev, bucket));
-    }
+    int prev = mod(s->o.replica - 1, s->o.replicas), next = mod(s->o.replica + 1, s->o.replicas);
+    int up;
+    PP_TRY(links_up(s, wait, timeout_ms, bucket, &up));
+    if (!up) return PP_OK;
     if (!s->busy) {
         s->busy = 1;
         s->sp = s->rp = 0;
         s->sdone = s->rdone = 0;
     }
+    int64_t deadline = now_ms() + timeout_ms;
+    size_t budget = 0;
     for (;;) {
-        int moved = 0;
+        size_t moved = 0;
         PP_TRY(pump_send(s, ph, nphases, bucket, &moved));
         PP_TRY(pump_recv(s, ph, nphases, bucket, &moved));
         if (s->sp == nphases && s->rp == nphases) {
@@ -369,24 +412,28 @@ pp_status pp_grad_tcp_run(pp_grad_tcp *s, const pp_grad_tcp_phase *ph, int nphas
             *done = 1;
             return PP_OK;
         }
+        budget += moved;
+        if (!wait && (!moved || budget >= NOWAIT_BUDGET)) return PP_OK;
         if (moved) {
             deadline = now_ms() + timeout_ms;
             continue;
         }
-        if (!wait) return PP_OK;
+        /* stuck: on the previous replica's chunk if one is due, else on
+         * the next replica taking ours */
+        int sending = s->sp < nphases && (s->sp == 0 || s->rp >= s->sp), receiving = s->rp < nphases;
         int64_t left = deadline - now_ms();
         if (left <= 0) {
             char what[64];
-            snprintf(what, sizeof what, "sent nothing for %d ms", timeout_ms);
-            return peer_error(s, s->rp < nphases ? prev : mod(s->o.replica + 1, s->o.replicas), bucket, what, ETIMEDOUT);
+            snprintf(what, sizeof what, "%s for %d ms", receiving ? "sent nothing" : "took nothing", timeout_ms);
+            return peer_error(s, receiving ? prev : next, bucket, what, ETIMEDOUT);
         }
         struct pollfd pf[2];
         int np = 0;
-        if (s->sp < nphases && (s->sp == 0 || s->rp >= s->sp)) pf[np++] = (struct pollfd){s->send_fd, POLLOUT, 0};
-        if (s->rp < nphases) pf[np++] = (struct pollfd){s->recv_fd, POLLIN, 0};
+        if (sending) pf[np++] = (struct pollfd){s->send_fd, POLLOUT, 0};
+        if (receiving) pf[np++] = (struct pollfd){s->recv_fd, POLLIN, 0};
         pp_share_cores_idle(1); /* asleep: lend this rank's threads, as a blocking receive does */
         int rc = poll(pf, (nfds_t)np, (int)(left < POLL_SLICE_MS ? left : POLL_SLICE_MS));
         pp_share_cores_idle(0);
-        if (rc == 0) PP_TRY(look_at_transport(s, s->rp < nphases ? prev : mod(s->o.replica + 1, s->o.replicas), bucket));
+        if (rc == 0) PP_TRY(look_at_transport(s, receiving ? prev : next, bucket));
     }
 }

@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,12 +34,24 @@ typedef struct hello {
     int32_t sender;
 } hello;
 
+#define MAX_PENDING 8 /* connections accepted whose hello is not in yet */
+
+typedef struct pending {
+    int fd;
+    size_t got;
+    int64_t since_ms;
+    hello h;
+} pending;
+
 struct pp_direct_listener {
     int fd;
     uint32_t purpose;
     int32_t peer;
     uint64_t run_id;
     unsigned char nonce[NONCE_BYTES];
+    pending wait[MAX_PENDING];
+    int n_wait;
+    unsigned refused; /* connections closed: warned at 1, 2, 4, ... */
 };
 
 /* HOST of "tcp://HOST:PORT" (brackets of an IPv6 address dropped); 0 if
@@ -71,11 +84,12 @@ static int set_flags(int fd) {
            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) == 0;
 }
 
-static pp_status resolve(const char *host, const char *port, struct addrinfo **ai) {
+/* numeric: an offer's address (never a name: no lookup, the address bound) */
+static pp_status resolve(const char *host, const char *port, int numeric, struct addrinfo **ai) {
     struct addrinfo hints = {0};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICSERV;
+    hints.ai_flags = AI_NUMERICSERV | (numeric ? AI_NUMERICHOST : 0);
     int rc = getaddrinfo(host, port, &hints, ai);
     if (rc != 0) return pp_error(PP_ERR_IO, "direct link: address %s port %s: %s", host, port, gai_strerror(rc));
     return PP_OK;
@@ -88,28 +102,29 @@ pp_status pp_direct_listen(pp_transport *t, uint32_t purpose, int32_t peer, char
     char host[64];
     endpoint_host(pp_transport_endpoint(t), host, sizeof host);
     struct addrinfo *ai;
-    PP_TRY(resolve(host, "0", &ai));
+    if (resolve(host, "0", 1, &ai) != PP_OK) PP_TRY(resolve(host, "0", 0, &ai)); /* a name: looked up once */
     pp_direct_listener *l = calloc(1, sizeof *l);
     if (!l) {
         freeaddrinfo(ai);
         return pp_error(PP_ERR_NOMEM, "out of memory");
     }
-    l->fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    l->fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     struct sockaddr_storage sa;
     socklen_t len = sizeof sa;
-    int ok = l->fd >= 0 && bind(l->fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(l->fd, 8) == 0 &&
+    char bound[64], port[8];
+    int ok = l->fd >= 0 && bind(l->fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(l->fd, MAX_PENDING) == 0 &&
              getsockname(l->fd, (struct sockaddr *)&sa, &len) == 0;
     int e = errno;
     freeaddrinfo(ai);
+    /* the offer names the address bound, as a number */
+    if (ok && getnameinfo((struct sockaddr *)&sa, len, bound, sizeof bound, port, sizeof port,
+                          NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+        ok = 0, e = EINVAL;
     if (!ok) {
         if (l->fd >= 0) close(l->fd);
         free(l);
         return pp_error(PP_ERR_IO, "direct link: listening on %s: %s", host, strerror(e));
     }
-    int fl = fcntl(l->fd, F_GETFL);
-    if (fl >= 0) fcntl(l->fd, F_SETFL, fl | O_NONBLOCK);
-    int port = sa.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&sa)->sin6_port)
-                                        : ntohs(((struct sockaddr_in *)&sa)->sin_port);
     if (getrandom(l->nonce, sizeof l->nonce, 0) != (ssize_t)sizeof l->nonce) {
         close(l->fd);
         free(l);
@@ -118,35 +133,101 @@ pp_status pp_direct_listen(pp_transport *t, uint32_t purpose, int32_t peer, char
     l->purpose = purpose;
     l->peer = peer;
     l->run_id = pp_transport_run_id(t);
-    int n = snprintf(offer, PP_DIRECT_OFFER_CAP, "tcp %s %d ", host, port);
+    int n = snprintf(offer, PP_DIRECT_OFFER_CAP, "tcp %s %s ", bound, port);
     for (int i = 0; i < NONCE_BYTES && n > 0 && n + 2 < PP_DIRECT_OFFER_CAP; i++)
         n += snprintf(offer + n, PP_DIRECT_OFFER_CAP - (size_t)n, "%02x", l->nonce[i]);
     *out = l;
     return PP_OK;
 }
 
+int pp_direct_listener_fd(const pp_direct_listener *l) { return l->fd; }
+
 void pp_direct_listener_free(pp_direct_listener *l) {
     if (!l) return;
+    for (int i = 0; i < l->n_wait; i++) close(l->wait[i].fd);
     close(l->fd);
     free(l);
 }
 
-/* Reads exactly n bytes from a non-blocking socket within ms. */
-static int read_all(int fd, void *buf, size_t n, int ms) {
-    size_t got = 0;
-    int64_t until = now_ms() + ms;
-    while (got < n) {
-        ssize_t k = recv(fd, (char *)buf + got, n - got, MSG_DONTWAIT);
-        if (k > 0) {
-            got += (size_t)k;
+const char *pp_direct_hello_check(const void *buf, size_t n, const unsigned char nonce[16], uint64_t run_id,
+                                  uint32_t purpose, int32_t peer) {
+    hello h;
+    if (n != sizeof h) return "sent a hello of another size";
+    memcpy(&h, buf, sizeof h);
+    if (memcmp(h.magic, HELLO_MAGIC, 8) != 0) return "is not a pippin direct link";
+    if (memcmp(h.nonce, nonce, NONCE_BYTES) != 0) return "does not carry the nonce offered";
+    if (run_id && h.run_id && h.run_id != run_id) return "belongs to another run";
+    if (h.purpose != purpose || h.sender != peer) return "is for another link";
+    return "";
+}
+
+static void refuse(pp_direct_listener *l, int i, const char *what) {
+    unsigned n = ++l->refused;
+    if ((n & (n - 1)) == 0) /* 1, 2, 4, ...: not every stranger's attempt */
+        pp_warn("direct link: closed a connection that %s (expected sender %d; %u closed so far)", what,
+                (int)l->peer, n);
+    close(l->wait[i].fd);
+    l->wait[i] = l->wait[--l->n_wait];
+}
+
+/* One pass without blocking: new connections taken in (the oldest
+ * dropped when too many wait), every waiting hello read as far as it
+ * came; *fd the first that matches. */
+static void accept_pass(pp_direct_listener *l, int *fd) {
+    for (;;) {
+        int c = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC);
+        if (c < 0) break; /* EAGAIN, or an aborted connection: the next pass looks again */
+        if (!set_flags(c)) {
+            close(c);
             continue;
         }
-        if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return 0;
-        int64_t left = until - now_ms();
-        if (left <= 0) return 0;
-        struct pollfd p = {fd, POLLIN, 0};
-        poll(&p, 1, (int)left);
+        if (l->n_wait == MAX_PENDING) refuse(l, 0, "made room for a newer one");
+        l->wait[l->n_wait++] = (pending){c, 0, now_ms(), {{0}}};
     }
+    for (int i = 0; i < l->n_wait;) {
+        pending *p = &l->wait[i];
+        ssize_t k = p->got < sizeof p->h ? recv(p->fd, (char *)&p->h + p->got, sizeof p->h - p->got, MSG_DONTWAIT) : 0;
+        if (k > 0) p->got += (size_t)k;
+        if (p->got == sizeof p->h) {
+            const char *what = pp_direct_hello_check(&p->h, sizeof p->h, l->nonce, l->run_id, l->purpose, l->peer);
+            if (!*what) {
+                *fd = p->fd;
+                l->wait[i] = l->wait[--l->n_wait];
+                return;
+            }
+            refuse(l, i, what);
+        } else if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+            refuse(l, i, "closed before its hello");
+        } else if (now_ms() - p->since_ms > HELLO_MS) {
+            refuse(l, i, "sent no hello");
+        } else {
+            i++;
+        }
+    }
+}
+
+pp_status pp_direct_accept(pp_direct_listener *l, int timeout_ms, int *fd) {
+    *fd = -1;
+    int64_t until = now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+    for (;;) {
+        accept_pass(l, fd);
+        int64_t left = until - now_ms();
+        if (*fd >= 0 || left <= 0) return PP_OK;
+        struct pollfd pf[1 + MAX_PENDING];
+        pf[0] = (struct pollfd){l->fd, POLLIN, 0};
+        for (int i = 0; i < l->n_wait; i++) pf[1 + i] = (struct pollfd){l->wait[i].fd, POLLIN, 0};
+        poll(pf, (nfds_t)(1 + l->n_wait), (int)(left > 100 ? 100 : left));
+    }
+}
+
+int pp_direct_offer_valid(const char *text) {
+    char host[64], port[8], nonce[2 * NONCE_BYTES + 2];
+    if (sscanf(text, "tcp %63s %7s %33s", host, port, nonce) != 3) return 0;
+    char *end;
+    long pn = strtol(port, &end, 10);
+    if (*end || pn <= 0 || pn > 65535 || strlen(nonce) != 2 * NONCE_BYTES) return 0;
+    for (const char *p = nonce; *p; p++)
+        if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f'))) return 0;
     return 1;
 }
 
@@ -168,92 +249,88 @@ static int write_all(int fd, const void *buf, size_t n, int ms) {
     return 1;
 }
 
-const char *pp_direct_hello_check(const void *buf, size_t n, const unsigned char nonce[16], uint64_t run_id,
-                                  uint32_t purpose, int32_t peer) {
+/* Test hook: connects look in progress for this long. */
+static atomic_int connect_lag_ms;
+void pp_direct_test_connect_lag(int ms) { atomic_store(&connect_lag_ms, ms); }
+
+struct pp_direct_conn {
+    int fd;
+    int64_t lag_until;
+    char host[64], port[8];
     hello h;
-    if (n != sizeof h) return "sent a hello of another size";
-    memcpy(&h, buf, sizeof h);
-    if (memcmp(h.magic, HELLO_MAGIC, 8) != 0) return "is not a pippin direct link";
-    if (memcmp(h.nonce, nonce, NONCE_BYTES) != 0) return "does not carry the nonce offered";
-    if (run_id && h.run_id && h.run_id != run_id) return "belongs to another run";
-    if (h.purpose != purpose || h.sender != peer) return "is for another link";
-    return "";
-}
+};
 
-pp_status pp_direct_accept(pp_direct_listener *l, int timeout_ms, int *fd) {
-    *fd = -1;
-    int64_t until = now_ms() + timeout_ms;
-    for (;;) {
-        int c = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC);
-        if (c < 0) {
-            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
-                return pp_error(PP_ERR_IO, "direct link: accept: %s", strerror(errno));
-            int64_t left = until - now_ms();
-            if (left <= 0) return PP_OK;
-            struct pollfd p = {l->fd, POLLIN, 0};
-            poll(&p, 1, (int)(left > 1000 ? 1000 : left));
-            continue;
-        }
-        hello h;
-        const char *what = "";
-        if (!set_flags(c)) what = "cannot be set up";
-        else if (!read_all(c, &h, sizeof h, HELLO_MS)) what = "sent no hello";
-        else what = pp_direct_hello_check(&h, sizeof h, l->nonce, l->run_id, l->purpose, l->peer);
-        if (!*what) {
-            *fd = c;
-            return PP_OK;
-        }
-        pp_warn("direct link: closed a connection that %s (expected sender %d)", what, (int)l->peer);
-        close(c);
-    }
-}
-
-int pp_direct_offer_valid(const char *text) {
-    char host[64], nonce[2 * NONCE_BYTES + 2];
-    int port;
-    if (sscanf(text, "tcp %63s %d %33s", host, &port, nonce) != 3) return 0;
-    if (port <= 0 || port > 65535 || strlen(nonce) != 2 * NONCE_BYTES) return 0;
-    for (const char *p = nonce; *p; p++)
-        if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f'))) return 0;
-    return 1;
-}
-
-pp_status pp_direct_connect(pp_transport *t, const char *offer, uint32_t purpose, int32_t me, int timeout_ms,
-                            int *fd) {
-    *fd = -1;
-    char host[64], port[8], nonce[2 * NONCE_BYTES + 2];
-    int portn;
-    if (!pp_direct_offer_valid(offer) || sscanf(offer, "tcp %63s %d %33s", host, &portn, nonce) != 3)
+pp_status pp_direct_connect_start(pp_transport *t, const char *offer, uint32_t purpose, int32_t me,
+                                  pp_direct_conn **out) {
+    *out = NULL;
+    char nonce[2 * NONCE_BYTES + 2];
+    pp_direct_conn *c = calloc(1, sizeof *c);
+    if (!c) return pp_error(PP_ERR_NOMEM, "out of memory");
+    c->fd = -1;
+    if (!pp_direct_offer_valid(offer) || sscanf(offer, "tcp %63s %7s %33s", c->host, c->port, nonce) != 3) {
+        free(c);
         return pp_error(PP_ERR_PEER, "direct link: malformed offer \"%.80s\"", offer);
-    snprintf(port, sizeof port, "%d", portn);
-    hello h = {{0}, {0}, pp_transport_run_id(t), purpose, me};
-    memcpy(h.magic, HELLO_MAGIC, 8);
+    }
+    c->h = (hello){{0}, {0}, pp_transport_run_id(t), purpose, me};
+    memcpy(c->h.magic, HELLO_MAGIC, 8);
     for (int i = 0; i < NONCE_BYTES; i++) {
         unsigned v;
         sscanf(nonce + 2 * i, "%2x", &v);
-        h.nonce[i] = (unsigned char)v;
+        c->h.nonce[i] = (unsigned char)v;
     }
     struct addrinfo *ai;
-    PP_TRY(resolve(host, port, &ai));
-    int c = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    const char *what = c < 0 || !set_flags(c) ? "socket" : NULL;
-    if (!what && connect(c, ai->ai_addr, ai->ai_addrlen) != 0) {
-        if (errno != EINPROGRESS) what = "connect";
-        else {
-            struct pollfd p = {c, POLLOUT, 0};
-            int err = 0;
-            socklen_t el = sizeof err;
-            if (poll(&p, 1, timeout_ms < 0 ? -1 : timeout_ms) != 1) errno = ETIMEDOUT, what = "connect";
-            else if (getsockopt(c, SOL_SOCKET, SO_ERROR, &err, &el) != 0 || err) errno = err, what = "connect";
-        }
+    pp_status s = resolve(c->host, c->port, 1, &ai);
+    if (s != PP_OK) {
+        free(c);
+        return s;
     }
+    c->fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int ok = c->fd >= 0 && set_flags(c->fd) && (connect(c->fd, ai->ai_addr, ai->ai_addrlen) == 0 || errno == EINPROGRESS);
     int e = errno;
     freeaddrinfo(ai);
-    if (!what && !write_all(c, &h, sizeof h, timeout_ms < 0 ? 60000 : timeout_ms)) what = "hello", e = errno;
-    if (what) {
-        if (c >= 0) close(c);
-        return pp_error(PP_ERR_IO, "direct link to %s port %s: %s: %s", host, port, what, strerror(e));
+    if (!ok) {
+        s = pp_error(PP_ERR_IO, "direct link to %s port %s: connect: %s", c->host, c->port, strerror(e));
+        pp_direct_conn_free(c);
+        return s;
     }
-    *fd = c;
+    int lag = atomic_load(&connect_lag_ms);
+    c->lag_until = lag > 0 ? now_ms() + lag : 0;
+    *out = c;
     return PP_OK;
+}
+
+int pp_direct_conn_fd(const pp_direct_conn *c) { return c->fd; }
+
+pp_status pp_direct_connect_finish(pp_direct_conn *c, int timeout_ms, int *fd) {
+    *fd = -1;
+    if (c->lag_until) {
+        int64_t left = c->lag_until - now_ms();
+        if (left > 0) {
+            if (timeout_ms <= 0) return PP_OK;
+            struct timespec ts = {0, (long)((left < timeout_ms ? left : timeout_ms) * 1000000L)};
+            nanosleep(&ts, NULL);
+            if (c->lag_until > now_ms()) return PP_OK;
+        }
+        c->lag_until = 0;
+    }
+    struct pollfd p = {c->fd, POLLOUT, 0};
+    if (poll(&p, 1, timeout_ms > 0 ? timeout_ms : 0) != 1) return PP_OK; /* still connecting */
+    int err = 0;
+    socklen_t el = sizeof err;
+    if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0) err = errno;
+    /* the hello: 40 bytes into an empty socket buffer */
+    if (!err && !write_all(c->fd, &c->h, sizeof c->h, HELLO_MS)) err = errno ? errno : EIO;
+    if (err)
+        return pp_error(PP_ERR_IO, "direct link to %s port %s: connect: %s (a firewall? "
+                        "gradient_buckets.direct_links: false keeps the sums in the transport)",
+                        c->host, c->port, strerror(err));
+    *fd = c->fd;
+    c->fd = -1; /* the caller's now */
+    return PP_OK;
+}
+
+void pp_direct_conn_free(pp_direct_conn *c) {
+    if (!c) return;
+    if (c->fd >= 0) close(c->fd);
+    free(c);
 }

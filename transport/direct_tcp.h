@@ -37,16 +37,32 @@ int pp_direct_possible(const pp_transport *t, const char **why);
 pp_status pp_direct_listen(pp_transport *t, uint32_t purpose, int32_t peer, char *offer, pp_direct_listener **out);
 void pp_direct_listener_free(pp_direct_listener *l);
 
-/* Takes the connection whose hello matches (timeout_ms 0: only one
- * already waiting; else up to timeout_ms). *fd is -1 while none came. A
- * mismatched hello closes that connection (logged) and goes on. */
+/* Takes the connection whose hello matches (timeout_ms 0: one pass that
+ * never blocks; else up to timeout_ms). *fd is -1 while none came.
+ * Connections are taken in and their hellos read without blocking, a few
+ * at a time: one whose hello does not match, or that sends none within 2
+ * s, is closed (logged at 1, 2, 4, ... such) and the wait goes on. */
 pp_status pp_direct_accept(pp_direct_listener *l, int timeout_ms, int *fd);
+/* The listening socket (to poll for an incoming connection). */
+int pp_direct_listener_fd(const pp_direct_listener *l);
 
-/* Connects to an offer's address and sends the hello (purpose, me: this
- * rank's name for itself on that link). *fd: the connected socket,
- * non-blocking, TCP_NODELAY. */
-pp_status pp_direct_connect(pp_transport *t, const char *offer, uint32_t purpose, int32_t me, int timeout_ms,
-                            int *fd);
+/* A connection under way to an offer's address (numeric: no lookup). */
+typedef struct pp_direct_conn pp_direct_conn;
+/* Starts connecting (never waits); purpose and me (this rank's name for
+ * itself on the link) go into the hello. */
+pp_status pp_direct_connect_start(pp_transport *t, const char *offer, uint32_t purpose, int32_t me,
+                                  pp_direct_conn **out);
+/* Waits up to timeout_ms (0: not at all) for the connection, then sends
+ * the hello; *fd: the socket (non-blocking, TCP_NODELAY, the caller's to
+ * close) once connected, -1 while still connecting. A refused or failed
+ * connection is an error naming the address. */
+pp_status pp_direct_connect_finish(pp_direct_conn *c, int timeout_ms, int *fd);
+/* The socket being connected (to poll for POLLOUT), -1 once handed over. */
+int pp_direct_conn_fd(const pp_direct_conn *c);
+void pp_direct_conn_free(pp_direct_conn *c);
+/* Test hook: every connection looks under way for ms more (a long round
+ * trip on loopback); 0 turns it off. */
+void pp_direct_test_connect_lag(int ms);
 
 /* 1 when text parses as an offer (for checking a peer's before use). */
 int pp_direct_offer_valid(const char *text);

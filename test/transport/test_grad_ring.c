@@ -22,6 +22,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "direct_tcp.h"
 #include "grad_ring.h"
 #include "grad_shm.h"
 #include "test_filter.h"
@@ -938,6 +944,105 @@ static void test_links_same_bits(void **state) {
         }
 }
 
+/* Regression: the link to the next replica was connected with the
+ * timeout of the call that finished the agreement, 0 in a progress pass,
+ * so across hosts (where a connect takes a round trip) it always failed.
+ * With every connect looking under way for 200 ms (a test hook), the
+ * agreement still ends in progress passes and the sums are the ring's. */
+static void test_links_slow_connect(void **state) {
+    (void)state;
+    int64_t total = 0;
+    for (int i = 0; i < NP; i++) total += (numel[i] + 15) / 16 * 16;
+    size_t bytes = sizeof(float) * (size_t)total * STEPS;
+    for (int R = 2; R <= 3; R++) {
+        float *ring = run("tcp", -1, R, 0);
+        opt_sockets = 0;
+        pp_direct_test_connect_lag(200);
+        float *links = run("tcp", -1, R, 0);
+        pp_direct_test_connect_lag(0);
+        opt_sockets = -1;
+        assert_memory_equal(ring, links, bytes);
+        free(ring);
+        free(links);
+    }
+}
+
+static int64_t mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* A plain connection to an offer's address; sends what (n bytes) if any. */
+static int stranger(const char *offer, const void *what, size_t n) {
+    char host[64], port[8];
+    assert_int_equal(sscanf(offer, "tcp %63s %7s", host, port), 2);
+    struct addrinfo hints = {0}, *ai;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+    assert_int_equal(getaddrinfo(host, port, &hints, &ai), 0);
+    int fd = socket(ai->ai_family, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(connect(fd, ai->ai_addr, ai->ai_addrlen), 0);
+    freeaddrinfo(ai);
+    if (n) assert_int_equal(send(fd, what, n, 0), (ssize_t)n);
+    return fd;
+}
+
+/* Strangers at a direct link's port: silent ones, one with a wrong hello,
+ * one that hangs up. The accept never waits for their hellos (it used to
+ * read each for up to 2 s, even when told not to wait), closes the wrong
+ * one, and takes the replica whose hello carries the offer's nonce. */
+static void test_links_accept_ignores_strangers(void **state) {
+    (void)state;
+    pp_transport_options o;
+    pp_transport_options_init(&o);
+    o.shm_bytes = -1;
+    pp_transport *t[2];
+    tt_make_ranks("tcp", 2, &o, t);
+    char offer[PP_DIRECT_OFFER_CAP];
+    pp_direct_listener *l;
+    TT_OK(pp_direct_listen(t[0], 77, 1, offer, &l));
+    assert_true(pp_direct_offer_valid(offer));
+    int quiet[3];
+    for (int i = 0; i < 3; i++) quiet[i] = stranger(offer, NULL, 0);
+    char junk[40];
+    memset(junk, 'x', sizeof junk);
+    int wrong = stranger(offer, junk, sizeof junk);
+    close(stranger(offer, NULL, 0)); /* hangs up at once */
+    pp_direct_conn *c;
+    TT_OK(pp_direct_connect_start(t[1], offer, 77, 1, &c));
+    int out = -1, in = -1;
+    int64_t longest = 0;
+    for (int i = 0; i < 200 && (out < 0 || in < 0); i++) {
+        if (out < 0) TT_OK(pp_direct_connect_finish(c, 10, &out));
+        int64_t a = mono_ms();
+        if (in < 0) TT_OK(pp_direct_accept(l, 0, &in));
+        if (mono_ms() - a > longest) longest = mono_ms() - a;
+    }
+    assert_true(out >= 0 && in >= 0);
+    /* three silent strangers cost 6 s before; now each pass takes what is there */
+    if (longest > 1500) fail_msg("a pass of the accept that must not wait took %lld ms", (long long)longest);
+    /* the link carries bytes both ways it was made for */
+    assert_int_equal(send(out, "ok", 2, 0), 2);
+    char got[2];
+    for (int i = 0; i < 100 && recv(in, got, 2, MSG_DONTWAIT) != 2; i++) usleep(10000);
+    assert_memory_equal(got, "ok", 2);
+    /* another purpose or sender is refused */
+    pp_direct_conn *c2;
+    TT_OK(pp_direct_connect_start(t[1], offer, 78, 1, &c2));
+    int out2 = -1, in2 = -1;
+    for (int i = 0; i < 50 && out2 < 0; i++) TT_OK(pp_direct_connect_finish(c2, 10, &out2));
+    TT_OK(pp_direct_accept(l, 300, &in2));
+    assert_int_equal(in2, -1);
+    close(out), close(in), close(out2), close(wrong);
+    for (int i = 0; i < 3; i++) close(quiet[i]);
+    pp_direct_conn_free(c);
+    pp_direct_conn_free(c2);
+    pp_direct_listener_free(l);
+    tt_close_ranks(2, t);
+}
+
 /* A replica that stops taking part after a step over direct links: gone
  * (its links closed) or silent (links open, nothing sent). The other's
  * next sum fails with an error naming it, never hangs. */
@@ -1002,6 +1107,8 @@ int main(void) {
         cmocka_unit_test_setup(test_shm_buckets_in_bucket_order, plain_options),
         cmocka_unit_test_setup(test_links_same_bits, plain_options),
         cmocka_unit_test_setup(test_links_peer_gone, plain_options),
+        cmocka_unit_test_setup(test_links_slow_connect, plain_options),
+        cmocka_unit_test_setup(test_links_accept_ignores_strangers, plain_options),
         cmocka_unit_test_setup(test_links_peer_silent, plain_options),
         cmocka_unit_test_setup(test_links_refuse_other_layout, plain_options),
     };
