@@ -31,7 +31,7 @@ expect 1 "expected cpu, cuda, cuda:N or fake" "inspect --device gpu is refused" 
     inspect "$FX/mlp/model.onnx" --device gpu
 
 # Workers on the fake device train as on the CPU.
-port=$((20000 + ($$ + 7) % 20000))
+port=$((20000 + ($$ + 7) % 12000)) # below the ephemeral range (32768 and up)
 for dev in "device: fake:Gemm,MatMul,Relu,Add,Gelu" "stage_devices: [cpu, fake, fake:Gemm]" ""; do
     cat >"$tmp/run.yaml" <<YAML
 model: $FX/mlp/model.onnx

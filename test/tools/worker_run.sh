@@ -9,7 +9,9 @@ losses() { grep -o "^step [0-9]*: loss [0-9.]*" "$1"; }
     --batch-size 4 --microbatches 2 --schedule 1f1b --steps 3 --optimizer adamw --lr 0.01 \
     --weight-decay 0.01 >"$tmp/ref" 2>&1
 
-port=$((20000 + $$ % 20000))
+# below the ephemeral range (32768 and up), where other processes' connections
+# and listeners (the replicas' direct links) take ports at random
+port=$((20000 + $$ % 12000))
 for kind in ipc tcp; do
     if [ $kind = ipc ]; then
         r0="ipc://$tmp/r0"; r1="ipc://$tmp/r1"; r2="ipc://$tmp/r2"
