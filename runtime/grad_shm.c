@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "grad_ring.h"
+#include "group_offer.h"
 #include "hash.h"
 #include "log_internal.h"
 #include "pippin/exec.h"
@@ -274,10 +275,9 @@ static pp_status open_peer(pp_grad_shm *s, int k, const char *name, uint64_t key
 
 /* ---- agreement ---- */
 
-static void offer_key(const pp_grad_shm *s, int peer, int sending, pp_transport_key *k) {
-    int ns = s->o.n_stages, mine = s->o.replica * ns + s->o.stage, theirs = peer * ns + s->o.stage;
-    *k = (pp_transport_key){PP_MSG_GRADIENT, s->step, OFFER_MICROBATCH, sending ? mine : theirs,
-                            sending ? theirs : mine, OFFER_NAME};
+static pp_group_offer offer_group(const pp_grad_shm *s) {
+    return (pp_group_offer){s->o.t, s->step, OFFER_MICROBATCH, OFFER_NAME, "shared memory", s->o.replicas,
+                            s->o.replica, s->o.n_stages, s->o.stage};
 }
 
 pp_status pp_grad_shm_new(const pp_grad_shm_options *o, int64_t step, pp_grad_shm **out) {
@@ -307,17 +307,8 @@ pp_status pp_grad_shm_new(const pp_grad_shm_options *o, int64_t step, pp_grad_sh
     int len = snprintf(text, sizeof text, "%s %016llx %s", s->name, (unsigned long long)s->key, host);
     if (!s->name[0] || len < 0 || (size_t)len >= sizeof text) len = snprintf(text, sizeof text, DECLINE);
     s->offered[o->replica] = s->name[0] && strcmp(text, DECLINE) ? 1 : 2;
-    pp_tensor *t = NULL;
-    pp_status st = pp_tensor_empty(PP_U8, 1, (int64_t[]){len}, &t);
-    if (st == PP_OK) memcpy(t->data, text, (size_t)len);
-    for (int k = 0; k < o->replicas && st == PP_OK; k++) {
-        if (k == o->replica) continue;
-        pp_transport_key key;
-        offer_key(s, k, 1, &key);
-        st = pp_error_context(pp_transport_send(o->t, &key, t), "stage %d: offering shared memory to replica %d",
-                              o->stage, k);
-    }
-    pp_tensor_free(t);
+    pp_group_offer og = offer_group(s);
+    pp_status st = pp_group_offer_send(&og, text);
     if (st != PP_OK) {
         pp_grad_shm_free(s);
         return st;
@@ -349,21 +340,17 @@ static pp_status decide(pp_grad_shm *s) {
 pp_status pp_grad_shm_agree(pp_grad_shm *s, int wait, int timeout_ms, int *decided) {
     *decided = s->state != OFFERING;
     if (*decided) return PP_OK;
+    pp_group_offer og = offer_group(s);
     for (int k = 0; k < s->o.replicas; k++) {
         if (s->offered[k]) continue;
-        pp_transport_key key;
-        offer_key(s, k, 0, &key);
-        pp_tensor *in = NULL;
-        pp_status st = wait ? pp_transport_recv(s->o.t, &key, timeout_ms, &in) : pp_transport_try_recv(s->o.t, &key, &in);
+        char name[OFFER_CAP];
+        int got;
+        pp_status st = pp_group_offer_take(&og, k, wait, timeout_ms, name, sizeof name, &got);
         if (st != PP_OK) {
             s->broken = 1;
-            return pp_error_context(st, "stage %d: waiting for replica %d's shared-memory offer", s->o.stage, k);
+            return st;
         }
-        if (!in) return PP_OK;
-        char name[OFFER_CAP] = "";
-        int64_t n = pp_tensor_numel(in);
-        if (in->dtype == PP_U8 && in->ndim == 1 && n > 0 && n < OFFER_CAP) memcpy(name, in->data, (size_t)n);
-        pp_tensor_free(in);
+        if (!got) return PP_OK;
         /* "NAME KEY HOST_ID" */
         char *hex = strchr(name, ' '), *host = hex ? strchr(hex + 1, ' ') : NULL, *end = NULL;
         if (hex) *hex++ = 0;

@@ -14,6 +14,7 @@
 #include "pippin/exec.h"
 #include "direct_tcp.h"
 #include "grad_ring.h"
+#include "group_offer.h"
 #include "log_internal.h"
 #include "status_internal.h"
 #include "vec.h"
@@ -73,10 +74,9 @@ static int64_t now_ms(void) {
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static void offer_key(const pp_grad_tcp *s, int peer, int sending, pp_transport_key *k) {
-    int ns = s->o.n_stages, mine = s->o.replica * ns + s->o.stage, theirs = peer * ns + s->o.stage;
-    *k = (pp_transport_key){PP_MSG_GRADIENT, s->step, OFFER_MICROBATCH, sending ? mine : theirs,
-                            sending ? theirs : mine, OFFER_NAME};
+static pp_group_offer offer_group(const pp_grad_tcp *s) {
+    return (pp_group_offer){s->o.t, s->step, OFFER_MICROBATCH, OFFER_NAME, "a direct link", s->o.replicas,
+                            s->o.replica, s->o.n_stages, s->o.stage};
 }
 
 static void close_links(pp_grad_tcp *s) {
@@ -124,18 +124,8 @@ pp_status pp_grad_tcp_new(const pp_grad_tcp_options *o, int64_t step, pp_grad_tc
     if (!s->listener)
         pp_debug("stage %d replica %d: no direct links for the gradient ring (%s)", o->stage, o->replica, why);
     s->offered[o->replica] = s->listener ? 1 : 2;
-    pp_tensor *t = NULL;
-    int64_t len = (int64_t)strlen(text);
-    pp_status st = pp_tensor_empty(PP_U8, 1, (int64_t[]){len}, &t);
-    if (st == PP_OK) memcpy(t->data, text, (size_t)len);
-    for (int k = 0; k < o->replicas && st == PP_OK; k++) {
-        if (k == o->replica) continue;
-        pp_transport_key key;
-        offer_key(s, k, 1, &key);
-        st = pp_error_context(pp_transport_send(o->t, &key, t), "stage %d: offering a direct link to replica %d",
-                              o->stage, k);
-    }
-    pp_tensor_free(t);
+    pp_group_offer og = offer_group(s);
+    pp_status st = pp_group_offer_send(&og, text);
     if (st != PP_OK) {
         pp_grad_tcp_free(s);
         return st;
@@ -202,20 +192,14 @@ pp_status pp_grad_tcp_agree(pp_grad_tcp *s, int wait, int timeout_ms, int *decid
     if (s->broken) return pp_error(PP_ERR_STATE, "stage %d: the direct-link agreement failed before", s->o.stage);
     int tmo = timeout_ms < 0 ? pp_transport_timeout_ms(s->o.t) : timeout_ms;
     int next = mod(s->o.replica + 1, s->o.replicas);
+    pp_group_offer og = offer_group(s);
     for (int k = 0; k < s->o.replicas; k++) {
         if (s->offered[k]) continue;
-        pp_transport_key key;
-        offer_key(s, k, 0, &key);
-        pp_tensor *in = NULL;
-        pp_status st = wait ? pp_transport_recv(s->o.t, &key, tmo, &in) : pp_transport_try_recv(s->o.t, &key, &in);
-        if (st != PP_OK)
-            return fail(s, pp_error_context(st, "stage %d: waiting for replica %d's (rank %d) direct-link offer",
-                                            s->o.stage, k, world_rank(s, k)));
-        if (!in) return PP_OK;
-        char text[PP_DIRECT_OFFER_CAP] = "";
-        int64_t n = pp_tensor_numel(in);
-        if (in->dtype == PP_U8 && in->ndim == 1 && n > 0 && n < PP_DIRECT_OFFER_CAP) memcpy(text, in->data, (size_t)n);
-        pp_tensor_free(in);
+        char text[PP_DIRECT_OFFER_CAP];
+        int got;
+        pp_status st = pp_group_offer_take(&og, k, wait, tmo, text, sizeof text, &got);
+        if (st != PP_OK) return fail(s, st);
+        if (!got) return PP_OK;
         if (strcmp(text, DECLINE) == 0) {
             s->offered[k] = 2;
             continue;
