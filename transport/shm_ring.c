@@ -317,11 +317,16 @@ static uint64_t past_skip(const pp_shm_ring *r, uint64_t settled) {
 /* Sender: allocates the data area's pages up to past end (the byte after
  * a record too: a message ring's next skip writes its mark there), in
  * steps of ALLOC_STEP. 0: /dev/shm is full (the error says so). */
+/* Allocates the data pages up to end (rounded up to a step). */
 static int grow(pp_shm_ring *r, uint64_t end) {
-    uint64_t want = (end / ALLOC_STEP + 1) * ALLOC_STEP;
+    uint64_t want = (end + ALLOC_STEP - 1) / ALLOC_STEP * ALLOC_STEP;
     if (want > r->size) want = r->size;
-    int e = injected_failure() ? ENOSPC
+    if (want <= r->alloc) return 1;
+    int e;
+    do /* tmpfs gives up with EINTR when a signal is pending: not a full /dev/shm */
+        e = injected_failure() ? ENOSPC
                                : posix_fallocate(r->fd, (off_t)(HEADER_BYTES + r->alloc), (off_t)(want - r->alloc));
+    while (e == EINTR);
     if (e != 0) {
         pp_error(PP_ERR_NOMEM, "shared-memory ring %s: cannot allocate %llu more bytes in /dev/shm: %s", r->name,
                  (unsigned long long)(want - r->alloc), strerror(e));
@@ -333,7 +338,9 @@ static int grow(pp_shm_ring *r, uint64_t end) {
     return 1;
 }
 
-int pp_shm_ring_reserve(pp_shm_ring *r, size_t n, uint64_t *pos, void **dst) {
+/* extra: bytes after the record that must be allocated too (a message
+ * ring's next skip mark goes where the next record would start) */
+static int reserve(pp_shm_ring *r, size_t n, size_t extra, uint64_t *pos, void **dst) {
     if (n == 0 || n > r->size) return 0;
     uint64_t consumed = atomic_load_explicit(&r->hdr->consumed, memory_order_acquire);
     if (consumed > r->head) return 0; /* the receiver wrote nonsense: stop using the ring */
@@ -350,8 +357,8 @@ int pp_shm_ring_reserve(pp_shm_ring *r, size_t n, uint64_t *pos, void **dst) {
     if (start + n - consumed > r->size) return 0;
     /* pages not yet allocated: allocate them first (the common case is
      * this one compare); failing that, nothing has changed */
-    uint64_t end = start % r->size + n;
-    if (end >= r->alloc && r->alloc < r->size && !grow(r, end)) return -1;
+    uint64_t end = start % r->size + n + extra;
+    if (end > r->alloc && r->alloc < r->size && !grow(r, end)) return -1;
     if (start % r->size == 0 && start > r->head && r->head % r->size) { /* skipped the rest of a lap */
         r->skip_from = r->head;
         r->skip_to = start;
@@ -360,6 +367,13 @@ int pp_shm_ring_reserve(pp_shm_ring *r, size_t n, uint64_t *pos, void **dst) {
     *pos = start;
     *dst = r->data + start % r->size;
     return 1;
+}
+
+int pp_shm_ring_reserve(pp_shm_ring *r, size_t n, uint64_t *pos, void **dst) { return reserve(r, n, 0, pos, dst); }
+
+int pp_shm_ring_prealloc(pp_shm_ring *r, size_t n) {
+    if (!r->owner || r->fd < 0) return 0;
+    return grow(r, n < r->size ? n : r->size);
 }
 
 int pp_shm_ring_drained(const pp_shm_ring *r) {
@@ -501,7 +515,7 @@ int pp_shm_ring_msg_reserve(pp_shm_ring *r, size_t len, uint64_t *pos, void **ds
     uint64_t n = round8(RECORD_HEADER + len);
     uint64_t before = r->head;
     void *at;
-    int got = pp_shm_ring_reserve(r, (size_t)n, pos, &at);
+    int got = reserve(r, (size_t)n, sizeof(uint64_t), pos, &at);
     if (got <= 0) return got;
     if (*pos != before) { /* skipped the end of the lap: say so where a record would start */
         uint32_t mark = SKIP_MARK;

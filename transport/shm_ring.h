@@ -71,6 +71,10 @@ size_t pp_shm_ring_bytes(const pp_shm_ring *r);
  * send then fails: a skip to the next lap is recorded here, and an
  * abandoned one would let the receiver jump over what comes next. */
 int pp_shm_ring_reserve(pp_shm_ring *r, size_t n, uint64_t *pos, void **dst);
+/* Sender: allocates the ring's first n data bytes now (a fresh ring that
+ * must hold a record before it replaces one that works); 1 done, 0 not
+ * (no room in /dev/shm; pp_last_error says). */
+int pp_shm_ring_prealloc(pp_shm_ring *r, size_t n);
 /* Sender: the n bytes at pos are written (call before sending the
  * envelope that names them). */
 void pp_shm_ring_commit(pp_shm_ring *r, uint64_t pos, size_t n);

@@ -37,9 +37,12 @@ static size_t round_pow2(size_t n) {
     return p;
 }
 
-/* Makes a ring of `want` bytes the one for peer r. If that fails, the
- * current one (or none) stays, and that size is not tried again. */
-static pp_shm_ring *replace_ring(pp_transport *t, int r, size_t want) {
+/* Makes a ring of `want` bytes the one for peer r, with the pages for a
+ * first record of `first` bytes allocated: a fresh ring costs one page
+ * until used, so without them a nearly full /dev/shm would swap a working
+ * ring for one that can never take a record. If that fails, the current
+ * one (or none) stays, and that size is not tried again. */
+static pp_shm_ring *replace_ring(pp_transport *t, int r, size_t want, size_t first) {
     peer *p = &t->peers[r];
     if (p->ring_failed && want >= p->ring_failed) return p->tx_ring;
     /* one retired ring at a time: the receiver may not have opened the last
@@ -47,7 +50,12 @@ static pp_shm_ring *replace_ring(pp_transport *t, int r, size_t want) {
     if (p->old_ring && !pp_shm_ring_drained(p->old_ring) && !pp_shm_ring_opened(p->old_ring))
         return p->tx_ring;
     pp_shm_ring *fresh;
-    if (pp_shm_ring_create(want, &fresh) == PP_OK) {
+    int made = pp_shm_ring_create(want, &fresh) == PP_OK;
+    if (made && !pp_shm_ring_prealloc(fresh, first)) {
+        pp_shm_ring_close(fresh);
+        made = 0;
+    }
+    if (made) {
         pp_shm_ring_set_align(fresh, 64); /* the receiver lends tensors out in place */
         pp_tp_retire_ring(p);
         p->tx_ring = fresh;
@@ -76,7 +84,7 @@ pp_shm_ring *pp_tp_tx_ring(pp_transport *t, int r, size_t largest) {
     size_t want = largest > t->shm_bytes / RING_TENSORS ? t->shm_bytes : round_pow2(RING_TENSORS * largest);
     if (want < MIN_RING_BYTES) want = MIN_RING_BYTES;
     if (want > t->shm_bytes) want = t->shm_bytes;
-    if (want > (p->tx_ring ? pp_shm_ring_bytes(p->tx_ring) : 0)) return replace_ring(t, r, want);
+    if (want > (p->tx_ring ? pp_shm_ring_bytes(p->tx_ring) : 0)) return replace_ring(t, r, want, largest);
     return p->tx_ring;
 }
 
@@ -113,7 +121,7 @@ int pp_tp_ring_reserve(pp_transport *t, int r, pp_shm_ring **ring, int first, si
     }
     size_t have = pp_shm_ring_bytes(*ring);
     if (have >= t->shm_bytes) return 0;
-    *ring = replace_ring(t, r, have > t->shm_bytes / 2 ? t->shm_bytes : 2 * have);
+    *ring = replace_ring(t, r, have > t->shm_bytes / 2 ? t->shm_bytes : 2 * have, n);
     got = pp_shm_ring_reserve(*ring, n, pos, dst);
 out:
     if (got < 0) ring_nospace(t, r);

@@ -255,6 +255,55 @@ static void test_shm_full_ring_grows(void **state) {
     assert_int_equal(leftover_rings(), 0);
 }
 
+/* Regression: with /dev/shm nearly full, a full ring (a lagging
+ * receiver) was replaced by a bigger one whose pages could not be had (a
+ * fresh ring costs only its header page until used), so every large send
+ * went over the socket from then on. The bigger ring must get the pages
+ * of its first record before it replaces the one that works; here it
+ * cannot (the fault hook lets its header through, then nothing), so the
+ * 1 MiB ring stays and carries the tensors again once drained. */
+static void test_shm_full_ring_kept_without_pages(void **state) {
+    (void)state;
+    pp_transport *t[2];
+    shm_pair("ipc", 4 << 20, 2000, t);
+    int64_t s[1] = {1 << 16}; /* 256 KiB: a 1 MiB ring, full after four */
+    pp_tensor *x = tt_f32_seq(1, s, 3);
+    int m = 0;
+    for (; m < 4; m++) { /* the ring's pages, all of them */
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x");
+        TT_OK(pp_transport_send(t[0], &k, x));
+    }
+    for (int j = 0; j < 4; j++) {
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, j, 0, 1, "x");
+        expect_recv(t[1], &k, x);
+    }
+    pp_shm_ring_fail_alloc_after(1); /* a fresh ring's header, then no page */
+    for (; m < 9; m++) { /* four fill it again, the fifth finds it full */
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x");
+        TT_OK(pp_transport_send(t[0], &k, x));
+    }
+    pp_transport_stats st;
+    pp_transport_stats_get(t[0], &st);
+    assert_int_equal(st.shm_bytes_sent, 8 * x->nbytes); /* the fifth over the socket */
+    for (int j = 4; j < 9; j++) {
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, j, 0, 1, "x");
+        expect_recv(t[1], &k, x);
+    }
+    for (; m < 13; m++) { /* the receiver keeping up: the old ring's pages serve */
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, m, 0, 1, "x");
+        TT_OK(pp_transport_send(t[0], &k, x));
+        expect_recv(t[1], &k, x);
+    }
+    pp_transport_stats_get(t[0], &st);
+    assert_int_equal(st.shm_bytes_sent, 12 * x->nbytes);
+    pp_shm_ring_fail_alloc_after(-1);
+    pp_transport_stats_get(t[1], &st);
+    assert_int_equal(st.dropped, 0);
+    pp_tensor_free(x);
+    tt_close_ranks(2, t);
+    assert_int_equal(leftover_rings(), 0);
+}
+
 /* Received ring tensors are the ring's memory: they stay valid however
  * long they are held, in any order, and after the transport is closed. */
 static void test_shm_tensors_held(void **state) {
@@ -1184,6 +1233,7 @@ int main(void) {
         cmocka_unit_test(test_roundtrip_tcp_shm),
         cmocka_unit_test(test_shm_full_ring_falls_back),
         cmocka_unit_test_teardown(test_shm_no_pages_falls_back, hook_off),
+        cmocka_unit_test_teardown(test_shm_full_ring_kept_without_pages, hook_off),
         cmocka_unit_test(test_shm_ring_grows),
         cmocka_unit_test(test_shm_ring_grows_twice),
         cmocka_unit_test(test_shm_full_ring_grows),
