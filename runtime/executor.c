@@ -208,6 +208,7 @@ void pp_replica_options_init(pp_replica_options *o) {
     o->replica = 0;
     o->first_bucket_bytes = 1 << 20;
     o->bucket_bytes = 25 << 20;
+    o->shard_optimizer = 0;
 }
 
 void pp_executor_world_stage_ranks(const pp_schedule *sched, int replicas, int *out) {
