@@ -168,7 +168,16 @@ void pp_grad_ring_begin(pp_grad_ring *g, int64_t step) {
         if (g->shm[s] && pp_grad_shm_broken(g->shm[s])) {
             pp_grad_shm_free(g->shm[s]);
             g->shm[s] = NULL;
+        } else if (g->shm[s]) {
+            pp_grad_shm_set_step(g->shm[s], step);
         }
+}
+
+void pp_grad_ring_drop_shm(pp_grad_ring *g) {
+    for (int s = 0; s < g->o.n_stages; s++) {
+        pp_grad_shm_free(g->shm[s]);
+        g->shm[s] = NULL;
+    }
 }
 
 int pp_grad_ring_buckets(const pp_grad_ring *g) { return g->n; }
