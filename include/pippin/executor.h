@@ -111,7 +111,9 @@ PP_API pp_optim *pp_executor_optimizer(pp_executor *ex, int i);
  * step (pp_executor_optimizer_step refuses) and call the next step on
  * every rank, as before: nothing of the failed step reaches the
  * parameters, so the following steps give the bits of a run where it
- * never happened. Ranks that have taken different numbers of optimizer
+ * never happened. Every rank must call the same step numbers: a replica
+ * that skips one runs a step apart from its peers, and steps fail (their
+ * messages never mix) until the timeouts happen to align them. Ranks that have taken different numbers of optimizer
  * steps (one skipped by its caller, or one that failed part-way, as
  * ZeRO-1's parameter all-gather can) hold different parameters: every
  * later step fails on every rank, naming the two: load the same

@@ -2,11 +2,11 @@
  * (pp_executor_set_replicas, no worker and no rejoin): R = 2 replicas of
  * the MLP fixture, every rank a thread with its own transport, each
  * replica calling every step as a service would (the optimizer step only
- * after a step that succeeded). One replica's step fails (an injected
- * kernel failure, lib/exec_fault.h, or the step skipped), its peers' waits
- * time out; then every replica runs the next steps, which must succeed and
- * leave the parameters bit for bit those of a run where the failed step
- * never happened. */
+ * after a step that succeeded). One rank's step fails (an injected kernel
+ * failure, lib/exec_fault.h), its peers' waits time out; then every
+ * replica runs the next steps, which must succeed and leave the
+ * parameters bit for bit those of a run where the failed step never
+ * happened. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,7 +32,7 @@ typedef struct run_spec {
     int64_t steps[MAX_STEPS];   /* the step numbers called, in order */
     int fail_replica, fail_rank; /* where the fault fires (-1: nowhere) */
     int64_t fail_step;
-    int fail_node;              /* pp_exec_fail_after_nodes(fail_node) before that step; -1: skip the step */
+    int fail_node;              /* pp_exec_fail_after_nodes(fail_node) before that step */
     int transport;              /* 0 inproc, 1 ipc, 2 tcp */
     int no_update;              /* 1: fail_replica's user skips the optimizer step after fail_step instead */
     int shard;                  /* ZeRO-1 (shard_optimizer) */
@@ -111,11 +111,6 @@ static void *rank_main(void *arg) {
     for (int k = 0; k < sp->n_steps; k++) {
         int64_t step = sp->steps[k];
         int here = j->replica == sp->fail_replica && j->prank == sp->fail_rank && step == sp->fail_step;
-        if (here && sp->fail_node < 0) { /* skipped */
-            j->st[k] = PP_ERR_STATE;
-            snprintf(j->err[k], sizeof j->err[k], "skipped");
-            continue;
-        }
         if (sp->reset && step == sp->reset_step) {
             for (int i = 0; i < pp_executor_n_stages(ex); i++) {
                 pp_flat_params *fp = pp_stage_params(pp_executor_stage(ex, i));
@@ -205,33 +200,38 @@ static void free_jobs(job *jobs, int n) {
     for (int k = 0; k < n; k++) free(jobs[k].params);
 }
 
-/* The failure case and a clean run of the same steps without the failed
- * one: every step after the failure succeeds on every rank, and every
- * replica ends with the clean run's parameters, bit for bit. */
+/* The failure case, then a clean run of the steps without the failed one:
+ * every step succeeded on every rank or failed on every rank (the vote),
+ * the failed step failed and every later one succeeded, and every replica
+ * ends with the clean run's parameters, bit for bit. */
 static void check_recovers(run_spec sp) {
     int world = R * sp.nranks;
     job got[R * MAX_RANKS], want[R * MAX_RANKS];
-    run_spec clean = sp;
-    clean.fail_replica = -1;
-    clean.n_steps = 0;
-    for (int k = 0; k < sp.n_steps; k++)
-        if (sp.steps[k] != sp.fail_step) clean.steps[clean.n_steps++] = sp.steps[k];
-    run(&clean, want);
     run(&sp, got);
-    for (int w = 0; w < world; w++)
-        for (int k = 0; k < clean.n_steps; k++)
-            if (want[w].st[k] != PP_OK) fail_msg("clean run, world rank %d, step %lld: %s", w, (long long)clean.steps[k], want[w].err[k]);
     for (int w = 0; w < world && getenv("PIPPIN_TEST_VERBOSE"); w++)
         for (int k = 0; k < sp.n_steps; k++)
             fprintf(stderr, "# world rank %d, step %lld (%.0f ms): %s\n", w, (long long)sp.steps[k], got[w].ms[k],
                     got[w].st[k] == PP_OK ? "ok" : got[w].err[k]);
+    run_spec clean = sp;
+    clean.fail_replica = -1;
+    clean.n_steps = 0;
+    for (int k = 0; k < sp.n_steps; k++) {
+        int ok = got[0].st[k] == PP_OK;
+        for (int w = 0; w < world; w++)
+            if ((got[w].st[k] == PP_OK) != ok)
+                fail_msg("step %lld succeeded on some ranks and failed on others (world rank %d: %s)",
+                         (long long)sp.steps[k], w, ok ? got[w].err[k] : "ok");
+        if (sp.steps[k] == sp.fail_step && ok) fail_msg("step %lld did not fail", (long long)sp.fail_step);
+        if (sp.steps[k] > sp.fail_step && !ok)
+            fail_msg("step %lld after the failed step %lld: %s", (long long)sp.steps[k], (long long)sp.fail_step,
+                     got[0].err[k]);
+        if (ok) clean.steps[clean.n_steps++] = sp.steps[k];
+    }
+    run(&clean, want);
+    for (int w = 0; w < world; w++)
+        for (int k = 0; k < clean.n_steps; k++)
+            if (want[w].st[k] != PP_OK) fail_msg("clean run, world rank %d, step %lld: %s", w, (long long)clean.steps[k], want[w].err[k]);
     for (int w = 0; w < world; w++) {
-        for (int k = 0; k < sp.n_steps; k++) {
-            if (sp.steps[k] == sp.fail_step) continue;
-            if (got[w].st[k] != PP_OK)
-                fail_msg("world rank %d, step %lld after the failed step %lld: %s", w, (long long)sp.steps[k],
-                         (long long)sp.fail_step, got[w].err[k]);
-        }
         assert_int_equal(got[w].n_params, want[w].n_params);
         int64_t diff = 0;
         for (int64_t i = 0; i < got[w].n_params; i++) diff += memcmp(&got[w].params[i], &want[w].params[i], 4) != 0;
