@@ -27,6 +27,7 @@ static const char *slot_name(int slot) {
     case PP_AGREE_RESUME_OK: return "the agreement that every rank loaded the checkpoint";
     case PP_AGREE_CHECKPOINT: return "the checkpoint commit of step";
     case PP_AGREE_IDENTITY: return "the run identity check";
+    case PP_AGREE_STEP: return "the replicas' vote on step";
     default: return "an agreement";
     }
 }
@@ -51,7 +52,7 @@ static pp_status all_to_all(const pp_agree *a, int64_t step, int slot, pp_tensor
     }
     free(first);
     if (s == PP_OK) return s;
-    if (slot == PP_AGREE_STOP || slot == PP_AGREE_CHECKPOINT)
+    if (slot == PP_AGREE_STOP || slot == PP_AGREE_CHECKPOINT || slot == PP_AGREE_STEP)
         return pp_error_context(s, "%s %lld", slot_name(slot), (long long)step);
     return pp_error_context(s, "%s", slot_name(slot));
 }

@@ -32,7 +32,8 @@ int pp_agree_long_timeout(int timeout_ms);
 
 /* Agreement slots: the microbatch number is PP_AGREE_MICROBATCH + slot. */
 #define PP_AGREE_MICROBATCH (1 << 30)
-enum { PP_AGREE_STOP = 1, PP_AGREE_RESUME = 2, PP_AGREE_RESUME_OK = 3, PP_AGREE_CHECKPOINT = 4, PP_AGREE_IDENTITY = 5 };
+enum { PP_AGREE_STOP = 1, PP_AGREE_RESUME = 2, PP_AGREE_RESUME_OK = 3, PP_AGREE_CHECKPOINT = 4, PP_AGREE_IDENTITY = 5,
+       PP_AGREE_STEP = 6 /* the executor's, with replicas: did every rank's step succeed */ };
 
 /* Whether slot waits long_timeout_ms: the checkpoint and resume slots. */
 static inline int pp_agree_slow(int slot) {

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "agree.h"
+#include "executor_internal.h"
 #include "grad_ring.h"
 #include "log_internal.h"
 #include "optim_shard.h"
@@ -31,6 +33,12 @@ struct pp_executor {
     uint8_t *has_shared;  /* [n_stages]: the stage holds a copy of a replicated parameter */
     pp_optim_shard **shards; /* [n_stages]: ZeRO-1, per local stage with parameters */
     int64_t last_step;    /* the step run last */
+    /* Replicas: optimizer steps taken (-1: unknown, one failed part-way;
+     * compared in every step's vote) and whether the last step failed. */
+    int64_t updates;
+    int step_failed;
+    int no_vote;          /* pp_executor_set_step_vote(ex, 0): a worker's */
+    int *world_stage_rank; /* [replicas * stages]: the transport's placement, for the vote */
     pp_dtype wire;        /* float32 edges to other ranks travel as this */
 };
 
@@ -63,6 +71,7 @@ void pp_executor_free(pp_executor *ex) {
     pp_grad_ring_free(ex->ring);
     free(ex->ring_added);
     free(ex->has_shared);
+    free(ex->world_stage_rank);
     for (int s = 0; ex->shards && s < ex->sched->nstages; s++) pp_optim_shard_free(ex->shards[s]);
     free(ex->shards);
     pp_core_free(&ex->core);
@@ -70,6 +79,8 @@ void pp_executor_free(pp_executor *ex) {
 }
 
 void pp_executor_set_timeout(pp_executor *ex, int timeout_ms) { ex->timeout_ms = timeout_ms; }
+
+void pp_executor_set_step_vote(pp_executor *ex, int on) { ex->no_vote = !on; }
 
 double pp_executor_compute_ms(const pp_executor *ex) { return ex->core.compute_ms; }
 
@@ -96,8 +107,12 @@ pp_status pp_executor_set_optimizer(pp_executor *ex, const pp_optim_config *c) {
 
 pp_status pp_executor_optimizer_step(pp_executor *ex) {
     pp_status s = PP_OK;
-    if (ex->shards) { /* each replica its shard, then the parameters go round */
-        s = pp_core_check_grads(&ex->core); /* every stage's first: all or none */
+    if (ex->ring && ex->step_failed) /* its gradients are not the replicas' sum */
+        return pp_error(PP_ERR_STATE, "rank %d: step %lld failed on replica %d; run the next step", ex->world_rank,
+                        (long long)ex->last_step, ex->rep.replica);
+    if (ex->ring) /* a refusal here changes nothing: no unknown update */
+        PP_TRY(pp_error_context(pp_core_check_grads(&ex->core), "rank %d", ex->world_rank));
+    if (ex->shards) { /* each replica its shard, then the parameters go round (every stage's grads checked above) */
         for (int i = 0; i < ex->core.n_local && s == PP_OK; i++) {
             int st = ex->core.local[i];
             pp_flat_params *fp = NULL;
@@ -108,6 +123,9 @@ pp_status pp_executor_optimizer_step(pp_executor *ex) {
     } else {
         s = pp_core_optimizer_step(&ex->core);
     }
+    /* a failure here may have updated some parameters (sharded: some
+     * replicas' shards, part of the gather): unknown from now on */
+    if (ex->ring) ex->updates = s == PP_OK && ex->updates >= 0 ? ex->updates + 1 : -1;
     return s == PP_OK ? s : pp_error_context(s, "rank %d", ex->world_rank);
 }
 
@@ -233,6 +251,9 @@ static void drop_replicas(pp_executor *ex) {
     pp_replica_options_init(&ex->rep);
     ex->world_rank = ex->rank;
     ex->stage_offset = 0;
+    ex->updates = ex->step_failed = 0;
+    free(ex->world_stage_rank);
+    ex->world_stage_rank = NULL;
     ex->core.replicas = 1;
     ex->core.replica = 0;
 }
@@ -263,14 +284,69 @@ pp_status pp_executor_set_replicas(pp_executor *ex, const pp_replica_options *o)
     ex->ring_opt.sockets = o->direct_links < 0 ? -1 : 0;
     ex->ring_added = calloc((size_t)ns, 1);
     ex->has_shared = calloc((size_t)ns, 1);
+    ex->world_stage_rank = malloc(sizeof *ex->world_stage_rank * (size_t)(o->replicas * ns));
+    if (ex->world_stage_rank) pp_executor_world_stage_ranks(ex->sched, o->replicas, ex->world_stage_rank);
     if (o->shard_optimizer) ex->shards = calloc((size_t)ns, sizeof *ex->shards);
-    pp_status s = !ex->ring_added || !ex->has_shared || (o->shard_optimizer && !ex->shards)
+    pp_status s = !ex->ring_added || !ex->has_shared || !ex->world_stage_rank || (o->shard_optimizer && !ex->shards)
                       ? pp_error(PP_ERR_NOMEM, "out of memory")
                       : pp_error_context(pp_grad_ring_new(&ex->ring_opt, &ex->ring), "rank %d", ex->world_rank);
     for (int i = 0; s == PP_OK && i < ex->core.p->n_shared; i++)
         for (int a = 0; a < ex->core.p->shared[i].n_stages; a++) ex->has_shared[ex->core.p->shared[i].stages[a]] = 1;
     if (s != PP_OK) drop_replicas(ex); /* not half a replica */
     return s;
+}
+
+/* ---- the replicas' vote on a step ----
+ *
+ * Every rank of every replica tells every other whether its step succeeded
+ * (and how many optimizer steps it has taken), and a step succeeds only
+ * where it succeeded everywhere. Without it a rank whose step failed at
+ * once went on to the next step while its peers still waited out the
+ * failed one: that step's receives timed out in turn, and the steps
+ * failed on one rank or another from then on; a rank whose own part
+ * succeeded would also take an optimizer step its peers did not. The
+ * wait is twice the timeout: a peer may still be waiting out its own
+ * (the vote's messages go first, so the last rank to arrive waits for
+ * none). After a failed step every rank drops its shared-memory groups,
+ * so all agree on them again in the next step (a group one replica kept
+ * while its peer dropped it would wait for rounds that never come).
+ * Ranks whose optimizer steps differ hold parameters that no later step
+ * can mend (a step succeeded on some and failed on others, or an
+ * optimizer step failed part-way): refused, naming them. */
+#define VOTE_FAILED (-2)
+
+/* "rank 4 (replica 1, stage 1)": a world rank and its first stage. */
+static void name_rank(const pp_executor *ex, int w, char *out, size_t cap) {
+    int nr = ex->sched->nranks, st = 0;
+    while (st < ex->sched->nstages && ex->sched->stage_rank[st] != w % nr) st++;
+    snprintf(out, cap, "rank %d (replica %d, stage %d)", w, w / nr, st);
+}
+
+static pp_status step_vote(pp_executor *ex, pp_status s) {
+    char own[1024] = "";
+    if (s != PP_OK) snprintf(own, sizeof own, "%s", pp_last_error());
+    int tmo = ex->timeout_ms < 0 ? pp_transport_timeout_ms(ex->t) : ex->timeout_ms;
+    pp_agree a = {ex->t, ex->rep.replicas * ex->sched->nranks, ex->rep.replicas * ex->sched->nstages,
+                  ex->world_stage_rank, ex->world_rank, 2 * tmo, 2 * tmo};
+    pp_agree_result r;
+    pp_status v = pp_agree_int(&a, ex->core.step, PP_AGREE_STEP, s == PP_OK ? ex->updates : VOTE_FAILED, &r);
+    char who[96], other[96];
+    if (s != PP_OK || v != PP_OK || r.lo == VOTE_FAILED) pp_grad_ring_drop_groups(ex->ring);
+    if (s != PP_OK) return pp_error(s, "%s", own); /* its own failure, whatever the peers said */
+    if (v != PP_OK) return v;
+    if (r.lo == VOTE_FAILED) {
+        name_rank(ex, r.who_lo, who, sizeof who);
+        return pp_error(PP_ERR_PEER, "%s failed the step, so it failed on every rank (run the next step)", who);
+    }
+    if (r.lo != r.hi || r.lo < 0) {
+        name_rank(ex, r.who_lo, who, sizeof who);
+        name_rank(ex, r.who_hi, other, sizeof other);
+        return pp_error(PP_ERR_STATE, "%s has taken %lld optimizer steps%s, %s %lld: their parameters differ; load "
+                        "the same parameters on every rank, call pp_executor_set_replicas and "
+                        "pp_executor_set_optimizer again on each (and load the optimizer state)", who, (long long)r.lo,
+                        r.lo < 0 ? " (-1: one failed part-way)" : "", other, (long long)r.hi);
+    }
+    return PP_OK;
 }
 
 /* Local stages whose last weight gradient of the step just ran join the
@@ -476,6 +552,11 @@ pp_status pp_executor_step(pp_executor *ex, int64_t step, int m, int n_inputs, c
         s = pp_error(PP_ERR_NOMEM, "out of memory");
     s = pp_core_step_end(&ex->core, &route, s, outs);
     if (s == PP_OK && ex->ring) s = replica_mean(ex, outs);
+    if (s != PP_OK && !failed) s = pp_error_context(s, "rank %d step %lld", ex->world_rank, (long long)step);
+    if (ex->ring) {
+        if (!ex->no_vote) s = step_vote(ex, s);
+        ex->step_failed = s != PP_OK;
+    }
     if (outs != outputs) {
         for (int o = 0; outs && o < ex->core.p->n_outputs; o++) pp_tensor_free(outs[o]);
         free(outs);
@@ -485,5 +566,5 @@ pp_status pp_executor_step(pp_executor *ex, int64_t step, int m, int n_inputs, c
             outs[o] = NULL;
         }
     }
-    return s == PP_OK || failed ? s : pp_error_context(s, "rank %d step %lld", ex->world_rank, (long long)step);
+    return s;
 }

@@ -180,7 +180,19 @@ void pp_grad_ring_begin(pp_grad_ring *g, int64_t step) {
             g->shm[s] = NULL;
             g->tcp[s] = NULL;
             g->lost[s] = 0;
+        } else if (g->shm[s]) {
+            pp_grad_shm_set_step(g->shm[s], step);
         }
+}
+
+void pp_grad_ring_drop_groups(pp_grad_ring *g) {
+    for (int s = 0; s < g->o.n_stages; s++) {
+        pp_grad_shm_free(g->shm[s]);
+        pp_grad_tcp_free(g->tcp[s]);
+        g->shm[s] = NULL;
+        g->tcp[s] = NULL;
+        g->lost[s] = 0;
+    }
 }
 
 int pp_grad_ring_buckets(const pp_grad_ring *g) { return g->n; }

@@ -81,6 +81,11 @@ void pp_grad_ring_free(pp_grad_ring *g);
 
 /* Starts a step: what an earlier (failed) step left is dropped. */
 void pp_grad_ring_begin(pp_grad_ring *g, int64_t step);
+/* Drops every stage's shared-memory group and direct links (between
+ * steps): the next step's first bucket of each stage agrees again, keyed
+ * by that step. Every replica must do it after the same step (one that
+ * failed on any of them), or their groups' rounds no longer match. */
+void pp_grad_ring_drop_groups(pp_grad_ring *g);
 /* Stage `stage`'s gradients in fp are complete for the step: its buckets
  * join the ring (and the first of them is sent at once). fp must not change
  * until pp_grad_ring_finish returns. full (sharded rings): the gradients

@@ -78,6 +78,7 @@ enum { OFFERING, IN_USE, DECLINED };
 struct pp_grad_shm {
     pp_grad_shm_options o;
     int64_t step;               /* of the agreement */
+    int64_t op_step;            /* of the collectives now (pp_grad_shm_set_step) */
     int64_t slot;               /* floats per slot */
     int state;
     char name[NAME_CAP];        /* this replica's segment ("" if none) */
@@ -296,7 +297,7 @@ pp_status pp_grad_shm_new(const pp_grad_shm_options *o, int64_t step, pp_grad_sh
         return pp_error(PP_ERR_NOMEM, "out of memory");
     }
     s->o = *o;
-    s->step = step;
+    s->step = s->op_step = step;
     s->slot = slot_bytes / (int64_t)sizeof(float);
     s->state = OFFERING;
     const char *host = pp_transport_host_id(o->t);
@@ -499,7 +500,9 @@ static void slice_of(const pp_grad_shm *s, int c, int64_t q, int64_t *lo, int64_
  * round, hashed into the one word the header has for it (never 0, which a
  * fresh header holds). */
 static uint64_t op_word(const pp_grad_shm *s) {
-    int64_t what[5] = {s->mode, s->bucket, s->off, s->len, s->round};
+    /* the step too: a replica that failed a step and went on to the next
+     * must never be summed with a peer still in the failed one */
+    int64_t what[6] = {s->mode, s->bucket, s->off, s->len, s->round, s->op_step};
     return pp_hash64(PP_HASH64_SEED, what, sizeof what) | 1;
 }
 
@@ -518,9 +521,9 @@ static pp_status same_op(pp_grad_shm *s) {
         if (theirs != mine) {
             static const char *names[3] = {"sum", "reduce-scatter", "all-gather"};
             char why[200];
-            snprintf(why, sizeof why, "is running another collective (this replica: the %s of bucket %d, round %lld; "
-                     "is the replicas' configuration the same: shard_optimizer, gradient buckets?)", names[s->mode],
-                     s->bucket, (long long)s->round);
+            snprintf(why, sizeof why, "is running another collective or step (this replica: the %s of bucket %d, round "
+                     "%lld of step %lld; is the replicas' configuration the same: shard_optimizer, gradient buckets?)",
+                     names[s->mode], s->bucket, (long long)s->round, (long long)s->op_step);
             return gone(s, PP_ERR_PEER, k, why);
         }
     }
@@ -664,6 +667,8 @@ pp_status pp_grad_shm_sum(pp_grad_shm *s, float *buf, int64_t off, int64_t len, 
                           int timeout_ms, int *done) {
     return pp_grad_shm_run(s, PP_SHM_SUM, buf, off, len, bucket, wait, timeout_ms, done);
 }
+
+void pp_grad_shm_set_step(pp_grad_shm *s, int64_t step) { s->op_step = step; }
 
 void pp_grad_shm_free(pp_grad_shm *s) {
     if (!s) return;

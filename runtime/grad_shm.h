@@ -92,6 +92,11 @@ enum { PP_SHM_SUM, PP_SHM_SCATTER, PP_SHM_GATHER };
  * on the same buckets in the same order. */
 pp_status pp_grad_shm_run(pp_grad_shm *s, int mode, float *buf, int64_t off, int64_t len, int bucket, int wait,
                           int timeout_ms, int *done);
+/* The step of the collectives that follow (from pp_grad_shm_new's step
+ * on): part of what every replica's round must match, so a replica's
+ * round of one step is never summed with a peer's round of another. */
+void pp_grad_shm_set_step(pp_grad_shm *s, int64_t step);
+
 /* 1 if a sum failed or is half done: the replicas' counters no longer
  * match, the group must be dropped (and agreed again). */
 int pp_grad_shm_broken(const pp_grad_shm *s);

@@ -10,6 +10,7 @@
 #include "agree.h"
 #include "hash.h"
 #include "checkpoint_sync.h"
+#include "executor_internal.h"
 #include "param_files.h"
 #include "rank_threads.h"
 #include "rejoin_policy.h"
@@ -440,6 +441,7 @@ static pp_status open_run(pp_worker *w) {
         ro.shard_optimizer = c->shard_optimizer;
         ro.direct_links = c->bucket_direct_links ? 0 : -1;
         s = pp_error_context(pp_executor_set_replicas(w->ex, &ro), "rank %d (replica %d)", w->rank, w->replica);
+        pp_executor_set_step_vote(w->ex, 0); /* a failed step aborts the transport instead (fail()) */
     }
     if (s == PP_OK && c->training) s = pp_executor_set_optimizer(w->ex, &c->optim);
     if (s == PP_OK) s = open_recompute(w);

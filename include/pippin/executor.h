@@ -100,7 +100,28 @@ PP_API pp_optim *pp_executor_optimizer(pp_executor *ex, int i);
  * mean over the replicas. Random ops key replica k's microbatch mb as k*M +
  * mb. R replicas of batch B then compute what one pipeline of batch R*B
  * with R*M microbatches computes, the same up to the order of the sums
- * (bit-identical with one microbatch per replica and R = 2). */
+ * (bit-identical with one microbatch per replica and R = 2).
+ *
+ * A step succeeds on every rank of every replica or on none: at its end
+ * the ranks vote (a few bytes from each to every other), and where one
+ * rank's step failed pp_executor_step fails on all of them, naming that
+ * rank, its replica and stage. The vote waits up to twice the receive
+ * timeout, for peers still waiting out the failed step, so every rank
+ * starts the next step together. After a failed step skip the optimizer
+ * step (pp_executor_optimizer_step refuses) and call the next step on
+ * every rank, as before: nothing of the failed step reaches the
+ * parameters, so the following steps give the bits of a run where it
+ * never happened. Every rank must call the same step numbers: a replica
+ * that skips one runs a step apart from its peers, and steps fail (their
+ * messages never mix) until the timeouts happen to align them. Ranks that have taken different numbers of optimizer
+ * steps (one skipped by its caller, or one that failed part-way, as
+ * ZeRO-1's parameter all-gather can) hold different parameters: every
+ * later step fails on every rank, naming the two: load the same
+ * parameters on every rank and call pp_executor_set_replicas and
+ * pp_executor_set_optimizer again on each (then load the optimizer state,
+ * pp_executor_load_optimizer when sharded); the count starts again there.
+ * (The workers, pippin/worker.h, abort the transport on a failed step
+ * instead, and roll back together.) */
 typedef struct pp_replica_options {
     int replicas;                 /* R >= 1 (1: no replicas) */
     int replica;                  /* this executor's, 0 <= replica < R */
