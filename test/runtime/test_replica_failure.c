@@ -33,7 +33,7 @@ typedef struct run_spec {
     int fail_replica, fail_rank; /* where the fault fires (-1: nowhere) */
     int64_t fail_step;
     int fail_node;              /* pp_exec_fail_after_nodes(fail_node) before that step */
-    int transport;              /* 0 inproc, 1 ipc, 2 tcp */
+    int transport;              /* 0 inproc, 1 ipc, 2 tcp, 3 tcp without shared memory (direct links) */
     int no_update;              /* 1: fail_replica's user skips the optimizer step after fail_step instead */
     int shard;                  /* ZeRO-1 (shard_optimizer) */
     int reset;                  /* before step reset_step every rank loads its first parameters and calls
@@ -86,6 +86,7 @@ static void *rank_main(void *arg) {
     o.nstages = R * j->sched->nstages;
     o.stage_ranks = j->world_stage_rank;
     o.timeout_ms = TIMEOUT_MS;
+    if (sp->transport == 3) o.shm_bytes = -1; /* the gradient sums over direct links */
     pp_transport *t = NULL;
     pp_executor *ex = NULL;
     pp_status s = pp_transport_create(&o, &t);
@@ -273,6 +274,14 @@ static void test_last_rank_failure_tcp(void **state) {
                               .fail_step = 2, .fail_node = 0, .transport = 2});
 }
 
+/* The same with the replicas' sums over direct TCP links (no shared
+ * memory): the links are dropped with the failed step and agreed again. */
+static void test_last_rank_failure_links(void **state) {
+    (void)state;
+    check_recovers((run_spec){.nranks = 3, .n_steps = 5, .steps = {0, 1, 2, 3, 4}, .fail_replica = 1, .fail_rank = 2,
+                              .fail_step = 2, .fail_node = 0, .transport = 3});
+}
+
 /* ZeRO-1: the same failure; the parameters' all-gather after each step
  * that succeeded. */
 static void test_forward_failure_sharded(void **state) {
@@ -316,6 +325,7 @@ int main(void) {
         cmocka_unit_test(test_forward_failure_one_rank),
         cmocka_unit_test(test_backward_failure_pipeline_ipc),
         cmocka_unit_test(test_last_rank_failure_tcp),
+        cmocka_unit_test(test_last_rank_failure_links),
         cmocka_unit_test(test_forward_failure_sharded),
         cmocka_unit_test(test_diverged_replicas_refused),
     };
