@@ -691,6 +691,7 @@ typedef struct two_job {
     float *grad[2];
     pp_status s;
     char err[512];
+    int links; /* the transports keep off shared memory: over direct links */
 } two_job;
 
 static void *two_main(void *arg) {
@@ -722,18 +723,20 @@ static void *two_main(void *arg) {
         if (s == PP_OK) s = pp_grad_ring_add(g, 1, &fp[1], 0);
     }
     if (s == PP_OK) s = pp_grad_ring_finish(g, 5000);
-    if (s == PP_OK && pp_grad_ring_shm_buckets(g) != pp_grad_ring_buckets(g)) s = PP_ERR_STATE;
-    j->s = s;
+    int via = j->links ? pp_grad_ring_tcp_buckets(g) : pp_grad_ring_shm_buckets(g);
+    j->s = s == PP_OK && via != pp_grad_ring_buckets(g) ? PP_ERR_STATE : s;
     if (s != PP_OK) snprintf(j->err, sizeof j->err, "%s", pp_last_error());
+    else if (j->s != PP_OK) snprintf(j->err, sizeof j->err, "%d of %d buckets went %s", via, pp_grad_ring_buckets(g),
+                                     j->links ? "over direct links" : "through shared memory");
     pp_grad_ring_free(g);
     return NULL;
 }
 
-static void test_shm_stage_done_first_not_summed_again(void **state) {
-    (void)state;
+static void check_stage_done_first(int links) {
     pp_transport_options o;
     pp_transport_options_init(&o);
     o.timeout_ms = 5000;
+    if (links) o.shm_bytes = -1;
     int stage_ranks[4] = {0, 0, 1, 1}; /* world stage replica * 2 + stage */
     o.nstages = 4;
     o.stage_ranks = stage_ranks;
@@ -742,7 +745,8 @@ static void test_shm_stage_done_first_not_summed_again(void **state) {
     atomic_int flag = 0;
     two_job jobs[2];
     for (int k = 0; k < 2; k++) {
-        jobs[k] = (two_job){t[k], k, &flag, {calloc(40000, sizeof(float)), calloc(40000, sizeof(float))}, PP_OK, ""};
+        jobs[k] = (two_job){t[k], k, &flag, {calloc(40000, sizeof(float)), calloc(40000, sizeof(float))}, PP_OK, "",
+                            links};
     }
     pthread_t th[2];
     for (int k = 0; k < 2; k++) assert_int_equal(pthread_create(&th[k], NULL, two_main, &jobs[k]), 0);
@@ -759,6 +763,17 @@ static void test_shm_stage_done_first_not_summed_again(void **state) {
     for (int k = 0; k < 2; k++) free(jobs[k].grad[0]), free(jobs[k].grad[1]);
     tt_close_ranks(2, t);
     assert_int_equal(groups_left(), 0);
+}
+
+static void test_shm_stage_done_first_not_summed_again(void **state) {
+    (void)state;
+    check_stage_done_first(0);
+}
+
+/* The same over direct links: two stages per rank, two groups of links. */
+static void test_links_stage_done_first_not_summed_again(void **state) {
+    (void)state;
+    check_stage_done_first(1);
 }
 
 /* Regression: a stage's buckets are summed through shared memory in
@@ -782,6 +797,7 @@ typedef struct order_job {
     int shm_buckets, buckets;
     pp_status s;
     char err[512];
+    int links; /* over direct links: counts those buckets instead */
 } order_job;
 
 static float order_value(int64_t e, int k) { return (float)((e * 7 + k * 3) % 31) * 0.25f; }
@@ -813,7 +829,7 @@ static void *order_main(void *arg) {
     }
     if (s == PP_OK) s = pp_grad_ring_finish(g, 5000);
     atomic_store(j->stage, 2); /* replica 0 stops on a failure of replica 1's add */
-    j->shm_buckets = g ? pp_grad_ring_shm_buckets(g) : 0;
+    j->shm_buckets = !g ? 0 : j->links ? pp_grad_ring_tcp_buckets(g) : pp_grad_ring_shm_buckets(g);
     j->buckets = g ? pp_grad_ring_buckets(g) : 0;
     j->s = s;
     if (s != PP_OK) snprintf(j->err, sizeof j->err, "%s", pp_last_error());
@@ -821,27 +837,28 @@ static void *order_main(void *arg) {
     return NULL;
 }
 
-static void test_shm_buckets_in_bucket_order(void **state) {
-    (void)state;
+static void check_bucket_order(int links) {
     int64_t total = (int64_t)ORDER_NP * ORDER_NUMEL;
     for (int attempt = 0; attempt < ORDER_TRIES; attempt++) {
         pp_transport_options o;
         pp_transport_options_init(&o);
         o.timeout_ms = 5000;
+        if (links) o.shm_bytes = -1;
         pp_transport *t[2];
         tt_make_ranks("tcp", 2, &o, t);
         atomic_int stage = 0;
         order_job jobs[2];
         for (int k = 0; k < 2; k++)
-            jobs[k] = (order_job){.t = t[k], .k = k, .stage = &stage, .grad = calloc((size_t)total, sizeof(float))};
+            jobs[k] = (order_job){.t = t[k], .k = k, .stage = &stage, .grad = calloc((size_t)total, sizeof(float)),
+                                  .links = links};
         pthread_t th[2];
         for (int k = 0; k < 2; k++) assert_int_equal(pthread_create(&th[k], NULL, order_main, &jobs[k]), 0);
         for (int k = 0; k < 2; k++) pthread_join(th[k], NULL);
         for (int k = 0; k < 2; k++) {
             if (jobs[k].s != PP_OK) fail_msg("try %d, replica %d: %s", attempt, k, jobs[k].err);
             if (jobs[k].buckets != ORDER_NP || jobs[k].shm_buckets != ORDER_NP)
-                fail_msg("try %d, replica %d: %d of %d buckets through shared memory, expected all %d", attempt, k,
-                         jobs[k].shm_buckets, jobs[k].buckets, ORDER_NP);
+                fail_msg("try %d, replica %d: %d of %d buckets %s, expected all %d", attempt, k, jobs[k].shm_buckets,
+                         jobs[k].buckets, links ? "over direct links" : "through shared memory", ORDER_NP);
         }
         for (int64_t e = 0; e < total; e++) {
             float want = order_value(e, 0) + order_value(e, 1);
@@ -854,6 +871,17 @@ static void test_shm_buckets_in_bucket_order(void **state) {
         tt_close_ranks(2, t);
         assert_int_equal(groups_left(), 0);
     }
+}
+
+static void test_shm_buckets_in_bucket_order(void **state) {
+    (void)state;
+    check_bucket_order(0);
+}
+
+/* The same over direct links: the stream carries the buckets in order. */
+static void test_links_buckets_in_bucket_order(void **state) {
+    (void)state;
+    check_bucket_order(1);
 }
 
 /* pp_grad_copy (the copies of chunks and slots) copies exactly, whatever
@@ -1106,6 +1134,8 @@ int main(void) {
         cmocka_unit_test_setup(test_shm_refuses_other_layout_same_length, plain_options),
         cmocka_unit_test_setup(test_shm_buckets_in_bucket_order, plain_options),
         cmocka_unit_test_setup(test_links_same_bits, plain_options),
+        cmocka_unit_test_setup(test_links_stage_done_first_not_summed_again, plain_options),
+        cmocka_unit_test_setup(test_links_buckets_in_bucket_order, plain_options),
         cmocka_unit_test_setup(test_links_peer_gone, plain_options),
         cmocka_unit_test_setup(test_links_slow_connect, plain_options),
         cmocka_unit_test_setup(test_links_accept_ignores_strangers, plain_options),
