@@ -38,9 +38,10 @@ static pp_status all_to_all(const pp_agree *a, int64_t step, int slot, pp_tensor
     int nr = a->nranks, mb = PP_AGREE_MICROBATCH + slot, *first;
     PP_TRY(first_stages(a, &first));
     pp_status s = PP_OK;
-    for (int r = 0; r < nr && s == PP_OK; r++) {
+    for (int r = 0; r < nr; r++) { /* to every peer that can take it, even after one that cannot: they wait for it */
         pp_transport_key k = {PP_MSG_GRADIENT, step, mb, first[a->rank], first[r], AGREE_NAME};
-        if (r != a->rank) s = pp_transport_send(a->t, &k, t);
+        pp_status e = r != a->rank ? pp_transport_send(a->t, &k, t) : PP_OK;
+        if (s == PP_OK) s = e;
     }
     for (int r = 0; r < nr && s == PP_OK; r++) {
         if (r == a->rank) continue;

@@ -305,9 +305,10 @@ pp_status pp_executor_set_replicas(pp_executor *ex, const pp_replica_options *o)
  * failed one: that step's receives timed out in turn, and the steps
  * failed on one rank or another from then on; a rank whose own part
  * succeeded would also take an optimizer step its peers did not. The
- * wait is twice the timeout: a peer may still be waiting out its own
- * (the vote's messages go first, so the last rank to arrive waits for
- * none). After a failed step every rank drops its shared-memory groups,
+ * wait is the long one of the checkpoint agreements: a peer may still be
+ * waiting out its own failure, or end the step far later (the vote's
+ * messages go first, so the last rank to arrive waits for none). After a
+ * failed step every rank drops its shared-memory groups and direct links,
  * so all agree on them again in the next step (a group one replica kept
  * while its peer dropped it would wait for rounds that never come).
  * Ranks whose optimizer steps differ hold parameters that no later step
@@ -322,14 +323,24 @@ static void name_rank(const pp_executor *ex, int w, char *out, size_t cap) {
     snprintf(out, cap, "rank %d (replica %d, stage %d)", w, w / nr, st);
 }
 
-static pp_status step_vote(pp_executor *ex, pp_status s) {
+static pp_status step_vote(pp_executor *ex, int64_t step, pp_status s) {
     char own[1024] = "";
     if (s != PP_OK) snprintf(own, sizeof own, "%s", pp_last_error());
-    int tmo = ex->timeout_ms < 0 ? pp_transport_timeout_ms(ex->t) : ex->timeout_ms;
+    /* the long wait: ranks may end a step far apart (a heavy first stage
+     * under GPipe ends its backward long after the last stage), and a
+     * vote that timed out on one rank while the late ones found every
+     * vote in would split the replicas for good; a dead peer still ends
+     * it at the heartbeat timeout */
+    int tmo = pp_agree_long_timeout(ex->timeout_ms < 0 ? pp_transport_timeout_ms(ex->t) : ex->timeout_ms);
     pp_agree a = {ex->t, ex->rep.replicas * ex->sched->nranks, ex->rep.replicas * ex->sched->nstages,
-                  ex->world_stage_rank, ex->world_rank, 2 * tmo, 2 * tmo};
+                  ex->world_stage_rank, ex->world_rank, tmo, tmo};
     pp_agree_result r;
-    pp_status v = pp_agree_int(&a, ex->core.step, PP_AGREE_STEP, s == PP_OK ? ex->updates : VOTE_FAILED, &r);
+    pp_status v = pp_agree_int(&a, step, PP_AGREE_STEP, s == PP_OK ? ex->updates : VOTE_FAILED, &r);
+    if (s == PP_OK && (v != PP_OK || r.lo == VOTE_FAILED))
+        /* this rank's part went through, the step did not: its forward's
+         * state (BatchNorm's running statistics) goes back, as on the
+         * rank that failed */
+        for (int i = 0; i < ex->core.n_local; i++) pp_stage_abort_step(ex->core.stages[ex->core.local[i]]);
     char who[96], other[96];
     if (s != PP_OK || v != PP_OK || r.lo == VOTE_FAILED) pp_grad_ring_drop_groups(ex->ring);
     if (s != PP_OK) return pp_error(s, "%s", own); /* its own failure, whatever the peers said */
@@ -523,8 +534,15 @@ static pp_status run_actions(pp_executor *ex, const pp_route *route) {
 
 pp_status pp_executor_step(pp_executor *ex, int64_t step, int m, int n_inputs, const char *const *names,
                            pp_tensor *const *inputs, pp_tensor **outputs) {
-    if (ex->sched->nmb != m)
-        return pp_error(PP_ERR_INVALID, "schedule is for %d microbatches, the step has %d", ex->sched->nmb, m);
+    if (ex->sched->nmb != m) {
+        pp_status s = pp_error(PP_ERR_INVALID, "schedule is for %d microbatches, the step has %d", ex->sched->nmb, m);
+        if (ex->ring && !ex->no_vote) { /* the peers are voting on this step: it failed here */
+            pp_transport_set_step(ex->t, step);
+            s = step_vote(ex, step, s);
+        }
+        if (ex->ring) ex->step_failed = 1;
+        return s;
+    }
     pp_route route = {ex, NULL, tr_send_act, tr_recv_act, NULL, tr_send_grad, tr_recv_grad, tr_send_delta,
                       tr_recv_delta};
     pp_status s = pp_transport_set_step(ex->t, step);
@@ -554,7 +572,7 @@ pp_status pp_executor_step(pp_executor *ex, int64_t step, int m, int n_inputs, c
     if (s == PP_OK && ex->ring) s = replica_mean(ex, outs);
     if (s != PP_OK && !failed) s = pp_error_context(s, "rank %d step %lld", ex->world_rank, (long long)step);
     if (ex->ring) {
-        if (!ex->no_vote) s = step_vote(ex, s);
+        if (!ex->no_vote) s = step_vote(ex, step, s);
         ex->step_failed = s != PP_OK;
     }
     if (outs != outputs) {

@@ -105,15 +105,22 @@ PP_API pp_optim *pp_executor_optimizer(pp_executor *ex, int i);
  * A step succeeds on every rank of every replica or on none: at its end
  * the ranks vote (a few bytes from each to every other), and where one
  * rank's step failed pp_executor_step fails on all of them, naming that
- * rank, its replica and stage. The vote waits up to twice the receive
- * timeout, for peers still waiting out the failed step, so every rank
- * starts the next step together. After a failed step skip the optimizer
+ * rank, its replica and stage (and a rank whose own part went through
+ * takes back its forward's state, BatchNorm's running statistics). The
+ * vote waits up to 5 minutes (or the receive timeout if longer), since
+ * ranks may end a step far apart; a dead peer ends it at the heartbeat
+ * timeout. A vote that still times out on one rank while the others find
+ * every vote in splits the replicas (the next step says so). Its cost is
+ * one small message from every rank to every other per step (quadratic in
+ * the ranks) and a barrier at the step's end. After a failed step skip the optimizer
  * step (pp_executor_optimizer_step refuses) and call the next step on
  * every rank, as before: nothing of the failed step reaches the
  * parameters, so the following steps give the bits of a run where it
  * never happened. Every rank must call the same step numbers: a replica
  * that skips one runs a step apart from its peers, and steps fail (their
- * messages never mix) until the timeouts happen to align them. Ranks that have taken different numbers of optimizer
+ * messages never mix) until the timeouts happen to align them; never reuse
+ * a step number (what a failed attempt left may be taken for the retry's).
+ * Ranks that have taken different numbers of optimizer
  * steps (one skipped by its caller, or one that failed part-way, as
  * ZeRO-1's parameter all-gather can) hold different parameters: every
  * later step fails on every rank, naming the two: load the same

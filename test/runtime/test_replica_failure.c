@@ -34,6 +34,8 @@ typedef struct run_spec {
     int64_t fail_step;
     int fail_node;              /* pp_exec_fail_after_nodes(fail_node) before that step */
     int transport;              /* 0 inproc, 1 ipc, 2 tcp, 3 tcp without shared memory (direct links) */
+    const char *fixture;        /* NULL: "mlp" (3 stages); "bn": 2 stages with BatchNorm */
+    int n_stages;               /* the fixture's stages (0: 3) */
     int no_update;              /* 1: fail_replica's user skips the optimizer step after fail_step instead */
     int shard;                  /* ZeRO-1 (shard_optimizer) */
     int reset;                  /* before step reset_step every rank loads its first parameters and calls
@@ -138,6 +140,14 @@ static void *rank_main(void *arg) {
         j->params = realloc(j->params, sizeof(float) * (size_t)(j->n_params + fp->total));
         memcpy(j->params + j->n_params, fp->data, sizeof(float) * (size_t)fp->total);
         j->n_params += fp->total;
+        pp_stage *st = pp_executor_stage(ex, i); /* and the forward's state: BatchNorm's running statistics */
+        for (int q = 0; q < pp_stage_n_state(st); q++) {
+            const pp_tensor *v = pp_stage_state_tensor(st, q);
+            int64_t n = pp_tensor_numel(v);
+            j->params = realloc(j->params, sizeof(float) * (size_t)(j->n_params + n));
+            memcpy(j->params + j->n_params, v->data, sizeof(float) * (size_t)n);
+            j->n_params += n;
+        }
     }
     for (int i = 0; i < 3; i++) free(first[i]);
     pp_executor_free(ex);
@@ -164,7 +174,7 @@ static void run(const run_spec *sp, job *jobs) {
     run_no++;
     pp_sched_params spp;
     pp_sched_params_init(&spp, sp->nranks == 1 ? PP_SCHED_LOOPED_BFS : PP_SCHED_GPIPE, sp->nranks, 1);
-    spp.stages_per_rank = 3 / sp->nranks;
+    spp.stages_per_rank = (sp->n_stages ? sp->n_stages : 3) / sp->nranks;
     pp_schedule *sched;
     TU_OK(pp_schedule_generate(&spp, &sched));
     int world = R * sp->nranks, wsr[R * 3];
@@ -177,10 +187,11 @@ static void run(const run_spec *sp, job *jobs) {
         else snprintf(eps[k], sizeof eps[k], "tcp://127.0.0.1:%d", free_port());
         endpoints[k] = eps[k];
     }
-    pp_tensor *x = tu_fixture_npy("mlp", "x.npy"), *y = tu_fixture_npy("mlp", "y.npy");
+    const char *fx = sp->fixture ? sp->fixture : "mlp";
+    pp_tensor *x = tu_fixture_npy(fx, "x.npy"), *y = tu_fixture_npy(fx, "y.npy");
     pp_pipe *pipes[R];
     for (int r = 0; r < R; r++) {
-        pp_graph *g = tu_fixture_onnx("mlp", "model.onnx");
+        pp_graph *g = tu_fixture_onnx(fx, "model.onnx");
         TU_OK(pp_pipe_split(g, NULL, &pipes[r]));
         TU_OK(pp_pipe_probe_shapes(pipes[r], 0, NULL));
         pp_graph_free(g);
@@ -282,6 +293,19 @@ static void test_last_rank_failure_links(void **state) {
                               .fail_step = 2, .fail_node = 0, .transport = 3});
 }
 
+/* Regression: BatchNorm's running statistics. A rank whose own part of
+ * the failed step went through kept its forward's update of them (only
+ * the rank that failed took it back), so the steps after differed from a
+ * run without the failed step. Replica 0's second rank fails in its
+ * weight gradients (node 22), after its input gradient reached the first
+ * rank: the first stage's ranks (bn1, bn2) finish their part, the vote
+ * fails them, and their statistics must go back too (16 values differed). */
+static void test_batch_norm_state_rolled_back(void **state) {
+    (void)state;
+    check_recovers((run_spec){.nranks = 2, .n_steps = 4, .steps = {0, 1, 2, 3}, .fail_replica = 0, .fail_rank = 1,
+                              .fail_step = 1, .fail_node = 22, .transport = 0, .fixture = "bn", .n_stages = 2});
+}
+
 /* ZeRO-1: the same failure; the parameters' all-gather after each step
  * that succeeded. */
 static void test_forward_failure_sharded(void **state) {
@@ -326,6 +350,7 @@ int main(void) {
         cmocka_unit_test(test_backward_failure_pipeline_ipc),
         cmocka_unit_test(test_last_rank_failure_tcp),
         cmocka_unit_test(test_last_rank_failure_links),
+        cmocka_unit_test(test_batch_norm_state_rolled_back),
         cmocka_unit_test(test_forward_failure_sharded),
         cmocka_unit_test(test_diverged_replicas_refused),
     };
