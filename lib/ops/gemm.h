@@ -39,4 +39,9 @@ void pp_gemm_packed_tiles(int M, int N, int K, const float *A, int lda, const fl
 void pp_gemm_packed_split(int M, int N, int K, const float *A, int lda, const float *Bp, const float *bias, int n,
                           float *const *outs, const int *starts);
 
+/* For tests: the packed GEMM's kernels limited to level (0 plain C, 1
+ * AVX2, 2 AVX-512, the default: the widest the CPU has); returns the
+ * previous limit. Every level gives the same bits. */
+int pp_gemm_packed_limit_isa(int level);
+
 #endif
