@@ -38,6 +38,11 @@ void pp_gemm_packed_tiles(int M, int N, int K, const float *A, int lda, const fl
  * N, each start a multiple of PP_PACK_NR so no tile straddles two. */
 void pp_gemm_packed_split(int M, int N, int K, const float *A, int lda, const float *Bp, const float *bias, int n,
                           float *const *outs, const int *starts);
+/* C[M,N] = A B with B's panels panel_stride floats apart (at least K *
+ * PP_PACK_NR): the first K rows of a matrix packed with more (the
+ * attention's V, packed once for every block of queries). */
+void pp_gemm_packed_strided(int M, int N, int K, const float *A, int lda, const float *Bp, int64_t panel_stride,
+                            float *C, int ldc);
 
 /* For tests: the packed GEMM's kernels limited to level (0 plain C, 1
  * AVX2, 2 AVX-512, the default: the widest the CPU has); returns the

@@ -31,9 +31,24 @@
 
 int64_t pp_packed_b_floats(int K, int N) { return (int64_t)K * ((N + PP_PACK_NR - 1) / PP_PACK_NR) * PP_PACK_NR; }
 
+/* A whole panel: rows of 16 copied, or (tb) 16 rows of B read along k
+ * (the attention packs K this way once per head, so it is kept cheap). */
+static void pack_panel_whole(int tb, int K, const float *B, int ldb, float *restrict dst) {
+    if (!tb)
+        for (int k = 0; k < K; k++) memcpy(dst + (int64_t)k * PP_PACK_NR, B + (int64_t)k * ldb, sizeof(float) * PP_PACK_NR);
+    else
+        for (int c = 0; c < PP_PACK_NR; c++) {
+            const float *restrict src = B + (int64_t)c * ldb;
+            for (int k = 0; k < K; k++) dst[(int64_t)k * PP_PACK_NR + c] = src[k];
+        }
+}
+
 void pp_pack_b_f32(int tb, int K, int N, const float *B, int ldb, float *out) {
     int panels = (N + PP_PACK_NR - 1) / PP_PACK_NR;
-    for (int p = 0; p < panels; p++)
+    for (int p = 0; p < N / PP_PACK_NR; p++)
+        pack_panel_whole(tb, K, tb ? B + (int64_t)p * PP_PACK_NR * ldb : B + p * PP_PACK_NR, ldb,
+                         out + (int64_t)p * K * PP_PACK_NR);
+    for (int p = N / PP_PACK_NR; p < panels; p++) /* the last, partial panel */
         for (int k = 0; k < K; k++) {
             float *dst = out + ((int64_t)p * K + k) * PP_PACK_NR;
             for (int c = 0; c < PP_PACK_NR; c++) {
@@ -163,6 +178,7 @@ typedef struct packed_job {
     int M, N, K, lda, ldc, isa;
     const float *A, *Bp, *bias;
     float *C;
+    int64_t bs;         /* floats from one panel to the next (0: K * PP_PACK_NR) */
     pp_tile_fn tile_fn; /* NULL: none */
     const void *tile_arg;
     int n_outs;         /* > 0: C's columns go to outs instead (pp_gemm_packed_split) */
@@ -195,7 +211,8 @@ static void panels_piece(void *arg, int64_t lo, int64_t hi) {
     const packed_job *j = arg;
     float acc[MR * 16];
     for (int64_t p = lo; p < hi;) {
-        const float *B = j->Bp + p * j->K * PP_PACK_NR;
+        int64_t bs = j->bs ? j->bs : (int64_t)j->K * PP_PACK_NR;
+        const float *B = j->Bp + p * bs;
         int col0 = (int)p * PP_PACK_NR;
         float *out;
         int ld, at, end = output_of(j, col0, &out, &ld, &at);
@@ -217,7 +234,7 @@ static void panels_piece(void *arg, int64_t lo, int64_t hi) {
             const float *A = j->A + (int64_t)i * j->lda;
             float *C = out + (int64_t)i * ld + at;
             if (j->isa == ISA_AVX512)
-                kernels512[rows][np - 1](j->K, A, j->lda, B, (int64_t)j->K * PP_PACK_NR, C, ld, cols, bias);
+                kernels512[rows][np - 1](j->K, A, j->lda, B, bs, C, ld, cols, bias);
             else if (j->isa == ISA_AVX2) kernels[rows](j->K, A, j->lda, B, C, ld, cols[0], bias, acc);
             else kernel_plain(rows, j->K, A, j->lda, B, C, ld, cols[0], bias, acc);
             for (int q = 0; j->tile_fn && q < np; q++) /* while it is in L1 */
@@ -257,12 +274,18 @@ static void run_panels(packed_job *j) {
 
 void pp_gemm_packed_tiles(int M, int N, int K, const float *A, int lda, const float *Bp, const float *bias, float *C,
                           int ldc, pp_tile_fn tile_fn, const void *tile_arg) {
-    packed_job j = {M, N, K, lda, ldc, 0, A, Bp, bias, C, tile_fn, tile_arg, 0, NULL, NULL};
+    packed_job j = {M, N, K, lda, ldc, 0, A, Bp, bias, C, 0, tile_fn, tile_arg, 0, NULL, NULL};
+    run_panels(&j);
+}
+
+void pp_gemm_packed_strided(int M, int N, int K, const float *A, int lda, const float *Bp, int64_t panel_stride,
+                            float *C, int ldc) {
+    packed_job j = {M, N, K, lda, ldc, 0, A, Bp, NULL, C, panel_stride, NULL, NULL, 0, NULL, NULL};
     run_panels(&j);
 }
 
 void pp_gemm_packed_split(int M, int N, int K, const float *A, int lda, const float *Bp, const float *bias, int n,
                           float *const *outs, const int *starts) {
-    packed_job j = {M, N, K, lda, N, 0, A, Bp, bias, NULL, NULL, NULL, n, outs, starts};
+    packed_job j = {M, N, K, lda, N, 0, A, Bp, bias, NULL, 0, NULL, NULL, n, outs, starts};
     run_panels(&j);
 }
