@@ -348,6 +348,26 @@ static void test_gemm_packed(void **state) {
     assert_true(pp_pool_parallel_calls() > par); /* 64 x 200 x 300 went in pieces at 4 threads */
 }
 
+/* pp_gemm_packed_strided (the attention's P V): the first K rows of a
+ * matrix packed with more give the bits of those rows packed alone. */
+static void test_gemm_packed_strided(void **state) {
+    (void)state;
+    enum { M = 13, N = 40, KBIG = 50, K = 37 };
+    uint64_t s = 5;
+    float A[M * K], W[KBIG * N], Pbig[3 * KBIG * 16], P[3 * K * 16], C1[M * N], C2[M * N];
+    for (int i = 0; i < M * K; i++) A[i] = (float)(tu_urand(&s) * 2 - 1);
+    for (int i = 0; i < KBIG * N; i++) W[i] = (float)(tu_urand(&s) * 2 - 1);
+    pp_pack_b_f32(0, KBIG, N, W, N, Pbig);
+    pp_pack_b_f32(0, K, N, W, N, P);
+    for (int isa = 2; isa >= 0; isa--) {
+        pp_gemm_packed_limit_isa(isa);
+        pp_gemm_packed_f32(M, N, K, A, K, P, NULL, C1, N);
+        pp_gemm_packed_strided(M, N, K, A, K, Pbig, (int64_t)KBIG * 16, C2, N);
+        assert_memory_equal(C1, C2, sizeof C1);
+    }
+    pp_gemm_packed_limit_isa(2);
+}
+
 /* pp_broadcast_to (Expand and the gradient helpers use it). */
 static void test_broadcast_to_same_bits(void **state) {
     (void)state;
@@ -468,6 +488,7 @@ int main(void) {
         cmocka_unit_test(test_kernels_grads),
         cmocka_unit_test(test_kernels_gemm),
         cmocka_unit_test(test_gemm_packed),
+        cmocka_unit_test(test_gemm_packed_strided),
         cmocka_unit_test(test_small_work_stays_on_one_thread),
         cmocka_unit_test(test_broadcast_to_same_bits),
         cmocka_unit_test(test_kernels_from_rank_threads),
