@@ -120,8 +120,13 @@ static const packed_kernel kernels[MR + 1] = {NULL,          kernel1_avx2, kerne
 #define PACKED_KERNEL512(R, P)                                                                                \
     __attribute__((target("avx512f"))) static void kernel##R##x##P##_avx512(                                  \
         int K, const float *A, int lda, const float *B, int64_t bs, float *C, int ldc, const int *cols,         \
-        const float *bias) {                                                                                  \
+        const float *bias, const float *res) {                                                                \
         __m512 c[R][P];                                                                                       \
+        if (res)                                                                                              \
+            _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) {                                            \
+                _mm_prefetch((const char *)(res + (int64_t)r * ldc), _MM_HINT_T0);                            \
+                _mm_prefetch((const char *)(res + (int64_t)r * ldc + 16 * P - 1), _MM_HINT_T0);               \
+            }                                                                                                 \
         _Pragma("GCC unroll 16") for (int r = 0; r < R; r++)                                                  \
             _Pragma("GCC unroll 2") for (int p = 0; p < P; p++) c[r][p] = _mm512_setzero_ps();                \
         for (int k = 0; k < K; k++) {                                                                         \
@@ -137,6 +142,7 @@ static const packed_kernel kernels[MR + 1] = {NULL,          kernel1_avx2, kerne
             __mmask16 m = cols[p] >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << cols[p]) - 1);               \
             _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) {                                            \
                 __m512 v = bias ? _mm512_add_ps(bb, c[r][p]) : c[r][p];                                       \
+                if (res) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, res + (int64_t)r * ldc + 16 * p));     \
                 _mm512_mask_storeu_ps(C + (int64_t)r * ldc + 16 * p, m, v);                                   \
             }                                                                                                 \
         }                                                                                                     \
@@ -157,7 +163,7 @@ PACKED_KERNELS512(12)
 
 #define MR512 12
 typedef void (*packed_kernel512)(int K, const float *A, int lda, const float *B, int64_t bs, float *C, int ldc,
-                                 const int *cols, const float *bias);
+                                 const int *cols, const float *bias, const float *res);
 #define K512(R) {kernel##R##x1_avx512, kernel##R##x2_avx512}
 static const packed_kernel512 kernels512[MR512 + 1][2] = {
     {NULL, NULL}, K512(1), K512(2), K512(3), K512(4), K512(5), K512(6), K512(7), K512(8), K512(9), K512(10), K512(11), K512(12)};
@@ -179,8 +185,7 @@ typedef struct packed_job {
     const float *A, *Bp, *bias;
     float *C;
     int64_t bs;         /* floats from one panel to the next (0: K * PP_PACK_NR) */
-    pp_tile_fn tile_fn; /* NULL: none */
-    const void *tile_arg;
+    const float *res;   /* [M, ldc] added after the bias, or NULL */
     int n_outs;         /* > 0: C's columns go to outs instead (pp_gemm_packed_split) */
     float *const *outs;
     const int *starts;
@@ -233,12 +238,13 @@ static void panels_piece(void *arg, int64_t lo, int64_t hi) {
             int rows = j->M - i < mr ? j->M - i : mr;
             const float *A = j->A + (int64_t)i * j->lda;
             float *C = out + (int64_t)i * ld + at;
+            const float *res = j->res ? j->res + (int64_t)i * ld + at : NULL;
             if (j->isa == ISA_AVX512)
-                kernels512[rows][np - 1](j->K, A, j->lda, B, bs, C, ld, cols, bias);
+                kernels512[rows][np - 1](j->K, A, j->lda, B, bs, C, ld, cols, bias, res);
             else if (j->isa == ISA_AVX2) kernels[rows](j->K, A, j->lda, B, C, ld, cols[0], bias, acc);
             else kernel_plain(rows, j->K, A, j->lda, B, C, ld, cols[0], bias, acc);
-            for (int q = 0; j->tile_fn && q < np; q++) /* while it is in L1 */
-                j->tile_fn(j->tile_arg, C + q * PP_PACK_NR, ld, i, rows, col0 + q * PP_PACK_NR, cols[q]);
+            for (int r = 0; res && j->isa != ISA_AVX512 && r < rows; r++) /* Add's arithmetic: y + r */
+                for (int c = 0; c < cols[0]; c++) C[(int64_t)r * ld + c] += res[(int64_t)r * ld + c];
         }
         p += np;
     }
@@ -246,7 +252,7 @@ static void panels_piece(void *arg, int64_t lo, int64_t hi) {
 
 void pp_gemm_packed_f32(int M, int N, int K, const float *A, int lda, const float *Bp, const float *bias, float *C,
                         int ldc) {
-    pp_gemm_packed_tiles(M, N, K, A, lda, Bp, bias, C, ldc, NULL, NULL);
+    pp_gemm_packed_residual(M, N, K, A, lda, Bp, bias, NULL, C, ldc);
 }
 
 static int isa_limit = ISA_AVX512; /* pp_gemm_packed_limit_isa, for tests */
@@ -272,20 +278,20 @@ static void run_panels(packed_job *j) {
     pp_parallel_for(panels, pp_grain_macs(per), panels_piece, j);
 }
 
-void pp_gemm_packed_tiles(int M, int N, int K, const float *A, int lda, const float *Bp, const float *bias, float *C,
-                          int ldc, pp_tile_fn tile_fn, const void *tile_arg) {
-    packed_job j = {M, N, K, lda, ldc, 0, A, Bp, bias, C, 0, tile_fn, tile_arg, 0, NULL, NULL};
+void pp_gemm_packed_residual(int M, int N, int K, const float *A, int lda, const float *Bp, const float *bias,
+                             const float *R, float *C, int ldc) {
+    packed_job j = {M, N, K, lda, ldc, 0, A, Bp, bias, C, 0, R, 0, NULL, NULL};
     run_panels(&j);
 }
 
 void pp_gemm_packed_strided(int M, int N, int K, const float *A, int lda, const float *Bp, int64_t panel_stride,
                             float *C, int ldc) {
-    packed_job j = {M, N, K, lda, ldc, 0, A, Bp, NULL, C, panel_stride, NULL, NULL, 0, NULL, NULL};
+    packed_job j = {M, N, K, lda, ldc, 0, A, Bp, NULL, C, panel_stride, NULL, 0, NULL, NULL};
     run_panels(&j);
 }
 
 void pp_gemm_packed_split(int M, int N, int K, const float *A, int lda, const float *Bp, const float *bias, int n,
                           float *const *outs, const int *starts) {
-    packed_job j = {M, N, K, lda, N, 0, A, Bp, bias, NULL, 0, NULL, NULL, n, outs, starts};
+    packed_job j = {M, N, K, lda, N, 0, A, Bp, bias, NULL, 0, NULL, n, outs, starts};
     run_panels(&j);
 }

@@ -368,6 +368,33 @@ static void test_gemm_packed_strided(void **state) {
     pp_gemm_packed_limit_isa(2);
 }
 
+/* pp_gemm_packed_residual (a fused Linear's residual Add): R added after
+ * the bias in the tile's registers gives the bits of the product stored
+ * first and then Add's y + r, at every kernel level and at 1 and 4
+ * threads, for row and column remainders. */
+static void test_gemm_packed_residual(void **state) {
+    (void)state;
+    enum { M = 25, N = 53, K = 70 };
+    uint64_t s = 7;
+    float A[M * K], W[K * N], P[4 * K * 16], bias[N], R[M * N], want[M * N], got[M * N];
+    for (int i = 0; i < M * K; i++) A[i] = (float)(tu_urand(&s) * 2 - 1);
+    for (int i = 0; i < K * N; i++) W[i] = (float)(tu_urand(&s) * 2 - 1);
+    for (int i = 0; i < N; i++) bias[i] = (float)(tu_urand(&s) * 2 - 1);
+    for (int i = 0; i < M * N; i++) R[i] = (float)(tu_urand(&s) * 8 - 4);
+    pp_pack_b_f32(0, K, N, W, N, P);
+    for (int isa = 2; isa >= 0; isa--)
+        for (int t = 1; t <= 4; t += 3) {
+            pp_gemm_packed_limit_isa(isa);
+            pp_set_threads(t);
+            pp_gemm_packed_f32(M, N, K, A, K, P, bias, want, N);
+            for (int i = 0; i < M * N; i++) want[i] += R[i];
+            pp_gemm_packed_residual(M, N, K, A, K, P, bias, R, got, N);
+            assert_memory_equal(want, got, sizeof got);
+        }
+    pp_set_threads(1);
+    pp_gemm_packed_limit_isa(2);
+}
+
 /* pp_broadcast_to (Expand and the gradient helpers use it). */
 static void test_broadcast_to_same_bits(void **state) {
     (void)state;
@@ -489,6 +516,7 @@ int main(void) {
         cmocka_unit_test(test_kernels_gemm),
         cmocka_unit_test(test_gemm_packed),
         cmocka_unit_test(test_gemm_packed_strided),
+        cmocka_unit_test(test_gemm_packed_residual),
         cmocka_unit_test(test_small_work_stays_on_one_thread),
         cmocka_unit_test(test_broadcast_to_same_bits),
         cmocka_unit_test(test_kernels_from_rank_threads),
