@@ -35,7 +35,8 @@ int64_t pp_packed_b_floats(int K, int N) { return (int64_t)K * ((N + PP_PACK_NR 
  * (the attention packs K this way once per head, so it is kept cheap). */
 static void pack_panel_whole(int tb, int K, const float *B, int ldb, float *restrict dst) {
     if (!tb)
-        for (int k = 0; k < K; k++) memcpy(dst + (int64_t)k * PP_PACK_NR, B + (int64_t)k * ldb, sizeof(float) * PP_PACK_NR);
+        for (int k = 0; k < K; k++)
+            memcpy(dst + (int64_t)k * PP_PACK_NR, B + (int64_t)k * ldb, sizeof(float) * PP_PACK_NR);
     else
         for (int c = 0; c < PP_PACK_NR; c++) {
             const float *restrict src = B + (int64_t)c * ldb;
@@ -165,8 +166,9 @@ PACKED_KERNELS512(12)
 typedef void (*packed_kernel512)(int K, const float *A, int lda, const float *B, int64_t bs, float *C, int ldc,
                                  const int *cols, const float *bias, const float *res);
 #define K512(R) {kernel##R##x1_avx512, kernel##R##x2_avx512}
-static const packed_kernel512 kernels512[MR512 + 1][2] = {
-    {NULL, NULL}, K512(1), K512(2), K512(3), K512(4), K512(5), K512(6), K512(7), K512(8), K512(9), K512(10), K512(11), K512(12)};
+static const packed_kernel512 kernels512[MR512 + 1][2] = {{NULL, NULL}, K512(1), K512(2),  K512(3),  K512(4),
+                                                           K512(5),      K512(6), K512(7),  K512(8),  K512(9),
+                                                           K512(10),     K512(11), K512(12)};
 
 /* The same sums without AVX2: fmaf in the same order gives the same bits. */
 static void kernel_plain(int rows, int K, const float *A, int lda, const float *B, float *C, int ldc, int cols,

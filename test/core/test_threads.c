@@ -344,7 +344,8 @@ static void test_gemm_packed(void **state) {
         for (size_t b = 0; b < sizeof Ns / sizeof *Ns; b++)
             for (size_t c = 0; c < sizeof Ks / sizeof *Ks; c++)
                 for (int tb = 0; tb < 2; tb++)
-                    for (int with_bias = 0; with_bias < 2; with_bias++) gemm_packed_case(Ms[a], Ns[b], Ks[c], tb, with_bias, &s);
+                    for (int with_bias = 0; with_bias < 2; with_bias++)
+                        gemm_packed_case(Ms[a], Ns[b], Ks[c], tb, with_bias, &s);
     assert_true(pp_pool_parallel_calls() > par); /* 64 x 200 x 300 went in pieces at 4 threads */
 }
 
