@@ -21,16 +21,17 @@
  * Every tensor is read (and Y written) in place with its strides: the
  * transposes around the pattern are gone.
  *
- * The GEMMs are pp_gemm_f32's (lib/ops/gemm.h), called from inside
+ * The GEMMs are the packed kernel's (lib/ops/gemm.h: K and V of a head
+ * packed once, read by each block of queries), called from inside
  * pp_parallel_for pieces over (batch, head); a pp_parallel_for made inside
  * a piece runs inline (lib/thread_pool.h), so a GEMM parallel over the pool
- * stays on its piece's thread. Row blocks keep each GEMM at most
- * GEMM_SERIAL_MNK multiply-adds, the size below which OpenBLAS 0.3 runs a
- * GEMM on the calling thread, so its own threads are not woken either.
+ * stays on its piece's thread. Row blocks are pp_attn_block_rows (sized
+ * for OpenBLAS, which the backward's other GEMMs still call).
  *
- * Within float rounding of the unfused graph: the scores are the same GEMM
- * products and the same scaling; the softmax sums fewer terms (the masked
- * ones are exact zeros there) and the second GEMM skips zero terms. */
+ * Within float rounding of the unfused graph: the scores are the same
+ * products in another order and the same scaling; the softmax sums fewer
+ * terms (the masked ones are exact zeros there) and the second GEMM skips
+ * zero terms. */
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
@@ -145,37 +146,50 @@ void pp_attn_softmax_row(float *s, int64_t n, int64_t len, float scale, int scal
     softmax_row(s, n, len, scale, scale_div);
 }
 
-/* One head: row blocks of scores, softmax, times V. */
-static void one_head(attn_job *j, int64_t bh, float *scores) {
+int64_t pp_attn_kpack_floats(int64_t tk, int64_t d) { return (tk + PP_PACK_NR - 1) / PP_PACK_NR * PP_PACK_NR * d; }
+
+void pp_attn_pack_k(const float *k, int k_dt, int64_t ldk, int64_t tk, int64_t d, float *kp) {
+    pp_pack_b_f32(!k_dt, (int)d, (int)tk, k, (int)ldk, kp);
+}
+
+void pp_attn_scores(const float *qb, int64_t q_st, const float *kp, int64_t rows, int64_t nk, int64_t d, float *s) {
+    if (d > 0) pp_gemm_packed_f32((int)rows, (int)nk, (int)d, qb, (int)q_st, kp, NULL, s, (int)nk);
+    else memset(s, 0, sizeof(float) * (size_t)(rows * nk));
+}
+
+/* One head: K and V packed once, then row blocks of scores, softmax,
+ * times V, by the packed GEMM (lib/ops/gemm_packed.c). Why not the BLAS:
+ * OpenBLAS packs both operands again for every block, and on a CPU with
+ * AVX-512 it may run AVX2 kernels (0.3.21 on Zen 5); the medium GPT's
+ * forward took 0.955x the time with this (paired rounds). */
+static void one_head(attn_job *j, int64_t bh, float *scores, float *kp, float *vp) {
     const float *q = pp_attn_head(&j->q, bh), *k = pp_attn_head(&j->k, bh), *v = pp_attn_head(&j->v, bh);
     float *y = j->y + (bh / j->heads) * j->y_sb + (bh % j->heads) * j->y_sh;
-    int k_rows = !j->k_dt; /* K stored as [T, D] rows: the GEMM reads it transposed */
-    int64_t ldk = k_rows ? j->k.st : j->k.sd;
+    pp_attn_pack_k(k, j->k_dt, j->k_dt ? j->k.sd : j->k.st, j->tk, j->d, kp);
+    if (j->dv > 0) pp_pack_b_f32(0, (int)j->tk, (int)j->dv, v, (int)j->v.st, vp); /* [ceil(dv/16), tk, 16] */
     for (int64_t r0 = 0; r0 < j->tq; r0 += j->block) {
         int64_t rows = j->tq - r0 < j->block ? j->tq - r0 : j->block;
         int64_t nk = 0; /* keys any row of the block sees */
         for (int64_t i = r0; i < r0 + rows; i++) nk = keys_seen(j, i) > nk ? keys_seen(j, i) : nk;
-        if (j->d > 0)
-            pp_gemm_f32(0, k_rows, (int)rows, (int)nk, (int)j->d, 1.0f, q + r0 * j->q.st, (int)j->q.st, k, (int)ldk,
-                        0.0f, scores, (int)nk);
-        else
-            memset(scores, 0, sizeof(float) * (size_t)(rows * nk));
+        pp_attn_scores(q + r0 * j->q.st, j->q.st, kp, rows, nk, j->d, scores);
         for (int64_t i = 0; i < rows; i++)
             softmax_row(scores + i * nk, keys_seen(j, r0 + i), nk, j->scale, j->scale_div);
         if (j->dv > 0)
-            pp_gemm_f32(0, 0, (int)rows, (int)j->dv, (int)nk, 1.0f, scores, (int)nk, v, (int)j->v.st, 0.0f,
-                        y + r0 * j->y_st, (int)j->y_st);
+            pp_gemm_packed_strided((int)rows, (int)j->dv, (int)nk, scores, (int)nk, vp, j->tk * PP_PACK_NR,
+                                   y + r0 * j->y_st, (int)j->y_st);
     }
 }
 
 static void heads_piece(void *arg, int64_t lo, int64_t hi) {
     attn_job *j = arg;
-    float *scores = malloc(sizeof(float) * (size_t)(j->block * j->tk));
+    int64_t nv = (j->dv + PP_PACK_NR - 1) / PP_PACK_NR * PP_PACK_NR * j->tk, nkp = pp_attn_kpack_floats(j->tk, j->d);
+    float *scores = malloc(sizeof(float) * (size_t)(j->block * j->tk + nkp + nv));
     if (!scores) {
         atomic_store(&j->failed, 1);
         return;
     }
-    for (int64_t bh = lo; bh < hi; bh++) one_head(j, bh, scores);
+    float *kp = scores + j->block * j->tk, *vp = kp + nkp;
+    for (int64_t bh = lo; bh < hi; bh++) one_head(j, bh, scores, kp, vp);
     free(scores);
 }
 

@@ -6,8 +6,8 @@
  * with the forward node's attributes (scale, scale_div and the layouts);
  * each gradient has its operand's shape and layout. Per batch and head, one
  * block of query rows at a time, the probabilities P are recomputed from Q
- * and K exactly as the forward made them (the same GEMM and the same
- * softmax, pp_attn_softmax_row), so the backward keeps Q, K and V, never the
+ * and K exactly as the forward made them (the same GEMM, pp_attn_scores,
+ * and the same softmax, pp_attn_softmax_row), so the backward keeps Q, K and V, never the
  * T x T matrix of every head:
  *
  *   dV += P^T dY        dP = dY V^T        dS = P (dP - rowsum(dP P))
@@ -52,7 +52,7 @@ PP_VEC_CLONES static void score_grad_row(const float *restrict p, float *restric
     if (len > n) memset(dp + n, 0, sizeof(float) * (size_t)(len - n));
 }
 
-static void one_head(grad_job *j, int64_t bh, float *p, float *dp) {
+static void one_head(grad_job *j, int64_t bh, float *p, float *dp, float *kp) {
     const float *q = pp_attn_head(&j->q, bh), *k = pp_attn_head(&j->k, bh), *v = pp_attn_head(&j->v, bh);
     const float *dy = pp_attn_head(&j->dy, bh);
     int64_t b = bh / j->heads, h = bh % j->heads;
@@ -61,16 +61,13 @@ static void one_head(grad_job *j, int64_t bh, float *p, float *dp) {
     float *dv = j->dv ? j->dv + b * j->dv_sb + h * j->dv_sh : NULL;
     int k_rows = !j->k_dt; /* K stored as [T, D] rows (else K^T, [D, T]) */
     int64_t ldk = k_rows ? j->k.st : j->k.sd;
+    pp_attn_pack_k(k, j->k_dt, ldk, j->tk, j->d, kp);
     for (int64_t r0 = 0; r0 < j->tq; r0 += j->block) {
         int64_t rows = j->tq - r0 < j->block ? j->tq - r0 : j->block, nk = 0;
         for (int64_t i = r0; i < r0 + rows; i++) nk = seen(j, i) > nk ? seen(j, i) : nk;
         const float *qb = q + r0 * j->q.st, *dyb = dy + r0 * j->dy.st;
         /* P, as the forward made it */
-        if (j->d > 0)
-            pp_gemm_f32(0, k_rows, (int)rows, (int)nk, (int)j->d, 1.0f, qb, (int)j->q.st, k, (int)ldk, 0.0f, p,
-                        (int)nk);
-        else
-            memset(p, 0, sizeof(float) * (size_t)(rows * nk));
+        pp_attn_scores(qb, j->q.st, kp, rows, nk, j->d, p);
         for (int64_t i = 0; i < rows; i++) pp_attn_softmax_row(p + i * nk, seen(j, r0 + i), nk, j->scale, j->scale_div);
         /* dV[:nk] += P^T dY */
         if (dv && j->dvw > 0)
@@ -99,12 +96,13 @@ static void one_head(grad_job *j, int64_t bh, float *p, float *dp) {
 
 static void heads_piece(void *arg, int64_t lo, int64_t hi) {
     grad_job *j = arg;
-    float *p = malloc(sizeof(float) * (size_t)(2 * j->block * j->tk));
+    int64_t n = 2 * j->block * j->tk;
+    float *p = malloc(sizeof(float) * (size_t)(n + pp_attn_kpack_floats(j->tk, j->d)));
     if (!p) {
         atomic_store(&j->failed, 1);
         return;
     }
-    for (int64_t bh = lo; bh < hi; bh++) one_head(j, bh, p, p + j->block * j->tk);
+    for (int64_t bh = lo; bh < hi; bh++) one_head(j, bh, p, p + j->block * j->tk, p + n);
     free(p);
 }
 

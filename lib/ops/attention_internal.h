@@ -77,6 +77,14 @@ static inline int64_t pp_attn_block_rows(int64_t tk, int64_t width) {
     return block < 8 ? 8 : block > 64 ? 64 : block;
 }
 
+/* The scores of a block of queries, the same bits in the forward and the
+ * backward: K of one head packed once (pp_attn_kpack_floats floats; k_dt:
+ * K given as K^T [D, T], ldk its row stride), then S [rows, nk] = Q[block]
+ * K[:nk]^T by the packed GEMM, Q's rows q_st apart. */
+int64_t pp_attn_kpack_floats(int64_t tk, int64_t d);
+void pp_attn_pack_k(const float *k, int k_dt, int64_t ldk, int64_t tk, int64_t d, float *kp);
+void pp_attn_scores(const float *qb, int64_t q_st, const float *kp, int64_t rows, int64_t nk, int64_t d, float *s);
+
 /* The masked softmax of one row of scores in place: the first n of len
  * scaled (x * scale, or x / scale with scale_div) and normalised, the rest
  * 0. (A plain function: a target_clones one cannot be called across

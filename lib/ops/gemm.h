@@ -24,19 +24,27 @@ void pp_pack_b_f32(int tb, int K, int N, const float *B, int ldb, float *out);
  * as above. The same bits at any thread count. */
 void pp_gemm_packed_f32(int M, int N, int K, const float *A, int lda, const float *Bp, const float *bias, float *C,
                         int ldc);
-/* The same, calling tile_fn on each tile of C as soon as it is stored
- * (rows x cols at C with leading dim ldc, at row0, col0 of the whole C;
- * cols <= PP_PACK_NR, tiles never overlap): what a fused node does to its
- * output (activation, a residual added) while the tile is in L1, instead
- * of another pass over C. tile_fn must give the same bits for any tiling. */
-typedef void (*pp_tile_fn)(const void *arg, float *C, int ldc, int row0, int rows, int col0, int cols);
-void pp_gemm_packed_tiles(int M, int N, int K, const float *A, int lda, const float *Bp, const float *bias, float *C,
-                          int ldc, pp_tile_fn tile_fn, const void *tile_arg);
+/* The same with R [M, N] (leading dim ldc; NULL: none) added after the
+ * bias, as the residual Add did: (A op(B) + bias) + R, each tile in
+ * registers before it is stored (a fused node's residual, without
+ * another pass over C). */
+void pp_gemm_packed_residual(int M, int N, int K, const float *A, int lda, const float *Bp, const float *bias,
+                             const float *R, float *C, int ldc);
 /* The same product with C's columns cut among n outputs, as a Split along
  * the last axis would: columns [starts[o], starts[o + 1]) go to outs[o]
  * (rows of starts[o + 1] - starts[o] floats); starts[0] = 0, starts[n] =
  * N, each start a multiple of PP_PACK_NR so no tile straddles two. */
 void pp_gemm_packed_split(int M, int N, int K, const float *A, int lda, const float *Bp, const float *bias, int n,
                           float *const *outs, const int *starts);
+/* C[M,N] = A B with B's panels panel_stride floats apart (at least K *
+ * PP_PACK_NR): the first K rows of a matrix packed with more (the
+ * attention's V, packed once for every block of queries). */
+void pp_gemm_packed_strided(int M, int N, int K, const float *A, int lda, const float *Bp, int64_t panel_stride,
+                            float *C, int ldc);
+
+/* For tests: the packed GEMM's kernels limited to level (0 plain C, 1
+ * AVX2, 2 AVX-512, the default: the widest the CPU has); returns the
+ * previous limit. Every level gives the same bits. */
+int pp_gemm_packed_limit_isa(int level);
 
 #endif

@@ -12,10 +12,13 @@
  *
  * The kernel: 6 rows x 16 columns of C in 12 AVX2 registers (a remainder
  * of 1-5 rows in fewer), one FMA per element and k, k in order from 0,
- * then + the bias. Each element's sum is the same
- * whichever panel or thread computes it, so any thread count gives the
- * same bits; the pool splits between panels. Without AVX2 and FMA a plain
- * loop computes the same sums (with fmaf: the same bits). */
+ * then + the bias; with AVX-512, 12 rows x 32 columns (two panels) in 24
+ * registers, the same FMA chain (on an AMD Zen 5, whose FMA units are 512
+ * bits wide, the medium GPT's forward took 0.56x the time of the AVX2
+ * kernel's). Each element's sum is the same whichever kernel, panel or
+ * thread computes it, so any thread count gives the same bits; the pool
+ * splits between panels. Without AVX2 and FMA a plain loop computes the
+ * same sums (with fmaf: the same bits). */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -28,9 +31,25 @@
 
 int64_t pp_packed_b_floats(int K, int N) { return (int64_t)K * ((N + PP_PACK_NR - 1) / PP_PACK_NR) * PP_PACK_NR; }
 
+/* A whole panel: rows of 16 copied, or (tb) 16 rows of B read along k
+ * (the attention packs K this way once per head, so it is kept cheap). */
+static void pack_panel_whole(int tb, int K, const float *B, int ldb, float *restrict dst) {
+    if (!tb)
+        for (int k = 0; k < K; k++)
+            memcpy(dst + (int64_t)k * PP_PACK_NR, B + (int64_t)k * ldb, sizeof(float) * PP_PACK_NR);
+    else
+        for (int c = 0; c < PP_PACK_NR; c++) {
+            const float *restrict src = B + (int64_t)c * ldb;
+            for (int k = 0; k < K; k++) dst[(int64_t)k * PP_PACK_NR + c] = src[k];
+        }
+}
+
 void pp_pack_b_f32(int tb, int K, int N, const float *B, int ldb, float *out) {
     int panels = (N + PP_PACK_NR - 1) / PP_PACK_NR;
-    for (int p = 0; p < panels; p++)
+    for (int p = 0; p < N / PP_PACK_NR; p++)
+        pack_panel_whole(tb, K, tb ? B + (int64_t)p * PP_PACK_NR * ldb : B + p * PP_PACK_NR, ldb,
+                         out + (int64_t)p * K * PP_PACK_NR);
+    for (int p = N / PP_PACK_NR; p < panels; p++) /* the last, partial panel */
         for (int k = 0; k < K; k++) {
             float *dst = out + ((int64_t)p * K + k) * PP_PACK_NR;
             for (int c = 0; c < PP_PACK_NR; c++) {
@@ -91,6 +110,66 @@ typedef void (*packed_kernel)(int K, const float *A, int lda, const float *B, fl
 static const packed_kernel kernels[MR + 1] = {NULL,          kernel1_avx2, kernel2_avx2, kernel3_avx2,
                                               kernel4_avx2, kernel5_avx2, kernel6_avx2};
 
+/* With AVX-512 (a 16-column panel is one register): R rows x P panels
+ * side by side (P 1 or 2; the second panel's floats bs after the first,
+ * its columns 16 after the first's in C), R * P accumulators. The same
+ * FMA chain per element as the AVX2 kernel, so the same bits; columns
+ * past cols[p] are not stored (a masked store). Why: on a core with full
+ * 512-bit FMA units (AMD Zen 5) this does twice the AVX2 kernel's work
+ * per instruction, and two panels per pass read each broadcast of A once
+ * for 32 columns. */
+#define PACKED_KERNEL512(R, P)                                                                                \
+    __attribute__((target("avx512f"))) static void kernel##R##x##P##_avx512(                                  \
+        int K, const float *A, int lda, const float *B, int64_t bs, float *C, int ldc, const int *cols,         \
+        const float *bias, const float *res) {                                                                \
+        __m512 c[R][P];                                                                                       \
+        if (res)                                                                                              \
+            _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) {                                            \
+                _mm_prefetch((const char *)(res + (int64_t)r * ldc), _MM_HINT_T0);                            \
+                _mm_prefetch((const char *)(res + (int64_t)r * ldc + 16 * P - 1), _MM_HINT_T0);               \
+            }                                                                                                 \
+        _Pragma("GCC unroll 16") for (int r = 0; r < R; r++)                                                  \
+            _Pragma("GCC unroll 2") for (int p = 0; p < P; p++) c[r][p] = _mm512_setzero_ps();                \
+        for (int k = 0; k < K; k++) {                                                                         \
+            __m512 b[P];                                                                                      \
+            _Pragma("GCC unroll 2") for (int p = 0; p < P; p++) b[p] = _mm512_loadu_ps(B + p * bs + (int64_t)k * 16); \
+            _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) {                                            \
+                __m512 a = _mm512_set1_ps(A[(int64_t)r * lda + k]);                                           \
+                _Pragma("GCC unroll 2") for (int p = 0; p < P; p++) c[r][p] = _mm512_fmadd_ps(a, b[p], c[r][p]); \
+            }                                                                                                 \
+        }                                                                                                     \
+        _Pragma("GCC unroll 2") for (int p = 0; p < P; p++) {                                                 \
+            __m512 bb = bias ? _mm512_loadu_ps(bias + 16 * p) : _mm512_setzero_ps();                          \
+            __mmask16 m = cols[p] >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << cols[p]) - 1);               \
+            _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) {                                            \
+                __m512 v = bias ? _mm512_add_ps(bb, c[r][p]) : c[r][p];                                       \
+                if (res) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, res + (int64_t)r * ldc + 16 * p));     \
+                _mm512_mask_storeu_ps(C + (int64_t)r * ldc + 16 * p, m, v);                                   \
+            }                                                                                                 \
+        }                                                                                                     \
+    }
+#define PACKED_KERNELS512(R) PACKED_KERNEL512(R, 1) PACKED_KERNEL512(R, 2)
+PACKED_KERNELS512(1)
+PACKED_KERNELS512(2)
+PACKED_KERNELS512(3)
+PACKED_KERNELS512(4)
+PACKED_KERNELS512(5)
+PACKED_KERNELS512(6)
+PACKED_KERNELS512(7)
+PACKED_KERNELS512(8)
+PACKED_KERNELS512(9)
+PACKED_KERNELS512(10)
+PACKED_KERNELS512(11)
+PACKED_KERNELS512(12)
+
+#define MR512 12
+typedef void (*packed_kernel512)(int K, const float *A, int lda, const float *B, int64_t bs, float *C, int ldc,
+                                 const int *cols, const float *bias, const float *res);
+#define K512(R) {kernel##R##x1_avx512, kernel##R##x2_avx512}
+static const packed_kernel512 kernels512[MR512 + 1][2] = {{NULL, NULL}, K512(1), K512(2),  K512(3),  K512(4),
+                                                           K512(5),      K512(6), K512(7),  K512(8),  K512(9),
+                                                           K512(10),     K512(11), K512(12)};
+
 /* The same sums without AVX2: fmaf in the same order gives the same bits. */
 static void kernel_plain(int rows, int K, const float *A, int lda, const float *B, float *C, int ldc, int cols,
                          const float *bias, float *acc) {
@@ -104,74 +183,117 @@ static void kernel_plain(int rows, int K, const float *A, int lda, const float *
 }
 
 typedef struct packed_job {
-    int M, N, K, lda, ldc, avx2;
+    int M, N, K, lda, ldc, isa;
     const float *A, *Bp, *bias;
     float *C;
-    pp_tile_fn tile_fn; /* NULL: none */
-    const void *tile_arg;
+    int64_t bs;         /* floats from one panel to the next (0: K * PP_PACK_NR) */
+    const float *res;   /* [M, ldc] added after the bias, or NULL */
     int n_outs;         /* > 0: C's columns go to outs instead (pp_gemm_packed_split) */
     float *const *outs;
     const int *starts;
 } packed_job;
 
-/* Panels [lo, hi): each panel's columns for all rows, 6 at a time. Cache
- * blocking (k in blocks continuing the chain from C, rows in L2-sized
- * blocks, as BLIS does) was tried: 0.78-0.85x OpenBLAS's at 1020-2048
- * rows against 0.88-1.07x unblocked on a quiet machine (it won only under
- * load, where A's trips to L3 cost more), so it is not built. */
+enum { ISA_PLAIN, ISA_AVX2, ISA_AVX512 };
+
+/* The output holding column col0 (*out, its row length *ld, col0's column
+ * there *at) and the column where that output ends. */
+static int output_of(const packed_job *j, int col0, float **out, int *ld, int *at) {
+    *out = j->C, *ld = j->ldc, *at = col0;
+    if (!j->n_outs) return j->N;
+    int o = 0;
+    while (o + 1 < j->n_outs && j->starts[o + 1] <= col0) o++;
+    *ld = j->starts[o + 1] - j->starts[o];
+    *out = j->outs[o];
+    *at = col0 - j->starts[o];
+    return j->starts[o + 1];
+}
+
+/* Panels [lo, hi): each panel's columns for all rows, MR at a time (with
+ * AVX-512, two panels of one output at a time). Cache blocking (k in
+ * blocks continuing the chain from C, rows in L2-sized blocks, as BLIS
+ * does) was tried: 0.78-0.85x OpenBLAS's at 1020-2048 rows against
+ * 0.88-1.07x unblocked on a quiet machine (it won only under load, where
+ * A's trips to L3 cost more), so it is not built. */
 static void panels_piece(void *arg, int64_t lo, int64_t hi) {
     const packed_job *j = arg;
     float acc[MR * 16];
-    for (int64_t p = lo; p < hi; p++) {
-        const float *B = j->Bp + p * j->K * PP_PACK_NR;
-        int col0 = (int)p * PP_PACK_NR, cols = j->N - col0 < PP_PACK_NR ? j->N - col0 : PP_PACK_NR;
-        float *out = j->C; /* the output holding column col0, its row length, col0's column there */
-        int ld = j->ldc, at = col0;
-        if (j->n_outs) {
-            int o = 0;
-            while (o + 1 < j->n_outs && j->starts[o + 1] <= col0) o++;
-            ld = j->starts[o + 1] - j->starts[o];
-            out = j->outs[o];
-            at = col0 - j->starts[o];
+    for (int64_t p = lo; p < hi;) {
+        int64_t bs = j->bs ? j->bs : (int64_t)j->K * PP_PACK_NR;
+        const float *B = j->Bp + p * bs;
+        int col0 = (int)p * PP_PACK_NR;
+        float *out;
+        int ld, at, end = output_of(j, col0, &out, &ld, &at);
+        int np = j->isa == ISA_AVX512 && p + 1 < hi && col0 + PP_PACK_NR < end ? 2 : 1;
+        int cols[2];
+        for (int q = 0; q < np; q++) {
+            int left = j->N - col0 - q * PP_PACK_NR;
+            cols[q] = left < PP_PACK_NR ? left : PP_PACK_NR;
         }
-        float bias16[16];
+        float bias32[32];
         const float *bias = NULL;
         if (j->bias) { /* the columns past N: 0 (their sums are not stored) */
-            for (int c = 0; c < 16; c++) bias16[c] = c < cols ? j->bias[col0 + c] : 0.0f;
-            bias = bias16;
+            for (int c = 0; c < 16 * np; c++) bias32[c] = col0 + c < j->N ? j->bias[col0 + c] : 0.0f;
+            bias = bias32;
         }
-        for (int i = 0; i < j->M; i += MR) {
-            int rows = j->M - i < MR ? j->M - i : MR;
+        int mr = j->isa == ISA_AVX512 ? MR512 : MR;
+        for (int i = 0; i < j->M; i += mr) {
+            int rows = j->M - i < mr ? j->M - i : mr;
             const float *A = j->A + (int64_t)i * j->lda;
             float *C = out + (int64_t)i * ld + at;
-            if (j->avx2) kernels[rows](j->K, A, j->lda, B, C, ld, cols, bias, acc);
-            else kernel_plain(rows, j->K, A, j->lda, B, C, ld, cols, bias, acc);
-            if (j->tile_fn) j->tile_fn(j->tile_arg, C, ld, i, rows, col0, cols); /* while it is in L1 */
+            const float *res = j->res ? j->res + (int64_t)i * ld + at : NULL;
+            if (j->isa == ISA_AVX512)
+                kernels512[rows][np - 1](j->K, A, j->lda, B, bs, C, ld, cols, bias, res);
+            else if (j->isa == ISA_AVX2) kernels[rows](j->K, A, j->lda, B, C, ld, cols[0], bias, acc);
+            else kernel_plain(rows, j->K, A, j->lda, B, C, ld, cols[0], bias, acc);
+            for (int r = 0; res && j->isa != ISA_AVX512 && r < rows; r++) /* Add's arithmetic: y + r */
+                for (int c = 0; c < cols[0]; c++) C[(int64_t)r * ld + c] += res[(int64_t)r * ld + c];
         }
+        p += np;
     }
 }
 
 void pp_gemm_packed_f32(int M, int N, int K, const float *A, int lda, const float *Bp, const float *bias, float *C,
                         int ldc) {
-    pp_gemm_packed_tiles(M, N, K, A, lda, Bp, bias, C, ldc, NULL, NULL);
+    pp_gemm_packed_residual(M, N, K, A, lda, Bp, bias, NULL, C, ldc);
+}
+
+static int isa_limit = ISA_AVX512; /* pp_gemm_packed_limit_isa, for tests */
+
+/* The widest kernel this CPU runs, at most isa_limit. */
+static int packed_isa(void) {
+    if (isa_limit >= ISA_AVX512 && __builtin_cpu_supports("avx512f")) return ISA_AVX512;
+    if (isa_limit >= ISA_AVX2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return ISA_AVX2;
+    return ISA_PLAIN;
+}
+
+int pp_gemm_packed_limit_isa(int level) {
+    int old = isa_limit;
+    isa_limit = level;
+    return old;
 }
 
 /* The panels of job j over the pool. */
 static void run_panels(packed_job *j) {
     if (j->M <= 0 || j->N <= 0) return;
-    j->avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    j->isa = packed_isa();
     int64_t panels = (j->N + PP_PACK_NR - 1) / PP_PACK_NR, per = (int64_t)j->M * j->K * PP_PACK_NR;
     pp_parallel_for(panels, pp_grain_macs(per), panels_piece, j);
 }
 
-void pp_gemm_packed_tiles(int M, int N, int K, const float *A, int lda, const float *Bp, const float *bias, float *C,
-                          int ldc, pp_tile_fn tile_fn, const void *tile_arg) {
-    packed_job j = {M, N, K, lda, ldc, 0, A, Bp, bias, C, tile_fn, tile_arg, 0, NULL, NULL};
+void pp_gemm_packed_residual(int M, int N, int K, const float *A, int lda, const float *Bp, const float *bias,
+                             const float *R, float *C, int ldc) {
+    packed_job j = {M, N, K, lda, ldc, 0, A, Bp, bias, C, 0, R, 0, NULL, NULL};
+    run_panels(&j);
+}
+
+void pp_gemm_packed_strided(int M, int N, int K, const float *A, int lda, const float *Bp, int64_t panel_stride,
+                            float *C, int ldc) {
+    packed_job j = {M, N, K, lda, ldc, 0, A, Bp, NULL, C, panel_stride, NULL, 0, NULL, NULL};
     run_panels(&j);
 }
 
 void pp_gemm_packed_split(int M, int N, int K, const float *A, int lda, const float *Bp, const float *bias, int n,
                           float *const *outs, const int *starts) {
-    packed_job j = {M, N, K, lda, N, 0, A, Bp, bias, NULL, NULL, NULL, n, outs, starts};
+    packed_job j = {M, N, K, lda, N, 0, A, Bp, bias, NULL, 0, NULL, n, outs, starts};
     run_panels(&j);
 }

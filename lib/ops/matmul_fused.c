@@ -21,9 +21,9 @@
  * within one OpenBLAS block, and no transB), else the bias joins the sum
  * earlier. Rows split between threads, never inside one, so any thread
  * count of pippin's pool gives the same bits. With packed panels and no
- * activation, R is added to each tile as the GEMM stores it
- * (pp_gemm_packed_tiles), while it is in L1; otherwise in the one pass
- * over the rows after it. An R of another shape than Y (the Add broadcast it)
+ * activation, R is added to each tile in registers before the GEMM
+ * stores it (pp_gemm_packed_residual); otherwise in the one pass over the
+ * rows after it. An R of another shape than Y (the Add broadcast it)
  * is added by the Add kernel after, as the graph did. In training, a weight that
  * is a parameter is read from the executor's copy made once per step
  * (lib/pack_cache.c) when the row count makes that pay. */
@@ -99,14 +99,6 @@ static void epilogue_piece(void *arg, int64_t lo, int64_t hi) {
         epilogue_row(j->n, j->y + r * j->n, j->act);
         if (j->residual) residual_row(j->n, j->y + r * j->n, j->residual + r * j->n);
     }
-}
-
-/* pp_tile_fn: R added to one tile the packed GEMM just stored (no
- * activation: see matmul_add_run). */
-static void residual_tile(const void *arg, float *C, int ldc, int row0, int rows, int col0, int cols) {
-    const epilogue_job *j = arg;
-    for (int r = 0; r < rows; r++)
-        residual_row(cols, C + (int64_t)r * ldc, j->residual + (int64_t)(row0 + r) * j->n + col0);
 }
 
 /* Y + R by the Add kernel, for an R of another shape (broadcast): *y
@@ -238,11 +230,11 @@ static pp_status matmul_add_run(pp_kernel_ctx *ctx) {
     else if (choice >= 0) PP_TRY(pp_kernel_packed_weight(ctx, 1, choice, &panels));
     /* R is added to each tile as it is stored; an activation is not (its
      * math inside the GEMM's loop measured slower than a pass after it,
-     * which then adds R too) */
+     * which then adds R too; again with AVX-512: 0.97-0.99x) */
     int tiles = (packed_n || panels) && act == ACT_NONE && j.residual;
-    if (packed_n || panels) /* the bias added as each tile is stored, then the epilogue */
-        pp_gemm_packed_tiles((int)M, (int)N, (int)K, a->data, (int)K, panels ? panels : b->data,
-                             bias ? bias->data : NULL, y->data, (int)N, tiles ? residual_tile : NULL, &j);
+    if (packed_n || panels) /* the bias (and R) added as each tile is stored, then the epilogue */
+        pp_gemm_packed_residual((int)M, (int)N, (int)K, a->data, (int)K, panels ? panels : b->data,
+                                bias ? bias->data : NULL, tiles ? j.residual : NULL, y->data, (int)N);
     else if (bias)
         pp_parallel_for(M, pp_grain_rows(N, PP_GRAIN_ELEMS), bias_piece, &j);
     else if (K == 0)

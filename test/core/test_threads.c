@@ -276,70 +276,124 @@ static void test_kernels_gemm(void **state) {
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) same_bits(&cases[i]);
 }
 
+/* One case of test_gemm_packed: C = A op(W) (+ bias) by each kernel level
+ * at 1 and 4 threads, against the sum in double and the fmaf chain. */
+static void gemm_packed_case(int M, int N, int K, int tb, int with_bias, uint64_t *s) {
+    float *A = malloc(sizeof(float) * (size_t)(M * K + 1)), *W = malloc(sizeof(float) * (size_t)(K * N + 1));
+    float *P = malloc(sizeof(float) * (size_t)(pp_packed_b_floats(K, N) + 1));
+    float *C1 = malloc(sizeof(float) * (size_t)(M * N)), *C4 = malloc(sizeof(float) * (size_t)(M * N));
+    float *bias = malloc(sizeof(float) * (size_t)N), *chain = malloc(sizeof(float) * (size_t)(M * N));
+    double *want = malloc(sizeof(double) * (size_t)(M * N)), *mag = malloc(sizeof(double) * (size_t)(M * N));
+    for (int i = 0; i < M * K; i++) A[i] = (float)(tu_urand(s) * 2 - 1);
+    for (int i = 0; i < K * N; i++) W[i] = (float)(tu_urand(s) * 2 - 1);
+    for (int j = 0; j < N; j++) bias[j] = (float)j * 0.25f - 3.0f;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double w_sum = with_bias ? bias[j] : 0.0, m = fabs(w_sum);
+            float c = 0.0f;
+            for (int k = 0; k < K; k++) {
+                float w = tb ? W[j * K + k] : W[k * N + j];
+                double p = (double)A[i * K + k] * w;
+                w_sum += p;
+                m += fabs(p);
+                c = fmaf(A[i * K + k], w, c);
+            }
+            want[i * N + j] = w_sum, mag[i * N + j] = m;
+            chain[i * N + j] = with_bias ? bias[j] + c : c;
+        }
+    const float *bp = with_bias ? bias : NULL;
+    pp_pack_b_f32(tb, K, N, W, tb ? K : N, P);
+    for (int isa = 2; isa >= 0; isa--) {
+        pp_gemm_packed_limit_isa(isa);
+        for (int i = 0; i < M * N; i++) C1[i] = C4[i] = NAN; /* written, never read */
+        pp_set_threads(1);
+        pp_gemm_packed_f32(M, N, K, A, K, P, bp, C1, N);
+        pp_set_threads(4);
+        pp_gemm_packed_f32(M, N, K, A, K, P, bp, C4, N);
+        pp_set_threads(1);
+        if (memcmp(C1, C4, sizeof(float) * (size_t)(M * N)))
+            fail_msg("packed GEMM %dx%dx%d tb %d bias %d isa %d differs between 1 and 4 threads", M, N, K, tb,
+                     with_bias, isa);
+        for (int i = 0; i < M * N; i++) {
+            /* float's rounding bound for a chain of K: K u sum |p| */
+            if (fabs(C1[i] - want[i]) > (K + 1) * 6e-8 * mag[i] + 1e-6)
+                fail_msg("packed GEMM %dx%dx%d tb %d bias %d isa %d: C[%d,%d] = %g, want %g", M, N, K, tb, with_bias,
+                         isa, i / N, i % N, (double)C1[i], want[i]);
+            if (memcmp(&C1[i], &chain[i], sizeof(float)))
+                fail_msg("packed GEMM %dx%dx%d tb %d bias %d isa %d: C[%d,%d] = %a, the fmaf chain gives %a", M, N,
+                         K, tb, with_bias, isa, i / N, i % N, (double)C1[i], (double)chain[i]);
+        }
+    }
+    pp_gemm_packed_limit_isa(2);
+    free(A), free(W), free(P), free(C1), free(C4), free(bias), free(chain), free(want), free(mag);
+}
+
 /* The GEMM by a packed weight (lib/ops/gemm_packed.c): against sums in
- * double for row and column remainders (rows 1-13 against the 6-row
- * kernel, columns against the 16-wide panels), K 0/1/odd and past one
- * K block (1000), with and without a bias, W given as [K, N] and as
- * [N, K] (transposed); bit for bit the plain chain of fmaf over k in order
- * then + the bias, at 1 and 4 threads. */
+ * double for row and column remainders (rows 1-25 against the 6-row AVX2
+ * and 12-row AVX-512 kernels, columns against the 16-wide panels and the
+ * AVX-512 kernel's pairs of them), K 0/1/odd and past one K block (1000),
+ * with and without a bias, W given as [K, N] and as [N, K] (transposed);
+ * bit for bit the plain chain of fmaf over k in order then + the bias, at
+ * 1 and 4 threads, with each kernel the CPU has (plain C, AVX2, AVX-512). */
 static void test_gemm_packed(void **state) {
     (void)state;
-    const int Ms[] = {1, 5, 6, 13, 64, 203}, Ns[] = {1, 5, 16, 17, 100, 200}, Ks[] = {0, 1, 7, 300, 1000};
+    const int Ms[] = {1, 5, 6, 11, 13, 25, 64, 203}, Ns[] = {1, 5, 16, 17, 48, 100, 200}, Ks[] = {0, 1, 7, 300, 1000};
     uint64_t s = 3;
     int64_t par = pp_pool_parallel_calls();
-    for (size_t a = 0; a < 6; a++)
-        for (size_t b = 0; b < 6; b++)
-            for (size_t c = 0; c < 5; c++)
+    for (size_t a = 0; a < sizeof Ms / sizeof *Ms; a++)
+        for (size_t b = 0; b < sizeof Ns / sizeof *Ns; b++)
+            for (size_t c = 0; c < sizeof Ks / sizeof *Ks; c++)
                 for (int tb = 0; tb < 2; tb++)
-                    for (int with_bias = 0; with_bias < 2; with_bias++) {
-                        int M = Ms[a], N = Ns[b], K = Ks[c];
-                        float *A = malloc(sizeof(float) * (size_t)(M * K + 1)), *W = malloc(sizeof(float) * (size_t)(K * N + 1));
-                        float *P = malloc(sizeof(float) * (size_t)(pp_packed_b_floats(K, N) + 1));
-                        float *C1 = malloc(sizeof(float) * (size_t)(M * N)), *C4 = malloc(sizeof(float) * (size_t)(M * N));
-                        float *bias = malloc(sizeof(float) * (size_t)N);
-                        for (int i = 0; i < M * K; i++) A[i] = (float)(tu_urand(&s) * 2 - 1);
-                        for (int i = 0; i < K * N; i++) W[i] = (float)(tu_urand(&s) * 2 - 1);
-                        for (int i = 0; i < M * N; i++) C1[i] = C4[i] = NAN; /* written, never read */
-                        for (int j = 0; j < N; j++) bias[j] = (float)j * 0.25f - 3.0f;
-                        const float *bp = with_bias ? bias : NULL;
-                        pp_pack_b_f32(tb, K, N, W, tb ? K : N, P);
-                        pp_set_threads(1);
-                        pp_gemm_packed_f32(M, N, K, A, K, P, bp, C1, N);
-                        pp_set_threads(4);
-                        pp_gemm_packed_f32(M, N, K, A, K, P, bp, C4, N);
-                        pp_set_threads(1);
-                        if (memcmp(C1, C4, sizeof(float) * (size_t)(M * N)))
-                            fail_msg("packed GEMM %dx%dx%d tb %d bias %d differs between 1 and 4 threads", M, N, K, tb,
-                                     with_bias);
-                        for (int i = 0; i < M; i++)
-                            for (int j = 0; j < N; j++) {
-                                double want = with_bias ? bias[j] : 0.0, mag = fabs(want);
-                                float chain = 0.0f;
-                                for (int k = 0; k < K; k++) {
-                                    float w = tb ? W[j * K + k] : W[k * N + j];
-                                    double p = (double)A[i * K + k] * w;
-                                    want += p;
-                                    mag += fabs(p);
-                                    chain = fmaf(A[i * K + k], w, chain);
-                                }
-                                if (with_bias) chain = bias[j] + chain;
-                                float got = C1[i * N + j];
-                                /* float's rounding bound for a chain of K: K u sum |p| */
-                                if (fabs(got - want) > (K + 1) * 6e-8 * mag + 1e-6)
-                                    fail_msg("packed GEMM %dx%dx%d tb %d bias %d: C[%d,%d] = %g, want %g", M, N, K, tb,
-                                             with_bias, i, j, (double)got, want);
-                                if (memcmp(&got, &chain, sizeof got))
-                                    fail_msg("packed GEMM %dx%dx%d tb %d bias %d: C[%d,%d] = %a, the fmaf chain gives %a", M,
-                                             N, K, tb, with_bias, i, j, (double)got, (double)chain);
-                            }
-                        free(A);
-                        free(W);
-                        free(P);
-                        free(C1);
-                        free(C4);
-                        free(bias);
-                    }
+                    for (int with_bias = 0; with_bias < 2; with_bias++)
+                        gemm_packed_case(Ms[a], Ns[b], Ks[c], tb, with_bias, &s);
     assert_true(pp_pool_parallel_calls() > par); /* 64 x 200 x 300 went in pieces at 4 threads */
+}
+
+/* pp_gemm_packed_strided (the attention's P V): the first K rows of a
+ * matrix packed with more give the bits of those rows packed alone. */
+static void test_gemm_packed_strided(void **state) {
+    (void)state;
+    enum { M = 13, N = 40, KBIG = 50, K = 37 };
+    uint64_t s = 5;
+    float A[M * K], W[KBIG * N], Pbig[3 * KBIG * 16], P[3 * K * 16], C1[M * N], C2[M * N];
+    for (int i = 0; i < M * K; i++) A[i] = (float)(tu_urand(&s) * 2 - 1);
+    for (int i = 0; i < KBIG * N; i++) W[i] = (float)(tu_urand(&s) * 2 - 1);
+    pp_pack_b_f32(0, KBIG, N, W, N, Pbig);
+    pp_pack_b_f32(0, K, N, W, N, P);
+    for (int isa = 2; isa >= 0; isa--) {
+        pp_gemm_packed_limit_isa(isa);
+        pp_gemm_packed_f32(M, N, K, A, K, P, NULL, C1, N);
+        pp_gemm_packed_strided(M, N, K, A, K, Pbig, (int64_t)KBIG * 16, C2, N);
+        assert_memory_equal(C1, C2, sizeof C1);
+    }
+    pp_gemm_packed_limit_isa(2);
+}
+
+/* pp_gemm_packed_residual (a fused Linear's residual Add): R added after
+ * the bias in the tile's registers gives the bits of the product stored
+ * first and then Add's y + r, at every kernel level and at 1 and 4
+ * threads, for row and column remainders. */
+static void test_gemm_packed_residual(void **state) {
+    (void)state;
+    enum { M = 25, N = 53, K = 70 };
+    uint64_t s = 7;
+    float A[M * K], W[K * N], P[4 * K * 16], bias[N], R[M * N], want[M * N], got[M * N];
+    for (int i = 0; i < M * K; i++) A[i] = (float)(tu_urand(&s) * 2 - 1);
+    for (int i = 0; i < K * N; i++) W[i] = (float)(tu_urand(&s) * 2 - 1);
+    for (int i = 0; i < N; i++) bias[i] = (float)(tu_urand(&s) * 2 - 1);
+    for (int i = 0; i < M * N; i++) R[i] = (float)(tu_urand(&s) * 8 - 4);
+    pp_pack_b_f32(0, K, N, W, N, P);
+    for (int isa = 2; isa >= 0; isa--)
+        for (int t = 1; t <= 4; t += 3) {
+            pp_gemm_packed_limit_isa(isa);
+            pp_set_threads(t);
+            pp_gemm_packed_f32(M, N, K, A, K, P, bias, want, N);
+            for (int i = 0; i < M * N; i++) want[i] += R[i];
+            pp_gemm_packed_residual(M, N, K, A, K, P, bias, R, got, N);
+            assert_memory_equal(want, got, sizeof got);
+        }
+    pp_set_threads(1);
+    pp_gemm_packed_limit_isa(2);
 }
 
 /* pp_broadcast_to (Expand and the gradient helpers use it). */
@@ -462,6 +516,8 @@ int main(void) {
         cmocka_unit_test(test_kernels_grads),
         cmocka_unit_test(test_kernels_gemm),
         cmocka_unit_test(test_gemm_packed),
+        cmocka_unit_test(test_gemm_packed_strided),
+        cmocka_unit_test(test_gemm_packed_residual),
         cmocka_unit_test(test_small_work_stays_on_one_thread),
         cmocka_unit_test(test_broadcast_to_same_bits),
         cmocka_unit_test(test_kernels_from_rank_threads),
