@@ -76,20 +76,28 @@ pp_status pp_grad_sum_to_shape_run(pp_kernel_ctx *ctx) {
             red[n++] = r;
         }
     }
-    pp_tensor *out;
-    PP_TRY(pp_tensor_empty(PP_F32, rt, ts, &out));
-    int64_t on = pp_tensor_numel(out), gn = pp_tensor_numel(g);
+    int64_t on = pp_shape_numel(rt, ts), gn = pp_tensor_numel(g);
     double *acc = calloc((size_t)(on ? on : 1), sizeof *acc);
-    if (!acc) {
-        pp_tensor_free(out);
-        return pp_error(PP_ERR_NOMEM, "out of memory");
-    }
+    if (!acc) return pp_error(PP_ERR_NOMEM, "out of memory");
     if (gn > 0) sum_runs(n, len, red, g->data, gn, acc);
-    float *dst = out->data;
-    for (int64_t i = 0; i < on; i++) dst[i] = (float)acc[i];
+    /* A bias's gradient adds straight into its place in the flat gradient
+     * buffer when the executor offers one: the same bits as the sum made
+     * alone and then added there, without the tensor. */
+    float *into = pp_grad_k_target(ctx, 0, on);
+    if (into) {
+        for (int64_t i = 0; i < on; i++) into[i] += (float)acc[i];
+        free(acc);
+        return PP_OK;
+    }
+    pp_tensor *out;
+    pp_status s = pp_tensor_empty(PP_F32, rt, ts, &out);
+    if (s == PP_OK) {
+        float *dst = out->data;
+        for (int64_t i = 0; i < on; i++) dst[i] = (float)acc[i];
+        ctx->out[0] = out;
+    }
     free(acc);
-    ctx->out[0] = out;
-    return PP_OK;
+    return s;
 bad:
     return pp_kernel_error(ctx, PP_ERR_SHAPE, "gradient %s cannot be summed to shape %s",
                            pp_shape_str(g->ndim, g->shape, a, sizeof a),
