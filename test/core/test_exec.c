@@ -215,11 +215,13 @@ static void test_target_hook(void **state) {
     tu_node_free(&t); /* it owns dy, a and shape (tu_node_init) */
 }
 
-/* Bias sums (SumToShape) and LayerNorm's weight and bias gradients
- * (LayerNormGradWeight) add into the places offered too: the value hook
- * is not called for them, no tensor comes out, and each place holds what
- * it held plus the gradient made alone, bit for bit (the same float is
- * added). */
+/* Bias sums (SumToShape), LayerNorm's weight and bias gradients
+ * (LayerNormGradWeight) and an embedding's (GatherGrad) add into the
+ * places offered too: the value hook is not called for them, no tensor
+ * comes out, and each place holds what it held plus the gradient made
+ * alone, bit for bit. For GatherGrad that needs a picked row's dy rows
+ * summed before they reach the place: row 1 is picked three times with
+ * 1e8, 1, -1e8, whose sum is 0 alone but not added one by one to 0.25. */
 static const pp_graph *sum_graph;
 static float sum_place[2][8];
 
@@ -282,6 +284,18 @@ static void test_target_hook_sums(void **state) {
         ((float *)x->data)[i] = 0.21f * (float)(i % 11) - 0.9f;
     }
     tu_node_init_dom(&t, "LayerNormGradWeight", "pippin", 2, (pp_tensor *[]){dy, x}, 2, NULL);
+    check_sums_in_place(&t);
+    tu_node_free(&t);
+    pp_tensor *rows, *ids, *data_shape; /* an embedding [4, 2]; rows 1, 3, 1 (as -3), 1, 0 */
+    TU_OK(pp_tensor_new(PP_F32, 2, (int64_t[]){5, 2}, &rows));
+    static const float rv[10] = {1e8f, 0.5f, 0.1f, -0.0f, 1.0f, 0.25f, -1e8f, 0.3f, -0.0f, 0.7f};
+    memcpy(rows->data, rv, sizeof rv);
+    TU_OK(pp_tensor_new(PP_I64, 1, (int64_t[]){5}, &ids));
+    static const int64_t iv[5] = {1, 3, -3, 1, 0};
+    memcpy(ids->data, iv, sizeof iv);
+    TU_OK(pp_tensor_new(PP_I64, 1, (int64_t[]){2}, &data_shape));
+    ((int64_t *)data_shape->data)[0] = 4, ((int64_t *)data_shape->data)[1] = 2;
+    tu_node_init_dom(&t, "GatherGrad", "pippin", 3, (pp_tensor *[]){rows, ids, data_shape}, 1, NULL);
     check_sums_in_place(&t);
     tu_node_free(&t);
 }
