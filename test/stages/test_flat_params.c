@@ -176,8 +176,9 @@ static void test_microbatch_accumulation(void **state) {
 }
 
 /* M microbatches' gradients go into the flat buffer as they are made (the
- * GEMM of a weight's gradient with beta 1, a bias's or a LayerNorm's column
- * sums added in place, the rest through the value hook). That must equal
+ * GEMM of a weight's gradient with beta 1; a bias's, a LayerNorm's and the
+ * position embedding's sums added in place; the tied head and token
+ * embedding through the value hook). That must equal
  * each microbatch's gradient made alone, into a zeroed buffer, then summed
  * in microbatch order: bit for bit for the 1-D parameters (biases and
  * LayerNorms: the same float added to the same sum), within float rounding
