@@ -81,9 +81,11 @@ PP_API void pp_exec_set_value_hook(pp_exec *ex, const uint8_t *watch, pp_exec_va
  * instead of making it (the gradient's place in a flat buffer, whose
  * elements then equal target + value). It sets *target (a new reference
  * of the value's dtype and element count) or leaves it NULL. A kernel that
- * can (a weight's gradient as one tall GEMM) accumulates with beta 1 and
- * makes no tensor, and the value hook is not called for it: no temporary
- * gradient, no separate pass adding it. fn NULL: none. */
+ * can (a weight's gradient as one tall GEMM, with beta 1; a bias's
+ * gradient (SumToShape), LayerNorm's weight and bias gradients and an
+ * embedding's (GatherGrad), whose sums are added there) accumulates into
+ * it and makes no tensor, and the value hook is not called for it: no
+ * temporary gradient, no separate pass adding it. fn NULL: none. */
 typedef pp_status (*pp_exec_target_fn)(void *user, int value, pp_tensor **target);
 PP_API void pp_exec_set_target_hook(pp_exec *ex, pp_exec_target_fn fn);
 

@@ -18,6 +18,13 @@ pp_status pp_grad_k_f32(const pp_kernel_ctx *ctx, int k, const char *what) {
     return PP_OK;
 }
 
+float *pp_grad_k_target(pp_kernel_ctx *ctx, int k, int64_t numel) {
+    pp_tensor *t = ctx->into && k < ctx->n_out ? ctx->into[k] : NULL;
+    if (!t || t->dtype != PP_F32 || pp_tensor_numel(t) != numel) return NULL;
+    *ctx->added |= (uint64_t)1 << k;
+    return t->data;
+}
+
 pp_status pp_grad_k_shape(const pp_kernel_ctx *ctx, int k, int *ndim, int64_t *shape) {
     const pp_tensor *t = k < ctx->n_in ? ctx->in[k] : NULL;
     if (!t || (t->dtype != PP_I64 && t->dtype != PP_I32) || t->ndim != 1 ||

@@ -45,6 +45,12 @@ pp_status pp_grad_k_f32(const pp_kernel_ctx *ctx, int k, const char *what);
 /* Reads input k, a 1-D integer tensor of at most PP_MAX_DIMS entries, as a
  * shape (every entry >= 0). */
 pp_status pp_grad_k_shape(const pp_kernel_ctx *ctx, int k, int *ndim, int64_t *shape);
+/* The place the executor offers for output k (pp_exec_set_target_hook: a
+ * parameter's part of the flat gradient buffer), if it is float32 with
+ * numel elements; NULL otherwise. A non-NULL answer marks output k as
+ * added: the kernel must then add the output into it and leave out[k]
+ * unset, so call it once the inputs are checked. */
+float *pp_grad_k_target(pp_kernel_ctx *ctx, int k, int64_t numel);
 
 /* grad_shape.c */
 pp_status pp_grad_sum_to_shape_run(pp_kernel_ctx *ctx);

@@ -387,6 +387,13 @@ pp_status pp_grad_layer_norm_weight_run(pp_kernel_ctx *ctx) {
     pp_status s = PP_OK;
     for (int k = 0; k < 2 && s == PP_OK; k++) {
         if (k >= ctx->n_out || ctx->node->out[k] < 0) continue;
+        /* Into the flat gradient buffer when offered: the bits of the
+         * tensor added there, without it. */
+        float *into = pp_grad_k_target(ctx, k, n);
+        if (into) {
+            for (int64_t i = 0; i < n; i++) into[i] += (float)acc[k * n + i];
+            continue;
+        }
         pp_tensor *o;
         s = pp_tensor_empty(PP_F32, x->ndim - axis, x->shape + axis, &o);
         if (s != PP_OK) break;

@@ -76,20 +76,28 @@ pp_status pp_grad_sum_to_shape_run(pp_kernel_ctx *ctx) {
             red[n++] = r;
         }
     }
-    pp_tensor *out;
-    PP_TRY(pp_tensor_empty(PP_F32, rt, ts, &out));
-    int64_t on = pp_tensor_numel(out), gn = pp_tensor_numel(g);
+    int64_t on = pp_shape_numel(rt, ts), gn = pp_tensor_numel(g);
     double *acc = calloc((size_t)(on ? on : 1), sizeof *acc);
-    if (!acc) {
-        pp_tensor_free(out);
-        return pp_error(PP_ERR_NOMEM, "out of memory");
-    }
+    if (!acc) return pp_error(PP_ERR_NOMEM, "out of memory");
     if (gn > 0) sum_runs(n, len, red, g->data, gn, acc);
-    float *dst = out->data;
-    for (int64_t i = 0; i < on; i++) dst[i] = (float)acc[i];
+    /* A bias's gradient adds straight into its place in the flat gradient
+     * buffer when the executor offers one: the same bits as the sum made
+     * alone and then added there, without the tensor. */
+    float *into = pp_grad_k_target(ctx, 0, on);
+    if (into) {
+        for (int64_t i = 0; i < on; i++) into[i] += (float)acc[i];
+        free(acc);
+        return PP_OK;
+    }
+    pp_tensor *out;
+    pp_status s = pp_tensor_empty(PP_F32, rt, ts, &out);
+    if (s == PP_OK) {
+        float *dst = out->data;
+        for (int64_t i = 0; i < on; i++) dst[i] = (float)acc[i];
+        ctx->out[0] = out;
+    }
     free(acc);
-    ctx->out[0] = out;
-    return PP_OK;
+    return s;
 bad:
     return pp_kernel_error(ctx, PP_ERR_SHAPE, "gradient %s cannot be summed to shape %s",
                            pp_shape_str(g->ndim, g->shape, a, sizeof a),
@@ -230,6 +238,51 @@ pp_status pp_grad_slice_run(pp_kernel_ctx *ctx) {
 /* ------------------------------------------------------------------------ */
 /* GatherGrad(dy, indices, shape_data): scatter-add of dy rows (embeddings). */
 
+/* GatherGrad into the place the executor offers (an embedding's part of
+ * the flat gradient buffer): no zeroed [dim, inner] tensor per microbatch
+ * and no pass adding it there. The bits stay those of that tensor added
+ * to the place: each picked row's dy rows are summed from +0 in pick order
+ * in a scratch row, which is then added once. next chains a row's picks.
+ * 0: the place does not fit (or no memory): the caller makes the tensor. */
+static int gather_grad_into(pp_kernel_ctx *ctx, const pp_tensor *ix, int64_t outer, int64_t dim, int64_t inner) {
+    int64_t ni = pp_tensor_numel(ix);
+    int64_t *last = malloc(sizeof *last * (size_t)(dim + 1)), *next = malloc(sizeof *next * (size_t)(ni + 1));
+    float *row = malloc(sizeof *row * (size_t)(inner + 1));
+    uint8_t *first = malloc((size_t)(ni + 1));
+    float *into = last && next && row && first ? pp_grad_k_target(ctx, 0, outer * dim * inner) : NULL;
+    if (into) {
+        for (int64_t d = 0; d < dim; d++) last[d] = -1;
+        for (int64_t j = 0; j < ni; j++) {
+            int64_t id = pp_tensor_get_i64(ix, j);
+            if (id < 0) id += dim;
+            next[j] = -1;
+            first[j] = last[id] < 0;
+            if (!first[j]) next[last[id]] = j;
+            last[id] = j;
+        }
+        const float *src = ctx->in[0]->data;
+        for (int64_t j = 0; j < ni; j++) {
+            if (!first[j]) continue;
+            int64_t id = pp_tensor_get_i64(ix, j);
+            if (id < 0) id += dim;
+            for (int64_t o = 0; o < outer; o++) {
+                for (int64_t i = 0; i < inner; i++) row[i] = 0.0f;
+                for (int64_t k = j; k >= 0; k = next[k]) {
+                    const float *restrict s = src + (o * ni + k) * inner;
+                    for (int64_t i = 0; i < inner; i++) row[i] += s[i];
+                }
+                float *restrict d = into + (o * dim + id) * inner;
+                for (int64_t i = 0; i < inner; i++) d[i] += row[i];
+            }
+        }
+    }
+    free(last);
+    free(next);
+    free(row);
+    free(first);
+    return into != NULL;
+}
+
 pp_status pp_grad_gather_run(pp_kernel_ctx *ctx) {
     PP_TRY(pp_grad_k_f32(ctx, 0, "dy"));
     int r;
@@ -246,6 +299,13 @@ pp_status pp_grad_gather_run(pp_kernel_ctx *ctx) {
     int64_t ni = pp_tensor_numel(ix);
     if (pp_tensor_numel(ctx->in[0]) != outer * ni * inner)
         return pp_kernel_error(ctx, PP_ERR_SHAPE, "dy does not match indices and data shape");
+    for (int64_t j = 0; j < ni; j++) { /* all checked before anything is added into a place */
+        int64_t id = pp_tensor_get_i64(ix, j);
+        if (id < -dim || id >= dim)
+            return pp_kernel_error(ctx, PP_ERR_INVALID, "index %lld out of range [0,%lld)", (long long)id,
+                                   (long long)dim);
+    }
+    if (ctx->into && ctx->into[0] && gather_grad_into(ctx, ix, outer, dim, inner)) return PP_OK;
     pp_tensor *out;
     PP_TRY(pp_tensor_new(PP_F32, r, ds, &out));
     const float *src = ctx->in[0]->data;
@@ -254,11 +314,6 @@ pp_status pp_grad_gather_run(pp_kernel_ctx *ctx) {
         int64_t id = ix->dtype == PP_I64 ? ((const int64_t *)ix->data)[j]
                                          : ((const int32_t *)ix->data)[j];
         if (id < 0) id += dim;
-        if (id < 0 || id >= dim) {
-            pp_tensor_free(out);
-            return pp_kernel_error(ctx, PP_ERR_INVALID, "index %lld out of range [0,%lld)",
-                                   (long long)pp_tensor_get_i64(ix, j), (long long)dim);
-        }
         for (int64_t o = 0; o < outer; o++) {
             float *restrict d = dst + (o * dim + id) * inner;
             const float *restrict s = src + (o * ni + j) * inner;

@@ -215,6 +215,91 @@ static void test_target_hook(void **state) {
     tu_node_free(&t); /* it owns dy, a and shape (tu_node_init) */
 }
 
+/* Bias sums (SumToShape), LayerNorm's weight and bias gradients
+ * (LayerNormGradWeight) and an embedding's (GatherGrad) add into the
+ * places offered too: the value hook is not called for them, no tensor
+ * comes out, and each place holds what it held plus the gradient made
+ * alone, bit for bit. For GatherGrad that needs a picked row's dy rows
+ * summed before they reach the place: row 1 is picked three times with
+ * 1e8, 1, -1e8, whose sum is 0 alone but not added one by one to 0.25. */
+static const pp_graph *sum_graph;
+static float sum_place[2][8];
+
+static pp_status offer_sum_place(void *user, int value, pp_tensor **target) {
+    (void)user;
+    for (int k = 0; k < sum_graph->n_outputs && k < 2; k++)
+        if (sum_graph->outputs[k] == value)
+            return pp_tensor_wrap(PP_F32, 1, (int64_t[]){8}, sum_place[k], NULL, NULL, target);
+    return PP_OK;
+}
+
+static void check_sums_in_place(tu_node *t) {
+    pp_tensor *alone[2] = {NULL, NULL};
+    TU_OK(tu_node_run(t, alone));
+    pp_exec *ex;
+    TU_OK(pp_exec_new(t->g, &ex));
+    uint8_t *watch = calloc((size_t)t->g->n_values + 1, 1);
+    assert_non_null(watch);
+    for (int k = 0; k < t->n_out; k++) watch[t->g->outputs[k]] = 1;
+    sum_graph = t->g;
+    pp_exec_set_value_hook(ex, watch, count_value, NULL);
+    pp_exec_set_target_hook(ex, offer_sum_place);
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 8; i++) sum_place[k][i] = 0.25f * (float)i - 1.0f + (float)k;
+    pp_tensor *outs[2] = {NULL, NULL}, *ins[TU_MAX_IN];
+    int n = 0;
+    for (int i = 0; i < t->n_in; i++)
+        if (t->in[i]) ins[n++] = t->in[i];
+    hook_calls = 0;
+    TU_OK(pp_exec_run(ex, ins, outs));
+    assert_int_equal(hook_calls, 0);
+    for (int k = 0; k < t->n_out; k++) {
+        assert_null(outs[k]);
+        for (int i = 0; i < 8; i++) {
+            float want = (0.25f * (float)i - 1.0f + (float)k) + ((const float *)alone[k]->data)[i];
+            if (memcmp(&sum_place[k][i], &want, sizeof want))
+                fail_msg("output %d [%d] = %a, want %a", k, i, (double)sum_place[k][i], (double)want);
+        }
+        pp_tensor_free(alone[k]);
+    }
+    pp_exec_free(ex);
+    free(watch);
+}
+
+static void test_target_hook_sums(void **state) {
+    (void)state;
+    pp_tensor *g, *shape, *dy, *x;
+    TU_OK(pp_tensor_new(PP_F32, 3, (int64_t[]){3, 5, 8}, &g));
+    for (int i = 0; i < 120; i++) ((float *)g->data)[i] = 0.37f * (float)(i % 13) - 1.1f;
+    TU_OK(pp_tensor_new(PP_I64, 1, (int64_t[]){1}, &shape));
+    ((int64_t *)shape->data)[0] = 8;
+    tu_node t;
+    tu_node_init_dom(&t, "SumToShape", "pippin", 2, (pp_tensor *[]){g, shape}, 1, NULL); /* a bias's gradient */
+    check_sums_in_place(&t);
+    tu_node_free(&t);
+    TU_OK(pp_tensor_new(PP_F32, 2, (int64_t[]){6, 8}, &dy));
+    TU_OK(pp_tensor_new(PP_F32, 2, (int64_t[]){6, 8}, &x));
+    for (int i = 0; i < 48; i++) {
+        ((float *)dy->data)[i] = 0.13f * (float)(i % 7) - 0.4f;
+        ((float *)x->data)[i] = 0.21f * (float)(i % 11) - 0.9f;
+    }
+    tu_node_init_dom(&t, "LayerNormGradWeight", "pippin", 2, (pp_tensor *[]){dy, x}, 2, NULL);
+    check_sums_in_place(&t);
+    tu_node_free(&t);
+    pp_tensor *rows, *ids, *data_shape; /* an embedding [4, 2]; rows 1, 3, 1 (as -3), 1, 0 */
+    TU_OK(pp_tensor_new(PP_F32, 2, (int64_t[]){5, 2}, &rows));
+    static const float rv[10] = {1e8f, 0.5f, 0.1f, -0.0f, 1.0f, 0.25f, -1e8f, 0.3f, -0.0f, 0.7f};
+    memcpy(rows->data, rv, sizeof rv);
+    TU_OK(pp_tensor_new(PP_I64, 1, (int64_t[]){5}, &ids));
+    static const int64_t iv[5] = {1, 3, -3, 1, 0};
+    memcpy(ids->data, iv, sizeof iv);
+    TU_OK(pp_tensor_new(PP_I64, 1, (int64_t[]){2}, &data_shape));
+    ((int64_t *)data_shape->data)[0] = 4, ((int64_t *)data_shape->data)[1] = 2;
+    tu_node_init_dom(&t, "GatherGrad", "pippin", 3, (pp_tensor *[]){rows, ids, data_shape}, 1, NULL);
+    check_sums_in_place(&t);
+    tu_node_free(&t);
+}
+
 /* Regression (review): a target hook that gave a place for a node's first
  * watched output and failed for its second had the first place freed twice
  * (once by the executor's cleanup of the failed offers, once more after the
@@ -359,6 +444,7 @@ int main(void) {
         cmocka_unit_test(test_run_nodes_frees_and_keeps),
         cmocka_unit_test(test_value_hook),
         cmocka_unit_test(test_target_hook),
+        cmocka_unit_test(test_target_hook_sums),
         cmocka_unit_test(test_target_hook_fails_on_second_output),
         cmocka_unit_test(test_views_not_copies),
         cmocka_unit_test(test_decoder_empty_past),

@@ -1,6 +1,8 @@
 /* Flat parameter and gradient buffers: layout, views, lifetime, bad lists,
  * accumulation; data batches; microbatch accumulation equals the full-batch
- * gradient. */
+ * gradient; a step's microbatches summed in place equal their gradients
+ * made alone and summed, at any thread count. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -173,6 +175,91 @@ static void test_microbatch_accumulation(void **state) {
     pp_graph_free(g);
 }
 
+/* M microbatches' gradients go into the flat buffer as they are made (the
+ * GEMM of a weight's gradient with beta 1; a bias's, a LayerNorm's and the
+ * position embedding's sums added in place; the tied head and token
+ * embedding through the value hook). That must equal
+ * each microbatch's gradient made alone, into a zeroed buffer, then summed
+ * in microbatch order: bit for bit for the 1-D parameters (biases and
+ * LayerNorms: the same float added to the same sum), within float rounding
+ * for the 2-D weights (OpenBLAS adds a GEMM's k blocks into C one after
+ * another); and the sum is the same bits at 1, 2 and 4 threads (GPT
+ * fixture, batch 8 as 4 microbatches). */
+#define SUM_MBS 4
+
+static void accumulate_step(pp_trainer *t, pp_tensor *const *mb0, pp_tensor *const *mb1, int only, float *grad) {
+    pp_flat_params *fp = pp_trainer_params(t);
+    pp_flat_params_zero_grad(fp);
+    pp_trainer_hold_params(t, 1);
+    for (int k = 0; k < SUM_MBS; k++) {
+        if (only >= 0 && k != only) continue;
+        float l;
+        pp_trainer_set_step(t, 0, k);
+        TU_OK(pp_trainer_backward(t, (pp_tensor *[]){mb0[k], mb1[k]}, 1.0f / SUM_MBS, &l));
+    }
+    pp_trainer_hold_params(t, 0);
+    assert_int_equal(fp->grads_incomplete, 0);
+    memcpy(grad, fp->grad, sizeof(float) * (size_t)fp->total);
+}
+
+static void test_microbatch_sum_in_place(void **state) {
+    (void)state;
+    pp_graph *g = tu_fixture_onnx("gpt", "model_nosplit.onnx");
+    pp_trainer *t;
+    TU_OK(pp_trainer_new(g, "loss", &t));
+    pp_flat_params *fp = pp_trainer_params(t);
+    size_t bytes = sizeof(float) * (size_t)fp->total;
+    pp_tensor *data[2] = {tu_fixture_npy("gpt", "train_idx.npy"), tu_fixture_npy("gpt", "train_targets.npy")};
+    pp_tensor *b[2], *mb[2][SUM_MBS];
+    for (int i = 0; i < 2; i++) {
+        TU_OK(pp_data_batch(data[i], 0, 8, &b[i]));
+        TU_OK(pp_microbatch_split(b[i], SUM_MBS, "batch", mb[i]));
+    }
+    float *sum = calloc((size_t)fp->total, sizeof(float)), *one = malloc(bytes), *acc[3];
+    assert_true(sum && one);
+    for (int k = 0; k < SUM_MBS; k++) { /* each alone, summed in microbatch order */
+        accumulate_step(t, mb[0], mb[1], k, one);
+        for (int64_t e = 0; e < fp->total; e++) sum[e] += one[e];
+    }
+    static const int threads[3] = {1, 2, 4};
+    for (int r = 0; r < 3; r++) {
+        acc[r] = malloc(bytes);
+        assert_non_null(acc[r]);
+        pp_set_threads(threads[r]);
+        accumulate_step(t, mb[0], mb[1], -1, acc[r]);
+    }
+    pp_set_threads(1);
+    int exact = 0;
+    for (int i = 0; i < fp->n; i++) {
+        const float *a = acc[0] + fp->offset[i], *w = sum + fp->offset[i];
+        if (fp->ndims[i] == 1) {
+            exact++;
+            for (int64_t e = 0; e < fp->numel[i]; e++)
+                if (memcmp(&a[e], &w[e], sizeof(float)))
+                    fail_msg("%s[%lld]: %a in place, %a summed", fp->names[i], (long long)e, (double)a[e], (double)w[e]);
+            continue;
+        }
+        float big = 0;
+        for (int64_t e = 0; e < fp->numel[i]; e++) big = fmaxf(big, fabsf(w[e]));
+        for (int64_t e = 0; e < fp->numel[i]; e++)
+            if (fabsf(a[e] - w[e]) > 1e-6f * big)
+                fail_msg("%s[%lld]: %g in place, %g summed", fp->names[i], (long long)e, (double)a[e], (double)w[e]);
+    }
+    assert_true(exact > 0);
+    assert_memory_equal(acc[0], acc[1], bytes); /* the thread count changes no bit */
+    assert_memory_equal(acc[0], acc[2], bytes);
+    for (int r = 0; r < 3; r++) free(acc[r]);
+    free(sum);
+    free(one);
+    for (int i = 0; i < 2; i++) {
+        pp_tensor_free(b[i]);
+        pp_tensor_free(data[i]);
+        for (int k = 0; k < SUM_MBS; k++) pp_tensor_free(mb[i][k]);
+    }
+    pp_trainer_free(t);
+    pp_graph_free(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layout_and_views),
@@ -180,6 +267,7 @@ int main(void) {
         cmocka_unit_test(test_not_a_parameter),
         cmocka_unit_test(test_data_batch),
         cmocka_unit_test(test_microbatch_accumulation),
+        cmocka_unit_test(test_microbatch_sum_in_place),
     };
     tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
