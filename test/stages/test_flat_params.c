@@ -1,7 +1,7 @@
 /* Flat parameter and gradient buffers: layout, views, lifetime, bad lists,
  * accumulation; data batches; microbatch accumulation equals the full-batch
  * gradient; a step's microbatches summed in place equal their gradients
- * made alone and summed, at any thread count. */
+ * made alone and summed (both in place), at any thread count. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -178,13 +178,15 @@ static void test_microbatch_accumulation(void **state) {
 /* M microbatches' gradients go into the flat buffer as they are made (the
  * GEMM of a weight's gradient with beta 1; a bias's, a LayerNorm's and the
  * position embedding's sums added in place; the tied head and token
- * embedding through the value hook). That must equal
- * each microbatch's gradient made alone, into a zeroed buffer, then summed
- * in microbatch order: bit for bit for the 1-D parameters (biases and
- * LayerNorms: the same float added to the same sum), within float rounding
- * for the 2-D weights (OpenBLAS adds a GEMM's k blocks into C one after
- * another); and the sum is the same bits at 1, 2 and 4 threads (GPT
- * fixture, batch 8 as 4 microbatches). */
+ * embedding through the value hook). The step's sum must equal each
+ * microbatch's gradient made alone, into a zeroed buffer, then summed in
+ * microbatch order (bit for bit for the 1-D parameters, within float
+ * rounding for the 2-D weights: OpenBLAS adds a GEMM's k blocks into C one
+ * after another), and be the same bits at 1, 2 and 4 threads (GPT fixture,
+ * batch 8 as 4 microbatches). Both sides take the in-place path, so this
+ * proves the sums deterministic and ordered, not that they are the old
+ * path's bits: test_exec's test_target_hook_sums compares each kernel's
+ * in-place sum with its tensor added alone. */
 #define SUM_MBS 4
 
 static void accumulate_step(pp_trainer *t, pp_tensor *const *mb0, pp_tensor *const *mb1, int only, float *grad) {
