@@ -85,7 +85,8 @@ void pp_pack_cache_stats(const pp_pack_cache *c, int64_t *packed, int64_t *reuse
 
 int pp_pack_choice(int64_t M, int64_t K, int64_t N, int trans_b) {
     if (M < 1 || K < 16 || N < 16) return -1;
-    if (M <= PANELS_MAX_ROWS) return trans_b ? PP_PACK_PANELS_T : PP_PACK_PANELS;
+    /* panels only where the packed GEMM has a vector kernel (else the BLAS) */
+    if (M <= PANELS_MAX_ROWS && pp_gemm_packed_fast()) return trans_b ? PP_PACK_PANELS_T : PP_PACK_PANELS;
     return trans_b && M <= TRANSPOSED_MAX_ROWS ? PP_PACK_TRANSPOSED : -1;
 }
 

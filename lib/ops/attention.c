@@ -18,8 +18,8 @@
  *                     what Transpose(perm 0,2,1,3) of it gave the graph)
  *   k_layout          "bhdt" (K^T [..., D, T], the default: MatMul's own
  *                     operand), "bhtd" or "bthd"
- * Every tensor is read (and Y written) in place with its strides: the
- * transposes around the pattern are gone.
+ * Q is read (and Y written) in place with its strides, K and V packed once
+ * per head: the transposes around the pattern are gone.
  *
  * The GEMMs are the packed kernel's (lib/ops/gemm.h: K and V of a head
  * packed once, read by each block of queries), called from inside
@@ -148,13 +148,17 @@ void pp_attn_softmax_row(float *s, int64_t n, int64_t len, float scale, int scal
 
 int64_t pp_attn_kpack_floats(int64_t tk, int64_t d) { return (tk + PP_PACK_NR - 1) / PP_PACK_NR * PP_PACK_NR * d; }
 
-void pp_attn_pack_k(const float *k, int k_dt, int64_t ldk, int64_t tk, int64_t d, float *kp) {
+const float *pp_attn_pack_k(const float *k, int k_dt, int64_t ldk, int64_t tk, int64_t d, float *kp) {
+    if (!pp_gemm_packed_fast()) return NULL;
     pp_pack_b_f32(!k_dt, (int)d, (int)tk, k, (int)ldk, kp);
+    return kp;
 }
 
-void pp_attn_scores(const float *qb, int64_t q_st, const float *kp, int64_t rows, int64_t nk, int64_t d, float *s) {
-    if (d > 0) pp_gemm_packed_f32((int)rows, (int)nk, (int)d, qb, (int)q_st, kp, NULL, s, (int)nk);
-    else memset(s, 0, sizeof(float) * (size_t)(rows * nk));
+void pp_attn_scores(const float *qb, int64_t q_st, const float *kp, const float *k, int k_dt, int64_t ldk,
+                    int64_t rows, int64_t nk, int64_t d, float *s) {
+    if (d <= 0) memset(s, 0, sizeof(float) * (size_t)(rows * nk));
+    else if (kp) pp_gemm_packed_f32((int)rows, (int)nk, (int)d, qb, (int)q_st, kp, NULL, s, (int)nk);
+    else pp_gemm_f32(0, !k_dt, (int)rows, (int)nk, (int)d, 1.0f, qb, (int)q_st, k, (int)ldk, 0.0f, s, (int)nk);
 }
 
 /* One head: K and V packed once, then row blocks of scores, softmax,
@@ -165,18 +169,22 @@ void pp_attn_scores(const float *qb, int64_t q_st, const float *kp, int64_t rows
 static void one_head(attn_job *j, int64_t bh, float *scores, float *kp, float *vp) {
     const float *q = pp_attn_head(&j->q, bh), *k = pp_attn_head(&j->k, bh), *v = pp_attn_head(&j->v, bh);
     float *y = j->y + (bh / j->heads) * j->y_sb + (bh % j->heads) * j->y_sh;
-    pp_attn_pack_k(k, j->k_dt, j->k_dt ? j->k.sd : j->k.st, j->tk, j->d, kp);
-    if (j->dv > 0) pp_pack_b_f32(0, (int)j->tk, (int)j->dv, v, (int)j->v.st, vp); /* [ceil(dv/16), tk, 16] */
+    int64_t ldk = j->k_dt ? j->k.sd : j->k.st;
+    const float *kpk = pp_attn_pack_k(k, j->k_dt, ldk, j->tk, j->d, kp); /* NULL: the BLAS instead */
+    if (kpk && j->dv > 0) pp_pack_b_f32(0, (int)j->tk, (int)j->dv, v, (int)j->v.st, vp); /* [ceil(dv/16), tk, 16] */
     for (int64_t r0 = 0; r0 < j->tq; r0 += j->block) {
         int64_t rows = j->tq - r0 < j->block ? j->tq - r0 : j->block;
         int64_t nk = 0; /* keys any row of the block sees */
         for (int64_t i = r0; i < r0 + rows; i++) nk = keys_seen(j, i) > nk ? keys_seen(j, i) : nk;
-        pp_attn_scores(q + r0 * j->q.st, j->q.st, kp, rows, nk, j->d, scores);
+        pp_attn_scores(q + r0 * j->q.st, j->q.st, kpk, k, j->k_dt, ldk, rows, nk, j->d, scores);
         for (int64_t i = 0; i < rows; i++)
             softmax_row(scores + i * nk, keys_seen(j, r0 + i), nk, j->scale, j->scale_div);
-        if (j->dv > 0)
+        if (j->dv > 0 && kpk)
             pp_gemm_packed_strided((int)rows, (int)j->dv, (int)nk, scores, (int)nk, vp, j->tk * PP_PACK_NR,
                                    y + r0 * j->y_st, (int)j->y_st);
+        else if (j->dv > 0)
+            pp_gemm_f32(0, 0, (int)rows, (int)j->dv, (int)nk, 1.0f, scores, (int)nk, v, (int)j->v.st, 0.0f,
+                        y + r0 * j->y_st, (int)j->y_st);
     }
 }
 

@@ -61,13 +61,13 @@ static void one_head(grad_job *j, int64_t bh, float *p, float *dp, float *kp) {
     float *dv = j->dv ? j->dv + b * j->dv_sb + h * j->dv_sh : NULL;
     int k_rows = !j->k_dt; /* K stored as [T, D] rows (else K^T, [D, T]) */
     int64_t ldk = k_rows ? j->k.st : j->k.sd;
-    pp_attn_pack_k(k, j->k_dt, ldk, j->tk, j->d, kp);
+    const float *kpk = pp_attn_pack_k(k, j->k_dt, ldk, j->tk, j->d, kp); /* as the forward: NULL, the BLAS */
     for (int64_t r0 = 0; r0 < j->tq; r0 += j->block) {
         int64_t rows = j->tq - r0 < j->block ? j->tq - r0 : j->block, nk = 0;
         for (int64_t i = r0; i < r0 + rows; i++) nk = seen(j, i) > nk ? seen(j, i) : nk;
         const float *qb = q + r0 * j->q.st, *dyb = dy + r0 * j->dy.st;
         /* P, as the forward made it */
-        pp_attn_scores(qb, j->q.st, kp, rows, nk, j->d, p);
+        pp_attn_scores(qb, j->q.st, kpk, k, j->k_dt, ldk, rows, nk, j->d, p);
         for (int64_t i = 0; i < rows; i++) pp_attn_softmax_row(p + i * nk, seen(j, r0 + i), nk, j->scale, j->scale_div);
         /* dV[:nk] += P^T dY */
         if (dv && j->dvw > 0)

@@ -80,10 +80,13 @@ static inline int64_t pp_attn_block_rows(int64_t tk, int64_t width) {
 /* The scores of a block of queries, the same bits in the forward and the
  * backward: K of one head packed once (pp_attn_kpack_floats floats; k_dt:
  * K given as K^T [D, T], ldk its row stride), then S [rows, nk] = Q[block]
- * K[:nk]^T by the packed GEMM, Q's rows q_st apart. */
+ * K[:nk]^T by the packed GEMM, Q's rows q_st apart. Where the packed GEMM
+ * has no vector kernel (pp_gemm_packed_fast 0) pp_attn_pack_k returns NULL
+ * and the scores come from the BLAS on K as given. */
 int64_t pp_attn_kpack_floats(int64_t tk, int64_t d);
-void pp_attn_pack_k(const float *k, int k_dt, int64_t ldk, int64_t tk, int64_t d, float *kp);
-void pp_attn_scores(const float *qb, int64_t q_st, const float *kp, int64_t rows, int64_t nk, int64_t d, float *s);
+const float *pp_attn_pack_k(const float *k, int k_dt, int64_t ldk, int64_t tk, int64_t d, float *kp);
+void pp_attn_scores(const float *qb, int64_t q_st, const float *kp, const float *k, int k_dt, int64_t ldk,
+                    int64_t rows, int64_t nk, int64_t d, float *s);
 
 /* The masked softmax of one row of scores in place: the first n of len
  * scaled (x * scale, or x / scale with scale_div) and normalised, the rest

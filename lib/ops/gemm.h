@@ -25,9 +25,10 @@ void pp_pack_b_f32(int tb, int K, int N, const float *B, int ldb, float *out);
 void pp_gemm_packed_f32(int M, int N, int K, const float *A, int lda, const float *Bp, const float *bias, float *C,
                         int ldc);
 /* The same with R [M, N] (leading dim ldc; NULL: none) added after the
- * bias, as the residual Add did: (A op(B) + bias) + R, each tile in
- * registers before it is stored (a fused node's residual, without
- * another pass over C). */
+ * bias, as the residual Add did: (A op(B) + bias) + R, to each tile as it
+ * is made (in the AVX-512 kernel's registers before the store; the AVX2
+ * and plain kernels add it right after storing the tile): a fused node's
+ * residual, without another pass over C. */
 void pp_gemm_packed_residual(int M, int N, int K, const float *A, int lda, const float *Bp, const float *bias,
                              const float *R, float *C, int ldc);
 /* The same product with C's columns cut among n outputs, as a Split along
@@ -46,5 +47,10 @@ void pp_gemm_packed_strided(int M, int N, int K, const float *A, int lda, const 
  * AVX2, 2 AVX-512, the default: the widest the CPU has); returns the
  * previous limit. Every level gives the same bits. */
 int pp_gemm_packed_limit_isa(int level);
+/* 1 when the packed GEMM runs a vector kernel here (x86 with AVX2 and
+ * FMA, or a target whose fmaf is an instruction): without, its plain
+ * kernel calls a software fmaf per product, 10-100x slower than the
+ * BLAS, and callers that have a BLAS path take it. */
+int pp_gemm_packed_fast(void);
 
 #endif

@@ -19,7 +19,10 @@
  * thread computes it, so any thread count gives the same bits; the pool
  * splits between panels. Without AVX2 and FMA a plain loop computes the
  * same sums (with fmaf: the same bits). */
+#if defined(__x86_64__) || defined(__i386__)
+#define PACKED_X86 1 /* the AVX2 and AVX-512 kernels; elsewhere the plain one (fmaf is an instruction there) */
 #include <immintrin.h>
+#endif
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -65,6 +68,7 @@ static void store_rows(int rows, int cols, const float *acc, float *C, int ldc) 
         for (int c = 0; c < cols; c++) C[(int64_t)r * ldc + c] = acc[r * 16 + c];
 }
 
+#ifdef PACKED_X86
 /* R rows x 16 columns of C: 2R accumulators, one FMA per element and k
  * from 0, then + bias (16 floats; NULL: none). A whole panel (cols 16) is
  * stored from the registers, a narrower one through acc. */
@@ -169,6 +173,9 @@ typedef void (*packed_kernel512)(int K, const float *A, int lda, const float *B,
 static const packed_kernel512 kernels512[MR512 + 1][2] = {{NULL, NULL}, K512(1), K512(2),  K512(3),  K512(4),
                                                            K512(5),      K512(6), K512(7),  K512(8),  K512(9),
                                                            K512(10),     K512(11), K512(12)};
+#else
+#define MR512 MR
+#endif
 
 /* The same sums without AVX2: fmaf in the same order gives the same bits. */
 static void kernel_plain(int rows, int K, const float *A, int lda, const float *B, float *C, int ldc, int cols,
@@ -241,10 +248,13 @@ static void panels_piece(void *arg, int64_t lo, int64_t hi) {
             const float *A = j->A + (int64_t)i * j->lda;
             float *C = out + (int64_t)i * ld + at;
             const float *res = j->res ? j->res + (int64_t)i * ld + at : NULL;
+#ifdef PACKED_X86
             if (j->isa == ISA_AVX512)
                 kernels512[rows][np - 1](j->K, A, j->lda, B, bs, C, ld, cols, bias, res);
             else if (j->isa == ISA_AVX2) kernels[rows](j->K, A, j->lda, B, C, ld, cols[0], bias, acc);
-            else kernel_plain(rows, j->K, A, j->lda, B, C, ld, cols[0], bias, acc);
+            else
+#endif
+                kernel_plain(rows, j->K, A, j->lda, B, C, ld, cols[0], bias, acc);
             for (int r = 0; res && j->isa != ISA_AVX512 && r < rows; r++) /* Add's arithmetic: y + r */
                 for (int c = 0; c < cols[0]; c++) C[(int64_t)r * ld + c] += res[(int64_t)r * ld + c];
         }
@@ -261,9 +271,21 @@ static int isa_limit = ISA_AVX512; /* pp_gemm_packed_limit_isa, for tests */
 
 /* The widest kernel this CPU runs, at most isa_limit. */
 static int packed_isa(void) {
+#ifdef PACKED_X86
     if (isa_limit >= ISA_AVX512 && __builtin_cpu_supports("avx512f")) return ISA_AVX512;
     if (isa_limit >= ISA_AVX2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return ISA_AVX2;
     return ISA_PLAIN;
+#else
+    return ISA_PLAIN;
+#endif
+}
+
+int pp_gemm_packed_fast(void) {
+#ifdef PACKED_X86
+    return packed_isa() >= ISA_AVX2;
+#else
+    return isa_limit >= ISA_AVX2; /* the plain kernel, fmaf one instruction on these targets */
+#endif
 }
 
 int pp_gemm_packed_limit_isa(int level) {

@@ -21,8 +21,8 @@
  * within one OpenBLAS block, and no transB), else the bias joins the sum
  * earlier. Rows split between threads, never inside one, so any thread
  * count of pippin's pool gives the same bits. With packed panels and no
- * activation, R is added to each tile in registers before the GEMM
- * stores it (pp_gemm_packed_residual); otherwise in the one pass over the
+ * activation, R is added to each tile as the GEMM makes it
+ * (pp_gemm_packed_residual); otherwise in the one pass over the
  * rows after it. An R of another shape than Y (the Add broadcast it)
  * is added by the Add kernel after, as the graph did. In training, a weight that
  * is a parameter is read from the executor's copy made once per step

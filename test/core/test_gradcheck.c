@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gemm.h"
 #include "test_util.h"
 
 #include "test_filter.h"
@@ -706,8 +707,23 @@ static void test_attention_grad_blocks(void **state) {
     attention_grad_blocks(1); /* K as rows (bhtd) */
 }
 
+/* Where the packed GEMM has no vector kernel (x86 without AVX2 and FMA:
+ * simulated by limiting it to its plain C kernel), the attention takes
+ * its scores and P V from the BLAS instead (the plain kernel calls a
+ * software fmaf per product there): the gradients still check, and the
+ * backward's recomputed P is the forward's (the same path for both). */
+static void test_attention_without_vector_kernel(void **state) {
+    int old = pp_gemm_packed_limit_isa(0);
+    assert_false(pp_gemm_packed_fast());
+    test_causal_attention(state);
+    attention_grad_blocks(0);
+    attention_grad_blocks(1);
+    pp_gemm_packed_limit_isa(old);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_attention_without_vector_kernel),
         cmocka_unit_test(test_arithmetic),     cmocka_unit_test(test_unary),
         cmocka_unit_test(test_matmul),         cmocka_unit_test(test_normalization),
         cmocka_unit_test(test_reductions),     cmocka_unit_test(test_shape_ops),
