@@ -1,6 +1,7 @@
 #!/bin/sh
 # Fault suite: recovery without restarting everyone. One of 4 training
-# workers (checkpoint after every step) is SIGKILLed at a random moment;
+# workers (checkpoint after every step) is SIGKILLed at a random moment
+# while the run is on (kill_rank);
 # the three others do not exit but wait for it (rejoin_timeout_ms), and
 # once it is started again every rank rolls back to the newest committed
 # checkpoint. The run must end with the uninterrupted run's losses and
@@ -37,6 +38,74 @@ ipc_ranks() { echo "ipc://$tmp/$1-0, ipc://$tmp/$1-1, ipc://$tmp/$1-2, ipc://$tm
 tcp_ranks() {
     base=$((20000 + $(rand 12000))) # below the ephemeral ports (32768-): no tcp self-connect
     echo "tcp://127.0.0.1:$base, tcp://127.0.0.1:$((base + 1)), tcp://127.0.0.1:$((base + 2)), tcp://127.0.0.1:$((base + 3))"
+}
+# up PATTERN: a worker (not timeout(1)) matches PATTERN (pgrep -f).
+up() {
+    for p in $(pgrep -f "$1"); do
+        c=$(cat "/proc/$p/comm" 2>/dev/null) && [ "$c" != timeout ] && return 0
+    done
+    return 1
+}
+# started PATTERN: waits until a worker matches PATTERN (0), at most 60 s
+# (1). pippin run forks its workers a moment after it starts.
+started() {
+    s0=$(date +%s)
+    until up "$1"; do
+        [ $(($(date +%s) - s0)) -lt 60 ] || return 1
+        sleep 0.01
+    done
+}
+# wait_step OUT STEP PATTERN: until OUT reports STEP (0), or the workers
+# matching PATTERN never start or end first, or 120 s (1).
+wait_step() {
+    started "$3" || return 1
+    w0=$(date +%s)
+    until grep -q "^step $2:" "$1" 2>/dev/null; do
+        up "$3" && [ $(($(date +%s) - w0)) -lt 120 ] || return 1
+        sleep 0.01
+    done
+}
+# kill_rank OUT PATTERN [STEP]: SIGKILLs the worker matching PATTERN at a
+# random moment while the run is on: at startup (a quarter of the time),
+# else 0-30 ms after OUT (the output of the rank(s) reporting the loss)
+# reports step STEP (default: a random one of the first half). Describes
+# the moment in $kill_desc; returns 0 once killed, 1 if it was too late
+# (the victim goes on), 2 if the victim ended first.
+#
+# The kill must land before the run's last stop vote: once every rank has
+# voted on step STEPS-1 they agree that the run is over, write their
+# parameters and exit 0 each on its own, and a rank killed after sending
+# its vote has no one left to rejoin (the restarted one waits
+# rejoin_timeout_ms for ranks that exited, its stage's parameters maybe
+# never written; a failed run, rightly). The kill used to come after a
+# wall-clock delay drawn from the uninterrupted run's time: on a loaded
+# machine a trial often ran faster than that measure, so the kill missed
+# (the trial proved nothing) or now and then hit that last window (the
+# trial failed: "the run identity check: ... did not complete the hello
+# handshake", the restarted rank's first exchange with ranks that had
+# exited). Now the victim is stopped (SIGSTOP) and then OUT read: without
+# step STEPS-2 reported, the loss rank has not sent its vote of step
+# STEPS-2, so no rank has begun step STEPS-1 or voted on it, and none can
+# without the victim: every other rank sees the failure and waits for it.
+kill_rank() {
+    started "$2" || { kill_desc="never started"; return 2; }
+    if [ -z "$3" ] && [ "$(rand 4)" -eq 0 ]; then
+        msleep "$(rand 400)"
+        kill_desc="at startup"
+    else
+        kstep=${3:-$(rand $((STEPS / 2)))}
+        wait_step "$1" "$kstep" "$2" || { kill_desc="it ended before step $kstep"; return 2; }
+        msleep "$(rand 30)"
+        kill_desc="after step $kstep"
+    fi
+    pkill -STOP -f "$2"
+    if grep -q "^step $((STEPS - 2)):" "$1"; then
+        pkill -CONT -f "$2"
+        kill_desc="$kill_desc: too late (step $((STEPS - 2)) reported before it stopped)"
+        return 1
+    fi
+    pkill -9 -f "$2"
+    return 0
 }
 crashed() { grep -l "AddressSanitizer\|runtime error:\|LeakSanitizer" "$@" 2>/dev/null | head -1; }
 # workers NAME REJOIN_MS: ranks 0-3 of NAME.yaml by hand, their pids in $pids,
@@ -77,7 +146,6 @@ verdict() { vstatus=$1; vmsg=$2; }
 run_trial() {
     trial=$1
     victim=$(rand 4)
-    delay_ms=$((300 + $(rand $((run_ms * 6 / 10 + 1)))))
     kind=$((trial % 3))
     t=t$trial
     if [ $kind -ne 2 ]; then
@@ -89,28 +157,35 @@ run_trial() {
         cfg $t "$tmp/p$t" "$(ipc_ranks $t)" "$ck"
         timeout 300 "$PIPPIN" run "$tmp/$t.yaml" --restart 3 >"$tmp/$t.out" 2>"$tmp/$t.err" &
         lpid=$!
-        msleep $delay_ms
-        pkill -9 -f "worker $tmp/$t.yaml --rank $victim"
+        kill_rank "$tmp/$t.out" "worker $tmp/$t.yaml --rank $victim"
+        killed=$?
         wait $lpid
         rc=$?
-        desc="pippin run --restart, rank $victim killed after $delay_ms ms"
+        desc="pippin run --restart, rank $victim killed $kill_desc"
         [ -z "$ck" ] && desc="$desc, no checkpoint"
-        if [ $rc -ne 0 ]; then
+        if [ $killed -ne 0 ] && [ $rc -eq 0 ]; then
+            verdict 1 "trial $trial ($desc): not killed while the run was on"
+        elif [ $rc -ne 0 ]; then
             verdict 1 "trial $trial ($desc): pippin run exited $rc: $(grep -v 'dropped a message' "$tmp/$t.err" | grep -v '^pippin run:' | tail -3 | tr '\n' ' ')/ $(grep '^pippin run:' "$tmp/$t.err" | tail -3 | tr '\n' ' ')"
         elif [ -n "$(crashed "$tmp/$t.err")" ]; then
             verdict 1 "trial $trial ($desc): a sanitizer report: $(grep -m1 -A3 "Sanitizer\|runtime error" "$tmp/$t.err")"
         elif [ "$(grep -c "pippin worker: rank [0-3] of 4" "$tmp/$t.err")" -gt 5 ]; then
             verdict 1 "trial $trial ($desc): more than the dead worker was started again: $(grep 'pippin run:' "$tmp/$t.err" | tr '\n' ' ')$(grep -m3 'Sanitizer\|runtime error\|Assertion\|assert' "$tmp/$t.err" | tr '\n' ' ')"
         else
-            check $trial "$desc, $(grep -c "restarted rank" "$tmp/$t.err") restart(s)" "$tmp/$t.out" "$tmp/p$t"
+            restarts=$(grep -c "restarted rank" "$tmp/$t.err")
+            if [ "$restarts" -eq 0 ]; then
+                verdict 1 "trial $trial ($desc): pippin run restarted no rank"
+            else
+                check $trial "$desc, $restarts restart(s)" "$tmp/$t.out" "$tmp/p$t"
+            fi
         fi
         return
     fi
     # by hand over tcp: the dead rank is started again after a pause
     cfg $t "$tmp/p$t" "$(tcp_ranks)" "$ck"
     workers $t 20000
-    msleep $delay_ms
-    pkill -9 -f "worker $tmp/$t.yaml --rank $victim "
+    kill_rank "$tmp/$t-3.out" "worker $tmp/$t.yaml --rank $victim "
+    killed=$?
     pause_ms=$(rand 1500)
     msleep $pause_ms
     timeout 300 "$PIPPIN" worker "$tmp/$t.yaml" --rank $victim --rejoin-timeout-ms 20000 --resume-if-any \
@@ -126,8 +201,10 @@ run_trial() {
     done
     wait $again
     codes="$codes $?"
-    desc="by hand over tcp, rank $victim killed after $delay_ms ms, back $pause_ms ms later"
-    if [ "$(echo $codes)" != "0 0 0 0" ]; then
+    desc="by hand over tcp, rank $victim killed $kill_desc, back $pause_ms ms later"
+    if [ $killed -ne 0 ] && [ "$(echo $codes)" = "0 0 0 0" ]; then
+        verdict 1 "trial $trial ($desc): not killed while the run was on"
+    elif [ "$(echo $codes)" != "0 0 0 0" ]; then
         verdict 1 "trial $trial ($desc): exit codes$codes: $(cat "$tmp/$t"-*.err | grep -v 'dropped a message' | grep 'pippin worker: rank [0-9]:' | head -3)"
     elif [ -n "$(crashed "$tmp/$t"-*.err)" ]; then
         verdict 1 "trial $trial ($desc): a sanitizer report in $(crashed "$tmp/$t"-*.err)"
@@ -160,17 +237,19 @@ if ! timeout 120 "$PIPPIN" run "$tmp/rfull.yaml" >"$tmp/rfull.out" 2>"$tmp/rfull
     ok 1 "replicas: uninterrupted run: $(tail -3 "$tmp/rfull.err")"
 else
     victim=$(rand 4)
-    delay_ms=$((300 + $(rand $((run_ms * 6 / 10 + 1)))))
     cfg rtrial "$tmp/rtrial-params" "$(ipc_ranks rtrial)" "$rep_cfg
 checkpoint: {dir: $tmp/ck-rtrial, every: 1}"
     timeout 300 "$PIPPIN" run "$tmp/rtrial.yaml" --restart 3 >"$tmp/rtrial.out" 2>"$tmp/rtrial.err" &
     lpid=$!
-    msleep $delay_ms
-    pkill -9 -f "worker $tmp/rtrial.yaml --rank $victim"
+    kill_rank "$tmp/rtrial.out" "worker $tmp/rtrial.yaml --rank $victim"
+    killed=$?
     wait $lpid
     rc=$?
-    desc="replicas: rank $victim killed after $delay_ms ms, $(grep -c "restarted rank" "$tmp/rtrial.err") restart(s)"
-    if [ $rc -ne 0 ]; then
+    restarts=$(grep -c "restarted rank" "$tmp/rtrial.err")
+    desc="replicas: rank $victim killed $kill_desc, $restarts restart(s)"
+    if [ $killed -ne 0 ] && [ $rc -eq 0 ]; then
+        ok 1 "$desc: not killed while the run was on"
+    elif [ $rc -ne 0 ]; then
         ok 1 "$desc: pippin run exited $rc: $(grep -v 'dropped a message' "$tmp/rtrial.err" | tail -3 | tr '\n' ' ')"
     elif [ -n "$(crashed "$tmp/rtrial.err")" ]; then
         ok 1 "$desc: a sanitizer report: $(grep -m1 -A3 "Sanitizer\|runtime error" "$tmp/rtrial.err")"
@@ -178,6 +257,8 @@ checkpoint: {dir: $tmp/ck-rtrial, every: 1}"
         ok 1 "$desc: losses differ from the uninterrupted run's"
     elif ! diff -r "$tmp/rfull-params" "$tmp/rtrial-params" >/dev/null 2>&1; then
         ok 1 "$desc: trained parameters differ"
+    elif [ "$restarts" -eq 0 ]; then
+        ok 1 "$desc: pippin run restarted no rank"
     else
         ok 0 "$desc; losses and parameters as uninterrupted"
     fi
@@ -233,12 +314,17 @@ cfg changed "$tmp/changed-params" "$(ipc_ranks changed)" "checkpoint: {dir: $tmp
 sed -i "s|file: $SRC/examples/data/tiny.txt|file: $tmp/changing.txt|" "$tmp/changed.yaml"
 timeout 120 "$PIPPIN" run "$tmp/changed.yaml" --restart 3 >"$tmp/changed.out" 2>"$tmp/changed.err" &
 lpid=$!
-msleep 700
+# every rank has loaded the data once step 0 is reported: changed then, and
+# rank 2 killed while the run is on (kill_rank)
+wait_step "$tmp/changed.out" 0 "worker $tmp/changed.yaml --rank 2"
 tr 'a-y' 'b-z' <"$SRC/examples/data/tiny.txt" >"$tmp/changing.txt"
-pkill -9 -f "worker $tmp/changed.yaml --rank 2"
+kill_rank "$tmp/changed.out" "worker $tmp/changed.yaml --rank 2" "$(($(rand 10) + 1))"
+killed=$?
 wait $lpid
 rc=$?
-if [ $rc -eq 0 ]; then
+if [ $killed -ne 0 ] && [ $rc -eq 0 ]; then
+    ok 1 "data changed on disk before a rejoin: rank 2 not killed while the run was on ($kill_desc)"
+elif [ $rc -eq 0 ]; then
     ok 1 "data changed on disk before a rejoin: the run went on"
 elif ! grep -q "differs from what the run started with" "$tmp/changed.err"; then
     ok 1 "data changed on disk before a rejoin: exit $rc without naming it: $(grep -v dropped "$tmp/changed.err" | tail -2)"
@@ -251,8 +337,8 @@ fi
 cfg gone "$tmp/gone-params" "$(ipc_ranks gone)" "checkpoint: {dir: $tmp/gone-ck, every: 1}"
 victim=$(rand 4)
 workers gone 2000
-msleep $((300 + $(rand $((run_ms / 2 + 1)))))
-pkill -9 -f "worker $tmp/gone.yaml --rank $victim "
+kill_rank "$tmp/gone-3.out" "worker $tmp/gone.yaml --rank $victim " "$(rand $((STEPS / 2)))"
+killed=$?
 t0=$(date +%s)
 bad=""
 r=0
@@ -267,7 +353,9 @@ for p in $pids; do
     r=$((r + 1))
 done
 took=$(( $(date +%s) - t0 ))
-if [ -n "$bad" ]; then
+if [ $killed -ne 0 ]; then
+    ok 1 "rank $victim never back: not killed while the run was on ($kill_desc):$bad"
+elif [ -n "$bad" ]; then
     ok 1 "rank $victim never back:$bad"
 elif [ $took -gt 20 ]; then
     ok 1 "rank $victim never back: the survivors took $took s to give up"
