@@ -21,6 +21,19 @@ static const char *const input_names[2] = {"idx", "targets"};
 
 /* One training step of the GPT pipe with every stage on `spec` (NULL: the
  * CPU): outs[] the outputs, then an AdamW step. */
+/* The end of a test on a CPU runner and a device runner: both runners,
+ * their pipes, and the 4 outputs each kept. */
+static void free_pair(pp_runner *cpu, pp_runner *dev, pp_pipe *pc, pp_pipe *pd, pp_tensor **oc, pp_tensor **od) {
+    for (int o = 0; o < 4; o++) {
+        pp_tensor_free(oc[o]);
+        pp_tensor_free(od[o]);
+    }
+    pp_runner_free(cpu);
+    pp_runner_free(dev);
+    pp_pipe_free(pc);
+    pp_pipe_free(pd);
+}
+
 /* the ops the CUDA backend claims (lib/cuda/cuda_ops.c) */
 #define CUDA_OPS                                                                                                   \
     "fake:Add,Sub,Mul,Div,Relu,Tanh,Gelu,Neg,Exp,Sqrt,Sigmoid,ReluGrad,TanhGrad,GeluGrad,"                         \
@@ -90,14 +103,7 @@ static void test_gpt_training_step_on_fake_device(void **state) {
     }
     assert_true(checked > 0);
     assert_true(kernels > 0 && copies > 0);
-    for (int o = 0; o < 4; o++) {
-        pp_tensor_free(oc[o]);
-        pp_tensor_free(od[o]);
-    }
-    pp_runner_free(cpu);
-    pp_runner_free(dev);
-    pp_pipe_free(pc);
-    pp_pipe_free(pd);
+    free_pair(cpu, dev, pc, pd, oc, od);
 }
 
 /* A fixture's pipe with every stage on spec (NULL: the CPU) and an optimizer. */
@@ -226,14 +232,7 @@ static void check_steps_on_device(const pp_optim_config *oc) {
     print_message("# the stages' parameters: %lld bytes\n", (long long)weights);
     /* the first step brings the weights up once (and the state, zero) */
     assert_true(per[0].upload_bytes >= weights);
-    for (int o = 0; o < 4; o++) {
-        pp_tensor_free(oc_[o]);
-        pp_tensor_free(od[o]);
-    }
-    pp_runner_free(cpu);
-    pp_runner_free(dev);
-    pp_pipe_free(pc);
-    pp_pipe_free(pd);
+    free_pair(cpu, dev, pc, pd, oc_, od);
 }
 
 static void test_adamw_steps_keep_params_on_device(void **state) {
@@ -288,14 +287,7 @@ static void test_host_writes_reach_the_device(void **state) {
     train_step(cpu, oc_);
     train_step(dev, od);
     assert_same_params(dev, cpu);
-    for (int o = 0; o < 4; o++) {
-        pp_tensor_free(oc_[o]);
-        pp_tensor_free(od[o]);
-    }
-    pp_runner_free(cpu);
-    pp_runner_free(dev);
-    pp_pipe_free(pc);
-    pp_pipe_free(pd);
+    free_pair(cpu, dev, pc, pd, oc_, od);
 }
 
 /* Regression: a device whose values cannot be brought back. pp_stage_params
@@ -335,14 +327,7 @@ static void test_failed_bring_back_is_an_error(void **state) {
     char cmd[200];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     assert_int_equal(system(cmd), 0);
-    for (int o = 0; o < 4; o++) {
-        pp_tensor_free(oc_[o]);
-        pp_tensor_free(od[o]);
-    }
-    pp_runner_free(cpu);
-    pp_runner_free(dev);
-    pp_pipe_free(pc);
-    pp_pipe_free(pd);
+    free_pair(cpu, dev, pc, pd, oc_, od);
 }
 
 /* BatchNorm's running statistics: the host updates them after each
@@ -635,14 +620,7 @@ static void test_inference_constants_rewritten(void **state) {
     TU_OK(pp_tensor_new(PP_F32, 1, (int64_t[]){3}, &bad));
     assert_int_equal(pp_stage_set_constant(pp_runner_stage(dev, 0), "no such weight", bad), PP_ERR_NOT_FOUND);
     pp_tensor_free(bad);
-    for (int o = 0; o < 4; o++) {
-        pp_tensor_free(oc[o]);
-        pp_tensor_free(od[o]);
-    }
-    pp_runner_free(cpu);
-    pp_runner_free(dev);
-    pp_pipe_free(pc);
-    pp_pipe_free(pd);
+    free_pair(cpu, dev, pc, pd, oc, od);
 }
 
 /* The last stage's device peak over an inference step of m one-row

@@ -53,6 +53,13 @@ typedef struct job {
     char err[512];
 } job;
 
+/* Floats in the flat buffer of the parameters above (each padded to 16). */
+static int64_t padded_total(void) {
+    int64_t total = 0;
+    for (int i = 0; i < NP; i++) total += (numel[i] + 15) / 16 * 16;
+    return total;
+}
+
 /* The sharded runs' optimizer: elementwise, as SGD and AdamW are. */
 static float update(float p, float g) { return p * 0.5f - g; }
 
@@ -303,8 +310,7 @@ static int groups_left(void) {
  * on the transport; nothing is left in /dev/shm. */
 static void test_shm_collective_same_bits(void **state) {
     (void)state;
-    int total = 0;
-    for (int i = 0; i < NP; i++) total += (int)((numel[i] + 15) / 16 * 16);
+    int64_t total = padded_total();
     for (int R = 2; R <= 4; R++) {
         int used = 0, used_small = 0, declined = -1;
         float *ring = run_shm("tcp", 0, R, -1, R, 0, NULL), *socket = run_shm("tcp", -1, R, -1, R, 0, NULL);
@@ -469,8 +475,7 @@ static void test_shm_collective_refuses_other_layout(void **state) {
  * keeps to the transport (then all do); nothing is left in /dev/shm. */
 static void test_shm_sharded_same_bits(void **state) {
     (void)state;
-    int64_t total = 0;
-    for (int i = 0; i < NP; i++) total += (numel[i] + 15) / 16 * 16;
+    int64_t total = padded_total();
     size_t bytes = sizeof(float) * (size_t)total * STEPS;
     for (int R = 2; R <= 3; R++) {
         /* the unsharded sums, and the parameters they give */
@@ -525,8 +530,7 @@ static void test_shm_sharded_refused_without_shm(void **state) {
     float *params = run_shm("tcp", -1, 2, -1, 0, 0, &used);
     opt_shard = 0;
     assert_int_equal(used, 0);
-    int64_t total = 0;
-    for (int i = 0; i < NP; i++) total += (numel[i] + 15) / 16 * 16;
+    int64_t total = padded_total();
     for (int64_t e = 0; e < total; e++) {
         float p = initial_param(e);
         for (int s = 0; s < STEPS; s++) {
@@ -544,8 +548,7 @@ static void test_shm_sharded_refused_without_shm(void **state) {
  * socket, summed and sharded. */
 static void test_ring_pieces_same_bits(void **state) {
     (void)state;
-    int64_t total = 0;
-    for (int i = 0; i < NP; i++) total += (numel[i] + 15) / 16 * 16;
+    int64_t total = padded_total();
     size_t bytes = sizeof(float) * (size_t)total * STEPS;
     const char *kinds[2] = {"inproc", "tcp"};
     for (int R = 2; R <= 3; R++)
@@ -943,8 +946,7 @@ static void test_settle_follows_transport_timeout(void **state) {
  * the transport. */
 static void test_links_same_bits(void **state) {
     (void)state;
-    int64_t total = 0;
-    for (int i = 0; i < NP; i++) total += (numel[i] + 15) / 16 * 16;
+    int64_t total = padded_total();
     size_t bytes = sizeof(float) * (size_t)total * STEPS;
     for (int R = 2; R <= 4; R++)
         for (int shard = 0; shard <= 2; shard++) {
@@ -979,8 +981,7 @@ static void test_links_same_bits(void **state) {
  * agreement still ends in progress passes and the sums are the ring's. */
 static void test_links_slow_connect(void **state) {
     (void)state;
-    int64_t total = 0;
-    for (int i = 0; i < NP; i++) total += (numel[i] + 15) / 16 * 16;
+    int64_t total = padded_total();
     size_t bytes = sizeof(float) * (size_t)total * STEPS;
     for (int R = 2; R <= 3; R++) {
         float *ring = run("tcp", -1, R, 0);
