@@ -113,6 +113,7 @@ static int gemm_in_panels(gemm_job *j) {
 
 void pp_gemm_f32(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                  const float *B, int ldb, float beta, float *C, int ldc) {
+    if (pp_gemm_packed_any(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
     gemm_job j = {0, ta, tb, M, N, K, lda, ldb, ldc, 0, alpha, beta, A, B, C};
     if (!gemm_in_panels(&j)) sgemm_whole(0, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }

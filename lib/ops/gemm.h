@@ -43,6 +43,14 @@ void pp_gemm_packed_split(int M, int N, int K, const float *A, int lda, const fl
 void pp_gemm_packed_strided(int M, int N, int K, const float *A, int lda, const float *Bp, int64_t panel_stride,
                             float *C, int ldc);
 
+/* C[M,N] = op(A) op(B) (beta 0) or op(A) op(B) + C (beta 1) on the
+ * AVX-512 packed kernel, op(B) packed per call: pp_gemm_f32's path on a
+ * host with AVX-512. Returns 0, doing nothing, where it does not take the
+ * product (no AVX-512, alpha not 1, another beta, a vector shape, K over
+ * 32768): the caller runs the BLAS. */
+int pp_gemm_packed_any(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                       int ldb, float beta, float *C, int ldc);
+
 /* For tests: the packed GEMM's kernels limited to level (0 plain C, 1
  * AVX2, 2 AVX-512, the default: the widest the CPU has); returns the
  * previous limit. Every level gives the same bits. */

@@ -24,8 +24,12 @@
 #include <immintrin.h>
 #endif
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "pippin/exec.h"
 
 #include "gemm.h"
 #include "thread_pool.h"
@@ -47,19 +51,24 @@ static void pack_panel_whole(int tb, int K, const float *B, int ldb, float *rest
         }
 }
 
-void pp_pack_b_f32(int tb, int K, int N, const float *B, int ldb, float *out) {
-    int panels = (N + PP_PACK_NR - 1) / PP_PACK_NR;
-    for (int p = 0; p < N / PP_PACK_NR; p++)
-        pack_panel_whole(tb, K, tb ? B + (int64_t)p * PP_PACK_NR * ldb : B + p * PP_PACK_NR, ldb,
-                         out + (int64_t)p * K * PP_PACK_NR);
-    for (int p = N / PP_PACK_NR; p < panels; p++) /* the last, partial panel */
-        for (int k = 0; k < K; k++) {
-            float *dst = out + ((int64_t)p * K + k) * PP_PACK_NR;
+/* Panels [lo, hi) of op(B), panel p at out + (p - lo) * K * 16. */
+static void pack_panels(int tb, int K, int N, const float *B, int ldb, int lo, int hi, float *out) {
+    for (int p = lo; p < hi; p++) {
+        float *dst = out + (int64_t)(p - lo) * K * PP_PACK_NR;
+        if ((p + 1) * PP_PACK_NR <= N) {
+            pack_panel_whole(tb, K, tb ? B + (int64_t)p * PP_PACK_NR * ldb : B + p * PP_PACK_NR, ldb, dst);
+            continue;
+        }
+        for (int k = 0; k < K; k++) /* the last, partial panel */
             for (int c = 0; c < PP_PACK_NR; c++) {
                 int n = p * PP_PACK_NR + c;
-                dst[c] = n >= N ? 0.0f : (tb ? B[(int64_t)n * ldb + k] : B[(int64_t)k * ldb + n]);
+                dst[(int64_t)k * PP_PACK_NR + c] = n >= N ? 0.0f : (tb ? B[(int64_t)n * ldb + k] : B[(int64_t)k * ldb + n]);
             }
-        }
+    }
+}
+
+void pp_pack_b_f32(int tb, int K, int N, const float *B, int ldb, float *out) {
+    pack_panels(tb, K, N, B, ldb, 0, (N + PP_PACK_NR - 1) / PP_PACK_NR, out);
 }
 
 /* acc (16 per row) into C's first `cols` columns. */
@@ -122,8 +131,8 @@ static const packed_kernel kernels[MR + 1] = {NULL,          kernel1_avx2, kerne
  * 512-bit FMA units (AMD Zen 5) this does twice the AVX2 kernel's work
  * per instruction, and two panels per pass read each broadcast of A once
  * for 32 columns. */
-#define PACKED_KERNEL512(R, P)                                                                                \
-    __attribute__((target("avx512f"))) static void kernel##R##x##P##_avx512(                                  \
+#define PACKED_KERNEL512(R, P, TA, NAME)                                                                      \
+    __attribute__((target("avx512f"))) static void NAME(                                                      \
         int K, const float *A, int lda, const float *B, int64_t bs, float *C, int ldc, const int *cols,         \
         const float *bias, const float *res) {                                                                \
         __m512 c[R][P];                                                                                       \
@@ -138,7 +147,7 @@ static const packed_kernel kernels[MR + 1] = {NULL,          kernel1_avx2, kerne
             __m512 b[P];                                                                                      \
             _Pragma("GCC unroll 2") for (int p = 0; p < P; p++) b[p] = _mm512_loadu_ps(B + p * bs + (int64_t)k * 16); \
             _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) {                                            \
-                __m512 a = _mm512_set1_ps(A[(int64_t)r * lda + k]);                                           \
+                __m512 a = _mm512_set1_ps(TA ? A[(int64_t)k * lda + r] : A[(int64_t)r * lda + k]);                                           \
                 _Pragma("GCC unroll 2") for (int p = 0; p < P; p++) c[r][p] = _mm512_fmadd_ps(a, b[p], c[r][p]); \
             }                                                                                                 \
         }                                                                                                     \
@@ -152,7 +161,11 @@ static const packed_kernel kernels[MR + 1] = {NULL,          kernel1_avx2, kerne
             }                                                                                                 \
         }                                                                                                     \
     }
-#define PACKED_KERNELS512(R) PACKED_KERNEL512(R, 1) PACKED_KERNEL512(R, 2)
+/* TA: A read transposed (op(A)'s row r, column k at A[k * lda + r]: the
+ * weight gradient's dY^T, whose 12 rows at one k are side by side). */
+#define PACKED_KERNELS512(R)                                                                                  \
+    PACKED_KERNEL512(R, 1, 0, kernel##R##x1_avx512) PACKED_KERNEL512(R, 2, 0, kernel##R##x2_avx512)           \
+    PACKED_KERNEL512(R, 1, 1, kernel##R##x1t_avx512) PACKED_KERNEL512(R, 2, 1, kernel##R##x2t_avx512)
 PACKED_KERNELS512(1)
 PACKED_KERNELS512(2)
 PACKED_KERNELS512(3)
@@ -173,6 +186,10 @@ typedef void (*packed_kernel512)(int K, const float *A, int lda, const float *B,
 static const packed_kernel512 kernels512[MR512 + 1][2] = {{NULL, NULL}, K512(1), K512(2),  K512(3),  K512(4),
                                                            K512(5),      K512(6), K512(7),  K512(8),  K512(9),
                                                            K512(10),     K512(11), K512(12)};
+#define K512T(R) {kernel##R##x1t_avx512, kernel##R##x2t_avx512}
+static const packed_kernel512 kernels512t[MR512 + 1][2] = {{NULL, NULL}, K512T(1), K512T(2),  K512T(3),  K512T(4),
+                                                            K512T(5),     K512T(6), K512T(7),  K512T(8),  K512T(9),
+                                                            K512T(10),    K512T(11), K512T(12)};
 #else
 #define MR512 MR
 #endif
@@ -319,3 +336,138 @@ void pp_gemm_packed_split(int M, int N, int K, const float *A, int lda, const fl
     packed_job j = {M, N, K, lda, N, 0, A, Bp, bias, NULL, 0, NULL, n, outs, starts};
     run_panels(&j);
 }
+
+/* ---- Any product on the AVX-512 kernel (pp_gemm_packed_any) ----
+ *
+ * Why: on an AVX-512 host OpenBLAS 0.3.21 still runs its Haswell (AVX2)
+ * kernels, and a training step's GEMMs are about 80% of its time (perf,
+ * medium GPT): the forward, dX = dY W and dW = dY^T X. Here op(B) is
+ * packed per call into panels (a thread's scratch, reused), a block of
+ * columns at a time so the scratch stays small, and the AVX-512 kernel
+ * runs over (panel pair, row block) tasks. Each element is the same sums
+ * in the same order whatever the cut (FMA chains over blocks of ANY_KC k's,
+ * each added to C in order; the first onto C when accumulating), so any
+ * thread count gives the same bits. */
+#ifdef PACKED_X86
+/* k in blocks of ANY_KC, each block's sums added to C: a chain of 128
+ * rounds less than one of K (on dW's K = a microbatch's rows, 1024-2048,
+ * the one chain was 2x OpenBLAS's error against double sums; blocked it is
+ * below OpenBLAS's on every shape measured), for 2-3% of the time. */
+#define ANY_KC 128
+#define ANY_SCRATCH_FLOATS (INT64_C(1) << 20) /* 4 MiB of panels per block of columns */
+
+typedef struct {
+    float *p;
+    int64_t cap;
+} any_scratch;
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static int scratch_ok;
+
+static void scratch_release(void *v) {
+    any_scratch *s = v;
+    if (s) free(s->p);
+    free(s);
+}
+
+static void scratch_init(void) { scratch_ok = pthread_key_create(&scratch_key, scratch_release) == 0; }
+
+/* The calling thread's scratch of at least `floats`, or NULL. Per thread:
+ * two rank threads multiply at once, and a pool worker inside a piece
+ * (attention per head) runs its product on its own thread. */
+static float *scratch_get(int64_t floats) {
+    pthread_once(&scratch_once, scratch_init);
+    if (!scratch_ok) return NULL;
+    any_scratch *s = pthread_getspecific(scratch_key);
+    if (!s) {
+        s = calloc(1, sizeof *s);
+        if (!s || pthread_setspecific(scratch_key, s)) {
+            free(s);
+            return NULL;
+        }
+    }
+    if (s->cap < floats) {
+        void *p = NULL;
+        if (posix_memalign(&p, 64, sizeof(float) * (size_t)floats)) return NULL;
+        free(s->p);
+        s->p = p, s->cap = floats;
+    }
+    return s->p;
+}
+
+typedef struct any_job {
+    int ta, tb, M, N, K, lda, ldb, ldc, accumulate;
+    const float *A, *B;
+    float *C;
+    float *panels; /* the block's packed panels */
+    int p0, np;    /* the block: panels [p0, p0 + np) */
+    int units, n_rb, row_step;
+} any_job;
+
+static void any_pack_piece(void *arg, int64_t lo, int64_t hi) {
+    const any_job *j = arg;
+    pack_panels(j->tb, j->K, j->N, j->B, j->ldb, j->p0 + (int)lo, j->p0 + (int)hi,
+                j->panels + lo * (int64_t)j->K * PP_PACK_NR);
+}
+
+/* Tasks [lo, hi): task t is panel pair t / n_rb over row block t % n_rb. */
+__attribute__((target("avx512f"))) static void any_piece(void *arg, int64_t lo, int64_t hi) {
+    const any_job *j = arg;
+    int64_t bs = (int64_t)j->K * PP_PACK_NR;
+    for (int64_t t = lo; t < hi; t++) {
+        int u = (int)(t / j->n_rb), rb = (int)(t % j->n_rb);
+        int q = 2 * u, np = j->np - q < 2 ? 1 : 2, col0 = (j->p0 + q) * PP_PACK_NR;
+        int cols[2];
+        for (int c = 0; c < np; c++) {
+            int left = j->N - col0 - c * PP_PACK_NR;
+            cols[c] = left < PP_PACK_NR ? left : PP_PACK_NR;
+        }
+        int r0 = rb * j->row_step, r1 = r0 + j->row_step < j->M ? r0 + j->row_step : j->M;
+        for (int i = r0; i < r1; i += MR512) {
+            int rows = r1 - i < MR512 ? r1 - i : MR512;
+            float *C = j->C + (int64_t)i * j->ldc + col0;
+            for (int k0 = 0; k0 < j->K; k0 += ANY_KC) {
+                int kc = j->K - k0 < ANY_KC ? j->K - k0 : ANY_KC;
+                const float *A = j->ta ? j->A + i + (int64_t)k0 * j->lda : j->A + (int64_t)i * j->lda + k0;
+                (j->ta ? kernels512t : kernels512)[rows][np - 1](kc, A, j->lda, j->panels + q * bs + (int64_t)k0 * PP_PACK_NR,
+                                                                 bs, C, j->ldc, cols, NULL,
+                                                                 k0 || j->accumulate ? C : NULL);
+            }
+        }
+    }
+}
+
+int pp_gemm_packed_any(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                       int ldb, float beta, float *C, int ldc) {
+    /* vector shapes stay on gemv; a product too thin to fill a panel, or
+     * with a scale, on the BLAS */
+    if (M < 2 || N < PP_PACK_NR || K < 8 || alpha != 1.0f || (beta != 0.0f && beta != 1.0f)) return 0;
+    if ((int64_t)K * 2 * PP_PACK_NR > ANY_SCRATCH_FLOATS || packed_isa() != ISA_AVX512) return 0;
+    int panels = (N + PP_PACK_NR - 1) / PP_PACK_NR;
+    int block = (int)(ANY_SCRATCH_FLOATS / ((int64_t)K * PP_PACK_NR)) / 2 * 2; /* panels per block, even */
+    if (block > panels) block = panels;
+    float *scratch = scratch_get((int64_t)block * K * PP_PACK_NR);
+    if (!scratch) return 0;
+    int threads = pp_get_threads();
+    for (int p0 = 0; p0 < panels; p0 += block) {
+        int np = panels - p0 < block ? panels - p0 : block, units = (np + 1) / 2;
+        /* row blocks only where the panel pairs are too few to share out */
+        int n_rb = units >= 2 * threads ? 1 : (2 * threads + units - 1) / units;
+        int row_step = (M + n_rb - 1) / n_rb;
+        row_step = (row_step + MR512 - 1) / MR512 * MR512;
+        n_rb = (M + row_step - 1) / row_step;
+        any_job j = {ta, tb, M, N, K, lda, ldb, ldc, beta != 0.0f, A, B, C, scratch, p0, np, units, n_rb, row_step};
+        pp_parallel_for(np, pp_grain_macs((int64_t)K * PP_PACK_NR * 8), any_pack_piece, &j);
+        pp_parallel_for((int64_t)units * n_rb, pp_grain_macs((int64_t)row_step * K * 2 * PP_PACK_NR), any_piece, &j);
+    }
+    return 1;
+}
+#else
+int pp_gemm_packed_any(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                       int ldb, float beta, float *C, int ldc) {
+    (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda, (void)B, (void)ldb, (void)beta;
+    (void)C, (void)ldc;
+    return 0;
+}
+#endif

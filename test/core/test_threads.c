@@ -396,6 +396,67 @@ static void test_gemm_packed_residual(void **state) {
     pp_gemm_packed_limit_isa(2);
 }
 
+/* One case of test_gemm_any: pp_gemm_f32 (AVX-512 packed kernel on an
+ * AVX-512 host, the BLAS elsewhere) with transposes, padded leading dims
+ * and beta 0 or 1, at 1 and 4 threads. */
+static void gemm_any_case(int ta, int tb, int M, int N, int K, float beta, uint64_t *s) {
+    int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 5, ldc = N + 2;
+    int64_t na = (int64_t)(ta ? K : M) * lda, nb = (int64_t)(tb ? N : K) * ldb, nc = (int64_t)M * ldc;
+    float *A = malloc(sizeof(float) * (size_t)na), *B = malloc(sizeof(float) * (size_t)nb);
+    float *C0 = malloc(sizeof(float) * (size_t)nc), *C1 = malloc(sizeof(float) * (size_t)nc);
+    float *C4 = malloc(sizeof(float) * (size_t)nc);
+    for (int64_t i = 0; i < na; i++) A[i] = (float)(tu_urand(s) * 2 - 1);
+    for (int64_t i = 0; i < nb; i++) B[i] = (float)(tu_urand(s) * 2 - 1);
+    for (int64_t i = 0; i < nc; i++) C0[i] = (float)(tu_urand(s) * 4 - 2);
+    memcpy(C1, C0, sizeof(float) * (size_t)nc);
+    memcpy(C4, C0, sizeof(float) * (size_t)nc);
+    pp_set_threads(1);
+    pp_gemm_f32(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C1, ldc);
+    pp_set_threads(4);
+    pp_gemm_f32(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C4, ldc);
+    pp_set_threads(1);
+    if (memcmp(C1, C4, sizeof(float) * (size_t)nc))
+        fail_msg("GEMM ta %d tb %d %dx%dx%d beta %g differs between 1 and 4 threads", ta, tb, M, N, K, (double)beta);
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < ldc; j++) {
+            int64_t at = (int64_t)i * ldc + j;
+            if (j >= N) { /* the padding is not written */
+                if (memcmp(&C1[at], &C0[at], sizeof(float))) fail_msg("GEMM wrote C's padding at [%d,%d]", i, j);
+                continue;
+            }
+            double want = beta * C0[at], mag = fabs(want);
+            for (int k = 0; k < K; k++) {
+                double p = (double)(ta ? A[(int64_t)k * lda + i] : A[(int64_t)i * lda + k]) *
+                           (tb ? B[(int64_t)j * ldb + k] : B[(int64_t)k * ldb + j]);
+                want += p, mag += fabs(p);
+            }
+            if (fabs(C1[at] - want) > (K + 2) * 6e-8 * mag + 1e-6)
+                fail_msg("GEMM ta %d tb %d %dx%dx%d beta %g: C[%d,%d] = %g, want %g", ta, tb, M, N, K, (double)beta,
+                         i, j, (double)C1[at], want);
+        }
+    free(A), free(B), free(C0), free(C1), free(C4);
+}
+
+/* pp_gemm_f32 through the packed kernel (pp_gemm_packed_any, on hosts with
+ * AVX-512: the training GEMMs' forward, dX and dW): every transpose, beta 0
+ * and 1 (a gradient accumulated across microbatches), padded leading dims,
+ * row and column remainders, K past one block of scratch (40000: the
+ * BLAS), against double sums and the same bits at 1 and 4 threads. */
+static void test_gemm_any(void **state) {
+    (void)state;
+    const int Ms[] = {2, 13, 37, 130}, Ns[] = {16, 17, 65, 300}, Ks[] = {8, 33, 700};
+    uint64_t s = 11;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            for (size_t a = 0; a < sizeof Ms / sizeof *Ms; a++)
+                for (size_t b = 0; b < sizeof Ns / sizeof *Ns; b++)
+                    for (size_t c = 0; c < sizeof Ks / sizeof *Ks; c++)
+                        for (int beta = 0; beta < 2; beta++) gemm_any_case(ta, tb, Ms[a], Ns[b], Ks[c], (float)beta, &s);
+    gemm_any_case(1, 0, 40, 20, 40000, 1.0f, &s);
+    /* a block of columns at a time: K 20000 packs 3 panels (2 per block) */
+    gemm_any_case(0, 1, 30, 48, 20000, 0.0f, &s);
+}
+
 /* pp_broadcast_to (Expand and the gradient helpers use it). */
 static void test_broadcast_to_same_bits(void **state) {
     (void)state;
@@ -518,6 +579,7 @@ int main(void) {
         cmocka_unit_test(test_gemm_packed),
         cmocka_unit_test(test_gemm_packed_strided),
         cmocka_unit_test(test_gemm_packed_residual),
+        cmocka_unit_test(test_gemm_any),
         cmocka_unit_test(test_small_work_stays_on_one_thread),
         cmocka_unit_test(test_broadcast_to_same_bits),
         cmocka_unit_test(test_kernels_from_rank_threads),
