@@ -79,14 +79,20 @@ void pp_pack_cache_stats(const pp_pack_cache *c, int64_t *packed, int64_t *reuse
  * 1.1-1.4x at 128 rows and 1.0-1.4x at 256, but OpenBLAS on W^T (no
  * transB) is as fast there and ahead from 512 rows (1.1-1.2x, where the
  * packed kernel's 1.0-1.15x lacks cache blocking); at 1024 rows (a whole
- * batch) W^T gains about 5%, less than its copy's memory is worth. */
+ * batch) W^T gains about 5%, less than its copy's memory is worth. Those
+ * limits were measured against the AVX2 kernel; with AVX-512 panels win
+ * at any row count (the medium GPT's train step at 8 x 128 rows: 0.93x
+ * the time of per-call packing). */
 #define PANELS_MAX_ROWS 256
 #define TRANSPOSED_MAX_ROWS 512
 
 int pp_pack_choice(int64_t M, int64_t K, int64_t N, int trans_b) {
     if (M < 1 || K < 16 || N < 16) return -1;
     /* panels only where the packed GEMM has a vector kernel (else the BLAS) */
-    if (M <= PANELS_MAX_ROWS && pp_gemm_packed_fast()) return trans_b ? PP_PACK_PANELS_T : PP_PACK_PANELS;
+    /* with AVX-512 every GEMM runs the packed kernel (pp_gemm_packed_any),
+     * which would pack W^T per call: the held panels at any row count */
+    if ((M <= PANELS_MAX_ROWS && pp_gemm_packed_fast()) || pp_gemm_packed_wide())
+        return trans_b ? PP_PACK_PANELS_T : PP_PACK_PANELS;
     return trans_b && M <= TRANSPOSED_MAX_ROWS ? PP_PACK_TRANSPOSED : -1;
 }
 

@@ -60,5 +60,8 @@ int pp_gemm_packed_limit_isa(int level);
  * kernel calls a software fmaf per product, 10-100x slower than the
  * BLAS, and callers that have a BLAS path take it. */
 int pp_gemm_packed_fast(void);
+/* 1 when it runs its AVX-512 kernel here, where pp_gemm_f32 runs every
+ * product it can on it (pp_gemm_packed_any). */
+int pp_gemm_packed_wide(void);
 
 #endif

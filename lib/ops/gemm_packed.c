@@ -36,11 +36,59 @@
 
 #define MR 6
 
+enum { ISA_PLAIN, ISA_AVX2, ISA_AVX512 };
+
 int64_t pp_packed_b_floats(int K, int N) { return (int64_t)K * ((N + PP_PACK_NR - 1) / PP_PACK_NR) * PP_PACK_NR; }
+
+static int packed_isa(void);
+
+#ifdef PACKED_X86
+/* A transposed panel with AVX-512: 16 rows of B, 16 k's at a time, turned
+ * in registers (4 rounds of shuffles), the k's past a multiple of 16 one
+ * by one. Why: training packs op(B) per call (pp_gemm_packed_any), and
+ * the plain loop's scattered stores were a quarter of a step at 8
+ * microbatches (perf: pack_panels 23%). */
+__attribute__((target("avx512f"))) static void pack_panel_t_avx512(int K, const float *B, int ldb,
+                                                                   float *restrict dst) {
+    int k0 = 0;
+    for (; k0 + 16 <= K; k0 += 16) {
+        __m512 r[16], t[16];
+        for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(B + (int64_t)i * ldb + k0);
+        for (int i = 0; i < 16; i += 2) {
+            t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+            t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+        }
+        for (int i = 0; i < 16; i += 4) {
+            r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+            r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+            r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+            r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+        }
+        for (int i = 0; i < 16; i += 8)
+            for (int q = 0; q < 4; q++) {
+                t[i + q] = _mm512_shuffle_f32x4(r[i + q], r[i + q + 4], 0x88);
+                t[i + q + 4] = _mm512_shuffle_f32x4(r[i + q], r[i + q + 4], 0xdd);
+            }
+        for (int q = 0; q < 8; q++) {
+            r[q] = _mm512_shuffle_f32x4(t[q], t[q + 8], 0x88);
+            r[q + 8] = _mm512_shuffle_f32x4(t[q], t[q + 8], 0xdd);
+        }
+        for (int i = 0; i < 16; i++) _mm512_storeu_ps(dst + (int64_t)(k0 + i) * PP_PACK_NR, r[i]);
+    }
+    for (int c = 0; c < PP_PACK_NR && k0 < K; c++)
+        for (int k = k0; k < K; k++) dst[(int64_t)k * PP_PACK_NR + c] = B[(int64_t)c * ldb + k];
+}
+#endif
 
 /* A whole panel: rows of 16 copied, or (tb) 16 rows of B read along k
  * (the attention packs K this way once per head, so it is kept cheap). */
 static void pack_panel_whole(int tb, int K, const float *B, int ldb, float *restrict dst) {
+#ifdef PACKED_X86
+    if (tb && packed_isa() == ISA_AVX512) {
+        pack_panel_t_avx512(K, B, ldb, dst);
+        return;
+    }
+#endif
     if (!tb)
         for (int k = 0; k < K; k++)
             memcpy(dst + (int64_t)k * PP_PACK_NR, B + (int64_t)k * ldb, sizeof(float) * PP_PACK_NR);
@@ -125,6 +173,8 @@ static const packed_kernel kernels[MR + 1] = {NULL,          kernel1_avx2, kerne
 
 /* With AVX-512 (a 16-column panel is one register): R rows x P panels
  * side by side (P 1 or 2; the second panel's floats bs after the first,
+ * row k of a panel bk floats after row k - 1: 16 packed, or B's own row
+ * length where op(B) is read in place,
  * its columns 16 after the first's in C), R * P accumulators. The same
  * FMA chain per element as the AVX2 kernel, so the same bits; columns
  * past cols[p] are not stored (a masked store). Why: on a core with full
@@ -133,7 +183,7 @@ static const packed_kernel kernels[MR + 1] = {NULL,          kernel1_avx2, kerne
  * for 32 columns. */
 #define PACKED_KERNEL512(R, P, TA, NAME)                                                                      \
     __attribute__((target("avx512f"))) static void NAME(                                                      \
-        int K, const float *A, int lda, const float *B, int64_t bs, float *C, int ldc, const int *cols,         \
+        int K, const float *A, int lda, const float *B, int64_t bs, int64_t bk, float *C, int ldc, const int *cols, \
         const float *bias, const float *res) {                                                                \
         __m512 c[R][P];                                                                                       \
         if (res)                                                                                              \
@@ -145,7 +195,7 @@ static const packed_kernel kernels[MR + 1] = {NULL,          kernel1_avx2, kerne
             _Pragma("GCC unroll 2") for (int p = 0; p < P; p++) c[r][p] = _mm512_setzero_ps();                \
         for (int k = 0; k < K; k++) {                                                                         \
             __m512 b[P];                                                                                      \
-            _Pragma("GCC unroll 2") for (int p = 0; p < P; p++) b[p] = _mm512_loadu_ps(B + p * bs + (int64_t)k * 16); \
+            _Pragma("GCC unroll 2") for (int p = 0; p < P; p++) b[p] = _mm512_loadu_ps(B + p * bs + (int64_t)k * bk); \
             _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) {                                            \
                 __m512 a = _mm512_set1_ps(TA ? A[(int64_t)k * lda + r] : A[(int64_t)r * lda + k]);                                           \
                 _Pragma("GCC unroll 2") for (int p = 0; p < P; p++) c[r][p] = _mm512_fmadd_ps(a, b[p], c[r][p]); \
@@ -180,7 +230,7 @@ PACKED_KERNELS512(11)
 PACKED_KERNELS512(12)
 
 #define MR512 12
-typedef void (*packed_kernel512)(int K, const float *A, int lda, const float *B, int64_t bs, float *C, int ldc,
+typedef void (*packed_kernel512)(int K, const float *A, int lda, const float *B, int64_t bs, int64_t bk, float *C, int ldc,
                                  const int *cols, const float *bias, const float *res);
 #define K512(R) {kernel##R##x1_avx512, kernel##R##x2_avx512}
 static const packed_kernel512 kernels512[MR512 + 1][2] = {{NULL, NULL}, K512(1), K512(2),  K512(3),  K512(4),
@@ -217,7 +267,6 @@ typedef struct packed_job {
     const int *starts;
 } packed_job;
 
-enum { ISA_PLAIN, ISA_AVX2, ISA_AVX512 };
 
 /* The output holding column col0 (*out, its row length *ld, col0's column
  * there *at) and the column where that output ends. */
@@ -267,7 +316,7 @@ static void panels_piece(void *arg, int64_t lo, int64_t hi) {
             const float *res = j->res ? j->res + (int64_t)i * ld + at : NULL;
 #ifdef PACKED_X86
             if (j->isa == ISA_AVX512)
-                kernels512[rows][np - 1](j->K, A, j->lda, B, bs, C, ld, cols, bias, res);
+                kernels512[rows][np - 1](j->K, A, j->lda, B, bs, PP_PACK_NR, C, ld, cols, bias, res);
             else if (j->isa == ISA_AVX2) kernels[rows](j->K, A, j->lda, B, C, ld, cols[0], bias, acc);
             else
 #endif
@@ -305,6 +354,8 @@ int pp_gemm_packed_fast(void) {
 #endif
 }
 
+int pp_gemm_packed_wide(void) { return packed_isa() == ISA_AVX512; }
+
 int pp_gemm_packed_limit_isa(int level) {
     int old = isa_limit;
     isa_limit = level;
@@ -341,9 +392,11 @@ void pp_gemm_packed_split(int M, int N, int K, const float *A, int lda, const fl
  *
  * Why: on an AVX-512 host OpenBLAS 0.3.21 still runs its Haswell (AVX2)
  * kernels, and a training step's GEMMs are about 80% of its time (perf,
- * medium GPT): the forward, dX = dY W and dW = dY^T X. Here op(B) is
- * packed per call into panels (a thread's scratch, reused), a block of
- * columns at a time so the scratch stays small, and the AVX-512 kernel
+ * medium GPT): the forward, dX = dY W and dW = dY^T X. Here op(B) = B
+ * is read in place (16 columns of a row are a panel's row; only a last,
+ * partial panel is copied), op(B) = B^T is packed per call into panels (a
+ * thread's scratch, reused), a block of columns at a time so the scratch
+ * stays small, and the AVX-512 kernel
  * runs over (panel pair, row block) tasks. Each element is the same sums
  * in the same order whatever the cut (FMA chains over blocks of ANY_KC k's,
  * each added to C in order; the first onto C when accumulating), so any
@@ -400,8 +453,8 @@ typedef struct any_job {
     int ta, tb, M, N, K, lda, ldb, ldc, accumulate;
     const float *A, *B;
     float *C;
-    float *panels; /* the block's packed panels */
-    int p0, np;    /* the block: panels [p0, p0 + np) */
+    float *panels; /* tb: the block's packed panels; else the last, partial panel packed */
+    int p0, np;    /* tb: the block, panels [p0, p0 + np); else the whole panels, read in place */
     int units, n_rb, row_step;
 } any_job;
 
@@ -411,13 +464,25 @@ static void any_pack_piece(void *arg, int64_t lo, int64_t hi) {
                 j->panels + lo * (int64_t)j->K * PP_PACK_NR);
 }
 
-/* Tasks [lo, hi): task t is panel pair t / n_rb over row block t % n_rb. */
+/* Tasks [lo, hi): task t is unit t / n_rb (a pair of panels, or one) over
+ * row block t % n_rb. */
 __attribute__((target("avx512f"))) static void any_piece(void *arg, int64_t lo, int64_t hi) {
     const any_job *j = arg;
-    int64_t bs = (int64_t)j->K * PP_PACK_NR;
     for (int64_t t = lo; t < hi; t++) {
         int u = (int)(t / j->n_rb), rb = (int)(t % j->n_rb);
-        int q = 2 * u, np = j->np - q < 2 ? 1 : 2, col0 = (j->p0 + q) * PP_PACK_NR;
+        int q = 2 * u, np, col0;
+        const float *B;
+        int64_t bs, bk;
+        if (j->tb) { /* packed panels */
+            np = j->np - q < 2 ? 1 : 2, col0 = (j->p0 + q) * PP_PACK_NR;
+            bs = (int64_t)j->K * PP_PACK_NR, bk = PP_PACK_NR, B = j->panels + q * bs;
+        } else if (q < j->np) { /* whole panels of B [K, N], read where they are */
+            np = j->np - q < 2 ? 1 : 2, col0 = q * PP_PACK_NR;
+            bs = PP_PACK_NR, bk = j->ldb, B = j->B + col0;
+        } else { /* the partial panel, packed */
+            np = 1, col0 = j->np * PP_PACK_NR;
+            bs = (int64_t)j->K * PP_PACK_NR, bk = PP_PACK_NR, B = j->panels;
+        }
         int cols[2];
         for (int c = 0; c < np; c++) {
             int left = j->N - col0 - c * PP_PACK_NR;
@@ -430,12 +495,22 @@ __attribute__((target("avx512f"))) static void any_piece(void *arg, int64_t lo, 
             for (int k0 = 0; k0 < j->K; k0 += ANY_KC) {
                 int kc = j->K - k0 < ANY_KC ? j->K - k0 : ANY_KC;
                 const float *A = j->ta ? j->A + i + (int64_t)k0 * j->lda : j->A + (int64_t)i * j->lda + k0;
-                (j->ta ? kernels512t : kernels512)[rows][np - 1](kc, A, j->lda, j->panels + q * bs + (int64_t)k0 * PP_PACK_NR,
-                                                                 bs, C, j->ldc, cols, NULL,
-                                                                 k0 || j->accumulate ? C : NULL);
+                (j->ta ? kernels512t : kernels512)[rows][np - 1](kc, A, j->lda, B + (int64_t)k0 * bk, bs, bk, C,
+                                                                 j->ldc, cols, NULL, k0 || j->accumulate ? C : NULL);
             }
         }
     }
+}
+
+/* The tasks of job j over the pool: row blocks only where the units are
+ * too few to share out. */
+static void any_run(any_job *j, int units) {
+    int threads = pp_get_threads();
+    int n_rb = units >= 2 * threads ? 1 : (2 * threads + units - 1) / units;
+    int row_step = (j->M + n_rb - 1) / n_rb;
+    row_step = (row_step + MR512 - 1) / MR512 * MR512;
+    j->units = units, j->row_step = row_step, j->n_rb = (j->M + row_step - 1) / row_step;
+    pp_parallel_for((int64_t)units * j->n_rb, pp_grain_macs((int64_t)row_step * j->K * 2 * PP_PACK_NR), any_piece, j);
 }
 
 int pp_gemm_packed_any(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
@@ -444,22 +519,24 @@ int pp_gemm_packed_any(int ta, int tb, int M, int N, int K, float alpha, const f
      * with a scale, on the BLAS */
     if (M < 2 || N < PP_PACK_NR || K < 8 || alpha != 1.0f || (beta != 0.0f && beta != 1.0f)) return 0;
     if ((int64_t)K * 2 * PP_PACK_NR > ANY_SCRATCH_FLOATS || packed_isa() != ISA_AVX512) return 0;
+    any_job j = {ta, tb, M, N, K, lda, ldb, ldc, beta != 0.0f, A, B, C, NULL, 0, 0, 0, 0, 0};
+    if (!tb) { /* op(B) = B: its rows of 16 columns are a panel's rows already */
+        int whole = N / PP_PACK_NR, part = N % PP_PACK_NR != 0;
+        if (part && !(j.panels = scratch_get((int64_t)K * PP_PACK_NR))) return 0;
+        if (part) pack_panels(0, K, N, B, ldb, whole, whole + 1, j.panels);
+        j.np = whole;
+        any_run(&j, (whole + 1) / 2 + part);
+        return 1;
+    }
+    /* B^T: packed, a block of columns at a time */
     int panels = (N + PP_PACK_NR - 1) / PP_PACK_NR;
     int block = (int)(ANY_SCRATCH_FLOATS / ((int64_t)K * PP_PACK_NR)) / 2 * 2; /* panels per block, even */
     if (block > panels) block = panels;
-    float *scratch = scratch_get((int64_t)block * K * PP_PACK_NR);
-    if (!scratch) return 0;
-    int threads = pp_get_threads();
+    if (!(j.panels = scratch_get((int64_t)block * K * PP_PACK_NR))) return 0;
     for (int p0 = 0; p0 < panels; p0 += block) {
-        int np = panels - p0 < block ? panels - p0 : block, units = (np + 1) / 2;
-        /* row blocks only where the panel pairs are too few to share out */
-        int n_rb = units >= 2 * threads ? 1 : (2 * threads + units - 1) / units;
-        int row_step = (M + n_rb - 1) / n_rb;
-        row_step = (row_step + MR512 - 1) / MR512 * MR512;
-        n_rb = (M + row_step - 1) / row_step;
-        any_job j = {ta, tb, M, N, K, lda, ldb, ldc, beta != 0.0f, A, B, C, scratch, p0, np, units, n_rb, row_step};
-        pp_parallel_for(np, pp_grain_macs((int64_t)K * PP_PACK_NR * 8), any_pack_piece, &j);
-        pp_parallel_for((int64_t)units * n_rb, pp_grain_macs((int64_t)row_step * K * 2 * PP_PACK_NR), any_piece, &j);
+        j.p0 = p0, j.np = panels - p0 < block ? panels - p0 : block;
+        pp_parallel_for(j.np, pp_grain_macs((int64_t)K * PP_PACK_NR * 8), any_pack_piece, &j);
+        any_run(&j, (j.np + 1) / 2);
     }
     return 1;
 }

@@ -23,6 +23,7 @@
 #include "pippin/microbatch.h"
 #include "test_util.h"
 
+#include "gemm.h"
 #include "test_filter.h"
 
 #define STEPS 3
@@ -423,8 +424,10 @@ static void test_exec_contract(void **state) {
     assert_non_null(strstr(pp_last_error(), "'W'"));
     assert_null(stale);
     wd[0] -= 1.0f;
-    /* Row counts pick the copy (pp_pack_choice): 300 rows read W^T through
-     * OpenBLAS (a second copy), 600 rows W as stored (none). */
+    /* Row counts pick the copy (pp_pack_choice): with the AVX2 kernel, 300
+     * rows read W^T through OpenBLAS (a second copy), 600 rows W as stored
+     * (none); with AVX-512 the panels serve every row count. */
+    int wide = pp_gemm_packed_wide(), isa_was = pp_gemm_packed_limit_isa(1);
     pp_exec_params_changed(ex);
     for (int rows = 300; rows <= 600; rows += 300) {
         float *vb = malloc(sizeof(float) * (size_t)rows * 32);
@@ -443,6 +446,27 @@ static void test_exec_contract(void **state) {
         pp_tensor_free(yb[0]);
         pp_tensor_free(yb[1]);
         pp_tensor_free(rb);
+    }
+    pp_gemm_packed_limit_isa(isa_was);
+    if (wide) { /* the panels of 24 rows, read again at 300 and 600 */
+        pp_exec_params_changed(ex);
+        pp_exec_pack_stats(ex, &packed, &reused);
+        int64_t packed_was = packed, reused_was = reused;
+        for (int rows = 24; rows <= 600; rows += 288) {
+            float *vb = malloc(sizeof(float) * (size_t)rows * 32);
+            for (int i = 0; i < rows * 32; i++) vb[i] = (float)tu_urand(&seed);
+            pp_tensor *xb = tu_f32(2, (int64_t[]){rows, 32}, vb), *yb = NULL, *rb = NULL;
+            TU_OK(pp_exec_run(ex, &xb, &yb));
+            TU_OK(pp_exec_run(plain, &xb, &rb));
+            tu_assert_close(yb, rb, 1e-5, 1e-5, "panels at any row count");
+            free(vb);
+            pp_tensor_free(xb);
+            pp_tensor_free(yb);
+            pp_tensor_free(rb);
+        }
+        pp_exec_pack_stats(ex, &packed, &reused);
+        assert_int_equal(packed, packed_was + 1); /* packed at 24 rows, after the change */
+        assert_int_equal(reused, reused_was + 2); /* and read at 312 and 600 */
     }
     if (check_was) setenv("PIPPIN_PACK_CHECK", was, 1);
     else unsetenv("PIPPIN_PACK_CHECK");
