@@ -441,7 +441,8 @@ static void gemm_any_case(int ta, int tb, int M, int N, int K, float beta, uint6
  * AVX-512: the training GEMMs' forward, dX and dW): every transpose, beta 0
  * and 1 (a gradient accumulated across microbatches), padded leading dims,
  * row and column remainders, K past one block of scratch (40000: the
- * BLAS), against double sums and the same bits at 1 and 4 threads. */
+ * BLAS), A in several row blocks, against double sums and the same bits at
+ * 1 and 4 threads. */
 static void test_gemm_any(void **state) {
     (void)state;
     const int Ms[] = {2, 13, 37, 130}, Ns[] = {16, 17, 65, 300}, Ks[] = {8, 33, 700};
@@ -455,6 +456,9 @@ static void test_gemm_any(void **state) {
     gemm_any_case(1, 0, 40, 20, 40000, 1.0f, &s);
     /* a block of columns at a time: K 20000 packs 3 panels (2 per block) */
     gemm_any_case(0, 1, 30, 48, 20000, 0.0f, &s);
+    /* A of 300 x 2000 floats: two row blocks (2 MiB of A each at most) */
+    gemm_any_case(1, 0, 300, 40, 2000, 1.0f, &s);
+    gemm_any_case(0, 1, 300, 40, 2000, 0.0f, &s);
 }
 
 /* pp_broadcast_to (Expand and the gradient helpers use it). */
