@@ -525,7 +525,7 @@ int pp_gemm_packed_any(int ta, int tb, int M, int N, int K, float alpha, const f
                        int ldb, float beta, float *C, int ldc) {
     /* vector shapes stay on gemv; a product too thin to fill a panel, or
      * with a scale, on the BLAS */
-    if (M < 2 || N < PP_PACK_NR || K < 8 || alpha != 1.0f || (beta != 0.0f && beta != 1.0f)) return 0;
+    if (M < 2 || N < PP_PACK_NR || K < 16 || alpha != 1.0f || (beta != 0.0f && beta != 1.0f)) return 0;
     if ((int64_t)K * 2 * PP_PACK_NR > ANY_SCRATCH_FLOATS || packed_isa() != ISA_AVX512) return 0;
     any_job j = {ta, tb, M, N, K, lda, ldb, ldc, beta != 0.0f, A, B, C, NULL, 0, 0, 0, 0, 0};
     if (!tb) { /* op(B) = B: its rows of 16 columns are a panel's rows already */

@@ -445,7 +445,7 @@ static void gemm_any_case(int ta, int tb, int M, int N, int K, float beta, uint6
  * 1 and 4 threads. */
 static void test_gemm_any(void **state) {
     (void)state;
-    const int Ms[] = {2, 13, 37, 130}, Ns[] = {16, 17, 65, 300}, Ks[] = {8, 33, 700};
+    const int Ms[] = {2, 13, 37, 130}, Ns[] = {16, 17, 65, 300}, Ks[] = {8, 16, 33, 700};
     uint64_t s = 11;
     for (int ta = 0; ta < 2; ta++)
         for (int tb = 0; tb < 2; tb++)
