@@ -46,8 +46,8 @@ void pp_gemm_packed_strided(int M, int N, int K, const float *A, int lda, const 
 /* C[M,N] = op(A) op(B) (beta 0) or op(A) op(B) + C (beta 1) on the
  * AVX-512 packed kernel, op(B) packed per call: pp_gemm_f32's path on a
  * host with AVX-512. Returns 0, doing nothing, where it does not take the
- * product (no AVX-512, alpha not 1, another beta, a vector shape, K over
- * 32768): the caller runs the BLAS. */
+ * product (no AVX-512, alpha not 1, another beta, a vector shape, K under
+ * 16 or over 32768): the caller runs the BLAS. */
 int pp_gemm_packed_any(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
                        int ldb, float beta, float *C, int ldc);
 
