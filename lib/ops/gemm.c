@@ -1,5 +1,9 @@
-/* The float GEMMs every kernel calls, cut into panels over pippin's pool
- * (lib/thread_pool.c), each panel one OpenBLAS call on one thread.
+/* The float GEMMs every kernel calls. On a CPU with AVX-512 a float
+ * product with alpha 1 and beta 0 or 1 runs pippin's packed kernel
+ * (pp_gemm_packed_any, lib/ops/gemm_packed.c: faster than OpenBLAS
+ * 0.3.21's AVX2 kernels there, and its own bits-per-thread rules); the
+ * rest are cut into panels over pippin's pool (lib/thread_pool.c), each
+ * panel one OpenBLAS call on one thread, as below.
  *
  * Why not OpenBLAS's own threads: they spin in sched_yield after every
  * call, so on a host shared by several ranks (or by pippin's pool running

@@ -46,10 +46,18 @@ void pp_gemm_packed_strided(int M, int N, int K, const float *A, int lda, const 
 /* C[M,N] = op(A) op(B) (beta 0) or op(A) op(B) + C (beta 1) on the
  * AVX-512 packed kernel, op(B) packed per call: pp_gemm_f32's path on a
  * host with AVX-512. Returns 0, doing nothing, where it does not take the
- * product (no AVX-512, alpha not 1, another beta, a vector shape, K under
- * 16 or over 32768): the caller runs the BLAS. */
+ * product (no AVX-512, alpha not 1, another beta, M under 2, N under 16,
+ * K under 16 or over 32768): the caller runs the BLAS. */
 int pp_gemm_packed_any(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
                        int ldb, float beta, float *C, int ldc);
+/* 1 when pp_gemm_packed_any takes a product of these dims and scales. */
+int pp_gemm_packed_any_takes(int M, int N, int K, float alpha, float beta);
+/* The same product with op(B) = B^T already packed (Bp, as
+ * pp_pack_b_f32(1, ...) packs it: training's held weights), the same
+ * tasks and so the same bits as pp_gemm_packed_any packing it per call.
+ * Returns 0, doing nothing, where that would not take it. */
+int pp_gemm_packed_any_panels(int M, int N, int K, const float *A, int lda, const float *Bp, float beta, float *C,
+                              int ldc);
 
 /* For tests: the packed GEMM's kernels limited to level (0 plain C, 1
  * AVX2, 2 AVX-512, the default: the widest the CPU has); returns the

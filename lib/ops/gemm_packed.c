@@ -521,12 +521,25 @@ static void any_run(any_job *j, int units) {
     pp_parallel_for((int64_t)units * j->n_rb, pp_grain_macs((int64_t)row_step * j->K * 2 * PP_PACK_NR), any_piece, j);
 }
 
-int pp_gemm_packed_any(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
-                       int ldb, float beta, float *C, int ldc) {
+int pp_gemm_packed_any_takes(int M, int N, int K, float alpha, float beta) {
     /* vector shapes stay on gemv; a product too thin to fill a panel, or
      * with a scale, on the BLAS */
     if (M < 2 || N < PP_PACK_NR || K < 16 || alpha != 1.0f || (beta != 0.0f && beta != 1.0f)) return 0;
-    if ((int64_t)K * 2 * PP_PACK_NR > ANY_SCRATCH_FLOATS || packed_isa() != ISA_AVX512) return 0;
+    return (int64_t)K * 2 * PP_PACK_NR <= ANY_SCRATCH_FLOATS && packed_isa() == ISA_AVX512;
+}
+
+int pp_gemm_packed_any_panels(int M, int N, int K, const float *A, int lda, const float *Bp, float beta, float *C,
+                              int ldc) {
+    if (!pp_gemm_packed_any_takes(M, N, K, 1.0f, beta)) return 0;
+    int panels = (N + PP_PACK_NR - 1) / PP_PACK_NR;
+    any_job j = {0, 1, M, N, K, lda, 0, ldc, beta != 0.0f, A, NULL, C, (float *)Bp, 0, panels, 0, 0, 0};
+    any_run(&j, (panels + 1) / 2);
+    return 1;
+}
+
+int pp_gemm_packed_any(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                       int ldb, float beta, float *C, int ldc) {
+    if (!pp_gemm_packed_any_takes(M, N, K, alpha, beta)) return 0;
     any_job j = {ta, tb, M, N, K, lda, ldb, ldc, beta != 0.0f, A, B, C, NULL, 0, 0, 0, 0, 0};
     if (!tb) { /* op(B) = B: its rows of 16 columns are a panel's rows already */
         int whole = N / PP_PACK_NR, part = N % PP_PACK_NR != 0;
@@ -549,6 +562,17 @@ int pp_gemm_packed_any(int ta, int tb, int M, int N, int K, float alpha, const f
     return 1;
 }
 #else
+int pp_gemm_packed_any_takes(int M, int N, int K, float alpha, float beta) {
+    (void)M, (void)N, (void)K, (void)alpha, (void)beta;
+    return 0;
+}
+
+int pp_gemm_packed_any_panels(int M, int N, int K, const float *A, int lda, const float *Bp, float beta, float *C,
+                              int ldc) {
+    (void)M, (void)N, (void)K, (void)A, (void)lda, (void)Bp, (void)beta, (void)C, (void)ldc;
+    return 0;
+}
+
 int pp_gemm_packed_any(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
                        int ldb, float beta, float *C, int ldc) {
     (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda, (void)B, (void)ldb, (void)beta;

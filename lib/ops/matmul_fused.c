@@ -18,8 +18,8 @@
  * activation with the arithmetic of the Relu and Gelu kernels
  * (lib/ops/elementwise.c). The sum is the unfused nodes' within float
  * rounding: the same bits when the GEMM adds its product to C once (K
- * within one OpenBLAS block, and no transB), else the bias joins the sum
- * earlier. Rows split between threads, never inside one, so any thread
+ * within one OpenBLAS block, and no transB; on AVX-512, K within one k
+ * block of the packed kernel, 128), else the bias joins the sum earlier. Rows split between threads, never inside one, so any thread
  * count of pippin's pool gives the same bits. With packed panels and no
  * activation, R is added to each tile as the GEMM makes it
  * (pp_gemm_packed_residual); otherwise in the one pass over the
@@ -228,6 +228,11 @@ static pp_status matmul_add_run(pp_kernel_ctx *ctx) {
     int choice = packed_n || K == 0 ? -1 : pp_pack_choice(M, K, N, tb);
     if (choice == PP_PACK_TRANSPOSED) PP_TRY(pp_kernel_packed_weight(ctx, 1, choice, &wt));
     else if (choice >= 0) PP_TRY(pp_kernel_packed_weight(ctx, 1, choice, &panels));
+    /* held W^T panels where pp_gemm_f32 would pack them per call
+     * (AVX-512): its product, its bits, the bias and R as it has them */
+    const float *any_panels = NULL;
+    if (panels && tb && pp_gemm_packed_any_takes((int)M, (int)N, (int)K, 1.0f, bias ? 1.0f : 0.0f))
+        any_panels = panels, panels = NULL;
     /* R is added to each tile as it is stored; an activation is not (its
      * math inside the GEMM's loop measured slower than a pass after it,
      * which then adds R too; again with AVX-512: 0.97-0.99x) */
@@ -240,7 +245,10 @@ static pp_status matmul_add_run(pp_kernel_ctx *ctx) {
     else if (K == 0)
         memset(y->data, 0, y->nbytes);
     if (K > 0 && !packed_n && !panels) {
-        if (wt) /* W^T [K, N] */
+        if (any_panels)
+            pp_gemm_packed_any_panels((int)M, (int)N, (int)K, a->data, (int)K, any_panels, bias ? 1.0f : 0.0f, y->data,
+                                      (int)N);
+        else if (wt) /* W^T [K, N] */
             pp_gemm_f32(0, 0, (int)M, (int)N, (int)K, 1.0f, a->data, (int)K, wt, (int)N, bias ? 1.0f : 0.0f, y->data,
                         (int)N);
         else
