@@ -10,15 +10,12 @@
 
 #include "status_internal.h"
 
-/* Lines: y = x with the activation of pippin::MatMulAdd node n, the
- * arithmetic of lib/ops/matmul_fused.c's (0.5 x (1 + erf(x / sqrt 2)), and
- * the tanh form with its constants; ONNX's Gelu is opset 20's). */
+/* Lines: y = the activation of pippin::MatMulAdd node n ("relu", "gelu",
+ * "gelu_tanh") applied to x, in lib/ops/matmul_fused.c's arithmetic and
+ * order (0.5 x (1 + erf(x * 0.70710678)), and the tanh form with its
+ * constants): ONNX's Gelu is opset 20's. */
 static pp_status fused_activation(const pp_node *n, pp_fn_body *b, const char *x, const char *y) {
     const char *act = pp_node_attr_string(n, "activation", "");
-    if (!act[0]) {
-        pp_fn_line(b, "%s = Identity(%s)", y, x);
-        return PP_OK;
-    }
     if (!strcmp(act, "relu")) {
         pp_fn_line(b, "%s = Relu(%s)", y, x);
         return PP_OK;
@@ -97,9 +94,13 @@ static pp_status matmul_add(const pp_graph *g, const pp_node *n, pp_fn_body *b) 
     pp_fn_line(b, "sy2 = Shape(y2)");
     pp_fn_line(b, "nn = Slice(sy2, m1, big)");
     pp_fn_line(b, "sy = Concat<axis=0>(lead, nn)");
-    pp_fn_line(b, "ya = Reshape(y2, sy)");
     const char *last = split || residual ? "yb" : "y";
-    PP_TRY(fused_activation(n, b, "ya", last));
+    if (pp_node_attr_string(n, "activation", "")[0]) {
+        pp_fn_line(b, "ya = Reshape(y2, sy)");
+        PP_TRY(fused_activation(n, b, "ya", last));
+    } else {
+        pp_fn_line(b, "%s = Reshape(y2, sy)", last);
+    }
     if (residual) {
         pp_fn_line(b, "%s = Add(yb, r)", split ? "yr" : "y");
         last = "yr";
