@@ -167,10 +167,13 @@ static Onnx__NodeProto *node_proto(arena *a, const pp_graph *g, const pp_node *n
  * "<its output>/pippin_zero_bias", [N] float32): its ONNX function takes
  * three inputs, and onnx.checker's shape inference refuses an absent one.
  * Read back, the node adds zeros: the same bits. */
-/* The bias length N of MatMulAdd node n from its weight's shape; -1 when
- * unknown (then the input is written absent: ONNX Runtime still runs it). */
+/* The bias length N of MatMulAdd node n from its weight's shape (or its
+ * packed_n); -1 when unknown (then the input is written absent: ONNX
+ * Runtime still runs it). */
 static int64_t bias_len(const pp_graph *g, const pp_node *n) {
     if (n->n_in < 2 || n->in[1] < 0 || n->n_out < 1 || n->out[0] < 0) return -1;
+    int64_t packed_n = pp_node_attr_int(n, "packed_n", 0); /* B is pippin::PackWeight's panels */
+    if (packed_n > 0) return packed_n;
     const pp_value *w = &g->values[n->in[1]];
     const int64_t *ws = w->data ? w->data->shape : w->shape;
     int nd = w->data ? w->data->ndim : w->ndim;

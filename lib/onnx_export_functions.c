@@ -77,7 +77,7 @@ int pp_fn_in_rank(const pp_graph *g, const pp_node *n, int k) {
 }
 
 static const pp_fn_entry *const families[] = {pp_fn_act, pp_fn_nn, pp_fn_shape, pp_fn_conv, pp_fn_resize,
-                                               pp_fn_attention, pp_fn_rnn};
+                                               pp_fn_attention, pp_fn_rnn, pp_fn_matmul};
 
 static pp_fn_builder find_builder(const char *op) {
     for (size_t f = 0; f < sizeof families / sizeof families[0]; f++)
@@ -89,9 +89,7 @@ static pp_fn_builder find_builder(const char *op) {
 static int is_pippin(const pp_node *n) { return n->domain && strcmp(n->domain, "pippin") == 0; }
 
 int pp_onnx_node_inputs(const pp_node *n) {
-    if (is_pippin(n) && strcmp(n->op_type, "MatMulAdd") == 0 && n->n_in < 3 &&
-        !pp_node_attr_string(n, "activation", "")[0])
-        return 3;
+    if (is_pippin(n) && strcmp(n->op_type, "MatMulAdd") == 0 && n->n_in < 3) return 3;
     return n->n_in;
 }
 

@@ -66,6 +66,7 @@ typedef struct pp_fn_entry {
 extern const pp_fn_entry pp_fn_act[], pp_fn_nn[], pp_fn_shape[], pp_fn_conv[], pp_fn_resize[];
 extern const pp_fn_entry pp_fn_attention[]; /* lib/onnx_functions_attention.c */
 extern const pp_fn_entry pp_fn_rnn[];       /* lib/onnx_functions_rnn.c */
+extern const pp_fn_entry pp_fn_matmul[];    /* lib/onnx_functions_matmul.c */
 
 /* How many inputs the writer gives node n: its own, or for an op whose
  * function takes an optional trailing input (pippin::MatMulAdd's bias)

@@ -1,5 +1,5 @@
 /* ONNX function bodies of the layer gradients (lib/ops/grad_nn.c,
- * grad_bn.c, group_norm.c, matmul_fused.c): MatMul's two halves, Softmax
+ * grad_bn.c, group_norm.c): MatMul's two halves, Softmax
  * and LogSoftmax, LayerNormalization, BatchNormalization, GroupNorm and
  * SoftmaxCrossEntropyLoss, recomputing the statistics from the stashed input
  * as the kernels do. Means are ReduceSum / count (ReduceMean changed form in
@@ -84,35 +84,6 @@ static pp_status mm_grad_b(const pp_graph *g, const pp_node *n, pp_fn_body *b) {
     pp_fn_sum_to(b, "s_", "full", "target", "r");
     swap_unless_wt(b, "r", "rt");
     pp_fn_line(b, "db = Einsum<equation='...ij->...ji'>(rt)");
-    return PP_OK;
-}
-
-/* pippin::MatMulAdd(a, b[, c]) = a @ op(b) + c (the optimizer's fusion;
- * op(b) = b^T when transB). One Gemm on a folded to 2-D, whose transB and
- * optional C follow the node's, so nodes with and without either share
- * the body; then the leading dims back. An activation is not written:
- * those nodes get no function (the training fusion never makes one). */
-static pp_status matmul_add(const pp_graph *g, const pp_node *n, pp_fn_body *b) {
-    (void)g;
-    if (pp_node_attr_string(n, "activation", "")[0])
-        return pp_error(PP_ERR_UNSUPPORTED, "activation '%s' fused", pp_node_attr_string(n, "activation", ""));
-    if (n->n_in > 3) return pp_error(PP_ERR_UNSUPPORTED, "a residual Add fused");
-    if (n->n_out > 1) return pp_error(PP_ERR_UNSUPPORTED, "a Split fused");
-    b->inputs = "a, b, c";
-    b->outputs = "y";
-    pp_fn_line(b, "i0 = Constant<value_ints=[0]>()");
-    pp_fn_line(b, "m1 = Constant<value_ints=[-1]>()");
-    pp_fn_line(b, "big = Constant<value_ints=[9223372036854775807]>()");
-    pp_fn_line(b, "sa = Shape(a)");
-    pp_fn_line(b, "k = Slice(sa, m1, big)");
-    pp_fn_line(b, "s2 = Concat<axis=0>(m1, k)");
-    pp_fn_line(b, "a2 = Reshape(a, s2)");
-    pp_fn_line(b, "y2 = Gemm<transB=@transB:i>(a2, b, c)");
-    pp_fn_line(b, "lead = Slice(sa, i0, m1)");
-    pp_fn_line(b, "sy2 = Shape(y2)");
-    pp_fn_line(b, "nn = Slice(sy2, m1, big)");
-    pp_fn_line(b, "sy = Concat<axis=0>(lead, nn)");
-    pp_fn_line(b, "y = Reshape(y2, sy)");
     return PP_OK;
 }
 
@@ -445,7 +416,6 @@ static pp_status sce(const pp_graph *g, const pp_node *n, pp_fn_body *b) {
 const pp_fn_entry pp_fn_nn[] = {
     {"MatMulGradA", mm_grad_a},
     {"MatMulGradB", mm_grad_b},
-    {"MatMulAdd", matmul_add},
     {"SoftmaxGrad", softmax},
     {"LogSoftmaxGrad", log_softmax},
     {"LayerNormGradInput", ln_input},

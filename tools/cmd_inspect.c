@@ -404,8 +404,9 @@ static int print_backward(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, c
 
 /* The graph as inference runs it (pp_graph_prepare_inference: training-mode
  * ops rewritten, then the optimizer's passes): what each pass changed and
- * the op counts after. Loads its own copy of the model. */
-static int print_optimized(pp_split_args *sa, const char *path, json_object *json) {
+ * the op counts after; written as ONNX to out_path if given (pippin's fused
+ * ops with their function bodies). Loads its own copy of the model. */
+static int print_optimized(pp_split_args *sa, const char *path, const char *out_path, json_object *json) {
     pp_graph *g;
     if (pp_split_args_load(sa, path, &g) != PP_OK) return 1;
     unsigned passes = pp_optimize_default();
@@ -414,6 +415,7 @@ static int print_optimized(pp_split_args *sa, const char *path, json_object *jso
     pp_status s = pp_graph_prepare_inference(g);
     pp_optimize_set_default(passes);
     if (s == PP_OK) s = pp_graph_optimize(g, passes, &r);
+    if (s == PP_OK && out_path) s = pp_onnx_save(g, out_path);
     op_count *ops = s == PP_OK ? calloc((size_t)g->n_nodes + 1, sizeof *ops) : NULL;
     if (!ops) {
         if (s == PP_OK) pp_error(PP_ERR_NOMEM, "out of memory");
@@ -500,7 +502,7 @@ static int print_placement(pp_graph *g, const char *spec, json_object *json) {
 }
 
 static void inspect_usage(FILE *f) {
-    fprintf(f, "usage: pippin inspect MODEL.onnx [--json] [--backward [-o OUT.onnx]] [--optimized]\n"
+    fprintf(f, "usage: pippin inspect MODEL.onnx [--json] [--backward [-o OUT.onnx]] [--optimized [-o OUT.onnx]]\n"
                "                      [--split-before PREFIX]... [--split-after PREFIX]... [--dim NAME=N]...\n"
                "                      [--freeze PATTERN]... [--device SPEC]\n"
                "Shows inputs and outputs (dtype, shape), op counts, parameter count and bytes\n"
@@ -515,7 +517,7 @@ static void inspect_usage(FILE *f) {
                "\"dims\", \"batch_dim\"). With --json, --backward adds \"training_graph\".\n"
                "--optimized adds the graph as inference runs it: what each optimizer pass\n"
                "changed and the op counts after (JSON: \"optimized\"; PIPPIN_OPTIMIZE picks\n"
-               "the passes).\n"
+               "the passes); -o writes that graph as ONNX.\n"
                "--device SPEC (cpu, cuda:N, fake[:ops]) says where each node runs on that\n"
                "device: the nodes it claims and those the CPU takes (with --backward, the\n"
                "training graph's; JSON: \"placement\", per node).\n");
@@ -550,7 +552,7 @@ int cmd_inspect(int argc, char **argv) {
         default: inspect_usage(stderr); return 2;
         }
     }
-    if (optind != argc - 1 || (out_path && !backward)) {
+    if (optind != argc - 1 || (out_path && backward == optimized)) { /* -o: one graph to write */
         inspect_usage(stderr);
         return 2;
     }
@@ -571,7 +573,7 @@ int cmd_inspect(int argc, char **argv) {
     if (!json) print_text(g, ops, n_ops);
     if (pp_cli_has_markers(g) || pp_split_args_any(&sa)) rc = print_stages(g, &sa, &ds, root);
     if (!rc && backward) rc = print_backward(g, &sa, &ds, out_path, weights, root);
-    if (!rc && optimized) rc = print_optimized(&sa, argv[optind], root);
+    if (!rc && optimized) rc = print_optimized(&sa, argv[optind], backward ? NULL : out_path, root);
     if (!rc && device) rc = print_placement(g, device, root);
     if (root && !rc)
         printf("%s\n", json_object_to_json_string_ext(root, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_NOSLASHESCAPE));

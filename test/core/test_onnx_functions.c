@@ -2,8 +2,10 @@
  * (lib/onnx_functions.h): the body text's subgraph blocks (Loop bodies),
  * one function per distinct body ("op", "op__2": SplitLike's piece counts,
  * an LSTM's direction), absent inputs written as pippin.absent and all of
- * it read back by pippin as the ops it wrote. ONNX Runtime and onnx.checker
- * run the files in test/tools/ort_train.sh. */
+ * it read back by pippin as the ops it wrote, and every pippin::MatMulAdd
+ * form the optimizer makes written with a body. ONNX Runtime and
+ * onnx.checker run the files in test/tools/ort_train.sh and
+ * ort_optimized.sh. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -326,6 +328,148 @@ static void test_rnn_body_needs_opset_13(void **state) {
     onnx__model_proto__free_unpacked(m, NULL);
 }
 
+/* ---- pippin::MatMulAdd's forms, optimized and exported ---- */
+
+static pp_tensor *rand_f32(int nd, const int64_t *shape, uint64_t seed) {
+    pp_tensor *t;
+    TU_OK(pp_tensor_empty(PP_F32, nd, shape, &t));
+    float *d = t->data;
+    for (int64_t i = 0; i < pp_tensor_numel(t); i++) d[i] = (float)(2.0 * tu_urand(&seed) - 1.0);
+    return t;
+}
+
+static int node1(pp_graph *g, const char *op, const char *name, int n_in, const int *in) {
+    int id;
+    TU_OK(pp_graph_add_node(g, op, "", name, n_in, in, 1, NULL, &id));
+    return g->nodes[id].out[0];
+}
+
+/* One Linear x @ W_tag^T (+ b_tag): what torch exports, packed by the
+ * optimizer (PackWeight). */
+static int linear(pp_graph *g, int x, const char *tag, int bias, uint64_t seed) {
+    char name[32];
+    int v;
+    snprintf(name, sizeof name, "W_%s", tag);
+    TU_OK(pp_graph_add_initializer(g, name, PP_VALUE_PARAM, rand_f32(2, SHAPE(40, 24), seed), &v));
+    snprintf(name, sizeof name, "wt_%s", tag);
+    int wt = node1(g, "Transpose", name, 1, &v);
+    TU_OK(pp_node_set_ints(g, g->values[wt].producer, "perm", 2, (int64_t[]){1, 0}));
+    snprintf(name, sizeof name, "mm_%s", tag);
+    int y = node1(g, "MatMul", name, 2, (int[]){x, wt});
+    if (!bias) return y;
+    snprintf(name, sizeof name, "b_%s", tag);
+    TU_OK(pp_graph_add_initializer(g, name, PP_VALUE_PARAM, rand_f32(1, SHAPE(40), seed + 1), &v));
+    snprintf(name, sizeof name, "add_%s", tag);
+    return node1(g, "Add", name, 2, (int[]){v, y});
+}
+
+static int gelu(pp_graph *g, int x, const char *name, const char *approx) {
+    int y = node1(g, "Gelu", name, 1, &x);
+    TU_OK(pp_node_set_string(g, g->values[y].producer, "approximate", approx));
+    return y;
+}
+
+/* x [2, 3, 24], r [2, 3, 40]; five Linears whose fused forms differ:
+ * Relu; erf Gelu; tanh Gelu then the residual r (added after it); the
+ * residual without a bias; a Split of the product into 16 and 24 along
+ * the last axis. */
+static pp_graph *forms_graph(void) {
+    pp_graph *g;
+    TU_OK(pp_graph_new("forms", &g));
+    g->opset = 17;
+    int x, r, id;
+    TU_OK(pp_graph_add_input(g, "x", PP_F32, 3, SHAPE(2, 3, 24), &x));
+    TU_OK(pp_graph_add_input(g, "r", PP_F32, 3, SHAPE(2, 3, 40), &r));
+    int y = linear(g, x, "relu", 1, 101);
+    TU_OK(pp_graph_add_output(g, node1(g, "Relu", "relu", 1, &y)));
+    TU_OK(pp_graph_add_output(g, gelu(g, linear(g, x, "gelu", 1, 103), "gelu", "none")));
+    y = gelu(g, linear(g, x, "tanh", 1, 105), "gelu_tanh", "tanh");
+    TU_OK(pp_graph_add_output(g, node1(g, "Add", "res_tanh", 2, (int[]){y, r})));
+    y = linear(g, x, "res", 0, 107);
+    TU_OK(pp_graph_add_output(g, node1(g, "Add", "res_nobias", 2, (int[]){r, y})));
+    y = linear(g, x, "split", 1, 109);
+    pp_tensor *sizes;
+    TU_OK(pp_tensor_empty(PP_I64, 1, SHAPE(2), &sizes));
+    memcpy(sizes->data, (int64_t[]){16, 24}, 2 * sizeof(int64_t));
+    int sv;
+    TU_OK(pp_graph_add_initializer(g, "sizes", PP_VALUE_CONST, sizes, &sv));
+    TU_OK(pp_graph_add_node(g, "Split", "", "split", 2, (int[]){y, sv}, 2, (const char *[]){"s0", "s1"}, &id));
+    TU_OK(pp_node_set_int(g, id, "axis", -1));
+    TU_OK(pp_graph_add_output(g, g->nodes[id].out[0]));
+    TU_OK(pp_graph_add_output(g, g->nodes[id].out[1]));
+    return g;
+}
+
+/* Regression: an optimized graph's MatMulAdd with a fused activation,
+ * residual or Split had no ONNX function body: the export warned and the
+ * file had no function for pippin::MatMulAdd (ONNX Runtime refused it).
+ * Every form now gets one, a function per distinct body (PackWeight's
+ * too), no warning; pippin reads the file back and gives the unoptimized
+ * graph's outputs (within float rounding: the fused kernel). ONNX Runtime
+ * runs the bodies in test/tools/ort_optimized.sh. */
+static void test_matmul_add_forms(void **state) {
+    (void)state;
+    pp_tensor *ins[2] = {rand_f32(3, SHAPE(2, 3, 24), 1), rand_f32(3, SHAPE(2, 3, 40), 2)};
+    pp_tensor *want[6] = {0}, *got[6] = {0};
+    pp_graph *g = forms_graph();
+    TU_OK(pp_graph_run(g, ins, want));
+    pp_optimize_report rep;
+    TU_OK(pp_graph_optimize(g, PP_OPT_ALL, &rep));
+    int fused = 0, packs = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        fused += !strcmp(g->nodes[i].op_type, "MatMulAdd");
+        packs += !strcmp(g->nodes[i].op_type, "PackWeight");
+    }
+    assert_int_equal(fused, 5);
+    assert_int_equal(packs, 5);
+    assert_int_equal(g->n_nodes, 10); /* every Relu, Gelu, Add and the Split taken in */
+    warnings = 0;
+    pp_log_level old = pp_log_get_level();
+    pp_log_set_level(PP_LOG_WARN);
+    pp_log_set_handler(keep_warning, NULL);
+    pp_status s = pp_onnx_save(g, tmp_model);
+    pp_log_set_handler(NULL, NULL);
+    pp_log_set_level(old);
+    pp_graph_free(g);
+    TU_OK(s);
+    assert_int_equal(warnings, 0);
+    Onnx__ModelProto *m = read_model(tmp_model);
+    assert_int_equal(m->n_functions, 6); /* PackWeight and five MatMulAdd bodies */
+    for (size_t i = 0; i < m->graph->n_node; i++) {
+        const Onnx__NodeProto *n = m->graph->node[i];
+        if (!n->domain || strcmp(n->domain, "pippin") != 0) continue;
+        const Onnx__FunctionProto *f = function_named(m, n->op_type);
+        assert_non_null(f);
+        assert_int_equal(f->n_input, n->n_input);
+        assert_int_equal(f->n_output, n->n_output);
+    }
+    /* the tanh Gelu's body: the kernel's constants, and no Gelu op */
+    const Onnx__NodeProto *tanh_node = node_named(m, "mm_tanh");
+    assert_non_null(tanh_node);
+    const Onnx__FunctionProto *tf = function_named(m, tanh_node->op_type);
+    int tanhs = 0, adds = 0;
+    for (size_t i = 0; i < tf->n_node; i++) {
+        assert_string_not_equal(tf->node[i]->op_type, "Gelu");
+        tanhs += !strcmp(tf->node[i]->op_type, "Tanh");
+        adds += !strcmp(tf->node[i]->op_type, "Add");
+    }
+    assert_int_equal(tanhs, 1);
+    assert_int_equal(adds, 3); /* x + 0.044715 x^3, 1 + tanh, then the residual */
+    onnx__model_proto__free_unpacked(m, NULL);
+
+    pp_graph *h;
+    TU_OK(pp_onnx_load(tmp_model, &h));
+    TU_OK(pp_graph_run(h, ins, got));
+    for (int i = 0; i < 6; i++) {
+        tu_assert_close(got[i], want[i], 1e-5, 1e-5, h->values[h->outputs[i]].name);
+        pp_tensor_free(got[i]);
+        pp_tensor_free(want[i]);
+    }
+    pp_graph_free(h);
+    pp_tensor_free(ins[0]);
+    pp_tensor_free(ins[1]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_text_subgraph),
@@ -333,6 +477,7 @@ int main(void) {
         cmocka_unit_test(test_variants_and_absent_inputs),
         cmocka_unit_test(test_unexpressed_configuration_is_named),
         cmocka_unit_test(test_rnn_body_needs_opset_13),
+        cmocka_unit_test(test_matmul_add_forms),
     };
     tu_filter_from_env();
     return cmocka_run_group_tests(tests, setup, teardown);
