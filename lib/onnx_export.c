@@ -295,9 +295,19 @@ static pp_status build_model(arena *a, const pp_graph *g, Onnx__ModelProto *m) {
         tp->data_type = (int32_t)PP_F32;
         gp->initializer[gp->n_initializer++] = tp;
     }
+    /* a constant no node reads and no output names (what folding left) is
+     * not written: ONNX Runtime warns of each; parameters always are */
+    uint8_t *read = arena_alloc(a, (size_t)g->n_values + 1);
+    if (!read) return pp_error(PP_ERR_NOMEM, "out of memory exporting");
+    memset(read, 0, (size_t)g->n_values + 1);
+    for (int i = 0; i < g->n_nodes; i++)
+        for (int k = 0; k < g->nodes[i].n_in; k++)
+            if (g->nodes[i].in[k] >= 0) read[g->nodes[i].in[k]] = 1;
+    for (int i = 0; i < g->n_outputs; i++) read[g->outputs[i]] = 1;
     for (int v = 0; v < g->n_values; v++) {
         const pp_value *val = &g->values[v];
         if ((val->kind != PP_VALUE_PARAM && val->kind != PP_VALUE_CONST) || !val->data) continue;
+        if (val->kind == PP_VALUE_CONST && !read[v]) continue;
         Onnx__TensorProto *tp = arena_alloc(a, sizeof *tp);
         if (!tp) return pp_error(PP_ERR_NOMEM, "out of memory exporting");
         onnx__tensor_proto__init(tp);

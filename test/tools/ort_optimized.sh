@@ -7,7 +7,8 @@
 # these forms had no function body: the export warned and ONNX Runtime
 # and onnx.checker refused the file. Per model (ort_matmul_forms.py's, and
 # the GPT's): written without a warning, onnx.checker's full check with a
-# function for each pippin op used, the MatMulAdd of the form wanted, and
+# function for each pippin op used, no initializer no node reads, the
+# MatMulAdd of the form wanted, and
 # ONNX Runtime running the bodies gives the outputs of the unoptimized
 # model (pippin's, and ONNX Runtime's where it loads) and of pippin's fused
 # kernel, the exported file read back by pippin too (relative 1e-5). ONNX Runtime: npm's
@@ -41,6 +42,10 @@ m = onnx.load(sys.argv[1])
 onnx.checker.check_model(m, full_check=True)
 used = {n.op_type for n in m.graph.node if n.domain == 'pippin'}
 assert used == {fn.name for fn in m.functions}, (used, [fn.name for fn in m.functions])
+# no initializer left unread (constants folding orphaned: ONNX Runtime warned of each)
+read = {x for n in m.graph.node for x in n.input} | {o.name for o in m.graph.output}
+unread = [i.name for i in m.graph.initializer if i.name not in read]
+assert not unread, ('initializers no node reads', unread[:5])
 if sys.argv[2]:
     want = dict(w.split('=', 1) for w in sys.argv[2].split())
     mm = [n for n in m.graph.node if n.domain == 'pippin' and n.op_type.startswith('MatMulAdd')]
