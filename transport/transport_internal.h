@@ -164,7 +164,7 @@ struct pp_transport {
     pp_zap_domain *zap_domain;
     char zap_name[64];
 
-    zmq_msg_t *frames;      /* receive scratch: frame 0 and the data frames */
+    zmq_msg_t *frames;      /* receive scratch: the envelope (moved to 0), then the data frames */
     size_t *sizes;
     size_t frames_cap;
     zmq_pollitem_t *items;  /* poll scratch: 1 + pull + monitors */

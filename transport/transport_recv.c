@@ -155,7 +155,7 @@ static int key_matches(const pp_mbox_key *want, const pp_envelope *env, const ch
 
 static int receive_ring(pp_transport *t, int r, const pp_mbox_key *want, pp_tensor **got, int max);
 
-/* Where a message came from: the ZeroMQ frame 0 m0 (its connection's
+/* Where a message came from: the ZeroMQ envelope frame m0 (its connection's
  * address looked up once, however many batch entries it holds), or (m0
  * NULL) rank ring_rank's message ring. */
 typedef struct msg_src {
@@ -489,6 +489,16 @@ static int receive_one(pp_transport *t, const pp_mbox_key *want, pp_tensor **got
         } else {
             n++;
         }
+    }
+    /* the envelope is the last frame (transport_send.c: send_data says
+     * why); it goes to t->frames[0], the data frames after it in order */
+    if (n > 1 && !too_many) {
+        zmq_msg_t env;
+        zmq_msg_init(&env);
+        zmq_msg_move(&env, &t->frames[n - 1]);
+        for (size_t i = n - 1; i > 0; i--) zmq_msg_move(&t->frames[i], &t->frames[i - 1]);
+        zmq_msg_move(&t->frames[0], &env);
+        zmq_msg_close(&env);
     }
     handle_message(t, zmq_msg_data(&t->frames[0]), zmq_msg_size(&t->frames[0]), &t->frames[0], -1, n,
                    too_many, want, got);
