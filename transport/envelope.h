@@ -67,7 +67,8 @@ typedef struct pp_envelope_part {
 typedef enum pp_wire_placement {
     PP_PLACE_FRAMES = 0,
     PP_PLACE_INLINE = 1,
-    PP_PLACE_SHM = 2
+    PP_PLACE_SHM = 2,
+    PP_PLACE_BULK = 3 /* on the sender's bulk lane (transport/bulk_lane.h) */
 } pp_wire_placement;
 
 /* One tensor's metadata. */

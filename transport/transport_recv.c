@@ -291,7 +291,7 @@ static void handle_decoded(pp_transport *t, pp_envelope *envp, msg_src *src, siz
         } else if (strncmp(env.text, CTL_MSGRING_OK, PREFIX_LEN(CTL_MSGRING_OK)) == 0) {
             const char *name = env.text + PREFIX_LEN(CTL_MSGRING_OK);
             if (p->tx_msg && strcmp(name, pp_shm_ring_name(p->tx_msg)) == 0) p->tx_msg_ready = 1;
-        } else {
+        } else if (!pp_tp_bulk_control(t, r, env.text)) {
             drop_msg(t, m0, "claims rank %d: unknown control command '%s'", r, env.text);
         }
         goto done;
@@ -340,7 +340,10 @@ static void handle_decoded(pp_transport *t, pp_envelope *envp, msg_src *src, siz
         pp_tensor *tensor = NULL;
         pp_status s = wt->placement == PP_PLACE_INLINE ? pp_envelope_tensor_inline(&env, i, &tensor)
                       : wt->placement == PP_PLACE_SHM  ? pp_tp_shm_tensor(t, ring, wt, &tensor)
-                                                       : build_tensor(t, wt, f, &tensor);
+                      : wt->placement == PP_PLACE_BULK
+                          ? (m0 ? pp_tp_bulk_tensor(t, r, &env, i, &tensor)
+                                : pp_error(PP_ERR_PARSE, "a bulk tensor in a message ring"))
+                          : build_tensor(t, wt, f, &tensor);
         f += wt->nframes;
         if (s != PP_OK) {
             drop_msg(t, m0, "claims rank %d: tensor '%s': %s", r, wt->name, pp_last_error());

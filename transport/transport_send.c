@@ -235,7 +235,7 @@ pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n
     if (!wt) return pp_error(PP_ERR_NOMEM, "out of memory");
     uint8_t place[PP_ENVELOPE_DEFAULT_MAX_TENSORS]; /* n fits, checked above; wt is gone by the data frames */
     size_t nframes = 0, inline_bytes = 0;
-    uint64_t shm_bytes = 0;
+    uint64_t shm_bytes = 0, bulk_bytes = 0;
     int ninline = 0, inline_one = -1;
     for (int i = 0; i < n; i++) {
         const pp_tensor *x = tensors[i];
@@ -265,6 +265,10 @@ pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n
             wt[i].placement = PP_PLACE_SHM;
             wt[i].shm_pos = pos;
             shm_bytes += x->nbytes;
+        } else if (pp_tp_bulk_lane(t, r, x->nbytes)) {
+            /* another host: its bytes on the bulk lane, read into the final buffer */
+            wt[i].placement = PP_PLACE_BULK;
+            bulk_bytes += x->nbytes;
         } else {
             size_t fb = pp_tp_frame_size(t, p, x->nbytes);
             wt[i].nframes = (uint32_t)(x->nbytes / fb + (x->nbytes % fb != 0));
@@ -304,7 +308,7 @@ pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n
     env.inline_data = inline_data;
     env.inline_bytes = inline_bytes;
     env.shm_name = shm_bytes ? pp_shm_ring_name(ring) : "";
-    pp_shm_ring *mring = nframes == 0 && shm_bytes == 0 ? pp_tp_msg_ring(t, r) : NULL;
+    pp_shm_ring *mring = nframes == 0 && shm_bytes == 0 && bulk_bytes == 0 ? pp_tp_msg_ring(t, r) : NULL;
     if (mring && pp_tp_send_by_ring(t, r, mring, &env)) {
         if (wt != wt_stack) free(wt);
         p->seq++;
@@ -315,7 +319,7 @@ pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n
     }
     /* small (all inline) activations and gradients may be held back and
      * batched while this rank is ahead of the peer */
-    int batchable = t->batching && nframes == 0 && shm_bytes == 0 &&
+    int batchable = t->batching && nframes == 0 && shm_bytes == 0 && bulk_bytes == 0 &&
                     (key->kind == PP_MSG_ACTIVATION || key->kind == PP_MSG_GRADIENT);
     if (batchable && (p->obox_n || pp_tp_ahead(p)) && pp_tp_hold(t, r, &env)) {
         if (!pp_tp_ahead(p)) pp_tp_flush_one(t, r); /* libzmq caught up: the batch goes now */
@@ -356,6 +360,9 @@ pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n
     } else {
         PP_TRY(send_data(t, r, &m0, n, tensors, place, nframes, &act));
     }
+    /* the envelope is out: the bulk tensors' bytes follow on the lane */
+    for (int i = 0; bulk_bytes && i < n; i++)
+        if (place[i] == PP_PLACE_BULK) PP_TRY(pp_tp_bulk_push(t, r, env.seq, (uint32_t)i, tensors[i], &act));
     stat_add(&t->st.messages_sent, 1);
     stat_add(&t->st.bytes_sent, total);
     stat_add(&t->st.shm_bytes_sent, shm_bytes);
