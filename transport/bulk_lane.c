@@ -10,6 +10,8 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
+#include <netinet/in.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -17,6 +19,8 @@
 
 /* How often a writer waiting for room looks whether it is being stopped. */
 #define STOP_POLL_MS 50
+/* Most bytes a lane's reader waits for before it wakes (set_lowat). */
+#define LOWAT_MAX (1 << 20)
 /* Bytes read past at a time when skipping a dropped message's tensor. */
 #define SKIP_CHUNK 65536
 
@@ -31,6 +35,7 @@ static int64_t mono_ms(void) {
 typedef struct entry {
     uint8_t head[PP_BULK_HEADER_BYTES];
     pp_tensor *x;
+    size_t done; /* bytes of head + tensor already written (by the pushing thread) */
 } entry;
 
 struct pp_bulk_tx {
@@ -53,6 +58,7 @@ static void signal_event(pp_bulk_tx *tx) {
 
 /* Writes n bytes, waiting for room; 0, or -1 with errno (ECANCELED: stopped). */
 static int write_all(pp_bulk_tx *tx, const uint8_t *p, size_t n) {
+    if (!n) return 0;
     while (n) {
         if (atomic_load(&tx->stop)) {
             errno = ECANCELED;
@@ -79,8 +85,9 @@ static void *writer(void *arg) {
         if (!tx->n || atomic_load(&tx->stop)) break;
         entry e = tx->q[tx->head];
         pthread_mutex_unlock(&tx->lock);
-        int rc = write_all(tx, e.head, sizeof e.head);
-        if (rc == 0) rc = write_all(tx, e.x->data, e.x->nbytes);
+        size_t hd = e.done < sizeof e.head ? e.done : sizeof e.head, xd = e.done - hd;
+        int rc = write_all(tx, e.head + hd, sizeof e.head - hd);
+        if (rc == 0) rc = write_all(tx, (const uint8_t *)e.x->data + xd, e.x->nbytes - xd);
         int err = errno;
         pthread_mutex_lock(&tx->lock);
         if (rc != 0) {
@@ -133,13 +140,31 @@ pp_status pp_bulk_tx_start(int fd, size_t max_queue, pp_bulk_tx **out) {
     return PP_OK;
 }
 
+/* With nothing queued the writer is idle, so the pushing thread writes
+ * what the socket takes at once itself: a tensor that fits in the socket's
+ * buffers costs no hand-over to the writer (a wake-up each side). */
+static size_t write_now(pp_bulk_tx *tx, entry *e) {
+    struct iovec iov[2] = {{e->head, sizeof e->head}, {e->x->data, e->x->nbytes}};
+    struct msghdr mh = {0};
+    mh.msg_iov = iov;
+    mh.msg_iovlen = 2;
+    ssize_t k = sendmsg(tx->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+    return k > 0 ? (size_t)k : 0; /* a failure shows again in the writer, which reports it */
+}
+
 int pp_bulk_tx_push(pp_bulk_tx *tx, const pp_bulk_header *h, pp_tensor *x) {
     pthread_mutex_lock(&tx->lock);
     int rc = tx->error[0] ? -1 : tx->n == tx->cap ? 0 : 1;
     if (rc == 1) {
         entry *e = &tx->q[(tx->head + tx->n) % tx->cap];
         pp_bulk_header_pack(h, e->head);
-        e->x = pp_tensor_retain(x);
+        e->x = x;
+        e->done = tx->n == 0 ? write_now(tx, e) : 0;
+        if (e->done == sizeof e->head + x->nbytes) {
+            pthread_mutex_unlock(&tx->lock);
+            return 1;
+        }
+        pp_tensor_retain(x);
         if (tx->n++ == 0) pthread_cond_signal(&tx->wake);
     }
     pthread_mutex_unlock(&tx->lock);
@@ -199,6 +224,15 @@ size_t pp_bulk_tx_close(pp_bulk_tx *tx, int linger_ms) {
 
 /* ---- receiving ---- */
 
+/* The socket wakes its reader once this many bytes wait (SO_RCVLOWAT), at
+ * most LOWAT_MAX: a tensor's bytes are taken in a few large reads rather
+ * than a wake-up per segment that arrives. */
+static void set_lowat(pp_bulk_rx *rx, uint64_t want) {
+    int v = want > LOWAT_MAX ? LOWAT_MAX : (int)want;
+    if (v < 1) v = 1;
+    if (v != rx->lowat && setsockopt(rx->fd, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof v) == 0) rx->lowat = v;
+}
+
 /* Reads n bytes into dst (NULL: reads past them) by the deadline; 1, or -1
  * with rx->why set. */
 static int read_all(pp_bulk_rx *rx, void *dst, uint64_t n, int64_t deadline_ms, const char *what) {
@@ -226,6 +260,7 @@ static int read_all(pp_bulk_rx *rx, void *dst, uint64_t n, int64_t deadline_ms, 
             snprintf(rx->why, sizeof rx->why, "%s did not come in time", what);
             return -1;
         }
+        set_lowat(rx, n); /* all of it must come: never more than that */
         struct pollfd pf = {rx->fd, POLLIN, 0};
         poll(&pf, 1, left > 1000 ? 1000 : (int)left);
     }

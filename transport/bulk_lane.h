@@ -52,6 +52,7 @@ typedef struct pp_bulk_rx {
     pp_bulk_header hdr;
     uint64_t skipped;    /* bytes of messages the receiver dropped, read past */
     char why[160];       /* why the last read failed */
+    int lowat;           /* the socket's SO_RCVLOWAT as last set (0: its default) */
 } pp_bulk_rx;
 
 /* Reads tensor `index` of message `seq` (nbytes bytes) into dst, first
