@@ -6,9 +6,10 @@
  * stays as it was.
  *
  * The sending end is a thread that writes queued tensors (held by a
- * reference, never copied) in order: a send returns once its tensor is
- * queued, as a ZeroMQ send does, and the bytes move while the sender
- * computes. The receiving end is read by the receiving rank's own thread,
+ * reference, never copied) in order; what the socket takes at once when
+ * nothing is queued the pushing thread writes itself. A send returns once
+ * its tensor is queued, as a ZeroMQ send does, and the bytes move while
+ * the sender computes. The receiving end is read by the receiving rank's own thread,
  * straight into the tensor it hands out: no I/O thread in between, no
  * fresh buffer per message. */
 #ifndef PIPPIN_TRANSPORT_BULK_LANE_H

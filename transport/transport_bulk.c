@@ -14,8 +14,9 @@
  * the checked transport); this rank connects and sends the hello with that
  * nonce. Until then, and for good if any of it fails, large tensors go in
  * frames as before. A tensor on the lane is PP_PLACE_BULK in its envelope;
- * the receiver reads it when it handles the envelope, after every check,
- * and reads past the bytes of messages it dropped (the header's sequence
+ * its bytes go first (transport_send.c), and the receiver reads them when
+ * it handles the envelope, after every check, reading past the bytes of
+ * messages it dropped or whose envelopes never came (the header's sequence
  * number says whose bytes come next). */
 #include "transport_internal.h"
 

@@ -354,15 +354,23 @@ pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n
     }
     if (wt != wt_stack) free(wt);
     PP_TRY(s);
-    if (nframes == 0) {
-        PP_TRY(send_first(t, r, &m0, 0, &act));
-        p->seq++;
-    } else {
-        PP_TRY(send_data(t, r, &m0, n, tensors, place, nframes, &act));
+    /* The bulk tensors' bytes go before their envelope: by the time the
+     * receiver reads the envelope they are (mostly) in its socket already,
+     * and it takes them without sleeping again. From here on the message's
+     * sequence number is spent even if its envelope never goes: the
+     * receiver reads past bytes whose envelope never came, and must not
+     * take them for a later message's. */
+    for (int i = 0; bulk_bytes && s == PP_OK && i < n; i++)
+        if (place[i] == PP_PLACE_BULK) s = pp_tp_bulk_push(t, r, env.seq, (uint32_t)i, tensors[i], &act);
+    if (s == PP_OK)
+        s = nframes == 0 ? send_first(t, r, &m0, 0, &act) : send_data(t, r, &m0, n, tensors, place, nframes, &act);
+    else
+        zmq_msg_close(&m0);
+    if (s != PP_OK) {
+        if (bulk_bytes && p->seq < env.seq) p->seq = env.seq;
+        return s;
     }
-    /* the envelope is out: the bulk tensors' bytes follow on the lane */
-    for (int i = 0; bulk_bytes && i < n; i++)
-        if (place[i] == PP_PLACE_BULK) PP_TRY(pp_tp_bulk_push(t, r, env.seq, (uint32_t)i, tensors[i], &act));
+    if (nframes == 0) p->seq++; /* send_data counted it with its first frame */
     stat_add(&t->st.messages_sent, 1);
     stat_add(&t->st.bytes_sent, total);
     stat_add(&t->st.shm_bytes_sent, shm_bytes);
