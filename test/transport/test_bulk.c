@@ -170,6 +170,57 @@ static void test_dropped_message_read_past(void **state) {
     tt_close_ranks(2, t);
 }
 
+/* A message whose bytes went on the lane but whose envelope then could
+ * not go (the receiver's queue full, the send timed out): the next large
+ * message's tensor is read intact past those bytes, never taken for them
+ * (the failed message's sequence number stays spent). */
+static void test_orphan_bytes_read_past(void **state) {
+    (void)state;
+    pp_transport_options o = opts(0);
+    o.timeout_ms = 300;
+    o.heartbeat_timeout_ms = 30000; /* a full queue stops the heartbeats' answers too */
+    o.sndhwm = o.rcvhwm = 1;
+    pp_transport *t[2];
+    tt_make_ranks("tcp", 2, &o, t);
+    int mb = 0;
+    assert_true(bring_up(t, &mb));
+    /* rank 1 stops receiving: small messages until a send times out */
+    int64_t one[1] = {256};
+    pp_tensor *small = tt_f32_seq(1, one, 0.0f);
+    int nsmall = 0;
+    pp_status s = PP_OK;
+    while (s == PP_OK && nsmall < 200000) {
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, 100000 + nsmall, 0, 1, "s");
+        s = pp_transport_send(t[0], &k, small);
+        if (s == PP_OK) nsmall++;
+    }
+    if (s != PP_ERR_TIMEOUT) fail_msg("%d: %s", s, pp_last_error());
+    int64_t shape[1] = {1 << 16};
+    pp_tensor *lost = tt_f32_seq(1, shape, -5.0f), *good = tt_f32_seq(1, shape, 5.0f);
+    pp_transport_key kl = tt_key(PP_MSG_ACTIVATION, 2, 0, 0, 1, "x");
+    TT_FAILS(PP_ERR_TIMEOUT, pp_transport_send(t[0], &kl, lost), "did not accept");
+    /* rank 1 takes what came, then a large message after the lost one */
+    for (int i = 0; i < nsmall; i++) {
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, 100000 + i, 0, 1, "s");
+        expect_recv(t[1], &k, small);
+    }
+    pp_transport_stats before, after;
+    pp_transport_stats_get(t[1], &before);
+    pp_transport_key kg = tt_key(PP_MSG_ACTIVATION, 2, 1, 0, 1, "x");
+    TT_OK(pp_transport_send(t[0], &kg, good));
+    expect_recv(t[1], &kg, good);
+    pp_transport_stats_get(t[1], &after);
+    assert_int_equal(after.bulk_bytes_received - before.bulk_bytes_received, good->nbytes);
+    assert_int_equal(after.dropped, before.dropped);
+    pp_tensor *none = NULL;
+    TT_OK(pp_transport_take(t[1], &kl, &none));
+    assert_null(none);
+    pp_tensor_free(small);
+    pp_tensor_free(lost);
+    pp_tensor_free(good);
+    tt_close_ranks(2, t);
+}
+
 /* ---- the two ends alone, over a socket pair ---- */
 
 static void put(int fd, uint64_t seq, uint32_t index, const void *data, uint64_t n, uint64_t claimed) {
@@ -276,6 +327,7 @@ int main(void) {
         cmocka_unit_test(test_lanes_both_ways),
         cmocka_unit_test(test_lanes_off),
         cmocka_unit_test(test_dropped_message_read_past),
+        cmocka_unit_test(test_orphan_bytes_read_past),
         cmocka_unit_test(test_reader),
         cmocka_unit_test(test_writer),
     };
