@@ -48,6 +48,7 @@ struct pp_bulk_tx {
     int closing;         /* finish the queue, then stop */
     atomic_int stop;     /* stop now */
     char error[160];     /* set once, under lock */
+    char error_seen[160]; /* the pushing thread's copy (pp_bulk_tx_error) */
 };
 
 static void signal_event(pp_bulk_tx *tx) {
@@ -188,9 +189,9 @@ size_t pp_bulk_tx_queued(pp_bulk_tx *tx) {
 
 const char *pp_bulk_tx_error(pp_bulk_tx *tx) {
     pthread_mutex_lock(&tx->lock);
-    const char *e = tx->error; /* written once, before any reader sees it non-empty */
+    memcpy(tx->error_seen, tx->error, sizeof tx->error_seen); /* the writer may set it any time */
     pthread_mutex_unlock(&tx->lock);
-    return e;
+    return tx->error_seen;
 }
 
 size_t pp_bulk_tx_close(pp_bulk_tx *tx, int linger_ms) {

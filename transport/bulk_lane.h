@@ -30,8 +30,10 @@ typedef struct pp_bulk_tx pp_bulk_tx;
 /* Starts the writer on fd (connected, non-blocking; the lane's from now
  * on), queueing at most max_queue tensors. */
 pp_status pp_bulk_tx_start(int fd, size_t max_queue, pp_bulk_tx **out);
-/* Queues tensor x (a reference is taken) under header h: 1 queued, 0 the
- * queue is full, -1 the lane failed (pp_bulk_tx_error says why). */
+/* Queues tensor x under header h (what the socket takes at once is
+ * written now; for the rest a reference is held until the writer is done
+ * with it): 1 queued, 0 the queue is full, -1 the lane failed
+ * (pp_bulk_tx_error says why). */
 int pp_bulk_tx_push(pp_bulk_tx *tx, const pp_bulk_header *h, pp_tensor *x);
 /* Readable when the writer finished a tensor or failed (poll it while the
  * queue is full); pp_bulk_tx_clear empties it. */
@@ -39,7 +41,8 @@ int pp_bulk_tx_event_fd(const pp_bulk_tx *tx);
 void pp_bulk_tx_clear(pp_bulk_tx *tx);
 /* Tensors queued and not yet written. */
 size_t pp_bulk_tx_queued(pp_bulk_tx *tx);
-/* "" while the lane works, else why it failed. */
+/* "" while the lane works, else why it failed (a copy, valid until the
+ * next call; for the pushing thread). */
 const char *pp_bulk_tx_error(pp_bulk_tx *tx);
 /* Lets the writer finish the queue for up to linger_ms, then stops it,
  * drops what is left (returns how many tensors) and closes the lane. */
