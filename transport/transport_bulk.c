@@ -134,8 +134,8 @@ int pp_tp_bulk_control(pp_transport *t, int r, const char *text) {
     peer *p = &t->peers[r];
     if (strcmp(text, CTL_BULK_WANT) == 0) {
         /* a lane from r to this rank: listen, and tell it where */
-        const char *why;
-        if (!pp_direct_possible(t, &why)) {
+        const char *why = "bulk_lanes is off";
+        if (!t->bulk || !pp_direct_possible(t, &why)) {
             pp_debug("transport rank %d: no bulk lane for rank %d: %s", t->rank, r, why);
             return 1;
         }

@@ -168,7 +168,9 @@ typedef struct pp_transport_options {
      * the receiving rank straight into a recycled buffer; their envelopes
      * still take the link. Used when the receiver's transport can carry
      * direct links (plain tcp, no CURVE, bound to one address); set up on
-     * the first such tensor. 0: on; < 0: off (frames through ZeroMQ). */
+     * the first such tensor. 0: on; < 0: off (frames through ZeroMQ; this
+     * rank neither asks for lanes nor offers them, e.g. where a firewall
+     * passes only the transport's ports). */
     int bulk_lanes;
 } pp_transport_options;
 

@@ -142,6 +142,33 @@ static void test_lanes_off(void **state) {
     tt_close_ranks(2, t);
 }
 
+/* bulk_lanes off on the receiving rank alone: it offers no lane (a
+ * firewall may pass only the transport's ports), and the sender keeps to
+ * frames. */
+static void test_receiver_off_offers_none(void **state) {
+    (void)state;
+    pp_transport *t[2];
+    char eps[2][256];
+    for (int r = 0; r < 2; r++) {
+        pp_transport_options o = opts(r == 1 ? -1 : 0);
+        const char *list[2] = {NULL, NULL};
+        tt_endpoint("tcp", r, eps[r], sizeof eps[r]);
+        list[r] = eps[r];
+        o.rank = r;
+        o.nranks = 2;
+        o.endpoints = list;
+        TT_OK(pp_transport_create(&o, &t[r]));
+    }
+    for (int r = 0; r < 2; r++) TT_OK(pp_transport_connect_peer(t[r], 1 - r, pp_transport_endpoint(t[1 - r])));
+    tt_handshake(2, t);
+    int mb = 0;
+    assert_false(bring_up(t, &mb)); /* 20 tensors, all in frames, all intact */
+    pp_transport_stats st;
+    pp_transport_stats_get(t[0], &st);
+    assert_int_equal(st.bulk_bytes_sent, 0);
+    tt_close_ranks(2, t);
+}
+
 /* A message the receiver drops (a step before its current one) after its
  * bytes went on the lane: they are read past, and the next message's
  * tensor arrives intact. */
@@ -326,6 +353,7 @@ int main(void) {
         cmocka_unit_test(test_lane_carries_large_tensors),
         cmocka_unit_test(test_lanes_both_ways),
         cmocka_unit_test(test_lanes_off),
+        cmocka_unit_test(test_receiver_off_offers_none),
         cmocka_unit_test(test_dropped_message_read_past),
         cmocka_unit_test(test_orphan_bytes_read_past),
         cmocka_unit_test(test_reader),
