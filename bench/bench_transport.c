@@ -12,7 +12,7 @@
  *
  *   pippin-bench-transport [--json] [--reps N] [--quick] [--endpoint E] [--size BYTES]
  *                          [--frame-bytes N] [--recv-cache BYTES] [--hwm N] [--rcvhwm N] [--sockbuf BYTES] [--spin-us US]
- *                          [--only pippin|raw] [--no-batching]
+ *                          [--only pippin|raw] [--no-batching] [--no-bulk]
  *
  * --json prints one object per line:
  *   {"endpoint": "tcp", "bytes": N, "pippin_gbps": x, "raw_gbps": y, "ratio": r, "cpu_ratio": c, "shm_share": s}
@@ -50,6 +50,7 @@ static int spin_us;               /* --spin-us: pippin's receive busy-poll (0: d
 static int sockbuf;               /* --sockbuf: SNDBUF/RCVBUF for both pippin and raw (0: OS) */
 static const char *only_side;     /* --only pippin|raw: time just one side (for profiling; no ratio) */
 static int no_batching;           /* --no-batching: pippin sends every small message on its own */
+static int no_bulk;               /* --no-bulk: pippin's large tensors in ZeroMQ frames, no bulk lane */
 static char ipc_dir[200];
 
 static int cmp_double(const void *a, const void *b) {
@@ -145,6 +146,7 @@ static void pip_open(pip_pair *p, const char *kind, int curve) {
         o.sndbuf = o.rcvbuf = sockbuf;
         o.spin_us = spin_us;
         if (sockets_only) o.shm_bytes = -1;
+        if (no_bulk) o.bulk_lanes = -1;
         if (curve) {
             o.curve_secret_key = p->keys[r][1];
             o.curve_rank_keys = pubs;
@@ -486,10 +488,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--spin-us") && i + 1 < argc) spin_us = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only_side = argv[++i];
         else if (!strcmp(argv[i], "--no-batching")) no_batching = 1;
+        else if (!strcmp(argv[i], "--no-bulk")) no_bulk = 1;
         else {
             fprintf(stderr, "usage: pippin-bench-transport [--json] [--reps N] [--quick] "
                             "[--endpoint tcp|ipc|tcp+curve|tcp-noshm|latency] [--size BYTES] [--frame-bytes N] "
-                            "[--recv-cache BYTES] [--hwm N] [--rcvhwm N] [--sockbuf BYTES] [--spin-us US] [--only pippin|raw] [--no-batching]\n");
+                            "[--recv-cache BYTES] [--hwm N] [--rcvhwm N] [--sockbuf BYTES] [--spin-us US] [--only pippin|raw] [--no-batching] [--no-bulk]\n");
             return 2;
         }
     }

@@ -562,14 +562,14 @@ enum {
     K_MODEL, K_SPLIT, K_DIMS, K_MODE, K_SCHEDULE, K_MICROBATCHES, K_BATCH, K_STEPS, K_LOSS,
     K_OPTIMIZER, K_DATA, K_TEXT, K_RANKS, K_BIND, K_TIMEOUT, K_SECURITY, K_OUTPUT, K_STAGES, K_SHM, K_FREEZE,
     K_CHECKPOINT, K_RUN_ID, K_INSECURE, K_REJOIN, K_SERVE, K_PARAMS, K_RECOMPUTE, K_REPLICAS, K_BUCKETS, K_SHARD,
-    K_WIRE, K_THREADS, K_SHARE_CORES, K_DEVICE, K_STAGE_DEVICES, K_SPIN, K_COUNT
+    K_WIRE, K_THREADS, K_SHARE_CORES, K_DEVICE, K_STAGE_DEVICES, K_SPIN, K_BULK, K_COUNT
 };
 static const char *const top_keys[K_COUNT] = {
     "model", "split", "dims", "mode", "schedule", "microbatches", "batch_size", "steps", "loss",
     "optimizer", "data", "text", "ranks", "bind", "timeout_ms", "security", "output_dir", "stages",
     "shared_memory", "freeze", "checkpoint", "run_id", "insecure", "rejoin_timeout_ms", "serve", "params",
     "recompute", "replicas", "gradient_buckets", "shard_optimizer", "wire_dtype", "threads", "share_cores", "device",
-    "stage_devices", "spin_us"};
+    "stage_devices", "spin_us", "bulk_lanes"};
 
 /* Checks each device spec of a list (key's entries) against pippin/device.h's forms. */
 static pp_status check_devices(const cx *x, const yaml_node_t *n, const char *key, char **specs, int count) {
@@ -743,6 +743,7 @@ static pp_status parse_top(const cx *x, const yaml_node_t *root) {
     if (given(v[K_THREADS])) PP_TRY(get_int32(x, v[K_THREADS], "threads", 0, 4096, &c->threads));
     PP_TRY(parse_devices(x, v));
     if (given(v[K_SHM])) PP_TRY(get_bool(x, v[K_SHM], "shared_memory", &c->shared_memory));
+    if (given(v[K_BULK])) PP_TRY(get_bool(x, v[K_BULK], "bulk_lanes", &c->bulk_lanes));
     if (given(v[K_SHARE_CORES])) PP_TRY(get_bool(x, v[K_SHARE_CORES], "share_cores", &c->share_cores));
     if (given(v[K_SPIN])) PP_TRY(get_int32(x, v[K_SPIN], "spin_us", 0, 10000, &c->spin_us));
     if (given(v[K_SECURITY])) {
@@ -932,6 +933,7 @@ pp_status pp_config_parse(const char *text, size_t len, const char *name, const 
     c->steps = 1;
     c->timeout_ms = 10000;
     c->shared_memory = 1;
+    c->bulk_lanes = 1;
     c->share_cores = 1;
     c->spin_us = -1; /* auto: pp_worker_spin_us */
     c->checkpoint_keep = 2;

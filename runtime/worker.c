@@ -109,6 +109,7 @@ static pp_status open_transport(pp_worker *w) {
      * another run's until rejoin_timeout_ms. */
     else if (w->rank == 0) o.run_id = w->run_id;
     if (!c->shared_memory) o.shm_bytes = -1;
+    if (!c->bulk_lanes) o.bulk_lanes = -1;
     /* the rank's own threads (the pool may have grown to take lent ones) */
     o.spin_us = pp_worker_spin_us(c, w->opt.threads >= 0 ? pp_worker_threads(c, w->opt.threads, 0) : pp_get_threads());
     char secret[PP_CURVE_KEY_CHARS + 1];

@@ -183,14 +183,15 @@ static pp_status check_tensor(const Pippin__TensorMeta *m, size_t i, pp_wire_ten
         return pp_error(PP_ERR_PARSE, "tensor '%s': %" PRIu64 " bytes do not fit in memory", m->name,
                         bytes);
     int place = (int)m->placement;
-    if (place != PP_PLACE_FRAMES && place != PP_PLACE_INLINE && place != PP_PLACE_SHM)
+    if (place != PP_PLACE_FRAMES && place != PP_PLACE_INLINE && place != PP_PLACE_SHM && place != PP_PLACE_BULK)
         return pp_error(PP_ERR_PARSE, "tensor '%s': unknown placement %d", m->name, place);
     if (place == PP_PLACE_FRAMES && (bytes == 0) != (m->nframes == 0))
         return pp_error(PP_ERR_PARSE, "tensor '%s': %" PRIu64 " bytes in %" PRIu32 " frames",
                         m->name, bytes, m->nframes);
     if (place != PP_PLACE_FRAMES && (m->nframes != 0 || bytes == 0))
         return pp_error(PP_ERR_PARSE, "tensor '%s': %s tensor of %" PRIu64 " bytes claims %" PRIu32
-                        " frames", m->name, place == PP_PLACE_INLINE ? "an inline" : "a shared-memory",
+                        " frames", m->name, place == PP_PLACE_INLINE ? "an inline"
+                                            : place == PP_PLACE_SHM  ? "a shared-memory" : "a bulk",
                         bytes, m->nframes);
     if (m->nframes > bytes)
         return pp_error(PP_ERR_PARSE, "tensor '%s': %" PRIu32 " frames for %" PRIu64 " bytes",

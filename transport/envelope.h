@@ -1,9 +1,9 @@
 /* The transport's wire envelope: encoding, decoding and validation.
  *
- * A transport message is multipart. Frame 0 is a packed protobuf `Envelope`
- * (lib/proto/pippin.proto). Each tensor's bytes are placed one way:
- * PP_PLACE_FRAMES, as raw frames after frame 0, tensor after tensor,
- * `nframes` frames per tensor; PP_PLACE_INLINE, in the envelope's inline
+ * A transport message is multipart. Its last frame is a packed protobuf
+ * `Envelope` (lib/proto/pippin.proto). Each tensor's bytes are placed one
+ * way: PP_PLACE_FRAMES, as raw frames before the envelope, tensor after
+ * tensor, `nframes` frames per tensor; PP_PLACE_INLINE, in the envelope's inline
  * data (the inline tensors' bytes back to back, in tensor order), which
  * saves a frame per small message; PP_PLACE_SHM, in the sender's
  * shared-memory ring `shm_name` at `shm_pos` (ranks on one host; the ring
@@ -32,8 +32,8 @@
 extern "C" {
 #endif
 
-#define PP_PROTOCOL_VERSION 2u
-/* Largest frame 0 a receiver accepts. */
+#define PP_PROTOCOL_VERSION 3u /* 3: the envelope is a message's last frame */
+/* Largest envelope frame a receiver accepts. */
 #define PP_ENVELOPE_MAX_BYTES 65536u
 /* Longest value name (bytes, without the terminating NUL). */
 #define PP_ENVELOPE_MAX_NAME 255u
@@ -67,7 +67,8 @@ typedef struct pp_envelope_part {
 typedef enum pp_wire_placement {
     PP_PLACE_FRAMES = 0,
     PP_PLACE_INLINE = 1,
-    PP_PLACE_SHM = 2
+    PP_PLACE_SHM = 2,
+    PP_PLACE_BULK = 3 /* on the sender's bulk lane (transport/bulk_lane.h) */
 } pp_wire_placement;
 
 /* One tensor's metadata. */
@@ -77,7 +78,7 @@ typedef struct pp_wire_tensor {
     int ndim;
     int64_t shape[PP_MAX_DIMS];
     uint64_t nbytes;
-    uint32_t nframes;   /* PP_PLACE_FRAMES: frames after frame 0; else 0 */
+    uint32_t nframes;   /* PP_PLACE_FRAMES: data frames (before the envelope); else 0 */
     pp_wire_placement placement;
     uint64_t shm_pos;   /* PP_PLACE_SHM: ring position of the first byte */
 } pp_wire_tensor;
@@ -130,7 +131,7 @@ pp_status pp_envelope_pack(const pp_envelope *env, void *buf, size_t cap, size_t
 pp_status pp_envelope_pack_into(const pp_envelope *env, void *(*alloc)(void *ctx, size_t n), void *ctx,
                                 size_t *len);
 
-/* Decodes frame 0 and validates every field against lim (NULL: defaults).
+/* Decodes an envelope frame and validates every field against lim (NULL: defaults).
  * On success *out holds the envelope; release it with pp_envelope_clear.
  * On failure nothing needs releasing and the error message says which check
  * failed. A batch (kind PP_WIRE_KIND_BATCH) has 1..PP_ENVELOPE_MAX_BATCH

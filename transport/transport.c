@@ -109,6 +109,7 @@ static pp_status copy_options(pp_transport *t, const pp_transport_options *o) {
                        ? 0 /* CURVE promises encrypted links: keep every byte on them */
                        : (size_t)(o->shm_bytes ? o->shm_bytes : DEFAULT_SHM_BYTES);
     t->spin_ns = o->spin_us > 0 ? (int64_t)o->spin_us * 1000 : 0;
+    t->bulk = o->bulk_lanes >= 0;
 
     if (o->stage_ranks) {
         if (o->nstages < 1) return pp_error(PP_ERR_INVALID, "transport: stage_ranks given with nstages %d", o->nstages);
@@ -325,6 +326,7 @@ pp_status pp_transport_create(const pp_transport_options *opts, pp_transport **o
         for (int r = 0; r < t->nranks; r++) {
             atomic_init(&t->peers[r].state, r == t->rank ? PP_PEER_SELF : PP_PEER_UNKNOWN);
             t->peers[r].bell_fd = -1;
+            pp_tp_bulk_init(&t->peers[r]);
         }
     }
     if (s == PP_OK && t->curve) {
@@ -383,6 +385,9 @@ void pp_transport_close(pp_transport *t) {
     if (t->peers) {
         /* small messages held back for a busy peer go first, within linger */
         pp_tp_settle_held(t, t->linger_ms);
+        /* tensors queued on bulk lanes too (their envelopes went already) */
+        for (int r = 0; r < t->nranks; r++)
+            if (r != t->rank) pp_tp_bulk_close(t, r, t->linger_ms);
         /* goodbye to every connected peer (a send to one that is not
          * connected fails at once: ZMQ_IMMEDIATE) */
         for (int r = 0; r < t->nranks; r++)
@@ -506,5 +511,7 @@ void pp_transport_stats_get(const pp_transport *t, pp_transport_stats *out) {
     out->dropped_over_cap = atomic_load_explicit(&c->dropped_over_cap, memory_order_relaxed);
     out->dropped_foreign = atomic_load_explicit(&c->dropped_foreign, memory_order_relaxed);
     out->shed_connections = atomic_load_explicit(&c->shed_connections, memory_order_relaxed);
+    out->bulk_bytes_sent = atomic_load_explicit(&c->bulk_bytes_sent, memory_order_relaxed);
+    out->bulk_bytes_received = atomic_load_explicit(&c->bulk_bytes_received, memory_order_relaxed);
 
 }

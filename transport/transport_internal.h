@@ -18,6 +18,7 @@
 #include <zmq.h>
 
 #include "bufpool.h"
+#include "bulk_lane.h"
 #include "context.h"
 #include "doorbell.h"
 #include "mailbox.h"
@@ -59,6 +60,10 @@
 #define CTL_MSGRING "msgring "              /* ring name: small messages to you come here */
 #define CTL_MSGRING_OK "msgring-ok "        /* ring name: reading it */
 #define CTL_BYE "bye"                       /* the transport closed */
+#define CTL_BULK_WANT "bulk-want"           /* please offer me a bulk lane to you */
+#define CTL_BULK_OFFER "bulk-offer "        /* direct_tcp.h offer: connect your bulk lane here */
+/* Tensors at least this big take a bulk lane when there is one. */
+#define PP_BULK_MIN_BYTES ((size_t)256 << 10)
 
 typedef struct peer {
     char *endpoint;         /* NULL: not known */
@@ -102,6 +107,12 @@ typedef struct peer {
     pp_mbox_key obox_key;   /* the first held-back message, for errors */
     struct pp_tp_inflight *inflight; /* small messages libzmq has not taken yet (batching) */
     char obox_name[PP_ENVELOPE_MAX_NAME + 1];
+    /* Bulk lanes (transport_bulk.c): ours to the peer, and the peer's to us. */
+    int bulk_state;
+    struct pp_direct_conn *bulk_conn;        /* ours, while it connects */
+    pp_bulk_tx *bulk_tx;                     /* ours, once up */
+    struct pp_direct_listener *bulk_listen;  /* where the peer's connects (offered to it) */
+    pp_bulk_rx bulk_rx;                      /* the peer's, once it connected */
 } peer;
 
 /* Counts the small messages to one peer that libzmq's I/O thread has not
@@ -114,7 +125,7 @@ typedef struct pp_tp_inflight {
 typedef struct stat_counters {
     atomic_ullong messages_sent, messages_received, bytes_sent, bytes_received, dropped,
         retries, timeouts, peer_failures, pending, pending_bytes, shm_bytes_sent, shm_bytes_received,
-        dropped_window, dropped_over_cap, dropped_foreign, shed_connections;
+        dropped_window, dropped_over_cap, dropped_foreign, shed_connections, bulk_bytes_sent, bulk_bytes_received;
 } stat_counters;
 
 /* An incoming connection that no rank's handshake pinned (transport_conns.c). */
@@ -164,7 +175,7 @@ struct pp_transport {
     pp_zap_domain *zap_domain;
     char zap_name[64];
 
-    zmq_msg_t *frames;      /* receive scratch: frame 0 and the data frames */
+    zmq_msg_t *frames;      /* receive scratch: the envelope (moved to 0), then the data frames */
     size_t *sizes;
     size_t frames_cap;
     zmq_pollitem_t *items;  /* poll scratch: 1 + pull + monitors */
@@ -176,6 +187,7 @@ struct pp_transport {
     int n_rx_msg;           /* peers' message rings we read */
     int n_obox;             /* peers with held-back messages */
     int batching;           /* pp_transport_set_batching: small messages may be held back */
+    int bulk;               /* bulk lanes may be used (options.bulk_lanes) */
     uint8_t *ring_copy;     /* a message ring record, copied before decoding */
     char host_id[HOST_ID_CHARS];
     /* the last message source address looked up, and its text */
@@ -347,6 +359,22 @@ void pp_tp_settle_held(pp_transport *t, int wait_ms);
 /* Forgets what is held back for peer r (abort, close). */
 void pp_tp_drop_held(pp_transport *t, int r);
 void pp_tp_inflight_release(pp_tp_inflight *f);
+
+/* ---- transport_bulk.c ---- */
+
+void pp_tp_bulk_init(peer *p);
+/* Rank r's bulk lane for a tensor of nbytes, if one is up; set-up is asked
+ * for and moved on here. NULL: the tensor goes in frames. */
+pp_bulk_tx *pp_tp_bulk_lane(pp_transport *t, int r, size_t nbytes);
+/* Queues tensor index of message seq on rank r's lane, waiting (receiving
+ * meanwhile) while the lane's queue is full. */
+pp_status pp_tp_bulk_push(pp_transport *t, int r, uint64_t seq, uint32_t index, pp_tensor *x, const action *act);
+/* Handles a bulk control text from (verified) rank r: 1 if it was one. */
+int pp_tp_bulk_control(pp_transport *t, int r, const char *text);
+/* Reads PP_PLACE_BULK tensor i of env, a checked message from rank r. */
+pp_status pp_tp_bulk_tensor(pp_transport *t, int r, const pp_envelope *env, int i, pp_tensor **out);
+/* Closes both lanes with rank r, letting ours finish for up to linger_ms. */
+void pp_tp_bulk_close(pp_transport *t, int r, int linger_ms);
 
 /* ---- transport_recv.c ---- */
 

@@ -155,7 +155,7 @@ static int key_matches(const pp_mbox_key *want, const pp_envelope *env, const ch
 
 static int receive_ring(pp_transport *t, int r, const pp_mbox_key *want, pp_tensor **got, int max);
 
-/* Where a message came from: the ZeroMQ frame 0 m0 (its connection's
+/* Where a message came from: the ZeroMQ envelope frame m0 (its connection's
  * address looked up once, however many batch entries it holds), or (m0
  * NULL) rank ring_rank's message ring. */
 typedef struct msg_src {
@@ -291,7 +291,7 @@ static void handle_decoded(pp_transport *t, pp_envelope *envp, msg_src *src, siz
         } else if (strncmp(env.text, CTL_MSGRING_OK, PREFIX_LEN(CTL_MSGRING_OK)) == 0) {
             const char *name = env.text + PREFIX_LEN(CTL_MSGRING_OK);
             if (p->tx_msg && strcmp(name, pp_shm_ring_name(p->tx_msg)) == 0) p->tx_msg_ready = 1;
-        } else {
+        } else if (!pp_tp_bulk_control(t, r, env.text)) {
             drop_msg(t, m0, "claims rank %d: unknown control command '%s'", r, env.text);
         }
         goto done;
@@ -340,7 +340,10 @@ static void handle_decoded(pp_transport *t, pp_envelope *envp, msg_src *src, siz
         pp_tensor *tensor = NULL;
         pp_status s = wt->placement == PP_PLACE_INLINE ? pp_envelope_tensor_inline(&env, i, &tensor)
                       : wt->placement == PP_PLACE_SHM  ? pp_tp_shm_tensor(t, ring, wt, &tensor)
-                                                       : build_tensor(t, wt, f, &tensor);
+                      : wt->placement == PP_PLACE_BULK
+                          ? (m0 ? pp_tp_bulk_tensor(t, r, &env, i, &tensor)
+                                : pp_error(PP_ERR_PARSE, "a bulk tensor in a message ring"))
+                          : build_tensor(t, wt, f, &tensor);
         f += wt->nframes;
         if (s != PP_OK) {
             drop_msg(t, m0, "claims rank %d: tensor '%s': %s", r, wt->name, pp_last_error());
@@ -489,6 +492,16 @@ static int receive_one(pp_transport *t, const pp_mbox_key *want, pp_tensor **got
         } else {
             n++;
         }
+    }
+    /* the envelope is the last frame (transport_send.c: send_data says
+     * why); it goes to t->frames[0], the data frames after it in order */
+    if (n > 1 && !too_many) {
+        zmq_msg_t env;
+        zmq_msg_init(&env);
+        zmq_msg_move(&env, &t->frames[n - 1]);
+        for (size_t i = n - 1; i > 0; i--) zmq_msg_move(&t->frames[i], &t->frames[i - 1]);
+        zmq_msg_move(&t->frames[0], &env);
+        zmq_msg_close(&env);
     }
     handle_message(t, zmq_msg_data(&t->frames[0]), zmq_msg_size(&t->frames[0]), &t->frames[0], -1, n,
                    too_many, want, got);

@@ -62,8 +62,8 @@ static pp_status send_local(pp_transport *t, const pp_transport_key *key, int n,
     return PP_OK;
 }
 
-/* Sends frame 0, waiting (and receiving meanwhile) until the peer takes it
- * or the deadline passes. On failure m0 is closed. */
+/* Sends a message's first frame, waiting (and receiving meanwhile) until
+ * the peer takes it or the deadline passes. On failure m0 is closed. */
 static pp_status send_first(pp_transport *t, int r, zmq_msg_t *m0, int more, const action *act) {
     peer *p = &t->peers[r];
     char doing[ACTION_CHARS];
@@ -107,6 +107,85 @@ static pp_status send_first(pp_transport *t, int r, zmq_msg_t *m0, int more, con
 
 static void *alloc_zmq_msg(void *ctx, size_t n) {
     return zmq_msg_init_size(ctx, n) == 0 ? zmq_msg_data(ctx) : NULL;
+}
+
+/* Sends a message's data frames, then its envelope m0 as the last frame:
+ * libzmq's receiving I/O thread allocates each frame as it arrives, and
+ * with the small envelope allocated before a large frame it took the front
+ * of the hole the previous large frame left (freed by the receiver), so
+ * every large frame came from fresh heap pages (1 MiB tensors: a page
+ * fault per 4 KiB for a fifth to a quarter of the bytes, half raw
+ * libzmq's speed). Data first, a large frame reuses that hole whole. The
+ * first frame waits for room like any message; once it is in, the rest
+ * cannot hit the high-water mark, and a failure means the connection died.
+ * m0 is sent or closed. */
+static pp_status send_data(pp_transport *t, int r, zmq_msg_t *m0, int n, pp_tensor *const *tensors,
+                           const uint8_t *place, size_t nframes, const action *act) {
+    peer *p = &t->peers[r];
+    char doing[ACTION_CHARS];
+    size_t sent = 0;
+    int lost = 0, lost_more = 0;
+    for (int i = 0; i < n && !lost; i++) {
+        pp_tensor *x = tensors[i];
+        if (x->nbytes == 0 || place[i] != PP_PLACE_FRAMES) continue;
+        size_t off = 0;
+        while (off < x->nbytes && !lost) {
+            zmq_msg_t m;
+            size_t chunk;
+            if (x->nbytes < t->zero_copy_min) {
+                chunk = x->nbytes;
+                if (zmq_msg_init_size(&m, chunk) != 0) {
+                    lost = 1;
+                    lost_more = sent > 0;
+                    break;
+                }
+                memcpy(zmq_msg_data(&m), x->data, chunk);
+            } else {
+                size_t fb = pp_tp_frame_size(t, p, x->nbytes);
+                chunk = x->nbytes - off < fb ? x->nbytes - off : fb;
+                pp_tensor_retain(x);
+                if (zmq_msg_init_data(&m, (char *)x->data + off, chunk, release_tensor, x) != 0) {
+                    pp_tensor_free(x);
+                    lost = 1;
+                    lost_more = sent > 0;
+                    break;
+                }
+            }
+            if (sent == 0) {
+                /* nothing of the message is out yet: wait for room, as a
+                 * message does (a failure is an error of its own) */
+                pp_status s = send_first(t, r, &m, 1, act);
+                if (s != PP_OK) {
+                    zmq_msg_close(m0);
+                    return s;
+                }
+                p->seq++;
+            } else if (zmq_msg_send(&m, p->push, ZMQ_DONTWAIT | ZMQ_SNDMORE) < 0) {
+                zmq_msg_close(&m);
+                lost = 1;
+                lost_more = 1;
+                break;
+            }
+            off += chunk;
+            sent++;
+        }
+    }
+    if (!lost && sent != nframes) lost = 1, lost_more = sent > 0; /* cannot happen: counted above */
+    if (!lost) {
+        if (zmq_msg_send(m0, p->push, ZMQ_DONTWAIT) >= 0) return PP_OK;
+        lost_more = 0;
+        lost = 1;
+    }
+    zmq_msg_close(m0);
+    /* End the half-sent message. After a failed send libzmq drops the parts
+     * it still gets; after a failed allocation the receiver gets a message
+     * whose last frame (its envelope) is empty, and drops it. */
+    if (lost_more) zmq_send(p->push, "", 0, ZMQ_DONTWAIT);
+    if (sent == 0) return pp_error(PP_ERR_NOMEM, "transport rank %d: %s: out of memory", t->rank,
+                                   pp_tp_action_str(act, doing, sizeof doing));
+    stat_add(&t->st.peer_failures, 1);
+    return pp_error(PP_ERR_PEER, "transport rank %d: %s: connection to rank %d (%s) lost "
+                    "mid-message", t->rank, pp_tp_action_str(act, doing, sizeof doing), r, peer_ep(t, r));
 }
 
 /* ---- public ---- */
@@ -156,7 +235,7 @@ pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n
     if (!wt) return pp_error(PP_ERR_NOMEM, "out of memory");
     uint8_t place[PP_ENVELOPE_DEFAULT_MAX_TENSORS]; /* n fits, checked above; wt is gone by the data frames */
     size_t nframes = 0, inline_bytes = 0;
-    uint64_t shm_bytes = 0;
+    uint64_t shm_bytes = 0, bulk_bytes = 0;
     int ninline = 0, inline_one = -1;
     for (int i = 0; i < n; i++) {
         const pp_tensor *x = tensors[i];
@@ -186,6 +265,10 @@ pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n
             wt[i].placement = PP_PLACE_SHM;
             wt[i].shm_pos = pos;
             shm_bytes += x->nbytes;
+        } else if (pp_tp_bulk_lane(t, r, x->nbytes)) {
+            /* another host: its bytes on the bulk lane, read into the final buffer */
+            wt[i].placement = PP_PLACE_BULK;
+            bulk_bytes += x->nbytes;
         } else {
             size_t fb = pp_tp_frame_size(t, p, x->nbytes);
             wt[i].nframes = (uint32_t)(x->nbytes / fb + (x->nbytes % fb != 0));
@@ -225,7 +308,7 @@ pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n
     env.inline_data = inline_data;
     env.inline_bytes = inline_bytes;
     env.shm_name = shm_bytes ? pp_shm_ring_name(ring) : "";
-    pp_shm_ring *mring = nframes == 0 && shm_bytes == 0 ? pp_tp_msg_ring(t, r) : NULL;
+    pp_shm_ring *mring = nframes == 0 && shm_bytes == 0 && bulk_bytes == 0 ? pp_tp_msg_ring(t, r) : NULL;
     if (mring && pp_tp_send_by_ring(t, r, mring, &env)) {
         if (wt != wt_stack) free(wt);
         p->seq++;
@@ -236,7 +319,7 @@ pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n
     }
     /* small (all inline) activations and gradients may be held back and
      * batched while this rank is ahead of the peer */
-    int batchable = t->batching && nframes == 0 && shm_bytes == 0 &&
+    int batchable = t->batching && nframes == 0 && shm_bytes == 0 && bulk_bytes == 0 &&
                     (key->kind == PP_MSG_ACTIVATION || key->kind == PP_MSG_GRADIENT);
     if (batchable && (p->obox_n || pp_tp_ahead(p)) && pp_tp_hold(t, r, &env)) {
         if (!pp_tp_ahead(p)) pp_tp_flush_one(t, r); /* libzmq caught up: the batch goes now */
@@ -271,59 +354,23 @@ pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n
     }
     if (wt != wt_stack) free(wt);
     PP_TRY(s);
-    PP_TRY(send_first(t, r, &m0, nframes > 0, &act));
-    p->seq++;
-
-    /* Data frames: after frame 0 went in, the rest of the message cannot
-     * hit the high-water mark; a failure means the connection died. */
-    size_t sent = 0;
-    int lost = 0, lost_more = 0;
-    for (int i = 0; i < n && !lost; i++) {
-        pp_tensor *x = tensors[i];
-        if (x->nbytes == 0 || place[i] != PP_PLACE_FRAMES) continue;
-        size_t off = 0;
-        while (off < x->nbytes && !lost) {
-            zmq_msg_t m;
-            size_t chunk;
-            if (x->nbytes < t->zero_copy_min) {
-                chunk = x->nbytes;
-                if (zmq_msg_init_size(&m, chunk) != 0) {
-                    lost = 1;
-                    lost_more = 1;
-                    break;
-                }
-                memcpy(zmq_msg_data(&m), x->data, chunk);
-            } else {
-                size_t fb = pp_tp_frame_size(t, p, x->nbytes);
-                chunk = x->nbytes - off < fb ? x->nbytes - off : fb;
-                pp_tensor_retain(x);
-                if (zmq_msg_init_data(&m, (char *)x->data + off, chunk, release_tensor, x) != 0) {
-                    pp_tensor_free(x);
-                    lost = 1;
-                    lost_more = 1;
-                    break;
-                }
-            }
-            int more = sent + 1 < nframes;
-            if (zmq_msg_send(&m, p->push, ZMQ_DONTWAIT | (more ? ZMQ_SNDMORE : 0)) < 0) {
-                zmq_msg_close(&m);
-                lost = 1;
-                lost_more = more;
-                break;
-            }
-            off += chunk;
-            sent++;
-        }
+    /* The bulk tensors' bytes go before their envelope: by the time the
+     * receiver reads the envelope they are (mostly) in its socket already,
+     * and it takes them without sleeping again. From here on the message's
+     * sequence number is spent even if its envelope never goes: the
+     * receiver reads past bytes whose envelope never came, and must not
+     * take them for a later message's. */
+    for (int i = 0; bulk_bytes && s == PP_OK && i < n; i++)
+        if (place[i] == PP_PLACE_BULK) s = pp_tp_bulk_push(t, r, env.seq, (uint32_t)i, tensors[i], &act);
+    if (s == PP_OK)
+        s = nframes == 0 ? send_first(t, r, &m0, 0, &act) : send_data(t, r, &m0, n, tensors, place, nframes, &act);
+    else
+        zmq_msg_close(&m0);
+    if (s != PP_OK) {
+        if (bulk_bytes && p->seq < env.seq) p->seq = env.seq;
+        return s;
     }
-    if (lost) {
-        /* End the half-sent message. After a failed send libzmq drops the
-         * parts it still gets; after a failed allocation the receiver gets a
-         * message with an empty last frame and drops it. */
-        if (lost_more) zmq_send(p->push, "", 0, ZMQ_DONTWAIT);
-        stat_add(&t->st.peer_failures, 1);
-        return pp_error(PP_ERR_PEER, "transport rank %d: %s: connection to rank %d (%s) lost "
-                        "mid-message", t->rank, pp_tp_action_str(&act, doing, sizeof doing), r, peer_ep(t, r));
-    }
+    if (nframes == 0) p->seq++; /* send_data counted it with its first frame */
     stat_add(&t->st.messages_sent, 1);
     stat_add(&t->st.bytes_sent, total);
     stat_add(&t->st.shm_bytes_sent, shm_bytes);

@@ -28,6 +28,7 @@
  *   bind: tcp://0.0.0.0:5555               # optional: what each worker binds instead of its endpoint
  *   timeout_ms: 10000
  *   shared_memory: true                    # ranks on one host skip the socket (docs/transport.md)
+ *   bulk_lanes: true                       # large tensors between hosts on TCP lanes of their own
  *   security:                              # optional CURVE; key files from `pippin keygen`
  *     secret_keys: [keys/rank0.key, keys/rank1.key]   # rank r reads only entry r
  *     public_keys: [keys/rank0.pub, keys/rank1.pub]
@@ -116,6 +117,7 @@ typedef struct pp_config {
     char *bind;              /* NULL: each rank binds its endpoint */
     int timeout_ms;          /* default 10000 */
     int shared_memory;       /* same-host ranks use shared-memory rings; default 1 */
+    int bulk_lanes;          /* large tensors between hosts on bulk lanes; default 1 */
     int n_secret_keys, n_public_keys;
     char **secret_keys, **public_keys; /* key file paths (resolved) */
     char *output_dir;        /* NULL: none (resolved) */

@@ -163,6 +163,15 @@ typedef struct pp_transport_options {
      * handshake are shut down (also whenever the process nears its file
      * limit); stats.shed_connections counts them. 0: 4 per rank + 32. */
     int max_incoming_connections;
+    /* Tensors of 256 KiB and more to a peer on another host go over a TCP
+     * connection of their own beside the ZeroMQ link (a bulk lane), read by
+     * the receiving rank straight into a recycled buffer; their envelopes
+     * still take the link. Used when the receiver's transport can carry
+     * direct links (plain tcp, no CURVE, bound to one address); set up on
+     * the first such tensor. 0: on; < 0: off (frames through ZeroMQ; this
+     * rank neither asks for lanes nor offers them, e.g. where a firewall
+     * passes only the transport's ports). */
+    int bulk_lanes;
 } pp_transport_options;
 
 /* Fills o with the defaults above (rank 0 of 1, no endpoints). */
@@ -199,6 +208,8 @@ typedef struct pp_transport_stats {
     uint64_t dropped_foreign;     /* another run id, a sender that has not completed the hello
                                    * handshake, or from another address than its handshake */
     uint64_t shed_connections;    /* incoming tcp connections shut down over the budget (strangers) */
+    uint64_t bulk_bytes_sent;     /* payload bytes that went over a bulk lane (bulk_lanes) */
+    uint64_t bulk_bytes_received;
 } pp_transport_stats;
 
 typedef enum pp_peer_state {

@@ -212,7 +212,7 @@ class Config(Structure):  # pp_config, up to serve_endpoint (read through a poin
                 ("steps", c_int64), ("loss", c_char_p), ("optim", OptimConfig), ("n_data", c_int),
                 ("data", POINTER(ConfigEntry)), ("text_file", c_char_p), ("text_vocab", c_char_p),
                 ("text_seq", c_int), ("n_ranks", c_int), ("ranks", POINTER(c_char_p)), ("bind", c_char_p),
-                ("timeout_ms", c_int), ("shared_memory", c_int), ("n_secret_keys", c_int),
+                ("timeout_ms", c_int), ("shared_memory", c_int), ("bulk_lanes", c_int), ("n_secret_keys", c_int),
                 ("n_public_keys", c_int), ("secret_keys", POINTER(c_char_p)), ("public_keys", POINTER(c_char_p)),
                 ("output_dir", c_char_p), ("checkpoint_dir", c_char_p), ("checkpoint_every", c_int64),
                 ("checkpoint_keep", c_int), ("run_id", c_char_p), ("insecure", c_int),

@@ -29,15 +29,16 @@ static double now_s(void) {
 
 static long sent;
 
-/* Sends env, then one data frame of `bytes` zeros for a FRAMES tensor. */
+/* Sends one data frame of `bytes` zeros for a FRAMES tensor, then env (a
+ * message's last frame). */
 static void send_env(void *s, const pp_envelope *env, size_t bytes) {
     static uint8_t buf[PP_ENVELOPE_MAX_BYTES];
     static uint8_t data[1 << 16];
     size_t len;
     if (pp_envelope_pack(env, buf, sizeof buf, &len) != PP_OK) return;
     int more = env->ntensors && env->tensors[0].placement == PP_PLACE_FRAMES;
-    if (zmq_send(s, buf, len, ZMQ_DONTWAIT | (more ? ZMQ_SNDMORE : 0)) < 0) return;
-    if (more) zmq_send(s, data, bytes, ZMQ_DONTWAIT);
+    if (more && zmq_send(s, data, bytes, ZMQ_DONTWAIT | ZMQ_SNDMORE) < 0) return;
+    if (zmq_send(s, buf, len, ZMQ_DONTWAIT) < 0) return;
     sent++;
 }
 

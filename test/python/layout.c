@@ -160,6 +160,7 @@ int main(void) {
     F(pp_config, bind);
     F(pp_config, timeout_ms);
     F(pp_config, shared_memory);
+    F(pp_config, bulk_lanes);
     F(pp_config, n_secret_keys);
     F(pp_config, n_public_keys);
     F(pp_config, secret_keys);

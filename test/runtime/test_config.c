@@ -38,6 +38,7 @@
     "bind: tcp://*:5555\n"                                                                    \
     "timeout_ms: 10000\n"                                                                     \
     "shared_memory: false\n"                                                                  \
+    "bulk_lanes: false\n"                                                                     \
     "security:\n"                                                                             \
     "  secret_keys: [keys/rank0.key, keys/rank1.key]\n"                                       \
     "  public_keys: [keys/rank0.pub, keys/rank1.pub]\n"                                       \
@@ -121,6 +122,7 @@ static void test_full(void **state) {
     assert_string_equal(c->bind, "tcp://*:5555");
     assert_int_equal(c->timeout_ms, 10000);
     assert_int_equal(c->shared_memory, 0);
+    assert_int_equal(c->bulk_lanes, 0);
     assert_int_equal(c->n_secret_keys, 2);
     assert_int_equal(c->n_public_keys, 2);
     assert_string_equal(c->secret_keys[0], "/cfg/keys/rank0.key");
@@ -218,6 +220,7 @@ static void test_defaults(void **state) {
     assert_null(c->bind);
     assert_int_equal(c->timeout_ms, 10000);
     assert_int_equal(c->shared_memory, 1);
+    assert_int_equal(c->bulk_lanes, 1);
     assert_int_equal(c->n_secret_keys, 0);
     assert_int_equal(c->n_public_keys, 0);
     assert_null(c->secret_keys);

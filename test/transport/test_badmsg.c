@@ -138,16 +138,16 @@ static void raw_send(fixture *f, int n, const void *const *data, const size_t *s
     }
 }
 
-/* Envelope c then data frames of the given sizes. */
+/* Data frames of the given sizes, then envelope c (the last frame). */
 static void raw_send_crafted(fixture *f, crafted *c, int ndata, const size_t *data_sizes) {
     size_t sizes[80000];
     assert_true(ndata + 1 <= (int)(sizeof sizes / sizeof sizes[0]));
-    sizes[0] = pippin__envelope__get_packed_size(&c->env);
-    uint8_t *env = malloc(sizes[0] + 1);
+    sizes[ndata] = pippin__envelope__get_packed_size(&c->env);
+    uint8_t *env = malloc(sizes[ndata] + 1);
     pippin__envelope__pack(&c->env, env);
-    for (int i = 0; i < ndata; i++) sizes[i + 1] = data_sizes[i];
+    for (int i = 0; i < ndata; i++) sizes[i] = data_sizes[i];
     const void **data = calloc((size_t)ndata + 1, sizeof *data);
-    data[0] = env;
+    data[ndata] = env;
     raw_send(f, ndata + 1, data, sizes);
     free(data);
     free(env);
@@ -218,16 +218,41 @@ static void test_truncated(void **state) {
     uint8_t buf[256];
     size_t len = pippin__envelope__pack(&c.env, buf);
     /* cut inside the tensor metadata: protobuf-c rejects it */
-    const void *d[2] = {buf, NULL};
-    size_t n[2] = {len - 3, 24};
+    const void *d[2] = {NULL, buf};
+    size_t n[2] = {24, len - 3};
     raw_send(f, 2, d, n);
     expect_dropped(f, "truncated protobuf");
+}
+
+/* The envelope goes last (protocol 3): a message in the old order, envelope
+ * then data frame, is dropped (its 24-byte data frame is no envelope), and
+ * the same message in the new order is accepted. */
+static void test_envelope_first_dropped(void **state) {
+    fixture *f = *state;
+    crafted c;
+    craft(&c);
+    c.env.microbatch = 1001;
+    uint8_t buf[256];
+    size_t len = pippin__envelope__pack(&c.env, buf);
+    const void *d[2] = {buf, NULL};
+    size_t n[2] = {len, 24};
+    raw_send(f, 2, d, n);
+    expect_dropped(f, "envelope first");
+    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, 1001, 0, 1, "x");
+    pp_tensor *got = NULL;
+    TT_OK(pp_transport_take(f->t[1], &k, &got));
+    assert_null(got);
+    raw_send_crafted(f, &c, 1, one_frame);
+    TT_OK(pp_transport_recv(f->t[1], &k, 2000, &got));
+    assert_int_equal(got->nbytes, 24);
+    pp_tensor_free(got);
 }
 
 static void test_bad_fields(void **state) {
     fixture *f = *state;
     crafted c;
-    craft(&c); c.env.version = 3; raw_send_crafted(f, &c, 1, one_frame); expect_dropped(f, "version");
+    craft(&c); c.env.version = PP_PROTOCOL_VERSION + 1; raw_send_crafted(f, &c, 1, one_frame); expect_dropped(f, "version");
+    craft(&c); c.env.version = 2; raw_send_crafted(f, &c, 1, one_frame); expect_dropped(f, "version 2");
     craft(&c); c.env.kind = 17; raw_send_crafted(f, &c, 1, one_frame); expect_dropped(f, "kind");
     craft(&c); c.meta[0].dtype = 1234; raw_send_crafted(f, &c, 1, one_frame); expect_dropped(f, "dtype");
     craft(&c); c.meta[0].nbytes = 32;
@@ -376,11 +401,12 @@ static void raw_send_batch(fixture *f, int n, uint8_t **entries, const size_t *l
         b.n_tensors = 1;
         b.tensors = c.ptrs;
     }
-    size_t sizes[2] = {pippin__envelope__get_packed_size(&b), 24};
-    uint8_t *buf = malloc(sizes[0]);
+    /* a data frame (if any), then the batch envelope last */
+    size_t sizes[2] = {24, pippin__envelope__get_packed_size(&b)};
+    uint8_t *buf = malloc(sizes[1]);
     pippin__envelope__pack(&b, buf);
-    const void *data[2] = {buf, NULL};
-    raw_send(f, 1 + ndata, data, sizes);
+    const void *data[2] = {NULL, buf};
+    raw_send(f, 1 + ndata, data + 1 - ndata, sizes + 1 - ndata);
     free(buf);
 }
 
@@ -641,6 +667,7 @@ int main(void) {
         cmocka_unit_test(test_crafted_valid_is_accepted),
         cmocka_unit_test(test_garbage),
         cmocka_unit_test(test_truncated),
+        cmocka_unit_test(test_envelope_first_dropped),
         cmocka_unit_test(test_bad_fields),
         cmocka_unit_test(test_wrong_frames),
         cmocka_unit_test(test_routing),

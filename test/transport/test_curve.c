@@ -242,8 +242,8 @@ static void raw_send_valid(void *sock) {
     meta.nframes = 1;
     uint8_t buf[128], data[24] = {0};
     size_t n = pippin__envelope__pack(&env, buf);
-    zmq_send(sock, buf, n, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-    zmq_send(sock, data, sizeof data, ZMQ_DONTWAIT);
+    zmq_send(sock, data, sizeof data, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    zmq_send(sock, buf, n, ZMQ_DONTWAIT);
 }
 
 /* Raw ZeroMQ strangers: plain, and CURVE with an unlisted key. Neither gets

@@ -432,7 +432,8 @@ static void test_bad_header(void **state) {
     (void)state;
     crafted c;
     pp_envelope_limits lim = {0, 0, 0, 2, 2};
-    craft(&c); c.env.version = 3; expect_bad(&c, NULL, "version 3");
+    craft(&c); c.env.version = 4; expect_bad(&c, NULL, "version 4");
+    craft(&c); c.env.version = 2; expect_bad(&c, NULL, "version 2");
     craft(&c); c.env.version = 0; expect_bad(&c, NULL, "version 0");
     craft(&c); c.env.kind = 0; expect_bad(&c, NULL, "kind 0");
     craft(&c); c.env.kind = 7; expect_bad(&c, NULL, "kind 7");

@@ -52,16 +52,16 @@ static void stranger_close(stranger *st) {
     zmq_ctx_term(st->ctx);
 }
 
-/* Sends envelope c (with one 24-byte data frame if it has a FRAMES tensor). */
+/* Sends envelope c (after one 24-byte data frame if it has a FRAMES tensor). */
 static void send_crafted(void *s, tt_crafted *c) {
     uint8_t buf[1024];
     size_t n = pippin__envelope__pack(&c->env, buf);
     int frames = c->env.n_tensors && c->meta[0].placement == PIPPIN__PLACEMENT__PLACEMENT_FRAMES;
-    assert_true(zmq_send(s, buf, n, frames ? ZMQ_SNDMORE : 0) >= 0);
     if (frames) {
         uint8_t data[24] = {0};
-        assert_true(zmq_send(s, data, sizeof data, 0) >= 0);
+        assert_true(zmq_send(s, data, sizeof data, ZMQ_SNDMORE) >= 0);
     }
+    assert_true(zmq_send(s, buf, n, 0) >= 0);
 }
 
 /* A control message (no tensors) claiming rank 0. */
