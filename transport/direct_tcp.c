@@ -68,12 +68,35 @@ static int endpoint_host(const char *ep, char *host, size_t cap) {
     return strcmp(host, "*") != 0 && strcmp(host, "0.0.0.0") != 0 && strcmp(host, "::") != 0;
 }
 
-int pp_direct_possible(const pp_transport *t, const char **why) {
+/* Whether ep is tcp with a wildcard host ("*", 0.0.0.0, ::). */
+static int wildcard_tcp(const char *ep) {
     char host[64];
+    return strncmp(ep, "tcp://", 6) == 0 && !endpoint_host(ep, host, sizeof host) &&
+           (strncmp(ep + 6, "*:", 2) == 0 || strncmp(ep + 6, "0.0.0.0:", 8) == 0 || strncmp(ep + 6, "[::]:", 5) == 0);
+}
+
+/* The host a listener binds (NULL: every interface) and the host its offer
+ * names: the transport's own when it is bound to one tcp address; bound to
+ * every interface (bind_endpoint "tcp://" "*:5555"), every interface too,
+ * offered as the host peers were told to connect to (its endpoint in the
+ * list), where that is one. 0 if neither. */
+static int listen_hosts(const pp_transport *t, char *bind_host, char *offer_host, size_t cap) {
+    if (endpoint_host(pp_transport_endpoint(t), bind_host, cap)) {
+        snprintf(offer_host, cap, "%s", bind_host);
+        return 1;
+    }
+    bind_host[0] = 0;
+    return wildcard_tcp(pp_transport_endpoint(t)) && t->advertised[0] &&
+           endpoint_host(t->advertised, offer_host, cap);
+}
+
+int pp_direct_possible(const pp_transport *t, const char **why) {
+    char host[64], offer[64];
     *why = "";
     if (t->curve) *why = "the transport is encrypted (CURVE) and direct links are not";
-    else if (!endpoint_host(pp_transport_endpoint(t), host, sizeof host))
-        *why = "the transport is not bound to one tcp address";
+    else if (!listen_hosts(t, host, offer, sizeof host))
+        *why = "the transport is not bound to one tcp address, nor to every interface with its own address in the "
+               "endpoint list";
     return !**why;
 }
 
@@ -99,8 +122,8 @@ pp_status pp_direct_listen(pp_transport *t, uint32_t purpose, int32_t peer, char
     *out = NULL;
     const char *why;
     if (!pp_direct_possible(t, &why)) return pp_error(PP_ERR_UNSUPPORTED, "direct link: %s", why);
-    char host[64];
-    endpoint_host(pp_transport_endpoint(t), host, sizeof host);
+    char bind_host[64], host[64];
+    listen_hosts(t, bind_host, host, sizeof host);
     struct addrinfo *ai;
     if (resolve(host, "0", 1, &ai) != PP_OK) PP_TRY(resolve(host, "0", 0, &ai)); /* a name: looked up once */
     pp_direct_listener *l = calloc(1, sizeof *l);
@@ -108,18 +131,30 @@ pp_status pp_direct_listen(pp_transport *t, uint32_t purpose, int32_t peer, char
         freeaddrinfo(ai);
         return pp_error(PP_ERR_NOMEM, "out of memory");
     }
+    struct sockaddr_storage at; /* where it listens: host's address, or every interface of its family */
+    socklen_t at_len = (socklen_t)ai->ai_addrlen;
+    memcpy(&at, ai->ai_addr, ai->ai_addrlen);
+    if (!bind_host[0] && at.ss_family == AF_INET) ((struct sockaddr_in *)&at)->sin_addr.s_addr = htonl(INADDR_ANY);
+    if (!bind_host[0] && at.ss_family == AF_INET6) ((struct sockaddr_in6 *)&at)->sin6_addr = in6addr_any;
     l->fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     struct sockaddr_storage sa;
     socklen_t len = sizeof sa;
     char bound[64], port[8];
-    int ok = l->fd >= 0 && bind(l->fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(l->fd, MAX_PENDING) == 0 &&
+    int ok = l->fd >= 0 && bind(l->fd, (struct sockaddr *)&at, at_len) == 0 && listen(l->fd, MAX_PENDING) == 0 &&
              getsockname(l->fd, (struct sockaddr *)&sa, &len) == 0;
     int e = errno;
-    freeaddrinfo(ai);
-    /* the offer names the address bound, as a number */
-    if (ok && getnameinfo((struct sockaddr *)&sa, len, bound, sizeof bound, port, sizeof port,
-                          NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+    /* the offer names the address bound, as a number; on every interface,
+     * host's address (the one peers reach this rank at) with the port bound */
+    if (ok && !bind_host[0]) {
+        char ignored[8];
+        if (getnameinfo(ai->ai_addr, (socklen_t)ai->ai_addrlen, bound, sizeof bound, ignored, sizeof ignored,
+                        NI_NUMERICHOST | NI_NUMERICSERV) != 0 ||
+            getnameinfo((struct sockaddr *)&sa, len, NULL, 0, port, sizeof port, NI_NUMERICSERV) != 0)
+            ok = 0, e = EINVAL;
+    } else if (ok && getnameinfo((struct sockaddr *)&sa, len, bound, sizeof bound, port, sizeof port,
+                                 NI_NUMERICHOST | NI_NUMERICSERV) != 0)
         ok = 0, e = EINVAL;
+    freeaddrinfo(ai);
     if (!ok) {
         if (l->fd >= 0) close(l->fd);
         free(l);

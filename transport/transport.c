@@ -345,6 +345,8 @@ pp_status pp_transport_create(const pp_transport_options *opts, pp_transport **o
                                    t->zap_name, sizeof t->zap_name);
         free(keys);
     }
+    if (opts->bind_endpoint && opts->endpoints[opts->rank])
+        snprintf(t->advertised, sizeof t->advertised, "%s", opts->endpoints[opts->rank]);
     if (s == PP_OK) s = open_pull(t, opts->bind_endpoint ? opts->bind_endpoint : opts->endpoints[opts->rank]);
     for (int r = 0; s == PP_OK && r < t->nranks; r++)
         if (r != t->rank && endpoint_usable(opts->endpoints[r])) s = pp_tp_connect_peer(t, r, opts->endpoints[r]);

@@ -161,6 +161,9 @@ struct pp_transport {
     void *ctx;
     void *pull;
     char endpoint[MAX_ENDPOINT];
+    /* endpoints[rank] when another address was bound (bind_endpoint: all
+     * interfaces, say): where peers were told to connect; else "" */
+    char advertised[MAX_ENDPOINT];
     peer *peers;
     pp_mailbox *mbox;
     pp_bufpool *pool;

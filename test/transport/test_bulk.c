@@ -1,7 +1,8 @@
 /* Bulk lanes (transport/bulk_lane.h, transport_bulk.c): large tensors to
  * another host over a TCP connection of their own. The lane comes up after
  * the first large tensor and carries the following ones intact, alone or
- * beside small and framed tensors; it stays off when asked; a message the
+ * beside small and framed tensors, also to a rank bound to every
+ * interface; it stays off when asked; a message the
  * receiver drops has its bytes read past; the two ends on their own: the
  * reader's checks of what the lane says, and the writer's failure when
  * the other end goes. */
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include "bulk_lane.h"
+#include "direct_tcp.h"
 #include "tt_util.h"
 
 #include "test_filter.h"
@@ -91,6 +93,37 @@ static void test_lane_carries_large_tensors(void **state) {
 
 /* Both ways at once, several queued before the other side reads: each
  * rank's writer moves its bytes while the rank itself waits to receive. */
+/* A rank bound to every interface (bind_endpoint "tcp://" "*:...", as the
+ * config example binds) while peers connect to its address in the list:
+ * its lane listens on every interface and its offer names that address
+ * (before, it offered no lane: "not bound to one tcp address"). */
+static void test_lane_with_wildcard_bind(void **state) {
+    (void)state;
+    pp_transport_options o[2] = {opts(1), opts(1)};
+    pp_transport *t[2];
+    char ep0[256] = "tcp://127.0.0.1:*", ep1[256] = "tcp://127.0.0.1:*";
+    const char *list0[2] = {ep0, NULL}, *list1[2] = {NULL, ep1};
+    o[0].rank = 0, o[0].nranks = 2, o[0].endpoints = list0;
+    o[1].rank = 1, o[1].nranks = 2, o[1].endpoints = list1;
+    o[1].bind_endpoint = "tcp://*:*";
+    TT_OK(pp_transport_create(&o[0], &t[0]));
+    TT_OK(pp_transport_create(&o[1], &t[1]));
+    const char *bound = pp_transport_endpoint(t[1]); /* tcp://0.0.0.0:PORT */
+    assert_non_null(strstr(bound, "0.0.0.0:"));
+    snprintf(ep1, sizeof ep1, "tcp://127.0.0.1:%s", strrchr(bound, ':') + 1);
+    TT_OK(pp_transport_connect_peer(t[0], 1, ep1));
+    TT_OK(pp_transport_connect_peer(t[1], 0, pp_transport_endpoint(t[0])));
+    tt_handshake(2, t);
+    char offer[PP_DIRECT_OFFER_CAP];
+    pp_direct_listener *l;
+    TT_OK(pp_direct_listen(t[1], 7, 0, offer, &l));
+    assert_true(strncmp(offer, "tcp 127.0.0.1 ", 14) == 0);
+    pp_direct_listener_free(l);
+    int mb = 0;
+    assert_true(bring_up(t, &mb));
+    tt_close_ranks(2, t);
+}
+
 static void test_lanes_both_ways(void **state) {
     (void)state;
     pp_transport_options o = opts(0);
@@ -351,6 +384,7 @@ static void test_writer(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lane_carries_large_tensors),
+        cmocka_unit_test(test_lane_with_wildcard_bind),
         cmocka_unit_test(test_lanes_both_ways),
         cmocka_unit_test(test_lanes_off),
         cmocka_unit_test(test_receiver_off_offers_none),
