@@ -12,7 +12,12 @@
  *
  *   pippin-bench-transport [--json] [--reps N] [--quick] [--endpoint E] [--size BYTES]
  *                          [--frame-bytes N] [--recv-cache BYTES] [--hwm N] [--rcvhwm N] [--sockbuf BYTES] [--spin-us US]
- *                          [--only pippin|raw] [--no-batching] [--no-bulk]
+ *                          [--only pippin|raw] [--no-batching] [--no-bulk] [--tune-allocator]
+ *
+ * --tune-allocator sets glibc's malloc as the CLI does for a rank
+ * (pp_tune_allocator) before anything runs: what a deployed rank has. Raw
+ * libzmq then runs in the same setting (one process): the same at 4 KiB,
+ * slower at 16 MiB (its frames mmap'd), so compare large sizes without it.
  *
  * --json prints one object per line:
  *   {"endpoint": "tcp", "bytes": N, "pippin_gbps": x, "raw_gbps": y, "ratio": r, "cpu_ratio": c, "shm_share": s}
@@ -31,6 +36,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "pippin/exec.h"
 #include "pippin/log.h"
 #include "pippin/tensor.h"
 #include "pippin/transport.h"
@@ -40,6 +46,7 @@
 static int json;
 static int reps = 5;
 static int quick;
+static int tune_allocator; /* --tune-allocator: pp_tune_allocator first */
 static const char *only_endpoint; /* --endpoint: run just this one (tcp, ipc, tcp+curve, tcp-noshm, latency) */
 static size_t only_size;          /* --size: just this many bytes */
 static size_t frame_bytes;        /* --frame-bytes: pippin's frame size (0: its default) */
@@ -489,15 +496,23 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only_side = argv[++i];
         else if (!strcmp(argv[i], "--no-batching")) no_batching = 1;
         else if (!strcmp(argv[i], "--no-bulk")) no_bulk = 1;
+        else if (!strcmp(argv[i], "--tune-allocator")) tune_allocator = 1;
         else {
             fprintf(stderr, "usage: pippin-bench-transport [--json] [--reps N] [--quick] "
                             "[--endpoint tcp|ipc|tcp+curve|tcp-noshm|latency] [--size BYTES] [--frame-bytes N] "
-                            "[--recv-cache BYTES] [--hwm N] [--rcvhwm N] [--sockbuf BYTES] [--spin-us US] [--only pippin|raw] [--no-batching] [--no-bulk]\n");
+                            "[--recv-cache BYTES] [--hwm N] [--rcvhwm N] [--sockbuf BYTES] [--spin-us US] [--only pippin|raw] [--no-batching] [--no-bulk] [--tune-allocator]\n");
             return 2;
         }
     }
     if (reps < 1) reps = 1;
     if (reps > MAX_REPS) reps = MAX_REPS;
+    /* --tune-allocator: glibc's malloc as the CLI sets it for a rank
+     * (pp_tune_allocator), for pippin and raw alike (one process). Off by
+     * default: it fixes glibc's mmap threshold, which makes raw's 16 MiB
+     * frames mmap'd (slower; pippin's lanes do not care), so raw at its
+     * best runs with glibc's defaults; at 4 KiB raw runs the same either
+     * way and pippin's batch frames stop page-faulting. */
+    if (tune_allocator) pp_tune_allocator();
     if (!getenv("PIPPIN_LOG")) pp_log_set_level(PP_LOG_ERROR); /* PIPPIN_LOG=warn shows drops */
     snprintf(ipc_dir, sizeof ipc_dir, "/tmp/pippin-bench-XXXXXX");
     if (!mkdtemp(ipc_dir)) die("mkdtemp");

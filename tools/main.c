@@ -2,9 +2,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef __GLIBC__
-#include <malloc.h>
-#endif
 
 #include "commands.h"
 #include "pippin/exec.h"
@@ -58,14 +55,7 @@ int main(int argc, char **argv) {
      * (PIPPIN_THREADS, else the CPUs this process may use); worker, run and
      * train --transport then give each rank its share. */
     pp_set_threads(pp_default_threads(1));
-#ifdef __GLIBC__
-    /* glibc raises its mmap threshold to the size of each large block freed
-     * (up to 32 MiB), so later blocks below it come from the heap and stay
-     * in RSS when freed: the loaded model's and the split's measuring run
-     * left 9 MiB there on the medium GPT's pipelined training. Fixed at
-     * glibc's starting value unless the environment sets one. */
-    if (!getenv("MALLOC_MMAP_THRESHOLD_")) mallopt(M_MMAP_THRESHOLD, 128 * 1024);
-#endif
+    pp_tune_allocator(); /* glibc's thresholds for a rank (pippin/exec.h) */
     for (const pp_command *c = commands; c->name; c++)
         if (strcmp(argv[1], c->name) == 0) return c->run(argc - 1, argv + 1);
     fprintf(stderr, "pippin: unknown command '%s'\n", argv[1]);

@@ -165,6 +165,15 @@ PP_API int pp_set_blas_threads(int n);
  * pp_get_threads: the pool's size now. */
 PP_API int pp_set_threads(int n);
 PP_API int pp_default_threads(int ranks_on_host);
+
+/* glibc's malloc tuned for a rank (nothing elsewhere): the mmap threshold
+ * fixed at 128 KiB (freed large blocks leave RSS) and the heap's top kept
+ * up to 4 MiB (the transport's receive buffers reuse pages instead of
+ * faulting in new ones: small tensors over tcp 1.4x). Process-wide, so
+ * the library never does it on its own: the pippin CLI calls it first
+ * thing; a service embedding pippin may. MALLOC_MMAP_THRESHOLD_ and
+ * MALLOC_TRIM_THRESHOLD_ in the environment win. */
+PP_API void pp_tune_allocator(void);
 PP_API int pp_get_threads(void);
 
 /* Cores lent between the ranks of one host (lib/core_share.c). A rank
