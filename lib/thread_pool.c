@@ -12,6 +12,7 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
@@ -128,6 +129,13 @@ static void stop_workers(void) {
 static void start_workers(int want) {
     if (want > MAX_WORKERS) want = MAX_WORKERS;
     pthread_once(&atfork_once, install_atfork);
+    /* workers take no signals (as libzmq's threads): a program's handler
+     * runs on its own threads, never inside a kernel's piece */
+    sigset_t all, was;
+    sigfillset(&all);
+    for (int sig = 0; sig < 5; sig++) /* faults stay with the thread that makes them */
+        sigdelset(&all, (int[]){SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}[sig]);
+    pthread_sigmask(SIG_SETMASK, &all, &was);
     while (n_workers < want) {
         if (pthread_create(&workers[n_workers], NULL, worker_main, NULL) != 0) {
             pp_warn("thread pool: could not start worker %d of %d; going on with %d", n_workers + 1, want,
@@ -136,6 +144,7 @@ static void start_workers(int want) {
         }
         n_workers++;
     }
+    pthread_sigmask(SIG_SETMASK, &was, NULL);
 }
 
 static int current_size(void) {

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,8 +127,19 @@ pp_status pp_bulk_tx_start(int fd, size_t max_queue, pp_bulk_tx **out) {
     pthread_mutex_init(&tx->lock, NULL);
     pthread_cond_init(&tx->wake, NULL);
     pthread_cond_init(&tx->drained, NULL);
-    if (tx->efd < 0 || pthread_create(&tx->thread, NULL, writer, tx) != 0) {
-        int e = errno;
+    /* the writer takes no signals: a rank's handler (the CLI's SIGINT/SIGTERM)
+     * must run on a thread of its own, as libzmq's threads leave them */
+    int e = tx->efd < 0 ? errno : 0;
+    if (!e) {
+        sigset_t all, was;
+        sigfillset(&all);
+        for (int sig = 0; sig < 5; sig++) /* faults stay with the thread that makes them */
+            sigdelset(&all, (int[]){SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}[sig]);
+        pthread_sigmask(SIG_SETMASK, &all, &was);
+        e = pthread_create(&tx->thread, NULL, writer, tx);
+        pthread_sigmask(SIG_SETMASK, &was, NULL);
+    }
+    if (e) {
         if (tx->efd >= 0) close(tx->efd);
         close(fd);
         pthread_mutex_destroy(&tx->lock);

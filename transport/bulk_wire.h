@@ -1,6 +1,6 @@
 /* Internal: the header before each tensor's bytes on a bulk lane (a plain
  * TCP connection beside the transport that carries large tensors;
- * transport_bulk.c). Pure, so the fuzzer (fuzz/fuzz_bulk_header.c) and the
+ * transport_bulk.c). Pure, so the fuzzer (fuzz/fuzz_bulk_lane.c) and the
  * transport share the same check.
  *
  *   bytes 0-3   "PPB1"

@@ -196,29 +196,22 @@ const char *pp_direct_hello_check(const void *buf, size_t n, const unsigned char
     return "";
 }
 
-static void refuse(pp_direct_listener *l, int i, const char *what) {
+static void refuse_fd(pp_direct_listener *l, int fd, const char *what) {
     unsigned n = ++l->refused;
     if ((n & (n - 1)) == 0) /* 1, 2, 4, ...: not every stranger's attempt */
         pp_warn("direct link: closed a connection that %s (expected sender %d; %u closed so far)", what,
                 (int)l->peer, n);
-    close(l->wait[i].fd);
+    close(fd);
+}
+
+static void refuse(pp_direct_listener *l, int i, const char *what) {
+    refuse_fd(l, l->wait[i].fd, what);
     l->wait[i] = l->wait[--l->n_wait];
 }
 
-/* One pass without blocking: new connections taken in (the oldest
- * dropped when too many wait), every waiting hello read as far as it
- * came; *fd the first that matches. */
-static void accept_pass(pp_direct_listener *l, int *fd) {
-    for (;;) {
-        int c = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC);
-        if (c < 0) break; /* EAGAIN, or an aborted connection: the next pass looks again */
-        if (!set_flags(c)) {
-            close(c);
-            continue;
-        }
-        if (l->n_wait == MAX_PENDING) refuse(l, 0, "made room for a newer one");
-        l->wait[l->n_wait++] = (pending){c, 0, now_ms(), {{0}}};
-    }
+/* Every waiting hello read as far as it came; 1 with *fd the first that
+ * matches (taken out), else those that failed or went silent closed. */
+static int check_hellos(pp_direct_listener *l, int *fd) {
     for (int i = 0; i < l->n_wait;) {
         pending *p = &l->wait[i];
         ssize_t k = p->got < sizeof p->h ? recv(p->fd, (char *)&p->h + p->got, sizeof p->h - p->got, MSG_DONTWAIT) : 0;
@@ -228,7 +221,7 @@ static void accept_pass(pp_direct_listener *l, int *fd) {
             if (!*what) {
                 *fd = p->fd;
                 l->wait[i] = l->wait[--l->n_wait];
-                return;
+                return 1;
             }
             refuse(l, i, what);
         } else if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
@@ -239,6 +232,30 @@ static void accept_pass(pp_direct_listener *l, int *fd) {
             i++;
         }
     }
+    return 0;
+}
+
+/* One pass without blocking: new connections taken in, every waiting hello
+ * read as far as it came; *fd the first that matches. With MAX_PENDING
+ * waiting, their hellos are read first, and if none is done a newcomer is
+ * closed: never one that waits (the expected sender, whose hello may be on
+ * its way, cannot be pushed out by strangers connecting after it). */
+static void accept_pass(pp_direct_listener *l, int *fd) {
+    for (;;) {
+        if (l->n_wait == MAX_PENDING && check_hellos(l, fd)) return;
+        int c = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC);
+        if (c < 0) break; /* EAGAIN, or an aborted connection: the next pass looks again */
+        if (l->n_wait == MAX_PENDING) {
+            refuse_fd(l, c, "came while too many waited");
+            continue;
+        }
+        if (!set_flags(c)) {
+            close(c);
+            continue;
+        }
+        l->wait[l->n_wait++] = (pending){c, 0, now_ms(), {{0}}};
+    }
+    check_hellos(l, fd);
 }
 
 pp_status pp_direct_accept(pp_direct_listener *l, int timeout_ms, int *fd) {

@@ -93,7 +93,8 @@ pp_status pp_tp_bulk_push(pp_transport *t, int r, uint64_t seq, uint32_t index, 
             return PP_OK;
         }
         if (rc < 0) {
-            /* the envelope went: this message is lost, later ones go in frames */
+            /* the lane failed; the envelope has not gone: the caller sends
+             * the message again, in frames (pp_tp_bulk_failed) */
             stat_add(&t->st.peer_failures, 1);
             pp_status s = pp_error(PP_ERR_PEER, "transport rank %d: %s: bulk lane to rank %d (%s) failed: %s",
                                    t->rank, pp_tp_action_str(act, doing, sizeof doing), r, peer_ep(t, r),
@@ -195,6 +196,8 @@ pp_status pp_tp_bulk_tensor(pp_transport *t, int r, const pp_envelope *env, int 
     *out = x;
     return PP_OK;
 }
+
+int pp_tp_bulk_failed(const pp_transport *t, int r) { return t->peers[r].bulk_state == BULK_OFF; }
 
 void pp_tp_bulk_init(peer *p) {
     p->bulk_state = BULK_NONE;

@@ -372,6 +372,9 @@ pp_bulk_tx *pp_tp_bulk_lane(pp_transport *t, int r, size_t nbytes);
 /* Queues tensor index of message seq on rank r's lane, waiting (receiving
  * meanwhile) while the lane's queue is full. */
 pp_status pp_tp_bulk_push(pp_transport *t, int r, uint64_t seq, uint32_t index, pp_tensor *x, const action *act);
+/* 1 once rank r's lane failed and was turned off: a message whose push
+ * failed then goes again in frames. */
+int pp_tp_bulk_failed(const pp_transport *t, int r);
 /* Handles a bulk control text from (verified) rank r: 1 if it was one. */
 int pp_tp_bulk_control(pp_transport *t, int r, const char *text);
 /* Reads PP_PLACE_BULK tensor i of env, a checked message from rank r. */

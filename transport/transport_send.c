@@ -362,12 +362,17 @@ pp_status pp_transport_sendv(pp_transport *t, const pp_transport_key *key, int n
      * take them for a later message's. */
     for (int i = 0; bulk_bytes && s == PP_OK && i < n; i++)
         if (place[i] == PP_PLACE_BULK) s = pp_tp_bulk_push(t, r, env.seq, (uint32_t)i, tensors[i], &act);
+    int lane_failed = s != PP_OK && bulk_bytes && pp_tp_bulk_failed(t, r);
     if (s == PP_OK)
         s = nframes == 0 ? send_first(t, r, &m0, 0, &act) : send_data(t, r, &m0, n, tensors, place, nframes, &act);
     else
         zmq_msg_close(&m0);
     if (s != PP_OK) {
         if (bulk_bytes && p->seq < env.seq) p->seq = env.seq;
+        /* the lane failed before the envelope went: nothing of the message
+         * reached the peer's transport (bytes already on the lane are read
+         * past, or go with the lane), so it goes again, in frames now */
+        if (lane_failed) return pp_transport_sendv(t, key, n, names, tensors);
         return s;
     }
     if (nframes == 0) p->seq++; /* send_data counted it with its first frame */

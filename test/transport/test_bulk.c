@@ -6,6 +6,9 @@
  * receiver drops has its bytes read past; the two ends on their own: the
  * reader's checks of what the lane says, and the writer's failure when
  * the other end goes. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +17,7 @@
 #include <unistd.h>
 
 #include "bulk_lane.h"
+#include "transport_internal.h"
 #include "direct_tcp.h"
 #include "tt_util.h"
 
@@ -230,6 +234,98 @@ static void test_dropped_message_read_past(void **state) {
     tt_close_ranks(2, t);
 }
 
+/* The lane fails under a sender (the receiver's end cut): tensors already
+ * in it may be lost with it, but every send succeeds and the later ones go
+ * in frames. (The writer's failure is mostly seen when a tensor is placed;
+ * in the narrow window after placing, the push sees it and the message
+ * goes again in frames: transport_send.c, not reached here every run.) */
+static void test_lane_failure_falls_back_to_frames(void **state) {
+    (void)state;
+    pp_transport_options o = opts(0);
+    o.timeout_ms = 2000;
+    pp_transport *t[2];
+    tt_make_ranks("tcp", 2, &o, t);
+    int mb = 0;
+    assert_true(bring_up(t, &mb));
+    assert_true(t[1]->peers[0].bulk_rx.fd >= 0);
+    shutdown(t[1]->peers[0].bulk_rx.fd, SHUT_RDWR);
+    int64_t shape[1] = {1 << 18};
+    enum { N = 6 };
+    pp_tensor *x[N];
+    for (int i = 0; i < N; i++) {
+        x[i] = tt_f32_seq(1, shape, (float)(10 * i));
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, mb + i, 0, 1, "x");
+        TT_OK(pp_transport_send(t[0], &k, x[i])); /* never a failure: frames when the lane is gone */
+        usleep(20000); /* the cut reaches the sender's socket */
+    }
+    pp_transport_stats st;
+    pp_transport_stats_get(t[0], &st);
+    uint64_t lane_sent = st.bulk_bytes_sent;
+    int got = 0;
+    for (int i = 0; i < N; i++) {
+        pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, mb + i, 0, 1, "x");
+        pp_tensor *y = NULL;
+        if (pp_transport_recv(t[1], &k, i < 2 ? 300 : 5000, &y) == PP_OK) { /* the first ones may be lost */
+            tt_assert_same(y, x[i]);
+            got++;
+        } else if (i >= 2) {
+            fail_msg("tensor %d after the lane failed: %s", i, pp_last_error());
+        }
+        pp_tensor_free(y);
+    }
+    assert_true(got >= N - 2);
+    /* the later ones went in frames */
+    pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, mb + N, 0, 1, "x");
+    TT_OK(pp_transport_send(t[0], &k, x[0]));
+    expect_recv(t[1], &k, x[0]);
+    pp_transport_stats_get(t[0], &st);
+    assert_int_equal(st.bulk_bytes_sent, lane_sent);
+    for (int i = 0; i < N; i++) pp_tensor_free(x[i]);
+    tt_close_ranks(2, t);
+}
+
+/* Strangers connecting to a lane's port after the expected sender (its
+ * hello sent) cannot push it out: with 8 connections waiting the
+ * listener reads their hellos first and closes newcomers (before, the 9th
+ * connection evicted the oldest, the sender's, unread, and the receiving
+ * rank then waited out its timeout). */
+static void test_strangers_cannot_evict_the_sender(void **state) {
+    (void)state;
+    pp_transport_options o = opts(1);
+    pp_transport *t[2];
+    tt_make_ranks("tcp", 2, &o, t);
+    char offer[PP_DIRECT_OFFER_CAP];
+    pp_direct_listener *l;
+    TT_OK(pp_direct_listen(t[1], 0x42000000u, 0, offer, &l));
+    pp_direct_conn *c;
+    TT_OK(pp_direct_connect_start(t[0], offer, 0x42000000u, 0, &c));
+    int sender = -1;
+    TT_OK(pp_direct_connect_finish(c, 2000, &sender));
+    assert_true(sender >= 0); /* connected, hello sent */
+    char host[64];
+    int port;
+    assert_int_equal(sscanf(offer, "tcp %63s %d", host, &port), 2);
+    struct sockaddr_in sa = {0};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)port);
+    inet_pton(AF_INET, host, &sa.sin_addr);
+    int strangers[12];
+    for (int i = 0; i < 12; i++) {
+        strangers[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0); /* the backlog may be full */
+        int rc = connect(strangers[i], (struct sockaddr *)&sa, sizeof sa);
+        assert_true(rc == 0 || errno == EINPROGRESS);
+    }
+    int fd = -1;
+    TT_OK(pp_direct_accept(l, 2000, &fd));
+    assert_true(fd >= 0);
+    close(fd);
+    for (int i = 0; i < 12; i++) close(strangers[i]);
+    close(sender);
+    pp_direct_conn_free(c);
+    pp_direct_listener_free(l);
+    tt_close_ranks(2, t);
+}
+
 /* A message whose bytes went on the lane but whose envelope then could
  * not go (the receiver's queue full, the send timed out): the next large
  * message's tensor is read intact past those bytes, never taken for them
@@ -258,12 +354,18 @@ static void test_orphan_bytes_read_past(void **state) {
     int64_t shape[1] = {1 << 16};
     pp_tensor *lost = tt_f32_seq(1, shape, -5.0f), *good = tt_f32_seq(1, shape, 5.0f);
     pp_transport_key kl = tt_key(PP_MSG_ACTIVATION, 2, 0, 0, 1, "x");
-    TT_FAILS(PP_ERR_TIMEOUT, pp_transport_send(t[0], &kl, lost), "did not accept");
+    /* its envelope times out; on a loaded machine libzmq's I/O thread may
+     * make room first and it goes after all: then it arrives whole, and
+     * what follows must still be intact */
+    s = pp_transport_send(t[0], &kl, lost);
+    int orphaned = s != PP_OK;
+    if (orphaned && s != PP_ERR_TIMEOUT) fail_msg("the lost message's send: %d: %s", s, pp_last_error());
     /* rank 1 takes what came, then a large message after the lost one */
     for (int i = 0; i < nsmall; i++) {
         pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, 100000 + i, 0, 1, "s");
         expect_recv(t[1], &k, small);
     }
+    if (!orphaned) expect_recv(t[1], &kl, lost);
     pp_transport_stats before, after;
     pp_transport_stats_get(t[1], &before);
     pp_transport_key kg = tt_key(PP_MSG_ACTIVATION, 2, 1, 0, 1, "x");
@@ -275,6 +377,7 @@ static void test_orphan_bytes_read_past(void **state) {
     pp_tensor *none = NULL;
     TT_OK(pp_transport_take(t[1], &kl, &none));
     assert_null(none);
+    if (!orphaned) fprintf(stderr, "# the lost message's envelope went after all: orphan bytes not exercised\n");
     pp_tensor_free(small);
     pp_tensor_free(lost);
     pp_tensor_free(good);
@@ -390,6 +493,8 @@ int main(void) {
         cmocka_unit_test(test_receiver_off_offers_none),
         cmocka_unit_test(test_dropped_message_read_past),
         cmocka_unit_test(test_orphan_bytes_read_past),
+        cmocka_unit_test(test_lane_failure_falls_back_to_frames),
+        cmocka_unit_test(test_strangers_cannot_evict_the_sender),
         cmocka_unit_test(test_reader),
         cmocka_unit_test(test_writer),
     };
