@@ -29,6 +29,7 @@
 #include "direct_tcp.h"
 
 #define PURPOSE_BULK 0x42000000u /* direct_tcp.h purposes: a bulk lane */
+#define WANT_AGAIN_MS 100        /* a want without an offer is sent again after this */
 
 enum { BULK_NONE, BULK_WANTED, BULK_CONNECTING, BULK_UP, BULK_OFF };
 
@@ -52,8 +53,13 @@ static void lane_off(pp_transport *t, int r, const char *why) {
 pp_bulk_tx *pp_tp_bulk_lane(pp_transport *t, int r, size_t nbytes) {
     peer *p = &t->peers[r];
     if (nbytes < PP_BULK_MIN_BYTES || !t->bulk || p->bulk_state == BULK_OFF || !tcp_peer(t, r)) return NULL;
-    if (p->bulk_state == BULK_NONE) {
-        if (pp_tp_send_simple(t, r, PP_MSG_CONTROL, CTL_BULK_WANT)) p->bulk_state = BULK_WANTED;
+    /* asked again while no offer came: the want or the offer can be lost
+     * (sent without waiting, to a full queue) */
+    if (p->bulk_state == BULK_NONE || (p->bulk_state == BULK_WANTED && now_ms() - p->bulk_want_ms >= WANT_AGAIN_MS)) {
+        if (pp_tp_send_simple(t, r, PP_MSG_CONTROL, CTL_BULK_WANT)) {
+            p->bulk_state = BULK_WANTED;
+            p->bulk_want_ms = now_ms();
+        }
         return NULL;
     }
     if (p->bulk_state == BULK_CONNECTING) {
@@ -126,6 +132,7 @@ pp_status pp_tp_bulk_push(pp_transport *t, int r, uint64_t seq, uint32_t index, 
 static void rx_reset(peer *p) {
     pp_direct_listener_free(p->bulk_listen);
     p->bulk_listen = NULL;
+    p->bulk_offer[0] = 0;
     if (p->bulk_rx.fd >= 0) close(p->bulk_rx.fd);
     memset(&p->bulk_rx, 0, sizeof p->bulk_rx);
     p->bulk_rx.fd = -1;
@@ -140,15 +147,19 @@ int pp_tp_bulk_control(pp_transport *t, int r, const char *text) {
             pp_debug("transport rank %d: no bulk lane for rank %d: %s", t->rank, r, why);
             return 1;
         }
-        rx_reset(p);
-        char offer[PP_DIRECT_OFFER_CAP], text_out[PP_DIRECT_OFFER_CAP + 32];
-        if (pp_direct_listen(t, PURPOSE_BULK, r, offer, &p->bulk_listen) != PP_OK) {
-            pp_warn("transport rank %d: no bulk lane for rank %d: %s", t->rank, r, pp_last_error());
-            return 1;
+        /* asked again before it connected: the same offer again (a new
+         * listener would refuse a connection the first offer started) */
+        if (!(p->bulk_listen && p->bulk_rx.fd < 0 && p->bulk_offer[0])) {
+            rx_reset(p);
+            char offer[PP_DIRECT_OFFER_CAP];
+            if (pp_direct_listen(t, PURPOSE_BULK, r, offer, &p->bulk_listen) != PP_OK) {
+                pp_warn("transport rank %d: no bulk lane for rank %d: %s", t->rank, r, pp_last_error());
+                return 1;
+            }
+            snprintf(p->bulk_offer, sizeof p->bulk_offer, CTL_BULK_OFFER "%s", offer);
         }
-        snprintf(text_out, sizeof text_out, CTL_BULK_OFFER "%s", offer);
         pp_tp_tell(t, r);
-        pp_tp_send_simple(t, r, PP_MSG_CONTROL, text_out);
+        pp_tp_send_simple(t, r, PP_MSG_CONTROL, p->bulk_offer); /* lost on a full queue: it asks again */
         return 1;
     }
     if (strncmp(text, CTL_BULK_OFFER, PREFIX_LEN(CTL_BULK_OFFER)) == 0) {
@@ -176,6 +187,9 @@ pp_status pp_tp_bulk_tensor(pp_transport *t, int r, const pp_envelope *env, int 
         PP_TRY(pp_direct_accept(p->bulk_listen, t->timeout_ms, &fd));
         if (fd < 0) return pp_error(PP_ERR_PEER, "its bulk lane did not connect within %d ms", t->timeout_ms);
         p->bulk_rx.fd = fd;
+        pp_direct_listener_free(p->bulk_listen); /* its one connection came: no port left open */
+        p->bulk_listen = NULL;
+        p->bulk_offer[0] = 0;
     }
     pp_tensor *x;
     if (wt->nbytes >= POOL_MIN_BYTES && t->pool) PP_TRY(pp_bufpool_tensor(t->pool, wt->dtype, wt->ndim, wt->shape, &x));

@@ -109,6 +109,8 @@ typedef struct peer {
     char obox_name[PP_ENVELOPE_MAX_NAME + 1];
     /* Bulk lanes (transport_bulk.c): ours to the peer, and the peer's to us. */
     int bulk_state;
+    int64_t bulk_want_ms;                    /* when we last asked it for a lane (asked again if no offer came) */
+    char bulk_offer[160];                    /* the offer we made it, sent again if it asks again */
     struct pp_direct_conn *bulk_conn;        /* ours, while it connects */
     pp_bulk_tx *bulk_tx;                     /* ours, once up */
     struct pp_direct_listener *bulk_listen;  /* where the peer's connects (offered to it) */
