@@ -283,6 +283,28 @@ int pp_direct_offer_valid(const char *text) {
     return 1;
 }
 
+int pp_direct_offer_from(const char *offer, const char *endpoint) {
+    char host[64], port[8], nonce[2 * NONCE_BYTES + 2], ep_host[64];
+    if (sscanf(offer, "tcp %63s %7s %33s", host, port, nonce) != 3 || !endpoint_host(endpoint, ep_host, sizeof ep_host))
+        return 0;
+    struct addrinfo *want, *have;
+    if (resolve(host, "0", 1, &want) != PP_OK) return 0;
+    if (resolve(ep_host, "0", 1, &have) != PP_OK && resolve(ep_host, "0", 0, &have) != PP_OK) { /* a name: looked up */
+        freeaddrinfo(want);
+        return 0;
+    }
+    int same = 0;
+    for (const struct addrinfo *h = have; h && !same; h = h->ai_next) {
+        char num[64];
+        same = getnameinfo(h->ai_addr, h->ai_addrlen, num, sizeof num, NULL, 0, NI_NUMERICHOST) == 0 &&
+               getnameinfo(want->ai_addr, want->ai_addrlen, host, sizeof host, NULL, 0, NI_NUMERICHOST) == 0 &&
+               strcmp(num, host) == 0;
+    }
+    freeaddrinfo(want);
+    freeaddrinfo(have);
+    return same;
+}
+
 static int write_all(int fd, const void *buf, size_t n, int ms) {
     size_t put = 0;
     int64_t until = now_ms() + ms;

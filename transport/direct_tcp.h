@@ -66,6 +66,10 @@ void pp_direct_test_connect_lag(int ms);
 
 /* 1 when text parses as an offer (for checking a peer's before use). */
 int pp_direct_offer_valid(const char *text);
+/* 1 when an offer's address is the host of endpoint (tcp://HOST:PORT, a
+ * name looked up): a peer's offer must name the host this rank reaches
+ * it at, not point the link at some other machine. */
+int pp_direct_offer_from(const char *offer, const char *endpoint);
 
 /* What is wrong with n bytes received as a hello on a listener that
  * offered nonce (16 bytes) for purpose and expects peer ("" if nothing;

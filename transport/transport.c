@@ -387,9 +387,13 @@ void pp_transport_close(pp_transport *t) {
     if (t->peers) {
         /* small messages held back for a busy peer go first, within linger */
         pp_tp_settle_held(t, t->linger_ms);
-        /* tensors queued on bulk lanes too (their envelopes went already) */
-        for (int r = 0; r < t->nranks; r++)
-            if (r != t->rank) pp_tp_bulk_close(t, r, t->linger_ms);
+        /* tensors queued on bulk lanes too (their envelopes went already):
+         * every lane's writer drains at once, so one linger for them all */
+        int64_t linger_until = now_ms() + (t->linger_ms > 0 ? t->linger_ms : 0);
+        for (int r = 0; r < t->nranks; r++) {
+            int64_t left = linger_until - now_ms();
+            if (r != t->rank) pp_tp_bulk_close(t, r, left > 0 ? (int)left : 0);
+        }
         /* goodbye to every connected peer (a send to one that is not
          * connected fails at once: ZMQ_IMMEDIATE) */
         for (int r = 0; r < t->nranks; r++)

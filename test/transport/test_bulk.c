@@ -326,6 +326,23 @@ static void test_strangers_cannot_evict_the_sender(void **state) {
     tt_close_ranks(2, t);
 }
 
+/* An offer must name the host the sender reaches the offering rank at: a
+ * rank past the handshake cannot point another's lane at some other
+ * machine (the lane is turned off instead). */
+static void test_offer_names_the_peers_host(void **state) {
+    (void)state;
+    const char *nonce = "00112233445566778899aabbccddeeff";
+    char offer[PP_DIRECT_OFFER_CAP];
+    snprintf(offer, sizeof offer, "tcp 127.0.0.1 5555 %s", nonce);
+    assert_true(pp_direct_offer_valid(offer));
+    assert_true(pp_direct_offer_from(offer, "tcp://127.0.0.1:7000"));
+    assert_true(pp_direct_offer_from(offer, "tcp://localhost:7000")); /* a name, looked up */
+    assert_false(pp_direct_offer_from(offer, "tcp://127.0.0.2:7000"));
+    assert_false(pp_direct_offer_from(offer, "ipc:///tmp/x"));
+    snprintf(offer, sizeof offer, "tcp 192.0.2.7 5555 %s", nonce);
+    assert_false(pp_direct_offer_from(offer, "tcp://127.0.0.1:7000"));
+}
+
 /* A message whose bytes went on the lane but whose envelope then could
  * not go (the receiver's queue full, the send timed out): the next large
  * message's tensor is read intact past those bytes, never taken for them
@@ -495,6 +512,7 @@ int main(void) {
         cmocka_unit_test(test_orphan_bytes_read_past),
         cmocka_unit_test(test_lane_failure_falls_back_to_frames),
         cmocka_unit_test(test_strangers_cannot_evict_the_sender),
+        cmocka_unit_test(test_offer_names_the_peers_host),
         cmocka_unit_test(test_reader),
         cmocka_unit_test(test_writer),
     };
