@@ -272,9 +272,14 @@ pp_status pp_direct_accept(pp_direct_listener *l, int timeout_ms, int *fd) {
     }
 }
 
+/* An offer's fields ("tcp HOST PORT NONCE"); 0 if it has not three. */
+static int offer_fields(const char *text, char host[64], char port[8], char nonce[2 * NONCE_BYTES + 2]) {
+    return sscanf(text, "tcp %63s %7s %33s", host, port, nonce) == 3;
+}
+
 int pp_direct_offer_valid(const char *text) {
     char host[64], port[8], nonce[2 * NONCE_BYTES + 2];
-    if (sscanf(text, "tcp %63s %7s %33s", host, port, nonce) != 3) return 0;
+    if (!offer_fields(text, host, port, nonce)) return 0;
     char *end;
     long pn = strtol(port, &end, 10);
     if (*end || pn <= 0 || pn > 65535 || strlen(nonce) != 2 * NONCE_BYTES) return 0;
@@ -285,7 +290,7 @@ int pp_direct_offer_valid(const char *text) {
 
 int pp_direct_offer_from(const char *offer, const char *endpoint) {
     char host[64], port[8], nonce[2 * NONCE_BYTES + 2], ep_host[64];
-    if (sscanf(offer, "tcp %63s %7s %33s", host, port, nonce) != 3 || !endpoint_host(endpoint, ep_host, sizeof ep_host))
+    if (!offer_fields(offer, host, port, nonce) || !endpoint_host(endpoint, ep_host, sizeof ep_host))
         return 0;
     struct addrinfo *want, *have;
     if (resolve(host, "0", 1, &want) != PP_OK) return 0;
@@ -341,7 +346,7 @@ pp_status pp_direct_connect_start(pp_transport *t, const char *offer, uint32_t p
     pp_direct_conn *c = calloc(1, sizeof *c);
     if (!c) return pp_error(PP_ERR_NOMEM, "out of memory");
     c->fd = -1;
-    if (!pp_direct_offer_valid(offer) || sscanf(offer, "tcp %63s %7s %33s", c->host, c->port, nonce) != 3) {
+    if (!pp_direct_offer_valid(offer) || !offer_fields(offer, c->host, c->port, nonce)) {
         free(c);
         return pp_error(PP_ERR_PEER, "direct link: malformed offer \"%.80s\"", offer);
     }

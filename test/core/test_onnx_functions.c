@@ -264,6 +264,19 @@ static void keep_warning(pp_log_level level, const char *msg, void *user) {
     snprintf(last_warning, sizeof last_warning, "%s", msg);
 }
 
+/* Saves g to tmp_model and frees it, counting the warnings logged. */
+static void save_counting_warnings(pp_graph *g) {
+    warnings = 0;
+    pp_log_level old = pp_log_get_level();
+    pp_log_set_level(PP_LOG_WARN);
+    pp_log_set_handler(keep_warning, NULL);
+    pp_status s = pp_onnx_save(g, tmp_model);
+    pp_log_set_handler(NULL, NULL);
+    pp_log_set_level(old);
+    pp_graph_free(g);
+    TU_OK(s);
+}
+
 /* An LSTMGrad without the stash (a hand-made graph; the gradient rule
  * always passes one) is a configuration the bodies do not write: the
  * export names the node and writes no function for the op, so ONNX Runtime
@@ -280,15 +293,7 @@ static void test_unexpressed_configuration_is_named(void **state) {
     TU_OK(pp_graph_add_node(g, "LSTMGrad", "pippin", "grad_without_stash", 9,
                             (int[]){x, w, r, -1, -1, -1, -1, -1, dy}, 1, (const char *[]){"dx"}, &n));
     TU_OK(pp_graph_add_output(g, g->nodes[n].out[0]));
-    warnings = 0;
-    pp_log_level old = pp_log_get_level();
-    pp_log_set_level(PP_LOG_WARN);
-    pp_log_set_handler(keep_warning, NULL);
-    pp_status s = pp_onnx_save(g, tmp_model);
-    pp_log_set_handler(NULL, NULL);
-    pp_log_set_level(old);
-    pp_graph_free(g);
-    TU_OK(s);
+    save_counting_warnings(g);
     assert_int_equal(warnings, 1);
     assert_non_null(strstr(last_warning, "grad_without_stash"));
     assert_non_null(strstr(last_warning, "stash"));
@@ -311,15 +316,7 @@ static void test_rnn_body_needs_opset_13(void **state) {
     TU_OK(pp_graph_add_node(g, "GRUTrain", "pippin", "old_gru", 3, (int[]){x, w, r}, 3,
                             (const char *[]){"y", "yh", "st"}, &n));
     TU_OK(pp_graph_add_output(g, g->nodes[n].out[0]));
-    warnings = 0;
-    pp_log_level old = pp_log_get_level();
-    pp_log_set_level(PP_LOG_WARN);
-    pp_log_set_handler(keep_warning, NULL);
-    pp_status s = pp_onnx_save(g, tmp_model);
-    pp_log_set_handler(NULL, NULL);
-    pp_log_set_level(old);
-    pp_graph_free(g);
-    TU_OK(s);
+    save_counting_warnings(g);
     assert_int_equal(warnings, 1);
     assert_non_null(strstr(last_warning, "old_gru"));
     assert_non_null(strstr(last_warning, "opset 12"));
@@ -423,15 +420,7 @@ static void test_matmul_add_forms(void **state) {
     assert_int_equal(fused, 5);
     assert_int_equal(packs, 5);
     assert_int_equal(g->n_nodes, 10); /* every Relu, Gelu, Add and the Split taken in */
-    warnings = 0;
-    pp_log_level old = pp_log_get_level();
-    pp_log_set_level(PP_LOG_WARN);
-    pp_log_set_handler(keep_warning, NULL);
-    pp_status s = pp_onnx_save(g, tmp_model);
-    pp_log_set_handler(NULL, NULL);
-    pp_log_set_level(old);
-    pp_graph_free(g);
-    TU_OK(s);
+    save_counting_warnings(g);
     assert_int_equal(warnings, 0);
     Onnx__ModelProto *m = read_model(tmp_model);
     assert_int_equal(m->n_functions, 6); /* PackWeight and five MatMulAdd bodies */
