@@ -18,6 +18,8 @@
 
 struct pp_client {
     void *ctx, *sock;
+    void *monitor; /* the DEALER's refused handshakes (a PAIR), NULL if it could not be made */
+    char refused[160]; /* why the last handshake was refused, "" if none was */
     char endpoint[256];
     uint64_t next_id;
     size_t max_response;
@@ -56,6 +58,62 @@ static pp_status curve_options(pp_client *c, const pp_client_options *o) {
     return PP_OK;
 }
 
+/* A front that refuses this client's handshake (a CURVE front and a
+ * plaintext client, or a key not in its list) gives no error on the
+ * socket: the request goes nowhere or waits. The socket monitor tells, so
+ * the error can say so. Only diagnostics: without it the client still works. */
+static void watch_handshakes(pp_client *c) {
+    char addr[64];
+    snprintf(addr, sizeof addr, "inproc://pippin-client-monitor-%p", (void *)c);
+    if (zmq_socket_monitor(c->sock, addr,
+                           ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0)
+        return;
+    int zero = 0;
+    c->monitor = zmq_socket(c->ctx, ZMQ_PAIR);
+    if (!c->monitor || zmq_setsockopt(c->monitor, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+        zmq_connect(c->monitor, addr) != 0) {
+        if (c->monitor) zmq_close(c->monitor);
+        c->monitor = NULL;
+        (void)zmq_socket_monitor(c->sock, NULL, 0);
+    }
+}
+
+/* Reads the monitor's events so far into c->refused. Each event is two
+ * frames: 2 bytes of event and 4 of value, then the endpoint. */
+static void read_handshake_events(pp_client *c) {
+    while (c->monitor) {
+        zmq_msg_t head, where;
+        zmq_msg_init(&head);
+        if (zmq_msg_recv(&head, c->monitor, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&head);
+            return;
+        }
+        uint16_t event = 0;
+        if (zmq_msg_size(&head) >= 2) memcpy(&event, zmq_msg_data(&head), 2);
+        int more = zmq_msg_more(&head);
+        zmq_msg_close(&head);
+        if (more) { /* the endpoint: not needed, c->endpoint names it */
+            zmq_msg_init(&where);
+            (void)zmq_msg_recv(&where, c->monitor, ZMQ_DONTWAIT);
+            zmq_msg_close(&where);
+        }
+        const char *why = event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH       ? "its authentication refused this client's key"
+                          : event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ? "a protocol error"
+                                                                         : "no detail given";
+        snprintf(c->refused, sizeof c->refused, "%s%s", why,
+                 c->curve ? "" : "; a CURVE front refuses a plaintext client");
+    }
+}
+
+/* " (the service refused ...)" when a handshake was refused, else "". */
+static const char *refusal(pp_client *c, char *buf, size_t size) {
+    read_handshake_events(c);
+    if (!c->refused[0]) return "";
+    snprintf(buf, size, " (the service refused this client's handshake: %s)", c->refused);
+    return buf;
+}
+
 pp_status pp_client_connect(const char *endpoint, const pp_client_options *o, pp_client **out) {
     *out = NULL;
     if (!endpoint || (strncmp(endpoint, "tcp://", 6) != 0 && strncmp(endpoint, "ipc://", 6) != 0))
@@ -83,20 +141,48 @@ pp_status pp_client_connect(const char *endpoint, const pp_client_options *o, pp
         pp_client_close(c);
         return s;
     }
+    watch_handshakes(c);
     *out = c;
     return PP_OK;
 }
 
-static pp_status send_request(pp_client *c, const pp_serve_request *r) {
+/* How long a send waits for the DEALER to have somewhere to queue a
+ * request. It has none while the connection is being made again: after a
+ * refused handshake (a CURVE front and a plaintext or unlisted client: the
+ * request then goes and is never answered, as with a stranger's) or while
+ * a restarted service comes back, for libzmq's reconnect interval (100 ms). */
+#define SEND_WAIT_MS 1000
+
+static const char *curve_hint(const pp_client *c) {
+    return c->curve ? " (CURVE: a front that refuses this client's key, or whose key is not server_key, never answers)"
+                    : "";
+}
+
+static pp_status send_request_within(pp_client *c, const pp_serve_request *r, int wait_ms) {
     void *buf;
     size_t n;
     PP_TRY(pp_serve_request_encode(r, &buf, &n));
     int rc = zmq_send(c->sock, buf, n, ZMQ_DONTWAIT);
+    int64_t until = now_ms() + wait_ms;
+    while (rc < 0 && zmq_errno() == EAGAIN && now_ms() < until) {
+        zmq_pollitem_t item = {c->sock, 0, ZMQ_POLLOUT, 0};
+        if (zmq_poll(&item, 1, (long)(until - now_ms())) < 0 && zmq_errno() != EINTR) break;
+        rc = zmq_send(c->sock, buf, n, ZMQ_DONTWAIT);
+    }
+    int err = zmq_errno();
     free(buf);
+    char why[256];
     if (rc < 0)
-        return pp_error(PP_ERR_IO, "client: sending to %s: %s", c->endpoint,
-                        zmq_errno() == EAGAIN ? "too many requests queued (is the service there?)" : zmq_strerror(zmq_errno()));
+        return err == EAGAIN ? pp_error(PP_ERR_IO,
+                                        "client: sending to %s: nothing took the request within %d ms%s (is the "
+                                        "service there? too many requests queued?)%s",
+                                        c->endpoint, wait_ms, refusal(c, why, sizeof why), curve_hint(c))
+                             : pp_error(PP_ERR_IO, "client: sending to %s: %s", c->endpoint, zmq_strerror(err));
     return PP_OK;
+}
+
+static pp_status send_request(pp_client *c, const pp_serve_request *r) {
+    return send_request_within(c, r, SEND_WAIT_MS);
 }
 
 pp_status pp_client_submit_session(pp_client *c, const char *session, int n, const char *const *names,
@@ -188,7 +274,7 @@ void pp_client_cancel(pp_client *c, uint64_t id) {
     pp_serve_request stop = {0}; /* a generation stops; anything else runs to its end */
     stop.id = id;
     stop.kind = PP_SERVE_KIND_CANCEL;
-    (void)send_request(c, &stop);
+    (void)send_request_within(c, &stop, 0); /* never waits: a cancel is best effort */
     int last_kept = 0; /* the final message of a stream is here: nothing more comes */
     for (size_t i = 0; i < c->n_kept;) {
         if (c->kept[i]->id != id) {
@@ -233,12 +319,12 @@ pp_status pp_client_wait(pp_client *c, uint64_t id, int timeout_ms, pp_response 
         if (rc < 0 && zmq_errno() != EINTR)
             return pp_error(PP_ERR_IO, "client: waiting on %s: %s", c->endpoint, zmq_strerror(zmq_errno()));
         if (rc <= 0) {
-            if (now_ms() >= deadline)
-                return pp_error(PP_ERR_TIMEOUT, "client: no response from %s within %d ms%s%s", c->endpoint,
-                                timeout_ms, id ? "" : " (to any request)",
-                                c->curve ? " (CURVE: a front that refuses this client's key, or whose key is not "
-                                           "server_key, never answers)"
-                                         : "");
+            if (now_ms() >= deadline) {
+                char why[256];
+                return pp_error(PP_ERR_TIMEOUT, "client: no response from %s within %d ms%s%s%s", c->endpoint,
+                                timeout_ms, id ? "" : " (to any request)", refusal(c, why, sizeof why),
+                                curve_hint(c));
+            }
             continue;
         }
         zmq_msg_t m;
@@ -287,6 +373,10 @@ void pp_client_close(pp_client *c) {
     for (size_t i = 0; i < c->n_kept; i++) pp_response_free(c->kept[i]);
     free(c->kept);
     free(c->cancelled);
+    if (c->monitor) {
+        (void)zmq_socket_monitor(c->sock, NULL, 0);
+        zmq_close(c->monitor);
+    }
     if (c->sock) zmq_close(c->sock);
     if (c->ctx) zmq_ctx_term(c->ctx);
     free(c);

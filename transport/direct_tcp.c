@@ -310,6 +310,11 @@ int pp_direct_offer_from(const char *offer, const char *endpoint) {
     return same;
 }
 
+int pp_direct_offer_from_rank(const pp_transport *t, const char *offer, int r, const char **endpoint) {
+    *endpoint = r >= 0 && r < t->nranks ? peer_ep(t, r) : "(no such rank)";
+    return r >= 0 && r < t->nranks && pp_direct_offer_from(offer, *endpoint);
+}
+
 static int write_all(int fd, const void *buf, size_t n, int ms) {
     size_t put = 0;
     int64_t until = now_ms() + ms;

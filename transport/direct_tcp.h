@@ -70,6 +70,8 @@ int pp_direct_offer_valid(const char *text);
  * name looked up): a peer's offer must name the host this rank reaches
  * it at, not point the link at some other machine. */
 int pp_direct_offer_from(const char *offer, const char *endpoint);
+/* The same for the endpoint of rank r of t, which *endpoint names. */
+int pp_direct_offer_from_rank(const pp_transport *t, const char *offer, int r, const char **endpoint);
 
 /* What is wrong with n bytes received as a hello on a listener that
  * offered nonce (16 bytes) for purpose and expects peer ("" if nothing;

@@ -52,7 +52,7 @@ same_tokens() { # FILE NPY: the ids in FILE equal the .npy's
 }
 
 # ---- with the KV cache ----
-cfg c decoder.onnx "session_idle_ms: 1500, max_sessions: 4"
+cfg c decoder.onnx "session_idle_ms: 3000, max_sessions: 4"
 if ! start c; then
     ok 1 "the decoder service did not come up: $(tail -3 "$tmp/c.err")"
     echo "1..$n"
@@ -192,10 +192,19 @@ lost() { # DESC NEEDLE SESSION
 $PY -c 'import numpy as np, sys; np.save(sys.argv[1], np.array([[3, 4, 5]], np.int64))' "$tmp/seq.npy"
 sreq() { timeout 30 "$PIPPIN" request "ipc://$tmp/c-front" --input "idx=$tmp/seq.npy" --session "$1" --output-dir "$tmp" >/dev/null 2>&1; }
 sreq idle
-sleep 2
-lost "an idle session expires (session_idle_ms 1500)" "unused for 1500 ms" idle
+sleep 3.5
+lost "an idle session expires (session_idle_ms 3000)" "unused for 3000 ms" idle
+# m1 must still be fresh when m5 comes, or it expires instead of making
+# room: 5 client processes (slow under a sanitizer) within the 3 s
+t0=$(date +%s%N)
 for s in m1 m2 m3 m4 m5; do sreq $s; sleep 0.05; done
-lost "the least recently used of 5 sessions makes room (max_sessions 4)" "ended to make room" m1
+took_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+if [ $took_ms -lt 2500 ]; then
+    lost "the least recently used of 5 sessions makes room (max_sessions 4)" "ended to make room" m1
+else
+    n=$((n + 1))
+    echo "ok $n # SKIP the 5 sessions took $took_ms ms, too close to session_idle_ms for the room test"
+fi
 stop
 
 # ---- the per-rank byte bound ----

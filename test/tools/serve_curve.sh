@@ -63,6 +63,11 @@ mkdir -p "$tmp/ref"
     --output-dir "$tmp/ref" >/dev/null 2>&1
 
 EP="ipc://$tmp/c-front"
+# no_answer FILE: FILE (a client's stderr) says the request got no answer:
+# it timed out, or no connection took it (a refused handshake leaves the
+# client reconnecting, and a send in that window has nowhere to go; CI saw
+# it once).
+no_answer() { grep -q "no response\|nothing took the request" "$1"; }
 req() { # OUTDIR TIMEOUT [key options]: one request for the logits
     out=$1 t=$2
     shift 2
@@ -98,13 +103,13 @@ t0=$(date +%s)
 req "$tmp/m1" 1500 $MALLORY
 rc=$?
 el=$(($(date +%s) - t0))
-[ $rc -eq 1 ] && [ $el -lt 20 ] && grep -q "no response" "$tmp/m1.stderr" && grep -q "CURVE" "$tmp/m1.stderr" &&
+[ $rc -eq 1 ] && [ $el -lt 20 ] && no_answer "$tmp/m1.stderr" && grep -q "CURVE" "$tmp/m1.stderr" &&
     [ ! -e "$tmp/m1/logits.npy" ]
 ok $? "a key not in serve.client_keys gets no answer: exit $rc after ${el}s: $(head -c 250 "$tmp/m1.stderr")"
 
 req "$tmp/p1" 1500
 rc=$?
-[ $rc -eq 1 ] && grep -q "no response" "$tmp/p1.stderr" && [ ! -e "$tmp/p1/logits.npy" ]
+[ $rc -eq 1 ] && no_answer "$tmp/p1.stderr" && [ ! -e "$tmp/p1/logits.npy" ]
 ok $? "a plaintext client gets no answer: exit $rc: $(head -c 200 "$tmp/p1.stderr")"
 
 # shellcheck disable=SC2086
@@ -123,7 +128,7 @@ ok $? "pippin generate with the allowed key gets the service's answer (exit $rc)
 timeout 30 "$PIPPIN" generate "$EP" --tokens "$tmp/prompt.npy" --max-tokens 2 --timeout-ms 1500 $MALLORY \
     >"$tmp/g2.out" 2>"$tmp/g2.err"
 rc=$?
-[ $rc -eq 1 ] && grep -q "no response" "$tmp/g2.err"
+[ $rc -eq 1 ] && no_answer "$tmp/g2.err"
 ok $? "pippin generate with a refused key gets no answer (exit $rc): $(head -c 200 "$tmp/g2.err")"
 
 timeout 10 "$PIPPIN" request "$EP" --stats --server-key "$tmp/rank0.pub" >/dev/null 2>"$tmp/u.err"

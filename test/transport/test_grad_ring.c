@@ -1114,6 +1114,44 @@ static void test_links_refuse_other_layout(void **state) {
     tt_close_ranks(2, t);
 }
 
+/* A replica whose direct-link offer names another host than the one the
+ * next replica reaches it at (here rank 1 lists itself as 127.0.0.1 and
+ * binds every interface, while rank 0 reaches it at 127.0.0.2): a link
+ * there would have worked, to a host nobody listed. Rank 0 refuses it
+ * with an error naming rank 1 and both addresses, as a bulk lane does
+ * (test_offer_names_the_peers_host), instead of connecting. */
+static void test_links_offer_names_another_host(void **state) {
+    (void)state;
+    pp_transport_options o[2];
+    for (int k = 0; k < 2; k++) {
+        pp_transport_options_init(&o[k]);
+        o[k].timeout_ms = 3000;
+        o[k].shm_bytes = -1;
+    }
+    pp_transport *t[2];
+    char ep0[256] = "tcp://127.0.0.1:*", ep1[256] = "tcp://127.0.0.1:*";
+    const char *list0[2] = {ep0, NULL}, *list1[2] = {NULL, ep1};
+    o[0].rank = 0, o[0].nranks = 2, o[0].endpoints = list0;
+    o[1].rank = 1, o[1].nranks = 2, o[1].endpoints = list1;
+    o[1].bind_endpoint = "tcp://*:*";
+    TT_OK(pp_transport_create(&o[0], &t[0]));
+    TT_OK(pp_transport_create(&o[1], &t[1]));
+    char other[256];
+    snprintf(other, sizeof other, "tcp://127.0.0.2:%s", strrchr(pp_transport_endpoint(t[1]), ':') + 1);
+    TT_OK(pp_transport_connect_peer(t[0], 1, other));
+    TT_OK(pp_transport_connect_peer(t[1], 0, pp_transport_endpoint(t[0])));
+    tt_handshake(2, t);
+    piece_job jobs[2] = {{t[0], 0, 0, 0, -1, PP_OK, "", 0, 1}, {t[1], 1, 0, 0, -1, PP_OK, "", 0, 1}};
+    pthread_t th[2];
+    for (int k = 0; k < 2; k++) assert_int_equal(pthread_create(&th[k], NULL, piece_main, &jobs[k]), 0);
+    for (int k = 0; k < 2; k++) pthread_join(th[k], NULL);
+    assert_int_equal(jobs[0].s, PP_ERR_PEER);
+    tt_assert_mentions(jobs[0].err, "replica 1 (rank 1) offered a direct link at another host (tcp 127.0.0.1 ",
+                       "than its endpoint tcp://127.0.0.2:", "direct_links: false", NULL);
+    assert_int_not_equal(jobs[1].s, PP_OK); /* its sum cannot end without rank 0 */
+    tt_close_ranks(2, t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_ring_inproc, plain_options),
@@ -1142,6 +1180,7 @@ int main(void) {
         cmocka_unit_test_setup(test_links_accept_ignores_strangers, plain_options),
         cmocka_unit_test_setup(test_links_peer_silent, plain_options),
         cmocka_unit_test_setup(test_links_refuse_other_layout, plain_options),
+        cmocka_unit_test_setup(test_links_offer_names_another_host, plain_options),
     };
     tu_filter_from_env();
     return cmocka_run_group_tests(tests, NULL, NULL);
