@@ -2,8 +2,10 @@
  * (write, fsync, rename, fsync the directory) replacement of files. */
 #include "file_io.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,17 +72,59 @@ pp_status pp_read_file(const char *path, size_t max_bytes, unsigned char **buf, 
     return PP_OK;
 }
 
+/* This host's name as it goes in temporary names: letters, digits and
+ * '-' only (at most 32), "host" if it has none. */
+static void host_tag(char *out, size_t cap) {
+    char name[256] = "";
+    if (gethostname(name, sizeof name - 1) != 0) name[0] = 0;
+    size_t n = 0;
+    for (const char *c = name; *c && n + 1 < cap && n < 32; c++)
+        if ((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '-') out[n++] = *c;
+    if (!n) n = (size_t)snprintf(out, cap, "host");
+    out[n] = 0;
+}
+
+/* Removes what writers of path that died mid-write left beside it:
+ * PATH.tmp.HOST.PID.N of this host whose PID is gone (a process killed
+ * between open and commit). Only this host's names: a pid means nothing
+ * on another host sharing the directory. Best effort: a file that cannot
+ * be removed stays, as it did before. */
+static void sweep_stale(const char *path) {
+    char *dir = strdup(path);
+    if (!dir) return;
+    char *slash = strrchr(dir, '/');
+    const char *base = slash ? strrchr(path, '/') + 1 : path;
+    if (slash) slash[slash == dir ? 1 : 0] = '\0';
+    char host[40], prefix[512];
+    host_tag(host, sizeof host);
+    int plen = snprintf(prefix, sizeof prefix, "%s.tmp.%s.", base, host);
+    DIR *d = plen > 0 && (size_t)plen < sizeof prefix ? opendir(slash ? dir : ".") : NULL;
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (strncmp(e->d_name, prefix, (size_t)plen) != 0) continue;
+        char *end;
+        long pid = strtol(e->d_name + plen, &end, 10);
+        if (pid <= 0 || *end != '.' || pid == (long)getpid()) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive (or not ours to ask): kept */
+        char full[4096];
+        if (snprintf(full, sizeof full, "%s/%s", slash ? dir : ".", e->d_name) < (int)sizeof full) unlink(full);
+    }
+    if (d) closedir(d);
+    free(dir);
+}
+
 pp_status pp_atomic_open(const char *path, pp_atomic_file *af) {
     static _Atomic unsigned counter; /* threads of one process writing beside each other */
     memset(af, 0, sizeof *af);
-    size_t n = strlen(path) + 64;
+    size_t n = strlen(path) + 96;
     af->path = strdup(path);
     af->tmp = malloc(n);
     if (!af->path || !af->tmp) {
         pp_atomic_discard(af);
         return pp_error(PP_ERR_NOMEM, "%s: out of memory", path);
     }
-    snprintf(af->tmp, n, "%s.tmp.%ld.%u", path, (long)getpid(), counter++);
+    char host[40];
+    host_tag(host, sizeof host);
+    snprintf(af->tmp, n, "%s.tmp.%s.%ld.%u", path, host, (long)getpid(), counter++);
     af->f = fopen(af->tmp, "wb");
     if (!af->f) {
         pp_status s = pp_error(PP_ERR_IO, "%s: %s", af->tmp, strerror(errno));
@@ -133,6 +177,7 @@ pp_status pp_atomic_commit(pp_atomic_file *af) {
     if (s == PP_OK) {
         free(af->tmp); /* renamed: nothing to remove */
         af->tmp = NULL;
+        sweep_stale(af->path);
         s = pp_fsync_parent(af->path);
     }
     pp_atomic_discard(af);

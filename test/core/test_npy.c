@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "test_util.h"
@@ -142,6 +143,58 @@ static void test_unterminated_shape(void **state) {
     assert_null(t);
 }
 
+static int exists(const char *dir, const char *name) {
+    char p[700];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return access(p, F_OK) == 0;
+}
+
+static void touch(const char *dir, const char *name) {
+    char p[700];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fclose(f);
+}
+
+/* A writer killed between open and commit leaves PATH.tmp.HOST.PID.N
+ * (CI's worker_kill once counted one as a differing parameter file). The
+ * next commit of PATH removes those of this host whose process is gone,
+ * and keeps a live process's, another host's and another file's. */
+static void test_commit_sweeps_dead_writers_temporaries(void **state) {
+    (void)state;
+    char host[256] = "";
+    assert_int_equal(gethostname(host, sizeof host - 1), 0);
+    char tag[40];
+    size_t n = 0;
+    for (const char *c = host; *c && n < 32; c++)
+        if ((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '-') tag[n++] = *c;
+    if (!n) n = (size_t)snprintf(tag, sizeof tag, "host");
+    tag[n] = 0;
+    pid_t dead = fork(); /* a pid that is gone once reaped */
+    if (dead == 0) _exit(0);
+    assert_true(dead > 0);
+    assert_int_equal(waitpid(dead, NULL, 0), dead);
+    char stale[300], live[300], other_host[300], other_file[300];
+    snprintf(stale, sizeof stale, "w.npy.tmp.%s.%ld.3", tag, (long)dead);
+    snprintf(live, sizeof live, "w.npy.tmp.%s.%ld.0", tag, (long)getppid());
+    snprintf(other_host, sizeof other_host, "w.npy.tmp.elsewhere-%s.%ld.0", tag, (long)dead);
+    snprintf(other_file, sizeof other_file, "v.npy.tmp.%s.%ld.0", tag, (long)dead);
+    const char *names[4] = {stale, live, other_host, other_file};
+    for (int i = 0; i < 4; i++) touch(tmpdir, names[i]);
+    pp_tensor *t;
+    TU_OK(pp_tensor_new(PP_F32, 1, (int64_t[]){3}, &t));
+    char path[400];
+    snprintf(path, sizeof path, "%s/w.npy", tmpdir);
+    TU_OK(pp_npy_save(path, t));
+    pp_tensor_free(t);
+    assert_false(exists(tmpdir, stale));
+    assert_true(exists(tmpdir, live));
+    assert_true(exists(tmpdir, other_host));
+    assert_true(exists(tmpdir, other_file));
+    assert_true(exists(tmpdir, "w.npy"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip_all_dtypes),
@@ -150,6 +203,7 @@ int main(void) {
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_bad_magic_and_truncation),
         cmocka_unit_test(test_unterminated_shape),
+        cmocka_unit_test(test_commit_sweeps_dead_writers_temporaries),
     };
     tu_filter_from_env();
     return cmocka_run_group_tests(tests, setup, teardown);
