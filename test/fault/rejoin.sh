@@ -231,11 +231,8 @@ fi
 # rolling back forever. (Regression: each completed step restarted the wait.)
 cfg stall "$tmp/stall-params" "$(ipc_ranks stall)" "checkpoint: {dir: $tmp/stall-ck, every: 5}"
 workers stall 10000
-sleep 0.3
 p3=""
-for p in $(pgrep -f "worker $tmp/stall.yaml --rank 3 "); do # the worker, not timeout(1)
-    [ "$(cat "/proc/$p/comm" 2>/dev/null)" = pippin ] && p3=$p
-done
+started "worker $tmp/stall.yaml --rank 3 " && p3=$vpid # the worker, not timeout(1)
 seen=0
 t0=$(date +%s)
 while kill -0 "$p3" 2>/dev/null && [ $(($(date +%s) - t0)) -lt 100 ]; do

@@ -24,7 +24,7 @@
 #define R 2
 #define MAX_RANKS 3 /* pipeline ranks per replica */
 #define MAX_STEPS 6
-#define TIMEOUT_MS 1500
+#define TIMEOUT_MS 5000 /* 6 rank threads set up and step within it of each other (a sanitizer on a loaded machine) */
 
 typedef struct run_spec {
     int nranks;                 /* pipeline ranks per replica (the MLP's 3 stages over them) */

@@ -70,6 +70,8 @@ req() { # I OUTDIR [more args]: a request for inputs I
 }
 
 cfg s "max_batch: 16, max_wait_us: 20000"
+# the concurrent clients below stop rank 3 while they queue up
+sed -i 's/^timeout_ms: 3000/timeout_ms: 60000/' "$tmp/s.yaml"
 if ! start s; then
     ok 1 "the service did not come up: $(tail -3 "$tmp/s.err")"
     echo "1..$n"
@@ -85,12 +87,24 @@ for i in 0 1 2; do
 done
 ok "$([ -z "$bad" ] && echo 0 || echo 1)" "requests of 2x64, 3x64 and 1x32 tokens: logits bit-identical to pippin infer$bad"
 
-# concurrent clients
+# concurrent clients: they meet in batches because the pipeline is held
+# (rank 3 stopped) until all 12 are in the service. Left to their own
+# pace, 12 client processes starting on a loaded machine can come one
+# after another's answer, each then starting at once in an idle pipeline
+# (CI saw 15 batches for 15 requests).
+r3=$(pgrep -f "worker $tmp/s.yaml --rank 3") # pippin run's child, no wrapper
+kill -STOP $r3
 pids=""
 for i in $(seq 3 14); do
     req $i "$tmp/c$i" &
     pids="$pids $!"
 done
+for _ in $(seq 600); do
+    timeout 5 "$PIPPIN" request "ipc://$tmp/s-front" --stats --timeout-ms 2000 2>/dev/null |
+        grep -Eq '"in_system": 1[2-9]' && break
+    sleep 0.1
+done
+kill -CONT $r3
 fails=0
 for p in $pids; do wait "$p" || fails=$((fails + 1)); done
 close=$($PY - "$tmp" <<'PYEOF'
@@ -229,6 +243,9 @@ fi
 # a full queue answers busy at once: the first request is held in the
 # pipeline (rank 1 stopped with SIGSTOP) when the second comes
 cfg q "max_batch: 8, max_queue: 1"
+# rank 1 stays stopped while client processes start (slow under a
+# sanitizer): its peers must not give it up meanwhile
+sed -i 's/^timeout_ms: 3000/timeout_ms: 60000/' "$tmp/q.yaml"
 if start q; then
     r1=$(pgrep -f "worker $tmp/q.yaml --rank 1") # pippin run's child, no wrapper
     kill -STOP $r1

@@ -64,11 +64,13 @@ if [ $rc -ne 0 ] || ! echo "$why" | grep -q "rank 2"; then
 else
     ok 0 "rank 2 killed: the idle front says: $why"
 fi
+# "at once": well before the request's 30 s timeout (a whole client
+# process, slow to start and end under a sanitizer, is timed)
 t0=$(date +%s)
-req
+req --timeout-ms 30000
 rc=$?
 took=$(($(date +%s) - t0))
-if [ $rc -ne 1 ] || ! grep -q "unavailable: degraded" "$tmp/req.err" || [ $took -gt 2 ]; then
+if [ $rc -ne 1 ] || ! grep -q "unavailable: degraded" "$tmp/req.err" || [ $took -gt 10 ]; then
     ok 1 "while degraded: exit $rc after $took s: $(cat "$tmp/req.err")"
 else
     ok 0 "while degraded a request is answered at once: $(cut -c1-120 "$tmp/req.err")"

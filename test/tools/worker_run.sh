@@ -177,7 +177,13 @@ for r in 0 1 2 3; do
     "$PIPPIN" worker "$tmp/sig.yaml" --rank $r --checkpoint "$tmp/sig-ck" >"$tmp/sig$r.out" 2>"$tmp/sig$r.err" &
     pids="$pids $!"
 done
-sleep 1
+# The signal once their run is on: a worker installs its handler after
+# loading the model, which under a sanitizer on a loaded machine can take
+# longer than the fixed second this waited (then SIGINT killed it outright).
+for _ in $(seq 600); do
+    grep -q '^step 1:' "$tmp/sig3.out" 2>/dev/null && break
+    sleep 0.1
+done
 # shellcheck disable=SC2086
 kill -INT $pids 2>/dev/null
 wait

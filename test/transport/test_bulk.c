@@ -41,12 +41,15 @@ static void expect_recv(pp_transport *t, const pp_transport_key *k, const pp_ten
 }
 
 /* Sends 1 MiB tensors from rank 0 to rank 1 (microbatches from *mb on)
- * until one went over the lane: at most 20. Returns whether one did. */
-static int bring_up(pp_transport **t, int *mb) {
+ * until one went over the lane: `tries` of them, or with tries 0 for up
+ * to 10 s (a count of 20 was too few once for a sanitizer on a loaded
+ * machine). Returns whether one did. */
+static int send_until_lane(pp_transport **t, int *mb, int tries) {
     int64_t shape[1] = {1 << 18};
     pp_tensor *x = tt_f32_seq(1, shape, 7.0f);
     pp_transport_stats st;
-    for (int i = 0; i < 20; i++) {
+    int64_t t0 = tt_now_ms();
+    for (int i = 0; tries ? i < tries : tt_now_ms() - t0 < 10000; i++) {
         pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, (*mb)++, 0, 1, "x");
         TT_OK(pp_transport_send(t[0], &k, x));
         expect_recv(t[1], &k, x);
@@ -57,6 +60,8 @@ static int bring_up(pp_transport **t, int *mb) {
     pp_tensor_free(x);
     return st.bulk_bytes_received > 0;
 }
+
+static int bring_up(pp_transport **t, int *mb) { return send_until_lane(t, mb, 0); }
 
 static void test_lane_carries_large_tensors(void **state) {
     (void)state;
@@ -172,7 +177,7 @@ static void test_lanes_off(void **state) {
     pp_transport *t[2];
     tt_make_ranks("tcp", 2, &o, t);
     int mb = 0;
-    assert_false(bring_up(t, &mb)); /* 20 tensors, all in frames */
+    assert_false(send_until_lane(t, &mb, 20)); /* 20 tensors, all in frames */
     pp_transport_stats st;
     pp_transport_stats_get(t[0], &st);
     assert_int_equal(st.bulk_bytes_sent, 0);
@@ -199,7 +204,7 @@ static void test_receiver_off_offers_none(void **state) {
     for (int r = 0; r < 2; r++) TT_OK(pp_transport_connect_peer(t[r], 1 - r, pp_transport_endpoint(t[1 - r])));
     tt_handshake(2, t);
     int mb = 0;
-    assert_false(bring_up(t, &mb)); /* 20 tensors, all in frames, all intact */
+    assert_false(send_until_lane(t, &mb, 20)); /* 20 tensors, all in frames, all intact */
     pp_transport_stats st;
     pp_transport_stats_get(t[0], &st);
     assert_int_equal(st.bulk_bytes_sent, 0);
@@ -256,6 +261,14 @@ static void test_lane_failure_falls_back_to_frames(void **state) {
         x[i] = tt_f32_seq(1, shape, (float)(10 * i));
         pp_transport_key k = tt_key(PP_MSG_ACTIVATION, 0, mb + i, 0, 1, "x");
         TT_OK(pp_transport_send(t[0], &k, x[i])); /* never a failure: frames when the lane is gone */
+        /* the tensor written (or the lane failed) before the next: a writer
+         * thread a loaded machine had not run let later ones join a dead
+         * lane's queue */
+        for (int64_t t0 = tt_now_ms(); tt_now_ms() - t0 < 5000;) {
+            pp_bulk_tx *tx = t[0]->peers[1].bulk_tx;
+            if (!tx || pp_bulk_tx_queued(tx) == 0 || pp_bulk_tx_error(tx)[0] || pp_tp_bulk_failed(t[0], 1)) break;
+            usleep(1000);
+        }
         usleep(20000); /* the cut reaches the sender's socket */
     }
     pp_transport_stats st;
