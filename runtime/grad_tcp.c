@@ -176,7 +176,7 @@ static pp_status decide(pp_grad_tcp *s) {
     /* started here, finished by the first collective (a round trip away
      * on another host: a progress pass must not wait for it) */
     pp_status st = pp_direct_connect_start(s->o.t, s->next_offer, PURPOSE_GRAD | (uint32_t)s->o.stage, s->o.replica,
-                                           &s->conn);
+                                           world_rank(s, next), &s->conn);
     if (st != PP_OK)
         return fail(s, pp_error_context(st, "stage %d: the gradient ring's link to replica %d (rank %d)", s->o.stage,
                                         next, world_rank(s, next)));
@@ -207,18 +207,6 @@ pp_status pp_grad_tcp_agree(pp_grad_tcp *s, int wait, int timeout_ms, int *decid
         if (!pp_direct_offer_valid(text))
             return fail(s, pp_error(PP_ERR_PEER, "stage %d: replica %d (rank %d) sent a malformed direct-link offer",
                                     s->o.stage, k, world_rank(s, k)));
-        const char *ep;
-        if (k == next && !pp_direct_offer_from_rank(s->o.t, text, world_rank(s, k), &ep)) {
-            /* Not taken: a link to a host the rank is not at (a
-             * misconfigured rank, or its own name resolving elsewhere
-             * there, as Debian's 127.0.1.1). An error, not a decline as a
-             * bulk lane's: the others took the offers and wait on links. */
-            return fail(s, pp_error(PP_ERR_PEER,
-                                    "stage %d: replica %d (rank %d) offered a direct link at another host (%.100s) "
-                                    "than its endpoint %s; list ranks by address, or set "
-                                    "gradient_buckets.direct_links: false",
-                                    s->o.stage, k, world_rank(s, k), text, ep));
-        }
         if (k == next) memcpy(s->next_offer, text, sizeof text);
         s->offered[k] = 1;
     }

@@ -288,33 +288,6 @@ int pp_direct_offer_valid(const char *text) {
     return 1;
 }
 
-int pp_direct_offer_from(const char *offer, const char *endpoint) {
-    char host[64], port[8], nonce[2 * NONCE_BYTES + 2], ep_host[64];
-    if (!offer_fields(offer, host, port, nonce) || !endpoint_host(endpoint, ep_host, sizeof ep_host))
-        return 0;
-    struct addrinfo *want, *have;
-    if (resolve(host, "0", 1, &want) != PP_OK) return 0;
-    if (resolve(ep_host, "0", 1, &have) != PP_OK && resolve(ep_host, "0", 0, &have) != PP_OK) { /* a name: looked up */
-        freeaddrinfo(want);
-        return 0;
-    }
-    int same = 0;
-    for (const struct addrinfo *h = have; h && !same; h = h->ai_next) {
-        char num[64];
-        same = getnameinfo(h->ai_addr, h->ai_addrlen, num, sizeof num, NULL, 0, NI_NUMERICHOST) == 0 &&
-               getnameinfo(want->ai_addr, want->ai_addrlen, host, sizeof host, NULL, 0, NI_NUMERICHOST) == 0 &&
-               strcmp(num, host) == 0;
-    }
-    freeaddrinfo(want);
-    freeaddrinfo(have);
-    return same;
-}
-
-int pp_direct_offer_from_rank(const pp_transport *t, const char *offer, int r, const char **endpoint) {
-    *endpoint = r >= 0 && r < t->nranks ? peer_ep(t, r) : "(no such rank)";
-    return r >= 0 && r < t->nranks && pp_direct_offer_from(offer, *endpoint);
-}
-
 static int write_all(int fd, const void *buf, size_t n, int ms) {
     size_t put = 0;
     int64_t until = now_ms() + ms;
@@ -340,20 +313,28 @@ void pp_direct_test_connect_lag(int ms) { atomic_store(&connect_lag_ms, ms); }
 struct pp_direct_conn {
     int fd;
     int64_t lag_until;
-    char host[64], port[8];
+    char host[256], port[8]; /* the peer's endpoint's host, the offer's port */
     hello h;
 };
 
-pp_status pp_direct_connect_start(pp_transport *t, const char *offer, uint32_t purpose, int32_t me,
+pp_status pp_direct_connect_start(pp_transport *t, const char *offer, uint32_t purpose, int32_t me, int peer,
                                   pp_direct_conn **out) {
     *out = NULL;
     char nonce[2 * NONCE_BYTES + 2];
     pp_direct_conn *c = calloc(1, sizeof *c);
     if (!c) return pp_error(PP_ERR_NOMEM, "out of memory");
     c->fd = -1;
-    if (!pp_direct_offer_valid(offer) || !offer_fields(offer, c->host, c->port, nonce)) {
+    char offered_host[64];
+    if (!pp_direct_offer_valid(offer) || !offer_fields(offer, offered_host, c->port, nonce)) {
         free(c);
         return pp_error(PP_ERR_PEER, "direct link: malformed offer \"%.80s\"", offer);
+    }
+    /* the host this rank reaches the peer at, not the offer's: see the header */
+    const char *ep = peer >= 0 && peer < t->nranks ? peer_ep(t, peer) : "(no such rank)";
+    if (!endpoint_host(ep, c->host, sizeof c->host)) {
+        free(c);
+        return pp_error(PP_ERR_INVALID, "direct link to rank %d: its endpoint %s names no host to connect to", peer,
+                        ep);
     }
     c->h = (hello){{0}, {0}, pp_transport_run_id(t), purpose, me};
     memcpy(c->h.magic, HELLO_MAGIC, 8);
@@ -364,6 +345,7 @@ pp_status pp_direct_connect_start(pp_transport *t, const char *offer, uint32_t p
     }
     struct addrinfo *ai;
     pp_status s = resolve(c->host, c->port, 1, &ai);
+    if (s != PP_OK) s = resolve(c->host, c->port, 0, &ai); /* a name: looked up, as the transport did */
     if (s != PP_OK) {
         free(c);
         return s;

@@ -46,11 +46,16 @@ pp_status pp_direct_accept(pp_direct_listener *l, int timeout_ms, int *fd);
 /* The listening socket (to poll for an incoming connection). */
 int pp_direct_listener_fd(const pp_direct_listener *l);
 
-/* A connection under way to an offer's address (numeric: no lookup). */
+/* A connection under way to an offered port of a peer. */
 typedef struct pp_direct_conn pp_direct_conn;
-/* Starts connecting (never waits); purpose and me (this rank's name for
- * itself on the link) go into the hello. */
-pp_status pp_direct_connect_start(pp_transport *t, const char *offer, uint32_t purpose, int32_t me,
+/* Starts connecting (never waits, but for looking up a host name) to the
+ * offer's port on the host this rank reaches rank `peer` at (its
+ * endpoint's host): the offer's own host is not followed, so a rank past
+ * the handshake cannot point a link at another machine, and a name that
+ * each host resolves its own way (Debian maps a host's own name to
+ * 127.0.1.1) cannot make the two ends disagree. purpose and me (this
+ * rank's name for itself on the link) go into the hello. */
+pp_status pp_direct_connect_start(pp_transport *t, const char *offer, uint32_t purpose, int32_t me, int peer,
                                   pp_direct_conn **out);
 /* Waits up to timeout_ms (0: not at all) for the connection, then sends
  * the hello; *fd: the socket (non-blocking, TCP_NODELAY, the caller's to
@@ -66,12 +71,6 @@ void pp_direct_test_connect_lag(int ms);
 
 /* 1 when text parses as an offer (for checking a peer's before use). */
 int pp_direct_offer_valid(const char *text);
-/* 1 when an offer's address is the host of endpoint (tcp://HOST:PORT, a
- * name looked up): a peer's offer must name the host this rank reaches
- * it at, not point the link at some other machine. */
-int pp_direct_offer_from(const char *offer, const char *endpoint);
-/* The same for the endpoint of rank r of t, which *endpoint names. */
-int pp_direct_offer_from_rank(const pp_transport *t, const char *offer, int r, const char **endpoint);
 
 /* What is wrong with n bytes received as a hello on a listener that
  * offered nonce (16 bytes) for purpose and expects peer ("" if nothing;

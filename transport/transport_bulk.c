@@ -166,13 +166,7 @@ int pp_tp_bulk_control(pp_transport *t, int r, const char *text) {
         const char *offer = text + PREFIX_LEN(CTL_BULK_OFFER);
         if (p->bulk_state != BULK_WANTED) return 1; /* not asked for (or asked twice): ignored */
         if (!pp_direct_offer_valid(offer)) return 0;
-        if (!pp_direct_offer_from(offer, peer_ep(t, r))) {
-            char why[PP_DIRECT_OFFER_CAP + 64];
-            snprintf(why, sizeof why, "its offer names another host than its endpoint (%.100s)", offer);
-            lane_off(t, r, why);
-            return 1;
-        }
-        if (pp_direct_connect_start(t, offer, PURPOSE_BULK, t->rank, &p->bulk_conn) != PP_OK) {
+        if (pp_direct_connect_start(t, offer, PURPOSE_BULK, t->rank, r, &p->bulk_conn) != PP_OK) {
             lane_off(t, r, pp_last_error());
             return 1;
         }
