@@ -80,9 +80,13 @@ typedef struct pp_client pp_client;
  * (tcp:// or ipc://). */
 PP_API pp_status pp_client_connect(const char *endpoint, const pp_client_options *o, pp_client **out);
 
-/* Sends a request without waiting: n named inputs, the outputs wanted (n_out
- * 0: all), a timeout the service applies (0: its default). *id identifies
- * the response. */
+/* Sends a request without waiting for its answer: n named inputs, the
+ * outputs wanted (n_out 0: all), a timeout the service applies (0: its
+ * default). *id identifies the response. It waits only when the socket has
+ * nowhere to queue the request (no connection yet or any more: a service
+ * restarting, a CURVE front that refused this client; or too many requests
+ * queued), for up to a second, then fails saying why (a refused handshake
+ * is named). */
 PP_API pp_status pp_client_submit(pp_client *c, int n, const char *const *names, pp_tensor *const *inputs, int n_out,
                                   const char *const *outputs, uint32_t timeout_ms, uint64_t *id);
 
