@@ -164,9 +164,16 @@ if ! launch restart --restart 2; then
     kill -9 $lpid 2>/dev/null
     pkill -9 -f "worker $tmp/"
 else
-    pkill -9 -f "worker $tmp/restart.yaml --rank 1"
+    # by its pid, stopped first and killed only while the run is on
+    # (test/fault/kill.sh): a fast machine must not see the run end first
+    STEPS=40
+    . "$(dirname "$0")/../fault/kill.sh"
+    kill_rank "$tmp/restart.out" "worker $tmp/restart.yaml --rank 1" 1
+    killed=$?
     finish $lpid 120
-    if [ $rc -ne 0 ]; then
+    if [ $killed -ne 0 ]; then
+        echo "not ok $n - --restart: rank 1 not killed while the run was on ($kill_desc)"
+    elif [ $rc -ne 0 ]; then
         echo "not ok $n - --restart 2: pippin run exited $rc: $(tail -5 "$tmp/restart.err")"
     elif ! grep -q "restarted rank 1 (1 restart left)" "$tmp/restart.err"; then
         echo "not ok $n - --restart 2: no restart: $(tail -5 "$tmp/restart.err")"
