@@ -5,7 +5,9 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <signal.h>
+#include <sys/file.h>
+#include <sys/random.h>
+#include <time.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,62 +74,62 @@ pp_status pp_read_file(const char *path, size_t max_bytes, unsigned char **buf, 
     return PP_OK;
 }
 
-/* This host's name as it goes in temporary names: letters, digits and
- * '-' only (at most 32), "host" if it has none. */
-static void host_tag(char *out, size_t cap) {
-    char name[256] = "";
-    if (gethostname(name, sizeof name - 1) != 0) name[0] = 0;
-    size_t n = 0;
-    for (const char *c = name; *c && n + 1 < cap && n < 32; c++)
-        if ((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '-') out[n++] = *c;
-    if (!n) n = (size_t)snprintf(out, cap, "host");
-    out[n] = 0;
-}
+/* A temporary file unlocked and untouched this long is a dead writer's:
+ * the writer locks its file right after creating it (the minute covers
+ * that moment), and the lock goes with its process however it ends. */
+#define STALE_AFTER_S 60
 
 /* Removes what writers of path that died mid-write left beside it:
- * PATH.tmp.HOST.PID.N of this host whose PID is gone (a process killed
- * between open and commit). Only this host's names: a pid means nothing
- * on another host sharing the directory. Best effort: a file that cannot
- * be removed stays, as it did before. */
+ * PATH.tmp.* files nobody holds locked (flock: across processes, pid
+ * namespaces and, where the file system keeps locks, hosts) and older
+ * than STALE_AFTER_S. A file that cannot be checked or removed stays. */
 static void sweep_stale(const char *path) {
     char *dir = strdup(path);
     if (!dir) return;
     char *slash = strrchr(dir, '/');
     const char *base = slash ? strrchr(path, '/') + 1 : path;
     if (slash) slash[slash == dir ? 1 : 0] = '\0';
-    char host[40], prefix[512];
-    host_tag(host, sizeof host);
-    int plen = snprintf(prefix, sizeof prefix, "%s.tmp.%s.", base, host);
-    DIR *d = plen > 0 && (size_t)plen < sizeof prefix ? opendir(slash ? dir : ".") : NULL;
+    const char *where = slash ? dir : ".";
+    char prefix[512];
+    int plen = snprintf(prefix, sizeof prefix, "%s.tmp.", base);
+    DIR *d = plen > 0 && (size_t)plen < sizeof prefix ? opendir(where) : NULL;
+    time_t now = time(NULL);
     for (struct dirent *e; d && (e = readdir(d));) {
         if (strncmp(e->d_name, prefix, (size_t)plen) != 0) continue;
-        char *end;
-        long pid = strtol(e->d_name + plen, &end, 10);
-        if (pid <= 0 || *end != '.' || pid == (long)getpid()) continue;
-        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive (or not ours to ask): kept */
-        char full[4096];
-        if (snprintf(full, sizeof full, "%s/%s", slash ? dir : ".", e->d_name) < (int)sizeof full) unlink(full);
+        int fd = openat(dirfd(d), e->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        struct stat st;
+        if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && now - st.st_mtime > STALE_AFTER_S &&
+            flock(fd, LOCK_EX | LOCK_NB) == 0)
+            unlinkat(dirfd(d), e->d_name, 0);
+        if (fd >= 0) close(fd);
     }
     if (d) closedir(d);
     free(dir);
 }
 
 pp_status pp_atomic_open(const char *path, pp_atomic_file *af) {
-    static _Atomic unsigned counter; /* threads of one process writing beside each other */
     memset(af, 0, sizeof *af);
-    size_t n = strlen(path) + 96;
+    size_t n = strlen(path) + 32;
     af->path = strdup(path);
     af->tmp = malloc(n);
     if (!af->path || !af->tmp) {
         pp_atomic_discard(af);
         return pp_error(PP_ERR_NOMEM, "%s: out of memory", path);
     }
-    char host[40];
-    host_tag(host, sizeof host);
-    snprintf(af->tmp, n, "%s.tmp.%s.%ld.%u", path, host, (long)getpid(), counter++);
-    af->f = fopen(af->tmp, "wb");
+    /* a random name: writers on several hosts of a shared directory (where
+     * pids repeat) never meet in one temporary file */
+    uint64_t r = 0;
+    if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r) {
+        static _Atomic uint64_t counter;
+        r = ((uint64_t)getpid() << 32) ^ (uint64_t)time(NULL) ^ counter++;
+    }
+    snprintf(af->tmp, n, "%s.tmp.%016llx", path, (unsigned long long)r);
+    int fd = open(af->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd >= 0) (void)flock(fd, LOCK_EX | LOCK_NB); /* held until closed: sweep_stale leaves it alone */
+    af->f = fd >= 0 ? fdopen(fd, "wb") : NULL;
     if (!af->f) {
         pp_status s = pp_error(PP_ERR_IO, "%s: %s", af->tmp, strerror(errno));
+        if (fd >= 0) close(fd);
         pp_atomic_discard(af);
         return s;
     }

@@ -31,8 +31,9 @@ pp_status pp_read_at(int fd, void *dst, size_t n, uint64_t off, const char *what
  * beside it; commit flushes and fsyncs it, renames it over the path and
  * fsyncs the directory, so after a crash the path holds either the old
  * file or the whole new one, never a part. The temporary file is
- * PATH.tmp.HOST.PID.N; a commit removes those of this host whose process
- * is gone (killed mid-write), so crashes leave no litter behind. */
+ * PATH.tmp.RANDOM, locked (flock) while it is written; a commit of PATH
+ * removes the unlocked ones older than a minute (a writer killed
+ * mid-write), so crashes leave no litter once the file is written again. */
 typedef struct pp_atomic_file {
     FILE *f;        /* write here */
     char *path;

@@ -102,7 +102,9 @@ static void read_handshake_events(pp_client *c) {
                           : event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ? "a protocol error"
                                                                          : "no detail given";
         snprintf(c->refused, sizeof c->refused, "%s%s", why,
-                 c->curve ? "" : "; a CURVE front refuses a plaintext client");
+                 c->curve || event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH
+                     ? ""
+                     : "; a CURVE front refuses a plaintext client, if this is one");
     }
 }
 
@@ -135,22 +137,22 @@ pp_status pp_client_connect(const char *endpoint, const pp_client_options *o, pp
         pp_client_close(c);
         return ks;
     }
+    if (c->sock) watch_handshakes(c); /* before the connect: libzmq keeps no events from before a monitor */
     if (!c->sock || zmq_setsockopt(c->sock, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
         zmq_setsockopt(c->sock, ZMQ_MAXMSGSIZE, &max, sizeof max) != 0 || zmq_connect(c->sock, endpoint) != 0) {
         pp_status s = pp_error(PP_ERR_IO, "client: cannot connect to %s: %s", endpoint, zmq_strerror(zmq_errno()));
         pp_client_close(c);
         return s;
     }
-    watch_handshakes(c);
     *out = c;
     return PP_OK;
 }
 
 /* How long a send waits for the DEALER to have somewhere to queue a
- * request. It has none while the connection is being made again: after a
- * refused handshake (a CURVE front and a plaintext or unlisted client: the
- * request then goes and is never answered, as with a stranger's) or while
- * a restarted service comes back, for libzmq's reconnect interval (100 ms). */
+ * request. It has none once a handshake was refused (a CURVE front and a
+ * plaintext or unlisted client: libzmq gives the connection up), or while
+ * its queue is full (too many requests); a second is enough for the
+ * queue to move, and says "nobody will take it" soon after a refusal. */
 #define SEND_WAIT_MS 1000
 
 static const char *curve_hint(const pp_client *c) {
@@ -164,9 +166,11 @@ static pp_status send_request_within(pp_client *c, const pp_serve_request *r, in
     PP_TRY(pp_serve_request_encode(r, &buf, &n));
     int rc = zmq_send(c->sock, buf, n, ZMQ_DONTWAIT);
     int64_t until = now_ms() + wait_ms;
-    while (rc < 0 && zmq_errno() == EAGAIN && now_ms() < until) {
+    while (rc < 0 && zmq_errno() == EAGAIN) {
+        int64_t left = until - now_ms(); /* read once: a negative poll timeout waits for ever */
+        if (left <= 0) break;
         zmq_pollitem_t item = {c->sock, 0, ZMQ_POLLOUT, 0};
-        if (zmq_poll(&item, 1, (long)(until - now_ms())) < 0 && zmq_errno() != EINTR) break;
+        if (zmq_poll(&item, 1, (long)left) < 0 && zmq_errno() != EINTR) break;
         rc = zmq_send(c->sock, buf, n, ZMQ_DONTWAIT);
     }
     int err = zmq_errno();

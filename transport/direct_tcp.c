@@ -108,14 +108,18 @@ static int set_flags(int fd) {
 }
 
 /* numeric: an offer's address (never a name: no lookup, the address bound) */
-static pp_status resolve(const char *host, const char *port, int numeric, struct addrinfo **ai) {
+static pp_status resolve_as(const char *host, const char *port, int numeric, int family, struct addrinfo **ai) {
     struct addrinfo hints = {0};
-    hints.ai_family = AF_UNSPEC;
+    hints.ai_family = family;
     hints.ai_socktype = SOCK_STREAM;
     hints.ai_flags = AI_NUMERICSERV | (numeric ? AI_NUMERICHOST : 0);
     int rc = getaddrinfo(host, port, &hints, ai);
     if (rc != 0) return pp_error(PP_ERR_IO, "direct link: address %s port %s: %s", host, port, gai_strerror(rc));
     return PP_OK;
+}
+
+static pp_status resolve(const char *host, const char *port, int numeric, struct addrinfo **ai) {
+    return resolve_as(host, port, numeric, AF_UNSPEC, ai);
 }
 
 pp_status pp_direct_listen(pp_transport *t, uint32_t purpose, int32_t peer, char *offer, pp_direct_listener **out) {
@@ -329,12 +333,9 @@ pp_status pp_direct_connect_start(pp_transport *t, const char *offer, uint32_t p
         free(c);
         return pp_error(PP_ERR_PEER, "direct link: malformed offer \"%.80s\"", offer);
     }
-    /* the host this rank reaches the peer at, not the offer's: see the header */
-    const char *ep = peer >= 0 && peer < t->nranks ? peer_ep(t, peer) : "(no such rank)";
-    if (!endpoint_host(ep, c->host, sizeof c->host)) {
+    if (peer < 0 || peer >= t->nranks) {
         free(c);
-        return pp_error(PP_ERR_INVALID, "direct link to rank %d: its endpoint %s names no host to connect to", peer,
-                        ep);
+        return pp_error(PP_ERR_INVALID, "direct link to rank %d: no such rank", peer);
     }
     c->h = (hello){{0}, {0}, pp_transport_run_id(t), purpose, me};
     memcpy(c->h.magic, HELLO_MAGIC, 8);
@@ -343,9 +344,20 @@ pp_status pp_direct_connect_start(pp_transport *t, const char *offer, uint32_t p
         sscanf(nonce + 2 * i, "%2x", &v);
         c->h.nonce[i] = (unsigned char)v;
     }
-    struct addrinfo *ai;
-    pp_status s = resolve(c->host, c->port, 1, &ai);
-    if (s != PP_OK) s = resolve(c->host, c->port, 0, &ai); /* a name: looked up, as the transport did */
+    /* The host this rank reaches the peer at, not the offer's (see the
+     * header): a number, or a name looked up for IPv4 as libzmq does
+     * (pippin sets no ZMQ_IPV6; "localhost" may list ::1 first). Only an
+     * endpoint that names no host this way (a wildcard, an interface, a
+     * "src;dst" form) leaves the offer's, a number its rank bound. */
+    struct addrinfo *ai = NULL;
+    pp_status s = PP_ERR_INVALID;
+    if (endpoint_host(peer_ep(t, peer), c->host, sizeof c->host) &&
+        (s = resolve(c->host, c->port, 1, &ai)) != PP_OK)
+        s = resolve_as(c->host, c->port, 0, AF_INET, &ai);
+    if (s != PP_OK) {
+        snprintf(c->host, sizeof c->host, "%s", offered_host);
+        s = resolve(c->host, c->port, 1, &ai);
+    }
     if (s != PP_OK) {
         free(c);
         return s;

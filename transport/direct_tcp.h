@@ -50,11 +50,13 @@ int pp_direct_listener_fd(const pp_direct_listener *l);
 typedef struct pp_direct_conn pp_direct_conn;
 /* Starts connecting (never waits, but for looking up a host name) to the
  * offer's port on the host this rank reaches rank `peer` at (its
- * endpoint's host): the offer's own host is not followed, so a rank past
- * the handshake cannot point a link at another machine, and a name that
- * each host resolves its own way (Debian maps a host's own name to
- * 127.0.1.1) cannot make the two ends disagree. purpose and me (this
- * rank's name for itself on the link) go into the hello. */
+ * endpoint's host; a name looked up for IPv4, as libzmq does): the
+ * offer's own host is not followed, so a rank past the handshake cannot
+ * point a link at another machine, and a name that each host resolves its
+ * own way (Debian maps a host's own name to 127.0.1.1) cannot make the two
+ * ends disagree. Only where the endpoint names no host (a wildcard, an
+ * interface) is the offer's taken. purpose and me (this rank's name for
+ * itself on the link) go into the hello. */
 pp_status pp_direct_connect_start(pp_transport *t, const char *offer, uint32_t purpose, int32_t me, int peer,
                                   pp_direct_conn **out);
 /* Waits up to timeout_ms (0: not at all) for the connection, then sends

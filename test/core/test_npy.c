@@ -2,6 +2,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -157,42 +161,71 @@ static void touch(const char *dir, const char *name) {
     fclose(f);
 }
 
-/* A writer killed between open and commit leaves PATH.tmp.HOST.PID.N
- * (CI's worker_kill once counted one as a differing parameter file). The
- * next commit of PATH removes those of this host whose process is gone,
- * and keeps a live process's, another host's and another file's. */
+static void age(const char *dir, const char *name, int seconds) {
+    char p[700];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    struct timeval tv[2];
+    gettimeofday(&tv[0], NULL);
+    tv[0].tv_sec -= seconds;
+    tv[1] = tv[0];
+    assert_int_equal(utimes(p, tv), 0);
+}
+
+/* A writer killed between open and commit leaves PATH.tmp.* (CI's
+ * worker_kill once counted one as a differing parameter file). The next
+ * commit of PATH removes those nobody holds locked that are over a minute
+ * old, and keeps a locked one (a live writer, here a child process:
+ * flock works across processes and pid namespaces), a fresh one (a writer
+ * between creating and locking its file) and another file's. */
 static void test_commit_sweeps_dead_writers_temporaries(void **state) {
     (void)state;
-    char host[256] = "";
-    assert_int_equal(gethostname(host, sizeof host - 1), 0);
-    char tag[40];
-    size_t n = 0;
-    for (const char *c = host; *c && n < 32; c++)
-        if ((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '-') tag[n++] = *c;
-    if (!n) n = (size_t)snprintf(tag, sizeof tag, "host");
-    tag[n] = 0;
-    pid_t dead = fork(); /* a pid that is gone once reaped */
-    if (dead == 0) _exit(0);
-    assert_true(dead > 0);
-    assert_int_equal(waitpid(dead, NULL, 0), dead);
-    char stale[300], live[300], other_host[300], other_file[300];
-    snprintf(stale, sizeof stale, "w.npy.tmp.%s.%ld.3", tag, (long)dead);
-    snprintf(live, sizeof live, "w.npy.tmp.%s.%ld.0", tag, (long)getppid());
-    snprintf(other_host, sizeof other_host, "w.npy.tmp.elsewhere-%s.%ld.0", tag, (long)dead);
-    snprintf(other_file, sizeof other_file, "v.npy.tmp.%s.%ld.0", tag, (long)dead);
-    const char *names[4] = {stale, live, other_host, other_file};
-    for (int i = 0; i < 4; i++) touch(tmpdir, names[i]);
+    const char *stale = "w.npy.tmp.00000000deadbeef", *old_format = "w.npy.tmp.12345.0",
+               *live = "w.npy.tmp.00000000000a11fe", *fresh = "w.npy.tmp.0000000000f4e540",
+               *other_file = "v.npy.tmp.00000000deadbeef";
+    const char *names[5] = {stale, old_format, live, fresh, other_file};
+    for (int i = 0; i < 5; i++) {
+        touch(tmpdir, names[i]);
+        if (names[i] != fresh) age(tmpdir, names[i], 600);
+    }
+    int ready[2], done[2];
+    assert_int_equal(pipe(ready), 0);
+    assert_int_equal(pipe(done), 0);
+    pid_t writer = fork();
+    if (writer == 0) { /* holds the live one locked until told */
+        char p[700];
+        snprintf(p, sizeof p, "%s/%s", tmpdir, live);
+        int fd = open(p, O_RDWR);
+        char c = fd >= 0 && flock(fd, LOCK_EX) == 0 ? 'y' : 'n';
+        if (write(ready[1], &c, 1) != 1) _exit(1);
+        if (read(done[0], &c, 1) < 0) _exit(1);
+        _exit(0);
+    }
+    assert_true(writer > 0);
+    char c = 0;
+    assert_int_equal(read(ready[0], &c, 1), 1);
+    assert_int_equal(c, 'y');
     pp_tensor *t;
     TU_OK(pp_tensor_new(PP_F32, 1, (int64_t[]){3}, &t));
     char path[400];
     snprintf(path, sizeof path, "%s/w.npy", tmpdir);
     TU_OK(pp_npy_save(path, t));
     pp_tensor_free(t);
+    assert_int_equal(write(done[1], "x", 1), 1);
+    assert_int_equal(waitpid(writer, NULL, 0), writer);
+    for (int i = 0; i < 2; i++) close(ready[i]), close(done[i]);
     assert_false(exists(tmpdir, stale));
+    assert_false(exists(tmpdir, old_format));
     assert_true(exists(tmpdir, live));
-    assert_true(exists(tmpdir, other_host));
+    assert_true(exists(tmpdir, fresh));
     assert_true(exists(tmpdir, other_file));
     assert_true(exists(tmpdir, "w.npy"));
+    /* the save's own temporary is gone too (renamed): live and fresh are all */
+    DIR *d = opendir(tmpdir);
+    assert_non_null(d);
+    int left = 0;
+    for (struct dirent *e; (e = readdir(d));) left += strncmp(e->d_name, "w.npy.tmp.", 10) == 0;
+    closedir(d);
+    assert_int_equal(left, 2);
 }
 
 int main(void) {

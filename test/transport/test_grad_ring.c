@@ -1115,10 +1115,11 @@ static void test_links_refuse_other_layout(void **state) {
 }
 
 /* A replica whose direct-link offer names another host than the one the
- * next replica reaches it at (here rank 1 lists itself as 127.0.0.1 and
- * binds every interface, while rank 0 reaches it at 127.0.0.2, as a host
- * whose own name resolves elsewhere there): the link goes where rank 0
- * reaches rank 1, not where the offer says, and the sum goes through. */
+ * next replica reaches it at (here rank 1 lists itself as 192.0.2.7, an
+ * address nobody has, and binds every interface, while rank 0 reaches it
+ * at 127.0.0.2, as a host whose own name resolves elsewhere there): the
+ * link goes where rank 0 reaches rank 1, not where the offer says, and the
+ * sum goes through (following the offer, the connect failed). */
 static void test_links_offer_names_another_host(void **state) {
     (void)state;
     pp_transport_options o[2];
@@ -1128,7 +1129,7 @@ static void test_links_offer_names_another_host(void **state) {
         o[k].shm_bytes = -1;
     }
     pp_transport *t[2];
-    char ep0[256] = "tcp://127.0.0.1:*", ep1[256] = "tcp://127.0.0.1:*";
+    char ep0[256] = "tcp://127.0.0.1:*", ep1[256] = "tcp://192.0.2.7:*";
     const char *list0[2] = {ep0, NULL}, *list1[2] = {NULL, ep1};
     o[0].rank = 0, o[0].nranks = 2, o[0].endpoints = list0;
     o[1].rank = 1, o[1].nranks = 2, o[1].endpoints = list1;
