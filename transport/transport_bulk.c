@@ -14,10 +14,11 @@
  * the checked transport); this rank connects and sends the hello with that
  * nonce. Until then, and for good if any of it fails, large tensors go in
  * frames as before. A tensor on the lane is PP_PLACE_BULK in its envelope;
- * its bytes go first (transport_send.c), and the receiver reads them when
- * it handles the envelope, after every check, reading past the bytes of
- * messages it dropped or whose envelopes never came (the header's sequence
- * number says whose bytes come next). */
+ * its bytes go first (transport_send.c), and the receiver reads them after
+ * every check of the envelope, reading past the bytes of messages it
+ * dropped or whose envelopes never came (the header's sequence number says
+ * whose bytes come next), never waiting there: a message whose bytes are
+ * not all in is parked (bulk_park.c) and read on as they come. */
 #include "transport_internal.h"
 
 #include <stdio.h>

@@ -3,7 +3,8 @@
  * connections, monitors, hellos, liveness. transport_rings.c: the
  * shared-memory rings to and from same-host peers. transport_send.c and
  * transport_recv.c: the two directions; transport_batch.c: small messages
- * held back and sent together (batching). */
+ * held back and sent together (batching); transport_bulk.c: bulk lanes,
+ * bulk_park.c: messages parked while their lane bytes come. */
 #ifndef PIPPIN_TRANSPORT_INTERNAL_H
 #define PIPPIN_TRANSPORT_INTERNAL_H
 
