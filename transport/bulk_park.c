@@ -10,9 +10,10 @@
  * Per peer the order of messages stays the order they were sent: while a
  * peer has a message parked, its later ones (control texts included) park
  * behind it, built and checked but not filed or acted on. A message whose
- * bytes do not come within timeout_ms of being parked breaks the lane as a
- * waiting read did (closed, the tensor dropped with a warning naming the
- * peer; the peer's later tensors come in frames). */
+ * bytes do not come within timeout_ms of its read starting (when it was
+ * parked, or the message ahead of it finished: its bytes come after those)
+ * breaks the lane as a waiting read did (closed, the tensor dropped with a
+ * warning naming the peer; the peer's later tensors come in frames). */
 #include "transport_internal.h"
 
 #include <inttypes.h>
@@ -112,6 +113,8 @@ static int advance(pp_transport *t, int r, const pp_mbox_key *want, pp_tensor **
     int k = 0;
     while (p->park_head && read_lane(t, r, p->park_head, wait)) {
         pp_tp_parked *m = pop(t, r); /* off the queue first: acting on it may reset the lane */
+        /* the next one's bytes come after this one's: its clock starts now */
+        if (p->park_head) p->park_head->parked_ms = now_ms();
         finish(t, r, m, want, got);
         pp_tp_park_free(m);
         k++;

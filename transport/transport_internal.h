@@ -421,7 +421,7 @@ typedef struct pp_tp_parked {
     int32_t microbatch, src_stage, dst_stage;
     uint64_t seq;
     int ntensors, cur;      /* cur: the tensor being read from the lane */
-    int64_t parked_ms;      /* its bytes must come within timeout_ms of this */
+    int64_t parked_ms;      /* parked, or the one ahead finished: its bytes must come within timeout_ms */
     uint64_t bytes;         /* its tensors' bytes, in the peer's park_bytes */
     char text[PP_ENVELOPE_MAX_TEXT + 1];
     pp_tp_slot slot[];
