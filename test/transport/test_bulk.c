@@ -3,9 +3,11 @@
  * the first large tensor and carries the following ones intact, alone or
  * beside small and framed tensors, also to a rank bound to every
  * interface; it stays off when asked; a message the
- * receiver drops has its bytes read past; the two ends on their own: the
- * reader's checks of what the lane says, and the writer's failure when
- * the other end goes. */
+ * receiver drops has its bytes read past; a message whose bytes have not
+ * come is parked (bulk_park.c) while other peers' messages go on, in its
+ * peer's order, within the timeout and the caps; the two ends on their
+ * own: the reader's checks of what the lane says (also read in pieces),
+ * and the writer's failure when the other end goes. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -460,6 +462,8 @@ static void test_parked_tensor_holds_up_no_one(void **state) {
     pp_transport_key kb = tt_key(PP_MSG_GRADIENT, 0, 1000, 1, 0, "big");
     TT_OK(pp_transport_send(t[1], &kb, big));
     poll_until_parked(t[0], 1, 1); /* every poll returned, no bytes on the lane */
+    TT_OK(pp_transport_poll(t[0], 0)); /* and returns again, the message still parked */
+    assert_int_equal(t[0]->peers[1].park_n, 1);
     pp_tensor *none = NULL;
     TT_OK(pp_transport_take(t[0], &kb, &none));
     assert_null(none);
