@@ -559,6 +559,32 @@ static void test_parked_bytes_never_come(void **state) {
     tt_close_ranks(3, t);
 }
 
+/* A lane that closes under a parked message breaks at the next look, not
+ * after the timeout: the tensor dropped, the peer and why named. */
+static void test_parked_lane_closes(void **state) {
+    (void)state;
+    pp_transport_options o = opts(0);
+    pp_transport *t[3];
+    three_ranks_one_held(t, &o);
+    int64_t shape[1] = {1 << 18};
+    pp_tensor *x = tt_f32_seq(1, shape, 6.0f);
+    pp_transport_key kb = tt_key(PP_MSG_GRADIENT, 0, 1000, 1, 0, "x");
+    TT_OK(pp_transport_send(t[1], &kb, x));
+    poll_until_parked(t[0], 1, 1);
+    shutdown(t[0]->peers[1].bulk_rx.fd, SHUT_RD); /* reads now see the end of the stream */
+    TT_OK(pp_transport_poll(t[0], 0));
+    assert_int_equal(t[0]->peers[1].park_n, 0);
+    tt_assert_mentions(t[0]->peers[1].bulk_fail, "closed", NULL);
+    pp_tensor *y = NULL;
+    assert_int_equal(pp_transport_recv(t[0], &kb, 100, &y), PP_ERR_TIMEOUT);
+    tt_assert_mentions(pp_last_error(), "rank 1", "bulk lane broke", NULL);
+    pp_transport_stats st;
+    pp_transport_stats_get(t[0], &st);
+    assert_int_equal(st.dropped, 1);
+    pp_tensor_free(x);
+    tt_close_ranks(3, t);
+}
+
 /* Parked messages count toward max_pending_bytes_per_peer as the mailbox
  * does: one behind a parked 1 MiB tensor that would take its peer over
  * the cap is dropped. */
@@ -801,6 +827,7 @@ int main(void) {
         cmocka_unit_test(test_parked_tensor_holds_up_no_one),
         cmocka_unit_test(test_parked_keeps_the_peers_order),
         cmocka_unit_test(test_parked_bytes_never_come),
+        cmocka_unit_test(test_parked_lane_closes),
         cmocka_unit_test(test_parked_bytes_count_toward_the_cap),
         cmocka_unit_test(test_park_cap_waits_instead),
         cmocka_unit_test(test_close_with_a_parked_message),
