@@ -47,6 +47,7 @@ struct pp_bulk_tx {
     entry *q;            /* ring of cap entries */
     size_t cap, head, n;
     int closing;         /* finish the queue, then stop */
+    int hold;            /* pp_bulk_tx_hold: write nothing for now */
     atomic_int stop;     /* stop now */
     char error[160];     /* set once, under lock */
     char error_seen[160]; /* the pushing thread's copy (pp_bulk_tx_error) */
@@ -83,7 +84,8 @@ static void *writer(void *arg) {
     pp_bulk_tx *tx = arg;
     pthread_mutex_lock(&tx->lock);
     for (;;) {
-        while (!tx->n && !tx->closing && !atomic_load(&tx->stop)) pthread_cond_wait(&tx->wake, &tx->lock);
+        while ((tx->hold || (!tx->n && !tx->closing)) && !atomic_load(&tx->stop))
+            pthread_cond_wait(&tx->wake, &tx->lock);
         if (!tx->n || atomic_load(&tx->stop)) break;
         entry e = tx->q[tx->head];
         pthread_mutex_unlock(&tx->lock);
@@ -172,7 +174,7 @@ int pp_bulk_tx_push(pp_bulk_tx *tx, const pp_bulk_header *h, pp_tensor *x) {
         entry *e = &tx->q[(tx->head + tx->n) % tx->cap];
         pp_bulk_header_pack(h, e->head);
         e->x = x;
-        e->done = tx->n == 0 ? write_now(tx, e) : 0;
+        e->done = tx->n == 0 && !tx->hold ? write_now(tx, e) : 0;
         if (e->done == sizeof e->head + x->nbytes) {
             pthread_mutex_unlock(&tx->lock);
             return 1;
@@ -182,6 +184,13 @@ int pp_bulk_tx_push(pp_bulk_tx *tx, const pp_bulk_header *h, pp_tensor *x) {
     }
     pthread_mutex_unlock(&tx->lock);
     return rc;
+}
+
+void pp_bulk_tx_hold(pp_bulk_tx *tx, int on) {
+    pthread_mutex_lock(&tx->lock);
+    tx->hold = on;
+    pthread_cond_signal(&tx->wake);
+    pthread_mutex_unlock(&tx->lock);
 }
 
 int pp_bulk_tx_event_fd(const pp_bulk_tx *tx) { return tx->efd; }
@@ -246,9 +255,10 @@ static void set_lowat(pp_bulk_rx *rx, uint64_t want) {
     if (v != rx->lowat && setsockopt(rx->fd, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof v) == 0) rx->lowat = v;
 }
 
-/* Reads n bytes into dst (NULL: reads past them) by the deadline; 1, or -1
- * with rx->why set. */
-static int read_all(pp_bulk_rx *rx, void *dst, uint64_t n, int64_t deadline_ms, const char *what) {
+/* Reads what is there (without waiting) of the n bytes still wanted into
+ * dst (NULL: reads past them), adding to *got. 1: all n came; 2: the rest
+ * is not there yet; -1 with rx->why set. */
+static int read_some(pp_bulk_rx *rx, void *dst, uint64_t n, uint64_t *got, const char *what) {
     static _Thread_local uint8_t sink[SKIP_CHUNK];
     uint8_t *p = dst;
     while (n) {
@@ -258,40 +268,48 @@ static int read_all(pp_bulk_rx *rx, void *dst, uint64_t n, int64_t deadline_ms, 
         if (k > 0) {
             if (p) p += k;
             n -= (uint64_t)k;
+            *got += (uint64_t)k;
             continue;
         }
         if (k == 0) {
             snprintf(rx->why, sizeof rx->why, "the lane closed in the middle of %s", what);
             return -1;
         }
-        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) {
             snprintf(rx->why, sizeof rx->why, "reading %s: %s", what, strerror(errno));
             return -1;
         }
-        int64_t left = deadline_ms - mono_ms();
-        if (left <= 0) {
-            snprintf(rx->why, sizeof rx->why, "%s did not come in time", what);
-            return -1;
-        }
+        rx->what = what;
         set_lowat(rx, n); /* all of it must come: never more than that */
-        struct pollfd pf = {rx->fd, POLLIN, 0};
-        poll(&pf, 1, left > 1000 ? 1000 : (int)left);
+        return 2;
     }
     return 1;
 }
 
-int pp_bulk_rx_read(pp_bulk_rx *rx, uint64_t seq, uint32_t index, void *dst, uint64_t nbytes,
-                    int64_t deadline_ms) {
+/* The header of the lane's next tensor into rx->hdr (rx->have set): 1,
+ * 2 (not all there yet), -1. */
+static int read_header(pp_bulk_rx *rx) {
+    uint64_t got = rx->hgot;
+    int rc = read_some(rx, rx->hbuf + rx->hgot, sizeof rx->hbuf - rx->hgot, &got, "a tensor header");
+    rx->hgot = (uint32_t)got;
+    if (rc != 1) return rc;
+    rx->hgot = 0;
+    const char *bad = pp_bulk_header_parse(rx->hbuf, sizeof rx->hbuf, &rx->hdr);
+    if (*bad) {
+        snprintf(rx->why, sizeof rx->why, "%s", bad);
+        return -1;
+    }
+    rx->have = 1;
+    rx->body = 0;
+    return 1;
+}
+
+int pp_bulk_rx_step(pp_bulk_rx *rx, uint64_t seq, uint32_t index, void *dst, uint64_t nbytes) {
     for (;;) {
         if (!rx->have) {
-            uint8_t buf[PP_BULK_HEADER_BYTES];
-            if (read_all(rx, buf, sizeof buf, deadline_ms, "a tensor header") < 0) return -1;
-            const char *bad = pp_bulk_header_parse(buf, sizeof buf, &rx->hdr);
-            if (*bad) {
-                snprintf(rx->why, sizeof rx->why, "%s", bad);
-                return -1;
-            }
-            rx->have = 1;
+            int rc = read_header(rx);
+            if (rc != 1) return rc;
         }
         pp_bulk_header *h = &rx->hdr;
         if (h->seq > seq || (h->seq == seq && h->index > index)) return 0; /* kept for its message */
@@ -302,12 +320,29 @@ int pp_bulk_rx_read(pp_bulk_rx *rx, uint64_t seq, uint32_t index, void *dst, uin
                          (unsigned long long)h->nbytes, (unsigned long long)nbytes);
                 return -1;
             }
-            rx->have = 0;
-            return read_all(rx, dst, nbytes, deadline_ms, "a tensor");
+            int rc = read_some(rx, (uint8_t *)dst + rx->body, nbytes - rx->body, &rx->body, "a tensor");
+            if (rc == 1) rx->have = 0;
+            return rc;
         }
         /* an earlier message's tensor, whose envelope was dropped */
+        int rc = read_some(rx, NULL, h->nbytes - rx->body, &rx->body, "a dropped message's tensor");
+        if (rc != 1) return rc;
         rx->have = 0;
-        if (read_all(rx, NULL, h->nbytes, deadline_ms, "a dropped message's tensor") < 0) return -1;
         rx->skipped += h->nbytes;
+    }
+}
+
+int pp_bulk_rx_read(pp_bulk_rx *rx, uint64_t seq, uint32_t index, void *dst, uint64_t nbytes,
+                    int64_t deadline_ms) {
+    for (;;) {
+        int rc = pp_bulk_rx_step(rx, seq, index, dst, nbytes);
+        if (rc != 2) return rc;
+        int64_t left = deadline_ms - mono_ms();
+        if (left <= 0) {
+            snprintf(rx->why, sizeof rx->why, "%s did not come in time", rx->what);
+            return -1;
+        }
+        struct pollfd pf = {rx->fd, POLLIN, 0};
+        poll(&pf, 1, left > 1000 ? 1000 : (int)left);
     }
 }

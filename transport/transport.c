@@ -305,7 +305,7 @@ pp_status pp_transport_create(const pp_transport_options *opts, pp_transport **o
     snprintf(t->proc, sizeof t->proc, "%llx-%ld", pp_shm_pid_ns(), (long)getpid());
     if (s == PP_OK) {
         t->peers = calloc((size_t)t->nranks, sizeof *t->peers);
-        t->items = calloc(2 * (size_t)t->nranks + 3, sizeof *t->items);
+        t->items = calloc(3 * (size_t)t->nranks + 3, sizeof *t->items);
         if (!t->peers || !t->items) s = pp_error(PP_ERR_NOMEM, "out of memory");
     }
     if (s == PP_OK && t->shm_bytes) {

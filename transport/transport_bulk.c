@@ -14,10 +14,11 @@
  * the checked transport); this rank connects and sends the hello with that
  * nonce. Until then, and for good if any of it fails, large tensors go in
  * frames as before. A tensor on the lane is PP_PLACE_BULK in its envelope;
- * its bytes go first (transport_send.c), and the receiver reads them when
- * it handles the envelope, after every check, reading past the bytes of
- * messages it dropped or whose envelopes never came (the header's sequence
- * number says whose bytes come next). */
+ * its bytes go first (transport_send.c), and the receiver reads them after
+ * every check of the envelope, reading past the bytes of messages it
+ * dropped or whose envelopes never came (the header's sequence number says
+ * whose bytes come next), never waiting there: a message whose bytes are
+ * not all in is parked (bulk_park.c) and read on as they come. */
 #include "transport_internal.h"
 
 #include <stdio.h>
@@ -121,15 +122,22 @@ pp_status pp_tp_bulk_push(pp_transport *t, int r, uint64_t seq, uint32_t index, 
         }
         pp_tp_drain(t, NULL, NULL);
         if (t->aborted) return pp_tp_abort_error(t);
-        zmq_pollitem_t it[2] = {{t->pull, 0, ZMQ_POLLIN, 0}, {NULL, pp_bulk_tx_event_fd(p->bulk_tx), ZMQ_POLLIN, 0}};
+        zmq_pollitem_t *it = t->items; /* room for 2 + a lane per peer */
+        it[0] = (zmq_pollitem_t){t->pull, 0, ZMQ_POLLIN, 0};
+        it[1] = (zmq_pollitem_t){NULL, pp_bulk_tx_event_fd(p->bulk_tx), ZMQ_POLLIN, 0};
         int64_t wait = deadline - now;
-        zmq_poll(it, 2, wait > 1000 ? 1000 : (long)wait);
+        if (wait > 1000) wait = 1000;
+        int n = 2 + pp_tp_park_items(t, it + 2, &wait); /* parked messages' lanes (the peer's may be one) */
+        zmq_poll(it, n, (long)wait);
         pp_bulk_tx_clear(p->bulk_tx);
     }
 }
 
-/* The receiving end of rank r's lane, reset (a new offer replaces it). */
-static void rx_reset(peer *p) {
+/* The receiving end of rank r's lane, reset (a new offer replaces it).
+ * A message parked for the old lane's bytes finds them gone: dropped,
+ * never filled from the new lane (the sequence numbers differ). */
+static void rx_reset(pp_transport *t, int r) {
+    peer *p = &t->peers[r];
     pp_direct_listener_free(p->bulk_listen);
     p->bulk_listen = NULL;
     p->bulk_offer[0] = 0;
@@ -150,7 +158,7 @@ int pp_tp_bulk_control(pp_transport *t, int r, const char *text) {
         /* asked again before it connected: the same offer again (a new
          * listener would refuse a connection the first offer started) */
         if (!(p->bulk_listen && p->bulk_rx.fd < 0 && p->bulk_offer[0])) {
-            rx_reset(p);
+            rx_reset(t, r);
             char offer[PP_DIRECT_OFFER_CAP];
             if (pp_direct_listen(t, PURPOSE_BULK, r, offer, &p->bulk_listen) != PP_OK) {
                 pp_warn("transport rank %d: no bulk lane for rank %d: %s", t->rank, r, pp_last_error());
@@ -176,39 +184,87 @@ int pp_tp_bulk_control(pp_transport *t, int r, const char *text) {
     return 0;
 }
 
-pp_status pp_tp_bulk_tensor(pp_transport *t, int r, const pp_envelope *env, int i, pp_tensor **out) {
+pp_status pp_tp_bulk_alloc(pp_transport *t, const pp_wire_tensor *wt, pp_tensor **out) {
+    if (wt->nbytes >= POOL_MIN_BYTES && t->pool) return pp_bufpool_tensor(t->pool, wt->dtype, wt->ndim, wt->shape, out);
+    return pp_tensor_empty(wt->dtype, wt->ndim, wt->shape, out);
+}
+
+/* Rank r's lane broke (closed, out of step, or its bytes did not come in
+ * time): it is closed, so its writer fails and the peer goes back to
+ * frames; why is kept for the receive errors that follow. */
+static pp_status rx_fail(pp_transport *t, int r) {
     peer *p = &t->peers[r];
-    const pp_wire_tensor *wt = &env->tensors[i];
-    *out = NULL;
-    int64_t deadline = now_ms() + t->timeout_ms;
+    pp_status s = pp_error(PP_ERR_PEER, "bulk lane from rank %d (%s): %s (closed)", r, peer_ep(t, r),
+                           p->bulk_rx.why);
+    snprintf(p->bulk_fail, sizeof p->bulk_fail, "%s", p->bulk_rx.why);
+    close(p->bulk_rx.fd);
+    p->bulk_rx.fd = -1;
+    p->bulk_rx.have = 0;
+    p->bulk_rx.hgot = 0;
+    p->bulk_rx.body = 0;
+    p->bulk_rx.lowat = 0;
+    pp_direct_listener_free(p->bulk_listen);
+    p->bulk_listen = NULL;
+    return s;
+}
+
+/* Takes the connection rank r's lane comes on, waiting until deadline if
+ * wait: 1 connected, 0 not yet (and not waiting), -1 failed (error set). */
+static int rx_accept(pp_transport *t, int r, int64_t deadline, int wait) {
+    peer *p = &t->peers[r];
+    if (!p->bulk_listen) {
+        pp_error(PP_ERR_PEER, "a bulk tensor, but this rank offered rank %d no lane", r);
+        return -1;
+    }
+    int64_t left = deadline - now_ms();
+    int fd = -1;
+    if (pp_direct_accept(p->bulk_listen, wait && left > 0 ? (int)left : 0, &fd) != PP_OK) return -1;
+    if (fd < 0) {
+        if (!wait && left > 0) return 0;
+        pp_error(PP_ERR_PEER, "bulk lane from rank %d (%s) did not connect within %d ms", r, peer_ep(t, r),
+                 t->timeout_ms);
+        return -1;
+    }
+    p->bulk_rx.fd = fd;
+    p->bulk_rx.lowat = 0;
+    p->bulk_fail[0] = 0;
+    pp_direct_listener_free(p->bulk_listen); /* its one connection came: no port left open */
+    p->bulk_listen = NULL;
+    p->bulk_offer[0] = 0;
+    return 1;
+}
+
+int pp_tp_bulk_fill(pp_transport *t, int r, uint64_t seq, uint32_t index, pp_tensor *x, int64_t deadline,
+                    int wait) {
+    peer *p = &t->peers[r];
     if (p->bulk_rx.fd < 0) {
-        if (!p->bulk_listen) return pp_error(PP_ERR_PEER, "a bulk tensor, but this rank offered it no lane");
-        int fd = -1;
-        PP_TRY(pp_direct_accept(p->bulk_listen, t->timeout_ms, &fd));
-        if (fd < 0) return pp_error(PP_ERR_PEER, "its bulk lane did not connect within %d ms", t->timeout_ms);
-        p->bulk_rx.fd = fd;
-        pp_direct_listener_free(p->bulk_listen); /* its one connection came: no port left open */
-        p->bulk_listen = NULL;
-        p->bulk_offer[0] = 0;
+        int rc = rx_accept(t, r, deadline, wait);
+        if (rc <= 0) return rc;
     }
-    pp_tensor *x;
-    if (wt->nbytes >= POOL_MIN_BYTES && t->pool) PP_TRY(pp_bufpool_tensor(t->pool, wt->dtype, wt->ndim, wt->shape, &x));
-    else PP_TRY(pp_tensor_empty(wt->dtype, wt->ndim, wt->shape, &x));
-    int rc = pp_bulk_rx_read(&p->bulk_rx, env->seq, (uint32_t)i, x->data, wt->nbytes, deadline);
-    if (rc <= 0) {
-        pp_tensor_free(x);
-        if (rc == 0) return pp_error(PP_ERR_PEER, "its bytes are not on the bulk lane");
-        pp_status s = pp_error(PP_ERR_PEER, "bulk lane: %s (closed)", p->bulk_rx.why);
-        close(p->bulk_rx.fd); /* its writer fails, and the peer goes back to frames */
-        p->bulk_rx.fd = -1;
-        p->bulk_rx.have = 0;
-        pp_direct_listener_free(p->bulk_listen);
-        p->bulk_listen = NULL;
-        return s;
+    int rc = wait ? pp_bulk_rx_read(&p->bulk_rx, seq, index, x->data, x->nbytes, deadline)
+                  : pp_bulk_rx_step(&p->bulk_rx, seq, index, x->data, x->nbytes);
+    if (rc == 2) {
+        if (now_ms() < deadline) return 0;
+        snprintf(p->bulk_rx.why, sizeof p->bulk_rx.why, "%s did not come within %d ms", p->bulk_rx.what,
+                 t->timeout_ms);
+        rc = -1;
     }
-    stat_add(&t->st.bulk_bytes_received, wt->nbytes);
-    *out = x;
-    return PP_OK;
+    if (rc == 0) {
+        pp_error(PP_ERR_PEER, "its bytes are not on the bulk lane");
+        return -1;
+    }
+    if (rc < 0) {
+        rx_fail(t, r);
+        return -1;
+    }
+    stat_add(&t->st.bulk_bytes_received, x->nbytes);
+    return 1;
+}
+
+int pp_tp_bulk_rx_fd(const pp_transport *t, int r) {
+    const peer *p = &t->peers[r];
+    if (p->bulk_rx.fd >= 0) return p->bulk_rx.fd;
+    return p->bulk_listen ? pp_direct_listener_fd(p->bulk_listen) : -1;
 }
 
 int pp_tp_bulk_failed(const pp_transport *t, int r) { return t->peers[r].bulk_state == BULK_OFF; }
@@ -229,5 +285,6 @@ void pp_tp_bulk_close(pp_transport *t, int r, int linger_ms) {
                 lost, r, peer_ep(t, r));
     p->bulk_tx = NULL;
     p->bulk_state = BULK_OFF;
-    rx_reset(p);
+    pp_tp_park_clear(t, r); /* closing: nothing more is filed */
+    rx_reset(t, r);
 }

@@ -3,7 +3,8 @@
  * connections, monitors, hellos, liveness. transport_rings.c: the
  * shared-memory rings to and from same-host peers. transport_send.c and
  * transport_recv.c: the two directions; transport_batch.c: small messages
- * held back and sent together (batching). */
+ * held back and sent together (batching); transport_bulk.c: bulk lanes,
+ * bulk_park.c: messages parked while their lane bytes come. */
 #ifndef PIPPIN_TRANSPORT_INTERNAL_H
 #define PIPPIN_TRANSPORT_INTERNAL_H
 
@@ -115,6 +116,12 @@ typedef struct peer {
     pp_bulk_tx *bulk_tx;                     /* ours, once up */
     struct pp_direct_listener *bulk_listen;  /* where the peer's connects (offered to it) */
     pp_bulk_rx bulk_rx;                      /* the peer's, once it connected */
+    char bulk_fail[160];                     /* why the peer's lane last broke ("" since it connected) */
+    /* Its messages parked while a tensor's bytes are not all on the lane
+     * yet, and every later message of its behind them (bulk_park.c). */
+    struct pp_tp_parked *park_head, *park_tail;
+    int park_n;
+    uint64_t park_bytes;                     /* their tensors' bytes, counted with the mailbox's */
 } peer;
 
 /* Counts the small messages to one peer that libzmq's I/O thread has not
@@ -183,7 +190,7 @@ struct pp_transport {
     zmq_msg_t *frames;      /* receive scratch: the envelope (moved to 0), then the data frames */
     size_t *sizes;
     size_t frames_cap;
-    zmq_pollitem_t *items;  /* poll scratch: 1 + pull + monitors */
+    zmq_pollitem_t *items;  /* poll scratch: 3 + 3 per rank (pp_tp_wait_events) */
     int rcvtimeo;           /* ZMQ_RCVTIMEO currently set on pull */
     int64_t spin_ns;        /* busy-poll this long before a receive blocks */
     int64_t spin_borrows;   /* pp_share_cores_borrows when this rank last waited (may_spin) */
@@ -193,6 +200,7 @@ struct pp_transport {
     int n_obox;             /* peers with held-back messages */
     int batching;           /* pp_transport_set_batching: small messages may be held back */
     int bulk;               /* bulk lanes may be used (options.bulk_lanes) */
+    int n_parked;           /* messages parked, all peers (bulk_park.c) */
     uint8_t *ring_copy;     /* a message ring record, copied before decoding */
     char host_id[HOST_ID_CHARS];
     /* the last message source address looked up, and its text */
@@ -379,14 +387,80 @@ pp_status pp_tp_bulk_push(pp_transport *t, int r, uint64_t seq, uint32_t index, 
 int pp_tp_bulk_failed(const pp_transport *t, int r);
 /* Handles a bulk control text from (verified) rank r: 1 if it was one. */
 int pp_tp_bulk_control(pp_transport *t, int r, const char *text);
-/* Reads PP_PLACE_BULK tensor i of env, a checked message from rank r. */
-pp_status pp_tp_bulk_tensor(pp_transport *t, int r, const pp_envelope *env, int i, pp_tensor **out);
+/* A tensor to read PP_PLACE_BULK tensor wt's bytes into. */
+pp_status pp_tp_bulk_alloc(pp_transport *t, const pp_wire_tensor *wt, pp_tensor **out);
+/* Reads tensor index of message seq from rank r's lane into x, taking the
+ * lane's connection first if it has not come yet. wait 0: never waits
+ * (reads what is there; the next call goes on from there), wait 1: waits
+ * until deadline. 1: done; 0: not all there yet (wait 0, deadline not
+ * passed); -1: failed (error set; a lane that broke, or whose bytes did
+ * not come by the deadline, is closed and bulk_fail says why). */
+int pp_tp_bulk_fill(pp_transport *t, int r, uint64_t seq, uint32_t index, pp_tensor *x, int64_t deadline,
+                    int wait);
+/* What to poll for rank r's lane to go on: its socket, or while it has
+ * not connected its listener; -1 if neither. */
+int pp_tp_bulk_rx_fd(const pp_transport *t, int r);
 /* Closes both lanes with rank r, letting ours finish for up to linger_ms. */
 void pp_tp_bulk_close(pp_transport *t, int r, int linger_ms);
+
+/* ---- bulk_park.c ---- */
+
+/* A tensor of a parked message. */
+typedef struct pp_tp_slot {
+    char name[PP_ENVELOPE_MAX_NAME + 1];
+    int bulk;               /* its bytes come on the lane, into x */
+    pp_tensor *x;           /* NULL: it failed (dropped, logged) */
+} pp_tp_slot;
+
+/* A checked message from one peer, parked: its tensors built (a bulk
+ * one's bytes read as far as they came), or a control text to act on. */
+typedef struct pp_tp_parked {
+    struct pp_tp_parked *next;
+    pp_msg_kind kind;
+    int64_t step;
+    int32_t microbatch, src_stage, dst_stage;
+    uint64_t seq;
+    int ntensors, cur;      /* cur: the tensor being read from the lane */
+    int64_t parked_ms;      /* parked, or the one ahead finished: its bytes must come within timeout_ms */
+    uint64_t bytes;         /* its tensors' bytes, in the peer's park_bytes */
+    char text[PP_ENVELOPE_MAX_TEXT + 1];
+    pp_tp_slot slot[];
+} pp_tp_parked;
+
+/* Most messages one peer may have parked; past it the receiver waits for
+ * the lane as it did before parking (never drops). */
+#define PP_PARK_MAX 64
+
+/* A record for checked message env (tensor names, kind, key, text); its
+ * tensors are the caller's to build. NULL: out of memory (error set). */
+pp_tp_parked *pp_tp_park_new(const pp_envelope *env);
+void pp_tp_park_free(pp_tp_parked *m);
+/* Queues m behind rank r's parked messages and goes on with the queue (so
+ * a message whose bytes are all there is filed at once). */
+void pp_tp_park_add(pp_transport *t, int r, pp_tp_parked *m, const pp_mbox_key *want, pp_tensor **got);
+/* Goes on with every peer's parked messages without waiting; returns how
+ * many were finished (filed, acted on or dropped). */
+int pp_tp_park_resume(pp_transport *t, const pp_mbox_key *want, pp_tensor **got);
+/* Poll items for the lanes parked messages wait on, into it (room for one
+ * per rank); *timeout is cut to the nearest of their deadlines. */
+int pp_tp_park_items(pp_transport *t, zmq_pollitem_t *it, int64_t *timeout);
+/* Frees rank r's parked messages, unfiled (close, lane reset). */
+void pp_tp_park_clear(pp_transport *t, int r);
+/* "; ..." about rank r's parked message or broken lane for a receive's
+ * timeout error, or "". */
+const char *pp_tp_park_note(const pp_transport *t, int r, char *buf, size_t cap);
 
 /* ---- transport_recv.c ---- */
 
 int pp_tp_drain(pp_transport *t, const pp_mbox_key *want, pp_tensor **got);
+/* Files tensor x under key from rank r (or hands it to *got if it is
+ * the one wanted); takes x. */
+void pp_tp_file(pp_transport *t, int r, const pp_mbox_key *key, pp_tensor *x, const pp_mbox_key *want,
+                pp_tensor **got);
+/* Acts on control text from (checked) rank r (m0: its frame, for
+ * warnings; NULL for a parked one). */
+void pp_tp_control(pp_transport *t, int r, const char *text, zmq_msg_t *m0, const pp_mbox_key *want,
+                   pp_tensor **got);
 /* Counts and (rate-limited) logs a dropped message; counter is one of the
  * stats breakdowns or NULL. */
 void pp_tp_drop(pp_transport *t, zmq_msg_t *m0, atomic_ullong *counter, const char *fmt, ...)

@@ -174,6 +174,131 @@ static const char *src_addr(pp_transport *t, msg_src *src) {
     return src->addr;
 }
 
+/* Acts on a control text from (checked) rank r: a goodbye, message ring
+ * announcements, bulk lane set-up. m0 (NULL: none) names where it came
+ * from in warnings. */
+void pp_tp_control(pp_transport *t, int r, const char *text, zmq_msg_t *m0, const pp_mbox_key *want,
+                   pp_tensor **got) {
+    peer *p = &t->peers[r];
+    if (strcmp(text, CTL_BYE) == 0) {
+        set_state(p, PP_PEER_CLOSED);
+        pp_debug("transport rank %d: rank %d (%s) closed its transport", t->rank, r, peer_ep(t, r));
+    } else if (strncmp(text, CTL_MSGRING, PREFIX_LEN(CTL_MSGRING)) == 0 && t->bell) {
+        /* the peer will write small messages to us through this ring:
+         * open and check it first, so that a bad announcement leaves
+         * the current one in place; what the peer wrote to the old one
+         * comes first */
+        const char *name = text + PREFIX_LEN(CTL_MSGRING);
+        pp_shm_ring *fresh = NULL;
+        if (!pp_tp_ring_name_ok(t, r, name) || pp_shm_ring_open(name, &fresh) != PP_OK) {
+            drop_msg(t, m0, "claims rank %d: message ring '%s': %s", r, name, pp_last_error());
+            return;
+        }
+        receive_ring(t, r, want, got, INT32_MAX); /* a receive may be waiting for one of them */
+        receive_ring(t, r, NULL, NULL, INT32_MAX);
+        if (p->rx_msg) t->n_rx_msg--;
+        pp_shm_ring_close(p->rx_msg);
+        p->rx_msg = fresh;
+        t->n_rx_msg++;
+        char ok[PP_ENVELOPE_MAX_TEXT];
+        snprintf(ok, sizeof ok, CTL_MSGRING_OK "%s", name);
+        pp_tp_tell(t, r);
+        pp_tp_send_simple(t, r, PP_MSG_CONTROL, ok);
+    } else if (strncmp(text, CTL_MSGRING_OK, PREFIX_LEN(CTL_MSGRING_OK)) == 0) {
+        const char *name = text + PREFIX_LEN(CTL_MSGRING_OK);
+        if (p->tx_msg && strcmp(name, pp_shm_ring_name(p->tx_msg)) == 0) p->tx_msg_ready = 1;
+    } else if (!pp_tp_bulk_control(t, r, text)) {
+        drop_msg(t, m0, "claims rank %d: unknown control command '%s'", r, text);
+    }
+}
+
+static int has_bulk(const pp_envelope *env) {
+    for (int i = 0; i < env->ntensors; i++)
+        if (env->tensors[i].placement == PP_PLACE_BULK) return 1;
+    return 0;
+}
+
+/* Builds tensor i of a checked message, not a bulk one (its data frames
+ * from t->frames[f]). */
+static pp_status build_one(pp_transport *t, const pp_envelope *env, int i, size_t f, pp_shm_ring *ring,
+                           zmq_msg_t *m0, pp_tensor **out) {
+    const pp_wire_tensor *wt = &env->tensors[i];
+    pp_status s = wt->placement == PP_PLACE_INLINE ? pp_envelope_tensor_inline(env, i, out)
+                  : wt->placement == PP_PLACE_SHM  ? pp_tp_shm_tensor(t, ring, wt, out)
+                  : wt->placement == PP_PLACE_BULK ? pp_error(PP_ERR_PARSE, "a bulk tensor in a message ring")
+                                                   : build_tensor(t, wt, f, out);
+    if (s == PP_OK && (wt->placement == PP_PLACE_SHM || !m0)) stat_add(&t->st.shm_bytes_received, wt->nbytes);
+    return s;
+}
+
+void pp_tp_file(pp_transport *t, int r, const pp_mbox_key *key, pp_tensor *x, const pp_mbox_key *want,
+                pp_tensor **got) {
+    if (got && !*got && want && want->kind == key->kind && want->step == key->step &&
+        want->microbatch == key->microbatch && want->src_stage == key->src_stage &&
+        want->dst_stage == key->dst_stage && strcmp(want->name, key->name) == 0) {
+        *got = x;
+        return;
+    }
+    if (pp_mailbox_put_from(t->mbox, key, r, x) != PP_OK) drop_msg(t, NULL, "%s", pp_last_error());
+}
+
+/* Files the tensors of a checked message from rank r that needs nothing
+ * from a lane. */
+static void file_message(pp_transport *t, int r, const pp_envelope *env, pp_shm_ring *ring, zmq_msg_t *m0,
+                         const pp_mbox_key *want, pp_tensor **got) {
+    size_t f = 1;
+    uint64_t bytes = 0;
+    for (int i = 0; i < env->ntensors; i++) {
+        const pp_wire_tensor *wt = &env->tensors[i];
+        pp_tensor *tensor = NULL;
+        pp_status s = build_one(t, env, i, f, ring, m0, &tensor);
+        f += wt->nframes;
+        if (s != PP_OK) {
+            drop_msg(t, m0, "claims rank %d: tensor '%s': %s", r, wt->name, pp_last_error());
+            continue;
+        }
+        bytes += wt->nbytes;
+        pp_mbox_key key = {(int)env->kind, env->step, env->microbatch, env->src_stage, env->dst_stage, wt->name};
+        pp_tp_file(t, r, &key, tensor, want, got);
+    }
+    stat_add(&t->st.messages_received, 1);
+    stat_add(&t->st.bytes_received, bytes);
+    sync_pending(t);
+}
+
+/* Parks a checked message from rank r (bulk_park.c): its other tensors
+ * built now (their frames and ring bytes are not kept), its bulk ones
+ * allocated for the lane's bytes, which are read as they come. */
+static void park_data(pp_transport *t, int r, const pp_envelope *env, pp_shm_ring *ring, zmq_msg_t *m0,
+                      const pp_mbox_key *want, pp_tensor **got) {
+    pp_tp_parked *m = pp_tp_park_new(env);
+    if (!m) {
+        drop_msg(t, m0, "claims rank %d: %s", r, pp_last_error());
+        return;
+    }
+    size_t f = 1;
+    for (int i = 0; i < env->ntensors; i++) {
+        const pp_wire_tensor *wt = &env->tensors[i];
+        m->slot[i].bulk = wt->placement == PP_PLACE_BULK && m0;
+        pp_status s = m->slot[i].bulk ? pp_tp_bulk_alloc(t, wt, &m->slot[i].x)
+                                      : build_one(t, env, i, f, ring, m0, &m->slot[i].x);
+        f += wt->nframes;
+        if (s != PP_OK) drop_msg(t, m0, "claims rank %d: tensor '%s': %s", r, wt->name, pp_last_error());
+    }
+    pp_tp_park_add(t, r, m, want, got);
+}
+
+/* Parks a control text from rank r behind its parked messages. */
+static void park_control(pp_transport *t, int r, const pp_envelope *env, const pp_mbox_key *want,
+                         pp_tensor **got) {
+    pp_tp_parked *m = pp_tp_park_new(env);
+    if (!m) {
+        drop_msg(t, NULL, "claims rank %d: %s", r, pp_last_error());
+        return;
+    }
+    pp_tp_park_add(t, r, m, want, got);
+}
+
 /* Checks a decoded message (data frames t->frames[1..n) for a message from
  * the socket; a batch entry has none), then files its tensors. A tensor
  * matching want is handed to *got instead of being filed (the caller
@@ -264,36 +389,8 @@ static void handle_decoded(pp_transport *t, pp_envelope *envp, msg_src *src, siz
     }
     if (env.kind == PP_MSG_HEARTBEAT) goto done;
     if (env.kind == PP_MSG_CONTROL && env.ntensors == 0) {
-        if (strcmp(env.text, CTL_BYE) == 0) {
-            set_state(p, PP_PEER_CLOSED);
-            pp_debug("transport rank %d: rank %d (%s) closed its transport", t->rank, r, peer_ep(t, r));
-        } else if (strncmp(env.text, CTL_MSGRING, PREFIX_LEN(CTL_MSGRING)) == 0 && t->bell) {
-            /* the peer will write small messages to us through this ring:
-             * open and check it first, so that a bad announcement leaves
-             * the current one in place; what the peer wrote to the old one
-             * comes first */
-            const char *name = env.text + PREFIX_LEN(CTL_MSGRING);
-            pp_shm_ring *fresh = NULL;
-            if (!pp_tp_ring_name_ok(t, r, name) || pp_shm_ring_open(name, &fresh) != PP_OK) {
-                drop_msg(t, m0, "claims rank %d: message ring '%s': %s", r, name, pp_last_error());
-                goto done;
-            }
-            receive_ring(t, r, want, got, INT32_MAX); /* a receive may be waiting for one of them */
-            receive_ring(t, r, NULL, NULL, INT32_MAX);
-            if (p->rx_msg) t->n_rx_msg--;
-            pp_shm_ring_close(p->rx_msg);
-            p->rx_msg = fresh;
-            t->n_rx_msg++;
-            char ok[PP_ENVELOPE_MAX_TEXT];
-            snprintf(ok, sizeof ok, CTL_MSGRING_OK "%s", name);
-            pp_tp_tell(t, r);
-            pp_tp_send_simple(t, r, PP_MSG_CONTROL, ok);
-        } else if (strncmp(env.text, CTL_MSGRING_OK, PREFIX_LEN(CTL_MSGRING_OK)) == 0) {
-            const char *name = env.text + PREFIX_LEN(CTL_MSGRING_OK);
-            if (p->tx_msg && strcmp(name, pp_shm_ring_name(p->tx_msg)) == 0) p->tx_msg_ready = 1;
-        } else if (!pp_tp_bulk_control(t, r, env.text)) {
-            drop_msg(t, m0, "claims rank %d: unknown control command '%s'", r, env.text);
-        }
+        if (p->park_head) park_control(t, r, &env, want, got); /* after what it sent before */
+        else pp_tp_control(t, r, env.text, m0, want, got);
         goto done;
     }
     if (t->stage_ranks[env.dst_stage] != t->rank) {
@@ -325,7 +422,8 @@ static void handle_decoded(pp_transport *t, pp_envelope *envp, msg_src *src, siz
             if (!handed && key_matches(want, &env, env.tensors[i].name)) handed = 1;
             else keep += env.tensors[i].nbytes;
         }
-        uint64_t have = pp_mailbox_owner_bytes(t->mbox, r);
+        /* parked messages count as the mailbox does: they are filed later */
+        uint64_t have = pp_mailbox_owner_bytes(t->mbox, r) + p->park_bytes;
         if (keep && have + keep > t->max_pending_per_peer) {
             pp_tp_drop(t, m0, &t->st.dropped_over_cap, "claims rank %d: %" PRIu64 " bytes would join the %"
                        PRIu64 " already waiting from it, over max_pending_bytes_per_peer (%" PRIu64 ")", r,
@@ -333,34 +431,10 @@ static void handle_decoded(pp_transport *t, pp_envelope *envp, msg_src *src, siz
             goto done;
         }
     }
-    size_t f = 1;
-    uint64_t bytes = 0;
-    for (int i = 0; i < env.ntensors; i++) {
-        const pp_wire_tensor *wt = &env.tensors[i];
-        pp_tensor *tensor = NULL;
-        pp_status s = wt->placement == PP_PLACE_INLINE ? pp_envelope_tensor_inline(&env, i, &tensor)
-                      : wt->placement == PP_PLACE_SHM  ? pp_tp_shm_tensor(t, ring, wt, &tensor)
-                      : wt->placement == PP_PLACE_BULK
-                          ? (m0 ? pp_tp_bulk_tensor(t, r, &env, i, &tensor)
-                                : pp_error(PP_ERR_PARSE, "a bulk tensor in a message ring"))
-                          : build_tensor(t, wt, f, &tensor);
-        f += wt->nframes;
-        if (s != PP_OK) {
-            drop_msg(t, m0, "claims rank %d: tensor '%s': %s", r, wt->name, pp_last_error());
-            continue;
-        }
-        bytes += wt->nbytes;
-        if (wt->placement == PP_PLACE_SHM || !m0) stat_add(&t->st.shm_bytes_received, wt->nbytes);
-        if (got && !*got && key_matches(want, &env, wt->name)) {
-            *got = tensor;
-            continue;
-        }
-        pp_mbox_key key = {(int)env.kind, env.step, env.microbatch, env.src_stage, env.dst_stage, wt->name};
-        if (pp_mailbox_put_from(t->mbox, &key, r, tensor) != PP_OK) drop_msg(t, m0, "%s", pp_last_error());
-    }
-    stat_add(&t->st.messages_received, 1);
-    stat_add(&t->st.bytes_received, bytes);
-    sync_pending(t);
+    /* a message whose tensors' bytes come on the lane, or that must wait
+     * behind one (per peer, in order), is parked until they are in */
+    if (p->park_head || (m0 && has_bulk(&env))) park_data(t, r, &env, ring, m0, want, got);
+    else file_message(t, r, &env, ring, m0, want, got);
 done:
     if (ring) pp_tp_settle_ring(ring, &env);
 }
@@ -453,8 +527,10 @@ static int receive_rings(pp_transport *t, const pp_mbox_key *want, pp_tensor **g
 /* Receives one whole message if one is waiting (in a message ring or on the
  * socket). Returns 1 if it handled a message, 0 if none was waiting. */
 static int receive_one(pp_transport *t, const pp_mbox_key *want, pp_tensor **got, int wait_ms) {
+    /* parked messages whose lane bytes came since (never waits) */
+    if (t->n_parked && pp_tp_park_resume(t, want, got)) return 1;
     if (receive_rings(t, want, got, 1)) return 1;
-    if (wait_ms > 0 && t->n_rx_msg) { /* sleep on the socket and the doorbell together */
+    if (wait_ms > 0 && (t->n_rx_msg || t->n_parked)) { /* sleep on the socket, doorbell and lanes together */
         pp_tp_wait_events(t, wait_ms, NULL);
         return receive_one(t, want, got, 0);
     }
@@ -573,6 +649,9 @@ int pp_tp_wait_events(pp_transport *t, int64_t timeout, peer *out_peer) {
             it[n++] = (zmq_pollitem_t){t->peers[r].push, 0, ZMQ_POLLOUT, 0};
     if (timeout < 0) timeout = 0;
     if (timeout > WAIT_MAX_MS) timeout = WAIT_MAX_MS;
+    /* the lanes parked messages wait on (woken by their bytes, or in time
+     * to fail them) */
+    if (t->n_parked) n += pp_tp_park_items(t, it + n, &timeout);
     /* same-host peers' message rings: say we sleep, then look once more */
     int rings = t->n_rx_msg > 0;
     if (rings) {
@@ -657,6 +736,7 @@ pp_status pp_transport_recv(pp_transport *t, const pp_transport_key *key, int ti
                 /* a poll (timeout 0) that finds nothing is routine (the serving
                  * front polls every batch): no scan of the open descriptors */
                 if (timeout > 0) pp_tp_conn_note(t, note, sizeof note);
+                if (!note[0]) pp_tp_park_note(t, r, note, sizeof note); /* waiting on (or lost with) its lane */
                 return pp_error(PP_ERR_TIMEOUT, "transport rank %d: timed out after %d ms %s from rank "
                                 "%d (%s, %s)%s", t->rank, timeout, pp_tp_action_str(&act, doing, sizeof doing),
                                 r, peer_ep(t, r), pp_peer_state_name(ps), note);
