@@ -269,6 +269,7 @@ static int read_some(pp_bulk_rx *rx, void *dst, uint64_t n, uint64_t *got, const
             if (p) p += k;
             n -= (uint64_t)k;
             *got += (uint64_t)k;
+            rx->received += (uint64_t)k;
             continue;
         }
         if (k == 0) {

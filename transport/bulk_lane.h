@@ -66,6 +66,7 @@ typedef struct pp_bulk_rx {
     uint32_t hgot;       /* bytes of it in hbuf */
     uint64_t body;       /* bytes of hdr's tensor read (or read past) */
     const char *what;    /* what the last read waits for, for messages */
+    uint64_t received;   /* bytes taken off the socket so far (progress, for timeouts) */
 } pp_bulk_rx;
 
 /* Reads what the lane holds now of tensor `index` of message `seq`

@@ -56,7 +56,12 @@ static int read_lane(pp_transport *t, int r, pp_tp_parked *m, int wait) {
     for (; m->cur < m->ntensors; m->cur++) {
         pp_tp_slot *s = &m->slot[m->cur];
         if (!s->bulk || !s->x) continue;
+        uint64_t before = t->peers[r].bulk_rx.received;
         int rc = pp_tp_bulk_fill(t, r, m->seq, (uint32_t)m->cur, s->x, deadline, wait);
+        /* its clock runs from the last bytes that came: time the rank spent
+         * away (computing) while the sender waited on a full socket is not
+         * the sender's lateness */
+        if (t->peers[r].bulk_rx.received != before) m->parked_ms = now_ms();
         if (rc == 0) return 0;
         if (rc < 0) {
             pp_tp_drop(t, NULL, NULL, "claims rank %d: tensor '%s': %s", r, s->name, pp_last_error());
@@ -124,8 +129,16 @@ static int advance(pp_transport *t, int r, const pp_mbox_key *want, pp_tensor **
 
 void pp_tp_park_add(pp_transport *t, int r, pp_tp_parked *m, const pp_mbox_key *want, pp_tensor **got) {
     peer *p = &t->peers[r];
-    /* bounded: past the cap, the lane is waited for as before parking */
-    if (p->park_n >= PP_PARK_MAX) advance(t, r, want, got, 1);
+    /* bounded: past the cap, the first one is waited for as before parking
+     * (only until there is room: the others may not have begun to come) */
+    while (p->park_n >= PP_PARK_MAX && p->park_head) {
+        read_lane(t, r, p->park_head, 1);
+        pp_tp_parked *first = pop(t, r);
+        if (p->park_head) p->park_head->parked_ms = now_ms();
+        finish(t, r, first, want, got);
+        pp_tp_park_free(first);
+        advance(t, r, want, got, 0); /* those behind it that are whole */
+    }
     m->parked_ms = now_ms();
     if (p->park_tail) p->park_tail->next = m;
     else p->park_head = m;
@@ -154,6 +167,10 @@ int pp_tp_park_items(pp_transport *t, zmq_pollitem_t *it, int64_t *timeout) {
         int fd = pp_tp_bulk_rx_fd(t, r);
         if (fd >= 0) it[n++] = (zmq_pollitem_t){NULL, fd, ZMQ_POLLIN, 0};
         else *timeout = 0; /* no lane: the next pass fails it */
+        /* a lane not yet connected: the listener's fd wakes for the
+         * connection, not for its hello (read by the next pass), so look
+         * again soon */
+        if (t->peers[r].bulk_rx.fd < 0 && *timeout > 10) *timeout = 10;
     }
     return n;
 }

@@ -417,7 +417,8 @@ static void handle_decoded(pp_transport *t, pp_envelope *envp, msg_src *src, siz
         /* what this message would leave waiting in the mailbox (a tensor a
          * receive is waiting for is not kept) */
         uint64_t keep = 0;
-        int handed = !(got && !*got);
+        /* a message that will park is not handed over now, whatever it holds */
+        int handed = !(got && !*got) || p->park_head || (m0 && has_bulk(&env));
         for (int i = 0; i < env.ntensors; i++) {
             if (!handed && key_matches(want, &env, env.tensors[i].name)) handed = 1;
             else keep += env.tensors[i].nbytes;
