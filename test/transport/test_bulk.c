@@ -113,19 +113,8 @@ static void test_lane_with_wildcard_bind(void **state) {
     (void)state;
     pp_transport_options o[2] = {opts(1), opts(1)};
     pp_transport *t[2];
-    char ep0[256] = "tcp://127.0.0.1:*", ep1[256] = "tcp://127.0.0.1:*";
-    const char *list0[2] = {ep0, NULL}, *list1[2] = {NULL, ep1};
-    o[0].rank = 0, o[0].nranks = 2, o[0].endpoints = list0;
-    o[1].rank = 1, o[1].nranks = 2, o[1].endpoints = list1;
-    o[1].bind_endpoint = "tcp://*:*";
-    TT_OK(pp_transport_create(&o[0], &t[0]));
-    TT_OK(pp_transport_create(&o[1], &t[1]));
-    const char *bound = pp_transport_endpoint(t[1]); /* tcp://0.0.0.0:PORT */
-    assert_non_null(strstr(bound, "0.0.0.0:"));
-    snprintf(ep1, sizeof ep1, "tcp://127.0.0.1:%s", strrchr(bound, ':') + 1);
-    TT_OK(pp_transport_connect_peer(t[0], 1, ep1));
-    TT_OK(pp_transport_connect_peer(t[1], 0, pp_transport_endpoint(t[0])));
-    tt_handshake(2, t);
+    tt_make_pair_reached_at(o, "tcp://127.0.0.1:*", "tcp://*:*", "127.0.0.1", t);
+    assert_non_null(strstr(pp_transport_endpoint(t[1]), "0.0.0.0:")); /* bound to every interface */
     char offer[PP_DIRECT_OFFER_CAP];
     pp_direct_listener *l;
     TT_OK(pp_direct_listen(t[1], 7, 0, offer, &l));
@@ -385,16 +374,7 @@ static void test_lane_to_a_named_host(void **state) {
     (void)state;
     pp_transport_options o[2] = {opts(1), opts(1)};
     pp_transport *t[2];
-    char ep0[256] = "tcp://127.0.0.1:*", ep1[256] = "tcp://127.0.0.1:*";
-    const char *list0[2] = {ep0, NULL}, *list1[2] = {NULL, ep1};
-    o[0].rank = 0, o[0].nranks = 2, o[0].endpoints = list0;
-    o[1].rank = 1, o[1].nranks = 2, o[1].endpoints = list1;
-    TT_OK(pp_transport_create(&o[0], &t[0]));
-    TT_OK(pp_transport_create(&o[1], &t[1]));
-    snprintf(ep1, sizeof ep1, "tcp://localhost:%s", strrchr(pp_transport_endpoint(t[1]), ':') + 1);
-    TT_OK(pp_transport_connect_peer(t[0], 1, ep1));
-    TT_OK(pp_transport_connect_peer(t[1], 0, pp_transport_endpoint(t[0])));
-    tt_handshake(2, t);
+    tt_make_pair_reached_at(o, "tcp://127.0.0.1:*", NULL, "localhost", t);
     int mb = 0;
     assert_true(bring_up(t, &mb));
     tt_close_ranks(2, t);

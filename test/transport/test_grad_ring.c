@@ -1129,18 +1129,7 @@ static void test_links_offer_names_another_host(void **state) {
         o[k].shm_bytes = -1;
     }
     pp_transport *t[2];
-    char ep0[256] = "tcp://127.0.0.1:*", ep1[256] = "tcp://192.0.2.7:*";
-    const char *list0[2] = {ep0, NULL}, *list1[2] = {NULL, ep1};
-    o[0].rank = 0, o[0].nranks = 2, o[0].endpoints = list0;
-    o[1].rank = 1, o[1].nranks = 2, o[1].endpoints = list1;
-    o[1].bind_endpoint = "tcp://*:*";
-    TT_OK(pp_transport_create(&o[0], &t[0]));
-    TT_OK(pp_transport_create(&o[1], &t[1]));
-    char other[256];
-    snprintf(other, sizeof other, "tcp://127.0.0.2:%s", strrchr(pp_transport_endpoint(t[1]), ':') + 1);
-    TT_OK(pp_transport_connect_peer(t[0], 1, other));
-    TT_OK(pp_transport_connect_peer(t[1], 0, pp_transport_endpoint(t[0])));
-    tt_handshake(2, t);
+    tt_make_pair_reached_at(o, "tcp://192.0.2.7:*", "tcp://*:*", "127.0.0.2", t);
     piece_job jobs[2] = {{t[0], 0, 0, 0, -1, PP_OK, "", 0, 1}, {t[1], 1, 0, 0, -1, PP_OK, "", 0, 1}};
     pthread_t th[2];
     for (int k = 0; k < 2; k++) assert_int_equal(pthread_create(&th[k], NULL, piece_main, &jobs[k]), 0);

@@ -86,6 +86,21 @@ void tt_make_ranks(const char *kind, int n, const pp_transport_options *tmpl, pp
     tt_handshake(n, out);
 }
 
+void tt_make_pair_reached_at(pp_transport_options o[2], const char *listed1, const char *bind1, const char *reach1,
+                             pp_transport **t) {
+    const char *list0[2] = {"tcp://127.0.0.1:*", NULL}, *list1[2] = {NULL, listed1};
+    o[0].rank = 0, o[0].nranks = 2, o[0].endpoints = list0;
+    o[1].rank = 1, o[1].nranks = 2, o[1].endpoints = list1;
+    o[1].bind_endpoint = bind1;
+    TT_OK(pp_transport_create(&o[0], &t[0]));
+    TT_OK(pp_transport_create(&o[1], &t[1]));
+    char at[256];
+    snprintf(at, sizeof at, "tcp://%s:%s", reach1, strrchr(pp_transport_endpoint(t[1]), ':') + 1);
+    TT_OK(pp_transport_connect_peer(t[0], 1, at));
+    TT_OK(pp_transport_connect_peer(t[1], 0, pp_transport_endpoint(t[0])));
+    tt_handshake(2, t);
+}
+
 void tt_handshake(int n, pp_transport **t) {
     int64_t deadline = tt_now_ms() + 5000;
     for (;;) {

@@ -53,6 +53,12 @@ void tt_close_ranks(int n, pp_transport **t);
  * handshake (pp_transport_peer_ready), so that crafted messages from
  * strangers meet ranks that know each other. */
 void tt_handshake(int n, pp_transport **t);
+/* Ranks 0 and 1 over tcp (options o[0], o[1]; rank, nranks, endpoints
+ * filled in): rank 0 at 127.0.0.1, rank 1 listed as `listed1` (its own
+ * idea of its address, a port "*"), bound at bind1 (NULL: listed1), and
+ * reached by rank 0 at host `reach1` on the port it bound. Handshaken. */
+void tt_make_pair_reached_at(pp_transport_options o[2], const char *listed1, const char *bind1, const char *reach1,
+                             pp_transport **t);
 
 /* f32 tensor [n] with values base + i. */
 pp_tensor *tt_f32_seq(int ndim, const int64_t *shape, float base);
