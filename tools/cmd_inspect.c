@@ -371,6 +371,8 @@ static int print_backward(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, c
         json_object_object_add(o, "plan_fixed_bytes", phave ? json_object_new_int64(plan_fixed) : NULL);
         json_object_object_add(o, "inplace_bytes_per_sample", ihave ? json_object_new_int64(inpl) : NULL);
         json_object_object_add(o, "inplace_fixed_bytes", ihave ? json_object_new_int64(inpl_fixed) : NULL);
+        json_object_object_add(o, "gemm_scratch_bytes_per_thread",
+                               json_object_new_int64((int64_t)pp_gemm_scratch_bytes()));
         json_object_object_add(json, "training_graph", o);
     } else if (have) {
         char a[32], r[32];
@@ -391,6 +393,11 @@ static int print_backward(pp_graph *g, const pp_split_args *sa, dim_sizes *ds, c
             human_bytes(inpl_fixed, ifx, sizeof ifx);
             printf("in place (outputs written into a dying input's buffer, not allocated, in F, I and W): "
                    "%s per sample + %s\n", ia, ifx);
+        }
+        if (pp_gemm_scratch_bytes()) {
+            char gs[32];
+            human_bytes((int64_t)pp_gemm_scratch_bytes(), gs, sizeof gs);
+            printf("GEMM scratch (outside the plan): up to %s per thread that multiplies\n", gs);
         }
     }
     if (out_path) { /* the one place inspect needs the weights' values */

@@ -166,6 +166,12 @@ PP_API int pp_set_blas_threads(int n);
 PP_API int pp_set_threads(int n);
 PP_API int pp_default_threads(int ranks_on_host);
 
+/* The most memory one thread keeps for GEMM operands between calls (B^T
+ * panels, a packed block of A^T; freed when the thread ends), outside any
+ * memory plan; 0 where the BLAS runs every product (no AVX-512). Every
+ * pool thread and rank thread that multiplies may keep this much. */
+PP_API size_t pp_gemm_scratch_bytes(void);
+
 /* glibc's malloc tuned for a rank (nothing elsewhere): the mmap threshold
  * fixed at 128 KiB (freed large blocks leave RSS) and the heap's top kept
  * up to 4 MiB (the transport's receive buffers reuse pages instead of

@@ -578,6 +578,14 @@ static void any_run(any_job *j, int units) {
     pp_parallel_for((int64_t)units * j->n_rb, pp_grain_macs((int64_t)row_step * j->K * 2 * PP_PACK_NR), any_piece, j);
 }
 
+size_t pp_gemm_scratch_bytes(void) {
+    if (packed_isa() != ISA_AVX512) return 0;
+    /* the panels, and a row block of A^T: ANY_A_BLOCK_FLOATS rounded up to
+     * whole tiles, at most a tile of the largest K taken more */
+    int64_t a = ANY_A_BLOCK_FLOATS + (int64_t)MR512 * (ANY_SCRATCH_FLOATS / (2 * PP_PACK_NR));
+    return sizeof(float) * (size_t)(ANY_SCRATCH_FLOATS + a);
+}
+
 int pp_gemm_packed_any_takes(int M, int N, int K, float alpha, float beta) {
     /* vector shapes stay on gemv; a product too thin to fill a panel, or
      * with a scale, on the BLAS */
@@ -619,6 +627,8 @@ int pp_gemm_packed_any(int ta, int tb, int M, int N, int K, float alpha, const f
     return 1;
 }
 #else
+size_t pp_gemm_scratch_bytes(void) { return 0; }
+
 int pp_gemm_packed_any_takes(int M, int N, int K, float alpha, float beta) {
     (void)M, (void)N, (void)K, (void)alpha, (void)beta;
     return 0;

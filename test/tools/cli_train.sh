@@ -138,8 +138,9 @@ ok $? "train dropout with recomputation (1F1B, ZB-H1 on stage 0, ipc ranks) is b
 "$PIPPIN" inspect "$FX/dropout/model.onnx" --json --backward >"$tmp/insp.json" 2>"$tmp/err" &&
     python3 -c "import json; d = json.load(open('$tmp/insp.json')); s = d['stages']; \
 assert all(0 < x['recompute_stash_bytes_per_sample'] < x['stash_bytes_per_sample'] for x in s), s; \
-t = d['training_graph']; assert t['recompute_stash_bytes_per_sample'] < t['stash_bytes_per_sample'], t"
-ok $? "inspect shows the stash per sample with recomputation, smaller: $(head -c 300 "$tmp/err")"
+t = d['training_graph']; assert t['recompute_stash_bytes_per_sample'] < t['stash_bytes_per_sample'], t; \
+g = t['gemm_scratch_bytes_per_thread']; assert g == 0 or 4 << 20 <= g <= 16 << 20, t"
+ok $? "inspect shows the stash per sample with recomputation, smaller, and the GEMM scratch per thread: $(head -c 300 "$tmp/err")"
 # The memory plan (lib/mem_plan.c): the same bits with it off, and inspect reports its peak.
 gd="$FX/gpt/model.onnx --data idx=$FX/gpt/train_idx.npy --data targets=$FX/gpt/train_targets.npy --batch-size 4"
 # shellcheck disable=SC2086
