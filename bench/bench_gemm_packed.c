@@ -17,7 +17,10 @@
  * own time printed apart: once per step, shared by the microbatches).
  * Variants interleaved, thread CPU time, median of --rounds (9).
  *
- *   pippin-bench-gemm-packed [--train [--rounds N]] */
+ * With --large-steps: the large GPT's training products (forward, dX,
+ * dW at 2048 rows) through pp_gemm_f32 against cblas_sgemm.
+ *
+ *   pippin-bench-gemm-packed [--train [--rounds N] | --large-steps] */
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>
@@ -111,10 +114,55 @@ static int train_shapes(int rounds) {
     return 0;
 }
 
+/* The large GPT's training products (d 768, T 256 x batch 8 = 2048 rows)
+ * as pp_gemm_f32 runs them (its AVX-512 path where there is one: the
+ * forward packing W^T per call, dX reading W in place, dW packing dY^T per
+ * row block) against cblas_sgemm with the same transposes, in turn, best
+ * of 5; prints GFLOPS and the ratio (> 1: pippin faster). */
+static int large_steps(void) {
+    static const int ws[][2] = {{768, 2304}, {768, 768}, {768, 3072}, {3072, 768}};
+    static const char *names[] = {"qkv", "proj", "fc", "fc2"}, *what[] = {"fwd X W^T", "dX = dY W", "dW = dY^T X"};
+    enum { M = 2048 };
+    printf("large GPT training GEMMs (M %d rows), 1 thread; best of 5 each, taken in turn\n"
+           "%-5s %-12s %6s %6s %6s %10s %10s %7s\n", M, "W", "product", "rows", "cols", "inner", "blas GF/s",
+           "pippin", "ratio");
+    unsigned seed = 3;
+    for (int w = 0; w < 4; w++) {
+        int K = ws[w][0], N = ws[w][1];
+        float *X = random_floats((size_t)M * K, &seed), *W = random_floats((size_t)N * K, &seed);
+        float *dY = random_floats((size_t)M * N, &seed), *C = malloc(sizeof(float) * (size_t)M * (N > K ? N : K) * 2);
+        if (!X || !W || !dY || !C) return 1;
+        for (int v = 0; v < 3; v++) {
+            /* (ta, tb, rows, cols, inner, A, lda, B, ldb) of C = op(A) op(B) */
+            int ta = v == 2, tb = v == 0, r = v == 2 ? N : M, c = v == 1 ? K : v == 2 ? K : N, in = v == 1 ? N : v == 2 ? M : K;
+            const float *A = v == 0 ? X : dY, *B = v == 0 ? W : v == 1 ? W : X;
+            int lda = v == 0 ? K : N, ldb = v == 0 ? K : K;
+            double best[2] = {1e9, 1e9};
+            for (int rep = 0; rep < 5; rep++)
+                for (int who = 0; who < 2; who++) {
+                    double t0 = now_s();
+                    if (who)
+                        pp_gemm_f32(ta, tb, r, c, in, 1.0f, A, lda, B, ldb, 0.0f, C, c);
+                    else
+                        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, r, c,
+                                    in, 1.0f, A, lda, B, ldb, 0.0f, C, c);
+                    double t = now_s() - t0;
+                    if (t < best[who]) best[who] = t;
+                }
+            double flop = 2.0 * r * c * in;
+            printf("%-5s %-12s %6d %6d %6d %10.1f %10.1f %6.2fx\n", names[w], what[v], r, c, in, flop / best[0] / 1e9,
+                   flop / best[1] / 1e9, best[0] / best[1]);
+        }
+        free(X), free(W), free(dY), free(C);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     pp_set_threads(1);
     if (argc > 1 && strcmp(argv[1], "--train") == 0)
         return train_shapes(argc > 3 && strcmp(argv[2], "--rounds") == 0 ? atoi(argv[3]) : 9);
+    if (argc > 1 && strcmp(argv[1], "--large-steps") == 0) return large_steps();
     static const int shapes[][3] = {{60, 256, 768},  {60, 256, 256},   {60, 256, 1024}, {60, 1024, 256},
                                     {126, 384, 1152}, {126, 768, 2304}, {1020, 384, 1152}, {1020, 1536, 384},
                                     {2048, 768, 3072}, {2048, 3072, 768}};
