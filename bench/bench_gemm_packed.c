@@ -136,7 +136,7 @@ static int large_steps(void) {
             /* (ta, tb, rows, cols, inner, A, lda, B, ldb) of C = op(A) op(B) */
             int ta = v == 2, tb = v == 0, r = v == 2 ? N : M, c = v == 1 ? K : v == 2 ? K : N, in = v == 1 ? N : v == 2 ? M : K;
             const float *A = v == 0 ? X : dY, *B = v == 0 ? W : v == 1 ? W : X;
-            int lda = v == 0 ? K : N, ldb = v == 0 ? K : K;
+            int lda = v == 0 ? K : N, ldb = K;
             double best[2] = {1e9, 1e9};
             for (int rep = 0; rep < 5; rep++)
                 for (int who = 0; who < 2; who++) {

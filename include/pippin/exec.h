@@ -167,9 +167,11 @@ PP_API int pp_set_threads(int n);
 PP_API int pp_default_threads(int ranks_on_host);
 
 /* The most memory one thread keeps for GEMM operands between calls (B^T
- * panels, a packed block of A^T; freed when the thread ends), outside any
- * memory plan; 0 where the BLAS runs every product (no AVX-512). Every
- * pool thread and rank thread that multiplies may keep this much. */
+ * panels, a packed block of A^T; freed when the thread ends, the main
+ * thread's at exit), outside any memory plan; 0 where the BLAS runs every
+ * product (no AVX-512 on this machine: what a training host will keep
+ * depends on its CPU). Every pool and rank thread that multiplies may keep
+ * this much. */
 PP_API size_t pp_gemm_scratch_bytes(void);
 
 /* glibc's malloc tuned for a rank (nothing elsewhere): the mmap threshold

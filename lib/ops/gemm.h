@@ -63,6 +63,9 @@ int pp_gemm_packed_any_panels(int M, int N, int K, const float *A, int lda, cons
  * AVX2, 2 AVX-512, the default: the widest the CPU has); returns the
  * previous limit. Every level gives the same bits. */
 int pp_gemm_packed_limit_isa(int level);
+/* For tests: op(A) = A^T packed per row block (on, the default) or read
+ * in place; returns the previous setting. Either gives the same bits. */
+int pp_gemm_packed_test_pack_a(int on);
 /* 1 when the packed GEMM runs a vector kernel here (x86 with AVX2 and
  * FMA, or a target whose fmaf is an instruction): without, its plain
  * kernel calls a software fmaf per product, 10-100x slower than the

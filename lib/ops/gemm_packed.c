@@ -419,7 +419,7 @@ typedef struct {
     float *a;
     int64_t acap;
     uint64_t a_gen;
-    int a_rb;
+    int a_rb, a_step;
 } any_scratch;
 
 static pthread_key_t scratch_key;
@@ -479,6 +479,9 @@ typedef struct any_job {
 } any_job;
 
 static _Atomic uint64_t any_gen;
+static _Atomic int pack_a_off; /* pp_gemm_packed_test_pack_a */
+
+int pp_gemm_packed_test_pack_a(int on) { return !atomic_exchange(&pack_a_off, !on); }
 
 /* op(A) = A^T's rows [r0, r1) (A's columns) packed for the TA kernel: per
  * tile of 12 rows, per k, its 12 floats side by side ([tile][k][12]). Why:
@@ -499,14 +502,18 @@ __attribute__((target("avx512f"))) static void pack_a_block(const any_job *j, in
 }
 
 /* The calling thread's packed row block rb of job j (packed now if it
- * holds another), or NULL (no memory: A is then read in place). */
+ * holds another), or NULL: A is then read in place (no memory, or a block
+ * against one panel pair, read once either way). Keyed by the call
+ * (gen: one per pp_gemm_packed_any, whose column blocks share A) and the
+ * block's rows (rb and row_step: a column block may cut rows otherwise). */
 static const float *packed_a(const any_job *j, int rb, int r0, int r1) {
+    if (j->units < 2 || atomic_load_explicit(&pack_a_off, memory_order_relaxed)) return NULL;
     any_scratch *s = scratch_mine();
     int64_t floats = (int64_t)((r1 - r0 + MR512 - 1) / MR512) * MR512 * j->K;
     if (!s || !grow(&s->a, &s->acap, floats)) return NULL;
-    if (s->a_gen != j->gen || s->a_rb != rb) {
+    if (s->a_gen != j->gen || s->a_rb != rb || s->a_step != j->row_step) {
         pack_a_block(j, r0, r1, s->a);
-        s->a_gen = j->gen, s->a_rb = rb;
+        s->a_gen = j->gen, s->a_rb = rb, s->a_step = j->row_step;
     }
     return s->a;
 }
@@ -574,7 +581,7 @@ static void any_run(any_job *j, int units) {
     int row_step = (j->M + n_rb - 1) / n_rb;
     row_step = (row_step + MR512 - 1) / MR512 * MR512;
     j->units = units, j->row_step = row_step, j->n_rb = (j->M + row_step - 1) / row_step;
-    j->gen = ++any_gen;
+    if (!j->gen) j->gen = ++any_gen;
     pp_parallel_for((int64_t)units * j->n_rb, pp_grain_macs((int64_t)row_step * j->K * 2 * PP_PACK_NR), any_piece, j);
 }
 
@@ -628,6 +635,11 @@ int pp_gemm_packed_any(int ta, int tb, int M, int N, int K, float alpha, const f
 }
 #else
 size_t pp_gemm_scratch_bytes(void) { return 0; }
+
+int pp_gemm_packed_test_pack_a(int on) {
+    (void)on;
+    return 1;
+}
 
 int pp_gemm_packed_any_takes(int M, int N, int K, float alpha, float beta) {
     (void)M, (void)N, (void)K, (void)alpha, (void)beta;

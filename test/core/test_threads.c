@@ -424,6 +424,16 @@ static void gemm_any_case(int ta, int tb, int M, int N, int K, float beta, uint6
     pp_set_threads(1);
     if (memcmp(C1, C4, sizeof(float) * (size_t)nc))
         fail_msg("GEMM ta %d tb %d %dx%dx%d beta %g differs between 1 and 4 threads", ta, tb, M, N, K, (double)beta);
+    if (ta) { /* A^T packed per row block or read in place: the same bits */
+        float *Cin = malloc(sizeof(float) * (size_t)nc);
+        memcpy(Cin, C0, sizeof(float) * (size_t)nc);
+        int was = pp_gemm_packed_test_pack_a(0);
+        pp_gemm_f32(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, Cin, ldc);
+        pp_gemm_packed_test_pack_a(was);
+        if (memcmp(C1, Cin, sizeof(float) * (size_t)nc))
+            fail_msg("GEMM ta 1 tb %d %dx%dx%d beta %g: A^T packed and read in place differ", tb, M, N, K, (double)beta);
+        free(Cin);
+    }
     for (int i = 0; i < M; i++)
         for (int j = 0; j < ldc; j++) {
             int64_t at = (int64_t)i * ldc + j;
@@ -466,6 +476,10 @@ static void test_gemm_any(void **state) {
     /* A of 300 x 2000 floats: two row blocks (2 MiB of A each at most) */
     gemm_any_case(1, 0, 300, 40, 2000, 1.0f, &s);
     gemm_any_case(0, 1, 300, 40, 2000, 0.0f, &s);
+    /* A^T and B^T: 3 blocks of columns (6, 6, 1 panels) over 2 row blocks;
+     * each thread's packed A^T is reused across the blocks where the rows
+     * are cut alike (the last block, one panel, cuts them otherwise) */
+    gemm_any_case(1, 1, 100, 200, 10000, 1.0f, &s);
 }
 
 /* pp_broadcast_to (Expand and the gradient helpers use it). */

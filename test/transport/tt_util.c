@@ -99,6 +99,7 @@ void tt_make_pair_reached_at(pp_transport_options o[2], const char *listed1, con
     TT_OK(pp_transport_connect_peer(t[0], 1, at));
     TT_OK(pp_transport_connect_peer(t[1], 0, pp_transport_endpoint(t[0])));
     tt_handshake(2, t);
+    o[0].endpoints = o[1].endpoints = NULL; /* the lists were this call's */
 }
 
 void tt_handshake(int n, pp_transport **t) {
