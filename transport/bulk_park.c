@@ -112,11 +112,13 @@ static pp_tp_parked *pop(pp_transport *t, int r) {
 }
 
 /* Finishes rank r's parked messages in order while their bytes are there
- * (wait: waiting for each until its deadline). Returns how many. */
-static int advance(pp_transport *t, int r, const pp_mbox_key *want, pp_tensor **got, int wait) {
+ * (until_room: waiting for the first ones' while the queue is full, only
+ * until there is room: the others may not have begun to come). Returns
+ * how many. */
+static int advance(pp_transport *t, int r, const pp_mbox_key *want, pp_tensor **got, int until_room) {
     peer *p = &t->peers[r];
     int k = 0;
-    while (p->park_head && read_lane(t, r, p->park_head, wait)) {
+    while (p->park_head && read_lane(t, r, p->park_head, until_room && p->park_n >= PP_PARK_MAX)) {
         pp_tp_parked *m = pop(t, r); /* off the queue first: acting on it may reset the lane */
         /* the next one's bytes come after this one's: its clock starts now */
         if (p->park_head) p->park_head->parked_ms = now_ms();
@@ -129,16 +131,8 @@ static int advance(pp_transport *t, int r, const pp_mbox_key *want, pp_tensor **
 
 void pp_tp_park_add(pp_transport *t, int r, pp_tp_parked *m, const pp_mbox_key *want, pp_tensor **got) {
     peer *p = &t->peers[r];
-    /* bounded: past the cap, the first one is waited for as before parking
-     * (only until there is room: the others may not have begun to come) */
-    while (p->park_n >= PP_PARK_MAX && p->park_head) {
-        read_lane(t, r, p->park_head, 1);
-        pp_tp_parked *first = pop(t, r);
-        if (p->park_head) p->park_head->parked_ms = now_ms();
-        finish(t, r, first, want, got);
-        pp_tp_park_free(first);
-        advance(t, r, want, got, 0); /* those behind it that are whole */
-    }
+    /* bounded: past the cap, the first ones are waited for as before parking */
+    if (p->park_n >= PP_PARK_MAX) advance(t, r, want, got, 1);
     m->parked_ms = now_ms();
     if (p->park_tail) p->park_tail->next = m;
     else p->park_head = m;

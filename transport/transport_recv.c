@@ -147,10 +147,14 @@ static pp_status build_tensor(pp_transport *t, const pp_wire_tensor *wt, size_t 
     return s;
 }
 
+static int same_key(const pp_mbox_key *want, const pp_mbox_key *key) {
+    return want && want->kind == key->kind && want->step == key->step && want->microbatch == key->microbatch &&
+           want->src_stage == key->src_stage && want->dst_stage == key->dst_stage && strcmp(want->name, key->name) == 0;
+}
+
 static int key_matches(const pp_mbox_key *want, const pp_envelope *env, const char *name) {
-    return want && want->kind == (int)env->kind && want->step == env->step &&
-           want->microbatch == env->microbatch && want->src_stage == env->src_stage &&
-           want->dst_stage == env->dst_stage && strcmp(want->name, name) == 0;
+    pp_mbox_key key = {(int)env->kind, env->step, env->microbatch, env->src_stage, env->dst_stage, name};
+    return same_key(want, &key);
 }
 
 static int receive_ring(pp_transport *t, int r, const pp_mbox_key *want, pp_tensor **got, int max);
@@ -233,9 +237,7 @@ static pp_status build_one(pp_transport *t, const pp_envelope *env, int i, size_
 
 void pp_tp_file(pp_transport *t, int r, const pp_mbox_key *key, pp_tensor *x, const pp_mbox_key *want,
                 pp_tensor **got) {
-    if (got && !*got && want && want->kind == key->kind && want->step == key->step &&
-        want->microbatch == key->microbatch && want->src_stage == key->src_stage &&
-        want->dst_stage == key->dst_stage && strcmp(want->name, key->name) == 0) {
+    if (got && !*got && same_key(want, key)) {
         *got = x;
         return;
     }
